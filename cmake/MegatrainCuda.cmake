@@ -1,0 +1,28 @@
+# The CUDA backend is built when nvcc is present (AUTO) or demanded (ON). Nothing the tests run links
+# the driver library (libcuda.so.1 is absent without a GPU): only cudart, cuBLAS and NCCL.
+set(MEGATRAIN_HAVE_CUDA OFF)
+if(NOT MEGATRAIN_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES "80-real;90")  # sm_80, sm_90 and compute_90 PTX
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
+    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+    add_library(megatrain::nccl UNKNOWN IMPORTED)
+    set_target_properties(megatrain::nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
+                          INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+    set(MEGATRAIN_HAVE_CUDA ON)
+    message(STATUS "megatrain: CUDA backend ON (${CMAKE_CUDA_COMPILER}, archs ${CMAKE_CUDA_ARCHITECTURES})")
+  elseif(MEGATRAIN_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "MEGATRAIN_CUDA=ON but no CUDA compiler was found")
+  else()
+    message(STATUS "megatrain: CUDA backend OFF (no nvcc found)")
+  endif()
+endif()

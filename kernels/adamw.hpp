@@ -1,0 +1,43 @@
+// AdamW, the optimizer of every megatrain run: the per-step constants (shared by all backends) and
+// the CPU entry points. The update follows PyTorch's torch.optim.AdamW exactly:
+//   p <- p * (1 - lr * wd)                       (decoupled weight decay)
+//   m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2
+//   p <- p - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// with g = grad_scale * stored gradient (grad_scale folds in clipping and loss normalisation).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace mt {
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+// Constants of one update, derived once per step and tensor group so every element does the same work.
+struct AdamWStep {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
+  float decay_factor;       // 1 - lr * wd
+  float step_size;          // lr / (1 - b1^t)
+  float inv_sqrt_bias2;     // 1 / sqrt(1 - b2^t)
+  float grad_scale;         // multiplies every gradient element
+};
+
+// step is 1-based (the first update is step 1), as in PyTorch. Throws std::invalid_argument on bad values.
+AdamWStep make_adamw_step(const AdamWHyper& h, std::int64_t step, float grad_scale = 1.0f);
+
+namespace cpu {
+
+// Plain scalar loop: the readable reference the fast kernel is tested against.
+void adamw_reference(float* p, const float* g, float* m, float* v, std::size_t n, const AdamWStep& s);
+
+// Vectorised (AVX2/FMA where built for it) and split over `threads` OpenMP threads. Results do not
+// depend on the thread count: every element runs the same instruction sequence wherever it lands.
+void adamw(float* p, const float* g, float* m, float* v, std::size_t n, const AdamWStep& s, int threads);
+
+}  // namespace cpu
+}  // namespace mt

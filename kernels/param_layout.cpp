@@ -1,0 +1,130 @@
+#include "kernels/param_layout.hpp"
+
+#include <stdexcept>
+
+namespace mt {
+
+namespace {
+
+class LayoutBuilder {
+ public:
+  LayoutBuilder(StageKind kind, std::string prefix) { layout_.kind = kind, layout_.prefix = std::move(prefix); }
+  void add(const std::string& name, std::vector<std::int64_t> shape) {
+    TensorSpec t;
+    t.name = name;
+    t.numel = 1;
+    for (auto d : shape) t.numel *= static_cast<std::size_t>(d);
+    t.weight_decay = shape.size() >= 2;
+    t.shape = std::move(shape);
+    t.offset = layout_.total_floats;
+    layout_.total_floats += align_floats(t.numel);
+    layout_.tensors.push_back(std::move(t));
+  }
+  ParamLayout take() { return std::move(layout_); }
+
+ private:
+  ParamLayout layout_;
+};
+
+}  // namespace
+
+const TensorSpec* ParamLayout::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const TensorSpec& ParamLayout::at(const std::string& name) const {
+  if (const auto* t = find(name)) return *t;
+  throw std::out_of_range("no tensor '" + prefix + name + "' in this stage");
+}
+
+std::size_t ParamLayout::param_count() const {
+  std::size_t n = 0;
+  for (const auto& t : tensors) n += t.numel;
+  return n;
+}
+
+ParamLayout embedding_layout(const ModelConfig& c) {
+  if (c.is_gpt2()) {
+    LayoutBuilder b(StageKind::embedding, "transformer.");
+    b.add("wte.weight", {c.vocab_size, c.hidden_size});
+    b.add("wpe.weight", {c.max_position_embeddings, c.hidden_size});
+    return b.take();
+  }
+  LayoutBuilder b(StageKind::embedding, "model.");
+  b.add("embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  return b.take();
+}
+
+ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer) {
+  if (layer < 0 || layer >= c.num_hidden_layers)
+    throw std::out_of_range("layer " + std::to_string(layer) + " out of range [0, " + std::to_string(c.num_hidden_layers) + ")");
+  const auto d = c.hidden_size, ff = c.intermediate_size;
+  if (c.is_gpt2()) {
+    LayoutBuilder b(StageKind::layer, "transformer.h." + std::to_string(layer) + ".");
+    b.add("ln_1.weight", {d});
+    b.add("ln_1.bias", {d});
+    b.add("attn.c_attn.weight", {3 * d, d});
+    b.add("attn.c_attn.bias", {3 * d});
+    b.add("attn.c_proj.weight", {d, d});
+    b.add("attn.c_proj.bias", {d});
+    b.add("ln_2.weight", {d});
+    b.add("ln_2.bias", {d});
+    b.add("mlp.c_fc.weight", {ff, d});
+    b.add("mlp.c_fc.bias", {ff});
+    b.add("mlp.c_proj.weight", {d, ff});
+    b.add("mlp.c_proj.bias", {d});
+    return b.take();
+  }
+  LayoutBuilder b(StageKind::layer, "model.layers." + std::to_string(layer) + ".");
+  b.add("input_layernorm.weight", {d});
+  b.add("self_attn.q_proj.weight", {c.q_dim(), d});
+  if (c.attention_bias) b.add("self_attn.q_proj.bias", {c.q_dim()});
+  b.add("self_attn.k_proj.weight", {c.kv_dim(), d});
+  if (c.attention_bias) b.add("self_attn.k_proj.bias", {c.kv_dim()});
+  b.add("self_attn.v_proj.weight", {c.kv_dim(), d});
+  if (c.attention_bias) b.add("self_attn.v_proj.bias", {c.kv_dim()});
+  if (c.qk_norm) {
+    b.add("self_attn.q_norm.weight", {c.head_dim});
+    b.add("self_attn.k_norm.weight", {c.head_dim});
+  }
+  b.add("self_attn.o_proj.weight", {d, c.q_dim()});
+  b.add("post_attention_layernorm.weight", {d});
+  b.add("mlp.gate_proj.weight", {ff, d});
+  b.add("mlp.up_proj.weight", {ff, d});
+  b.add("mlp.down_proj.weight", {d, ff});
+  return b.take();
+}
+
+ParamLayout head_layout(const ModelConfig& c) {
+  if (c.is_gpt2()) {
+    // GPT-2 always ties its LM head to wte; ln_f is the whole stage.
+    LayoutBuilder b(StageKind::head, "transformer.");
+    b.add("ln_f.weight", {c.hidden_size});
+    b.add("ln_f.bias", {c.hidden_size});
+    return b.take();
+  }
+  LayoutBuilder b(StageKind::head, "");
+  b.add("model.norm.weight", {c.hidden_size});
+  if (!c.tie_word_embeddings) b.add("lm_head.weight", {c.vocab_size, c.hidden_size});
+  return b.take();
+}
+
+ParamLayout stage_layout(const ModelConfig& c, std::int64_t stage) {
+  if (stage == 0) return embedding_layout(c);
+  if (stage == c.num_hidden_layers + 1) return head_layout(c);
+  return layer_layout(c, stage - 1);
+}
+
+std::string embedding_weight_name(const ModelConfig& c) {
+  return c.is_gpt2() ? "transformer.wte.weight" : "model.embed_tokens.weight";
+}
+
+std::int64_t total_param_count(const ModelConfig& c) {
+  std::int64_t n = 0;
+  for (std::int64_t s = 0; s < num_stages(c); ++s) n += static_cast<std::int64_t>(stage_layout(c, s).param_count());
+  return n;
+}
+
+}  // namespace mt
