@@ -1,0 +1,83 @@
+// The CPU kernels under the stage templates: fp32, vectorised (AVX2/FMA when built for x86-64-v3) and
+// split over `threads` OpenMP threads by rows, so a row's result never depends on the thread count.
+// Reductions across rows (norm weight and bias gradients) split over columns and sum rows in order.
+// The plain loops they are tested against are the templates in kernels/cpu/reference_ops.hpp.
+//
+// Shapes: N rows (tokens) of D features, row-major. Matrices W are [out, in] (torch.nn.Linear).
+// "grad" outputs named d*_acc are added into; others are overwritten unless `add` says otherwise.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace mt::cpu {
+
+// OpenBLAS's own pool: set once per distinct value (cheap when unchanged).
+void set_blas_threads(int threads);
+
+// ---- matmul (OpenBLAS sgemm) ----
+// y[N, out] = x[N, in] W^T (+ bias)
+void linear_forward(const float* x, const float* W, const float* bias, float* y, std::int64_t N, std::int64_t in,
+                    std::int64_t out, int threads);
+// dx[N, in] (= or +=) dy[N, out] W
+void linear_backward_input(const float* dy, const float* W, float* dx, std::int64_t N, std::int64_t in,
+                           std::int64_t out, bool add, int threads);
+// dW_acc[out, in] += dy^T x ; dbias_acc[out] += column sums of dy (when non-null)
+void linear_backward_weight(const float* dy, const float* x, float* dW_acc, float* dbias_acc, std::int64_t N,
+                            std::int64_t in, std::int64_t out, int threads);
+// db_acc[D] += sum over rows of dy[N, D], rows in order per column.
+void colsum_add(const float* dy, float* db_acc, std::int64_t N, std::int64_t D, int threads);
+
+// ---- RMSNorm (Llama): y = x * rsqrt(mean(x^2) + eps) * w ----
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, std::int64_t N, std::int64_t D, float eps,
+                     int threads);
+void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw_acc,
+                      std::int64_t N, std::int64_t D, bool add, int threads);
+
+// ---- LayerNorm with bias (GPT-2) ----
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                       std::int64_t N, std::int64_t D, float eps, int threads);
+void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
+                        float* dx, float* dw_acc, float* db_acc, std::int64_t N, std::int64_t D, bool add, int threads);
+
+// ---- Rotary embeddings, Hugging Face layout (rotate_half over the two halves of each head) ----
+// Tables cos/sin [seq, head_dim/2] for positions 0..seq-1, computed in fp32 the way transformers does
+// (inv_freq = 1 / theta^(2i/d), Llama-3 rope_scaling applied when factor != 0).
+struct RopeParams {
+  float theta = 10000.0f;
+  float scaling_factor = 0.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f;
+  std::int64_t original_max_position = 8192;
+};
+void rope_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float* cos_t, float* sin_t);
+// In place on x[B*T rows, heads, head_dim] with `row_stride` floats between tokens; position = row % seq.
+// inverse = true applies the transpose rotation (the backward).
+void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
+                std::int64_t row_stride, const float* cos_t, const float* sin_t, bool inverse, int threads);
+
+// ---- Causal grouped-query attention, tiled over keys with an online softmax (no T x T buffers) ----
+struct AttnShape {
+  std::int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t q_stride = 0, kv_stride = 0, o_stride = 0;  // floats between consecutive tokens
+};
+// out[token, h*hd + i]; lse[(b*q_heads + h)*seq + t] = log-sum-exp of the scaled scores (for backward).
+void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const AttnShape& s,
+                       int threads);
+// dq, dk, dv overwritten (same strides as q, k, v). Parallel over (batch, kv head): deterministic.
+void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                        const float* dout, float* dq, float* dk, float* dv, const AttnShape& s, int threads);
+
+// ---- Activations ----
+// SwiGLU: h = silu(g) * u over n elements.
+void swiglu_forward(const float* g, const float* u, float* h, std::size_t n, int threads);
+void swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n, int threads);
+// GELU, tanh form (GPT-2's gelu_new): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(const float* x, float* y, std::size_t n, int threads);
+void gelu_backward(const float* x, const float* dy, float* dx, std::size_t n, int threads);
+
+// ---- Softmax cross-entropy over one chunk of rows ----
+// logits[rows, V] is overwritten with d(sum of losses)/d(logits) = softmax - onehot(target) for counted
+// rows and 0 for ignored ones (target == -100); row_loss[r] = lse - logit[target] (0 when ignored).
+// want_grad = false leaves logits as they are.
+void cross_entropy_rows(float* logits, const std::int32_t* targets, float* row_loss, std::int64_t rows,
+                        std::int64_t V, bool want_grad, int threads);
+
+}  // namespace mt::cpu

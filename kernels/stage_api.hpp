@@ -1,0 +1,105 @@
+// The per-stage compute API the streaming engine calls. A stage is a *stateless template*: it knows its
+// shapes (from the ModelConfig) and its kernels, holds no weights, and computes with whatever fp32
+// parameter buffer it is handed at call time (a pointer into a streamed slot, laid out by stage_layout();
+// never copied). Gradients are *added* into a caller-owned buffer of the same layout, so micro-batches
+// accumulate. Every call takes explicit workspace (sized by the *_workspace_floats functions) and an
+// explicit thread count: nothing here allocates in the hot path or owns state between calls.
+//
+// Stages: 0 = embedding, 1..L = decoder layers (the layer index does not change the layout's offsets,
+// so the layer functions do not take it), L+1 = head (final norm + LM head + softmax cross-entropy).
+//
+// Loss convention (the engine must follow it, see step_math.hpp): the head returns the *sum* of token
+// losses over the micro-batch and the count of counted tokens (targets != -100); every gradient it and
+// the layers produce is d(sum of losses). Division by the step's total counted tokens happens once, in
+// AdamW's grad_scale. So a micro-batch's gradients do not depend on the other micro-batches.
+//
+// Aliasing: outputs never alias inputs (x_out != x_in, dx != dy). Buffers need no particular alignment.
+// Threads: results do not depend on ComputeCtx::threads except through OpenBLAS sgemm (which splits
+// over M/N, not K, in the builds we use, and gave identical bits at 1 and 2 threads in our tests).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/model_config.hpp"
+#include "kernels/param_layout.hpp"
+
+namespace mt {
+
+using token_t = std::int32_t;
+inline constexpr token_t kIgnoreIndex = -100;  // targets equal to this are not counted
+
+struct ComputeCtx {
+  int threads = 1;  // OpenMP threads for our loops and openblas_set_num_threads for sgemm
+};
+
+// How a layer's backward gets its activations: recompute them from the saved layer input (one extra
+// forward), or use the intermediates its forward kept in a `saved` buffer (no recomputation).
+enum class ActivationMode { recompute, keep };
+
+// ---- Validation: each throws std::invalid_argument naming the problem, before any compute. ----
+void validate_batch_shape(const ModelConfig& c, std::int64_t batch, std::int64_t seq);  // dims > 0, seq <= max_position_embeddings
+void validate_tokens(const ModelConfig& c, const token_t* tokens, std::size_t n);        // every id in [0, vocab_size)
+void validate_targets(const ModelConfig& c, const token_t* targets, std::size_t n);      // in [0, vocab_size) or -100
+
+// ---- Initialisation (Hugging Face conventions) ----
+// normal(0, initializer_range) for matrices and embeddings, norm weights 1, biases 0; GPT-2's
+// attn.c_proj/mlp.c_proj weights use std initializer_range / sqrt(2 * num_hidden_layers). Each stage
+// draws from its own stream derived from (seed, stage), so stages can be initialised independently and
+// in any order; padding between tensors is zeroed. `params` holds stage_layout(c, stage).total_floats.
+void init_stage_params(const ModelConfig& c, std::int64_t stage, std::uint64_t seed, float* params);
+
+// ---- Stage 0: embedding ----
+// x_out[b, t, :] = wte[tokens[b, t]] (+ wpe[t] for GPT-2). Hidden states are [batch, seq, hidden_size].
+void embedding_forward(const ModelConfig& c, const float* params, const token_t* tokens, std::int64_t batch,
+                       std::int64_t seq, float* x_out, const ComputeCtx& ctx);
+// grads += scatter of dx into the rows of wte (and wpe for GPT-2). Deterministic: rows are summed in
+// token order whatever the thread count.
+void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
+                        const float* dx, float* grads, const ComputeCtx& ctx);
+
+// ---- Stages 1..L: decoder layers (Llama/Qwen2/Qwen3/Mistral, or GPT-2 by c.arch) ----
+// Floats of the intermediates a forward keeps for a no-recompute backward.
+std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
+// Scratch for layer_forward and layer_backward. In recompute mode it includes room for the
+// intermediates (layer_saved_floats), so the same size serves both calls.
+std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode);
+
+// x_out = layer(x_in). With `saved` non-null (keep mode: layer_saved_floats floats) the intermediates
+// are written there for layer_backward; with saved == nullptr they live only in the workspace.
+void layer_forward(const ModelConfig& c, const float* params, const float* x_in, float* x_out, std::int64_t batch,
+                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx);
+
+// dx = d(loss)/d(x_in) from dy = d(loss)/d(x_out); grads += d(loss)/d(params).
+// saved == nullptr: recompute the forward once from x_in (recompute mode, workspace sized for it);
+// otherwise saved holds what layer_forward wrote for this same x_in and params (x_in is then unused
+// and may be nullptr).
+void layer_backward(const ModelConfig& c, const float* params, const float* x_in, const float* saved,
+                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
+                    float* workspace, const ComputeCtx& ctx);
+
+// ---- Stage L+1: head = final norm, LM head, softmax cross-entropy, fused and chunked over tokens ----
+// B x T x V logits are never materialised: head_chunk_tokens(c, batch, seq) rows at a time (a pure
+// function of the shapes, so the engine and the reference trainer chunk identically).
+std::int64_t head_chunk_tokens(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
+std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
+
+struct LossSum {
+  double loss_sum = 0.0;      // sum of -log softmax(target) over counted tokens, in token order
+  std::int64_t counted = 0;   // tokens whose target != -100
+};
+
+// Tied embeddings (c.tie_word_embeddings, and always for GPT-2): the LM head is stage 0's embedding
+// matrix, so `embed_params` must point at stage 0's params and `embed_grads` at stage 0's gradient
+// buffer (the head adds d/d(wte) there). Untied: both are ignored (pass nullptr).
+// dx == nullptr: loss only (no gradients touched).
+LossSum head_forward_backward(const ModelConfig& c, const float* head_params, const float* embed_params,
+                              const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                              float* dx, float* head_grads, float* embed_grads, float* workspace,
+                              const ComputeCtx& ctx);
+
+// The full logits [batch, seq, vocab] (tests and evaluation only: this one materialises them).
+// workspace: head_workspace_floats floats.
+void head_logits(const ModelConfig& c, const float* head_params, const float* embed_params, const float* x_in,
+                 std::int64_t batch, std::int64_t seq, float* logits, float* workspace, const ComputeCtx& ctx);
+
+}  // namespace mt

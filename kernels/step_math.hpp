@@ -1,0 +1,61 @@
+// The step math shared by the reference trainer and the pipelined engine. Both must make literally the
+// same calls in the same order so that equal inputs give equal bits:
+//
+//   per step, for each micro-batch:
+//     forward stages 0..L+1, backward L+1..0; each stage's backward adds into a *zeroed* staging
+//     buffer, then   cpu::accumulate(accum_s, staging_s, n, threads)     (accum_s += staging_s)
+//     (the head's backward also adds into stage 0's staging when embeddings are tied: stage 0 is
+//      backpropagated last, so its staging holds head + embedding contributions before accumulate)
+//   after the last micro-batch:
+//     sumsq_s = stage_grad_sumsq(layout_s, accum_s, threads)              for s = 0..L+1
+//     scale   = compute_step_scale(sumsq (stage order), counted, max_grad_norm, loss_sum)
+//     adamw_stage(layout_s, params_s, accum_s, m_s, v_s, hyper, step, scale.grad_scale, threads)  s = 0..L+1
+//
+// Loss normalisation and clipping, exactly:
+//   accumulators hold G = d(sum of token losses over the whole step)/d(params)  (see stage_api.hpp);
+//   counted  = number of targets != -100 over all micro-batches of the step;
+//   loss     = loss_sum / counted                      (the mean over counted tokens, reported)
+//   norm     = sqrt(sum_s sumsq_s) / counted           (double; the norm of the mean-loss gradient)
+//   clip     = max_grad_norm > 0 ? min(1, max_grad_norm / (norm + 1e-6)) : 1     (PyTorch's clip_grad_norm_)
+//   grad_scale = float(clip / counted)                 (double arithmetic, one rounding to float)
+//   AdamW uses g = grad_scale * G (inside the kernel); weight decay only on tensors whose
+//   TensorSpec::weight_decay is true, the others get wd = 0; padding between tensors is not touched.
+//   counted == 0: norm = 0, clip = 1, grad_scale = 0 (moments decay, no gradient enters).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/adamw.hpp"
+#include "kernels/param_layout.hpp"
+
+namespace mt {
+
+namespace cpu {
+// accum[i] += staging[i]. Threaded and vectorised; bit-identical whatever the thread count.
+void accumulate(float* accum, const float* staging, std::size_t n, int threads);
+// sum of x[i]^2 in double, in a fixed blocked order that does not depend on the thread count.
+double sum_squares(const float* x, std::size_t n, int threads);
+}  // namespace cpu
+
+// Sum of squares of one stage's gradient buffer: cpu::sum_squares per tensor (padding excluded), added
+// in layout order in double.
+double stage_grad_sumsq(const ParamLayout& layout, const float* grads, int threads);
+
+struct StepScale {
+  double loss = 0.0;       // loss_sum / counted (0 when counted == 0)
+  double grad_norm = 0.0;  // norm of the mean-loss gradient, before clipping
+  double clip = 1.0;       // factor applied to the gradient (<= 1)
+  float grad_scale = 0.0f; // clip / counted, passed to AdamW
+};
+
+// stage_sumsq in stage order 0..L+1; combined left to right in double.
+StepScale compute_step_scale(const std::vector<double>& stage_sumsq, std::int64_t counted, float max_grad_norm,
+                             double loss_sum = 0.0);
+
+// AdamW over every tensor of one stage (each tensor's own make_adamw_step: wd from hyper when
+// TensorSpec::weight_decay, else 0). `step` is 1-based.
+void adamw_stage(const ParamLayout& layout, float* params, const float* grads, float* m, float* v,
+                 const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads);
+
+}  // namespace mt
