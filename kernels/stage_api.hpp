@@ -14,8 +14,11 @@
 // AdamW's grad_scale. So a micro-batch's gradients do not depend on the other micro-batches.
 //
 // Aliasing: outputs never alias inputs (x_out != x_in, dx != dy). Buffers need no particular alignment.
-// Threads: results do not depend on ComputeCtx::threads except through OpenBLAS sgemm (which splits
-// over M/N, not K, in the builds we use, and gave identical bits at 1 and 2 threads in our tests).
+// Threads: results do not depend on ComputeCtx::threads (tested bit for bit through whole training
+// steps). All parallelism is on OpenMP's pool: sgemm runs single-threaded in OpenBLAS (set once by
+// cpu::set_blas_threads(1) inside the kernels) and products are split by output rows/columns, so
+// every output element is the same dot product in the same order whatever the split. Callers should
+// not change openblas_set_num_threads behind the kernels' back (it costs speed, not correctness).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,7 +32,10 @@ using token_t = std::int32_t;
 inline constexpr token_t kIgnoreIndex = -100;  // targets equal to this are not counted
 
 struct ComputeCtx {
-  int threads = 1;  // OpenMP threads for our loops and openblas_set_num_threads for sgemm
+  int threads = 1;              // OpenMP threads for every kernel, sgemm included (split on OpenMP's pool)
+  std::int64_t head_chunk = 0;  // tokens per LM-head chunk; 0 = head_chunk_tokens(). Changes the bits of
+                                // the head's weight gradient (summation order), so engine and reference
+                                // must use the same value; tests set it small to exercise chunking.
 };
 
 // How a layer's backward gets its activations: recompute them from the saved layer input (one extra
@@ -37,16 +43,20 @@ struct ComputeCtx {
 enum class ActivationMode { recompute, keep };
 
 // ---- Validation: each throws std::invalid_argument naming the problem, before any compute. ----
-void validate_batch_shape(const ModelConfig& c, std::int64_t batch, std::int64_t seq);  // dims > 0, seq <= max_position_embeddings
-void validate_tokens(const ModelConfig& c, const token_t* tokens, std::size_t n);        // every id in [0, vocab_size)
-void validate_targets(const ModelConfig& c, const token_t* targets, std::size_t n);      // in [0, vocab_size) or -100
+// Every stage call below runs these (and ModelConfig::validate) on its arguments first.
+// batch > 0, seq > 0, seq <= max_position_embeddings (the rotary / position table)
+void validate_batch_shape(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
+void validate_tokens(const ModelConfig& c, const token_t* tokens, std::size_t n);    // every id in [0, vocab_size)
+void validate_targets(const ModelConfig& c, const token_t* targets, std::size_t n);  // in [0, vocab_size) or -100
 
 // ---- Initialisation (Hugging Face conventions) ----
 // normal(0, initializer_range) for matrices and embeddings, norm weights 1, biases 0; GPT-2's
 // attn.c_proj/mlp.c_proj weights use std initializer_range / sqrt(2 * num_hidden_layers). Each stage
 // draws from its own stream derived from (seed, stage), so stages can be initialised independently and
 // in any order; padding between tensors is zeroed. `params` holds stage_layout(c, stage).total_floats.
-void init_stage_params(const ModelConfig& c, std::int64_t stage, std::uint64_t seed, float* params);
+// Within a stage each tensor is drawn in 64Ki-element pieces with their own sub-streams, so the result
+// does not depend on `threads`.
+void init_stage_params(const ModelConfig& c, std::int64_t stage, std::uint64_t seed, float* params, int threads = 1);
 
 // ---- Stage 0: embedding ----
 // x_out[b, t, :] = wte[tokens[b, t]] (+ wpe[t] for GPT-2). Hidden states are [batch, seq, hidden_size].
@@ -65,7 +75,8 @@ std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::in
 std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode);
 
 // x_out = layer(x_in). With `saved` non-null (keep mode: layer_saved_floats floats) the intermediates
-// are written there for layer_backward; with saved == nullptr they live only in the workspace.
+// are written there for layer_backward; with saved == nullptr they live only in the workspace, which
+// must then be sized for ActivationMode::recompute.
 void layer_forward(const ModelConfig& c, const float* params, const float* x_in, float* x_out, std::int64_t batch,
                    std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx);
 
@@ -73,19 +84,21 @@ void layer_forward(const ModelConfig& c, const float* params, const float* x_in,
 // saved == nullptr: recompute the forward once from x_in (recompute mode, workspace sized for it);
 // otherwise saved holds what layer_forward wrote for this same x_in and params (x_in is then unused
 // and may be nullptr).
-void layer_backward(const ModelConfig& c, const float* params, const float* x_in, const float* saved,
-                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
-                    float* workspace, const ComputeCtx& ctx);
+void layer_backward(const ModelConfig& c, const float* params, const float* x_in, const float* saved, const float* dy,
+                    float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
+                    const ComputeCtx& ctx);
 
 // ---- Stage L+1: head = final norm, LM head, softmax cross-entropy, fused and chunked over tokens ----
 // B x T x V logits are never materialised: head_chunk_tokens(c, batch, seq) rows at a time (a pure
 // function of the shapes, so the engine and the reference trainer chunk identically).
 std::int64_t head_chunk_tokens(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
-std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
+// Sized for chunks of head_chunk_tokens() (or of chunk_tokens when > 0, see ComputeCtx::head_chunk).
+std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq,
+                                  std::int64_t chunk_tokens = 0);
 
 struct LossSum {
-  double loss_sum = 0.0;      // sum of -log softmax(target) over counted tokens, in token order
-  std::int64_t counted = 0;   // tokens whose target != -100
+  double loss_sum = 0.0;     // sum of -log softmax(target) over counted tokens, in token order
+  std::int64_t counted = 0;  // tokens whose target != -100
 };
 
 // Tied embeddings (c.tie_word_embeddings, and always for GPT-2): the LM head is stage 0's embedding
@@ -96,6 +109,12 @@ LossSum head_forward_backward(const ModelConfig& c, const float* head_params, co
                               const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                               float* dx, float* head_grads, float* embed_grads, float* workspace,
                               const ComputeCtx& ctx);
+
+// ---- Any stage by index (0 = embedding, 1..L = layers, L+1 = head) ----
+// Workspace floats the stage's forward and backward need (the embedding needs none); the engine can
+// size one arena slot as the maximum over stages.
+std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std::int64_t batch, std::int64_t seq,
+                                   ActivationMode mode);
 
 // The full logits [batch, seq, vocab] (tests and evaluation only: this one materialises them).
 // workspace: head_workspace_floats floats.

@@ -1,11 +1,12 @@
 // The step math shared by the reference trainer and the pipelined engine. Both must make literally the
 // same calls in the same order so that equal inputs give equal bits:
 //
-//   per step, for each micro-batch:
+//   per step: cpu::zero every stage's gradient accumulator, then for each micro-batch:
 //     forward stages 0..L+1, backward L+1..0; each stage's backward adds into a *zeroed* staging
 //     buffer, then   cpu::accumulate(accum_s, staging_s, n, threads)     (accum_s += staging_s)
 //     (the head's backward also adds into stage 0's staging when embeddings are tied: stage 0 is
 //      backpropagated last, so its staging holds head + embedding contributions before accumulate)
+//     (stages may be accumulated in any order or concurrently; per stage, micro-batches in order)
 //   after the last micro-batch:
 //     sumsq_s = stage_grad_sumsq(layout_s, accum_s, threads)              for s = 0..L+1
 //     scale   = compute_step_scale(sumsq (stage order), counted, max_grad_norm, loss_sum)
@@ -14,13 +15,15 @@
 // Loss normalisation and clipping, exactly:
 //   accumulators hold G = d(sum of token losses over the whole step)/d(params)  (see stage_api.hpp);
 //   counted  = number of targets != -100 over all micro-batches of the step;
-//   loss     = loss_sum / counted                      (the mean over counted tokens, reported)
+//   loss     = loss_sum / counted                      (the mean over counted tokens, reported; loss_sum is
+//                                                        the heads' LossSum::loss_sum added in micro-batch order)
 //   norm     = sqrt(sum_s sumsq_s) / counted           (double; the norm of the mean-loss gradient)
 //   clip     = max_grad_norm > 0 ? min(1, max_grad_norm / (norm + 1e-6)) : 1     (PyTorch's clip_grad_norm_)
 //   grad_scale = float(clip / counted)                 (double arithmetic, one rounding to float)
 //   AdamW uses g = grad_scale * G (inside the kernel); weight decay only on tensors whose
 //   TensorSpec::weight_decay is true, the others get wd = 0; padding between tensors is not touched.
 //   counted == 0: norm = 0, clip = 1, grad_scale = 0 (moments decay, no gradient enters).
+// None of the `threads` arguments changes any bit.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +37,8 @@ namespace mt {
 namespace cpu {
 // accum[i] += staging[i]. Threaded and vectorised; bit-identical whatever the thread count.
 void accumulate(float* accum, const float* staging, std::size_t n, int threads);
+// x[i] = 0 (staging buffers before each backward), threaded.
+void zero(float* x, std::size_t n, int threads);
 // sum of x[i]^2 in double, in a fixed blocked order that does not depend on the thread count.
 double sum_squares(const float* x, std::size_t n, int threads);
 }  // namespace cpu
@@ -43,10 +48,10 @@ double sum_squares(const float* x, std::size_t n, int threads);
 double stage_grad_sumsq(const ParamLayout& layout, const float* grads, int threads);
 
 struct StepScale {
-  double loss = 0.0;       // loss_sum / counted (0 when counted == 0)
-  double grad_norm = 0.0;  // norm of the mean-loss gradient, before clipping
-  double clip = 1.0;       // factor applied to the gradient (<= 1)
-  float grad_scale = 0.0f; // clip / counted, passed to AdamW
+  double loss = 0.0;        // loss_sum / counted (0 when counted == 0)
+  double grad_norm = 0.0;   // norm of the mean-loss gradient, before clipping
+  double clip = 1.0;        // factor applied to the gradient (<= 1)
+  float grad_scale = 0.0f;  // clip / counted, passed to AdamW
 };
 
 // stage_sumsq in stage order 0..L+1; combined left to right in double.

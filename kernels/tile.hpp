@@ -11,7 +11,7 @@
 namespace mt {
 
 struct TileLayout {
-  std::size_t stage_floats = 0;  // one section: the stage's ParamLayout::total_floats
+  std::size_t stage_floats = 0;                               // one section: the stage's ParamLayout::total_floats
   std::size_t params = 0, grads = 0, adam_m = 0, adam_v = 0;  // offsets in floats
   std::size_t total_floats = 0;
 };

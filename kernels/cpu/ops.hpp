@@ -77,7 +77,7 @@ void gelu_backward(const float* x, const float* dy, float* dx, std::size_t n, in
 // logits[rows, V] is overwritten with d(sum of losses)/d(logits) = softmax - onehot(target) for counted
 // rows and 0 for ignored ones (target == -100); row_loss[r] = lse - logit[target] (0 when ignored).
 // want_grad = false leaves logits as they are.
-void cross_entropy_rows(float* logits, const std::int32_t* targets, float* row_loss, std::int64_t rows,
-                        std::int64_t V, bool want_grad, int threads);
+void cross_entropy_rows(float* logits, const std::int32_t* targets, float* row_loss, std::int64_t rows, std::int64_t V,
+                        bool want_grad, int threads);
 
 }  // namespace mt::cpu

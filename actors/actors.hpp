@@ -1,0 +1,59 @@
+// Internal: the spawn functions of the pipeline actors (each defined in its own file) and small
+// helpers they share. Includes CAF: only actor sources include it.
+#pragma once
+#include <chrono>
+#include <cstdint>
+
+#include "actors/context.hpp"
+#include "actors/messages.hpp"
+
+namespace mt::actors {
+
+// Each spawns a detached actor (its own thread: all of them block on copies or kernels) that waits
+// for Peers and Resume before doing any work.
+loader_actor spawn_loader(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
+prefetcher_actor spawn_prefetcher(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
+compute_actor spawn_compute(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
+collector_actor spawn_collector(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
+optimizer_actor spawn_optimizer(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
+// The supervisor (event-based, on the scheduler; it only routes messages). Quits after every child
+// is down; `result` is filled by then.
+node_actor spawn_node(caf::actor_system& sys, Context* ctx, EngineResult* result);
+
+// An actor's uncaught exception becomes its exit reason (sec::runtime_error with the what() text), so
+// the supervisor can log it and restart the actor.
+inline caf::error exception_to_error(std::exception_ptr& x) {
+  try {
+    std::rethrow_exception(x);
+  } catch (const std::exception& e) {
+    return caf::make_error(caf::sec::runtime_error, std::string(e.what()));
+  } catch (...) {
+    return caf::make_error(caf::sec::runtime_error, std::string("unknown exception"));
+  }
+}
+
+// The handles the node sent in its last Peers message.
+struct PeerHandles {
+  loader_actor loader;
+  prefetcher_actor prefetcher;
+  compute_actor compute;
+  collector_actor collector;
+  optimizer_actor optimizer;
+  node_actor node;
+
+  void set(const Peers& p) {
+    loader = caf::actor_cast<loader_actor>(p.loader);
+    prefetcher = caf::actor_cast<prefetcher_actor>(p.prefetcher);
+    compute = caf::actor_cast<compute_actor>(p.compute);
+    collector = caf::actor_cast<collector_actor>(p.collector);
+    optimizer = caf::actor_cast<optimizer_actor>(p.optimizer);
+    node = caf::actor_cast<node_actor>(p.node);
+  }
+};
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace mt::actors

@@ -1,0 +1,50 @@
+// Where the engine's micro-batches come from: a deterministic function of the micro-batch's global
+// index g = step * gradient_accumulation_steps + micro_batch. The data loader actor asks for g and
+// prefetches g + 1; a restarted loader asks again for a g it has served before and must get the same
+// batch, so a source keeps what it needs to seek back (the loader's cursor snapshots): that is the
+// durable part of the data pipeline, and it lives here, outside any actor. No CAF here.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "data/loader.hpp"
+
+namespace mt::actors {
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // Fills `out` with micro-batch g. Thread-safe (one caller at a time is enough).
+  virtual void get(std::uint64_t g, data::Batch& out) = 0;
+};
+
+// The data engineer's loader (llm.c token shards, deterministic shuffling) behind the by-index API: a
+// cursor snapshot is kept for every batch handed out, so any earlier batch can be served again.
+class ShardBatchSource : public BatchSource {
+ public:
+  explicit ShardBatchSource(data::LoaderOptions options);
+  void get(std::uint64_t g, data::Batch& out) override;
+  const data::DataLoader& loader() const { return loader_; }
+
+ private:
+  std::mutex mutex_;
+  data::DataLoader loader_;
+  std::uint64_t next_ = 0;                         // the index loader_.next() returns next
+  std::map<std::uint64_t, data::Cursor> before_;   // cursor before batch g
+};
+
+// Fixed batches in memory (tests, benchmarks): batch g = batches[g % size].
+class VectorBatchSource : public BatchSource {
+ public:
+  explicit VectorBatchSource(std::vector<data::Batch> batches) : batches_(std::move(batches)) {}
+  void get(std::uint64_t g, data::Batch& out) override { out = batches_.at(g % batches_.size()); }
+  const std::vector<data::Batch>& batches() const { return batches_; }
+
+ private:
+  std::vector<data::Batch> batches_;
+};
+
+}  // namespace mt::actors

@@ -1,0 +1,107 @@
+// The gradient collector: copies each staged gradient device-to-host (through the copy engine) and
+// adds it into the stage's fp32 accumulator in the host tile (cpu::accumulate, the reference's call),
+// frees the staging slot, and after a stage's last micro-batch reports the stage's gradient sum of
+// squares to the optimizer. Its progress (per stage: step, micro-batches accumulated, sum of squares)
+// is in the ledger, so re-issued work is recognised and not added twice.
+#include <cstring>
+
+#include "actors/actors.hpp"
+#include "kernels/step_math.hpp"
+#include "kernels/tile.hpp"
+
+namespace mt::actors {
+namespace {
+
+struct collector_state {
+  Context* ctx = nullptr;
+  std::uint64_t epoch = 0;
+  bool running = false;
+  PeerHandles peers;
+  AlignedFloats host_buffer;  // receives one stage's gradients from the device
+  std::map<std::int64_t, double> offload_s;  // per step
+  static constexpr const char* name = "collector";
+};
+
+using self_ptr = collector_actor::stateful_pointer<collector_state>;
+
+void collect(self_ptr self, const LayerGrads& m) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  RunLedger& led = ctx->ledger;
+  const std::int64_t step = m.work.step, mb = m.work.micro_batch, stage = m.work.stage;
+  const std::size_t si = static_cast<std::size_t>(stage);
+  const std::int64_t M = ctx->micro_batches();
+  fault_point(ctx->fault, Role::collector, step, mb, stage, Phase::collect);
+  const bool done = led.accum_step[si] > step || (led.accum_step[si] == step && led.accum_count[si] > mb);
+  if (done) {  // re-issued work that had been accumulated before a restart
+    self->send(st.peers.compute, GradSlotFree{st.epoch, m.work, m.grad_slot});
+    return;
+  }
+  const std::int64_t expected = led.accum_step[si] == step ? led.accum_count[si] : 0;
+  if (mb != expected)
+    throw std::logic_error("collector: stage " + std::to_string(stage) + " step " + std::to_string(step) +
+                           " got micro-batch " + std::to_string(mb) + ", expected " + std::to_string(expected));
+  const auto t0 = Clock::now();
+  const ParamLayout& layout = ctx->layouts[si];
+  const std::size_t n = layout.total_floats;
+  CopyJob job;
+  job.direction = CopyDirection::device_to_host;
+  job.src = ctx->arena->grad_slot(m.grad_slot);
+  job.dst = st.host_buffer.get();
+  job.bytes = n * sizeof(float);
+  ctx->copy->submit_with_future(std::move(job)).get();
+  self->send(st.peers.compute, GradSlotFree{st.epoch, m.work, m.grad_slot});
+  HostTile& tile = ctx->host->tile(stage);
+  if (mb == 0) std::memset(tile.grad(), 0, n * sizeof(float));
+  cpu::accumulate(tile.grad(), st.host_buffer.get(), n, ctx->collector_threads);
+  led.accum_step[si] = step;
+  led.accum_count[si] = mb + 1;
+  const auto t1 = Clock::now();
+  st.offload_s[step] += seconds_between(t0, t1);
+  ctx->intervals.add(Role::collector, step, t0, t1);
+  if (mb + 1 == M) {
+    const double sumsq = stage_grad_sumsq(layout, tile.grad(), ctx->collector_threads);
+    led.sumsq[si] = sumsq;
+    std::int64_t complete = 0;
+    for (std::size_t s = 0; s < led.accum_step.size(); ++s)
+      if (led.accum_step[s] == step && led.accum_count[s] == M) ++complete;
+    if (complete == ctx->stages()) {
+      self->send(st.peers.node, CollectorStepDone{step, st.offload_s[step]});
+      st.offload_s.erase(step);
+    }
+    self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, sumsq});
+  }
+}
+
+collector_actor::behavior_type collector_fn(self_ptr self, Context* ctx, std::uint64_t epoch) {
+  self->state.ctx = ctx;
+  self->state.epoch = epoch;
+  self->set_exception_handler(exception_to_error);
+  std::size_t largest = 0;
+  for (const auto& l : ctx->layouts) largest = std::max(largest, l.total_floats);
+  self->state.host_buffer = make_aligned_floats(largest);
+  return {
+      [=](const LayerGrads& m) {
+        if (m.epoch != self->state.epoch || !self->state.running) return;
+        collect(self, m);
+      },
+      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const Resume& r) {
+        self->state.epoch = r.epoch;
+        self->state.running = true;
+      },
+      [=](reset_atom, std::uint64_t e) {
+        self->state.epoch = e;
+        self->state.running = false;
+        return ack_atom::value;
+      },
+  };
+}
+
+}  // namespace
+
+collector_actor spawn_collector(caf::actor_system& sys, Context* ctx, std::uint64_t epoch) {
+  return sys.spawn<caf::detached>(collector_fn, ctx, epoch);
+}
+
+}  // namespace mt::actors

@@ -1,0 +1,107 @@
+// Internal: what every actor of one run shares by pointer, and the run ledger, the durable record of
+// how far the pipeline got. No CAF here.
+//
+// Restart design: an actor holds nothing that cannot be rebuilt. The tiles (params, gradient
+// accumulators, moments, versions) live in HostModel; activations, the backward's dx and gradient
+// staging live in the DeviceArena; the ledger records which of them are valid (compute's position in
+// the schedule, which staging slot holds which stage's gradients, how many micro-batches each stage's
+// accumulator holds, each stage's sum of squares, the losses). Each field has one writer actor; the
+// node reads the ledger only while every actor is quiescent (after the reset barrier), and re-issues
+// the in-flight work from it.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "actors/engine.hpp"
+#include "actors/schedule.hpp"
+
+namespace mt::actors {
+
+struct StagingEntry {
+  enum class State { free, filling, full };
+  State state = State::free;
+  std::int64_t step = -1, micro_batch = -1, stage = -1;
+};
+
+struct MbLoss {
+  double loss_sum = 0.0;
+  std::int64_t counted = 0;
+};
+
+struct RunLedger {
+  // --- written by compute -----------------------------------------------------------------------
+  Pos compute_pos;                           // the next op to run; advanced only after an op is done
+  int dx_current = 0;                        // which dx buffer holds d(loss)/d(input of the next backward op)
+  std::vector<StagingEntry> staging;         // per gradient staging slot
+  std::map<std::int64_t, std::vector<MbLoss>> losses;  // step -> the micro-batches done, in order
+  // --- written by the collector -------------------------------------------------------------------
+  std::vector<std::int64_t> accum_step;      // per stage: the step its accumulator holds
+  std::vector<std::int64_t> accum_count;     // per stage: micro-batches of accum_step accumulated
+  std::vector<double> sumsq;                 // per stage: sum of squares once complete
+};
+
+// Busy-interval recorder for overlap measurements (only when enabled).
+class IntervalLog {
+ public:
+  void enable(std::chrono::steady_clock::time_point t0) { enabled_ = true; t0_ = t0; }
+  bool enabled() const { return enabled_; }
+  void add(Role r, std::int64_t step, std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+    if (!enabled_) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    log_.push_back(BusyInterval{r, step, std::chrono::duration<double>(a - t0_).count(),
+                                std::chrono::duration<double>(b - t0_).count()});
+  }
+  std::vector<BusyInterval> take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::move(log_);
+  }
+
+ private:
+  bool enabled_ = false;
+  std::chrono::steady_clock::time_point t0_;
+  std::mutex mutex_;
+  std::vector<BusyInterval> log_;
+};
+
+struct Context {
+  EngineJob* job = nullptr;
+  const TrainConfig* cfg = nullptr;
+  const ModelConfig* model = nullptr;
+  EnginePlan plan;
+  HostModel* host = nullptr;
+  DeviceArena* arena = nullptr;
+  CopyEngine* copy = nullptr;
+  BatchSource* data = nullptr;
+  FaultPlan* fault = nullptr;
+  RunLedger ledger;
+  IntervalLog intervals;
+  std::vector<Op> ops;                       // one micro-batch's ops
+  std::vector<ParamLayout> layouts;          // per stage
+  std::int64_t first_step = 0;
+  std::int64_t end_step = 0;                 // exclusive; lowered by a stop request
+  ComputeCtx compute_ctx;
+  int optimizer_threads = 1;
+  int collector_threads = 1;
+  float max_grad_norm = 0.0f;
+  bool serial = false;
+  std::atomic<std::int64_t> slot_reuses{0};
+  std::chrono::steady_clock::time_point h2d_last_end;  // written only by the copy engine's host-to-device worker  // loads served by a resident slot (no copy)
+  std::chrono::steady_clock::time_point t0;
+
+  // Carved from the arena's activation region.
+  std::vector<float*> acts;                  // L + 1 boundaries: acts[i] = input of stage i + 1
+  float* dx[2] = {nullptr, nullptr};
+  std::vector<float*> saved;                 // keep mode: per layer (index layer - 1)
+  float* workspace = nullptr;
+
+  std::int64_t stages() const { return plan.stages; }
+  std::int64_t micro_batches() const { return plan.micro_batches; }
+  std::int64_t ops_per_mb() const { return static_cast<std::int64_t>(ops.size()); }
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
+}  // namespace mt::actors

@@ -1,0 +1,170 @@
+// The engine entry points: planning (every check before anything starts), initialisation, and the run
+// itself (allocate the arena and the copy engine, build the shared context, spawn the node, wait).
+#include "actors/engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <caf/all.hpp>
+
+#include "actors/actors.hpp"
+
+namespace mt::actors {
+
+EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
+  model.validate();
+  EnginePlan p;
+  p.batch = cfg.train.per_device_train_batch_size;
+  p.seq = cfg.data.seq_length;
+  p.micro_batches = cfg.train.gradient_accumulation_steps;
+  p.stages = num_stages(model);
+  if (p.batch < 1) throw ConfigError("train.per_device_train_batch_size", "must be >= 1");
+  if (p.micro_batches < 1) throw ConfigError("train.gradient_accumulation_steps", "must be >= 1");
+  if (p.seq < 1) throw ConfigError("data.seq_length", "must be >= 1");
+  if (p.seq > model.max_position_embeddings)
+    throw ConfigError("data.seq_length", std::to_string(p.seq) + " exceeds the model's max_position_embeddings (" +
+                                             std::to_string(model.max_position_embeddings) + ")");
+  validate_batch_shape(model, p.batch, p.seq);
+  switch (cfg.keep_intermediates()) {
+    case KeepIntermediates::boundary: p.mode = ActivationMode::recompute; break;
+    case KeepIntermediates::all: p.mode = ActivationMode::keep; break;
+    case KeepIntermediates::boundary_host:
+      throw ConfigError("device.keep_intermediates",
+                        "'boundary_host' (boundaries offloaded to host) is not supported by this engine yet; use "
+                        "boundary or all");
+  }
+  if (cfg.device.weight_slots < 2) throw ConfigError("device.weight_slots", "must be >= 2 (double buffering)");
+  if (cfg.device.grad_slots < 1) throw ConfigError("device.grad_slots", "must be >= 1");
+  p.weight_slots = static_cast<int>(cfg.device.weight_slots);
+  p.grad_slots = static_cast<int>(cfg.device.grad_slots);
+  const bool tied = model.tie_word_embeddings || model.is_gpt2();
+  if (tied && p.grad_slots < 2) {
+    p.notes.push_back("device.grad_slots raised from " + std::to_string(p.grad_slots) +
+                      " to 2: with tied embeddings the head's gradient of the embedding is staged until the "
+                      "embedding's backward");
+    p.grad_slots = 2;
+  }
+  p.prefetch_depth = static_cast<int>(std::max<std::int64_t>(0, cfg.prefetch_depth()));
+  p.hidden_floats = static_cast<std::size_t>(p.batch * p.seq * model.hidden_size);
+  const std::int64_t L = model.num_hidden_layers;
+  std::size_t act = static_cast<std::size_t>(L + 1 + 2) * align_floats(p.hidden_floats);
+  if (p.mode == ActivationMode::keep) {
+    p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
+    act += static_cast<std::size_t>(L) * align_floats(p.saved_floats);
+  }
+  p.workspace_floats = std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode),
+                                head_workspace_floats(model, p.batch, p.seq));
+  ArenaRequest req;
+  req.budget_bytes = cfg.device_budget_bytes();
+  req.budget_name = cfg.device_budget_name();
+  req.weight_slots = p.weight_slots;
+  req.grad_slots = p.grad_slots;
+  req.workspace_bytes = p.workspace_floats * sizeof(float);
+  req.activation_bytes = act * sizeof(float);
+  p.arena = plan_arena(model, req);
+  p.threads = cfg.thread_budget();
+  return p;
+}
+
+void init_host_model(HostModel& host, std::uint64_t seed) {
+  for (std::int64_t s = 0; s < host.num_stages(); ++s) {
+    HostTile& t = host.tile(s);
+    init_stage_params(host.config(), s, seed, t.params());
+    std::memset(t.grad(), 0, t.region_bytes());
+    std::memset(t.adam_m(), 0, t.region_bytes());
+    std::memset(t.adam_v(), 0, t.region_bytes());
+  }
+}
+
+EngineResult run_engine(EngineJob job) {
+  caf::actor_system_config cfg;
+  const ThreadBudget tb = job.cfg.thread_budget();
+  cfg.set("scheduler.max-threads", static_cast<std::size_t>(std::max(1, tb.scheduler)));
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  return run_engine(sys, std::move(job));
+}
+
+EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
+  if (job.host == nullptr || job.data == nullptr) throw std::invalid_argument("run_engine: host model and data source are required");
+  auto ctx = std::make_unique<Context>();
+  ctx->job = &job;
+  ctx->cfg = &job.cfg;
+  ctx->model = &job.model;
+  ctx->plan = plan_engine(job.cfg, job.model);
+  ctx->host = job.host;
+  ctx->data = job.data;
+  ctx->fault = job.fault;
+  ctx->ops = micro_batch_ops(job.model);
+  for (std::int64_t s = 0; s < ctx->plan.stages; ++s) ctx->layouts.push_back(stage_layout(job.model, s));
+  if (job.host->num_stages() != ctx->plan.stages) throw std::invalid_argument("run_engine: host model has another shape");
+  for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
+    if (job.host->tile(s).version() != static_cast<std::uint64_t>(job.first_step))
+      throw std::invalid_argument("run_engine: stage " + std::to_string(s) + " is at version " +
+                                  std::to_string(job.host->tile(s).version()) + ", expected " +
+                                  std::to_string(job.first_step));
+  ctx->first_step = job.first_step;
+  ctx->end_step = std::max(job.first_step, job.cfg.train.max_steps);
+  const ThreadBudget& tb = ctx->plan.threads;
+  ctx->compute_ctx.threads = std::max(1, tb.blas);
+  ctx->optimizer_threads = std::max(1, tb.optimizer);
+  ctx->collector_threads = std::max(1, tb.optimizer);
+  ctx->max_grad_norm = static_cast<float>(job.cfg.train.max_grad_norm);
+  ctx->serial = job.serial_schedule;
+
+  DeviceArena arena(ctx->plan.arena);
+  CopyEngineOptions copt;
+  copt.workers = std::clamp(tb.copy, 1, 2);
+  copt.bandwidth_bytes_per_s = job.cfg.copy_bandwidth_bytes_per_s();
+  CopyEngine copy(copt);
+  ctx->arena = &arena;
+  ctx->copy = &copy;
+
+  // Carve the activation region: L + 1 boundaries, two dx buffers, kept intermediates.
+  {
+    float* base = reinterpret_cast<float*>(arena.activations());
+    std::size_t off = 0;
+    auto take = [&](std::size_t n) {
+      float* q = base + off;
+      off += align_floats(n);
+      return q;
+    };
+    for (std::int64_t i = 0; i <= job.model.num_hidden_layers; ++i) ctx->acts.push_back(take(ctx->plan.hidden_floats));
+    ctx->dx[0] = take(ctx->plan.hidden_floats);
+    ctx->dx[1] = take(ctx->plan.hidden_floats);
+    if (ctx->plan.mode == ActivationMode::keep)
+      for (std::int64_t i = 0; i < job.model.num_hidden_layers; ++i) ctx->saved.push_back(take(ctx->plan.saved_floats));
+    arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
+    ctx->workspace = reinterpret_cast<float*>(arena.workspace());
+    arena.claim(ArenaRegionKind::workspace, 0, ctx->plan.workspace_floats * sizeof(float));
+  }
+
+  RunLedger& led = ctx->ledger;
+  led.compute_pos = Pos{job.first_step, 0, 0};
+  led.staging.assign(static_cast<std::size_t>(ctx->plan.grad_slots), StagingEntry{});
+  led.accum_step.assign(static_cast<std::size_t>(ctx->plan.stages), -1);
+  led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);
+  led.sumsq.assign(static_cast<std::size_t>(ctx->plan.stages), 0.0);
+
+  EngineResult result;
+  ctx->t0 = Clock::now();
+  if (job.record_intervals) ctx->intervals.enable(ctx->t0);
+  {
+    caf::scoped_actor waiter{sys};
+    auto node = spawn_node(sys, ctx.get(), &result);
+    waiter->monitor(node);
+    waiter->receive([](const caf::down_msg&) {});
+  }
+  result.wall_s = seconds_between(ctx->t0, Clock::now());
+  copy.wait_idle();
+  result.arena = arena.usage();
+  result.copy = copy.stats();
+  result.slot_reuses = ctx->slot_reuses.load();
+  result.intervals = ctx->intervals.take();
+  std::uint64_t v = ~std::uint64_t{0};
+  for (std::int64_t s = 0; s < ctx->plan.stages; ++s) v = std::min(v, job.host->tile(s).version());
+  result.steps_done = static_cast<std::int64_t>(v);
+  return result;
+}
+
+}  // namespace mt::actors

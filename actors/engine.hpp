@@ -1,0 +1,109 @@
+// The streaming engine's entry point: trains a model held in host tiles by running the actor pipeline
+// (node supervising loader, prefetcher, compute, gradient collector, optimizer) for cfg.train.max_steps
+// steps. This header includes no CAF: tests and tools that only drive the engine compile quickly.
+//
+// plan_engine() checks everything that can be checked before training (the arena fits the device
+// budget, slot counts, modes) and throws ConfigError / ArenaBudgetError naming the key; run_engine()
+// calls it first, so bad input fails before any actor starts.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "actors/batch_source.hpp"
+#include "actors/fault.hpp"
+#include "config/train_config.hpp"
+#include "kernels/model_config.hpp"
+#include "kernels/stage_api.hpp"
+#include "storage/host/arena_plan.hpp"
+#include "storage/host/copy_engine.hpp"
+#include "storage/host/device_arena.hpp"
+#include "storage/host/host_model.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace mt::actors {
+
+// The device side of a run, decided before anything is allocated.
+struct EnginePlan {
+  ArenaPlan arena;
+  ActivationMode mode = ActivationMode::recompute;
+  std::int64_t batch = 0, seq = 0, micro_batches = 0, stages = 0;
+  int weight_slots = 0, grad_slots = 0, prefetch_depth = 0;
+  std::size_t hidden_floats = 0;      // one boundary activation: batch * seq * hidden_size
+  std::size_t saved_floats = 0;       // keep mode: one layer's intermediates
+  std::size_t workspace_floats = 0;
+  ThreadBudget threads;
+  std::vector<std::string> notes;     // adjustments made (e.g. grad slots raised for tied embeddings)
+};
+
+EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
+
+// One line of progress: what `megatrain train` prints and writes as JSONL.
+struct StepRecord {
+  std::int64_t step = 0;           // 1-based: the update just made
+  double loss = 0.0;               // mean over counted tokens of the step
+  double lr = 0.0;
+  double grad_norm = 0.0;          // before clipping
+  double clip = 1.0;
+  std::int64_t tokens = 0;         // counted tokens of the step
+  double tokens_per_s = 0.0;
+  double step_s = 0.0;             // wall time since the previous step finished
+  double wait_weights_s = 0.0;     // compute idle, waiting for a weight slot to be filled
+  double compute_s = 0.0;          // compute busy (forward, head, backward)
+  double offload_s = 0.0;          // collector: device-to-host copies and accumulation
+  double optimizer_s = 0.0;        // optimizer busy (norm + AdamW of the step)
+  std::int64_t restarts = 0;       // actor restarts so far
+};
+
+// A busy interval of one actor, for overlap measurements (recorded when EngineJob::record_intervals).
+struct BusyInterval {
+  Role role = Role::compute;
+  std::int64_t step = 0;
+  double t0 = 0.0, t1 = 0.0;       // seconds since the engine started
+};
+
+struct EngineJob {
+  TrainConfig cfg;                      // validated
+  ModelConfig model;                    // the resolved model (cfg's [model] keys or a config.json)
+  BatchSource* data = nullptr;          // micro-batches by global index
+  HostModel* host = nullptr;            // initialised tiles; versions say how many updates they hold
+  std::int64_t first_step = 0;          // steps already done (tile versions must equal it)
+  FaultPlan* fault = nullptr;           // test-only crash injection
+  const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT) to stop after the step in progress
+  std::function<void(const StepRecord&)> on_step;  // called once per finished step, in step order
+  bool record_intervals = false;
+  // Non-overlapped schedule (benchmarks): each stage's weights are streamed only when compute asks,
+  // and the next step waits for the optimizer. Same results, no overlap.
+  bool serial_schedule = false;
+};
+
+struct EngineResult {
+  std::int64_t steps_done = 0;          // tile versions at the end
+  bool stopped_early = false;           // by the stop flag
+  std::vector<StepRecord> steps;
+  std::int64_t restarts = 0;
+  std::vector<std::string> restart_log; // "compute crashed (...) at ..., restarted"
+  ArenaUsage arena;
+  CopyEngineStats copy;
+  std::int64_t slot_reuses = 0;         // weight loads served by a still-resident slot (no copy)
+  std::vector<BusyInterval> intervals;
+  double wall_s = 0.0;
+  std::string error;                    // non-empty: the run failed (an unrecoverable error)
+};
+
+// Deterministic initialisation of every tile's params (init_stage_params per stage, the reference
+// trainer's seeding); gradients and moments zero, versions 0.
+void init_host_model(HostModel& host, std::uint64_t seed);
+
+// Runs the job on a fresh actor system sized from the thread budget.
+EngineResult run_engine(EngineJob job);
+// Runs the job on the caller's actor system (the node binary's, configured by NodeConfig).
+EngineResult run_engine(caf::actor_system& sys, EngineJob job);
+
+}  // namespace mt::actors

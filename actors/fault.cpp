@@ -1,0 +1,57 @@
+#include "actors/fault.hpp"
+
+#include <sstream>
+#include <stdexcept>
+
+namespace mt::actors {
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::loader: return "loader";
+    case Role::prefetcher: return "prefetcher";
+    case Role::compute: return "compute";
+    case Role::collector: return "collector";
+    case Role::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+Role parse_role(const std::string& name) {
+  for (int i = 0; i < kRoleCount; ++i)
+    if (name == role_name(static_cast<Role>(i))) return static_cast<Role>(i);
+  throw std::invalid_argument("unknown actor role '" + name +
+                              "' (one of: loader, prefetcher, compute, collector, optimizer)");
+}
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::data: return "data";
+    case Phase::prefetch: return "prefetch";
+    case Phase::forward: return "forward";
+    case Phase::head: return "head";
+    case Phase::backward: return "backward";
+    case Phase::collect: return "collect";
+    case Phase::optimize: return "optimize";
+  }
+  return "?";
+}
+
+std::string FaultPlan::describe() const {
+  std::ostringstream o;
+  o << role_name(role) << " at step " << step << " micro-batch " << micro_batch << " stage " << stage << " phase "
+    << (phase < 0 ? "any" : phase_name(static_cast<Phase>(phase)));
+  return o.str();
+}
+
+void fault_point(FaultPlan* plan, Role role, std::int64_t step, std::int64_t micro_batch, std::int64_t stage,
+                 Phase phase) {
+  if (plan == nullptr || !plan->armed || plan->role != role) return;
+  if (plan->step >= 0 && plan->step != step) return;
+  if (plan->micro_batch >= 0 && plan->micro_batch != micro_batch) return;
+  if (plan->stage >= 0 && plan->stage != stage) return;
+  if (plan->phase >= 0 && plan->phase != static_cast<int>(phase)) return;
+  if (plan->fired.exchange(1) != 0) return;
+  throw InjectedFault("injected fault: " + plan->describe());
+}
+
+}  // namespace mt::actors

@@ -1,0 +1,296 @@
+// Every message of the streaming engine, with the typed interface of each actor. Only actor sources
+// include this header (it pulls in CAF).
+//
+// Dataflow of one step (DESIGN.md §3-4):
+//   compute --BatchRequest--> loader --MicroBatch--> compute
+//   prefetcher --(copy engine)--CopyDone--> prefetcher --WeightsReady--> compute --SlotFree--> prefetcher
+//   compute --LayerGrads--> collector --GradSlotFree--> compute
+//   compute --LossReport--> optimizer, node
+//   collector --LayerGradsComplete--> optimizer --LayerUpdated(version)--> prefetcher
+//   compute/collector/optimizer --*StepDone--> node (timings; the node prints the progress line)
+// Control (node -> every pipeline actor): Peers (who is who), reset (a barrier: drop in-flight work and
+// adopt a new epoch, reply ack), Resume (rebuild state from the ledger and go), StopAt.
+//
+// Restart semantics: every work message names its (step, micro-batch, stage, phase) and carries the
+// epoch it was sent in; the node bumps the epoch when it restarts a crashed actor, and a receiver
+// drops any work message from another epoch (it was re-issued in the new one).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <caf/all.hpp>
+
+#include "actors/fault.hpp"
+#include "actors/schedule.hpp"
+#include "data/loader.hpp"
+
+namespace mt::actors {
+
+// ---- atoms -------------------------------------------------------------------------------------
+using reset_atom = caf::atom_constant<caf::atom("reset")>;  // node -> actor: barrier request (with the new epoch)
+using ack_atom = caf::atom_constant<caf::atom("ack")>;      // actor -> node: reset done, nothing in flight
+using tick_atom = caf::atom_constant<caf::atom("tick")>;    // node -> itself: poll the stop flag
+
+// ---- work identity -------------------------------------------------------------------------------
+// Names a unit of work: (step, micro-batch, stage, phase). micro_batch is -1 for per-step work
+// (optimizer), stage -1 for per-micro-batch work (data).
+struct WorkId {
+  std::int64_t step = 0;
+  std::int64_t micro_batch = -1;
+  std::int64_t stage = -1;
+  std::int32_t phase = 0;  // static_cast<int32_t>(Phase)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkId& x) {
+  return f(caf::meta::type_name("WorkId"), x.step, x.micro_batch, x.stage, x.phase);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Pos& x) {
+  return f(caf::meta::type_name("Pos"), x.step, x.micro_batch, x.op);
+}
+
+// ---- control ---------------------------------------------------------------------------------------
+
+// node -> every pipeline actor: the current handles of the others (sent at start and after each
+// restart, since a restarted actor has a new handle). Receivers cast them to the typed handles.
+struct Peers {
+  caf::strong_actor_ptr loader, prefetcher, compute, collector, optimizer, node;
+};
+
+// node -> every pipeline actor, after the reset barrier (or at start): continue from the durable
+// state. pos: compute's next op (from the ledger); opt_step: the step the optimizer is on (the
+// smallest tile version); end_step: the step to stop before.
+struct Resume {
+  std::uint64_t epoch = 0;
+  Pos pos;
+  std::int64_t opt_step = 0;
+  std::int64_t end_step = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Resume& x) {
+  return f(caf::meta::type_name("Resume"), x.epoch, x.pos, x.opt_step, x.end_step);
+}
+
+// node -> compute (request; reply: the end step compute will honour, never inside a step it has
+// begun), then node -> prefetcher (plain): stop streaming and computing at end_step.
+struct StopAt {
+  std::int64_t end_step = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StopAt& x) {
+  return f(caf::meta::type_name("StopAt"), x.end_step);
+}
+
+// ---- data --------------------------------------------------------------------------------------------
+
+// compute -> loader: send micro-batch (step, micro_batch) (work phase: data).
+struct BatchRequest {
+  std::uint64_t epoch = 0;
+  std::int64_t step = 0;
+  std::int64_t micro_batch = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, BatchRequest& x) {
+  return f(caf::meta::type_name("BatchRequest"), x.epoch, x.step, x.micro_batch);
+}
+
+// loader -> compute: the tokens and targets of micro-batch (step, micro_batch). Local only (a shared
+// pointer to immutable host memory).
+struct MicroBatch {
+  std::uint64_t epoch = 0;
+  std::int64_t step = 0;
+  std::int64_t micro_batch = 0;
+  std::shared_ptr<const data::Batch> batch;
+};
+
+// ---- weights -----------------------------------------------------------------------------------------
+
+// prefetcher -> compute: load `load` (0 or 1) of the op at `pos` is in weight slot `slot`: stage
+// `stage`'s params at tile version `version` (work phase: prefetch).
+struct WeightsReady {
+  std::uint64_t epoch = 0;
+  Pos pos;
+  std::int32_t load = 0;
+  std::int64_t stage = 0;
+  std::int32_t slot = 0;
+  std::uint64_t version = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WeightsReady& x) {
+  return f(caf::meta::type_name("WeightsReady"), x.epoch, x.pos, x.load, x.stage, x.slot, x.version);
+}
+
+// copy engine (its worker thread, via anon_send) -> prefetcher: the copy of load `load` of the op at
+// `pos` into weight slot `slot` has landed (work phase: prefetch).
+struct CopyDone {
+  std::uint64_t epoch = 0;
+  Pos pos;
+  std::int32_t load = 0;
+  std::int32_t slot = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CopyDone& x) {
+  return f(caf::meta::type_name("CopyDone"), x.epoch, x.pos, x.load, x.slot);
+}
+
+// compute -> prefetcher: the op at `pos` is done with weight slot `slot`; it may be refilled.
+struct SlotFree {
+  std::uint64_t epoch = 0;
+  Pos pos;
+  std::int32_t slot = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SlotFree& x) {
+  return f(caf::meta::type_name("SlotFree"), x.epoch, x.pos, x.slot);
+}
+
+// optimizer -> prefetcher (and node): stage `stage` now holds tile version `version` (= step + 1);
+// the next step's loads of it may stream.
+struct LayerUpdated {
+  std::uint64_t epoch = 0;
+  std::int64_t step = 0;
+  std::int64_t stage = 0;
+  std::uint64_t version = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LayerUpdated& x) {
+  return f(caf::meta::type_name("LayerUpdated"), x.epoch, x.step, x.stage, x.version);
+}
+
+// ---- gradients ----------------------------------------------------------------------------------------
+
+// compute -> collector: gradient staging slot `grad_slot` holds work.stage's gradients of micro-batch
+// work.micro_batch of step work.step (phase backward / head): copy them out and accumulate.
+struct LayerGrads {
+  std::uint64_t epoch = 0;
+  WorkId work;
+  std::int32_t grad_slot = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LayerGrads& x) {
+  return f(caf::meta::type_name("LayerGrads"), x.epoch, x.work, x.grad_slot);
+}
+
+// collector -> compute: staging slot `grad_slot` has been copied to the host; compute may reuse it.
+struct GradSlotFree {
+  std::uint64_t epoch = 0;
+  WorkId work;
+  std::int32_t grad_slot = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GradSlotFree& x) {
+  return f(caf::meta::type_name("GradSlotFree"), x.epoch, x.work, x.grad_slot);
+}
+
+// compute -> optimizer, node: the head of micro-batch (step, micro_batch) gave this loss sum over
+// `counted` tokens (the optimizer needs the step's total count to normalise the gradient).
+struct LossReport {
+  std::uint64_t epoch = 0;
+  std::int64_t step = 0;
+  std::int64_t micro_batch = 0;
+  double loss_sum = 0.0;
+  std::int64_t counted = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LossReport& x) {
+  return f(caf::meta::type_name("LossReport"), x.epoch, x.step, x.micro_batch, x.loss_sum, x.counted);
+}
+
+// collector -> optimizer: stage's accumulator holds every micro-batch of `step`; its sum of squares.
+struct LayerGradsComplete {
+  std::uint64_t epoch = 0;
+  std::int64_t step = 0;
+  std::int64_t stage = 0;
+  double sumsq = 0.0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LayerGradsComplete& x) {
+  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq);
+}
+
+// ---- per-step reports to the node (timings for the progress line) ---------------------------------
+
+// compute -> node: compute finished every op of `step`.
+struct ComputeStepDone {
+  std::int64_t step = 0;
+  double wait_weights_s = 0.0;
+  double compute_s = 0.0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ComputeStepDone& x) {
+  return f(caf::meta::type_name("ComputeStepDone"), x.step, x.wait_weights_s, x.compute_s);
+}
+
+// collector -> node: every stage of `step` is accumulated.
+struct CollectorStepDone {
+  std::int64_t step = 0;
+  double offload_s = 0.0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CollectorStepDone& x) {
+  return f(caf::meta::type_name("CollectorStepDone"), x.step, x.offload_s);
+}
+
+// optimizer -> node: every stage of `step` is updated (tile versions step + 1).
+struct OptimizerStepDone {
+  std::int64_t step = 0;
+  double loss = 0.0, grad_norm = 0.0, clip = 1.0, lr = 0.0;
+  std::int64_t counted = 0;
+  double optimizer_s = 0.0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, OptimizerStepDone& x) {
+  return f(caf::meta::type_name("OptimizerStepDone"), x.step, x.loss, x.grad_norm, x.clip, x.lr, x.counted,
+           x.optimizer_s);
+}
+
+// ---- typed interfaces ------------------------------------------------------------------------------
+// Every pipeline actor also takes the control messages: Peers, Resume, reset (-> ack).
+
+using loader_actor = caf::typed_actor<
+    caf::reacts_to<BatchRequest>,
+    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+
+using prefetcher_actor = caf::typed_actor<
+    caf::reacts_to<SlotFree>, caf::reacts_to<CopyDone>, caf::reacts_to<LayerUpdated>, caf::reacts_to<StopAt>,
+    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+
+using compute_actor = caf::typed_actor<
+    caf::reacts_to<WeightsReady>, caf::reacts_to<MicroBatch>, caf::reacts_to<GradSlotFree>,
+    caf::replies_to<StopAt>::with<StopAt>,
+    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+
+using collector_actor = caf::typed_actor<
+    caf::reacts_to<LayerGrads>,
+    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+
+using optimizer_actor = caf::typed_actor<
+    caf::reacts_to<LossReport>, caf::reacts_to<LayerGradsComplete>,
+    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+
+using node_actor = caf::typed_actor<
+    caf::reacts_to<LossReport>, caf::reacts_to<LayerUpdated>, caf::reacts_to<ComputeStepDone>,
+    caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>>;
+
+}  // namespace mt::actors
+
+// Local-only message types (pointers into this process).
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mt::actors::Peers)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mt::actors::MicroBatch)

@@ -1,0 +1,295 @@
+// The node: the supervisor of one training run. Spawns the five pipeline actors (each detached: its
+// own thread), monitors them, and restarts any that crashes:
+//   1. respawn the crashed role; bump the epoch;
+//   2. reset barrier: every pipeline actor drops its in-flight work, adopts the new epoch and acks
+//      (an actor acks only between handlers, so after the barrier nothing from the old epoch runs);
+//   3. Peers + Resume to all, then re-issue the in-flight work from the ledger: staged gradients not
+//      yet accumulated (to the collector), the losses and complete stages of the optimizer's step (to
+//      the optimizer). Compute and the prefetcher continue from compute's ledger position.
+// It also assembles the per-step progress record from the actors' reports, honours the stop flag
+// (SIGINT/SIGTERM: finish the step in progress, then stop), and shuts everything down at the end.
+#include <algorithm>
+#include <array>
+#include <set>
+
+#include "actors/actors.hpp"
+
+namespace mt::actors {
+
+struct NodeRun {
+  Context* ctx = nullptr;
+  EngineResult* result = nullptr;
+};
+
+namespace {
+
+struct StepReports {
+  bool compute = false, optimizer = false;
+  ComputeStepDone c;
+  OptimizerStepDone o;
+  double offload_s = 0.0;
+};
+
+struct node_state {
+  Context* ctx = nullptr;
+  EngineResult* result = nullptr;
+  std::uint64_t epoch = 0;
+  PeerHandles h;
+  std::int64_t end_step = 0;
+  std::int64_t next_report = 0;  // the next step whose progress record is due
+  std::map<std::int64_t, StepReports> reports;
+  Clock::time_point last_done;
+  bool stop_requested = false;
+  bool shutting_down = false;
+  std::set<caf::actor_addr> alive;  // children not yet down
+  int crashes_since_progress = 0;
+  int acks_pending = 0;
+  static constexpr const char* name = "node";
+};
+
+using self_ptr = node_actor::stateful_pointer<node_state>;
+
+Peers make_peers(self_ptr self) {
+  auto& h = self->state.h;
+  Peers p;
+  p.loader = caf::actor_cast<caf::strong_actor_ptr>(h.loader);
+  p.prefetcher = caf::actor_cast<caf::strong_actor_ptr>(h.prefetcher);
+  p.compute = caf::actor_cast<caf::strong_actor_ptr>(h.compute);
+  p.collector = caf::actor_cast<caf::strong_actor_ptr>(h.collector);
+  p.optimizer = caf::actor_cast<caf::strong_actor_ptr>(h.optimizer);
+  p.node = caf::actor_cast<caf::strong_actor_ptr>(self);
+  return p;
+}
+
+void spawn_role(self_ptr self, Role r) {
+  auto& st = self->state;
+  auto& sys = self->system();
+  switch (r) {
+    case Role::loader: st.h.loader = spawn_loader(sys, st.ctx, st.epoch); self->monitor(st.h.loader); break;
+    case Role::prefetcher: st.h.prefetcher = spawn_prefetcher(sys, st.ctx, st.epoch); self->monitor(st.h.prefetcher); break;
+    case Role::compute: st.h.compute = spawn_compute(sys, st.ctx, st.epoch); self->monitor(st.h.compute); break;
+    case Role::collector: st.h.collector = spawn_collector(sys, st.ctx, st.epoch); self->monitor(st.h.collector); break;
+    case Role::optimizer: st.h.optimizer = spawn_optimizer(sys, st.ctx, st.epoch); self->monitor(st.h.optimizer); break;
+  }
+  const caf::actor_addr a[kRoleCount] = {st.h.loader.address(), st.h.prefetcher.address(), st.h.compute.address(),
+                                         st.h.collector.address(), st.h.optimizer.address()};
+  st.alive.insert(a[static_cast<int>(r)]);
+}
+
+std::int64_t optimizer_step(Context* ctx) {
+  std::uint64_t v = ~std::uint64_t{0};
+  for (std::int64_t s = 0; s < ctx->stages(); ++s) v = std::min(v, ctx->host->tile(s).version());
+  return static_cast<std::int64_t>(v);
+}
+
+// Sends Peers and Resume to every actor, then re-issues the in-flight work recorded in the ledger.
+// Called while every actor is quiescent (at start, or after the reset barrier).
+void resume_all(self_ptr self) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const Peers peers = make_peers(self);
+  const std::int64_t opt_step = optimizer_step(ctx);
+  const Resume r{st.epoch, ctx->ledger.compute_pos, opt_step, st.end_step};
+  self->send(st.h.loader, peers);
+  self->send(st.h.prefetcher, peers);
+  self->send(st.h.compute, peers);
+  self->send(st.h.collector, peers);
+  self->send(st.h.optimizer, peers);
+  self->send(st.h.loader, r);
+  self->send(st.h.collector, r);
+  self->send(st.h.optimizer, r);
+  // Staged gradients the collector has not (or not known to have) taken, in schedule order.
+  std::vector<LayerGrads> staged;
+  for (int k = 0; k < static_cast<int>(ctx->ledger.staging.size()); ++k) {
+    const auto& e = ctx->ledger.staging[static_cast<std::size_t>(k)];
+    if (e.state == StagingEntry::State::full)
+      staged.push_back(LayerGrads{st.epoch, WorkId{e.step, e.micro_batch, e.stage, static_cast<std::int32_t>(Phase::backward)}, k});
+  }
+  std::sort(staged.begin(), staged.end(), [](const LayerGrads& a, const LayerGrads& b) {
+    if (a.work.step != b.work.step) return a.work.step < b.work.step;
+    if (a.work.micro_batch != b.work.micro_batch) return a.work.micro_batch < b.work.micro_batch;
+    return a.work.stage > b.work.stage;
+  });
+  for (const auto& g : staged) self->send(st.h.collector, g);
+  // The optimizer's step: its micro-batch losses and every stage whose gradients are complete.
+  const RunLedger& led = ctx->ledger;
+  for (const auto& kv : led.losses)
+    if (kv.first >= opt_step)
+      for (std::size_t mb = 0; mb < kv.second.size(); ++mb)
+        self->send(st.h.optimizer, LossReport{st.epoch, kv.first, static_cast<std::int64_t>(mb), kv.second[mb].loss_sum,
+                                              kv.second[mb].counted});
+  for (std::int64_t s = 0; s < ctx->stages(); ++s) {
+    const std::size_t si = static_cast<std::size_t>(s);
+    if (led.accum_step[si] == opt_step && led.accum_count[si] == ctx->micro_batches())
+      self->send(st.h.optimizer, LayerGradsComplete{st.epoch, opt_step, s, led.sumsq[si]});
+  }
+  // Compute and the prefetcher last: they start the flow again.
+  self->send(st.h.compute, r);
+  self->send(st.h.prefetcher, r);
+}
+
+void shutdown(self_ptr self) {
+  auto& st = self->state;
+  if (st.shutting_down) return;
+  st.shutting_down = true;
+  if (st.alive.empty()) {
+    self->quit();
+    return;
+  }
+  self->send_exit(st.h.loader, caf::exit_reason::user_shutdown);
+  self->send_exit(st.h.prefetcher, caf::exit_reason::user_shutdown);
+  self->send_exit(st.h.compute, caf::exit_reason::user_shutdown);
+  self->send_exit(st.h.collector, caf::exit_reason::user_shutdown);
+  self->send_exit(st.h.optimizer, caf::exit_reason::user_shutdown);
+}
+
+void fail(self_ptr self, const std::string& what) {
+  if (self->state.result->error.empty()) self->state.result->error = what;
+  shutdown(self);
+}
+
+void emit_ready_steps(self_ptr self) {
+  auto& st = self->state;
+  while (true) {
+    auto it = st.reports.find(st.next_report);
+    if (it == st.reports.end() || !it->second.compute || !it->second.optimizer) break;
+    const StepReports& r = it->second;
+    const auto now = Clock::now();
+    StepRecord rec;
+    rec.step = r.o.step + 1;
+    rec.loss = r.o.loss;
+    rec.lr = r.o.lr;
+    rec.grad_norm = r.o.grad_norm;
+    rec.clip = r.o.clip;
+    rec.tokens = r.o.counted;
+    rec.step_s = seconds_between(st.last_done, now);
+    const std::int64_t tokens_seen = st.ctx->plan.batch * st.ctx->plan.seq * st.ctx->plan.micro_batches;
+    rec.tokens_per_s = rec.step_s > 0 ? static_cast<double>(tokens_seen) / rec.step_s : 0.0;
+    rec.wait_weights_s = r.c.wait_weights_s;
+    rec.compute_s = r.c.compute_s;
+    rec.offload_s = r.offload_s;
+    rec.optimizer_s = r.o.optimizer_s;
+    rec.restarts = st.result->restarts;
+    st.last_done = now;
+    st.result->steps.push_back(rec);
+    if (st.ctx->job->on_step) {
+      try {
+        st.ctx->job->on_step(rec);
+      } catch (const std::exception& e) {
+        fail(self, std::string("progress output failed: ") + e.what());
+      }
+    }
+    st.reports.erase(it);
+    ++st.next_report;
+    st.crashes_since_progress = 0;
+  }
+  if (st.next_report >= st.end_step) shutdown(self);
+}
+
+void on_crash(self_ptr self, Role role, const caf::error& reason) {
+  auto& st = self->state;
+  auto* res = st.result;
+  const std::string why = self->system().render(reason);
+  ++res->restarts;
+  res->restart_log.push_back(std::string(role_name(role)) + " crashed (" + why + "), restarted");
+  // A deterministic failure (bad data, a bug) recurs at once after a restart: give up when crashes
+  // repeat without a step finishing in between.
+  if (++st.crashes_since_progress > 3) {
+    fail(self, std::string(role_name(role)) + " keeps crashing without progress: " + why);
+    return;
+  }
+  ++st.epoch;
+  spawn_role(self, role);
+  const std::uint64_t e = st.epoch;
+  st.acks_pending = kRoleCount;
+  auto ack = [=](ack_atom) {
+    if (self->state.epoch == e && --self->state.acks_pending == 0 && !self->state.shutting_down) resume_all(self);
+  };
+  auto err = [=](caf::error&) { /* the target died; its down message starts a newer barrier */ };
+  self->request(st.h.loader, caf::infinite, reset_atom::value, e).then(ack, err);
+  self->request(st.h.prefetcher, caf::infinite, reset_atom::value, e).then(ack, err);
+  self->request(st.h.compute, caf::infinite, reset_atom::value, e).then(ack, err);
+  self->request(st.h.collector, caf::infinite, reset_atom::value, e).then(ack, err);
+  self->request(st.h.optimizer, caf::infinite, reset_atom::value, e).then(ack, err);
+}
+
+void poll_stop(self_ptr self) {
+  auto& st = self->state;
+  if (st.shutting_down) return;
+  const std::atomic<bool>* flag = st.ctx->job->stop;
+  if (flag && flag->load() && !st.stop_requested) {
+    st.stop_requested = true;
+    self->request(st.h.compute, caf::infinite, StopAt{st.next_report}).then(
+        [=](const StopAt& r) {
+          auto& s = self->state;
+          s.end_step = std::min(s.end_step, r.end_step);
+          s.result->stopped_early = s.end_step < s.ctx->end_step;
+          self->send(s.h.prefetcher, StopAt{s.end_step});
+          emit_ready_steps(self);
+        },
+        [=](caf::error&) { self->state.stop_requested = false; });
+  }
+  self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
+}
+
+}  // namespace
+
+node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
+  auto& st = self->state;
+  st.ctx = run.ctx;
+  st.result = run.result;
+  st.end_step = run.ctx->end_step;
+  st.next_report = run.ctx->first_step;
+  st.last_done = Clock::now();
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    s.alive.erase(dm.source);
+    if (s.shutting_down) {
+      if (s.alive.empty()) self->quit();
+      return;
+    }
+    const std::array<std::pair<Role, caf::actor_addr>, kRoleCount> roles{{
+        {Role::loader, s.h.loader.address()},
+        {Role::prefetcher, s.h.prefetcher.address()},
+        {Role::compute, s.h.compute.address()},
+        {Role::collector, s.h.collector.address()},
+        {Role::optimizer, s.h.optimizer.address()},
+    }};
+    for (const auto& r : roles)
+      if (r.second == dm.source) {
+        on_crash(self, r.first, dm.reason);
+        return;
+      }
+  });
+  for (int r = 0; r < kRoleCount; ++r) spawn_role(self, static_cast<Role>(r));
+  if (st.next_report >= st.end_step) {
+    shutdown(self);
+  } else {
+    resume_all(self);
+    self->send(self, tick_atom::value);
+  }
+  return {
+      [=](const LossReport&) {},
+      [=](const LayerUpdated&) {},
+      [=](const ComputeStepDone& m) {
+        auto& r = self->state.reports[m.step];
+        r.compute = true;
+        r.c = m;
+        emit_ready_steps(self);
+      },
+      [=](const CollectorStepDone& m) { self->state.reports[m.step].offload_s = m.offload_s; },
+      [=](const OptimizerStepDone& m) {
+        auto& r = self->state.reports[m.step];
+        r.optimizer = true;
+        r.o = m;
+        emit_ready_steps(self);
+      },
+      [=](tick_atom) { poll_stop(self); },
+  };
+}
+
+node_actor spawn_node(caf::actor_system& sys, Context* ctx, EngineResult* result) {
+  return sys.spawn(node_fn, NodeRun{ctx, result});
+}
+
+}  // namespace mt::actors

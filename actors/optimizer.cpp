@@ -1,0 +1,124 @@
+// The optimizer: AdamW over the host tiles (adamw_stage, threaded), one stage at a time, each update
+// publishing the tile's next version so the prefetcher can stream it for the next step.
+//   - with global-norm clipping: waits for every stage's sum of squares, combines them in stage order
+//     (compute_step_scale, as the reference trainer), then updates stages 0..L+1 in forward order, so
+//     the next step's forward of layer i overlaps the updates of the layers after it;
+//   - without clipping: updates each stage as soon as its gradients are complete (during backward).
+// Either way it needs the step's counted tokens (from the loss reports) to normalise the gradient.
+// A stage whose tile version already says "updated" is skipped, so re-issued work is harmless.
+#include <set>
+
+#include "actors/actors.hpp"
+#include "kernels/step_math.hpp"
+
+namespace mt::actors {
+namespace {
+
+struct optimizer_state {
+  Context* ctx = nullptr;
+  std::uint64_t epoch = 0;
+  bool running = false;
+  PeerHandles peers;
+  std::int64_t step = 0;      // the step being optimised
+  std::int64_t end_step = 0;
+  std::map<std::int64_t, std::map<std::int64_t, MbLoss>> losses;   // step -> micro-batch -> loss
+  std::map<std::int64_t, std::map<std::int64_t, double>> sumsq;    // step -> stage -> sum of squares
+  double busy_s = 0.0;
+  static constexpr const char* name = "optimizer";
+};
+
+using self_ptr = optimizer_actor::stateful_pointer<optimizer_state>;
+
+void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamWHyper& hyper, float grad_scale) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  HostTile& tile = ctx->host->tile(stage);
+  if (tile.version() != static_cast<std::uint64_t>(s)) return;  // done before a restart
+  fault_point(ctx->fault, Role::optimizer, s, -1, stage, Phase::optimize);
+  const auto t0 = Clock::now();
+  adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], tile.params(), tile.grad(), tile.adam_m(), tile.adam_v(),
+              hyper, s + 1, grad_scale, ctx->optimizer_threads);
+  tile.publish_version(static_cast<std::uint64_t>(s + 1));
+  const auto t1 = Clock::now();
+  st.busy_s += seconds_between(t0, t1);
+  ctx->intervals.add(Role::optimizer, s, t0, t1);
+  self->send(st.peers.prefetcher, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+}
+
+void try_update(self_ptr self) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const std::int64_t S = ctx->stages(), M = ctx->micro_batches();
+  while (st.running && st.step < st.end_step) {
+    const std::int64_t s = st.step;
+    auto& losses = st.losses[s];
+    if (static_cast<std::int64_t>(losses.size()) < M) return;
+    double loss_sum = 0.0;
+    std::int64_t counted = 0;
+    for (const auto& kv : losses) {
+      loss_sum += kv.second.loss_sum;
+      counted += kv.second.counted;
+    }
+    const AdamWHyper hyper = ctx->cfg->adamw_at(s);
+    auto& sq = st.sumsq[s];
+    if (ctx->max_grad_norm <= 0.0f) {
+      const float grad_scale = compute_step_scale(std::vector<double>(static_cast<std::size_t>(S), 0.0), counted, 0.0f,
+                                                  loss_sum).grad_scale;
+      for (const auto& kv : sq) update_stage(self, s, kv.first, hyper, grad_scale);
+    }
+    if (static_cast<std::int64_t>(sq.size()) < S) return;
+    std::vector<double> sumsq;
+    for (const auto& kv : sq) sumsq.push_back(kv.second);
+    const StepScale scale = compute_step_scale(sumsq, counted, ctx->max_grad_norm, loss_sum);
+    if (ctx->max_grad_norm > 0.0f)
+      for (std::int64_t stage = 0; stage < S; ++stage) update_stage(self, s, stage, hyper, scale.grad_scale);
+    self->send(st.peers.node, OptimizerStepDone{s, scale.loss, scale.grad_norm, scale.clip, hyper.lr, counted, st.busy_s});
+    st.busy_s = 0.0;
+    st.losses.erase(s);
+    st.sumsq.erase(s);
+    ++st.step;
+  }
+}
+
+optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::uint64_t epoch) {
+  self->state.ctx = ctx;
+  self->state.epoch = epoch;
+  self->set_exception_handler(exception_to_error);
+  return {
+      [=](const LossReport& m) {
+        auto& st = self->state;
+        if (m.epoch != st.epoch || m.step < st.step) return;
+        st.losses[m.step][m.micro_batch] = MbLoss{m.loss_sum, m.counted};
+        try_update(self);
+      },
+      [=](const LayerGradsComplete& m) {
+        auto& st = self->state;
+        if (m.epoch != st.epoch || m.step < st.step) return;
+        st.sumsq[m.step][m.stage] = m.sumsq;
+        try_update(self);
+      },
+      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const Resume& r) {
+        auto& st = self->state;
+        st.epoch = r.epoch;
+        st.step = r.opt_step;
+        st.end_step = r.end_step;
+        st.losses.clear();
+        st.sumsq.clear();
+        st.running = true;
+      },
+      [=](reset_atom, std::uint64_t e) {
+        self->state.epoch = e;
+        self->state.running = false;
+        return ack_atom::value;
+      },
+  };
+}
+
+}  // namespace
+
+optimizer_actor spawn_optimizer(caf::actor_system& sys, Context* ctx, std::uint64_t epoch) {
+  return sys.spawn<caf::detached>(optimizer_fn, ctx, epoch);
+}
+
+}  // namespace mt::actors

@@ -1,0 +1,207 @@
+// The prefetcher: walks the schedule ahead of compute and streams each op's stages into free weight
+// slots (host tile -> device arena through the copy engine), exactly in the order compute will use
+// them, up to prefetch_depth + 1 ops in flight and never more than K slots. A load waits for a free
+// slot and for the stage's tile to reach the version the op needs (= its step: the optimizer publishes
+// version s + 1 after step s's update), so the next step's forward streams layer i as soon as it is
+// updated. Owns the weight slots' states (in the DeviceArena).
+//
+// A slot compute has freed keeps its contents until it is refilled ("resident"): when a later load
+// needs the same stage at the same version (the backward of the last layers of the forward, right
+// after the head, and the first layers of the next micro-batch after the backward), it is handed over
+// again without a copy. The slot refilled is the resident one needed again farthest ahead.
+#include <limits>
+#include <map>
+#include <set>
+
+#include "actors/actors.hpp"
+
+namespace mt::actors {
+namespace {
+
+struct prefetcher_state {
+  Context* ctx = nullptr;
+  std::uint64_t epoch = 0;
+  bool running = false;
+  PeerHandles peers;
+  Pos pos;          // the next op to load for
+  int load = 0;     // its next load
+  std::int64_t end_step = 0;
+  struct Held {
+    Pos pos;                 // the op it was filled for
+    std::int64_t stage = 0;
+    std::uint64_t version = 0;
+    bool filling = false;    // the copy is queued or running
+  };
+  struct Resident {
+    std::int64_t stage = 0;
+    std::uint64_t version = 0;
+  };
+  std::map<int, Held> in_flight;      // slot -> what compute holds (until it frees it)
+  std::map<int, Resident> resident;   // free slots whose contents are still valid
+  static constexpr const char* name = "prefetcher";
+};
+
+// The resident slot to refill: the one whose contents the schedule needs again farthest ahead (or
+// never, within two micro-batches): the schedule is exact, so this is Belady's choice. -1 if none.
+int victim(const prefetcher_state& st, Context* ctx) {
+  if (st.resident.empty()) return -1;
+  std::map<int, std::int64_t> next_use;  // slot -> loads until its stage is needed again
+  Pos p = st.pos;
+  int load = st.load;
+  const std::int64_t horizon = 2 * ctx->ops_per_mb();
+  std::int64_t distance = 0;
+  for (std::int64_t i = 0; i < horizon && next_use.size() < st.resident.size(); ++i) {
+    const Op& op = ctx->ops[static_cast<std::size_t>(p.op)];
+    for (int li = load; li < op.loads; ++li, ++distance)
+      for (const auto& kv : st.resident)
+        if (next_use.count(kv.first) == 0 && kv.second.stage == op.load_stage[li] &&
+            kv.second.version == static_cast<std::uint64_t>(p.step))
+          next_use[kv.first] = distance;
+    load = 0;
+    p = next_pos(p, ctx->ops_per_mb(), ctx->micro_batches());
+  }
+  int best = -1;
+  std::int64_t best_use = -1;
+  for (const auto& kv : st.resident) {
+    auto it = next_use.find(kv.first);
+    const std::int64_t use = it == next_use.end() ? std::numeric_limits<std::int64_t>::max() : it->second;
+    if (use > best_use) {
+      best_use = use;
+      best = kv.first;
+    }
+  }
+  return best;
+}
+
+void pump(prefetcher_actor::stateful_pointer<prefetcher_state> self) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const int depth = ctx->serial ? 0 : ctx->plan.prefetch_depth;
+  while (st.running && st.pos.step < st.end_step) {
+    const Op& op = ctx->ops[static_cast<std::size_t>(st.pos.op)];
+    if (st.load >= op.loads) {
+      st.pos = next_pos(st.pos, ctx->ops_per_mb(), ctx->micro_batches());
+      st.load = 0;
+      continue;
+    }
+    std::set<Pos> ops_in_flight;
+    for (const auto& kv : st.in_flight) ops_in_flight.insert(kv.second.pos);
+    if (ops_in_flight.count(st.pos) == 0 && static_cast<int>(ops_in_flight.size()) >= depth + 1) return;
+    const std::int64_t stage = op.load_stage[st.load];
+    HostTile& tile = ctx->host->tile(stage);
+    const std::uint64_t need = static_cast<std::uint64_t>(st.pos.step);
+    const std::uint64_t have = tile.version();
+    if (have < need) return;  // LayerUpdated will wake us
+    if (have > need)
+      throw std::logic_error("prefetcher: stage " + std::to_string(stage) + " is at version " + std::to_string(have) +
+                             " but step " + std::to_string(st.pos.step) + " needs " + std::to_string(need));
+    const std::size_t bytes = tile.stream_bytes();
+    fault_point(ctx->fault, Role::prefetcher, st.pos.step, st.pos.micro_batch, stage, Phase::prefetch);
+    // A resident copy of exactly this stage and version: hand it over again, no transfer.
+    int hit = -1;
+    for (const auto& kv : st.resident)
+      if (kv.second.stage == stage && kv.second.version == have) hit = kv.first;
+    if (hit >= 0) {
+      st.resident.erase(hit);
+      ctx->arena->begin_fill_slot(hit, stage, have, bytes);
+      ctx->arena->mark_ready(hit);
+      ctx->slot_reuses.fetch_add(1);
+      st.in_flight[hit] = prefetcher_state::Held{st.pos, stage, have};
+      self->send(st.peers.compute, WeightsReady{st.epoch, st.pos, st.load, stage, hit, have});
+      ++st.load;
+      continue;
+    }
+    // A never-used free slot, else the least recently freed resident one.
+    int slot = -1;
+    for (int k = 0; k < ctx->arena->weight_slot_count() && slot < 0; ++k)
+      if (st.in_flight.count(k) == 0 && st.resident.count(k) == 0) slot = k;
+    if (slot < 0) slot = victim(st, ctx);
+    if (slot < 0) return;  // SlotFree will wake us
+    st.resident.erase(slot);
+    ctx->arena->begin_fill_slot(slot, stage, have, bytes);
+    // Queue the copy and go on: the link always has the next transfer queued behind this one. The
+    // copy engine's worker reports completion with a CopyDone message.
+    CopyJob job;
+    job.direction = CopyDirection::host_to_device;
+    job.src = tile.stream_source();
+    job.dst = ctx->arena->weight_slot(slot);
+    job.bytes = bytes;
+    const auto submitted = Clock::now();
+    const CopyDone done{st.epoch, st.pos, st.load, slot};
+    prefetcher_actor me = caf::actor_cast<prefetcher_actor>(self);
+    job.on_done = [ctx, me, done, submitted] {
+      const auto now = Clock::now();
+      ctx->intervals.add(Role::prefetcher, done.pos.step, std::max(submitted, ctx->h2d_last_end), now);
+      ctx->h2d_last_end = now;  // only the host-to-device worker writes it
+      caf::anon_send(me, done);
+    };
+    ctx->copy->submit(std::move(job));
+    st.in_flight[slot] = prefetcher_state::Held{st.pos, stage, have, true};
+    ++st.load;
+  }
+}
+
+prefetcher_actor::behavior_type prefetcher_fn(prefetcher_actor::stateful_pointer<prefetcher_state> self, Context* ctx,
+                                              std::uint64_t epoch) {
+  self->state.ctx = ctx;
+  self->state.epoch = epoch;
+  self->set_exception_handler(exception_to_error);
+  return {
+      [=](const SlotFree& m) {
+        auto& st = self->state;
+        if (m.epoch != st.epoch) return;
+        auto it = st.in_flight.find(m.slot);
+        if (it != st.in_flight.end()) {
+          st.resident[m.slot] = prefetcher_state::Resident{it->second.stage, it->second.version};
+          st.in_flight.erase(it);
+        }
+        ctx->arena->release_slot(m.slot);
+        pump(self);
+      },
+      [=](const CopyDone& m) {
+        auto& st = self->state;
+        if (m.epoch != st.epoch) return;
+        auto it = st.in_flight.find(m.slot);
+        if (it == st.in_flight.end() || !it->second.filling) return;
+        it->second.filling = false;
+        ctx->arena->mark_ready(m.slot);
+        self->send(st.peers.compute, WeightsReady{st.epoch, m.pos, m.load, it->second.stage, m.slot, it->second.version});
+      },
+      [=](const LayerUpdated& m) {
+        if (m.epoch != self->state.epoch) return;
+        pump(self);
+      },
+      [=](const StopAt& m) {
+        self->state.end_step = std::min(self->state.end_step, m.end_step);
+      },
+      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const Resume& r) {
+        auto& st = self->state;
+        st.epoch = r.epoch;
+        // Every slot is free again: compute dropped what it held at the reset.
+        for (int s = 0; s < ctx->arena->weight_slot_count(); ++s) ctx->arena->release_slot(s);
+        st.in_flight.clear();
+        st.resident.clear();
+        st.pos = r.pos;
+        st.load = 0;
+        st.end_step = r.end_step;
+        st.running = true;
+        pump(self);
+      },
+      [=](reset_atom, std::uint64_t e) {
+        self->state.epoch = e;
+        self->state.running = false;
+        // No copy of the old epoch may land in a slot after the barrier.
+        ctx->copy->wait_idle();
+        return ack_atom::value;
+      },
+  };
+}
+
+}  // namespace
+
+prefetcher_actor spawn_prefetcher(caf::actor_system& sys, Context* ctx, std::uint64_t epoch) {
+  return sys.spawn<caf::detached>(prefetcher_fn, ctx, epoch);
+}
+
+}  // namespace mt::actors

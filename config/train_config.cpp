@@ -1,0 +1,131 @@
+#include "config/train_config.hpp"
+
+#include <cmath>
+#include <sstream>
+
+namespace mt {
+
+const char* lr_schedule_name(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::constant: return "constant";
+    case LrSchedule::linear: return "linear";
+    case LrSchedule::cosine: return "cosine";
+  }
+  return "?";
+}
+
+const char* keep_intermediates_name(KeepIntermediates k) {
+  switch (k) {
+    case KeepIntermediates::boundary: return "boundary";
+    case KeepIntermediates::boundary_host: return "boundary_host";
+    case KeepIntermediates::all: return "all";
+  }
+  return "?";
+}
+
+const char* optimizer_compression_name(OptimizerCompression c) {
+  switch (c) {
+    case OptimizerCompression::none: return "none";
+    case OptimizerCompression::lossless: return "lossless";
+    case OptimizerCompression::int8: return "int8";
+  }
+  return "?";
+}
+
+namespace {
+
+// Finds `value` among the names of Enum's values; ConfigError listing the choices otherwise.
+template <class Enum, std::size_t N>
+Enum parse_choice(const std::string& key, const std::string& value, const Enum (&choices)[N], const char* (*name)(Enum)) {
+  std::string list;
+  for (Enum e : choices) {
+    if (value == name(e)) return e;
+    list += (list.empty() ? "" : ", ") + std::string(name(e));
+  }
+  throw ConfigError(key, "'" + value + "' is not one of: " + list);
+}
+
+}  // namespace
+
+LrSchedule TrainConfig::lr_schedule() const {
+  static const LrSchedule choices[] = {LrSchedule::constant, LrSchedule::linear, LrSchedule::cosine};
+  return parse_choice("train.lr_scheduler_type", train.lr_scheduler_type, choices, lr_schedule_name);
+}
+
+KeepIntermediates TrainConfig::keep_intermediates() const {
+  static const KeepIntermediates choices[] = {KeepIntermediates::boundary, KeepIntermediates::boundary_host, KeepIntermediates::all};
+  return parse_choice("device.keep_intermediates", device.keep_intermediates, choices, keep_intermediates_name);
+}
+
+OptimizerCompression TrainConfig::optimizer_compression() const {
+  static const OptimizerCompression choices[] = {OptimizerCompression::none, OptimizerCompression::lossless, OptimizerCompression::int8};
+  return parse_choice("train.optimizer_compression", train.optimizer_compression, choices, optimizer_compression_name);
+}
+
+std::size_t TrainConfig::device_budget_bytes() const {
+  if (device.max_vram_gb > 0.0) return static_cast<std::size_t>(std::llround(device.max_vram_gb * 1024.0 * 1024.0 * 1024.0));
+  return static_cast<std::size_t>(device.device_memory_mb) * 1024 * 1024;
+}
+
+std::string TrainConfig::device_budget_name() const {
+  std::ostringstream out;
+  if (device.max_vram_gb > 0.0) out << "device.max_vram_gb=" << device.max_vram_gb;
+  else out << "device.device_memory_mb=" << device.device_memory_mb;
+  return out.str();
+}
+
+std::int64_t TrainConfig::prefetch_depth() const {
+  return device.prefetch_depth > 0 ? device.prefetch_depth : device.weight_slots - 1;
+}
+
+std::string TrainConfig::train_jsonl_path() const {
+  return log.train_jsonl.empty() ? train.output_dir + "/train.jsonl" : log.train_jsonl;
+}
+
+std::string TrainConfig::events_jsonl_path() const {
+  return log.events_jsonl.empty() ? train.output_dir + "/events.jsonl" : log.events_jsonl;
+}
+
+ModelConfig TrainConfig::model_config_from_keys() const {
+  ModelConfig m;
+  try {
+    m.arch = parse_arch(model.arch);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("model.arch", e.what());
+  }
+  m.vocab_size = model.vocab_size;
+  m.hidden_size = model.hidden_size;
+  m.num_hidden_layers = model.layers;
+  m.num_attention_heads = model.heads;
+  m.num_key_value_heads = model.kv_heads > 0 ? model.kv_heads : model.heads;
+  m.head_dim = model.head_dim > 0 ? model.head_dim : (model.heads > 0 ? model.hidden_size / model.heads : 0);
+  m.intermediate_size = model.intermediate_size;
+  m.max_position_embeddings = model.max_position_embeddings;
+  m.rope_theta = static_cast<float>(model.rope_theta);
+  m.norm_eps = static_cast<float>(model.norm_eps);
+  m.tie_word_embeddings = model.tie_word_embeddings;
+  m.initializer_range = static_cast<float>(model.initializer_range);
+  if (m.arch == Arch::qwen2) m.attention_bias = true;
+  if (m.arch == Arch::qwen3) m.qk_norm = true;
+  if (model.heads > 0 && model.head_dim == 0 && model.hidden_size % model.heads != 0)
+    throw ConfigError("model.heads", std::to_string(model.heads) + " does not divide model.hidden_size=" +
+                                         std::to_string(model.hidden_size) + " (or set model.head_dim)");
+  try {
+    m.validate();
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("model", e.what());
+  }
+  return m;
+}
+
+void TrainConfig::check_vocab(const ModelConfig& m, std::int64_t tokenizer_vocab, std::int64_t max_token_id) {
+  if (tokenizer_vocab > m.vocab_size)
+    throw ConfigError("model.vocab_size", "the model's vocabulary (" + std::to_string(m.vocab_size) +
+                                              ") is smaller than the tokenizer's (" + std::to_string(tokenizer_vocab) +
+                                              ", data.tokenizer_file)");
+  if (max_token_id >= m.vocab_size)
+    throw ConfigError("model.vocab_size", "the data (data.train_files) holds token id " + std::to_string(max_token_id) +
+                                              ", outside the model's vocabulary of " + std::to_string(m.vocab_size));
+}
+
+}  // namespace mt

@@ -1,0 +1,175 @@
+// Everything a training run is configured with, as plain values (no CAF here: kernels, storage and
+// their tests include this without compiling CAF; config/node_config.hpp binds it to CAF's
+// actor_system_config). Key names follow Hugging Face TrainingArguments where one exists. Each field's
+// comment gives its INI section and key as `section.key`; on the command line: --section.key=value.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/adamw.hpp"
+#include "kernels/model_config.hpp"
+
+namespace mt {
+
+// Thrown by validate(): what() names the key ("train.learning_rate") and the bad value.
+class ConfigError : public std::invalid_argument {
+ public:
+  ConfigError(const std::string& key, const std::string& message)
+      : std::invalid_argument(key + ": " + message), key_(key) {}
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string key_;
+};
+
+struct TrainSection {                        // [train]
+  std::string output_dir = "run/out";         // logs, checkpoints, final model
+  std::int64_t per_device_train_batch_size = 4;
+  std::int64_t gradient_accumulation_steps = 1;
+  std::int64_t max_steps = 100;                // optimizer steps
+  double learning_rate = 3e-4;                 // peak
+  std::string lr_scheduler_type = "cosine";    // constant | linear | cosine (each after warmup)
+  std::int64_t warmup_steps = 0;               // linear 0 -> learning_rate over these steps
+  double min_lr_ratio = 0.0;                   // decay floor as a fraction of learning_rate
+  double weight_decay = 0.0;                   // AdamW, on matrices only
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;                  // global-norm clipping; 0 = off
+  std::int64_t seed = 42;
+  std::string optimizer_compression = "none";  // none | lossless | int8 (block-wise, lossy)
+  std::string offload_dir;                     // NVMe tier for what does not fit in RAM; "" = none
+  std::int64_t save_steps = 0;                 // checkpoint every N steps; 0 = only at the end
+  std::int64_t save_total_limit = 2;           // keep-last-N checkpoints; 0 = keep all
+  std::string resume_from_checkpoint;          // checkpoint dir, "latest", or "" (start fresh)
+};
+
+struct ModelSection {                        // [model]
+  std::string config_file;                     // a Hugging Face config.json (or its directory); "" = the keys below
+  std::string model_name_or_path;              // a Hugging Face model directory to start from (config + weights)
+  std::string arch = "llama";                  // llama | qwen2 | qwen3 | mistral | gpt2 (HF model_type)
+  std::int64_t hidden_size = 384;
+  std::int64_t layers = 8;                     // num_hidden_layers
+  std::int64_t heads = 6;                      // num_attention_heads
+  std::int64_t kv_heads = 0;                   // num_key_value_heads; 0 = heads
+  std::int64_t head_dim = 0;                   // 0 = hidden_size / heads
+  std::int64_t intermediate_size = 1024;
+  std::int64_t vocab_size = 4096;
+  std::int64_t max_position_embeddings = 1024;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;                      // rms_norm_eps / layer_norm_epsilon
+  bool tie_word_embeddings = false;
+  double initializer_range = 0.02;
+};
+
+struct DataSection {                         // [data]
+  std::string train_files = "run/demo-data/train_*.bin";  // glob of llm.c token shards
+  std::string validation_files;                // glob; "" = no evaluation
+  std::string tokenizer_file;                  // tokenizer.json; "" = none (vocab checked against the shards)
+  std::int64_t seq_length = 256;               // tokens per sequence
+};
+
+struct DeviceSection {                       // [device]
+  std::string backend = "cpu";                 // cpu | cuda
+  double max_vram_gb = 0.0;                    // device budget in GiB; 0 = use device_memory_mb
+  std::int64_t device_memory_mb = 1024;        // device budget in MiB (the CPU arena); 0 = use max_vram_gb
+  std::int64_t weight_slots = 2;               // K >= 2 streamed weight slots
+  std::int64_t grad_slots = 1;                 // gradient staging slots
+  std::string keep_intermediates = "boundary"; // boundary | boundary_host | all (see KeepIntermediates)
+  double copy_bandwidth_gbps = 0.0;            // copy engine limit per direction, GB/s (1e9); 0 = unlimited
+  std::int64_t prefetch_depth = 0;             // stages streamed ahead; 0 = weight_slots - 1
+};
+
+struct ThreadsSection {                      // [threads]; 0 = derived from total (see ThreadBudget)
+  std::int64_t total = 0;                      // the budget; 0 = the machine's hardware threads
+  std::int64_t blas = 0;                       // OpenBLAS / compute kernels
+  std::int64_t optimizer = 0;                  // AdamW pool
+  std::int64_t copy = 0;                       // copy engine workers (1 or 2)
+  std::int64_t scheduler = 0;                  // CAF scheduler
+};
+
+struct LogSection {                          // [log]
+  std::string train_jsonl;                     // per-step JSONL; "" = <output_dir>/train.jsonl
+  std::string events_jsonl;                    // actor events JSONL; "" = <output_dir>/events.jsonl
+  std::int64_t logging_steps = 1;              // a JSONL line every N steps
+};
+
+enum class LrSchedule { constant, linear, cosine };
+enum class KeepIntermediates {
+  boundary,       // keep layer-boundary hidden states on the device, recompute each layer once in backward
+  boundary_host,  // the same, boundaries offloaded to host RAM (long context; device memory flat in depth)
+  all,            // keep every intermediate of every layer on the device: no recomputation, most memory
+};
+enum class OptimizerCompression { none, lossless, int8 };
+
+// How one thread budget is split. blas and optimizer are the compute-heavy pools and may run at the
+// same time (the optimizer overlaps the next forward), so blas + optimizer <= total; the copy workers
+// and the CAF scheduler mostly wait (on memory, on mailboxes) and are not counted against it.
+struct ThreadBudget {
+  int total = 0;
+  int blas = 0;
+  int optimizer = 0;
+  int copy = 0;
+  int scheduler = 0;
+};
+
+struct TrainConfig {
+  TrainSection train;
+  ModelSection model;
+  DataSection data;
+  DeviceSection device;
+  ThreadsSection threads;
+  LogSection log;
+
+  // Checks every key: types are already right, this checks ranges, choices, combinations and that
+  // named files exist (data.train_files must match at least one file). Throws ConfigError naming the
+  // first bad key and its value. Does not read the model's config.json (storage/hf does that).
+  void validate() const;
+  void validate_values() const;  // ranges, choices, combinations: no filesystem access
+  void validate_files() const;   // data globs, tokenizer, model paths, output / offload / resume dirs
+
+  // The model from the [model] keys (when model.config_file and model.model_name_or_path are empty).
+  // Throws ConfigError for keys that do not make a valid ModelConfig.
+  ModelConfig model_config_from_keys() const;
+  // The config the data has to match: throws ConfigError naming model.vocab_size / data.* when token
+  // ids in the data (max_token_id, -1 = unknown) or the tokenizer's vocabulary (0 = unknown) exceed it.
+  static void check_vocab(const ModelConfig& model, std::int64_t tokenizer_vocab, std::int64_t max_token_id);
+
+  LrSchedule lr_schedule() const;
+  KeepIntermediates keep_intermediates() const;
+  OptimizerCompression optimizer_compression() const;
+
+  // The device budget in bytes from device.device_memory_mb or device.max_vram_gb, and the key=value
+  // text that set it ("device.device_memory_mb=64") for error messages.
+  std::size_t device_budget_bytes() const;
+  std::string device_budget_name() const;
+  double copy_bandwidth_bytes_per_s() const { return device.copy_bandwidth_gbps * 1e9; }
+  std::int64_t prefetch_depth() const;
+
+  // Learning rate for optimizer step `step` (0-based: the first update uses step 0), as Hugging Face's
+  // schedulers do: warmup lr * step / warmup_steps, then constant, or linear / cosine decay from
+  // learning_rate to min_lr_ratio * learning_rate at max_steps.
+  double learning_rate_at(std::int64_t step) const;
+  // AdamW hyper-parameters for that step (lr from the schedule).
+  AdamWHyper adamw_at(std::int64_t step) const;
+
+  // The explicit split of threads.total (hardware_threads when 0) across the pools.
+  ThreadBudget thread_budget(int hardware_threads) const;
+  ThreadBudget thread_budget() const;  // with std::thread::hardware_concurrency()
+
+  std::string train_jsonl_path() const;
+  std::string events_jsonl_path() const;
+};
+
+// The learning-rate schedule as a free function (used by TrainConfig::learning_rate_at).
+double learning_rate_at(LrSchedule schedule, double peak_lr, std::int64_t warmup_steps, std::int64_t max_steps,
+                        double min_lr_ratio, std::int64_t step);
+
+const char* lr_schedule_name(LrSchedule s);
+const char* keep_intermediates_name(KeepIntermediates k);
+const char* optimizer_compression_name(OptimizerCompression c);
+
+}  // namespace mt

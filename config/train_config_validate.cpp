@@ -1,0 +1,186 @@
+// TrainConfig::validate: every key's range, choice and combination, then the files the keys name.
+// Each failure is a ConfigError whose message starts with the key, so users see exactly what to fix.
+#include <glob.h>
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include <utility>
+
+#include "config/train_config.hpp"
+
+namespace mt {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+template <class T>
+std::string text(const T& v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+void at_least(const char* key, std::int64_t value, std::int64_t min) {
+  if (value < min) throw ConfigError(key, "must be >= " + std::to_string(min) + ", got " + std::to_string(value));
+}
+
+void at_most(const char* key, std::int64_t value, std::int64_t max) {
+  if (value > max) throw ConfigError(key, "must be <= " + std::to_string(max) + ", got " + std::to_string(value));
+}
+
+// lo <= value (< or <=) hi, and finite.
+void in_range(const char* key, double value, double lo, double hi, bool hi_inclusive) {
+  const bool ok = std::isfinite(value) && value >= lo && (hi_inclusive ? value <= hi : value < hi);
+  if (!ok)
+    throw ConfigError(key, "must be in [" + text(lo) + ", " + text(hi) + (hi_inclusive ? "]" : ")") + ", got " + text(value));
+}
+
+void positive(const char* key, double value) {
+  if (!(std::isfinite(value) && value > 0.0)) throw ConfigError(key, "must be a finite number > 0, got " + text(value));
+}
+
+void non_negative(const char* key, double value) {
+  if (!(std::isfinite(value) && value >= 0.0)) throw ConfigError(key, "must be a finite number >= 0, got " + text(value));
+}
+
+void not_empty(const char* key, const std::string& value) {
+  if (value.empty()) throw ConfigError(key, "must not be empty");
+}
+
+std::size_t glob_count(const std::string& pattern) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  const std::size_t n = rc == 0 ? g.gl_pathc : 0;
+  globfree(&g);
+  return n;
+}
+
+void files_exist(const char* key, const std::string& pattern) {
+  if (glob_count(pattern) == 0) throw ConfigError(key, "no file matches '" + pattern + "'");
+}
+
+void file_exists(const char* key, const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw ConfigError(key, "file '" + path + "' does not exist");
+}
+
+void train_values(const TrainConfig& c) {
+  const auto& t = c.train;
+  not_empty("train.output_dir", t.output_dir);
+  at_least("train.per_device_train_batch_size", t.per_device_train_batch_size, 1);
+  at_least("train.gradient_accumulation_steps", t.gradient_accumulation_steps, 1);
+  at_least("train.max_steps", t.max_steps, 1);
+  positive("train.learning_rate", t.learning_rate);
+  c.lr_schedule();
+  at_least("train.warmup_steps", t.warmup_steps, 0);
+  at_most("train.warmup_steps", t.warmup_steps, t.max_steps);
+  in_range("train.min_lr_ratio", t.min_lr_ratio, 0.0, 1.0, true);
+  non_negative("train.weight_decay", t.weight_decay);
+  in_range("train.adam_beta1", t.adam_beta1, 0.0, 1.0, false);
+  in_range("train.adam_beta2", t.adam_beta2, 0.0, 1.0, false);
+  positive("train.adam_epsilon", t.adam_epsilon);
+  non_negative("train.max_grad_norm", t.max_grad_norm);
+  at_least("train.seed", t.seed, 0);
+  c.optimizer_compression();
+  at_least("train.save_steps", t.save_steps, 0);
+  at_least("train.save_total_limit", t.save_total_limit, 0);
+}
+
+void model_values(const TrainConfig& c) {
+  const auto& m = c.model;
+  if (!m.config_file.empty() && !m.model_name_or_path.empty())
+    throw ConfigError("model.config_file", "set either model.config_file or model.model_name_or_path, not both");
+  for (auto [key, v] : {std::pair<const char*, std::int64_t>{"model.hidden_size", m.hidden_size}, {"model.layers", m.layers},
+                        {"model.heads", m.heads}, {"model.intermediate_size", m.intermediate_size},
+                        {"model.vocab_size", m.vocab_size}, {"model.max_position_embeddings", m.max_position_embeddings}})
+    at_least(key, v, 1);
+  at_least("model.kv_heads", m.kv_heads, 0);
+  at_least("model.head_dim", m.head_dim, 0);
+  positive("model.rope_theta", m.rope_theta);
+  positive("model.norm_eps", m.norm_eps);
+  positive("model.initializer_range", m.initializer_range);
+  if (m.config_file.empty() && m.model_name_or_path.empty()) {
+    const ModelConfig model = c.model_config_from_keys();  // throws naming the key
+    if (model.max_position_embeddings < c.data.seq_length)
+      throw ConfigError("data.seq_length", std::to_string(c.data.seq_length) + " exceeds model.max_position_embeddings=" +
+                                               std::to_string(model.max_position_embeddings));
+  }
+}
+
+void device_values(const TrainConfig& c) {
+  const auto& d = c.device;
+  if (d.backend != "cpu" && d.backend != "cuda") throw ConfigError("device.backend", "'" + d.backend + "' is not one of: cpu, cuda");
+  non_negative("device.max_vram_gb", d.max_vram_gb);
+  at_least("device.device_memory_mb", d.device_memory_mb, 0);
+  if (d.max_vram_gb > 0.0 && d.device_memory_mb > 0)
+    throw ConfigError("device.max_vram_gb", "set either device.max_vram_gb or device.device_memory_mb (the other to 0), not both");
+  if (d.max_vram_gb == 0.0 && d.device_memory_mb == 0)
+    throw ConfigError("device.device_memory_mb", "no device budget: set device.device_memory_mb or device.max_vram_gb");
+  at_least("device.weight_slots", d.weight_slots, 2);
+  at_most("device.weight_slots", d.weight_slots, 64);
+  at_least("device.grad_slots", d.grad_slots, 1);
+  at_most("device.grad_slots", d.grad_slots, 64);
+  c.keep_intermediates();
+  non_negative("device.copy_bandwidth_gbps", d.copy_bandwidth_gbps);
+  at_least("device.prefetch_depth", d.prefetch_depth, 0);
+  at_most("device.prefetch_depth", d.prefetch_depth, d.weight_slots - 1);
+}
+
+void thread_values(const TrainConfig& c) {
+  const auto& t = c.threads;
+  for (auto [key, v] : {std::pair<const char*, std::int64_t>{"threads.total", t.total}, {"threads.blas", t.blas},
+                        {"threads.optimizer", t.optimizer}, {"threads.copy", t.copy}, {"threads.scheduler", t.scheduler}}) {
+    at_least(key, v, 0);
+    at_most(key, v, 1024);
+  }
+  at_most("threads.copy", t.copy, 2);
+  // The effective split (explicit values and derived ones): the two heavy pools must fit the total.
+  const ThreadBudget b = c.thread_budget();
+  if (b.total >= 2 && b.blas + b.optimizer > b.total) {
+    const char* key = t.blas > 0 ? "threads.blas" : "threads.optimizer";
+    throw ConfigError(key, "threads.blas=" + std::to_string(b.blas) + " + threads.optimizer=" + std::to_string(b.optimizer) +
+                               " exceeds threads.total=" + std::to_string(b.total) +
+                               " (the two pools run at the same time; oversubscribing the cores slows both)");
+  }
+}
+
+}  // namespace
+
+void TrainConfig::validate_values() const {
+  train_values(*this);
+  at_least("data.seq_length", data.seq_length, 1);
+  not_empty("data.train_files", data.train_files);
+  model_values(*this);
+  device_values(*this);
+  thread_values(*this);
+  at_least("log.logging_steps", log.logging_steps, 1);
+}
+
+void TrainConfig::validate_files() const {
+  files_exist("data.train_files", data.train_files);
+  if (!data.validation_files.empty()) files_exist("data.validation_files", data.validation_files);
+  if (!data.tokenizer_file.empty()) file_exists("data.tokenizer_file", data.tokenizer_file);
+  std::error_code ec;
+  if (!model.config_file.empty()) {
+    const bool ok = fs::is_regular_file(model.config_file, ec) || fs::is_regular_file(fs::path(model.config_file) / "config.json", ec);
+    if (!ok) throw ConfigError("model.config_file", "'" + model.config_file + "' is neither a config.json nor a directory holding one");
+  }
+  if (!model.model_name_or_path.empty() && !fs::is_regular_file(fs::path(model.model_name_or_path) / "config.json", ec))
+    throw ConfigError("model.model_name_or_path", "'" + model.model_name_or_path + "' is not a model directory (no config.json)");
+  if (!train.offload_dir.empty() && fs::exists(train.offload_dir, ec) && !fs::is_directory(train.offload_dir, ec))
+    throw ConfigError("train.offload_dir", "'" + train.offload_dir + "' exists and is not a directory");
+  if (fs::exists(train.output_dir, ec) && !fs::is_directory(train.output_dir, ec))
+    throw ConfigError("train.output_dir", "'" + train.output_dir + "' exists and is not a directory");
+  const auto& resume = train.resume_from_checkpoint;
+  if (!resume.empty() && resume != "latest" && !fs::is_directory(resume, ec))
+    throw ConfigError("train.resume_from_checkpoint", "checkpoint directory '" + resume + "' does not exist");
+}
+
+void TrainConfig::validate() const {
+  validate_values();
+  validate_files();
+}
+
+}  // namespace mt

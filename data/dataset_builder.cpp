@@ -1,0 +1,549 @@
+#include "data/dataset_builder.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "data/shard.hpp"
+
+namespace mt::data {
+
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+std::string read_input(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw DataError(path + ": cannot open input");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// "file:line:column" of a byte offset.
+// "file:line:column (byte offset N)" of offset `off` in `text`, a block of the file that starts at
+// byte `base_off`, on line `line`, column `col`.
+std::string where_in(const std::string& file, std::string_view text, std::size_t off, std::size_t line = 1,
+                     std::size_t col = 1, std::size_t base_off = 0) {
+  for (std::size_t i = 0; i < off && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return file + ":" + std::to_string(line) + ":" + std::to_string(col) + " (byte offset " +
+         std::to_string(base_off + off) + ")";
+}
+
+bool ascii_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+std::string render(const std::string& tmpl, const std::vector<std::pair<std::string, std::string>>& vars) {
+  std::string out;
+  for (std::size_t i = 0; i < tmpl.size();) {
+    if (tmpl[i] == '{') {
+      bool hit = false;
+      for (const auto& [k, v] : vars) {
+        if (tmpl.compare(i + 1, k.size(), k) == 0 && i + 1 + k.size() < tmpl.size() && tmpl[i + 1 + k.size()] == '}') {
+          out += v;
+          i += k.size() + 2;
+          hit = true;
+          break;
+        }
+      }
+      if (hit) continue;
+    }
+    out += tmpl[i++];
+  }
+  return out;
+}
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+struct Item {
+  std::size_t file = 0;       // index into the inputs
+  std::size_t doc = 0;        // document number in the whole run
+  bool ends_doc = true;       // the end-of-text token follows this item
+  std::string_view text;      // a plain-text piece or a JSONL line
+  std::size_t line = 0;       // JSONL line number
+};
+
+struct Result {
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask;
+  std::string error;
+  bool empty_doc = false;
+};
+
+std::string get_string(const json& rec, const std::string& field, const std::string& where, bool required) {
+  auto f = rec.find(field);
+  if (f == rec.end() || f->is_null()) {
+    if (required) throw DataError(where + ": record has no field '" + field + "'");
+    return {};
+  }
+  if (!f->is_string()) throw DataError(where + ": field '" + field + "' is not a string");
+  return f->get<std::string>();
+}
+
+// Persistent worker threads: run() hands every worker the same job and returns when all have finished it.
+class Pool {
+ public:
+  explicit Pool(int n) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // Runs job on every worker (and on the caller too when `join`); meanwhile calls (*tick)() every 10 ms.
+  void run(const std::function<void()>& job, bool join, const std::function<void()>* tick) {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = &job;
+      active_ = threads_.size();
+      ++gen_;
+    }
+    cv_.notify_all();
+    if (join) job();
+    std::unique_lock<std::mutex> lk(m_);
+    while (active_ > 0) {
+      if (tick) {
+        lk.unlock();
+        (*tick)();
+        lk.lock();
+      }
+      done_.wait_for(lk, std::chrono::milliseconds(10), [&] { return active_ == 0; });
+    }
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void()>* job;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || gen_ != seen; });
+        if (stop_) return;
+        seen = gen_;
+        job = job_;
+      }
+      (*job)();
+      std::lock_guard<std::mutex> lk(m_);
+      if (--active_ == 0) done_.notify_all();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable cv_, done_;
+  const std::function<void()>* job_ = nullptr;
+  std::size_t active_ = 0;
+  uint64_t gen_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+InstructTemplate InstructTemplate::alpaca() {
+  InstructTemplate t;
+  t.prompt =
+      "Below is an instruction that describes a task, paired with an input that provides further context. "
+      "Write a response that appropriately completes the request.\n\n### Instruction:\n{instruction}\n\n"
+      "### Input:\n{input}\n\n### Response:\n";
+  t.prompt_no_input =
+      "Below is an instruction that describes a task. Write a response that appropriately completes the "
+      "request.\n\n### Instruction:\n{instruction}\n\n### Response:\n";
+  t.response = "{output}";
+  return t;
+}
+
+InstructTemplate InstructTemplate::plain() {
+  InstructTemplate t;
+  t.prompt = "{instruction}\n{input}\n";
+  t.prompt_no_input = "{instruction}\n";
+  t.response = "{output}";
+  return t;
+}
+
+InstructTemplate InstructTemplate::load(const std::string& name_or_path) {
+  if (name_or_path == "alpaca") return alpaca();
+  if (name_or_path == "plain") return plain();
+  json j;
+  try {
+    j = json::parse(read_input(name_or_path));
+  } catch (const json::parse_error& e) {
+    throw DataError(name_or_path + ": template is not valid JSON: " + e.what());
+  }
+  InstructTemplate t;
+  try {
+    t.prompt = j.at("prompt").get<std::string>();
+    t.prompt_no_input = j.value("prompt_no_input", t.prompt);
+    t.response = j.value("response", std::string("{output}"));
+  } catch (const json::exception& e) {
+    throw DataError(name_or_path + ": template needs a string 'prompt' (and optional 'prompt_no_input', 'response'): " +
+                    e.what());
+  }
+  return t;
+}
+
+std::vector<std::string_view> split_for_parallel(const Tokenizer& tok, std::string_view text, std::size_t target) {
+  std::vector<std::string_view> out;
+  if (target == 0 || text.size() <= target || !tok.splits_at_letter_spaces()) {
+    out.push_back(text);
+    return out;
+  }
+  std::size_t pos = 0;
+  while (text.size() - pos > target) {
+    std::size_t c = pos + target, cut = std::string_view::npos;
+    while (c + 1 < text.size()) {
+      const void* sp = std::memchr(text.data() + c, ' ', text.size() - c - 1);
+      if (!sp) break;
+      c = std::size_t(static_cast<const char*>(sp) - text.data());
+      if (c > pos && ascii_alpha(text[c - 1]) && ascii_alpha(text[c + 1])) {
+        cut = c;
+        break;
+      }
+      ++c;
+    }
+    if (cut == std::string_view::npos) break;
+    out.push_back(text.substr(pos, cut - pos));
+    pos = cut;
+  }
+  out.push_back(text.substr(pos));
+  return out;
+}
+
+BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
+                          const std::function<void(const BuildProgress&)>& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  if (o.inputs.empty()) throw DataError("megatrain-data: no input files");
+  const auto eot = tok.eot_id();
+  if (!eot) throw DataError(tok.source() + ": the tokenizer has no end-of-text (special) token to separate documents");
+  const int width = o.token_bytes ? o.token_bytes : (tok.vocab_size() <= 65536 ? 2 : 4);
+  if (width == 2 && tok.vocab_size() > 65536)
+    throw DataError("megatrain-data: vocabulary of " + std::to_string(tok.vocab_size()) + " does not fit uint16 tokens");
+  const bool masked = o.format == InputFormat::Instruct;
+  const int threads = std::max(1, o.threads);
+  if (o.shard_tokens == 0 || o.shard_tokens > uint64_t(INT32_MAX))
+    throw DataError("megatrain-data: shard_tokens must be in [1, 2^31)");
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(o.out_dir, ec);
+    if (ec) throw DataError(o.out_dir + ": cannot create the output directory: " + ec.message());
+  }
+
+  BuildSummary sum;
+  BuildProgress prog;
+  for (const auto& in : o.inputs) {
+    struct stat st;
+    if (::stat(in.c_str(), &st) != 0) throw DataError(in + ": no such input file");
+    prog.bytes_total += uint64_t(st.st_size);
+  }
+
+  struct Split {
+    std::string name;
+    std::unique_ptr<ShardWriter> w;
+    int index = 0;
+    std::vector<std::pair<std::string, uint64_t>> shards;
+  };
+  Split splits[2];
+  splits[0].name = "train";
+  splits[1].name = "val";
+  std::vector<std::string> committed;
+  auto commit = [&](Split& s) {
+    if (!s.w) return;
+    s.w->commit();
+    committed.push_back(s.w->path());
+    sum.bytes_out += s.w->bytes() + (masked ? kShardHeaderBytes + s.w->tokens() : 0);
+    const std::string& p = s.w->path();
+    s.shards.emplace_back(p.substr(p.find_last_of('/') + 1), s.w->tokens());
+    s.w.reset();
+  };
+  auto write = [&](Split& s, const uint32_t* ids, const uint8_t* mask, std::size_t n) {
+    while (n > 0) {
+      if (!s.w) {
+        char name[64];
+        std::snprintf(name, sizeof name, "%s_%06d.bin", s.name.c_str(), s.index++);
+        s.w = std::make_unique<ShardWriter>(o.out_dir + "/" + o.prefix + name, width, masked);
+      }
+      const std::size_t room = std::size_t(o.shard_tokens) - s.w->tokens();
+      const std::size_t k = std::min(room, n);
+      s.w->append(ids, mask, k);
+      ids += k;
+      if (mask) mask += k;
+      n -= k;
+      if (s.w->tokens() >= o.shard_tokens) commit(s);
+    }
+  };
+  auto is_val = [&](std::size_t doc) {
+    if (o.val_fraction <= 0) return false;
+    return double(mix(o.seed ^ mix(doc)) >> 11) * (1.0 / 9007199254740992.0) < o.val_fraction;
+  };
+
+  // Encodes one item (runs on the workers).
+  auto work = [&](const std::string& file, const Item& it, Result& r) {
+    try {
+      if (o.format == InputFormat::Text) {
+        tok.encode(it.text, r.ids);
+        return;
+      }
+      const std::string where = file + ":" + std::to_string(it.line);
+      const std::size_t bad = find_invalid_utf8(it.text);
+      if (bad != std::string_view::npos)
+        throw DataError(where + ": invalid UTF-8 at byte " + std::to_string(bad + 1) + " of the line");
+      json rec;
+      try {
+        rec = json::parse(it.text);
+      } catch (const json::parse_error& e) {
+        throw DataError(where + ": not valid JSON (column " + std::to_string(e.byte) + ")");
+      }
+      if (!rec.is_object()) throw DataError(where + ": not a JSON object");
+      if (o.format == InputFormat::Jsonl) {
+        const std::string text = get_string(rec, o.text_field, where, true);
+        if (text.empty()) r.empty_doc = true;
+        tok.encode(text, r.ids);
+        return;
+      }
+      std::string instruction, input, output;
+      if (rec.contains("instruction")) {
+        instruction = get_string(rec, "instruction", where, true);
+        input = get_string(rec, "input", where, false);
+        output = get_string(rec, "output", where, true);
+      } else if (rec.contains("prompt")) {
+        instruction = get_string(rec, "prompt", where, true);
+        output = get_string(rec, "response", where, true);
+      } else {
+        throw DataError(where + ": record has neither instruction/output nor prompt/response fields");
+      }
+      const std::vector<std::pair<std::string, std::string>> vars{
+          {"instruction", instruction}, {"prompt", instruction}, {"input", input}, {"output", output}, {"response", output}};
+      const std::string prompt = render(input.empty() ? o.instruct.prompt_no_input : o.instruct.prompt, vars);
+      const std::string response = render(o.instruct.response, vars);
+      tok.encode(prompt, r.ids);
+      r.mask.assign(r.ids.size(), 0);
+      tok.encode(response, r.ids);
+      r.mask.resize(r.ids.size(), 1);
+    } catch (const std::exception& e) {
+      r.error = e.what();
+      if (o.format == InputFormat::Text) r.error = file + ": " + r.error;
+    }
+  };
+
+  // With a progress callback the calling thread reports while `threads` workers encode; without, it is
+  // one of the workers. The pool lives for the whole run, so each worker's word cache stays warm.
+  Pool pool(progress ? threads : threads - 1);
+  try {
+    std::size_t doc = 0;
+    // Files are read into batches of about kBatchBytes (many small files are encoded together), each
+    // batch is encoded by the pool, then written in order.
+    const std::size_t kBatchBytes = 2 * std::max<std::size_t>(o.block_bytes, 1);
+    std::vector<std::unique_ptr<std::string>> bufs;
+    std::vector<Item> items;
+    std::size_t batch_bytes = 0;
+    std::size_t last_doc = ~std::size_t(0);  // a text document may span batches
+    auto flush = [&] {
+      std::vector<Result> res(items.size());
+      std::atomic<std::size_t> next{0}, bytes{0};
+      const std::function<void()> job = [&] {
+        for (std::size_t i; (i = next.fetch_add(1)) < items.size();) {
+          work(o.inputs[items[i].file], items[i], res[i]);
+          bytes += items[i].text.size() + (o.format == InputFormat::Text ? 0 : 1);
+        }
+      };
+      int tick = 0;
+      const std::function<void()> report = [&] {
+        if (tick++ % 20 != 0) return;
+        BuildProgress p = prog;
+        p.bytes_done += bytes.load();
+        p.seconds = elapsed();
+        progress(p);
+      };
+      pool.run(job, !progress, progress ? &report : nullptr);
+      // In order: the output does not depend on the thread count.
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        Result& r = res[i];
+        if (!r.error.empty()) throw DataError(r.error);
+        Split& s = splits[is_val(items[i].doc) ? 1 : 0];
+        if (items[i].doc != last_doc) {
+          last_doc = items[i].doc;
+          ++sum.documents;
+          ++(&s == &splits[1] ? sum.val_documents : sum.train_documents);
+        }
+        if (items[i].ends_doc) {
+          r.ids.push_back(*eot);
+          if (masked) r.mask.push_back(1);
+        }
+        write(s, r.ids.data(), masked ? r.mask.data() : nullptr, r.ids.size());
+        (&s == &splits[1] ? sum.val_tokens : sum.train_tokens) += r.ids.size();
+        if (masked) sum.masked_tokens += uint64_t(std::count(r.mask.begin(), r.mask.end(), uint8_t(0)));
+        std::vector<uint32_t>().swap(r.ids);
+        std::vector<uint8_t>().swap(r.mask);
+      }
+      prog.bytes_done += batch_bytes;
+      prog.tokens = sum.train_tokens + sum.val_tokens;
+      prog.documents = sum.documents;
+      prog.seconds = elapsed();
+      if (progress) progress(prog);
+      items.clear();
+      bufs.clear();
+      batch_bytes = 0;
+    };
+    // Each file is read in blocks of about kBlockBytes, cut at a line end (JSONL) or where the tokenizer
+    // splits anyway (plain text; a text whose regex is not known to split there is read whole).
+    const std::size_t kBlockBytes = std::max<std::size_t>(o.block_bytes, 1);
+    const bool text_cuttable = o.format != InputFormat::Text || tok.splits_at_letter_spaces();
+    for (std::size_t fi = 0; fi < o.inputs.size(); ++fi) {
+      const std::string& file = o.inputs[fi];
+      std::ifstream in(file, std::ios::binary);
+      if (!in) throw DataError(file + ": cannot open input");
+      std::string carry;
+      std::size_t line = 0, col = 1, off = 0;  // lines before the block, its start column, its start offset
+      bool any = false;
+      for (bool eof = false; !eof;) {
+        std::string block = std::move(carry);
+        carry.clear();
+        const std::size_t had = block.size();
+        block.resize(had + kBlockBytes);
+        in.read(&block[had], std::streamsize(kBlockBytes));
+        block.resize(had + std::size_t(in.gcount()));
+        eof = in.eof() || in.gcount() == 0;
+        if (in.bad()) throw DataError(file + ": read error at byte offset " + std::to_string(off + had));
+        std::size_t cut = block.size();
+        if (!eof) {
+          cut = 0;
+          if (o.format != InputFormat::Text) {
+            const std::size_t nl = block.rfind('\n');
+            if (nl != std::string::npos) cut = nl + 1;
+          } else if (text_cuttable) {
+            for (std::size_t c = block.size() - 1; c > 0 && cut == 0; --c)
+              if (block[c] == ' ' && c + 1 < block.size() && ascii_alpha(block[c - 1]) && ascii_alpha(block[c + 1]))
+                cut = c;
+          }
+          if (cut == 0) {  // no place to cut yet: read more
+            carry = std::move(block);
+            continue;
+          }
+          carry = block.substr(cut);
+          block.resize(cut);
+        }
+        bufs.push_back(std::make_unique<std::string>(std::move(block)));
+        const std::string& buf = *bufs.back();
+        batch_bytes += buf.size();
+        if (o.format == InputFormat::Text) {
+          const std::size_t bad = find_invalid_utf8(buf);
+          if (bad != std::string::npos) throw DataError(where_in(file, buf, bad, line + 1, col, off) + ": invalid UTF-8");
+          if (!buf.empty()) {
+            const auto pieces = split_for_parallel(tok, buf, o.chunk_bytes);
+            for (std::size_t i = 0; i < pieces.size(); ++i)
+              items.push_back({fi, doc, eof && i + 1 == pieces.size(), pieces[i], 0});
+            any = true;
+          }
+          const std::size_t nls = std::size_t(std::count(buf.begin(), buf.end(), '\n'));
+          line += nls;
+          col = nls ? buf.size() - buf.rfind('\n') : col + buf.size();
+        } else {
+          std::size_t pos = 0;
+          while (pos < buf.size()) {
+            std::size_t e = buf.find('\n', pos);
+            if (e == std::string::npos) e = buf.size();
+            ++line;
+            std::string_view l(buf.data() + pos, e - pos);
+            if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+            if (l.find_first_not_of(" \t") != std::string_view::npos) items.push_back({fi, doc++, true, l, line});
+            pos = e + 1;
+          }
+        }
+        off += buf.size();
+        if (batch_bytes >= kBatchBytes) flush();
+      }
+      if (any) ++doc;
+    }
+    flush();
+    commit(splits[0]);
+    commit(splits[1]);
+    sum.tokens = sum.train_tokens + sum.val_tokens;
+    sum.bytes_in = prog.bytes_total;
+    ojson meta;
+    meta["created_by"] = "megatrain-data";
+    meta["tokenizer"] = tok.source();
+    meta["vocab_size"] = tok.vocab_size();
+    meta["eot_id"] = *eot;
+    meta["token_bytes"] = width;
+    meta["format"] = o.format == InputFormat::Text ? "text" : o.format == InputFormat::Jsonl ? "jsonl" : "instruct";
+    meta["loss_mask"] = masked;
+    meta["val_fraction"] = o.val_fraction;
+    meta["seed"] = o.seed;
+    meta["documents"] = {{"train", sum.train_documents}, {"val", sum.val_documents}};
+    meta["tokens"] = {{"train", sum.train_tokens}, {"val", sum.val_tokens}, {"masked", sum.masked_tokens}};
+    for (const auto& s : splits) {
+      meta["shards"][s.name] = ojson::array();
+      for (const auto& [name, n] : s.shards) meta["shards"][s.name].push_back({{"file", name}, {"tokens", n}});
+    }
+    meta["inputs"] = o.inputs;
+    // Shards of an earlier run under the same names (train_NNNNNN / val_NNNNNN) that this run did not
+    // write would be picked up by a glob: remove them.
+    std::vector<std::filesystem::path> stale;
+    for (const auto& e : std::filesystem::directory_iterator(o.out_dir)) {
+      const std::string n = e.path().filename().string();
+      for (const char* split : {"train_", "val_"}) {
+        const std::string head = o.prefix + split;
+        if (n.size() < head.size() + 6 || n.compare(0, head.size(), head) != 0) continue;
+        const std::string rest = n.substr(head.size());
+        if (rest.size() < 7 || rest.find_first_not_of("0123456789") != 6) continue;
+        const std::string ext = rest.substr(6);
+        if (ext != ".bin" && ext != ".mask") continue;
+        const std::string bin = o.out_dir + "/" + head + rest.substr(0, 6) + ".bin";
+        const bool ours = std::find(committed.begin(), committed.end(), bin) != committed.end();
+        if (!ours || (ext == ".mask" && !masked)) stale.push_back(e.path());
+      }
+    }
+    for (const auto& p : stale) std::filesystem::remove(p);
+    const std::string mp = o.out_dir + "/" + o.prefix + "dataset.json";
+    const std::string tmp = mp + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << meta.dump(2) << "\n";
+      if (!f) throw DataError(tmp + ": cannot write");
+    }
+    if (std::rename(tmp.c_str(), mp.c_str()) != 0) throw DataError(mp + ": cannot rename " + tmp + " onto it");
+  } catch (...) {
+    for (auto& s : splits) s.w.reset();  // removes the open temporaries
+    for (const auto& p : committed) {
+      std::remove(p.c_str());
+      std::remove(mask_path_for(p).c_str());
+    }
+    throw;
+  }
+  sum.shards = committed;
+  sum.seconds = elapsed();
+  return sum;
+}
+
+}  // namespace mt::data

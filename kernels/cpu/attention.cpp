@@ -1,0 +1,181 @@
+// Causal grouped-query attention, flash-style on the CPU: queries and keys go in blocks of kBlock, the
+// block products (Q K^T, P V, and the backward's four) are single-threaded sgemm calls, and the softmax
+// is online (running max and sum per query row), so the memory is a few kBlock x kBlock tiles per
+// thread, never T x T. The backward recomputes the probabilities from the saved log-sum-exp.
+// Query head h reads kv head h / (q_heads / kv_heads), as transformers' repeat_kv does.
+// Work is split over (batch, head) tasks -- (batch, kv head) in the backward, so each task owns the
+// dk/dv rows it writes -- and every task runs the same sequence whatever the thread count.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/simd.hpp"
+#include "kernels/profile.hpp"
+
+namespace mt::cpu {
+
+namespace {
+
+constexpr std::int64_t kBlock = 64;
+
+// C[m, n] (ldc) = op(A) op(B) (+ C when accumulate), single-threaded.
+void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A, std::int64_t lda,
+        const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), 1.0f, A, static_cast<int>(lda), B, static_cast<int>(ldb),
+              accumulate ? 1.0f : 0.0f, C, static_cast<int>(ldc));
+}
+
+// s[j] = exp(s[j] - m) for j < n; returns their sum in a fixed order.
+float exp_shift(float* s, std::int64_t n, float m) {
+  std::int64_t j = 0;
+#ifdef MT_AVX2
+  const __m256 vm = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = simd::exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = simd::hsum(acc);
+  if (j < n) {
+    const std::size_t rest = static_cast<std::size_t>(n - j);
+    const __m256 e = simd::exp8(_mm256_sub_ps(simd::load_tail(s + j, rest), vm));
+    simd::store_tail(s + j, e, rest);
+    alignas(32) float buf[8];
+    _mm256_store_ps(buf, e);
+    for (std::size_t i = 0; i < rest; ++i) sum += buf[i];
+  }
+  return sum;
+#else
+  float sum = 0.0f;
+  for (; j < n; ++j) sum += (s[j] = std::exp(s[j] - m));
+  return sum;
+#endif
+}
+
+// Number of keys query row `q` may see within the key block starting at k0 (causal), clamped to kn.
+inline std::int64_t visible(std::int64_t q, std::int64_t k0, std::int64_t kn) {
+  return std::max<std::int64_t>(0, std::min(kn, q - k0 + 1));
+}
+
+}  // namespace
+
+void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const AttnShape& a,
+                       int threads) {
+  prof::Scope prof_scope(prof::attention);
+  const std::int64_t T = a.seq, hd = a.head_dim, group = a.q_heads / a.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const std::int64_t tasks = a.batch * a.q_heads;
+  set_blas_threads(1);
+#pragma omp parallel num_threads(threads) if (tasks > 1 && T * T * hd > 4096)
+  {
+    // Per-thread tiles, kept across calls by the pool's threads (allocated once, not per call).
+    thread_local std::vector<float> S, O, m, l;
+    S.resize(kBlock * kBlock);
+    O.resize(static_cast<std::size_t>(kBlock * hd));
+    m.resize(kBlock);
+    l.resize(kBlock);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const std::int64_t b = task / a.q_heads, h = task % a.q_heads, kvh = h / group;
+      const float* kb = k + b * T * a.kv_stride + kvh * hd;
+      const float* vb = v + b * T * a.kv_stride + kvh * hd;
+      for (std::int64_t q0 = 0; q0 < T; q0 += kBlock) {
+        const std::int64_t qn = std::min(kBlock, T - q0);
+        const float* qb = q + (b * T + q0) * a.q_stride + h * hd;
+        std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+        std::fill(l.begin(), l.end(), 0.0f);
+        std::fill(O.begin(), O.end(), 0.0f);
+        for (std::int64_t k0 = 0; k0 < q0 + qn; k0 += kBlock) {
+          const std::int64_t kn = std::min(kBlock, q0 + qn - k0);
+          mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S.data(), kBlock);
+          for (std::int64_t i = 0; i < qn; ++i) {
+            float* s = S.data() + i * kBlock;
+            const std::int64_t n = visible(q0 + i, k0, kn);
+            float mx = m[i];
+            for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j] *= scale);
+            const float corr = simd::exp1(m[i] - mx);  // 0 on the first block (m = -inf)
+            l[i] = l[i] * corr + exp_shift(s, n, mx);
+            std::fill(s + n, s + kn, 0.0f);  // masked keys
+            simd::scale(corr, O.data() + i * hd, hd);
+            m[i] = mx;
+          }
+          mm(false, false, qn, hd, kn, S.data(), kBlock, vb + k0 * a.kv_stride, a.kv_stride, true, O.data(), hd);
+        }
+        for (std::int64_t i = 0; i < qn; ++i) {
+          float* o = out + (b * T + q0 + i) * a.o_stride + h * hd;
+          const float inv = 1.0f / l[i];
+          for (std::int64_t c = 0; c < hd; ++c) o[c] = O[static_cast<std::size_t>(i * hd + c)] * inv;
+          lse[(b * a.q_heads + h) * T + q0 + i] = m[i] + std::log(l[i]);
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                        const float* dout, float* dq, float* dk, float* dv, const AttnShape& a, int threads) {
+  prof::Scope prof_scope(prof::attention);
+  const std::int64_t T = a.seq, hd = a.head_dim, group = a.q_heads / a.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const std::int64_t tasks = a.batch * a.kv_heads;
+  set_blas_threads(1);
+#pragma omp parallel num_threads(threads) if (tasks > 1 && T * T * hd > 4096)
+  {
+    thread_local std::vector<float> P, dP, dQ, D;  // per-thread tiles, allocated once
+    P.resize(kBlock * kBlock);
+    dP.resize(kBlock * kBlock);
+    dQ.resize(static_cast<std::size_t>(kBlock * hd));
+    D.resize(kBlock);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const std::int64_t b = task / a.kv_heads, kvh = task % a.kv_heads;
+      const float* kb = k + b * T * a.kv_stride + kvh * hd;
+      const float* vb = v + b * T * a.kv_stride + kvh * hd;
+      float* dkb = dk + b * T * a.kv_stride + kvh * hd;
+      float* dvb = dv + b * T * a.kv_stride + kvh * hd;
+      for (std::int64_t t = 0; t < T; ++t) {
+        std::fill_n(dkb + t * a.kv_stride, hd, 0.0f);
+        std::fill_n(dvb + t * a.kv_stride, hd, 0.0f);
+      }
+      for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        for (std::int64_t q0 = 0; q0 < T; q0 += kBlock) {
+          const std::int64_t qn = std::min(kBlock, T - q0);
+          const float* qb = q + (b * T + q0) * a.q_stride + h * hd;
+          const float* dob = dout + (b * T + q0) * a.o_stride + h * hd;
+          const float* lb = lse + (b * a.q_heads + h) * T + q0;
+          for (std::int64_t i = 0; i < qn; ++i)
+            D[i] = simd::dot(dob + i * a.o_stride, out + (b * T + q0 + i) * a.o_stride + h * hd, hd);
+          std::fill(dQ.begin(), dQ.end(), 0.0f);
+          for (std::int64_t k0 = 0; k0 < q0 + qn; k0 += kBlock) {
+            const std::int64_t kn = std::min(kBlock, q0 + qn - k0);
+            mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, P.data(), kBlock);
+            mm(false, true, qn, kn, hd, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP.data(), kBlock);
+            for (std::int64_t i = 0; i < qn; ++i) {
+              float* p = P.data() + i * kBlock;
+              float* dp = dP.data() + i * kBlock;
+              const std::int64_t n = visible(q0 + i, k0, kn);
+              for (std::int64_t j = 0; j < n; ++j) p[j] *= scale;
+              exp_shift(p, n, lb[i]);  // p = exp(s - lse): the probabilities
+              for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - D[i]) * scale;  // dS, scaled
+              std::fill(p + n, p + kn, 0.0f);
+              std::fill(dp + n, dp + kn, 0.0f);
+            }
+            mm(true, false, kn, hd, qn, P.data(), kBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride, a.kv_stride);
+            mm(false, false, qn, hd, kn, dP.data(), kBlock, kb + k0 * a.kv_stride, a.kv_stride, true, dQ.data(), hd);
+            mm(true, false, kn, hd, qn, dP.data(), kBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride, a.kv_stride);
+          }
+          for (std::int64_t i = 0; i < qn; ++i)
+            std::copy_n(dQ.data() + i * hd, hd, dq + (b * T + q0 + i) * a.q_stride + h * hd);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace mt::cpu

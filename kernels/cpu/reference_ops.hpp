@@ -1,0 +1,238 @@
+// The plain reference loops beside the fast CPU kernels, written as templates so the tests can run
+// them in double (finite-difference gradient checks) and in float (the fast kernels must match them).
+// Readability over speed: one formula per line, no threading, no vector intrinsics, no tiling.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace mt::ref {
+
+using i64 = std::int64_t;
+
+// y[N, out] = x[N, in] W^T + b
+template <class T>
+void linear(const T* x, const T* W, const T* b, T* y, i64 N, i64 in, i64 out) {
+  for (i64 r = 0; r < N; ++r)
+    for (i64 o = 0; o < out; ++o) {
+      T acc = b ? b[o] : T(0);
+      for (i64 i = 0; i < in; ++i) acc += x[r * in + i] * W[o * in + i];
+      y[r * out + o] = acc;
+    }
+}
+// dx += dy W ; dW += dy^T x ; db += colsum(dy)
+template <class T>
+void linear_backward(const T* x, const T* W, const T* dy, T* dx, T* dW, T* db, i64 N, i64 in, i64 out) {
+  for (i64 r = 0; r < N; ++r)
+    for (i64 o = 0; o < out; ++o) {
+      const T g = dy[r * out + o];
+      if (db) db[o] += g;
+      for (i64 i = 0; i < in; ++i) {
+        dx[r * in + i] += g * W[o * in + i];
+        dW[o * in + i] += g * x[r * in + i];
+      }
+    }
+}
+
+template <class T>
+void rmsnorm(const T* x, const T* w, T* y, i64 N, i64 D, T eps) {
+  for (i64 r = 0; r < N; ++r) {
+    T ss = 0;
+    for (i64 j = 0; j < D; ++j) ss += x[r * D + j] * x[r * D + j];
+    const T s = T(1) / std::sqrt(ss / T(D) + eps);
+    for (i64 j = 0; j < D; ++j) y[r * D + j] = w[j] * (x[r * D + j] * s);
+  }
+}
+// dx += ..., dw += ...
+template <class T>
+void rmsnorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, i64 N, i64 D, T eps) {
+  for (i64 r = 0; r < N; ++r) {
+    T ss = 0;
+    for (i64 j = 0; j < D; ++j) ss += x[r * D + j] * x[r * D + j];
+    const T s = T(1) / std::sqrt(ss / T(D) + eps);
+    T dot = 0;  // sum_j dy_j w_j x_j
+    for (i64 j = 0; j < D; ++j) dot += dy[r * D + j] * w[j] * x[r * D + j];
+    for (i64 j = 0; j < D; ++j) {
+      dx[r * D + j] += s * dy[r * D + j] * w[j] - s * s * s * x[r * D + j] * dot / T(D);
+      dw[j] += dy[r * D + j] * x[r * D + j] * s;
+    }
+  }
+}
+
+template <class T>
+void layernorm(const T* x, const T* w, const T* b, T* y, i64 N, i64 D, T eps) {
+  for (i64 r = 0; r < N; ++r) {
+    T mean = 0, var = 0;
+    for (i64 j = 0; j < D; ++j) mean += x[r * D + j];
+    mean /= T(D);
+    for (i64 j = 0; j < D; ++j) var += (x[r * D + j] - mean) * (x[r * D + j] - mean);
+    const T s = T(1) / std::sqrt(var / T(D) + eps);
+    for (i64 j = 0; j < D; ++j) y[r * D + j] = (x[r * D + j] - mean) * s * w[j] + b[j];
+  }
+}
+template <class T>
+void layernorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, i64 N, i64 D, T eps) {
+  for (i64 r = 0; r < N; ++r) {
+    T mean = 0, var = 0;
+    for (i64 j = 0; j < D; ++j) mean += x[r * D + j];
+    mean /= T(D);
+    for (i64 j = 0; j < D; ++j) var += (x[r * D + j] - mean) * (x[r * D + j] - mean);
+    const T s = T(1) / std::sqrt(var / T(D) + eps);
+    T mg = 0, mgx = 0;
+    for (i64 j = 0; j < D; ++j) {
+      const T xhat = (x[r * D + j] - mean) * s;
+      mg += dy[r * D + j] * w[j];
+      mgx += dy[r * D + j] * w[j] * xhat;
+    }
+    mg /= T(D);
+    mgx /= T(D);
+    for (i64 j = 0; j < D; ++j) {
+      const T xhat = (x[r * D + j] - mean) * s;
+      dx[r * D + j] += s * (dy[r * D + j] * w[j] - mg - xhat * mgx);
+      dw[j] += dy[r * D + j] * xhat;
+      db[j] += dy[r * D + j];
+    }
+  }
+}
+
+// Rotary embedding with explicit cos/sin tables [seq, hd/2]; in place on x[rows, heads*hd] (row stride
+// heads*hd unless given). inverse = the transpose (backward).
+template <class T>
+void rope(T* x, i64 rows, i64 seq, i64 heads, i64 hd, i64 stride, const T* cos_t, const T* sin_t, bool inverse) {
+  const i64 half = hd / 2;
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 h = 0; h < heads; ++h) {
+      T* v = x + r * stride + h * hd;
+      const i64 t = r % seq;
+      for (i64 i = 0; i < half; ++i) {
+        const T c = cos_t[t * half + i], s = inverse ? -sin_t[t * half + i] : sin_t[t * half + i];
+        const T a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+}
+
+// Naive causal GQA attention: the full softmax row per query.
+template <class T>
+void attention(const T* q, const T* k, const T* v, T* out, i64 B, i64 S, i64 Hq, i64 Hkv, i64 hd, i64 qs, i64 kvs,
+               i64 os) {
+  const T scale = T(1) / std::sqrt(T(hd));
+  std::vector<T> p(static_cast<std::size_t>(S));
+  for (i64 b = 0; b < B; ++b)
+    for (i64 h = 0; h < Hq; ++h) {
+      const i64 kh = h / (Hq / Hkv);
+      for (i64 t = 0; t < S; ++t) {
+        T mx = -std::numeric_limits<T>::infinity(), sum = 0;
+        for (i64 j = 0; j <= t; ++j) {
+          T dot = 0;
+          for (i64 i = 0; i < hd; ++i) dot += q[(b * S + t) * qs + h * hd + i] * k[(b * S + j) * kvs + kh * hd + i];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (i64 j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (i64 i = 0; i < hd; ++i) {
+          T acc = 0;
+          for (i64 j = 0; j <= t; ++j) acc += p[j] / sum * v[(b * S + j) * kvs + kh * hd + i];
+          out[(b * S + t) * os + h * hd + i] = acc;
+        }
+      }
+    }
+}
+// dq, dk, dv += ...
+template <class T>
+void attention_backward(const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk, T* dv, i64 B, i64 S, i64 Hq,
+                        i64 Hkv, i64 hd, i64 qs, i64 kvs, i64 os) {
+  const T scale = T(1) / std::sqrt(T(hd));
+  std::vector<T> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
+  for (i64 b = 0; b < B; ++b)
+    for (i64 h = 0; h < Hq; ++h) {
+      const i64 kh = h / (Hq / Hkv);
+      for (i64 t = 0; t < S; ++t) {
+        const T* qi = q + (b * S + t) * qs + h * hd;
+        const T* doi = dout + (b * S + t) * os + h * hd;
+        T mx = -std::numeric_limits<T>::infinity(), sum = 0;
+        for (i64 j = 0; j <= t; ++j) {
+          T dot = 0;
+          for (i64 i = 0; i < hd; ++i) dot += qi[i] * k[(b * S + j) * kvs + kh * hd + i];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (i64 j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        T pdp = 0;
+        for (i64 j = 0; j <= t; ++j) {
+          p[j] /= sum;
+          dp[j] = 0;
+          for (i64 i = 0; i < hd; ++i) dp[j] += doi[i] * v[(b * S + j) * kvs + kh * hd + i];
+          pdp += p[j] * dp[j];
+        }
+        for (i64 j = 0; j <= t; ++j) {
+          const T ds = p[j] * (dp[j] - pdp) * scale;
+          for (i64 i = 0; i < hd; ++i) {
+            dv[(b * S + j) * kvs + kh * hd + i] += p[j] * doi[i];
+            dq[(b * S + t) * qs + h * hd + i] += ds * k[(b * S + j) * kvs + kh * hd + i];
+            dk[(b * S + j) * kvs + kh * hd + i] += ds * qi[i];
+          }
+        }
+      }
+    }
+}
+
+template <class T>
+T silu(T g) {
+  return g / (T(1) + std::exp(-g));
+}
+template <class T>
+void swiglu(const T* g, const T* u, T* h, i64 n) {
+  for (i64 i = 0; i < n; ++i) h[i] = silu(g[i]) * u[i];
+}
+template <class T>
+void swiglu_backward(const T* g, const T* u, const T* dh, T* dg, T* du, i64 n) {
+  for (i64 i = 0; i < n; ++i) {
+    const T sig = T(1) / (T(1) + std::exp(-g[i]));
+    dg[i] += dh[i] * u[i] * sig * (T(1) + g[i] * (T(1) - sig));
+    du[i] += dh[i] * silu(g[i]);
+  }
+}
+
+template <class T>
+T gelu(T x) {
+  const T c = std::sqrt(T(2) / T(3.14159265358979323846));
+  return T(0.5) * x * (T(1) + std::tanh(c * (x + T(0.044715) * x * x * x)));
+}
+template <class T>
+void gelu_backward(const T* x, const T* dy, T* dx, i64 n) {
+  const T c = std::sqrt(T(2) / T(3.14159265358979323846));
+  for (i64 i = 0; i < n; ++i) {
+    const T u = c * (x[i] + T(0.044715) * x[i] * x[i] * x[i]);
+    const T t = std::tanh(u);
+    dx[i] +=
+        dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * x[i] * (T(1) - t * t) * c * (T(1) + T(3) * T(0.044715) * x[i] * x[i]));
+  }
+}
+
+// Returns the sum of losses; dlogits (may be null) = softmax - onehot for counted rows.
+template <class T>
+T cross_entropy(const T* logits, const std::int32_t* targets, T* dlogits, i64 N, i64 V) {
+  T total = 0;
+  for (i64 r = 0; r < N; ++r) {
+    const T* x = logits + r * V;
+    if (targets[r] < 0) {
+      if (dlogits)
+        for (i64 j = 0; j < V; ++j) dlogits[r * V + j] = 0;
+      continue;
+    }
+    T mx = x[0], sum = 0;
+    for (i64 j = 1; j < V; ++j) mx = std::max(mx, x[j]);
+    for (i64 j = 0; j < V; ++j) sum += std::exp(x[j] - mx);
+    total += mx + std::log(sum) - x[targets[r]];
+    if (dlogits) {
+      for (i64 j = 0; j < V; ++j) dlogits[r * V + j] = std::exp(x[j] - mx) / sum;
+      dlogits[r * V + targets[r]] -= T(1);
+    }
+  }
+  return total;
+}
+
+}  // namespace mt::ref

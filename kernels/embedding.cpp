@@ -1,0 +1,59 @@
+// Stage 0: token (and, for GPT-2, learned position) embeddings, forward and backward.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/profile.hpp"
+#include "kernels/stage_api.hpp"
+
+namespace mt {
+
+void embedding_forward(const ModelConfig& c, const float* params, const token_t* tokens, std::int64_t batch,
+                       std::int64_t seq, float* x_out, const ComputeCtx& ctx) {
+  prof::Scope prof_scope(prof::elementwise);
+  validate_batch_shape(c, batch, seq);
+  validate_tokens(c, tokens, static_cast<std::size_t>(batch * seq));
+  const ParamLayout l = embedding_layout(c);
+  const std::int64_t d = c.hidden_size, N = batch * seq;
+  const float* wte = params + l.tensors[0].offset;
+  const float* wpe = c.is_gpt2() ? params + l.at("wpe.weight").offset : nullptr;
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (N * d > 65536)
+  for (std::int64_t r = 0; r < N; ++r) {
+    const float* e = wte + static_cast<std::int64_t>(tokens[r]) * d;
+    float* y = x_out + r * d;
+    if (wpe) {
+      const float* pe = wpe + (r % seq) * d;
+      for (std::int64_t j = 0; j < d; ++j) y[j] = e[j] + pe[j];
+    } else {
+      std::memcpy(y, e, static_cast<std::size_t>(d) * sizeof(float));
+    }
+  }
+}
+
+void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
+                        const float* dx, float* grads, const ComputeCtx& ctx) {
+  prof::Scope prof_scope(prof::elementwise);
+  validate_batch_shape(c, batch, seq);
+  validate_tokens(c, tokens, static_cast<std::size_t>(batch * seq));
+  const ParamLayout l = embedding_layout(c);
+  const std::int64_t d = c.hidden_size, N = batch * seq;
+  float* dwte = grads + l.tensors[0].offset;
+  float* dwpe = c.is_gpt2() ? grads + l.at("wpe.weight").offset : nullptr;
+  // Columns split over threads; every column adds rows in token order, so repeated tokens sum the same
+  // way whatever the thread count.
+  const std::int64_t blocks = (d + 63) / 64;
+#pragma omp parallel for num_threads(ctx.threads) schedule(static) if (N * d > 65536)
+  for (std::int64_t blk = 0; blk < blocks; ++blk) {
+    const std::int64_t j0 = blk * 64, j1 = std::min(d, j0 + 64);
+    for (std::int64_t r = 0; r < N; ++r) {
+      const float* g = dx + r * d;
+      float* e = dwte + static_cast<std::int64_t>(tokens[r]) * d;
+      for (std::int64_t j = j0; j < j1; ++j) e[j] += g[j];
+      if (dwpe) {
+        float* pe = dwpe + (r % seq) * d;
+        for (std::int64_t j = j0; j < j1; ++j) pe[j] += g[j];
+      }
+    }
+  }
+}
+
+}  // namespace mt

@@ -1,0 +1,151 @@
+// Stage L+1: final norm, LM head and softmax cross-entropy, fused and chunked over tokens. Per chunk:
+// logits = n W^T (sgemm), cross_entropy_rows turns them into d(loss)/d(logits) in place, then
+// dn = dlogits W and dW += dlogits^T n. Only one chunk of logits exists at a time.
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/stage_api.hpp"
+#include "kernels/workspace.hpp"
+
+namespace mt {
+
+namespace {
+
+struct HeadWs {
+  float *xn, *mean, *rstd, *dxn, *logits, *row_loss;
+};
+
+HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t chunk, float* base, std::size_t* used = nullptr) {
+  detail::Carver cv(base);
+  HeadWs w{};
+  w.xn = cv.take(N * c.hidden_size);
+  w.mean = cv.take(N);
+  w.rstd = cv.take(N);
+  w.dxn = cv.take(N * c.hidden_size);
+  w.logits = cv.take(chunk * c.vocab_size);
+  w.row_loss = cv.take(N);
+  if (used) *used = cv.used();
+  return w;
+}
+
+struct HeadWeights {
+  const float *norm_w, *norm_b, *lm;  // lm: [vocab, hidden]
+  float *g_norm_w, *g_norm_b, *g_lm;
+};
+
+HeadWeights bind(const ModelConfig& c, const float* head_params, const float* embed_params, float* head_grads,
+                 float* embed_grads) {
+  const ParamLayout hl = head_layout(c);
+  const bool tied = c.is_gpt2() || c.tie_word_embeddings;
+  if (!head_params) throw std::invalid_argument("head: head_params must be non-null");
+  if (tied && !embed_params)
+    throw std::invalid_argument("head: tied embeddings need embed_params (stage 0's parameters)");
+  HeadWeights w{};
+  const std::size_t norm_w = hl.at(c.is_gpt2() ? "ln_f.weight" : "model.norm.weight").offset;
+  w.norm_w = head_params + norm_w;
+  w.g_norm_w = head_grads ? head_grads + norm_w : nullptr;
+  if (c.is_gpt2()) {
+    const std::size_t nb = hl.at("ln_f.bias").offset;
+    w.norm_b = head_params + nb;
+    w.g_norm_b = head_grads ? head_grads + nb : nullptr;
+  }
+  if (tied) {
+    const std::size_t e = embedding_layout(c).tensors[0].offset;  // wte / embed_tokens
+    w.lm = embed_params + e;
+    w.g_lm = embed_grads ? embed_grads + e : nullptr;
+  } else {
+    const std::size_t e = hl.at("lm_head.weight").offset;
+    w.lm = head_params + e;
+    w.g_lm = head_grads ? head_grads + e : nullptr;
+  }
+  return w;
+}
+
+void final_norm(const ModelConfig& c, const HeadWeights& w, const float* x, const HeadWs& ws, std::int64_t N, int th) {
+  if (c.is_gpt2())
+    cpu::layernorm_forward(x, w.norm_w, w.norm_b, ws.xn, ws.mean, ws.rstd, N, c.hidden_size, c.norm_eps, th);
+  else
+    cpu::rmsnorm_forward(x, w.norm_w, ws.xn, ws.rstd, N, c.hidden_size, c.norm_eps, th);
+}
+
+}  // namespace
+
+std::int64_t head_chunk_tokens(const ModelConfig& c, std::int64_t batch, std::int64_t seq) {
+  // About 16M floats (64 MiB) of logits per chunk, in multiples of 16 tokens.
+  const std::int64_t N = batch * seq;
+  std::int64_t chunk = ((std::int64_t{1} << 24) / std::max<std::int64_t>(1, c.vocab_size)) / 16 * 16;
+  return std::max<std::int64_t>(1, std::min(N, std::max<std::int64_t>(16, chunk)));
+}
+
+static std::int64_t effective_chunk(const ModelConfig& c, std::int64_t batch, std::int64_t seq,
+                                    std::int64_t requested) {
+  return requested > 0 ? std::min(requested, batch * seq) : head_chunk_tokens(c, batch, seq);
+}
+
+std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq,
+                                  std::int64_t chunk_tokens) {
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  std::size_t n = 0;
+  carve(c, batch * seq, effective_chunk(c, batch, seq, chunk_tokens), nullptr, &n);
+  return n;
+}
+
+LossSum head_forward_backward(const ModelConfig& c, const float* head_params, const float* embed_params,
+                              const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                              float* dx, float* head_grads, float* embed_grads, float* workspace,
+                              const ComputeCtx& ctx) {
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  const std::int64_t N = batch * seq, d = c.hidden_size, V = c.vocab_size;
+  validate_targets(c, targets, static_cast<std::size_t>(N));
+  const bool grad = dx != nullptr;
+  const bool tied = c.is_gpt2() || c.tie_word_embeddings;
+  if (grad && (!head_grads || (tied && !embed_grads)))
+    throw std::invalid_argument("head: backward needs head_grads (and embed_grads when embeddings are tied)");
+  if (!x_in || !targets || !workspace)
+    throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
+  const HeadWeights w = bind(c, head_params, embed_params, head_grads, embed_grads);
+  const std::int64_t chunk = effective_chunk(c, batch, seq, ctx.head_chunk);
+  const HeadWs ws = carve(c, N, chunk, workspace);
+  const int th = ctx.threads;
+
+  final_norm(c, w, x_in, ws, N, th);
+  for (std::int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const std::int64_t n = std::min(chunk, N - r0);
+    const float* xn = ws.xn + r0 * d;
+    cpu::linear_forward(xn, w.lm, nullptr, ws.logits, n, d, V, th);
+    cpu::cross_entropy_rows(ws.logits, targets + r0, ws.row_loss + r0, n, V, grad, th);
+    if (grad) {
+      cpu::linear_backward_input(ws.logits, w.lm, ws.dxn + r0 * d, n, d, V, false, th);
+      cpu::linear_backward_weight(ws.logits, xn, w.g_lm, nullptr, n, d, V, th);
+    }
+  }
+  LossSum out;
+  for (std::int64_t r = 0; r < N; ++r) {
+    if (targets[r] == kIgnoreIndex) continue;
+    out.loss_sum += ws.row_loss[r];
+    ++out.counted;
+  }
+  if (grad) {
+    if (c.is_gpt2())
+      cpu::layernorm_backward(x_in, w.norm_w, ws.mean, ws.rstd, ws.dxn, dx, w.g_norm_w, w.g_norm_b, N, d, false, th);
+    else
+      cpu::rmsnorm_backward(x_in, w.norm_w, ws.rstd, ws.dxn, dx, w.g_norm_w, N, d, false, th);
+  }
+  return out;
+}
+
+void head_logits(const ModelConfig& c, const float* head_params, const float* embed_params, const float* x_in,
+                 std::int64_t batch, std::int64_t seq, float* logits, float* workspace, const ComputeCtx& ctx) {
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  const std::int64_t N = batch * seq;
+  const HeadWeights w = bind(c, head_params, embed_params, nullptr, nullptr);
+  const HeadWs ws = carve(c, N, effective_chunk(c, batch, seq, ctx.head_chunk), workspace);
+  final_norm(c, w, x_in, ws, N, ctx.threads);
+  cpu::linear_forward(ws.xn, w.lm, nullptr, logits, N, c.hidden_size, c.vocab_size, ctx.threads);
+}
+
+}  // namespace mt

@@ -1,0 +1,249 @@
+// Plain reference versions of the stage templates (Llama-family and GPT-2 layers, the head), built
+// only from the loops in kernels/cpu/reference_ops.hpp and templated on the number type: in double they
+// are what the finite-difference checks differentiate, and the fast fp32 stages must agree with them.
+// Parameters use the same stage layouts as the fast code (a buffer of T instead of float).
+// Backward always recomputes the forward; gradients are added (+=) into dx and grads.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/reference_ops.hpp"
+#include "kernels/param_layout.hpp"
+
+namespace mt::ref {
+
+template <class T>
+using Vec = std::vector<T>;
+
+template <class T>
+Vec<T> zeros(i64 n) {
+  return Vec<T>(static_cast<std::size_t>(n), T(0));
+}
+
+// cos/sin [seq, hd/2] in T precision (Llama-3 scaling included), as rope_table but in T.
+template <class T>
+void rope_tables(const ModelConfig& c, i64 seq, Vec<T>& cs, Vec<T>& sn) {
+  const i64 half = c.head_dim / 2;
+  cs = zeros<T>(seq * half);
+  sn = zeros<T>(seq * half);
+  const T pi = T(3.14159265358979323846);
+  for (i64 i = 0; i < half; ++i) {
+    T inv = T(1) / std::pow(T(c.rope_theta), T(2 * i) / T(c.head_dim));
+    const auto& rs = c.rope_scaling;
+    if (rs.factor != 0.0f) {
+      const T old_len = T(rs.original_max_position_embeddings);
+      const T wavelen = T(2) * pi / inv;
+      if (wavelen > old_len / T(rs.low_freq_factor)) {
+        inv = inv / T(rs.factor);
+      } else if (!(wavelen < old_len / T(rs.high_freq_factor))) {
+        const T smooth = (old_len / wavelen - T(rs.low_freq_factor)) / (T(rs.high_freq_factor) - T(rs.low_freq_factor));
+        inv = (T(1) - smooth) * inv / T(rs.factor) + smooth * inv;
+      }
+    }
+    for (i64 t = 0; t < seq; ++t) {
+      cs[t * half + i] = std::cos(T(t) * inv);
+      sn[t * half + i] = std::sin(T(t) * inv);
+    }
+  }
+}
+
+template <class T>
+struct LlamaActs {
+  Vec<T> xn1, q_raw, k_raw, q, k, v, att, x1, xn2, g, u, h, y;
+};
+
+template <class T>
+const T* tensor(const ParamLayout& l, const T* p, const char* name) {
+  const TensorSpec* t = l.find(name);
+  return t ? p + t->offset : nullptr;
+}
+template <class T>
+T* tensor(const ParamLayout& l, T* p, const char* name) {
+  const TensorSpec* t = l.find(name);
+  return t ? p + t->offset : nullptr;
+}
+
+template <class T>
+LlamaActs<T> llama_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i64 S) {
+  const ParamLayout l = layer_layout(c, 0);
+  const i64 N = B * S, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const i64 hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const T eps = T(c.norm_eps);
+  LlamaActs<T> a;
+  a.xn1 = zeros<T>(N * d);
+  rmsnorm(x, tensor(l, p, "input_layernorm.weight"), a.xn1.data(), N, d, eps);
+  a.q_raw = zeros<T>(N * qd);
+  a.k_raw = zeros<T>(N * kd);
+  a.v = zeros<T>(N * kd);
+  linear(a.xn1.data(), tensor(l, p, "self_attn.q_proj.weight"), tensor(l, p, "self_attn.q_proj.bias"), a.q_raw.data(),
+         N, d, qd);
+  linear(a.xn1.data(), tensor(l, p, "self_attn.k_proj.weight"), tensor(l, p, "self_attn.k_proj.bias"), a.k_raw.data(),
+         N, d, kd);
+  linear(a.xn1.data(), tensor(l, p, "self_attn.v_proj.weight"), tensor(l, p, "self_attn.v_proj.bias"), a.v.data(), N, d,
+         kd);
+  a.q = a.q_raw;
+  a.k = a.k_raw;
+  if (c.qk_norm) {
+    rmsnorm(a.q_raw.data(), tensor(l, p, "self_attn.q_norm.weight"), a.q.data(), N * Hq, hd, eps);
+    rmsnorm(a.k_raw.data(), tensor(l, p, "self_attn.k_norm.weight"), a.k.data(), N * Hkv, hd, eps);
+  }
+  Vec<T> cs, sn;
+  rope_tables(c, S, cs, sn);
+  rope(a.q.data(), N, S, Hq, hd, qd, cs.data(), sn.data(), false);
+  rope(a.k.data(), N, S, Hkv, hd, kd, cs.data(), sn.data(), false);
+  a.att = zeros<T>(N * qd);
+  attention(a.q.data(), a.k.data(), a.v.data(), a.att.data(), B, S, Hq, Hkv, hd, qd, kd, qd);
+  a.x1 = zeros<T>(N * d);
+  linear(a.att.data(), tensor(l, p, "self_attn.o_proj.weight"), static_cast<const T*>(nullptr), a.x1.data(), N, qd, d);
+  for (i64 i = 0; i < N * d; ++i) a.x1[i] += x[i];
+  a.xn2 = zeros<T>(N * d);
+  rmsnorm(a.x1.data(), tensor(l, p, "post_attention_layernorm.weight"), a.xn2.data(), N, d, eps);
+  a.g = zeros<T>(N * ff);
+  a.u = zeros<T>(N * ff);
+  a.h = zeros<T>(N * ff);
+  linear(a.xn2.data(), tensor(l, p, "mlp.gate_proj.weight"), static_cast<const T*>(nullptr), a.g.data(), N, d, ff);
+  linear(a.xn2.data(), tensor(l, p, "mlp.up_proj.weight"), static_cast<const T*>(nullptr), a.u.data(), N, d, ff);
+  swiglu(a.g.data(), a.u.data(), a.h.data(), N * ff);
+  a.y = zeros<T>(N * d);
+  linear(a.h.data(), tensor(l, p, "mlp.down_proj.weight"), static_cast<const T*>(nullptr), a.y.data(), N, ff, d);
+  for (i64 i = 0; i < N * d; ++i) a.y[i] += a.x1[i];
+  return a;
+}
+
+template <class T>
+void llama_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T* dx, T* grads, i64 B, i64 S) {
+  const ParamLayout l = layer_layout(c, 0);
+  const i64 N = B * S, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const i64 hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const T eps = T(c.norm_eps);
+  const LlamaActs<T> a = llama_forward(c, p, x, B, S);
+  auto P = [&](const char* n) { return tensor(l, p, n); };
+  auto G = [&](const char* n) { return tensor(l, grads, n); };
+  Vec<T> dx1(dy, dy + N * d), dh = zeros<T>(N * ff), dg = zeros<T>(N * ff), du = zeros<T>(N * ff),
+                              dxn2 = zeros<T>(N * d);
+  linear_backward(a.h.data(), P("mlp.down_proj.weight"), dy, dh.data(), G("mlp.down_proj.weight"),
+                  static_cast<T*>(nullptr), N, ff, d);
+  swiglu_backward(a.g.data(), a.u.data(), dh.data(), dg.data(), du.data(), N * ff);
+  linear_backward(a.xn2.data(), P("mlp.gate_proj.weight"), dg.data(), dxn2.data(), G("mlp.gate_proj.weight"),
+                  static_cast<T*>(nullptr), N, d, ff);
+  linear_backward(a.xn2.data(), P("mlp.up_proj.weight"), du.data(), dxn2.data(), G("mlp.up_proj.weight"),
+                  static_cast<T*>(nullptr), N, d, ff);
+  rmsnorm_backward(a.x1.data(), P("post_attention_layernorm.weight"), dxn2.data(), dx1.data(),
+                   G("post_attention_layernorm.weight"), N, d, eps);
+  Vec<T> datt = zeros<T>(N * qd), dq = zeros<T>(N * qd), dk = zeros<T>(N * kd), dv = zeros<T>(N * kd);
+  linear_backward(a.att.data(), P("self_attn.o_proj.weight"), dx1.data(), datt.data(), G("self_attn.o_proj.weight"),
+                  static_cast<T*>(nullptr), N, qd, d);
+  attention_backward(a.q.data(), a.k.data(), a.v.data(), datt.data(), dq.data(), dk.data(), dv.data(), B, S, Hq, Hkv,
+                     hd, qd, kd, qd);
+  Vec<T> cs, sn;
+  rope_tables(c, S, cs, sn);
+  rope(dq.data(), N, S, Hq, hd, qd, cs.data(), sn.data(), true);
+  rope(dk.data(), N, S, Hkv, hd, kd, cs.data(), sn.data(), true);
+  if (c.qk_norm) {
+    Vec<T> dqr = zeros<T>(N * qd), dkr = zeros<T>(N * kd);
+    rmsnorm_backward(a.q_raw.data(), P("self_attn.q_norm.weight"), dq.data(), dqr.data(), G("self_attn.q_norm.weight"),
+                     N * Hq, hd, eps);
+    rmsnorm_backward(a.k_raw.data(), P("self_attn.k_norm.weight"), dk.data(), dkr.data(), G("self_attn.k_norm.weight"),
+                     N * Hkv, hd, eps);
+    dq = dqr;
+    dk = dkr;
+  }
+  Vec<T> dxn1 = zeros<T>(N * d);
+  linear_backward(a.xn1.data(), P("self_attn.q_proj.weight"), dq.data(), dxn1.data(), G("self_attn.q_proj.weight"),
+                  G("self_attn.q_proj.bias"), N, d, qd);
+  linear_backward(a.xn1.data(), P("self_attn.k_proj.weight"), dk.data(), dxn1.data(), G("self_attn.k_proj.weight"),
+                  G("self_attn.k_proj.bias"), N, d, kd);
+  linear_backward(a.xn1.data(), P("self_attn.v_proj.weight"), dv.data(), dxn1.data(), G("self_attn.v_proj.weight"),
+                  G("self_attn.v_proj.bias"), N, d, kd);
+  for (i64 i = 0; i < N * d; ++i) dx[i] += dx1[i];
+  rmsnorm_backward(x, P("input_layernorm.weight"), dxn1.data(), dx, G("input_layernorm.weight"), N, d, eps);
+}
+
+template <class T>
+struct Gpt2Acts {
+  Vec<T> xn1, qkv, att, x1, xn2, fc, act, y;
+};
+
+template <class T>
+Gpt2Acts<T> gpt2_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i64 S) {
+  const ParamLayout l = layer_layout(c, 0);
+  const i64 N = B * S, d = c.hidden_size, ff = c.intermediate_size, H = c.num_attention_heads, hd = c.head_dim;
+  const T eps = T(c.norm_eps);
+  auto P = [&](const char* n) { return tensor(l, p, n); };
+  Gpt2Acts<T> a;
+  a.xn1 = zeros<T>(N * d);
+  layernorm(x, P("ln_1.weight"), P("ln_1.bias"), a.xn1.data(), N, d, eps);
+  a.qkv = zeros<T>(N * 3 * d);
+  linear(a.xn1.data(), P("attn.c_attn.weight"), P("attn.c_attn.bias"), a.qkv.data(), N, d, 3 * d);
+  a.att = zeros<T>(N * d);
+  attention(a.qkv.data(), a.qkv.data() + d, a.qkv.data() + 2 * d, a.att.data(), B, S, H, H, hd, 3 * d, 3 * d, d);
+  a.x1 = zeros<T>(N * d);
+  linear(a.att.data(), P("attn.c_proj.weight"), P("attn.c_proj.bias"), a.x1.data(), N, d, d);
+  for (i64 i = 0; i < N * d; ++i) a.x1[i] += x[i];
+  a.xn2 = zeros<T>(N * d);
+  layernorm(a.x1.data(), P("ln_2.weight"), P("ln_2.bias"), a.xn2.data(), N, d, eps);
+  a.fc = zeros<T>(N * ff);
+  linear(a.xn2.data(), P("mlp.c_fc.weight"), P("mlp.c_fc.bias"), a.fc.data(), N, d, ff);
+  a.act = zeros<T>(N * ff);
+  for (i64 i = 0; i < N * ff; ++i) a.act[i] = gelu(a.fc[i]);
+  a.y = zeros<T>(N * d);
+  linear(a.act.data(), P("mlp.c_proj.weight"), P("mlp.c_proj.bias"), a.y.data(), N, ff, d);
+  for (i64 i = 0; i < N * d; ++i) a.y[i] += a.x1[i];
+  return a;
+}
+
+template <class T>
+void gpt2_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T* dx, T* grads, i64 B, i64 S) {
+  const ParamLayout l = layer_layout(c, 0);
+  const i64 N = B * S, d = c.hidden_size, ff = c.intermediate_size, H = c.num_attention_heads, hd = c.head_dim;
+  const T eps = T(c.norm_eps);
+  const Gpt2Acts<T> a = gpt2_forward(c, p, x, B, S);
+  auto P = [&](const char* n) { return tensor(l, p, n); };
+  auto G = [&](const char* n) { return tensor(l, grads, n); };
+  Vec<T> dx1(dy, dy + N * d), dact = zeros<T>(N * ff), dfc = zeros<T>(N * ff), dxn2 = zeros<T>(N * d);
+  linear_backward(a.act.data(), P("mlp.c_proj.weight"), dy, dact.data(), G("mlp.c_proj.weight"), G("mlp.c_proj.bias"),
+                  N, ff, d);
+  gelu_backward(a.fc.data(), dact.data(), dfc.data(), N * ff);
+  linear_backward(a.xn2.data(), P("mlp.c_fc.weight"), dfc.data(), dxn2.data(), G("mlp.c_fc.weight"), G("mlp.c_fc.bias"),
+                  N, d, ff);
+  layernorm_backward(a.x1.data(), P("ln_2.weight"), dxn2.data(), dx1.data(), G("ln_2.weight"), G("ln_2.bias"), N, d,
+                     eps);
+  Vec<T> datt = zeros<T>(N * d), dqkv = zeros<T>(N * 3 * d), dxn1 = zeros<T>(N * d);
+  linear_backward(a.att.data(), P("attn.c_proj.weight"), dx1.data(), datt.data(), G("attn.c_proj.weight"),
+                  G("attn.c_proj.bias"), N, d, d);
+  attention_backward(a.qkv.data(), a.qkv.data() + d, a.qkv.data() + 2 * d, datt.data(), dqkv.data(), dqkv.data() + d,
+                     dqkv.data() + 2 * d, B, S, H, H, hd, 3 * d, 3 * d, d);
+  linear_backward(a.xn1.data(), P("attn.c_attn.weight"), dqkv.data(), dxn1.data(), G("attn.c_attn.weight"),
+                  G("attn.c_attn.bias"), N, d, 3 * d);
+  for (i64 i = 0; i < N * d; ++i) dx[i] += dx1[i];
+  layernorm_backward(x, P("ln_1.weight"), dxn1.data(), dx, G("ln_1.weight"), G("ln_1.bias"), N, d, eps);
+}
+
+// Head: final norm, logits with W [V, d] (lm_head or the tied embedding), summed cross-entropy.
+// Returns the loss sum; with dx non-null, dx/dnorm grads/dW += their gradients.
+template <class T>
+T head_loss(const ModelConfig& c, const T* head, const T* W, const T* x, const std::int32_t* targets, i64 N, T* dx,
+            T* dhead, T* dW) {
+  const ParamLayout l = head_layout(c);
+  const i64 d = c.hidden_size, V = c.vocab_size;
+  const T eps = T(c.norm_eps);
+  Vec<T> xn = zeros<T>(N * d), logits = zeros<T>(N * V), dlogits = zeros<T>(N * V), dxn = zeros<T>(N * d);
+  if (c.is_gpt2())
+    layernorm(x, tensor(l, head, "ln_f.weight"), tensor(l, head, "ln_f.bias"), xn.data(), N, d, eps);
+  else
+    rmsnorm(x, tensor(l, head, "model.norm.weight"), xn.data(), N, d, eps);
+  linear(xn.data(), W, static_cast<const T*>(nullptr), logits.data(), N, d, V);
+  const T loss = cross_entropy(logits.data(), targets, dx ? dlogits.data() : static_cast<T*>(nullptr), N, V);
+  if (!dx) return loss;
+  linear_backward(xn.data(), W, dlogits.data(), dxn.data(), dW, static_cast<T*>(nullptr), N, d, V);
+  if (c.is_gpt2())
+    layernorm_backward(x, tensor(l, head, "ln_f.weight"), dxn.data(), dx, tensor(l, dhead, "ln_f.weight"),
+                       tensor(l, dhead, "ln_f.bias"), N, d, eps);
+  else
+    rmsnorm_backward(x, tensor(l, head, "model.norm.weight"), dxn.data(), dx, tensor(l, dhead, "model.norm.weight"), N,
+                     d, eps);
+  return loss;
+}
+
+}  // namespace mt::ref

@@ -1,0 +1,97 @@
+#include "kernels/reference_trainer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace mt {
+
+ReferenceTrainer::ReferenceTrainer(const ReferenceTrainerOptions& opt) : opt_(opt) {
+  const ModelConfig& c = opt_.config;
+  c.validate();
+  validate_batch_shape(c, opt_.micro_batch, opt_.seq);
+  if (opt_.grad_accum < 1) throw std::invalid_argument("grad_accum must be >= 1");
+  if (opt_.threads < 1) throw std::invalid_argument("threads must be >= 1");
+  const std::int64_t S = mt::num_stages(c), L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq;
+  for (std::int64_t s = 0; s < S; ++s) {
+    layouts_.push_back(stage_layout(c, s));
+    tile_.push_back(tile_layout(layouts_.back()));
+    tiles_.push_back(make_aligned_floats(tile_.back().total_floats));
+    staging_.push_back(make_aligned_floats(layouts_.back().total_floats));
+    init_stage_params(c, s, opt_.seed, tiles_.back().get() + tile_.back().params, opt_.threads);
+  }
+  const std::size_t act = static_cast<std::size_t>(B * T * c.hidden_size);
+  for (std::int64_t i = 0; i <= L; ++i) acts_.push_back(make_aligned_floats(act));
+  if (opt_.mode == ActivationMode::keep)
+    for (std::int64_t i = 0; i < L; ++i) saved_.push_back(make_aligned_floats(layer_saved_floats(c, B, T)));
+  // Sized for recompute mode in every mode: eval_loss runs forwards without keep buffers.
+  workspace_ = make_aligned_floats(
+      std::max(layer_workspace_floats(c, B, T, ActivationMode::recompute), head_workspace_floats(c, B, T)));
+  grad_a_ = make_aligned_floats(act);
+  grad_b_ = make_aligned_floats(act);
+}
+
+LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t* targets) {
+  const ModelConfig& c = opt_.config;
+  const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq, S = L + 2;
+  const ComputeCtx ctx{opt_.threads};
+  const bool keep = opt_.mode == ActivationMode::keep;
+  // Forward: stage 0, layers, and the head (which also runs its backward, fused).
+  embedding_forward(c, params(0), tokens, B, T, acts_[0].get(), ctx);
+  for (std::int64_t l = 0; l < L; ++l)
+    layer_forward(c, params(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, keep ? saved_[l].get() : nullptr,
+                  workspace_.get(), ctx);
+  for (std::int64_t s = 0; s < S; ++s) cpu::zero(staging_[s].get(), layouts_[s].total_floats, opt_.threads);
+  float* dx = grad_a_.get();
+  float* dy = grad_b_.get();
+  const LossSum loss = head_forward_backward(c, params(S - 1), params(0), acts_[L].get(), targets, B, T, dy,
+                                             staging_[S - 1].get(), staging_[0].get(), workspace_.get(), ctx);
+  cpu::accumulate(grads(S - 1), staging_[S - 1].get(), layouts_[S - 1].total_floats, opt_.threads);
+  for (std::int64_t l = L - 1; l >= 0; --l) {
+    layer_backward(c, params(l + 1), acts_[l].get(), keep ? saved_[l].get() : nullptr, dy, dx, staging_[l + 1].get(), B,
+                   T, workspace_.get(), ctx);
+    cpu::accumulate(grads(l + 1), staging_[l + 1].get(), layouts_[l + 1].total_floats, opt_.threads);
+    std::swap(dx, dy);
+  }
+  embedding_backward(c, tokens, B, T, dy, staging_[0].get(), ctx);
+  cpu::accumulate(grads(0), staging_[0].get(), layouts_[0].total_floats, opt_.threads);
+  return loss;
+}
+
+StepStats ReferenceTrainer::step(const token_t* tokens, const token_t* targets) {
+  const ModelConfig& c = opt_.config;
+  const std::int64_t S = mt::num_stages(c);
+  const std::size_t per_micro = static_cast<std::size_t>(opt_.micro_batch * opt_.seq);
+  validate_tokens(c, tokens, per_micro * static_cast<std::size_t>(opt_.grad_accum));
+  validate_targets(c, targets, per_micro * static_cast<std::size_t>(opt_.grad_accum));
+  for (std::int64_t s = 0; s < S; ++s) cpu::zero(grads(s), layouts_[s].total_floats, opt_.threads);
+  double loss_sum = 0.0;
+  std::int64_t counted = 0;
+  for (std::int64_t m = 0; m < opt_.grad_accum; ++m) {
+    const LossSum l = forward_backward(tokens + m * per_micro, targets + m * per_micro);
+    loss_sum += l.loss_sum;
+    counted += l.counted;
+  }
+  std::vector<double> sumsq;
+  for (std::int64_t s = 0; s < S; ++s) sumsq.push_back(stage_grad_sumsq(layouts_[s], grads(s), opt_.threads));
+  const StepScale scale = compute_step_scale(sumsq, counted, opt_.max_grad_norm, loss_sum);
+  ++step_;
+  for (std::int64_t s = 0; s < S; ++s)
+    adamw_stage(layouts_[s], params(s), grads(s), adam_m(s), adam_v(s), opt_.hyper, step_, scale.grad_scale,
+                opt_.threads);
+  return StepStats{step_, scale.loss, scale.grad_norm, scale.clip, counted};
+}
+
+double ReferenceTrainer::eval_loss(const token_t* tokens, const token_t* targets) {
+  const ModelConfig& c = opt_.config;
+  const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq;
+  const ComputeCtx ctx{opt_.threads};
+  embedding_forward(c, params(0), tokens, B, T, acts_[0].get(), ctx);
+  for (std::int64_t l = 0; l < L; ++l)
+    layer_forward(c, params(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, nullptr, workspace_.get(), ctx);
+  const LossSum loss = head_forward_backward(c, params(L + 1), params(0), acts_[L].get(), targets, B, T, nullptr,
+                                             nullptr, nullptr, workspace_.get(), ctx);
+  return loss.counted ? loss.loss_sum / static_cast<double>(loss.counted) : 0.0;
+}
+
+}  // namespace mt

@@ -1,0 +1,76 @@
+// The sequential reference trainer: forward every stage, loss, backward, AdamW, one thing after
+// another, no actors, no overlap. It is the oracle the pipelined engine is compared against, so it
+// makes exactly the kernel calls step_math.hpp prescribes, in that order: equal inputs, equal bits.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/adamw.hpp"
+#include "kernels/param_layout.hpp"
+#include "kernels/stage_api.hpp"
+#include "kernels/step_math.hpp"
+#include "kernels/tile.hpp"
+
+namespace mt {
+
+struct ReferenceTrainerOptions {
+  ModelConfig config;
+  std::int64_t micro_batch = 1;  // sequences per micro-batch
+  std::int64_t seq = 1;          // tokens per sequence
+  std::int64_t grad_accum = 1;   // micro-batches per step
+  AdamWHyper hyper;              // lr may be changed between steps with set_lr
+  float max_grad_norm = 1.0f;    // <= 0: no clipping
+  std::uint64_t seed = 0;        // init_stage_params(config, stage, seed, ...)
+  ActivationMode mode = ActivationMode::recompute;
+  int threads = 1;
+};
+
+struct StepStats {
+  std::int64_t step = 0;   // 1-based index of the update just made
+  double loss = 0.0;       // mean over counted tokens of the step
+  double grad_norm = 0.0;  // before clipping
+  double clip = 1.0;
+  std::int64_t counted = 0;
+};
+
+class ReferenceTrainer {
+ public:
+  explicit ReferenceTrainer(const ReferenceTrainerOptions& opt);
+
+  // One optimizer step over grad_accum micro-batches; tokens and targets each hold
+  // grad_accum * micro_batch * seq ids, micro-batch after micro-batch. Validates before computing.
+  StepStats step(const token_t* tokens, const token_t* targets);
+  // Loss only (no gradients, no update): mean over counted tokens of one micro-batch.
+  double eval_loss(const token_t* tokens, const token_t* targets);
+
+  void set_lr(float lr) { opt_.hyper.lr = lr; }
+  std::int64_t num_stages() const { return static_cast<std::int64_t>(layouts_.size()); }
+  const ParamLayout& layout(std::int64_t stage) const { return layouts_[static_cast<std::size_t>(stage)]; }
+  // The tile sections of a stage (params, gradient accumulator of the last step, AdamW moments).
+  float* params(std::int64_t stage) { return section(stage, tile_.at(static_cast<std::size_t>(stage)).params); }
+  float* grads(std::int64_t stage) { return section(stage, tile_.at(static_cast<std::size_t>(stage)).grads); }
+  float* adam_m(std::int64_t stage) { return section(stage, tile_.at(static_cast<std::size_t>(stage)).adam_m); }
+  float* adam_v(std::int64_t stage) { return section(stage, tile_.at(static_cast<std::size_t>(stage)).adam_v); }
+  const ReferenceTrainerOptions& options() const { return opt_; }
+
+  // Forward and backward of one micro-batch adding into the gradient accumulators through zeroed
+  // staging buffers (exactly the engine's sequence); returns its loss sum and counted tokens.
+  LossSum forward_backward(const token_t* tokens, const token_t* targets);
+
+ private:
+  float* section(std::int64_t stage, std::size_t offset) {
+    return tiles_[static_cast<std::size_t>(stage)].get() + offset;
+  }
+
+  ReferenceTrainerOptions opt_;
+  std::vector<ParamLayout> layouts_;
+  std::vector<TileLayout> tile_;
+  std::vector<AlignedFloats> tiles_;    // one tile per stage
+  std::vector<AlignedFloats> staging_;  // one gradient staging buffer per stage
+  std::vector<AlignedFloats> acts_;     // layer-boundary hidden states, L + 1 of them
+  std::vector<AlignedFloats> saved_;    // keep mode: each layer's intermediates
+  AlignedFloats workspace_, grad_a_, grad_b_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace mt

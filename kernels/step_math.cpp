@@ -1,0 +1,55 @@
+// The step math shared by the reference trainer and the engine (see step_math.hpp for the contract).
+#include "kernels/step_math.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <new>
+
+#include "kernels/profile.hpp"
+#include "kernels/tile.hpp"
+
+namespace mt {
+
+AlignedFloats make_aligned_floats(std::size_t n) {
+  const std::size_t bytes = std::max<std::size_t>(64, (n * sizeof(float) + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) throw std::bad_alloc();
+  std::fill_n(static_cast<float*>(p), bytes / sizeof(float), 0.0f);
+  return AlignedFloats(static_cast<float*>(p));
+}
+
+double stage_grad_sumsq(const ParamLayout& layout, const float* grads, int threads) {
+  double total = 0.0;
+  for (const auto& t : layout.tensors) total += cpu::sum_squares(grads + t.offset, t.numel, threads);
+  return total;
+}
+
+StepScale compute_step_scale(const std::vector<double>& stage_sumsq, std::int64_t counted, float max_grad_norm,
+                             double loss_sum) {
+  StepScale s;
+  if (counted <= 0) return s;  // nothing counted: no gradient enters the update
+  double sumsq = 0.0;
+  for (double x : stage_sumsq) sumsq += x;
+  const double n = static_cast<double>(counted);
+  s.loss = loss_sum / n;
+  s.grad_norm = std::sqrt(sumsq) / n;
+  s.clip = max_grad_norm > 0.0f ? std::min(1.0, static_cast<double>(max_grad_norm) / (s.grad_norm + 1e-6)) : 1.0;
+  s.grad_scale = static_cast<float>(s.clip / n);
+  return s;
+}
+
+void adamw_stage(const ParamLayout& layout, float* params, const float* grads, float* m, float* v,
+                 const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads) {
+  prof::Scope prof_scope(prof::optimizer);
+  AdamWHyper no_decay = hyper;
+  no_decay.weight_decay = 0.0f;
+  const AdamWStep with_wd = make_adamw_step(hyper, step, grad_scale);
+  const AdamWStep without_wd = make_adamw_step(no_decay, step, grad_scale);
+  for (const auto& t : layout.tensors) {
+    const std::size_t o = t.offset;
+    cpu::adamw(params + o, grads + o, m + o, v + o, t.numel, t.weight_decay ? with_wd : without_wd, threads);
+  }
+}
+
+}  // namespace mt

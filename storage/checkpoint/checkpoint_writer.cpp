@@ -1,0 +1,296 @@
+#include "storage/checkpoint/checkpoint_writer.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+#include "kernels/param_layout.hpp"
+#include "storage/checkpoint/checkpoint_dir.hpp"
+#include "storage/checkpoint/checksum.hpp"
+#include "storage/checkpoint/h5_util.hpp"
+#include "storage/checkpoint/manifest.hpp"
+#include "storage/checkpoint/shard_digest.hpp"
+#include "storage/hf/file_util.hpp"
+#include "storage/hf/hf_config.hpp"
+#include "storage/hf/hf_model.hpp"
+
+#ifndef MEGATRAIN_VERSION
+#define MEGATRAIN_VERSION "unknown"
+#endif
+
+namespace mt::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct CheckpointWriter::Shard {
+  std::string name;
+  fs::path path;
+  h5::Handle file;
+  std::uint64_t data_bytes = 0;
+  std::vector<DatasetExtent> extents;
+  int writeback_fd = -1;  // a second descriptor, only to start the kernel's writeback early
+  ~Shard() {
+    if (writeback_fd >= 0) ::close(writeback_fd);
+  }
+};
+
+namespace {
+
+std::atomic<int> g_writer_counter{0};
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string hdf5_version() {
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  return std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel);
+}
+
+void fsync_file(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError(file.string() + ": cannot open for fsync: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw CheckpointError(file.string() + ": fsync failed: " + std::strerror(err));
+}
+
+const char* kind_name(StageKind k) {
+  return k == StageKind::embedding ? "embedding" : k == StageKind::head ? "head" : "layer";
+}
+
+const char* state_description(const std::string& state) {
+  if (state == "params") return "fp32 master weights";
+  if (state == "exp_avg") return "AdamW first moment (m), fp32";
+  return "AdamW second moment (v), fp32";
+}
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(fs::path root, std::int64_t step, ModelConfig config, CheckpointWriterOptions options)
+    : root_(std::move(root)), step_(step), config_(std::move(config)), options_(std::move(options)) {
+  if (step_ < 0) throw CheckpointError("checkpoint step must be >= 0, got " + std::to_string(step_));
+  try {
+    config_.validate();
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(std::string("checkpoint: ") + e.what());
+  }
+  h5::quiet_errors();
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) throw CheckpointError(root_.string() + ": cannot create checkpoint root: " + ec.message());
+  temp_dir_ = root_ / (std::string(kTempPrefix) + step_dir_name(step_) + "-" + std::to_string(::getpid()) + "-" +
+                       std::to_string(g_writer_counter++));
+  fs::create_directory(temp_dir_, ec);
+  if (ec) throw CheckpointError(temp_dir_.string() + ": cannot create: " + ec.message());
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  try {
+    abort();
+  } catch (...) {
+  }
+}
+
+void CheckpointWriter::abort() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  h5::quiet_errors();
+  if (shard_) shard_->file.reset();
+  shard_.reset();
+  if (!published_) {
+    std::error_code ec;
+    fs::remove_all(temp_dir_, ec);
+    failed_ = true;
+  }
+}
+
+std::uint64_t CheckpointWriter::bytes_written() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_written_;
+}
+
+void CheckpointWriter::open_shard_locked() {
+  auto s = std::make_unique<Shard>();
+  s->name = shard_file_name(shards_.size());
+  s->path = temp_dir_ / s->name;
+  h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  // v1.8+ object headers carry checksums; large datasets start on 4 KiB boundaries.
+  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+  H5Pset_alignment(fapl.get(), 1u << 20, 4096);
+  s->file = h5::Handle(H5Fcreate(s->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), H5Fclose);
+  if (!s->file.valid()) throw CheckpointError(s->path.string() + ": cannot create HDF5 file: " + h5::last_error());
+  s->writeback_fd = ::open(s->path.c_str(), O_RDONLY | O_CLOEXEC);
+  h5::set_attr(s->file.get(), "format", std::string(kFormatName));
+  h5::set_attr(s->file.get(), "format_version", std::int64_t{kFormatVersion});
+  h5::set_attr(s->file.get(), "step", step_);
+  h5::set_attr(s->file.get(), "model_type", std::string(arch_name(config_.arch)));
+  h5::set_attr(s->file.get(), "checksum_algorithm", std::string(kChecksumAlgorithm));
+  shard_ = std::move(s);
+}
+
+void CheckpointWriter::close_shard_locked() {
+  if (!shard_) return;
+  auto s = std::move(shard_);
+  if (!s->file.close()) throw CheckpointError(s->path.string() + ": closing HDF5 file failed (disk full?): " + h5::last_error());
+  fsync_file(s->path);
+  // Only HDF5's metadata is read back: the datasets' checksums came from the caller's buffers.
+  shards_.push_back(shard_manifest_entry(s->name, digest_written_shard(s->path, s->extents), s->extents));
+}
+
+void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  h5::quiet_errors();
+  if (published_ || failed_) throw CheckpointError(temp_dir_.string() + ": write_stage after finalize, abort or a failure");
+  if (stage < 0 || stage >= num_stages(config_))
+    throw CheckpointError(temp_dir_.string() + ": stage " + std::to_string(stage) + " out of range [0, " +
+                          std::to_string(num_stages(config_)) + ")");
+  if (stages_.count(stage)) throw CheckpointError(temp_dir_.string() + ": stage " + std::to_string(stage) + " written twice");
+  std::vector<std::pair<std::string, const float*>> states;
+  if (state.params) states.emplace_back("params", state.params);
+  if (state.exp_avg) states.emplace_back("exp_avg", state.exp_avg);
+  if (state.exp_avg_sq) states.emplace_back("exp_avg_sq", state.exp_avg_sq);
+  std::vector<std::string> names;
+  for (const auto& st : states) names.push_back(st.first);
+  if (names.empty()) throw CheckpointError("write_stage(" + std::to_string(stage) + "): no buffers given");
+  if (state_names_.empty()) state_names_ = names;
+  if (names != state_names_)
+    throw CheckpointError("write_stage(" + std::to_string(stage) + "): every stage must save the same buffers as the first");
+
+  try {
+    const ParamLayout layout = stage_layout(config_, stage);
+    const std::uint64_t stage_bytes = layout.param_count() * sizeof(float) * states.size();
+    if (shard_ && shard_->data_bytes > 0 && shard_->data_bytes + stage_bytes > options_.max_shard_bytes) close_shard_locked();
+    if (!shard_) open_shard_locked();
+    Shard& sh = *shard_;
+    const std::string group_name = stage_group_name(stage);
+    auto fail = [&](const std::string& what) -> void {
+      throw CheckpointError(sh.path.string() + ": " + group_name + ": " + what + ": " + h5::last_error());
+    };
+    h5::Handle group(H5Gcreate2(sh.file.get(), group_name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    if (!group.valid()) fail("cannot create group");
+    h5::set_attr(group.get(), "stage", stage);
+    h5::set_attr(group.get(), "kind", std::string(kind_name(layout.kind)));
+    h5::set_attr(group.get(), "prefix", layout.prefix);
+    h5::set_attr_u64(group.get(), "total_floats", layout.total_floats);
+
+    h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+    H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // data is written once: no fill pass first
+    for (const auto& [state_name, buffer] : states) {
+      h5::Handle sg(H5Gcreate2(group.get(), state_name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      if (!sg.valid()) fail("cannot create group " + state_name);
+      h5::set_attr(sg.get(), "description", std::string(state_description(state_name)));
+      for (const auto& t : layout.tensors) {
+        std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+        h5::Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+        h5::Handle ds(H5Dcreate2(sg.get(), t.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                      H5Dclose);
+        if (!ds.valid()) fail("cannot create dataset " + state_name + "/" + t.name);
+        const float* data = buffer + t.offset;
+        if (H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+          fail("writing dataset " + state_name + "/" + t.name + " failed (disk full?)");
+        const std::uint64_t sum = checksum(data, t.numel * sizeof(float));
+        h5::set_attr_u64(ds.get(), kChecksumAlgorithm, sum);
+        const haddr_t where = H5Dget_offset(ds.get());
+        if (where == HADDR_UNDEF) fail("dataset " + state_name + "/" + t.name + " has no contiguous storage");
+        sh.extents.push_back({group_name + "/" + state_name + "/" + t.name, static_cast<std::uint64_t>(where),
+                              t.numel * sizeof(float), sum});
+        h5::set_attr_u64(ds.get(), "offset", t.offset);
+        if (!ds.close()) fail("closing dataset " + state_name + "/" + t.name + " failed");
+        sh.data_bytes += t.numel * sizeof(float);
+        bytes_written_ += t.numel * sizeof(float);
+      }
+    }
+    // Start writing this stage to disk now, in the background: the final fsync then waits for little,
+    // and dirty pages do not pile up in RAM while the next stages are written.
+    if (sh.writeback_fd >= 0) ::sync_file_range(sh.writeback_fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    stages_[stage] = {{"stage", stage},
+                      {"shard", sh.name},
+                      {"group", group_name},
+                      {"kind", kind_name(layout.kind)},
+                      {"prefix", layout.prefix},
+                      {"total_floats", layout.total_floats}};
+  } catch (const std::runtime_error& e) {
+    failed_ = true;
+    if (dynamic_cast<const CheckpointError*>(&e)) throw;
+    throw CheckpointError(temp_dir_.string() + ": stage " + std::to_string(stage) + ": " + e.what());
+  }
+}
+
+fs::path CheckpointWriter::finalize(const json& run_state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  h5::quiet_errors();
+  if (published_ || failed_) throw CheckpointError(temp_dir_.string() + ": finalize after finalize, abort or a failure");
+  // A missing stage is the caller's mistake, not a failure: it may still write it and finalize again.
+  for (std::int64_t s = 0; s < num_stages(config_); ++s)
+    if (!stages_.count(s)) throw CheckpointError(temp_dir_.string() + ": finalize before stage " + std::to_string(s) + " was written");
+  const fs::path target = root_ / step_dir_name(step_);
+  try {
+    close_shard_locked();
+
+    json manifest;
+    manifest["format"] = kFormatName;
+    manifest["format_version"] = kFormatVersion;
+    manifest["step"] = step_;
+    manifest["created_utc"] = utc_now();
+    manifest["versions"] = {{"megatrain", MEGATRAIN_VERSION}, {"hdf5", hdf5_version()}, {"format", kFormatVersion}};
+    manifest["checksum_algorithm"] = kChecksumAlgorithm;
+    manifest["model_config"] = hf::config_to_json(config_, options_.hf_config.is_object() ? &options_.hf_config : nullptr);
+    manifest["states"] = state_names_;
+    manifest["stages"] = json::array();
+    for (const auto& [s, entry] : stages_) manifest["stages"].push_back(entry);
+    manifest["shards"] = shards_;
+    if (!options_.tokenizer_dir.empty()) {
+      fs::create_directory(temp_dir_ / "tokenizer");
+      manifest["tokenizer_files"] = hf::copy_tokenizer_files(options_.tokenizer_dir, temp_dir_ / "tokenizer");
+      for (const auto& f : manifest["tokenizer_files"]) fsync_file(temp_dir_ / "tokenizer" / f.get<std::string>());
+      hf::fsync_directory(temp_dir_ / "tokenizer");
+    }
+    manifest["run"] = run_state.is_null() ? json::object() : run_state;
+    write_manifest(temp_dir_ / kManifestFile, manifest);
+    hf::fsync_directory(temp_dir_);
+
+    // Publish: one rename. Re-publishing a step swaps the directories atomically (latest stays valid).
+    if (fs::exists(target)) {
+      if (::renameat2(AT_FDCWD, temp_dir_.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0)
+        throw CheckpointError(target.string() + ": cannot replace the existing checkpoint: " + std::strerror(errno));
+      published_ = true;
+      std::error_code ec;
+      fs::remove_all(temp_dir_, ec);  // now holds the replaced checkpoint
+    } else {
+      if (::rename(temp_dir_.c_str(), target.c_str()) != 0)
+        throw CheckpointError(target.string() + ": cannot rename " + temp_dir_.string() + ": " + std::strerror(errno));
+      published_ = true;
+    }
+    hf::fsync_directory(root_);
+    write_latest(root_, target.filename().string());
+  } catch (const hf::HfError& e) {
+    failed_ = true;
+    throw CheckpointError(e.what());
+  } catch (const CheckpointError&) {
+    failed_ = true;
+    throw;
+  } catch (const std::exception& e) {
+    failed_ = true;
+    throw CheckpointError(temp_dir_.string() + ": " + e.what());
+  }
+  apply_retention(root_, options_.keep_last);
+  remove_stale_temp_dirs(root_);
+  return target;
+}
+
+}  // namespace mt::ckpt

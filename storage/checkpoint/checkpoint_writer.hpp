@@ -1,0 +1,94 @@
+// Writes one checkpoint, stage by stage, then publishes it atomically.
+//
+//   CheckpointWriter w(root, step, config);               // creates ROOT/.tmp-step-N-PID-K/
+//   w.write_stage(s, {params, exp_avg, exp_avg_sq});       // any thread, any order, each stage once
+//   w.finalize(run_state);                                  // manifest, fsync, rename, `latest`, retention
+//
+// write_stage copies nothing: it writes the caller's buffers straight into HDF5 datasets (one per
+// tensor, contiguous, uncompressed) and returns when the bytes are handed to the OS, so the caller may
+// change the buffers afterwards. It is meant to run on the checkpointer's background thread right after
+// the optimizer updated stage s. Calls are serialised inside (HDF5 takes one global lock anyway).
+//
+// Any failure (disk full, I/O error) throws CheckpointError naming the file; nothing is published,
+// the previous checkpoints and `latest` stay as they were, and destroying the writer (or abort())
+// removes the temporary directory. A process killed mid-write leaves only a .tmp- directory that
+// no reader ever loads and the next successful publish removes.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/model_config.hpp"
+#include "storage/checkpoint/checkpoint_error.hpp"
+
+namespace mt::ckpt {
+
+// The fp32 buffers of one stage, each stage_layout(config, s).total_floats long; nullptr = not saved.
+// All stages of a checkpoint must save the same set (an imported initial checkpoint has params only).
+struct StageState {
+  const float* params = nullptr;      // fp32 master weights      -> HDF5 group "params"
+  const float* exp_avg = nullptr;     // Adam first moment (m)    -> "exp_avg"
+  const float* exp_avg_sq = nullptr;  // Adam second moment (v)   -> "exp_avg_sq"
+};
+
+struct CheckpointWriterOptions {
+  // Stages go to one HDF5 file until it would exceed this; a stage is never split across files.
+  std::uint64_t max_shard_bytes = std::uint64_t{2} << 30;
+  // After publishing, keep only the newest N step directories (0 = keep all). The new checkpoint and
+  // the one `latest` names are never deleted, so there is always a good one left.
+  int keep_last = 0;
+  // config.json the model came from: its extra fields (token ids, ...) are kept in the manifest's
+  // model_config and in exports.
+  nlohmann::json hf_config;
+  // Tokenizer files copied into the checkpoint's tokenizer/ folder (exports take them along).
+  std::filesystem::path tokenizer_dir;
+};
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::filesystem::path root, std::int64_t step, ModelConfig config, CheckpointWriterOptions options = {});
+  ~CheckpointWriter();  // unpublished: removes the temporary directory
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  void write_stage(std::int64_t stage, const StageState& state);
+
+  // Needs every stage written. run_state (the run config, LR-schedule state, data-loader cursor, RNG
+  // state, ...: whatever the engine needs to resume) is stored verbatim as the manifest's "run".
+  // Returns the published directory ROOT/step-N.
+  std::filesystem::path finalize(const nlohmann::json& run_state = nlohmann::json::object());
+
+  // Gives up: removes the temporary directory. Safe to call more than once.
+  void abort();
+
+  std::int64_t step() const { return step_; }
+  const std::filesystem::path& temp_dir() const { return temp_dir_; }
+  std::uint64_t bytes_written() const;  // data bytes handed to HDF5 so far
+
+ private:
+  struct Shard;
+  void open_shard_locked();
+  void close_shard_locked();
+
+  std::filesystem::path root_;
+  std::int64_t step_;
+  ModelConfig config_;
+  CheckpointWriterOptions options_;
+  std::filesystem::path temp_dir_;
+  mutable std::mutex mutex_;
+  std::unique_ptr<Shard> shard_;              // the open shard file
+  std::vector<nlohmann::json> shards_;        // closed shards: file, bytes, checksum
+  std::map<std::int64_t, nlohmann::json> stages_;  // written stages: shard, group, ...
+  std::vector<std::string> state_names_;      // the set saved by the first stage
+  std::uint64_t bytes_written_ = 0;
+  bool published_ = false;
+  bool failed_ = false;
+};
+
+}  // namespace mt::ckpt

@@ -1,0 +1,278 @@
+#include "storage/hf/hf_config.hpp"
+
+#include "storage/hf/file_util.hpp"
+
+#include <optional>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace mt::hf {
+
+using nlohmann::json;
+
+namespace {
+
+// PretrainedConfig's generic fields (transformers 4.46) and other bookkeeping keys: accepted, ignored.
+const std::set<std::string>& generic_keys() {
+  static const std::set<std::string> keys = {
+      "_attn_implementation_autoset", "_name_or_path", "_attn_implementation", "_commit_hash", "architectures",
+      "bad_words_ids", "begin_suppress_tokens", "bos_token_id", "chunk_size_feed_forward", "cross_attention_hidden_size",
+      "decoder_start_token_id", "diversity_penalty", "do_sample", "early_stopping", "encoder_no_repeat_ngram_size",
+      "eos_token_id", "exponential_decay_length_penalty", "finetuning_task", "forced_bos_token_id",
+      "forced_eos_token_id", "id2label", "is_decoder", "label2id", "length_penalty", "max_length", "min_length",
+      "model_type", "no_repeat_ngram_size", "num_beam_groups", "num_beams", "num_return_sequences",
+      "output_attentions", "output_hidden_states", "output_scores", "pad_token_id", "prefix", "problem_type",
+      "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict", "return_dict_in_generate",
+      "sep_token_id", "suppress_tokens", "task_specific_params", "temperature", "tf_legacy_loss", "tokenizer_class",
+      "top_k", "top_p", "torch_dtype", "torchscript", "transformers_version", "typical_p", "use_bfloat16",
+      "use_cache", "gradient_checkpointing", "initializer_range", "tie_word_embeddings",
+      // generic fields that must hold their harmless default (checked below)
+      "add_cross_attention", "is_encoder_decoder", "tie_encoder_decoder"};
+  return keys;
+}
+
+class Fields {
+ public:
+  Fields(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& what) const { throw HfError(source_ + ": " + what); }
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  void use(const char* key) { used_.insert(key); }
+
+  std::int64_t integer(const char* key, std::optional<std::int64_t> dflt = std::nullopt) {
+    use(key);
+    if (!has(key)) {
+      if (dflt) return *dflt;
+      fail("missing required field '" + std::string(key) + "'");
+    }
+    const json& v = j_.at(key);
+    if (!v.is_number_integer()) fail("field '" + std::string(key) + "' must be an integer, got " + v.dump());
+    return v.get<std::int64_t>();
+  }
+  double number(const char* key, double dflt) {
+    use(key);
+    if (!has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_number()) fail("field '" + std::string(key) + "' must be a number, got " + v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const char* key, bool dflt) {
+    use(key);
+    if (!has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_boolean()) fail("field '" + std::string(key) + "' must be true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+  std::string string(const char* key, const std::string& dflt) {
+    use(key);
+    if (!has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_string()) fail("field '" + std::string(key) + "' must be a string, got " + v.dump());
+    return v.get<std::string>();
+  }
+  const json* object(const char* key) {
+    use(key);
+    if (!has(key)) return nullptr;
+    if (!j_.at(key).is_object()) fail("field '" + std::string(key) + "' must be an object or null");
+    return &j_.at(key);
+  }
+  // Fields this family accepts but the engine has no use for (dropout: training runs without it).
+  void ignore(std::initializer_list<const char*> keys) {
+    for (auto k : keys) use(k);
+  }
+  void require_value(const char* key, bool expected, bool dflt, const std::string& why) {
+    if (boolean(key, dflt) != expected) fail("unsupported " + std::string(key) + "=" + (expected ? "false" : "true") + ": " + why);
+  }
+  // Every field must be known: an unknown one may change the math (a newer transformers feature).
+  void reject_unknown() const {
+    for (const auto& [key, value] : j_.items()) {
+      if (used_.count(key) || generic_keys().count(key)) continue;
+      fail("unsupported config field '" + key + "' (value " + value.dump() + ")");
+    }
+  }
+
+ private:
+  const json& j_;
+  std::string source_;
+  std::set<std::string> used_;
+};
+
+std::int64_t positive_or_fail(Fields& f, std::int64_t v, const char* key) {
+  if (v <= 0) f.fail("field '" + std::string(key) + "' must be > 0, got " + std::to_string(v));
+  return v;
+}
+
+void parse_rope_scaling(Fields& f, Arch arch, ModelConfig& c) {
+  const json* rs = f.object("rope_scaling");
+  if (!rs) return;
+  std::string type = rs->value("rope_type", rs->value("type", std::string("default")));
+  if (type == "default") return;
+  if (type != "llama3")
+    f.fail("unsupported rope_scaling type '" + type + "' (supported: default, llama3)");
+  if (arch == Arch::mistral) f.fail("rope_scaling 'llama3' is not supported for mistral (transformers ignores it)");
+  auto num = [&](const char* key, bool required, double dflt) {
+    if (!rs->contains(key)) {
+      if (required) f.fail("rope_scaling lacks '" + std::string(key) + "'");
+      return dflt;
+    }
+    if (!rs->at(key).is_number()) f.fail("rope_scaling." + std::string(key) + " must be a number");
+    return rs->at(key).get<double>();
+  };
+  for (const auto& [key, value] : rs->items()) {
+    static const std::set<std::string> known = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
+                                                "original_max_position_embeddings"};
+    if (!known.count(key)) f.fail("unsupported rope_scaling field '" + key + "' (value " + value.dump() + ")");
+  }
+  c.rope_scaling.factor = static_cast<float>(num("factor", true, 0));
+  c.rope_scaling.low_freq_factor = static_cast<float>(num("low_freq_factor", true, 1));
+  c.rope_scaling.high_freq_factor = static_cast<float>(num("high_freq_factor", true, 4));
+  c.rope_scaling.original_max_position_embeddings = static_cast<std::int64_t>(num("original_max_position_embeddings", true, 8192));
+}
+
+void reject_sliding_window(Fields& f, const ModelConfig& c, Arch arch) {
+  if (arch == Arch::mistral) {
+    if (f.has("sliding_window")) {
+      const auto w = f.integer("sliding_window");
+      if (w < c.max_position_embeddings)
+        f.fail("unsupported sliding_window=" + std::to_string(w) + " (< max_position_embeddings=" +
+               std::to_string(c.max_position_embeddings) + "): sliding-window attention is not implemented; set it to null");
+    }
+    f.use("sliding_window");
+    return;
+  }
+  // Qwen2/Qwen3: the window only applies when use_sliding_window is true.
+  f.require_value("use_sliding_window", false, false, "sliding-window attention is not implemented");
+  f.ignore({"sliding_window", "max_window_layers"});
+}
+
+ModelConfig parse_llama_family(Fields& f, Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = positive_or_fail(f, f.integer("vocab_size"), "vocab_size");
+  c.hidden_size = positive_or_fail(f, f.integer("hidden_size"), "hidden_size");
+  c.intermediate_size = positive_or_fail(f, f.integer("intermediate_size"), "intermediate_size");
+  c.num_hidden_layers = positive_or_fail(f, f.integer("num_hidden_layers"), "num_hidden_layers");
+  c.num_attention_heads = positive_or_fail(f, f.integer("num_attention_heads"), "num_attention_heads");
+  c.num_key_value_heads = f.integer("num_key_value_heads", c.num_attention_heads);
+  if (c.hidden_size % c.num_attention_heads != 0 && !f.has("head_dim"))
+    f.fail("hidden_size is not a multiple of num_attention_heads and no head_dim is given");
+  const std::int64_t default_head_dim = c.hidden_size / c.num_attention_heads;
+  if (arch == Arch::qwen2) {
+    // transformers' Qwen2 has no head_dim field: it is always hidden_size / num_attention_heads.
+    c.head_dim = default_head_dim;
+    f.ignore({"head_dim"});
+  } else {
+    c.head_dim = f.integer("head_dim", default_head_dim);
+  }
+  const std::int64_t default_positions = arch == Arch::llama ? 2048 : arch == Arch::mistral ? 131072 : 32768;
+  c.max_position_embeddings = f.integer("max_position_embeddings", default_positions);
+  c.rope_theta = static_cast<float>(f.number("rope_theta", 10000.0));
+  c.norm_eps = static_cast<float>(f.number("rms_norm_eps", 1e-6));
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  c.initializer_range = static_cast<float>(f.number("initializer_range", 0.02));
+  const std::string act = f.string("hidden_act", "silu");
+  if (act != "silu") f.fail("unsupported hidden_act '" + act + "' (supported: silu)");
+  parse_rope_scaling(f, arch, c);
+  f.ignore({"attention_dropout"});
+  switch (arch) {
+    case Arch::llama:
+      c.attention_bias = f.boolean("attention_bias", false);
+      f.require_value("mlp_bias", false, false, "MLP biases are not implemented");
+      f.ignore({"pretraining_tp"});  // only splits the same matmuls in transformers
+      break;
+    case Arch::qwen2:
+      c.attention_bias = true;  // Qwen2's q/k/v projections always carry biases
+      reject_sliding_window(f, c, arch);
+      break;
+    case Arch::qwen3:
+      c.attention_bias = f.boolean("attention_bias", false);
+      c.qk_norm = true;
+      reject_sliding_window(f, c, arch);
+      break;
+    case Arch::mistral:
+      reject_sliding_window(f, c, arch);
+      break;
+    case Arch::gpt2: break;
+  }
+  return c;
+}
+
+ModelConfig parse_gpt2(Fields& f) {
+  ModelConfig c;
+  c.arch = Arch::gpt2;
+  c.vocab_size = positive_or_fail(f, f.integer("vocab_size", 50257), "vocab_size");
+  c.hidden_size = positive_or_fail(f, f.integer("n_embd", 768), "n_embd");
+  c.num_hidden_layers = positive_or_fail(f, f.integer("n_layer", 12), "n_layer");
+  c.num_attention_heads = positive_or_fail(f, f.integer("n_head", 12), "n_head");
+  c.num_key_value_heads = c.num_attention_heads;
+  if (c.hidden_size % c.num_attention_heads != 0) f.fail("n_embd is not a multiple of n_head");
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.intermediate_size = f.integer("n_inner", 4 * c.hidden_size);
+  c.max_position_embeddings = f.integer("n_positions", 1024);
+  c.norm_eps = static_cast<float>(f.number("layer_norm_epsilon", 1e-5));
+  c.initializer_range = static_cast<float>(f.number("initializer_range", 0.02));
+  c.tie_word_embeddings = true;
+  if (!f.boolean("tie_word_embeddings", true)) f.fail("unsupported tie_word_embeddings=false for gpt2 (its LM head is wte)");
+  const std::string act = f.string("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    f.fail("unsupported activation_function '" + act + "' (supported: gelu_new, gelu_pytorch_tanh)");
+  f.require_value("scale_attn_weights", true, true, "unscaled attention is not implemented");
+  f.require_value("scale_attn_by_inverse_layer_idx", false, false, "per-layer attention scaling is not implemented");
+  // Dropout is not applied by the engine; the summary_* fields belong to the double-heads model; n_ctx
+  // is a legacy alias of n_positions; reorder_and_upcast_attn only changes the precision, fp32 here.
+  f.ignore({"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation",
+            "summary_first_dropout", "summary_proj_to_labels", "n_ctx", "reorder_and_upcast_attn"});
+  return c;
+}
+
+}  // namespace
+
+namespace {
+ModelConfig parse_config_fields(const json& config, const std::string& source) {
+  if (!config.is_object()) throw HfError(source + ": config must be a JSON object");
+  Fields f(config, source);
+  const std::string model_type = f.string("model_type", "");
+  if (model_type.empty()) f.fail("missing required field 'model_type'");
+  Arch arch;
+  try {
+    arch = parse_arch(model_type);
+  } catch (const std::invalid_argument& e) {
+    f.fail(e.what());
+  }
+  if (f.has("architectures")) {
+    const json& a = config.at("architectures");
+    if (!a.is_array() || a.size() != 1 || !a[0].is_string() || a[0].get<std::string>() != architecture_class(arch))
+      f.fail("unsupported architectures " + a.dump() + " for model_type '" + model_type + "' (expected [\"" +
+             architecture_class(arch) + "\"])");
+  }
+  for (const char* key : {"add_cross_attention", "is_encoder_decoder", "tie_encoder_decoder"})
+    if (f.boolean(key, false)) f.fail("unsupported " + std::string(key) + "=true");
+  for (const char* key : {"quantization_config", "auto_map"})
+    if (config.contains(key)) f.fail("unsupported config field '" + std::string(key) + "'");
+  ModelConfig c = arch == Arch::gpt2 ? parse_gpt2(f) : parse_llama_family(f, arch);
+  f.reject_unknown();
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    f.fail(e.what());
+  }
+  return c;
+}
+}  // namespace
+
+ModelConfig parse_config(const json& config, const std::string& source) {
+  try {
+    return parse_config_fields(config, source);
+  } catch (const json::exception& e) {  // a field of an unexpected JSON type deep inside
+    throw HfError(source + ": malformed config: " + e.what());
+  }
+}
+
+ModelConfig load_config(const std::filesystem::path& dir_or_file) {
+  const auto file = std::filesystem::is_directory(dir_or_file) ? dir_or_file / "config.json" : dir_or_file;
+  const json j = read_json_file(file);
+  return parse_config(j, file.string());
+}
+
+}  // namespace mt::hf

@@ -1,0 +1,108 @@
+// config_to_json: the config.json transformers 4.46 loads for a ModelConfig.
+#include <cstdio>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "storage/hf/hf_config.hpp"
+
+namespace mt::hf {
+
+using nlohmann::json;
+
+namespace {
+
+// The shortest decimal that reads back as the same float (1e-6f is written 1e-06, not 9.99999997e-07).
+double short_decimal(float f) {
+  char buf[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
+}  // namespace
+
+const char* architecture_class(Arch a) {
+  switch (a) {
+    case Arch::llama: return "LlamaForCausalLM";
+    case Arch::qwen2: return "Qwen2ForCausalLM";
+    case Arch::qwen3: return "Qwen3ForCausalLM";
+    case Arch::mistral: return "MistralForCausalLM";
+    case Arch::gpt2: return "GPT2LMHeadModel";
+  }
+  return "?";
+}
+
+json config_to_json(const ModelConfig& c, const json* base) {
+  c.validate();
+  json j = (base && base->is_object()) ? *base : json::object();
+  j["architectures"] = json::array({architecture_class(c.arch)});
+  j["model_type"] = arch_name(c.arch);
+  j["vocab_size"] = c.vocab_size;
+  j["initializer_range"] = short_decimal(c.initializer_range);
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
+  if (c.is_gpt2()) {
+    j["n_embd"] = c.hidden_size;
+    j["n_layer"] = c.num_hidden_layers;
+    j["n_head"] = c.num_attention_heads;
+    j["n_inner"] = c.intermediate_size;
+    j["n_positions"] = c.max_position_embeddings;
+    j["layer_norm_epsilon"] = short_decimal(c.norm_eps);
+    j["activation_function"] = "gelu_new";
+    j["scale_attn_weights"] = true;
+    j["scale_attn_by_inverse_layer_idx"] = false;
+    return j;
+  }
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  if (c.arch == Arch::qwen2) {
+    if (c.head_dim * c.num_attention_heads != c.hidden_size)
+      throw HfError("qwen2 export: transformers' Qwen2 requires head_dim == hidden_size / num_attention_heads");
+    j.erase("head_dim");
+  } else {
+    j["head_dim"] = c.head_dim;
+  }
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rope_theta"] = short_decimal(c.rope_theta);
+  j["rms_norm_eps"] = short_decimal(c.norm_eps);
+  j["hidden_act"] = "silu";
+  if (c.rope_scaling.factor != 0.0f) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", short_decimal(c.rope_scaling.factor)},
+                         {"low_freq_factor", short_decimal(c.rope_scaling.low_freq_factor)},
+                         {"high_freq_factor", short_decimal(c.rope_scaling.high_freq_factor)},
+                         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  switch (c.arch) {
+    case Arch::llama:
+      j["attention_bias"] = c.attention_bias;
+      j["mlp_bias"] = false;
+      break;
+    case Arch::qwen2:
+      if (!c.attention_bias) throw HfError("qwen2 export: Qwen2 always has q/k/v biases (attention_bias must be true)");
+      j["use_sliding_window"] = false;
+      break;
+    case Arch::qwen3:
+      if (!c.qk_norm) throw HfError("qwen3 export: Qwen3 always has q/k norms");
+      j["attention_bias"] = c.attention_bias;
+      j["use_sliding_window"] = false;
+      break;
+    case Arch::mistral:
+      j["sliding_window"] = nullptr;
+      break;
+    case Arch::gpt2: break;
+  }
+  if (c.arch != Arch::qwen3 && c.qk_norm) throw HfError(std::string(arch_name(c.arch)) + " export: qk_norm is only part of qwen3");
+  if (c.arch == Arch::mistral && c.attention_bias) throw HfError("mistral export: Mistral has no attention biases");
+  return j;
+}
+
+}  // namespace mt::hf

@@ -1,0 +1,38 @@
+// One aligned heap allocation, owned. Large buffers are aligned to 2 MiB and advised as huge-page
+// candidates (transparent huge pages: fewer TLB misses when streaming hundreds of MiB); small ones to
+// 64 bytes (a cache line, the alignment every tensor offset in a ParamLayout keeps).
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace mt {
+
+inline constexpr std::size_t kCacheLineBytes = 64;
+inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  // Throws std::runtime_error naming `what` and the size when the allocation fails.
+  AlignedBuffer(std::size_t bytes, const char* what, bool zero_fill);
+  ~AlignedBuffer();
+  AlignedBuffer(AlignedBuffer&& other) noexcept;
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+
+  std::byte* data() { return data_; }
+  const std::byte* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  std::size_t alignment() const { return alignment_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::size_t alignment_ = 0;
+};
+
+// "12.0 MiB" / "512 B": sizes in error messages and reports.
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace mt

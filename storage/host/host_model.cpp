@@ -1,0 +1,74 @@
+#include "storage/host/host_model.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace mt {
+
+namespace {
+
+std::size_t tile_allocation_bytes(std::size_t floats, const HostTileOptions& options) {
+  const std::size_t compute = floats * options.compute_bytes_per_param;
+  return kTileRegionCount * floats * sizeof(float) + (compute + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes;
+}
+
+}  // namespace
+
+std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& options) {
+  cfg.validate();
+  std::size_t total = 0;
+  for (std::int64_t s = 0; s < num_stages(cfg); ++s) total += tile_allocation_bytes(stage_layout(cfg, s).total_floats, options);
+  return total;
+}
+
+HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, HostPinningHook* pinning)
+    : cfg_(cfg), pinning_(pinning) {
+  cfg_.validate();
+  const auto stages = mt::num_stages(cfg_);
+  layouts_.reserve(static_cast<std::size_t>(stages));
+  tiles_.reserve(static_cast<std::size_t>(stages));
+  for (std::int64_t s = 0; s < stages; ++s) {
+    layouts_.push_back(stage_layout(cfg_, s));
+    tiles_.push_back(std::make_unique<HostTile>(s, layouts_.back().total_floats, options));
+    if (pinning_) pinning_->pin(tiles_.back()->data(), tiles_.back()->bytes());
+  }
+}
+
+HostModel::~HostModel() {
+  if (pinning_)
+    for (auto& t : tiles_) pinning_->unpin(t->data(), t->bytes());
+}
+
+HostTile& HostModel::tile(std::int64_t stage) {
+  if (stage < 0 || stage >= num_stages())
+    throw std::out_of_range("stage " + std::to_string(stage) + " out of range [0, " + std::to_string(num_stages()) + ")");
+  return *tiles_[static_cast<std::size_t>(stage)];
+}
+
+const HostTile& HostModel::tile(std::int64_t stage) const { return const_cast<HostModel*>(this)->tile(stage); }
+
+const ParamLayout& HostModel::layout(std::int64_t stage) const {
+  tile(stage);  // range check
+  return layouts_[static_cast<std::size_t>(stage)];
+}
+
+std::size_t HostModel::host_bytes() const {
+  std::size_t total = 0;
+  for (const auto& t : tiles_) total += t->bytes();
+  return total;
+}
+
+std::size_t HostModel::largest_stage_floats() const { return tiles_[static_cast<std::size_t>(largest_stage())]->floats(); }
+
+std::int64_t HostModel::largest_stage() const {
+  std::int64_t best = 0;
+  for (std::int64_t s = 1; s < num_stages(); ++s)
+    if (tiles_[static_cast<std::size_t>(s)]->floats() > tiles_[static_cast<std::size_t>(best)]->floats()) best = s;
+  return best;
+}
+
+void HostModel::abort_all_waits() {
+  for (auto& t : tiles_) t->abort_waits();
+}
+
+}  // namespace mt

@@ -1,0 +1,103 @@
+#include "storage/host/host_tile.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/param_layout.hpp"
+
+namespace mt {
+
+const char* tile_region_name(TileRegion r) {
+  switch (r) {
+    case TileRegion::params: return "params";
+    case TileRegion::grad: return "grad";
+    case TileRegion::adam_m: return "adam_m";
+    case TileRegion::adam_v: return "adam_v";
+  }
+  return "?";
+}
+
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+std::size_t tile_bytes(std::size_t floats, std::size_t compute_bytes) {
+  return kTileRegionCount * floats * sizeof(float) + round_up(compute_bytes, kCacheLineBytes);
+}
+
+}  // namespace
+
+HostTile::HostTile(std::int64_t stage, std::size_t floats_per_region, const HostTileOptions& options)
+    : stage_(stage), floats_(floats_per_region), compute_bytes_(floats_per_region * options.compute_bytes_per_param) {
+  if (floats_ % kAlignFloats != 0)
+    throw std::invalid_argument("HostTile: floats_per_region " + std::to_string(floats_) +
+                                " is not a multiple of " + std::to_string(kAlignFloats));
+  const std::string what = "host tile of stage " + std::to_string(stage);
+  buffer_ = AlignedBuffer(tile_bytes(floats_, compute_bytes_), what.c_str(), options.zero_fill);
+}
+
+float* HostTile::region(TileRegion r) {
+  return reinterpret_cast<float*>(buffer_.data()) + static_cast<std::size_t>(r) * floats_;
+}
+
+const float* HostTile::region(TileRegion r) const {
+  return reinterpret_cast<const float*>(buffer_.data()) + static_cast<std::size_t>(r) * floats_;
+}
+
+void* HostTile::compute_copy() {
+  return compute_bytes_ == 0 ? nullptr : buffer_.data() + kTileRegionCount * region_bytes();
+}
+
+const void* HostTile::stream_source() const {
+  return compute_bytes_ == 0 ? static_cast<const void*>(params()) : buffer_.data() + kTileRegionCount * region_bytes();
+}
+
+std::size_t HostTile::stream_bytes() const { return compute_bytes_ == 0 ? region_bytes() : compute_bytes_; }
+
+void HostTile::publish_version(std::uint64_t v) {
+  {
+    std::lock_guard<std::mutex> lock(version_mutex_);
+    const auto current = version_.load(std::memory_order_relaxed);
+    if (v < current)
+      throw std::logic_error("stage " + std::to_string(stage_) + ": version " + std::to_string(v) +
+                             " is older than the current " + std::to_string(current));
+    // Stored under the mutex so a waiter cannot check, miss the store and then sleep forever.
+    version_.store(v, std::memory_order_release);
+  }
+  version_changed_.notify_all();
+}
+
+std::uint64_t HostTile::bump_version() {
+  std::uint64_t next;
+  {
+    std::lock_guard<std::mutex> lock(version_mutex_);
+    next = version_.load(std::memory_order_relaxed) + 1;
+    version_.store(next, std::memory_order_release);
+  }
+  version_changed_.notify_all();
+  return next;
+}
+
+bool HostTile::wait_for_version(std::uint64_t v) const {
+  if (version() >= v) return true;  // fast path without the lock
+  std::unique_lock<std::mutex> lock(version_mutex_);
+  version_changed_.wait(lock, [&] { return aborted_ || version_.load(std::memory_order_acquire) >= v; });
+  return version_.load(std::memory_order_acquire) >= v && !aborted_;
+}
+
+bool HostTile::wait_for_version(std::uint64_t v, std::chrono::nanoseconds timeout) const {
+  if (version() >= v) return true;
+  std::unique_lock<std::mutex> lock(version_mutex_);
+  version_changed_.wait_for(lock, timeout, [&] { return aborted_ || version_.load(std::memory_order_acquire) >= v; });
+  return version_.load(std::memory_order_acquire) >= v && !aborted_;
+}
+
+void HostTile::abort_waits() {
+  {
+    std::lock_guard<std::mutex> lock(version_mutex_);
+    aborted_ = true;
+  }
+  version_changed_.notify_all();
+}
+
+}  // namespace mt

@@ -1,0 +1,167 @@
+// Shared helpers of the actor tests: tiny models, synthetic data, and the sequential reference
+// trainer run on the same batches. Includes no CAF (the engine's entry point does not).
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "actors/engine.hpp"
+#include "kernels/reference_trainer.hpp"
+
+namespace mt::actors::test {
+
+struct Tiny {
+  Arch arch = Arch::llama;
+  std::int64_t layers = 2;
+  std::int64_t hidden = 32;
+  std::int64_t heads = 4;
+  std::int64_t vocab = 64;
+  std::int64_t batch = 2;
+  std::int64_t seq = 8;
+  std::int64_t micro_batches = 1;
+  std::int64_t steps = 20;
+  std::int64_t weight_slots = 2;
+  double max_grad_norm = 1.0;
+  double weight_decay = 0.1;
+  std::string keep = "boundary";
+};
+
+inline TrainConfig tiny_config(const Tiny& t) {
+  TrainConfig c;
+  c.model.arch = arch_name(t.arch);
+  c.model.hidden_size = t.hidden;
+  c.model.layers = t.layers;
+  c.model.heads = t.heads;
+  c.model.kv_heads = t.arch == Arch::gpt2 ? 0 : t.heads / 2;
+  c.model.intermediate_size = 2 * t.hidden + 8;
+  c.model.vocab_size = t.vocab;
+  c.model.max_position_embeddings = 64;
+  c.model.tie_word_embeddings = t.arch == Arch::gpt2;
+  c.train.per_device_train_batch_size = t.batch;
+  c.train.gradient_accumulation_steps = t.micro_batches;
+  c.train.max_steps = t.steps;
+  c.train.learning_rate = 3e-3;
+  c.train.lr_scheduler_type = "cosine";
+  c.train.warmup_steps = 3;
+  c.train.weight_decay = t.weight_decay;
+  c.train.max_grad_norm = t.max_grad_norm;
+  c.train.seed = 1234;
+  c.data.seq_length = t.seq;
+  c.device.device_memory_mb = 64;
+  c.device.weight_slots = t.weight_slots;
+  c.device.grad_slots = 2;
+  c.device.keep_intermediates = t.keep;
+  c.threads.total = 2;
+  c.threads.blas = 1;
+  c.threads.optimizer = 1;
+  c.threads.copy = 1;
+  c.threads.scheduler = 1;
+  return c;
+}
+
+// Deterministic, learnable batches (the target is a fixed function of the input token, so the loss
+// falls); about one target in eleven is ignored (-100), so the counted-token normalisation is exercised.
+inline std::vector<data::Batch> tiny_batches(const Tiny& t, std::size_t count, std::uint64_t seed = 99) {
+  std::vector<data::Batch> out;
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    data::Batch b;
+    b.batch_size = static_cast<int>(t.batch);
+    b.seq_len = static_cast<int>(t.seq);
+    const std::size_t n = static_cast<std::size_t>(t.batch * t.seq);
+    for (std::size_t k = 0; k < n; ++k) b.inputs.push_back(static_cast<std::int32_t>(next() % static_cast<std::uint64_t>(t.vocab)));
+    for (std::size_t k = 0; k < n; ++k) {
+      const bool ignore = next() % 11 == 0;
+      b.targets.push_back(ignore ? -100 : static_cast<std::int32_t>((b.inputs[k] * 7 + 3) % t.vocab));
+    }
+    b.index = i;
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+struct RefRun {
+  std::unique_ptr<ReferenceTrainer> trainer;
+  std::vector<double> losses;
+};
+
+inline RefRun run_reference(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
+                            std::int64_t steps) {
+  ReferenceTrainerOptions o;
+  o.config = model;
+  o.micro_batch = cfg.train.per_device_train_batch_size;
+  o.seq = cfg.data.seq_length;
+  o.grad_accum = cfg.train.gradient_accumulation_steps;
+  o.hyper = cfg.adamw_at(0);
+  o.max_grad_norm = static_cast<float>(cfg.train.max_grad_norm);
+  o.seed = static_cast<std::uint64_t>(cfg.train.seed);
+  o.mode = cfg.device.keep_intermediates == "all" ? ActivationMode::keep : ActivationMode::recompute;
+  o.threads = 1;
+  RefRun r;
+  r.trainer = std::make_unique<ReferenceTrainer>(o);
+  const std::int64_t M = o.grad_accum;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    std::vector<token_t> tokens, targets;
+    for (std::int64_t mb = 0; mb < M; ++mb) {
+      const auto& b = batches[static_cast<std::size_t>(s * M + mb) % batches.size()];
+      tokens.insert(tokens.end(), b.inputs.begin(), b.inputs.end());
+      targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+    }
+    r.trainer->set_lr(cfg.adamw_at(s).lr);
+    r.losses.push_back(r.trainer->step(tokens.data(), targets.data()).loss);
+  }
+  return r;
+}
+
+struct EngineRun {
+  std::unique_ptr<HostModel> host;
+  EngineResult result;
+};
+
+inline EngineRun run_pipeline(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
+                              FaultPlan* fault = nullptr) {
+  EngineRun r;
+  r.host = std::make_unique<HostModel>(model);
+  init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
+  VectorBatchSource source(batches);
+  EngineJob job;
+  job.cfg = cfg;
+  job.model = model;
+  job.data = &source;
+  job.host = r.host.get();
+  job.fault = fault;
+  r.result = run_engine(std::move(job));
+  return r;
+}
+
+// Bytes of stage s's params / moments equal between the engine's tiles and the reference's.
+inline bool same_bits(const float* a, const float* b, std::size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+inline bool tiles_equal(HostModel& a, HostModel& b) {
+  for (std::int64_t s = 0; s < a.num_stages(); ++s) {
+    const std::size_t n = a.tile(s).floats();
+    if (!same_bits(a.tile(s).params(), b.tile(s).params(), n) || !same_bits(a.tile(s).adam_m(), b.tile(s).adam_m(), n) ||
+        !same_bits(a.tile(s).adam_v(), b.tile(s).adam_v(), n))
+      return false;
+  }
+  return true;
+}
+
+inline bool equals_reference(HostModel& host, ReferenceTrainer& ref) {
+  for (std::int64_t s = 0; s < host.num_stages(); ++s) {
+    const std::size_t n = static_cast<std::size_t>(ref.layout(s).total_floats);
+    if (!same_bits(host.tile(s).params(), ref.params(s), n) || !same_bits(host.tile(s).adam_m(), ref.adam_m(s), n) ||
+        !same_bits(host.tile(s).adam_v(), ref.adam_v(s), n))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace mt::actors::test

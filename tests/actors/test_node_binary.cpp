@@ -1,0 +1,183 @@
+// The node binary: `megatrain train` validates everything before starting (bad keys, values, files and
+// budgets are clear errors naming the key, exit code 1), trains with one progress line and one JSONL
+// line per step, and stops cleanly on SIGINT after the step in progress.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Outcome {
+  int code = -1;
+  std::string out;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Outcome run(const std::string& args) {
+  const fs::path log = fs::temp_directory_path() / ("mt_node_" + std::to_string(::getpid()) + ".log");
+  const std::string cmd = std::string(MEGATRAIN_BINARY) + " train " + args + " > " + log.string() + " 2>&1";
+  Outcome o;
+  const int rc = std::system(cmd.c_str());
+  o.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  o.out = slurp(log);
+  fs::remove(log);
+  return o;
+}
+
+// A small llm.c token shard (uint16 tokens) of a repeating pattern the model can learn.
+fs::path make_shard(const fs::path& dir, std::size_t tokens) {
+  fs::create_directories(dir);
+  const fs::path p = dir / "train_000000.bin";
+  std::vector<std::int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = static_cast<std::int32_t>(tokens);
+  std::vector<std::uint16_t> t(tokens);
+  for (std::size_t i = 0; i < tokens; ++i) t[i] = static_cast<std::uint16_t>((i * 7 + i / 13) % 61);
+  std::ofstream out(p, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
+  return p;
+}
+
+std::string tiny_args(const fs::path& dir, const fs::path& shard) {
+  return "--model.arch=llama --model.hidden_size=32 --model.layers=2 --model.heads=4 --model.kv_heads=2 "
+         "--model.intermediate_size=64 --model.vocab_size=64 --model.max_position_embeddings=64 "
+         "--data.seq_length=16 --data.train_files=" + shard.string() + " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 "
+         "--train.warmup_steps=0 --train.output_dir=" + (dir / "out").string() +
+         " --device.device_memory_mb=16 --threads.total=2";
+}
+
+}  // namespace
+
+TEST_CASE("megatrain train: bad input fails before training, naming the key", "[actors][node]") {
+  const fs::path dir = fs::temp_directory_path() / ("mt_node_bad_" + std::to_string(::getpid()));
+  const fs::path shard = make_shard(dir, 4096);
+  const std::string base = tiny_args(dir, shard);
+  SECTION("bad value") {
+    const Outcome o = run(base + " --train.learning_rate=-1");
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains("train.learning_rate"));
+    CHECK_THAT(o.out, !Catch::Contains("step "));
+  }
+  SECTION("unknown key on the command line") {
+    const Outcome o = run(base + " --train.learning_rat=0.1");
+    CHECK(o.code != 0);
+    CHECK_THAT(o.out, Catch::Contains("learning_rat"));
+  }
+  SECTION("unknown key in the INI file") {
+    const fs::path ini = dir / "bad.ini";
+    std::ofstream(ini) << "[train]\nmax_stepz = 3\n";
+    const Outcome o = run("--config-file=" + ini.string() + " " + base);
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains("max_stepz"));
+  }
+  SECTION("missing data file") {
+    const Outcome o = run(base + " --data.train_files=" + (dir / "nope*.bin").string());
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains("data.train_files"));
+  }
+  SECTION("device budget too small") {
+    const Outcome o = run(base + " --device.device_memory_mb=0 --device.max_vram_gb=0.00001");
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains("device.max_vram_gb"));
+    CHECK_THAT(o.out, !Catch::Contains("step "));
+  }
+  SECTION("token ids beyond the vocabulary") {
+    const Outcome o = run(base + " --model.vocab_size=32");
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, !Catch::Contains("step "));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("megatrain train: trains, prints progress and writes JSONL", "[actors][node]") {
+  const fs::path dir = fs::temp_directory_path() / ("mt_node_ok_" + std::to_string(::getpid()));
+  const fs::path shard = make_shard(dir, 8192);
+  const Outcome o = run(tiny_args(dir, shard) + " --train.max_steps=12 --train.learning_rate=0.01");
+  INFO(o.out);
+  REQUIRE(o.code == 0);
+  CHECK_THAT(o.out, Catch::Contains("step    12 | loss"));
+  CHECK_THAT(o.out, Catch::Contains("weights wait"));
+  std::ifstream jl(dir / "out" / "train.jsonl");
+  std::string line;
+  std::vector<nlohmann::json> rows;
+  while (std::getline(jl, line)) rows.push_back(nlohmann::json::parse(line));
+  REQUIRE(rows.size() == 12);
+  for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_s", "wait_weights_s", "compute_s",
+                        "offload_s", "optimizer_s"})
+    CHECK(rows.back().contains(k));
+  CHECK(rows.back()["loss"].get<double>() < rows.front()["loss"].get<double>());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("megatrain train: SIGINT stops cleanly after the step in progress", "[actors][node]") {
+  const fs::path dir = fs::temp_directory_path() / ("mt_node_sig_" + std::to_string(::getpid()));
+  const fs::path shard = make_shard(dir, 8192);
+  const fs::path log = dir / "node.log";
+  const std::string cmd = std::string("exec ") + MEGATRAIN_BINARY + " train " + tiny_args(dir, shard) +
+                          " --train.max_steps=1000000 > " + log.string() + " 2>&1";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const fs::path jsonl = dir / "out" / "train.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::size_t lines = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(jsonl);
+    std::string l;
+    lines = 0;
+    while (std::getline(in, l)) ++lines;
+    if (lines >= 3) break;
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) break;  // exited early: fails below
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (lines < 3) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    FAIL("no progress before the signal: " << slurp(log));
+  }
+  ::kill(pid, SIGINT);
+  int status = 0;
+  bool exited = false;
+  for (int i = 0; i < 1000 && !exited; ++i) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) exited = true;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  REQUIRE(exited);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  const std::string out = slurp(log);
+  INFO(out);
+  CHECK_THAT(out, Catch::Contains("stopped by signal"));
+  fs::remove_all(dir);
+}

@@ -1,0 +1,185 @@
+// The CAF binding of the node config: every key from an INI file and the command line, strictly.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <caf/settings.hpp>
+
+#include "config/node_config.hpp"
+#include "temp_dir.hpp"
+
+using namespace mt;
+
+namespace {
+
+const std::string kDemoIni = MEGATRAIN_SOURCE_DIR "/config/demo.ini";
+
+// Command-line arguments that point the data keys at files that exist.
+std::vector<std::string> with_data(const test::TempDir& dir, std::vector<std::string> args) {
+  dir.file("demo_train_000.bin", "x");
+  dir.file("demo_val_000.bin", "x");
+  dir.file("tokenizer.json", "{}");
+  args.push_back("--data.train_files=\"" + dir.path() + "/*train*.bin\"");
+  args.push_back("--data.validation_files=\"" + dir.path() + "/*val*.bin\"");
+  args.push_back("--data.tokenizer_file=\"" + dir.path() + "/tokenizer.json\"");
+  args.push_back("--train.output_dir=\"" + dir.path() + "/out\"");
+  return args;
+}
+
+NodeConfigLoad load_text(NodeConfig& cfg, const test::TempDir& dir, const std::string& ini, std::vector<std::string> args = {}) {
+  return cfg.load(with_data(dir, std::move(args)), ini);
+}
+
+}  // namespace
+
+TEST_CASE("the demo config loads, and the command line overrides it", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig cfg;
+  const auto r = cfg.load(with_data(dir, {"--config-file=" + kDemoIni, "--train.max_steps=70", "--device.device_memory_mb=32"}));
+  INFO(r.error);
+  REQUIRE(r.outcome == NodeConfigLoad::Outcome::run);
+  CHECK(r.exit_code() == 0);
+  CHECK(cfg.config_file == kDemoIni);
+  const TrainConfig& v = cfg.values;
+  CHECK(v.train.max_steps == 70);                 // command line
+  CHECK(v.device.device_memory_mb == 32);         // command line
+  CHECK(v.train.learning_rate == 1e-3);           // file
+  CHECK(v.train.warmup_steps == 30);              // file
+  CHECK(v.train.lr_scheduler_type == "cosine");   // file
+  CHECK(v.model.kv_heads == 2);
+  CHECK(v.data.seq_length == 128);
+  CHECK(v.threads.total == 2);
+  CHECK(v.train.output_dir == dir.path() + "/out");
+  CHECK(caf::get_or(cfg.content, "scheduler.max-threads", caf::config_value::integer{0}) == 1);
+}
+
+TEST_CASE("every key is registered under its section", "[node_config]") {
+  NodeConfig cfg;
+  const auto keys = cfg.registered_keys();
+  for (const char* k : {"train.output_dir", "train.per_device_train_batch_size", "train.gradient_accumulation_steps",
+                        "train.learning_rate", "train.weight_decay", "train.warmup_steps", "train.max_steps",
+                        "train.max_grad_norm", "train.seed", "train.offload_dir", "train.optimizer_compression",
+                        "train.lr_scheduler_type", "train.adam_beta1", "train.adam_beta2", "train.adam_epsilon",
+                        "device.max_vram_gb", "device.device_memory_mb", "device.weight_slots", "device.keep_intermediates",
+                        "device.copy_bandwidth_gbps", "threads.total", "threads.blas", "threads.optimizer", "threads.copy",
+                        "threads.scheduler", "data.train_files", "data.seq_length", "model.config_file", "model.arch",
+                        "model.hidden_size", "model.layers", "model.heads", "model.kv_heads", "model.intermediate_size",
+                        "model.vocab_size", "model.max_position_embeddings", "model.rope_theta", "model.tie_word_embeddings",
+                        "log.train_jsonl", "log.events_jsonl"}) {
+    INFO(k);
+    CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
+  }
+  CHECK(keys.size() == 19 + 15 + 4 + 8 + 5 + 3);
+}
+
+TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig cfg;
+  const auto r = load_text(cfg, dir, "[train]\nlearning_rat = 1e-3\n");
+  CHECK(r.outcome == NodeConfigLoad::Outcome::exit_failure);
+  CHECK(r.exit_code() == 1);
+  CHECK_THAT(r.error, Catch::Contains("unknown key 'train.learning_rat'") && Catch::Contains("did you mean 'train.learning_rate'"));
+}
+
+TEST_CASE("an unknown INI section is an error", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig cfg;
+  CHECK_THAT(load_text(cfg, dir, "[trian]\nmax_steps = 3\n").error,
+             Catch::Contains("unknown key 'trian.max_steps'") && Catch::Contains("did you mean 'train.max_steps'"));
+  NodeConfig cfg2;
+  CHECK_THAT(load_text(cfg2, dir, "max_steps = 3\n").error, Catch::Contains("unknown key 'max_steps'"));
+  NodeConfig cfg3;
+  CHECK_THAT(load_text(cfg3, dir, "[train.sub]\nx = 3\n").error, Catch::Contains("unknown section '[train.sub]'"));
+}
+
+TEST_CASE("a value of the wrong type in an INI file is an error naming the key", "[node_config]") {
+  test::TempDir dir;
+  struct Case {
+    const char* ini;
+    const char* key;
+  };
+  for (const Case& c : {Case{"[train]\nmax_steps = \"ten\"\n", "train.max_steps"}, Case{"[train]\nmax_steps = 1.5\n", "train.max_steps"},
+                        Case{"[model]\ntie_word_embeddings = 1\n", "model.tie_word_embeddings"},
+                        Case{"[train]\nlearning_rate = \"fast\"\n", "train.learning_rate"},
+                        Case{"[train]\noutput_dir = 5\n", "train.output_dir"}}) {
+    NodeConfig cfg;
+    const auto r = load_text(cfg, dir, c.ini);
+    INFO(c.ini);
+    CHECK(r.outcome == NodeConfigLoad::Outcome::exit_failure);
+    CHECK_THAT(r.error, Catch::Contains(std::string(c.key) + " = ") && Catch::Contains("is not a valid"));
+  }
+}
+
+TEST_CASE("an integer is accepted where a real is declared", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig cfg;
+  const auto r = load_text(cfg, dir, "[train]\nlearning_rate = 1\nmax_grad_norm = 0\n");
+  INFO(r.error);
+  CHECK(r.outcome == NodeConfigLoad::Outcome::run);
+  CHECK(cfg.values.train.learning_rate == 1.0);
+  CHECK(cfg.values.train.max_grad_norm == 0.0);
+}
+
+TEST_CASE("unknown options and bad values on the command line are errors", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig a;
+  CHECK_THAT(load_text(a, dir, "", {"--train.bogus=1"}).error, Catch::Contains("unknown option") && Catch::Contains("--train.bogus=1"));
+  NodeConfig b;
+  const auto r = load_text(b, dir, "", {"--train.max_steps=abc"});
+  CHECK(r.outcome == NodeConfigLoad::Outcome::exit_failure);
+  CHECK_THAT(r.error, Catch::Contains("--train.max_steps=abc"));
+  NodeConfig c;
+  CHECK_THAT(load_text(c, dir, "", {"stray"}).error, Catch::Contains("unexpected argument 'stray'"));
+}
+
+TEST_CASE("values out of range fail validation before anything starts", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig cfg;
+  const auto r = load_text(cfg, dir, "[device]\nweight_slots = 1\n");
+  CHECK(r.outcome == NodeConfigLoad::Outcome::exit_failure);
+  CHECK_THAT(r.error, Catch::Contains("device.weight_slots: must be >= 2, got 1"));
+  NodeConfig missing;
+  CHECK_THAT(missing.load({"--config-file=" + kDemoIni}).error, Catch::Contains("data.train_files: no file matches"));
+}
+
+TEST_CASE("a missing or malformed config file is an error naming it", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig a;
+  const auto r = a.load({"--config-file=/nonexistent/x.ini"});
+  CHECK(r.exit_code() == 1);
+  CHECK_THAT(r.error, Catch::Contains("cannot read '/nonexistent/x.ini'"));
+  NodeConfig b;
+  const std::string bad = dir.file("bad.ini", "[train]\nmax_steps = = 3\n");
+  CHECK_THAT(b.load({"--config-file=" + bad}).error, Catch::Contains(bad) && Catch::Contains("not a valid INI file"));
+}
+
+TEST_CASE("help and dump-config exit successfully without validating", "[node_config]") {
+  NodeConfig a;
+  CHECK(a.load({"--help"}).outcome == NodeConfigLoad::Outcome::exit_success);
+  CHECK_THAT(a.help_text("node"), Catch::Contains("--train.learning_rate=<") && Catch::Contains("peak learning rate (now 0.0003)"));
+  NodeConfig b;
+  const auto r = b.load({"--config-file=" + kDemoIni, "--dump-config"});
+  INFO(r.error);
+  CHECK(r.outcome == NodeConfigLoad::Outcome::exit_success);
+  CHECK(r.exit_code() == 0);
+}
+
+TEST_CASE("dump-config prints every key at full precision, and reads back to the same values", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig first;
+  REQUIRE(first.load(with_data(dir, {"--config-file=" + kDemoIni, "--train.adam_epsilon=1e-12", "--train.offload_dir=\"a \\\"q\\\" b\""}))
+              .outcome == NodeConfigLoad::Outcome::run);
+  const std::string dumped = first.dump_ini();
+  CHECK_THAT(dumped, Catch::Contains("[train]") && Catch::Contains("adam_epsilon = 1e-12") &&
+                         Catch::Contains("[log]") && Catch::Contains("rope_theta = 10000.0"));
+  NodeConfig second;
+  const auto r = second.load({}, dumped);
+  INFO(r.error << "\n" << dumped);
+  REQUIRE(r.outcome == NodeConfigLoad::Outcome::run);
+  CHECK(second.values.train.adam_epsilon == 1e-12);
+  CHECK(second.values.train.offload_dir == "a \"q\" b");
+  CHECK(second.values.model.kv_heads == 2);
+  CHECK(second.dump_ini() == dumped);
+}

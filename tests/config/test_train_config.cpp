@@ -1,0 +1,213 @@
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <string>
+
+#include "config/train_config.hpp"
+#include "kernels/param_layout.hpp"
+#include "temp_dir.hpp"
+
+using namespace mt;
+
+namespace {
+
+// A config whose keys are all valid and whose files exist (in `dir`).
+TrainConfig valid_config(const test::TempDir& dir) {
+  TrainConfig c;
+  dir.file("demo_train_000.bin", "x");
+  c.data.train_files = dir.path() + "/*train*.bin";
+  c.train.output_dir = dir.path() + "/out";
+  c.threads.total = 2;
+  return c;
+}
+
+std::string error_of(const TrainConfig& c) {
+  try {
+    c.validate();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("the defaults with existing data files validate", "[config]") {
+  test::TempDir dir;
+  CHECK(error_of(valid_config(dir)).empty());
+}
+
+TEST_CASE("each bad value is reported with its key", "[config]") {
+  test::TempDir dir;
+  struct Case {
+    const char* expected;  // the message starts with the key, then says what is wrong
+    std::function<void(TrainConfig&)> spoil;
+  };
+  const Case cases[] = {
+      {"train.output_dir: must not be empty", [](TrainConfig& c) { c.train.output_dir = ""; }},
+      {"train.per_device_train_batch_size: must be >= 1, got 0", [](TrainConfig& c) { c.train.per_device_train_batch_size = 0; }},
+      {"train.gradient_accumulation_steps: must be >= 1, got -2", [](TrainConfig& c) { c.train.gradient_accumulation_steps = -2; }},
+      {"train.max_steps: must be >= 1", [](TrainConfig& c) { c.train.max_steps = 0; }},
+      {"train.learning_rate: must be a finite number > 0, got -0.1", [](TrainConfig& c) { c.train.learning_rate = -0.1; }},
+      {"train.learning_rate: must be a finite number > 0, got nan", [](TrainConfig& c) { c.train.learning_rate = std::nan(""); }},
+      {"train.lr_scheduler_type: 'cosine_with_restarts' is not one of: constant, linear, cosine",
+       [](TrainConfig& c) { c.train.lr_scheduler_type = "cosine_with_restarts"; }},
+      {"train.warmup_steps: must be <= 100, got 101", [](TrainConfig& c) { c.train.warmup_steps = 101; }},
+      {"train.warmup_steps: must be >= 0", [](TrainConfig& c) { c.train.warmup_steps = -1; }},
+      {"train.min_lr_ratio: must be in [0, 1]", [](TrainConfig& c) { c.train.min_lr_ratio = 1.5; }},
+      {"train.weight_decay: must be a finite number >= 0", [](TrainConfig& c) { c.train.weight_decay = -1; }},
+      {"train.adam_beta1: must be in [0, 1), got 1", [](TrainConfig& c) { c.train.adam_beta1 = 1.0; }},
+      {"train.adam_beta2: must be in [0, 1)", [](TrainConfig& c) { c.train.adam_beta2 = -0.5; }},
+      {"train.adam_epsilon: must be a finite number > 0", [](TrainConfig& c) { c.train.adam_epsilon = 0; }},
+      {"train.max_grad_norm: must be a finite number >= 0", [](TrainConfig& c) { c.train.max_grad_norm = -1; }},
+      {"train.seed: must be >= 0", [](TrainConfig& c) { c.train.seed = -5; }},
+      {"train.optimizer_compression: 'zstd' is not one of: none, lossless, int8",
+       [](TrainConfig& c) { c.train.optimizer_compression = "zstd"; }},
+      {"train.save_steps: must be >= 0", [](TrainConfig& c) { c.train.save_steps = -1; }},
+      {"model.config_file: set either", [](TrainConfig& c) { c.model.config_file = "a", c.model.model_name_or_path = "b"; }},
+      {"model.hidden_size: must be >= 1, got 0", [](TrainConfig& c) { c.model.hidden_size = 0; }},
+      {"model.layers: must be >= 1", [](TrainConfig& c) { c.model.layers = 0; }},
+      {"model.vocab_size: must be >= 1", [](TrainConfig& c) { c.model.vocab_size = -1; }},
+      {"model.arch: unsupported model_type 'bert'", [](TrainConfig& c) { c.model.arch = "bert"; }},
+      {"model.heads: 7 does not divide model.hidden_size=384", [](TrainConfig& c) { c.model.heads = 7; }},
+      {"model: model config: num_attention_heads (6) is not a multiple of num_key_value_heads (4)",
+       [](TrainConfig& c) { c.model.kv_heads = 4; }},
+      {"model.rope_theta: must be a finite number > 0", [](TrainConfig& c) { c.model.rope_theta = 0; }},
+      {"data.seq_length: 2048 exceeds model.max_position_embeddings=1024", [](TrainConfig& c) { c.data.seq_length = 2048; }},
+      {"data.seq_length: must be >= 1", [](TrainConfig& c) { c.data.seq_length = 0; }},
+      {"device.backend: 'tpu' is not one of: cpu, cuda", [](TrainConfig& c) { c.device.backend = "tpu"; }},
+      {"device.max_vram_gb: set either", [](TrainConfig& c) { c.device.max_vram_gb = 8; }},
+      {"device.device_memory_mb: no device budget", [](TrainConfig& c) { c.device.device_memory_mb = 0; }},
+      {"device.device_memory_mb: must be >= 0", [](TrainConfig& c) { c.device.device_memory_mb = -64; }},
+      {"device.weight_slots: must be >= 2, got 1", [](TrainConfig& c) { c.device.weight_slots = 1; }},
+      {"device.grad_slots: must be >= 1", [](TrainConfig& c) { c.device.grad_slots = 0; }},
+      {"device.keep_intermediates: 'some' is not one of: boundary, boundary_host, all",
+       [](TrainConfig& c) { c.device.keep_intermediates = "some"; }},
+      {"device.copy_bandwidth_gbps: must be a finite number >= 0", [](TrainConfig& c) { c.device.copy_bandwidth_gbps = -1; }},
+      {"device.prefetch_depth: must be <= 1, got 2", [](TrainConfig& c) { c.device.prefetch_depth = 2; }},
+      {"threads.total: must be >= 0", [](TrainConfig& c) { c.threads.total = -1; }},
+      {"threads.copy: must be <= 2", [](TrainConfig& c) { c.threads.copy = 3; }},
+      {"threads.blas: threads.blas=2 + threads.optimizer=1 exceeds threads.total=2",
+       [](TrainConfig& c) { c.threads.blas = 2; }},
+      {"log.logging_steps: must be >= 1", [](TrainConfig& c) { c.log.logging_steps = 0; }},
+  };
+  for (const auto& k : cases) {
+    TrainConfig c = valid_config(dir);
+    k.spoil(c);
+    INFO("expected: " << k.expected);
+    CHECK_THAT(error_of(c), Catch::StartsWith(k.expected));
+  }
+}
+
+TEST_CASE("missing files are reported with the key and the path", "[config]") {
+  test::TempDir dir;
+  struct Case {
+    const char* expected;
+    std::function<void(TrainConfig&)> spoil;
+  };
+  const Case cases[] = {
+      {"data.train_files: no file matches '/nonexistent/*.bin'", [](TrainConfig& c) { c.data.train_files = "/nonexistent/*.bin"; }},
+      {"data.validation_files: no file matches", [](TrainConfig& c) { c.data.validation_files = "/nonexistent/val*.bin"; }},
+      {"data.tokenizer_file: file '/nonexistent/tokenizer.json' does not exist",
+       [](TrainConfig& c) { c.data.tokenizer_file = "/nonexistent/tokenizer.json"; }},
+      {"model.config_file: '/nonexistent' is neither", [](TrainConfig& c) { c.model.config_file = "/nonexistent"; }},
+      {"model.model_name_or_path: '/nonexistent' is not a model directory",
+       [](TrainConfig& c) { c.model.model_name_or_path = "/nonexistent"; }},
+      {"train.resume_from_checkpoint: checkpoint directory '/nonexistent/ckpt' does not exist",
+       [](TrainConfig& c) { c.train.resume_from_checkpoint = "/nonexistent/ckpt"; }},
+  };
+  for (const auto& k : cases) {
+    TrainConfig c = valid_config(dir);
+    k.spoil(c);
+    INFO("expected: " << k.expected);
+    CHECK_THAT(error_of(c), Catch::StartsWith(k.expected));
+  }
+  TrainConfig c = valid_config(dir);
+  c.train.output_dir = dir.file("a_file");
+  CHECK_THAT(error_of(c), Catch::Contains("train.output_dir") && Catch::Contains("is not a directory"));
+  c = valid_config(dir);
+  c.model.config_file = dir.file("config.json", "{}");
+  CHECK(error_of(c).empty());  // reading it is storage/hf's job
+  c.model.config_file = dir.path();  // a directory holding config.json
+  CHECK(error_of(c).empty());
+  c.train.resume_from_checkpoint = "latest";
+  CHECK(error_of(c).empty());
+}
+
+TEST_CASE("the model keys make the ModelConfig; the demo model has ~15.7M parameters", "[config]") {
+  TrainConfig c;
+  const ModelConfig m = c.model_config_from_keys();
+  CHECK(m.arch == Arch::llama);
+  CHECK(m.num_hidden_layers == 8);
+  CHECK(m.num_key_value_heads == 6);  // kv_heads 0 = heads
+  CHECK(m.head_dim == 64);
+  c.model.kv_heads = 2;
+  CHECK(total_param_count(c.model_config_from_keys()) == 15735168);
+  c.model.arch = "qwen2";
+  CHECK(c.model_config_from_keys().attention_bias);
+}
+
+TEST_CASE("the vocabulary check names the key and both sizes", "[config]") {
+  TrainConfig c;
+  const ModelConfig m = c.model_config_from_keys();
+  CHECK_NOTHROW(TrainConfig::check_vocab(m, 4096, 4095));
+  CHECK_NOTHROW(TrainConfig::check_vocab(m, 0, -1));
+  CHECK_THROWS_WITH(TrainConfig::check_vocab(m, 50257, -1),
+                    Catch::StartsWith("model.vocab_size") && Catch::Contains("4096") && Catch::Contains("50257"));
+  CHECK_THROWS_WITH(TrainConfig::check_vocab(m, 0, 4096), Catch::Contains("token id 4096"));
+}
+
+TEST_CASE("the device budget comes from exactly one key and names it", "[config]") {
+  TrainConfig c;
+  c.device.device_memory_mb = 64;
+  CHECK(c.device_budget_bytes() == 64u << 20);
+  CHECK(c.device_budget_name() == "device.device_memory_mb=64");
+  c.device.device_memory_mb = 0;
+  c.device.max_vram_gb = 1.5;
+  CHECK(c.device_budget_bytes() == 3u << 29);
+  CHECK(c.device_budget_name() == "device.max_vram_gb=1.5");
+  CHECK(c.copy_bandwidth_bytes_per_s() == 0.0);
+  c.device.copy_bandwidth_gbps = 2.5;
+  CHECK(c.copy_bandwidth_bytes_per_s() == 2.5e9);
+  CHECK(c.prefetch_depth() == 1);
+}
+
+TEST_CASE("the thread budget is split explicitly", "[config][threads]") {
+  TrainConfig c;
+  auto b = c.thread_budget(2);  // the development machine
+  CHECK(b.total == 2);
+  CHECK(b.blas == 1);
+  CHECK(b.optimizer == 1);
+  CHECK(b.copy == 1);
+  CHECK(b.scheduler == 1);
+  b = c.thread_budget(16);
+  CHECK(b.blas + b.optimizer == 16);
+  CHECK(b.optimizer == 4);
+  CHECK(b.copy == 2);
+  CHECK(b.scheduler == 2);
+  c.threads.total = 8;
+  c.threads.blas = 6;
+  b = c.thread_budget(64);  // total overrides the hardware
+  CHECK(b.total == 8);
+  CHECK(b.blas == 6);
+  CHECK(b.optimizer == 2);
+  c.threads = ThreadsSection{4, 1, 3, 2, 1};
+  b = c.thread_budget(2);
+  CHECK((b.total == 4 && b.blas == 1 && b.optimizer == 3 && b.copy == 2 && b.scheduler == 1));
+  CHECK(c.thread_budget(1).total == 4);
+  c.threads = ThreadsSection{1, 0, 0, 0, 0};
+  b = c.thread_budget(8);  // one thread: each pool gets one and they share it
+  CHECK((b.blas == 1 && b.optimizer == 1 && b.copy == 1 && b.scheduler == 1));
+}
+
+TEST_CASE("enum keys parse to their values", "[config]") {
+  TrainConfig c;
+  CHECK(c.lr_schedule() == LrSchedule::cosine);
+  CHECK(c.keep_intermediates() == KeepIntermediates::boundary);
+  CHECK(c.optimizer_compression() == OptimizerCompression::none);
+  c.device.keep_intermediates = "boundary_host";
+  CHECK(c.keep_intermediates() == KeepIntermediates::boundary_host);
+  CHECK(c.train_jsonl_path() == "run/out/train.jsonl");
+  c.log.train_jsonl = "x.jsonl";
+  CHECK(c.train_jsonl_path() == "x.jsonl");
+}

@@ -1,0 +1,73 @@
+// Tiny model shapes used across the kernel tests: one per supported family and feature.
+#pragma once
+#include "kernels/model_config.hpp"
+
+namespace mt::test {
+
+inline ModelConfig tiny_llama() {  // grouped-query attention, untied head
+  ModelConfig c;
+  c.arch = Arch::llama;
+  c.vocab_size = 37;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 4;
+  c.intermediate_size = 24;
+  c.max_position_embeddings = 64;
+  c.rope_theta = 10000.0f;
+  c.norm_eps = 1e-5f;
+  return c;
+}
+
+inline ModelConfig tiny_qwen2() {  // q/k/v bias, tied head
+  ModelConfig c = tiny_llama();
+  c.arch = Arch::qwen2;
+  c.attention_bias = true;
+  c.num_key_value_heads = 1;
+  c.rope_theta = 1000000.0f;
+  c.norm_eps = 1e-6f;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+inline ModelConfig tiny_qwen3() {  // q/k RMSNorm, head_dim * heads != hidden
+  ModelConfig c = tiny_llama();
+  c.arch = Arch::qwen3;
+  c.qk_norm = true;
+  c.head_dim = 8;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  return c;
+}
+
+inline ModelConfig tiny_llama3_scaled() {  // Llama-3 rope_scaling, all three frequency regimes
+  ModelConfig c = tiny_llama();
+  c.head_dim = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.rope_theta = 500000.0f;
+  c.rope_scaling.factor = 8.0f;
+  c.rope_scaling.low_freq_factor = 1.0f;
+  c.rope_scaling.high_freq_factor = 4.0f;
+  c.rope_scaling.original_max_position_embeddings = 16;
+  return c;
+}
+
+inline ModelConfig tiny_gpt2() {
+  ModelConfig c;
+  c.arch = Arch::gpt2;
+  c.vocab_size = 41;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.head_dim = 4;
+  c.intermediate_size = 64;
+  c.max_position_embeddings = 32;
+  c.norm_eps = 1e-5f;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+}  // namespace mt::test

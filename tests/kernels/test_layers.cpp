@@ -1,0 +1,256 @@
+// The layer templates and the head: the fp64 references against central differences, the fast fp32
+// stages against the references, keep mode against recompute mode, and bad input.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <string>
+
+#include "kernels/reference_layers.hpp"
+#include "kernels/stage_api.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+#include "tests/kernels/model_configs.hpp"
+
+using namespace mt;
+using mt::test::rel_err;
+using std::vector;
+
+namespace {
+
+vector<double> random_params(const ParamLayout& l, unsigned seed) {
+  vector<double> p(l.total_floats, 0.0);
+  auto r = mt::test::randn<double>(l.total_floats, seed, 0.3);
+  for (const auto& t : l.tensors) {
+    const bool norm = t.name.find("norm") != std::string::npos || t.name.find("ln_") != std::string::npos;
+    for (std::size_t i = 0; i < t.numel; ++i)
+      p[t.offset + i] = (norm && t.name.find(".weight") != std::string::npos) ? 1.0 + r[t.offset + i] : r[t.offset + i];
+  }
+  return p;
+}
+
+template <class T>
+vector<T> ref_layer_forward(const ModelConfig& c, const vector<T>& p, const vector<T>& x, std::int64_t B,
+                            std::int64_t S) {
+  return c.is_gpt2() ? ref::gpt2_forward(c, p.data(), x.data(), B, S).y
+                     : ref::llama_forward(c, p.data(), x.data(), B, S).y;
+}
+template <class T>
+void ref_layer_backward(const ModelConfig& c, const vector<T>& p, const vector<T>& x, const vector<T>& dy,
+                        vector<T>& dx, vector<T>& g, std::int64_t B, std::int64_t S) {
+  if (c.is_gpt2())
+    ref::gpt2_backward(c, p.data(), x.data(), dy.data(), dx.data(), g.data(), B, S);
+  else
+    ref::llama_backward(c, p.data(), x.data(), dy.data(), dx.data(), g.data(), B, S);
+}
+
+struct Named {
+  const char* name;
+  ModelConfig cfg;
+};
+
+vector<Named> all_configs() {
+  return {{"llama-gqa", mt::test::tiny_llama()},
+          {"qwen2-bias", mt::test::tiny_qwen2()},
+          {"qwen3-qknorm", mt::test::tiny_qwen3()},
+          {"llama3-rope-scaling", mt::test::tiny_llama3_scaled()},
+          {"gpt2", mt::test::tiny_gpt2()}};
+}
+
+}  // namespace
+
+TEST_CASE("reference layers match finite differences in fp64", "[layers][fd]") {
+  for (const auto& [name, c] : all_configs()) {
+    INFO(name);
+    const std::int64_t B = 2, S = 3, N = B * S, d = c.hidden_size;
+    const ParamLayout l = layer_layout(c, 0);
+    auto p = random_params(l, 1);
+    auto x = mt::test::randn<double>(N * d, 2);
+    const auto R = mt::test::randn<double>(N * d, 3);
+    auto loss = [&] { return mt::test::dot(ref_layer_forward(c, p, x, B, S), R); };
+    vector<double> dx(N * d, 0.0), g(l.total_floats, 0.0);
+    ref_layer_backward(c, p, x, R, dx, g, B, S);
+    CHECK(rel_err(dx, mt::test::numeric_grad(x, loss)) < 1e-6);
+    const auto num = mt::test::numeric_grad(p, loss);
+    for (const auto& t : l.tensors) {
+      INFO(t.name);
+      CHECK(rel_err(g.data() + t.offset, num.data() + t.offset, t.numel) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("fast layers match the fp64 reference in both activation modes", "[layers][fast]") {
+  for (const auto& [name, c] : all_configs()) {
+    INFO(name);
+    const std::int64_t B = 2, S = 7, N = B * S, d = c.hidden_size;  // odd sequence length
+    const ParamLayout l = layer_layout(c, 0);
+    const auto pd = random_params(l, 4);
+    const auto xd = mt::test::randn<double>(N * d, 5), dyd = mt::test::randn<double>(N * d, 6);
+    vector<double> dxr(N * d, 0.0), gr(l.total_floats, 0.0);
+    const auto yr = ref_layer_forward(c, pd, xd, B, S);
+    ref_layer_backward(c, pd, xd, dyd, dxr, gr, B, S);
+
+    const vector<float> p(pd.begin(), pd.end()), x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end());
+    const ComputeCtx ctx{2};
+    vector<float> y_keep(N * d), dx_keep(N * d), g_keep(l.total_floats, 0.0f);
+    vector<float> saved(layer_saved_floats(c, B, S));
+    vector<float> ws_keep(layer_workspace_floats(c, B, S, ActivationMode::keep));
+    layer_forward(c, p.data(), x.data(), y_keep.data(), B, S, saved.data(), ws_keep.data(), ctx);
+    layer_backward(c, p.data(), nullptr, saved.data(), dy.data(), dx_keep.data(), g_keep.data(), B, S, ws_keep.data(),
+                   ctx);
+    CHECK(rel_err(y_keep, yr) < 1e-5);
+    CHECK(rel_err(dx_keep, dxr) < 1e-5);
+    for (const auto& t : l.tensors) {
+      INFO(t.name);
+      CHECK(rel_err(g_keep.data() + t.offset, gr.data() + t.offset, t.numel) < 1e-5);
+    }
+    // Recompute mode: the same bits (the backward reruns the very same forward code).
+    vector<float> y_re(N * d), dx_re(N * d), g_re(l.total_floats, 0.0f);
+    vector<float> ws_re(layer_workspace_floats(c, B, S, ActivationMode::recompute));
+    layer_forward(c, p.data(), x.data(), y_re.data(), B, S, nullptr, ws_re.data(), ctx);
+    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), dx_re.data(), g_re.data(), B, S, ws_re.data(), ctx);
+    CHECK(std::memcmp(y_re.data(), y_keep.data(), y_re.size() * 4) == 0);
+    CHECK(std::memcmp(dx_re.data(), dx_keep.data(), dx_re.size() * 4) == 0);
+    CHECK(std::memcmp(g_re.data(), g_keep.data(), g_re.size() * 4) == 0);
+    // Gradients add into the caller's buffer: a second backward doubles them.
+    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), dx_re.data(), g_re.data(), B, S, ws_re.data(), ctx);
+    vector<float> twice(g_keep.size());
+    for (std::size_t i = 0; i < g_keep.size(); ++i) twice[i] = 2.0f * g_keep[i];
+    CHECK(rel_err(g_re, twice) < 1e-6);
+  }
+}
+
+TEST_CASE("head: chunked fused loss and gradients match the fp64 reference", "[layers][head]") {
+  for (const auto& [name, c0] : all_configs()) {
+    for (bool tied : {false, true}) {
+      ModelConfig c = c0;
+      if (!c.is_gpt2()) c.tie_word_embeddings = tied;
+      INFO(name << (c.tie_word_embeddings ? " tied" : " untied"));
+      const std::int64_t B = 3, S = 5, N = B * S, d = c.hidden_size, V = c.vocab_size;
+      const ParamLayout hl = head_layout(c), el = embedding_layout(c);
+      const auto hp = random_params(hl, 7), ep = random_params(el, 8), xd = mt::test::randn<double>(N * d, 9);
+      vector<std::int32_t> targets(N);
+      for (std::int64_t i = 0; i < N; ++i)
+        targets[i] = (i % 4 == 1) ? kIgnoreIndex : static_cast<std::int32_t>((i * 7) % V);
+      const bool is_tied = c.is_gpt2() || c.tie_word_embeddings;
+      const std::size_t W_off = is_tied ? el.tensors[0].offset : hl.at("lm_head.weight").offset;
+      const double* Wd = (is_tied ? ep.data() : hp.data()) + W_off;
+      vector<double> dxr(N * d, 0.0), dhr(hl.total_floats, 0.0), dWr(V * d, 0.0);
+      const double lr =
+          ref::head_loss(c, hp.data(), Wd, xd.data(), targets.data(), N, dxr.data(), dhr.data(), dWr.data());
+
+      // fp64 finite differences of the reference loss w.r.t. the input, once per family
+      if (!tied) {
+        auto xm = xd;
+        auto loss = [&] {
+          return ref::head_loss(c, hp.data(), Wd, xm.data(), targets.data(), N, static_cast<double*>(nullptr),
+                                static_cast<double*>(nullptr), static_cast<double*>(nullptr));
+        };
+        CHECK(rel_err(dxr, mt::test::numeric_grad(xm, loss)) < 1e-6);
+      }
+
+      const vector<float> h(hp.begin(), hp.end()), e(ep.begin(), ep.end()), x(xd.begin(), xd.end());
+      vector<float> dx(N * d), dh(hl.total_floats, 0.0f), de(el.total_floats, 0.0f);
+      ComputeCtx ctx{2};
+      ctx.head_chunk = 4;  // 15 tokens: chunks of 4, 4, 4, 3
+      vector<float> ws(head_workspace_floats(c, B, S, ctx.head_chunk));
+      const LossSum ls = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, dx.data(),
+                                               dh.data(), de.data(), ws.data(), ctx);
+      CHECK(ls.counted == N - 4);
+      CHECK(std::abs(ls.loss_sum - lr) / lr < 1e-6);
+      CHECK(rel_err(dx, dxr) < 1e-5);
+      const float* dW = (is_tied ? de.data() : dh.data()) + W_off;
+      CHECK(rel_err(dW, dWr.data(), static_cast<std::size_t>(V * d)) < 1e-5);
+      for (const auto& t : hl.tensors) {
+        if (t.name == "lm_head.weight") continue;
+        INFO(t.name);
+        CHECK(rel_err(dh.data() + t.offset, dhr.data() + t.offset, t.numel) < 1e-5);
+      }
+      // Loss only: same loss, no gradient written.
+      ComputeCtx one{1};
+      vector<float> ws1(head_workspace_floats(c, B, S));
+      const LossSum lo = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, nullptr, nullptr,
+                                               nullptr, ws1.data(), one);
+      CHECK(std::abs(lo.loss_sum - lr) / lr < 1e-6);
+      // Logits (materialised, for evaluation) agree with the reference ones.
+      vector<float> logits(N * V);
+      head_logits(c, h.data(), e.data(), x.data(), B, S, logits.data(), ws1.data(), one);
+      double l2 = 0;
+      for (std::int64_t r = 0; r < N; ++r) {
+        if (targets[r] < 0) continue;
+        double mx = -1e300, sum = 0;
+        for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, double(logits[r * V + j]));
+        for (std::int64_t j = 0; j < V; ++j) sum += std::exp(double(logits[r * V + j]) - mx);
+        l2 += mx + std::log(sum) - logits[r * V + targets[r]];
+      }
+      CHECK(std::abs(l2 - lr) / lr < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("embedding forward and backward (repeated tokens, positions)", "[layers][embedding]") {
+  for (const auto& [name, c] : all_configs()) {
+    INFO(name);
+    const std::int64_t B = 2, S = 6, N = B * S, d = c.hidden_size;
+    const ParamLayout l = embedding_layout(c);
+    const auto pd = random_params(l, 10);
+    const vector<float> p(pd.begin(), pd.end());
+    const vector<token_t> tok = {1, 5, 1, 1, 0, 36, 5, 5, 2, 1, 0, 3};
+    vector<float> x(N * d);
+    embedding_forward(c, p.data(), tok.data(), B, S, x.data(), ComputeCtx{2});
+    const auto dx = mt::test::randn(N * d, 11);
+    vector<float> g(l.total_floats, 0.0f);
+    embedding_backward(c, tok.data(), B, S, dx.data(), g.data(), ComputeCtx{2});
+    vector<double> ge(l.total_floats, 0.0);
+    for (std::int64_t r = 0; r < N; ++r)
+      for (std::int64_t j = 0; j < d; ++j) {
+        double expect = p[l.tensors[0].offset + tok[r] * d + j];
+        ge[l.tensors[0].offset + tok[r] * d + j] += dx[r * d + j];
+        if (c.is_gpt2()) {
+          expect += p[l.at("wpe.weight").offset + (r % S) * d + j];
+          ge[l.at("wpe.weight").offset + (r % S) * d + j] += dx[r * d + j];
+        }
+        REQUIRE(x[r * d + j] == static_cast<float>(expect));
+      }
+    CHECK(rel_err(g, ge) < 1e-6);
+  }
+}
+
+TEST_CASE("bad input is a clear error before any compute", "[layers][errors]") {
+  const ModelConfig c = mt::test::tiny_llama();
+  const ParamLayout l = layer_layout(c, 0);
+  vector<float> p(l.total_floats), x(4 * 16), y(4 * 16), ws(1 << 16), e(embedding_layout(c).total_floats);
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const std::invalid_argument& ex) {
+      return std::string(ex.what());
+    }
+    return std::string("no exception");
+  };
+  CHECK_THAT(message([&] { layer_forward(c, p.data(), x.data(), y.data(), 0, 4, nullptr, ws.data(), ComputeCtx{}); }),
+             Catch::Contains("batch size"));
+  CHECK_THAT(message([&] { layer_forward(c, p.data(), x.data(), y.data(), 1, -3, nullptr, ws.data(), ComputeCtx{}); }),
+             Catch::Contains("sequence length"));
+  CHECK_THAT(message([&] { layer_workspace_floats(c, 1, 65, ActivationMode::keep); }), Catch::Contains("rotary table"));
+  const vector<token_t> bad = {1, 2, 37, 0};
+  CHECK_THAT(message([&] { embedding_forward(c, e.data(), bad.data(), 1, 4, x.data(), ComputeCtx{}); }),
+             Catch::Contains("outside the vocabulary"));
+  const vector<token_t> neg = {1, -1, 3, 0};
+  CHECK_THAT(message([&] { embedding_forward(c, e.data(), neg.data(), 1, 4, x.data(), ComputeCtx{}); }),
+             Catch::Contains("token id -1"));
+  CHECK_THAT(message([&] { validate_targets(c, neg.data(), neg.size()); }), Catch::Contains("target id -1"));
+  ModelConfig odd = c;
+  odd.num_key_value_heads = 3;
+  CHECK_THAT(message([&] { layer_saved_floats(odd, 1, 4); }), Catch::Contains("num_key_value_heads"));
+  ModelConfig zero = c;
+  zero.hidden_size = 0;
+  CHECK_THAT(message([&] { layer_saved_floats(zero, 1, 4); }), Catch::Contains("hidden_size"));
+  CHECK_THAT(message([&] { stage_workspace_floats(c, 4, 1, 4, ActivationMode::keep); }), Catch::Contains("stage 4"));
+  CHECK(stage_workspace_floats(c, 0, 2, 8, ActivationMode::keep) == 0);
+  CHECK(stage_workspace_floats(c, 1, 2, 8, ActivationMode::recompute) ==
+        layer_workspace_floats(c, 2, 8, ActivationMode::recompute));
+  CHECK(stage_workspace_floats(c, 3, 2, 8, ActivationMode::keep) == head_workspace_floats(c, 2, 8));
+  ModelConfig g2 = mt::test::tiny_gpt2();
+  CHECK_THAT(message([&] { validate_batch_shape(g2, 1, 33); }), Catch::Contains("position embedding"));
+  CHECK_THAT(message([&] { layer_forward(c, p.data(), x.data(), x.data(), 1, 4, nullptr, ws.data(), ComputeCtx{}); }),
+             Catch::Contains("alias"));
+}

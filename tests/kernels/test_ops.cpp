@@ -1,0 +1,313 @@
+// Every CPU kernel twice: its plain reference loop is checked against central differences in double,
+// and the fast fp32 kernel is checked against the reference (and for thread-count independence).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/reference_ops.hpp"
+#include "kernels/step_math.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+
+using namespace mt;
+using mt::test::numeric_grad;
+using mt::test::randn;
+using mt::test::rel_err;
+using std::vector;
+
+namespace {
+
+constexpr double kFdTol = 1e-6;    // fp64 central differences vs analytic
+constexpr double kFastTol = 2e-6;  // fast fp32 kernel vs fp32 reference, norm-wise
+
+// loss = sum(out * R): dloss/dout = R. Checks d loss / d input against the analytic gradient.
+void fd_check(vector<double>& input, const vector<double>& analytic, const std::function<double()>& loss) {
+  const auto numeric = numeric_grad(input, loss);
+  CHECK(rel_err(analytic, numeric) < kFdTol);
+}
+
+}  // namespace
+
+TEST_CASE("reference linear matches finite differences", "[ops][fd]") {
+  const ref::i64 N = 3, in = 4, out = 5;
+  auto x = mt::test::to_double(randn(N * in, 1)), W = mt::test::to_double(randn(out * in, 2)),
+       b = mt::test::to_double(randn(out, 3)), R = mt::test::to_double(randn(N * out, 4));
+  auto loss = [&] {
+    vector<double> y(N * out);
+    ref::linear(x.data(), W.data(), b.data(), y.data(), N, in, out);
+    return mt::test::dot(y, R);
+  };
+  vector<double> dx(N * in), dW(out * in), db(out);
+  ref::linear_backward(x.data(), W.data(), R.data(), dx.data(), dW.data(), db.data(), N, in, out);
+  fd_check(x, dx, loss);
+  fd_check(W, dW, loss);
+  fd_check(b, db, loss);
+}
+
+TEST_CASE("reference norms match finite differences", "[ops][fd]") {
+  const ref::i64 N = 3, D = 6;
+  auto x = mt::test::to_double(randn(N * D, 5)), w = mt::test::to_double(randn(D, 6)),
+       b = mt::test::to_double(randn(D, 7)), R = mt::test::to_double(randn(N * D, 8));
+  SECTION("rmsnorm") {
+    auto loss = [&] {
+      vector<double> y(N * D);
+      ref::rmsnorm(x.data(), w.data(), y.data(), N, D, 1e-5);
+      return mt::test::dot(y, R);
+    };
+    vector<double> dx(N * D), dw(D);
+    ref::rmsnorm_backward(x.data(), w.data(), R.data(), dx.data(), dw.data(), N, D, 1e-5);
+    fd_check(x, dx, loss);
+    fd_check(w, dw, loss);
+  }
+  SECTION("layernorm") {
+    auto loss = [&] {
+      vector<double> y(N * D);
+      ref::layernorm(x.data(), w.data(), b.data(), y.data(), N, D, 1e-5);
+      return mt::test::dot(y, R);
+    };
+    vector<double> dx(N * D), dw(D), db(D);
+    ref::layernorm_backward(x.data(), w.data(), R.data(), dx.data(), dw.data(), db.data(), N, D, 1e-5);
+    fd_check(x, dx, loss);
+    fd_check(w, dw, loss);
+    fd_check(b, db, loss);
+  }
+}
+
+TEST_CASE("reference rope backward is its transpose", "[ops][fd]") {
+  const ref::i64 B = 2, S = 3, H = 2, hd = 4;
+  vector<float> cs(S * hd / 2), sn(S * hd / 2);
+  cpu::rope_table(cpu::RopeParams{}, S, hd, cs.data(), sn.data());
+  auto csd = mt::test::to_double(cs), snd = mt::test::to_double(sn);
+  auto x = mt::test::to_double(randn(B * S * H * hd, 9)), R = mt::test::to_double(randn(B * S * H * hd, 10));
+  auto loss = [&] {
+    auto y = x;
+    ref::rope(y.data(), B * S, S, H, hd, H * hd, csd.data(), snd.data(), false);
+    return mt::test::dot(y, R);
+  };
+  auto dx = R;
+  ref::rope(dx.data(), B * S, S, H, hd, H * hd, csd.data(), snd.data(), true);
+  fd_check(x, dx, loss);
+}
+
+TEST_CASE("reference attention (GQA, odd length) matches finite differences", "[ops][fd]") {
+  const ref::i64 B = 2, S = 5, Hq = 4, Hkv = 2, hd = 4, qs = Hq * hd, kvs = Hkv * hd;
+  auto q = mt::test::to_double(randn(B * S * qs, 11)), k = mt::test::to_double(randn(B * S * kvs, 12)),
+       v = mt::test::to_double(randn(B * S * kvs, 13)), R = mt::test::to_double(randn(B * S * qs, 14));
+  auto loss = [&] {
+    vector<double> o(B * S * qs);
+    ref::attention(q.data(), k.data(), v.data(), o.data(), B, S, Hq, Hkv, hd, qs, kvs, qs);
+    return mt::test::dot(o, R);
+  };
+  vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+  ref::attention_backward(q.data(), k.data(), v.data(), R.data(), dq.data(), dk.data(), dv.data(), B, S, Hq, Hkv, hd,
+                          qs, kvs, qs);
+  fd_check(q, dq, loss);
+  fd_check(k, dk, loss);
+  fd_check(v, dv, loss);
+}
+
+TEST_CASE("reference activations and cross-entropy match finite differences", "[ops][fd]") {
+  const ref::i64 n = 20;
+  auto g = mt::test::to_double(randn(n, 15, 2.0)), u = mt::test::to_double(randn(n, 16)),
+       R = mt::test::to_double(randn(n, 17));
+  SECTION("swiglu") {
+    auto loss = [&] {
+      vector<double> h(n);
+      ref::swiglu(g.data(), u.data(), h.data(), n);
+      return mt::test::dot(h, R);
+    };
+    vector<double> dg(n), du(n);
+    ref::swiglu_backward(g.data(), u.data(), R.data(), dg.data(), du.data(), n);
+    fd_check(g, dg, loss);
+    fd_check(u, du, loss);
+  }
+  SECTION("gelu") {
+    auto loss = [&] {
+      double s = 0;
+      for (ref::i64 i = 0; i < n; ++i) s += ref::gelu(g[i]) * R[i];
+      return s;
+    };
+    vector<double> dg(n);
+    ref::gelu_backward(g.data(), R.data(), dg.data(), n);
+    fd_check(g, dg, loss);
+  }
+  SECTION("cross-entropy with ignored targets") {
+    const ref::i64 N = 4, V = 7;
+    auto logits = mt::test::to_double(randn(N * V, 18, 3.0));
+    const std::int32_t targets[N] = {3, -100, 0, 6};
+    auto loss = [&] { return ref::cross_entropy(logits.data(), targets, static_cast<double*>(nullptr), N, V); };
+    vector<double> d(N * V);
+    ref::cross_entropy(logits.data(), targets, d.data(), N, V);
+    fd_check(logits, d, loss);
+  }
+}
+
+TEST_CASE("fast linear kernels match the reference", "[ops][fast]") {
+  const std::int64_t N = 37, in = 29, out = 45;
+  auto x = randn(N * in, 20), W = randn(out * in, 21), b = randn(out, 22), dy = randn(N * out, 23);
+  vector<float> y(N * out), yr(N * out);
+  cpu::linear_forward(x.data(), W.data(), b.data(), y.data(), N, in, out, 2);
+  ref::linear(x.data(), W.data(), b.data(), yr.data(), N, in, out);
+  CHECK(rel_err(y, yr) < kFastTol);
+  vector<float> dx(N * in), dW(out * in, 0.5f), db(out, 0.25f), dxr(N * in), dWr(out * in, 0.5f), dbr(out, 0.25f);
+  cpu::linear_backward_input(dy.data(), W.data(), dx.data(), N, in, out, false, 2);
+  cpu::linear_backward_weight(dy.data(), x.data(), dW.data(), db.data(), N, in, out, 2);
+  ref::linear_backward(x.data(), W.data(), dy.data(), dxr.data(), dWr.data(), dbr.data(), N, in, out);
+  CHECK(rel_err(dx, dxr) < kFastTol);
+  CHECK(rel_err(dW, dWr) < kFastTol);
+  CHECK(rel_err(db, dbr) < kFastTol);
+}
+
+TEST_CASE("fast norms match the reference and ignore the thread count", "[ops][fast]") {
+  const std::int64_t N = 300, D = 77;  // enough rows to go parallel, a ragged width
+  auto x = randn(N * D, 30, 2.0), w = randn(D, 31), b = randn(D, 32), dy = randn(N * D, 33);
+  const float eps = 1e-5f;
+  SECTION("rmsnorm") {
+    vector<float> y(N * D), rstd(N), yr(N * D), y1(N * D);
+    cpu::rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), N, D, eps, 2);
+    ref::rmsnorm(x.data(), w.data(), yr.data(), N, D, eps);
+    CHECK(rel_err(y, yr) < kFastTol);
+    cpu::rmsnorm_forward(x.data(), w.data(), y1.data(), rstd.data(), N, D, eps, 1);
+    CHECK(std::memcmp(y.data(), y1.data(), y.size() * 4) == 0);
+    vector<float> dx(N * D), dw(D), dxr(N * D), dwr(D), dx1(N * D), dw1(D);
+    cpu::rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data(), N, D, false, 2);
+    cpu::rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dx1.data(), dw1.data(), N, D, false, 1);
+    ref::rmsnorm_backward(x.data(), w.data(), dy.data(), dxr.data(), dwr.data(), N, D, eps);
+    CHECK(rel_err(dx, dxr) < kFastTol);
+    CHECK(rel_err(dw, dwr) < kFastTol);
+    CHECK(std::memcmp(dx.data(), dx1.data(), dx.size() * 4) == 0);
+    CHECK(std::memcmp(dw.data(), dw1.data(), dw.size() * 4) == 0);
+  }
+  SECTION("layernorm") {
+    vector<float> y(N * D), mean(N), rstd(N), yr(N * D);
+    cpu::layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), N, D, eps, 2);
+    ref::layernorm(x.data(), w.data(), b.data(), yr.data(), N, D, eps);
+    CHECK(rel_err(y, yr) < kFastTol);
+    vector<float> dx(N * D), dw(D), db(D), dxr(N * D), dwr(D), dbr(D), dx1(N * D), dw1(D), db1(D);
+    cpu::layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), dx.data(), dw.data(), db.data(), N,
+                            D, false, 2);
+    cpu::layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), dx1.data(), dw1.data(), db1.data(),
+                            N, D, false, 1);
+    ref::layernorm_backward(x.data(), w.data(), dy.data(), dxr.data(), dwr.data(), dbr.data(), N, D, eps);
+    CHECK(rel_err(dx, dxr) < kFastTol);
+    CHECK(rel_err(dw, dwr) < kFastTol);
+    CHECK(rel_err(db, dbr) < kFastTol);
+    CHECK(std::memcmp(dx.data(), dx1.data(), dx.size() * 4) == 0);
+    CHECK(std::memcmp(dw.data(), dw1.data(), dw.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("fast rope matches the reference; the inverse undoes it", "[ops][fast]") {
+  const std::int64_t B = 3, S = 11, H = 3, hd = 8, stride = 40;  // stride > H*hd: strided rows
+  cpu::RopeParams p;
+  p.theta = 500000.0f;
+  p.scaling_factor = 8.0f;
+  p.original_max_position = 8;  // small, so all three Llama-3 regimes occur at head_dim 8
+  vector<float> cs(S * hd / 2), sn(S * hd / 2);
+  cpu::rope_table(p, S, hd, cs.data(), sn.data());
+  auto x = randn(B * S * stride, 40);
+  auto y = x, yr = x;
+  cpu::rope_apply(y.data(), B * S, S, H, hd, stride, cs.data(), sn.data(), false, 2);
+  ref::rope(yr.data(), B * S, S, H, hd, stride, cs.data(), sn.data(), false);
+  CHECK(rel_err(y, yr) < kFastTol);
+  cpu::rope_apply(y.data(), B * S, S, H, hd, stride, cs.data(), sn.data(), true, 2);
+  CHECK(rel_err(y, x) < 1e-6);
+}
+
+TEST_CASE("fast attention (tiled, online softmax) matches the reference", "[ops][fast]") {
+  // 150 tokens: several key tiles, a ragged last one; GQA 6 query heads on 2 kv heads; strided layouts.
+  const std::int64_t B = 2, S = 150, Hq = 6, Hkv = 2, hd = 16, qs = Hq * hd + 8, kvs = Hkv * hd + 4, os = Hq * hd;
+  auto q = randn(B * S * qs, 50), k = randn(B * S * kvs, 51), v = randn(B * S * kvs, 52), dout = randn(B * S * os, 53);
+  cpu::AttnShape a{B, S, Hq, Hkv, hd, qs, kvs, os};
+  vector<float> o(B * S * os), lse(B * Hq * S), orf(B * S * os);
+  cpu::attention_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), a, 2);
+  ref::attention(q.data(), k.data(), v.data(), orf.data(), B, S, Hq, Hkv, hd, qs, kvs, os);
+  CHECK(rel_err(o, orf) < kFastTol);
+  vector<float> dq(q.size()), dk(k.size()), dv(v.size()), dqr(q.size()), dkr(k.size()), dvr(v.size());
+  cpu::attention_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
+                          dv.data(), a, 2);
+  ref::attention_backward(q.data(), k.data(), v.data(), dout.data(), dqr.data(), dkr.data(), dvr.data(), B, S, Hq, Hkv,
+                          hd, qs, kvs, os);
+  auto strided_err = [&](const vector<float>& x, const vector<float>& y, std::int64_t stride, std::int64_t width) {
+    vector<float> a1, b1;
+    for (std::int64_t r = 0; r < B * S; ++r)
+      for (std::int64_t i = 0; i < width; ++i) a1.push_back(x[r * stride + i]), b1.push_back(y[r * stride + i]);
+    return rel_err(a1, b1);
+  };
+  CHECK(strided_err(dq, dqr, qs, Hq * hd) < 1e-5);
+  CHECK(strided_err(dk, dkr, kvs, Hkv * hd) < 1e-5);
+  CHECK(strided_err(dv, dvr, kvs, Hkv * hd) < 1e-5);
+  vector<float> dq1(q.size()), dk1(k.size()), dv1(v.size());
+  cpu::attention_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq1.data(), dk1.data(),
+                          dv1.data(), a, 1);
+  CHECK(std::memcmp(dk.data(), dk1.data(), dk.size() * 4) == 0);
+  CHECK(std::memcmp(dq.data(), dq1.data(), dq.size() * 4) == 0);
+}
+
+TEST_CASE("fast activations match the reference and ignore the thread count", "[ops][fast]") {
+  const std::size_t n = 20011;  // a ragged tail, several chunks
+  auto g = randn(n, 60, 3.0), u = randn(n, 61), dh = randn(n, 62);
+  vector<float> h(n), hr(n), dg(n), du(n), dgr(n), dur(n), h1(n);
+  cpu::swiglu_forward(g.data(), u.data(), h.data(), n, 2);
+  cpu::swiglu_forward(g.data(), u.data(), h1.data(), n, 1);
+  ref::swiglu(g.data(), u.data(), hr.data(), static_cast<ref::i64>(n));
+  CHECK(rel_err(h, hr) < kFastTol);
+  CHECK(std::memcmp(h.data(), h1.data(), n * 4) == 0);
+  cpu::swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), n, 2);
+  ref::swiglu_backward(g.data(), u.data(), dh.data(), dgr.data(), dur.data(), static_cast<ref::i64>(n));
+  CHECK(rel_err(dg, dgr) < kFastTol);
+  CHECK(rel_err(du, dur) < kFastTol);
+  vector<float> y(n), yr(n), dx(n), dxr(n);
+  cpu::gelu_forward(g.data(), y.data(), n, 2);
+  for (std::size_t i = 0; i < n; ++i) yr[i] = ref::gelu(g[i]);
+  CHECK(rel_err(y, yr) < kFastTol);
+  cpu::gelu_backward(g.data(), dh.data(), dx.data(), n, 2);
+  ref::gelu_backward(g.data(), dh.data(), dxr.data(), static_cast<ref::i64>(n));
+  CHECK(rel_err(dx, dxr) < kFastTol);
+}
+
+TEST_CASE("fast cross-entropy matches the reference", "[ops][fast]") {
+  const std::int64_t N = 9, V = 1031;
+  auto logits = randn(N * V, 70, 4.0);
+  const std::int32_t targets[N] = {5, 1030, -100, 0, 17, 17, -100, 999, 3};
+  vector<float> d = logits, loss(N), dr(N * V);
+  cpu::cross_entropy_rows(d.data(), targets, loss.data(), N, V, true, 2);
+  const double lr =
+      ref::cross_entropy(mt::test::to_double(logits).data(), targets, static_cast<double*>(nullptr), N, V);
+  double l = 0;
+  for (float x : loss) l += x;
+  CHECK(std::abs(l - lr) / lr < 1e-6);
+  ref::cross_entropy(logits.data(), targets, dr.data(), N, V);
+  CHECK(rel_err(d, dr) < kFastTol);
+  for (std::int64_t j = 0; j < V; ++j) CHECK(d[2 * V + j] == 0.0f);
+}
+
+TEST_CASE("accumulate and sum_squares do not depend on the thread count", "[ops][step]") {
+  const std::size_t n = (1u << 21) + 13;
+  auto a = randn(n, 80), s = randn(n, 81);
+  auto a1 = a, a2 = a;
+  cpu::accumulate(a1.data(), s.data(), n, 1);
+  cpu::accumulate(a2.data(), s.data(), n, 2);
+  CHECK(std::memcmp(a1.data(), a2.data(), n * 4) == 0);
+  CHECK(a1[n - 1] == a[n - 1] + s[n - 1]);
+  const double s1 = cpu::sum_squares(a.data(), n, 1), s2 = cpu::sum_squares(a.data(), n, 2);
+  CHECK(s1 == s2);
+  double exact = 0;
+  for (float x : a) exact += static_cast<double>(x) * x;
+  CHECK(std::abs(s1 - exact) / exact < 1e-12);
+}
+
+TEST_CASE("split sgemm gives the same bits at 1 and 2 threads", "[ops][fast]") {
+  const std::int64_t N = 200, in = 96, out = 130;  // both split directions, ragged blocks
+  auto x = randn(N * in, 90), W = randn(out * in, 91), b = randn(out, 92), dy = randn(N * out, 93);
+  vector<float> y1(N * out), y2(N * out), dx1(N * in), dx2(N * in), dW1(out * in, 0.0f), dW2(out * in, 0.0f);
+  cpu::linear_forward(x.data(), W.data(), b.data(), y1.data(), N, in, out, 1);
+  cpu::linear_forward(x.data(), W.data(), b.data(), y2.data(), N, in, out, 2);
+  cpu::linear_backward_input(dy.data(), W.data(), dx1.data(), N, in, out, false, 1);
+  cpu::linear_backward_input(dy.data(), W.data(), dx2.data(), N, in, out, false, 2);
+  cpu::linear_backward_weight(dy.data(), x.data(), dW1.data(), nullptr, N, in, out, 1);
+  cpu::linear_backward_weight(dy.data(), x.data(), dW2.data(), nullptr, N, in, out, 2);
+  CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
+  CHECK(std::memcmp(dx1.data(), dx2.data(), dx1.size() * 4) == 0);
+  CHECK(std::memcmp(dW1.data(), dW2.data(), dW1.size() * 4) == 0);
+}

@@ -1,0 +1,141 @@
+"""The outside oracle: builds the same Llama/Qwen2/Qwen3/GPT-2 model as megatrain in PyTorch (plain
+torch.nn.functional, written from the Hugging Face modelling code's definitions) from the weights the
+C++ test wrote, and writes back logits, the mean loss, every parameter gradient, and the parameters
+after one clipped AdamW step.
+
+usage: torch_oracle.py DIR    (DIR/config.json, params.bin, tokens.bin, targets.bin, grads_in.bin in;
+       logits.bin, loss.txt, grads.bin, params_after.bin out)
+"""
+import json
+import math
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(1)
+out_dir = sys.argv[1]
+cfg = json.load(open(f"{out_dir}/config.json"))
+B, T = cfg["batch"], cfg["seq"]
+V, d = cfg["vocab_size"], cfg["hidden_size"]
+H, Hkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+eps = cfg["norm_eps"]
+gpt2 = cfg["arch"] == "gpt2"
+
+flat = np.fromfile(f"{out_dir}/params.bin", dtype=np.float32)
+P = {}
+for t in cfg["tensors"]:
+    a = flat[t["offset"]:t["offset"] + t["numel"]].reshape(t["shape"])
+    P[t["name"]] = torch.tensor(a, dtype=torch.float32, requires_grad=True)
+tokens = torch.from_numpy(np.fromfile(f"{out_dir}/tokens.bin", dtype=np.int32).astype(np.int64)).view(B, T)
+targets = torch.from_numpy(np.fromfile(f"{out_dir}/targets.bin", dtype=np.int32).astype(np.int64)).view(B, T)
+
+
+def rmsnorm(x, w):
+    var = x.pow(2).mean(-1, keepdim=True)
+    return w * (x * torch.rsqrt(var + eps))
+
+
+def rope_cos_sin():
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    rs = cfg["rope_scaling"]
+    if rs["factor"] != 0:  # transformers' _compute_llama3_parameters
+        factor, low, high, old = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = 2 * math.pi / inv_freq
+        inv_l = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        inv_freq = torch.where(medium, smoothed, inv_l)
+    pos = torch.arange(T, dtype=torch.int64).float()
+    freqs = torch.outer(pos, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., hd // 2:], x[..., :hd // 2]), dim=-1)
+
+
+def attention(q, k, v):  # q [B, H, T, hd], k/v [B, Hkv, T, hd]
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    s = s.masked_fill(mask, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return (p @ v).transpose(1, 2).reshape(B, T, -1)
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def forward():
+    if gpt2:
+        x = P["transformer.wte.weight"][tokens] + P["transformer.wpe.weight"][torch.arange(T)]
+        for i in range(cfg["num_hidden_layers"]):
+            p = f"transformer.h.{i}."
+            h = F.layer_norm(x, (d,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], eps)
+            qkv = F.linear(h, P[p + "attn.c_attn.weight"], P[p + "attn.c_attn.bias"])
+            q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in qkv.split(d, dim=2))
+            x = x + F.linear(attention(q, k, v), P[p + "attn.c_proj.weight"], P[p + "attn.c_proj.bias"])
+            h = F.layer_norm(x, (d,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], eps)
+            h = gelu_new(F.linear(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]))
+            x = x + F.linear(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
+        h = F.layer_norm(x, (d,), P["transformer.ln_f.weight"], P["transformer.ln_f.bias"], eps)
+        return F.linear(h, P["transformer.wte.weight"])
+    cos, sin = rope_cos_sin()
+    x = P["model.embed_tokens.weight"][tokens]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rmsnorm(x, P[p + "input_layernorm.weight"])
+        q = F.linear(h, P[p + "self_attn.q_proj.weight"], P.get(p + "self_attn.q_proj.bias")).view(B, T, H, hd)
+        k = F.linear(h, P[p + "self_attn.k_proj.weight"], P.get(p + "self_attn.k_proj.bias")).view(B, T, Hkv, hd)
+        v = F.linear(h, P[p + "self_attn.v_proj.weight"], P.get(p + "self_attn.v_proj.bias")).view(B, T, Hkv, hd)
+        if cfg["qk_norm"]:
+            q = rmsnorm(q, P[p + "self_attn.q_norm.weight"])
+            k = rmsnorm(k, P[p + "self_attn.k_norm.weight"])
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        x = x + F.linear(attention(q, k, v), P[p + "self_attn.o_proj.weight"])
+        h = rmsnorm(x, P[p + "post_attention_layernorm.weight"])
+        h = F.silu(F.linear(h, P[p + "mlp.gate_proj.weight"])) * F.linear(h, P[p + "mlp.up_proj.weight"])
+        x = x + F.linear(h, P[p + "mlp.down_proj.weight"])
+    h = rmsnorm(x, P["model.norm.weight"])
+    lm = P["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else P["lm_head.weight"]
+    return F.linear(h, lm)
+
+
+logits = forward()
+loss = F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
+loss.backward()
+logits.detach().numpy().astype(np.float32).tofile(f"{out_dir}/logits.bin")
+with open(f"{out_dir}/loss.txt", "w") as f:
+    f.write(repr(loss.item()))
+names = [t["name"] for t in cfg["tensors"]]
+np.concatenate([P[n].grad.numpy().ravel() for n in names]).astype(np.float32).tofile(f"{out_dir}/grads.bin")
+
+# The AdamW step runs on megatrain's gradients (grads_in.bin, mean-loss scale) so that it tests the step
+# math alone: some true gradients are exactly zero (a key bias shifts every score of a query equally),
+# and Adam would blow both sides' rounding noise there up to +-lr with unrelated signs.
+params = [P[n] for n in names]
+g_in = np.fromfile(f"{out_dir}/grads_in.bin", dtype=np.float32)
+pos = 0
+for n in names:
+    k = P[n].numel()
+    P[n].grad = torch.tensor(g_in[pos:pos + k].reshape(P[n].shape))
+    pos += k
+if cfg["max_grad_norm"] > 0:
+    torch.nn.utils.clip_grad_norm_(params, cfg["max_grad_norm"])
+decay = [P[t["name"]] for t in cfg["tensors"] if t["weight_decay"]]
+no_decay = [P[t["name"]] for t in cfg["tensors"] if not t["weight_decay"]]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
+                         {"params": no_decay, "weight_decay": 0.0}],
+                        lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"])
+opt.step()
+np.concatenate([P[n].detach().numpy().ravel() for n in names]).astype(np.float32).tofile(f"{out_dir}/params_after.bin")

@@ -1,0 +1,165 @@
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#include "kernels/param_layout.hpp"
+#include "storage/host/host_model.hpp"
+#include "tiny_model.hpp"
+
+using namespace mt;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool aligned(const void* p, std::size_t to) { return reinterpret_cast<std::uintptr_t>(p) % to == 0; }
+
+}  // namespace
+
+TEST_CASE("host tile regions are aligned, disjoint, zeroed and sized from the layout", "[host_tile]") {
+  HostTile tile(3, 1024);
+  CHECK(tile.stage() == 3);
+  CHECK(tile.floats() == 1024);
+  CHECK(tile.region_bytes() == 4096);
+  CHECK(tile.bytes() == 4 * 4096);
+  for (TileRegion r : {TileRegion::params, TileRegion::grad, TileRegion::adam_m, TileRegion::adam_v}) {
+    CHECK(aligned(tile.region(r), kCacheLineBytes));
+    for (std::size_t i = 0; i < tile.floats(); ++i) REQUIRE(tile.region(r)[i] == 0.0f);
+  }
+  CHECK(tile.grad() == tile.params() + 1024);
+  CHECK(tile.adam_m() == tile.grad() + 1024);
+  CHECK(tile.adam_v() == tile.adam_m() + 1024);
+  CHECK_FALSE(tile.has_compute_copy());
+  CHECK(tile.stream_source() == tile.params());
+  CHECK(tile.stream_bytes() == tile.region_bytes());
+  CHECK(std::string(tile_region_name(TileRegion::adam_v)) == "adam_v");
+}
+
+TEST_CASE("a host tile rejects a size that is not a multiple of the tensor alignment", "[host_tile]") {
+  CHECK_THROWS_WITH(HostTile(0, 1000), Catch::Contains("not a multiple of 16"));
+}
+
+TEST_CASE("large host tiles are huge-page aligned", "[host_tile]") {
+  HostTile tile(0, std::size_t{1} << 20);  // 4 MiB per region
+  CHECK(aligned(tile.data(), kHugePageBytes));
+}
+
+TEST_CASE("a compute-precision copy is a separate region and becomes the stream source", "[host_tile]") {
+  HostTileOptions options;
+  options.compute_bytes_per_param = 2;  // bf16, as a CUDA backend would ask
+  HostTile tile(1, 256, options);
+  REQUIRE(tile.has_compute_copy());
+  CHECK(tile.compute_copy_bytes() == 512);
+  CHECK(tile.stream_bytes() == 512);
+  CHECK(tile.stream_source() == tile.compute_copy());
+  CHECK(static_cast<std::byte*>(tile.compute_copy()) == reinterpret_cast<std::byte*>(tile.adam_v() + 256));
+  CHECK(aligned(tile.compute_copy(), kCacheLineBytes));
+  CHECK(tile.bytes() == 4 * 1024 + 512);
+}
+
+TEST_CASE("versions only grow, and waiters wake when one is published", "[host_tile][version]") {
+  HostTile tile(0, 16);
+  CHECK(tile.version() == 0);
+  CHECK(tile.wait_for_version(0));
+  CHECK_FALSE(tile.wait_for_version(1, 10ms));  // times out
+  bool woke = false;
+  std::thread waiter([&] { woke = tile.wait_for_version(2); });
+  std::this_thread::sleep_for(20ms);
+  CHECK(tile.bump_version() == 1);
+  std::this_thread::sleep_for(20ms);
+  tile.publish_version(2);
+  waiter.join();
+  CHECK(woke);
+  CHECK(tile.version() == 2);
+  CHECK_THROWS_AS(tile.publish_version(1), std::logic_error);
+  tile.publish_version(2);  // the same version again is fine
+}
+
+TEST_CASE("data written before a version is published is visible to the waiter", "[host_tile][version]") {
+  HostTile data(0, 4096);
+  HostTile acknowledged(1, 16);  // the reader's progress, so the writer never overwrites unread data
+  std::thread writer([&] {
+    for (std::uint64_t v = 1; v <= 50; ++v) {
+      for (std::size_t i = 0; i < data.floats(); ++i) data.params()[i] = static_cast<float>(v);
+      data.publish_version(v);
+      acknowledged.wait_for_version(v);
+    }
+  });
+  bool all_seen = true;
+  for (std::uint64_t v = 1; v <= 50; ++v) {
+    data.wait_for_version(v);
+    all_seen = all_seen && data.params()[0] == static_cast<float>(v) && data.params()[data.floats() - 1] == static_cast<float>(v);
+    acknowledged.publish_version(v);
+  }
+  writer.join();
+  CHECK(all_seen);
+}
+
+TEST_CASE("abort_waits releases every waiter with false", "[host_tile][version]") {
+  HostTile tile(0, 16);
+  bool result_a = true, result_b = true;
+  std::thread a([&] { result_a = tile.wait_for_version(5); });
+  std::thread b([&] { result_b = tile.wait_for_version(5, std::chrono::seconds(30)); });
+  std::this_thread::sleep_for(20ms);
+  tile.abort_waits();
+  a.join();
+  b.join();
+  CHECK_FALSE(result_a);
+  CHECK_FALSE(result_b);
+  CHECK_FALSE(tile.wait_for_version(1));  // stays aborted
+  CHECK(tile.wait_for_version(0));        // already reached: true without waiting
+}
+
+TEST_CASE("a host model has one tile per stage, sized by its layout, and reports host bytes", "[host_model]") {
+  const ModelConfig cfg = test::tiny_model(4);
+  HostModel model(cfg);
+  REQUIRE(model.num_stages() == 6);
+  std::size_t sum = 0;
+  for (std::int64_t s = 0; s < model.num_stages(); ++s) {
+    CHECK(model.tile(s).stage() == s);
+    CHECK(model.tile(s).floats() == stage_layout(cfg, s).total_floats);
+    CHECK(model.layout(s).total_floats == model.tile(s).floats());
+    sum += model.tile(s).bytes();
+  }
+  CHECK(model.host_bytes() == sum);
+  CHECK(host_model_bytes(cfg) == sum);
+  CHECK(model.largest_stage_floats() == stage_layout(cfg, model.largest_stage()).total_floats);
+  CHECK_THROWS_AS(model.tile(6), std::out_of_range);
+  CHECK_THROWS_AS(model.tile(-1), std::out_of_range);
+}
+
+TEST_CASE("host memory grows linearly with depth", "[host_model]") {
+  const auto b12 = host_model_bytes(test::tiny_model(12));
+  const auto b24 = host_model_bytes(test::tiny_model(24));
+  const auto b48 = host_model_bytes(test::tiny_model(48));
+  CHECK(b48 - b24 == 2 * (b24 - b12));
+  CHECK(b24 - b12 == 12 * HostTile(1, stage_layout(test::tiny_model(1), 1).total_floats).bytes());
+}
+
+namespace {
+
+struct CountingPinner : HostPinningHook {
+  std::size_t pinned = 0, unpinned = 0;
+  void pin(void*, std::size_t bytes) override { pinned += bytes; }
+  void unpin(void*, std::size_t bytes) override { unpinned += bytes; }
+};
+
+}  // namespace
+
+TEST_CASE("the pinning hook sees every tile once in and once out", "[host_model]") {
+  CountingPinner pinner;
+  std::size_t bytes = 0;
+  {
+    HostModel model(test::tiny_model(3), {}, &pinner);
+    bytes = model.host_bytes();
+    CHECK(pinner.pinned == bytes);
+  }
+  CHECK(pinner.unpinned == bytes);
+}
+
+TEST_CASE("a host model rejects an invalid model config", "[host_model]") {
+  ModelConfig bad = test::tiny_model(2);
+  bad.hidden_size = 0;
+  CHECK_THROWS_WITH(HostModel(bad), Catch::Contains("hidden_size"));
+}

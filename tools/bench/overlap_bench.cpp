@@ -1,0 +1,204 @@
+// Overlap of the streaming engine: with the copy engine limited so that streaming the weights takes
+// about as long as computing with them (total transfer ~= total compute per step), the pipelined
+// schedule's step time against max(total compute, total transfer), side by side with a non-overlapped
+// schedule (each stage streamed only when compute asks for it) in the same run. Also: how much of the
+// optimizer's time is hidden behind the next step's forward.
+//   tools/bench/run overlap [STEPS] [LAYERS] [K]      (default 6 steps, 8 layers, K = 4 plus a K = 2, 6 sweep)
+// Metric overlap_step_ratio = step time / max(total compute, total transfer) (ceiling 1.15).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "actors/engine.hpp"
+#include "tools/bench/bench_report.hpp"
+
+using namespace mt;
+using namespace mt::actors;
+
+namespace {
+
+struct Measured {
+  double step_s = 0, compute_s = 0, transfer_s = 0, h2d_bytes = 0, wait_s = 0;
+  double opt_s = 0, opt_hidden_s = 0;
+  double min_compute_s = 0;  // the least compute of one measured step (calibration under noise)
+  EngineResult result;
+};
+
+TrainConfig bench_config(std::int64_t layers, std::int64_t steps) {
+  TrainConfig c;
+  c.model.arch = "llama";
+  c.model.hidden_size = 256;
+  c.model.layers = layers;
+  c.model.heads = 4;
+  c.model.kv_heads = 4;
+  c.model.intermediate_size = 704;
+  c.model.vocab_size = 512;
+  c.model.max_position_embeddings = 256;
+  c.train.per_device_train_batch_size = 2;
+  c.train.gradient_accumulation_steps = 4;
+  c.train.max_steps = steps;
+  c.train.learning_rate = 1e-3;
+  c.train.max_grad_norm = 1.0;
+  c.train.weight_decay = 0.1;
+  c.data.seq_length = 64;
+  c.device.device_memory_mb = 256;
+  c.device.weight_slots = 4;
+  c.device.grad_slots = 2;
+  c.threads.total = 2;
+  c.threads.blas = 1;
+  c.threads.optimizer = 1;
+  c.threads.copy = 2;
+  c.threads.scheduler = 1;
+  return c;
+}
+
+std::vector<data::Batch> bench_batches(const TrainConfig& c, int count) {
+  std::vector<data::Batch> out;
+  std::uint64_t x = 12345;
+  for (int i = 0; i < count; ++i) {
+    data::Batch b;
+    const std::size_t n = static_cast<std::size_t>(c.train.per_device_train_batch_size * c.data.seq_length);
+    for (std::size_t k = 0; k < n; ++k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      b.inputs.push_back(static_cast<std::int32_t>((x >> 33) % static_cast<std::uint64_t>(c.model.vocab_size)));
+      b.targets.push_back(static_cast<std::int32_t>((x >> 17) % static_cast<std::uint64_t>(c.model.vocab_size)));
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+// Length of the intersection of [a0, a1] with the union of `ivs` (sorted, disjoint after merging).
+double overlap_with(double a0, double a1, const std::vector<std::pair<double, double>>& ivs) {
+  double t = 0;
+  for (const auto& iv : ivs) t += std::max(0.0, std::min(a1, iv.second) - std::max(a0, iv.first));
+  return t;
+}
+
+Measured run(const TrainConfig& cfg, const std::vector<data::Batch>& batches, bool serial) {
+  const ModelConfig model = cfg.model_config_from_keys();
+  HostModel host(model);
+  init_host_model(host, 7);
+  VectorBatchSource source(batches);
+  EngineJob job;
+  job.cfg = cfg;
+  job.model = model;
+  job.data = &source;
+  job.host = &host;
+  job.record_intervals = true;
+  job.serial_schedule = serial;
+  Measured m;
+  m.result = run_engine(std::move(job));
+  if (!m.result.error.empty()) {
+    std::fprintf(stderr, "bench_overlap: engine failed: %s\n", m.result.error.c_str());
+    std::exit(1);
+  }
+  const auto& steps = m.result.steps;
+  const std::int64_t n = static_cast<std::int64_t>(steps.size());
+  const std::int64_t first = n > 2 ? 1 : 0;  // skip the first step (warm-up: nothing to overlap with)
+  double step_s = 0, wait = 0;
+  for (std::int64_t s = first; s < n; ++s) {
+    step_s += steps[static_cast<std::size_t>(s)].step_s;
+    wait += steps[static_cast<std::size_t>(s)].wait_weights_s;
+  }
+  const double counted = static_cast<double>(n - first);
+  m.step_s = step_s / counted;
+  m.wait_s = wait / counted;
+  // Compute and transfer busy time per step, from the recorded intervals of the measured steps.
+  // The next step's forward activity (compute or streaming) an optimizer interval can hide behind.
+  std::vector<std::vector<std::pair<double, double>>> busy_by_step(static_cast<std::size_t>(n) + 1);
+  double compute = 0, transfer = 0;
+  for (const auto& iv : m.result.intervals) {
+    if (iv.step < first || iv.step >= n) continue;
+    if (iv.role == Role::compute) compute += iv.t1 - iv.t0;
+    if (iv.role == Role::prefetcher) transfer += iv.t1 - iv.t0;
+  }
+  for (const auto& iv : m.result.intervals)
+    if ((iv.role == Role::compute || iv.role == Role::prefetcher) && iv.step >= 0 && iv.step <= n)
+      busy_by_step[static_cast<std::size_t>(iv.step)].push_back({iv.t0, iv.t1});
+  for (auto& v : busy_by_step) {  // merge into disjoint intervals
+    std::sort(v.begin(), v.end());
+    std::vector<std::pair<double, double>> merged;
+    for (const auto& iv : v)
+      if (!merged.empty() && iv.first <= merged.back().second) merged.back().second = std::max(merged.back().second, iv.second);
+      else merged.push_back(iv);
+    v = std::move(merged);
+  }
+  double opt = 0, hidden = 0;
+  for (const auto& iv : m.result.intervals) {
+    if (iv.role != Role::optimizer || iv.step < first || iv.step + 1 >= n) continue;
+    opt += iv.t1 - iv.t0;
+    hidden += overlap_with(iv.t0, iv.t1, busy_by_step[static_cast<std::size_t>(iv.step + 1)]);
+  }
+  m.compute_s = compute / counted;
+  std::vector<double> per_step(static_cast<std::size_t>(n), 0.0);
+  for (const auto& iv : m.result.intervals)
+    if (iv.role == Role::compute && iv.step >= 0 && iv.step < n) per_step[static_cast<std::size_t>(iv.step)] += iv.t1 - iv.t0;
+  m.min_compute_s = *std::min_element(per_step.begin() + first, per_step.end());
+  m.transfer_s = transfer / counted;
+  m.h2d_bytes = static_cast<double>(m.result.copy.of(CopyDirection::host_to_device).bytes) / static_cast<double>(n);
+  m.opt_s = opt;
+  m.opt_hidden_s = hidden;
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::int64_t steps = argc > 1 ? std::atoll(argv[1]) : 6;
+  const std::int64_t layers = argc > 2 ? std::atoll(argv[2]) : 8;
+  TrainConfig cfg = bench_config(layers, steps);
+  if (argc > 3) cfg.device.weight_slots = std::atoll(argv[3]);
+  const auto batches = bench_batches(cfg, 16);
+
+  // 1. Calibrate: compute time per step with unlimited copies.
+  const Measured cal = run(cfg, batches, false);
+  const double bw = cal.h2d_bytes / cal.min_compute_s;
+  std::printf("overlap: llama %lld layers d=%lld, %lld x %lld x %lld tokens/step, K=%lld; calibration: compute %.3f s/step, "
+              "%.1f MB streamed/step -> link limited to %.3f GB/s (transfer ~= compute)\n",
+              static_cast<long long>(layers), static_cast<long long>(cfg.model.hidden_size),
+              static_cast<long long>(cfg.train.gradient_accumulation_steps),
+              static_cast<long long>(cfg.train.per_device_train_batch_size), static_cast<long long>(cfg.data.seq_length),
+              static_cast<long long>(cfg.device.weight_slots), cal.min_compute_s, cal.h2d_bytes / 1e6, bw / 1e9);
+  cfg.device.copy_bandwidth_gbps = bw / 1e9;
+
+  // 2. Pipelined and 3. non-overlapped, same link limit.
+  const Measured pipe = run(cfg, batches, false);
+  const Measured serial = run(cfg, batches, true);
+  auto bound = [&](const Measured& m) { return std::max(m.compute_s, m.h2d_bytes / bw); };
+  const double ratio = pipe.step_s / bound(pipe);
+  const double ratio_serial = serial.step_s / bound(serial);
+  std::printf("  pipelined:      step %.3f s, compute %.3f s, transfer %.3f s (link busy %.3f s), waiting for weights %.3f s "
+              "-> %.3f x max(compute, transfer)\n",
+              pipe.step_s, pipe.compute_s, pipe.h2d_bytes / bw, pipe.transfer_s, pipe.wait_s, ratio);
+  std::printf("  non-overlapped: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s "
+              "-> %.3f x max(compute, transfer)\n",
+              serial.step_s, serial.compute_s, serial.h2d_bytes / bw, serial.wait_s, ratio_serial);
+  const double hidden = pipe.opt_s > 0 ? pipe.opt_hidden_s / pipe.opt_s : 0.0;
+  std::printf("  optimizer: %.3f s over the measured steps, %.0f%% of it hidden behind the next step's forward "
+              "(its compute or weight streaming)\n",
+              pipe.opt_s, 100 * hidden);
+
+  mt::bench::Report report("overlap");
+  report.add({"overlap_step_ratio", ratio, "x", 1.15});
+  // The same link limit with fewer and more weight slots: how the ratio depends on prefetch depth.
+  if (argc <= 3) {
+    const std::int64_t k0 = cfg.device.weight_slots;
+    for (std::int64_t k : {std::int64_t{2}, std::int64_t{6}}) {
+      cfg.device.weight_slots = k;
+      const Measured m = run(cfg, batches, false);
+      const double r = m.step_s / bound(m);
+      std::printf("  pipelined, K=%lld: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
+                  static_cast<long long>(k), m.step_s, m.compute_s, m.h2d_bytes / bw, m.wait_s, r);
+      report.add({"overlap_step_ratio_k" + std::to_string(k), r, "x", 1.15});
+    }
+    cfg.device.weight_slots = k0;
+  }
+  report.add({"serial_step_ratio", ratio_serial, "x", 2.0});
+  report.add({"optimizer_hidden_fraction", hidden, "fraction", 1.0});
+  report.add({"pipelined_step_s", pipe.step_s, "s", serial.step_s});
+  report.print();
+  return 0;
+}

@@ -1,0 +1,149 @@
+// Tokenizer throughput against Hugging Face tokenizers, side by side in one run, on the Austen corpus:
+// single-thread encode MB/s and tokens/s for both (GPT-2 vocabulary; also Qwen3's tokenizer.json), and
+// the data tool's scaling from 1 to 2 threads. HF runs in the test venv (tools/bench/tokenizer_hf.py,
+// RAYON_NUM_THREADS=1). Both sides: a cold first encode (empty word caches), then the best of 3.
+//   tools/bench/run tokenizer [TEXT_FILE]
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "data/dataset_builder.hpp"
+#include "data/tokenizer.hpp"
+#include "tools/bench/bench_report.hpp"
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    std::fprintf(stderr, "bench_tokenizer: cannot open %s\n", path.c_str());
+    std::exit(1);
+  }
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+nlohmann::json run_hf(const std::string& spec, const std::string& text_file) {
+  const char* env = std::getenv("MEGATRAIN_VENV_PYTHON");
+  const std::string py = env ? env : std::string(MEGATRAIN_SOURCE_DIR) + "/.venv/bin/python3";
+  const std::string cmd = "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false " + py + " " + MEGATRAIN_SOURCE_DIR +
+                          "/tools/bench/tokenizer_hf.py '" + spec + "' '" + text_file + "' 3";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  std::size_t n;
+  while (p && (n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int rc = p ? pclose(p) : -1;
+  if (rc != 0 || out.empty()) {
+    std::fprintf(stderr, "bench_tokenizer: HF tokenizers run failed (%s): %s\n", cmd.c_str(), out.c_str());
+    std::exit(1);
+  }
+  return nlohmann::json::parse(out.substr(out.rfind('{')));
+}
+
+struct Side {
+  double cold, best;
+  std::size_t tokens;
+};
+
+Side run_ours(const std::string& load_spec, const std::string& text) {
+  const mt::data::Tokenizer tok = mt::data::Tokenizer::load(load_spec);  // fresh instance: cold caches
+  std::vector<uint32_t> ids;
+  ids.reserve(text.size() / 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  tok.encode(text, ids);
+  const double cold = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::size_t n = ids.size();
+  const double best = mt::bench::best_seconds([&] { ids.clear(); tok.encode(text, ids); }, 3, 0);
+  return {cold, best, n};
+}
+
+// Speedup of a trivially parallel loop on 2 threads vs 1, measured now: what the machine gives a
+// 2-thread job at this moment (2.0 on an idle 2-core machine). The data tool's speedup is reported
+// against it as well as against 2.
+double spin_speedup() {
+  auto spin = [](int threads) {
+    return mt::bench::best_seconds([&] {
+      std::vector<std::thread> ts;
+      for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&] {
+          volatile double x = 0;
+          for (long i = 0; i < 100000000 / threads; ++i) x = x + 1.0;
+        });
+      for (auto& t : ts) t.join();
+    }, 3, 0);
+  };
+  const double one = spin(1);
+  return one / spin(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string shared = std::string(MEGATRAIN_SHARED_DATA);
+  const std::string text_file = argc > 1 ? argv[1] : shared + "/corpus/austen.txt";
+  const std::string text = slurp(text_file);
+  const double mb = double(text.size()) / 1e6;
+  mt::bench::Report report("tokenizer");
+  std::printf("tokenizer: %s (%.2f MB), single-thread encode, cold run then best of 3\n", text_file.c_str(), mb);
+
+  struct Vocab {
+    const char* name;
+    std::string ours, hf;
+  };
+  const Vocab vocabs[] = {{"gpt2", shared + "/gpt2-bpe", shared + "/gpt2-bpe"},
+                          {"qwen3", shared + "/qwen3-tokenizer/tokenizer.json", shared + "/qwen3-tokenizer/tokenizer.json"}};
+  for (const auto& v : vocabs) {
+    const Side o = run_ours(v.ours, text);
+    const nlohmann::json h = run_hf(v.hf, text_file);
+    const double hs = h["seconds"], hc = h["seconds_cold"];
+    const std::size_t ht = h["tokens"];
+    std::printf("  %-6s ours: %7.2f MB/s %6.2f Mtok/s (cold %6.2f MB/s)   HF tokenizers: %6.2f MB/s %6.2f Mtok/s "
+                "(cold %6.2f MB/s)   %.2fx   tokens %zu / %zu\n",
+                v.name, mb / o.best, double(o.tokens) / o.best / 1e6, mb / o.cold, mb / hs, double(ht) / hs / 1e6,
+                mb / hc, hs / o.best, o.tokens, ht);
+    if (o.tokens != ht) std::printf("  WARNING: token counts differ\n");
+    const std::string n = v.name;
+    if (n == "gpt2") report.add({"encode_vs_hf", text.size() / o.best, "B/s", text.size() / hs});
+    else report.add({"encode_vs_hf_" + n, text.size() / o.best, "B/s", text.size() / hs});
+    report.add({"encode_tokens_per_s_" + n, o.tokens / o.best, "tokens/s", ht / hs});
+    report.add({"encode_cold_vs_hf_" + n, text.size() / o.cold, "B/s", text.size() / hc});
+  }
+
+  // The data tool (library entry point) on 1 and 2 threads: cold caches each time, shards written.
+  const mt::data::Tokenizer gpt2 = mt::data::Tokenizer::load(shared + "/gpt2-bpe");
+  char tmpl[] = "/tmp/megatrain-bench-tok-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  double secs[3] = {0, 0, 0};
+  uint64_t tokens = 0;
+  for (int t : {1, 2}) {
+    mt::data::BuildOptions o;
+    o.inputs = {text_file, shared + "/corpus/mobydick.txt"};
+    o.out_dir = dir + "/t" + std::to_string(t);
+    o.threads = t;
+    o.chunk_bytes = 256 << 10;
+    secs[t] = mt::bench::best_seconds([&] {
+      const mt::data::Tokenizer fresh = mt::data::Tokenizer::load(shared + "/gpt2-bpe");
+      tokens = mt::data::build_shards(fresh, o).tokens;
+    }, 3, 0);
+  }
+  [[maybe_unused]] int rc = std::system(("rm -rf '" + dir + "'").c_str());
+  const double machine = spin_speedup();
+  std::printf("  data tool (text -> shards, GPT-2, austen + mobydick): 1 thread %.2f Mtok/s, 2 threads %.2f Mtok/s, "
+              "speedup %.2fx (a trivially parallel loop gets %.2fx on this machine now)\n",
+              tokens / secs[1] / 1e6, tokens / secs[2] / 1e6, secs[1] / secs[2], machine);
+  report.add({"data_tool_tokens_per_s_2_threads", tokens / secs[2], "tokens/s", 2 * tokens / secs[1]});
+  report.add({"data_tool_speedup_2_threads", secs[1] / secs[2], "x", 2.0});
+  report.add({"data_tool_speedup_vs_machine_2_threads", secs[1] / secs[2], "x", machine});
+  report.print();
+  return 0;
+}

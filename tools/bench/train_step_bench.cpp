@@ -1,0 +1,246 @@
+// One full training step (forward + backward + AdamW) of a GPT-2-124M-shaped model through the
+// reference trainer, against two yardsticks measured in the same run:
+//   - the sgemm ceiling: the step's model FLOPs at the OpenBLAS sgemm rate of this machine and thread
+//     count (6 x params x tokens + 12 x layers x d x T per token for attention);
+//   - Debian's PyTorch on the same model, batch, sequence and threads (train_step_torch.py).
+// Figures: tokens/s and MFU (model FLOP/s over the sgemm rate) with activations kept and with
+// recomputation, the time split by kernel category, and PyTorch's step time over ours.
+//
+// usage: bench_train_step [threads=2] [batch=4] [seqs=64,256] [reps=2] [--no-torch] [--keep-only]
+#include <cblas.h>
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/profile.hpp"
+#include "kernels/reference_trainer.hpp"
+#include "tools/bench/bench_report.hpp"
+
+namespace {
+
+double cpu_now() {  // user + system seconds of every thread of this process
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+mt::ModelConfig gpt2_124m() {
+  mt::ModelConfig c;
+  c.arch = mt::Arch::gpt2;
+  c.vocab_size = 50257;
+  c.hidden_size = 768;
+  c.num_hidden_layers = 12;
+  c.num_attention_heads = c.num_key_value_heads = 12;
+  c.head_dim = 64;
+  c.intermediate_size = 3072;
+  c.max_position_embeddings = 1024;
+  c.norm_eps = 1e-5f;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+// Best sgemm rate over the model's own matmul shapes at this token count (the MLP, attention and head
+// projections, forward and backward orientations), each timed best-of-3.
+// Also returns, through cpu_rate, the rate per CPU-second x threads (robust to other load on the machine).
+double sgemm_rate(int threads, std::int64_t tokens, double* cpu_rate) {
+  mt::cpu::set_blas_threads(threads);
+  struct Shape {
+    std::int64_t m, n, k;
+  };
+  const Shape shapes[] = {{tokens, 3072, 768}, {tokens, 768, 3072}, {3072, 768, tokens}, {tokens, 2304, 768}};
+  double best = 0;
+  for (const auto& s : shapes) {
+    std::vector<float> a(s.m * s.k, 0.01f), b(s.k * s.n, 0.02f), c(s.m * s.n);
+    double best_cpu = 1e300;
+    const double t = mt::bench::best_seconds(
+        [&] {
+          const double c0 = cpu_now();
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(s.m), int(s.n), int(s.k), 1.0f, a.data(), int(s.k),
+                      b.data(), int(s.n), 0.0f, c.data(), int(s.n));
+          best_cpu = std::min(best_cpu, cpu_now() - c0);
+        },
+        3);
+    best = std::max(best, 2.0 * s.m * s.n * s.k / t);
+    *cpu_rate = std::max(*cpu_rate, 2.0 * s.m * s.n * s.k / (best_cpu / threads));
+  }
+  mt::cpu::set_blas_threads(1);  // the kernels' own setting (they split products on OpenMP's pool)
+  return best;
+}
+
+struct Run {
+  double seconds;
+  double cpu_seconds;  // user + system time of the process during that step
+  double split[mt::prof::kNumCats];
+};
+
+Run time_steps(const mt::ModelConfig& c, std::int64_t B, std::int64_t T, mt::ActivationMode mode, int threads,
+               int reps) {
+  mt::ReferenceTrainerOptions o;
+  o.config = c;
+  o.micro_batch = B;
+  o.seq = T;
+  o.hyper.lr = 6e-4f;
+  o.hyper.weight_decay = 0.1f;
+  o.max_grad_norm = 1.0f;
+  o.mode = mode;
+  o.threads = threads;
+  mt::ReferenceTrainer tr(o);
+  std::vector<mt::token_t> tok(B * T), tgt(B * T);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    tok[i] = static_cast<mt::token_t>((i * 7919) % c.vocab_size);
+    tgt[i] = static_cast<mt::token_t>((i * 104729 + 1) % c.vocab_size);
+  }
+  Run best{1e300, 0, {}};
+  for (int r = 0; r < reps + 1; ++r) {  // the first step is a warm-up (page faults, pools)
+    mt::prof::reset();
+    mt::prof::enabled() = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_now();
+    tr.step(tok.data(), tgt.data());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu = cpu_now() - c0;
+    mt::prof::enabled() = false;
+    if (r > 0 && s < best.seconds) {
+      best.seconds = s;
+      best.cpu_seconds = cpu;
+      for (int k = 0; k < mt::prof::kNumCats; ++k) best.split[k] = mt::prof::seconds(static_cast<mt::prof::Cat>(k));
+    }
+  }
+  return best;
+}
+
+struct TorchRun {
+  double seconds = 0, cpu_seconds = 0;
+};
+
+TorchRun torch_step(int threads, std::int64_t B, std::int64_t T, int reps) {
+  const char* src = std::getenv("MEGATRAIN_SOURCE_DIR");  // override for out-of-tree builds
+  const std::string cmd = std::string(MEGATRAIN_PYTHON) + " " + (src ? src : MEGATRAIN_SOURCE_DIR) +
+                          "/tools/bench/train_step_torch.py " + std::to_string(threads) + " " + std::to_string(B) +
+                          " " + std::to_string(T) + " " + std::to_string(reps);
+  TorchRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char line[512];
+  while (std::fgets(line, sizeof line, p))
+    if (std::sscanf(line, "torch_step_seconds %lf cpu %lf", &r.seconds, &r.cpu_seconds) == 2) break;
+  pclose(p);
+  return r;
+}
+
+}  // namespace
+
+static int run(int argc, char** argv) {
+  int threads = 2, reps = 2;
+  std::int64_t B = 4;
+  std::vector<std::int64_t> seqs = {64, 256};
+  bool torch = true, recompute = true;
+  std::vector<std::string> pos;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-torch") == 0)
+      torch = false;
+    else if (std::strcmp(argv[i], "--keep-only") == 0)
+      recompute = false;
+    else
+      pos.emplace_back(argv[i]);
+  }
+  if (pos.size() > 0) threads = std::atoi(pos[0].c_str());
+  if (pos.size() > 1) B = std::atoll(pos[1].c_str());
+  if (pos.size() > 2) {
+    seqs.clear();
+    std::stringstream ss(pos[2]);
+    for (std::string t; std::getline(ss, t, ',');) seqs.push_back(std::atoll(t.c_str()));
+  }
+  if (pos.size() > 3) reps = std::atoi(pos[3].c_str());
+
+  const mt::ModelConfig c = gpt2_124m();
+  const double params = static_cast<double>(mt::total_param_count(c));
+  mt::bench::Report report("train-step");
+  std::printf("train-step: GPT-2 124M shape (%.1fM params), batch %lld, %d threads, best of %d steps after 1 warm-up\n",
+              params / 1e6, static_cast<long long>(B), threads, reps);
+  for (const std::int64_t T : seqs) {
+    const double tokens = static_cast<double>(B * T);
+    // 6 N per token for the weights, 12 L d T per token for attention scores and values (fwd + bwd).
+    const double flops = 6.0 * params * tokens + 12.0 * c.num_hidden_layers * c.hidden_size * T * tokens;
+    // The ceiling is the best sgemm rate seen in this run (measured before and after the steps), so a
+    // noisy moment can only lower our ratio, never raise it.
+    double cpu_rate = 0;
+    double rate = sgemm_rate(threads, B * T, &cpu_rate);
+    std::vector<Run> runs;
+    for (auto mode : {mt::ActivationMode::keep, mt::ActivationMode::recompute})
+      if (mode == mt::ActivationMode::keep || recompute) runs.push_back(time_steps(c, B, T, mode, threads, reps));
+    rate = std::max(rate, sgemm_rate(threads, B * T, &cpu_rate));
+    const double ceiling_s = flops / rate;
+    std::printf("\n  seq %lld: %.1f GFLOP per step, sgemm %.1f GFLOP/s -> ceiling %.2f s/step (%.1f tokens/s)\n",
+                static_cast<long long>(T), flops / 1e9, rate / 1e9, ceiling_s, tokens / ceiling_s);
+    const std::string tag = "_t" + std::to_string(T);
+    double keep_s = 0;
+    for (std::size_t ri = 0; ri < runs.size(); ++ri) {
+      const bool keep = ri == 0;
+      const Run& r = runs[ri];
+      if (keep) keep_s = r.seconds;
+      const double mfu = ceiling_s / r.seconds;
+      std::printf(
+          "  %-9s %.2f s/step  %.1f tokens/s  %.1f%% of the sgemm ceiling  (cpu %.2f s = %.0f%% of %d threads)\n",
+          keep ? "keep" : "recompute", r.seconds, tokens / r.seconds, 100 * mfu, r.cpu_seconds,
+          100 * r.cpu_seconds / (r.seconds * threads), threads);
+      double accounted = 0;
+      std::printf("            split:");
+      for (int k = 0; k < mt::prof::kNumCats; ++k) {
+        accounted += r.split[k];
+        std::printf(" %s %.2fs (%.0f%%)", mt::prof::cat_name(static_cast<mt::prof::Cat>(k)), r.split[k],
+                    100 * r.split[k] / r.seconds);
+      }
+      std::printf(" other %.2fs\n", r.seconds - accounted);
+      const std::string suffix = std::string(keep ? "" : "_recompute").append(tag);
+      auto metric = [&](const char* base) { return std::string(base).append(suffix); };
+      report.add({metric("train_step_tokens_per_s"), tokens / r.seconds, "tokens/s", tokens / ceiling_s});
+      // The same ratio on CPU time (FLOPs per CPU-second x threads, for the step and for sgemm): what the
+      // code achieves when the machine is shared and wall-clock time is inflated by other processes.
+      report.add({metric("train_step_mfu_cpu"), flops / (r.cpu_seconds / threads), "FLOP/s", cpu_rate});
+      if (T == 256)
+        report.add({keep ? "train_step_mfu" : "train_step_mfu_recompute", flops / r.seconds, "FLOP/s", rate});
+      report.add({metric("train_step_mfu"), flops / r.seconds, "FLOP/s", rate});
+      for (int k = 0; k < mt::prof::kNumCats; ++k)
+        report.add(
+            {std::string("train_step_split_").append(mt::prof::cat_name(static_cast<mt::prof::Cat>(k))).append(suffix),
+             r.split[k], "s", r.seconds});
+    }
+    if (torch) {
+      const TorchRun tr = torch_step(threads, B, T, reps);
+      const double ts = tr.seconds;
+      if (ts > 0) {
+        std::printf(
+            "  pytorch   %.2f s/step  %.1f tokens/s  (cpu %.2f s)  -> ours (keep) is %.2fx faster (%.2fx in CPU "
+            "time)\n",
+            ts, tokens / ts, tr.cpu_seconds, ts / keep_s, tr.cpu_seconds / runs[0].cpu_seconds);
+        report.add({"train_step_vs_torch_cpu" + tag, 1.0 / runs[0].cpu_seconds, "1/cpu-s", 1.0 / tr.cpu_seconds});
+        report.add({"train_step_torch_seconds" + tag, ts, "s", 0});
+        // ratio = PyTorch's step time over ours (value = our steps/s, ceiling = PyTorch's steps/s)
+        report.add({"train_step_vs_torch" + tag, 1.0 / keep_s, "steps/s", 1.0 / ts});
+        if (T == 256) report.add({"train_step_vs_torch", 1.0 / keep_s, "steps/s", 1.0 / ts});
+      } else {
+        std::printf("  pytorch   unavailable (%s)\n", MEGATRAIN_PYTHON);
+      }
+    }
+  }
+  report.print();
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train_step: %s\n", e.what());
+    return 1;
+  }
+}
