@@ -16,6 +16,8 @@ prefetcher_actor spawn_prefetcher(caf::actor_system& sys, Context* ctx, std::uin
 compute_actor spawn_compute(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
 collector_actor spawn_collector(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
 optimizer_actor spawn_optimizer(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
+// The checkpointer (detached: HDF5 writes block). Not restarted by the node; it reports failures.
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, Context* ctx);
 // The supervisor (event-based, on the scheduler; it only routes messages). Quits after every child
 // is down; `result` is filled by then.
 node_actor spawn_node(caf::actor_system& sys, Context* ctx, EngineResult* result);
@@ -40,8 +42,10 @@ struct PeerHandles {
   collector_actor collector;
   optimizer_actor optimizer;
   node_actor node;
+  checkpointer_actor checkpointer;
 
   void set(const Peers& p) {
+    checkpointer = caf::actor_cast<checkpointer_actor>(p.checkpointer);
     loader = caf::actor_cast<loader_actor>(p.loader);
     prefetcher = caf::actor_cast<prefetcher_actor>(p.prefetcher);
     compute = caf::actor_cast<compute_actor>(p.compute);

@@ -2,6 +2,47 @@
 
 namespace mt::actors {
 
+nlohmann::json BatchSource::cursor_before(std::uint64_t) { return nullptr; }
+void BatchSource::restore(std::uint64_t, const nlohmann::json&) {}
+
+nlohmann::json ShardBatchSource::cursor_before(std::uint64_t g) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = before_.find(g);
+  if (it != before_.end()) return it->second;
+  if (g < next_) {
+    // Older than every snapshot kept: replay from the nearest one below (never happens for a step
+    // boundary of the current or previous step).
+    auto below = before_.upper_bound(g);
+    if (below == before_.begin()) throw std::runtime_error("data cursor before batch " + std::to_string(g) + " is not kept");
+    --below;
+    data::DataLoader copy(loader_.options());
+    copy.restore(below->second);
+    data::Batch tmp;
+    for (std::uint64_t i = below->first; i < g; ++i) copy.next(tmp);
+    return copy.cursor();
+  }
+  // Not served yet: advance (the same batches get() would produce), snapshotting each.
+  data::Batch tmp;
+  while (next_ < g) {
+    before_[next_] = loader_.cursor();
+    loader_.next(tmp);
+    ++next_;
+  }
+  return loader_.cursor();
+}
+
+void ShardBatchSource::restore(std::uint64_t g, const nlohmann::json& cursor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  before_.clear();
+  if (cursor.is_null()) {
+    loader_.seek(g);
+  } else {
+    loader_.restore(cursor.get<data::Cursor>());
+  }
+  next_ = g;
+  before_[g] = loader_.cursor();
+}
+
 ShardBatchSource::ShardBatchSource(data::LoaderOptions options) : loader_(std::move(options)) {}
 
 void ShardBatchSource::get(std::uint64_t g, data::Batch& out) {

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "data/loader.hpp"
 
 namespace mt::actors {
@@ -19,6 +21,12 @@ class BatchSource {
   virtual ~BatchSource() = default;
   // Fills `out` with micro-batch g. Thread-safe (one caller at a time is enough).
   virtual void get(std::uint64_t g, data::Batch& out) = 0;
+  // The data position before micro-batch g, for a checkpoint's run state (JSON; null when the source
+  // has no state beyond g, as VectorBatchSource). Thread-safe.
+  virtual nlohmann::json cursor_before(std::uint64_t g);
+  // Continues from a checkpoint: the next get(g) returns what the source that produced `cursor`
+  // (cursor_before(g)) would have returned. Throws on data that does not match the cursor.
+  virtual void restore(std::uint64_t g, const nlohmann::json& cursor);
 };
 
 // The data engineer's loader (llm.c token shards, deterministic shuffling) behind the by-index API: a
@@ -27,6 +35,8 @@ class ShardBatchSource : public BatchSource {
  public:
   explicit ShardBatchSource(data::LoaderOptions options);
   void get(std::uint64_t g, data::Batch& out) override;
+  nlohmann::json cursor_before(std::uint64_t g) override;
+  void restore(std::uint64_t g, const nlohmann::json& cursor) override;
   const data::DataLoader& loader() const { return loader_; }
 
  private:

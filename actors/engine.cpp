@@ -104,7 +104,9 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
                                   std::to_string(job.host->tile(s).version()) + ", expected " +
                                   std::to_string(job.first_step));
   ctx->first_step = job.first_step;
-  ctx->end_step = std::max(job.first_step, job.cfg.train.max_steps);
+  ctx->cfg_end_step = std::max(job.first_step, job.cfg.train.max_steps);
+  ctx->end_step = job.stop_after >= 0 ? std::clamp(job.stop_after, job.first_step, ctx->cfg_end_step) : ctx->cfg_end_step;
+  ctx->checkpointing = !job.checkpoint.root.empty();
   const ThreadBudget& tb = ctx->plan.threads;
   ctx->compute_ctx.threads = std::max(1, tb.blas);
   ctx->optimizer_threads = std::max(1, tb.optimizer);
@@ -160,6 +162,7 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   result.arena = arena.usage();
   result.copy = copy.stats();
   result.slot_reuses = ctx->slot_reuses.load();
+  result.checkpoint_wait_s = ctx->gate.waited_s();
   result.intervals = ctx->intervals.take();
   std::uint64_t v = ~std::uint64_t{0};
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) v = std::min(v, job.host->tile(s).version());

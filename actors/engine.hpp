@@ -58,7 +58,35 @@ struct StepRecord {
   double compute_s = 0.0;          // compute busy (forward, head, backward)
   double offload_s = 0.0;          // collector: device-to-host copies and accumulation
   double optimizer_s = 0.0;        // optimizer busy (norm + AdamW of the step)
+  double checkpoint_wait_s = 0.0;  // optimizer waited for the checkpointer (version gate) in this step
   std::int64_t restarts = 0;       // actor restarts so far
+};
+
+// Checkpointing of a run (checkpointer.cpp). Stage s of a due checkpoint is written straight from its
+// host tile (params, exp_avg, exp_avg_sq; no staging copy) right after the optimizer published the
+// due version; the optimizer does not update stage s again before it is written (version gate).
+struct CheckpointJob {
+  std::string root;                 // ROOT of step-N directories + `latest`; "" = no checkpoints
+  std::int64_t save_steps = 0;      // every N steps (tile versions that are multiples of N); 0 = none
+  bool at_end = true;               // a final checkpoint when the run ends (also after a stop signal)
+  int keep_last = 0;                // retention (train.save_total_limit); 0 = keep all
+  double save_minutes = 0.0;        // also every T minutes of wall clock; 0 = off
+  std::atomic<bool>* request = nullptr;  // set (e.g. by SIGUSR1): checkpoint at the next step boundary
+  std::string hf_config_json;       // config.json the model came from (kept in the manifest), "" = none
+  // Test-only: sleep `stall_seconds` before writing stage `stall_stage` of checkpoint `stall_step`
+  // (kill -9 during a checkpoint write; stall measurements). -1 = off.
+  std::int64_t stall_step = -1, stall_stage = -1;
+  double stall_seconds = 0.0;
+};
+
+// A checkpoint published or failed (EngineJob::on_checkpoint, EngineResult::checkpoints).
+struct CheckpointEvent {
+  std::int64_t step = 0;
+  bool ok = false;
+  std::string path;                 // published directory (ok)
+  std::string error;                // why it failed (!ok); names the file
+  double seconds = 0.0;             // CheckpointNow to publish
+  std::uint64_t bytes = 0;
 };
 
 // A busy interval of one actor, for overlap measurements (recorded when EngineJob::record_intervals).
@@ -78,6 +106,11 @@ struct EngineJob {
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT) to stop after the step in progress
   std::function<void(const StepRecord&)> on_step;  // called once per finished step, in step order
   bool record_intervals = false;
+  // Ends the run after this many total steps (< cfg.train.max_steps); the LR schedule still uses
+  // max_steps, so a later resume continues the same run. -1 = max_steps.
+  std::int64_t stop_after = -1;
+  CheckpointJob checkpoint;
+  std::function<void(const CheckpointEvent&)> on_checkpoint;  // node thread, as each one ends
   // Non-overlapped schedule (benchmarks): each stage's weights are streamed only when compute asks,
   // and the next step waits for the optimizer. Same results, no overlap.
   bool serial_schedule = false;
@@ -95,6 +128,8 @@ struct EngineResult {
   std::vector<BusyInterval> intervals;
   double wall_s = 0.0;
   std::string error;                    // non-empty: the run failed (an unrecoverable error)
+  std::vector<CheckpointEvent> checkpoints;
+  double checkpoint_wait_s = 0.0;       // total time the optimizer waited on the version gate
 };
 
 // Deterministic initialisation of every tile's params (init_stage_params per stage, the reference

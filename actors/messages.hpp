@@ -8,6 +8,10 @@
 //   compute --LossReport--> optimizer, node
 //   collector --LayerGradsComplete--> optimizer --LayerUpdated(version)--> prefetcher
 //   compute/collector/optimizer --*StepDone--> node (timings; the node prints the progress line)
+// Checkpoints (checkpointer.cpp): optimizer --CheckpointNow(v)--> checkpointer (before the first
+//   update towards version v), optimizer --LayerUpdated--> checkpointer (writes stage s at version v
+//   at once), checkpointer --CheckpointDone / CheckpointFailed--> node; node --CheckpointNow--> checkpointer
+//   for the final checkpoint after the last step.
 // Control (node -> every pipeline actor): Peers (who is who), reset (a barrier: drop in-flight work and
 // adopt a new epoch, reply ack), Resume (rebuild state from the ledger and go), StopAt.
 //
@@ -57,7 +61,7 @@ typename Inspector::result_type inspect(Inspector& f, Pos& x) {
 // node -> every pipeline actor: the current handles of the others (sent at start and after each
 // restart, since a restarted actor has a new handle). Receivers cast them to the typed handles.
 struct Peers {
-  caf::strong_actor_ptr loader, prefetcher, compute, collector, optimizer, node;
+  caf::strong_actor_ptr loader, prefetcher, compute, collector, optimizer, node, checkpointer;
 };
 
 // node -> every pipeline actor, after the reset barrier (or at start): continue from the durable
@@ -253,12 +257,57 @@ struct OptimizerStepDone {
   double loss = 0.0, grad_norm = 0.0, clip = 1.0, lr = 0.0;
   std::int64_t counted = 0;
   double optimizer_s = 0.0;
+  double checkpoint_wait_s = 0.0;  // the optimizer waited for the checkpointer (version gate)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, OptimizerStepDone& x) {
   return f(caf::meta::type_name("OptimizerStepDone"), x.step, x.loss, x.grad_norm, x.clip, x.lr, x.counted,
-           x.optimizer_s);
+           x.optimizer_s, x.checkpoint_wait_s);
+}
+
+// ---- checkpoints ---------------------------------------------------------------------------------
+
+// optimizer -> checkpointer: a checkpoint of tile version `step` (= steps done) is due; the optimizer
+// has registered it in the checkpoint gate (context.hpp) before updating any stage past `step`, and
+// will not update stage s past it until the checkpointer marked s written. node -> checkpointer: the
+// final checkpoint after the last step (every tile already at `step`; nothing updates them any more).
+// The checkpointer writes every stage already at version `step` at once and the others on their
+// LayerUpdated. A CheckpointNow for a step in progress is a no-op; for the step last published it
+// answers CheckpointDone again.
+struct CheckpointNow {
+  std::int64_t step = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointNow& x) {
+  return f(caf::meta::type_name("CheckpointNow"), x.step);
+}
+
+// checkpointer -> node: checkpoint `step` is published at `path` (atomic rename, `latest` updated,
+// retention applied). seconds: from CheckpointNow to publish; bytes: data bytes written.
+struct CheckpointDone {
+  std::int64_t step = 0;
+  std::string path;
+  double seconds = 0.0;
+  std::uint64_t bytes = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointDone& x) {
+  return f(caf::meta::type_name("CheckpointDone"), x.step, x.path, x.seconds, x.bytes);
+}
+
+// checkpointer -> node: checkpoint `step` could not be written (disk full, I/O error: `error` names
+// the file). Nothing was published, the previous checkpoints are intact, training goes on.
+struct CheckpointFailed {
+  std::int64_t step = 0;
+  std::string error;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointFailed& x) {
+  return f(caf::meta::type_name("CheckpointFailed"), x.step, x.error);
 }
 
 // ---- typed interfaces ------------------------------------------------------------------------------
@@ -285,9 +334,16 @@ using optimizer_actor = caf::typed_actor<
     caf::reacts_to<LossReport>, caf::reacts_to<LayerGradsComplete>,
     caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
+// The checkpointer is not a restartable pipeline role: it catches its own errors (a failed checkpoint
+// is reported, not fatal) and takes no part in the reset barrier (its messages carry no epoch: a
+// LayerUpdated names a tile version, which is the same information in every epoch).
+using checkpointer_actor = caf::typed_actor<
+    caf::reacts_to<CheckpointNow>, caf::reacts_to<LayerUpdated>, caf::reacts_to<Peers>>;
+
 using node_actor = caf::typed_actor<
     caf::reacts_to<LossReport>, caf::reacts_to<LayerUpdated>, caf::reacts_to<ComputeStepDone>,
-    caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>>;
+    caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>,
+    caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>>;
 
 }  // namespace mt::actors
 

@@ -44,6 +44,9 @@ struct node_state {
   std::set<caf::actor_addr> alive;  // children not yet down
   int crashes_since_progress = 0;
   int acks_pending = 0;
+  checkpointer_actor checkpointer;
+  bool final_requested = false;  // the end-of-run checkpoint was asked for; shut down when it ends
+  Clock::time_point last_checkpoint;  // for train.save_minutes
   static constexpr const char* name = "node";
 };
 
@@ -58,6 +61,7 @@ Peers make_peers(self_ptr self) {
   p.collector = caf::actor_cast<caf::strong_actor_ptr>(h.collector);
   p.optimizer = caf::actor_cast<caf::strong_actor_ptr>(h.optimizer);
   p.node = caf::actor_cast<caf::strong_actor_ptr>(self);
+  p.checkpointer = caf::actor_cast<caf::strong_actor_ptr>(h.checkpointer);
   return p;
 }
 
@@ -95,6 +99,7 @@ void resume_all(self_ptr self) {
   self->send(st.h.compute, peers);
   self->send(st.h.collector, peers);
   self->send(st.h.optimizer, peers);
+  self->send(st.checkpointer, peers);
   self->send(st.h.loader, r);
   self->send(st.h.collector, r);
   self->send(st.h.optimizer, r);
@@ -132,6 +137,8 @@ void shutdown(self_ptr self) {
   auto& st = self->state;
   if (st.shutting_down) return;
   st.shutting_down = true;
+  st.ctx->gate.release_all();  // an optimizer waiting on a checkpoint must not block the exit
+  self->send_exit(st.checkpointer, caf::exit_reason::user_shutdown);
   if (st.alive.empty()) {
     self->quit();
     return;
@@ -146,6 +153,36 @@ void shutdown(self_ptr self) {
 void fail(self_ptr self, const std::string& what) {
   if (self->state.result->error.empty()) self->state.result->error = what;
   shutdown(self);
+}
+
+// Every step is done: write the final checkpoint (when checkpointing and this run did a step), then
+// shut down once it is published or failed.
+void finish(self_ptr self) {
+  auto& st = self->state;
+  if (st.shutting_down || st.final_requested) return;
+  const Context* ctx = st.ctx;
+  if (ctx->checkpointing && ctx->job->checkpoint.at_end && st.end_step > ctx->first_step &&
+      st.result->error.empty()) {
+    st.final_requested = true;
+    self->send(st.checkpointer, CheckpointNow{st.end_step});
+    return;
+  }
+  shutdown(self);
+}
+
+void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
+  auto& st = self->state;
+  st.result->checkpoints.push_back(ev);
+  st.last_checkpoint = Clock::now();
+  if (st.ctx->job->on_checkpoint) {
+    try {
+      st.ctx->job->on_checkpoint(ev);
+    } catch (const std::exception& e) {
+      fail(self, std::string("checkpoint report failed: ") + e.what());
+      return;
+    }
+  }
+  if (st.final_requested && ev.step == st.end_step) shutdown(self);
 }
 
 void emit_ready_steps(self_ptr self) {
@@ -169,6 +206,7 @@ void emit_ready_steps(self_ptr self) {
     rec.compute_s = r.c.compute_s;
     rec.offload_s = r.offload_s;
     rec.optimizer_s = r.o.optimizer_s;
+    rec.checkpoint_wait_s = r.o.checkpoint_wait_s;
     rec.restarts = st.result->restarts;
     st.last_done = now;
     st.result->steps.push_back(rec);
@@ -183,7 +221,7 @@ void emit_ready_steps(self_ptr self) {
     ++st.next_report;
     st.crashes_since_progress = 0;
   }
-  if (st.next_report >= st.end_step) shutdown(self);
+  if (st.next_report >= st.end_step) finish(self);
 }
 
 void on_crash(self_ptr self, Role role, const caf::error& reason) {
@@ -216,6 +254,16 @@ void on_crash(self_ptr self, Role role, const caf::error& reason) {
 void poll_stop(self_ptr self) {
   auto& st = self->state;
   if (st.shutting_down) return;
+  // Checkpoint requests (SIGUSR1) and the timer: the optimizer takes the flag at its next step.
+  if (st.ctx->checkpointing) {
+    std::atomic<bool>* req = st.ctx->job->checkpoint.request;
+    if (req && req->exchange(false)) st.ctx->checkpoint_request.store(true);
+    const double minutes = st.ctx->job->checkpoint.save_minutes;
+    if (minutes > 0 && seconds_between(st.last_checkpoint, Clock::now()) >= minutes * 60.0) {
+      st.ctx->checkpoint_request.store(true);
+      st.last_checkpoint = Clock::now();
+    }
+  }
   const std::atomic<bool>* flag = st.ctx->job->stop;
   if (flag && flag->load() && !st.stop_requested) {
     st.stop_requested = true;
@@ -241,11 +289,16 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
   st.end_step = run.ctx->end_step;
   st.next_report = run.ctx->first_step;
   st.last_done = Clock::now();
+  st.last_checkpoint = st.last_done;
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     s.alive.erase(dm.source);
     if (s.shutting_down) {
       if (s.alive.empty()) self->quit();
+      return;
+    }
+    if (dm.source == s.checkpointer.address()) {
+      fail(self, "the checkpointer stopped: " + self->system().render(dm.reason));
       return;
     }
     const std::array<std::pair<Role, caf::actor_addr>, kRoleCount> roles{{
@@ -262,7 +315,11 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
       }
   });
   for (int r = 0; r < kRoleCount; ++r) spawn_role(self, static_cast<Role>(r));
+  st.checkpointer = spawn_checkpointer(self->system(), st.ctx);
+  self->monitor(st.checkpointer);
+  st.alive.insert(st.checkpointer.address());
   if (st.next_report >= st.end_step) {
+    self->send(st.checkpointer, make_peers(self));
     shutdown(self);
   } else {
     resume_all(self);
@@ -285,6 +342,8 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
         emit_ready_steps(self);
       },
       [=](tick_atom) { poll_stop(self); },
+      [=](const CheckpointDone& m) { on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes}); },
+      [=](const CheckpointFailed& m) { on_checkpoint(self, CheckpointEvent{m.step, false, "", m.error, 0.0, 0}); },
   };
 }
 

@@ -24,6 +24,8 @@ struct optimizer_state {
   std::map<std::int64_t, std::map<std::int64_t, MbLoss>> losses;   // step -> micro-batch -> loss
   std::map<std::int64_t, std::map<std::int64_t, double>> sumsq;    // step -> stage -> sum of squares
   double busy_s = 0.0;
+  double gate_wait_s = 0.0;   // this step's wait for the checkpointer
+  std::int64_t decided = -1;  // the step whose checkpoint decision is made
   static constexpr const char* name = "optimizer";
 };
 
@@ -35,6 +37,8 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   HostTile& tile = ctx->host->tile(stage);
   if (tile.version() != static_cast<std::uint64_t>(s)) return;  // done before a restart
   fault_point(ctx->fault, Role::optimizer, s, -1, stage, Phase::optimize);
+  // Version gate: a checkpoint of version s may still be writing this tile.
+  st.gate_wait_s += ctx->gate.wait_writable(s, stage);
   const auto t0 = Clock::now();
   adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], tile.params(), tile.grad(), tile.adam_m(), tile.adam_v(),
               hyper, s + 1, grad_scale, ctx->optimizer_threads);
@@ -43,6 +47,23 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   st.busy_s += seconds_between(t0, t1);
   ctx->intervals.add(Role::optimizer, s, t0, t1);
   self->send(st.peers.prefetcher, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+  if (ctx->checkpointing) self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+}
+
+// Before the first update of step s: is a checkpoint of version s + 1 due? (every save_steps, the
+// planned last step, or a request: SIGUSR1 / the timer). If so, register it in the gate and tell the
+// checkpointer, before any stage moves to s + 1. A checkpoint registered before a restart stays.
+void decide_checkpoint(self_ptr self, std::int64_t s) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  if (st.decided == s) return;
+  st.decided = s;
+  if (!ctx->checkpointing) return;
+  const std::int64_t v = s + 1;
+  const CheckpointJob& cj = ctx->job->checkpoint;
+  bool due = (cj.save_steps > 0 && v % cj.save_steps == 0) || (cj.at_end && v == ctx->cfg_end_step);
+  if (ctx->checkpoint_request.exchange(false)) due = true;
+  if (due && ctx->gate.open(v, ctx->stages())) self->send(st.peers.checkpointer, CheckpointNow{v});
 }
 
 void try_update(self_ptr self) {
@@ -51,6 +72,7 @@ void try_update(self_ptr self) {
   const std::int64_t S = ctx->stages(), M = ctx->micro_batches();
   while (st.running && st.step < st.end_step) {
     const std::int64_t s = st.step;
+    decide_checkpoint(self, s);
     auto& losses = st.losses[s];
     if (static_cast<std::int64_t>(losses.size()) < M) return;
     double loss_sum = 0.0;
@@ -72,8 +94,10 @@ void try_update(self_ptr self) {
     const StepScale scale = compute_step_scale(sumsq, counted, ctx->max_grad_norm, loss_sum);
     if (ctx->max_grad_norm > 0.0f)
       for (std::int64_t stage = 0; stage < S; ++stage) update_stage(self, s, stage, hyper, scale.grad_scale);
-    self->send(st.peers.node, OptimizerStepDone{s, scale.loss, scale.grad_norm, scale.clip, hyper.lr, counted, st.busy_s});
+    self->send(st.peers.node,
+               OptimizerStepDone{s, scale.loss, scale.grad_norm, scale.clip, hyper.lr, counted, st.busy_s, st.gate_wait_s});
     st.busy_s = 0.0;
+    st.gate_wait_s = 0.0;
     st.losses.erase(s);
     st.sumsq.erase(s);
     ++st.step;
@@ -106,6 +130,7 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
         st.losses.clear();
         st.sumsq.clear();
         st.running = true;
+        st.decided = -1;
       },
       [=](reset_atom, std::uint64_t e) {
         self->state.epoch = e;

@@ -38,7 +38,11 @@ NodeConfig::NodeConfig() {
       .add(t.offload_dir, "offload_dir", "NVMe directory for state that does not fit in RAM; empty = none")
       .add(t.save_steps, "save_steps", "checkpoint every N steps; 0 = only at the end")
       .add(t.save_total_limit, "save_total_limit", "checkpoints to keep; 0 = all")
-      .add(t.resume_from_checkpoint, "resume_from_checkpoint", "checkpoint directory, 'latest', or empty");
+      .add(t.resume_from_checkpoint, "resume_from_checkpoint", "checkpoint directory, 'latest', or empty")
+      .add(t.resume_fallback, "resume_fallback", "none | previous_good (skip damaged checkpoints when resuming)")
+      .add(t.save_minutes, "save_minutes", "also checkpoint every T minutes; 0 = off")
+      .add(t.stop_after_steps, "stop_after_steps", "end this run after N total steps (LR schedule keeps max_steps); 0 = max_steps")
+      .add(t.export_hf_dir, "export_hf_dir", "export the final weights as a Hugging Face model directory; empty = none");
   auto& m = values.model;
   opt_group{custom_options_, "model"}
       .add(m.config_file, "config_file", "Hugging Face config.json (or its directory); empty = the keys below")

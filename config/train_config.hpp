@@ -45,6 +45,10 @@ struct TrainSection {                        // [train]
   std::int64_t save_steps = 0;                 // checkpoint every N steps; 0 = only at the end
   std::int64_t save_total_limit = 2;           // keep-last-N checkpoints; 0 = keep all
   std::string resume_from_checkpoint;          // checkpoint dir, "latest", or "" (start fresh)
+  std::string resume_fallback = "none";        // none | previous_good: a damaged checkpoint is an error / skipped
+  double save_minutes = 0.0;                   // also checkpoint every T minutes (wall clock); 0 = off
+  std::int64_t stop_after_steps = 0;           // end this invocation after N total steps (schedule still uses max_steps); 0 = max_steps
+  std::string export_hf_dir;                   // write the final weights as a Hugging Face directory here; "" = no export
 };
 
 struct ModelSection {                        // [model]

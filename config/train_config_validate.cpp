@@ -86,6 +86,10 @@ void train_values(const TrainConfig& c) {
   c.optimizer_compression();
   at_least("train.save_steps", t.save_steps, 0);
   at_least("train.save_total_limit", t.save_total_limit, 0);
+  if (t.resume_fallback != "none" && t.resume_fallback != "previous_good")
+    throw ConfigError("train.resume_fallback", "'" + t.resume_fallback + "' is not one of none, previous_good");
+  non_negative("train.save_minutes", t.save_minutes);
+  at_least("train.stop_after_steps", t.stop_after_steps, 0);
 }
 
 void model_values(const TrainConfig& c) {

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/layout_cache.hpp"
 #include "kernels/profile.hpp"
 #include "kernels/stage_api.hpp"
 
@@ -12,7 +13,7 @@ void embedding_forward(const ModelConfig& c, const float* params, const token_t*
   prof::Scope prof_scope(prof::elementwise);
   validate_batch_shape(c, batch, seq);
   validate_tokens(c, tokens, static_cast<std::size_t>(batch * seq));
-  const ParamLayout l = embedding_layout(c);
+  const ParamLayout& l = detail::cached_embedding_layout(c);
   const std::int64_t d = c.hidden_size, N = batch * seq;
   const float* wte = params + l.tensors[0].offset;
   const float* wpe = c.is_gpt2() ? params + l.at("wpe.weight").offset : nullptr;
@@ -34,7 +35,7 @@ void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_
   prof::Scope prof_scope(prof::elementwise);
   validate_batch_shape(c, batch, seq);
   validate_tokens(c, tokens, static_cast<std::size_t>(batch * seq));
-  const ParamLayout l = embedding_layout(c);
+  const ParamLayout& l = detail::cached_embedding_layout(c);
   const std::int64_t d = c.hidden_size, N = batch * seq;
   float* dwte = grads + l.tensors[0].offset;
   float* dwpe = c.is_gpt2() ? grads + l.at("wpe.weight").offset : nullptr;

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/layer_impl.hpp"
+#include "kernels/layout_cache.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/profile.hpp"
 #include "kernels/step_math.hpp"
@@ -19,13 +20,23 @@ struct Weights {
   float *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc2_w, *fc2_b;
 };
 
+struct Offsets {
+  std::size_t o[12];
+};
+
 Weights bind(const ModelConfig& c, const float* base) {
-  const ParamLayout l = layer_layout(c, 0);
+  static const char* const names[12] = {
+      "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+      "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+  const Offsets& off = per_shape<Offsets>(c, [&] {  // looked up once per model shape
+    const ParamLayout& l = cached_layer_layout(c);
+    Offsets r{};
+    for (int i = 0; i < 12; ++i) r.o[i] = l.at(names[i]).offset;
+    return r;
+  });
   float* b = const_cast<float*>(base);
-  auto at = [&](const char* name) { return b + l.at(name).offset; };
-  return {at("ln_1.weight"),        at("ln_1.bias"),        at("attn.c_attn.weight"), at("attn.c_attn.bias"),
-          at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"),        at("ln_2.bias"),
-          at("mlp.c_fc.weight"),    at("mlp.c_fc.bias"),    at("mlp.c_proj.weight"),  at("mlp.c_proj.bias")};
+  auto at = [&](int i) { return b + off.o[i]; };
+  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
 }
 
 struct Saved {

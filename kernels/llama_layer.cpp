@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/layer_impl.hpp"
+#include "kernels/layout_cache.hpp"
 #include "kernels/profile.hpp"
 #include "kernels/step_math.hpp"
 #include "kernels/workspace.hpp"
@@ -19,27 +20,38 @@ struct Weights {  // pointers into one bound stage buffer (params or grads)
   float *in_norm, *wq, *bq, *wk, *bk, *wv, *bv, *q_norm, *k_norm, *wo, *post_norm, *wg, *wu, *wd;
 };
 
+// Offsets of the named tensors (-1 when absent), looked up once per model shape.
+struct Offsets {
+  std::ptrdiff_t o[14];
+};
+
 Weights bind(const ModelConfig& c, const float* base) {
-  const ParamLayout l = layer_layout(c, 0);  // offsets are the same for every layer
+  static const char* const names[14] = {"input_layernorm.weight",
+                                        "self_attn.q_proj.weight",
+                                        "self_attn.q_proj.bias",
+                                        "self_attn.k_proj.weight",
+                                        "self_attn.k_proj.bias",
+                                        "self_attn.v_proj.weight",
+                                        "self_attn.v_proj.bias",
+                                        "self_attn.q_norm.weight",
+                                        "self_attn.k_norm.weight",
+                                        "self_attn.o_proj.weight",
+                                        "post_attention_layernorm.weight",
+                                        "mlp.gate_proj.weight",
+                                        "mlp.up_proj.weight",
+                                        "mlp.down_proj.weight"};
+  const Offsets& off = per_shape<Offsets>(c, [&] {
+    const ParamLayout& l = cached_layer_layout(c);  // offsets are the same for every layer
+    Offsets r{};
+    for (int i = 0; i < 14; ++i) {
+      const TensorSpec* t = l.find(names[i]);
+      r.o[i] = t ? static_cast<std::ptrdiff_t>(t->offset) : -1;
+    }
+    return r;
+  });
   float* b = const_cast<float*>(base);
-  auto at = [&](const char* name) {
-    const TensorSpec* t = l.find(name);
-    return t ? b + t->offset : nullptr;
-  };
-  return {at("input_layernorm.weight"),
-          at("self_attn.q_proj.weight"),
-          at("self_attn.q_proj.bias"),
-          at("self_attn.k_proj.weight"),
-          at("self_attn.k_proj.bias"),
-          at("self_attn.v_proj.weight"),
-          at("self_attn.v_proj.bias"),
-          at("self_attn.q_norm.weight"),
-          at("self_attn.k_norm.weight"),
-          at("self_attn.o_proj.weight"),
-          at("post_attention_layernorm.weight"),
-          at("mlp.gate_proj.weight"),
-          at("mlp.up_proj.weight"),
-          at("mlp.down_proj.weight")};
+  auto at = [&](int i) { return off.o[i] >= 0 ? b + off.o[i] : nullptr; };
+  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11), at(12), at(13)};
 }
 
 // What the forward keeps for the backward (keep mode), in one carved buffer.

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/layout_cache.hpp"
 #include "kernels/stage_api.hpp"
 #include "kernels/workspace.hpp"
 
@@ -36,26 +37,36 @@ struct HeadWeights {
 
 HeadWeights bind(const ModelConfig& c, const float* head_params, const float* embed_params, float* head_grads,
                  float* embed_grads) {
-  const ParamLayout hl = head_layout(c);
+  const ParamLayout& hl = detail::cached_head_layout(c);
   const bool tied = c.is_gpt2() || c.tie_word_embeddings;
   if (!head_params) throw std::invalid_argument("head: head_params must be non-null");
   if (tied && !embed_params)
     throw std::invalid_argument("head: tied embeddings need embed_params (stage 0's parameters)");
   HeadWeights w{};
-  const std::size_t norm_w = hl.at(c.is_gpt2() ? "ln_f.weight" : "model.norm.weight").offset;
+  struct Offsets {
+    std::size_t norm_w = 0, norm_b = 0, lm = 0;
+  };
+  const Offsets& off = detail::per_shape<Offsets>(c, [&] {  // looked up once per model shape
+    Offsets r;
+    r.norm_w = hl.at(c.is_gpt2() ? "ln_f.weight" : "model.norm.weight").offset;
+    if (c.is_gpt2()) r.norm_b = hl.at("ln_f.bias").offset;
+    r.lm = tied ? detail::cached_embedding_layout(c).tensors[0].offset : hl.at("lm_head.weight").offset;
+    return r;
+  });
+  const std::size_t norm_w = off.norm_w;
   w.norm_w = head_params + norm_w;
   w.g_norm_w = head_grads ? head_grads + norm_w : nullptr;
   if (c.is_gpt2()) {
-    const std::size_t nb = hl.at("ln_f.bias").offset;
+    const std::size_t nb = off.norm_b;
     w.norm_b = head_params + nb;
     w.g_norm_b = head_grads ? head_grads + nb : nullptr;
   }
   if (tied) {
-    const std::size_t e = embedding_layout(c).tensors[0].offset;  // wte / embed_tokens
+    const std::size_t e = off.lm;  // wte / embed_tokens
     w.lm = embed_params + e;
     w.g_lm = embed_grads ? embed_grads + e : nullptr;
   } else {
-    const std::size_t e = hl.at("lm_head.weight").offset;
+    const std::size_t e = off.lm;
     w.lm = head_params + e;
     w.g_lm = head_grads ? head_grads + e : nullptr;
   }

@@ -1,0 +1,133 @@
+// The checkpointer: writes due checkpoints from the host tiles in the background (DESIGN.md §4 step 5).
+//
+// Flow for a checkpoint of tile version v (= v steps done):
+//   optimizer: CheckpointNow(v) (after registering v in the version gate), then, for each stage, its
+//   update to version v followed by LayerUpdated(stage, v) -> the checkpointer writes that stage's
+//   params, exp_avg and exp_avg_sq straight from the tile (CheckpointWriter::write_stage takes the
+//   pointers; no staging copy, so no second copy of the model) and marks it written in the gate, which
+//   lets the optimizer update the stage again at step v. When every stage is written: finalize with
+//   the run state (run_state.hpp) -> atomic publish, `latest`, retention -> CheckpointDone to the node.
+// Why a version gate and not a staging copy: a stage's tile holds version v for about one whole step
+// (from its update in step v-1 to its update in step v), so a disk that writes one step's worth of
+// p/m/v per step never stalls training, and memory stays at the tiles alone. The optimizer's wait at
+// the gate is measured (StepRecord::checkpoint_wait_s, bench metric checkpoint_stall).
+//
+// Detached (its own thread): HDF5 writes and fsyncs block. Any failure (disk full, I/O error) aborts
+// that checkpoint only: the temporary directory is removed, the gate released, CheckpointFailed goes to
+// the node (progress line / events log), the previous checkpoints stay intact, training continues.
+#include <cstdlib>
+#include <thread>
+
+#include "actors/actors.hpp"
+#include "actors/run_state.hpp"
+#include "storage/checkpoint/checkpoint_writer.hpp"
+
+namespace mt::actors {
+namespace {
+
+struct PendingCheckpoint {
+  std::unique_ptr<ckpt::CheckpointWriter> writer;
+  std::vector<char> written;
+  std::int64_t remaining = 0;
+  Clock::time_point t0;
+};
+
+struct checkpointer_state {
+  Context* ctx = nullptr;
+  PeerHandles peers;
+  std::map<std::int64_t, PendingCheckpoint> pending;  // by tile version
+  std::int64_t last_done = -1;
+  CheckpointDone last_done_msg;
+  static constexpr const char* name = "checkpointer";
+};
+
+using self_ptr = checkpointer_actor::stateful_pointer<checkpointer_state>;
+
+void fail(self_ptr self, std::int64_t v, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.pending.find(v);
+  if (it != st.pending.end()) {
+    if (it->second.writer) it->second.writer->abort();
+    st.pending.erase(it);
+  }
+  st.ctx->gate.close(v);
+  self->send(st.peers.node, CheckpointFailed{v, why});
+}
+
+void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  auto it = st.pending.find(v);
+  if (it == st.pending.end() || it->second.written[static_cast<std::size_t>(stage)]) return;
+  PendingCheckpoint& p = it->second;
+  const CheckpointJob& cj = ctx->job->checkpoint;
+  try {
+    if (cj.stall_step == v && cj.stall_stage == stage && cj.stall_seconds > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(cj.stall_seconds));
+    HostTile& t = ctx->host->tile(stage);
+    if (t.version() != static_cast<std::uint64_t>(v))
+      throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
+                             ", not " + std::to_string(v) + " (version gate broken)");
+    p.writer->write_stage(stage, ckpt::StageState{t.params(), t.adam_m(), t.adam_v()});
+    p.written[static_cast<std::size_t>(stage)] = 1;
+    ctx->gate.mark_written(v, stage);
+    if (--p.remaining > 0) return;
+    const nlohmann::json run = make_run_state(*ctx->cfg, ctx->data, v, ctx->micro_batches(), *ctx->host);
+    const std::uint64_t bytes = p.writer->bytes_written();
+    const auto dir = p.writer->finalize(run);
+    CheckpointDone done{v, dir.string(), seconds_between(p.t0, Clock::now()), bytes};
+    st.pending.erase(it);
+    ctx->gate.close(v);
+    st.last_done = v;
+    st.last_done_msg = done;
+    self->send(st.peers.node, done);
+  } catch (const std::exception& e) {
+    fail(self, v, e.what());
+  }
+}
+
+void begin(self_ptr self, std::int64_t v) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  if (v == st.last_done) {
+    self->send(st.peers.node, st.last_done_msg);
+    return;
+  }
+  if (st.pending.count(v)) return;
+  PendingCheckpoint p;
+  p.t0 = Clock::now();
+  p.written.assign(static_cast<std::size_t>(ctx->stages()), 0);
+  p.remaining = ctx->stages();
+  try {
+    const CheckpointJob& cj = ctx->job->checkpoint;
+    ckpt::CheckpointWriterOptions o;
+    o.keep_last = cj.keep_last;
+    if (!cj.hf_config_json.empty()) o.hf_config = nlohmann::json::parse(cj.hf_config_json);
+    p.writer = std::make_unique<ckpt::CheckpointWriter>(cj.root, v, *ctx->model, o);
+  } catch (const std::exception& e) {
+    fail(self, v, e.what());
+    return;
+  }
+  st.pending.emplace(v, std::move(p));
+  // Stages already at version v (the final checkpoint; a registration after an optimizer restart).
+  for (std::int64_t s = 0; s < ctx->stages(); ++s)
+    if (ctx->host->tile(s).version() == static_cast<std::uint64_t>(v)) write_stage(self, v, s);
+}
+
+checkpointer_actor::behavior_type checkpointer_fn(self_ptr self, Context* ctx) {
+  self->state.ctx = ctx;
+  self->set_exception_handler(exception_to_error);
+  return {
+      [=](const CheckpointNow& m) { begin(self, m.step); },
+      [=](const LayerUpdated& m) { write_stage(self, static_cast<std::int64_t>(m.version), m.stage); },
+      [=](const Peers& p) { self->state.peers.set(p); },
+  };
+}
+
+}  // namespace
+
+checkpointer_actor spawn_checkpointer(caf::actor_system& sys, Context* ctx) {
+  return sys.spawn<caf::detached>(checkpointer_fn, ctx);
+}
+
+}  // namespace mt::actors

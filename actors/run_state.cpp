@@ -1,0 +1,174 @@
+#include "actors/run_state.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "storage/checkpoint/checkpoint_reader.hpp"
+#include "storage/hf/hf_config.hpp"
+#include "storage/hf/hf_model.hpp"
+
+namespace mt::actors {
+
+nlohmann::json train_config_json(const TrainConfig& c) {
+  const auto& t = c.train;
+  const auto& m = c.model;
+  const auto& d = c.data;
+  const auto& v = c.device;
+  const auto& th = c.threads;
+  const auto& l = c.log;
+  return {
+      {"train",
+       {{"output_dir", t.output_dir}, {"per_device_train_batch_size", t.per_device_train_batch_size},
+        {"gradient_accumulation_steps", t.gradient_accumulation_steps}, {"max_steps", t.max_steps},
+        {"learning_rate", t.learning_rate}, {"lr_scheduler_type", t.lr_scheduler_type},
+        {"warmup_steps", t.warmup_steps}, {"min_lr_ratio", t.min_lr_ratio}, {"weight_decay", t.weight_decay},
+        {"adam_beta1", t.adam_beta1}, {"adam_beta2", t.adam_beta2}, {"adam_epsilon", t.adam_epsilon},
+        {"max_grad_norm", t.max_grad_norm}, {"seed", t.seed}, {"optimizer_compression", t.optimizer_compression},
+        {"offload_dir", t.offload_dir}, {"save_steps", t.save_steps}, {"save_total_limit", t.save_total_limit},
+        {"resume_from_checkpoint", t.resume_from_checkpoint}, {"resume_fallback", t.resume_fallback},
+        {"save_minutes", t.save_minutes}, {"stop_after_steps", t.stop_after_steps},
+        {"export_hf_dir", t.export_hf_dir}}},
+      {"model",
+       {{"config_file", m.config_file}, {"model_name_or_path", m.model_name_or_path}, {"arch", m.arch},
+        {"hidden_size", m.hidden_size}, {"layers", m.layers}, {"heads", m.heads}, {"kv_heads", m.kv_heads},
+        {"head_dim", m.head_dim}, {"intermediate_size", m.intermediate_size}, {"vocab_size", m.vocab_size},
+        {"max_position_embeddings", m.max_position_embeddings}, {"rope_theta", m.rope_theta},
+        {"norm_eps", m.norm_eps}, {"tie_word_embeddings", m.tie_word_embeddings},
+        {"initializer_range", m.initializer_range}}},
+      {"data",
+       {{"train_files", d.train_files}, {"validation_files", d.validation_files}, {"tokenizer_file", d.tokenizer_file},
+        {"seq_length", d.seq_length}}},
+      {"device",
+       {{"backend", v.backend}, {"max_vram_gb", v.max_vram_gb}, {"device_memory_mb", v.device_memory_mb},
+        {"weight_slots", v.weight_slots}, {"grad_slots", v.grad_slots}, {"keep_intermediates", v.keep_intermediates},
+        {"copy_bandwidth_gbps", v.copy_bandwidth_gbps}, {"prefetch_depth", v.prefetch_depth}}},
+      {"threads",
+       {{"total", th.total}, {"blas", th.blas}, {"optimizer", th.optimizer}, {"copy", th.copy},
+        {"scheduler", th.scheduler}}},
+      {"log", {{"train_jsonl", l.train_jsonl}, {"events_jsonl", l.events_jsonl}, {"logging_steps", l.logging_steps}}},
+  };
+}
+
+nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::int64_t step, std::int64_t micro_batches,
+                              const HostModel& host) {
+  const std::uint64_t g = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(micro_batches);
+  nlohmann::json versions = nlohmann::json::array();
+  for (std::int64_t s = 0; s < host.num_stages(); ++s) versions.push_back(host.tile(s).version());
+  return {
+      {"format", "megatrain-run-state"},
+      {"format_version", 1},
+      {"step", step},
+      {"optimizer_step", step},
+      {"lr_schedule",
+       {{"type", cfg.train.lr_scheduler_type}, {"learning_rate", cfg.train.learning_rate},
+        {"warmup_steps", cfg.train.warmup_steps}, {"max_steps", cfg.train.max_steps},
+        {"min_lr_ratio", cfg.train.min_lr_ratio}, {"next_lr", cfg.learning_rate_at(step)}}},
+      {"data",
+       {{"micro_batches_per_step", micro_batches}, {"global_batch_index", g},
+        {"cursor", data ? data->cursor_before(g) : nlohmann::json(nullptr)}}},
+      {"rng",
+       {{"seed", cfg.train.seed},
+        {"note", "random numbers are drawn only at initialisation (no dropout); data order = f(seed, cursor)"}}},
+      {"tile_versions", versions},
+      {"train_config", train_config_json(cfg)},
+      {"model_name_or_path", cfg.model.model_name_or_path},
+  };
+}
+
+std::filesystem::path resume_path(const TrainConfig& cfg, const std::filesystem::path& root) {
+  const std::string& r = cfg.train.resume_from_checkpoint;
+  return r == "latest" ? root : std::filesystem::path(r);
+}
+
+namespace {
+
+// Training keys whose change makes the continued run differ from the uninterrupted one.
+std::vector<std::string> changed_keys(const nlohmann::json& saved, const nlohmann::json& now) {
+  std::vector<std::string> out;
+  static const char* const keys[][2] = {
+      {"train", "per_device_train_batch_size"}, {"train", "gradient_accumulation_steps"}, {"train", "max_steps"},
+      {"train", "learning_rate"}, {"train", "lr_scheduler_type"}, {"train", "warmup_steps"},
+      {"train", "min_lr_ratio"}, {"train", "weight_decay"}, {"train", "adam_beta1"}, {"train", "adam_beta2"},
+      {"train", "adam_epsilon"}, {"train", "max_grad_norm"}, {"train", "seed"}, {"data", "train_files"},
+      {"data", "seq_length"}};
+  for (const auto& k : keys) {
+    if (!saved.contains(k[0]) || !saved[k[0]].contains(k[1])) continue;
+    const auto& a = saved[k[0]][k[1]];
+    const auto& b = now.at(k[0]).at(k[1]);
+    if (a != b)
+      out.push_back(std::string(k[0]) + "." + k[1] + " is " + b.dump() + ", the checkpoint's run had " + a.dump() +
+                    " (the continued run will differ from an uninterrupted one)");
+  }
+  return out;
+}
+
+}  // namespace
+
+ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_previous_good, const TrainConfig& cfg,
+                            const ModelConfig& model, HostModel& host, BatchSource* data) {
+  const auto reader = ckpt::CheckpointReader::open(
+      path, fallback_previous_good ? ckpt::Fallback::previous_good : ckpt::Fallback::none, ckpt::Verify::full);
+  const nlohmann::json want = hf::config_to_json(model);
+  const nlohmann::json have = hf::config_to_json(reader.model_config());
+  if (want != have)
+    throw std::runtime_error("checkpoint " + reader.dir().string() + " holds another model: its config is " +
+                             have.dump() + ", this run's model is " + want.dump());
+  const bool moments = reader.has_state("exp_avg") && reader.has_state("exp_avg_sq");
+  ResumePoint rp;
+  rp.dir = reader.dir();
+  rp.step = moments ? reader.step() : 0;  // an imported (params-only) checkpoint starts a new run
+  rp.skipped = reader.skipped();
+  rp.run_state = reader.manifest().contains("run") ? reader.run_state() : nlohmann::json::object();
+  for (std::int64_t s = 0; s < host.num_stages(); ++s) {
+    HostTile& t = host.tile(s);
+    if (t.version() > static_cast<std::uint64_t>(rp.step))
+      throw std::logic_error("load_checkpoint: the host model is not freshly initialised");
+    std::memset(t.grad(), 0, t.region_bytes());
+    if (moments) {
+      reader.read_stage(s, t.params(), t.adam_m(), t.adam_v());
+    } else {
+      reader.read_stage(s, t.params());
+      std::memset(t.adam_m(), 0, t.region_bytes());
+      std::memset(t.adam_v(), 0, t.region_bytes());
+    }
+    t.publish_version(static_cast<std::uint64_t>(rp.step));
+  }
+  if (rp.run_state.contains("train_config"))
+    rp.notes = changed_keys(rp.run_state["train_config"], train_config_json(cfg));
+  if (data != nullptr && rp.step > 0) {
+    const std::uint64_t g = static_cast<std::uint64_t>(rp.step) * static_cast<std::uint64_t>(cfg.train.gradient_accumulation_steps);
+    nlohmann::json cursor = nullptr;
+    if (rp.run_state.contains("data")) {
+      const auto& d = rp.run_state["data"];
+      if (d.value("global_batch_index", g) == g && d.contains("cursor")) cursor = d["cursor"];
+    }
+    data->restore(g, cursor);
+  }
+  return rp;
+}
+
+nlohmann::json load_hf_weights(const std::filesystem::path& dir, HostModel& host) {
+  hf::HfModelReader reader(dir);
+  if (hf::config_to_json(reader.config()) != hf::config_to_json(host.config()))
+    throw std::runtime_error("model " + dir.string() + ": config.json does not match the host model");
+  for (std::int64_t s = 0; s < host.num_stages(); ++s) {
+    HostTile& t = host.tile(s);
+    reader.read_stage(s, t.params());
+    std::memset(t.grad(), 0, t.region_bytes());
+    std::memset(t.adam_m(), 0, t.region_bytes());
+    std::memset(t.adam_v(), 0, t.region_bytes());
+  }
+  return reader.config_json();
+}
+
+void export_hf(const std::filesystem::path& dir, const HostModel& host, const std::string& base_config_json) {
+  hf::HfExportOptions o;
+  nlohmann::json base;
+  if (!base_config_json.empty()) {
+    base = nlohmann::json::parse(base_config_json);
+    o.base_config = &base;
+  }
+  hf::write_hf_model(dir, host.config(), [&](std::int64_t s) { return host.tile(s).params(); }, o);
+}
+
+}  // namespace mt::actors

@@ -1,0 +1,62 @@
+// What a checkpoint's manifest carries besides the tensors (its "run" object), and the resume and
+// Hugging Face start-up paths of the engine. No CAF here.
+//
+// Run state schema (manifest.json "run", format "megatrain-run-state" version 1):
+//   step                 optimizer steps done (= every tile's version; the next step is `step`)
+//   optimizer_step       AdamW's step counter (bias correction uses optimizer_step + 1 next)
+//   lr_schedule          {type, learning_rate, warmup_steps, max_steps, min_lr_ratio, next_lr}: the LR
+//                        is a pure function of (step, these); next_lr = the LR of the next update
+//   data                 {micro_batches_per_step, global_batch_index (= step * M: the next
+//                        micro-batch), cursor (data::Cursor JSON before that batch, or null)}
+//   rng                  {seed, note}: the engine draws random numbers only at initialisation (no
+//                        dropout); the data order is a pure function of (seed, cursor)
+//   tile_versions        per stage
+//   train_config         every TrainConfig value as {section: {key: value}}
+//   model_name_or_path   where the starting weights came from ("" = random init)
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/batch_source.hpp"
+#include "config/train_config.hpp"
+#include "storage/host/host_model.hpp"
+
+namespace mt::actors {
+
+nlohmann::json train_config_json(const TrainConfig& cfg);
+
+nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::int64_t step, std::int64_t micro_batches,
+                              const HostModel& host);
+
+struct ResumePoint {
+  std::int64_t step = 0;
+  std::filesystem::path dir;            // the checkpoint loaded
+  nlohmann::json run_state;
+  std::vector<std::string> skipped;     // damaged checkpoints skipped (fallback), with why
+  std::vector<std::string> notes;       // training keys that differ from the checkpoint's run
+};
+
+// Resolves train.resume_from_checkpoint: "latest" = the checkpoint root (`root`), otherwise a root
+// or a step directory.
+std::filesystem::path resume_path(const TrainConfig& cfg, const std::filesystem::path& root);
+
+// Opens the checkpoint (fully verified; with fallback the newest older one that verifies), checks its
+// model config equals `model` (a clear error otherwise), reads every stage's params and Adam moments
+// into `host` one stage at a time (straight into the tiles), and sets every tile's version to the
+// checkpoint's step. Positions `data` (when given) at the checkpoint's data cursor.
+// Throws ckpt::CheckpointError / std::runtime_error with a message naming the file or field.
+ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_previous_good, const TrainConfig& cfg,
+                            const ModelConfig& model, HostModel& host, BatchSource* data);
+
+// Fills every tile's params from a Hugging Face model directory, stage by stage (Adam moments and
+// gradients zero, versions 0). Returns config.json as found (kept in checkpoints and exports).
+nlohmann::json load_hf_weights(const std::filesystem::path& dir, HostModel& host);
+
+// Writes the tiles' params as a Hugging Face model directory (one stage at a time, from the tiles).
+void export_hf(const std::filesystem::path& dir, const HostModel& host, const std::string& base_config_json);
+
+}  // namespace mt::actors

@@ -1,0 +1,255 @@
+// Checkpoints through the engine (run_engine): the checkpointer writes stages straight from the tiles
+// behind a version gate, a resumed run is bit-identical to the uninterrupted one (weights, moments,
+// losses, data order), periodic checkpoints capture exactly the due version, a model mismatch and a
+// full disk are handled.
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <mutex>
+#include <set>
+
+#include "actors/run_state.hpp"
+#include "engine_fixture.hpp"
+#include "storage/checkpoint/checkpoint_reader.hpp"
+
+using namespace mt;
+using namespace mt::actors;
+using namespace mt::actors::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("mt_ckpt_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Records which micro-batches were served (data order), first request of each, in order.
+class RecordingSource : public BatchSource {
+ public:
+  explicit RecordingSource(std::vector<data::Batch> b) : inner_(std::move(b)) {}
+  void get(std::uint64_t g, data::Batch& out) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (seen_.insert(g).second) order_.push_back(g);
+    }
+    inner_.get(g, out);
+  }
+  std::vector<std::uint64_t> order() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return order_;
+  }
+
+ private:
+  VectorBatchSource inner_;
+  std::mutex mutex_;
+  std::set<std::uint64_t> seen_;
+  std::vector<std::uint64_t> order_;
+};
+
+struct Run {
+  std::unique_ptr<HostModel> host;
+  EngineResult result;
+  std::vector<std::uint64_t> order;
+  std::vector<CheckpointEvent> events;
+};
+
+// Trains cfg (first_step from a checkpoint when resume_dir is set) with checkpoints under `root`.
+Run train(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
+          const std::string& root, std::int64_t save_steps, std::int64_t stop_after = -1, const fs::path& resume_dir = {},
+          const std::function<void(CheckpointJob&)>& tweak = {}) {
+  Run r;
+  r.host = std::make_unique<HostModel>(model);
+  init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
+  RecordingSource source(batches);
+  EngineJob job;
+  job.cfg = cfg;
+  job.model = model;
+  job.data = &source;
+  job.host = r.host.get();
+  job.stop_after = stop_after;
+  if (!resume_dir.empty()) job.first_step = load_checkpoint(resume_dir, false, cfg, model, *r.host, &source).step;
+  job.checkpoint.root = root;
+  job.checkpoint.save_steps = save_steps;
+  if (tweak) tweak(job.checkpoint);
+  job.on_checkpoint = [&](const CheckpointEvent& e) { r.events.push_back(e); };
+  r.result = run_engine(std::move(job));
+  r.order = source.order();
+  return r;
+}
+
+bool same_checkpoint_stage(const fs::path& a, const fs::path& b, const ModelConfig& model) {
+  const ckpt::CheckpointReader ra(a), rb(b);
+  for (std::int64_t s = 0; s < num_stages(model); ++s) {
+    const std::size_t n = static_cast<std::size_t>(stage_layout(model, s).total_floats);
+    std::vector<float> pa(n), ma(n), va(n), pb(n), mb(n), vb(n);
+    ra.read_stage(s, pa.data(), ma.data(), va.data());
+    rb.read_stage(s, pb.data(), mb.data(), vb.data());
+    if (!same_bits(pa.data(), pb.data(), n) || !same_bits(ma.data(), mb.data(), n) || !same_bits(va.data(), vb.data(), n))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: 10 + resume + 10 steps equals 20 steps bit for bit", "[actors][checkpoint]") {
+  for (const double clip : {1.0, 0.0}) {
+    Tiny t;
+    t.steps = 20;
+    t.micro_batches = 2;
+    t.max_grad_norm = clip;
+    const TrainConfig cfg = tiny_config(t);
+    const ModelConfig model = cfg.model_config_from_keys();
+    const auto batches = tiny_batches(t, 64);
+    TempDir full("full"), part("part");
+    INFO("max_grad_norm " << clip);
+
+    // Uninterrupted, with periodic checkpoints (every 5 steps; the gate must not change anything).
+    const Run a = train(cfg, model, batches, full.path.string(), 5);
+    REQUIRE(a.result.error.empty());
+    REQUIRE(a.result.steps_done == 20);
+    const RefRun ref = run_reference(cfg, model, batches, 20);
+    CHECK(equals_reference(*a.host, *ref.trainer));
+    REQUIRE(a.events.size() == 4);  // 5, 10, 15, 20
+    for (const auto& e : a.events) CHECK(e.ok);
+    CHECK(fs::is_directory(full.path / "step-00000010"));
+
+    // Interrupted after 10 (same schedule: max_steps 20), then resumed from the final checkpoint.
+    const Run b1 = train(cfg, model, batches, part.path.string(), 0, 10);
+    REQUIRE(b1.result.error.empty());
+    REQUIRE(b1.result.steps_done == 10);
+    REQUIRE(b1.events.size() == 1);
+    CHECK(b1.events[0].step == 10);
+    // The mid-run checkpoint of the uninterrupted run holds exactly version 10.
+    CHECK(same_checkpoint_stage(full.path / "step-00000010", part.path / "step-00000010", model));
+
+    const Run b2 = train(cfg, model, batches, part.path.string(), 0, -1, part.path);
+    REQUIRE(b2.result.error.empty());
+    REQUIRE(b2.result.steps_done == 20);
+    CHECK(tiles_equal(*a.host, *b2.host));
+    REQUIRE(b2.result.steps.size() == 10);
+    for (std::size_t i = 0; i < 10; ++i) {
+      CHECK(b2.result.steps[i].step == a.result.steps[10 + i].step);
+      CHECK(b2.result.steps[i].loss == a.result.steps[10 + i].loss);  // bit-identical doubles
+    }
+    // Data order: the resumed run asks for micro-batches 20.. exactly as the uninterrupted one did.
+    std::vector<std::uint64_t> tail;
+    for (auto g : a.order)
+      if (g >= 20 && g < 40) tail.push_back(g);
+    std::vector<std::uint64_t> resumed;
+    for (auto g : b2.order)
+      if (g < 40) resumed.push_back(g);
+    CHECK(resumed == tail);
+    CHECK(same_checkpoint_stage(full.path / "step-00000020", part.path / "step-00000020", model));
+    // Run state in the manifest.
+    const auto rs = ckpt::CheckpointReader::open(part.path).run_state();
+    CHECK(rs["step"] == 20);
+    CHECK(rs["data"]["global_batch_index"] == 40);
+    CHECK(rs["lr_schedule"]["max_steps"] == 20);
+    CHECK(rs["train_config"]["train"]["gradient_accumulation_steps"] == 2);
+    CHECK(rs["tile_versions"].size() == static_cast<std::size_t>(num_stages(model)));
+  }
+}
+
+TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate, results unchanged", "[actors][checkpoint]") {
+  Tiny t;
+  t.steps = 8;
+  const TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const auto batches = tiny_batches(t, 16);
+  TempDir dir("stall");
+  const Run r = train(cfg, model, batches, dir.path.string(), 4, -1, {}, [](CheckpointJob& cj) {
+    cj.stall_step = 4;
+    cj.stall_stage = 0;
+    cj.stall_seconds = 0.3;
+  });
+  REQUIRE(r.result.error.empty());
+  CHECK(r.result.checkpoint_wait_s > 0.05);
+  const RefRun ref = run_reference(cfg, model, batches, 8);
+  CHECK(equals_reference(*r.host, *ref.trainer));
+  REQUIRE(r.events.size() == 2);
+  CHECK(r.events[0].ok);
+  CHECK(r.events[0].step == 4);
+}
+
+TEST_CASE("checkpoint: resuming another model is a clear error", "[actors][checkpoint]") {
+  Tiny t;
+  t.steps = 2;
+  const TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  TempDir dir("mismatch");
+  const Run r = train(cfg, model, tiny_batches(t, 4), dir.path.string(), 0);
+  REQUIRE(r.events.size() == 1);
+  Tiny t2 = t;
+  t2.hidden = 48;
+  const TrainConfig cfg2 = tiny_config(t2);
+  const ModelConfig model2 = cfg2.model_config_from_keys();
+  HostModel host(model2);
+  init_host_model(host, 1);
+  try {
+    load_checkpoint(dir.path, false, cfg2, model2, host, nullptr);
+    FAIL("no error");
+  } catch (const std::exception& e) {
+    CHECK_THAT(e.what(), Catch::Contains("another model"));
+    CHECK_THAT(e.what(), Catch::Contains("step-00000002"));
+  }
+}
+
+TEST_CASE("checkpoint: disk full during a checkpoint: training goes on, failure reported, previous intact",
+          "[actors][checkpoint]") {
+  Tiny t;
+  t.steps = 12;
+  const TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const auto batches = tiny_batches(t, 16);
+  TempDir dir("full");
+  struct rlimit old {};
+  ::getrlimit(RLIMIT_FSIZE, &old);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  Run r;
+  {
+    r.host = std::make_unique<HostModel>(model);
+    init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
+    VectorBatchSource source(batches);
+    EngineJob job;
+    job.cfg = cfg;
+    job.model = model;
+    job.data = &source;
+    job.host = r.host.get();
+    job.checkpoint.root = dir.path.string();
+    job.checkpoint.save_steps = 4;
+    job.on_checkpoint = [&](const CheckpointEvent& e) {
+      r.events.push_back(e);
+      if (e.step == 4) {  // from now on every file write past 16 KiB fails (EFBIG, like ENOSPC)
+        struct rlimit small = old;
+        small.rlim_cur = 16 * 1024;
+        ::setrlimit(RLIMIT_FSIZE, &small);
+      }
+    };
+    r.result = run_engine(std::move(job));
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  REQUIRE(r.result.error.empty());
+  CHECK(r.result.steps_done == 12);
+  REQUIRE(r.events.size() == 3);
+  CHECK(r.events[0].ok);
+  CHECK(!r.events[1].ok);
+  CHECK(r.events[1].step == 8);
+  CHECK_THAT(r.events[1].error, Catch::Contains(".h5"));
+  CHECK(!r.events[2].ok);
+  const RefRun ref = run_reference(cfg, model, batches, 12);
+  CHECK(equals_reference(*r.host, *ref.trainer));
+  const auto reader = ckpt::CheckpointReader::open(dir.path);
+  CHECK(reader.step() == 4);
+  for (const auto& e : fs::directory_iterator(dir.path)) CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
+}
