@@ -7,7 +7,10 @@
 //      yet accumulated (to the collector), the losses and complete stages of the optimizer's step (to
 //      the optimizer). Compute and the prefetcher continue from compute's ledger position.
 // It also assembles the per-step progress record from the actors' reports, honours the stop flag
-// (SIGINT/SIGTERM: finish the step in progress, then stop), and shuts everything down at the end.
+// (SIGINT/SIGTERM: finish the step in progress, then stop), turns checkpoint requests (SIGUSR1, the
+// train.save_minutes timer) into the flag the optimizer takes, spawns the checkpointer (not restarted:
+// it reports failures itself), asks it for the final checkpoint once every step is done, reports each
+// CheckpointDone / CheckpointFailed, and shuts everything down at the end.
 #include <algorithm>
 #include <array>
 #include <set>
@@ -44,7 +47,6 @@ struct node_state {
   std::set<caf::actor_addr> alive;  // children not yet down
   int crashes_since_progress = 0;
   int acks_pending = 0;
-  checkpointer_actor checkpointer;
   bool final_requested = false;  // the end-of-run checkpoint was asked for; shut down when it ends
   Clock::time_point last_checkpoint;  // for train.save_minutes
   static constexpr const char* name = "node";
@@ -99,7 +101,7 @@ void resume_all(self_ptr self) {
   self->send(st.h.compute, peers);
   self->send(st.h.collector, peers);
   self->send(st.h.optimizer, peers);
-  self->send(st.checkpointer, peers);
+  self->send(st.h.checkpointer, peers);
   self->send(st.h.loader, r);
   self->send(st.h.collector, r);
   self->send(st.h.optimizer, r);
@@ -138,7 +140,7 @@ void shutdown(self_ptr self) {
   if (st.shutting_down) return;
   st.shutting_down = true;
   st.ctx->gate.release_all();  // an optimizer waiting on a checkpoint must not block the exit
-  self->send_exit(st.checkpointer, caf::exit_reason::user_shutdown);
+  self->send_exit(st.h.checkpointer, caf::exit_reason::user_shutdown);
   if (st.alive.empty()) {
     self->quit();
     return;
@@ -164,7 +166,7 @@ void finish(self_ptr self) {
   if (ctx->checkpointing && ctx->job->checkpoint.at_end && st.end_step > ctx->first_step &&
       st.result->error.empty()) {
     st.final_requested = true;
-    self->send(st.checkpointer, CheckpointNow{st.end_step});
+    self->send(st.h.checkpointer, CheckpointNow{st.end_step});
     return;
   }
   shutdown(self);
@@ -172,6 +174,14 @@ void finish(self_ptr self) {
 
 void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
   auto& st = self->state;
+  // The final CheckpointNow of a checkpoint already published (the planned last step) is answered
+  // with its CheckpointDone again: report each checkpoint once.
+  bool repeat = false;
+  for (const auto& c : st.result->checkpoints) repeat = repeat || (c.ok && ev.ok && c.step == ev.step && c.path == ev.path);
+  if (repeat) {
+    if (st.final_requested && ev.step == st.end_step) shutdown(self);
+    return;
+  }
   st.result->checkpoints.push_back(ev);
   st.last_checkpoint = Clock::now();
   if (st.ctx->job->on_checkpoint) {
@@ -297,7 +307,7 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
       if (s.alive.empty()) self->quit();
       return;
     }
-    if (dm.source == s.checkpointer.address()) {
+    if (dm.source == s.h.checkpointer.address()) {
       fail(self, "the checkpointer stopped: " + self->system().render(dm.reason));
       return;
     }
@@ -315,11 +325,11 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
       }
   });
   for (int r = 0; r < kRoleCount; ++r) spawn_role(self, static_cast<Role>(r));
-  st.checkpointer = spawn_checkpointer(self->system(), st.ctx);
-  self->monitor(st.checkpointer);
-  st.alive.insert(st.checkpointer.address());
+  st.h.checkpointer = spawn_checkpointer(self->system(), st.ctx);
+  self->monitor(st.h.checkpointer);
+  st.alive.insert(st.h.checkpointer.address());
   if (st.next_report >= st.end_step) {
-    self->send(st.checkpointer, make_peers(self));
+    self->send(st.h.checkpointer, make_peers(self));
     shutdown(self);
   } else {
     resume_all(self);

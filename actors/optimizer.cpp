@@ -31,25 +31,6 @@ struct optimizer_state {
 
 using self_ptr = optimizer_actor::stateful_pointer<optimizer_state>;
 
-void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamWHyper& hyper, float grad_scale) {
-  auto& st = self->state;
-  Context* ctx = st.ctx;
-  HostTile& tile = ctx->host->tile(stage);
-  if (tile.version() != static_cast<std::uint64_t>(s)) return;  // done before a restart
-  fault_point(ctx->fault, Role::optimizer, s, -1, stage, Phase::optimize);
-  // Version gate: a checkpoint of version s may still be writing this tile.
-  st.gate_wait_s += ctx->gate.wait_writable(s, stage);
-  const auto t0 = Clock::now();
-  adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], tile.params(), tile.grad(), tile.adam_m(), tile.adam_v(),
-              hyper, s + 1, grad_scale, ctx->optimizer_threads);
-  tile.publish_version(static_cast<std::uint64_t>(s + 1));
-  const auto t1 = Clock::now();
-  st.busy_s += seconds_between(t0, t1);
-  ctx->intervals.add(Role::optimizer, s, t0, t1);
-  self->send(st.peers.prefetcher, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
-  if (ctx->checkpointing) self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
-}
-
 // Before the first update of step s: is a checkpoint of version s + 1 due? (every save_steps, the
 // planned last step, or a request: SIGUSR1 / the timer). If so, register it in the gate and tell the
 // checkpointer, before any stage moves to s + 1. A checkpoint registered before a restart stays.
@@ -66,13 +47,32 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   if (due && ctx->gate.open(v, ctx->stages())) self->send(st.peers.checkpointer, CheckpointNow{v});
 }
 
+void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamWHyper& hyper, float grad_scale) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  decide_checkpoint(self, s);  // before any update of step s, as late as possible (requests)
+  HostTile& tile = ctx->host->tile(stage);
+  if (tile.version() != static_cast<std::uint64_t>(s)) return;  // done before a restart
+  fault_point(ctx->fault, Role::optimizer, s, -1, stage, Phase::optimize);
+  // Version gate: a checkpoint of version s may still be writing this tile.
+  st.gate_wait_s += ctx->gate.wait_writable(s, stage);
+  const auto t0 = Clock::now();
+  adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], tile.params(), tile.grad(), tile.adam_m(), tile.adam_v(),
+              hyper, s + 1, grad_scale, ctx->optimizer_threads);
+  tile.publish_version(static_cast<std::uint64_t>(s + 1));
+  const auto t1 = Clock::now();
+  st.busy_s += seconds_between(t0, t1);
+  ctx->intervals.add(Role::optimizer, s, t0, t1);
+  self->send(st.peers.prefetcher, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+  if (ctx->checkpointing) self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+}
+
 void try_update(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   const std::int64_t S = ctx->stages(), M = ctx->micro_batches();
   while (st.running && st.step < st.end_step) {
     const std::int64_t s = st.step;
-    decide_checkpoint(self, s);
     auto& losses = st.losses[s];
     if (static_cast<std::int64_t>(losses.size()) < M) return;
     double loss_sum = 0.0;

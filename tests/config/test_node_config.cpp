@@ -67,11 +67,12 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "threads.scheduler", "data.train_files", "data.seq_length", "model.config_file", "model.arch",
                         "model.hidden_size", "model.layers", "model.heads", "model.kv_heads", "model.intermediate_size",
                         "model.vocab_size", "model.max_position_embeddings", "model.rope_theta", "model.tie_word_embeddings",
-                        "log.train_jsonl", "log.events_jsonl"}) {
+                        "log.train_jsonl", "log.events_jsonl", "train.resume_fallback", "train.save_minutes",
+                        "train.stop_after_steps", "train.export_hf_dir"}) {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 19 + 15 + 4 + 8 + 5 + 3);
+  CHECK(keys.size() == 23 + 15 + 4 + 8 + 5 + 3);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -4,7 +4,12 @@
 //               the best of each side is compared)
 //   checkpoint: CheckpointWriter for a Llama-shaped model of about N bytes (params + Adam m + v),
 //               every stage written, finalize() (fsync, whole-file checksums, manifest, rename, latest)
-// Usage: bench_checkpoint [--dir DIR] [--gib N]   (default: the temp directory, 1 GiB)
+// Then checkpoint_stall (checkpoint_stall.cpp): the extra step time an asynchronous checkpoint costs
+// the engine on the demo model, as a fraction of a step.
+// Usage: bench_checkpoint [--dir DIR] [--gib N] [--stall-steps N] [--stall-every K] [--stall-rounds R]
+//                         [--stall-immediate 0|1]
+//   (default: the temp directory, 1 GiB, 16 steps checkpointing every 4, best of 3 rounds;
+//   --stall-steps 0 skips it)
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -22,6 +27,7 @@
 #include "storage/checkpoint/checkpoint_dir.hpp"
 #include "storage/checkpoint/checkpoint_writer.hpp"
 #include "tools/bench/bench_report.hpp"
+#include "tools/bench/checkpoint_stall.hpp"
 
 namespace fs = std::filesystem;
 
@@ -78,9 +84,14 @@ long peak_rss_bytes() {
 int main(int argc, char** argv) {
   fs::path base = fs::temp_directory_path();
   double gib = 1.0;
+  int stall_steps = 16, stall_every = 4, stall_rounds = 3, stall_immediate = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--dir")) base = argv[i + 1];
     else if (!std::strcmp(argv[i], "--gib")) gib = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-steps")) stall_steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-every")) stall_every = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-rounds")) stall_rounds = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-immediate")) stall_immediate = std::atoi(argv[i + 1]);
   }
   const fs::path dir = base / ("mt-bench-checkpoint-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -119,6 +130,9 @@ int main(int argc, char** argv) {
     mt::bench::Report report("checkpoint");
     report.add({"checkpoint_write_bandwidth", best_ckpt / 1e9, "GB/s", disk / 1e9});
     report.add({"disk_fsync_write_bandwidth", disk / 1e9, "GB/s", 0});
+    if (stall_steps > 0 && mt::bench::measure_checkpoint_stall(report, dir, stall_steps, std::max(1, stall_every), stall_rounds,
+                                                               stall_immediate != 0) != 0)
+      throw std::runtime_error("checkpoint_stall measurement failed");
     fs::remove_all(dir);
     report.print();
   } catch (const std::exception& e) {

@@ -1,0 +1,15 @@
+// The checkpoint_stall figure of `tools/bench/run checkpoint` (checkpoint_stall.cpp).
+#pragma once
+#include <filesystem>
+
+#include "tools/bench/bench_report.hpp"
+
+namespace mt::bench {
+
+// Trains the demo model's shapes for `steps` steps, checkpointing every `every`, `rounds` times; adds
+// checkpoint_stall (the best round). immediate: CheckpointJob::write_after_step = false. Returns
+// non-zero on failure.
+int measure_checkpoint_stall(Report& report, const std::filesystem::path& dir, int steps, int every, int rounds,
+                             bool immediate = false);
+
+}  // namespace mt::bench
