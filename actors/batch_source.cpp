@@ -13,7 +13,8 @@ nlohmann::json ShardBatchSource::cursor_before(std::uint64_t g) {
     // Older than every snapshot kept: replay from the nearest one below (never happens for a step
     // boundary of the current or previous step).
     auto below = before_.upper_bound(g);
-    if (below == before_.begin()) throw std::runtime_error("data cursor before batch " + std::to_string(g) + " is not kept");
+    if (below == before_.begin())
+      throw std::runtime_error("data cursor before batch " + std::to_string(g) + " is not kept");
     --below;
     data::DataLoader copy(loader_.options());
     copy.restore(below->second);

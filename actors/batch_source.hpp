@@ -42,8 +42,8 @@ class ShardBatchSource : public BatchSource {
  private:
   std::mutex mutex_;
   data::DataLoader loader_;
-  std::uint64_t next_ = 0;                         // the index loader_.next() returns next
-  std::map<std::uint64_t, data::Cursor> before_;   // cursor before batch g
+  std::uint64_t next_ = 0;                        // the index loader_.next() returns next
+  std::map<std::uint64_t, data::Cursor> before_;  // cursor before batch g
 };
 
 // Fixed batches in memory (tests, benchmarks): batch g = batches[g % size].

@@ -17,7 +17,7 @@ struct collector_state {
   std::uint64_t epoch = 0;
   bool running = false;
   PeerHandles peers;
-  AlignedFloats host_buffer;  // receives one stage's gradients from the device
+  AlignedFloats host_buffer;                 // receives one stage's gradients from the device
   std::map<std::int64_t, double> offload_s;  // per step
   static constexpr const char* name = "collector";
 };

@@ -49,7 +49,8 @@ float* open_staging(Context* ctx, int k, const Pos& p, std::int64_t stage) {
   float* g = ctx->arena->grad_slot(k);
   std::memset(g, 0, n * sizeof(float));
   ctx->arena->claim(ArenaRegionKind::grad_slot, k, n * sizeof(float));
-  ctx->ledger.staging[static_cast<std::size_t>(k)] = StagingEntry{StagingEntry::State::filling, p.step, p.micro_batch, stage};
+  ctx->ledger.staging[static_cast<std::size_t>(k)] =
+      StagingEntry{StagingEntry::State::filling, p.step, p.micro_batch, stage};
   return g;
 }
 
@@ -57,7 +58,8 @@ int find_filling(Context* ctx, const Pos& p, std::int64_t stage) {
   auto& st = ctx->ledger.staging;
   for (int k = 0; k < static_cast<int>(st.size()); ++k) {
     const auto& e = st[static_cast<std::size_t>(k)];
-    if (e.state == StagingEntry::State::filling && e.step == p.step && e.micro_batch == p.micro_batch && e.stage == stage)
+    if (e.state == StagingEntry::State::filling && e.step == p.step && e.micro_batch == p.micro_batch &&
+        e.stage == stage)
       return k;
   }
   return -1;
@@ -140,13 +142,16 @@ void try_advance(self_ptr self) {
       case OpKind::head: {
         float* gh = open_staging(ctx, k_main, p, S - 1);
         float* g0 = is_tied ? open_staging(ctx, k_embed, p, 0) : nullptr;
-        const LossSum loss = head_forward_backward(c, w[0], is_tied ? w[1] : nullptr, ctx->acts[static_cast<std::size_t>(L)],
-                                                   targets, B, T, ctx->dx[dxc], gh, g0, ws, ctx->compute_ctx);
+        const LossSum loss =
+            head_forward_backward(c, w[0], is_tied ? w[1] : nullptr, ctx->acts[static_cast<std::size_t>(L)], targets, B,
+                                  T, ctx->dx[dxc], gh, g0, ws, ctx->compute_ctx);
         hand_over(self, k_main, p, S - 1, Phase::head);
         auto& v = ctx->ledger.losses[p.step];
         const MbLoss ml{loss.loss_sum, loss.counted};
-        if (static_cast<std::int64_t>(v.size()) > p.micro_batch) v[static_cast<std::size_t>(p.micro_batch)] = ml;
-        else v.push_back(ml);
+        if (static_cast<std::int64_t>(v.size()) > p.micro_batch)
+          v[static_cast<std::size_t>(p.micro_batch)] = ml;
+        else
+          v.push_back(ml);
         const LossReport rep{st.epoch, p.step, p.micro_batch, loss.loss_sum, loss.counted};
         self->send(st.peers.optimizer, rep);
         self->send(st.peers.node, rep);
@@ -250,7 +255,8 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         for (int k = 0; k < static_cast<int>(ctx->ledger.staging.size()); ++k) {
           auto& e = ctx->ledger.staging[static_cast<std::size_t>(k)];
           if (e.state != StagingEntry::State::filling) continue;
-          const bool keep = e.stage == 0 && e.step == r.pos.step && e.micro_batch == r.pos.micro_batch && r.pos.op > head_op;
+          const bool keep =
+              e.stage == 0 && e.step == r.pos.step && e.micro_batch == r.pos.micro_batch && r.pos.op > head_op;
           if (!keep) {
             e = StagingEntry{};
             ctx->arena->release(ArenaRegionKind::grad_slot, k);

@@ -35,22 +35,26 @@ struct MbLoss {
 
 struct RunLedger {
   // --- written by compute -----------------------------------------------------------------------
-  Pos compute_pos;                           // the next op to run; advanced only after an op is done
-  int dx_current = 0;                        // which dx buffer holds d(loss)/d(input of the next backward op)
-  std::vector<StagingEntry> staging;         // per gradient staging slot
+  Pos compute_pos;                                     // the next op to run; advanced only after an op is done
+  int dx_current = 0;                                  // which dx buffer holds d(loss)/d(input of the next backward op)
+  std::vector<StagingEntry> staging;                   // per gradient staging slot
   std::map<std::int64_t, std::vector<MbLoss>> losses;  // step -> the micro-batches done, in order
   // --- written by the collector -------------------------------------------------------------------
-  std::vector<std::int64_t> accum_step;      // per stage: the step its accumulator holds
-  std::vector<std::int64_t> accum_count;     // per stage: micro-batches of accum_step accumulated
-  std::vector<double> sumsq;                 // per stage: sum of squares once complete
+  std::vector<std::int64_t> accum_step;   // per stage: the step its accumulator holds
+  std::vector<std::int64_t> accum_count;  // per stage: micro-batches of accum_step accumulated
+  std::vector<double> sumsq;              // per stage: sum of squares once complete
 };
 
 // Busy-interval recorder for overlap measurements (only when enabled).
 class IntervalLog {
  public:
-  void enable(std::chrono::steady_clock::time_point t0) { enabled_ = true; t0_ = t0; }
+  void enable(std::chrono::steady_clock::time_point t0) {
+    enabled_ = true;
+    t0_ = t0;
+  }
   bool enabled() const { return enabled_; }
-  void add(Role r, std::int64_t step, std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  void add(Role r, std::int64_t step, std::chrono::steady_clock::time_point a,
+           std::chrono::steady_clock::time_point b) {
     if (!enabled_) return;
     std::lock_guard<std::mutex> lock(mutex_);
     log_.push_back(BusyInterval{r, step, std::chrono::duration<double>(a - t0_).count(),
@@ -152,28 +156,29 @@ struct Context {
   FaultPlan* fault = nullptr;
   RunLedger ledger;
   IntervalLog intervals;
-  std::vector<Op> ops;                       // one micro-batch's ops
-  std::vector<ParamLayout> layouts;          // per stage
+  std::vector<Op> ops;               // one micro-batch's ops
+  std::vector<ParamLayout> layouts;  // per stage
   std::int64_t first_step = 0;
-  std::int64_t end_step = 0;                 // exclusive; lowered by a stop request
+  std::int64_t end_step = 0;  // exclusive; lowered by a stop request
   ComputeCtx compute_ctx;
   int optimizer_threads = 1;
   int collector_threads = 1;
   float max_grad_norm = 0.0f;
   bool serial = false;
   std::atomic<std::int64_t> slot_reuses{0};
-  std::chrono::steady_clock::time_point h2d_last_end;  // written only by the copy engine's host-to-device worker  // loads served by a resident slot (no copy)
+  std::chrono::steady_clock::time_point h2d_last_end;  // written only by the copy engine's host-to-device worker  //
+                                                       // loads served by a resident slot (no copy)
   std::chrono::steady_clock::time_point t0;
   // Checkpoints.
-  bool checkpointing = false;                // job->checkpoint.root is set
-  std::int64_t cfg_end_step = 0;             // the run's planned end (before any stop request)
+  bool checkpointing = false;     // job->checkpoint.root is set
+  std::int64_t cfg_end_step = 0;  // the run's planned end (before any stop request)
   CheckpointGate gate;
   std::atomic<bool> checkpoint_request{false};  // the node sets it (SIGUSR1, timer); the optimizer takes it
 
   // Carved from the arena's activation region.
-  std::vector<float*> acts;                  // L + 1 boundaries: acts[i] = input of stage i + 1
+  std::vector<float*> acts;  // L + 1 boundaries: acts[i] = input of stage i + 1
   float* dx[2] = {nullptr, nullptr};
-  std::vector<float*> saved;                 // keep mode: per layer (index layer - 1)
+  std::vector<float*> saved;  // keep mode: per layer (index layer - 1)
   float* workspace = nullptr;
 
   std::int64_t stages() const { return plan.stages; }

@@ -26,8 +26,12 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
                                              std::to_string(model.max_position_embeddings) + ")");
   validate_batch_shape(model, p.batch, p.seq);
   switch (cfg.keep_intermediates()) {
-    case KeepIntermediates::boundary: p.mode = ActivationMode::recompute; break;
-    case KeepIntermediates::all: p.mode = ActivationMode::keep; break;
+    case KeepIntermediates::boundary:
+      p.mode = ActivationMode::recompute;
+      break;
+    case KeepIntermediates::all:
+      p.mode = ActivationMode::keep;
+      break;
     case KeepIntermediates::boundary_host:
       throw ConfigError("device.keep_intermediates",
                         "'boundary_host' (boundaries offloaded to host) is not supported by this engine yet; use "
@@ -52,8 +56,8 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
     act += static_cast<std::size_t>(L) * align_floats(p.saved_floats);
   }
-  p.workspace_floats = std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode),
-                                head_workspace_floats(model, p.batch, p.seq));
+  p.workspace_floats =
+      std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode), head_workspace_floats(model, p.batch, p.seq));
   ArenaRequest req;
   req.budget_bytes = cfg.device_budget_bytes();
   req.budget_name = cfg.device_budget_name();
@@ -86,7 +90,8 @@ EngineResult run_engine(EngineJob job) {
 }
 
 EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
-  if (job.host == nullptr || job.data == nullptr) throw std::invalid_argument("run_engine: host model and data source are required");
+  if (job.host == nullptr || job.data == nullptr)
+    throw std::invalid_argument("run_engine: host model and data source are required");
   auto ctx = std::make_unique<Context>();
   ctx->job = &job;
   ctx->cfg = &job.cfg;
@@ -97,7 +102,8 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   ctx->fault = job.fault;
   ctx->ops = micro_batch_ops(job.model);
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) ctx->layouts.push_back(stage_layout(job.model, s));
-  if (job.host->num_stages() != ctx->plan.stages) throw std::invalid_argument("run_engine: host model has another shape");
+  if (job.host->num_stages() != ctx->plan.stages)
+    throw std::invalid_argument("run_engine: host model has another shape");
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
     if (job.host->tile(s).version() != static_cast<std::uint64_t>(job.first_step))
       throw std::invalid_argument("run_engine: stage " + std::to_string(s) + " is at version " +
@@ -105,7 +111,8 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
                                   std::to_string(job.first_step));
   ctx->first_step = job.first_step;
   ctx->cfg_end_step = std::max(job.first_step, job.cfg.train.max_steps);
-  ctx->end_step = job.stop_after >= 0 ? std::clamp(job.stop_after, job.first_step, ctx->cfg_end_step) : ctx->cfg_end_step;
+  ctx->end_step =
+      job.stop_after >= 0 ? std::clamp(job.stop_after, job.first_step, ctx->cfg_end_step) : ctx->cfg_end_step;
   ctx->checkpointing = !job.checkpoint.root.empty();
   const ThreadBudget& tb = ctx->plan.threads;
   ctx->compute_ctx.threads = std::max(1, tb.blas);

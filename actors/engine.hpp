@@ -35,23 +35,23 @@ struct EnginePlan {
   ActivationMode mode = ActivationMode::recompute;
   std::int64_t batch = 0, seq = 0, micro_batches = 0, stages = 0;
   int weight_slots = 0, grad_slots = 0, prefetch_depth = 0;
-  std::size_t hidden_floats = 0;      // one boundary activation: batch * seq * hidden_size
-  std::size_t saved_floats = 0;       // keep mode: one layer's intermediates
+  std::size_t hidden_floats = 0;  // one boundary activation: batch * seq * hidden_size
+  std::size_t saved_floats = 0;   // keep mode: one layer's intermediates
   std::size_t workspace_floats = 0;
   ThreadBudget threads;
-  std::vector<std::string> notes;     // adjustments made (e.g. grad slots raised for tied embeddings)
+  std::vector<std::string> notes;  // adjustments made (e.g. grad slots raised for tied embeddings)
 };
 
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
 
 // One line of progress: what `megatrain train` prints and writes as JSONL.
 struct StepRecord {
-  std::int64_t step = 0;           // 1-based: the update just made
-  double loss = 0.0;               // mean over counted tokens of the step
+  std::int64_t step = 0;  // 1-based: the update just made
+  double loss = 0.0;      // mean over counted tokens of the step
   double lr = 0.0;
-  double grad_norm = 0.0;          // before clipping
+  double grad_norm = 0.0;  // before clipping
   double clip = 1.0;
-  std::int64_t tokens = 0;         // counted tokens of the step
+  std::int64_t tokens = 0;  // counted tokens of the step
   double tokens_per_s = 0.0;
   double step_s = 0.0;             // wall time since the previous step finished
   double wait_weights_s = 0.0;     // compute idle, waiting for a weight slot to be filled
@@ -66,18 +66,18 @@ struct StepRecord {
 // host tile (params, exp_avg, exp_avg_sq; no staging copy) right after the optimizer published the
 // due version; the optimizer does not update stage s again before it is written (version gate).
 struct CheckpointJob {
-  std::string root;                 // ROOT of step-N directories + `latest`; "" = no checkpoints
-  std::int64_t save_steps = 0;      // every N steps (tile versions that are multiples of N); 0 = none
-  bool at_end = true;               // a final checkpoint when the run ends (also after a stop signal)
-  int keep_last = 0;                // retention (train.save_total_limit); 0 = keep all
-  double save_minutes = 0.0;        // also every T minutes of wall clock; 0 = off
+  std::string root;             // ROOT of step-N directories + `latest`; "" = no checkpoints
+  std::int64_t save_steps = 0;  // every N steps (tile versions that are multiples of N); 0 = none
+  bool at_end = true;           // a final checkpoint when the run ends (also after a stop signal)
+  int keep_last = 0;            // retention (train.save_total_limit); 0 = keep all
+  double save_minutes = 0.0;    // also every T minutes of wall clock; 0 = off
   // true (default): once every stage of the due step is updated (the optimizer's burst is over),
   // write them in stage order while compute runs the next step; false: write stage s as soon as it
   // is updated (competes with the optimizer for the cores: measured 4-12% of a step on the demo model
   // on 2 cores, against 0-6% deferred; tools/bench/run checkpoint --stall-immediate 1).
   bool write_after_step = true;
   std::atomic<bool>* request = nullptr;  // set (e.g. by SIGUSR1): checkpoint at the next step boundary
-  std::string hf_config_json;       // config.json the model came from (kept in the manifest), "" = none
+  std::string hf_config_json;            // config.json the model came from (kept in the manifest), "" = none
   // Test-only: sleep `stall_seconds` before writing stage `stall_stage` of checkpoint `stall_step`
   // (kill -9 during a checkpoint write; stall measurements). -1 = off.
   std::int64_t stall_step = -1, stall_stage = -1;
@@ -88,9 +88,9 @@ struct CheckpointJob {
 struct CheckpointEvent {
   std::int64_t step = 0;
   bool ok = false;
-  std::string path;                 // published directory (ok)
-  std::string error;                // why it failed (!ok); names the file
-  double seconds = 0.0;             // CheckpointNow to publish
+  std::string path;      // published directory (ok)
+  std::string error;     // why it failed (!ok); names the file
+  double seconds = 0.0;  // CheckpointNow to publish
   std::uint64_t bytes = 0;
 };
 
@@ -98,17 +98,17 @@ struct CheckpointEvent {
 struct BusyInterval {
   Role role = Role::compute;
   std::int64_t step = 0;
-  double t0 = 0.0, t1 = 0.0;       // seconds since the engine started
+  double t0 = 0.0, t1 = 0.0;  // seconds since the engine started
 };
 
 struct EngineJob {
-  TrainConfig cfg;                      // validated
-  ModelConfig model;                    // the resolved model (cfg's [model] keys or a config.json)
-  BatchSource* data = nullptr;          // micro-batches by global index
-  HostModel* host = nullptr;            // initialised tiles; versions say how many updates they hold
-  std::int64_t first_step = 0;          // steps already done (tile versions must equal it)
-  FaultPlan* fault = nullptr;           // test-only crash injection
-  const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT) to stop after the step in progress
+  TrainConfig cfg;                                 // validated
+  ModelConfig model;                               // the resolved model (cfg's [model] keys or a config.json)
+  BatchSource* data = nullptr;                     // micro-batches by global index
+  HostModel* host = nullptr;                       // initialised tiles; versions say how many updates they hold
+  std::int64_t first_step = 0;                     // steps already done (tile versions must equal it)
+  FaultPlan* fault = nullptr;                      // test-only crash injection
+  const std::atomic<bool>* stop = nullptr;         // set (e.g. by SIGINT) to stop after the step in progress
   std::function<void(const StepRecord&)> on_step;  // called once per finished step, in step order
   bool record_intervals = false;
   // Ends the run after this many total steps (< cfg.train.max_steps); the LR schedule still uses
@@ -122,19 +122,19 @@ struct EngineJob {
 };
 
 struct EngineResult {
-  std::int64_t steps_done = 0;          // tile versions at the end
-  bool stopped_early = false;           // by the stop flag
+  std::int64_t steps_done = 0;  // tile versions at the end
+  bool stopped_early = false;   // by the stop flag
   std::vector<StepRecord> steps;
   std::int64_t restarts = 0;
-  std::vector<std::string> restart_log; // "compute crashed (...) at ..., restarted"
+  std::vector<std::string> restart_log;  // "compute crashed (...) at ..., restarted"
   ArenaUsage arena;
   CopyEngineStats copy;
-  std::int64_t slot_reuses = 0;         // weight loads served by a still-resident slot (no copy)
+  std::int64_t slot_reuses = 0;  // weight loads served by a still-resident slot (no copy)
   std::vector<BusyInterval> intervals;
   double wall_s = 0.0;
-  std::string error;                    // non-empty: the run failed (an unrecoverable error)
+  std::string error;  // non-empty: the run failed (an unrecoverable error)
   std::vector<CheckpointEvent> checkpoints;
-  double checkpoint_wait_s = 0.0;       // total time the optimizer waited on the version gate
+  double checkpoint_wait_s = 0.0;  // total time the optimizer waited on the version gate
 };
 
 // Deterministic initialisation of every tile's params (init_stage_params per stage, the reference

@@ -7,11 +7,16 @@ namespace mt::actors {
 
 const char* role_name(Role r) {
   switch (r) {
-    case Role::loader: return "loader";
-    case Role::prefetcher: return "prefetcher";
-    case Role::compute: return "compute";
-    case Role::collector: return "collector";
-    case Role::optimizer: return "optimizer";
+    case Role::loader:
+      return "loader";
+    case Role::prefetcher:
+      return "prefetcher";
+    case Role::compute:
+      return "compute";
+    case Role::collector:
+      return "collector";
+    case Role::optimizer:
+      return "optimizer";
   }
   return "?";
 }
@@ -25,13 +30,20 @@ Role parse_role(const std::string& name) {
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::data: return "data";
-    case Phase::prefetch: return "prefetch";
-    case Phase::forward: return "forward";
-    case Phase::head: return "head";
-    case Phase::backward: return "backward";
-    case Phase::collect: return "collect";
-    case Phase::optimize: return "optimize";
+    case Phase::data:
+      return "data";
+    case Phase::prefetch:
+      return "prefetch";
+    case Phase::forward:
+      return "forward";
+    case Phase::head:
+      return "head";
+    case Phase::backward:
+      return "backward";
+    case Phase::collect:
+      return "collect";
+    case Phase::optimize:
+      return "optimize";
   }
   return "?";
 }

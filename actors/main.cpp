@@ -80,8 +80,10 @@ int train(int argc, char** argv) {
   std::unique_ptr<mt::actors::ShardBatchSource> data;
   mt::actors::EnginePlan plan;
   try {
-    if (!cfg.model.model_name_or_path.empty()) model = mt::hf::load_config(cfg.model.model_name_or_path);
-    else model = cfg.model.config_file.empty() ? cfg.model_config_from_keys() : mt::hf::load_config(cfg.model.config_file);
+    if (!cfg.model.model_name_or_path.empty())
+      model = mt::hf::load_config(cfg.model.model_name_or_path);
+    else
+      model = cfg.model.config_file.empty() ? cfg.model_config_from_keys() : mt::hf::load_config(cfg.model.config_file);
     plan = mt::actors::plan_engine(cfg, model);
     mt::data::LoaderOptions lo;
     lo.shards = mt::data::expand_shard_paths({cfg.data.train_files});
@@ -117,8 +119,8 @@ int train(int argc, char** argv) {
     }
     if (resuming) {
       const auto path = mt::actors::resume_path(cfg, cfg.train.output_dir);
-      const auto rp = mt::actors::load_checkpoint(path, cfg.train.resume_fallback == "previous_good", cfg, model, host,
-                                                  data.get());
+      const auto rp =
+          mt::actors::load_checkpoint(path, cfg.train.resume_fallback == "previous_good", cfg, model, host, data.get());
       for (const auto& k : rp.skipped) std::fprintf(stderr, "megatrain: skipped damaged checkpoint: %s\n", k.c_str());
       for (const auto& n : rp.notes) std::fprintf(stderr, "megatrain: note: %s\n", n.c_str());
       if (rp.run_state.contains("model_name_or_path") && hf_config.empty()) {
@@ -151,14 +153,14 @@ int train(int argc, char** argv) {
     return 1;
   }
 
-  std::printf("megatrain: %s, %lld layers, %.2fM parameters; %lld steps of %lld x %lld x %lld tokens; host %.1f MiB, "
-              "device arena %.1f MiB of %.1f MiB budget (%d weight slots)\n",
-              mt::arch_name(model.arch), static_cast<long long>(model.num_hidden_layers),
-              static_cast<double>(mt::total_param_count(model)) / 1e6, static_cast<long long>(cfg.train.max_steps),
-              static_cast<long long>(plan.micro_batches), static_cast<long long>(plan.batch),
-              static_cast<long long>(plan.seq), static_cast<double>(host.host_bytes()) / (1 << 20),
-              static_cast<double>(plan.arena.total_bytes) / (1 << 20),
-              static_cast<double>(plan.arena.budget_bytes) / (1 << 20), plan.weight_slots);
+  std::printf(
+      "megatrain: %s, %lld layers, %.2fM parameters; %lld steps of %lld x %lld x %lld tokens; host %.1f MiB, "
+      "device arena %.1f MiB of %.1f MiB budget (%d weight slots)\n",
+      mt::arch_name(model.arch), static_cast<long long>(model.num_hidden_layers),
+      static_cast<double>(mt::total_param_count(model)) / 1e6, static_cast<long long>(cfg.train.max_steps),
+      static_cast<long long>(plan.micro_batches), static_cast<long long>(plan.batch), static_cast<long long>(plan.seq),
+      static_cast<double>(host.host_bytes()) / (1 << 20), static_cast<double>(plan.arena.total_bytes) / (1 << 20),
+      static_cast<double>(plan.arena.budget_bytes) / (1 << 20), plan.weight_slots);
   std::fflush(stdout);
 
   struct sigaction sa {};
@@ -207,19 +209,29 @@ int train(int argc, char** argv) {
   };
   const std::int64_t log_every = std::max<std::int64_t>(1, cfg.log.logging_steps);
   job.on_step = [&](const mt::actors::StepRecord& r) {
-    std::printf("step %5lld | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tok/s | step %.3fs (weights wait %.3f, "
-                "compute %.3f, grad offload %.3f, optimizer %.3f%s)%s\n",
-                static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.step_s, r.wait_weights_s,
-                r.compute_s, r.offload_s, r.optimizer_s,
-                r.checkpoint_wait_s > 0 ? (", checkpoint wait " + std::to_string(r.checkpoint_wait_s)).c_str() : "",
-                r.restarts ? " [restarted]" : "");
+    std::printf(
+        "step %5lld | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tok/s | step %.3fs (weights wait %.3f, "
+        "compute %.3f, grad offload %.3f, optimizer %.3f%s)%s\n",
+        static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.step_s, r.wait_weights_s,
+        r.compute_s, r.offload_s, r.optimizer_s,
+        r.checkpoint_wait_s > 0 ? (", checkpoint wait " + std::to_string(r.checkpoint_wait_s)).c_str() : "",
+        r.restarts ? " [restarted]" : "");
     std::fflush(stdout);
     if (r.step % log_every == 0 || r.step == cfg.train.max_steps) {
-      nlohmann::json j{{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                       {"clip", r.clip}, {"tokens", r.tokens}, {"tokens_per_s", r.tokens_per_s},
-                       {"step_s", r.step_s}, {"wait_weights_s", r.wait_weights_s}, {"compute_s", r.compute_s},
-                       {"offload_s", r.offload_s}, {"optimizer_s", r.optimizer_s},
-                       {"checkpoint_wait_s", r.checkpoint_wait_s}, {"restarts", r.restarts}};
+      nlohmann::json j{{"step", r.step},
+                       {"loss", r.loss},
+                       {"lr", r.lr},
+                       {"grad_norm", r.grad_norm},
+                       {"clip", r.clip},
+                       {"tokens", r.tokens},
+                       {"tokens_per_s", r.tokens_per_s},
+                       {"step_s", r.step_s},
+                       {"wait_weights_s", r.wait_weights_s},
+                       {"compute_s", r.compute_s},
+                       {"offload_s", r.offload_s},
+                       {"optimizer_s", r.optimizer_s},
+                       {"checkpoint_wait_s", r.checkpoint_wait_s},
+                       {"restarts", r.restarts}};
       jsonl << j.dump() << '\n';
       jsonl.flush();
     }
@@ -253,12 +265,13 @@ int train(int argc, char** argv) {
     tok += static_cast<double>(plan.batch * plan.seq * plan.micro_batches);
     secs += r.step_s;
   }
-  std::printf("megatrain: %s after %lld steps in %.1fs (%.0f tokens/s); final loss %.4f; device arena peak %.2f MiB "
-              "of %.2f MiB budget; log %s\n",
-              res.stopped_early ? "stopped by signal" : "done", static_cast<long long>(res.steps_done), res.wall_s,
-              secs > 0 ? tok / secs : 0.0, res.steps.empty() ? 0.0 : res.steps.back().loss,
-              static_cast<double>(res.arena.peak_bytes) / (1 << 20),
-              static_cast<double>(res.arena.budget_bytes) / (1 << 20), jsonl_path.c_str());
+  std::printf(
+      "megatrain: %s after %lld steps in %.1fs (%.0f tokens/s); final loss %.4f; device arena peak %.2f MiB "
+      "of %.2f MiB budget; log %s\n",
+      res.stopped_early ? "stopped by signal" : "done", static_cast<long long>(res.steps_done), res.wall_s,
+      secs > 0 ? tok / secs : 0.0, res.steps.empty() ? 0.0 : res.steps.back().loss,
+      static_cast<double>(res.arena.peak_bytes) / (1 << 20), static_cast<double>(res.arena.budget_bytes) / (1 << 20),
+      jsonl_path.c_str());
   return 0;
 }
 

@@ -313,37 +313,36 @@ typename Inspector::result_type inspect(Inspector& f, CheckpointFailed& x) {
 // ---- typed interfaces ------------------------------------------------------------------------------
 // Every pipeline actor also takes the control messages: Peers, Resume, reset (-> ack).
 
-using loader_actor = caf::typed_actor<
-    caf::reacts_to<BatchRequest>,
-    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+using loader_actor = caf::typed_actor<caf::reacts_to<BatchRequest>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
+                                      caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
-using prefetcher_actor = caf::typed_actor<
-    caf::reacts_to<SlotFree>, caf::reacts_to<CopyDone>, caf::reacts_to<LayerUpdated>, caf::reacts_to<StopAt>,
-    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+using prefetcher_actor =
+    caf::typed_actor<caf::reacts_to<SlotFree>, caf::reacts_to<CopyDone>, caf::reacts_to<LayerUpdated>,
+                     caf::reacts_to<StopAt>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
+                     caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
-using compute_actor = caf::typed_actor<
-    caf::reacts_to<WeightsReady>, caf::reacts_to<MicroBatch>, caf::reacts_to<GradSlotFree>,
-    caf::replies_to<StopAt>::with<StopAt>,
-    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+using compute_actor =
+    caf::typed_actor<caf::reacts_to<WeightsReady>, caf::reacts_to<MicroBatch>, caf::reacts_to<GradSlotFree>,
+                     caf::replies_to<StopAt>::with<StopAt>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
+                     caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
-using collector_actor = caf::typed_actor<
-    caf::reacts_to<LayerGrads>,
-    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+using collector_actor = caf::typed_actor<caf::reacts_to<LayerGrads>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
+                                         caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
-using optimizer_actor = caf::typed_actor<
-    caf::reacts_to<LossReport>, caf::reacts_to<LayerGradsComplete>,
-    caf::reacts_to<Peers>, caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+using optimizer_actor =
+    caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerGradsComplete>, caf::reacts_to<Peers>,
+                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
 // The checkpointer is not a restartable pipeline role: it catches its own errors (a failed checkpoint
 // is reported, not fatal) and takes no part in the reset barrier (its messages carry no epoch: a
 // LayerUpdated names a tile version, which is the same information in every epoch).
-using checkpointer_actor = caf::typed_actor<
-    caf::reacts_to<CheckpointNow>, caf::reacts_to<LayerUpdated>, caf::reacts_to<Peers>>;
+using checkpointer_actor =
+    caf::typed_actor<caf::reacts_to<CheckpointNow>, caf::reacts_to<LayerUpdated>, caf::reacts_to<Peers>>;
 
-using node_actor = caf::typed_actor<
-    caf::reacts_to<LossReport>, caf::reacts_to<LayerUpdated>, caf::reacts_to<ComputeStepDone>,
-    caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>,
-    caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>>;
+using node_actor =
+    caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerUpdated>, caf::reacts_to<ComputeStepDone>,
+                     caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>,
+                     caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>>;
 
 }  // namespace mt::actors
 

@@ -47,7 +47,7 @@ struct node_state {
   std::set<caf::actor_addr> alive;  // children not yet down
   int crashes_since_progress = 0;
   int acks_pending = 0;
-  bool final_requested = false;  // the end-of-run checkpoint was asked for; shut down when it ends
+  bool final_requested = false;       // the end-of-run checkpoint was asked for; shut down when it ends
   Clock::time_point last_checkpoint;  // for train.save_minutes
   static constexpr const char* name = "node";
 };
@@ -71,11 +71,26 @@ void spawn_role(self_ptr self, Role r) {
   auto& st = self->state;
   auto& sys = self->system();
   switch (r) {
-    case Role::loader: st.h.loader = spawn_loader(sys, st.ctx, st.epoch); self->monitor(st.h.loader); break;
-    case Role::prefetcher: st.h.prefetcher = spawn_prefetcher(sys, st.ctx, st.epoch); self->monitor(st.h.prefetcher); break;
-    case Role::compute: st.h.compute = spawn_compute(sys, st.ctx, st.epoch); self->monitor(st.h.compute); break;
-    case Role::collector: st.h.collector = spawn_collector(sys, st.ctx, st.epoch); self->monitor(st.h.collector); break;
-    case Role::optimizer: st.h.optimizer = spawn_optimizer(sys, st.ctx, st.epoch); self->monitor(st.h.optimizer); break;
+    case Role::loader:
+      st.h.loader = spawn_loader(sys, st.ctx, st.epoch);
+      self->monitor(st.h.loader);
+      break;
+    case Role::prefetcher:
+      st.h.prefetcher = spawn_prefetcher(sys, st.ctx, st.epoch);
+      self->monitor(st.h.prefetcher);
+      break;
+    case Role::compute:
+      st.h.compute = spawn_compute(sys, st.ctx, st.epoch);
+      self->monitor(st.h.compute);
+      break;
+    case Role::collector:
+      st.h.collector = spawn_collector(sys, st.ctx, st.epoch);
+      self->monitor(st.h.collector);
+      break;
+    case Role::optimizer:
+      st.h.optimizer = spawn_optimizer(sys, st.ctx, st.epoch);
+      self->monitor(st.h.optimizer);
+      break;
   }
   const caf::actor_addr a[kRoleCount] = {st.h.loader.address(), st.h.prefetcher.address(), st.h.compute.address(),
                                          st.h.collector.address(), st.h.optimizer.address()};
@@ -110,7 +125,8 @@ void resume_all(self_ptr self) {
   for (int k = 0; k < static_cast<int>(ctx->ledger.staging.size()); ++k) {
     const auto& e = ctx->ledger.staging[static_cast<std::size_t>(k)];
     if (e.state == StagingEntry::State::full)
-      staged.push_back(LayerGrads{st.epoch, WorkId{e.step, e.micro_batch, e.stage, static_cast<std::int32_t>(Phase::backward)}, k});
+      staged.push_back(
+          LayerGrads{st.epoch, WorkId{e.step, e.micro_batch, e.stage, static_cast<std::int32_t>(Phase::backward)}, k});
   }
   std::sort(staged.begin(), staged.end(), [](const LayerGrads& a, const LayerGrads& b) {
     if (a.work.step != b.work.step) return a.work.step < b.work.step;
@@ -163,8 +179,7 @@ void finish(self_ptr self) {
   auto& st = self->state;
   if (st.shutting_down || st.final_requested) return;
   const Context* ctx = st.ctx;
-  if (ctx->checkpointing && ctx->job->checkpoint.at_end && st.end_step > ctx->first_step &&
-      st.result->error.empty()) {
+  if (ctx->checkpointing && ctx->job->checkpoint.at_end && st.end_step > ctx->first_step && st.result->error.empty()) {
     st.final_requested = true;
     self->send(st.h.checkpointer, CheckpointNow{st.end_step});
     return;
@@ -177,7 +192,8 @@ void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
   // The final CheckpointNow of a checkpoint already published (the planned last step) is answered
   // with its CheckpointDone again: report each checkpoint once.
   bool repeat = false;
-  for (const auto& c : st.result->checkpoints) repeat = repeat || (c.ok && ev.ok && c.step == ev.step && c.path == ev.path);
+  for (const auto& c : st.result->checkpoints)
+    repeat = repeat || (c.ok && ev.ok && c.step == ev.step && c.path == ev.path);
   if (repeat) {
     if (st.final_requested && ev.step == st.end_step) shutdown(self);
     return;
@@ -277,15 +293,16 @@ void poll_stop(self_ptr self) {
   const std::atomic<bool>* flag = st.ctx->job->stop;
   if (flag && flag->load() && !st.stop_requested) {
     st.stop_requested = true;
-    self->request(st.h.compute, caf::infinite, StopAt{st.next_report}).then(
-        [=](const StopAt& r) {
-          auto& s = self->state;
-          s.end_step = std::min(s.end_step, r.end_step);
-          s.result->stopped_early = s.end_step < s.ctx->end_step;
-          self->send(s.h.prefetcher, StopAt{s.end_step});
-          emit_ready_steps(self);
-        },
-        [=](caf::error&) { self->state.stop_requested = false; });
+    self->request(st.h.compute, caf::infinite, StopAt{st.next_report})
+        .then(
+            [=](const StopAt& r) {
+              auto& s = self->state;
+              s.end_step = std::min(s.end_step, r.end_step);
+              s.result->stopped_early = s.end_step < s.ctx->end_step;
+              self->send(s.h.prefetcher, StopAt{s.end_step});
+              emit_ready_steps(self);
+            },
+            [=](caf::error&) { self->state.stop_requested = false; });
   }
   self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
 }
@@ -352,8 +369,12 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
         emit_ready_steps(self);
       },
       [=](tick_atom) { poll_stop(self); },
-      [=](const CheckpointDone& m) { on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes}); },
-      [=](const CheckpointFailed& m) { on_checkpoint(self, CheckpointEvent{m.step, false, "", m.error, 0.0, 0}); },
+      [=](const CheckpointDone& m) {
+        on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes});
+      },
+      [=](const CheckpointFailed& m) {
+        on_checkpoint(self, CheckpointEvent{m.step, false, "", m.error, 0.0, 0});
+      },
   };
 }
 

@@ -19,10 +19,10 @@ struct optimizer_state {
   std::uint64_t epoch = 0;
   bool running = false;
   PeerHandles peers;
-  std::int64_t step = 0;      // the step being optimised
+  std::int64_t step = 0;  // the step being optimised
   std::int64_t end_step = 0;
-  std::map<std::int64_t, std::map<std::int64_t, MbLoss>> losses;   // step -> micro-batch -> loss
-  std::map<std::int64_t, std::map<std::int64_t, double>> sumsq;    // step -> stage -> sum of squares
+  std::map<std::int64_t, std::map<std::int64_t, MbLoss>> losses;  // step -> micro-batch -> loss
+  std::map<std::int64_t, std::map<std::int64_t, double>> sumsq;   // step -> stage -> sum of squares
   double busy_s = 0.0;
   double gate_wait_s = 0.0;   // this step's wait for the checkpointer
   std::int64_t decided = -1;  // the step whose checkpoint decision is made
@@ -64,7 +64,8 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   st.busy_s += seconds_between(t0, t1);
   ctx->intervals.add(Role::optimizer, s, t0, t1);
   self->send(st.peers.prefetcher, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
-  if (ctx->checkpointing) self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+  if (ctx->checkpointing)
+    self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
 }
 
 void try_update(self_ptr self) {
@@ -84,8 +85,8 @@ void try_update(self_ptr self) {
     const AdamWHyper hyper = ctx->cfg->adamw_at(s);
     auto& sq = st.sumsq[s];
     if (ctx->max_grad_norm <= 0.0f) {
-      const float grad_scale = compute_step_scale(std::vector<double>(static_cast<std::size_t>(S), 0.0), counted, 0.0f,
-                                                  loss_sum).grad_scale;
+      const float grad_scale =
+          compute_step_scale(std::vector<double>(static_cast<std::size_t>(S), 0.0), counted, 0.0f, loss_sum).grad_scale;
       for (const auto& kv : sq) update_stage(self, s, kv.first, hyper, grad_scale);
     }
     if (static_cast<std::int64_t>(sq.size()) < S) return;
@@ -94,8 +95,8 @@ void try_update(self_ptr self) {
     const StepScale scale = compute_step_scale(sumsq, counted, ctx->max_grad_norm, loss_sum);
     if (ctx->max_grad_norm > 0.0f)
       for (std::int64_t stage = 0; stage < S; ++stage) update_stage(self, s, stage, hyper, scale.grad_scale);
-    self->send(st.peers.node,
-               OptimizerStepDone{s, scale.loss, scale.grad_norm, scale.clip, hyper.lr, counted, st.busy_s, st.gate_wait_s});
+    self->send(st.peers.node, OptimizerStepDone{s, scale.loss, scale.grad_norm, scale.clip, hyper.lr, counted,
+                                                st.busy_s, st.gate_wait_s});
     st.busy_s = 0.0;
     st.gate_wait_s = 0.0;
     st.losses.erase(s);

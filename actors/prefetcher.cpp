@@ -23,21 +23,21 @@ struct prefetcher_state {
   std::uint64_t epoch = 0;
   bool running = false;
   PeerHandles peers;
-  Pos pos;          // the next op to load for
-  int load = 0;     // its next load
+  Pos pos;       // the next op to load for
+  int load = 0;  // its next load
   std::int64_t end_step = 0;
   struct Held {
-    Pos pos;                 // the op it was filled for
+    Pos pos;  // the op it was filled for
     std::int64_t stage = 0;
     std::uint64_t version = 0;
-    bool filling = false;    // the copy is queued or running
+    bool filling = false;  // the copy is queued or running
   };
   struct Resident {
     std::int64_t stage = 0;
     std::uint64_t version = 0;
   };
-  std::map<int, Held> in_flight;      // slot -> what compute holds (until it frees it)
-  std::map<int, Resident> resident;   // free slots whose contents are still valid
+  std::map<int, Held> in_flight;     // slot -> what compute holds (until it frees it)
+  std::map<int, Resident> resident;  // free slots whose contents are still valid
   static constexpr const char* name = "prefetcher";
 };
 
@@ -165,15 +165,14 @@ prefetcher_actor::behavior_type prefetcher_fn(prefetcher_actor::stateful_pointer
         if (it == st.in_flight.end() || !it->second.filling) return;
         it->second.filling = false;
         ctx->arena->mark_ready(m.slot);
-        self->send(st.peers.compute, WeightsReady{st.epoch, m.pos, m.load, it->second.stage, m.slot, it->second.version});
+        self->send(st.peers.compute,
+                   WeightsReady{st.epoch, m.pos, m.load, it->second.stage, m.slot, it->second.version});
       },
       [=](const LayerUpdated& m) {
         if (m.epoch != self->state.epoch) return;
         pump(self);
       },
-      [=](const StopAt& m) {
-        self->state.end_step = std::min(self->state.end_step, m.end_step);
-      },
+      [=](const StopAt& m) { self->state.end_step = std::min(self->state.end_step, m.end_step); },
       [=](const Peers& p) { self->state.peers.set(p); },
       [=](const Resume& r) {
         auto& st = self->state;

@@ -18,32 +18,64 @@ nlohmann::json train_config_json(const TrainConfig& c) {
   const auto& l = c.log;
   return {
       {"train",
-       {{"output_dir", t.output_dir}, {"per_device_train_batch_size", t.per_device_train_batch_size},
-        {"gradient_accumulation_steps", t.gradient_accumulation_steps}, {"max_steps", t.max_steps},
-        {"learning_rate", t.learning_rate}, {"lr_scheduler_type", t.lr_scheduler_type},
-        {"warmup_steps", t.warmup_steps}, {"min_lr_ratio", t.min_lr_ratio}, {"weight_decay", t.weight_decay},
-        {"adam_beta1", t.adam_beta1}, {"adam_beta2", t.adam_beta2}, {"adam_epsilon", t.adam_epsilon},
-        {"max_grad_norm", t.max_grad_norm}, {"seed", t.seed}, {"optimizer_compression", t.optimizer_compression},
-        {"offload_dir", t.offload_dir}, {"save_steps", t.save_steps}, {"save_total_limit", t.save_total_limit},
-        {"resume_from_checkpoint", t.resume_from_checkpoint}, {"resume_fallback", t.resume_fallback},
-        {"save_minutes", t.save_minutes}, {"stop_after_steps", t.stop_after_steps},
+       {{"output_dir", t.output_dir},
+        {"per_device_train_batch_size", t.per_device_train_batch_size},
+        {"gradient_accumulation_steps", t.gradient_accumulation_steps},
+        {"max_steps", t.max_steps},
+        {"learning_rate", t.learning_rate},
+        {"lr_scheduler_type", t.lr_scheduler_type},
+        {"warmup_steps", t.warmup_steps},
+        {"min_lr_ratio", t.min_lr_ratio},
+        {"weight_decay", t.weight_decay},
+        {"adam_beta1", t.adam_beta1},
+        {"adam_beta2", t.adam_beta2},
+        {"adam_epsilon", t.adam_epsilon},
+        {"max_grad_norm", t.max_grad_norm},
+        {"seed", t.seed},
+        {"optimizer_compression", t.optimizer_compression},
+        {"offload_dir", t.offload_dir},
+        {"save_steps", t.save_steps},
+        {"save_total_limit", t.save_total_limit},
+        {"resume_from_checkpoint", t.resume_from_checkpoint},
+        {"resume_fallback", t.resume_fallback},
+        {"save_minutes", t.save_minutes},
+        {"stop_after_steps", t.stop_after_steps},
         {"export_hf_dir", t.export_hf_dir}}},
       {"model",
-       {{"config_file", m.config_file}, {"model_name_or_path", m.model_name_or_path}, {"arch", m.arch},
-        {"hidden_size", m.hidden_size}, {"layers", m.layers}, {"heads", m.heads}, {"kv_heads", m.kv_heads},
-        {"head_dim", m.head_dim}, {"intermediate_size", m.intermediate_size}, {"vocab_size", m.vocab_size},
-        {"max_position_embeddings", m.max_position_embeddings}, {"rope_theta", m.rope_theta},
-        {"norm_eps", m.norm_eps}, {"tie_word_embeddings", m.tie_word_embeddings},
+       {{"config_file", m.config_file},
+        {"model_name_or_path", m.model_name_or_path},
+        {"arch", m.arch},
+        {"hidden_size", m.hidden_size},
+        {"layers", m.layers},
+        {"heads", m.heads},
+        {"kv_heads", m.kv_heads},
+        {"head_dim", m.head_dim},
+        {"intermediate_size", m.intermediate_size},
+        {"vocab_size", m.vocab_size},
+        {"max_position_embeddings", m.max_position_embeddings},
+        {"rope_theta", m.rope_theta},
+        {"norm_eps", m.norm_eps},
+        {"tie_word_embeddings", m.tie_word_embeddings},
         {"initializer_range", m.initializer_range}}},
       {"data",
-       {{"train_files", d.train_files}, {"validation_files", d.validation_files}, {"tokenizer_file", d.tokenizer_file},
+       {{"train_files", d.train_files},
+        {"validation_files", d.validation_files},
+        {"tokenizer_file", d.tokenizer_file},
         {"seq_length", d.seq_length}}},
       {"device",
-       {{"backend", v.backend}, {"max_vram_gb", v.max_vram_gb}, {"device_memory_mb", v.device_memory_mb},
-        {"weight_slots", v.weight_slots}, {"grad_slots", v.grad_slots}, {"keep_intermediates", v.keep_intermediates},
-        {"copy_bandwidth_gbps", v.copy_bandwidth_gbps}, {"prefetch_depth", v.prefetch_depth}}},
+       {{"backend", v.backend},
+        {"max_vram_gb", v.max_vram_gb},
+        {"device_memory_mb", v.device_memory_mb},
+        {"weight_slots", v.weight_slots},
+        {"grad_slots", v.grad_slots},
+        {"keep_intermediates", v.keep_intermediates},
+        {"copy_bandwidth_gbps", v.copy_bandwidth_gbps},
+        {"prefetch_depth", v.prefetch_depth}}},
       {"threads",
-       {{"total", th.total}, {"blas", th.blas}, {"optimizer", th.optimizer}, {"copy", th.copy},
+       {{"total", th.total},
+        {"blas", th.blas},
+        {"optimizer", th.optimizer},
+        {"copy", th.copy},
         {"scheduler", th.scheduler}}},
       {"log", {{"train_jsonl", l.train_jsonl}, {"events_jsonl", l.events_jsonl}, {"logging_steps", l.logging_steps}}},
   };
@@ -60,11 +92,15 @@ nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::in
       {"step", step},
       {"optimizer_step", step},
       {"lr_schedule",
-       {{"type", cfg.train.lr_scheduler_type}, {"learning_rate", cfg.train.learning_rate},
-        {"warmup_steps", cfg.train.warmup_steps}, {"max_steps", cfg.train.max_steps},
-        {"min_lr_ratio", cfg.train.min_lr_ratio}, {"next_lr", cfg.learning_rate_at(step)}}},
+       {{"type", cfg.train.lr_scheduler_type},
+        {"learning_rate", cfg.train.learning_rate},
+        {"warmup_steps", cfg.train.warmup_steps},
+        {"max_steps", cfg.train.max_steps},
+        {"min_lr_ratio", cfg.train.min_lr_ratio},
+        {"next_lr", cfg.learning_rate_at(step)}}},
       {"data",
-       {{"micro_batches_per_step", micro_batches}, {"global_batch_index", g},
+       {{"micro_batches_per_step", micro_batches},
+        {"global_batch_index", g},
         {"cursor", data ? data->cursor_before(g) : nlohmann::json(nullptr)}}},
       {"rng",
        {{"seed", cfg.train.seed},
@@ -85,12 +121,21 @@ namespace {
 // Training keys whose change makes the continued run differ from the uninterrupted one.
 std::vector<std::string> changed_keys(const nlohmann::json& saved, const nlohmann::json& now) {
   std::vector<std::string> out;
-  static const char* const keys[][2] = {
-      {"train", "per_device_train_batch_size"}, {"train", "gradient_accumulation_steps"}, {"train", "max_steps"},
-      {"train", "learning_rate"}, {"train", "lr_scheduler_type"}, {"train", "warmup_steps"},
-      {"train", "min_lr_ratio"}, {"train", "weight_decay"}, {"train", "adam_beta1"}, {"train", "adam_beta2"},
-      {"train", "adam_epsilon"}, {"train", "max_grad_norm"}, {"train", "seed"}, {"data", "train_files"},
-      {"data", "seq_length"}};
+  static const char* const keys[][2] = {{"train", "per_device_train_batch_size"},
+                                        {"train", "gradient_accumulation_steps"},
+                                        {"train", "max_steps"},
+                                        {"train", "learning_rate"},
+                                        {"train", "lr_scheduler_type"},
+                                        {"train", "warmup_steps"},
+                                        {"train", "min_lr_ratio"},
+                                        {"train", "weight_decay"},
+                                        {"train", "adam_beta1"},
+                                        {"train", "adam_beta2"},
+                                        {"train", "adam_epsilon"},
+                                        {"train", "max_grad_norm"},
+                                        {"train", "seed"},
+                                        {"data", "train_files"},
+                                        {"data", "seq_length"}};
   for (const auto& k : keys) {
     if (!saved.contains(k[0]) || !saved[k[0]].contains(k[1])) continue;
     const auto& a = saved[k[0]][k[1]];
@@ -136,7 +181,8 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
   if (rp.run_state.contains("train_config"))
     rp.notes = changed_keys(rp.run_state["train_config"], train_config_json(cfg));
   if (data != nullptr && rp.step > 0) {
-    const std::uint64_t g = static_cast<std::uint64_t>(rp.step) * static_cast<std::uint64_t>(cfg.train.gradient_accumulation_steps);
+    const std::uint64_t g =
+        static_cast<std::uint64_t>(rp.step) * static_cast<std::uint64_t>(cfg.train.gradient_accumulation_steps);
     nlohmann::json cursor = nullptr;
     if (rp.run_state.contains("data")) {
       const auto& d = rp.run_state["data"];
@@ -168,7 +214,8 @@ void export_hf(const std::filesystem::path& dir, const HostModel& host, const st
     base = nlohmann::json::parse(base_config_json);
     o.base_config = &base;
   }
-  hf::write_hf_model(dir, host.config(), [&](std::int64_t s) { return host.tile(s).params(); }, o);
+  hf::write_hf_model(
+      dir, host.config(), [&](std::int64_t s) { return host.tile(s).params(); }, o);
 }
 
 }  // namespace mt::actors

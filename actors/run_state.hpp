@@ -34,10 +34,10 @@ nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::in
 
 struct ResumePoint {
   std::int64_t step = 0;
-  std::filesystem::path dir;            // the checkpoint loaded
+  std::filesystem::path dir;  // the checkpoint loaded
   nlohmann::json run_state;
-  std::vector<std::string> skipped;     // damaged checkpoints skipped (fallback), with why
-  std::vector<std::string> notes;       // training keys that differ from the checkpoint's run
+  std::vector<std::string> skipped;  // damaged checkpoints skipped (fallback), with why
+  std::vector<std::string> notes;    // training keys that differ from the checkpoint's run
 };
 
 // Resolves train.resume_from_checkpoint: "latest" = the checkpoint root (`root`), otherwise a root

@@ -5,10 +5,13 @@ namespace mt::actors {
 Phase Op::phase() const {
   switch (kind) {
     case OpKind::embed_forward:
-    case OpKind::layer_forward: return Phase::forward;
-    case OpKind::head: return Phase::head;
+    case OpKind::layer_forward:
+      return Phase::forward;
+    case OpKind::head:
+      return Phase::head;
     case OpKind::layer_backward:
-    case OpKind::embed_backward: return Phase::backward;
+    case OpKind::embed_backward:
+      return Phase::backward;
   }
   return Phase::forward;
 }

@@ -22,8 +22,8 @@ enum class OpKind { embed_forward, layer_forward, head, layer_backward, embed_ba
 
 struct Op {
   OpKind kind = OpKind::embed_forward;
-  std::int64_t stage = 0;      // the stage this op computes
-  int loads = 0;               // weight loads it needs (0, 1 or 2)
+  std::int64_t stage = 0;  // the stage this op computes
+  int loads = 0;           // weight loads it needs (0, 1 or 2)
   std::int64_t load_stage[2] = {-1, -1};
   Phase phase() const;
 };

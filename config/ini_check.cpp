@@ -58,8 +58,10 @@ std::string apply_one(const std::string& category, const std::string& key, const
     return source + ": " + shown + " = " + value_text(value) + " is not a valid " + type + " (strings need quotes)";
   }
   opt->store(stored);
-  if (category == "global") content[key] = stored;
-  else caf::put(content, category + "." + key, stored);
+  if (category == "global")
+    content[key] = stored;
+  else
+    caf::put(content, category + "." + key, stored);
   return "";
 }
 

@@ -19,7 +19,8 @@ double learning_rate_at(LrSchedule schedule, double peak_lr, std::int64_t warmup
 }
 
 double TrainConfig::learning_rate_at(std::int64_t step) const {
-  return mt::learning_rate_at(lr_schedule(), train.learning_rate, train.warmup_steps, train.max_steps, train.min_lr_ratio, step);
+  return mt::learning_rate_at(lr_schedule(), train.learning_rate, train.warmup_steps, train.max_steps,
+                              train.min_lr_ratio, step);
 }
 
 AdamWHyper TrainConfig::adamw_at(std::int64_t step) const {

@@ -41,8 +41,10 @@ NodeConfig::NodeConfig() {
       .add(t.resume_from_checkpoint, "resume_from_checkpoint", "checkpoint directory, 'latest', or empty")
       .add(t.resume_fallback, "resume_fallback", "none | previous_good (skip damaged checkpoints when resuming)")
       .add(t.save_minutes, "save_minutes", "also checkpoint every T minutes; 0 = off")
-      .add(t.stop_after_steps, "stop_after_steps", "end this run after N total steps (LR schedule keeps max_steps); 0 = max_steps")
-      .add(t.export_hf_dir, "export_hf_dir", "export the final weights as a Hugging Face model directory; empty = none");
+      .add(t.stop_after_steps, "stop_after_steps",
+           "end this run after N total steps (LR schedule keeps max_steps); 0 = max_steps")
+      .add(t.export_hf_dir, "export_hf_dir",
+           "export the final weights as a Hugging Face model directory; empty = none");
   auto& m = values.model;
   opt_group{custom_options_, "model"}
       .add(m.config_file, "config_file", "Hugging Face config.json (or its directory); empty = the keys below")
@@ -179,7 +181,8 @@ bool is_train_section(const std::string& category) {
 }
 
 std::string option_key(const caf::config_option& opt) {
-  return std::string(opt.category().begin(), opt.category().end()) + "." + std::string(opt.long_name().begin(), opt.long_name().end());
+  return std::string(opt.category().begin(), opt.category().end()) + "." +
+         std::string(opt.long_name().begin(), opt.long_name().end());
 }
 
 }  // namespace
@@ -242,8 +245,8 @@ std::string NodeConfig::help_text(const std::string& program) const {
     section = category;
     const auto value = opt.get();
     out << "  --" << option_key(opt) << "=<" << std::string(opt.type_name().begin(), opt.type_name().end()) << ">  "
-        << std::string(opt.description().begin(), opt.description().end()) << " (now " << (value ? ini_value(*value) : "?")
-        << ")\n";
+        << std::string(opt.description().begin(), opt.description().end()) << " (now "
+        << (value ? ini_value(*value) : "?") << ")\n";
   }
   return out.str();
 }

@@ -56,8 +56,8 @@ class NodeConfig : public caf::actor_system_config {
   // Every key of the six sections as "section.key", in registration order (docs and tests).
   std::vector<std::string> registered_keys() const;
 
-  TrainConfig values;           // filled by load()
-  std::string config_file;      // the INI file read ("" when none)
+  TrainConfig values;                      // filled by load()
+  std::string config_file;                 // the INI file read ("" when none)
   std::string program = "megatrain-node";  // argv[0] once load(argc, argv) ran (for --help)
 };
 

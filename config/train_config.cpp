@@ -7,27 +7,36 @@ namespace mt {
 
 const char* lr_schedule_name(LrSchedule s) {
   switch (s) {
-    case LrSchedule::constant: return "constant";
-    case LrSchedule::linear: return "linear";
-    case LrSchedule::cosine: return "cosine";
+    case LrSchedule::constant:
+      return "constant";
+    case LrSchedule::linear:
+      return "linear";
+    case LrSchedule::cosine:
+      return "cosine";
   }
   return "?";
 }
 
 const char* keep_intermediates_name(KeepIntermediates k) {
   switch (k) {
-    case KeepIntermediates::boundary: return "boundary";
-    case KeepIntermediates::boundary_host: return "boundary_host";
-    case KeepIntermediates::all: return "all";
+    case KeepIntermediates::boundary:
+      return "boundary";
+    case KeepIntermediates::boundary_host:
+      return "boundary_host";
+    case KeepIntermediates::all:
+      return "all";
   }
   return "?";
 }
 
 const char* optimizer_compression_name(OptimizerCompression c) {
   switch (c) {
-    case OptimizerCompression::none: return "none";
-    case OptimizerCompression::lossless: return "lossless";
-    case OptimizerCompression::int8: return "int8";
+    case OptimizerCompression::none:
+      return "none";
+    case OptimizerCompression::lossless:
+      return "lossless";
+    case OptimizerCompression::int8:
+      return "int8";
   }
   return "?";
 }
@@ -36,7 +45,8 @@ namespace {
 
 // Finds `value` among the names of Enum's values; ConfigError listing the choices otherwise.
 template <class Enum, std::size_t N>
-Enum parse_choice(const std::string& key, const std::string& value, const Enum (&choices)[N], const char* (*name)(Enum)) {
+Enum parse_choice(const std::string& key, const std::string& value, const Enum (&choices)[N],
+                  const char* (*name)(Enum)) {
   std::string list;
   for (Enum e : choices) {
     if (value == name(e)) return e;
@@ -53,24 +63,29 @@ LrSchedule TrainConfig::lr_schedule() const {
 }
 
 KeepIntermediates TrainConfig::keep_intermediates() const {
-  static const KeepIntermediates choices[] = {KeepIntermediates::boundary, KeepIntermediates::boundary_host, KeepIntermediates::all};
+  static const KeepIntermediates choices[] = {KeepIntermediates::boundary, KeepIntermediates::boundary_host,
+                                              KeepIntermediates::all};
   return parse_choice("device.keep_intermediates", device.keep_intermediates, choices, keep_intermediates_name);
 }
 
 OptimizerCompression TrainConfig::optimizer_compression() const {
-  static const OptimizerCompression choices[] = {OptimizerCompression::none, OptimizerCompression::lossless, OptimizerCompression::int8};
+  static const OptimizerCompression choices[] = {OptimizerCompression::none, OptimizerCompression::lossless,
+                                                 OptimizerCompression::int8};
   return parse_choice("train.optimizer_compression", train.optimizer_compression, choices, optimizer_compression_name);
 }
 
 std::size_t TrainConfig::device_budget_bytes() const {
-  if (device.max_vram_gb > 0.0) return static_cast<std::size_t>(std::llround(device.max_vram_gb * 1024.0 * 1024.0 * 1024.0));
+  if (device.max_vram_gb > 0.0)
+    return static_cast<std::size_t>(std::llround(device.max_vram_gb * 1024.0 * 1024.0 * 1024.0));
   return static_cast<std::size_t>(device.device_memory_mb) * 1024 * 1024;
 }
 
 std::string TrainConfig::device_budget_name() const {
   std::ostringstream out;
-  if (device.max_vram_gb > 0.0) out << "device.max_vram_gb=" << device.max_vram_gb;
-  else out << "device.device_memory_mb=" << device.device_memory_mb;
+  if (device.max_vram_gb > 0.0)
+    out << "device.max_vram_gb=" << device.max_vram_gb;
+  else
+    out << "device.device_memory_mb=" << device.device_memory_mb;
   return out.str();
 }
 

@@ -25,20 +25,20 @@ class ConfigError : public std::invalid_argument {
   std::string key_;
 };
 
-struct TrainSection {                        // [train]
-  std::string output_dir = "run/out";         // logs, checkpoints, final model
+struct TrainSection {                  // [train]
+  std::string output_dir = "run/out";  // logs, checkpoints, final model
   std::int64_t per_device_train_batch_size = 4;
   std::int64_t gradient_accumulation_steps = 1;
-  std::int64_t max_steps = 100;                // optimizer steps
-  double learning_rate = 3e-4;                 // peak
-  std::string lr_scheduler_type = "cosine";    // constant | linear | cosine (each after warmup)
-  std::int64_t warmup_steps = 0;               // linear 0 -> learning_rate over these steps
-  double min_lr_ratio = 0.0;                   // decay floor as a fraction of learning_rate
-  double weight_decay = 0.0;                   // AdamW, on matrices only
+  std::int64_t max_steps = 100;              // optimizer steps
+  double learning_rate = 3e-4;               // peak
+  std::string lr_scheduler_type = "cosine";  // constant | linear | cosine (each after warmup)
+  std::int64_t warmup_steps = 0;             // linear 0 -> learning_rate over these steps
+  double min_lr_ratio = 0.0;                 // decay floor as a fraction of learning_rate
+  double weight_decay = 0.0;                 // AdamW, on matrices only
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
-  double max_grad_norm = 1.0;                  // global-norm clipping; 0 = off
+  double max_grad_norm = 1.0;  // global-norm clipping; 0 = off
   std::int64_t seed = 42;
   std::string optimizer_compression = "none";  // none | lossless | int8 (block-wise, lossy)
   std::string offload_dir;                     // NVMe tier for what does not fit in RAM; "" = none
@@ -47,58 +47,59 @@ struct TrainSection {                        // [train]
   std::string resume_from_checkpoint;          // checkpoint dir, "latest", or "" (start fresh)
   std::string resume_fallback = "none";        // none | previous_good: a damaged checkpoint is an error / skipped
   double save_minutes = 0.0;                   // also checkpoint every T minutes (wall clock); 0 = off
-  std::int64_t stop_after_steps = 0;           // end this invocation after N total steps (schedule still uses max_steps); 0 = max_steps
-  std::string export_hf_dir;                   // write the final weights as a Hugging Face directory here; "" = no export
+  std::int64_t stop_after_steps =
+      0;                      // end this invocation after N total steps (schedule still uses max_steps); 0 = max_steps
+  std::string export_hf_dir;  // write the final weights as a Hugging Face directory here; "" = no export
 };
 
-struct ModelSection {                        // [model]
-  std::string config_file;                     // a Hugging Face config.json (or its directory); "" = the keys below
-  std::string model_name_or_path;              // a Hugging Face model directory to start from (config + weights)
-  std::string arch = "llama";                  // llama | qwen2 | qwen3 | mistral | gpt2 (HF model_type)
+struct ModelSection {              // [model]
+  std::string config_file;         // a Hugging Face config.json (or its directory); "" = the keys below
+  std::string model_name_or_path;  // a Hugging Face model directory to start from (config + weights)
+  std::string arch = "llama";      // llama | qwen2 | qwen3 | mistral | gpt2 (HF model_type)
   std::int64_t hidden_size = 384;
-  std::int64_t layers = 8;                     // num_hidden_layers
-  std::int64_t heads = 6;                      // num_attention_heads
-  std::int64_t kv_heads = 0;                   // num_key_value_heads; 0 = heads
-  std::int64_t head_dim = 0;                   // 0 = hidden_size / heads
+  std::int64_t layers = 8;    // num_hidden_layers
+  std::int64_t heads = 6;     // num_attention_heads
+  std::int64_t kv_heads = 0;  // num_key_value_heads; 0 = heads
+  std::int64_t head_dim = 0;  // 0 = hidden_size / heads
   std::int64_t intermediate_size = 1024;
   std::int64_t vocab_size = 4096;
   std::int64_t max_position_embeddings = 1024;
   double rope_theta = 10000.0;
-  double norm_eps = 1e-5;                      // rms_norm_eps / layer_norm_epsilon
+  double norm_eps = 1e-5;  // rms_norm_eps / layer_norm_epsilon
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
 };
 
-struct DataSection {                         // [data]
+struct DataSection {                                      // [data]
   std::string train_files = "run/demo-data/train_*.bin";  // glob of llm.c token shards
-  std::string validation_files;                // glob; "" = no evaluation
-  std::string tokenizer_file;                  // tokenizer.json; "" = none (vocab checked against the shards)
-  std::int64_t seq_length = 256;               // tokens per sequence
+  std::string validation_files;                           // glob; "" = no evaluation
+  std::string tokenizer_file;     // tokenizer.json; "" = none (vocab checked against the shards)
+  std::int64_t seq_length = 256;  // tokens per sequence
 };
 
-struct DeviceSection {                       // [device]
-  std::string backend = "cpu";                 // cpu | cuda
-  double max_vram_gb = 0.0;                    // device budget in GiB; 0 = use device_memory_mb
-  std::int64_t device_memory_mb = 1024;        // device budget in MiB (the CPU arena); 0 = use max_vram_gb
-  std::int64_t weight_slots = 2;               // K >= 2 streamed weight slots
-  std::int64_t grad_slots = 1;                 // gradient staging slots
-  std::string keep_intermediates = "boundary"; // boundary | boundary_host | all (see KeepIntermediates)
-  double copy_bandwidth_gbps = 0.0;            // copy engine limit per direction, GB/s (1e9); 0 = unlimited
-  std::int64_t prefetch_depth = 0;             // stages streamed ahead; 0 = weight_slots - 1
+struct DeviceSection {                          // [device]
+  std::string backend = "cpu";                  // cpu | cuda
+  double max_vram_gb = 0.0;                     // device budget in GiB; 0 = use device_memory_mb
+  std::int64_t device_memory_mb = 1024;         // device budget in MiB (the CPU arena); 0 = use max_vram_gb
+  std::int64_t weight_slots = 2;                // K >= 2 streamed weight slots
+  std::int64_t grad_slots = 1;                  // gradient staging slots
+  std::string keep_intermediates = "boundary";  // boundary | boundary_host | all (see KeepIntermediates)
+  double copy_bandwidth_gbps = 0.0;             // copy engine limit per direction, GB/s (1e9); 0 = unlimited
+  std::int64_t prefetch_depth = 0;              // stages streamed ahead; 0 = weight_slots - 1
 };
 
-struct ThreadsSection {                      // [threads]; 0 = derived from total (see ThreadBudget)
-  std::int64_t total = 0;                      // the budget; 0 = the machine's hardware threads
-  std::int64_t blas = 0;                       // OpenBLAS / compute kernels
-  std::int64_t optimizer = 0;                  // AdamW pool
-  std::int64_t copy = 0;                       // copy engine workers (1 or 2)
-  std::int64_t scheduler = 0;                  // CAF scheduler
+struct ThreadsSection {        // [threads]; 0 = derived from total (see ThreadBudget)
+  std::int64_t total = 0;      // the budget; 0 = the machine's hardware threads
+  std::int64_t blas = 0;       // OpenBLAS / compute kernels
+  std::int64_t optimizer = 0;  // AdamW pool
+  std::int64_t copy = 0;       // copy engine workers (1 or 2)
+  std::int64_t scheduler = 0;  // CAF scheduler
 };
 
-struct LogSection {                          // [log]
-  std::string train_jsonl;                     // per-step JSONL; "" = <output_dir>/train.jsonl
-  std::string events_jsonl;                    // actor events JSONL; "" = <output_dir>/events.jsonl
-  std::int64_t logging_steps = 1;              // a JSONL line every N steps
+struct LogSection {                // [log]
+  std::string train_jsonl;         // per-step JSONL; "" = <output_dir>/train.jsonl
+  std::string events_jsonl;        // actor events JSONL; "" = <output_dir>/events.jsonl
+  std::int64_t logging_steps = 1;  // a JSONL line every N steps
 };
 
 enum class LrSchedule { constant, linear, cosine };

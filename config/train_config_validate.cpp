@@ -34,7 +34,8 @@ void at_most(const char* key, std::int64_t value, std::int64_t max) {
 void in_range(const char* key, double value, double lo, double hi, bool hi_inclusive) {
   const bool ok = std::isfinite(value) && value >= lo && (hi_inclusive ? value <= hi : value < hi);
   if (!ok)
-    throw ConfigError(key, "must be in [" + text(lo) + ", " + text(hi) + (hi_inclusive ? "]" : ")") + ", got " + text(value));
+    throw ConfigError(
+        key, "must be in [" + text(lo) + ", " + text(hi) + (hi_inclusive ? "]" : ")") + ", got " + text(value));
 }
 
 void positive(const char* key, double value) {
@@ -42,7 +43,8 @@ void positive(const char* key, double value) {
 }
 
 void non_negative(const char* key, double value) {
-  if (!(std::isfinite(value) && value >= 0.0)) throw ConfigError(key, "must be a finite number >= 0, got " + text(value));
+  if (!(std::isfinite(value) && value >= 0.0))
+    throw ConfigError(key, "must be a finite number >= 0, got " + text(value));
 }
 
 void not_empty(const char* key, const std::string& value) {
@@ -96,9 +98,12 @@ void model_values(const TrainConfig& c) {
   const auto& m = c.model;
   if (!m.config_file.empty() && !m.model_name_or_path.empty())
     throw ConfigError("model.config_file", "set either model.config_file or model.model_name_or_path, not both");
-  for (auto [key, v] : {std::pair<const char*, std::int64_t>{"model.hidden_size", m.hidden_size}, {"model.layers", m.layers},
-                        {"model.heads", m.heads}, {"model.intermediate_size", m.intermediate_size},
-                        {"model.vocab_size", m.vocab_size}, {"model.max_position_embeddings", m.max_position_embeddings}})
+  for (auto [key, v] : {std::pair<const char*, std::int64_t>{"model.hidden_size", m.hidden_size},
+                        {"model.layers", m.layers},
+                        {"model.heads", m.heads},
+                        {"model.intermediate_size", m.intermediate_size},
+                        {"model.vocab_size", m.vocab_size},
+                        {"model.max_position_embeddings", m.max_position_embeddings}})
     at_least(key, v, 1);
   at_least("model.kv_heads", m.kv_heads, 0);
   at_least("model.head_dim", m.head_dim, 0);
@@ -108,18 +113,21 @@ void model_values(const TrainConfig& c) {
   if (m.config_file.empty() && m.model_name_or_path.empty()) {
     const ModelConfig model = c.model_config_from_keys();  // throws naming the key
     if (model.max_position_embeddings < c.data.seq_length)
-      throw ConfigError("data.seq_length", std::to_string(c.data.seq_length) + " exceeds model.max_position_embeddings=" +
-                                               std::to_string(model.max_position_embeddings));
+      throw ConfigError("data.seq_length",
+                        std::to_string(c.data.seq_length) +
+                            " exceeds model.max_position_embeddings=" + std::to_string(model.max_position_embeddings));
   }
 }
 
 void device_values(const TrainConfig& c) {
   const auto& d = c.device;
-  if (d.backend != "cpu" && d.backend != "cuda") throw ConfigError("device.backend", "'" + d.backend + "' is not one of: cpu, cuda");
+  if (d.backend != "cpu" && d.backend != "cuda")
+    throw ConfigError("device.backend", "'" + d.backend + "' is not one of: cpu, cuda");
   non_negative("device.max_vram_gb", d.max_vram_gb);
   at_least("device.device_memory_mb", d.device_memory_mb, 0);
   if (d.max_vram_gb > 0.0 && d.device_memory_mb > 0)
-    throw ConfigError("device.max_vram_gb", "set either device.max_vram_gb or device.device_memory_mb (the other to 0), not both");
+    throw ConfigError("device.max_vram_gb",
+                      "set either device.max_vram_gb or device.device_memory_mb (the other to 0), not both");
   if (d.max_vram_gb == 0.0 && d.device_memory_mb == 0)
     throw ConfigError("device.device_memory_mb", "no device budget: set device.device_memory_mb or device.max_vram_gb");
   at_least("device.weight_slots", d.weight_slots, 2);
@@ -134,8 +142,11 @@ void device_values(const TrainConfig& c) {
 
 void thread_values(const TrainConfig& c) {
   const auto& t = c.threads;
-  for (auto [key, v] : {std::pair<const char*, std::int64_t>{"threads.total", t.total}, {"threads.blas", t.blas},
-                        {"threads.optimizer", t.optimizer}, {"threads.copy", t.copy}, {"threads.scheduler", t.scheduler}}) {
+  for (auto [key, v] : {std::pair<const char*, std::int64_t>{"threads.total", t.total},
+                        {"threads.blas", t.blas},
+                        {"threads.optimizer", t.optimizer},
+                        {"threads.copy", t.copy},
+                        {"threads.scheduler", t.scheduler}}) {
     at_least(key, v, 0);
     at_most(key, v, 1024);
   }
@@ -144,8 +155,8 @@ void thread_values(const TrainConfig& c) {
   const ThreadBudget b = c.thread_budget();
   if (b.total >= 2 && b.blas + b.optimizer > b.total) {
     const char* key = t.blas > 0 ? "threads.blas" : "threads.optimizer";
-    throw ConfigError(key, "threads.blas=" + std::to_string(b.blas) + " + threads.optimizer=" + std::to_string(b.optimizer) +
-                               " exceeds threads.total=" + std::to_string(b.total) +
+    throw ConfigError(key, "threads.blas=" + std::to_string(b.blas) + " + threads.optimizer=" +
+                               std::to_string(b.optimizer) + " exceeds threads.total=" + std::to_string(b.total) +
                                " (the two pools run at the same time; oversubscribing the cores slows both)");
   }
 }
@@ -168,11 +179,15 @@ void TrainConfig::validate_files() const {
   if (!data.tokenizer_file.empty()) file_exists("data.tokenizer_file", data.tokenizer_file);
   std::error_code ec;
   if (!model.config_file.empty()) {
-    const bool ok = fs::is_regular_file(model.config_file, ec) || fs::is_regular_file(fs::path(model.config_file) / "config.json", ec);
-    if (!ok) throw ConfigError("model.config_file", "'" + model.config_file + "' is neither a config.json nor a directory holding one");
+    const bool ok = fs::is_regular_file(model.config_file, ec) ||
+                    fs::is_regular_file(fs::path(model.config_file) / "config.json", ec);
+    if (!ok)
+      throw ConfigError("model.config_file",
+                        "'" + model.config_file + "' is neither a config.json nor a directory holding one");
   }
   if (!model.model_name_or_path.empty() && !fs::is_regular_file(fs::path(model.model_name_or_path) / "config.json", ec))
-    throw ConfigError("model.model_name_or_path", "'" + model.model_name_or_path + "' is not a model directory (no config.json)");
+    throw ConfigError("model.model_name_or_path",
+                      "'" + model.model_name_or_path + "' is not a model directory (no config.json)");
   if (!train.offload_dir.empty() && fs::exists(train.offload_dir, ec) && !fs::is_directory(train.offload_dir, ec))
     throw ConfigError("train.offload_dir", "'" + train.offload_dir + "' exists and is not a directory");
   if (fs::exists(train.output_dir, ec) && !fs::is_directory(train.output_dir, ec))

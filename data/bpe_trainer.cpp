@@ -26,24 +26,33 @@ ojson skeleton(const BpeTrainerOptions& o) {
   j["added_tokens"] = ojson::array();
   j["normalizer"] = nullptr;
   if (o.split_pattern.empty() || o.split_pattern == kGpt2SplitPattern) {
-    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  } else {
     j["pre_tokenizer"] = {
-        {"type", "Sequence"},
-        {"pretokenizers",
-         ojson::array({ojson{{"type", "Split"}, {"pattern", {{"Regex", o.split_pattern}}}, {"behavior", "Isolated"},
-                             {"invert", false}},
-                       ojson{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
-                             {"use_regex", false}}})}};
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  } else {
+    j["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers", ojson::array({ojson{{"type", "Split"},
+                                                                {"pattern", {{"Regex", o.split_pattern}}},
+                                                                {"behavior", "Isolated"},
+                                                                {"invert", false}},
+                                                          ojson{{"type", "ByteLevel"},
+                                                                {"add_prefix_space", false},
+                                                                {"trim_offsets", false},
+                                                                {"use_regex", false}}})}};
   }
   j["post_processor"] = nullptr;
   j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
   ojson vocab = ojson::object();
   for (int b = 0; b < 256; ++b) vocab[Tokenizer::byte_to_unicode(uint8_t(b))] = b;
-  j["model"] = {{"type", "BPE"},          {"dropout", nullptr},     {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},           {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},      {"byte_fallback", false}, {"ignore_merges", false},
-                {"vocab", vocab},         {"merges", ojson::array()}};
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", ojson::array()}};
   return j;
 }
 
@@ -68,8 +77,13 @@ struct BpeTrainer::Impl {
     ojson j = skeleton(o);
     uint32_t id = 256;
     for (const auto& s : o.special_tokens)
-      j["added_tokens"].push_back({{"id", id++}, {"content", s}, {"single_word", false}, {"lstrip", false},
-                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+      j["added_tokens"].push_back({{"id", id++},
+                                   {"content", s},
+                                   {"single_word", false},
+                                   {"lstrip", false},
+                                   {"rstrip", false},
+                                   {"normalized", false},
+                                   {"special", true}});
     return j;
   }
 };
@@ -110,8 +124,8 @@ std::string BpeTrainer::train(BpeTrainStats* stats) {
   std::unordered_map<std::string, uint32_t> tok_id;
   for (uint32_t b = 0; b < 256; ++b) tok_id[tok[b]] = b;
 
-  std::unordered_map<uint64_t, int64_t> pc;                     // pair -> count
-  std::unordered_map<uint64_t, std::vector<uint32_t>> where;    // pair -> words (may hold stale entries)
+  std::unordered_map<uint64_t, int64_t> pc;                   // pair -> count
+  std::unordered_map<uint64_t, std::vector<uint32_t>> where;  // pair -> words (may hold stale entries)
   for (uint32_t w = 0; w < words.size(); ++w) {
     const auto& s = words[w];
     for (std::size_t i = 0; i + 1 < s.size(); ++i) {
@@ -219,8 +233,13 @@ std::string BpeTrainer::train(BpeTrainStats* stats) {
   for (const auto& [a, b] : merges) jm.push_back(to_bytelevel(tok[a]) + " " + to_bytelevel(tok[b]));
   uint32_t id = uint32_t(tok.size());
   for (const auto& s : o.special_tokens) {
-    j["added_tokens"].push_back({{"id", id}, {"content", s}, {"single_word", false}, {"lstrip", false},
-                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+    j["added_tokens"].push_back({{"id", id},
+                                 {"content", s},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
     vocab[s] = id++;
   }
   if (stats) {

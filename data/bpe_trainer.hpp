@@ -16,15 +16,15 @@
 namespace mt::data {
 
 struct BpeTrainerOptions {
-  uint32_t vocab_size = 4096;                            // including the 256 bytes and the special tokens
+  uint32_t vocab_size = 4096;  // including the 256 bytes and the special tokens
   std::vector<std::string> special_tokens{"<|endoftext|>"};
-  std::string split_pattern;                             // empty: GPT-2's (pre_tokenizer ByteLevel with regex)
-  uint64_t min_frequency = 2;                            // pairs rarer than this are never merged
+  std::string split_pattern;   // empty: GPT-2's (pre_tokenizer ByteLevel with regex)
+  uint64_t min_frequency = 2;  // pairs rarer than this are never merged
 };
 
 struct BpeTrainStats {
-  uint64_t words = 0;         // distinct pre-tokens
-  uint64_t word_tokens = 0;   // pre-tokens counted
+  uint64_t words = 0;        // distinct pre-tokens
+  uint64_t word_tokens = 0;  // pre-tokens counted
   uint32_t merges = 0;
   uint32_t vocab_size = 0;
 };

@@ -4,12 +4,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -81,11 +81,11 @@ uint64_t mix(uint64_t x) {
 }
 
 struct Item {
-  std::size_t file = 0;       // index into the inputs
-  std::size_t doc = 0;        // document number in the whole run
-  bool ends_doc = true;       // the end-of-text token follows this item
-  std::string_view text;      // a plain-text piece or a JSONL line
-  std::size_t line = 0;       // JSONL line number
+  std::size_t file = 0;   // index into the inputs
+  std::size_t doc = 0;    // document number in the whole run
+  bool ends_doc = true;   // the end-of-text token follows this item
+  std::string_view text;  // a plain-text piece or a JSONL line
+  std::size_t line = 0;   // JSONL line number
 };
 
 struct Result {
@@ -206,8 +206,8 @@ InstructTemplate InstructTemplate::load(const std::string& name_or_path) {
     t.prompt_no_input = j.value("prompt_no_input", t.prompt);
     t.response = j.value("response", std::string("{output}"));
   } catch (const json::exception& e) {
-    throw DataError(name_or_path + ": template needs a string 'prompt' (and optional 'prompt_no_input', 'response'): " +
-                    e.what());
+    throw DataError(name_or_path +
+                    ": template needs a string 'prompt' (and optional 'prompt_no_input', 'response'): " + e.what());
   }
   return t;
 }
@@ -248,7 +248,8 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
   if (!eot) throw DataError(tok.source() + ": the tokenizer has no end-of-text (special) token to separate documents");
   const int width = o.token_bytes ? o.token_bytes : (tok.vocab_size() <= 65536 ? 2 : 4);
   if (width == 2 && tok.vocab_size() > 65536)
-    throw DataError("megatrain-data: vocabulary of " + std::to_string(tok.vocab_size()) + " does not fit uint16 tokens");
+    throw DataError("megatrain-data: vocabulary of " + std::to_string(tok.vocab_size()) +
+                    " does not fit uint16 tokens");
   const bool masked = o.format == InputFormat::Instruct;
   const int threads = std::max(1, o.threads);
   if (o.shard_tokens == 0 || o.shard_tokens > uint64_t(INT32_MAX))
@@ -342,8 +343,11 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
       } else {
         throw DataError(where + ": record has neither instruction/output nor prompt/response fields");
       }
-      const std::vector<std::pair<std::string, std::string>> vars{
-          {"instruction", instruction}, {"prompt", instruction}, {"input", input}, {"output", output}, {"response", output}};
+      const std::vector<std::pair<std::string, std::string>> vars{{"instruction", instruction},
+                                                                  {"prompt", instruction},
+                                                                  {"input", input},
+                                                                  {"output", output},
+                                                                  {"response", output}};
       const std::string prompt = render(input.empty() ? o.instruct.prompt_no_input : o.instruct.prompt, vars);
       const std::string response = render(o.instruct.response, vars);
       tok.encode(prompt, r.ids);
@@ -458,7 +462,8 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
         batch_bytes += buf.size();
         if (o.format == InputFormat::Text) {
           const std::size_t bad = find_invalid_utf8(buf);
-          if (bad != std::string::npos) throw DataError(where_in(file, buf, bad, line + 1, col, off) + ": invalid UTF-8");
+          if (bad != std::string::npos)
+            throw DataError(where_in(file, buf, bad, line + 1, col, off) + ": invalid UTF-8");
           if (!buf.empty()) {
             const auto pieces = split_for_parallel(tok, buf, o.chunk_bytes);
             for (std::size_t i = 0; i < pieces.size(); ++i)

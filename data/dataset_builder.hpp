@@ -35,17 +35,17 @@ struct InstructTemplate {
 struct BuildOptions {
   std::vector<std::string> inputs;
   std::string out_dir;
-  std::string prefix;                 // shard names: <prefix>train_000000.bin, <prefix>val_000000.bin
+  std::string prefix;  // shard names: <prefix>train_000000.bin, <prefix>val_000000.bin
   InputFormat format = InputFormat::Text;
-  std::string text_field = "text";    // JSONL
+  std::string text_field = "text";  // JSONL
   InstructTemplate instruct = InstructTemplate::alpaca();
-  double val_fraction = 0.0;          // share of documents that go to validation
-  uint64_t seed = 1337;               // of the split
+  double val_fraction = 0.0;  // share of documents that go to validation
+  uint64_t seed = 1337;       // of the split
   uint64_t shard_tokens = 100'000'000;
-  int token_bytes = 0;                // 0: 2 when the vocabulary fits uint16, else 4
+  int token_bytes = 0;  // 0: 2 when the vocabulary fits uint16, else 4
   int threads = 1;
-  std::size_t chunk_bytes = 1 << 20;  // target size of work items cut from large plain-text documents
-  std::size_t block_bytes = 32 << 20; // files are read in blocks of about this size (memory: a few blocks)
+  std::size_t chunk_bytes = 1 << 20;   // target size of work items cut from large plain-text documents
+  std::size_t block_bytes = 32 << 20;  // files are read in blocks of about this size (memory: a few blocks)
 };
 
 struct BuildProgress {
@@ -58,7 +58,7 @@ struct BuildSummary {
   uint64_t tokens = 0, train_tokens = 0, val_tokens = 0, masked_tokens = 0;
   uint64_t bytes_in = 0, bytes_out = 0;
   double seconds = 0;
-  std::vector<std::string> shards;    // paths written (token shards; masks sit beside them)
+  std::vector<std::string> shards;  // paths written (token shards; masks sit beside them)
 };
 
 // Writes the shards and `<out_dir>/<prefix>dataset.json` (what was built, with which tokenizer).

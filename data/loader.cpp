@@ -1,8 +1,8 @@
 #include "data/loader.hpp"
 
-#include <algorithm>
 #include <glob.h>
 #include <sys/stat.h>
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
@@ -29,15 +29,21 @@ uint64_t bounded(uint64_t& s, uint64_t n) {
 }  // namespace
 
 bool Cursor::operator==(const Cursor& o) const {
-  return seed == o.seed && epoch == o.epoch && position == o.position && batches == o.batches &&
-         windows == o.windows && tokens == o.tokens && batch_size == o.batch_size && seq_len == o.seq_len &&
-         world_size == o.world_size && shuffle == o.shuffle;
+  return seed == o.seed && epoch == o.epoch && position == o.position && batches == o.batches && windows == o.windows &&
+         tokens == o.tokens && batch_size == o.batch_size && seq_len == o.seq_len && world_size == o.world_size &&
+         shuffle == o.shuffle;
 }
 
 void to_json(nlohmann::json& j, const Cursor& c) {
-  j = nlohmann::json{{"seed", c.seed},         {"epoch", c.epoch},           {"position", c.position},
-                     {"batches", c.batches},   {"windows", c.windows},       {"tokens", c.tokens},
-                     {"batch_size", c.batch_size}, {"seq_len", c.seq_len},   {"world_size", c.world_size},
+  j = nlohmann::json{{"seed", c.seed},
+                     {"epoch", c.epoch},
+                     {"position", c.position},
+                     {"batches", c.batches},
+                     {"windows", c.windows},
+                     {"tokens", c.tokens},
+                     {"batch_size", c.batch_size},
+                     {"seq_len", c.seq_len},
+                     {"world_size", c.world_size},
                      {"shuffle", c.shuffle}};
 }
 
@@ -104,7 +110,8 @@ DataLoader::DataLoader(LoaderOptions options) : impl_(std::make_unique<Impl>()) 
   const LoaderOptions& o = m.opt;
   if (o.batch_size < 1 || o.seq_len < 1) throw DataError("data loader: batch_size and seq_len must be >= 1");
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
-    throw DataError("data loader: rank " + std::to_string(o.rank) + " outside world of " + std::to_string(o.world_size));
+    throw DataError("data loader: rank " + std::to_string(o.rank) + " outside world of " +
+                    std::to_string(o.world_size));
   if (o.shards.empty()) throw DataError("data loader: no shards given");
   m.paths = expand_shard_paths(o.shards);
   m.first_window.push_back(0);

@@ -26,27 +26,27 @@
 namespace mt::data {
 
 struct LoaderOptions {
-  std::vector<std::string> shards;   // paths or glob patterns (each pattern expanded and sorted)
+  std::vector<std::string> shards;  // paths or glob patterns (each pattern expanded and sorted)
   ShardFormat format = ShardFormat::Auto;
-  int batch_size = 1;                // B: sequences per micro-batch (per rank)
-  int seq_len = 1024;                // T: tokens per sequence
-  uint64_t seed = 0;                 // shuffling seed
-  bool shuffle = true;               // false: windows in file order, every epoch
-  uint32_t vocab_size = 0;           // > 0: every token served must be < vocab_size (else DataError)
-  int rank = 0;                      // data-parallel rank in [0, world_size)
+  int batch_size = 1;       // B: sequences per micro-batch (per rank)
+  int seq_len = 1024;       // T: tokens per sequence
+  uint64_t seed = 0;        // shuffling seed
+  bool shuffle = true;      // false: windows in file order, every epoch
+  uint32_t vocab_size = 0;  // > 0: every token served must be < vocab_size (else DataError)
+  int rank = 0;             // data-parallel rank in [0, world_size)
   int world_size = 1;
-  bool use_mask = true;              // honour `x.mask` sidecars (targets -100 where masked)
+  bool use_mask = true;  // honour `x.mask` sidecars (targets -100 where masked)
 };
 
 // Position in the data stream. Plain fields; JSON via to_json / from_json (nlohmann ADL).
 struct Cursor {
   uint64_t seed = 0;
-  uint64_t epoch = 0;          // epochs completed
-  uint64_t position = 0;       // next window index in this epoch's order
-  uint64_t batches = 0;        // micro-batches served so far (by this rank)
+  uint64_t epoch = 0;     // epochs completed
+  uint64_t position = 0;  // next window index in this epoch's order
+  uint64_t batches = 0;   // micro-batches served so far (by this rank)
   // Consistency checks on restore: the data and shape the cursor was taken with.
-  uint64_t windows = 0;        // windows per epoch
-  uint64_t tokens = 0;         // tokens in all shards
+  uint64_t windows = 0;  // windows per epoch
+  uint64_t tokens = 0;   // tokens in all shards
   int32_t batch_size = 0;
   int32_t seq_len = 0;
   int32_t world_size = 1;
@@ -92,7 +92,7 @@ class DataLoader {
 
   const LoaderOptions& options() const;
   const std::vector<std::string>& shard_paths() const;
-  uint64_t tokens() const;             // in all shards
+  uint64_t tokens() const;  // in all shards
   uint64_t windows_per_epoch() const;
   uint64_t batches_per_epoch() const;  // windows_per_epoch / (B * world_size)
 

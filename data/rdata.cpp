@@ -50,24 +50,51 @@ std::string inflate_all(const unsigned char* p, std::size_t n, const std::string
 
 // R value types (SEXPTYPE) and serialization pseudo-types.
 enum : int {
-  NILSXP = 0, SYMSXP = 1, LISTSXP = 2, CLOSXP = 3, ENVSXP = 4, PROMSXP = 5, LANGSXP = 6, CHARSXP = 9,
-  LGLSXP = 10, INTSXP = 13, REALSXP = 14, CPLXSXP = 15, STRSXP = 16, DOTSXP = 17, VECSXP = 19, EXPRSXP = 20,
-  RAWSXP = 24, S4SXP = 25, REFSXP = 255, NILVALUE_SXP = 254, GLOBALENV_SXP = 253, UNBOUNDVALUE_SXP = 252,
-  MISSINGARG_SXP = 251, BASENAMESPACE_SXP = 250, NAMESPACESXP = 249, PACKAGESXP = 248, PERSISTSXP = 247,
-  EMPTYENV_SXP = 242, BASEENV_SXP = 241, ATTRLANGSXP = 240, ATTRLISTSXP = 239, ALTREP_SXP = 238
+  NILSXP = 0,
+  SYMSXP = 1,
+  LISTSXP = 2,
+  CLOSXP = 3,
+  ENVSXP = 4,
+  PROMSXP = 5,
+  LANGSXP = 6,
+  CHARSXP = 9,
+  LGLSXP = 10,
+  INTSXP = 13,
+  REALSXP = 14,
+  CPLXSXP = 15,
+  STRSXP = 16,
+  DOTSXP = 17,
+  VECSXP = 19,
+  EXPRSXP = 20,
+  RAWSXP = 24,
+  S4SXP = 25,
+  REFSXP = 255,
+  NILVALUE_SXP = 254,
+  GLOBALENV_SXP = 253,
+  UNBOUNDVALUE_SXP = 252,
+  MISSINGARG_SXP = 251,
+  BASENAMESPACE_SXP = 250,
+  NAMESPACESXP = 249,
+  PACKAGESXP = 248,
+  PERSISTSXP = 247,
+  EMPTYENV_SXP = 242,
+  BASEENV_SXP = 241,
+  ATTRLANGSXP = 240,
+  ATTRLISTSXP = 239,
+  ALTREP_SXP = 238
 };
 
 struct RValue;
 using RPtr = std::shared_ptr<RValue>;
 struct RValue {
   int type = NILSXP;
-  std::string str;                 // CHARSXP text, SYMSXP name
+  std::string str;  // CHARSXP text, SYMSXP name
   bool na = false;
-  std::vector<std::string> strs;   // STRSXP
-  std::vector<int32_t> ints;       // LGLSXP / INTSXP
-  std::vector<RPtr> items;         // VECSXP / EXPRSXP; pairlist: car values
-  std::vector<std::string> tags;   // pairlist tags
-  RPtr attr;                       // attributes pairlist
+  std::vector<std::string> strs;  // STRSXP
+  std::vector<int32_t> ints;      // LGLSXP / INTSXP
+  std::vector<RPtr> items;        // VECSXP / EXPRSXP; pairlist: car values
+  std::vector<std::string> tags;  // pairlist tags
+  RPtr attr;                      // attributes pairlist
 
   // The "names" attribute, when there is one.
   std::vector<std::string> names() const {
@@ -151,8 +178,13 @@ class Unserializer {
     auto v = std::make_shared<RValue>();
     v->type = type;
     switch (type) {
-      case NILVALUE_SXP: case EMPTYENV_SXP: case BASEENV_SXP: case GLOBALENV_SXP: case UNBOUNDVALUE_SXP:
-      case MISSINGARG_SXP: case BASENAMESPACE_SXP:
+      case NILVALUE_SXP:
+      case EMPTYENV_SXP:
+      case BASEENV_SXP:
+      case GLOBALENV_SXP:
+      case UNBOUNDVALUE_SXP:
+      case MISSINGARG_SXP:
+      case BASENAMESPACE_SXP:
         return v;
       case REFSXP: {
         int idx = flags >> 8;
@@ -160,7 +192,9 @@ class Unserializer {
         if (idx < 1 || std::size_t(idx) > refs_.size()) fail("bad reference " + std::to_string(idx));
         return refs_[std::size_t(idx) - 1];
       }
-      case PERSISTSXP: case PACKAGESXP: case NAMESPACESXP: {
+      case PERSISTSXP:
+      case PACKAGESXP:
+      case NAMESPACESXP: {
         refs_.push_back(v);
         i32();
         const std::size_t n = length();
@@ -174,14 +208,20 @@ class Unserializer {
       }
       case ENVSXP: {
         refs_.push_back(v);
-        i32();  // locked
-        item();  // enclosure
+        i32();                       // locked
+        item();                      // enclosure
         v->items.push_back(item());  // frame
-        item();  // hash table
+        item();                      // hash table
         v->attr = item();
         return v;
       }
-      case LISTSXP: case LANGSXP: case CLOSXP: case PROMSXP: case DOTSXP: case ATTRLANGSXP: case ATTRLISTSXP: {
+      case LISTSXP:
+      case LANGSXP:
+      case CLOSXP:
+      case PROMSXP:
+      case DOTSXP:
+      case ATTRLANGSXP:
+      case ATTRLISTSXP: {
         // A pairlist is read iteratively along its CDR chain.
         RPtr head = v;
         RPtr cell_attr = has_attr ? item() : nullptr;
@@ -214,15 +254,22 @@ class Unserializer {
         if (levels & 4) v->str = latin1_to_utf8(v->str);  // LATIN1_MASK
         break;
       }
-      case LGLSXP: case INTSXP: {
+      case LGLSXP:
+      case INTSXP: {
         const std::size_t n = length();
         v->ints.resize(n);
         for (auto& x : v->ints) x = i32();
         break;
       }
-      case REALSXP: bytes(length() * 8); break;
-      case CPLXSXP: bytes(length() * 16); break;
-      case RAWSXP: v->str = bytes(length()); break;
+      case REALSXP:
+        bytes(length() * 8);
+        break;
+      case CPLXSXP:
+        bytes(length() * 16);
+        break;
+      case RAWSXP:
+        v->str = bytes(length());
+        break;
       case STRSXP: {
         const std::size_t n = length();
         v->strs.reserve(n);
@@ -232,12 +279,14 @@ class Unserializer {
         }
         break;
       }
-      case VECSXP: case EXPRSXP: {
+      case VECSXP:
+      case EXPRSXP: {
         const std::size_t n = length();
         for (std::size_t i = 0; i < n; ++i) v->items.push_back(item());
         break;
       }
-      case S4SXP: break;
+      case S4SXP:
+        break;
       default:
         fail("unsupported R value type " + std::to_string(type));
     }
@@ -278,14 +327,15 @@ std::vector<RStringVariable> read_r_lazyload_strings(const std::string& stem) {
   std::vector<RStringVariable> out;
   for (std::size_t i = 0; i < vars->items.size(); ++i) {
     const RPtr& pos = vars->items[i];
-    if (!pos || pos->ints.size() != 2) throw DataError(rdx_path + ": variable " + std::to_string(i) + " has no (offset, length)");
+    if (!pos || pos->ints.size() != 2)
+      throw DataError(rdx_path + ": variable " + std::to_string(i) + " has no (offset, length)");
     const std::size_t off = std::size_t(uint32_t(pos->ints[0])), len = std::size_t(uint32_t(pos->ints[1]));
     if (off + len > rdb.size() || len < 5)
       throw DataError(rdb_path + ": variable '" + (i < names.size() ? names[i] : "?") + "' at offset " +
                       std::to_string(off) + " (+" + std::to_string(len) + ") lies outside the file");
     const auto* p = reinterpret_cast<const unsigned char*>(rdb.data() + off);
-    const std::string where = rdb_path + " (variable '" + (i < names.size() ? names[i] : "?") + "' at offset " +
-                              std::to_string(off) + ")";
+    const std::string where =
+        rdb_path + " (variable '" + (i < names.size() ? names[i] : "?") + "' at offset " + std::to_string(off) + ")";
     const RPtr v = Unserializer(inflate_all(p + 4, len - 4, where), where).read();
     if (v->type != STRSXP) continue;
     out.push_back({i < names.size() ? names[i] : std::string(), v->strs});
@@ -305,7 +355,8 @@ RStringVariable read_rds_strings(const std::string& path) {
 
 std::vector<RStringVariable> read_janeaustenr(const std::string& package_dir) {
   auto vars = read_r_lazyload_strings(package_dir + "/data/Rdata");
-  if (vars.empty()) throw DataError(package_dir + "/data/Rdata.rdx: no character vectors (is r-cran-janeaustenr installed?)");
+  if (vars.empty())
+    throw DataError(package_dir + "/data/Rdata.rdx: no character vectors (is r-cran-janeaustenr installed?)");
   return vars;
 }
 

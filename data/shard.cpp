@@ -60,8 +60,7 @@ class AtomicFile {
     write(p, n);
   }
   void commit() {
-    if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0)
-      throw DataError(tmp_ + ": flush failed: " + errno_text());
+    if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0) throw DataError(tmp_ + ": flush failed: " + errno_text());
     const int rc = std::fclose(f_);
     f_ = nullptr;
     if (rc != 0) {
@@ -100,16 +99,16 @@ std::size_t check_llmc(const MappedFile& f, int32_t magic_a, int32_t magic_b, in
                     std::to_string(kShardHeaderBytes));
   const int32_t magic = read_i32(f.data()), version = read_i32(f.data() + 4), count = read_i32(f.data() + 8);
   if (magic != magic_a && magic != magic_b)
-    throw DataError(p + ": wrong magic " + std::to_string(magic) + " at offset 0 (expected " +
-                    std::to_string(magic_a) + (magic_b != magic_a ? " or " + std::to_string(magic_b) : "") + ")");
+    throw DataError(p + ": wrong magic " + std::to_string(magic) + " at offset 0 (expected " + std::to_string(magic_a) +
+                    (magic_b != magic_a ? " or " + std::to_string(magic_b) : "") + ")");
   if (version != kShardVersion)
     throw DataError(p + ": unsupported version " + std::to_string(version) + " at offset 4 (expected 1)");
   if (count < 0) throw DataError(p + ": negative token count " + std::to_string(count) + " at offset 8");
   *width = magic == kShardMagicU32 ? 4 : (magic == kMaskMagic ? 1 : 2);
   const std::size_t want = kShardHeaderBytes + std::size_t(count) * std::size_t(*width);
   if (f.size() < want)
-    throw DataError(p + ": truncated body: header says " + std::to_string(count) + " tokens (" +
-                    std::to_string(want) + " bytes in all), file ends at offset " + std::to_string(f.size()));
+    throw DataError(p + ": truncated body: header says " + std::to_string(count) + " tokens (" + std::to_string(want) +
+                    " bytes in all), file ends at offset " + std::to_string(f.size()));
   if (f.size() > want)
     throw DataError(p + ": " + std::to_string(f.size() - want) + " unexpected bytes after the last token at offset " +
                     std::to_string(want));
@@ -198,11 +197,16 @@ TokenShard TokenShard::open(const std::string& path, ShardFormat format, bool lo
       throw DataError(idx_path + ": not a Megatron index (magic MMIDIDX missing at offset 0)");
     uint64_t version, nseq, ndoc;
     std::memcpy(&version, d + 9, 8);
-    if (version != 1) throw DataError(idx_path + ": unsupported index version " + std::to_string(version) + " at offset 9");
+    if (version != 1)
+      throw DataError(idx_path + ": unsupported index version " + std::to_string(version) + " at offset 9");
     const int code = d[17];
-    if (code == 8) s.width_ = 2;        // uint16
-    else if (code == 4) s.width_ = 4;   // int32
-    else throw DataError(idx_path + ": unsupported token dtype code " + std::to_string(code) + " at offset 17 (uint16=8, int32=4)");
+    if (code == 8)
+      s.width_ = 2;  // uint16
+    else if (code == 4)
+      s.width_ = 4;  // int32
+    else
+      throw DataError(idx_path + ": unsupported token dtype code " + std::to_string(code) +
+                      " at offset 17 (uint16=8, int32=4)");
     std::memcpy(&nseq, d + 18, 8);
     std::memcpy(&ndoc, d + 26, 8);
     const std::size_t need = 34 + nseq * 4 + nseq * 8 + ndoc * 8;

@@ -62,8 +62,8 @@ class MappedFile {
 class TokenShard {
  public:
   static TokenShard open(const std::string& path, ShardFormat format = ShardFormat::Auto, bool load_mask = true);
-  std::size_t size() const { return count_; }                 // tokens
-  int token_bytes() const { return width_; }                   // 2 or 4
+  std::size_t size() const { return count_; }  // tokens
+  int token_bytes() const { return width_; }   // 2 or 4
   ShardFormat format() const { return format_; }
   const std::string& path() const { return file_.path(); }
   uint32_t operator[](std::size_t i) const {

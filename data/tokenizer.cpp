@@ -4,10 +4,10 @@
 #include <array>
 #include <atomic>
 #include <cctype>
-#include <functional>
-#include <queue>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <queue>
 #include <sstream>
 #include <unordered_map>
 
@@ -15,14 +15,13 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
-#include <unicode/normalizer2.h>
 #include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
 #include <nlohmann/json.hpp>
 
 namespace mt::data {
 
-const char* const kGpt2SplitPattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kGpt2SplitPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const char* const kLlama3SplitPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char* const kQwen2SplitPattern =
@@ -61,15 +60,16 @@ uint32_t next_cp(std::string_view s, std::size_t& i) {
   }
   const int n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
   uint32_t cp = c & (n == 4 ? 0x07 : n == 3 ? 0x0F : 0x1F);
-  for (int k = 1; k < n && i + std::size_t(k) < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + std::size_t(k)]) & 0x3F);
+  for (int k = 1; k < n && i + std::size_t(k) < s.size(); ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(s[i + std::size_t(k)]) & 0x3F);
   i += std::size_t(n);
   return cp;
 }
 
 // ----- GPT-2's byte <-> unicode map ------------------------------------------------------------------------
 struct ByteMap {
-  std::array<std::string, 256> enc;   // byte -> UTF-8 of its printable char
-  std::vector<int> dec;               // code point -> byte, -1 when none
+  std::array<std::string, 256> enc;  // byte -> UTF-8 of its printable char
+  std::vector<int> dec;              // code point -> byte, -1 when none
   ByteMap() : dec(512, -1) {
     int n = 0;
     for (int b = 0; b < 256; ++b) {
@@ -336,7 +336,7 @@ struct Tokenizer::Impl {
   std::string source;
   uint64_t instance = g_next_instance.fetch_add(1);
   std::shared_ptr<const int> alive = std::make_shared<const int>(0);  // expires with the tokenizer
-  std::vector<std::string> id_bytes;        // id -> raw bytes ("" for holes)
+  std::vector<std::string> id_bytes;                                  // id -> raw bytes ("" for holes)
   std::vector<uint8_t> id_present, id_special;
   std::unordered_map<std::string, uint32_t> bytes_id;  // model vocabulary (raw bytes -> id)
   std::unordered_map<std::string, uint32_t> added_id;  // added tokens (content -> id)
@@ -382,7 +382,8 @@ struct Tokenizer::Impl {
     }
   }
 
-  void add_merge(const json& vocab, const std::string& a, const std::string& b, uint32_t rank, const std::string& where) {
+  void add_merge(const json& vocab, const std::string& a, const std::string& b, uint32_t rank,
+                 const std::string& where) {
     auto fa = vocab.find(a), fb = vocab.find(b), fab = vocab.find(a + b);
     auto bad = [&](const std::string& t) {
       throw DataError(where + ": merge " + std::to_string(rank) + " ('" + a + " " + b + "'): token '" + t +
@@ -590,7 +591,8 @@ struct Tokenizer::Impl {
     thread_local std::unordered_map<uint64_t, Slot> caches;
     auto f = caches.find(instance);
     if (f != caches.end()) return *f->second.cache;
-    for (auto it = caches.begin(); it != caches.end();) it = it->second.owner.expired() ? caches.erase(it) : std::next(it);
+    for (auto it = caches.begin(); it != caches.end();)
+      it = it->second.owner.expired() ? caches.erase(it) : std::next(it);
     Slot& s = caches[instance];
     s.owner = alive;
     s.cache = std::make_unique<WordCache>();
@@ -757,9 +759,12 @@ Tokenizer Tokenizer::from_hf_json_text(const std::string& text, const std::strin
         if (p.value("invert", false)) throw DataError(name + ": unsupported pre_tokenizer Split option invert=true");
         const std::string beh = str_or_empty(p, "behavior");
         Impl::StepKind kind;
-        if (beh == "Isolated") kind = Impl::StepKind::Split;
-        else if (beh == "Removed") kind = Impl::StepKind::SplitRemoved;
-        else throw DataError(name + ": unsupported pre_tokenizer Split behavior '" + beh + "' (Isolated, Removed)");
+        if (beh == "Isolated")
+          kind = Impl::StepKind::Split;
+        else if (beh == "Removed")
+          kind = Impl::StepKind::SplitRemoved;
+        else
+          throw DataError(name + ": unsupported pre_tokenizer Split behavior '" + beh + "' (Isolated, Removed)");
         m->steps.push_back({kind, std::make_shared<Regex>(rx, name)});
       } else {
         throw DataError(name + ": unsupported pre_tokenizer type '" + t + "' (supported: ByteLevel, Split, Sequence)");
@@ -844,7 +849,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     if (::stat((path + "/tokenizer.json").c_str(), &st) == 0) return from_hf_json(path + "/tokenizer.json");
-    if (::stat((path + "/encoder.json").c_str(), &st) == 0) return from_gpt2(path + "/encoder.json", path + "/vocab.bpe");
+    if (::stat((path + "/encoder.json").c_str(), &st) == 0)
+      return from_gpt2(path + "/encoder.json", path + "/vocab.bpe");
     throw DataError(path + ": directory holds neither tokenizer.json nor encoder.json + vocab.bpe");
   }
   return from_hf_json(path);

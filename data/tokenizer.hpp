@@ -66,13 +66,13 @@ class Tokenizer {
   // ASCII letters, and pieces cut there encode independently to the ids of the whole.
   bool splits_at_letter_spaces() const;
 
-  uint32_t vocab_size() const;                 // largest id + 1
+  uint32_t vocab_size() const;                                              // largest id + 1
   std::optional<uint32_t> token_to_id(std::string_view token_bytes) const;  // raw bytes or added content
   const std::string& id_to_bytes(uint32_t id) const;
   const std::vector<AddedToken>& added_tokens() const;
   // `<|endoftext|>` when present, else the first special added token; nullopt when there is none.
   std::optional<uint32_t> eot_id() const;
-  const std::string& source() const;           // the file it was loaded from
+  const std::string& source() const;  // the file it was loaded from
 
   // GPT-2's byte <-> printable-character map used by byte-level vocabularies (UTF-8 of each byte's char).
   static const std::string& byte_to_unicode(uint8_t b);

@@ -21,10 +21,10 @@ struct AdamWHyper {
 // Constants of one update, derived once per step and tensor group so every element does the same work.
 struct AdamWStep {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
-  float decay_factor;       // 1 - lr * wd
-  float step_size;          // lr / (1 - b1^t)
-  float inv_sqrt_bias2;     // 1 / sqrt(1 - b2^t)
-  float grad_scale;         // multiplies every gradient element
+  float decay_factor;    // 1 - lr * wd
+  float step_size;       // lr / (1 - b1^t)
+  float inv_sqrt_bias2;  // 1 / sqrt(1 - b2^t)
+  float grad_scale;      // multiplies every gradient element
 };
 
 // step is 1-based (the first update is step 1), as in PyTorch. Throws std::invalid_argument on bad values.

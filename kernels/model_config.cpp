@@ -6,11 +6,16 @@ namespace mt {
 
 const char* arch_name(Arch a) {
   switch (a) {
-    case Arch::llama: return "llama";
-    case Arch::qwen2: return "qwen2";
-    case Arch::qwen3: return "qwen3";
-    case Arch::mistral: return "mistral";
-    case Arch::gpt2: return "gpt2";
+    case Arch::llama:
+      return "llama";
+    case Arch::qwen2:
+      return "qwen2";
+    case Arch::qwen3:
+      return "qwen3";
+    case Arch::mistral:
+      return "mistral";
+    case Arch::gpt2:
+      return "gpt2";
   }
   return "?";
 }
@@ -24,7 +29,8 @@ Arch parse_arch(const std::string& model_type) {
 
 void ModelConfig::validate() const {
   auto positive = [](std::int64_t v, const char* name) {
-    if (v <= 0) throw std::invalid_argument(std::string("model config: ") + name + " must be > 0, got " + std::to_string(v));
+    if (v <= 0)
+      throw std::invalid_argument(std::string("model config: ") + name + " must be > 0, got " + std::to_string(v));
   };
   positive(vocab_size, "vocab_size");
   positive(hidden_size, "hidden_size");
@@ -36,10 +42,11 @@ void ModelConfig::validate() const {
   positive(max_position_embeddings, "max_position_embeddings");
   auto fail = [](const std::string& what) { throw std::invalid_argument("model config: " + what); };
   if (num_attention_heads % num_key_value_heads != 0)
-    fail("num_attention_heads (" + std::to_string(num_attention_heads) + ") is not a multiple of num_key_value_heads (" +
-         std::to_string(num_key_value_heads) + ")");
+    fail("num_attention_heads (" + std::to_string(num_attention_heads) +
+         ") is not a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")");
   if (is_gpt2()) {
-    if (num_key_value_heads != num_attention_heads) fail("gpt2 has no grouped-query attention: num_key_value_heads must equal num_attention_heads");
+    if (num_key_value_heads != num_attention_heads)
+      fail("gpt2 has no grouped-query attention: num_key_value_heads must equal num_attention_heads");
     if (q_dim() != hidden_size) fail("gpt2 needs num_attention_heads x head_dim == hidden_size");
     if (attention_bias || qk_norm) fail("gpt2 takes neither attention_bias nor qk_norm");
   } else {

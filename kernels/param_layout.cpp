@@ -59,7 +59,8 @@ ParamLayout embedding_layout(const ModelConfig& c) {
 
 ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer) {
   if (layer < 0 || layer >= c.num_hidden_layers)
-    throw std::out_of_range("layer " + std::to_string(layer) + " out of range [0, " + std::to_string(c.num_hidden_layers) + ")");
+    throw std::out_of_range("layer " + std::to_string(layer) + " out of range [0, " +
+                            std::to_string(c.num_hidden_layers) + ")");
   const auto d = c.hidden_size, ff = c.intermediate_size;
   if (c.is_gpt2()) {
     LayoutBuilder b(StageKind::layer, "transformer.h." + std::to_string(layer) + ".");

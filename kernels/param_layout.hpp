@@ -19,23 +19,25 @@
 namespace mt {
 
 inline constexpr std::size_t kAlignFloats = 16;  // 64 bytes
-inline constexpr std::size_t align_floats(std::size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+inline constexpr std::size_t align_floats(std::size_t n) {
+  return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+}
 
 struct TensorSpec {
   std::string name;                 // relative to the stage, Hugging Face spelling
   std::vector<std::int64_t> shape;  // [out, in] for matrices
   std::size_t offset = 0;           // in floats from the stage buffer's start
   std::size_t numel = 0;
-  bool weight_decay = false;        // matrices decay; norms and biases do not
+  bool weight_decay = false;  // matrices decay; norms and biases do not
 };
 
 enum class StageKind { embedding, layer, head };
 
 struct ParamLayout {
   StageKind kind = StageKind::layer;
-  std::string prefix;               // full name = prefix + tensor name ("model.layers.3." + "mlp.up_proj.weight")
+  std::string prefix;  // full name = prefix + tensor name ("model.layers.3." + "mlp.up_proj.weight")
   std::vector<TensorSpec> tensors;
-  std::size_t total_floats = 0;     // buffer size, padded to kAlignFloats
+  std::size_t total_floats = 0;  // buffer size, padded to kAlignFloats
 
   // Throws std::out_of_range naming the tensor when absent.
   const TensorSpec& at(const std::string& name) const;

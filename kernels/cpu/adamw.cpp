@@ -37,8 +37,7 @@ inline void adamw_one(float& p, float g, float& m, float& v, const AdamWStep& s)
   p = std::fma(-s.step_size, m / denom, p * s.decay_factor);
 }
 
-void adamw_range(float* p, const float* g, float* m, float* v, std::size_t begin, std::size_t end,
-                 const AdamWStep& s) {
+void adamw_range(float* p, const float* g, float* m, float* v, std::size_t begin, std::size_t end, const AdamWStep& s) {
   std::size_t i = begin;
 #ifdef MT_ADAMW_AVX2
   const __m256 b1 = _mm256_set1_ps(s.beta1), b2 = _mm256_set1_ps(s.beta2);

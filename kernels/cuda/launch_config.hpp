@@ -8,15 +8,15 @@
 namespace mt::cuda {
 
 struct LaunchConfig {
-  unsigned grid = 0;   // blocks
-  unsigned block = 0;  // threads per block
+  unsigned grid = 0;                    // blocks
+  unsigned block = 0;                   // threads per block
   std::size_t elements_per_thread = 0;  // upper bound of the grid-stride loop's trip count
 };
 
 // A grid-stride launch for n elements processed `vector_width` at a time (float4 = 4). The grid is
 // capped at `max_blocks_per_sm` x `sm_count` resident blocks; larger n loops inside the kernel.
-inline LaunchConfig elementwise_launch(std::size_t n, int sm_count, int vector_width = 4,
-                                       unsigned block = 256, unsigned max_blocks_per_sm = 8) {
+inline LaunchConfig elementwise_launch(std::size_t n, int sm_count, int vector_width = 4, unsigned block = 256,
+                                       unsigned max_blocks_per_sm = 8) {
   if (sm_count <= 0) throw std::invalid_argument("elementwise_launch: sm_count must be > 0");
   if (vector_width <= 0) throw std::invalid_argument("elementwise_launch: vector_width must be > 0");
   if (block == 0 || block > 1024 || block % 32 != 0)

@@ -68,7 +68,8 @@ std::optional<fs::path> read_latest(const fs::path& root) {
   if (!in) return std::nullopt;
   std::string name;
   std::getline(in, name);
-  if (!parse_step_dir_name(name)) throw CheckpointError((root / kLatestFile).string() + ": does not name a step directory: '" + name + "'");
+  if (!parse_step_dir_name(name))
+    throw CheckpointError((root / kLatestFile).string() + ": does not name a step directory: '" + name + "'");
   return root / name;
 }
 

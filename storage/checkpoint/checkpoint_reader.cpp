@@ -58,7 +58,9 @@ CheckpointReader CheckpointReader::open(const fs::path& path, Fallback fallback,
     return CheckpointReader(path, verify);
   const auto latest = read_latest(path);
   if (fallback == Fallback::none) {
-    if (!latest) throw CheckpointError(path.string() + ": no `latest` pointer: not a checkpoint root, or no checkpoint published yet");
+    if (!latest)
+      throw CheckpointError(path.string() +
+                            ": no `latest` pointer: not a checkpoint root, or no checkpoint published yet");
     return CheckpointReader(*latest, verify);
   }
   // Newest first: the latest pointer, then every other published directory by decreasing step.
@@ -79,7 +81,8 @@ CheckpointReader CheckpointReader::open(const fs::path& path, Fallback fallback,
   }
   std::string why;
   for (const auto& s : skipped) why += "\n  " + s;
-  throw CheckpointError(path.string() + ": no usable checkpoint" + (why.empty() ? std::string(" (none published)") : ":" + why));
+  throw CheckpointError(path.string() + ": no usable checkpoint" +
+                        (why.empty() ? std::string(" (none published)") : ":" + why));
 }
 
 bool CheckpointReader::has_state(const std::string& state) const {
@@ -99,9 +102,11 @@ void CheckpointReader::verify_files() const {
     try {
       verify_shard(f, s);
     } catch (const json::exception& e) {
-      throw CheckpointError((dir_ / kManifestFile).string() + ": malformed shard entry for " + f.string() + ": " + e.what());
+      throw CheckpointError((dir_ / kManifestFile).string() + ": malformed shard entry for " + f.string() + ": " +
+                            e.what());
     } catch (const std::logic_error& e) {  // a checksum that is not hex
-      throw CheckpointError((dir_ / kManifestFile).string() + ": malformed shard entry for " + f.string() + ": " + e.what());
+      throw CheckpointError((dir_ / kManifestFile).string() + ": malformed shard entry for " + f.string() + ": " +
+                            e.what());
     }
   }
 }
@@ -145,14 +150,17 @@ void CheckpointReader::read_stage_state(std::int64_t stage, const std::string& s
     h5::Handle space(H5Dget_space(ds.get()), H5Sclose);
     std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(0, H5Sget_simple_extent_ndims(space.get()))));
     H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-    if (!std::equal(dims.begin(), dims.end(), t.shape.begin(), t.shape.end(), [](hsize_t a, std::int64_t b) { return a == static_cast<hsize_t>(b); }))
+    if (!std::equal(dims.begin(), dims.end(), t.shape.begin(), t.shape.end(),
+                    [](hsize_t a, std::int64_t b) { return a == static_cast<hsize_t>(b); }))
       fail("dataset " + where + " has the wrong shape for this model");
-    if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst + t.offset) < 0) fail("reading dataset " + where + " failed");
+    if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst + t.offset) < 0)
+      fail("reading dataset " + where + " failed");
     std::uint64_t want = 0;
     if (!h5::get_attr_u64(ds.get(), kChecksumAlgorithm, &want)) fail("dataset " + where + " has no checksum attribute");
     const std::uint64_t got = checksum(dst + t.offset, t.numel * sizeof(float));
     if (got != want)
-      fail("dataset " + where + " checksum " + checksum_hex(got) + " differs from the stored " + checksum_hex(want) + " (damaged)");
+      fail("dataset " + where + " checksum " + checksum_hex(got) + " differs from the stored " + checksum_hex(want) +
+           " (damaged)");
   }
 }
 

@@ -47,7 +47,7 @@ class CheckpointReader {
   const std::vector<std::string>& skipped() const { return skipped_; }
 
   bool has_state(const std::string& state) const;  // "params", "exp_avg", "exp_avg_sq"
-  std::uint64_t total_bytes() const;                // sum of the shard sizes
+  std::uint64_t total_bytes() const;               // sum of the shard sizes
 
   // Checks every shard's size and checksum against the manifest.
   void verify_files() const;

@@ -81,7 +81,8 @@ const char* state_description(const std::string& state) {
 
 }  // namespace
 
-CheckpointWriter::CheckpointWriter(fs::path root, std::int64_t step, ModelConfig config, CheckpointWriterOptions options)
+CheckpointWriter::CheckpointWriter(fs::path root, std::int64_t step, ModelConfig config,
+                                   CheckpointWriterOptions options)
     : root_(std::move(root)), step_(step), config_(std::move(config)), options_(std::move(options)) {
   if (step_ < 0) throw CheckpointError("checkpoint step must be >= 0, got " + std::to_string(step_));
   try {
@@ -145,7 +146,8 @@ void CheckpointWriter::open_shard_locked() {
 void CheckpointWriter::close_shard_locked() {
   if (!shard_) return;
   auto s = std::move(shard_);
-  if (!s->file.close()) throw CheckpointError(s->path.string() + ": closing HDF5 file failed (disk full?): " + h5::last_error());
+  if (!s->file.close())
+    throw CheckpointError(s->path.string() + ": closing HDF5 file failed (disk full?): " + h5::last_error());
   fsync_file(s->path);
   // Only HDF5's metadata is read back: the datasets' checksums came from the caller's buffers.
   shards_.push_back(shard_manifest_entry(s->name, digest_written_shard(s->path, s->extents), s->extents));
@@ -154,11 +156,13 @@ void CheckpointWriter::close_shard_locked() {
 void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) {
   std::lock_guard<std::mutex> lock(mutex_);
   h5::quiet_errors();
-  if (published_ || failed_) throw CheckpointError(temp_dir_.string() + ": write_stage after finalize, abort or a failure");
+  if (published_ || failed_)
+    throw CheckpointError(temp_dir_.string() + ": write_stage after finalize, abort or a failure");
   if (stage < 0 || stage >= num_stages(config_))
     throw CheckpointError(temp_dir_.string() + ": stage " + std::to_string(stage) + " out of range [0, " +
                           std::to_string(num_stages(config_)) + ")");
-  if (stages_.count(stage)) throw CheckpointError(temp_dir_.string() + ": stage " + std::to_string(stage) + " written twice");
+  if (stages_.count(stage))
+    throw CheckpointError(temp_dir_.string() + ": stage " + std::to_string(stage) + " written twice");
   std::vector<std::pair<std::string, const float*>> states;
   if (state.params) states.emplace_back("params", state.params);
   if (state.exp_avg) states.emplace_back("exp_avg", state.exp_avg);
@@ -168,12 +172,14 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
   if (names.empty()) throw CheckpointError("write_stage(" + std::to_string(stage) + "): no buffers given");
   if (state_names_.empty()) state_names_ = names;
   if (names != state_names_)
-    throw CheckpointError("write_stage(" + std::to_string(stage) + "): every stage must save the same buffers as the first");
+    throw CheckpointError("write_stage(" + std::to_string(stage) +
+                          "): every stage must save the same buffers as the first");
 
   try {
     const ParamLayout layout = stage_layout(config_, stage);
     const std::uint64_t stage_bytes = layout.param_count() * sizeof(float) * states.size();
-    if (shard_ && shard_->data_bytes > 0 && shard_->data_bytes + stage_bytes > options_.max_shard_bytes) close_shard_locked();
+    if (shard_ && shard_->data_bytes > 0 && shard_->data_bytes + stage_bytes > options_.max_shard_bytes)
+      close_shard_locked();
     if (!shard_) open_shard_locked();
     Shard& sh = *shard_;
     const std::string group_name = stage_group_name(stage);
@@ -197,8 +203,9 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
       for (const auto& t : layout.tensors) {
         std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
         h5::Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-        h5::Handle ds(H5Dcreate2(sg.get(), t.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                      H5Dclose);
+        h5::Handle ds(
+            H5Dcreate2(sg.get(), t.name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+            H5Dclose);
         if (!ds.valid()) fail("cannot create dataset " + state_name + "/" + t.name);
         const float* data = buffer + t.offset;
         if (H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
@@ -218,12 +225,9 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
     // Start writing this stage to disk now, in the background: the final fsync then waits for little,
     // and dirty pages do not pile up in RAM while the next stages are written.
     if (sh.writeback_fd >= 0) ::sync_file_range(sh.writeback_fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-    stages_[stage] = {{"stage", stage},
-                      {"shard", sh.name},
-                      {"group", group_name},
-                      {"kind", kind_name(layout.kind)},
-                      {"prefix", layout.prefix},
-                      {"total_floats", layout.total_floats}};
+    stages_[stage] = {{"stage", stage},          {"shard", sh.name},
+                      {"group", group_name},     {"kind", kind_name(layout.kind)},
+                      {"prefix", layout.prefix}, {"total_floats", layout.total_floats}};
   } catch (const std::runtime_error& e) {
     failed_ = true;
     if (dynamic_cast<const CheckpointError*>(&e)) throw;
@@ -234,10 +238,12 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
 fs::path CheckpointWriter::finalize(const json& run_state) {
   std::lock_guard<std::mutex> lock(mutex_);
   h5::quiet_errors();
-  if (published_ || failed_) throw CheckpointError(temp_dir_.string() + ": finalize after finalize, abort or a failure");
+  if (published_ || failed_)
+    throw CheckpointError(temp_dir_.string() + ": finalize after finalize, abort or a failure");
   // A missing stage is the caller's mistake, not a failure: it may still write it and finalize again.
   for (std::int64_t s = 0; s < num_stages(config_); ++s)
-    if (!stages_.count(s)) throw CheckpointError(temp_dir_.string() + ": finalize before stage " + std::to_string(s) + " was written");
+    if (!stages_.count(s))
+      throw CheckpointError(temp_dir_.string() + ": finalize before stage " + std::to_string(s) + " was written");
   const fs::path target = root_ / step_dir_name(step_);
   try {
     close_shard_locked();
@@ -249,7 +255,8 @@ fs::path CheckpointWriter::finalize(const json& run_state) {
     manifest["created_utc"] = utc_now();
     manifest["versions"] = {{"megatrain", MEGATRAIN_VERSION}, {"hdf5", hdf5_version()}, {"format", kFormatVersion}};
     manifest["checksum_algorithm"] = kChecksumAlgorithm;
-    manifest["model_config"] = hf::config_to_json(config_, options_.hf_config.is_object() ? &options_.hf_config : nullptr);
+    manifest["model_config"] =
+        hf::config_to_json(config_, options_.hf_config.is_object() ? &options_.hf_config : nullptr);
     manifest["states"] = state_names_;
     manifest["stages"] = json::array();
     for (const auto& [s, entry] : stages_) manifest["stages"].push_back(entry);

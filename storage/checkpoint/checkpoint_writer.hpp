@@ -52,7 +52,8 @@ struct CheckpointWriterOptions {
 
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::filesystem::path root, std::int64_t step, ModelConfig config, CheckpointWriterOptions options = {});
+  CheckpointWriter(std::filesystem::path root, std::int64_t step, ModelConfig config,
+                   CheckpointWriterOptions options = {});
   ~CheckpointWriter();  // unpublished: removes the temporary directory
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -82,10 +83,10 @@ class CheckpointWriter {
   CheckpointWriterOptions options_;
   std::filesystem::path temp_dir_;
   mutable std::mutex mutex_;
-  std::unique_ptr<Shard> shard_;              // the open shard file
-  std::vector<nlohmann::json> shards_;        // closed shards: file, bytes, checksum
+  std::unique_ptr<Shard> shard_;                   // the open shard file
+  std::vector<nlohmann::json> shards_;             // closed shards: file, bytes, checksum
   std::map<std::int64_t, nlohmann::json> stages_;  // written stages: shard, group, ...
-  std::vector<std::string> state_names_;      // the set saved by the first stage
+  std::vector<std::string> state_names_;           // the set saved by the first stage
   std::uint64_t bytes_written_ = 0;
   bool published_ = false;
   bool failed_ = false;

@@ -1,11 +1,9 @@
 #include "storage/checkpoint/checksum.hpp"
 
-
 #include <cstdio>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
-
 
 namespace mt::ckpt {
 

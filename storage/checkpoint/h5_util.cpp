@@ -35,7 +35,8 @@ void write_attr(hid_t obj, const char* name, hid_t type, const void* value) {
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   if (H5Aexists(obj, name) > 0) H5Adelete(obj, name);
   Handle attr(H5Acreate2(obj, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.valid() || H5Awrite(attr.get(), type, value) < 0) throw std::runtime_error(std::string("cannot write attribute ") + name);
+  if (!attr.valid() || H5Awrite(attr.get(), type, value) < 0)
+    throw std::runtime_error(std::string("cannot write attribute ") + name);
 }
 Handle open_attr(hid_t obj, const char* name) {
   if (H5Aexists(obj, name) <= 0) return {};
@@ -52,7 +53,9 @@ void set_attr(hid_t obj, const char* name, const std::string& value) {
 }
 
 void set_attr(hid_t obj, const char* name, std::int64_t value) { write_attr(obj, name, H5T_NATIVE_INT64, &value); }
-void set_attr_u64(hid_t obj, const char* name, std::uint64_t value) { write_attr(obj, name, H5T_NATIVE_UINT64, &value); }
+void set_attr_u64(hid_t obj, const char* name, std::uint64_t value) {
+  write_attr(obj, name, H5T_NATIVE_UINT64, &value);
+}
 
 bool get_attr(hid_t obj, const char* name, std::string* value) {
   Handle attr = open_attr(obj, name);

@@ -13,7 +13,8 @@ namespace mt::ckpt {
 // Writes the checkpoint's fp32 master weights as a transformers model directory. The config.json is
 // the manifest's model_config (which keeps the fields of the config the model was imported from);
 // tokenizer files come from options.tokenizer_dir, else from the checkpoint's own tokenizer/ folder.
-void export_to_hf(const CheckpointReader& checkpoint, const std::filesystem::path& out_dir, hf::HfExportOptions options = {});
+void export_to_hf(const CheckpointReader& checkpoint, const std::filesystem::path& out_dir,
+                  hf::HfExportOptions options = {});
 
 // Converts a Hugging Face directory into a params-only checkpoint ROOT/step-<step> (the starting point
 // of a fine-tuning run: Adam moments start at zero) and publishes it. Tokenizer files found in hf_dir

@@ -31,7 +31,8 @@ void write_manifest(const std::filesystem::path& file, json manifest) {
 }
 
 json read_manifest(const std::filesystem::path& file) {
-  if (!std::filesystem::exists(file)) throw CheckpointError(file.string() + ": manifest is missing (incomplete or damaged checkpoint)");
+  if (!std::filesystem::exists(file))
+    throw CheckpointError(file.string() + ": manifest is missing (incomplete or damaged checkpoint)");
   std::ifstream in(file);
   if (!in) throw CheckpointError(file.string() + ": cannot open manifest");
   json m;
@@ -42,7 +43,8 @@ json read_manifest(const std::filesystem::path& file) {
   }
   if (!m.is_object() || !m.contains("format") || m["format"] != kFormatName)
     throw CheckpointError(file.string() + ": not a megatrain checkpoint manifest");
-  if (!m.contains(kSelfChecksum) || !m[kSelfChecksum].is_string() || m[kSelfChecksum].get<std::string>() != self_checksum(m))
+  if (!m.contains(kSelfChecksum) || !m[kSelfChecksum].is_string() ||
+      m[kSelfChecksum].get<std::string>() != self_checksum(m))
     throw CheckpointError(file.string() + ": manifest checksum mismatch (damaged)");
   if (!m.contains("format_version") || m["format_version"] != kFormatVersion)
     throw CheckpointError(file.string() + ": unsupported format_version " + m.value("format_version", json()).dump() +

@@ -66,8 +66,8 @@ void sort_and_check(std::vector<DatasetExtent>& extents, std::uint64_t file_size
   std::uint64_t end = 0;
   for (const auto& e : extents) {
     if (e.offset < end || e.offset + e.bytes > file_size)
-      throw CheckpointError(path + ": dataset " + e.name + " extent [" + std::to_string(e.offset) + ", +" + std::to_string(e.bytes) +
-                            ") overlaps another or runs past the end of the file (damaged)");
+      throw CheckpointError(path + ": dataset " + e.name + " extent [" + std::to_string(e.offset) + ", +" +
+                            std::to_string(e.bytes) + ") overlaps another or runs past the end of the file (damaged)");
     end = e.offset + e.bytes;
   }
 }
@@ -80,7 +80,8 @@ std::uint64_t combine(std::uint64_t metadata, const std::vector<DatasetExtent>& 
 }
 
 // Hashes the bytes outside the extents; with `datasets`, also each extent, into datasets[i].
-std::uint64_t scan(const MappedFile& f, const std::vector<DatasetExtent>& sorted, std::vector<std::uint64_t>* datasets) {
+std::uint64_t scan(const MappedFile& f, const std::vector<DatasetExtent>& sorted,
+                   std::vector<std::uint64_t>* datasets) {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
   XXH3_64bits_reset(state.get());
   std::uint64_t pos = 0;
@@ -108,7 +109,8 @@ ShardDigest digest_written_shard(const std::filesystem::path& file, std::vector<
   return d;
 }
 
-nlohmann::json shard_manifest_entry(const std::string& file_name, const ShardDigest& d, const std::vector<DatasetExtent>& extents) {
+nlohmann::json shard_manifest_entry(const std::string& file_name, const ShardDigest& d,
+                                    const std::vector<DatasetExtent>& extents) {
   nlohmann::json datasets = nlohmann::json::array();
   for (const auto& e : extents) datasets.push_back({e.name, e.offset, e.bytes, checksum_hex(e.checksum)});
   return {{"file", file_name},
@@ -141,8 +143,9 @@ void verify_shard(const std::filesystem::path& file, const nlohmann::json& entry
       throw CheckpointError(f.path() + ": dataset " + extents[i].name + " checksum " + checksum_hex(got[i]) +
                             " differs from the manifest's " + checksum_hex(extents[i].checksum) + " (damaged)");
   if (checksum_hex(metadata) != entry.at("metadata_xxh3_64").get<std::string>())
-    throw CheckpointError(f.path() + ": HDF5 metadata checksum " + checksum_hex(metadata) + " differs from the manifest's " +
-                          entry.at("metadata_xxh3_64").get<std::string>() + " (damaged)");
+    throw CheckpointError(f.path() + ": HDF5 metadata checksum " + checksum_hex(metadata) +
+                          " differs from the manifest's " + entry.at("metadata_xxh3_64").get<std::string>() +
+                          " (damaged)");
   if (checksum_hex(combine(metadata, extents)) != entry.at(kChecksumAlgorithm).get<std::string>())
     throw CheckpointError(f.path() + ": shard checksum differs from the manifest's (damaged)");
 }

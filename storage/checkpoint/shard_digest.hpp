@@ -34,7 +34,8 @@ struct ShardDigest {
 ShardDigest digest_written_shard(const std::filesystem::path& file, std::vector<DatasetExtent> extents);
 
 // The manifest's entry for a shard ({"file", "bytes", "xxh3_64", "metadata_xxh3_64", "datasets"}).
-nlohmann::json shard_manifest_entry(const std::string& file_name, const ShardDigest& d, const std::vector<DatasetExtent>& extents);
+nlohmann::json shard_manifest_entry(const std::string& file_name, const ShardDigest& d,
+                                    const std::vector<DatasetExtent>& extents);
 
 // Reader side: reads every byte once (mmap) and checks size, every dataset, the metadata and the
 // whole; CheckpointError naming the file (and the dataset) on any mismatch.

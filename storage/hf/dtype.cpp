@@ -11,9 +11,12 @@ namespace mt::hf {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
   }
   return "?";
 }

@@ -18,14 +18,16 @@ void write_text_atomically(const std::filesystem::path& path, const std::string&
   const auto tmp = path.string() + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw HfError(tmp + ": cannot create: " + std::strerror(errno));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  const bool ok =
+      std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   const int err = errno;
   std::fclose(f);
   if (!ok) {
     std::remove(tmp.c_str());
     throw HfError(tmp + ": write failed: " + std::strerror(err));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw HfError(path.string() + ": rename failed: " + std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw HfError(path.string() + ": rename failed: " + std::strerror(errno));
 }
 
 nlohmann::json read_json_file(const std::filesystem::path& path) {

@@ -17,16 +17,16 @@ namespace {
 const std::set<std::string>& generic_keys() {
   static const std::set<std::string> keys = {
       "_attn_implementation_autoset", "_name_or_path", "_attn_implementation", "_commit_hash", "architectures",
-      "bad_words_ids", "begin_suppress_tokens", "bos_token_id", "chunk_size_feed_forward", "cross_attention_hidden_size",
-      "decoder_start_token_id", "diversity_penalty", "do_sample", "early_stopping", "encoder_no_repeat_ngram_size",
-      "eos_token_id", "exponential_decay_length_penalty", "finetuning_task", "forced_bos_token_id",
-      "forced_eos_token_id", "id2label", "is_decoder", "label2id", "length_penalty", "max_length", "min_length",
-      "model_type", "no_repeat_ngram_size", "num_beam_groups", "num_beams", "num_return_sequences",
-      "output_attentions", "output_hidden_states", "output_scores", "pad_token_id", "prefix", "problem_type",
-      "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict", "return_dict_in_generate",
-      "sep_token_id", "suppress_tokens", "task_specific_params", "temperature", "tf_legacy_loss", "tokenizer_class",
-      "top_k", "top_p", "torch_dtype", "torchscript", "transformers_version", "typical_p", "use_bfloat16",
-      "use_cache", "gradient_checkpointing", "initializer_range", "tie_word_embeddings",
+      "bad_words_ids", "begin_suppress_tokens", "bos_token_id", "chunk_size_feed_forward",
+      "cross_attention_hidden_size", "decoder_start_token_id", "diversity_penalty", "do_sample", "early_stopping",
+      "encoder_no_repeat_ngram_size", "eos_token_id", "exponential_decay_length_penalty", "finetuning_task",
+      "forced_bos_token_id", "forced_eos_token_id", "id2label", "is_decoder", "label2id", "length_penalty",
+      "max_length", "min_length", "model_type", "no_repeat_ngram_size", "num_beam_groups", "num_beams",
+      "num_return_sequences", "output_attentions", "output_hidden_states", "output_scores", "pad_token_id", "prefix",
+      "problem_type", "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict",
+      "return_dict_in_generate", "sep_token_id", "suppress_tokens", "task_specific_params", "temperature",
+      "tf_legacy_loss", "tokenizer_class", "top_k", "top_p", "torch_dtype", "torchscript", "transformers_version",
+      "typical_p", "use_bfloat16", "use_cache", "gradient_checkpointing", "initializer_range", "tie_word_embeddings",
       // generic fields that must hold their harmless default (checked below)
       "add_cross_attention", "is_encoder_decoder", "tie_encoder_decoder"};
   return keys;
@@ -82,7 +82,8 @@ class Fields {
     for (auto k : keys) use(k);
   }
   void require_value(const char* key, bool expected, bool dflt, const std::string& why) {
-    if (boolean(key, dflt) != expected) fail("unsupported " + std::string(key) + "=" + (expected ? "false" : "true") + ": " + why);
+    if (boolean(key, dflt) != expected)
+      fail("unsupported " + std::string(key) + "=" + (expected ? "false" : "true") + ": " + why);
   }
   // Every field must be known: an unknown one may change the math (a newer transformers feature).
   void reject_unknown() const {
@@ -108,8 +109,7 @@ void parse_rope_scaling(Fields& f, Arch arch, ModelConfig& c) {
   if (!rs) return;
   std::string type = rs->value("rope_type", rs->value("type", std::string("default")));
   if (type == "default") return;
-  if (type != "llama3")
-    f.fail("unsupported rope_scaling type '" + type + "' (supported: default, llama3)");
+  if (type != "llama3") f.fail("unsupported rope_scaling type '" + type + "' (supported: default, llama3)");
   if (arch == Arch::mistral) f.fail("rope_scaling 'llama3' is not supported for mistral (transformers ignores it)");
   auto num = [&](const char* key, bool required, double dflt) {
     if (!rs->contains(key)) {
@@ -120,14 +120,15 @@ void parse_rope_scaling(Fields& f, Arch arch, ModelConfig& c) {
     return rs->at(key).get<double>();
   };
   for (const auto& [key, value] : rs->items()) {
-    static const std::set<std::string> known = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
-                                                "original_max_position_embeddings"};
+    static const std::set<std::string> known = {
+        "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
     if (!known.count(key)) f.fail("unsupported rope_scaling field '" + key + "' (value " + value.dump() + ")");
   }
   c.rope_scaling.factor = static_cast<float>(num("factor", true, 0));
   c.rope_scaling.low_freq_factor = static_cast<float>(num("low_freq_factor", true, 1));
   c.rope_scaling.high_freq_factor = static_cast<float>(num("high_freq_factor", true, 4));
-  c.rope_scaling.original_max_position_embeddings = static_cast<std::int64_t>(num("original_max_position_embeddings", true, 8192));
+  c.rope_scaling.original_max_position_embeddings =
+      static_cast<std::int64_t>(num("original_max_position_embeddings", true, 8192));
 }
 
 void reject_sliding_window(Fields& f, const ModelConfig& c, Arch arch) {
@@ -135,8 +136,9 @@ void reject_sliding_window(Fields& f, const ModelConfig& c, Arch arch) {
     if (f.has("sliding_window")) {
       const auto w = f.integer("sliding_window");
       if (w < c.max_position_embeddings)
-        f.fail("unsupported sliding_window=" + std::to_string(w) + " (< max_position_embeddings=" +
-               std::to_string(c.max_position_embeddings) + "): sliding-window attention is not implemented; set it to null");
+        f.fail("unsupported sliding_window=" + std::to_string(w) +
+               " (< max_position_embeddings=" + std::to_string(c.max_position_embeddings) +
+               "): sliding-window attention is not implemented; set it to null");
     }
     f.use("sliding_window");
     return;
@@ -193,7 +195,8 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
     case Arch::mistral:
       reject_sliding_window(f, c, arch);
       break;
-    case Arch::gpt2: break;
+    case Arch::gpt2:
+      break;
   }
   return c;
 }
@@ -213,7 +216,8 @@ ModelConfig parse_gpt2(Fields& f) {
   c.norm_eps = static_cast<float>(f.number("layer_norm_epsilon", 1e-5));
   c.initializer_range = static_cast<float>(f.number("initializer_range", 0.02));
   c.tie_word_embeddings = true;
-  if (!f.boolean("tie_word_embeddings", true)) f.fail("unsupported tie_word_embeddings=false for gpt2 (its LM head is wte)");
+  if (!f.boolean("tie_word_embeddings", true))
+    f.fail("unsupported tie_word_embeddings=false for gpt2 (its LM head is wte)");
   const std::string act = f.string("activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     f.fail("unsupported activation_function '" + act + "' (supported: gelu_new, gelu_pytorch_tanh)");

@@ -26,11 +26,16 @@ double short_decimal(float f) {
 
 const char* architecture_class(Arch a) {
   switch (a) {
-    case Arch::llama: return "LlamaForCausalLM";
-    case Arch::qwen2: return "Qwen2ForCausalLM";
-    case Arch::qwen3: return "Qwen3ForCausalLM";
-    case Arch::mistral: return "MistralForCausalLM";
-    case Arch::gpt2: return "GPT2LMHeadModel";
+    case Arch::llama:
+      return "LlamaForCausalLM";
+    case Arch::qwen2:
+      return "Qwen2ForCausalLM";
+    case Arch::qwen3:
+      return "Qwen3ForCausalLM";
+    case Arch::mistral:
+      return "MistralForCausalLM";
+    case Arch::gpt2:
+      return "GPT2LMHeadModel";
   }
   return "?";
 }
@@ -98,9 +103,11 @@ json config_to_json(const ModelConfig& c, const json* base) {
     case Arch::mistral:
       j["sliding_window"] = nullptr;
       break;
-    case Arch::gpt2: break;
+    case Arch::gpt2:
+      break;
   }
-  if (c.arch != Arch::qwen3 && c.qk_norm) throw HfError(std::string(arch_name(c.arch)) + " export: qk_norm is only part of qwen3");
+  if (c.arch != Arch::qwen3 && c.qk_norm)
+    throw HfError(std::string(arch_name(c.arch)) + " export: qk_norm is only part of qwen3");
   if (c.arch == Arch::mistral && c.attention_bias) throw HfError("mistral export: Mistral has no attention biases");
   return j;
 }

@@ -80,7 +80,8 @@ HfModelReader::HfModelReader(const std::filesystem::path& dir) : dir_(dir) {
   }
   for (const auto& [name, file] : promised)
     if (!found.count(name) || found[name].file->path().filename() != file)
-      throw HfError((dir / file).string() + ": tensor '" + name + "' listed in " + index_path.string() + " is not in this file");
+      throw HfError((dir / file).string() + ": tensor '" + name + "' listed in " + index_path.string() +
+                    " is not in this file");
 
   // Map every expected tensor to its place and check it now, so a bad file fails before any reading.
   std::set<std::string> used;
@@ -90,14 +91,16 @@ HfModelReader::HfModelReader(const std::filesystem::path& dir) : dir_(dir) {
       const HfTensorName hn = hf_tensor(config_, layout, t);
       std::string in_file = hn.name;
       // GPT-2 files saved from GPT2Model lack the "transformer." prefix.
-      if (!found.count(in_file) && config_.is_gpt2() && in_file.rfind("transformer.", 0) == 0) in_file = in_file.substr(12);
+      if (!found.count(in_file) && config_.is_gpt2() && in_file.rfind("transformer.", 0) == 0)
+        in_file = in_file.substr(12);
       if (!found.count(in_file))
         throw HfError(dir.string() + ": tensor '" + hn.name + "' (" + arch_name(config_.arch) + ", shape " +
                       shape_string(hn.file_shape) + ") is in none of the safetensors files");
       const Location& loc = found[in_file];
       const SafetensorsEntry& e = *loc.file->find(in_file);
       if (!parse_dtype(e.dtype))
-        throw HfError(loc.file->path().string() + ": tensor '" + in_file + "' has dtype " + e.dtype + " (supported: F32, BF16, F16)");
+        throw HfError(loc.file->path().string() + ": tensor '" + in_file + "' has dtype " + e.dtype +
+                      " (supported: F32, BF16, F16)");
       if (e.shape != hn.file_shape)
         throw HfError(loc.file->path().string() + ": tensor '" + in_file + "' has shape " + shape_string(e.shape) +
                       ", expected " + shape_string(hn.file_shape) + " from config.json");
@@ -107,10 +110,12 @@ HfModelReader::HfModelReader(const std::filesystem::path& dir) : dir_(dir) {
   }
   for (const auto& [name, loc] : found) {
     if (used.count(name)) continue;
-    const std::string full = config_.is_gpt2() && name.rfind("transformer.", 0) != 0 && name != "lm_head.weight" ? "transformer." + name : name;
+    const std::string full = config_.is_gpt2() && name.rfind("transformer.", 0) != 0 && name != "lm_head.weight"
+                                 ? "transformer." + name
+                                 : name;
     if (!ignorable(config_, full) && !ignorable(config_, name))
-      throw HfError(loc.file->path().string() + ": unexpected tensor '" + name + "' for " + architecture_class(config_.arch) +
-                    " with this config.json");
+      throw HfError(loc.file->path().string() + ": unexpected tensor '" + name + "' for " +
+                    architecture_class(config_.arch) + " with this config.json");
   }
 }
 
@@ -128,15 +133,19 @@ void HfModelReader::read_stage(std::int64_t stage, float* dst) const {
   for (const auto& t : layout.tensors) {
     const HfTensorName hn = hf_tensor(config_, layout, t);
     const Location& loc = locate(hn.name);
-    if (hn.transposed) loc.file->read_f32_transposed(loc.name_in_file, hn.file_shape, dst + t.offset);
-    else loc.file->read_f32(loc.name_in_file, hn.file_shape, dst + t.offset);
+    if (hn.transposed)
+      loc.file->read_f32_transposed(loc.name_in_file, hn.file_shape, dst + t.offset);
+    else
+      loc.file->read_f32(loc.name_in_file, hn.file_shape, dst + t.offset);
   }
 }
 
 void write_hf_model(const std::filesystem::path& dir, const ModelConfig& c,
                     const std::function<const float*(std::int64_t)>& stage_source, const HfExportOptions& options) {
   json config = config_to_json(c, options.base_config);
-  config["torch_dtype"] = options.dtype == DType::f32 ? "float32" : options.dtype == DType::bf16 ? "bfloat16" : "float16";
+  config["torch_dtype"] = options.dtype == DType::f32    ? "float32"
+                          : options.dtype == DType::bf16 ? "bfloat16"
+                                                         : "float16";
   std::filesystem::create_directories(dir);
 
   std::vector<PlannedTensor> plan;
@@ -160,8 +169,10 @@ void write_hf_model(const std::filesystem::path& dir, const ModelConfig& c,
     const float* buf = stage_source(s);
     for (const auto& t : layout.tensors) {
       const HfTensorName hn = hf_tensor(c, layout, t);
-      if (hn.transposed) writer.write_transposed(hn.name, buf + t.offset);
-      else writer.write(hn.name, buf + t.offset);
+      if (hn.transposed)
+        writer.write_transposed(hn.name, buf + t.offset);
+      else
+        writer.write(hn.name, buf + t.offset);
     }
   }
   writer.finish();
@@ -171,8 +182,9 @@ void write_hf_model(const std::filesystem::path& dir, const ModelConfig& c,
 }
 
 std::vector<std::string> copy_tokenizer_files(const std::filesystem::path& from, const std::filesystem::path& to) {
-  static const char* names[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                                "merges.txt", "tokenizer.model", "added_tokens.json", "generation_config.json"};
+  static const char* names[] = {
+      "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+      "merges.txt",     "tokenizer.model",       "added_tokens.json",       "generation_config.json"};
   if (!std::filesystem::is_directory(from)) throw HfError(from.string() + ": tokenizer directory not found");
   std::vector<std::string> copied;
   for (const char* n : names) {

@@ -64,15 +64,16 @@ class HfModelReader {
 struct HfExportOptions {
   DType dtype = DType::f32;
   std::uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default max_shard_size ("5GB")
-  std::filesystem::path tokenizer_dir;             // tokenizer files copied from here when not empty
-  const nlohmann::json* base_config = nullptr;     // config.json the model came from (keeps token ids, ...)
+  std::filesystem::path tokenizer_dir;            // tokenizer files copied from here when not empty
+  const nlohmann::json* base_config = nullptr;    // config.json the model came from (keeps token ids, ...)
 };
 
 // Writes a model directory transformers loads: config.json, safetensors (sharded past the limit, with
 // the index), tokenizer files. stage_source(s) returns stage s's fp32 buffer, valid until the next call,
 // so only one stage needs to be in memory.
 void write_hf_model(const std::filesystem::path& dir, const ModelConfig& c,
-                    const std::function<const float*(std::int64_t stage)>& stage_source, const HfExportOptions& options);
+                    const std::function<const float*(std::int64_t stage)>& stage_source,
+                    const HfExportOptions& options);
 
 // Copies the tokenizer and generation files that exist in `from` (tokenizer.json, tokenizer_config.json,
 // special_tokens_map.json, vocab.json, merges.txt, tokenizer.model, added_tokens.json,

@@ -58,10 +58,11 @@ SafetensorsEntry parse_entry(const std::string& name, const json& v, std::uint64
     return fail("data_offsets must be [begin, end] with non-negative integers");
   e.begin = off[0].get<std::uint64_t>();
   e.end = off[1].get<std::uint64_t>();
-  if (e.begin > e.end) return fail("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "] are reversed");
+  if (e.begin > e.end)
+    return fail("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "] are reversed");
   if (e.end > data_size)
-    return fail("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "] run past the end of the data (" +
-                std::to_string(data_size) + " bytes)");
+    return fail("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                "] run past the end of the data (" + std::to_string(data_size) + " bytes)");
   if (e.end - e.begin != numel * esize)
     return fail("data_offsets span " + std::to_string(e.end - e.begin) + " bytes but dtype " + e.dtype + " and shape " +
                 shape_string(e.shape) + " need " + std::to_string(numel * esize));
@@ -85,14 +86,16 @@ SafetensorsReader::SafetensorsReader(const std::filesystem::path& file) : path_(
     ::close(fd_);
     throw HfError(f + ": " + what);
   };
-  if (size_ < 8) fail("not a safetensors file (" + std::to_string(size_) + " bytes, shorter than the 8-byte header length)");
+  if (size_ < 8)
+    fail("not a safetensors file (" + std::to_string(size_) + " bytes, shorter than the 8-byte header length)");
   void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
   if (p == MAP_FAILED) fail(std::string("cannot mmap: ") + std::strerror(errno));
   base_ = static_cast<unsigned char*>(p);
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base_[i];  // little-endian
   if (header_len > kMaxHeaderBytes || header_len > size_ - 8)
-    fail("header length " + std::to_string(header_len) + " exceeds the file size " + std::to_string(size_) + " or 100 MB");
+    fail("header length " + std::to_string(header_len) + " exceeds the file size " + std::to_string(size_) +
+         " or 100 MB");
   data_start_ = 8 + static_cast<std::size_t>(header_len);
   const std::uint64_t data_size = size_ - data_start_;
   json header;
@@ -122,12 +125,13 @@ SafetensorsReader::SafetensorsReader(const std::filesystem::path& file) : path_(
   // No two tensors may share bytes: a header that overlaps them lies about at least one.
   std::vector<const SafetensorsEntry*> by_offset;
   for (const auto& e : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin || (a->begin == b->begin && a->end < b->end); });
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->begin < b->begin || (a->begin == b->begin && a->end < b->end); });
   for (std::size_t i = 1; i < by_offset.size(); ++i) {
     const auto *prev = by_offset[i - 1], *cur = by_offset[i];
     if (cur->begin < prev->end)
-      fail("tensors '" + prev->name + "' [" + std::to_string(prev->begin) + ", " + std::to_string(prev->end) + ") and '" +
-           cur->name + "' [" + std::to_string(cur->begin) + ", " + std::to_string(cur->end) + ") overlap");
+      fail("tensors '" + prev->name + "' [" + std::to_string(prev->begin) + ", " + std::to_string(prev->end) +
+           ") and '" + cur->name + "' [" + std::to_string(cur->begin) + ", " + std::to_string(cur->end) + ") overlap");
   }
   for (std::size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
   ::madvise(base_, size_, MADV_SEQUENTIAL);
@@ -143,12 +147,13 @@ const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
-const SafetensorsEntry& SafetensorsReader::checked(const std::string& name, const std::vector<std::int64_t>& expected_shape,
-                                                   DType* dt) const {
+const SafetensorsEntry& SafetensorsReader::checked(const std::string& name,
+                                                   const std::vector<std::int64_t>& expected_shape, DType* dt) const {
   const auto* e = find(name);
   if (!e) throw HfError(path_.string() + ": no tensor '" + name + "'");
   const auto t = parse_dtype(e->dtype);
-  if (!t) throw HfError(path_.string() + ": tensor '" + name + "' has dtype " + e->dtype + " (supported: F32, BF16, F16)");
+  if (!t)
+    throw HfError(path_.string() + ": tensor '" + name + "' has dtype " + e->dtype + " (supported: F32, BF16, F16)");
   if (e->shape != expected_shape)
     throw HfError(path_.string() + ": tensor '" + name + "' has shape " + shape_string(e->shape) + ", expected " +
                   shape_string(expected_shape));
@@ -166,7 +171,8 @@ void SafetensorsReader::release(const SafetensorsEntry& e) const {
   if (hi > lo) ::madvise(base_ + lo, hi - lo, MADV_DONTNEED);
 }
 
-void SafetensorsReader::read_f32(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* dst) const {
+void SafetensorsReader::read_f32(const std::string& name, const std::vector<std::int64_t>& expected_shape,
+                                 float* dst) const {
   DType dt;
   const auto& e = checked(name, expected_shape, &dt);
   to_f32(dt, data(e), dst, e.numel());

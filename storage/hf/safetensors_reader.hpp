@@ -17,9 +17,9 @@ namespace mt::hf {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;                // safetensors spelling ("F32", "BF16", "I64", ...)
+  std::string dtype;  // safetensors spelling ("F32", "BF16", "I64", ...)
   std::vector<std::int64_t> shape;
-  std::uint64_t begin = 0, end = 0; // byte range relative to the data section
+  std::uint64_t begin = 0, end = 0;  // byte range relative to the data section
   std::size_t numel() const;
 };
 
@@ -43,7 +43,8 @@ class SafetensorsReader {
   void read_f32_transposed(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* dst) const;
 
  private:
-  const SafetensorsEntry& checked(const std::string& name, const std::vector<std::int64_t>& expected_shape, DType* dt) const;
+  const SafetensorsEntry& checked(const std::string& name, const std::vector<std::int64_t>& expected_shape,
+                                  DType* dt) const;
   const unsigned char* data(const SafetensorsEntry& e) const { return base_ + data_start_ + e.begin; }
   void release(const SafetensorsEntry& e) const;
 

@@ -36,13 +36,20 @@ std::uint64_t parse_size(const std::string& text) {
   }
   const std::string unit = text.substr(pos);
   double mult = 0;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "KiB") mult = 1024.0;
-  else if (unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "KB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
+  else if (unit == "KiB")
+    mult = 1024.0;
+  else if (unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
   if (mult == 0 || !(value > 0)) throw HfError("bad size '" + text + "' (expected e.g. 2GB, 500MB, 1GiB)");
   return static_cast<std::uint64_t>(value * mult);
 }
@@ -88,7 +95,8 @@ void SafetensorsModelWriter::open_shard(std::size_t shard) {
   std::uint64_t offset = 0;
   for (std::size_t i = first; i < last; ++i) {
     const std::uint64_t bytes = numel_of(plan_[i].shape) * dtype_size(dtype_);
-    header[plan_[i].name] = {{"dtype", dtype_name(dtype_)}, {"shape", plan_[i].shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[plan_[i].name] = {
+        {"dtype", dtype_name(dtype_)}, {"shape", plan_[i].shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}};
@@ -118,7 +126,8 @@ void SafetensorsModelWriter::close_shard() {
 const PlannedTensor& SafetensorsModelWriter::next(const std::string& name) {
   if (next_ >= plan_.size()) throw HfError(dir_.string() + ": tensor '" + name + "' written past the end of the plan");
   const auto& t = plan_[next_];
-  if (t.name != name) throw HfError(dir_.string() + ": tensor '" + name + "' written out of order, expected '" + t.name + "'");
+  if (t.name != name)
+    throw HfError(dir_.string() + ": tensor '" + name + "' written out of order, expected '" + t.name + "'");
   if (open_shard_ != shard_of_[next_]) {
     close_shard();
     open_shard(shard_of_[next_]);

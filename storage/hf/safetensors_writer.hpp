@@ -52,7 +52,7 @@ class SafetensorsModelWriter {
   std::size_t open_shard_ = SIZE_MAX;
   std::FILE* file_ = nullptr;
   std::filesystem::path file_path_;
-  std::vector<unsigned char> scratch_;    // conversion / transposition buffer (a few MiB)
+  std::vector<unsigned char> scratch_;  // conversion / transposition buffer (a few MiB)
   bool finished_ = false;
 };
 

@@ -44,10 +44,14 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
 std::string format_bytes(std::size_t bytes) {
   char text[64];
   const double b = static_cast<double>(bytes);
-  if (bytes < 1024) std::snprintf(text, sizeof text, "%zu B", bytes);
-  else if (b < 1024.0 * 1024) std::snprintf(text, sizeof text, "%.1f KiB", b / 1024);
-  else if (b < 1024.0 * 1024 * 1024) std::snprintf(text, sizeof text, "%.1f MiB", b / (1024.0 * 1024));
-  else std::snprintf(text, sizeof text, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  if (bytes < 1024)
+    std::snprintf(text, sizeof text, "%zu B", bytes);
+  else if (b < 1024.0 * 1024)
+    std::snprintf(text, sizeof text, "%.1f KiB", b / 1024);
+  else if (b < 1024.0 * 1024 * 1024)
+    std::snprintf(text, sizeof text, "%.1f MiB", b / (1024.0 * 1024));
+  else
+    std::snprintf(text, sizeof text, "%.2f GiB", b / (1024.0 * 1024 * 1024));
   return text;
 }
 

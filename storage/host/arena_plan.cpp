@@ -9,17 +9,22 @@ namespace mt {
 
 const char* arena_region_kind_name(ArenaRegionKind k) {
   switch (k) {
-    case ArenaRegionKind::weight_slot: return "weight_slot";
-    case ArenaRegionKind::grad_slot: return "grad_slot";
-    case ArenaRegionKind::workspace: return "workspace";
-    case ArenaRegionKind::activations: return "activations";
+    case ArenaRegionKind::weight_slot:
+      return "weight_slot";
+    case ArenaRegionKind::grad_slot:
+      return "grad_slot";
+    case ArenaRegionKind::workspace:
+      return "workspace";
+    case ArenaRegionKind::activations:
+      return "activations";
   }
   return "?";
 }
 
 std::string ArenaRegion::name() const {
   const std::string base = arena_region_kind_name(kind);
-  if (kind == ArenaRegionKind::weight_slot || kind == ArenaRegionKind::grad_slot) return base + "[" + std::to_string(index) + "]";
+  if (kind == ArenaRegionKind::weight_slot || kind == ArenaRegionKind::grad_slot)
+    return base + "[" + std::to_string(index) + "]";
   return base;
 }
 
@@ -32,9 +37,10 @@ const ArenaRegion& ArenaPlan::region(ArenaRegionKind kind, int index) const {
 
 std::string ArenaPlan::describe() const {
   std::ostringstream out;
-  out << "device arena: " << format_bytes(total_bytes) << " of " << format_bytes(budget_bytes) << " budget (slots sized for stage "
-      << largest_stage << ")\n";
-  for (const auto& r : regions) out << "  " << r.name() << ": " << format_bytes(r.bytes) << " at offset " << r.offset << "\n";
+  out << "device arena: " << format_bytes(total_bytes) << " of " << format_bytes(budget_bytes)
+      << " budget (slots sized for stage " << largest_stage << ")\n";
+  for (const auto& r : regions)
+    out << "  " << r.name() << ": " << format_bytes(r.bytes) << " at offset " << r.offset << "\n";
   return out.str();
 }
 
@@ -53,7 +59,8 @@ std::size_t largest_stage_floats(const ModelConfig& cfg, std::int64_t* stage) {
 }
 
 std::size_t boundary_activation_bytes(const ModelConfig& cfg, std::int64_t batch, std::int64_t seq, int count) {
-  if (batch <= 0 || seq <= 0 || count < 0) throw std::invalid_argument("boundary_activation_bytes: batch, seq must be > 0, count >= 0");
+  if (batch <= 0 || seq <= 0 || count < 0)
+    throw std::invalid_argument("boundary_activation_bytes: batch, seq must be > 0, count >= 0");
   return static_cast<std::size_t>(count) * static_cast<std::size_t>(batch * seq * cfg.hidden_size) * sizeof(float);
 }
 
@@ -67,7 +74,8 @@ ArenaPlan lay_out(const ModelConfig& cfg, const ArenaRequest& req) {
     throw ArenaBudgetError("device.weight_slots=" + std::to_string(req.weight_slots) +
                            " is too few: streaming needs at least 2 weight slots (one computing, one filling)");
   if (req.grad_slots < 1)
-    throw ArenaBudgetError("device.grad_slots=" + std::to_string(req.grad_slots) + " is too few: at least 1 gradient staging slot");
+    throw ArenaBudgetError("device.grad_slots=" + std::to_string(req.grad_slots) +
+                           " is too few: at least 1 gradient staging slot");
   if (req.weight_bytes_per_param == 0 || req.grad_bytes_per_param == 0)
     throw ArenaBudgetError("device arena: bytes per parameter must be > 0");
   ArenaPlan plan;
@@ -102,13 +110,16 @@ std::string need_text(const ArenaPlan& p, const ArenaRequest& req) {
 
 }  // namespace
 
-std::size_t arena_bytes_needed(const ModelConfig& cfg, const ArenaRequest& request) { return lay_out(cfg, request).total_bytes; }
+std::size_t arena_bytes_needed(const ModelConfig& cfg, const ArenaRequest& request) {
+  return lay_out(cfg, request).total_bytes;
+}
 
 ArenaPlan plan_arena(const ModelConfig& cfg, const ArenaRequest& request) {
   ArenaPlan plan = lay_out(cfg, request);
   if (plan.total_bytes > request.budget_bytes)
     throw ArenaBudgetError(request.budget_name + " is too small: " + need_text(plan, request) + ", budget " +
-                           format_bytes(request.budget_bytes) + " (" + std::to_string(request.budget_bytes) + " bytes)");
+                           format_bytes(request.budget_bytes) + " (" + std::to_string(request.budget_bytes) +
+                           " bytes)");
   return plan;
 }
 

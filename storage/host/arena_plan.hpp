@@ -25,8 +25,8 @@ const char* arena_region_kind_name(ArenaRegionKind k);
 
 struct ArenaRegion {
   ArenaRegionKind kind = ArenaRegionKind::workspace;
-  int index = 0;            // slot number within its kind (0 for workspace / activations)
-  std::size_t offset = 0;   // bytes from the arena's start
+  int index = 0;           // slot number within its kind (0 for workspace / activations)
+  std::size_t offset = 0;  // bytes from the arena's start
   std::size_t bytes = 0;
   std::string name() const;  // "weight_slot[1]", "workspace"
 };
@@ -35,8 +35,8 @@ struct ArenaRequest {
   std::size_t budget_bytes = 0;
   // How the budget was given, for error messages: "device.device_memory_mb=64".
   std::string budget_name = "device memory budget";
-  int weight_slots = 2;                // K; must be >= 2
-  int grad_slots = 1;                  // gradient staging slots; must be >= 1
+  int weight_slots = 2;                    // K; must be >= 2
+  int grad_slots = 1;                      // gradient staging slots; must be >= 1
   std::size_t weight_bytes_per_param = 4;  // what streams into a slot (fp32 on CPU, bf16 on CUDA)
   std::size_t grad_bytes_per_param = 4;    // what is staged for the device-to-host copy
   std::size_t workspace_bytes = 0;
@@ -51,13 +51,13 @@ class ArenaBudgetError : public std::invalid_argument {
 
 struct ArenaPlan {
   std::size_t budget_bytes = 0;
-  std::size_t total_bytes = 0;         // what is allocated: <= budget_bytes
+  std::size_t total_bytes = 0;  // what is allocated: <= budget_bytes
   int weight_slots = 0;
   int grad_slots = 0;
-  std::size_t weight_slot_bytes = 0;   // capacity of each weight slot
+  std::size_t weight_slot_bytes = 0;  // capacity of each weight slot
   std::size_t grad_slot_bytes = 0;
-  std::int64_t largest_stage = 0;      // the stage that sized the slots
-  std::vector<ArenaRegion> regions;    // in offset order: weight slots, grad slots, workspace, activations
+  std::int64_t largest_stage = 0;    // the stage that sized the slots
+  std::vector<ArenaRegion> regions;  // in offset order: weight slots, grad slots, workspace, activations
 
   // Throws std::out_of_range naming the region when absent.
   const ArenaRegion& region(ArenaRegionKind kind, int index = 0) const;

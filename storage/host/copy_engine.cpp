@@ -15,7 +15,8 @@ using Clock = std::chrono::steady_clock;
 double now_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 void sleep_until_seconds(double t) {
-  std::this_thread::sleep_until(Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t))));
+  std::this_thread::sleep_until(
+      Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t))));
 }
 
 }  // namespace
@@ -37,7 +38,8 @@ CopyEngine::~CopyEngine() { shutdown(); }
 
 std::uint64_t CopyEngine::submit(CopyJob job) {
   if (job.bytes > 0 && (job.src == nullptr || job.dst == nullptr))
-    throw std::invalid_argument("copy engine: null source or destination for a copy of " + std::to_string(job.bytes) + " bytes");
+    throw std::invalid_argument("copy engine: null source or destination for a copy of " + std::to_string(job.bytes) +
+                                " bytes");
   std::uint64_t sequence;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -79,8 +81,10 @@ bool CopyEngine::take_next(int worker_index, Pending& out, int& direction) {
       // One worker: the oldest job of either direction (submission order overall).
       auto& h2d = links_[0].queue;
       auto& d2h = links_[1].queue;
-      if (!h2d.empty() && (d2h.empty() || h2d.front().sequence < d2h.front().sequence)) direction = 0;
-      else direction = d2h.empty() ? -1 : 1;
+      if (!h2d.empty() && (d2h.empty() || h2d.front().sequence < d2h.front().sequence))
+        direction = 0;
+      else
+        direction = d2h.empty() ? -1 : 1;
     }
     if (direction >= 0 && !links_[direction].queue.empty()) {
       out = std::move(links_[direction].queue.front());

@@ -53,9 +53,9 @@ struct CopyDirectionStats {
 
 struct CopyEngineStats {
   std::array<CopyDirectionStats, 2> direction{};  // indexed by CopyDirection
-  std::uint64_t queued_jobs = 0;       // submitted, not yet finished
-  std::uint64_t max_queued_jobs = 0;   // high-water mark of queued_jobs
-  std::uint64_t callback_errors = 0;   // on_done callbacks that threw (caught, counted)
+  std::uint64_t queued_jobs = 0;                  // submitted, not yet finished
+  std::uint64_t max_queued_jobs = 0;              // high-water mark of queued_jobs
+  std::uint64_t callback_errors = 0;              // on_done callbacks that threw (caught, counted)
   const CopyDirectionStats& of(CopyDirection d) const { return direction[static_cast<int>(d)]; }
 };
 
@@ -74,8 +74,8 @@ class CopyEngine {
   // Queues a copy and returns a future that becomes ready when it is done (after job.on_done ran).
   std::future<void> submit_with_future(CopyJob job);
 
-  void wait_idle();   // blocks until every job submitted so far is finished
-  void shutdown();    // finishes queued jobs, joins workers; idempotent
+  void wait_idle();  // blocks until every job submitted so far is finished
+  void shutdown();   // finishes queued jobs, joins workers; idempotent
   CopyEngineStats stats() const;
   const CopyEngineOptions& options() const { return options_; }
 

@@ -8,9 +8,12 @@ namespace mt {
 
 const char* slot_phase_name(SlotPhase p) {
   switch (p) {
-    case SlotPhase::free: return "free";
-    case SlotPhase::filling: return "filling";
-    case SlotPhase::ready: return "ready";
+    case SlotPhase::free:
+      return "free";
+    case SlotPhase::filling:
+      return "filling";
+    case SlotPhase::ready:
+      return "ready";
   }
   return "?";
 }
@@ -21,8 +24,8 @@ DeviceArena::DeviceArena(ArenaPlan plan)
       claimed_(plan_.regions.size(), 0),
       slots_(static_cast<std::size_t>(plan_.weight_slots)) {
   if (plan_.total_bytes > plan_.budget_bytes)
-    throw std::invalid_argument("device arena plan of " + std::to_string(plan_.total_bytes) + " bytes exceeds its budget of " +
-                                std::to_string(plan_.budget_bytes) + " bytes");
+    throw std::invalid_argument("device arena plan of " + std::to_string(plan_.total_bytes) +
+                                " bytes exceeds its budget of " + std::to_string(plan_.budget_bytes) + " bytes");
 }
 
 std::size_t DeviceArena::region_position(ArenaRegionKind kind, int index) const {
@@ -91,7 +94,8 @@ void DeviceArena::mark_ready(int slot) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& s = slots_[static_cast<std::size_t>(slot)];
   if (s.phase != SlotPhase::filling)
-    throw std::logic_error("weight_slot[" + std::to_string(slot) + "] is " + slot_phase_name(s.phase) + ", not filling");
+    throw std::logic_error("weight_slot[" + std::to_string(slot) + "] is " + slot_phase_name(s.phase) +
+                           ", not filling");
   s.phase = SlotPhase::ready;
 }
 
@@ -118,7 +122,8 @@ std::optional<int> DeviceArena::find_ready(std::int64_t stage, std::uint64_t min
 
 int DeviceArena::free_slot_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s.phase == SlotPhase::free; }));
+  return static_cast<int>(
+      std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s.phase == SlotPhase::free; }));
 }
 
 }  // namespace mt

@@ -25,16 +25,16 @@ const char* slot_phase_name(SlotPhase p);
 
 struct WeightSlotState {
   SlotPhase phase = SlotPhase::free;
-  std::int64_t stage = -1;     // valid unless free
-  std::uint64_t version = 0;   // the tile version being / been copied
-  std::size_t bytes = 0;       // bytes claimed (the stage's streamed size)
+  std::int64_t stage = -1;    // valid unless free
+  std::uint64_t version = 0;  // the tile version being / been copied
+  std::size_t bytes = 0;      // bytes claimed (the stage's streamed size)
 };
 
 struct ArenaUsage {
   std::size_t budget_bytes = 0;
   std::size_t capacity_bytes = 0;  // plan total (allocated)
   std::size_t in_use_bytes = 0;
-  std::size_t peak_bytes = 0;      // high-water mark of in_use_bytes since start / reset_peak()
+  std::size_t peak_bytes = 0;  // high-water mark of in_use_bytes since start / reset_peak()
 };
 
 class DeviceArena {
@@ -47,7 +47,7 @@ class DeviceArena {
   const ArenaPlan& plan() const { return plan_; }
   std::byte* base() { return buffer_.data(); }
 
-  std::byte* region_data(ArenaRegionKind kind, int index = 0);   // throws std::out_of_range
+  std::byte* region_data(ArenaRegionKind kind, int index = 0);  // throws std::out_of_range
   float* weight_slot(int slot) { return reinterpret_cast<float*>(region_data(ArenaRegionKind::weight_slot, slot)); }
   float* grad_slot(int slot) { return reinterpret_cast<float*>(region_data(ArenaRegionKind::grad_slot, slot)); }
   std::byte* workspace() { return region_data(ArenaRegionKind::workspace); }
@@ -59,10 +59,10 @@ class DeviceArena {
   // Sets the bytes in use of one region (replacing its previous claim). Throws std::length_error naming
   // the region when bytes exceed its capacity.
   void claim(ArenaRegionKind kind, int index, std::size_t bytes);
-  void release(ArenaRegionKind kind, int index);                 // claim(kind, index, 0)
+  void release(ArenaRegionKind kind, int index);  // claim(kind, index, 0)
   ArenaUsage usage() const;
   std::size_t peak_bytes() const { return usage().peak_bytes; }
-  void reset_peak();                                             // peak := bytes in use now
+  void reset_peak();  // peak := bytes in use now
 
   // --- weight slots --------------------------------------------------------------------------------
   // Picks a free slot (lowest index), marks it filling(stage, version) and claims `bytes` of it;
@@ -70,8 +70,8 @@ class DeviceArena {
   std::optional<int> begin_fill(std::int64_t stage, std::uint64_t version, std::size_t bytes);
   // The same for a chosen slot; throws std::logic_error when it is not free.
   void begin_fill_slot(int slot, std::int64_t stage, std::uint64_t version, std::size_t bytes);
-  void mark_ready(int slot);                                     // filling -> ready, else logic_error
-  void release_slot(int slot);                                   // any -> free, releases its bytes
+  void mark_ready(int slot);    // filling -> ready, else logic_error
+  void release_slot(int slot);  // any -> free, releases its bytes
   WeightSlotState slot_state(int slot) const;
   // A ready slot holding `stage` at version >= min_version, if any.
   std::optional<int> find_ready(std::int64_t stage, std::uint64_t min_version = 0) const;
@@ -84,7 +84,7 @@ class DeviceArena {
   ArenaPlan plan_;
   AlignedBuffer buffer_;
   mutable std::mutex mutex_;
-  std::vector<std::size_t> claimed_;          // per plan_.regions entry
+  std::vector<std::size_t> claimed_;  // per plan_.regions entry
   std::vector<WeightSlotState> slots_;
   std::size_t in_use_ = 0;
   std::size_t peak_ = 0;

@@ -9,7 +9,8 @@ namespace {
 
 std::size_t tile_allocation_bytes(std::size_t floats, const HostTileOptions& options) {
   const std::size_t compute = floats * options.compute_bytes_per_param;
-  return kTileRegionCount * floats * sizeof(float) + (compute + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes;
+  return kTileRegionCount * floats * sizeof(float) +
+         (compute + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes;
 }
 
 }  // namespace
@@ -17,7 +18,8 @@ std::size_t tile_allocation_bytes(std::size_t floats, const HostTileOptions& opt
 std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& options) {
   cfg.validate();
   std::size_t total = 0;
-  for (std::int64_t s = 0; s < num_stages(cfg); ++s) total += tile_allocation_bytes(stage_layout(cfg, s).total_floats, options);
+  for (std::int64_t s = 0; s < num_stages(cfg); ++s)
+    total += tile_allocation_bytes(stage_layout(cfg, s).total_floats, options);
   return total;
 }
 
@@ -41,7 +43,8 @@ HostModel::~HostModel() {
 
 HostTile& HostModel::tile(std::int64_t stage) {
   if (stage < 0 || stage >= num_stages())
-    throw std::out_of_range("stage " + std::to_string(stage) + " out of range [0, " + std::to_string(num_stages()) + ")");
+    throw std::out_of_range("stage " + std::to_string(stage) + " out of range [0, " + std::to_string(num_stages()) +
+                            ")");
   return *tiles_[static_cast<std::size_t>(stage)];
 }
 
@@ -58,7 +61,9 @@ std::size_t HostModel::host_bytes() const {
   return total;
 }
 
-std::size_t HostModel::largest_stage_floats() const { return tiles_[static_cast<std::size_t>(largest_stage())]->floats(); }
+std::size_t HostModel::largest_stage_floats() const {
+  return tiles_[static_cast<std::size_t>(largest_stage())]->floats();
+}
 
 std::int64_t HostModel::largest_stage() const {
   std::int64_t best = 0;

@@ -29,20 +29,19 @@ class HostModel {
  public:
   // Allocates every tile (and pins each one through `pinning` when given; the hook must outlive the
   // model). Throws std::invalid_argument for an invalid config, std::runtime_error when memory is short.
-  explicit HostModel(const ModelConfig& cfg, const HostTileOptions& options = {},
-                     HostPinningHook* pinning = nullptr);
+  explicit HostModel(const ModelConfig& cfg, const HostTileOptions& options = {}, HostPinningHook* pinning = nullptr);
   ~HostModel();
   HostModel(const HostModel&) = delete;
   HostModel& operator=(const HostModel&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   std::int64_t num_stages() const { return static_cast<std::int64_t>(tiles_.size()); }
-  HostTile& tile(std::int64_t stage);                       // throws std::out_of_range
+  HostTile& tile(std::int64_t stage);  // throws std::out_of_range
   const HostTile& tile(std::int64_t stage) const;
-  const ParamLayout& layout(std::int64_t stage) const;      // names and offsets inside each region
+  const ParamLayout& layout(std::int64_t stage) const;  // names and offsets inside each region
 
-  std::size_t host_bytes() const;                           // sum of every tile's allocation
-  std::size_t largest_stage_floats() const;                 // what a device weight slot must hold
+  std::size_t host_bytes() const;            // sum of every tile's allocation
+  std::size_t largest_stage_floats() const;  // what a device weight slot must hold
   std::int64_t largest_stage() const;
 
   // abort_waits() on every tile (engine shutdown).

@@ -9,10 +9,14 @@ namespace mt {
 
 const char* tile_region_name(TileRegion r) {
   switch (r) {
-    case TileRegion::params: return "params";
-    case TileRegion::grad: return "grad";
-    case TileRegion::adam_m: return "adam_m";
-    case TileRegion::adam_v: return "adam_v";
+    case TileRegion::params:
+      return "params";
+    case TileRegion::grad:
+      return "grad";
+    case TileRegion::adam_m:
+      return "adam_m";
+    case TileRegion::adam_v:
+      return "adam_v";
   }
   return "?";
 }
@@ -30,8 +34,8 @@ std::size_t tile_bytes(std::size_t floats, std::size_t compute_bytes) {
 HostTile::HostTile(std::int64_t stage, std::size_t floats_per_region, const HostTileOptions& options)
     : stage_(stage), floats_(floats_per_region), compute_bytes_(floats_per_region * options.compute_bytes_per_param) {
   if (floats_ % kAlignFloats != 0)
-    throw std::invalid_argument("HostTile: floats_per_region " + std::to_string(floats_) +
-                                " is not a multiple of " + std::to_string(kAlignFloats));
+    throw std::invalid_argument("HostTile: floats_per_region " + std::to_string(floats_) + " is not a multiple of " +
+                                std::to_string(kAlignFloats));
   const std::string what = "host tile of stage " + std::to_string(stage);
   buffer_ = AlignedBuffer(tile_bytes(floats_, compute_bytes_), what.c_str(), options.zero_fill);
 }

@@ -42,9 +42,9 @@ class HostTile {
   HostTile& operator=(const HostTile&) = delete;
 
   std::int64_t stage() const { return stage_; }
-  std::size_t floats() const { return floats_; }            // elements per fp32 region
+  std::size_t floats() const { return floats_; }  // elements per fp32 region
   std::size_t region_bytes() const { return floats_ * sizeof(float); }
-  std::size_t bytes() const { return buffer_.bytes(); }     // the whole allocation
+  std::size_t bytes() const { return buffer_.bytes(); }  // the whole allocation
 
   float* region(TileRegion r);
   const float* region(TileRegion r) const;
@@ -57,7 +57,7 @@ class HostTile {
 
   // The bytes a device slot receives: the compute copy when there is one, else params.
   bool has_compute_copy() const { return compute_bytes_ > 0; }
-  void* compute_copy();                                     // nullptr without one
+  void* compute_copy();  // nullptr without one
   std::size_t compute_copy_bytes() const { return compute_bytes_; }
   const void* stream_source() const;
   std::size_t stream_bytes() const;
@@ -71,7 +71,7 @@ class HostTile {
   // Publishes a new version (release: everything written to the tile before is visible to a reader
   // that observes it) and wakes waiters. Versions only grow; a smaller value throws std::logic_error.
   void publish_version(std::uint64_t v);
-  std::uint64_t bump_version();                             // publish_version(version() + 1); returns it
+  std::uint64_t bump_version();  // publish_version(version() + 1); returns it
   // Blocks until version() >= v. Returns false when abort_waits() was called first.
   bool wait_for_version(std::uint64_t v) const;
   // As above with a timeout: false on timeout or abort.

@@ -76,7 +76,8 @@ inline std::vector<data::Batch> tiny_batches(const Tiny& t, std::size_t count, s
     b.batch_size = static_cast<int>(t.batch);
     b.seq_len = static_cast<int>(t.seq);
     const std::size_t n = static_cast<std::size_t>(t.batch * t.seq);
-    for (std::size_t k = 0; k < n; ++k) b.inputs.push_back(static_cast<std::int32_t>(next() % static_cast<std::uint64_t>(t.vocab)));
+    for (std::size_t k = 0; k < n; ++k)
+      b.inputs.push_back(static_cast<std::int32_t>(next() % static_cast<std::uint64_t>(t.vocab)));
     for (std::size_t k = 0; k < n; ++k) {
       const bool ignore = next() % 11 == 0;
       b.targets.push_back(ignore ? -100 : static_cast<std::int32_t>((b.inputs[k] * 7 + 3) % t.vocab));
@@ -142,13 +143,15 @@ inline EngineRun run_pipeline(const TrainConfig& cfg, const ModelConfig& model, 
 }
 
 // Bytes of stage s's params / moments equal between the engine's tiles and the reference's.
-inline bool same_bits(const float* a, const float* b, std::size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+inline bool same_bits(const float* a, const float* b, std::size_t n) {
+  return std::memcmp(a, b, n * sizeof(float)) == 0;
+}
 
 inline bool tiles_equal(HostModel& a, HostModel& b) {
   for (std::int64_t s = 0; s < a.num_stages(); ++s) {
     const std::size_t n = a.tile(s).floats();
-    if (!same_bits(a.tile(s).params(), b.tile(s).params(), n) || !same_bits(a.tile(s).adam_m(), b.tile(s).adam_m(), n) ||
-        !same_bits(a.tile(s).adam_v(), b.tile(s).adam_v(), n))
+    if (!same_bits(a.tile(s).params(), b.tile(s).params(), n) ||
+        !same_bits(a.tile(s).adam_m(), b.tile(s).adam_m(), n) || !same_bits(a.tile(s).adam_v(), b.tile(s).adam_v(), n))
       return false;
   }
   return true;

@@ -9,8 +9,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <mutex>
-#include <thread>
 #include <set>
+#include <thread>
 
 #include "actors/run_state.hpp"
 #include "engine_fixture.hpp"
@@ -70,8 +70,8 @@ struct Run {
 
 // Trains cfg (first_step from a checkpoint when resume_dir is set) with checkpoints under `root`.
 Run train(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
-          const std::string& root, std::int64_t save_steps, std::int64_t stop_after = -1, const fs::path& resume_dir = {},
-          const std::function<void(CheckpointJob&)>& tweak = {}) {
+          const std::string& root, std::int64_t save_steps, std::int64_t stop_after = -1,
+          const fs::path& resume_dir = {}, const std::function<void(CheckpointJob&)>& tweak = {}) {
   Run r;
   r.host = std::make_unique<HostModel>(model);
   init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
@@ -99,7 +99,8 @@ bool same_checkpoint_stage(const fs::path& a, const fs::path& b, const ModelConf
     std::vector<float> pa(n), ma(n), va(n), pb(n), mb(n), vb(n);
     ra.read_stage(s, pa.data(), ma.data(), va.data());
     rb.read_stage(s, pb.data(), mb.data(), vb.data());
-    if (!same_bits(pa.data(), pb.data(), n) || !same_bits(ma.data(), mb.data(), n) || !same_bits(va.data(), vb.data(), n))
+    if (!same_bits(pa.data(), pb.data(), n) || !same_bits(ma.data(), mb.data(), n) ||
+        !same_bits(va.data(), vb.data(), n))
       return false;
   }
   return true;

@@ -78,8 +78,8 @@ std::string model_args() {
 std::string train_args(const fs::path& out, const fs::path& shard) {
   return "--data.seq_length=16 --data.train_files=" + shard.string() +
          " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 --train.warmup_steps=2 "
-         "--train.learning_rate=0.01 --train.output_dir=" + out.string() +
-         " --device.device_memory_mb=16 --threads.total=2";
+         "--train.learning_rate=0.01 --train.output_dir=" +
+         out.string() + " --device.device_memory_mb=16 --threads.total=2";
 }
 
 std::string tiny_args(const fs::path& out, const fs::path& shard) { return model_args() + train_args(out, shard); }
@@ -170,7 +170,8 @@ TEST_CASE("megatrain train: 10 steps + resume + 10 steps equals 20 steps bit for
   INFO(b1.out);
   REQUIRE(b1.code == 0);
   CHECK(fs::is_directory(dir.path / "b" / "step-00000010"));
-  const Outcome b2 = run(tiny_args(dir.path / "b", shard) + " --train.max_steps=20 --train.resume_from_checkpoint=latest");
+  const Outcome b2 =
+      run(tiny_args(dir.path / "b", shard) + " --train.max_steps=20 --train.resume_from_checkpoint=latest");
   INFO(b2.out);
   REQUIRE(b2.code == 0);
   CHECK_THAT(b2.out, Catch::Contains("resumed from") && Catch::Contains("step-00000010 at step 10"));
@@ -212,7 +213,8 @@ TEST_CASE("megatrain train: kill -9 during a checkpoint write resumes from the p
   REQUIRE(in_write);
   CHECK(slurp(out / "latest") == "step-00000004\n");
   CHECK(!fs::exists(out / "step-00000008"));
-  const Outcome r = run(tiny_args(out, shard) + " --train.max_steps=12 --train.save_steps=4 --train.resume_from_checkpoint=latest");
+  const Outcome r =
+      run(tiny_args(out, shard) + " --train.max_steps=12 --train.save_steps=4 --train.resume_from_checkpoint=latest");
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("step-00000004 at step 4"));
@@ -223,12 +225,13 @@ TEST_CASE("megatrain train: kill -9 during a checkpoint write resumes from the p
   for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
 }
 
-TEST_CASE("megatrain train: a damaged checkpoint is refused naming the file; previous_good falls back",
+TEST_CASE("megatrain train: a damaged checkpoint is refused naming the file, previous_good falls back",
           "[actors][checkpoint][node]") {
   TempDir dir("damage");
   const fs::path shard = make_shard(dir.path, 8192);
   const fs::path out = dir.path / "out";
-  const Outcome a = run(tiny_args(out, shard) + " --train.max_steps=10 --train.save_steps=5 --train.save_total_limit=0");
+  const Outcome a =
+      run(tiny_args(out, shard) + " --train.max_steps=10 --train.save_steps=5 --train.save_total_limit=0");
   INFO(a.out);
   REQUIRE(a.code == 0);
   const fs::path victim = out / "step-00000010" / "shard-00000.h5";
@@ -257,7 +260,7 @@ TEST_CASE("megatrain train: a damaged checkpoint is refused naming the file; pre
   CHECK_THAT(fb.out, Catch::Contains("step     6 | loss"));
 }
 
-TEST_CASE("megatrain train: SIGTERM writes a final checkpoint and exits 0; SIGUSR1 checkpoints at the next step",
+TEST_CASE("megatrain train: SIGTERM writes a final checkpoint and exits 0, SIGUSR1 checkpoints at the next step",
           "[actors][checkpoint][node]") {
   TempDir dir("sig");
   const fs::path shard = make_shard(dir.path, 65536);
@@ -287,8 +290,8 @@ TEST_CASE("megatrain train: Hugging Face weights in (model_name_or_path) and out
           "[actors][checkpoint][node]") {
   TempDir dir("hf");
   const fs::path shard = make_shard(dir.path, 8192);
-  const Outcome a = run(tiny_args(dir.path / "a", shard) + " --train.max_steps=3 --train.export_hf_dir=" +
-                        (dir.path / "hf1").string());
+  const Outcome a = run(tiny_args(dir.path / "a", shard) +
+                        " --train.max_steps=3 --train.export_hf_dir=" + (dir.path / "hf1").string());
   INFO(a.out);
   REQUIRE(a.code == 0);
   REQUIRE(fs::is_regular_file(dir.path / "hf1" / "config.json"));
@@ -303,8 +306,9 @@ TEST_CASE("megatrain train: Hugging Face weights in (model_name_or_path) and out
     CHECK(std::memcmp(p.data(), host.tile(s).params(), n * sizeof(float)) == 0);
   }
   // A fine-tuning run from the exported directory (config and weights from it; no model keys).
-  const Outcome b = run(train_args(dir.path / "b", shard) + " --model.model_name_or_path=" + (dir.path / "hf1").string() +
-                        " --train.max_steps=2 --train.export_hf_dir=" + (dir.path / "hf2").string());
+  const Outcome b =
+      run(train_args(dir.path / "b", shard) + " --model.model_name_or_path=" + (dir.path / "hf1").string() +
+          " --train.max_steps=2 --train.export_hf_dir=" + (dir.path / "hf2").string());
   INFO(b.out);
   REQUIRE(b.code == 0);
   CHECK_THAT(b.out, Catch::Contains("initial weights from"));

@@ -17,8 +17,8 @@ void check_equivalence(const Tiny& t) {
   const auto batches = tiny_batches(t, 16);
   RefRun ref = run_reference(cfg, model, batches, t.steps);
   EngineRun eng = run_pipeline(cfg, model, batches);
-  INFO("arch " << arch_name(t.arch) << " K=" << t.weight_slots << " M=" << t.micro_batches << " clip=" << t.max_grad_norm
-               << " keep=" << t.keep);
+  INFO("arch " << arch_name(t.arch) << " K=" << t.weight_slots << " M=" << t.micro_batches
+               << " clip=" << t.max_grad_norm << " keep=" << t.keep);
   REQUIRE(eng.result.error.empty());
   REQUIRE(eng.result.steps_done == t.steps);
   REQUIRE(eng.result.steps.size() == static_cast<std::size_t>(t.steps));

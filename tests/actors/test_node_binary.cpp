@@ -64,9 +64,11 @@ fs::path make_shard(const fs::path& dir, std::size_t tokens) {
 std::string tiny_args(const fs::path& dir, const fs::path& shard) {
   return "--model.arch=llama --model.hidden_size=32 --model.layers=2 --model.heads=4 --model.kv_heads=2 "
          "--model.intermediate_size=64 --model.vocab_size=64 --model.max_position_embeddings=64 "
-         "--data.seq_length=16 --data.train_files=" + shard.string() + " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 "
-         "--train.warmup_steps=0 --train.output_dir=" + (dir / "out").string() +
-         " --device.device_memory_mb=16 --threads.total=2";
+         "--data.seq_length=16 --data.train_files=" +
+         shard.string() +
+         " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 "
+         "--train.warmup_steps=0 --train.output_dir=" +
+         (dir / "out").string() + " --device.device_memory_mb=16 --threads.total=2";
 }
 
 }  // namespace
@@ -166,8 +168,10 @@ TEST_CASE("megatrain train: SIGINT stops cleanly after the step in progress", "[
   int status = 0;
   bool exited = false;
   for (int i = 0; i < 1000 && !exited; ++i) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) exited = true;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      exited = true;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (!exited) {
     ::kill(pid, SIGKILL);

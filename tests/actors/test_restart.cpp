@@ -56,10 +56,10 @@ TEST_CASE("restart: prefetcher crash mid-step", "[actors][restart]") {
 }
 
 TEST_CASE("restart: compute crash mid-step", "[actors][restart]") {
-  check_restart(base(), Role::compute, 3, 1, 2, Phase::backward);   // mid-backward
-  check_restart(base(), Role::compute, 3, 0, 2, Phase::forward);    // mid-forward
+  check_restart(base(), Role::compute, 3, 1, 2, Phase::backward);  // mid-backward
+  check_restart(base(), Role::compute, 3, 0, 2, Phase::forward);   // mid-forward
   Tiny g = base();
-  g.arch = Arch::gpt2;                                              // tied embeddings: stage 0 staging held
+  g.arch = Arch::gpt2;  // tied embeddings: stage 0 staging held
   check_restart(g, Role::compute, 2, 1, 0, Phase::backward);
   check_restart(g, Role::compute, 2, 1, g.layers + 1, Phase::head);
 }

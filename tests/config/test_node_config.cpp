@@ -28,7 +28,8 @@ std::vector<std::string> with_data(const test::TempDir& dir, std::vector<std::st
   return args;
 }
 
-NodeConfigLoad load_text(NodeConfig& cfg, const test::TempDir& dir, const std::string& ini, std::vector<std::string> args = {}) {
+NodeConfigLoad load_text(NodeConfig& cfg, const test::TempDir& dir, const std::string& ini,
+                         std::vector<std::string> args = {}) {
   return cfg.load(with_data(dir, std::move(args)), ini);
 }
 
@@ -37,17 +38,18 @@ NodeConfigLoad load_text(NodeConfig& cfg, const test::TempDir& dir, const std::s
 TEST_CASE("the demo config loads, and the command line overrides it", "[node_config]") {
   test::TempDir dir;
   NodeConfig cfg;
-  const auto r = cfg.load(with_data(dir, {"--config-file=" + kDemoIni, "--train.max_steps=70", "--device.device_memory_mb=32"}));
+  const auto r =
+      cfg.load(with_data(dir, {"--config-file=" + kDemoIni, "--train.max_steps=70", "--device.device_memory_mb=32"}));
   INFO(r.error);
   REQUIRE(r.outcome == NodeConfigLoad::Outcome::run);
   CHECK(r.exit_code() == 0);
   CHECK(cfg.config_file == kDemoIni);
   const TrainConfig& v = cfg.values;
-  CHECK(v.train.max_steps == 70);                 // command line
-  CHECK(v.device.device_memory_mb == 32);         // command line
-  CHECK(v.train.learning_rate == 1e-3);           // file
-  CHECK(v.train.warmup_steps == 30);              // file
-  CHECK(v.train.lr_scheduler_type == "cosine");   // file
+  CHECK(v.train.max_steps == 70);                // command line
+  CHECK(v.device.device_memory_mb == 32);        // command line
+  CHECK(v.train.learning_rate == 1e-3);          // file
+  CHECK(v.train.warmup_steps == 30);             // file
+  CHECK(v.train.lr_scheduler_type == "cosine");  // file
   CHECK(v.model.kv_heads == 2);
   CHECK(v.data.seq_length == 128);
   CHECK(v.threads.total == 2);
@@ -58,17 +60,50 @@ TEST_CASE("the demo config loads, and the command line overrides it", "[node_con
 TEST_CASE("every key is registered under its section", "[node_config]") {
   NodeConfig cfg;
   const auto keys = cfg.registered_keys();
-  for (const char* k : {"train.output_dir", "train.per_device_train_batch_size", "train.gradient_accumulation_steps",
-                        "train.learning_rate", "train.weight_decay", "train.warmup_steps", "train.max_steps",
-                        "train.max_grad_norm", "train.seed", "train.offload_dir", "train.optimizer_compression",
-                        "train.lr_scheduler_type", "train.adam_beta1", "train.adam_beta2", "train.adam_epsilon",
-                        "device.max_vram_gb", "device.device_memory_mb", "device.weight_slots", "device.keep_intermediates",
-                        "device.copy_bandwidth_gbps", "threads.total", "threads.blas", "threads.optimizer", "threads.copy",
-                        "threads.scheduler", "data.train_files", "data.seq_length", "model.config_file", "model.arch",
-                        "model.hidden_size", "model.layers", "model.heads", "model.kv_heads", "model.intermediate_size",
-                        "model.vocab_size", "model.max_position_embeddings", "model.rope_theta", "model.tie_word_embeddings",
-                        "log.train_jsonl", "log.events_jsonl", "train.resume_fallback", "train.save_minutes",
-                        "train.stop_after_steps", "train.export_hf_dir"}) {
+  for (const char* k : {"train.output_dir",
+                        "train.per_device_train_batch_size",
+                        "train.gradient_accumulation_steps",
+                        "train.learning_rate",
+                        "train.weight_decay",
+                        "train.warmup_steps",
+                        "train.max_steps",
+                        "train.max_grad_norm",
+                        "train.seed",
+                        "train.offload_dir",
+                        "train.optimizer_compression",
+                        "train.lr_scheduler_type",
+                        "train.adam_beta1",
+                        "train.adam_beta2",
+                        "train.adam_epsilon",
+                        "device.max_vram_gb",
+                        "device.device_memory_mb",
+                        "device.weight_slots",
+                        "device.keep_intermediates",
+                        "device.copy_bandwidth_gbps",
+                        "threads.total",
+                        "threads.blas",
+                        "threads.optimizer",
+                        "threads.copy",
+                        "threads.scheduler",
+                        "data.train_files",
+                        "data.seq_length",
+                        "model.config_file",
+                        "model.arch",
+                        "model.hidden_size",
+                        "model.layers",
+                        "model.heads",
+                        "model.kv_heads",
+                        "model.intermediate_size",
+                        "model.vocab_size",
+                        "model.max_position_embeddings",
+                        "model.rope_theta",
+                        "model.tie_word_embeddings",
+                        "log.train_jsonl",
+                        "log.events_jsonl",
+                        "train.resume_fallback",
+                        "train.save_minutes",
+                        "train.stop_after_steps",
+                        "train.export_hf_dir"}) {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
@@ -81,7 +116,8 @@ TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_
   const auto r = load_text(cfg, dir, "[train]\nlearning_rat = 1e-3\n");
   CHECK(r.outcome == NodeConfigLoad::Outcome::exit_failure);
   CHECK(r.exit_code() == 1);
-  CHECK_THAT(r.error, Catch::Contains("unknown key 'train.learning_rat'") && Catch::Contains("did you mean 'train.learning_rate'"));
+  CHECK_THAT(r.error, Catch::Contains("unknown key 'train.learning_rat'") &&
+                          Catch::Contains("did you mean 'train.learning_rate'"));
 }
 
 TEST_CASE("an unknown INI section is an error", "[node_config]") {
@@ -101,7 +137,8 @@ TEST_CASE("a value of the wrong type in an INI file is an error naming the key",
     const char* ini;
     const char* key;
   };
-  for (const Case& c : {Case{"[train]\nmax_steps = \"ten\"\n", "train.max_steps"}, Case{"[train]\nmax_steps = 1.5\n", "train.max_steps"},
+  for (const Case& c : {Case{"[train]\nmax_steps = \"ten\"\n", "train.max_steps"},
+                        Case{"[train]\nmax_steps = 1.5\n", "train.max_steps"},
                         Case{"[model]\ntie_word_embeddings = 1\n", "model.tie_word_embeddings"},
                         Case{"[train]\nlearning_rate = \"fast\"\n", "train.learning_rate"},
                         Case{"[train]\noutput_dir = 5\n", "train.output_dir"}}) {
@@ -126,7 +163,8 @@ TEST_CASE("an integer is accepted where a real is declared", "[node_config]") {
 TEST_CASE("unknown options and bad values on the command line are errors", "[node_config]") {
   test::TempDir dir;
   NodeConfig a;
-  CHECK_THAT(load_text(a, dir, "", {"--train.bogus=1"}).error, Catch::Contains("unknown option") && Catch::Contains("--train.bogus=1"));
+  CHECK_THAT(load_text(a, dir, "", {"--train.bogus=1"}).error,
+             Catch::Contains("unknown option") && Catch::Contains("--train.bogus=1"));
   NodeConfig b;
   const auto r = load_text(b, dir, "", {"--train.max_steps=abc"});
   CHECK(r.outcome == NodeConfigLoad::Outcome::exit_failure);
@@ -159,7 +197,8 @@ TEST_CASE("a missing or malformed config file is an error naming it", "[node_con
 TEST_CASE("help and dump-config exit successfully without validating", "[node_config]") {
   NodeConfig a;
   CHECK(a.load({"--help"}).outcome == NodeConfigLoad::Outcome::exit_success);
-  CHECK_THAT(a.help_text("node"), Catch::Contains("--train.learning_rate=<") && Catch::Contains("peak learning rate (now 0.0003)"));
+  CHECK_THAT(a.help_text("node"),
+             Catch::Contains("--train.learning_rate=<") && Catch::Contains("peak learning rate (now 0.0003)"));
   NodeConfig b;
   const auto r = b.load({"--config-file=" + kDemoIni, "--dump-config"});
   INFO(r.error);
@@ -170,7 +209,9 @@ TEST_CASE("help and dump-config exit successfully without validating", "[node_co
 TEST_CASE("dump-config prints every key at full precision, and reads back to the same values", "[node_config]") {
   test::TempDir dir;
   NodeConfig first;
-  REQUIRE(first.load(with_data(dir, {"--config-file=" + kDemoIni, "--train.adam_epsilon=1e-12", "--train.offload_dir=\"a \\\"q\\\" b\""}))
+  REQUIRE(first
+              .load(with_data(dir, {"--config-file=" + kDemoIni, "--train.adam_epsilon=1e-12",
+                                    "--train.offload_dir=\"a \\\"q\\\" b\""}))
               .outcome == NodeConfigLoad::Outcome::run);
   const std::string dumped = first.dump_ini();
   CHECK_THAT(dumped, Catch::Contains("[train]") && Catch::Contains("adam_epsilon = 1e-12") &&

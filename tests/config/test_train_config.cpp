@@ -45,11 +45,15 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
   };
   const Case cases[] = {
       {"train.output_dir: must not be empty", [](TrainConfig& c) { c.train.output_dir = ""; }},
-      {"train.per_device_train_batch_size: must be >= 1, got 0", [](TrainConfig& c) { c.train.per_device_train_batch_size = 0; }},
-      {"train.gradient_accumulation_steps: must be >= 1, got -2", [](TrainConfig& c) { c.train.gradient_accumulation_steps = -2; }},
+      {"train.per_device_train_batch_size: must be >= 1, got 0",
+       [](TrainConfig& c) { c.train.per_device_train_batch_size = 0; }},
+      {"train.gradient_accumulation_steps: must be >= 1, got -2",
+       [](TrainConfig& c) { c.train.gradient_accumulation_steps = -2; }},
       {"train.max_steps: must be >= 1", [](TrainConfig& c) { c.train.max_steps = 0; }},
-      {"train.learning_rate: must be a finite number > 0, got -0.1", [](TrainConfig& c) { c.train.learning_rate = -0.1; }},
-      {"train.learning_rate: must be a finite number > 0, got nan", [](TrainConfig& c) { c.train.learning_rate = std::nan(""); }},
+      {"train.learning_rate: must be a finite number > 0, got -0.1",
+       [](TrainConfig& c) { c.train.learning_rate = -0.1; }},
+      {"train.learning_rate: must be a finite number > 0, got nan",
+       [](TrainConfig& c) { c.train.learning_rate = std::nan(""); }},
       {"train.lr_scheduler_type: 'cosine_with_restarts' is not one of: constant, linear, cosine",
        [](TrainConfig& c) { c.train.lr_scheduler_type = "cosine_with_restarts"; }},
       {"train.warmup_steps: must be <= 100, got 101", [](TrainConfig& c) { c.train.warmup_steps = 101; }},
@@ -64,7 +68,8 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"train.optimizer_compression: 'zstd' is not one of: none, lossless, int8",
        [](TrainConfig& c) { c.train.optimizer_compression = "zstd"; }},
       {"train.save_steps: must be >= 0", [](TrainConfig& c) { c.train.save_steps = -1; }},
-      {"model.config_file: set either", [](TrainConfig& c) { c.model.config_file = "a", c.model.model_name_or_path = "b"; }},
+      {"model.config_file: set either",
+       [](TrainConfig& c) { c.model.config_file = "a", c.model.model_name_or_path = "b"; }},
       {"model.hidden_size: must be >= 1, got 0", [](TrainConfig& c) { c.model.hidden_size = 0; }},
       {"model.layers: must be >= 1", [](TrainConfig& c) { c.model.layers = 0; }},
       {"model.vocab_size: must be >= 1", [](TrainConfig& c) { c.model.vocab_size = -1; }},
@@ -73,7 +78,8 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"model: model config: num_attention_heads (6) is not a multiple of num_key_value_heads (4)",
        [](TrainConfig& c) { c.model.kv_heads = 4; }},
       {"model.rope_theta: must be a finite number > 0", [](TrainConfig& c) { c.model.rope_theta = 0; }},
-      {"data.seq_length: 2048 exceeds model.max_position_embeddings=1024", [](TrainConfig& c) { c.data.seq_length = 2048; }},
+      {"data.seq_length: 2048 exceeds model.max_position_embeddings=1024",
+       [](TrainConfig& c) { c.data.seq_length = 2048; }},
       {"data.seq_length: must be >= 1", [](TrainConfig& c) { c.data.seq_length = 0; }},
       {"device.backend: 'tpu' is not one of: cpu, cuda", [](TrainConfig& c) { c.device.backend = "tpu"; }},
       {"device.max_vram_gb: set either", [](TrainConfig& c) { c.device.max_vram_gb = 8; }},
@@ -83,7 +89,8 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"device.grad_slots: must be >= 1", [](TrainConfig& c) { c.device.grad_slots = 0; }},
       {"device.keep_intermediates: 'some' is not one of: boundary, boundary_host, all",
        [](TrainConfig& c) { c.device.keep_intermediates = "some"; }},
-      {"device.copy_bandwidth_gbps: must be a finite number >= 0", [](TrainConfig& c) { c.device.copy_bandwidth_gbps = -1; }},
+      {"device.copy_bandwidth_gbps: must be a finite number >= 0",
+       [](TrainConfig& c) { c.device.copy_bandwidth_gbps = -1; }},
       {"device.prefetch_depth: must be <= 1, got 2", [](TrainConfig& c) { c.device.prefetch_depth = 2; }},
       {"threads.total: must be >= 0", [](TrainConfig& c) { c.threads.total = -1; }},
       {"threads.copy: must be <= 2", [](TrainConfig& c) { c.threads.copy = 3; }},
@@ -106,8 +113,10 @@ TEST_CASE("missing files are reported with the key and the path", "[config]") {
     std::function<void(TrainConfig&)> spoil;
   };
   const Case cases[] = {
-      {"data.train_files: no file matches '/nonexistent/*.bin'", [](TrainConfig& c) { c.data.train_files = "/nonexistent/*.bin"; }},
-      {"data.validation_files: no file matches", [](TrainConfig& c) { c.data.validation_files = "/nonexistent/val*.bin"; }},
+      {"data.train_files: no file matches '/nonexistent/*.bin'",
+       [](TrainConfig& c) { c.data.train_files = "/nonexistent/*.bin"; }},
+      {"data.validation_files: no file matches",
+       [](TrainConfig& c) { c.data.validation_files = "/nonexistent/val*.bin"; }},
       {"data.tokenizer_file: file '/nonexistent/tokenizer.json' does not exist",
        [](TrainConfig& c) { c.data.tokenizer_file = "/nonexistent/tokenizer.json"; }},
       {"model.config_file: '/nonexistent' is neither", [](TrainConfig& c) { c.model.config_file = "/nonexistent"; }},
@@ -127,7 +136,7 @@ TEST_CASE("missing files are reported with the key and the path", "[config]") {
   CHECK_THAT(error_of(c), Catch::Contains("train.output_dir") && Catch::Contains("is not a directory"));
   c = valid_config(dir);
   c.model.config_file = dir.file("config.json", "{}");
-  CHECK(error_of(c).empty());  // reading it is storage/hf's job
+  CHECK(error_of(c).empty());        // reading it is storage/hf's job
   c.model.config_file = dir.path();  // a directory holding config.json
   CHECK(error_of(c).empty());
   c.train.resume_from_checkpoint = "latest";

@@ -68,14 +68,16 @@ TEST_CASE("text files to shards: exact ids, end-of-text separators, same bytes f
   std::string out;
   for (int t : {1, 2}) {
     const std::string dir = d / ("t" + std::to_string(t));
-    const int rc = run(kTool + " shards --tokenizer " + shared("gpt2-bpe") + " --out " + dir + " --threads " +
-                           std::to_string(t) + " --chunk-bytes 50000 --shard-tokens 300000 --no-progress " + a + " " + m,
-                       &out);
+    const int rc =
+        run(kTool + " shards --tokenizer " + shared("gpt2-bpe") + " --out " + dir + " --threads " + std::to_string(t) +
+                " --chunk-bytes 50000 --shard-tokens 300000 --no-progress " + a + " " + m,
+            &out);
     INFO(out);
     REQUIRE(rc == 0);
     CHECK(out.find("2 documents") != std::string::npos);
   }
-  CHECK(ls(d / "t1") == "dataset.json\ntrain_000000.bin\ntrain_000001.bin\ntrain_000002.bin\ntrain_000003.bin\ntrain_000004.bin\n");
+  CHECK(ls(d / "t1") ==
+        "dataset.json\ntrain_000000.bin\ntrain_000001.bin\ntrain_000002.bin\ntrain_000003.bin\ntrain_000004.bin\n");
   {  // a rerun into the same directory with fewer shards leaves no stale ones behind
     spit(d / "t1/notes.txt", "kept");
     BuildOptions o;
@@ -107,7 +109,8 @@ TEST_CASE("reading in small blocks gives the same shards (streaming large files)
   TempDir d;
   std::string jsonl;
   const std::string text = slurp(shared("corpus/mobydick.txt")).substr(0, 300000);
-  for (std::size_t p = 0; p < text.size(); p += 1000) jsonl += nlohmann::json{{"text", text.substr(p, 1000)}}.dump() + "\n";
+  for (std::size_t p = 0; p < text.size(); p += 1000)
+    jsonl += nlohmann::json{{"text", text.substr(p, 1000)}}.dump() + "\n";
   spit(d / "m.jsonl", jsonl);
   for (InputFormat fmt : {InputFormat::Text, InputFormat::Jsonl}) {
     BuildOptions big, small;
@@ -140,20 +143,26 @@ TEST_CASE("reading in small blocks gives the same shards (streaming large files)
   const std::string before = bad.substr(0, 150000);
   const std::size_t line = 1 + std::size_t(std::count(before.begin(), before.end(), '\n'));
   const std::size_t col = 150000 - before.rfind('\n');
-  CHECK_THROWS_WITH(build_shards(gpt2(), o), Catch::Contains("bad.txt:" + std::to_string(line) + ":" + std::to_string(col) +
-                                                           " (byte offset 150000): invalid UTF-8"));
+  CHECK_THROWS_WITH(build_shards(gpt2(), o),
+                    Catch::Contains("bad.txt:" + std::to_string(line) + ":" + std::to_string(col) +
+                                    " (byte offset 150000): invalid UTF-8"));
 }
 
 TEST_CASE("JSONL with a text field, validation split, loader reads the shards", "[tool]") {
   TempDir d;
   std::string jsonl;
   for (int i = 0; i < 200; ++i)
-    jsonl += nlohmann::json{{"id", i}, {"body", "Document number " + std::to_string(i) + ". It is a truth universally acknowledged."}}.dump() + "\n";
+    jsonl +=
+        nlohmann::json{{"id", i},
+                       {"body", "Document number " + std::to_string(i) + ". It is a truth universally acknowledged."}}
+            .dump() +
+        "\n";
   spit(d / "docs.jsonl", jsonl);
   std::string out;
-  const int rc = run(kTool + " shards --tokenizer " + shared("gpt2-bpe") + " --out " + (d / "o") +
-                         " --format jsonl --text-field body --val-fraction 0.1 --seed 7 --no-progress " + (d / "docs.jsonl"),
-                     &out);
+  const int rc =
+      run(kTool + " shards --tokenizer " + shared("gpt2-bpe") + " --out " + (d / "o") +
+              " --format jsonl --text-field body --val-fraction 0.1 --seed 7 --no-progress " + (d / "docs.jsonl"),
+          &out);
   INFO(out);
   REQUIRE(rc == 0);
   const auto meta = nlohmann::json::parse(slurp(d / "o/dataset.json"));
@@ -176,11 +185,13 @@ TEST_CASE("JSONL with a text field, validation split, loader reads the shards", 
 
 TEST_CASE("instruction records: template rendering and prompt tokens masked out of the loss", "[tool]") {
   TempDir d;
-  spit(d / "sft.jsonl",
-       R"({"instruction": "Name the heroine of Emma.", "input": "", "output": "Emma Woodhouse."})" "\n"
-       R"({"instruction": "Translate", "input": "bonjour", "output": "hello"})" "\n"
-       "\n"
-       R"({"prompt": "Who wrote Persuasion?", "response": "Jane Austen."})" "\n");
+  spit(d / "sft.jsonl", R"({"instruction": "Name the heroine of Emma.", "input": "", "output": "Emma Woodhouse."})"
+                        "\n"
+                        R"({"instruction": "Translate", "input": "bonjour", "output": "hello"})"
+                        "\n"
+                        "\n"
+                        R"({"prompt": "Who wrote Persuasion?", "response": "Jane Austen."})"
+                        "\n");
   std::string out;
   const int rc = run(kTool + " shards --tokenizer " + shared("gpt2-bpe") + " --out " + (d / "o") +
                          " --format instruct --no-progress " + (d / "sft.jsonl"),
@@ -232,7 +243,8 @@ TEST_CASE("bad input: clear errors naming file and line, and no shard left behin
   CHECK(run(base + "--out " + (d / "o2") + " --format jsonl " + (d / "broken.jsonl"), &out) == 1);
   CHECK_THAT(out, Catch::Contains("broken.jsonl:3: not valid JSON"));
   // A good text file first (committed in several shards), then a bad one: everything is removed.
-  CHECK(run(base + "--out " + (d / "o3") + " --shard-tokens 100000 " + (d / "good.txt") + " " + (d / "utf8.txt"), &out) == 1);
+  CHECK(run(base + "--out " + (d / "o3") + " --shard-tokens 100000 " + (d / "good.txt") + " " + (d / "utf8.txt"),
+            &out) == 1);
   CHECK_THAT(out, Catch::Contains("utf8.txt:2:6 (byte offset 14): invalid UTF-8"));
   CHECK(ls(d / "o3") == "");
   CHECK(run(base + "--out " + (d / "o4") + " " + (d / "missing.txt"), &out) == 1);
@@ -253,7 +265,8 @@ TEST_CASE("train-tokenizer, encode, decode and extract-austen commands", "[tool]
   REQUIRE(run(kTool + " extract-austen --chapters --out " + (d / "austen.jsonl"), &out) == 0);
   const std::string jl = slurp(d / "austen.jsonl");
   CHECK(std::count(jl.begin(), jl.end(), '\n') > 250);
-  REQUIRE(run(kTool + " train-tokenizer --vocab-size 1000 --out " + (d / "tok.json") + " " + (d / "austen.txt"), &out) == 0);
+  REQUIRE(run(kTool + " train-tokenizer --vocab-size 1000 --out " + (d / "tok.json") + " " + (d / "austen.txt"),
+              &out) == 0);
   CHECK_THAT(out, Catch::Contains("vocabulary 1000"));
   REQUIRE(run(kTool + " encode --tokenizer " + (d / "tok.json") + " 'Emma Woodhouse<|endoftext|>'", &out) == 0);
   const std::string ids = out.substr(0, out.find('\n'));

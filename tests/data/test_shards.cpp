@@ -110,9 +110,9 @@ TEST_CASE("bad shards: wrong magic, version, truncated header or body", "[shards
                     Catch::Contains("v.bin: unsupported version 7 at offset 4"));
   CHECK_THROWS_WITH(TokenShard::open(write_variant("h.bin", raw.substr(0, 100)), ShardFormat::LlmC),
                     Catch::Contains("h.bin: truncated header"));
-  CHECK_THROWS_WITH(TokenShard::open(write_variant("t.bin", raw.substr(0, raw.size() - 3))),
-                    Catch::Contains("t.bin: truncated body: header says 1000 tokens") &&
-                        Catch::Contains("file ends at offset 3021"));
+  CHECK_THROWS_WITH(
+      TokenShard::open(write_variant("t.bin", raw.substr(0, raw.size() - 3))),
+      Catch::Contains("t.bin: truncated body: header says 1000 tokens") && Catch::Contains("file ends at offset 3021"));
   CHECK_THROWS_WITH(TokenShard::open(write_variant("x.bin", raw + "zz")), Catch::Contains("x.bin: 2 unexpected bytes"));
   CHECK_THROWS_WITH(read_shard(d / "missing.bin"), Catch::Contains("missing.bin: cannot open"));
   // A mask of the wrong length is an error too.
@@ -130,10 +130,12 @@ TEST_CASE("nanoGPT raw uint16 .bin and Megatron .bin/.idx are readable", "[shard
   REQUIRE(n.size() == t.size());
   for (std::size_t i = 0; i < t.size(); ++i) REQUIRE(n[i] == t[i]);
   spit(d / "odd.bin", "abc");
-  CHECK_THROWS_WITH(TokenShard::open(d / "odd.bin", ShardFormat::NanoGpt), Catch::Contains("odd.bin: raw uint16 file has an odd size"));
+  CHECK_THROWS_WITH(TokenShard::open(d / "odd.bin", ShardFormat::NanoGpt),
+                    Catch::Contains("odd.bin: raw uint16 file has an odd size"));
 
   for (int width : {2, 4}) {
-    std::vector<std::vector<uint32_t>> docs{random_tokens(10, 50000, 6), random_tokens(0, 1, 7), random_tokens(333, 50000, 8)};
+    std::vector<std::vector<uint32_t>> docs{random_tokens(10, 50000, 6), random_tokens(0, 1, 7),
+                                            random_tokens(333, 50000, 8)};
     write_megatron(d / "meg", docs, width);
     const TokenShard m = TokenShard::open(d / "meg.bin");  // auto-detected through meg.idx
     CHECK(m.format() == ShardFormat::Megatron);
@@ -146,5 +148,6 @@ TEST_CASE("nanoGPT raw uint16 .bin and Megatron .bin/.idx are readable", "[shard
   std::string idx = slurp(d / "meg.idx");
   idx[0] = 'X';
   spit(d / "meg.idx", idx);
-  CHECK_THROWS_WITH(TokenShard::open(d / "meg.bin", ShardFormat::Megatron), Catch::Contains("meg.idx: not a Megatron index"));
+  CHECK_THROWS_WITH(TokenShard::open(d / "meg.bin", ShardFormat::Megatron),
+                    Catch::Contains("meg.idx: not a Megatron index"));
 }

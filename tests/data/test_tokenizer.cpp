@@ -144,8 +144,8 @@ TEST_CASE("encode is thread-safe and gives the same ids on every thread", "[toke
 TEST_CASE("invalid UTF-8 input is an error naming the byte offset", "[tokenizer][errors]") {
   CHECK(find_invalid_utf8("abc") == std::string::npos);
   CHECK(find_invalid_utf8("ab\xC3") == 2);
-  CHECK(find_invalid_utf8("ab\xC0\x80") == 2);          // overlong
-  CHECK(find_invalid_utf8("x\xED\xA0\x80") == 1);       // surrogate
+  CHECK(find_invalid_utf8("ab\xC0\x80") == 2);     // overlong
+  CHECK(find_invalid_utf8("x\xED\xA0\x80") == 1);  // surrogate
   CHECK(find_invalid_utf8("12345678\xF5\x80\x80\x80") == 8);
   CHECK_THROWS_WITH(gpt2().encode(std::string("hello \xFF world")), Catch::Contains("byte offset 6"));
 }
@@ -155,19 +155,21 @@ TEST_CASE("malformed or unsupported tokenizer.json is a clear error", "[tokenize
     "pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true}})";
   const Tokenizer ok = Tokenizer::from_hf_json_text(base, "ok.json");
   CHECK(ok.encode("ab") == std::vector<uint32_t>{2});
-  CHECK_THROWS_WITH(Tokenizer::from_hf_json_text("{\"model\": [1,", "t.json"), Catch::Contains("t.json: not valid JSON"));
+  CHECK_THROWS_WITH(Tokenizer::from_hf_json_text("{\"model\": [1,", "t.json"),
+                    Catch::Contains("t.json: not valid JSON"));
   CHECK_THROWS_WITH(Tokenizer::from_hf_json_text(R"({"model":{"type":"WordPiece","vocab":{}}})", "wp.json"),
                     Catch::Contains("wp.json: unsupported model type 'WordPiece'"));
-  CHECK_THROWS_WITH(Tokenizer::from_hf_json_text(
-                        R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Metaspace"}})",
-                        "ms.json"),
-                    Catch::Contains("ms.json: unsupported pre_tokenizer type 'Metaspace'"));
-  CHECK_THROWS_WITH(Tokenizer::from_hf_json_text(
-                        R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"NFKD"}})", "n.json"),
-                    Catch::Contains("n.json: unsupported normalizer type 'NFKD'"));
-  CHECK_THROWS_WITH(Tokenizer::from_hf_json_text(R"({"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"]}})",
-                                                 "m.json"),
-                    Catch::Contains("m.json: merge 0 ('a b'): token 'ab' is not in the vocabulary"));
+  CHECK_THROWS_WITH(
+      Tokenizer::from_hf_json_text(
+          R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Metaspace"}})", "ms.json"),
+      Catch::Contains("ms.json: unsupported pre_tokenizer type 'Metaspace'"));
+  CHECK_THROWS_WITH(
+      Tokenizer::from_hf_json_text(
+          R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"NFKD"}})", "n.json"),
+      Catch::Contains("n.json: unsupported normalizer type 'NFKD'"));
+  CHECK_THROWS_WITH(
+      Tokenizer::from_hf_json_text(R"({"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"]}})", "m.json"),
+      Catch::Contains("m.json: merge 0 ('a b'): token 'ab' is not in the vocabulary"));
   CHECK_THROWS_WITH(Tokenizer::from_hf_json_text(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":[]},
       "pre_tokenizer":{"type":"Split","pattern":{"Regex":"(unclosed"},"behavior":"Isolated","invert":false}})",
                                                  "r.json"),

@@ -71,7 +71,8 @@ TEST_CASE("trained tokenizer: deterministic, exact round trip, HF tokenizers enc
   }
 }
 
-TEST_CASE("trainer variants (Llama-3 / Qwen2 regexes, ignore_merges, add_prefix_space) agree with HF", "[trainer][hf]") {
+TEST_CASE("trainer variants (Llama-3 / Qwen2 regexes, ignore_merges, add_prefix_space) agree with HF",
+          "[trainer][hf]") {
   // Hard strings from the fixtures, joined, plus a slice of Moby Dick.
   const auto fx = nlohmann::json::parse(slurp_gz(source("tests/data/fixtures/hf_ids.json.gz")));
   const std::string text = slurp(shared("corpus/mobydick.txt"));
@@ -101,10 +102,20 @@ TEST_CASE("trainer variants (Llama-3 / Qwen2 regexes, ignore_merges, add_prefix_
     if (v.prefix_space) j["pre_tokenizer"]["add_prefix_space"] = true;
     std::string extra;
     if (v.strip_tokens) {
-      j["added_tokens"].push_back({{"id", 800}, {"content", "<mask>"}, {"single_word", false}, {"lstrip", true},
-                                   {"rstrip", false}, {"normalized", false}, {"special", false}});
-      j["added_tokens"].push_back({{"id", 801}, {"content", "<|sep|>"}, {"single_word", false}, {"lstrip", false},
-                                   {"rstrip", true}, {"normalized", false}, {"special", true}});
+      j["added_tokens"].push_back({{"id", 800},
+                                   {"content", "<mask>"},
+                                   {"single_word", false},
+                                   {"lstrip", true},
+                                   {"rstrip", false},
+                                   {"normalized", false},
+                                   {"special", false}});
+      j["added_tokens"].push_back({{"id", 801},
+                                   {"content", "<|sep|>"},
+                                   {"single_word", false},
+                                   {"lstrip", false},
+                                   {"rstrip", true},
+                                   {"normalized", false},
+                                   {"special", true}});
       extra = "a  <mask> b <mask>c\n\n<mask>\t<|sep|>   d <|sep|>\ne<|sep|>";
     }
     spit(d / "tokenizer.json", j.dump());
@@ -120,5 +131,6 @@ TEST_CASE("trainer variants (Llama-3 / Qwen2 regexes, ignore_merges, add_prefix_
     INFO(out);
     CHECK(rc == 0);
   }
-  CHECK_THROWS_WITH(BpeTrainer(BpeTrainerOptions{100, {"<|endoftext|>"}, "", 2}), Catch::Contains("vocab_size 100 is below 257"));
+  CHECK_THROWS_WITH(BpeTrainer(BpeTrainerOptions{100, {"<|endoftext|>"}, "", 2}),
+                    Catch::Contains("vocab_size 100 is below 257"));
 }

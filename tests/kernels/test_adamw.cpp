@@ -23,8 +23,8 @@ struct State {
 };
 
 // The update in double precision from PyTorch's formula, written independently of both kernels.
-void adamw_fp64(std::vector<double>& p, const std::vector<float>& g, std::vector<double>& m,
-                std::vector<double>& v, const mt::AdamWHyper& h, int step, double scale) {
+void adamw_fp64(std::vector<double>& p, const std::vector<float>& g, std::vector<double>& m, std::vector<double>& v,
+                const mt::AdamWHyper& h, int step, double scale) {
   const double b1 = h.beta1, b2 = h.beta2;
   for (std::size_t i = 0; i < p.size(); ++i) {
     const double grad = g[i] * scale;

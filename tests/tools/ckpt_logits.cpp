@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
     const mt::ModelConfig& c = r.model_config();
     const std::int64_t batch = 2, seq = 8, n = batch * seq;
     std::vector<mt::token_t> tokens(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) tokens[static_cast<std::size_t>(i)] = static_cast<mt::token_t>((7 * i + 3) % c.vocab_size);
+    for (std::int64_t i = 0; i < n; ++i)
+      tokens[static_cast<std::size_t>(i)] = static_cast<mt::token_t>((7 * i + 3) % c.vocab_size);
     mt::ComputeCtx ctx;
     const auto d = static_cast<std::size_t>(c.hidden_size);
     std::vector<float> x(static_cast<std::size_t>(n) * d), y(x.size());

@@ -23,15 +23,13 @@ const std::string kScripts = MEGATRAIN_SOURCE_DIR "/tests/tools/";
 
 test::CommandResult tool(const std::string& args) { return test::run_command(kTool + " " + args); }
 
-bool have_venv() {
-  return test::run_command(kVenv + " -c 'import transformers, safetensors'").status == 0;
-}
+bool have_venv() { return test::run_command(kVenv + " -c 'import transformers, safetensors'").status == 0; }
 
 struct Case {
   const char* arch;
-  const char* make_args;    // make_hf_model.py options
-  const char* export_args;  // megatrain-ckpt export options
-  const char* compare_args; // compare_hf_models.py options
+  const char* make_args;     // make_hf_model.py options
+  const char* export_args;   // megatrain-ckpt export options
+  const char* compare_args;  // compare_hf_models.py options
 };
 
 }  // namespace
@@ -53,7 +51,8 @@ TEST_CASE("transformers writes - megatrain imports and exports - transformers lo
     INFO(c.arch << " " << c.make_args << " / " << c.export_args);
     test::TempDir tmp;
     const fs::path src = tmp / "src", root = tmp / "ckpt", out = tmp / "out";
-    auto r = test::run_command(kVenv + " " + kScripts + "make_hf_model.py " + c.arch + " " + test::quote(src) + " " + c.make_args);
+    auto r = test::run_command(kVenv + " " + kScripts + "make_hf_model.py " + c.arch + " " + test::quote(src) + " " +
+                               c.make_args);
     INFO(r.output);
     REQUIRE(r.status == 0);
     r = tool("import " + test::quote(src) + " " + test::quote(root));
@@ -69,7 +68,8 @@ TEST_CASE("transformers writes - megatrain imports and exports - transformers lo
     // megatrain's forward pass on the imported weights, compared below with transformers' logits.
     std::string compare_args = c.compare_args;
     if (compare_args.empty() && std::string(c.arch) != "qwen3") {
-      r = test::run_command(std::string(MEGATRAIN_CKPT_LOGITS) + " " + test::quote(root) + " " + test::quote(tmp / "logits.bin"));
+      r = test::run_command(std::string(MEGATRAIN_CKPT_LOGITS) + " " + test::quote(root) + " " +
+                            test::quote(tmp / "logits.bin"));
       INFO(r.output);
       REQUIRE(r.status == 0);
       compare_args = "--logits " + test::quote(tmp / "logits.bin");
@@ -77,10 +77,12 @@ TEST_CASE("transformers writes - megatrain imports and exports - transformers lo
     r = tool("export " + test::quote(root) + " " + test::quote(out) + " " + c.export_args);
     INFO(r.output);
     REQUIRE(r.status == 0);
-    r = test::run_command(kVenv + " " + kScripts + "compare_hf_models.py " + test::quote(src) + " " + test::quote(out) + " " + compare_args);
+    r = test::run_command(kVenv + " " + kScripts + "compare_hf_models.py " + test::quote(src) + " " + test::quote(out) +
+                          " " + compare_args);
     INFO(r.output);
     CHECK(r.status == 0);
-    if (!compare_args.empty() && compare_args.rfind("--logits", 0) == 0) CHECK_THAT(r.output, Catch::Contains("megatrain logits vs transformers"));
+    if (!compare_args.empty() && compare_args.rfind("--logits", 0) == 0)
+      CHECK_THAT(r.output, Catch::Contains("megatrain logits vs transformers"));
   }
 }
 
@@ -108,16 +110,18 @@ TEST_CASE("megatrain-ckpt reports bad input with the file's name and a non-zero 
   // A damaged checkpoint: verify fails naming the shard; list marks it.
   const ModelConfig c = test::tiny_config(Arch::llama, 1);
   std::vector<float> buf;
-  hf::write_hf_model(tmp / "hf2", c, [&](std::int64_t s) -> const float* {
-    buf = test::stage_values(c, s, 0);
-    return buf.data();
-  }, {});
+  hf::write_hf_model(tmp / "hf2", c,
+                     [&](std::int64_t s) -> const float* {
+                       buf = test::stage_values(c, s, 0);
+                       return buf.data();
+                     },
+                     {});
   REQUIRE(tool("import " + test::quote(tmp / "hf2") + " " + test::quote(tmp / "root2")).status == 0);
   // --tokenizer carries a tokenizer directory's files along.
   fs::create_directory(tmp / "tok");
   std::ofstream(tmp / "tok" / "tokenizer.json") << R"({"version": "1.0"})";
-  r = tool("export " + test::quote(tmp / "root2") + " " + test::quote(tmp / "out2") + " --tokenizer " + test::quote(tmp / "tok") +
-           " --max-shard-size 10KB --dtype float16");
+  r = tool("export " + test::quote(tmp / "root2") + " " + test::quote(tmp / "out2") + " --tokenizer " +
+           test::quote(tmp / "tok") + " --max-shard-size 10KB --dtype float16");
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(fs::exists(tmp / "out2" / "tokenizer.json"));
@@ -170,10 +174,12 @@ TEST_CASE("import and export and verify stream stage by stage with peak memory f
   c.intermediate_size = 1536;
   const double model_bytes = static_cast<double>(total_param_count(c)) * 4;  // ~100 MB
   std::vector<float> buf;
-  hf::write_hf_model(tmp / "hf", c, [&](std::int64_t s) -> const float* {
-    buf.assign(stage_layout(c, s).total_floats, 0.01f * static_cast<float>(s));
-    return buf.data();
-  }, {});
+  hf::write_hf_model(tmp / "hf", c,
+                     [&](std::int64_t s) -> const float* {
+                       buf.assign(stage_layout(c, s).total_floats, 0.01f * static_cast<float>(s));
+                       return buf.data();
+                     },
+                     {});
   buf = {};
   const double largest_stage = static_cast<double>(stage_layout(c, 0).total_floats) * 4;  // 16 MB
   auto [st1, rss_import] = run_measuring_rss({"import", (tmp / "hf").string(), (tmp / "root").string()});
@@ -183,7 +189,8 @@ TEST_CASE("import and export and verify stream stage by stage with peak memory f
   auto [st3, rss_verify] = run_measuring_rss({"verify", (tmp / "root").string()});  // loads every stage
   REQUIRE(st3 == 0);
   WARN("model " << model_bytes / 1e6 << " MB, largest stage " << largest_stage / 1e6 << " MB; peak RSS import "
-                << rss_import / 1e6 << " MB, export " << rss_export / 1e6 << " MB, verify " << rss_verify / 1e6 << " MB");
+                << rss_import / 1e6 << " MB, export " << rss_export / 1e6 << " MB, verify " << rss_verify / 1e6
+                << " MB");
   CHECK(rss_import < 0.5 * model_bytes);
   CHECK(rss_export < 0.5 * model_bytes);
   CHECK(rss_verify < 0.5 * model_bytes);

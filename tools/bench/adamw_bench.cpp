@@ -30,15 +30,18 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const std::size_t n = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (std::size_t(32) << 20);
   const int reps = 7;
-  std::printf("adamw: %zu params (%.1f MiB of state), %d threads, best of %d\n", n,
-              n * 16.0 / (1 << 20), threads, reps);
+  std::printf("adamw: %zu params (%.1f MiB of state), %d threads, best of %d\n", n, n * 16.0 / (1 << 20), threads,
+              reps);
   std::vector<float> p(n, 0.5f), g(n, 0.01f), m(n, 0.0f), v(n, 0.0f);
   mt::AdamWHyper h;
   h.weight_decay = 0.1f;
   const auto s = mt::make_adamw_step(h, 10);
-  const double t_probe = mt::bench::best_seconds([&] { probe(p.data(), g.data(), m.data(), v.data(), n, threads); }, reps);
-  const double t_adam = mt::bench::best_seconds([&] { mt::cpu::adamw(p.data(), g.data(), m.data(), v.data(), n, s, threads); }, reps);
-  const double t_ref = mt::bench::best_seconds([&] { mt::cpu::adamw_reference(p.data(), g.data(), m.data(), v.data(), n, s); }, 3);
+  const double t_probe =
+      mt::bench::best_seconds([&] { probe(p.data(), g.data(), m.data(), v.data(), n, threads); }, reps);
+  const double t_adam =
+      mt::bench::best_seconds([&] { mt::cpu::adamw(p.data(), g.data(), m.data(), v.data(), n, s, threads); }, reps);
+  const double t_ref =
+      mt::bench::best_seconds([&] { mt::cpu::adamw_reference(p.data(), g.data(), m.data(), v.data(), n, s); }, 3);
   const double probe_rate = n / t_probe, adam_rate = n / t_adam, ref_rate = n / t_ref;
   std::printf("  probe      %.3f Gparam/s  (%.1f GB/s at 28 B/param)\n", probe_rate / 1e9, probe_rate * 28 / 1e9);
   std::printf("  adamw      %.3f Gparam/s  (%.1f GB/s)  %.1f%% of probe\n", adam_rate / 1e9, adam_rate * 28 / 1e9,

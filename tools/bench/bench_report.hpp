@@ -39,8 +39,8 @@ class Report {
   void add(const Figure& f) { figures_.push_back(f); }
   void print() const {
     for (const auto& f : figures_) {
-      nlohmann::json j{{"bench", bench_}, {"metric", f.metric}, {"value", f.value}, {"unit", f.unit},
-                       {"ceiling", f.ceiling}, {"ratio", f.ceiling > 0 ? f.value / f.ceiling : 0.0}};
+      nlohmann::json j{{"bench", bench_}, {"metric", f.metric},   {"value", f.value},
+                       {"unit", f.unit},  {"ceiling", f.ceiling}, {"ratio", f.ceiling > 0 ? f.value / f.ceiling : 0.0}};
       std::printf("%s\n", j.dump().c_str());
     }
     std::fflush(stdout);

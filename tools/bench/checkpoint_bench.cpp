@@ -1,6 +1,7 @@
 // Checkpoint write bandwidth against the disk's own fsynced sequential write rate, measured side by
 // side in one run on the same directory:
-//   disk:       write N bytes in 8 MiB blocks (writeback started every 128 MiB) + fsync (three rounds interleaved with the checkpoint's;
+//   disk:       write N bytes in 8 MiB blocks (writeback started every 128 MiB) + fsync (three rounds interleaved with
+//   the checkpoint's;
 //               the best of each side is compared)
 //   checkpoint: CheckpointWriter for a Llama-shaped model of about N bytes (params + Adam m + v),
 //               every stage written, finalize() (fsync, whole-file checksums, manifest, rename, latest)
@@ -46,7 +47,8 @@ double disk_write_rate(const fs::path& dir, std::uint64_t bytes) {
   // Early writeback every 128 MiB, as the checkpoint writer does per stage: the ceiling is the best
   // plain sequential writer we know, not a naive one the checkpoint could beat by overlapping.
   for (std::uint64_t done = 0; done < bytes; done += block.size()) {
-    if (::write(fd, block.data(), block.size()) != static_cast<ssize_t>(block.size())) throw std::runtime_error("write failed");
+    if (::write(fd, block.data(), block.size()) != static_cast<ssize_t>(block.size()))
+      throw std::runtime_error("write failed");
     if ((done / block.size()) % 16 == 15) ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
   }
   if (::fsync(fd) != 0) throw std::runtime_error("fsync failed");
@@ -69,7 +71,8 @@ mt::ModelConfig model_of_about(std::uint64_t bytes) {
   c.num_hidden_layers = 1;
   const std::uint64_t per_layer = mt::stage_layout(c, 1).param_count() * 12;  // p, m, v
   const std::uint64_t fixed = (mt::stage_layout(c, 0).param_count() + mt::stage_layout(c, 2).param_count()) * 12;
-  c.num_hidden_layers = bytes > fixed ? std::max<std::int64_t>(1, static_cast<std::int64_t>((bytes - fixed) / per_layer)) : 1;
+  c.num_hidden_layers =
+      bytes > fixed ? std::max<std::int64_t>(1, static_cast<std::int64_t>((bytes - fixed) / per_layer)) : 1;
   return c;
 }
 
@@ -86,12 +89,18 @@ int main(int argc, char** argv) {
   double gib = 1.0;
   int stall_steps = 16, stall_every = 4, stall_rounds = 3, stall_immediate = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--dir")) base = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--gib")) gib = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--stall-steps")) stall_steps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--stall-every")) stall_every = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--stall-rounds")) stall_rounds = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--stall-immediate")) stall_immediate = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--dir"))
+      base = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--gib"))
+      gib = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-steps"))
+      stall_steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-every"))
+      stall_every = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-rounds"))
+      stall_rounds = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-immediate"))
+      stall_immediate = std::atoi(argv[i + 1]);
   }
   const fs::path dir = base / ("mt-bench-checkpoint-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -100,13 +109,15 @@ int main(int argc, char** argv) {
     const mt::ModelConfig c = model_of_about(bytes);
     const std::uint64_t ckpt_bytes = static_cast<std::uint64_t>(mt::total_param_count(c)) * 12;
     std::printf("model: llama, %lld layers, %.3f Gparam; checkpoint data %.2f GiB (params + m + v) in %s\n",
-                static_cast<long long>(c.num_hidden_layers), mt::total_param_count(c) / 1e9, ckpt_bytes / double(1u << 30),
-                dir.c_str());
+                static_cast<long long>(c.num_hidden_layers), mt::total_param_count(c) / 1e9,
+                ckpt_bytes / double(1u << 30), dir.c_str());
     // One set of stage buffers, reused for every stage (the engine's tiles would be written in place).
     std::size_t max_floats = 0;
-    for (std::int64_t s = 0; s < mt::num_stages(c); ++s) max_floats = std::max(max_floats, mt::stage_layout(c, s).total_floats);
+    for (std::int64_t s = 0; s < mt::num_stages(c); ++s)
+      max_floats = std::max(max_floats, mt::stage_layout(c, s).total_floats);
     std::vector<float> p(max_floats), m(max_floats), v(max_floats);
-    for (std::size_t i = 0; i < max_floats; ++i) p[i] = 0.001f * static_cast<float>(i % 1000), m[i] = -p[i], v[i] = p[i] * p[i];
+    for (std::size_t i = 0; i < max_floats; ++i)
+      p[i] = 0.001f * static_cast<float>(i % 1000), m[i] = -p[i], v[i] = p[i] * p[i];
     const long rss_before = peak_rss_bytes();
 
     // Interleaved rounds: the shared disk's rate drifts, so each side gets its best of three.
@@ -130,8 +141,8 @@ int main(int argc, char** argv) {
     mt::bench::Report report("checkpoint");
     report.add({"checkpoint_write_bandwidth", best_ckpt / 1e9, "GB/s", disk / 1e9});
     report.add({"disk_fsync_write_bandwidth", disk / 1e9, "GB/s", 0});
-    if (stall_steps > 0 && mt::bench::measure_checkpoint_stall(report, dir, stall_steps, std::max(1, stall_every), stall_rounds,
-                                                               stall_immediate != 0) != 0)
+    if (stall_steps > 0 && mt::bench::measure_checkpoint_stall(report, dir, stall_steps, std::max(1, stall_every),
+                                                               stall_rounds, stall_immediate != 0) != 0)
       throw std::runtime_error("checkpoint_stall measurement failed");
     fs::remove_all(dir);
     report.print();

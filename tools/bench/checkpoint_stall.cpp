@@ -102,13 +102,14 @@ double one_round(const std::filesystem::path& dir, int steps, int every, bool im
   const double median = clean[clean.size() / 2];
   const double stall = std::max(0.0, (affected_s - n_affected * median) / checkpoints);
   for (const auto& e : events)
-    std::printf("checkpoint step %lld: %s, %.1f MiB in %.2fs\n", static_cast<long long>(e.step), e.ok ? "ok" : e.error.c_str(),
-                static_cast<double>(e.bytes) / (1 << 20), e.seconds);
-  std::printf("demo model (%.1fM params), %d steps, checkpoint every %d: clean step %.3fs (median of %zu), "
-              "checkpointed steps %.3fs over %d, stall per checkpoint %.3fs (%.1f%% of a step), optimizer gate wait "
-              "%.3fs total\n",
-              static_cast<double>(total_param_count(model)) / 1e6, steps, every, median, clean.size(), affected_s,
-              n_affected, stall, 100.0 * stall / median, r.checkpoint_wait_s);
+    std::printf("checkpoint step %lld: %s, %.1f MiB in %.2fs\n", static_cast<long long>(e.step),
+                e.ok ? "ok" : e.error.c_str(), static_cast<double>(e.bytes) / (1 << 20), e.seconds);
+  std::printf(
+      "demo model (%.1fM params), %d steps, checkpoint every %d: clean step %.3fs (median of %zu), "
+      "checkpointed steps %.3fs over %d, stall per checkpoint %.3fs (%.1f%% of a step), optimizer gate wait "
+      "%.3fs total\n",
+      static_cast<double>(total_param_count(model)) / 1e6, steps, every, median, clean.size(), affected_s, n_affected,
+      stall, 100.0 * stall / median, r.checkpoint_wait_s);
   return stall / median;
 }
 
@@ -122,7 +123,8 @@ int measure_checkpoint_stall(Report& report, const std::filesystem::path& dir, i
     if (x < 0) return 1;
     best = std::min(best, x);
   }
-  std::printf("checkpoint_stall: best of %d rounds %.1f%% of a step (target <= 5%%)\n", std::max(1, rounds), 100.0 * best);
+  std::printf("checkpoint_stall: best of %d rounds %.1f%% of a step (target <= 5%%)\n", std::max(1, rounds),
+              100.0 * best);
   report.add({"checkpoint_stall", best, "step", 1.0});
   return 0;
 }

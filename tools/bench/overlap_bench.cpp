@@ -122,8 +122,10 @@ Measured run(const TrainConfig& cfg, const std::vector<data::Batch>& batches, bo
     std::sort(v.begin(), v.end());
     std::vector<std::pair<double, double>> merged;
     for (const auto& iv : v)
-      if (!merged.empty() && iv.first <= merged.back().second) merged.back().second = std::max(merged.back().second, iv.second);
-      else merged.push_back(iv);
+      if (!merged.empty() && iv.first <= merged.back().second)
+        merged.back().second = std::max(merged.back().second, iv.second);
+      else
+        merged.push_back(iv);
     v = std::move(merged);
   }
   double opt = 0, hidden = 0;
@@ -135,7 +137,8 @@ Measured run(const TrainConfig& cfg, const std::vector<data::Batch>& batches, bo
   m.compute_s = compute / counted;
   std::vector<double> per_step(static_cast<std::size_t>(n), 0.0);
   for (const auto& iv : m.result.intervals)
-    if (iv.role == Role::compute && iv.step >= 0 && iv.step < n) per_step[static_cast<std::size_t>(iv.step)] += iv.t1 - iv.t0;
+    if (iv.role == Role::compute && iv.step >= 0 && iv.step < n)
+      per_step[static_cast<std::size_t>(iv.step)] += iv.t1 - iv.t0;
   m.min_compute_s = *std::min_element(per_step.begin() + first, per_step.end());
   m.transfer_s = transfer / counted;
   m.h2d_bytes = static_cast<double>(m.result.copy.of(CopyDirection::host_to_device).bytes) / static_cast<double>(n);
@@ -156,12 +159,13 @@ int main(int argc, char** argv) {
   // 1. Calibrate: compute time per step with unlimited copies.
   const Measured cal = run(cfg, batches, false);
   const double bw = cal.h2d_bytes / cal.min_compute_s;
-  std::printf("overlap: llama %lld layers d=%lld, %lld x %lld x %lld tokens/step, K=%lld; calibration: compute %.3f s/step, "
-              "%.1f MB streamed/step -> link limited to %.3f GB/s (transfer ~= compute)\n",
-              static_cast<long long>(layers), static_cast<long long>(cfg.model.hidden_size),
-              static_cast<long long>(cfg.train.gradient_accumulation_steps),
-              static_cast<long long>(cfg.train.per_device_train_batch_size), static_cast<long long>(cfg.data.seq_length),
-              static_cast<long long>(cfg.device.weight_slots), cal.min_compute_s, cal.h2d_bytes / 1e6, bw / 1e9);
+  std::printf(
+      "overlap: llama %lld layers d=%lld, %lld x %lld x %lld tokens/step, K=%lld; calibration: compute %.3f s/step, "
+      "%.1f MB streamed/step -> link limited to %.3f GB/s (transfer ~= compute)\n",
+      static_cast<long long>(layers), static_cast<long long>(cfg.model.hidden_size),
+      static_cast<long long>(cfg.train.gradient_accumulation_steps),
+      static_cast<long long>(cfg.train.per_device_train_batch_size), static_cast<long long>(cfg.data.seq_length),
+      static_cast<long long>(cfg.device.weight_slots), cal.min_compute_s, cal.h2d_bytes / 1e6, bw / 1e9);
   cfg.device.copy_bandwidth_gbps = bw / 1e9;
 
   // 2. Pipelined and 3. non-overlapped, same link limit.
@@ -170,16 +174,19 @@ int main(int argc, char** argv) {
   auto bound = [&](const Measured& m) { return std::max(m.compute_s, m.h2d_bytes / bw); };
   const double ratio = pipe.step_s / bound(pipe);
   const double ratio_serial = serial.step_s / bound(serial);
-  std::printf("  pipelined:      step %.3f s, compute %.3f s, transfer %.3f s (link busy %.3f s), waiting for weights %.3f s "
-              "-> %.3f x max(compute, transfer)\n",
-              pipe.step_s, pipe.compute_s, pipe.h2d_bytes / bw, pipe.transfer_s, pipe.wait_s, ratio);
-  std::printf("  non-overlapped: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s "
-              "-> %.3f x max(compute, transfer)\n",
-              serial.step_s, serial.compute_s, serial.h2d_bytes / bw, serial.wait_s, ratio_serial);
+  std::printf(
+      "  pipelined:      step %.3f s, compute %.3f s, transfer %.3f s (link busy %.3f s), waiting for weights %.3f s "
+      "-> %.3f x max(compute, transfer)\n",
+      pipe.step_s, pipe.compute_s, pipe.h2d_bytes / bw, pipe.transfer_s, pipe.wait_s, ratio);
+  std::printf(
+      "  non-overlapped: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s "
+      "-> %.3f x max(compute, transfer)\n",
+      serial.step_s, serial.compute_s, serial.h2d_bytes / bw, serial.wait_s, ratio_serial);
   const double hidden = pipe.opt_s > 0 ? pipe.opt_hidden_s / pipe.opt_s : 0.0;
-  std::printf("  optimizer: %.3f s over the measured steps, %.0f%% of it hidden behind the next step's forward "
-              "(its compute or weight streaming)\n",
-              pipe.opt_s, 100 * hidden);
+  std::printf(
+      "  optimizer: %.3f s over the measured steps, %.0f%% of it hidden behind the next step's forward "
+      "(its compute or weight streaming)\n",
+      pipe.opt_s, 100 * hidden);
 
   mt::bench::Report report("overlap");
   report.add({"overlap_step_ratio", ratio, "x", 1.15});
@@ -190,8 +197,9 @@ int main(int argc, char** argv) {
       cfg.device.weight_slots = k;
       const Measured m = run(cfg, batches, false);
       const double r = m.step_s / bound(m);
-      std::printf("  pipelined, K=%lld: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
-                  static_cast<long long>(k), m.step_s, m.compute_s, m.h2d_bytes / bw, m.wait_s, r);
+      std::printf(
+          "  pipelined, K=%lld: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
+          static_cast<long long>(k), m.step_s, m.compute_s, m.h2d_bytes / bw, m.wait_s, r);
       report.add({"overlap_step_ratio_k" + std::to_string(k), r, "x", 1.15});
     }
     cfg.device.weight_slots = k0;

@@ -63,7 +63,12 @@ Side run_ours(const std::string& load_spec, const std::string& text) {
   tok.encode(text, ids);
   const double cold = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::size_t n = ids.size();
-  const double best = mt::bench::best_seconds([&] { ids.clear(); tok.encode(text, ids); }, 3, 0);
+  const double best = mt::bench::best_seconds(
+      [&] {
+        ids.clear();
+        tok.encode(text, ids);
+      },
+      3, 0);
   return {cold, best, n};
 }
 
@@ -72,15 +77,17 @@ Side run_ours(const std::string& load_spec, const std::string& text) {
 // against it as well as against 2.
 double spin_speedup() {
   auto spin = [](int threads) {
-    return mt::bench::best_seconds([&] {
-      std::vector<std::thread> ts;
-      for (int t = 0; t < threads; ++t)
-        ts.emplace_back([&] {
-          volatile double x = 0;
-          for (long i = 0; i < 100000000 / threads; ++i) x = x + 1.0;
-        });
-      for (auto& t : ts) t.join();
-    }, 3, 0);
+    return mt::bench::best_seconds(
+        [&] {
+          std::vector<std::thread> ts;
+          for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&] {
+              volatile double x = 0;
+              for (long i = 0; i < 100000000 / threads; ++i) x = x + 1.0;
+            });
+          for (auto& t : ts) t.join();
+        },
+        3, 0);
   };
   const double one = spin(1);
   return one / spin(2);
@@ -100,21 +107,25 @@ int main(int argc, char** argv) {
     const char* name;
     std::string ours, hf;
   };
-  const Vocab vocabs[] = {{"gpt2", shared + "/gpt2-bpe", shared + "/gpt2-bpe"},
-                          {"qwen3", shared + "/qwen3-tokenizer/tokenizer.json", shared + "/qwen3-tokenizer/tokenizer.json"}};
+  const Vocab vocabs[] = {
+      {"gpt2", shared + "/gpt2-bpe", shared + "/gpt2-bpe"},
+      {"qwen3", shared + "/qwen3-tokenizer/tokenizer.json", shared + "/qwen3-tokenizer/tokenizer.json"}};
   for (const auto& v : vocabs) {
     const Side o = run_ours(v.ours, text);
     const nlohmann::json h = run_hf(v.hf, text_file);
     const double hs = h["seconds"], hc = h["seconds_cold"];
     const std::size_t ht = h["tokens"];
-    std::printf("  %-6s ours: %7.2f MB/s %6.2f Mtok/s (cold %6.2f MB/s)   HF tokenizers: %6.2f MB/s %6.2f Mtok/s "
-                "(cold %6.2f MB/s)   %.2fx   tokens %zu / %zu\n",
-                v.name, mb / o.best, double(o.tokens) / o.best / 1e6, mb / o.cold, mb / hs, double(ht) / hs / 1e6,
-                mb / hc, hs / o.best, o.tokens, ht);
+    std::printf(
+        "  %-6s ours: %7.2f MB/s %6.2f Mtok/s (cold %6.2f MB/s)   HF tokenizers: %6.2f MB/s %6.2f Mtok/s "
+        "(cold %6.2f MB/s)   %.2fx   tokens %zu / %zu\n",
+        v.name, mb / o.best, double(o.tokens) / o.best / 1e6, mb / o.cold, mb / hs, double(ht) / hs / 1e6, mb / hc,
+        hs / o.best, o.tokens, ht);
     if (o.tokens != ht) std::printf("  WARNING: token counts differ\n");
     const std::string n = v.name;
-    if (n == "gpt2") report.add({"encode_vs_hf", text.size() / o.best, "B/s", text.size() / hs});
-    else report.add({"encode_vs_hf_" + n, text.size() / o.best, "B/s", text.size() / hs});
+    if (n == "gpt2")
+      report.add({"encode_vs_hf", text.size() / o.best, "B/s", text.size() / hs});
+    else
+      report.add({"encode_vs_hf_" + n, text.size() / o.best, "B/s", text.size() / hs});
     report.add({"encode_tokens_per_s_" + n, o.tokens / o.best, "tokens/s", ht / hs});
     report.add({"encode_cold_vs_hf_" + n, text.size() / o.cold, "B/s", text.size() / hc});
   }
@@ -141,9 +152,10 @@ int main(int argc, char** argv) {
   }
   [[maybe_unused]] int rc = std::system(("rm -rf '" + dir + "'").c_str());
   const double machine = spin_speedup();
-  std::printf("  data tool (text -> shards, GPT-2, austen + mobydick): 1 thread %.2f Mtok/s, 2 threads %.2f Mtok/s, "
-              "speedup %.2fx (a trivially parallel loop gets %.2fx on this machine now)\n",
-              tokens / secs[1] / 1e6, tokens / secs[2] / 1e6, secs[1] / secs[2], machine);
+  std::printf(
+      "  data tool (text -> shards, GPT-2, austen + mobydick): 1 thread %.2f Mtok/s, 2 threads %.2f Mtok/s, "
+      "speedup %.2fx (a trivially parallel loop gets %.2fx on this machine now)\n",
+      tokens / secs[1] / 1e6, tokens / secs[2] / 1e6, secs[1] / secs[2], machine);
   report.add({"data_tool_tokens_per_s_2_threads", tokens / secs[2], "tokens/s", 2 * tokens / secs[1]});
   report.add({"data_tool_speedup_2_threads", secs[1] / secs[2], "x", 2.0});
   report.add({"data_tool_speedup_vs_machine_2_threads", secs[1] / secs[2], "x", machine});

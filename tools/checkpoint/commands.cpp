@@ -18,17 +18,23 @@ using Flags = std::map<std::string, std::string>;
 
 namespace {
 
-void expect_args(const std::vector<std::string>& pos, std::size_t n, const Flags& flags, const std::set<std::string>& allowed) {
-  if (pos.size() != n) throw UsageError("'" + pos[0] + "' takes " + std::to_string(n - 1) + " argument(s), got " + std::to_string(pos.size() - 1));
+void expect_args(const std::vector<std::string>& pos, std::size_t n, const Flags& flags,
+                 const std::set<std::string>& allowed) {
+  if (pos.size() != n)
+    throw UsageError("'" + pos[0] + "' takes " + std::to_string(n - 1) + " argument(s), got " +
+                     std::to_string(pos.size() - 1));
   for (const auto& [k, v] : flags)
     if (!allowed.count(k)) throw UsageError("'" + pos[0] + "' does not take " + k);
 }
 
 std::string human_bytes(std::uint64_t b) {
   char buf[32];
-  if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
-  else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ull << 20));
-  else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  if (b >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+  else if (b >= (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ull << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   return buf;
 }
 
@@ -78,14 +84,15 @@ int cmd_inspect(const std::vector<std::string>& pos, const Flags& flags) {
   std::printf("created     %s\n", m.value("created_utc", "?").c_str());
   std::printf("versions    %s\n", m.at("versions").dump().c_str());
   std::printf("model       %s: %lld layers, hidden %lld, heads %lld/%lld, vocab %lld, %lld parameters\n",
-              hf::architecture_class(c.arch), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
-              static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads),
-              static_cast<long long>(c.vocab_size), static_cast<long long>(total_param_count(c)));
+              hf::architecture_class(c.arch), static_cast<long long>(c.num_hidden_layers),
+              static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
+              static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.vocab_size),
+              static_cast<long long>(total_param_count(c)));
   std::printf("states      %s\n", m.at("states").dump().c_str());
   std::printf("size        %s in %zu shard(s)\n", human_bytes(r.total_bytes()).c_str(), m.at("shards").size());
   for (const auto& s : m.at("shards"))
-    std::printf("  %-16s %12s  xxh3_64 %s\n", s.at("file").get<std::string>().c_str(), human_bytes(s.at("bytes").get<std::uint64_t>()).c_str(),
-                s.at("xxh3_64").get<std::string>().c_str());
+    std::printf("  %-16s %12s  xxh3_64 %s\n", s.at("file").get<std::string>().c_str(),
+                human_bytes(s.at("bytes").get<std::uint64_t>()).c_str(), s.at("xxh3_64").get<std::string>().c_str());
   std::printf("stages      %zu\n", m.at("stages").size());
   std::printf("run state   %s\n", m.at("run").dump().c_str());
   return 0;
@@ -98,7 +105,8 @@ int cmd_verify(const std::vector<std::string>& pos, const Flags& flags) {
   r.verify_datasets();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("OK %s: step %lld, %zu shard(s), %s, every file and dataset checksum matches (%.2f s)\n", r.dir().c_str(),
-              static_cast<long long>(r.step()), r.manifest().at("shards").size(), human_bytes(r.total_bytes()).c_str(), s);
+              static_cast<long long>(r.step()), r.manifest().at("shards").size(), human_bytes(r.total_bytes()).c_str(),
+              s);
   return 0;
 }
 

@@ -160,10 +160,14 @@ void write_out(const std::string& path, const std::string& data) {
 
 std::string human(double v, const char* unit) {
   char b[64];
-  if (v >= 1e9) std::snprintf(b, sizeof b, "%.2f G%s", v / 1e9, unit);
-  else if (v >= 1e6) std::snprintf(b, sizeof b, "%.2f M%s", v / 1e6, unit);
-  else if (v >= 1e3) std::snprintf(b, sizeof b, "%.1f k%s", v / 1e3, unit);
-  else std::snprintf(b, sizeof b, "%.0f %s", v, unit);
+  if (v >= 1e9)
+    std::snprintf(b, sizeof b, "%.2f G%s", v / 1e9, unit);
+  else if (v >= 1e6)
+    std::snprintf(b, sizeof b, "%.2f M%s", v / 1e6, unit);
+  else if (v >= 1e3)
+    std::snprintf(b, sizeof b, "%.1f k%s", v / 1e3, unit);
+  else
+    std::snprintf(b, sizeof b, "%.0f %s", v, unit);
   return b;
 }
 
@@ -197,14 +201,18 @@ int cmd_extract_austen(int argc, char** argv) {
 }
 
 int cmd_train_tokenizer(int argc, char** argv) {
-  const Args a = parse(argc, argv, 2, {}, {"out", "vocab-size", "special", "pattern", "min-frequency", "format", "text-field"});
+  const Args a =
+      parse(argc, argv, 2, {}, {"out", "vocab-size", "special", "pattern", "min-frequency", "format", "text-field"});
   if (!a.has("out")) usage_error("train-tokenizer needs --out FILE");
   if (a.pos.empty()) usage_error("train-tokenizer needs input files");
   BpeTrainerOptions o;
   o.vocab_size = uint32_t(to_u64("vocab-size", a.get("vocab-size", "4096")));
   if (a.has("special")) o.special_tokens = a.opt.at("special");
   const std::string p = a.get("pattern", "gpt2");
-  o.split_pattern = p == "gpt2" ? kGpt2SplitPattern : p == "llama3" ? kLlama3SplitPattern : p == "qwen2" ? kQwen2SplitPattern : p;
+  o.split_pattern = p == "gpt2"     ? kGpt2SplitPattern
+                    : p == "llama3" ? kLlama3SplitPattern
+                    : p == "qwen2"  ? kQwen2SplitPattern
+                                    : p;
   o.min_frequency = to_u64("min-frequency", a.get("min-frequency", "2"));
   const std::string fmt = a.get("format", "text"), field = a.get("text-field", "text");
   if (fmt != "text" && fmt != "jsonl") usage_error("--format must be text or jsonl");
@@ -243,7 +251,8 @@ int cmd_train_tokenizer(int argc, char** argv) {
   write_out(a.get("out"), js);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("train-tokenizer: %s of text, %lu distinct words, %u merges, vocabulary %u, %.2f s -> %s\n",
-              human(double(bytes), "B").c_str(), (unsigned long)st.words, st.merges, st.vocab_size, s, a.get("out").c_str());
+              human(double(bytes), "B").c_str(), (unsigned long)st.words, st.merges, st.vocab_size, s,
+              a.get("out").c_str());
   return 0;
 }
 
@@ -259,10 +268,14 @@ int cmd_shards(int argc, char** argv) {
   o.out_dir = a.get("out");
   o.prefix = a.get("prefix");
   const std::string fmt = a.get("format", "text");
-  if (fmt == "text") o.format = InputFormat::Text;
-  else if (fmt == "jsonl") o.format = InputFormat::Jsonl;
-  else if (fmt == "instruct") o.format = InputFormat::Instruct;
-  else usage_error("--format must be text, jsonl or instruct, not '" + fmt + "'");
+  if (fmt == "text")
+    o.format = InputFormat::Text;
+  else if (fmt == "jsonl")
+    o.format = InputFormat::Jsonl;
+  else if (fmt == "instruct")
+    o.format = InputFormat::Instruct;
+  else
+    usage_error("--format must be text, jsonl or instruct, not '" + fmt + "'");
   o.text_field = a.get("text-field", "text");
   if (a.has("template")) o.instruct = InstructTemplate::load(a.get("template"));
   const std::string vf = a.get("val-fraction", "0");
@@ -274,7 +287,8 @@ int cmd_shards(int argc, char** argv) {
   if (o.shard_tokens == 0 || o.shard_tokens > uint64_t(INT32_MAX)) usage_error("--shard-tokens must be in [1, 2^31)");
   o.token_bytes = int(to_u64("token-bytes", a.get("token-bytes", "0")));
   if (o.token_bytes != 0 && o.token_bytes != 2 && o.token_bytes != 4) usage_error("--token-bytes must be 2 or 4");
-  o.threads = int(to_u64("threads", a.get("threads", std::to_string(std::max(1u, std::thread::hardware_concurrency())))));
+  o.threads =
+      int(to_u64("threads", a.get("threads", std::to_string(std::max(1u, std::thread::hardware_concurrency())))));
   if (a.has("chunk-bytes")) o.chunk_bytes = to_u64("chunk-bytes", a.get("chunk-bytes"));
   const bool show = a.has("progress") || (!a.has("no-progress") && ::isatty(2));
   const Tokenizer tok = Tokenizer::load(a.get("tokenizer"));
@@ -287,20 +301,23 @@ int cmd_shards(int argc, char** argv) {
       if (n < w) b += '>';
       b.resize(w, ' ');
       std::fprintf(stderr, "\r[%s] %5.1f%%  %s  %s/s  %s docs  %s  ", b.c_str(), 100 * f,
-                   human(double(p.bytes_done), "B").c_str(), human(double(p.bytes_done) / std::max(p.seconds, 1e-9), "B").c_str(),
+                   human(double(p.bytes_done), "B").c_str(),
+                   human(double(p.bytes_done) / std::max(p.seconds, 1e-9), "B").c_str(),
                    human(double(p.documents), "").c_str(), human(double(p.tokens), "tok").c_str());
       std::fflush(stderr);
     };
   }
   const BuildSummary s = build_shards(tok, o, bar);
   if (show) std::fprintf(stderr, "\n");
-  std::printf("shards: %lu documents (%lu train, %lu val), %lu tokens (%lu train, %lu val%s), %s in, %s out, %zu shard(s)\n",
-              (unsigned long)s.documents, (unsigned long)s.train_documents, (unsigned long)s.val_documents,
-              (unsigned long)s.tokens, (unsigned long)s.train_tokens, (unsigned long)s.val_tokens,
-              o.format == InputFormat::Instruct ? (", " + std::to_string(s.masked_tokens) + " masked").c_str() : "",
-              human(double(s.bytes_in), "B").c_str(), human(double(s.bytes_out), "B").c_str(), s.shards.size());
-  std::printf("shards: %.2f s, %s/s, %s/s, %d thread(s) -> %s\n", s.seconds, human(double(s.tokens) / s.seconds, "tok").c_str(),
-              human(double(s.bytes_in) / s.seconds, "B").c_str(), o.threads, o.out_dir.c_str());
+  std::printf(
+      "shards: %lu documents (%lu train, %lu val), %lu tokens (%lu train, %lu val%s), %s in, %s out, %zu shard(s)\n",
+      (unsigned long)s.documents, (unsigned long)s.train_documents, (unsigned long)s.val_documents,
+      (unsigned long)s.tokens, (unsigned long)s.train_tokens, (unsigned long)s.val_tokens,
+      o.format == InputFormat::Instruct ? (", " + std::to_string(s.masked_tokens) + " masked").c_str() : "",
+      human(double(s.bytes_in), "B").c_str(), human(double(s.bytes_out), "B").c_str(), s.shards.size());
+  std::printf("shards: %.2f s, %s/s, %s/s, %d thread(s) -> %s\n", s.seconds,
+              human(double(s.tokens) / s.seconds, "tok").c_str(), human(double(s.bytes_in) / s.seconds, "B").c_str(),
+              o.threads, o.out_dir.c_str());
   return 0;
 }
 
@@ -309,16 +326,22 @@ int cmd_inspect(int argc, char** argv) {
   if (a.pos.empty()) usage_error("inspect needs shard files");
   const std::string f = a.get("format", "auto");
   ShardFormat fmt = ShardFormat::Auto;
-  if (f == "llmc") fmt = ShardFormat::LlmC;
-  else if (f == "nanogpt") fmt = ShardFormat::NanoGpt;
-  else if (f == "megatron") fmt = ShardFormat::Megatron;
-  else if (f != "auto") usage_error("--format must be auto, llmc, nanogpt or megatron");
+  if (f == "llmc")
+    fmt = ShardFormat::LlmC;
+  else if (f == "nanogpt")
+    fmt = ShardFormat::NanoGpt;
+  else if (f == "megatron")
+    fmt = ShardFormat::Megatron;
+  else if (f != "auto")
+    usage_error("--format must be auto, llmc, nanogpt or megatron");
   const std::size_t show = to_u64("show", a.get("show", "16"));
   std::unique_ptr<Tokenizer> tok;
   if (a.has("tokenizer")) tok = std::make_unique<Tokenizer>(Tokenizer::load(a.get("tokenizer")));
   for (const auto& p : a.pos) {
     const TokenShard s = TokenShard::open(p, fmt);
-    const char* fn = s.format() == ShardFormat::LlmC ? "llm.c" : s.format() == ShardFormat::NanoGpt ? "nanogpt" : "megatron";
+    const char* fn = s.format() == ShardFormat::LlmC      ? "llm.c"
+                     : s.format() == ShardFormat::NanoGpt ? "nanogpt"
+                                                          : "megatron";
     uint32_t mx = 0;
     std::size_t masked = 0;
     for (std::size_t i = 0; i < s.size(); ++i) {
@@ -333,7 +356,10 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("  first ids:");
     for (uint32_t x : head) std::printf(" %u", x);
     std::printf("\n");
-    if (tok) std::printf("  text: %s\n", nlohmann::json(tok->decode(head)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    if (tok)
+      std::printf(
+          "  text: %s\n",
+          nlohmann::json(tok->decode(head)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
   return 0;
 }

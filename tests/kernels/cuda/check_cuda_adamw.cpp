@@ -18,9 +18,11 @@ int main() {
   std::vector<float> p(n), g(n), m(n), v(n);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
-  for (std::size_t i = 0; i < n; ++i) p[i] = normal(rng), g[i] = normal(rng), m[i] = 0.1f * normal(rng), v[i] = 0.01f * std::abs(normal(rng));
+  for (std::size_t i = 0; i < n; ++i)
+    p[i] = normal(rng), g[i] = normal(rng), m[i] = 0.1f * normal(rng), v[i] = 0.01f * std::abs(normal(rng));
   float* d[4];
-  for (auto*& ptr : d) if (cudaMalloc(&ptr, n * sizeof(float)) != cudaSuccess) return 1;
+  for (auto*& ptr : d)
+    if (cudaMalloc(&ptr, n * sizeof(float)) != cudaSuccess) return 1;
   const std::vector<float>* host[4] = {&p, &g, &m, &v};
   for (int k = 0; k < 4; ++k) cudaMemcpy(d[k], host[k]->data(), n * sizeof(float), cudaMemcpyHostToDevice);
   mt::AdamWHyper h;

@@ -35,7 +35,7 @@ class TempDir {
 };
 
 struct CommandResult {
-  int status = -1;  // exit status, or -1 when killed by a signal
+  int status = -1;     // exit status, or -1 when killed by a signal
   std::string output;  // stdout and stderr
 };
 

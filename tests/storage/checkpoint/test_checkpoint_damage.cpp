@@ -29,7 +29,8 @@ fs::path write_checkpoint(const fs::path& root, std::int64_t step, std::uint64_t
   o.max_shard_bytes = shard_bytes;
   CheckpointWriter w(root, step, kConfig, o);
   for (std::int64_t s = 0; s < num_stages(kConfig); ++s) {
-    const auto p = test::stage_values(kConfig, s, 0), m = test::stage_values(kConfig, s, 1), v = test::stage_values(kConfig, s, 2);
+    const auto p = test::stage_values(kConfig, s, 0), m = test::stage_values(kConfig, s, 1),
+               v = test::stage_values(kConfig, s, 2);
     w.write_stage(s, {p.data(), m.data(), v.data()});
   }
   return w.finalize({{"step", step}});
@@ -145,7 +146,8 @@ TEST_CASE("a writer killed with SIGKILL mid-checkpoint leaves the previous check
     ::waitpid(pid, &status, 0);
     REQUIRE(WIFSIGNALED(status));
     bool temp_left = false;
-    for (const auto& e : fs::directory_iterator(tmp.path())) temp_left |= e.path().filename().string().rfind(".tmp-step-00000020", 0) == 0;
+    for (const auto& e : fs::directory_iterator(tmp.path()))
+      temp_left |= e.path().filename().string().rfind(".tmp-step-00000020", 0) == 0;
     CHECK(temp_left);
     const auto all = list_checkpoints(tmp.path());
     REQUIRE(all.size() == 1);

@@ -21,7 +21,8 @@ TEST_CASE("h5py reads every dataset of a checkpoint with its Hugging Face name a
     w.write_stage(s, {p.data(), m.data(), v.data()});
   }
   const auto dir = w.finalize();
-  const auto r = test::run_command(std::string(MEGATRAIN_PYTHON) + " " MEGATRAIN_SOURCE_DIR "/tests/storage/checkpoint/read_checkpoint_h5py.py " +
+  const auto r = test::run_command(std::string(MEGATRAIN_PYTHON) +
+                                   " " MEGATRAIN_SOURCE_DIR "/tests/storage/checkpoint/read_checkpoint_h5py.py " +
                                    test::quote(dir));
   INFO(r.output);
   REQUIRE(r.status == 0);

@@ -20,7 +20,8 @@ fs::path write_checkpoint(const fs::path& root, const ModelConfig& c, std::int64
                           int salt = 0, bool moments = true) {
   CheckpointWriter w(root, step, c, o);
   for (std::int64_t s = 0; s < num_stages(c); ++s) {
-    const auto p = test::stage_values(c, s, 0 + salt), m = test::stage_values(c, s, 1 + salt), v = test::stage_values(c, s, 2 + salt);
+    const auto p = test::stage_values(c, s, 0 + salt), m = test::stage_values(c, s, 1 + salt),
+               v = test::stage_values(c, s, 2 + salt);
     StageState st{p.data(), moments ? m.data() : nullptr, moments ? v.data() : nullptr};
     w.write_stage(s, st);
   }

@@ -99,7 +99,8 @@ TEST_CASE("unsupported config fields and values are errors naming the field and 
              Catch::Contains("dir/config.json") && Catch::Contains("rope_scaling type 'yarn'"));
   CHECK_THAT(parse_error(with("mlp_bias", true)), Catch::Contains("mlp_bias"));
   CHECK_THAT(parse_error(with("hidden_act", "gelu")), Catch::Contains("hidden_act 'gelu'"));
-  CHECK_THAT(parse_error(with("fancy_new_feature", 3)), Catch::Contains("unsupported config field 'fancy_new_feature'"));
+  CHECK_THAT(parse_error(with("fancy_new_feature", 3)),
+             Catch::Contains("unsupported config field 'fancy_new_feature'"));
   CHECK_THAT(parse_error(with("hidden_size", "64")), Catch::Contains("'hidden_size' must be an integer"));
   CHECK_THAT(parse_error(with("architectures", {"LlamaForSequenceClassification"})), Catch::Contains("architectures"));
   CHECK_THAT(parse_error(with("model_type", "falcon")), Catch::Contains("unsupported model_type 'falcon'"));

@@ -20,10 +20,13 @@ namespace {
 
 void export_model(const fs::path& dir, const ModelConfig& c, HfExportOptions o = {}) {
   std::vector<float> buf;
-  write_hf_model(dir, c, [&](std::int64_t s) -> const float* {
-    buf = test::stage_values(c, s, 0);
-    return buf.data();
-  }, o);
+  write_hf_model(
+      dir, c,
+      [&](std::int64_t s) -> const float* {
+        buf = test::stage_values(c, s, 0);
+        return buf.data();
+      },
+      o);
 }
 
 std::string reader_error(const fs::path& dir) {
@@ -98,7 +101,8 @@ TEST_CASE("bad model directories are errors naming the file and the tensor") {
   export_model(tmp.path(), c, o);
   REQUIRE(reader_error(tmp.path()).empty());
   const auto weight_map = nlohmann::json::parse(std::ifstream(tmp / "model.safetensors.index.json"))["weight_map"];
-  const std::string layer1_file = weight_map["model.layers.1.mlp.up_proj.weight"], embed_file = weight_map["model.embed_tokens.weight"];
+  const std::string layer1_file = weight_map["model.layers.1.mlp.up_proj.weight"],
+                    embed_file = weight_map["model.embed_tokens.weight"];
   REQUIRE(layer1_file != embed_file);
 
   SECTION("a shard listed in the index is missing") {
@@ -122,7 +126,8 @@ TEST_CASE("bad model directories are errors naming the file and the tensor") {
     auto cfg = nlohmann::json::parse(std::ifstream(tmp / "config.json"));
     cfg["num_hidden_layers"] = 4;
     std::ofstream(tmp / "config.json") << cfg.dump();
-    CHECK_THAT(reader_error(tmp.path()), Catch::Contains("'model.layers.3.input_layernorm.weight'") && Catch::Contains("none of the"));
+    CHECK_THAT(reader_error(tmp.path()),
+               Catch::Contains("'model.layers.3.input_layernorm.weight'") && Catch::Contains("none of the"));
   }
   SECTION("an unexpected tensor (another architecture)") {
     auto cfg = nlohmann::json::parse(std::ifstream(tmp / "config.json"));

@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // A safetensors file with the given header text and `data_bytes` zero bytes of data.
-fs::path make_file(const fs::path& dir, const std::string& header, std::size_t data_bytes, const std::string& name = "bad.safetensors") {
+fs::path make_file(const fs::path& dir, const std::string& header, std::size_t data_bytes,
+                   const std::string& name = "bad.safetensors") {
   const fs::path p = dir / name;
   std::ofstream out(p, std::ios::binary);
   std::uint64_t n = header.size();
@@ -53,9 +54,9 @@ TEST_CASE("fp32 <-> bf16 / f16 conversions round to nearest even and keep specia
   from_f32(DType::f16, x.data(), h.data(), x.size());
   to_f32(DType::f16, h.data(), back.data(), x.size());
   CHECK(h[2] == 0x3c00);
-  CHECK(h[5] == 0x7bff);   // 65504, the largest half
-  CHECK(h[6] == 0x0002);   // 1e-7 is subnormal: 1.68 x 2^-24 rounds to 2
-  CHECK(h[8] == 0x7c00);   // overflow -> inf
+  CHECK(h[5] == 0x7bff);  // 65504, the largest half
+  CHECK(h[6] == 0x0002);  // 1e-7 is subnormal: 1.68 x 2^-24 rounds to 2
+  CHECK(h[8] == 0x7c00);  // overflow -> inf
   CHECK(std::isinf(back[9]));
   CHECK(back[4] == Approx(3.140625f));
   // Every half value survives f16 -> f32 -> f16 exactly.
@@ -72,7 +73,8 @@ TEST_CASE("fp32 <-> bf16 / f16 conversions round to nearest even and keep specia
 
 TEST_CASE("the writer shards past the size limit with an index and the reader reads it back") {
   test::TempDir tmp;
-  std::vector<PlannedTensor> plan = {{"a.weight", {10, 100}}, {"b.weight", {1000}}, {"c.weight", {20, 50}}, {"d.bias", {7}}};
+  std::vector<PlannedTensor> plan = {
+      {"a.weight", {10, 100}}, {"b.weight", {1000}}, {"c.weight", {20, 50}}, {"d.bias", {7}}};
   std::vector<std::vector<float>> data;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     std::size_t n = 1;
@@ -99,7 +101,8 @@ TEST_CASE("the writer shards past the size limit with an index and the reader re
   r1.read_f32_transposed("a.weight", {10, 100}, out.data());
   CHECK(out[3 * 10 + 7] == data[0][7 * 100 + 3]);
   CHECK_THROWS_WITH(r2.read_f32("c.weight", {50, 20}, out.data()),
-                    Catch::Contains("model-00002-of-00002.safetensors") && Catch::Contains("'c.weight' has shape [20, 50], expected [50, 20]"));
+                    Catch::Contains("model-00002-of-00002.safetensors") &&
+                        Catch::Contains("'c.weight' has shape [20, 50], expected [50, 20]"));
   CHECK_THROWS_WITH(w.write("e", data[0].data()), Catch::Contains("past the end of the plan"));
 }
 
@@ -120,7 +123,9 @@ TEST_CASE("bf16 and f16 files convert to fp32 on read") {
 
 TEST_CASE("safetensors headers that lie are errors naming the tensor and the file") {
   test::TempDir tmp;
-  auto err = [&](const std::string& header, std::size_t data) { return open_error(make_file(tmp.path(), header, data)); };
+  auto err = [&](const std::string& header, std::size_t data) {
+    return open_error(make_file(tmp.path(), header, data));
+  };
   const std::string file = (tmp / "bad.safetensors").string();
 
   CHECK_THAT(err(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 8),
@@ -128,12 +133,14 @@ TEST_CASE("safetensors headers that lie are errors naming the tensor and the fil
   CHECK_THAT(err(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}})", 16),
              Catch::Contains("'w'") && Catch::Contains("need 16"));
   CHECK_THAT(err(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-                     "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", 24),
+                     "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})",
+                 24),
              Catch::Contains(file) && Catch::Contains("'a'") && Catch::Contains("'b'") && Catch::Contains("overlap"));
   CHECK_THAT(err(R"({"w": {"dtype": "Q4", "shape": [4], "data_offsets": [0, 16]}})", 16),
              Catch::Contains("'w'") && Catch::Contains("unknown dtype 'Q4'"));
   CHECK_THAT(err(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}})", 16), Catch::Contains("reversed"));
-  CHECK_THAT(err(R"({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}})", 16), Catch::Contains("bad shape"));
+  CHECK_THAT(err(R"({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}})", 16),
+             Catch::Contains("bad shape"));
   CHECK_THAT(err(R"({"w": {"dtype": "F32", "shape": [4]}})", 16), Catch::Contains("data_offsets"));
   CHECK_THAT(err(R"({"w": )", 16), Catch::Contains(file) && Catch::Contains("not valid JSON"));
   CHECK_THAT(err(R"([1, 2])", 16), Catch::Contains("not a JSON object"));
@@ -144,18 +151,23 @@ TEST_CASE("safetensors headers that lie are errors naming the tensor and the fil
     out.write(len, 8);
     out << "{}";
   }
-  CHECK_THAT(open_error(tmp / "long.safetensors"), Catch::Contains("long.safetensors") && Catch::Contains("exceeds the file size"));
+  CHECK_THAT(open_error(tmp / "long.safetensors"),
+             Catch::Contains("long.safetensors") && Catch::Contains("exceeds the file size"));
   {
     std::ofstream out(tmp / "tiny.safetensors", std::ios::binary);
     out << "abc";
   }
-  CHECK_THAT(open_error(tmp / "tiny.safetensors"), Catch::Contains("tiny.safetensors") && Catch::Contains("not a safetensors file"));
-  CHECK_THAT(open_error(tmp / "absent.safetensors"), Catch::Contains("absent.safetensors") && Catch::Contains("cannot open"));
+  CHECK_THAT(open_error(tmp / "tiny.safetensors"),
+             Catch::Contains("tiny.safetensors") && Catch::Contains("not a safetensors file"));
+  CHECK_THAT(open_error(tmp / "absent.safetensors"),
+             Catch::Contains("absent.safetensors") && Catch::Contains("cannot open"));
 
   // A valid header with an unsupported element type for the engine: an error when read.
-  SafetensorsReader r(make_file(tmp.path(), R"({"w": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]}})", 16, "f64.safetensors"));
+  SafetensorsReader r(make_file(tmp.path(), R"({"w": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]}})", 16,
+                                "f64.safetensors"));
   std::vector<float> out(2);
-  CHECK_THROWS_WITH(r.read_f32("w", {2}, out.data()),
-                    Catch::Contains("f64.safetensors") && Catch::Contains("'w' has dtype F64 (supported: F32, BF16, F16)"));
+  CHECK_THROWS_WITH(
+      r.read_f32("w", {2}, out.data()),
+      Catch::Contains("f64.safetensors") && Catch::Contains("'w' has dtype F64 (supported: F32, BF16, F16)"));
   CHECK_THROWS_WITH(r.read_f32("v", {2}, out.data()), Catch::Contains("no tensor 'v'"));
 }

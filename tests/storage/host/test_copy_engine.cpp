@@ -53,7 +53,8 @@ TEST_CASE("copies land byte-exact in both directions, with callbacks and futures
     engine.wait_idle();  // a job leaves the queue count just after its callback (and future) completed
     for (std::size_t i = 0; i < std::size(sizes); ++i) CHECK((targets[i] == sources[i]));
     const auto stats = engine.stats();
-    CHECK(stats.of(CopyDirection::host_to_device).jobs + stats.of(CopyDirection::device_to_host).jobs == std::size(sizes));
+    CHECK(stats.of(CopyDirection::host_to_device).jobs + stats.of(CopyDirection::device_to_host).jobs ==
+          std::size(sizes));
     CHECK(stats.of(CopyDirection::host_to_device).bytes == 0 + 4095 + 4097);
     CHECK(stats.of(CopyDirection::device_to_host).bytes == 1 + 4096 + 100000);
     CHECK(stats.queued_jobs == 0);
@@ -70,8 +71,11 @@ TEST_CASE("jobs of one direction complete in submission order", "[copy_engine]")
     std::vector<int> order_h2d, order_all;
     for (int i = 0; i < 40; ++i) {
       const auto direction = i % 3 ? CopyDirection::host_to_device : CopyDirection::device_to_host;
-      CopyJob job{direction, src.data(), direction == CopyDirection::host_to_device ? dst_h2d.data() : dst_d2h.data(),
-                  static_cast<std::size_t>(1000 * (i % 7)), {}};
+      CopyJob job{direction,
+                  src.data(),
+                  direction == CopyDirection::host_to_device ? dst_h2d.data() : dst_d2h.data(),
+                  static_cast<std::size_t>(1000 * (i % 7)),
+                  {}};
       const bool h2d = job.direction == CopyDirection::host_to_device;
       job.on_done = [&, i, h2d] {
         std::lock_guard<std::mutex> lock(m);
@@ -91,7 +95,7 @@ TEST_CASE("a bandwidth limit makes a copy of N bytes take N / limit seconds", "[
   CopyEngineOptions options;
   options.bandwidth_bytes_per_s = 20e6;  // 20 MB/s: far below memcpy speed, even under ThreadSanitizer
   CopyEngine engine(options);
-  const std::size_t n = 3'000'000;        // 0.15 s at the limit
+  const std::size_t n = 3'000'000;  // 0.15 s at the limit
   std::vector<std::uint8_t> src(n, 7), dst(n);
   const auto t0 = Clock::now();
   engine.submit_with_future({CopyDirection::host_to_device, src.data(), dst.data(), n, {}}).get();
@@ -145,7 +149,8 @@ TEST_CASE("shutdown finishes queued jobs, then refuses new ones", "[copy_engine]
   CopyEngine engine(options);
   std::vector<std::uint8_t> src(100'000, 9), dst(100'000);
   std::atomic<int> done{0};
-  for (int i = 0; i < 100; ++i) engine.submit({CopyDirection::host_to_device, src.data(), dst.data(), src.size(), [&] { done++; }});
+  for (int i = 0; i < 100; ++i)
+    engine.submit({CopyDirection::host_to_device, src.data(), dst.data(), src.size(), [&] { done++; }});
   engine.shutdown();
   CHECK(done == 100);
   CHECK_THROWS_AS(engine.submit({CopyDirection::host_to_device, src.data(), dst.data(), 1, {}}), std::logic_error);
@@ -157,7 +162,8 @@ TEST_CASE("the destructor drains the queue too", "[copy_engine]") {
   std::atomic<int> done{0};
   {
     CopyEngine engine;
-    for (int i = 0; i < 20; ++i) engine.submit({CopyDirection::device_to_host, src.data(), dst.data(), src.size(), [&] { done++; }});
+    for (int i = 0; i < 20; ++i)
+      engine.submit({CopyDirection::device_to_host, src.data(), dst.data(), src.size(), [&] { done++; }});
   }
   CHECK(done == 20);
 }
@@ -169,7 +175,8 @@ TEST_CASE("bad jobs and options are rejected; a throwing callback is counted, no
   CopyEngine engine;
   std::uint8_t byte = 1;
   CHECK_THROWS_AS(engine.submit({CopyDirection::host_to_device, nullptr, &byte, 1, {}}), std::invalid_argument);
-  auto f = engine.submit_with_future({CopyDirection::host_to_device, &byte, &byte, 1, [] { throw std::runtime_error("boom"); }});
+  auto f = engine.submit_with_future(
+      {CopyDirection::host_to_device, &byte, &byte, 1, [] { throw std::runtime_error("boom"); }});
   CHECK_THROWS_WITH(f.get(), "boom");
   engine.wait_idle();
   CHECK(engine.stats().callback_errors == 1);
@@ -190,8 +197,11 @@ TEST_CASE("many threads submitting at once (ThreadSanitizer target)", "[copy_eng
     dst[t].assign(kJobs * 64, 0);
     submitters.emplace_back([&, t] {
       for (int j = 0; j < kJobs; ++j) {
-        CopyJob job{j % 2 ? CopyDirection::host_to_device : CopyDirection::device_to_host, src[t].data() + j * 64,
-                    dst[t].data() + j * 64, 64 * sizeof(std::uint32_t), {}};
+        CopyJob job{j % 2 ? CopyDirection::host_to_device : CopyDirection::device_to_host,
+                    src[t].data() + j * 64,
+                    dst[t].data() + j * 64,
+                    64 * sizeof(std::uint32_t),
+                    {}};
         job.on_done = [&bytes_done] { bytes_done += 64 * sizeof(std::uint32_t); };
         engine.submit(std::move(job));
         if (j % 50 == 0) (void)engine.stats();

@@ -89,7 +89,8 @@ TEST_CASE("data written before a version is published is visible to the waiter",
   bool all_seen = true;
   for (std::uint64_t v = 1; v <= 50; ++v) {
     data.wait_for_version(v);
-    all_seen = all_seen && data.params()[0] == static_cast<float>(v) && data.params()[data.floats() - 1] == static_cast<float>(v);
+    all_seen = all_seen && data.params()[0] == static_cast<float>(v) &&
+               data.params()[data.floats() - 1] == static_cast<float>(v);
     acknowledged.publish_version(v);
   }
   writer.join();

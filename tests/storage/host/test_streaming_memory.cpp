@@ -44,7 +44,8 @@ std::future<int> prefetch(HostModel& model, DeviceArena& arena, CopyEngine& engi
   auto ready = std::make_shared<std::promise<int>>();
   auto future = ready->get_future();
   const int s = *slot;
-  engine.submit({CopyDirection::host_to_device, tile.stream_source(), arena.weight_slot(s), tile.stream_bytes(), [&arena, ready, s] {
+  engine.submit({CopyDirection::host_to_device, tile.stream_source(), arena.weight_slot(s), tile.stream_bytes(),
+                 [&arena, ready, s] {
                    arena.mark_ready(s);
                    ready->set_value(s);
                  }});
@@ -53,20 +54,22 @@ std::future<int> prefetch(HostModel& model, DeviceArena& arena, CopyEngine& engi
 
 // Checks the slot, claims workspace and activations as a layer's compute would, and in backward
 // stages the gradient through the staging slot back into the tile's accumulator.
-void compute_stage(HostModel& model, DeviceArena& arena, CopyEngine& engine, std::int64_t stage, int slot, bool backward,
-                   StreamResult& result) {
+void compute_stage(HostModel& model, DeviceArena& arena, CopyEngine& engine, std::int64_t stage, int slot,
+                   bool backward, StreamResult& result) {
   const HostTile& tile = model.tile(stage);
   const float* weights = arena.weight_slot(slot);
   const WeightSlotState state = arena.slot_state(slot);
-  result.weights_ok = result.weights_ok && state.phase == SlotPhase::ready && state.stage == stage && weights[0] == stage_value(stage) &&
-                      weights[tile.floats() - 1] == stage_value(stage);
+  result.weights_ok = result.weights_ok && state.phase == SlotPhase::ready && state.stage == stage &&
+                      weights[0] == stage_value(stage) && weights[tile.floats() - 1] == stage_value(stage);
   arena.claim(ArenaRegionKind::workspace, 0, kWorkspace);
   arena.claim(ArenaRegionKind::activations, 0, kActivations);
   if (backward) {
     float* staging = arena.grad_slot(0);
     arena.claim(ArenaRegionKind::grad_slot, 0, tile.region_bytes());
     for (std::size_t i = 0; i < tile.floats(); ++i) staging[i] = -stage_value(stage);
-    engine.submit_with_future({CopyDirection::device_to_host, staging, model.tile(stage).grad(), tile.region_bytes(), {}}).get();
+    engine
+        .submit_with_future({CopyDirection::device_to_host, staging, model.tile(stage).grad(), tile.region_bytes(), {}})
+        .get();
     arena.release(ArenaRegionKind::grad_slot, 0);
   }
   arena.release(ArenaRegionKind::workspace, 0);
