@@ -191,7 +191,13 @@ TEST_CASE("import and export and verify stream stage by stage with peak memory f
   WARN("model " << model_bytes / 1e6 << " MB, largest stage " << largest_stage / 1e6 << " MB; peak RSS import "
                 << rss_import / 1e6 << " MB, export " << rss_export / 1e6 << " MB, verify " << rss_verify / 1e6
                 << " MB");
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine keeps freed stage buffers resident, so peak RSS says nothing about streaming in
+  // that build; the release build checks it.
+  WARN("ASan build: peak RSS bounds not checked");
+#else
   CHECK(rss_import < 0.5 * model_bytes);
   CHECK(rss_export < 0.5 * model_bytes);
   CHECK(rss_verify < 0.5 * model_bytes);
+#endif
 }

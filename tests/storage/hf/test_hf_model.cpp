@@ -70,7 +70,8 @@ TEST_CASE("GPT-2 decoder matrices are stored in-by-out in the file as Conv1D hol
   std::vector<float> file(32 * 96);
   f.read_f32("transformer.h.0.attn.c_attn.weight", {32, 96}, file.data());
   const auto stage = test::stage_values(c, 1, 0);
-  const auto& spec = stage_layout(c, 1).at("attn.c_attn.weight");
+  const ParamLayout layout = stage_layout(c, 1);
+  const auto& spec = layout.at("attn.c_attn.weight");
   CHECK(file[5 * 96 + 17] == stage[spec.offset + 17 * 32 + 5]);  // file[in][out] == ours[out][in]
 }
 
