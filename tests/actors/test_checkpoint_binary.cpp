@@ -23,7 +23,12 @@
 #include "kernels/param_layout.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
 
+#include "tests/actors/node_binary_fixture.hpp"
+
 namespace fs = std::filesystem;
+using mt::test::make_shard;
+using mt::test::Outcome;
+using mt::test::slurp;
 
 // LeakSanitizer (asan preset): HDF5's global state is never freed because storage/checkpoint turns
 // HDF5's exit handler off (H5dont_atexit; see storage/checkpoint/README.md), which LSan would report
@@ -31,44 +36,6 @@ namespace fs = std::filesystem;
 extern "C" const char* __lsan_default_suppressions() { return "leak:libhdf5\n"; }
 
 namespace {
-
-struct Outcome {
-  int code = -1;
-  std::string out;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-Outcome run(const std::string& args, const std::string& env = "") {
-  const fs::path log = fs::temp_directory_path() / ("mt_ckbin_" + std::to_string(::getpid()) + ".log");
-  const std::string cmd = env + " " + std::string(MEGATRAIN_BINARY) + " train " + args + " > " + log.string() + " 2>&1";
-  Outcome o;
-  const int rc = std::system(cmd.c_str());
-  o.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  o.out = slurp(log);
-  fs::remove(log);
-  return o;
-}
-
-fs::path make_shard(const fs::path& dir, std::size_t tokens) {
-  fs::create_directories(dir);
-  const fs::path p = dir / "train_000000.bin";
-  std::vector<std::int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<std::int32_t>(tokens);
-  std::vector<std::uint16_t> t(tokens);
-  for (std::size_t i = 0; i < tokens; ++i) t[i] = static_cast<std::uint16_t>((i * 7 + i / 13) % 61);
-  std::ofstream out(p, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-  return p;
-}
 
 std::string model_args() {
   return "--model.arch=llama --model.hidden_size=32 --model.layers=2 --model.heads=4 --model.kv_heads=2 "
@@ -163,15 +130,16 @@ struct TempDir {
 TEST_CASE("megatrain train: 10 steps + resume + 10 steps equals 20 steps bit for bit", "[actors][checkpoint][node]") {
   TempDir dir("exact");
   const fs::path shard = make_shard(dir.path, 8192);
-  const Outcome a = run(tiny_args(dir.path / "a", shard) + " --train.max_steps=20");
+  const Outcome a = mt::test::run_node(tiny_args(dir.path / "a", shard) + " --train.max_steps=20");
   INFO(a.out);
   REQUIRE(a.code == 0);
-  const Outcome b1 = run(tiny_args(dir.path / "b", shard) + " --train.max_steps=20 --train.stop_after_steps=10");
+  const Outcome b1 =
+      mt::test::run_node(tiny_args(dir.path / "b", shard) + " --train.max_steps=20 --train.stop_after_steps=10");
   INFO(b1.out);
   REQUIRE(b1.code == 0);
   CHECK(fs::is_directory(dir.path / "b" / "step-00000010"));
-  const Outcome b2 =
-      run(tiny_args(dir.path / "b", shard) + " --train.max_steps=20 --train.resume_from_checkpoint=latest");
+  const Outcome b2 = mt::test::run_node(tiny_args(dir.path / "b", shard) +
+                                        " --train.max_steps=20 --train.resume_from_checkpoint=latest");
   INFO(b2.out);
   REQUIRE(b2.code == 0);
   CHECK_THAT(b2.out, Catch::Contains("resumed from") && Catch::Contains("step-00000010 at step 10"));
@@ -213,13 +181,13 @@ TEST_CASE("megatrain train: kill -9 during a checkpoint write resumes from the p
   REQUIRE(in_write);
   CHECK(slurp(out / "latest") == "step-00000004\n");
   CHECK(!fs::exists(out / "step-00000008"));
-  const Outcome r =
-      run(tiny_args(out, shard) + " --train.max_steps=12 --train.save_steps=4 --train.resume_from_checkpoint=latest");
+  const Outcome r = mt::test::run_node(
+      tiny_args(out, shard) + " --train.max_steps=12 --train.save_steps=4 --train.resume_from_checkpoint=latest");
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.out, Catch::Contains("step-00000004 at step 4"));
   // The resumed run equals an uninterrupted one.
-  const Outcome u = run(tiny_args(dir.path / "u", shard) + " --train.max_steps=12");
+  const Outcome u = mt::test::run_node(tiny_args(dir.path / "u", shard) + " --train.max_steps=12");
   REQUIRE(u.code == 0);
   CHECK(same_checkpoints(out / "step-00000012", dir.path / "u" / "step-00000012"));
   for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
@@ -230,8 +198,8 @@ TEST_CASE("megatrain train: a damaged checkpoint is refused naming the file, pre
   TempDir dir("damage");
   const fs::path shard = make_shard(dir.path, 8192);
   const fs::path out = dir.path / "out";
-  const Outcome a =
-      run(tiny_args(out, shard) + " --train.max_steps=10 --train.save_steps=5 --train.save_total_limit=0");
+  const Outcome a = mt::test::run_node(tiny_args(out, shard) +
+                                       " --train.max_steps=10 --train.save_steps=5 --train.save_total_limit=0");
   INFO(a.out);
   REQUIRE(a.code == 0);
   const fs::path victim = out / "step-00000010" / "shard-00000.h5";
@@ -247,12 +215,12 @@ TEST_CASE("megatrain train: a damaged checkpoint is refused naming the file, pre
     f.write(&ch, 1);
   }
   const std::string resume = tiny_args(out, shard) + " --train.max_steps=12 --train.resume_from_checkpoint=latest";
-  const Outcome bad = run(resume);
+  const Outcome bad = mt::test::run_node(resume);
   INFO(bad.out);
   CHECK(bad.code == 1);
   CHECK_THAT(bad.out, Catch::Contains("step-00000010/shard-00000.h5"));
   CHECK_THAT(bad.out, !Catch::Contains("step    11"));
-  const Outcome fb = run(resume + " --train.resume_fallback=previous_good");
+  const Outcome fb = mt::test::run_node(resume + " --train.resume_fallback=previous_good");
   INFO(fb.out);
   CHECK(fb.code == 0);
   CHECK_THAT(fb.out, Catch::Contains("step-00000005 at step 5"));
@@ -290,8 +258,8 @@ TEST_CASE("megatrain train: Hugging Face weights in (model_name_or_path) and out
           "[actors][checkpoint][node]") {
   TempDir dir("hf");
   const fs::path shard = make_shard(dir.path, 8192);
-  const Outcome a = run(tiny_args(dir.path / "a", shard) +
-                        " --train.max_steps=3 --train.export_hf_dir=" + (dir.path / "hf1").string());
+  const Outcome a = mt::test::run_node(tiny_args(dir.path / "a", shard) +
+                                       " --train.max_steps=3 --train.export_hf_dir=" + (dir.path / "hf1").string());
   INFO(a.out);
   REQUIRE(a.code == 0);
   REQUIRE(fs::is_regular_file(dir.path / "hf1" / "config.json"));
@@ -306,9 +274,9 @@ TEST_CASE("megatrain train: Hugging Face weights in (model_name_or_path) and out
     CHECK(std::memcmp(p.data(), host.tile(s).params(), n * sizeof(float)) == 0);
   }
   // A fine-tuning run from the exported directory (config and weights from it; no model keys).
-  const Outcome b =
-      run(train_args(dir.path / "b", shard) + " --model.model_name_or_path=" + (dir.path / "hf1").string() +
-          " --train.max_steps=2 --train.export_hf_dir=" + (dir.path / "hf2").string());
+  const Outcome b = mt::test::run_node(train_args(dir.path / "b", shard) +
+                                       " --model.model_name_or_path=" + (dir.path / "hf1").string() +
+                                       " --train.max_steps=2 --train.export_hf_dir=" + (dir.path / "hf2").string());
   INFO(b.out);
   REQUIRE(b.code == 0);
   CHECK_THAT(b.out, Catch::Contains("initial weights from"));

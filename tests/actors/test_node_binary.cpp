@@ -18,48 +18,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/actors/node_binary_fixture.hpp"
+
 namespace fs = std::filesystem;
+using mt::test::make_shard;
+using mt::test::Outcome;
+using mt::test::slurp;
 
 namespace {
-
-struct Outcome {
-  int code = -1;
-  std::string out;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-Outcome run(const std::string& args) {
-  const fs::path log = fs::temp_directory_path() / ("mt_node_" + std::to_string(::getpid()) + ".log");
-  const std::string cmd = std::string(MEGATRAIN_BINARY) + " train " + args + " > " + log.string() + " 2>&1";
-  Outcome o;
-  const int rc = std::system(cmd.c_str());
-  o.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  o.out = slurp(log);
-  fs::remove(log);
-  return o;
-}
-
-// A small llm.c token shard (uint16 tokens) of a repeating pattern the model can learn.
-fs::path make_shard(const fs::path& dir, std::size_t tokens) {
-  fs::create_directories(dir);
-  const fs::path p = dir / "train_000000.bin";
-  std::vector<std::int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<std::int32_t>(tokens);
-  std::vector<std::uint16_t> t(tokens);
-  for (std::size_t i = 0; i < tokens; ++i) t[i] = static_cast<std::uint16_t>((i * 7 + i / 13) % 61);
-  std::ofstream out(p, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-  return p;
-}
 
 std::string tiny_args(const fs::path& dir, const fs::path& shard) {
   return "--model.arch=llama --model.hidden_size=32 --model.layers=2 --model.heads=4 --model.kv_heads=2 "
@@ -78,36 +44,36 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
   const fs::path shard = make_shard(dir, 4096);
   const std::string base = tiny_args(dir, shard);
   SECTION("bad value") {
-    const Outcome o = run(base + " --train.learning_rate=-1");
+    const Outcome o = mt::test::run_node(base + " --train.learning_rate=-1");
     CHECK(o.code == 1);
     CHECK_THAT(o.out, Catch::Contains("train.learning_rate"));
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
   SECTION("unknown key on the command line") {
-    const Outcome o = run(base + " --train.learning_rat=0.1");
+    const Outcome o = mt::test::run_node(base + " --train.learning_rat=0.1");
     CHECK(o.code != 0);
     CHECK_THAT(o.out, Catch::Contains("learning_rat"));
   }
   SECTION("unknown key in the INI file") {
     const fs::path ini = dir / "bad.ini";
     std::ofstream(ini) << "[train]\nmax_stepz = 3\n";
-    const Outcome o = run("--config-file=" + ini.string() + " " + base);
+    const Outcome o = mt::test::run_node("--config-file=" + ini.string() + " " + base);
     CHECK(o.code == 1);
     CHECK_THAT(o.out, Catch::Contains("max_stepz"));
   }
   SECTION("missing data file") {
-    const Outcome o = run(base + " --data.train_files=" + (dir / "nope*.bin").string());
+    const Outcome o = mt::test::run_node(base + " --data.train_files=" + (dir / "nope*.bin").string());
     CHECK(o.code == 1);
     CHECK_THAT(o.out, Catch::Contains("data.train_files"));
   }
   SECTION("device budget too small") {
-    const Outcome o = run(base + " --device.device_memory_mb=0 --device.max_vram_gb=0.00001");
+    const Outcome o = mt::test::run_node(base + " --device.device_memory_mb=0 --device.max_vram_gb=0.00001");
     CHECK(o.code == 1);
     CHECK_THAT(o.out, Catch::Contains("device.max_vram_gb"));
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
   SECTION("token ids beyond the vocabulary") {
-    const Outcome o = run(base + " --model.vocab_size=32");
+    const Outcome o = mt::test::run_node(base + " --model.vocab_size=32");
     CHECK(o.code == 1);
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
@@ -117,7 +83,7 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
 TEST_CASE("megatrain train: trains, prints progress and writes JSONL", "[actors][node]") {
   const fs::path dir = fs::temp_directory_path() / ("mt_node_ok_" + std::to_string(::getpid()));
   const fs::path shard = make_shard(dir, 8192);
-  const Outcome o = run(tiny_args(dir, shard) + " --train.max_steps=12 --train.learning_rate=0.01");
+  const Outcome o = mt::test::run_node(tiny_args(dir, shard) + " --train.max_steps=12 --train.learning_rate=0.01");
   INFO(o.out);
   REQUIRE(o.code == 0);
   CHECK_THAT(o.out, Catch::Contains("step    12 | loss"));
