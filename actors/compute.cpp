@@ -1,21 +1,27 @@
 // The compute actor: runs the schedule's ops on the CPU backend with the stateless stage templates
-// bound by pointer to the weight slots the prefetcher filled (zero copy). Keeps the layer-boundary
-// activations in the arena (and, in keep mode, every layer's intermediates); recomputes each layer
-// once in backward otherwise. Gradients go into a zeroed staging slot, handed to the collector at once.
+// bound by pointer to the slots the prefetcher filled (zero copy). Keeps the layer-boundary
+// activations in the arena, one set per in-flight micro-batch (and, in keep mode, every layer's
+// intermediates), or, with boundaries on the host, writes the forward's boundaries into a small ring
+// and copies them out to the host store as it goes; recomputes each layer once in backward. Gradients
+// go into a zeroed staging slot, handed to the collector at once.
 //
 // Durable progress: the ledger's compute_pos is advanced only after an op completed; activations,
-// dx and staging live in the arena, so a restarted compute actor continues at compute_pos (a crash
+// dx and staging live in the arena (boundaries on the host: in the host store, with each ring entry's
+// pending copy in the ledger), so a restarted compute actor continues at compute_pos (a crash
 // mid-micro-batch does not redo the micro-batch's earlier ops).
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "actors/actors.hpp"
 
 namespace mt::actors {
 namespace {
+
+using BatchKey = std::pair<std::int64_t, std::int64_t>;  // (step, micro-batch)
 
 struct compute_state {
   Context* ctx = nullptr;
@@ -24,9 +30,8 @@ struct compute_state {
   PeerHandles peers;
   Pos pos;
   std::int64_t end_step = 0;
-  std::shared_ptr<const data::Batch> batch;  // for (pos.step, pos.micro_batch)
-  std::int64_t batch_step = -1, batch_mb = -1;
-  bool requested = false;
+  std::map<BatchKey, std::shared_ptr<const data::Batch>> batches;  // the in-flight micro-batches' data
+  std::set<BatchKey> requested;
   std::map<std::pair<Pos, int>, WeightsReady> ready;
   std::optional<Clock::time_point> waiting_since;
   double step_wait = 0.0, step_compute = 0.0;
@@ -74,31 +79,77 @@ void hand_over(self_ptr self, int k, const Pos& p, std::int64_t stage, Phase pha
 
 bool tied(const ModelConfig& c) { return c.tie_word_embeddings || c.is_gpt2(); }
 
+// Boundaries on the host: the boundary op `op` writes (into the forward ring), or -1. Boundary L (the
+// head's input) stays on the device; boundaries 0..L-1 are copied out for the backward.
+std::int64_t boundary_written(const Op& op) {
+  if (op.kind == OpKind::embed_forward) return 0;
+  if (op.kind == OpKind::layer_forward) return op.stage;
+  return -1;
+}
+
+// Boundaries on the host: true when ring entry `k` may be overwritten (its last copy to the host has
+// landed).
+bool ring_entry_free(Context* ctx, std::size_t k) {
+  const RingEntry& e = ctx->ledger.ring[k];
+  return e.boundary < 0 || ctx->host_acts->stamp(e.set, e.boundary) >= e.stamp;
+}
+
+// Boundaries on the host: copies boundary b of the op's micro-batch from its ring entry to the host
+// store; the copy engine's worker publishes it and tells compute and the prefetcher.
+void offload_boundary(self_ptr self, const Pos& p, std::int64_t b) {
+  Context* ctx = self->state.ctx;
+  const std::size_t k = static_cast<std::size_t>(b) % ctx->ring.size();
+  const int set = ctx->sched.activation_set(p.micro_batch);
+  const std::uint64_t stamp = ctx->boundary_stamp(p.step, p.micro_batch);
+  ctx->ledger.ring[k] = RingEntry{set, b, stamp};
+  CopyJob job;
+  job.direction = CopyDirection::device_to_host;
+  job.src = ctx->ring[k];
+  job.dst = ctx->host_acts->data(set, b);
+  job.bytes = ctx->plan.hidden_floats * sizeof(float);
+  const BoundarySaved saved{self->state.epoch, p.step, p.micro_batch, b};
+  HostBoundaries* store = ctx->host_acts;
+  compute_actor me = caf::actor_cast<compute_actor>(self);
+  prefetcher_actor prefetcher = self->state.peers.prefetcher;
+  job.on_done = [store, set, b, stamp, saved, me, prefetcher] {
+    store->mark_saved(set, b, stamp);
+    caf::anon_send(me, saved);
+    caf::anon_send(prefetcher, saved);
+  };
+  ctx->copy->submit(std::move(job));
+}
+
 void try_advance(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   const ModelConfig& c = *ctx->model;
+  const Schedule& sched = ctx->sched;
   const std::int64_t B = ctx->plan.batch, T = ctx->plan.seq, L = c.num_hidden_layers, S = ctx->stages();
   const bool keep = ctx->plan.mode == ActivationMode::keep;
+  const bool on_host = ctx->host_acts != nullptr;
   while (st.running && st.pos.step < st.end_step) {
     const Pos p = st.pos;
-    if (!st.batch || st.batch_step != p.step || st.batch_mb != p.micro_batch) {
-      if (!st.requested) {
-        self->send(st.peers.loader, BatchRequest{st.epoch, p.step, p.micro_batch});
-        st.requested = true;
-      }
+    const BatchKey key{p.step, p.micro_batch};
+    auto bit = st.batches.find(key);
+    if (bit == st.batches.end()) {
+      if (st.requested.insert(key).second) self->send(st.peers.loader, BatchRequest{st.epoch, p.step, p.micro_batch});
       return;
     }
-    const Op& op = ctx->ops[static_cast<std::size_t>(p.op)];
-    float* w[2] = {nullptr, nullptr};
+    const data::Batch& batch = *bit->second;
+    const Op& op = sched.op(p);
+    int slot[2] = {-1, -1};
     for (int li = 0; li < op.loads; ++li) {
       auto it = st.ready.find({p, li});
       if (it == st.ready.end()) {
         if (!st.waiting_since) st.waiting_since = Clock::now();
         return;
       }
-      w[li] = ctx->arena->weight_slot(it->second.slot);
+      slot[li] = it->second.slot;
     }
+    auto weights = [&](int li) { return ctx->arena->weight_slot(slot[li]); };
+    // Boundaries on the host: the ring entry this op writes must have been copied out.
+    const std::int64_t written = on_host ? boundary_written(op) : -1;
+    if (written >= 0 && !ring_entry_free(ctx, static_cast<std::size_t>(written) % ctx->ring.size())) return;
     // Gradient staging this op needs.
     const bool is_tied = tied(c);
     int k_main = -1, k_embed = -1;
@@ -125,26 +176,32 @@ void try_advance(self_ptr self) {
     }
     fault_point(ctx->fault, Role::compute, p.step, p.micro_batch, op.stage, op.phase());
     const auto t0 = Clock::now();
-    const token_t* tokens = st.batch->inputs.data();
-    const token_t* targets = st.batch->targets.data();
+    const token_t* tokens = batch.inputs.data();
+    const token_t* targets = batch.targets.data();
     float* ws = ctx->workspace;
     int& dxc = ctx->ledger.dx_current;
+    const std::size_t set = static_cast<std::size_t>(sched.activation_set(p.micro_batch));
+    // Boundary i of this micro-batch as the forward and head see it.
+    auto boundary = [&](std::int64_t i) {
+      return on_host ? ctx->ring[static_cast<std::size_t>(i) % ctx->ring.size()]
+                     : ctx->acts[set][static_cast<std::size_t>(i)];
+    };
+    auto saved = [&](std::int64_t layer) {
+      return keep ? ctx->saved[set][static_cast<std::size_t>(layer - 1)] : nullptr;
+    };
     switch (op.kind) {
       case OpKind::embed_forward:
-        embedding_forward(c, w[0], tokens, B, T, ctx->acts[0], ctx->compute_ctx);
+        embedding_forward(c, weights(0), tokens, B, T, boundary(0), ctx->compute_ctx);
         break;
-      case OpKind::layer_forward: {
-        const std::size_t i = static_cast<std::size_t>(op.stage);
-        layer_forward(c, w[0], ctx->acts[i - 1], ctx->acts[i], B, T, keep ? ctx->saved[i - 1] : nullptr, ws,
+      case OpKind::layer_forward:
+        layer_forward(c, weights(0), boundary(op.stage - 1), boundary(op.stage), B, T, saved(op.stage), ws,
                       ctx->compute_ctx);
         break;
-      }
       case OpKind::head: {
         float* gh = open_staging(ctx, k_main, p, S - 1);
         float* g0 = is_tied ? open_staging(ctx, k_embed, p, 0) : nullptr;
-        const LossSum loss =
-            head_forward_backward(c, w[0], is_tied ? w[1] : nullptr, ctx->acts[static_cast<std::size_t>(L)], targets, B,
-                                  T, ctx->dx[dxc], gh, g0, ws, ctx->compute_ctx);
+        const LossSum loss = head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L), targets,
+                                                   B, T, ctx->dx[dxc], gh, g0, ws, ctx->compute_ctx);
         hand_over(self, k_main, p, S - 1, Phase::head);
         auto& v = ctx->ledger.losses[p.step];
         const MbLoss ml{loss.loss_sum, loss.counted};
@@ -158,10 +215,11 @@ void try_advance(self_ptr self) {
         break;
       }
       case OpKind::layer_backward: {
-        const std::size_t i = static_cast<std::size_t>(op.stage);
+        // The layer's input: streamed back from the host into an activation slot, or kept on the device.
+        const float* x_in = on_host ? ctx->act_slots[static_cast<std::size_t>(slot[1])] : boundary(op.stage - 1);
         float* g = open_staging(ctx, k_main, p, op.stage);
-        layer_backward(c, w[0], ctx->acts[i - 1], keep ? ctx->saved[i - 1] : nullptr, ctx->dx[dxc], ctx->dx[1 - dxc], g,
-                       B, T, ws, ctx->compute_ctx);
+        layer_backward(c, weights(0), x_in, saved(op.stage), ctx->dx[dxc], ctx->dx[1 - dxc], g, B, T, ws,
+                       ctx->compute_ctx);
         hand_over(self, k_main, p, op.stage, Phase::backward);
         break;
       }
@@ -175,19 +233,25 @@ void try_advance(self_ptr self) {
     const auto t1 = Clock::now();
     st.step_compute += seconds_between(t0, t1);
     ctx->intervals.add(Role::compute, p.step, t0, t1);
+    if (written >= 0) {
+      if (written < L)
+        offload_boundary(self, p, written);
+      else
+        ctx->ledger.ring[static_cast<std::size_t>(written) % ctx->ring.size()] = RingEntry{};
+    }
     for (int li = 0; li < op.loads; ++li) {
       auto it = st.ready.find({p, li});
-      self->send(st.peers.prefetcher, SlotFree{st.epoch, p, it->second.slot});
+      self->send(st.peers.prefetcher, SlotFree{st.epoch, p, li, it->second.slot});
       st.ready.erase(it);
     }
     // Commit: the op is done.
     if (op.kind == OpKind::layer_backward) dxc = 1 - dxc;
-    const Pos n = next_pos(p, ctx->ops_per_mb(), ctx->micro_batches());
+    const Pos n = sched.next(p);
     ctx->ledger.compute_pos = n;
     st.pos = n;
-    if (n.micro_batch != p.micro_batch || n.step != p.step) {
-      st.batch.reset();
-      st.requested = false;
+    if (p.op + 1 == sched.ops_per_micro_batch()) {  // the micro-batch's last op: its data is done
+      st.batches.erase(key);
+      st.requested.erase(key);
     }
     if (n.step != p.step) {
       self->send(st.peers.node, ComputeStepDone{p.step, st.step_wait, st.step_compute});
@@ -208,7 +272,7 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         auto& st = self->state;
         if (m.epoch != st.epoch) return;
         if (m.pos < st.pos) {  // stale (cannot happen in one epoch); give the slot back
-          self->send(st.peers.prefetcher, SlotFree{st.epoch, m.pos, m.slot});
+          self->send(st.peers.prefetcher, SlotFree{st.epoch, m.pos, m.load, m.slot});
           return;
         }
         st.ready[{m.pos, m.load}] = m;
@@ -216,10 +280,9 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
       },
       [=](const MicroBatch& m) {
         auto& st = self->state;
-        if (m.epoch != st.epoch || m.step != st.pos.step || m.micro_batch != st.pos.micro_batch) return;
-        st.batch = m.batch;
-        st.batch_step = m.step;
-        st.batch_mb = m.micro_batch;
+        const BatchKey key{m.step, m.micro_batch};
+        if (m.epoch != st.epoch || st.requested.count(key) == 0) return;
+        st.batches[key] = m.batch;
         try_advance(self);
       },
       [=](const GradSlotFree& m) {
@@ -232,9 +295,13 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         }
         try_advance(self);
       },
+      [=](const BoundarySaved& m) {
+        if (m.epoch != self->state.epoch) return;
+        try_advance(self);
+      },
       [=](const StopAt& m) -> StopAt {
         auto& st = self->state;
-        const bool started = st.pos.op != 0 || st.pos.micro_batch != 0;
+        const bool started = st.pos.index != 0;
         const std::int64_t end = std::min(st.end_step, std::max(m.end_step, st.pos.step + (started ? 1 : 0)));
         st.end_step = end;
         return StopAt{end};
@@ -246,17 +313,21 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         st.pos = r.pos;
         st.end_step = r.end_step;
         st.ready.clear();
-        st.batch.reset();
-        st.requested = false;
+        st.batches.clear();
+        st.requested.clear();
         st.waiting_since.reset();
         // Staging slots: `full` ones wait for the collector (the node re-issued them); a `filling` one
-        // is kept only if it is the tied embedding's slot whose head contribution is already in.
+        // is kept only if it is the tied embedding's slot of a micro-batch whose head is done and whose
+        // embed backward is not.
+        const Schedule& sched = ctx->sched;
         const std::int64_t head_op = ctx->model->num_hidden_layers + 1;
+        const std::int64_t embed_backward_op = sched.ops_per_micro_batch() - 1;
         for (int k = 0; k < static_cast<int>(ctx->ledger.staging.size()); ++k) {
           auto& e = ctx->ledger.staging[static_cast<std::size_t>(k)];
           if (e.state != StagingEntry::State::filling) continue;
-          const bool keep =
-              e.stage == 0 && e.step == r.pos.step && e.micro_batch == r.pos.micro_batch && r.pos.op > head_op;
+          const bool keep = e.stage == 0 && e.step == r.pos.step &&
+                            sched.index_of(e.micro_batch, head_op) < r.pos.index &&
+                            r.pos.index <= sched.index_of(e.micro_batch, embed_backward_op);
           if (!keep) {
             e = StagingEntry{};
             ctx->arena->release(ArenaRegionKind::grad_slot, k);

@@ -19,6 +19,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/schedule.hpp"
+#include "storage/host/host_boundaries.hpp"
 
 namespace mt::actors {
 
@@ -26,6 +27,14 @@ struct StagingEntry {
   enum class State { free, filling, full };
   State state = State::free;
   std::int64_t step = -1, micro_batch = -1, stage = -1;
+};
+
+// Boundaries on the host: what a forward ring entry holds that is still being copied to the host
+// (boundary -1: nothing pending). Compute overwrites the entry only once that copy has landed.
+struct RingEntry {
+  int set = 0;
+  std::int64_t boundary = -1;
+  std::uint64_t stamp = 0;
 };
 
 struct MbLoss {
@@ -38,6 +47,7 @@ struct RunLedger {
   Pos compute_pos;                                     // the next op to run; advanced only after an op is done
   int dx_current = 0;                                  // which dx buffer holds d(loss)/d(input of the next backward op)
   std::vector<StagingEntry> staging;                   // per gradient staging slot
+  std::vector<RingEntry> ring;                         // boundaries on the host: per forward ring entry
   std::map<std::int64_t, std::vector<MbLoss>> losses;  // step -> the micro-batches done, in order
   // --- written by the collector -------------------------------------------------------------------
   std::vector<std::int64_t> accum_step;   // per stage: the step its accumulator holds
@@ -156,7 +166,7 @@ struct Context {
   FaultPlan* fault = nullptr;
   RunLedger ledger;
   IntervalLog intervals;
-  std::vector<Op> ops;               // one micro-batch's ops
+  Schedule sched;                    // the order of every step's ops
   std::vector<ParamLayout> layouts;  // per stage
   std::int64_t first_step = 0;
   std::int64_t end_step = 0;  // exclusive; lowered by a stop request
@@ -175,15 +185,26 @@ struct Context {
   CheckpointGate gate;
   std::atomic<bool> checkpoint_request{false};  // the node sets it (SIGUSR1, timer); the optimizer takes it
 
-  // Carved from the arena's activation region.
-  std::vector<float*> acts;  // L + 1 boundaries: acts[i] = input of stage i + 1
+  // Carved from the arena's activation region. Boundaries on the device: per activation set (one per
+  // in-flight micro-batch, Schedule::activation_set), L + 1 boundaries: acts[set][i] = input of stage
+  // i + 1; keep mode also every layer's intermediates, saved[set][layer - 1].
+  std::vector<std::vector<float*>> acts;
+  std::vector<std::vector<float*>> saved;
+  // Boundaries on the host (host_acts set): the forward writes boundary i into ring[i % ring.size()]
+  // and copies boundaries 0..L-1 to host_acts; a layer's backward gets its input streamed back into an
+  // activation slot (as the op's second load).
+  HostBoundaries* host_acts = nullptr;
+  std::vector<float*> ring;
+  std::vector<float*> act_slots;
   float* dx[2] = {nullptr, nullptr};
-  std::vector<float*> saved;  // keep mode: per layer (index layer - 1)
   float* workspace = nullptr;
 
   std::int64_t stages() const { return plan.stages; }
   std::int64_t micro_batches() const { return plan.micro_batches; }
-  std::int64_t ops_per_mb() const { return static_cast<std::int64_t>(ops.size()); }
+  // The stamp of micro-batch (step, micro_batch)'s boundaries in host_acts: its global index + 1.
+  std::uint64_t boundary_stamp(std::int64_t step, std::int64_t micro_batch) const {
+    return static_cast<std::uint64_t>(step * plan.micro_batches + micro_batch) + 1;
+  }
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };
 

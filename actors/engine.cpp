@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include <caf/all.hpp>
 
@@ -33,10 +34,18 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
       p.mode = ActivationMode::keep;
       break;
     case KeepIntermediates::boundary_host:
-      throw ConfigError("device.keep_intermediates",
-                        "'boundary_host' (boundaries offloaded to host) is not supported by this engine yet; use "
-                        "boundary or all");
+      p.mode = ActivationMode::recompute;
+      p.boundaries_on_host = true;
+      break;
   }
+  // Keys validated for the NVMe tier and optimizer-state compression, which this engine does not
+  // have yet: refuse them rather than train without what was asked for.
+  if (cfg.optimizer_compression() != OptimizerCompression::none)
+    throw ConfigError("train.optimizer_compression",
+                      "'" + cfg.train.optimizer_compression + "' is not supported by this engine yet; use none");
+  if (!cfg.train.offload_dir.empty())
+    throw ConfigError("train.offload_dir",
+                      "the NVMe tier is not supported by this engine yet; leave it empty (host RAM holds the model)");
   if (cfg.device.weight_slots < 2) throw ConfigError("device.weight_slots", "must be >= 2 (double buffering)");
   if (cfg.device.grad_slots < 1) throw ConfigError("device.grad_slots", "must be >= 1");
   p.weight_slots = static_cast<int>(cfg.device.weight_slots);
@@ -51,10 +60,24 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   p.prefetch_depth = static_cast<int>(std::max<std::int64_t>(0, cfg.prefetch_depth()));
   p.hidden_floats = static_cast<std::size_t>(p.batch * p.seq * model.hidden_size);
   const std::int64_t L = model.num_hidden_layers;
-  std::size_t act = static_cast<std::size_t>(L + 1 + 2) * align_floats(p.hidden_floats);
+  p.order = cfg.micro_batch_order();
+  p.activation_sets = p.order == MicroBatchOrder::interleaved && p.micro_batches > 1 ? 2 : 1;
+  const std::size_t boundary = align_floats(p.hidden_floats);
+  std::size_t act = 2 * boundary;  // dx ping-pong
+  if (p.boundaries_on_host) {
+    // Independent of depth: a ring for the forward (3 entries: one read, one written, one still
+    // being copied out) and one input slot per weight slot for the backward.
+    p.ring_entries = 3;
+    p.activation_slots = p.weight_slots;
+    act += static_cast<std::size_t>(p.ring_entries + p.activation_slots) * boundary;
+    p.host_boundary_bytes =
+        static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * boundary * sizeof(float);
+  } else {
+    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L + 1) * boundary;
+  }
   if (p.mode == ActivationMode::keep) {
     p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
-    act += static_cast<std::size_t>(L) * align_floats(p.saved_floats);
+    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * align_floats(p.saved_floats);
   }
   p.workspace_floats =
       std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode), head_workspace_floats(model, p.batch, p.seq));
@@ -100,7 +123,7 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   ctx->host = job.host;
   ctx->data = job.data;
   ctx->fault = job.fault;
-  ctx->ops = micro_batch_ops(job.model);
+  ctx->sched = Schedule(job.model, ctx->plan.micro_batches, ctx->plan.order, ctx->plan.boundaries_on_host);
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) ctx->layouts.push_back(stage_layout(job.model, s));
   if (job.host->num_stages() != ctx->plan.stages)
     throw std::invalid_argument("run_engine: host model has another shape");
@@ -129,7 +152,13 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   ctx->arena = &arena;
   ctx->copy = &copy;
 
-  // Carve the activation region: L + 1 boundaries, two dx buffers, kept intermediates.
+  std::optional<HostBoundaries> host_acts;
+  if (ctx->plan.boundaries_on_host) {
+    host_acts.emplace(ctx->plan.activation_sets, job.model.num_hidden_layers, ctx->plan.hidden_floats);
+    ctx->host_acts = &*host_acts;
+  }
+  // Carve the activation region (plan_engine sized it): boundaries (per activation set, or the ring
+  // and activation slots when they live on the host), two dx buffers, kept intermediates.
   {
     float* base = reinterpret_cast<float*>(arena.activations());
     std::size_t off = 0;
@@ -138,18 +167,31 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
       off += align_floats(n);
       return q;
     };
-    for (std::int64_t i = 0; i <= job.model.num_hidden_layers; ++i) ctx->acts.push_back(take(ctx->plan.hidden_floats));
+    const std::int64_t L = job.model.num_hidden_layers;
+    const std::size_t sets = static_cast<std::size_t>(ctx->plan.activation_sets);
+    if (ctx->plan.boundaries_on_host) {
+      for (int k = 0; k < ctx->plan.ring_entries; ++k) ctx->ring.push_back(take(ctx->plan.hidden_floats));
+      for (int k = 0; k < ctx->plan.activation_slots; ++k) ctx->act_slots.push_back(take(ctx->plan.hidden_floats));
+    } else {
+      ctx->acts.resize(sets);
+      for (auto& set : ctx->acts)
+        for (std::int64_t i = 0; i <= L; ++i) set.push_back(take(ctx->plan.hidden_floats));
+    }
     ctx->dx[0] = take(ctx->plan.hidden_floats);
     ctx->dx[1] = take(ctx->plan.hidden_floats);
-    if (ctx->plan.mode == ActivationMode::keep)
-      for (std::int64_t i = 0; i < job.model.num_hidden_layers; ++i) ctx->saved.push_back(take(ctx->plan.saved_floats));
+    if (ctx->plan.mode == ActivationMode::keep) {
+      ctx->saved.resize(sets);
+      for (auto& set : ctx->saved)
+        for (std::int64_t i = 0; i < L; ++i) set.push_back(take(ctx->plan.saved_floats));
+    }
     arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
     ctx->workspace = reinterpret_cast<float*>(arena.workspace());
     arena.claim(ArenaRegionKind::workspace, 0, ctx->plan.workspace_floats * sizeof(float));
   }
 
   RunLedger& led = ctx->ledger;
-  led.compute_pos = Pos{job.first_step, 0, 0};
+  led.compute_pos = ctx->sched.first(job.first_step);
+  led.ring.assign(ctx->ring.size(), RingEntry{});
   led.staging.assign(static_cast<std::size_t>(ctx->plan.grad_slots), StagingEntry{});
   led.accum_step.assign(static_cast<std::size_t>(ctx->plan.stages), -1);
   led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);

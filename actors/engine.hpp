@@ -36,7 +36,13 @@ struct EnginePlan {
   std::int64_t batch = 0, seq = 0, micro_batches = 0, stages = 0;
   int weight_slots = 0, grad_slots = 0, prefetch_depth = 0;
   std::size_t hidden_floats = 0;  // one boundary activation: batch * seq * hidden_size
-  std::size_t saved_floats = 0;   // keep mode: one layer's intermediates
+  MicroBatchOrder order = MicroBatchOrder::interleaved;
+  int activation_sets = 1;              // micro-batches whose activations are alive at once
+  bool boundaries_on_host = false;      // device.keep_intermediates=boundary_host
+  int ring_entries = 0;                 // boundaries on the host: forward ring entries on the device
+  int activation_slots = 0;             // boundaries on the host: backward input slots on the device
+  std::size_t host_boundary_bytes = 0;  // boundaries on the host: the host store (grows with depth)
+  std::size_t saved_floats = 0;         // keep mode: one layer's intermediates
   std::size_t workspace_floats = 0;
   ThreadBudget threads;
   std::vector<std::string> notes;  // adjustments made (e.g. grad slots raised for tied embeddings)

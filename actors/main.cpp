@@ -159,8 +159,9 @@ int train(int argc, char** argv) {
       mt::arch_name(model.arch), static_cast<long long>(model.num_hidden_layers),
       static_cast<double>(mt::total_param_count(model)) / 1e6, static_cast<long long>(cfg.train.max_steps),
       static_cast<long long>(plan.micro_batches), static_cast<long long>(plan.batch), static_cast<long long>(plan.seq),
-      static_cast<double>(host.host_bytes()) / (1 << 20), static_cast<double>(plan.arena.total_bytes) / (1 << 20),
-      static_cast<double>(plan.arena.budget_bytes) / (1 << 20), plan.weight_slots);
+      static_cast<double>(host.host_bytes() + plan.host_boundary_bytes) / (1 << 20),
+      static_cast<double>(plan.arena.total_bytes) / (1 << 20), static_cast<double>(plan.arena.budget_bytes) / (1 << 20),
+      plan.weight_slots);
   std::fflush(stdout);
 
   struct sigaction sa {};

@@ -4,6 +4,7 @@
 // Dataflow of one step (DESIGN.md §3-4):
 //   compute --BatchRequest--> loader --MicroBatch--> compute
 //   prefetcher --(copy engine)--CopyDone--> prefetcher --WeightsReady--> compute --SlotFree--> prefetcher
+//   boundaries on the host: compute --(copy engine)--BoundarySaved--> compute, prefetcher
 //   compute --LayerGrads--> collector --GradSlotFree--> compute
 //   compute --LossReport--> optimizer, node
 //   collector --LayerGradsComplete--> optimizer --LayerUpdated(version)--> prefetcher
@@ -53,7 +54,7 @@ typename Inspector::result_type inspect(Inspector& f, WorkId& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Pos& x) {
-  return f(caf::meta::type_name("Pos"), x.step, x.micro_batch, x.op);
+  return f(caf::meta::type_name("Pos"), x.step, x.micro_batch, x.op, x.index);
 }
 
 // ---- control ---------------------------------------------------------------------------------------
@@ -115,8 +116,10 @@ struct MicroBatch {
 
 // ---- weights -----------------------------------------------------------------------------------------
 
-// prefetcher -> compute: load `load` (0 or 1) of the op at `pos` is in weight slot `slot`: stage
-// `stage`'s params at tile version `version` (work phase: prefetch).
+// prefetcher -> compute: load `load` (0 or 1) of the op at `pos` is in slot `slot`. A weights load:
+// weight slot `slot` holds stage `stage`'s params at tile version `version`. A boundary load
+// (boundaries on the host): activation slot `slot` holds boundary `stage` of the op's micro-batch,
+// `version` = its stamp (global micro-batch index + 1) (work phase: prefetch).
 struct WeightsReady {
   std::uint64_t epoch = 0;
   Pos pos;
@@ -132,7 +135,7 @@ typename Inspector::result_type inspect(Inspector& f, WeightsReady& x) {
 }
 
 // copy engine (its worker thread, via anon_send) -> prefetcher: the copy of load `load` of the op at
-// `pos` into weight slot `slot` has landed (work phase: prefetch).
+// `pos` into its slot `slot` has landed (work phase: prefetch).
 struct CopyDone {
   std::uint64_t epoch = 0;
   Pos pos;
@@ -145,16 +148,33 @@ typename Inspector::result_type inspect(Inspector& f, CopyDone& x) {
   return f(caf::meta::type_name("CopyDone"), x.epoch, x.pos, x.load, x.slot);
 }
 
-// compute -> prefetcher: the op at `pos` is done with weight slot `slot`; it may be refilled.
+// compute -> prefetcher: the op at `pos` is done with the slot `slot` of its load `load` (a weight
+// slot or an activation slot, by the op's load kind); it may be refilled.
 struct SlotFree {
   std::uint64_t epoch = 0;
   Pos pos;
+  std::int32_t load = 0;
   std::int32_t slot = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SlotFree& x) {
-  return f(caf::meta::type_name("SlotFree"), x.epoch, x.pos, x.slot);
+  return f(caf::meta::type_name("SlotFree"), x.epoch, x.pos, x.load, x.slot);
+}
+
+// copy engine (its worker thread, via anon_send) -> compute and prefetcher: boundary `boundary` of
+// micro-batch (step, micro_batch) has landed in host memory (boundaries on the host): compute may
+// reuse the forward ring entry it came from, the prefetcher may stream it back for the backward.
+struct BoundarySaved {
+  std::uint64_t epoch = 0;
+  std::int64_t step = 0;
+  std::int64_t micro_batch = 0;
+  std::int64_t boundary = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, BoundarySaved& x) {
+  return f(caf::meta::type_name("BoundarySaved"), x.epoch, x.step, x.micro_batch, x.boundary);
 }
 
 // optimizer -> prefetcher (and node): stage `stage` now holds tile version `version` (= step + 1);
@@ -318,13 +338,13 @@ using loader_actor = caf::typed_actor<caf::reacts_to<BatchRequest>, caf::reacts_
 
 using prefetcher_actor =
     caf::typed_actor<caf::reacts_to<SlotFree>, caf::reacts_to<CopyDone>, caf::reacts_to<LayerUpdated>,
-                     caf::reacts_to<StopAt>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
-                     caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+                     caf::reacts_to<BoundarySaved>, caf::reacts_to<StopAt>, caf::reacts_to<Peers>,
+                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
 using compute_actor =
     caf::typed_actor<caf::reacts_to<WeightsReady>, caf::reacts_to<MicroBatch>, caf::reacts_to<GradSlotFree>,
-                     caf::replies_to<StopAt>::with<StopAt>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
-                     caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+                     caf::reacts_to<BoundarySaved>, caf::replies_to<StopAt>::with<StopAt>, caf::reacts_to<Peers>,
+                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
 using collector_actor = caf::typed_actor<caf::reacts_to<LayerGrads>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
                                          caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;

@@ -9,6 +9,10 @@
 // needs the same stage at the same version (the backward of the last layers of the forward, right
 // after the head, and the first layers of the next micro-batch after the backward), it is handed over
 // again without a copy. The slot refilled is the resident one needed again farthest ahead.
+//
+// Boundaries on the host: a layer backward's second load is its input boundary, streamed from the
+// host store into a free activation slot once the forward's copy of it has landed there (its stamp
+// names the micro-batch); activation slots are used once, never kept resident.
 #include <limits>
 #include <map>
 #include <set>
@@ -36,8 +40,9 @@ struct prefetcher_state {
     std::int64_t stage = 0;
     std::uint64_t version = 0;
   };
-  std::map<int, Held> in_flight;     // slot -> what compute holds (until it frees it)
-  std::map<int, Resident> resident;  // free slots whose contents are still valid
+  std::map<int, Held> in_flight;      // weight slot -> what compute holds (until it frees it)
+  std::map<int, Resident> resident;   // free weight slots whose contents are still valid
+  std::map<int, Held> act_in_flight;  // activation slot -> the boundary compute holds
   static constexpr const char* name = "prefetcher";
 };
 
@@ -48,17 +53,17 @@ int victim(const prefetcher_state& st, Context* ctx) {
   std::map<int, std::int64_t> next_use;  // slot -> loads until its stage is needed again
   Pos p = st.pos;
   int load = st.load;
-  const std::int64_t horizon = 2 * ctx->ops_per_mb();
+  const std::int64_t horizon = 2 * ctx->sched.ops_per_micro_batch();
   std::int64_t distance = 0;
   for (std::int64_t i = 0; i < horizon && next_use.size() < st.resident.size(); ++i) {
-    const Op& op = ctx->ops[static_cast<std::size_t>(p.op)];
+    const Op& op = ctx->sched.op(p);
     for (int li = load; li < op.loads; ++li, ++distance)
       for (const auto& kv : st.resident)
-        if (next_use.count(kv.first) == 0 && kv.second.stage == op.load_stage[li] &&
-            kv.second.version == static_cast<std::uint64_t>(p.step))
+        if (next_use.count(kv.first) == 0 && op.load_kind[li] == LoadKind::weights &&
+            kv.second.stage == op.load_stage[li] && kv.second.version == static_cast<std::uint64_t>(p.step))
           next_use[kv.first] = distance;
     load = 0;
-    p = next_pos(p, ctx->ops_per_mb(), ctx->micro_batches());
+    p = ctx->sched.next(p);
   }
   int best = -1;
   std::int64_t best_use = -1;
@@ -73,20 +78,75 @@ int victim(const prefetcher_state& st, Context* ctx) {
   return best;
 }
 
-void pump(prefetcher_actor::stateful_pointer<prefetcher_state> self) {
+using self_ptr = prefetcher_actor::stateful_pointer<prefetcher_state>;
+
+// Queues a copy into `dst` whose completion comes back as CopyDone for (pos, load, slot).
+void submit_load(self_ptr self, const void* src, void* dst, std::size_t bytes, int slot) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  CopyJob job;
+  job.direction = CopyDirection::host_to_device;
+  job.src = src;
+  job.dst = dst;
+  job.bytes = bytes;
+  const auto submitted = Clock::now();
+  const CopyDone done{st.epoch, st.pos, st.load, slot};
+  prefetcher_actor me = caf::actor_cast<prefetcher_actor>(self);
+  job.on_done = [ctx, me, done, submitted] {
+    const auto now = Clock::now();
+    ctx->intervals.add(Role::prefetcher, done.pos.step, std::max(submitted, ctx->h2d_last_end), now);
+    ctx->h2d_last_end = now;  // only the host-to-device worker writes it
+    caf::anon_send(me, done);
+  };
+  ctx->copy->submit(std::move(job));
+}
+
+// Boundaries on the host: streams the current load (a layer's input boundary) into a free activation
+// slot. False when it has to wait: for the forward's copy to the host (BoundarySaved wakes us) or for
+// a free activation slot (SlotFree).
+bool load_boundary(self_ptr self, const Op& op) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const std::int64_t b = op.load_stage[st.load];
+  const int set = ctx->sched.activation_set(st.pos.micro_batch);
+  const std::uint64_t need = ctx->boundary_stamp(st.pos.step, st.pos.micro_batch);
+  const std::uint64_t have = ctx->host_acts->stamp(set, b);
+  if (have < need) return false;
+  if (have > need)
+    throw std::logic_error("prefetcher: boundary " + std::to_string(b) + " of micro-batch " +
+                           std::to_string(st.pos.micro_batch) + " step " + std::to_string(st.pos.step) +
+                           " was overwritten before its backward");
+  int slot = -1;
+  for (int a = 0; a < static_cast<int>(ctx->act_slots.size()) && slot < 0; ++a)
+    if (st.act_in_flight.count(a) == 0) slot = a;
+  if (slot < 0) return false;
+  fault_point(ctx->fault, Role::prefetcher, st.pos.step, st.pos.micro_batch, op.stage, Phase::prefetch);
+  submit_load(self, ctx->host_acts->data(set, b), ctx->act_slots[static_cast<std::size_t>(slot)],
+              ctx->plan.hidden_floats * sizeof(float), slot);
+  st.act_in_flight[slot] = prefetcher_state::Held{st.pos, b, need, true};
+  ++st.load;
+  return true;
+}
+
+void pump(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   const int depth = ctx->serial ? 0 : ctx->plan.prefetch_depth;
   while (st.running && st.pos.step < st.end_step) {
-    const Op& op = ctx->ops[static_cast<std::size_t>(st.pos.op)];
+    const Op& op = ctx->sched.op(st.pos);
     if (st.load >= op.loads) {
-      st.pos = next_pos(st.pos, ctx->ops_per_mb(), ctx->micro_batches());
+      st.pos = ctx->sched.next(st.pos);
       st.load = 0;
       continue;
     }
     std::set<Pos> ops_in_flight;
     for (const auto& kv : st.in_flight) ops_in_flight.insert(kv.second.pos);
+    for (const auto& kv : st.act_in_flight) ops_in_flight.insert(kv.second.pos);
     if (ops_in_flight.count(st.pos) == 0 && static_cast<int>(ops_in_flight.size()) >= depth + 1) return;
+    if (op.load_kind[st.load] == LoadKind::boundary) {
+      if (!load_boundary(self, op)) return;
+      continue;
+    }
     const std::int64_t stage = op.load_stage[st.load];
     HostTile& tile = ctx->host->tile(stage);
     const std::uint64_t need = static_cast<std::uint64_t>(st.pos.step);
@@ -121,28 +181,17 @@ void pump(prefetcher_actor::stateful_pointer<prefetcher_state> self) {
     ctx->arena->begin_fill_slot(slot, stage, have, bytes);
     // Queue the copy and go on: the link always has the next transfer queued behind this one. The
     // copy engine's worker reports completion with a CopyDone message.
-    CopyJob job;
-    job.direction = CopyDirection::host_to_device;
-    job.src = tile.stream_source();
-    job.dst = ctx->arena->weight_slot(slot);
-    job.bytes = bytes;
-    const auto submitted = Clock::now();
-    const CopyDone done{st.epoch, st.pos, st.load, slot};
-    prefetcher_actor me = caf::actor_cast<prefetcher_actor>(self);
-    job.on_done = [ctx, me, done, submitted] {
-      const auto now = Clock::now();
-      ctx->intervals.add(Role::prefetcher, done.pos.step, std::max(submitted, ctx->h2d_last_end), now);
-      ctx->h2d_last_end = now;  // only the host-to-device worker writes it
-      caf::anon_send(me, done);
-    };
-    ctx->copy->submit(std::move(job));
+    submit_load(self, tile.stream_source(), ctx->arena->weight_slot(slot), bytes, slot);
     st.in_flight[slot] = prefetcher_state::Held{st.pos, stage, have, true};
     ++st.load;
   }
 }
 
-prefetcher_actor::behavior_type prefetcher_fn(prefetcher_actor::stateful_pointer<prefetcher_state> self, Context* ctx,
-                                              std::uint64_t epoch) {
+bool is_boundary_load(Context* ctx, const Pos& pos, int load) {
+  return ctx->sched.op(pos).load_kind[load] == LoadKind::boundary;
+}
+
+prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::uint64_t epoch) {
   self->state.ctx = ctx;
   self->state.epoch = epoch;
   self->set_exception_handler(exception_to_error);
@@ -150,6 +199,11 @@ prefetcher_actor::behavior_type prefetcher_fn(prefetcher_actor::stateful_pointer
       [=](const SlotFree& m) {
         auto& st = self->state;
         if (m.epoch != st.epoch) return;
+        if (is_boundary_load(ctx, m.pos, m.load)) {
+          st.act_in_flight.erase(m.slot);
+          pump(self);
+          return;
+        }
         auto it = st.in_flight.find(m.slot);
         if (it != st.in_flight.end()) {
           st.resident[m.slot] = prefetcher_state::Resident{it->second.stage, it->second.version};
@@ -161,14 +215,20 @@ prefetcher_actor::behavior_type prefetcher_fn(prefetcher_actor::stateful_pointer
       [=](const CopyDone& m) {
         auto& st = self->state;
         if (m.epoch != st.epoch) return;
-        auto it = st.in_flight.find(m.slot);
-        if (it == st.in_flight.end() || !it->second.filling) return;
+        const bool boundary = is_boundary_load(ctx, m.pos, m.load);
+        auto& held = boundary ? st.act_in_flight : st.in_flight;
+        auto it = held.find(m.slot);
+        if (it == held.end() || !it->second.filling) return;
         it->second.filling = false;
-        ctx->arena->mark_ready(m.slot);
+        if (!boundary) ctx->arena->mark_ready(m.slot);
         self->send(st.peers.compute,
                    WeightsReady{st.epoch, m.pos, m.load, it->second.stage, m.slot, it->second.version});
       },
       [=](const LayerUpdated& m) {
+        if (m.epoch != self->state.epoch) return;
+        pump(self);
+      },
+      [=](const BoundarySaved& m) {
         if (m.epoch != self->state.epoch) return;
         pump(self);
       },
@@ -181,6 +241,7 @@ prefetcher_actor::behavior_type prefetcher_fn(prefetcher_actor::stateful_pointer
         for (int s = 0; s < ctx->arena->weight_slot_count(); ++s) ctx->arena->release_slot(s);
         st.in_flight.clear();
         st.resident.clear();
+        st.act_in_flight.clear();
         st.pos = r.pos;
         st.load = 0;
         st.end_step = r.end_step;

@@ -1,5 +1,8 @@
 #include "actors/schedule.hpp"
 
+#include <stdexcept>
+#include <string>
+
 namespace mt::actors {
 
 Phase Op::phase() const {
@@ -16,26 +19,70 @@ Phase Op::phase() const {
   return Phase::forward;
 }
 
-std::vector<Op> micro_batch_ops(const ModelConfig& c) {
+std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host) {
   const std::int64_t L = c.num_hidden_layers;
   std::vector<Op> ops;
-  Op e{OpKind::embed_forward, 0, 1, {0, -1}};
-  ops.push_back(e);
+  ops.push_back(Op{OpKind::embed_forward, 0, 1, {0, -1}});
   for (std::int64_t i = 1; i <= L; ++i) ops.push_back(Op{OpKind::layer_forward, i, 1, {i, -1}});
   const bool tied = c.tie_word_embeddings || c.is_gpt2();
   ops.push_back(Op{OpKind::head, L + 1, tied ? 2 : 1, {L + 1, tied ? 0 : -1}});
-  for (std::int64_t i = L; i >= 1; --i) ops.push_back(Op{OpKind::layer_backward, i, 1, {i, -1}});
+  for (std::int64_t i = L; i >= 1; --i) {
+    Op b{OpKind::layer_backward, i, 1, {i, -1}};
+    if (boundaries_on_host) {
+      b.loads = 2;
+      b.load_stage[1] = i - 1;  // the layer's input
+      b.load_kind[1] = LoadKind::boundary;
+    }
+    ops.push_back(b);
+  }
   ops.push_back(Op{OpKind::embed_backward, 0, 0, {-1, -1}});
   return ops;
 }
 
-Pos next_pos(Pos p, std::int64_t ops_per_mb, std::int64_t micro_batches) {
-  if (++p.op < ops_per_mb) return p;
-  p.op = 0;
-  if (++p.micro_batch < micro_batches) return p;
-  p.micro_batch = 0;
-  ++p.step;
-  return p;
+Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host)
+    : ops_(micro_batch_ops(c, boundaries_on_host)), micro_batches_(micro_batches), kind_(order) {
+  if (micro_batches < 1) throw std::invalid_argument("Schedule: micro_batches must be >= 1");
+  const std::int64_t L = c.num_hidden_layers;
+  const std::int64_t n = ops_per_micro_batch();
+  const std::int64_t fwd = L + 2;  // ops 0..L+1: forward and head
+  const std::int64_t bwd = n - fwd;
+  auto forward = [&](std::int64_t m, std::int64_t j) { order_.emplace_back(m, j); };
+  auto backward = [&](std::int64_t m, std::int64_t j) { order_.emplace_back(m, fwd + j); };
+  if (order == MicroBatchOrder::sequential || micro_batches == 1) {
+    for (std::int64_t m = 0; m < micro_batches; ++m)
+      for (std::int64_t j = 0; j < n; ++j) order_.emplace_back(m, j);
+  } else {
+    in_flight_ = 2;
+    for (std::int64_t j = 0; j < fwd; ++j) forward(0, j);
+    for (std::int64_t m = 0; m + 1 < micro_batches; ++m) {
+      // bwd == fwd - 1: the head of m + 1 goes last, after the embed backward of m (it refills dx).
+      for (std::int64_t j = 0; j < bwd; ++j) {
+        backward(m, j);
+        forward(m + 1, j);
+      }
+      forward(m + 1, fwd - 1);
+    }
+    for (std::int64_t j = 0; j < bwd; ++j) backward(micro_batches - 1, j);
+  }
+  index_.assign(static_cast<std::size_t>(micro_batches * n), -1);
+  for (std::size_t i = 0; i < order_.size(); ++i)
+    index_[static_cast<std::size_t>(order_[i].first * n + order_[i].second)] = static_cast<std::int64_t>(i);
+}
+
+Pos Schedule::at(std::int64_t step, std::int64_t index) const {
+  if (index < 0 || index >= length())
+    throw std::out_of_range("Schedule: index " + std::to_string(index) + " outside a step of " +
+                            std::to_string(length()) + " ops");
+  const auto& e = order_[static_cast<std::size_t>(index)];
+  return Pos{step, e.first, e.second, index};
+}
+
+Pos Schedule::next(const Pos& p) const { return p.index + 1 < length() ? at(p.step, p.index + 1) : at(p.step + 1, 0); }
+
+std::int64_t Schedule::index_of(std::int64_t micro_batch, std::int64_t op) const {
+  if (micro_batch < 0 || micro_batch >= micro_batches_ || op < 0 || op >= ops_per_micro_batch())
+    throw std::out_of_range("Schedule: no op " + std::to_string(op) + " of micro-batch " + std::to_string(micro_batch));
+  return index_[static_cast<std::size_t>(micro_batch * ops_per_micro_batch() + op)];
 }
 
 }  // namespace mt::actors

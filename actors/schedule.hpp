@@ -1,51 +1,96 @@
 // The streaming schedule: the exact, known-in-advance sequence of compute operations of a run, and the
-// weight loads each needs. Compute walks it; the prefetcher walks the same sequence K slots ahead, so
-// every prefetch is exact. No CAF here.
+// loads each needs. Compute walks it; the prefetcher walks the same sequence K slots ahead, so every
+// prefetch is exact. No CAF here.
 //
-// Per micro-batch (stages: 0 embedding, 1..L layers, L+1 head), the reference trainer's order:
+// Per micro-batch (stages: 0 embedding, 1..L layers, L+1 head), the reference trainer's ops:
 //   op 0          embed forward      loads stage 0
 //   op 1..L       layer forward      loads stage i
 //   op L+1        head (fused fwd+bwd) loads stage L+1 (and stage 0 too when embeddings are tied)
-//   op L+2..2L+1  layer backward     loads stage L..1 (recomputes the layer once, or uses kept intermediates)
+//   op L+2..2L+1  layer backward     loads stage L..1 (recomputes the layer once, or uses kept
+//                                    intermediates); with boundaries on the host also the layer's
+//                                    input boundary (boundary i-1) into an activation slot
 //   op 2L+2       embed backward     loads nothing (a scatter of dx into the embedding gradient)
-// Micro-batches follow each other; steps follow each other.
+//
+// A step orders its micro-batches' ops in one of two ways (MicroBatchOrder):
+//   sequential:  F(0) B(0) F(1) B(1) ...  (F = ops 0..L+1, B = ops L+2..2L+2)
+//   interleaved: F(0), then B(m) and F(m+1) alternating op by op (B first) for m = 0..M-2, with the
+//                head of m+1 after the embed backward of m, then B(M-1).
+// A forward op streams a layer for 1 unit of compute and a backward op for about 3, so alone a
+// forward is link-bound and a backward compute-bound; interleaved, each pair streams 2 layers for
+// about 4 units and link and compute stay busy together. Per stage, gradients still arrive in
+// micro-batch order, so the accumulation (and every result) is bit-identical to the sequential order.
+// Steps follow each other.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "actors/fault.hpp"
+#include "config/train_config.hpp"
 #include "kernels/model_config.hpp"
 
 namespace mt::actors {
 
 enum class OpKind { embed_forward, layer_forward, head, layer_backward, embed_backward };
 
+// What one load of an op brings to the device: a stage's weights into a weight slot, or a saved
+// layer-boundary activation (boundaries on the host) into an activation slot.
+enum class LoadKind { weights, boundary };
+
 struct Op {
   OpKind kind = OpKind::embed_forward;
-  std::int64_t stage = 0;  // the stage this op computes
-  int loads = 0;           // weight loads it needs (0, 1 or 2)
-  std::int64_t load_stage[2] = {-1, -1};
+  std::int64_t stage = 0;                 // the stage this op computes
+  int loads = 0;                          // loads it needs (0, 1 or 2)
+  std::int64_t load_stage[2] = {-1, -1};  // weights: the stage; boundary: the boundary index
+  LoadKind load_kind[2] = {LoadKind::weights, LoadKind::weights};
   Phase phase() const;
 };
 
-// The ops of one micro-batch, in order.
-std::vector<Op> micro_batch_ops(const ModelConfig& c);
+// The ops of one micro-batch, in order. boundaries_on_host: layer backward ops also load their input
+// boundary from the host.
+std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host = false);
 
-// A point in the schedule: the op `op` of micro-batch `micro_batch` of step `step`.
+// A point in the schedule: entry `index` of step `step`, which is op `op` of micro-batch
+// `micro_batch` (both derived from index by the Schedule). Ordered by (step, index).
 struct Pos {
   std::int64_t step = 0;
   std::int64_t micro_batch = 0;
   std::int64_t op = 0;
-  bool operator==(const Pos& o) const { return step == o.step && micro_batch == o.micro_batch && op == o.op; }
+  std::int64_t index = 0;
+  bool operator==(const Pos& o) const { return step == o.step && index == o.index; }
   bool operator!=(const Pos& o) const { return !(*this == o); }
-  bool operator<(const Pos& o) const {
-    if (step != o.step) return step < o.step;
-    if (micro_batch != o.micro_batch) return micro_batch < o.micro_batch;
-    return op < o.op;
-  }
+  bool operator<(const Pos& o) const { return step != o.step ? step < o.step : index < o.index; }
 };
 
-// The position after `p` in a run with `ops_per_mb` ops per micro-batch and `micro_batches` per step.
-Pos next_pos(Pos p, std::int64_t ops_per_mb, std::int64_t micro_batches);
+class Schedule {
+ public:
+  Schedule() = default;
+  Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host);
+
+  const std::vector<Op>& ops() const { return ops_; }  // one micro-batch's ops
+  std::int64_t ops_per_micro_batch() const { return static_cast<std::int64_t>(ops_.size()); }
+  std::int64_t length() const { return static_cast<std::int64_t>(order_.size()); }  // ops per step
+  std::int64_t micro_batches() const { return micro_batches_; }
+  MicroBatchOrder order() const { return kind_; }
+  // Micro-batches whose activations are alive at once: 2 when interleaved with M > 1, else 1.
+  int in_flight() const { return in_flight_; }
+
+  Pos at(std::int64_t step, std::int64_t index) const;  // index in [0, length())
+  Pos first(std::int64_t step) const { return at(step, 0); }
+  Pos next(const Pos& p) const;
+  // Index within a step of op `op` of micro-batch `micro_batch`.
+  std::int64_t index_of(std::int64_t micro_batch, std::int64_t op) const;
+  const Op& op(const Pos& p) const { return ops_[static_cast<std::size_t>(p.op)]; }
+  // Which of the in-flight activation sets micro-batch `micro_batch` uses.
+  int activation_set(std::int64_t micro_batch) const { return static_cast<int>(micro_batch % in_flight_); }
+
+ private:
+  std::vector<Op> ops_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> order_;  // per index: (micro-batch, op)
+  std::vector<std::int64_t> index_;                           // micro_batch * ops + op -> index
+  std::int64_t micro_batches_ = 1;
+  MicroBatchOrder kind_ = MicroBatchOrder::sequential;
+  int in_flight_ = 1;
+};
 
 }  // namespace mt::actors

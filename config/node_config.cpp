@@ -77,7 +77,8 @@ NodeConfig::NodeConfig() {
       .add(v.grad_slots, "grad_slots", "gradient staging slots on the device (>= 1)")
       .add(v.keep_intermediates, "keep_intermediates", "boundary | boundary_host | all")
       .add(v.copy_bandwidth_gbps, "copy_bandwidth_gbps", "copy engine limit per direction in GB/s; 0 = unlimited")
-      .add(v.prefetch_depth, "prefetch_depth", "stages streamed ahead; 0 = weight_slots - 1");
+      .add(v.prefetch_depth, "prefetch_depth", "stages streamed ahead; 0 = weight_slots - 1")
+      .add(v.schedule, "schedule", "interleaved | sequential (order of a step's micro-batches)");
   auto& h = values.threads;
   opt_group{custom_options_, "threads"}
       .add(h.total, "total", "the thread budget; 0 = hardware threads")

@@ -41,6 +41,16 @@ const char* optimizer_compression_name(OptimizerCompression c) {
   return "?";
 }
 
+const char* micro_batch_order_name(MicroBatchOrder o) {
+  switch (o) {
+    case MicroBatchOrder::interleaved:
+      return "interleaved";
+    case MicroBatchOrder::sequential:
+      return "sequential";
+  }
+  return "?";
+}
+
 namespace {
 
 // Finds `value` among the names of Enum's values; ConfigError listing the choices otherwise.
@@ -72,6 +82,11 @@ OptimizerCompression TrainConfig::optimizer_compression() const {
   static const OptimizerCompression choices[] = {OptimizerCompression::none, OptimizerCompression::lossless,
                                                  OptimizerCompression::int8};
   return parse_choice("train.optimizer_compression", train.optimizer_compression, choices, optimizer_compression_name);
+}
+
+MicroBatchOrder TrainConfig::micro_batch_order() const {
+  static const MicroBatchOrder choices[] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
+  return parse_choice("device.schedule", device.schedule, choices, micro_batch_order_name);
 }
 
 std::size_t TrainConfig::device_budget_bytes() const {

@@ -86,6 +86,7 @@ struct DeviceSection {                          // [device]
   std::string keep_intermediates = "boundary";  // boundary | boundary_host | all (see KeepIntermediates)
   double copy_bandwidth_gbps = 0.0;             // copy engine limit per direction, GB/s (1e9); 0 = unlimited
   std::int64_t prefetch_depth = 0;              // stages streamed ahead; 0 = weight_slots - 1
+  std::string schedule = "interleaved";         // interleaved | sequential (see MicroBatchOrder)
 };
 
 struct ThreadsSection {        // [threads]; 0 = derived from total (see ThreadBudget)
@@ -109,6 +110,14 @@ enum class KeepIntermediates {
   all,            // keep every intermediate of every layer on the device: no recomputation, most memory
 };
 enum class OptimizerCompression { none, lossless, int8 };
+// The order of a step's micro-batches. Each forward op streams one layer for little compute and each
+// backward op one layer for about 3x the compute, so a micro-batch's forward is link-bound and its
+// backward compute-bound; interleaving micro-batch m's backward op by op with m+1's forward keeps
+// both busy (two micro-batches' activations alive at once). Results are bit-identical either way.
+enum class MicroBatchOrder {
+  interleaved,  // forward of m+1 alternates with backward of m
+  sequential,   // forward then backward of each micro-batch in turn
+};
 
 // How one thread budget is split. blas and optimizer are the compute-heavy pools and may run at the
 // same time (the optimizer overlaps the next forward), so blas + optimizer <= total; the copy workers
@@ -146,6 +155,7 @@ struct TrainConfig {
   LrSchedule lr_schedule() const;
   KeepIntermediates keep_intermediates() const;
   OptimizerCompression optimizer_compression() const;
+  MicroBatchOrder micro_batch_order() const;
 
   // The device budget in bytes from device.device_memory_mb or device.max_vram_gb, and the key=value
   // text that set it ("device.device_memory_mb=64") for error messages.
@@ -176,5 +186,6 @@ double learning_rate_at(LrSchedule schedule, double peak_lr, std::int64_t warmup
 const char* lr_schedule_name(LrSchedule s);
 const char* keep_intermediates_name(KeepIntermediates k);
 const char* optimizer_compression_name(OptimizerCompression c);
+const char* micro_batch_order_name(MicroBatchOrder o);
 
 }  // namespace mt

@@ -138,6 +138,7 @@ void device_values(const TrainConfig& c) {
   non_negative("device.copy_bandwidth_gbps", d.copy_bandwidth_gbps);
   at_least("device.prefetch_depth", d.prefetch_depth, 0);
   at_most("device.prefetch_depth", d.prefetch_depth, d.weight_slots - 1);
+  c.micro_batch_order();
 }
 
 void thread_values(const TrainConfig& c) {

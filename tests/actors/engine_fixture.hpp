@@ -25,6 +25,7 @@ struct Tiny {
   double max_grad_norm = 1.0;
   double weight_decay = 0.1;
   std::string keep = "boundary";
+  std::string schedule = "interleaved";
 };
 
 inline TrainConfig tiny_config(const Tiny& t) {
@@ -52,6 +53,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.device.weight_slots = t.weight_slots;
   c.device.grad_slots = 2;
   c.device.keep_intermediates = t.keep;
+  c.device.schedule = t.schedule;
   c.threads.total = 2;
   c.threads.blas = 1;
   c.threads.optimizer = 1;

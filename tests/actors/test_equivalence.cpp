@@ -1,6 +1,7 @@
 // Equivalence: the pipelined engine and the sequential reference trainer give bit-identical weights,
 // moments and losses after 20 steps, for K = 2 and 3 weight slots, 1 and 4 micro-batches, clipping on
-// and off, Llama- and GPT-2-style models (tiny shapes).
+// and off, Llama- and GPT-2-style models (tiny shapes); and for both micro-batch orders (interleaved,
+// the default, and sequential) with layer boundaries kept on the device or offloaded to the host.
 #include <catch2/catch.hpp>
 
 #include "tests/actors/engine_fixture.hpp"
@@ -18,7 +19,7 @@ void check_equivalence(const Tiny& t) {
   RefRun ref = run_reference(cfg, model, batches, t.steps);
   EngineRun eng = run_pipeline(cfg, model, batches);
   INFO("arch " << arch_name(t.arch) << " K=" << t.weight_slots << " M=" << t.micro_batches
-               << " clip=" << t.max_grad_norm << " keep=" << t.keep);
+               << " clip=" << t.max_grad_norm << " keep=" << t.keep << " schedule=" << t.schedule);
   REQUIRE(eng.result.error.empty());
   REQUIRE(eng.result.steps_done == t.steps);
   REQUIRE(eng.result.steps.size() == static_cast<std::size_t>(t.steps));
@@ -47,6 +48,26 @@ TEST_CASE("pipelined engine equals the reference trainer bit for bit", "[actors]
         }
 }
 
+TEST_CASE("both micro-batch orders, with boundaries on the device or the host, equal the reference trainer",
+          "[actors][equivalence]") {
+  for (Arch arch : {Arch::llama, Arch::gpt2})
+    for (const char* keep : {"boundary", "boundary_host"})
+      for (const char* schedule : {"interleaved", "sequential"})
+        for (std::int64_t k : {2, 3})
+          for (std::int64_t m : {1, 3}) {
+            if (m == 1 && std::string(schedule) == "sequential") continue;  // one micro-batch: one order
+            Tiny t;
+            t.arch = arch;
+            t.layers = 3;
+            t.keep = keep;
+            t.schedule = schedule;
+            t.weight_slots = k;
+            t.micro_batches = m;
+            t.steps = 8;
+            check_equivalence(t);
+          }
+}
+
 TEST_CASE("keep-intermediates mode equals the reference trainer", "[actors][equivalence]") {
   for (Arch arch : {Arch::llama, Arch::gpt2}) {
     Tiny t;
@@ -54,6 +75,8 @@ TEST_CASE("keep-intermediates mode equals the reference trainer", "[actors][equi
     t.keep = "all";
     t.micro_batches = 2;
     t.steps = 8;
+    check_equivalence(t);
+    t.schedule = "sequential";
     check_equivalence(t);
   }
 }

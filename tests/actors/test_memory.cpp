@@ -1,6 +1,7 @@
 // Memory: a deep model trains with a device budget that fits only 2 weight slots plus gradient
-// staging, workspace and the layer-boundary activations; the measured peak arena use stays within the
-// budget, for 12, 24 and 48 layers. A budget 64 bytes smaller is rejected before anything starts.
+// staging, workspace and a fixed few boundary buffers (layer boundaries offloaded to the host); the
+// measured peak arena use stays within the budget and is the same for 12, 24 and 48 layers, while host
+// memory grows linearly. A budget 64 bytes smaller is rejected before anything starts.
 #include <catch2/catch.hpp>
 
 #include "tests/actors/engine_fixture.hpp"
@@ -10,11 +11,13 @@ using namespace mt::actors;
 using namespace mt::actors::test;
 
 TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]") {
+  std::vector<std::size_t> peaks, budgets, host_bytes;
   for (std::int64_t layers : {12, 24, 48}) {
     Tiny t;
     t.layers = layers;
     t.steps = 2;
     t.micro_batches = 2;
+    t.keep = "boundary_host";
     TrainConfig cfg = tiny_config(t);
     cfg.device.grad_slots = 1;
     const ModelConfig model = cfg.model_config_from_keys();
@@ -38,12 +41,20 @@ TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]
     CHECK(eng.result.steps_done == 2);
     CHECK(eng.result.arena.peak_bytes <= eng.result.arena.budget_bytes);
     CHECK(eng.result.arena.peak_bytes > 0);
+    peaks.push_back(eng.result.arena.peak_bytes);
+    budgets.push_back(tight.arena.budget_bytes);
+    host_bytes.push_back(eng.host->host_bytes() + tight.host_boundary_bytes);
     // Every layer is loaded twice per micro-batch (forward, backward), the embedding and head once:
-    // each load is a copy or a hit on a slot still holding that stage (only 2 slots: few hits).
+    // each load is a copy or a hit on a slot still holding that stage (only 2 slots: few hits). Each
+    // layer's backward also streams its input boundary back from the host, which the forward copied
+    // out (boundaries 0..L-1).
     const std::uint64_t loads_per_mb = static_cast<std::uint64_t>(2 * layers + 2);
     const std::uint64_t copies = eng.result.copy.of(CopyDirection::host_to_device).jobs;
-    CHECK(copies + static_cast<std::uint64_t>(eng.result.slot_reuses) == loads_per_mb * 2 * 2);
-    CHECK(copies >= loads_per_mb * 2 * 2 / 2);
+    const std::uint64_t boundary_loads = static_cast<std::uint64_t>(layers) * 2 * 2;
+    CHECK(copies + static_cast<std::uint64_t>(eng.result.slot_reuses) == loads_per_mb * 2 * 2 + boundary_loads);
+    CHECK(copies >= loads_per_mb * 2 * 2 / 2 + boundary_loads);
+    const std::uint64_t grads_and_boundaries_out = eng.result.copy.of(CopyDirection::device_to_host).jobs;
+    CHECK(grads_and_boundaries_out == static_cast<std::uint64_t>(layers + 2) * 2 * 2 + boundary_loads);
     RefRun ref = run_reference(cfg, model, batches, t.steps);
     CHECK(equals_reference(*eng.host, *ref.trainer));
 
@@ -52,6 +63,33 @@ TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]
     small.device.max_vram_gb = static_cast<double>(need - 64) / (1024.0 * 1024.0 * 1024.0);
     CHECK_THROWS_WITH(plan_engine(small, model), Catch::Contains("device.max_vram_gb"));
   }
+  // Device memory does not grow with depth: the same budget and the same measured peak.
+  CHECK(budgets[0] == budgets[1]);
+  CHECK(budgets[1] == budgets[2]);
+  CHECK(peaks[0] == peaks[1]);
+  CHECK(peaks[1] == peaks[2]);
+  // Host memory grows linearly: 12 -> 24 layers adds half of what 24 -> 48 adds.
+  CHECK(host_bytes[2] - host_bytes[1] == 2 * (host_bytes[1] - host_bytes[0]));
+}
+
+TEST_CASE("boundaries kept on the device grow with depth; offloaded they do not", "[actors][memory]") {
+  Tiny t;
+  t.micro_batches = 2;
+  std::vector<std::size_t> device_kept, offloaded;
+  for (std::int64_t layers : {12, 24}) {
+    t.layers = layers;
+    TrainConfig cfg = tiny_config(t);
+    const ModelConfig model = cfg.model_config_from_keys();
+    device_kept.push_back(plan_engine(cfg, model).arena.total_bytes);
+    cfg.device.keep_intermediates = "boundary_host";
+    const EnginePlan host = plan_engine(cfg, model);
+    offloaded.push_back(host.arena.total_bytes);
+    // Two in-flight micro-batches (interleaved order) x L boundaries on the host.
+    CHECK(host.host_boundary_bytes == 2 * static_cast<std::size_t>(layers) * align_floats(host.hidden_floats) * 4);
+  }
+  CHECK(device_kept[1] > device_kept[0]);
+  CHECK(offloaded[1] == offloaded[0]);
+  CHECK(offloaded[0] < device_kept[0]);
 }
 
 TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][memory]") {
@@ -66,9 +104,12 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     cfg.data.seq_length = 1000;
     CHECK_THROWS_WITH(plan_engine(cfg, model), Catch::Contains("data.seq_length"));
   }
-  SECTION("unsupported boundary offload") {
-    cfg.device.keep_intermediates = "boundary_host";
-    CHECK_THROWS_WITH(plan_engine(cfg, model), Catch::Contains("device.keep_intermediates"));
+  SECTION("the NVMe tier and optimizer-state compression are refused, not ignored") {
+    cfg.train.offload_dir = "/tmp/nvme";
+    CHECK_THROWS_WITH(plan_engine(cfg, model), Catch::Contains("train.offload_dir"));
+    cfg.train.offload_dir = "";
+    cfg.train.optimizer_compression = "int8";
+    CHECK_THROWS_WITH(plan_engine(cfg, model), Catch::Contains("train.optimizer_compression"));
   }
   SECTION("keeping every intermediate costs memory") {
     cfg.device.keep_intermediates = "all";

@@ -64,6 +64,19 @@ TEST_CASE("restart: compute crash mid-step", "[actors][restart]") {
   check_restart(g, Role::compute, 2, 1, g.layers + 1, Phase::head);
 }
 
+TEST_CASE("restart: boundaries on the host and the sequential order", "[actors][restart]") {
+  Tiny t = base();
+  t.keep = "boundary_host";
+  // Micro-batch 1's forward runs interleaved with micro-batch 0's backward: its ring entries and
+  // their copies to the host are in flight at the crash.
+  check_restart(t, Role::compute, 3, 1, 2, Phase::forward);
+  check_restart(t, Role::compute, 3, 0, 1, Phase::backward);
+  check_restart(t, Role::prefetcher, 3, 1, 2, Phase::prefetch);  // a boundary or weights load
+  t.schedule = "sequential";
+  check_restart(t, Role::compute, 3, 1, 2, Phase::backward);
+  check_restart(t, Role::prefetcher, 2, 0, 1, Phase::prefetch);
+}
+
 TEST_CASE("restart: gradient collector crash mid-step", "[actors][restart]") {
   check_restart(base(), Role::collector, 3, 1, 2, Phase::collect);
   check_restart(base(), Role::collector, 3, 0, 4, Phase::collect);

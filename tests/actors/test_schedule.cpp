@@ -26,11 +26,87 @@ TEST_CASE("schedule: ops of a micro-batch and their weight loads", "[actors][sch
   CHECK(ops[3].loads == 2);
   CHECK(ops[3].load_stage[1] == 0);
 
-  Pos p{0, 1, 6};
-  p = next_pos(p, 7, 2);
-  CHECK(p == Pos{1, 0, 0});
-  p = next_pos(p, 7, 2);
-  CHECK(p == Pos{1, 0, 1});
+  ops = micro_batch_ops(c, true);  // boundaries on the host: a layer's backward also loads its input
+  CHECK(ops[4].loads == 2);
+  CHECK(ops[4].load_kind[0] == LoadKind::weights);
+  CHECK(ops[4].load_kind[1] == LoadKind::boundary);
+  CHECK(ops[4].load_stage[1] == 1);
+  CHECK(ops[5].load_stage[1] == 0);
+  CHECK(ops[1].loads == 1);
+}
+
+TEST_CASE("schedule: sequential order walks micro-batches one after another", "[actors][schedule]") {
+  ModelConfig c;
+  c.num_hidden_layers = 2;
+  const Schedule s(c, 2, MicroBatchOrder::sequential, false);
+  REQUIRE(s.length() == 14);
+  CHECK(s.in_flight() == 1);
+  Pos p = s.at(0, 6);
+  CHECK(p.micro_batch == 0);
+  CHECK(p.op == 6);
+  p = s.next(p);
+  CHECK(p.micro_batch == 1);
+  CHECK(p.op == 0);
+  p = s.at(0, 13);
+  p = s.next(p);
+  CHECK(p.step == 1);
+  CHECK(p.index == 0);
+  CHECK(p.micro_batch == 0);
+  CHECK(s.index_of(1, 3) == 10);
+  CHECK_THROWS_AS(s.at(0, 14), std::out_of_range);
+}
+
+// The interleaved order, checked by its properties rather than by a copy of the generator.
+TEST_CASE("schedule: interleaved order keeps every dependency and the accumulation order", "[actors][schedule]") {
+  for (std::int64_t layers : {1, 2, 5}) {
+    for (std::int64_t M : {1, 2, 4}) {
+      ModelConfig c;
+      c.num_hidden_layers = layers;
+      const Schedule s(c, M, MicroBatchOrder::interleaved, false);
+      const std::int64_t n = s.ops_per_micro_batch();
+      REQUIRE(s.length() == M * n);
+      CHECK(s.in_flight() == (M > 1 ? 2 : 1));
+      std::vector<std::int64_t> done(static_cast<std::size_t>(M), 0);  // ops done per micro-batch
+      std::int64_t last_head_mb = -1, last_embed_bwd_mb = -1, alive_max = 0;
+      Pos p = s.first(3);
+      for (std::int64_t i = 0; i < s.length(); ++i, p = s.next(p)) {
+        INFO("layers " << layers << " M " << M << " index " << i);
+        REQUIRE(p.step == 3);
+        REQUIRE(p.index == i);
+        REQUIRE(s.index_of(p.micro_batch, p.op) == i);
+        // Each micro-batch's ops in their own order.
+        CHECK(p.op == done[static_cast<std::size_t>(p.micro_batch)]);
+        ++done[static_cast<std::size_t>(p.micro_batch)];
+        const Op& op = s.op(p);
+        if (op.kind == OpKind::head) {
+          // Heads in micro-batch order, each after the previous micro-batch's embed backward (dx).
+          CHECK(p.micro_batch == last_head_mb + 1);
+          CHECK(last_embed_bwd_mb == p.micro_batch - 1);
+          last_head_mb = p.micro_batch;
+        }
+        if (op.kind == OpKind::embed_backward) last_embed_bwd_mb = p.micro_batch;
+        // Backward ops of a stage in micro-batch order (the gradient accumulation order).
+        if (op.kind == OpKind::layer_backward || op.kind == OpKind::embed_backward)
+          CHECK(p.micro_batch == last_embed_bwd_mb + (op.kind == OpKind::embed_backward ? 0 : 1));
+        std::int64_t alive = 0;
+        for (std::int64_t m = 0; m < M; ++m)
+          if (done[static_cast<std::size_t>(m)] > 0 && done[static_cast<std::size_t>(m)] < n) ++alive;
+        alive_max = std::max(alive_max, alive);
+      }
+      for (auto d : done) CHECK(d == n);
+      CHECK(alive_max <= s.in_flight());
+      CHECK(p.step == 4);
+      // Interleaving: right after the first head, backward ops of micro-batch 0 alternate with
+      // forward ops of micro-batch 1.
+      if (M > 1) {
+        const Pos a = s.at(0, layers + 2), b = s.next(a);
+        CHECK(a.micro_batch == 0);
+        CHECK(s.op(a).kind == OpKind::layer_backward);
+        CHECK(b.micro_batch == 1);
+        CHECK(s.op(b).kind == OpKind::embed_forward);
+      }
+    }
+  }
 }
 
 TEST_CASE("fault hook: matches its point once, inert otherwise", "[actors][schedule]") {

@@ -80,6 +80,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "device.weight_slots",
                         "device.keep_intermediates",
                         "device.copy_bandwidth_gbps",
+                        "device.schedule",
                         "threads.total",
                         "threads.blas",
                         "threads.optimizer",
@@ -107,7 +108,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 23 + 15 + 4 + 8 + 5 + 3);
+  CHECK(keys.size() == 23 + 15 + 4 + 9 + 5 + 3);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -92,6 +92,8 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"device.copy_bandwidth_gbps: must be a finite number >= 0",
        [](TrainConfig& c) { c.device.copy_bandwidth_gbps = -1; }},
       {"device.prefetch_depth: must be <= 1, got 2", [](TrainConfig& c) { c.device.prefetch_depth = 2; }},
+      {"device.schedule: 'zigzag' is not one of: interleaved, sequential",
+       [](TrainConfig& c) { c.device.schedule = "zigzag"; }},
       {"threads.total: must be >= 0", [](TrainConfig& c) { c.threads.total = -1; }},
       {"threads.copy: must be <= 2", [](TrainConfig& c) { c.threads.copy = 3; }},
       {"threads.blas: threads.blas=2 + threads.optimizer=1 exceeds threads.total=2",
@@ -216,6 +218,9 @@ TEST_CASE("enum keys parse to their values", "[config]") {
   CHECK(c.optimizer_compression() == OptimizerCompression::none);
   c.device.keep_intermediates = "boundary_host";
   CHECK(c.keep_intermediates() == KeepIntermediates::boundary_host);
+  CHECK(c.micro_batch_order() == MicroBatchOrder::interleaved);
+  c.device.schedule = "sequential";
+  CHECK(c.micro_batch_order() == MicroBatchOrder::sequential);
   CHECK(c.train_jsonl_path() == "run/out/train.jsonl");
   c.log.train_jsonl = "x.jsonl";
   CHECK(c.train_jsonl_path() == "x.jsonl");

@@ -3,7 +3,8 @@
 // schedule's step time against max(total compute, total transfer), side by side with a non-overlapped
 // schedule (each stage streamed only when compute asks for it) in the same run. Also: how much of the
 // optimizer's time is hidden behind the next step's forward.
-//   tools/bench/run overlap [STEPS] [LAYERS] [K]      (default 6 steps, 8 layers, K = 4 plus a K = 2, 6 sweep)
+//   tools/bench/run overlap [STEPS] [LAYERS] [K]      (default 6 steps, 8 layers, K = 4 plus a sweep:
+//   K = 2 and 6, the sequential micro-batch order, boundaries offloaded to the host)
 // Metric overlap_step_ratio = step time / max(total compute, total transfer) (ceiling 1.15).
 #include <algorithm>
 #include <cstdio>
@@ -192,17 +193,27 @@ int main(int argc, char** argv) {
   report.add({"overlap_step_ratio", ratio, "x", 1.15});
   // The same link limit with fewer and more weight slots: how the ratio depends on prefetch depth.
   if (argc <= 3) {
-    const std::int64_t k0 = cfg.device.weight_slots;
-    for (std::int64_t k : {std::int64_t{2}, std::int64_t{6}}) {
-      cfg.device.weight_slots = k;
-      const Measured m = run(cfg, batches, false);
+    auto variant = [&](const TrainConfig& c, const std::string& what, const std::string& metric) {
+      const Measured m = run(c, batches, false);
       const double r = m.step_s / bound(m);
       std::printf(
-          "  pipelined, K=%lld: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
-          static_cast<long long>(k), m.step_s, m.compute_s, m.h2d_bytes / bw, m.wait_s, r);
-      report.add({"overlap_step_ratio_k" + std::to_string(k), r, "x", 1.15});
+          "  pipelined, %s: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
+          what.c_str(), m.step_s, m.compute_s, m.h2d_bytes / bw, m.wait_s, r);
+      report.add({metric, r, "x", 1.15});
+    };
+    for (std::int64_t k : {std::int64_t{2}, std::int64_t{6}}) {
+      TrainConfig c = cfg;
+      c.device.weight_slots = k;
+      variant(c, "K=" + std::to_string(k), "overlap_step_ratio_k" + std::to_string(k));
     }
-    cfg.device.weight_slots = k0;
+    // The micro-batches one after another: each forward link-bound, each backward compute-bound.
+    TrainConfig seq = cfg;
+    seq.device.schedule = "sequential";
+    variant(seq, "sequential micro-batches", "overlap_step_ratio_sequential");
+    // Boundaries offloaded to the host: their copies share the link (out in forward, back in backward).
+    TrainConfig host = cfg;
+    host.device.keep_intermediates = "boundary_host";
+    variant(host, "boundaries on the host", "overlap_step_ratio_boundary_host");
   }
   report.add({"serial_step_ratio", ratio_serial, "x", 2.0});
   report.add({"optimizer_hidden_fraction", hidden, "fraction", 1.0});
