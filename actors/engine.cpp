@@ -12,6 +12,48 @@
 
 namespace mt::actors {
 
+namespace {
+
+// Sizes the activations for keep mode `keep` (not automatic): sets p's mode, boundary placement and
+// activation sizes, and returns the arena request for p.
+ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, KeepIntermediates keep) {
+  p.mode = keep == KeepIntermediates::all ? ActivationMode::keep : ActivationMode::recompute;
+  p.boundaries_on_host = keep == KeepIntermediates::boundary_host;
+  const std::int64_t L = model.num_hidden_layers;
+  const std::size_t boundary = align_floats(p.hidden_floats);
+  std::size_t act = 2 * boundary;  // dx ping-pong
+  p.ring_entries = p.activation_slots = 0;
+  p.host_boundary_bytes = 0;
+  if (p.boundaries_on_host) {
+    // Independent of depth: a ring for the forward (3 entries: one read, one written, one still
+    // being copied out) and one input slot per weight slot for the backward.
+    p.ring_entries = 3;
+    p.activation_slots = p.weight_slots;
+    act += static_cast<std::size_t>(p.ring_entries + p.activation_slots) * boundary;
+    p.host_boundary_bytes =
+        static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * boundary * sizeof(float);
+  } else {
+    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L + 1) * boundary;
+  }
+  p.saved_floats = 0;
+  if (p.mode == ActivationMode::keep) {
+    p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
+    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * align_floats(p.saved_floats);
+  }
+  p.workspace_floats =
+      std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode), head_workspace_floats(model, p.batch, p.seq));
+  ArenaRequest req;
+  req.budget_bytes = cfg.device_budget_bytes();
+  req.budget_name = cfg.device_budget_name();
+  req.weight_slots = p.weight_slots;
+  req.grad_slots = p.grad_slots;
+  req.workspace_bytes = p.workspace_floats * sizeof(float);
+  req.activation_bytes = act * sizeof(float);
+  return req;
+}
+
+}  // namespace
+
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   model.validate();
   EnginePlan p;
@@ -26,18 +68,6 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     throw ConfigError("data.seq_length", std::to_string(p.seq) + " exceeds the model's max_position_embeddings (" +
                                              std::to_string(model.max_position_embeddings) + ")");
   validate_batch_shape(model, p.batch, p.seq);
-  switch (cfg.keep_intermediates()) {
-    case KeepIntermediates::boundary:
-      p.mode = ActivationMode::recompute;
-      break;
-    case KeepIntermediates::all:
-      p.mode = ActivationMode::keep;
-      break;
-    case KeepIntermediates::boundary_host:
-      p.mode = ActivationMode::recompute;
-      p.boundaries_on_host = true;
-      break;
-  }
   // Keys validated for the NVMe tier and optimizer-state compression, which this engine does not
   // have yet: refuse them rather than train without what was asked for.
   if (cfg.optimizer_compression() != OptimizerCompression::none)
@@ -59,36 +89,28 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   }
   p.prefetch_depth = static_cast<int>(std::max<std::int64_t>(0, cfg.prefetch_depth()));
   p.hidden_floats = static_cast<std::size_t>(p.batch * p.seq * model.hidden_size);
-  const std::int64_t L = model.num_hidden_layers;
   p.order = cfg.micro_batch_order();
   p.activation_sets = p.order == MicroBatchOrder::interleaved && p.micro_batches > 1 ? 2 : 1;
-  const std::size_t boundary = align_floats(p.hidden_floats);
-  std::size_t act = 2 * boundary;  // dx ping-pong
-  if (p.boundaries_on_host) {
-    // Independent of depth: a ring for the forward (3 entries: one read, one written, one still
-    // being copied out) and one input slot per weight slot for the backward.
-    p.ring_entries = 3;
-    p.activation_slots = p.weight_slots;
-    act += static_cast<std::size_t>(p.ring_entries + p.activation_slots) * boundary;
-    p.host_boundary_bytes =
-        static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * boundary * sizeof(float);
+  const KeepIntermediates keep = cfg.keep_intermediates();
+  if (keep != KeepIntermediates::automatic) {
+    p.arena = plan_arena(model, size_activations(p, cfg, model, keep));
   } else {
-    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L + 1) * boundary;
+    // The fastest mode that fits the budget: keep every intermediate (no recomputation), else keep
+    // the boundaries on the device, else offload them to the host (device memory flat in depth).
+    const KeepIntermediates order[] = {KeepIntermediates::all, KeepIntermediates::boundary,
+                                       KeepIntermediates::boundary_host};
+    for (KeepIntermediates k : order) {
+      EnginePlan trial = p;
+      const ArenaRequest req = size_activations(trial, cfg, model, k);
+      if (arena_bytes_needed(model, req) > req.budget_bytes && k != KeepIntermediates::boundary_host) continue;
+      trial.arena = plan_arena(model, req);  // throws the budget error when not even the last one fits
+      trial.notes.push_back(std::string("device.keep_intermediates=auto chose ") + keep_intermediates_name(k) +
+                            (k == KeepIntermediates::all ? " (every intermediate fits the budget)"
+                                                         : " (keeping more does not fit the budget)"));
+      p = std::move(trial);
+      break;
+    }
   }
-  if (p.mode == ActivationMode::keep) {
-    p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
-    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * align_floats(p.saved_floats);
-  }
-  p.workspace_floats =
-      std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode), head_workspace_floats(model, p.batch, p.seq));
-  ArenaRequest req;
-  req.budget_bytes = cfg.device_budget_bytes();
-  req.budget_name = cfg.device_budget_name();
-  req.weight_slots = p.weight_slots;
-  req.grad_slots = p.grad_slots;
-  req.workspace_bytes = p.workspace_floats * sizeof(float);
-  req.activation_bytes = act * sizeof(float);
-  p.arena = plan_arena(model, req);
   p.threads = cfg.thread_budget();
   return p;
 }

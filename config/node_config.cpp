@@ -75,7 +75,7 @@ NodeConfig::NodeConfig() {
       .add(v.device_memory_mb, "device_memory_mb", "device memory budget in MiB; 0 = use max_vram_gb")
       .add(v.weight_slots, "weight_slots", "K streamed weight slots on the device (>= 2)")
       .add(v.grad_slots, "grad_slots", "gradient staging slots on the device (>= 1)")
-      .add(v.keep_intermediates, "keep_intermediates", "boundary | boundary_host | all")
+      .add(v.keep_intermediates, "keep_intermediates", "auto | boundary | boundary_host | all")
       .add(v.copy_bandwidth_gbps, "copy_bandwidth_gbps", "copy engine limit per direction in GB/s; 0 = unlimited")
       .add(v.prefetch_depth, "prefetch_depth", "stages streamed ahead; 0 = weight_slots - 1")
       .add(v.schedule, "schedule", "interleaved | sequential (order of a step's micro-batches)");

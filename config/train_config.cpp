@@ -25,6 +25,8 @@ const char* keep_intermediates_name(KeepIntermediates k) {
       return "boundary_host";
     case KeepIntermediates::all:
       return "all";
+    case KeepIntermediates::automatic:
+      return "auto";
   }
   return "?";
 }
@@ -73,8 +75,8 @@ LrSchedule TrainConfig::lr_schedule() const {
 }
 
 KeepIntermediates TrainConfig::keep_intermediates() const {
-  static const KeepIntermediates choices[] = {KeepIntermediates::boundary, KeepIntermediates::boundary_host,
-                                              KeepIntermediates::all};
+  static const KeepIntermediates choices[] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
+                                              KeepIntermediates::boundary_host, KeepIntermediates::all};
   return parse_choice("device.keep_intermediates", device.keep_intermediates, choices, keep_intermediates_name);
 }
 

@@ -77,16 +77,16 @@ struct DataSection {                                      // [data]
   std::int64_t seq_length = 256;  // tokens per sequence
 };
 
-struct DeviceSection {                          // [device]
-  std::string backend = "cpu";                  // cpu | cuda
-  double max_vram_gb = 0.0;                     // device budget in GiB; 0 = use device_memory_mb
-  std::int64_t device_memory_mb = 1024;         // device budget in MiB (the CPU arena); 0 = use max_vram_gb
-  std::int64_t weight_slots = 2;                // K >= 2 streamed weight slots
-  std::int64_t grad_slots = 1;                  // gradient staging slots
-  std::string keep_intermediates = "boundary";  // boundary | boundary_host | all (see KeepIntermediates)
-  double copy_bandwidth_gbps = 0.0;             // copy engine limit per direction, GB/s (1e9); 0 = unlimited
-  std::int64_t prefetch_depth = 0;              // stages streamed ahead; 0 = weight_slots - 1
-  std::string schedule = "interleaved";         // interleaved | sequential (see MicroBatchOrder)
+struct DeviceSection {                      // [device]
+  std::string backend = "cpu";              // cpu | cuda
+  double max_vram_gb = 0.0;                 // device budget in GiB; 0 = use device_memory_mb
+  std::int64_t device_memory_mb = 1024;     // device budget in MiB (the CPU arena); 0 = use max_vram_gb
+  std::int64_t weight_slots = 2;            // K >= 2 streamed weight slots
+  std::int64_t grad_slots = 1;              // gradient staging slots
+  std::string keep_intermediates = "auto";  // auto | boundary | boundary_host | all (see KeepIntermediates)
+  double copy_bandwidth_gbps = 0.0;         // copy engine limit per direction, GB/s (1e9); 0 = unlimited
+  std::int64_t prefetch_depth = 0;          // stages streamed ahead; 0 = weight_slots - 1
+  std::string schedule = "interleaved";     // interleaved | sequential (see MicroBatchOrder)
 };
 
 struct ThreadsSection {        // [threads]; 0 = derived from total (see ThreadBudget)
@@ -108,6 +108,7 @@ enum class KeepIntermediates {
   boundary,       // keep layer-boundary hidden states on the device, recompute each layer once in backward
   boundary_host,  // the same, boundaries offloaded to host RAM (long context; device memory flat in depth)
   all,            // keep every intermediate of every layer on the device: no recomputation, most memory
+  automatic,      // "auto": the first of all, boundary, boundary_host whose arena fits the device budget
 };
 enum class OptimizerCompression { none, lossless, int8 };
 // The order of a step's micro-batches. Each forward op streams one layer for little compute and each

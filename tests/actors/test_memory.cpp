@@ -111,6 +111,40 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     cfg.train.optimizer_compression = "int8";
     CHECK_THROWS_WITH(plan_engine(cfg, model), Catch::Contains("train.optimizer_compression"));
   }
+  SECTION("auto keeps as much as fits the budget") {
+    Tiny deep;
+    deep.layers = 8;  // deep enough that offloading the boundaries saves device memory
+    deep.micro_batches = 2;
+    cfg = tiny_config(deep);
+    const ModelConfig deep_model = cfg.model_config_from_keys();
+    auto need = [&](const char* keep) {
+      TrainConfig c = cfg;
+      c.device.keep_intermediates = keep;
+      return plan_engine(c, deep_model).arena.total_bytes;
+    };
+    const std::size_t all = need("all"), boundary = need("boundary"), host = need("boundary_host");
+    REQUIRE(all > boundary);
+    REQUIRE(boundary > host);
+    cfg.device.keep_intermediates = "auto";
+    cfg.device.device_memory_mb = 0;
+    auto plan_at = [&](std::size_t budget) {
+      cfg.device.max_vram_gb = static_cast<double>(budget) / (1024.0 * 1024.0 * 1024.0);
+      return plan_engine(cfg, deep_model);
+    };
+    EnginePlan p = plan_at(all);
+    CHECK(p.mode == ActivationMode::keep);
+    CHECK_FALSE(p.boundaries_on_host);
+    p = plan_at(all - 1024);
+    CHECK(p.mode == ActivationMode::recompute);
+    CHECK_FALSE(p.boundaries_on_host);
+    CHECK(p.arena.total_bytes == boundary);
+    p = plan_at(boundary - 1024);
+    CHECK(p.boundaries_on_host);
+    CHECK(p.arena.total_bytes == host);
+    REQUIRE_FALSE(p.notes.empty());
+    CHECK_THAT(p.notes.back(), Catch::Contains("chose boundary_host"));
+    CHECK_THROWS_WITH(plan_at(host - 1024), Catch::Contains("device.max_vram_gb"));
+  }
   SECTION("keeping every intermediate costs memory") {
     cfg.device.keep_intermediates = "all";
     const EnginePlan keep = plan_engine(cfg, model);

@@ -87,7 +87,7 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"device.device_memory_mb: must be >= 0", [](TrainConfig& c) { c.device.device_memory_mb = -64; }},
       {"device.weight_slots: must be >= 2, got 1", [](TrainConfig& c) { c.device.weight_slots = 1; }},
       {"device.grad_slots: must be >= 1", [](TrainConfig& c) { c.device.grad_slots = 0; }},
-      {"device.keep_intermediates: 'some' is not one of: boundary, boundary_host, all",
+      {"device.keep_intermediates: 'some' is not one of: auto, boundary, boundary_host, all",
        [](TrainConfig& c) { c.device.keep_intermediates = "some"; }},
       {"device.copy_bandwidth_gbps: must be a finite number >= 0",
        [](TrainConfig& c) { c.device.copy_bandwidth_gbps = -1; }},
@@ -214,7 +214,7 @@ TEST_CASE("the thread budget is split explicitly", "[config][threads]") {
 TEST_CASE("enum keys parse to their values", "[config]") {
   TrainConfig c;
   CHECK(c.lr_schedule() == LrSchedule::cosine);
-  CHECK(c.keep_intermediates() == KeepIntermediates::boundary);
+  CHECK(c.keep_intermediates() == KeepIntermediates::automatic);
   CHECK(c.optimizer_compression() == OptimizerCompression::none);
   c.device.keep_intermediates = "boundary_host";
   CHECK(c.keep_intermediates() == KeepIntermediates::boundary_host);
