@@ -2,8 +2,8 @@
 // bound by pointer to the slots the prefetcher filled (zero copy). Keeps the layer-boundary
 // activations in the arena, one set per in-flight micro-batch (and, in keep mode, every layer's
 // intermediates), or, with boundaries on the host, writes the forward's boundaries into a small ring
-// and copies them out to the host store as it goes; recomputes each layer once in backward. Gradients
-// go into a zeroed staging slot, handed to the collector at once.
+// and copies them out to the host store as it goes; in backward recomputes each layer once (or uses
+// the kept intermediates). Gradients go into a zeroed staging slot, handed to the collector at once.
 //
 // Durable progress: the ledger's compute_pos is advanced only after an op completed; activations,
 // dx and staging live in the arena (boundaries on the host: in the host store, with each ring entry's
@@ -149,7 +149,10 @@ void try_advance(self_ptr self) {
     auto weights = [&](int li) { return ctx->arena->weight_slot(slot[li]); };
     // Boundaries on the host: the ring entry this op writes must have been copied out.
     const std::int64_t written = on_host ? boundary_written(op) : -1;
-    if (written >= 0 && !ring_entry_free(ctx, static_cast<std::size_t>(written) % ctx->ring.size())) return;
+    if (written >= 0 && !ring_entry_free(ctx, static_cast<std::size_t>(written) % ctx->ring.size())) {
+      if (!st.waiting_since) st.waiting_since = Clock::now();
+      return;
+    }
     // Gradient staging this op needs.
     const bool is_tied = tied(c);
     int k_main = -1, k_embed = -1;
@@ -295,10 +298,9 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         }
         try_advance(self);
       },
-      [=](const BoundarySaved& m) {
-        if (m.epoch != self->state.epoch) return;
-        try_advance(self);
-      },
+      // A wake-up only (the stamps in the host store are the state), so one sent in an older epoch
+      // still counts: its copy may have landed after this epoch's Resume checked the stamps.
+      [=](const BoundarySaved&) { try_advance(self); },
       [=](const StopAt& m) -> StopAt {
         auto& st = self->state;
         const bool started = st.pos.index != 0;
@@ -340,6 +342,9 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         self->state.epoch = e;
         self->state.running = false;
         self->state.ready.clear();
+        // Boundary copies to the host this actor queued (possibly after the prefetcher's reset waited
+        // for the copy engine) must land before the barrier ends: Resume reads their stamps.
+        ctx->copy->wait_idle();
         return ack_atom::value;
       },
   };

@@ -44,6 +44,8 @@ const char* phase_name(Phase p) {
       return "collect";
     case Phase::optimize:
       return "optimize";
+    case Phase::prefetch_boundary:
+      return "prefetch_boundary";
   }
   return "?";
 }

@@ -2,7 +2,8 @@
 // own thread), monitors them, and restarts any that crashes:
 //   1. respawn the crashed role; bump the epoch;
 //   2. reset barrier: every pipeline actor drops its in-flight work, adopts the new epoch and acks
-//      (an actor acks only between handlers, so after the barrier nothing from the old epoch runs);
+//      (an actor acks only between handlers, and the prefetcher and compute ack only once the copy
+//      engine has finished what they queued, so after the barrier nothing from the old epoch runs);
 //   3. Peers + Resume to all, then re-issue the in-flight work from the ledger: staged gradients not
 //      yet accumulated (to the collector), the losses and complete stages of the optimizer's step (to
 //      the optimizer). Compute and the prefetcher continue from compute's ledger position.

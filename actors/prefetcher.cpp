@@ -1,6 +1,7 @@
 // The prefetcher: walks the schedule ahead of compute and streams each op's stages into free weight
 // slots (host tile -> device arena through the copy engine), exactly in the order compute will use
-// them, up to prefetch_depth + 1 ops in flight and never more than K slots. A load waits for a free
+// them, up to prefetch_depth + 1 ops in flight and never more than K weight slots (and, with
+// boundaries on the host, K activation slots). A load waits for a free
 // slot and for the stage's tile to reach the version the op needs (= its step: the optimizer publishes
 // version s + 1 after step s's update), so the next step's forward streams layer i as soon as it is
 // updated. Owns the weight slots' states (in the DeviceArena).
@@ -120,7 +121,7 @@ bool load_boundary(self_ptr self, const Op& op) {
   for (int a = 0; a < static_cast<int>(ctx->act_slots.size()) && slot < 0; ++a)
     if (st.act_in_flight.count(a) == 0) slot = a;
   if (slot < 0) return false;
-  fault_point(ctx->fault, Role::prefetcher, st.pos.step, st.pos.micro_batch, op.stage, Phase::prefetch);
+  fault_point(ctx->fault, Role::prefetcher, st.pos.step, st.pos.micro_batch, op.stage, Phase::prefetch_boundary);
   submit_load(self, ctx->host_acts->data(set, b), ctx->act_slots[static_cast<std::size_t>(slot)],
               ctx->plan.hidden_floats * sizeof(float), slot);
   st.act_in_flight[slot] = prefetcher_state::Held{st.pos, b, need, true};
@@ -228,10 +229,8 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
         if (m.epoch != self->state.epoch) return;
         pump(self);
       },
-      [=](const BoundarySaved& m) {
-        if (m.epoch != self->state.epoch) return;
-        pump(self);
-      },
+      // A wake-up only (the stamps in the host store are the state); see compute's handler.
+      [=](const BoundarySaved&) { pump(self); },
       [=](const StopAt& m) { self->state.end_step = std::min(self->state.end_step, m.end_step); },
       [=](const Peers& p) { self->state.peers.set(p); },
       [=](const Resume& r) {

@@ -3,14 +3,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/param_layout.hpp"
+
 namespace mt {
 
 HostBoundaries::HostBoundaries(int sets, std::int64_t boundaries, std::size_t floats)
     : sets_(sets), boundaries_(boundaries), floats_(floats) {
   if (sets < 1 || boundaries < 0 || floats == 0)
     throw std::invalid_argument("HostBoundaries: sets >= 1, boundaries >= 0 and floats > 0 required");
-  const std::size_t line = kCacheLineBytes / sizeof(float);
-  stride_floats_ = (floats + line - 1) / line * line;
+  stride_floats_ = align_floats(floats);  // 64-byte entries, as the engine's plan counts them
   const std::size_t entries = static_cast<std::size_t>(sets) * static_cast<std::size_t>(boundaries);
   buffer_ = AlignedBuffer(entries * stride_floats_ * sizeof(float), "host boundary activations", true);
   stamps_ = std::make_unique<std::atomic<std::uint64_t>[]>(entries);

@@ -26,6 +26,7 @@ struct Tiny {
   double weight_decay = 0.1;
   std::string keep = "boundary";
   std::string schedule = "interleaved";
+  double bandwidth_gbps = 0.0;  // copy engine limit per direction; 0 = unlimited
 };
 
 inline TrainConfig tiny_config(const Tiny& t) {
@@ -54,6 +55,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.device.grad_slots = 2;
   c.device.keep_intermediates = t.keep;
   c.device.schedule = t.schedule;
+  c.device.copy_bandwidth_gbps = t.bandwidth_gbps;
   c.threads.total = 2;
   c.threads.blas = 1;
   c.threads.optimizer = 1;

@@ -4,6 +4,7 @@
 // memory grows linearly. A budget 64 bytes smaller is rejected before anything starts.
 #include <catch2/catch.hpp>
 
+#include "storage/host/host_boundaries.hpp"
 #include "tests/actors/engine_fixture.hpp"
 
 using namespace mt;
@@ -43,6 +44,8 @@ TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]
     CHECK(eng.result.arena.peak_bytes > 0);
     peaks.push_back(eng.result.arena.peak_bytes);
     budgets.push_back(tight.arena.budget_bytes);
+    // The plan's host boundary bytes are what the store allocates: 2 in-flight sets x L boundaries.
+    CHECK(tight.host_boundary_bytes == HostBoundaries(2, layers, tight.hidden_floats).bytes());
     host_bytes.push_back(eng.host->host_bytes() + tight.host_boundary_bytes);
     // Every layer is loaded twice per micro-batch (forward, backward), the embedding and head once:
     // each load is a copy or a hit on a slot still holding that stage (only 2 slots: few hits). Each
@@ -86,6 +89,7 @@ TEST_CASE("boundaries kept on the device grow with depth; offloaded they do not"
     offloaded.push_back(host.arena.total_bytes);
     // Two in-flight micro-batches (interleaved order) x L boundaries on the host.
     CHECK(host.host_boundary_bytes == 2 * static_cast<std::size_t>(layers) * align_floats(host.hidden_floats) * 4);
+    CHECK(host.host_boundary_bytes == HostBoundaries(2, layers, host.hidden_floats).bytes());
   }
   CHECK(device_kept[1] > device_kept[0]);
   CHECK(offloaded[1] == offloaded[0]);

@@ -1,7 +1,8 @@
 // Restart: a crash of any one pipeline actor mid-step (the test-only fault hook makes it throw at a
 // chosen (step, micro-batch, stage, phase)) is supervised: the node restarts the actor, re-issues its
 // in-flight work, and the final weights, moments and losses are bit-identical to an uninterrupted run
-// (the reference trainer). Run under the ASan/UBSan preset too; see README for why not TSan.
+// (the reference trainer). Also run under the ASan/UBSan preset and, with a TSan-built CAF, under
+// ThreadSanitizer (tools/test-tsan-actors, part of the README's test command).
 #include <catch2/catch.hpp>
 
 #include "tests/actors/engine_fixture.hpp"
@@ -71,10 +72,21 @@ TEST_CASE("restart: boundaries on the host and the sequential order", "[actors][
   // their copies to the host are in flight at the crash.
   check_restart(t, Role::compute, 3, 1, 2, Phase::forward);
   check_restart(t, Role::compute, 3, 0, 1, Phase::backward);
-  check_restart(t, Role::prefetcher, 3, 1, 2, Phase::prefetch);  // a boundary or weights load
+  check_restart(t, Role::prefetcher, 3, 1, 2, Phase::prefetch);           // a weights load
+  check_restart(t, Role::prefetcher, 3, 0, 2, Phase::prefetch_boundary);  // layer 2's input boundary
+  // A limited link keeps copies to the host in flight while another actor crashes and the barrier
+  // runs (compute queued them; its reset waits for them).
+  Tiny slow = t;
+  slow.bandwidth_gbps = 0.02;
+  check_restart(slow, Role::collector, 3, 1, 2, Phase::collect);
+  check_restart(slow, Role::prefetcher, 3, 1, 1, Phase::prefetch_boundary);
+  Tiny g = t;
+  g.arch = Arch::gpt2;  // tied embeddings: the head's embedding gradient staged until the embed backward
+  check_restart(g, Role::compute, 2, 1, 0, Phase::backward);
+  check_restart(g, Role::compute, 2, 1, g.layers + 1, Phase::head);
   t.schedule = "sequential";
   check_restart(t, Role::compute, 3, 1, 2, Phase::backward);
-  check_restart(t, Role::prefetcher, 2, 0, 1, Phase::prefetch);
+  check_restart(t, Role::prefetcher, 2, 0, 1, Phase::prefetch_boundary);
 }
 
 TEST_CASE("restart: gradient collector crash mid-step", "[actors][restart]") {
