@@ -32,7 +32,9 @@ nlohmann::json train_config_json(const TrainConfig& cfg);
 nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::int64_t step, std::int64_t micro_batches,
                               const HostModel& host);
 
-struct ResumePoint {
+// (bugprone-exception-escape: nlohmann::json's noexcept move runs an invariant check the analysis
+// cannot prove never throws.)
+struct ResumePoint {  // NOLINT(bugprone-exception-escape)
   std::int64_t step = 0;
   std::filesystem::path dir;  // the checkpoint loaded
   nlohmann::json run_state;

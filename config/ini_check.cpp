@@ -84,14 +84,14 @@ std::string apply_ini_settings(const caf::settings& ini, const caf::config_optio
     const auto* section = caf::get_if<caf::settings>(&top_value);
     if (section == nullptr) {
       // A key before any [section] header: CAF files it under the global category.
-      const std::string error = apply_one("global", top_key, top_value, options, content, source);
+      std::string error = apply_one("global", top_key, top_value, options, content, source);
       if (!error.empty()) return error;
       continue;
     }
     for (const auto& [key, value] : *section) {
       if (caf::holds_alternative<caf::settings>(value))
         return source + ": unknown section '[" + top_key + "." + key + "]'";
-      const std::string error = apply_one(top_key, key, value, options, content, source);
+      std::string error = apply_one(top_key, key, value, options, content, source);
       if (!error.empty()) return error;
     }
   }

@@ -43,7 +43,7 @@ inline Outcome run_node(const std::string& args, const std::string& env = "") {
 // pattern the model can learn.
 inline fs::path make_shard(const fs::path& dir, std::size_t tokens) {
   fs::create_directories(dir);
-  const fs::path p = dir / "train_000000.bin";
+  fs::path p = dir / "train_000000.bin";
   std::vector<std::int32_t> header(256, 0);
   header[0] = 20240520;
   header[1] = 1;

@@ -33,6 +33,7 @@ using mt::test::slurp;
 // LeakSanitizer (asan preset): HDF5's global state is never freed because storage/checkpoint turns
 // HDF5's exit handler off (H5dont_atexit; see storage/checkpoint/README.md), which LSan would report
 // as a leak in every process that wrote or read a checkpoint. Inert in other builds.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name is LSan's interface
 extern "C" const char* __lsan_default_suppressions() { return "leak:libhdf5\n"; }
 
 namespace {
