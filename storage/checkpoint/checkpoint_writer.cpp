@@ -83,7 +83,7 @@ const char* state_description(const std::string& state) {
 
 CheckpointWriter::CheckpointWriter(fs::path root, std::int64_t step, ModelConfig config,
                                    CheckpointWriterOptions options)
-    : root_(std::move(root)), step_(step), config_(std::move(config)), options_(std::move(options)) {
+    : root_(std::move(root)), step_(step), config_(config), options_(std::move(options)) {
   if (step_ < 0) throw CheckpointError("checkpoint step must be >= 0, got " + std::to_string(step_));
   try {
     config_.validate();
@@ -168,6 +168,7 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
   if (state.exp_avg) states.emplace_back("exp_avg", state.exp_avg);
   if (state.exp_avg_sq) states.emplace_back("exp_avg_sq", state.exp_avg_sq);
   std::vector<std::string> names;
+  names.reserve(states.size());
   for (const auto& st : states) names.push_back(st.first);
   if (names.empty()) throw CheckpointError("write_stage(" + std::to_string(stage) + "): no buffers given");
   if (state_names_.empty()) state_names_ = names;
@@ -214,8 +215,9 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
         h5::set_attr_u64(ds.get(), kChecksumAlgorithm, sum);
         const haddr_t where = H5Dget_offset(ds.get());
         if (where == HADDR_UNDEF) fail("dataset " + state_name + "/" + t.name + " has no contiguous storage");
-        sh.extents.push_back({group_name + "/" + state_name + "/" + t.name, static_cast<std::uint64_t>(where),
-                              t.numel * sizeof(float), sum});
+        std::string extent_name = group_name;
+        extent_name.append("/").append(state_name).append("/").append(t.name);
+        sh.extents.push_back({std::move(extent_name), static_cast<std::uint64_t>(where), t.numel * sizeof(float), sum});
         h5::set_attr_u64(ds.get(), "offset", t.offset);
         if (!ds.close()) fail("closing dataset " + state_name + "/" + t.name + " failed");
         sh.data_bytes += t.numel * sizeof(float);
@@ -244,7 +246,7 @@ fs::path CheckpointWriter::finalize(const json& run_state) {
   for (std::int64_t s = 0; s < num_stages(config_); ++s)
     if (!stages_.count(s))
       throw CheckpointError(temp_dir_.string() + ": finalize before stage " + std::to_string(s) + " was written");
-  const fs::path target = root_ / step_dir_name(step_);
+  fs::path target = root_ / step_dir_name(step_);
   try {
     close_shard_locked();
 

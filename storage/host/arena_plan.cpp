@@ -22,7 +22,7 @@ const char* arena_region_kind_name(ArenaRegionKind k) {
 }
 
 std::string ArenaRegion::name() const {
-  const std::string base = arena_region_kind_name(kind);
+  std::string base = arena_region_kind_name(kind);
   if (kind == ArenaRegionKind::weight_slot || kind == ArenaRegionKind::grad_slot)
     return base + "[" + std::to_string(index) + "]";
   return base;

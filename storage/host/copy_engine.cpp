@@ -45,7 +45,8 @@ std::uint64_t CopyEngine::submit(CopyJob job) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) throw std::logic_error("copy engine: submit after shutdown");
     sequence = next_sequence_++;
-    links_[static_cast<int>(job.direction)].queue.push_back(Pending{sequence, std::move(job)});
+    const int link = static_cast<int>(job.direction);  // read before job is moved from
+    links_[link].queue.push_back(Pending{sequence, std::move(job)});
     stats_.queued_jobs++;
     stats_.max_queued_jobs = std::max(stats_.max_queued_jobs, stats_.queued_jobs);
   }

@@ -42,7 +42,8 @@ TEST_CASE("batches are packed windows: targets are inputs shifted by one", "[loa
   REQUIRE(b.inputs.size() == 64);
   for (int r = 0; r < 4; ++r)
     for (int t = 0; t < 16; ++t) {
-      const int32_t x = b.inputs[std::size_t(r * 16 + t)], y = b.targets[std::size_t(r * 16 + t)];
+      const int32_t x = b.inputs[std::size_t(r) * 16 + std::size_t(t)],
+                    y = b.targets[std::size_t(r) * 16 + std::size_t(t)];
       CHECK(y == (x + 1) % 50000);
     }
   CHECK(b.loss_tokens == 64);
@@ -101,6 +102,7 @@ TEST_CASE("seek(g) gives micro-batch g, across epochs", "[loader]") {
   make_shards(d);
   DataLoader a(opts(d));
   std::vector<Batch> seq;
+  seq.reserve(45);
   for (int i = 0; i < 45; ++i) seq.push_back(a.next());
   DataLoader b(opts(d));
   for (uint64_t g : {44u, 0u, 13u, 14u, 28u, 27u, 5u}) {
@@ -126,7 +128,7 @@ TEST_CASE("data-parallel ranks take disjoint windows of the same order", "[loade
     DataLoader dl(o);
     for (uint64_t i = 0; i < dl.batches_per_epoch(); ++i) {
       const Batch b = dl.next();
-      for (int k = 0; k < 4; ++k) seen.insert(b.inputs[std::size_t(k * 16)]);
+      for (int k = 0; k < 4; ++k) seen.insert(b.inputs[std::size_t(k) * 16]);
       total += 4;
     }
   }

@@ -95,7 +95,7 @@ TEST_CASE("bad shards: wrong magic, version, truncated header or body", "[shards
   const auto t = random_tokens(1000, 50000, 4);
   write_shard(d / "ok.bin", t.data(), t.size(), 2);
   std::string raw = slurp(d / "ok.bin");
-  auto write_variant = [&](const std::string& name, std::string bytes) {
+  auto write_variant = [&](const std::string& name, const std::string& bytes) {
     spit(d / name, bytes);
     return d / name;
   };

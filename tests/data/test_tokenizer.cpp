@@ -136,6 +136,7 @@ TEST_CASE("encode is thread-safe and gives the same ids on every thread", "[toke
   const auto want = gpt2().encode(text);
   std::vector<std::vector<uint32_t>> got(4);
   std::vector<std::thread> ts;
+  ts.reserve(4);
   for (int i = 0; i < 4; ++i) ts.emplace_back([&, i] { got[std::size_t(i)] = gpt2().encode(text); });
   for (auto& t : ts) t.join();
   for (const auto& g : got) CHECK(g == want);

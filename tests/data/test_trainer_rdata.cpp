@@ -27,7 +27,7 @@ TEST_CASE("bad R data files are errors naming the file", "[rdata][errors]") {
   spit(d / "x.rdb", "");
   CHECK_THROWS_WITH(read_r_lazyload_strings(d / "x"), Catch::Contains("x.rdx"));
   CHECK_THROWS_WITH(read_r_lazyload_strings(d / "missing"), Catch::Contains("missing.rdx: cannot open"));
-  spit(d / "t.rds", "X\n\x00\x00");
+  spit(d / "t.rds", std::string("X\n\x00\x00", 4));  // explicit length: keep the NUL bytes
   CHECK_THROWS_WITH(read_rds_strings(d / "t.rds"), Catch::Contains("t.rds: truncated data at offset"));
 }
 

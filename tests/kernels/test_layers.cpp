@@ -58,7 +58,10 @@ vector<Named> all_configs() {
 }  // namespace
 
 TEST_CASE("reference layers match finite differences in fp64", "[layers][fd]") {
-  for (const auto& [name, c] : all_configs()) {
+  for (const Named& named : all_configs()) {
+    // Not a structured binding: the loss lambda below captures c, which C++17 allows only for variables.
+    const char* name = named.name;
+    const ModelConfig& c = named.cfg;
     INFO(name);
     const std::int64_t B = 2, S = 3, N = B * S, d = c.hidden_size;
     const ParamLayout l = layer_layout(c, 0);

@@ -252,6 +252,7 @@ TEST_CASE("fast activations match the reference and ignore the thread count", "[
   cpu::swiglu_forward(g.data(), u.data(), h1.data(), n, 1);
   ref::swiglu(g.data(), u.data(), hr.data(), static_cast<ref::i64>(n));
   CHECK(rel_err(h, hr) < kFastTol);
+  // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): bitwise identity across thread counts is the claim
   CHECK(std::memcmp(h.data(), h1.data(), n * 4) == 0);
   cpu::swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), n, 2);
   ref::swiglu_backward(g.data(), u.data(), dh.data(), dgr.data(), dur.data(), static_cast<ref::i64>(n));
@@ -288,6 +289,7 @@ TEST_CASE("accumulate and sum_squares do not depend on the thread count", "[ops]
   auto a1 = a, a2 = a;
   cpu::accumulate(a1.data(), s.data(), n, 1);
   cpu::accumulate(a2.data(), s.data(), n, 2);
+  // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): bitwise identity across thread counts is the claim
   CHECK(std::memcmp(a1.data(), a2.data(), n * 4) == 0);
   CHECK(a1[n - 1] == a[n - 1] + s[n - 1]);
   const double s1 = cpu::sum_squares(a.data(), n, 1), s2 = cpu::sum_squares(a.data(), n, 2);

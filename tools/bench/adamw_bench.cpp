@@ -26,6 +26,7 @@ void probe(float* p, const float* g, float* m, float* v, std::size_t n, int thre
 
 }  // namespace
 
+// NOLINTNEXTLINE(bugprone-exception-escape): a benchmark; an error ends it via std::terminate, which names it
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const std::size_t n = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (std::size_t(32) << 20);

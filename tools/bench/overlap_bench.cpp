@@ -151,6 +151,7 @@ Measured run(const TrainConfig& cfg, const std::vector<data::Batch>& batches, bo
 
 }  // namespace
 
+// NOLINTNEXTLINE(bugprone-exception-escape): a benchmark; an error ends it via std::terminate, which names it
 int main(int argc, char** argv) {
   const std::int64_t steps = argc > 1 ? std::atoll(argv[1]) : 6;
   const std::int64_t layers = argc > 2 ? std::atoll(argv[2]) : 8;

@@ -80,6 +80,7 @@ double spin_speedup() {
     return mt::bench::best_seconds(
         [&] {
           std::vector<std::thread> ts;
+          ts.reserve(static_cast<std::size_t>(threads));
           for (int t = 0; t < threads; ++t)
             ts.emplace_back([&] {
               volatile double x = 0;
@@ -95,6 +96,7 @@ double spin_speedup() {
 
 }  // namespace
 
+// NOLINTNEXTLINE(bugprone-exception-escape): a benchmark; an error ends it via std::terminate, which names it
 int main(int argc, char** argv) {
   const std::string shared = std::string(MEGATRAIN_SHARED_DATA);
   const std::string text_file = argc > 1 ? argv[1] : shared + "/corpus/austen.txt";

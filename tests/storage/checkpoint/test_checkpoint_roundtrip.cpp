@@ -16,8 +16,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path write_checkpoint(const fs::path& root, const ModelConfig& c, std::int64_t step, CheckpointWriterOptions o = {},
-                          int salt = 0, bool moments = true) {
+fs::path write_checkpoint(const fs::path& root, const ModelConfig& c, std::int64_t step,
+                          const CheckpointWriterOptions& o = {}, int salt = 0, bool moments = true) {
   CheckpointWriter w(root, step, c, o);
   for (std::int64_t s = 0; s < num_stages(c); ++s) {
     const auto p = test::stage_values(c, s, 0 + salt), m = test::stage_values(c, s, 1 + salt),

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void export_model(const fs::path& dir, const ModelConfig& c, HfExportOptions o = {}) {
+void export_model(const fs::path& dir, const ModelConfig& c, const HfExportOptions& o = {}) {
   std::vector<float> buf;
   write_hf_model(
       dir, c,

@@ -22,7 +22,7 @@ namespace {
 // A safetensors file with the given header text and `data_bytes` zero bytes of data.
 fs::path make_file(const fs::path& dir, const std::string& header, std::size_t data_bytes,
                    const std::string& name = "bad.safetensors") {
-  const fs::path p = dir / name;
+  fs::path p = dir / name;
   std::ofstream out(p, std::ios::binary);
   std::uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
