@@ -90,7 +90,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   p.prefetch_depth = static_cast<int>(std::max<std::int64_t>(0, cfg.prefetch_depth()));
   p.hidden_floats = static_cast<std::size_t>(p.batch * p.seq * model.hidden_size);
   p.order = cfg.micro_batch_order();
-  p.activation_sets = p.order == MicroBatchOrder::interleaved && p.micro_batches > 1 ? 2 : 1;
+  p.activation_sets = activation_sets(p.order, p.micro_batches);
   const KeepIntermediates keep = cfg.keep_intermediates();
   if (keep != KeepIntermediates::automatic) {
     p.arena = plan_arena(model, size_activations(p, cfg, model, keep));

@@ -39,6 +39,10 @@ std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host) {
   return ops;
 }
 
+int activation_sets(MicroBatchOrder order, std::int64_t micro_batches) {
+  return order == MicroBatchOrder::interleaved && micro_batches > 1 ? 2 : 1;
+}
+
 Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host)
     : ops_(micro_batch_ops(c, boundaries_on_host)), micro_batches_(micro_batches), kind_(order) {
   if (micro_batches < 1) throw std::invalid_argument("Schedule: micro_batches must be >= 1");
@@ -48,11 +52,11 @@ Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchO
   const std::int64_t bwd = n - fwd;
   auto forward = [&](std::int64_t m, std::int64_t j) { order_.emplace_back(m, j); };
   auto backward = [&](std::int64_t m, std::int64_t j) { order_.emplace_back(m, fwd + j); };
-  if (order == MicroBatchOrder::sequential || micro_batches == 1) {
+  in_flight_ = activation_sets(order, micro_batches);
+  if (in_flight_ == 1) {
     for (std::int64_t m = 0; m < micro_batches; ++m)
       for (std::int64_t j = 0; j < n; ++j) order_.emplace_back(m, j);
   } else {
-    in_flight_ = 2;
     for (std::int64_t j = 0; j < fwd; ++j) forward(0, j);
     for (std::int64_t m = 0; m + 1 < micro_batches; ++m) {
       // bwd == fwd - 1: the head of m + 1 goes last, after the embed backward of m (it refills dx).

@@ -50,6 +50,10 @@ struct Op {
 // boundary from the host.
 std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host = false);
 
+// Micro-batches whose activations are alive at once in a step of this order: 2 when interleaved with
+// more than one micro-batch, else 1. The engine sizes its activation sets with it.
+int activation_sets(MicroBatchOrder order, std::int64_t micro_batches);
+
 // A point in the schedule: entry `index` of step `step`, which is op `op` of micro-batch
 // `micro_batch` (both derived from index by the Schedule). Ordered by (step, index).
 struct Pos {
@@ -90,7 +94,7 @@ class Schedule {
   std::vector<std::int64_t> index_;                           // micro_batch * ops + op -> index
   std::int64_t micro_batches_ = 1;
   MicroBatchOrder kind_ = MicroBatchOrder::sequential;
-  int in_flight_ = 1;
+  int in_flight_ = 1;  // activation_sets(kind_, micro_batches_)
 };
 
 }  // namespace mt::actors
