@@ -109,22 +109,15 @@ std::int64_t optimizer_step(Context* ctx) {
 void resume_all(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
-  const Peers peers = make_peers(self);
+  const RunLedger& led = ctx->ledger;
+  // Read the ledger first, then send: once the collector has its Resume and re-issued work it writes
+  // the ledger again, so nothing may be read from it after the first send.
   const std::int64_t opt_step = optimizer_step(ctx);
-  const Resume r{st.epoch, ctx->ledger.compute_pos, opt_step, st.end_step};
-  self->send(st.h.loader, peers);
-  self->send(st.h.prefetcher, peers);
-  self->send(st.h.compute, peers);
-  self->send(st.h.collector, peers);
-  self->send(st.h.optimizer, peers);
-  self->send(st.h.checkpointer, peers);
-  self->send(st.h.loader, r);
-  self->send(st.h.collector, r);
-  self->send(st.h.optimizer, r);
+  const Resume r{st.epoch, led.compute_pos, opt_step, st.end_step};
   // Staged gradients the collector has not (or not known to have) taken, in schedule order.
   std::vector<LayerGrads> staged;
-  for (int k = 0; k < static_cast<int>(ctx->ledger.staging.size()); ++k) {
-    const auto& e = ctx->ledger.staging[static_cast<std::size_t>(k)];
+  for (int k = 0; k < static_cast<int>(led.staging.size()); ++k) {
+    const auto& e = led.staging[static_cast<std::size_t>(k)];
     if (e.state == StagingEntry::State::full)
       staged.push_back(
           LayerGrads{st.epoch, WorkId{e.step, e.micro_batch, e.stage, static_cast<std::int32_t>(Phase::backward)}, k});
@@ -134,19 +127,33 @@ void resume_all(self_ptr self) {
     if (a.work.micro_batch != b.work.micro_batch) return a.work.micro_batch < b.work.micro_batch;
     return a.work.stage > b.work.stage;
   });
-  for (const auto& g : staged) self->send(st.h.collector, g);
   // The optimizer's step: its micro-batch losses and every stage whose gradients are complete.
-  const RunLedger& led = ctx->ledger;
+  std::vector<LossReport> losses;
   for (const auto& kv : led.losses)
     if (kv.first >= opt_step)
       for (std::size_t mb = 0; mb < kv.second.size(); ++mb)
-        self->send(st.h.optimizer, LossReport{st.epoch, kv.first, static_cast<std::int64_t>(mb), kv.second[mb].loss_sum,
-                                              kv.second[mb].counted});
+        losses.push_back(LossReport{st.epoch, kv.first, static_cast<std::int64_t>(mb), kv.second[mb].loss_sum,
+                                    kv.second[mb].counted});
+  std::vector<LayerGradsComplete> complete;
   for (std::int64_t s = 0; s < ctx->stages(); ++s) {
     const std::size_t si = static_cast<std::size_t>(s);
     if (led.accum_step[si] == opt_step && led.accum_count[si] == ctx->micro_batches())
-      self->send(st.h.optimizer, LayerGradsComplete{st.epoch, opt_step, s, led.sumsq[si]});
+      complete.push_back(LayerGradsComplete{st.epoch, opt_step, s, led.sumsq[si]});
   }
+
+  const Peers peers = make_peers(self);
+  self->send(st.h.loader, peers);
+  self->send(st.h.prefetcher, peers);
+  self->send(st.h.compute, peers);
+  self->send(st.h.collector, peers);
+  self->send(st.h.optimizer, peers);
+  self->send(st.h.checkpointer, peers);
+  self->send(st.h.loader, r);
+  self->send(st.h.collector, r);
+  self->send(st.h.optimizer, r);
+  for (const auto& g : staged) self->send(st.h.collector, g);
+  for (const auto& l : losses) self->send(st.h.optimizer, l);
+  for (const auto& c : complete) self->send(st.h.optimizer, c);
   // Compute and the prefetcher last: they start the flow again.
   self->send(st.h.compute, r);
   self->send(st.h.prefetcher, r);
