@@ -1,9 +1,10 @@
-// The gradient collector: copies each staged gradient device-to-host (through the copy engine) and
+// The gradient collector: copies each staged gradient device-to-host (over the backend's link) and
 // adds it into the stage's fp32 accumulator in the host tile (cpu::accumulate, the reference's call),
 // frees the staging slot, and after a stage's last micro-batch reports the stage's gradient sum of
 // squares to the optimizer. Its progress (per stage: step, micro-batches accumulated, sum of squares)
 // is in the ledger, so re-issued work is recognised and not added twice.
 #include <cstring>
+#include <future>
 
 #include "actors/actors.hpp"
 #include "kernels/step_math.hpp"
@@ -44,12 +45,10 @@ void collect(self_ptr self, const LayerGrads& m) {
   const auto t0 = Clock::now();
   const ParamLayout& layout = ctx->layouts[si];
   const std::size_t n = layout.total_floats;
-  CopyJob job;
-  job.direction = CopyDirection::device_to_host;
-  job.src = ctx->arena->grad_slot(m.grad_slot);
-  job.dst = st.host_buffer.get();
-  job.bytes = n * sizeof(float);
-  ctx->copy->submit_with_future(std::move(job)).get();
+  std::promise<void> landed;
+  ctx->backend->copy_async(LinkDirection::device_to_host, ctx->arena->grad_slot(m.grad_slot), st.host_buffer.get(),
+                           n * sizeof(float), [&landed] { landed.set_value(); });
+  landed.get_future().get();
   self->send(st.peers.compute, GradSlotFree{st.epoch, m.work, m.grad_slot});
   HostTile& tile = ctx->host->tile(stage);
   if (mb == 0) std::memset(tile.grad(), 0, n * sizeof(float));

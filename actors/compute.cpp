@@ -1,5 +1,5 @@
-// The compute actor: runs the schedule's ops on the CPU backend with the stateless stage templates
-// bound by pointer to the slots the prefetcher filled (zero copy). Keeps the layer-boundary
+// The compute actor: runs the schedule's ops through the backend (kernels/backend.hpp), the stateless
+// stage templates bound by pointer to the slots the prefetcher filled (zero copy). Keeps the layer-boundary
 // activations in the arena, one set per in-flight micro-batch (and, in keep mode, every layer's
 // intermediates), or, with boundaries on the host, writes the forward's boundaries into a small ring
 // and copies them out to the host store as it goes; in backward recomputes each layer once (or uses
@@ -52,7 +52,7 @@ int free_staging(Context* ctx, int skip = -1) {
 float* open_staging(Context* ctx, int k, const Pos& p, std::int64_t stage) {
   const std::size_t n = ctx->layouts[static_cast<std::size_t>(stage)].total_floats;
   float* g = ctx->arena->grad_slot(k);
-  std::memset(g, 0, n * sizeof(float));
+  ctx->backend->fill_zero(g, n * sizeof(float));
   ctx->arena->claim(ArenaRegionKind::grad_slot, k, n * sizeof(float));
   ctx->ledger.staging[static_cast<std::size_t>(k)] =
       StagingEntry{StagingEntry::State::filling, p.step, p.micro_batch, stage};
@@ -102,21 +102,16 @@ void offload_boundary(self_ptr self, const Pos& p, std::int64_t b) {
   const int set = ctx->sched.activation_set(p.micro_batch);
   const std::uint64_t stamp = ctx->boundary_stamp(p.step, p.micro_batch);
   ctx->ledger.ring[k] = RingEntry{set, b, stamp};
-  CopyJob job;
-  job.direction = CopyDirection::device_to_host;
-  job.src = ctx->ring[k];
-  job.dst = ctx->host_acts->data(set, b);
-  job.bytes = ctx->plan.hidden_floats * sizeof(float);
   const BoundarySaved saved{self->state.epoch, p.step, p.micro_batch, b};
   HostBoundaries* store = ctx->host_acts;
   compute_actor me = caf::actor_cast<compute_actor>(self);
   prefetcher_actor prefetcher = self->state.peers.prefetcher;
-  job.on_done = [store, set, b, stamp, saved, me, prefetcher] {
-    store->mark_saved(set, b, stamp);
-    caf::anon_send(me, saved);
-    caf::anon_send(prefetcher, saved);
-  };
-  ctx->copy->submit(std::move(job));
+  ctx->backend->copy_async(LinkDirection::device_to_host, ctx->ring[k], ctx->host_acts->data(set, b),
+                           ctx->plan.hidden_floats * sizeof(float), [store, set, b, stamp, saved, me, prefetcher] {
+                             store->mark_saved(set, b, stamp);
+                             caf::anon_send(me, saved);
+                             caf::anon_send(prefetcher, saved);
+                           });
 }
 
 void try_advance(self_ptr self) {
@@ -146,7 +141,7 @@ void try_advance(self_ptr self) {
       }
       slot[li] = it->second.slot;
     }
-    auto weights = [&](int li) { return ctx->arena->weight_slot(slot[li]); };
+    auto weights = [&](int li) -> const void* { return ctx->arena->weight_slot(slot[li]); };
     // Boundaries on the host: the ring entry this op writes must have been copied out.
     const std::int64_t written = on_host ? boundary_written(op) : -1;
     if (written >= 0 && !ring_entry_free(ctx, static_cast<std::size_t>(written) % ctx->ring.size())) {
@@ -179,8 +174,12 @@ void try_advance(self_ptr self) {
     }
     fault_point(ctx->fault, Role::compute, p.step, p.micro_batch, op.stage, op.phase());
     const auto t0 = Clock::now();
-    const token_t* tokens = batch.inputs.data();
-    const token_t* targets = batch.targets.data();
+    Backend& be = *ctx->backend;
+    const int token_slot = sched.activation_set(p.micro_batch) % 2;
+    const token_t* tokens = be.upload_tokens(batch.inputs.data(), batch.inputs.size(), token_slot);
+    const token_t* targets = op.kind == OpKind::head
+                                 ? be.upload_tokens(batch.targets.data(), batch.targets.size(), 2 + token_slot)
+                                 : nullptr;
     float* ws = ctx->workspace;
     int& dxc = ctx->ledger.dx_current;
     const std::size_t set = static_cast<std::size_t>(sched.activation_set(p.micro_batch));
@@ -194,17 +193,16 @@ void try_advance(self_ptr self) {
     };
     switch (op.kind) {
       case OpKind::embed_forward:
-        embedding_forward(c, weights(0), tokens, B, T, boundary(0), ctx->compute_ctx);
+        be.embedding_forward(c, weights(0), tokens, B, T, boundary(0));
         break;
       case OpKind::layer_forward:
-        layer_forward(c, weights(0), boundary(op.stage - 1), boundary(op.stage), B, T, saved(op.stage), ws,
-                      ctx->compute_ctx);
+        be.layer_forward(c, weights(0), boundary(op.stage - 1), boundary(op.stage), B, T, saved(op.stage), ws);
         break;
       case OpKind::head: {
         float* gh = open_staging(ctx, k_main, p, S - 1);
         float* g0 = is_tied ? open_staging(ctx, k_embed, p, 0) : nullptr;
-        const LossSum loss = head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L), targets,
-                                                   B, T, ctx->dx[dxc], gh, g0, ws, ctx->compute_ctx);
+        const LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L),
+                                                      targets, B, T, ctx->dx[dxc], gh, g0, ws);
         hand_over(self, k_main, p, S - 1, Phase::head);
         auto& v = ctx->ledger.losses[p.step];
         const MbLoss ml{loss.loss_sum, loss.counted};
@@ -221,14 +219,13 @@ void try_advance(self_ptr self) {
         // The layer's input: streamed back from the host into an activation slot, or kept on the device.
         const float* x_in = on_host ? ctx->act_slots[static_cast<std::size_t>(slot[1])] : boundary(op.stage - 1);
         float* g = open_staging(ctx, k_main, p, op.stage);
-        layer_backward(c, weights(0), x_in, saved(op.stage), ctx->dx[dxc], ctx->dx[1 - dxc], g, B, T, ws,
-                       ctx->compute_ctx);
+        be.layer_backward(c, weights(0), x_in, saved(op.stage), ctx->dx[dxc], ctx->dx[1 - dxc], g, B, T, ws);
         hand_over(self, k_main, p, op.stage, Phase::backward);
         break;
       }
       case OpKind::embed_backward: {
         float* g = is_tied ? ctx->arena->grad_slot(k_main) : open_staging(ctx, k_main, p, 0);
-        embedding_backward(c, tokens, B, T, ctx->dx[dxc], g, ctx->compute_ctx);
+        be.embedding_backward(c, tokens, B, T, ctx->dx[dxc], g);
         hand_over(self, k_main, p, 0, Phase::backward);
         break;
       }
@@ -344,7 +341,7 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         self->state.ready.clear();
         // Boundary copies to the host this actor queued (possibly after the prefetcher's reset waited
         // for the copy engine) must land before the barrier ends: Resume reads their stamps.
-        ctx->copy->wait_idle();
+        ctx->backend->wait_link_idle();
         return ack_atom::value;
       },
   };

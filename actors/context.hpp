@@ -19,6 +19,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/schedule.hpp"
+#include "kernels/backend.hpp"
 #include "storage/host/host_boundaries.hpp"
 
 namespace mt::actors {
@@ -160,8 +161,8 @@ struct Context {
   const ModelConfig* model = nullptr;
   EnginePlan plan;
   HostModel* host = nullptr;
-  DeviceArena* arena = nullptr;
-  CopyEngine* copy = nullptr;
+  Backend* backend = nullptr;  // every touch of device memory: copies, fills, stage operations
+  DeviceArena* arena = nullptr;  // the backend's memory, carved and accounted (slot states, peak)
   BatchSource* data = nullptr;
   FaultPlan* fault = nullptr;
   RunLedger ledger;
@@ -170,7 +171,6 @@ struct Context {
   std::vector<ParamLayout> layouts;  // per stage
   std::int64_t first_step = 0;
   std::int64_t end_step = 0;  // exclusive; lowered by a stop request
-  ComputeCtx compute_ctx;
   int optimizer_threads = 1;
   int collector_threads = 1;
   float max_grad_norm = 0.0f;

@@ -54,8 +54,22 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
 
 }  // namespace
 
+BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
+  BackendOptions o;
+  o.kind = cfg.device.backend;
+  o.compute_threads = std::max(1, plan.threads.blas);
+  o.link_workers = std::clamp(plan.threads.copy, 1, 2);
+  o.link_bytes_per_s = cfg.copy_bandwidth_bytes_per_s();
+  return o;
+}
+
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   model.validate();
+  try {
+    check_backend_available(backend_options(cfg, EnginePlan{}));
+  } catch (const BackendUnavailable& e) {
+    throw ConfigError("device.backend", e.reason());
+  }
   EnginePlan p;
   p.batch = cfg.train.per_device_train_batch_size;
   p.seq = cfg.data.seq_length;
@@ -160,19 +174,15 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
       job.stop_after >= 0 ? std::clamp(job.stop_after, job.first_step, ctx->cfg_end_step) : ctx->cfg_end_step;
   ctx->checkpointing = !job.checkpoint.root.empty();
   const ThreadBudget& tb = ctx->plan.threads;
-  ctx->compute_ctx.threads = std::max(1, tb.blas);
   ctx->optimizer_threads = std::max(1, tb.optimizer);
   ctx->collector_threads = std::max(1, tb.optimizer);
   ctx->max_grad_norm = static_cast<float>(job.cfg.train.max_grad_norm);
   ctx->serial = job.serial_schedule;
 
-  DeviceArena arena(ctx->plan.arena);
-  CopyEngineOptions copt;
-  copt.workers = std::clamp(tb.copy, 1, 2);
-  copt.bandwidth_bytes_per_s = job.cfg.copy_bandwidth_bytes_per_s();
-  CopyEngine copy(copt);
+  const std::unique_ptr<Backend> backend = make_backend(backend_options(job.cfg, ctx->plan));
+  DeviceArena arena(ctx->plan.arena, backend->allocate_device(ctx->plan.arena.total_bytes));
+  ctx->backend = backend.get();
   ctx->arena = &arena;
-  ctx->copy = &copy;
 
   std::optional<HostBoundaries> host_acts;
   if (ctx->plan.boundaries_on_host) {
@@ -229,9 +239,9 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
     waiter->receive([](const caf::down_msg&) {});
   }
   result.wall_s = seconds_between(ctx->t0, Clock::now());
-  copy.wait_idle();
+  backend->wait_link_idle();
   result.arena = arena.usage();
-  result.copy = copy.stats();
+  result.link = backend->link_stats();
   result.slot_reuses = ctx->slot_reuses.load();
   result.checkpoint_wait_s = ctx->gate.waited_s();
   result.intervals = ctx->intervals.take();

@@ -16,6 +16,7 @@
 #include "actors/batch_source.hpp"
 #include "actors/fault.hpp"
 #include "config/train_config.hpp"
+#include "kernels/backend.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/stage_api.hpp"
 #include "storage/host/arena_plan.hpp"
@@ -49,6 +50,8 @@ struct EnginePlan {
 };
 
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
+// What the run asks of its backend (kind, precision, threads, link), from the config and the plan.
+BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan);
 
 // One line of progress: what `megatrain train` prints and writes as JSONL.
 struct StepRecord {
@@ -134,7 +137,7 @@ struct EngineResult {
   std::int64_t restarts = 0;
   std::vector<std::string> restart_log;  // "compute crashed (...) at ..., restarted"
   ArenaUsage arena;
-  CopyEngineStats copy;
+  LinkStats link;  // bytes and copies per link direction
   std::int64_t slot_reuses = 0;  // weight loads served by a still-resident slot (no copy)
   std::vector<BusyInterval> intervals;
   double wall_s = 0.0;

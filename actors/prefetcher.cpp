@@ -1,5 +1,5 @@
 // The prefetcher: walks the schedule ahead of compute and streams each op's stages into free weight
-// slots (host tile -> device arena through the copy engine), exactly in the order compute will use
+// slots (host tile -> device arena over the backend's link), exactly in the order compute will use
 // them, up to prefetch_depth + 1 ops in flight and never more than K weight slots (and, with
 // boundaries on the host, K activation slots). A load waits for a free slot and for the stage's tile
 // to reach the version the op needs (= its step: the optimizer publishes version s + 1 after step s's
@@ -85,21 +85,15 @@ using self_ptr = prefetcher_actor::stateful_pointer<prefetcher_state>;
 void submit_load(self_ptr self, const void* src, void* dst, std::size_t bytes, int slot) {
   auto& st = self->state;
   Context* ctx = st.ctx;
-  CopyJob job;
-  job.direction = CopyDirection::host_to_device;
-  job.src = src;
-  job.dst = dst;
-  job.bytes = bytes;
   const auto submitted = Clock::now();
   const CopyDone done{st.epoch, st.pos, st.load, slot};
   prefetcher_actor me = caf::actor_cast<prefetcher_actor>(self);
-  job.on_done = [ctx, me, done, submitted] {
+  ctx->backend->copy_async(LinkDirection::host_to_device, src, dst, bytes, [ctx, me, done, submitted] {
     const auto now = Clock::now();
     ctx->intervals.add(Role::prefetcher, done.pos.step, std::max(submitted, ctx->h2d_last_end), now);
-    ctx->h2d_last_end = now;  // only the host-to-device worker writes it
+    ctx->h2d_last_end = now;  // only the host-to-device completions write it, in FIFO order
     caf::anon_send(me, done);
-  };
-  ctx->copy->submit(std::move(job));
+  });
 }
 
 // Boundaries on the host: streams the current load (a layer's input boundary) into a free activation
@@ -251,7 +245,7 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
         self->state.epoch = e;
         self->state.running = false;
         // No copy of the old epoch may land in a slot after the barrier.
-        ctx->copy->wait_idle();
+        ctx->backend->wait_link_idle();
         return ack_atom::value;
       },
   };

@@ -8,6 +8,14 @@ add_library(megatrain::blas INTERFACE IMPORTED)
 target_link_libraries(megatrain::blas INTERFACE ${BLAS_LIBRARIES})
 target_include_directories(megatrain::blas SYSTEM INTERFACE ${OPENBLAS_INCLUDE_DIR})
 
+# oneDNN picks its GEMM kernels from the CPU's features at run time (Debian's OpenBLAS 0.3.21 picks
+# from a table of CPU models and falls back to SSE3 code on CPUs newer than it knows).
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h REQUIRED)
+find_library(DNNL_LIBRARY dnnl REQUIRED)
+add_library(megatrain::dnnl UNKNOWN IMPORTED)
+set_target_properties(megatrain::dnnl PROPERTIES IMPORTED_LOCATION ${DNNL_LIBRARY}
+                      INTERFACE_INCLUDE_DIRECTORIES ${DNNL_INCLUDE_DIR})
+
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(HDF5 REQUIRED COMPONENTS C)
 add_library(megatrain::hdf5 INTERFACE IMPORTED)

@@ -21,8 +21,20 @@ const char* slot_phase_name(SlotPhase p) {
 DeviceArena::DeviceArena(ArenaPlan plan)
     : plan_(std::move(plan)),
       buffer_(plan_.total_bytes, "the device arena", /*zero_fill=*/true),
+      base_(buffer_.data()),
       claimed_(plan_.regions.size(), 0),
       slots_(static_cast<std::size_t>(plan_.weight_slots)) {
+  if (plan_.total_bytes > plan_.budget_bytes)
+    throw std::invalid_argument("device arena plan of " + std::to_string(plan_.total_bytes) +
+                                " bytes exceeds its budget of " + std::to_string(plan_.budget_bytes) + " bytes");
+}
+
+DeviceArena::DeviceArena(ArenaPlan plan, std::byte* device_memory)
+    : plan_(std::move(plan)),
+      base_(device_memory),
+      claimed_(plan_.regions.size(), 0),
+      slots_(static_cast<std::size_t>(plan_.weight_slots)) {
+  if (device_memory == nullptr) throw std::invalid_argument("device arena: no device memory given");
   if (plan_.total_bytes > plan_.budget_bytes)
     throw std::invalid_argument("device arena plan of " + std::to_string(plan_.total_bytes) +
                                 " bytes exceeds its budget of " + std::to_string(plan_.budget_bytes) + " bytes");
@@ -36,7 +48,7 @@ std::size_t DeviceArena::region_position(ArenaRegionKind kind, int index) const 
 }
 
 std::byte* DeviceArena::region_data(ArenaRegionKind kind, int index) {
-  return buffer_.data() + plan_.regions[region_position(kind, index)].offset;
+  return base_ + plan_.regions[region_position(kind, index)].offset;
 }
 
 void DeviceArena::claim_locked(std::size_t position, std::size_t bytes) {

@@ -1,5 +1,5 @@
-// The CPU backend's device memory: one allocation of exactly ArenaPlan::total_bytes (<= the budget),
-// made and pre-faulted once at start-up and carved into the plan's regions. Nothing is allocated
+// Device memory accounting: one allocation of exactly ArenaPlan::total_bytes (<= the budget), made
+// once at start-up (by the backend, or by the arena itself in tests) and carved into the plan's regions. Nothing is allocated
 // afterwards, so exceeding the budget is impossible by construction.
 //
 // Use accounting: a user claims the bytes it actually fills in a region (a weight slot holding a
@@ -41,11 +41,14 @@ class DeviceArena {
  public:
   // Allocates and zero-fills plan.total_bytes. Throws std::runtime_error (naming the size) on failure.
   explicit DeviceArena(ArenaPlan plan);
+  // Carves memory a backend allocated (Backend::allocate_device(plan.total_bytes), zero-filled); the
+  // arena does not own it and allocates nothing.
+  DeviceArena(ArenaPlan plan, std::byte* device_memory);
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
 
   const ArenaPlan& plan() const { return plan_; }
-  std::byte* base() { return buffer_.data(); }
+  std::byte* base() { return base_; }
 
   std::byte* region_data(ArenaRegionKind kind, int index = 0);  // throws std::out_of_range
   float* weight_slot(int slot) { return reinterpret_cast<float*>(region_data(ArenaRegionKind::weight_slot, slot)); }
@@ -82,7 +85,8 @@ class DeviceArena {
   void claim_locked(std::size_t position, std::size_t bytes);
 
   ArenaPlan plan_;
-  AlignedBuffer buffer_;
+  AlignedBuffer buffer_;  // owned memory (the one-argument constructor), else empty
+  std::byte* base_ = nullptr;
   mutable std::mutex mutex_;
   std::vector<std::size_t> claimed_;  // per plan_.regions entry
   std::vector<WeightSlotState> slots_;

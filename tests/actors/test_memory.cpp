@@ -52,11 +52,11 @@ TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]
     // layer's backward also streams its input boundary back from the host, which the forward copied
     // out (boundaries 0..L-1).
     const std::uint64_t loads_per_mb = static_cast<std::uint64_t>(2 * layers + 2);
-    const std::uint64_t copies = eng.result.copy.of(CopyDirection::host_to_device).jobs;
+    const std::uint64_t copies = eng.result.link.of(LinkDirection::host_to_device).copies;
     const std::uint64_t boundary_loads = static_cast<std::uint64_t>(layers) * 2 * 2;
     CHECK(copies + static_cast<std::uint64_t>(eng.result.slot_reuses) == loads_per_mb * 2 * 2 + boundary_loads);
     CHECK(copies >= loads_per_mb * 2 * 2 / 2 + boundary_loads);
-    const std::uint64_t grads_and_boundaries_out = eng.result.copy.of(CopyDirection::device_to_host).jobs;
+    const std::uint64_t grads_and_boundaries_out = eng.result.link.of(LinkDirection::device_to_host).copies;
     CHECK(grads_and_boundaries_out == static_cast<std::uint64_t>(layers + 2) * 2 * 2 + boundary_loads);
     RefRun ref = run_reference(cfg, model, batches, t.steps);
     CHECK(equals_reference(*eng.host, *ref.trainer));

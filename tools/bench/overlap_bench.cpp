@@ -143,7 +143,7 @@ Measured run(const TrainConfig& cfg, const std::vector<data::Batch>& batches, bo
       per_step[static_cast<std::size_t>(iv.step)] += iv.t1 - iv.t0;
   m.min_compute_s = *std::min_element(per_step.begin() + first, per_step.end());
   m.transfer_s = transfer / counted;
-  m.h2d_bytes = static_cast<double>(m.result.copy.of(CopyDirection::host_to_device).bytes) / static_cast<double>(n);
+  m.h2d_bytes = static_cast<double>(m.result.link.of(LinkDirection::host_to_device).bytes) / static_cast<double>(n);
   m.opt_s = opt;
   m.opt_hidden_s = hidden;
   return m;

@@ -1,0 +1,37 @@
+#include "kernels/backend.hpp"
+
+#include "kernels/cpu/cpu_backend.hpp"
+#if MEGATRAIN_HAVE_CUDA
+#include "kernels/cuda/device_probe.hpp"
+#endif
+
+namespace mt {
+
+void check_backend_available(const BackendOptions& options) {
+  if (options.kind == "cpu") return;
+  if (options.kind != "cuda")
+    throw BackendUnavailable("'" + options.kind + "' is not one of: cpu, cuda");
+#if MEGATRAIN_HAVE_CUDA
+  const cuda::DeviceProbe probe = cuda::probe_devices();
+  if (probe.count == 0)
+    throw BackendUnavailable("cuda needs a usable GPU and this machine has none (" + probe.reason +
+                             "); use device.backend=cpu");
+  if (options.device_index < 0 || options.device_index >= probe.count)
+    throw BackendUnavailable("cuda: GPU " + std::to_string(options.device_index) + " does not exist (" +
+                             std::to_string(probe.count) + " found)");
+  throw BackendUnavailable("cuda: " + std::to_string(probe.count) +
+                           " GPU(s) found, but the CUDA training backend is not implemented in this build yet; "
+                           "use device.backend=cpu");
+#else
+  throw BackendUnavailable(
+      "cuda: this build has no CUDA backend (nvcc was not found when it was configured, or "
+      "-DMEGATRAIN_CUDA=OFF); rebuild with the CUDA toolkit or use device.backend=cpu");
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
+  check_backend_available(options);
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace mt
