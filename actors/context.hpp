@@ -161,7 +161,7 @@ struct Context {
   const ModelConfig* model = nullptr;
   EnginePlan plan;
   HostModel* host = nullptr;
-  Backend* backend = nullptr;  // every touch of device memory: copies, fills, stage operations
+  Backend* backend = nullptr;    // every touch of device memory: copies, fills, stage operations
   DeviceArena* arena = nullptr;  // the backend's memory, carved and accounted (slot states, peak)
   BatchSource* data = nullptr;
   FaultPlan* fault = nullptr;

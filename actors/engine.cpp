@@ -46,6 +46,7 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   req.budget_bytes = cfg.device_budget_bytes();
   req.budget_name = cfg.device_budget_name();
   req.weight_slots = p.weight_slots;
+  req.weight_bytes_per_param = bytes_per_param(cfg.precision());  // slots hold what the tiles stream
   req.grad_slots = p.grad_slots;
   req.workspace_bytes = p.workspace_floats * sizeof(float);
   req.activation_bytes = act * sizeof(float);
@@ -57,6 +58,7 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   BackendOptions o;
   o.kind = cfg.device.backend;
+  o.precision = cfg.precision();
   o.compute_threads = std::max(1, plan.threads.blas);
   o.link_workers = std::clamp(plan.threads.copy, 1, 2);
   o.link_bytes_per_s = cfg.copy_bandwidth_bytes_per_s();
@@ -129,6 +131,12 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   return p;
 }
 
+HostTileOptions host_tile_options(const TrainConfig& cfg) {
+  HostTileOptions o;
+  o.compute_bytes_per_param = cfg.precision() == Precision::bf16 ? sizeof(bf16_t) : 0;
+  return o;
+}
+
 void init_host_model(HostModel& host, std::uint64_t seed) {
   for (std::int64_t s = 0; s < host.num_stages(); ++s) {
     HostTile& t = host.tile(s);
@@ -168,6 +176,13 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
       throw std::invalid_argument("run_engine: stage " + std::to_string(s) + " is at version " +
                                   std::to_string(job.host->tile(s).version()) + ", expected " +
                                   std::to_string(job.first_step));
+  const bool bf16 = job.cfg.precision() == Precision::bf16;
+  for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
+    if (job.host->tile(s).has_compute_copy() != bf16 ||
+        (bf16 && job.host->tile(s).compute_copy_bytes() != job.host->tile(s).floats() * sizeof(bf16_t)))
+      throw std::invalid_argument(
+          "run_engine: the host tiles' compute copy does not match train.bf16=" + std::string(bf16 ? "true" : "false") +
+          " (build the HostModel with host_tile_options)");
   ctx->first_step = job.first_step;
   ctx->cfg_end_step = std::max(job.first_step, job.cfg.train.max_steps);
   ctx->end_step =

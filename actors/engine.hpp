@@ -137,7 +137,7 @@ struct EngineResult {
   std::int64_t restarts = 0;
   std::vector<std::string> restart_log;  // "compute crashed (...) at ..., restarted"
   ArenaUsage arena;
-  LinkStats link;  // bytes and copies per link direction
+  LinkStats link;                // bytes and copies per link direction
   std::int64_t slot_reuses = 0;  // weight loads served by a still-resident slot (no copy)
   std::vector<BusyInterval> intervals;
   double wall_s = 0.0;
@@ -145,6 +145,10 @@ struct EngineResult {
   std::vector<CheckpointEvent> checkpoints;
   double checkpoint_wait_s = 0.0;  // total time the optimizer waited on the version gate
 };
+
+// The host tiles a run needs: with train.bf16, each tile also holds the bf16 compute copy the
+// optimizer writes and the prefetcher streams.
+HostTileOptions host_tile_options(const TrainConfig& cfg);
 
 // Deterministic initialisation of every tile's params (init_stage_params per stage, the reference
 // trainer's seeding); gradients and moments zero, versions 0.

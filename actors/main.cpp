@@ -107,7 +107,7 @@ int train(int argc, char** argv) {
   for (const auto& n : plan.notes) std::fprintf(stderr, "megatrain: note: %s\n", n.c_str());
 
   // Starting weights: a checkpoint to resume, Hugging Face weights, or the seeded random init.
-  mt::HostModel host(model);
+  mt::HostModel host(model, mt::actors::host_tile_options(cfg));
   std::int64_t first_step = 0;
   std::string hf_config;
   const bool resuming = !cfg.train.resume_from_checkpoint.empty();

@@ -31,6 +31,7 @@ nlohmann::json train_config_json(const TrainConfig& c) {
         {"adam_beta2", t.adam_beta2},
         {"adam_epsilon", t.adam_epsilon},
         {"max_grad_norm", t.max_grad_norm},
+        {"bf16", t.bf16},
         {"seed", t.seed},
         {"optimizer_compression", t.optimizer_compression},
         {"offload_dir", t.offload_dir},
@@ -134,6 +135,7 @@ std::vector<std::string> changed_keys(const nlohmann::json& saved, const nlohman
                                         {"train", "adam_beta2"},
                                         {"train", "adam_epsilon"},
                                         {"train", "max_grad_norm"},
+                                        {"train", "bf16"},
                                         {"train", "seed"},
                                         {"data", "train_files"},
                                         {"data", "seq_length"}};

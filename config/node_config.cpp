@@ -33,6 +33,7 @@ NodeConfig::NodeConfig() {
       .add(t.adam_beta2, "adam_beta2", "AdamW beta2")
       .add(t.adam_epsilon, "adam_epsilon", "AdamW epsilon")
       .add(t.max_grad_norm, "max_grad_norm", "global gradient-norm clipping; 0 = off")
+      .add(t.bf16, "bf16", "bf16 compute (weights streamed and multiplied in bf16) with fp32 master weights")
       .add(t.seed, "seed", "random seed (initialisation, data order)")
       .add(t.optimizer_compression, "optimizer_compression", "none | lossless | int8 (optimizer state)")
       .add(t.offload_dir, "offload_dir", "NVMe directory for state that does not fit in RAM; empty = none")
@@ -82,8 +83,9 @@ NodeConfig::NodeConfig() {
   auto& h = values.threads;
   opt_group{custom_options_, "threads"}
       .add(h.total, "total", "the thread budget; 0 = hardware threads")
-      .add(h.blas, "blas", "OpenBLAS / compute threads; 0 = derived")
-      .add(h.optimizer, "optimizer", "optimizer threads; 0 = derived")
+      .add(h.blas, "blas", "compute kernel threads; 0 = the whole budget")
+      .add(h.optimizer, "optimizer",
+           "optimizer threads (shares the cores with compute in short bursts); 0 = the whole budget")
       .add(h.copy, "copy", "copy engine workers (1 or 2); 0 = derived")
       .add(h.scheduler, "scheduler", "CAF scheduler threads; 0 = derived");
   auto& l = values.log;

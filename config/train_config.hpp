@@ -11,6 +11,7 @@
 
 #include "kernels/adamw.hpp"
 #include "kernels/model_config.hpp"
+#include "kernels/precision.hpp"
 
 namespace mt {
 
@@ -39,6 +40,7 @@ struct TrainSection {                  // [train]
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;  // global-norm clipping; 0 = off
+  bool bf16 = false;           // bf16 compute with fp32 masters (Hugging Face's TrainingArguments.bf16)
   std::int64_t seed = 42;
   std::string optimizer_compression = "none";  // none | lossless | int8 (block-wise, lossy)
   std::string offload_dir;                     // NVMe tier for what does not fit in RAM; "" = none
@@ -157,6 +159,7 @@ struct TrainConfig {
   KeepIntermediates keep_intermediates() const;
   OptimizerCompression optimizer_compression() const;
   MicroBatchOrder micro_batch_order() const;
+  Precision precision() const { return train.bf16 ? Precision::bf16 : Precision::fp32; }
 
   // The device budget in bytes from device.device_memory_mb or device.max_vram_gb, and the key=value
   // text that set it ("device.device_memory_mb=64") for error messages.

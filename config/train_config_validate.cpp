@@ -152,14 +152,12 @@ void thread_values(const TrainConfig& c) {
     at_most(key, v, 1024);
   }
   at_most("threads.copy", t.copy, 2);
-  // The effective split (explicit values and derived ones): the two heavy pools must fit the total.
+  // Each pool may use the whole budget (they take turns: the optimizer's bursts are short), not more.
   const ThreadBudget b = c.thread_budget();
-  if (b.total >= 2 && b.blas + b.optimizer > b.total) {
-    const char* key = t.blas > 0 ? "threads.blas" : "threads.optimizer";
-    throw ConfigError(key, "threads.blas=" + std::to_string(b.blas) + " + threads.optimizer=" +
-                               std::to_string(b.optimizer) + " exceeds threads.total=" + std::to_string(b.total) +
-                               " (the two pools run at the same time; oversubscribing the cores slows both)");
-  }
+  for (auto [key, v] : {std::pair<const char*, int>{"threads.blas", b.blas}, {"threads.optimizer", b.optimizer}})
+    if (v > b.total)
+      throw ConfigError(key, std::to_string(v) + " exceeds threads.total=" + std::to_string(b.total) +
+                                 " (more threads than the budget oversubscribes the cores and slows every pool)");
 }
 
 }  // namespace

@@ -9,8 +9,7 @@ namespace mt {
 
 void check_backend_available(const BackendOptions& options) {
   if (options.kind == "cpu") return;
-  if (options.kind != "cuda")
-    throw BackendUnavailable("'" + options.kind + "' is not one of: cpu, cuda");
+  if (options.kind != "cuda") throw BackendUnavailable("'" + options.kind + "' is not one of: cpu, cuda");
 #if MEGATRAIN_HAVE_CUDA
   const cuda::DeviceProbe probe = cuda::probe_devices();
   if (probe.count == 0)

@@ -53,13 +53,13 @@ struct LinkStats {
 
 // What a run asks of its backend, decided before anything is allocated.
 struct BackendOptions {
-  std::string kind = "cpu";          // the device.backend key: cpu | cuda
+  std::string kind = "cpu";  // the device.backend key: cpu | cuda
   Precision precision = Precision::fp32;
-  int compute_threads = 1;           // CPU: the kernels' OpenMP threads (results do not depend on it)
-  int link_workers = 1;              // CPU: copy workers (1 = both directions on one, 2 = full duplex)
-  double link_bytes_per_s = 0.0;     // CPU: per-direction bandwidth limit standing in for PCIe; 0 = none
-  std::int64_t head_chunk = 0;       // ComputeCtx::head_chunk
-  int device_index = 0;              // CUDA: which GPU
+  int compute_threads = 1;        // CPU: the kernels' OpenMP threads (results do not depend on it)
+  int link_workers = 1;           // CPU: copy workers (1 = both directions on one, 2 = full duplex)
+  double link_bytes_per_s = 0.0;  // CPU: per-direction bandwidth limit standing in for PCIe; 0 = none
+  std::int64_t head_chunk = 0;    // ComputeCtx::head_chunk
+  int device_index = 0;           // CUDA: which GPU
 };
 
 // A backend cannot run here (no such backend in this build, no usable device); nothing has been
@@ -123,9 +123,8 @@ class Backend {
                               float* workspace) = 0;
   // The fused head; returns the loss read back to the host (once per call).
   virtual LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
-                                        const float* x_in, const token_t* targets, std::int64_t batch,
-                                        std::int64_t seq, float* dx, float* head_grads, float* embed_grads,
-                                        float* workspace) = 0;
+                                        const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                                        float* dx, float* head_grads, float* embed_grads, float* workspace) = 0;
 
   // Token ids the stage operations read: on the CPU backend host memory is device memory; a GPU
   // backend copies them into a device buffer of its own and returns that pointer (valid until the

@@ -70,13 +70,13 @@ void CpuBackend::copy_on_device(void* device_dst, const void* device_src, std::s
   std::memcpy(device_dst, device_src, bytes);
 }
 
-void CpuBackend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens,
-                                   std::int64_t batch, std::int64_t seq, float* x_out) {
+void CpuBackend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
+                                   std::int64_t seq, float* x_out) {
   mt::embedding_forward(c, as_floats(weights), tokens, batch, seq, x_out, ctx_);
 }
 
-void CpuBackend::embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch,
-                                    std::int64_t seq, const float* dx, float* grads) {
+void CpuBackend::embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
+                                    const float* dx, float* grads) {
   mt::embedding_backward(c, tokens, batch, seq, dx, grads, ctx_);
 }
 
@@ -95,8 +95,8 @@ LossSum CpuBackend::head_forward_backward(const ModelConfig& c, const void* head
                                           const float* x_in, const token_t* targets, std::int64_t batch,
                                           std::int64_t seq, float* dx, float* head_grads, float* embed_grads,
                                           float* workspace) {
-  return mt::head_forward_backward(c, as_floats(head_weights), as_floats(embed_weights), x_in, targets, batch, seq,
-                                   dx, head_grads, embed_grads, workspace, ctx_);
+  return mt::head_forward_backward(c, as_floats(head_weights), as_floats(embed_weights), x_in, targets, batch, seq, dx,
+                                   head_grads, embed_grads, workspace, ctx_);
 }
 
 }  // namespace mt

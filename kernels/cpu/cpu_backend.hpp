@@ -42,9 +42,8 @@ class CpuBackend final : public Backend {
                           const float* dx, float* grads) override;
   void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
                      std::int64_t seq, float* saved, float* workspace) override;
-  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
-                      const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
-                      float* workspace) override;
+  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
+                      float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace) override;
   LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
                                 const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                                 float* dx, float* head_grads, float* embed_grads, float* workspace) override;

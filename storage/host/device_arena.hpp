@@ -1,6 +1,6 @@
 // Device memory accounting: one allocation of exactly ArenaPlan::total_bytes (<= the budget), made
-// once at start-up (by the backend, or by the arena itself in tests) and carved into the plan's regions. Nothing is allocated
-// afterwards, so exceeding the budget is impossible by construction.
+// once at start-up (by the backend, or by the arena itself in tests) and carved into the plan's regions. Nothing is
+// allocated afterwards, so exceeding the budget is impossible by construction.
 //
 // Use accounting: a user claims the bytes it actually fills in a region (a weight slot holding a
 // smaller stage claims less than the slot's capacity) and releases them when done; the arena keeps the

@@ -133,7 +133,7 @@ struct EngineRun {
 inline EngineRun run_pipeline(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
                               FaultPlan* fault = nullptr) {
   EngineRun r;
-  r.host = std::make_unique<HostModel>(model);
+  r.host = std::make_unique<HostModel>(model, host_tile_options(cfg));
   init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
   VectorBatchSource source(batches);
   EngineJob job;

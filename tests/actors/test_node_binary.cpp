@@ -72,6 +72,13 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
     CHECK_THAT(o.out, Catch::Contains("device.max_vram_gb"));
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
+  SECTION("cuda backend on a machine without a usable GPU (or a build without CUDA)") {
+    const Outcome o = mt::test::run_node(base + " --device.backend=cuda");
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains("device.backend"));
+    CHECK_THAT(o.out, !Catch::Contains("step "));
+    CHECK_FALSE(fs::exists(dir / "out"));  // nothing written
+  }
   SECTION("token ids beyond the vocabulary") {
     const Outcome o = mt::test::run_node(base + " --model.vocab_size=32");
     CHECK(o.code == 1);

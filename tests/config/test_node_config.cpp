@@ -68,6 +68,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "train.warmup_steps",
                         "train.max_steps",
                         "train.max_grad_norm",
+                        "train.bf16",
                         "train.seed",
                         "train.offload_dir",
                         "train.optimizer_compression",
@@ -108,7 +109,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 23 + 15 + 4 + 9 + 5 + 3);
+  CHECK(keys.size() == 24 + 15 + 4 + 9 + 5 + 3);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -96,8 +96,8 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
        [](TrainConfig& c) { c.device.schedule = "zigzag"; }},
       {"threads.total: must be >= 0", [](TrainConfig& c) { c.threads.total = -1; }},
       {"threads.copy: must be <= 2", [](TrainConfig& c) { c.threads.copy = 3; }},
-      {"threads.blas: threads.blas=2 + threads.optimizer=1 exceeds threads.total=2",
-       [](TrainConfig& c) { c.threads.blas = 2; }},
+      {"threads.blas: 3 exceeds threads.total=2", [](TrainConfig& c) { c.threads.blas = 3; }},
+      {"threads.optimizer: 4 exceeds threads.total=2", [](TrainConfig& c) { c.threads.optimizer = 4; }},
       {"log.logging_steps: must be >= 1", [](TrainConfig& c) { c.log.logging_steps = 0; }},
   };
   for (const auto& k : cases) {
@@ -185,15 +185,15 @@ TEST_CASE("the device budget comes from exactly one key and names it", "[config]
 
 TEST_CASE("the thread budget is split explicitly", "[config][threads]") {
   TrainConfig c;
-  auto b = c.thread_budget(2);  // the development machine
+  auto b = c.thread_budget(2);  // the development machine: compute gets both cores, the optimizer shares them
   CHECK(b.total == 2);
-  CHECK(b.blas == 1);
-  CHECK(b.optimizer == 1);
+  CHECK(b.blas == 2);
+  CHECK(b.optimizer == 2);
   CHECK(b.copy == 1);
   CHECK(b.scheduler == 1);
   b = c.thread_budget(16);
-  CHECK(b.blas + b.optimizer == 16);
-  CHECK(b.optimizer == 4);
+  CHECK(b.blas == 16);
+  CHECK(b.optimizer == 16);
   CHECK(b.copy == 2);
   CHECK(b.scheduler == 2);
   c.threads.total = 8;
@@ -201,7 +201,7 @@ TEST_CASE("the thread budget is split explicitly", "[config][threads]") {
   b = c.thread_budget(64);  // total overrides the hardware
   CHECK(b.total == 8);
   CHECK(b.blas == 6);
-  CHECK(b.optimizer == 2);
+  CHECK(b.optimizer == 8);
   c.threads = ThreadsSection{4, 1, 3, 2, 1};
   b = c.thread_budget(2);
   CHECK((b.total == 4 && b.blas == 1 && b.optimizer == 3 && b.copy == 2 && b.scheduler == 1));

@@ -1,0 +1,111 @@
+// The backend seam (kernels/backend.hpp): the CPU backend's device memory, link and stage operations,
+// and the selection by device.backend (cuda refused with the key and the reason, never a silent
+// fallback to the CPU).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/param_layout.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+#include "tests/kernels/model_configs.hpp"
+
+using namespace mt;
+
+namespace {
+
+BackendOptions cpu_options(int threads = 2) {
+  BackendOptions o;
+  o.kind = "cpu";
+  o.compute_threads = threads;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("make_backend picks the backend the key names and refuses what cannot run here", "[kernels][backend]") {
+  auto cpu = make_backend(cpu_options());
+  CHECK(std::string(cpu->name()) == "cpu");
+  CHECK_THAT(cpu->describe(), Catch::Contains("fp32"));
+
+  BackendOptions bad = cpu_options();
+  bad.kind = "tpu";
+  CHECK_THROWS_WITH(make_backend(bad), Catch::StartsWith("device.backend: 'tpu' is not one of: cpu, cuda"));
+
+  // This suite runs where there is no GPU (CI), or a GPU with a backend not implemented yet: either way
+  // cuda must be refused before anything is allocated, with the key and the reason.
+  BackendOptions cuda = cpu_options();
+  cuda.kind = "cuda";
+  try {
+    make_backend(cuda);
+    FAIL("device.backend=cuda was accepted");
+  } catch (const BackendUnavailable& e) {
+    INFO(e.what());
+    CHECK_THAT(std::string(e.what()), Catch::StartsWith("device.backend: cuda"));
+    CHECK_THAT(e.reason(), Catch::Contains("device.backend=cpu"));  // says what to do instead
+  }
+  CHECK_THROWS_AS(check_backend_available(cuda), BackendUnavailable);
+}
+
+TEST_CASE("the CPU backend's device memory is zeroed, aligned, and its link copies both ways", "[kernels][backend]") {
+  CpuBackend be(cpu_options());
+  const std::size_t n = (std::size_t{3} << 20) + 40;  // spans several copy chunks
+  std::byte* dev = be.allocate_device(n);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(dev) % 256 == 0);
+  for (std::size_t i = 0; i < n; i += 4093) REQUIRE(dev[i] == std::byte{0});
+
+  std::vector<unsigned char> host(n), back(n, 0);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<unsigned char>((i * 131) ^ (i >> 9));
+  std::promise<void> in, out;
+  std::atomic<int> callbacks{0};
+  be.copy_async(LinkDirection::host_to_device, host.data(), dev, n, [&] {
+    ++callbacks;
+    in.set_value();
+  });
+  in.get_future().get();
+  CHECK(std::memcmp(dev, host.data(), n) == 0);
+  be.copy_async(LinkDirection::device_to_host, dev, back.data(), n, [&] {
+    ++callbacks;
+    out.set_value();
+  });
+  be.wait_link_idle();  // returns only after the callback ran
+  CHECK(callbacks == 2);
+  CHECK(back == host);
+  const LinkStats s = be.link_stats();
+  CHECK(s.of(LinkDirection::host_to_device).bytes == n);
+  CHECK(s.of(LinkDirection::device_to_host).bytes == n);
+  CHECK(s.of(LinkDirection::host_to_device).copies == 1);
+
+  be.fill_zero(dev + 8, 1000);
+  CHECK(dev[7] != std::byte{0});
+  for (std::size_t i = 8; i < 1008; ++i) REQUIRE(dev[i] == std::byte{0});
+  be.copy_on_device(dev, dev + 2048, 512);
+  CHECK(std::memcmp(dev, host.data() + 2048, 512) == 0);
+}
+
+TEST_CASE("the CPU backend's stage operations are the stage templates, bit for bit", "[kernels][backend]") {
+  const ModelConfig c = test::tiny_llama();
+  const std::int64_t B = 2, T = 8, D = c.hidden_size;
+  CpuBackend be(cpu_options(2));
+  ComputeCtx ctx;
+  ctx.threads = 2;
+  const ParamLayout l = stage_layout(c, 1);
+  std::vector<float> w(l.total_floats);
+  init_stage_params(c, 1, 7, w.data());
+  const auto x = test::randn<float>(static_cast<std::size_t>(B * T * D), 3, 1.0);
+  const auto dy = test::randn<float>(x.size(), 4, 1.0);
+  std::vector<float> ws(layer_workspace_floats(c, B, T, ActivationMode::recompute));
+  std::vector<float> y1(x.size()), y2(x.size()), dx1(x.size()), dx2(x.size());
+  std::vector<float> g1(l.total_floats, 0.0f), g2(l.total_floats, 0.0f);
+  layer_forward(c, w.data(), x.data(), y1.data(), B, T, nullptr, ws.data(), ctx);
+  be.layer_forward(c, w.data(), x.data(), y2.data(), B, T, nullptr, ws.data());
+  CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) == 0);
+  layer_backward(c, w.data(), x.data(), nullptr, dy.data(), dx1.data(), g1.data(), B, T, ws.data(), ctx);
+  be.layer_backward(c, w.data(), x.data(), nullptr, dy.data(), dx2.data(), g2.data(), B, T, ws.data());
+  CHECK(std::memcmp(dx1.data(), dx2.data(), dx1.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)) == 0);
+}
