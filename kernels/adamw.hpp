@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/precision.hpp"
+
 namespace mt {
 
 struct AdamWHyper {
@@ -38,6 +40,15 @@ void adamw_reference(float* p, const float* g, float* m, float* v, std::size_t n
 // Vectorised (AVX2/FMA where built for it) and split over `threads` OpenMP threads. Results do not
 // depend on the thread count: every element runs the same instruction sequence wherever it lands.
 void adamw(float* p, const float* g, float* m, float* v, std::size_t n, const AdamWStep& s, int threads);
+
+// bf16 runs: the same update as adamw, bit for bit on p, m and v, and in the same pass
+// p_bf16[i] = RNE bf16 of the updated p[i] (cpu::bf16_round_reference), so the compute copy the next
+// forward streams never needs a separate conversion pass over the masters.
+void adamw_bf16copy(float* p, const float* g, float* m, float* v, bf16_t* p_bf16, std::size_t n, const AdamWStep& s,
+                    int threads);
+// Reference: adamw_reference, then the scalar rounding.
+void adamw_bf16copy_reference(float* p, const float* g, float* m, float* v, bf16_t* p_bf16, std::size_t n,
+                              const AdamWStep& s);
 
 }  // namespace cpu
 }  // namespace mt

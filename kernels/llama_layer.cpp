@@ -16,16 +16,20 @@ namespace mt::detail {
 
 namespace {
 
-struct Weights {  // pointers into one bound stage buffer (params or grads)
-  float *in_norm, *wq, *bq, *wk, *bk, *wv, *bv, *q_norm, *k_norm, *wo, *post_norm, *wg, *wu, *wd;
+template <class P>
+struct Bound {  // pointers into one bound stage buffer (params of the run's precision, or fp32 grads)
+  P in_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, post_norm, wg, wu, wd;
 };
+using Weights = Bound<const void*>;
+using Grads = Bound<float*>;
 
 // Offsets of the named tensors (-1 when absent), looked up once per model shape.
 struct Offsets {
   std::ptrdiff_t o[14];
 };
 
-Weights bind(const ModelConfig& c, const float* base) {
+template <class P>
+Bound<P> bind(const ModelConfig& c, P base, Precision prec) {
   static const char* const names[14] = {"input_layernorm.weight",
                                         "self_attn.q_proj.weight",
                                         "self_attn.q_proj.bias",
@@ -49,8 +53,9 @@ Weights bind(const ModelConfig& c, const float* base) {
     }
     return r;
   });
-  float* b = const_cast<float*>(base);
-  auto at = [&](int i) { return off.o[i] >= 0 ? b + off.o[i] : nullptr; };
+  auto at = [&](int i) -> P {
+    return off.o[i] >= 0 ? elem_offset(base, static_cast<std::size_t>(off.o[i]), prec) : nullptr;
+  };
   return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11), at(12), at(13)};
 }
 
@@ -144,31 +149,33 @@ void add_into(float* y, const float* x, std::int64_t n, int threads) {  // the r
 
 // The forward proper. x_out == nullptr stops after the MLP activation (what a recomputing backward needs).
 void forward(const ModelConfig& c, const Weights& w, const float* x, float* x_out, std::int64_t B, std::int64_t T,
-             const Saved& s, const Scratch& sc, int th) {
+             const Saved& s, const Scratch& sc, const Mixed& mx) {
   const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  cpu::rmsnorm_forward(x, w.in_norm, s.xn1, s.rstd1, N, d, c.norm_eps, th);
+  const int th = mx.threads;
+  cpu::rmsnorm_forward(x, mx.vec(w.in_norm, d, 0), s.xn1, s.rstd1, N, d, c.norm_eps, th);
   float* q_lin = c.qk_norm ? s.q_raw : s.q;
   float* k_lin = c.qk_norm ? s.k_raw : s.k;
-  cpu::linear_forward(s.xn1, w.wq, w.bq, q_lin, N, d, qd, th);
-  cpu::linear_forward(s.xn1, w.wk, w.bk, k_lin, N, d, kd, th);
-  cpu::linear_forward(s.xn1, w.wv, w.bv, s.v, N, d, kd, th);
+  mx.fwd(s.xn1, w.wq, w.bq, q_lin, N, d, qd);
+  mx.fwd(s.xn1, w.wk, w.bk, k_lin, N, d, kd);
+  mx.fwd(s.xn1, w.wv, w.bv, s.v, N, d, kd);
   if (c.qk_norm) {  // Qwen3: RMSNorm over each head's vector, before the rotation
-    cpu::rmsnorm_forward(s.q_raw, w.q_norm, s.q, s.rstd_q, N * Hq, hd, c.norm_eps, th);
-    cpu::rmsnorm_forward(s.k_raw, w.k_norm, s.k, s.rstd_k, N * Hkv, hd, c.norm_eps, th);
+    cpu::rmsnorm_forward(s.q_raw, mx.vec(w.q_norm, hd, 1), s.q, s.rstd_q, N * Hq, hd, c.norm_eps, th);
+    cpu::rmsnorm_forward(s.k_raw, mx.vec(w.k_norm, hd, 2), s.k, s.rstd_k, N * Hkv, hd, c.norm_eps, th);
   }
   cpu::rope_table(rope_params(c), T, hd, sc.cos_t, sc.sin_t);
   cpu::rope_apply(s.q, N, T, Hq, hd, qd, sc.cos_t, sc.sin_t, false, th);
   cpu::rope_apply(s.k, N, T, Hkv, hd, kd, sc.cos_t, sc.sin_t, false, th);
+  // Attention stays fp32 in bf16 mode too (on the fp32 q/k/v the bf16 products produced).
   cpu::attention_forward(s.q, s.k, s.v, s.att, s.lse, attn_shape(c, B, T), th);
-  cpu::linear_forward(s.att, w.wo, nullptr, s.x1, N, qd, d, th);
+  mx.fwd(s.att, w.wo, nullptr, s.x1, N, qd, d);
   add_into(s.x1, x, N * d, th);
-  cpu::rmsnorm_forward(s.x1, w.post_norm, s.xn2, s.rstd2, N, d, c.norm_eps, th);
-  cpu::linear_forward(s.xn2, w.wg, nullptr, s.gate, N, d, ff, th);
-  cpu::linear_forward(s.xn2, w.wu, nullptr, s.up, N, d, ff, th);
+  cpu::rmsnorm_forward(s.x1, mx.vec(w.post_norm, d, 3), s.xn2, s.rstd2, N, d, c.norm_eps, th);
+  mx.fwd(s.xn2, w.wg, nullptr, s.gate, N, d, ff);
+  mx.fwd(s.xn2, w.wu, nullptr, s.up, N, d, ff);
   cpu::swiglu_forward(s.gate, s.up, s.h, static_cast<std::size_t>(N * ff), th);
   if (x_out) {
-    cpu::linear_forward(s.h, w.wd, nullptr, x_out, N, ff, d, th);
+    mx.fwd(s.h, w.wd, nullptr, x_out, N, ff, d);
     add_into(x_out, s.x1, N * d, th);
   }
 }
@@ -187,61 +194,56 @@ std::size_t llama_scratch_floats(const ModelConfig& c, std::int64_t B, std::int6
   return n;
 }
 
-void llama_forward(const ModelConfig& c, const float* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, float* saved, float* scratch, int th) {
+void llama_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
+                   std::int64_t T, float* saved, float* scratch, const Mixed& mx) {
   const Saved s = carve_saved(c, B * T, saved);
   const Scratch sc = carve_scratch(c, B * T, T, scratch);
-  forward(c, bind(c, params), x_in, x_out, B, T, s, sc, th);
+  forward(c, bind(c, params, mx.precision), x_in, x_out, B, T, s, sc, mx);
   std::memcpy(s.x, x_in, static_cast<std::size_t>(B * T * c.hidden_size) * sizeof(float));
 }
 
-void llama_backward(const ModelConfig& c, const float* params, const float* x_in, float* saved_or_ws, bool recompute,
-                    const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch, int th) {
+void llama_backward(const ModelConfig& c, const void* params, const float* x_in, float* saved_or_ws, bool recompute,
+                    const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+                    const Mixed& mx) {
   const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const Weights w = bind(c, params);
-  const Weights g = bind(c, grads);
+  const int th = mx.threads;
+  const Weights w = bind(c, params, mx.precision);
+  const Grads g = bind(c, grads, Precision::fp32);
   const Saved s = carve_saved(c, N, saved_or_ws);
   const Scratch sc = carve_scratch(c, N, T, scratch);
   const float* x = x_in;
   if (recompute) {
-    forward(c, w, x_in, nullptr, B, T, s, sc, th);  // once, without the last projection
+    forward(c, w, x_in, nullptr, B, T, s, sc, mx);  // once, without the last projection
   } else {
     x = s.x;
     cpu::rope_table(rope_params(c), T, hd, sc.cos_t, sc.sin_t);
   }
   // MLP: y = x1 + down(h)
   std::memcpy(sc.dx1, dy, static_cast<std::size_t>(N * d) * sizeof(float));
-  cpu::linear_backward_input(dy, w.wd, sc.dh, N, ff, d, false, th);
-  cpu::linear_backward_weight(dy, s.h, g.wd, nullptr, N, ff, d, th);
+  mx.bwd(dy, s.h, w.wd, sc.dh, false, g.wd, nullptr, N, ff, d);
   cpu::swiglu_backward(s.gate, s.up, sc.dh, sc.dg, sc.du, static_cast<std::size_t>(N * ff), th);
-  cpu::linear_backward_input(sc.dg, w.wg, sc.dxn2, N, d, ff, false, th);
-  cpu::linear_backward_input(sc.du, w.wu, sc.dxn2, N, d, ff, true, th);
-  cpu::linear_backward_weight(sc.dg, s.xn2, g.wg, nullptr, N, d, ff, th);
-  cpu::linear_backward_weight(sc.du, s.xn2, g.wu, nullptr, N, d, ff, th);
-  cpu::rmsnorm_backward(s.x1, w.post_norm, s.rstd2, sc.dxn2, sc.dx1, g.post_norm, N, d, true, th);
+  mx.bwd(sc.dg, s.xn2, w.wg, sc.dxn2, false, g.wg, nullptr, N, d, ff);
+  mx.bwd(sc.du, s.xn2, w.wu, sc.dxn2, true, g.wu, nullptr, N, d, ff);
+  cpu::rmsnorm_backward(s.x1, mx.vec(w.post_norm, d, 3), s.rstd2, sc.dxn2, sc.dx1, g.post_norm, N, d, true, th);
   // Attention: x1 = x + o_proj(att)
-  cpu::linear_backward_input(sc.dx1, w.wo, sc.datt, N, qd, d, false, th);
-  cpu::linear_backward_weight(sc.dx1, s.att, g.wo, nullptr, N, qd, d, th);
+  mx.bwd(sc.dx1, s.att, w.wo, sc.datt, false, g.wo, nullptr, N, qd, d);
   cpu::attention_backward(s.q, s.k, s.v, s.att, s.lse, sc.datt, sc.dq, sc.dk, sc.dv, attn_shape(c, B, T), th);
   cpu::rope_apply(sc.dq, N, T, Hq, hd, qd, sc.cos_t, sc.sin_t, true, th);
   cpu::rope_apply(sc.dk, N, T, Hkv, hd, kd, sc.cos_t, sc.sin_t, true, th);
   const float* dq_lin = sc.dq;
   const float* dk_lin = sc.dk;
   if (c.qk_norm) {
-    cpu::rmsnorm_backward(s.q_raw, w.q_norm, s.rstd_q, sc.dq, sc.dqn, g.q_norm, N * Hq, hd, false, th);
-    cpu::rmsnorm_backward(s.k_raw, w.k_norm, s.rstd_k, sc.dk, sc.dkn, g.k_norm, N * Hkv, hd, false, th);
+    cpu::rmsnorm_backward(s.q_raw, mx.vec(w.q_norm, hd, 1), s.rstd_q, sc.dq, sc.dqn, g.q_norm, N * Hq, hd, false, th);
+    cpu::rmsnorm_backward(s.k_raw, mx.vec(w.k_norm, hd, 2), s.rstd_k, sc.dk, sc.dkn, g.k_norm, N * Hkv, hd, false, th);
     dq_lin = sc.dqn;
     dk_lin = sc.dkn;
   }
-  cpu::linear_backward_input(dq_lin, w.wq, sc.dxn1, N, d, qd, false, th);
-  cpu::linear_backward_input(dk_lin, w.wk, sc.dxn1, N, d, kd, true, th);
-  cpu::linear_backward_input(sc.dv, w.wv, sc.dxn1, N, d, kd, true, th);
-  cpu::linear_backward_weight(dq_lin, s.xn1, g.wq, g.bq, N, d, qd, th);
-  cpu::linear_backward_weight(dk_lin, s.xn1, g.wk, g.bk, N, d, kd, th);
-  cpu::linear_backward_weight(sc.dv, s.xn1, g.wv, g.bv, N, d, kd, th);
+  mx.bwd(dq_lin, s.xn1, w.wq, sc.dxn1, false, g.wq, g.bq, N, d, qd);
+  mx.bwd(dk_lin, s.xn1, w.wk, sc.dxn1, true, g.wk, g.bk, N, d, kd);
+  mx.bwd(sc.dv, s.xn1, w.wv, sc.dxn1, true, g.wv, g.bv, N, d, kd);
   std::memcpy(dx, sc.dx1, static_cast<std::size_t>(N * d) * sizeof(float));
-  cpu::rmsnorm_backward(x, w.in_norm, s.rstd1, sc.dxn1, dx, g.in_norm, N, d, true, th);
+  cpu::rmsnorm_backward(x, mx.vec(w.in_norm, d, 0), s.rstd1, sc.dxn1, dx, g.in_norm, N, d, true, th);
 }
 
 }  // namespace mt::detail

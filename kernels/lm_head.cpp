@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/layer_impl.hpp"
 #include "kernels/layout_cache.hpp"
 #include "kernels/stage_api.hpp"
 #include "kernels/workspace.hpp"
@@ -15,9 +16,11 @@ namespace {
 
 struct HeadWs {
   float *xn, *mean, *rstd, *dxn, *logits, *row_loss;
+  detail::Mixed mx;  // bf16 mode: the rounded normed input (all rows), one chunk's rounded dlogits, the norm
 };
 
-HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t chunk, float* base, std::size_t* used = nullptr) {
+HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t chunk, Precision p, int threads, float* base,
+             std::size_t* used = nullptr) {
   detail::Carver cv(base);
   HeadWs w{};
   w.xn = cv.take(N * c.hidden_size);
@@ -26,17 +29,20 @@ HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t chunk, float* ba
   w.dxn = cv.take(N * c.hidden_size);
   w.logits = cv.take(chunk * c.vocab_size);
   w.row_loss = cv.take(N);
-  if (used) *used = cv.used();
+  std::size_t mixed = 0;
+  w.mx = detail::carve_mixed(p, threads, base ? base + cv.used() : nullptr, N * c.hidden_size, chunk * c.vocab_size,
+                             c.hidden_size, &mixed);
+  if (used) *used = cv.used() + mixed;
   return w;
 }
 
 struct HeadWeights {
-  const float *norm_w, *norm_b, *lm;  // lm: [vocab, hidden]
+  const void *norm_w, *norm_b, *lm;  // the run's precision; lm: [vocab, hidden]
   float *g_norm_w, *g_norm_b, *g_lm;
 };
 
-HeadWeights bind(const ModelConfig& c, const float* head_params, const float* embed_params, float* head_grads,
-                 float* embed_grads) {
+HeadWeights bind(const ModelConfig& c, const void* head_params, const void* embed_params, float* head_grads,
+                 float* embed_grads, Precision p) {
   const ParamLayout& hl = detail::cached_head_layout(c);
   const bool tied = c.is_gpt2() || c.tie_word_embeddings;
   if (!head_params) throw std::invalid_argument("head: head_params must be non-null");
@@ -54,30 +60,32 @@ HeadWeights bind(const ModelConfig& c, const float* head_params, const float* em
     return r;
   });
   const std::size_t norm_w = off.norm_w;
-  w.norm_w = head_params + norm_w;
+  w.norm_w = detail::elem_offset(head_params, norm_w, p);
   w.g_norm_w = head_grads ? head_grads + norm_w : nullptr;
   if (c.is_gpt2()) {
     const std::size_t nb = off.norm_b;
-    w.norm_b = head_params + nb;
+    w.norm_b = detail::elem_offset(head_params, nb, p);
     w.g_norm_b = head_grads ? head_grads + nb : nullptr;
   }
   if (tied) {
     const std::size_t e = off.lm;  // wte / embed_tokens
-    w.lm = embed_params + e;
+    w.lm = detail::elem_offset(embed_params, e, p);
     w.g_lm = embed_grads ? embed_grads + e : nullptr;
   } else {
     const std::size_t e = off.lm;
-    w.lm = head_params + e;
+    w.lm = detail::elem_offset(head_params, e, p);
     w.g_lm = head_grads ? head_grads + e : nullptr;
   }
   return w;
 }
 
 void final_norm(const ModelConfig& c, const HeadWeights& w, const float* x, const HeadWs& ws, std::int64_t N, int th) {
+  const std::int64_t d = c.hidden_size;
   if (c.is_gpt2())
-    cpu::layernorm_forward(x, w.norm_w, w.norm_b, ws.xn, ws.mean, ws.rstd, N, c.hidden_size, c.norm_eps, th);
+    cpu::layernorm_forward(x, ws.mx.vec(w.norm_w, d, 0), ws.mx.vec(w.norm_b, d, 1), ws.xn, ws.mean, ws.rstd, N, d,
+                           c.norm_eps, th);
   else
-    cpu::rmsnorm_forward(x, w.norm_w, ws.xn, ws.rstd, N, c.hidden_size, c.norm_eps, th);
+    cpu::rmsnorm_forward(x, ws.mx.vec(w.norm_w, d, 0), ws.xn, ws.rstd, N, d, c.norm_eps, th);
 }
 
 }  // namespace
@@ -94,16 +102,16 @@ static std::int64_t effective_chunk(const ModelConfig& c, std::int64_t batch, st
   return requested > 0 ? std::min(requested, batch * seq) : head_chunk_tokens(c, batch, seq);
 }
 
-std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq,
-                                  std::int64_t chunk_tokens) {
+std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t chunk_tokens,
+                                  Precision precision) {
   c.validate();
   validate_batch_shape(c, batch, seq);
   std::size_t n = 0;
-  carve(c, batch * seq, effective_chunk(c, batch, seq, chunk_tokens), nullptr, &n);
+  carve(c, batch * seq, effective_chunk(c, batch, seq, chunk_tokens), precision, 1, nullptr, &n);
   return n;
 }
 
-LossSum head_forward_backward(const ModelConfig& c, const float* head_params, const float* embed_params,
+LossSum head_forward_backward(const ModelConfig& c, const void* head_params, const void* embed_params,
                               const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                               float* dx, float* head_grads, float* embed_grads, float* workspace,
                               const ComputeCtx& ctx) {
@@ -117,21 +125,18 @@ LossSum head_forward_backward(const ModelConfig& c, const float* head_params, co
     throw std::invalid_argument("head: backward needs head_grads (and embed_grads when embeddings are tied)");
   if (!x_in || !targets || !workspace)
     throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
-  const HeadWeights w = bind(c, head_params, embed_params, head_grads, embed_grads);
+  const HeadWeights w = bind(c, head_params, embed_params, head_grads, embed_grads, ctx.precision);
   const std::int64_t chunk = effective_chunk(c, batch, seq, ctx.head_chunk);
-  const HeadWs ws = carve(c, N, chunk, workspace);
+  const HeadWs ws = carve(c, N, chunk, ctx.precision, ctx.threads, workspace);
   const int th = ctx.threads;
 
   final_norm(c, w, x_in, ws, N, th);
   for (std::int64_t r0 = 0; r0 < N; r0 += chunk) {
     const std::int64_t n = std::min(chunk, N - r0);
     const float* xn = ws.xn + r0 * d;
-    cpu::linear_forward(xn, w.lm, nullptr, ws.logits, n, d, V, th);
+    ws.mx.fwd(xn, w.lm, nullptr, ws.logits, n, d, V);
     cpu::cross_entropy_rows(ws.logits, targets + r0, ws.row_loss + r0, n, V, grad, th);
-    if (grad) {
-      cpu::linear_backward_input(ws.logits, w.lm, ws.dxn + r0 * d, n, d, V, false, th);
-      cpu::linear_backward_weight(ws.logits, xn, w.g_lm, nullptr, n, d, V, th);
-    }
+    if (grad) ws.mx.bwd(ws.logits, xn, w.lm, ws.dxn + r0 * d, false, w.g_lm, nullptr, n, d, V);
   }
   LossSum out;
   for (std::int64_t r = 0; r < N; ++r) {
@@ -140,23 +145,24 @@ LossSum head_forward_backward(const ModelConfig& c, const float* head_params, co
     ++out.counted;
   }
   if (grad) {
+    const float* norm_w = ws.mx.vec(w.norm_w, d, 0);
     if (c.is_gpt2())
-      cpu::layernorm_backward(x_in, w.norm_w, ws.mean, ws.rstd, ws.dxn, dx, w.g_norm_w, w.g_norm_b, N, d, false, th);
+      cpu::layernorm_backward(x_in, norm_w, ws.mean, ws.rstd, ws.dxn, dx, w.g_norm_w, w.g_norm_b, N, d, false, th);
     else
-      cpu::rmsnorm_backward(x_in, w.norm_w, ws.rstd, ws.dxn, dx, w.g_norm_w, N, d, false, th);
+      cpu::rmsnorm_backward(x_in, norm_w, ws.rstd, ws.dxn, dx, w.g_norm_w, N, d, false, th);
   }
   return out;
 }
 
-void head_logits(const ModelConfig& c, const float* head_params, const float* embed_params, const float* x_in,
+void head_logits(const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,
                  std::int64_t batch, std::int64_t seq, float* logits, float* workspace, const ComputeCtx& ctx) {
   c.validate();
   validate_batch_shape(c, batch, seq);
   const std::int64_t N = batch * seq;
-  const HeadWeights w = bind(c, head_params, embed_params, nullptr, nullptr);
-  const HeadWs ws = carve(c, N, effective_chunk(c, batch, seq, ctx.head_chunk), workspace);
+  const HeadWeights w = bind(c, head_params, embed_params, nullptr, nullptr, ctx.precision);
+  const HeadWs ws = carve(c, N, effective_chunk(c, batch, seq, ctx.head_chunk), ctx.precision, ctx.threads, workspace);
   final_norm(c, w, x_in, ws, N, ctx.threads);
-  cpu::linear_forward(ws.xn, w.lm, nullptr, logits, N, c.hidden_size, c.vocab_size, ctx.threads);
+  ws.mx.fwd(ws.xn, w.lm, nullptr, logits, N, c.hidden_size, c.vocab_size);
 }
 
 }  // namespace mt

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kernels/cpu/bf16.hpp"
+
 namespace mt {
 
 ReferenceTrainer::ReferenceTrainer(const ReferenceTrainerOptions& opt) : opt_(opt) {
@@ -20,36 +22,45 @@ ReferenceTrainer::ReferenceTrainer(const ReferenceTrainerOptions& opt) : opt_(op
     staging_.push_back(make_aligned_floats(layouts_.back().total_floats));
     init_stage_params(c, s, opt_.seed, tiles_.back().get() + tile_.back().params, opt_.threads);
   }
+  if (opt_.precision == Precision::bf16) {
+    for (std::int64_t s = 0; s < S; ++s) copies_.emplace_back(layouts_[static_cast<std::size_t>(s)].total_floats);
+    refresh_compute_copies();
+  }
   const std::size_t act = static_cast<std::size_t>(B * T * c.hidden_size);
   for (std::int64_t i = 0; i <= L; ++i) acts_.push_back(make_aligned_floats(act));
   if (opt_.mode == ActivationMode::keep)
     for (std::int64_t i = 0; i < L; ++i) saved_.push_back(make_aligned_floats(layer_saved_floats(c, B, T)));
   // Sized for recompute mode in every mode: eval_loss runs forwards without keep buffers.
-  workspace_ = make_aligned_floats(
-      std::max(layer_workspace_floats(c, B, T, ActivationMode::recompute), head_workspace_floats(c, B, T)));
+  workspace_ = make_aligned_floats(std::max(layer_workspace_floats(c, B, T, ActivationMode::recompute, opt_.precision),
+                                            head_workspace_floats(c, B, T, 0, opt_.precision)));
   grad_a_ = make_aligned_floats(act);
   grad_b_ = make_aligned_floats(act);
+}
+
+void ReferenceTrainer::refresh_compute_copies() {
+  for (std::size_t s = 0; s < copies_.size(); ++s)
+    cpu::to_bf16(params(static_cast<std::int64_t>(s)), copies_[s].data(), copies_[s].size(), opt_.threads);
 }
 
 LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t* targets) {
   const ModelConfig& c = opt_.config;
   const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq, S = L + 2;
-  const ComputeCtx ctx{opt_.threads};
+  const ComputeCtx ctx = this->ctx();
   const bool keep = opt_.mode == ActivationMode::keep;
   // Forward: stage 0, layers, and the head (which also runs its backward, fused).
-  embedding_forward(c, params(0), tokens, B, T, acts_[0].get(), ctx);
+  embedding_forward(c, weights(0), tokens, B, T, acts_[0].get(), ctx);
   for (std::int64_t l = 0; l < L; ++l)
-    layer_forward(c, params(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, keep ? saved_[l].get() : nullptr,
+    layer_forward(c, weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, keep ? saved_[l].get() : nullptr,
                   workspace_.get(), ctx);
   for (std::int64_t s = 0; s < S; ++s) cpu::zero(staging_[s].get(), layouts_[s].total_floats, opt_.threads);
   float* dx = grad_a_.get();
   float* dy = grad_b_.get();
-  const LossSum loss = head_forward_backward(c, params(S - 1), params(0), acts_[L].get(), targets, B, T, dy,
+  const LossSum loss = head_forward_backward(c, weights(S - 1), weights(0), acts_[L].get(), targets, B, T, dy,
                                              staging_[S - 1].get(), staging_[0].get(), workspace_.get(), ctx);
   cpu::accumulate(grads(S - 1), staging_[S - 1].get(), layouts_[S - 1].total_floats, opt_.threads);
   for (std::int64_t l = L - 1; l >= 0; --l) {
-    layer_backward(c, params(l + 1), acts_[l].get(), keep ? saved_[l].get() : nullptr, dy, dx, staging_[l + 1].get(), B,
-                   T, workspace_.get(), ctx);
+    layer_backward(c, weights(l + 1), acts_[l].get(), keep ? saved_[l].get() : nullptr, dy, dx, staging_[l + 1].get(),
+                   B, T, workspace_.get(), ctx);
     cpu::accumulate(grads(l + 1), staging_[l + 1].get(), layouts_[l + 1].total_floats, opt_.threads);
     std::swap(dx, dy);
   }
@@ -78,18 +89,18 @@ StepStats ReferenceTrainer::step(const token_t* tokens, const token_t* targets) 
   ++step_;
   for (std::int64_t s = 0; s < S; ++s)
     adamw_stage(layouts_[s], params(s), grads(s), adam_m(s), adam_v(s), opt_.hyper, step_, scale.grad_scale,
-                opt_.threads);
+                opt_.threads, copies_.empty() ? nullptr : copies_[static_cast<std::size_t>(s)].data());
   return StepStats{step_, scale.loss, scale.grad_norm, scale.clip, counted};
 }
 
 double ReferenceTrainer::eval_loss(const token_t* tokens, const token_t* targets) {
   const ModelConfig& c = opt_.config;
   const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq;
-  const ComputeCtx ctx{opt_.threads};
-  embedding_forward(c, params(0), tokens, B, T, acts_[0].get(), ctx);
+  const ComputeCtx ctx = this->ctx();
+  embedding_forward(c, weights(0), tokens, B, T, acts_[0].get(), ctx);
   for (std::int64_t l = 0; l < L; ++l)
-    layer_forward(c, params(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, nullptr, workspace_.get(), ctx);
-  const LossSum loss = head_forward_backward(c, params(L + 1), params(0), acts_[L].get(), targets, B, T, nullptr,
+    layer_forward(c, weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, nullptr, workspace_.get(), ctx);
+  const LossSum loss = head_forward_backward(c, weights(L + 1), weights(0), acts_[L].get(), targets, B, T, nullptr,
                                              nullptr, nullptr, workspace_.get(), ctx);
   return loss.counted ? loss.loss_sum / static_cast<double>(loss.counted) : 0.0;
 }

@@ -23,6 +23,10 @@ struct ReferenceTrainerOptions {
   std::uint64_t seed = 0;        // init_stage_params(config, stage, seed, ...)
   ActivationMode mode = ActivationMode::recompute;
   int threads = 1;
+  // bf16: the stages compute with a per-stage bf16 copy of the fp32 masters (built by cpu::to_bf16 at
+  // construction, rewritten by every update through adamw_stage's fused adamw_bf16copy), so the copy
+  // always equals RNE bf16(masters). Gradients, moments and masters stay fp32.
+  Precision precision = Precision::fp32;
 };
 
 struct StepStats {
@@ -52,6 +56,13 @@ class ReferenceTrainer {
   float* adam_m(std::int64_t stage) { return section(stage, tile_.at(static_cast<std::size_t>(stage)).adam_m); }
   float* adam_v(std::int64_t stage) { return section(stage, tile_.at(static_cast<std::size_t>(stage)).adam_v); }
   const ReferenceTrainerOptions& options() const { return opt_; }
+  // The bf16 compute copy of a stage's params (same element offsets), nullptr in fp32 runs.
+  const bf16_t* compute_copy(std::int64_t stage) const {
+    return copies_.empty() ? nullptr : copies_[static_cast<std::size_t>(stage)].data();
+  }
+  // After writing params(stage) directly (e.g. loading weights), rebuild the bf16 copies from the
+  // masters; a no-op in fp32.
+  void refresh_compute_copies();
 
   // Forward and backward of one micro-batch adding into the gradient accumulators through zeroed
   // staging buffers (exactly the engine's sequence); returns its loss sum and counted tokens.
@@ -61,14 +72,25 @@ class ReferenceTrainer {
   float* section(std::int64_t stage, std::size_t offset) {
     return tiles_[static_cast<std::size_t>(stage)].get() + offset;
   }
+  // What the stage functions get as weights: the bf16 copy in bf16 runs, else the fp32 params.
+  const void* weights(std::int64_t stage) {
+    return copies_.empty() ? static_cast<const void*>(params(stage)) : compute_copy(stage);
+  }
+  ComputeCtx ctx() const {
+    ComputeCtx c;
+    c.threads = opt_.threads;
+    c.precision = opt_.precision;
+    return c;
+  }
 
   ReferenceTrainerOptions opt_;
   std::vector<ParamLayout> layouts_;
   std::vector<TileLayout> tile_;
-  std::vector<AlignedFloats> tiles_;    // one tile per stage
-  std::vector<AlignedFloats> staging_;  // one gradient staging buffer per stage
-  std::vector<AlignedFloats> acts_;     // layer-boundary hidden states, L + 1 of them
-  std::vector<AlignedFloats> saved_;    // keep mode: each layer's intermediates
+  std::vector<AlignedFloats> tiles_;         // one tile per stage
+  std::vector<AlignedFloats> staging_;       // one gradient staging buffer per stage
+  std::vector<AlignedFloats> acts_;          // layer-boundary hidden states, L + 1 of them
+  std::vector<AlignedFloats> saved_;         // keep mode: each layer's intermediates
+  std::vector<std::vector<bf16_t>> copies_;  // bf16 runs: each stage's compute copy (empty in fp32)
   AlignedFloats workspace_, grad_a_, grad_b_;
   std::int64_t step_ = 0;
 };

@@ -1,9 +1,21 @@
 // The per-stage compute API the streaming engine calls. A stage is a *stateless template*: it knows its
-// shapes (from the ModelConfig) and its kernels, holds no weights, and computes with whatever fp32
-// parameter buffer it is handed at call time (a pointer into a streamed slot, laid out by stage_layout();
-// never copied). Gradients are *added* into a caller-owned buffer of the same layout, so micro-batches
-// accumulate. Every call takes explicit workspace (sized by the *_workspace_floats functions) and an
-// explicit thread count: nothing here allocates in the hot path or owns state between calls.
+// shapes (from the ModelConfig) and its kernels, holds no weights, and computes with whatever parameter
+// buffer it is handed at call time (a pointer into a streamed slot, laid out by stage_layout(); never
+// copied).
+//
+// Precision (ComputeCtx::precision, kernels/precision.hpp): the weight pointers (`params`, `head_params`,
+// `embed_params`) are `const void*`. fp32: they point to float arrays. bf16: to bf16_t arrays laid out
+// exactly as the fp32 ParamLayout (same element offsets, 2 bytes each: the compute copy of the fp32
+// masters). Gradient buffers, hidden states x/dx and workspaces are fp32 in both. In bf16 mode every
+// matrix product takes the bf16 weights and its activation (or output gradient) rounded to bf16 (RNE),
+// accumulating in fp32 into fp32 outputs (cpu/ops_bf16.hpp); the embedding gathers bf16 rows widened to
+// fp32; norm weights and all biases are read from the bf16 copy and widened; norms, RoPE, attention (on
+// the fp32 q/k/v the products produce), activations, softmax statistics, cross-entropy and every gradient
+// accumulation stay fp32. The workspace size functions take the precision: bf16 needs extra scratch for
+// the converted operands, so size with the precision the calls will use. Gradients are *added* into a caller-owned
+// buffer of the same layout, so micro-batches accumulate. Every call takes explicit workspace (sized by the
+// *_workspace_floats functions) and an explicit thread count: nothing here allocates in the hot path or owns state
+// between calls.
 //
 // Stages: 0 = embedding, 1..L = decoder layers (the layer index does not change the layout's offsets,
 // so the layer functions do not take it), L+1 = head (final norm + LM head + softmax cross-entropy).
@@ -25,6 +37,7 @@
 
 #include "kernels/model_config.hpp"
 #include "kernels/param_layout.hpp"
+#include "kernels/precision.hpp"
 
 namespace mt {
 
@@ -32,10 +45,11 @@ using token_t = std::int32_t;
 inline constexpr token_t kIgnoreIndex = -100;  // targets equal to this are not counted
 
 struct ComputeCtx {
-  int threads = 1;              // OpenMP threads for every kernel, sgemm included (split on OpenMP's pool)
-  std::int64_t head_chunk = 0;  // tokens per LM-head chunk; 0 = head_chunk_tokens(). Changes the bits of
-                                // the head's weight gradient (summation order), so engine and reference
-                                // must use the same value; tests set it small to exercise chunking.
+  int threads = 1;                        // OpenMP threads for every kernel, sgemm included (split on OpenMP's pool)
+  std::int64_t head_chunk = 0;            // tokens per LM-head chunk; 0 = head_chunk_tokens(). Changes the bits of
+                                          // the head's weight gradient (summation order), so engine and reference
+                                          // must use the same value; tests set it small to exercise chunking.
+  Precision precision = Precision::fp32;  // what the weight pointers hold (see the top of this file)
 };
 
 // How a layer's backward gets its activations: recompute them from the saved layer input (one extra
@@ -54,13 +68,14 @@ void validate_targets(const ModelConfig& c, const token_t* targets, std::size_t 
 // attn.c_proj/mlp.c_proj weights use std initializer_range / sqrt(2 * num_hidden_layers). Each stage
 // draws from its own stream derived from (seed, stage), so stages can be initialised independently and
 // in any order; padding between tensors is zeroed. `params` holds stage_layout(c, stage).total_floats.
+// Always fp32 (the masters); a bf16 run's compute copy is cpu::to_bf16 of them.
 // Within a stage each tensor is drawn in 64Ki-element pieces with their own sub-streams, so the result
 // does not depend on `threads`.
 void init_stage_params(const ModelConfig& c, std::int64_t stage, std::uint64_t seed, float* params, int threads = 1);
 
 // ---- Stage 0: embedding ----
 // x_out[b, t, :] = wte[tokens[b, t]] (+ wpe[t] for GPT-2). Hidden states are [batch, seq, hidden_size].
-void embedding_forward(const ModelConfig& c, const float* params, const token_t* tokens, std::int64_t batch,
+void embedding_forward(const ModelConfig& c, const void* params, const token_t* tokens, std::int64_t batch,
                        std::int64_t seq, float* x_out, const ComputeCtx& ctx);
 // grads += scatter of dx into the rows of wte (and wpe for GPT-2). Deterministic: rows are summed in
 // token order whatever the thread count.
@@ -71,20 +86,23 @@ void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_
 // Floats of the intermediates a forward keeps for a no-recompute backward.
 std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
 // Scratch for layer_forward and layer_backward. In recompute mode it includes room for the
-// intermediates (layer_saved_floats), so the same size serves both calls.
-std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode);
+// intermediates (layer_saved_floats), so the same size serves both calls. `precision` must be the one the
+// calls run with (bf16 adds room for the bf16-rounded operands and widened norm weights; fp32 sizes are
+// unchanged). The saved buffer (layer_saved_floats) does not depend on the precision.
+std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode,
+                                   Precision precision = Precision::fp32);
 
 // x_out = layer(x_in). With `saved` non-null (keep mode: layer_saved_floats floats) the intermediates
 // are written there for layer_backward; with saved == nullptr they live only in the workspace, which
 // must then be sized for ActivationMode::recompute.
-void layer_forward(const ModelConfig& c, const float* params, const float* x_in, float* x_out, std::int64_t batch,
+void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
                    std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx);
 
 // dx = d(loss)/d(x_in) from dy = d(loss)/d(x_out); grads += d(loss)/d(params).
 // saved == nullptr: recompute the forward once from x_in (recompute mode, workspace sized for it);
 // otherwise saved holds what layer_forward wrote for this same x_in and params (x_in is then unused
 // and may be nullptr).
-void layer_backward(const ModelConfig& c, const float* params, const float* x_in, const float* saved, const float* dy,
+void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
                     float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
                     const ComputeCtx& ctx);
 
@@ -92,9 +110,10 @@ void layer_backward(const ModelConfig& c, const float* params, const float* x_in
 // B x T x V logits are never materialised: head_chunk_tokens(c, batch, seq) rows at a time (a pure
 // function of the shapes, so the engine and the reference trainer chunk identically).
 std::int64_t head_chunk_tokens(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
-// Sized for chunks of head_chunk_tokens() (or of chunk_tokens when > 0, see ComputeCtx::head_chunk).
+// Sized for chunks of head_chunk_tokens() (or of chunk_tokens when > 0, see ComputeCtx::head_chunk), for
+// calls running at `precision` (bf16 adds room for the rounded operands and the widened norm).
 std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq,
-                                  std::int64_t chunk_tokens = 0);
+                                  std::int64_t chunk_tokens = 0, Precision precision = Precision::fp32);
 
 struct LossSum {
   double loss_sum = 0.0;     // sum of -log softmax(target) over counted tokens, in token order
@@ -105,20 +124,20 @@ struct LossSum {
 // matrix, so `embed_params` must point at stage 0's params and `embed_grads` at stage 0's gradient
 // buffer (the head adds d/d(wte) there). Untied: both are ignored (pass nullptr).
 // dx == nullptr: loss only (no gradients touched).
-LossSum head_forward_backward(const ModelConfig& c, const float* head_params, const float* embed_params,
+LossSum head_forward_backward(const ModelConfig& c, const void* head_params, const void* embed_params,
                               const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                               float* dx, float* head_grads, float* embed_grads, float* workspace,
                               const ComputeCtx& ctx);
 
 // ---- Any stage by index (0 = embedding, 1..L = layers, L+1 = head) ----
 // Workspace floats the stage's forward and backward need (the embedding needs none); the engine can
-// size one arena slot as the maximum over stages.
+// size one arena slot as the maximum over stages. Pass the run's precision (ComputeCtx::precision).
 std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std::int64_t batch, std::int64_t seq,
-                                   ActivationMode mode);
+                                   ActivationMode mode, Precision precision = Precision::fp32);
 
 // The full logits [batch, seq, vocab] (tests and evaluation only: this one materialises them).
 // workspace: head_workspace_floats floats.
-void head_logits(const ModelConfig& c, const float* head_params, const float* embed_params, const float* x_in,
+void head_logits(const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,
                  std::int64_t batch, std::int64_t seq, float* logits, float* workspace, const ComputeCtx& ctx);
 
 }  // namespace mt

@@ -40,7 +40,7 @@ StepScale compute_step_scale(const std::vector<double>& stage_sumsq, std::int64_
 }
 
 void adamw_stage(const ParamLayout& layout, float* params, const float* grads, float* m, float* v,
-                 const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads) {
+                 const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads, bf16_t* compute_copy) {
   prof::Scope prof_scope(prof::optimizer);
   AdamWHyper no_decay = hyper;
   no_decay.weight_decay = 0.0f;
@@ -48,7 +48,11 @@ void adamw_stage(const ParamLayout& layout, float* params, const float* grads, f
   const AdamWStep without_wd = make_adamw_step(no_decay, step, grad_scale);
   for (const auto& t : layout.tensors) {
     const std::size_t o = t.offset;
-    cpu::adamw(params + o, grads + o, m + o, v + o, t.numel, t.weight_decay ? with_wd : without_wd, threads);
+    const AdamWStep& st = t.weight_decay ? with_wd : without_wd;
+    if (compute_copy)
+      cpu::adamw_bf16copy(params + o, grads + o, m + o, v + o, compute_copy + o, t.numel, st, threads);
+    else
+      cpu::adamw(params + o, grads + o, m + o, v + o, t.numel, st, threads);
   }
 }
 

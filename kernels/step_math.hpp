@@ -10,7 +10,8 @@
 //   after the last micro-batch:
 //     sumsq_s = stage_grad_sumsq(layout_s, accum_s, threads)              for s = 0..L+1
 //     scale   = compute_step_scale(sumsq (stage order), counted, max_grad_norm, loss_sum)
-//     adamw_stage(layout_s, params_s, accum_s, m_s, v_s, hyper, step, scale.grad_scale, threads)  s = 0..L+1
+//     adamw_stage(layout_s, params_s, accum_s, m_s, v_s, hyper, step, scale.grad_scale, threads,
+//                 copy_s)                         s = 0..L+1 (copy_s: the bf16 compute copy, nullptr in fp32)
 //
 // Loss normalisation and clipping, exactly:
 //   accumulators hold G = d(sum of token losses over the whole step)/d(params)  (see stage_api.hpp);
@@ -60,7 +61,11 @@ StepScale compute_step_scale(const std::vector<double>& stage_sumsq, std::int64_
 
 // AdamW over every tensor of one stage (each tensor's own make_adamw_step: wd from hyper when
 // TensorSpec::weight_decay, else 0). `step` is 1-based.
+// compute_copy: nullptr in fp32 runs; in bf16 runs the stage's bf16 compute copy (same element offsets as
+// params), rewritten in the same pass by cpu::adamw_bf16copy so it always equals RNE bf16(params) after
+// the update (params, m and v get the very bits of the fp32 call). Padding is touched in neither.
 void adamw_stage(const ParamLayout& layout, float* params, const float* grads, float* m, float* v,
-                 const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads);
+                 const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads,
+                 bf16_t* compute_copy = nullptr);
 
 }  // namespace mt

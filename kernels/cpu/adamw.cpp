@@ -3,6 +3,8 @@
 // sqrt, and one contiguous chunk per thread.
 #include "kernels/adamw.hpp"
 
+#include "kernels/cpu/bf16.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -37,7 +39,25 @@ inline void adamw_one(float& p, float g, float& m, float& v, const AdamWStep& s)
   p = std::fma(-s.step_size, m / denom, p * s.decay_factor);
 }
 
-void adamw_range(float* p, const float* g, float* m, float* v, std::size_t begin, std::size_t end, const AdamWStep& s) {
+#ifdef MT_ADAMW_AVX2
+// RNE of 8 floats to bf16 in integer arithmetic (bf16_round_reference lane by lane: denormals kept,
+// NaN quieted), packed to 8 x 16 bits.
+inline __m128i bf16_round8(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
+  // packus works within 128-bit lanes: [a0..3 b0..3 | a4..7 b4..7] with b = a, then take qwords 0 and 2
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+#endif
+
+// With copy != nullptr also writes RNE bf16(p) after the update, in the same pass.
+void adamw_range(float* p, const float* g, float* m, float* v, bf16_t* copy, std::size_t begin, std::size_t end,
+                 const AdamWStep& s) {
   std::size_t i = begin;
 #ifdef MT_ADAMW_AVX2
   const __m256 b1 = _mm256_set1_ps(s.beta1), b2 = _mm256_set1_ps(s.beta2);
@@ -54,21 +74,24 @@ void adamw_range(float* p, const float* g, float* m, float* v, std::size_t begin
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
     _mm256_storeu_ps(p + i, pi);
+    if (copy) _mm_storeu_si128(reinterpret_cast<__m128i*>(copy + i), bf16_round8(pi));
   }
 #endif
-  for (; i < end; ++i) adamw_one(p[i], g[i], m[i], v[i], s);
+  for (; i < end; ++i) {
+    adamw_one(p[i], g[i], m[i], v[i], s);
+    if (copy) copy[i] = bf16_round_reference(p[i]);
+  }
 }
 
-}  // namespace
-
-void adamw(float* p, const float* g, float* m, float* v, std::size_t n, const AdamWStep& s, int threads) {
+void adamw_split(float* p, const float* g, float* m, float* v, bf16_t* copy, std::size_t n, const AdamWStep& s,
+                 int threads) {
   // Chunks are whole multiples of 64 floats (a cache line of each of the four arrays per 16 floats),
   // so only the global tail runs scalar and thread boundaries never split a vector.
   constexpr std::size_t kGrain = 64;
   const std::size_t blocks = (n + kGrain - 1) / kGrain;
   const int t = std::max(1, std::min<int>(threads, static_cast<int>(std::max<std::size_t>(blocks, 1))));
   if (t == 1 || n < 4096) {
-    adamw_range(p, g, m, v, 0, n, s);
+    adamw_range(p, g, m, v, copy, 0, n, s);
     return;
   }
 #pragma omp parallel num_threads(t)
@@ -78,8 +101,25 @@ void adamw(float* p, const float* g, float* m, float* v, std::size_t n, const Ad
     const std::size_t per = (blocks + t - 1) / t;
     const std::size_t begin = std::min(n, id * per * kGrain);
     const std::size_t end = std::min(n, (id + 1) * per * kGrain);
-    if (begin < end) adamw_range(p, g, m, v, begin, end, s);
+    if (begin < end) adamw_range(p, g, m, v, copy, begin, end, s);
   }
+}
+
+}  // namespace
+
+void adamw(float* p, const float* g, float* m, float* v, std::size_t n, const AdamWStep& s, int threads) {
+  adamw_split(p, g, m, v, nullptr, n, s, threads);
+}
+
+void adamw_bf16copy(float* p, const float* g, float* m, float* v, bf16_t* p_bf16, std::size_t n, const AdamWStep& s,
+                    int threads) {
+  adamw_split(p, g, m, v, p_bf16, n, s, threads);
+}
+
+void adamw_bf16copy_reference(float* p, const float* g, float* m, float* v, bf16_t* p_bf16, std::size_t n,
+                              const AdamWStep& s) {
+  adamw_reference(p, g, m, v, n, s);
+  for (std::size_t i = 0; i < n; ++i) p_bf16[i] = bf16_round_reference(p[i]);
 }
 
 }  // namespace mt::cpu

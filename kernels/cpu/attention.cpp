@@ -1,12 +1,11 @@
 // Causal grouped-query attention, flash-style on the CPU: queries and keys go in blocks of kBlock, the
-// block products (Q K^T, P V, and the backward's four) are single-threaded sgemm calls, and the softmax
+// block products (Q K^T, P V, and the backward's four) are single-threaded GEMMs (sgemm_serial: the
+// linear layers' library, on this thread only, so a task's bits never depend on the pool), and the softmax
 // is online (running max and sum per query row), so the memory is a few kBlock x kBlock tiles per
 // thread, never T x T. The backward recomputes the probabilities from the saved log-sum-exp.
 // Query head h reads kv head h / (q_heads / kv_heads), as transformers' repeat_kv does.
 // Work is split over (batch, head) tasks -- (batch, kv head) in the backward, so each task owns the
 // dk/dv rows it writes -- and every task runs the same sequence whatever the thread count.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -25,9 +24,7 @@ constexpr std::int64_t kBlock = 64;
 // C[m, n] (ldc) = op(A) op(B) (+ C when accumulate), single-threaded.
 void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A, std::int64_t lda,
         const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0f, A, static_cast<int>(lda), B, static_cast<int>(ldb),
-              accumulate ? 1.0f : 0.0f, C, static_cast<int>(ldc));
+  sgemm_serial(ta, tb, m, n, k, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C, ldc);
 }
 
 // s[j] = exp(s[j] - m) for j < n; returns their sum in a fixed order.
@@ -71,7 +68,6 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   const std::int64_t T = a.seq, hd = a.head_dim, group = a.q_heads / a.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.q_heads;
-  set_blas_threads(1);
 #pragma omp parallel num_threads(threads) if (tasks > 1 && T * T * hd > 4096)
   {
     // Per-thread tiles, kept across calls by the pool's threads (allocated once, not per call).
@@ -124,7 +120,6 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   const std::int64_t T = a.seq, hd = a.head_dim, group = a.q_heads / a.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.kv_heads;
-  set_blas_threads(1);
 #pragma omp parallel num_threads(threads) if (tasks > 1 && T * T * hd > 4096)
   {
     thread_local std::vector<float> P, dP, dQ, D;  // per-thread tiles, allocated once

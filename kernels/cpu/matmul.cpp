@@ -1,15 +1,27 @@
-// Linear layers through OpenBLAS sgemm, row-major, weights [out, in] as torch.nn.Linear stores them.
+// Linear layers as row-major GEMMs, weights [out, in] as torch.nn.Linear stores them.
 //
-// Threading: OpenBLAS runs single-threaded and we split each product into `threads` column or row
-// blocks on OpenMP's pool. The reason is the 2-core machine: OpenBLAS's own (pthread) workers spin
-// for a long time after each call, and so do OpenMP's after each elementwise kernel; two pools on two
-// cores steal each other's time slices and both run at half speed. One pool for everything avoids it.
-// Each output element is still one sgemm dot product over the whole K, in OpenBLAS's K order, so the
-// split does not change results (the kernels tests check 1 vs 2 threads bit for bit).
+// Library: oneDNN's dnnl_sgemm by default. It picks JIT kernels from the CPU's features at run time
+// (AVX2, AVX-512, ...), whereas Debian's OpenBLAS 0.3.21 picks from a table of CPU models and falls
+// back to SSE3 (Prescott) kernels on CPUs newer than the table: measured on a Xeon family 6 model 207
+// (AVX-512, tools/bench/gemm_bench.cpp), ~20 GFLOP/s a thread against oneDNN's ~100+. OpenBLAS reads
+// OPENBLAS_CORETYPE only when the library loads (before main), so the kernels cannot correct its choice
+// at run time. MEGATRAIN_GEMM=openblas in the environment selects OpenBLAS instead (for comparisons).
+//
+// Threading: the library runs single-threaded and we split each product into `threads` column or row
+// blocks on OpenMP's pool. The reason is the 2-core machine: a library's own workers spin for a long
+// time after each call, and so do OpenMP's after each elementwise kernel; two pools on two cores steal
+// each other's time slices and both run at half speed. One pool for everything avoids it. Each output
+// element is still one dot product over the whole K in the library's K order, so the split does not
+// change results (the kernels tests check 1 vs 2 threads bit for bit, on the model's shapes too).
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include <omp.h>
 
@@ -26,17 +38,85 @@ void set_blas_threads(int threads) {
 
 namespace {
 
-// C[M, N] = alpha op(A) op(B) + beta C, row-major, split over the larger of M and N.
+enum class Lib { onednn, openblas };
+
+Lib gemm_lib() {
+  static const Lib lib = [] {
+    const char* e = std::getenv("MEGATRAIN_GEMM");
+    return e && std::strcmp(e, "openblas") == 0 ? Lib::openblas : Lib::onednn;
+  }();
+  return lib;
+}
+
+const char* isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
+  }
+}
+
+}  // namespace
+
+const char* gemm_backend_name() {
+  static const std::string name = [] {
+    if (gemm_lib() == Lib::openblas) return std::string("OpenBLAS (core ") + openblas_get_corename() + ")";
+    const dnnl_version_t* v = dnnl_version();
+    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+           " sgemm (" + isa_name(dnnl_get_effective_cpu_isa()) + ")";
+  }();
+  return name.c_str();
+}
+
+void sgemm_serial(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
+                  const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (gemm_lib() == Lib::openblas) {
+    set_blas_threads(1);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
+                static_cast<int>(N), static_cast<int>(K), 1.0f, A, static_cast<int>(lda), B, static_cast<int>(ldb),
+                beta, C, static_cast<int>(ldc));
+    return;
+  }
+  // oneDNN runs single-threaded inside an active parallel region; outside one it would open a team of
+  // omp_get_max_threads() and might split K, which changes the bits. This thread's team size is set
+  // to 1 for the call (an ICV of the calling thread only) and restored.
+  const int prev = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (prev != 1) omp_set_num_threads(1);
+  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  if (prev != 1) omp_set_num_threads(prev);
+  if (st != dnnl_success) {  // only for invalid arguments (a bug here), and we may be on a pool thread
+    std::fprintf(stderr, "megatrain: dnnl_sgemm failed (status %d, M %lld N %lld K %lld)\n", static_cast<int>(st),
+                 static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K));
+    std::abort();
+  }
+}
+
+namespace {
+
+// C[M, N] = op(A) op(B) + beta C, row-major, split over the larger of M and N.
 void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
           const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc, int threads) {
-  set_blas_threads(1);
-  const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   auto call = [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
     if (m1 <= m0 || n1 <= n0) return;
     const float* a = ta ? A + m0 : A + m0 * lda;  // row m of op(A)
     const float* b = tb ? B + n0 * ldb : B + n0;  // column n of op(B)
-    cblas_sgemm(CblasRowMajor, TA, TB, static_cast<int>(m1 - m0), static_cast<int>(n1 - n0), static_cast<int>(K), 1.0f,
-                a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, C + m0 * ldc + n0, static_cast<int>(ldc));
+    sgemm_serial(ta, tb, m1 - m0, n1 - n0, K, a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
   };
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   if (threads <= 1 || flops < 4e6) {
@@ -59,7 +139,6 @@ void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, cons
 }
 
 }  // namespace
-
 void linear_forward(const float* x, const float* W, const float* bias, float* y, std::int64_t N, std::int64_t in,
                     std::int64_t out, int threads) {
   prof::Scope prof_scope(prof::matmul);

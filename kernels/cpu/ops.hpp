@@ -14,7 +14,13 @@ namespace mt::cpu {
 // OpenBLAS's own pool: set once per distinct value (cheap when unchanged).
 void set_blas_threads(int threads);
 
-// ---- matmul (OpenBLAS sgemm) ----
+// ---- matmul (oneDNN sgemm, or OpenBLAS with MEGATRAIN_GEMM=openblas; see matmul.cpp) ----
+// The GEMM library in use and what it dispatched to, e.g. "oneDNN 2.6.3 sgemm (avx512_core_amx)".
+const char* gemm_backend_name();
+// C[M, N] = op(A) op(B) + beta C, row-major, on the calling thread only (for kernels that split work
+// themselves, e.g. attention's tiles); the same library as the linear products.
+void sgemm_serial(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
+                  const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 // y[N, out] = x[N, in] W^T (+ bias)
 void linear_forward(const float* x, const float* W, const float* bias, float* y, std::int64_t N, std::int64_t in,
                     std::int64_t out, int threads);

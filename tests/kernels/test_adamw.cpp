@@ -1,10 +1,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "kernels/adamw.hpp"
+#include "kernels/cpu/bf16.hpp"
 
 namespace {
 
@@ -113,4 +116,40 @@ TEST_CASE("AdamW with a zero gradient only decays the weights", "[adamw]") {
   std::vector<float> p(100, 2.0f), g(100, 0.0f), m(100, 0.0f), v(100, 0.0f);
   mt::cpu::adamw(p.data(), g.data(), m.data(), v.data(), p.size(), mt::make_adamw_step(h, 1), 2);
   for (float x : p) CHECK(x == Approx(2.0 * (1 - 0.05)));
+}
+
+TEST_CASE("adamw_bf16copy: p, m, v bit-identical to adamw and the copy is RNE(p)", "[adamw][bf16]") {
+  mt::AdamWHyper h;
+  h.lr = 0.01f;
+  h.weight_decay = 0.1f;
+  const auto s = mt::make_adamw_step(h, 4, 0.7f);
+  for (std::size_t n : {std::size_t{13}, std::size_t{4099}, std::size_t{100003}}) {
+    for (int threads : {1, 2, 3}) {
+      INFO("n=" << n << " threads=" << threads);
+      State a(n, 11), b(n, 11);
+      if (n > 100) {  // plant values whose update lands on denormals, ties, inf and NaN
+        a.p[0] = b.p[0] = 1e-39f;
+        a.g[0] = b.g[0] = 0.0f;
+        a.m[0] = b.m[0] = 0.0f;
+        a.p[1] = b.p[1] = std::numeric_limits<float>::quiet_NaN();
+        a.p[2] = b.p[2] = std::numeric_limits<float>::infinity();
+        a.g[3] = b.g[3] = std::numeric_limits<float>::quiet_NaN();
+      }
+      std::vector<mt::bf16_t> copy(n, 0x1234), copy_ref(n, 0x4321);
+      mt::cpu::adamw(a.p.data(), a.g.data(), a.m.data(), a.v.data(), n, s, threads);
+      State r = b;
+      mt::cpu::adamw_bf16copy(b.p.data(), b.g.data(), b.m.data(), b.v.data(), copy.data(), n, s, threads);
+      CHECK(std::memcmp(a.p.data(), b.p.data(), n * 4) == 0);
+      CHECK(std::memcmp(a.m.data(), b.m.data(), n * 4) == 0);
+      CHECK(std::memcmp(a.v.data(), b.v.data(), n * 4) == 0);
+      bool all = true;
+      for (std::size_t i = 0; i < n; ++i) all = all && copy[i] == mt::cpu::bf16_round_reference(b.p[i]);
+      CHECK(all);
+      // the reference: same p within AdamW's fp32 rounding, copy its own RNE
+      mt::cpu::adamw_bf16copy_reference(r.p.data(), r.g.data(), r.m.data(), r.v.data(), copy_ref.data(), n, s);
+      bool ref_ok = true;
+      for (std::size_t i = 0; i < n; ++i) ref_ok = ref_ok && copy_ref[i] == mt::cpu::bf16_round_reference(r.p[i]);
+      CHECK(ref_ok);
+    }
+  }
 }

@@ -5,6 +5,11 @@ after one clipped AdamW step.
 
 usage: torch_oracle.py DIR    (DIR/config.json, params.bin, tokens.bin, targets.bin, grads_in.bin in;
        logits.bin, loss.txt, grads.bin, params_after.bin out)
+
+With "autocast": true in config.json the forward runs under torch.autocast("cpu", dtype=torch.bfloat16)
+(fp32 master parameters, bf16 matrix products; the logits are cast to fp32 before the loss, as Hugging
+Face's causal LMs do), and the AdamW step uses torch's own gradients (grads_in.bin is not read): the
+comparison is of the whole bf16 training step.
 """
 import json
 import math
@@ -111,7 +116,13 @@ def forward():
     return F.linear(h, lm)
 
 
-logits = forward()
+autocast = cfg.get("autocast", False)
+if autocast:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = forward()
+    logits = logits.float()
+else:
+    logits = forward()
 loss = F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
 loss.backward()
 logits.detach().numpy().astype(np.float32).tofile(f"{out_dir}/logits.bin")
@@ -124,12 +135,13 @@ np.concatenate([P[n].grad.numpy().ravel() for n in names]).astype(np.float32).to
 # math alone: some true gradients are exactly zero (a key bias shifts every score of a query equally),
 # and Adam would blow both sides' rounding noise there up to +-lr with unrelated signs.
 params = [P[n] for n in names]
-g_in = np.fromfile(f"{out_dir}/grads_in.bin", dtype=np.float32)
-pos = 0
-for n in names:
-    k = P[n].numel()
-    P[n].grad = torch.tensor(g_in[pos:pos + k].reshape(P[n].shape))
-    pos += k
+if not autocast:
+    g_in = np.fromfile(f"{out_dir}/grads_in.bin", dtype=np.float32)
+    pos = 0
+    for n in names:
+        k = P[n].numel()
+        P[n].grad = torch.tensor(g_in[pos:pos + k].reshape(P[n].shape))
+        pos += k
 if cfg["max_grad_norm"] > 0:
     torch.nn.utils.clip_grad_norm_(params, cfg["max_grad_norm"])
 decay = [P[t["name"]] for t in cfg["tensors"] if t["weight_decay"]]

@@ -1,14 +1,18 @@
 // AdamW parameters/s against the memory bandwidth of this machine, both measured in this run.
-// The probe has AdamW's access pattern (read p, g, m, v; write p, m, v in place) and no arithmetic
-// to speak of, so probe params/s is the ceiling a memory-bound AdamW can reach.
+// Each probe has its kernel's access pattern (fp32: read p, g, m, v; write p, m, v in place; bf16 copy:
+// the same plus a 2-byte store per parameter) and no arithmetic to speak of, so probe params/s is the
+// ceiling a memory-bound AdamW can reach.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <omp.h>
 
 #include "kernels/adamw.hpp"
+#include "kernels/cpu/bf16.hpp"
 #include "tools/bench/bench_report.hpp"
 
 namespace {
@@ -24,6 +28,47 @@ void probe(float* p, const float* g, float* m, float* v, std::size_t n, int thre
   }
 }
 
+// The fused kernel's pattern: also stores the upper half of the new p (a 2-byte write per parameter).
+void probe_copy(float* p, const float* g, float* m, float* v, mt::bf16_t* c, std::size_t n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    const float y = p[i] + x;
+    p[i] = y;
+    m[i] += x;
+    v[i] += x;
+    unsigned u;
+    __builtin_memcpy(&u, &y, 4);
+    c[i] = static_cast<mt::bf16_t>(u >> 16);
+  }
+}
+
+// /proc/cpuinfo: the model line and the SIMD flags that decide the kernels (the other benches' format).
+std::string cpu_line() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, model = "unknown CPU", family, number, flags;
+  while (std::getline(f, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name") model = value;
+    if (key == "cpu family") family = value;
+    if (key == "model") number = value;
+    if (key == "flags") flags = value;
+    if (key == "flags") break;  // the first processor's block is enough
+  }
+  std::string isa;
+  for (const char* w :
+       {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"}) {
+    std::istringstream in(flags);
+    for (std::string x; in >> x;)
+      if (x == w) isa += (isa.empty() ? "" : " ") + x;
+  }
+  return "  CPU: " + model + " (family " + family + " model " + number + ")\n  ISA: " + isa;
+}
+
 }  // namespace
 
 // NOLINTNEXTLINE(bugprone-exception-escape): a benchmark; an error ends it via std::terminate, which names it
@@ -31,9 +76,10 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const std::size_t n = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (std::size_t(32) << 20);
   const int reps = 7;
-  std::printf("adamw: %zu params (%.1f MiB of state), %d threads, best of %d\n", n, n * 16.0 / (1 << 20), threads,
-              reps);
+  std::printf("adamw: %zu params (%.1f MiB of state), %d threads, best of %d\n%s\n", n, n * 16.0 / (1 << 20), threads,
+              reps, cpu_line().c_str());
   std::vector<float> p(n, 0.5f), g(n, 0.01f), m(n, 0.0f), v(n, 0.0f);
+  std::vector<mt::bf16_t> copy(n, 0);
   mt::AdamWHyper h;
   h.weight_decay = 0.1f;
   const auto s = mt::make_adamw_step(h, 10);
@@ -41,16 +87,26 @@ int main(int argc, char** argv) {
       mt::bench::best_seconds([&] { probe(p.data(), g.data(), m.data(), v.data(), n, threads); }, reps);
   const double t_adam =
       mt::bench::best_seconds([&] { mt::cpu::adamw(p.data(), g.data(), m.data(), v.data(), n, s, threads); }, reps);
+  const double t_probe_copy = mt::bench::best_seconds(
+      [&] { probe_copy(p.data(), g.data(), m.data(), v.data(), copy.data(), n, threads); }, reps);
+  const double t_copy = mt::bench::best_seconds(
+      [&] { mt::cpu::adamw_bf16copy(p.data(), g.data(), m.data(), v.data(), copy.data(), n, s, threads); }, reps);
   const double t_ref =
       mt::bench::best_seconds([&] { mt::cpu::adamw_reference(p.data(), g.data(), m.data(), v.data(), n, s); }, 3);
   const double probe_rate = n / t_probe, adam_rate = n / t_adam, ref_rate = n / t_ref;
+  const double probe_copy_rate = n / t_probe_copy, copy_rate = n / t_copy;
   std::printf("  probe      %.3f Gparam/s  (%.1f GB/s at 28 B/param)\n", probe_rate / 1e9, probe_rate * 28 / 1e9);
   std::printf("  adamw      %.3f Gparam/s  (%.1f GB/s)  %.1f%% of probe\n", adam_rate / 1e9, adam_rate * 28 / 1e9,
               100 * adam_rate / probe_rate);
+  std::printf("  probe+bf16 %.3f Gparam/s  (%.1f GB/s at 30 B/param)\n", probe_copy_rate / 1e9,
+              probe_copy_rate * 30 / 1e9);
+  std::printf("  adamw+bf16 %.3f Gparam/s  (%.1f GB/s)  %.1f%% of its probe\n", copy_rate / 1e9, copy_rate * 30 / 1e9,
+              100 * copy_rate / probe_copy_rate);
   std::printf("  reference  %.3f Gparam/s  (1 thread, scalar)\n", ref_rate / 1e9);
   mt::bench::Report report("adamw");
   report.add({"adamw_params_per_s", adam_rate, "params/s", probe_rate});
   report.add({"adamw_bytes_per_s", adam_rate * 28, "B/s", probe_rate * 28});
+  report.add({"adamw_bf16copy_params_per_s", copy_rate, "params/s", probe_copy_rate});
   report.add({"adamw_reference_params_per_s", ref_rate, "params/s", probe_rate});
   report.print();
   return 0;

@@ -1,13 +1,13 @@
 // One full training step (forward + backward + AdamW) of a GPT-2-124M-shaped model through the
 // reference trainer, against two yardsticks measured in the same run:
-//   - the sgemm ceiling: the step's model FLOPs at the OpenBLAS sgemm rate of this machine and thread
-//     count (6 x params x tokens + 12 x layers x d x T per token for attention);
+//   - the GEMM ceiling: the step's model FLOPs at the best fp32 GEMM rate of this machine and thread
+//     count (the fastest of OpenBLAS and oneDNN on the model's own linear shapes, gemm_ceiling.hpp;
+//     6 x params x tokens + 12 x layers x d x T per token for attention);
 //   - Debian's PyTorch on the same model, batch, sequence and threads (train_step_torch.py).
-// Figures: tokens/s and MFU (model FLOP/s over the sgemm rate) with activations kept and with
+// Figures: tokens/s and MFU (model FLOP/s over the best fp32 GEMM rate) with activations kept and with
 // recomputation, the time split by kernel category, and PyTorch's step time over ours.
 //
 // usage: bench_train_step [threads=2] [batch=4] [seqs=64,256] [reps=2] [--no-torch] [--keep-only]
-#include <cblas.h>
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -22,6 +22,7 @@
 #include "kernels/profile.hpp"
 #include "kernels/reference_trainer.hpp"
 #include "tools/bench/bench_report.hpp"
+#include "tools/bench/gemm_ceiling.hpp"
 
 namespace {
 
@@ -47,33 +48,19 @@ mt::ModelConfig gpt2_124m() {
   return c;
 }
 
-// Best sgemm rate over the model's own matmul shapes at this token count (the MLP, attention and head
-// projections, forward and backward orientations), each timed best-of-3.
-// Also returns, through cpu_rate, the rate per CPU-second x threads (robust to other load on the machine).
-double sgemm_rate(int threads, std::int64_t tokens, double* cpu_rate) {
-  mt::cpu::set_blas_threads(threads);
-  struct Shape {
-    std::int64_t m, n, k;
-  };
-  const Shape shapes[] = {{tokens, 3072, 768}, {tokens, 768, 3072}, {3072, 768, tokens}, {tokens, 2304, 768}};
-  double best = 0;
-  for (const auto& s : shapes) {
-    std::vector<float> a(s.m * s.k, 0.01f), b(s.k * s.n, 0.02f), c(s.m * s.n);
-    double best_cpu = 1e300;
-    const double t = mt::bench::best_seconds(
-        [&] {
-          const double c0 = cpu_now();
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(s.m), int(s.n), int(s.k), 1.0f, a.data(), int(s.k),
-                      b.data(), int(s.n), 0.0f, c.data(), int(s.n));
-          best_cpu = std::min(best_cpu, cpu_now() - c0);
-        },
-        3);
-    best = std::max(best, 2.0 * s.m * s.n * s.k / t);
-    *cpu_rate = std::max(*cpu_rate, 2.0 * s.m * s.n * s.k / (best_cpu / threads));
-  }
-  mt::cpu::set_blas_threads(1);  // the kernels' own setting (they split products on OpenMP's pool)
-  return best;
+// The best fp32 GEMM rate of this machine (over OpenBLAS and oneDNN, gemm_ceiling.hpp) on the model's
+// own linear-layer shapes at this token count, in all three orientations, each timed best-of-3.
+mt::bench::Ceiling gemm_ceiling(const mt::ModelConfig& c, int threads, std::int64_t tokens) {
+  return mt::bench::best_fp32_gemm(mt::bench::transformer_shapes(tokens, c.hidden_size, c.intermediate_size), threads);
 }
+
+// One configuration of the step to time; a new variant (another precision, say) is a field here and a
+// line in run().
+struct StepConfig {
+  std::int64_t batch = 4, seq = 64;
+  mt::ActivationMode mode = mt::ActivationMode::keep;
+  int threads = 2, reps = 2;
+};
 
 struct Run {
   double seconds;
@@ -81,8 +68,10 @@ struct Run {
   double split[mt::prof::kNumCats];
 };
 
-Run time_steps(const mt::ModelConfig& c, std::int64_t B, std::int64_t T, mt::ActivationMode mode, int threads,
-               int reps) {
+// The fastest of `reps` steps after one warm-up step.
+Run time_steps(const mt::ModelConfig& c, const StepConfig& sc) {
+  const std::int64_t B = sc.batch, T = sc.seq;
+  const int reps = sc.reps;
   mt::ReferenceTrainerOptions o;
   o.config = c;
   o.micro_batch = B;
@@ -90,8 +79,8 @@ Run time_steps(const mt::ModelConfig& c, std::int64_t B, std::int64_t T, mt::Act
   o.hyper.lr = 6e-4f;
   o.hyper.weight_decay = 0.1f;
   o.max_grad_norm = 1.0f;
-  o.mode = mode;
-  o.threads = threads;
+  o.mode = sc.mode;
+  o.threads = sc.threads;
   mt::ReferenceTrainer tr(o);
   std::vector<mt::token_t> tok(B * T), tgt(B * T);
   for (std::int64_t i = 0; i < B * T; ++i) {
@@ -166,21 +155,28 @@ static int run(int argc, char** argv) {
   mt::bench::Report report("train-step");
   std::printf("train-step: GPT-2 124M shape (%.1fM params), batch %lld, %d threads, best of %d steps after 1 warm-up\n",
               params / 1e6, static_cast<long long>(B), threads, reps);
+  std::printf("  CPU: %s\n  ISA: %s\n  GEMM: %s (OpenBLAS core %s)\n", mt::bench::cpu_model().c_str(),
+              mt::bench::cpu_isa_flags().c_str(), mt::cpu::gemm_backend_name(), mt::bench::openblas_core().c_str());
   for (const std::int64_t T : seqs) {
     const double tokens = static_cast<double>(B * T);
     // 6 N per token for the weights, 12 L d T per token for attention scores and values (fwd + bwd).
     const double flops = 6.0 * params * tokens + 12.0 * c.num_hidden_layers * c.hidden_size * T * tokens;
-    // The ceiling is the best sgemm rate seen in this run (measured before and after the steps), so a
-    // noisy moment can only lower our ratio, never raise it.
-    double cpu_rate = 0;
-    double rate = sgemm_rate(threads, B * T, &cpu_rate);
+    // The ceiling is the best fp32 GEMM rate seen in this run (measured before and after the steps), so
+    // a noisy moment can only lower our ratio, never raise it.
+    mt::bench::Ceiling ceil = gemm_ceiling(c, threads, B * T);
     std::vector<Run> runs;
     for (auto mode : {mt::ActivationMode::keep, mt::ActivationMode::recompute})
-      if (mode == mt::ActivationMode::keep || recompute) runs.push_back(time_steps(c, B, T, mode, threads, reps));
-    rate = std::max(rate, sgemm_rate(threads, B * T, &cpu_rate));
+      if (mode == mt::ActivationMode::keep || recompute) runs.push_back(time_steps(c, {B, T, mode, threads, reps}));
+    const mt::bench::Ceiling after = gemm_ceiling(c, threads, B * T);
+    if (after.rate > ceil.rate) ceil = after;
+    ceil.cpu_rate = std::max(ceil.cpu_rate, after.cpu_rate);
+    const double rate = ceil.rate, cpu_rate = ceil.cpu_rate;
     const double ceiling_s = flops / rate;
-    std::printf("\n  seq %lld: %.1f GFLOP per step, sgemm %.1f GFLOP/s -> ceiling %.2f s/step (%.1f tokens/s)\n",
-                static_cast<long long>(T), flops / 1e9, rate / 1e9, ceiling_s, tokens / ceiling_s);
+    std::printf(
+        "\n  seq %lld: %.1f GFLOP per step, best fp32 GEMM %.1f GFLOP/s (%s, %s) -> ceiling %.2f s/step (%.1f "
+        "tokens/s)\n",
+        static_cast<long long>(T), flops / 1e9, rate / 1e9, mt::bench::lib_name(ceil.lib), ceil.shape.name().c_str(),
+        ceiling_s, tokens / ceiling_s);
     const std::string tag = "_t" + std::to_string(T);
     double keep_s = 0;
     for (std::size_t ri = 0; ri < runs.size(); ++ri) {
@@ -189,7 +185,7 @@ static int run(int argc, char** argv) {
       if (keep) keep_s = r.seconds;
       const double mfu = ceiling_s / r.seconds;
       std::printf(
-          "  %-9s %.2f s/step  %.1f tokens/s  %.1f%% of the sgemm ceiling  (cpu %.2f s = %.0f%% of %d threads)\n",
+          "  %-9s %.2f s/step  %.1f tokens/s  %.1f%% of the GEMM ceiling  (cpu %.2f s = %.0f%% of %d threads)\n",
           keep ? "keep" : "recompute", r.seconds, tokens / r.seconds, 100 * mfu, r.cpu_seconds,
           100 * r.cpu_seconds / (r.seconds * threads), threads);
       double accounted = 0;
@@ -203,7 +199,7 @@ static int run(int argc, char** argv) {
       const std::string suffix = std::string(keep ? "" : "_recompute").append(tag);
       auto metric = [&](const char* base) { return std::string(base).append(suffix); };
       report.add({metric("train_step_tokens_per_s"), tokens / r.seconds, "tokens/s", tokens / ceiling_s});
-      // The same ratio on CPU time (FLOPs per CPU-second x threads, for the step and for sgemm): what the
+      // The same ratio on CPU time (FLOPs per CPU-second x threads, for the step and for the GEMM): what the
       // code achieves when the machine is shared and wall-clock time is inflated by other processes.
       report.add({metric("train_step_mfu_cpu"), flops / (r.cpu_seconds / threads), "FLOP/s", cpu_rate});
       if (T == 256)

@@ -1,0 +1,183 @@
+// The GEMM ceiling of this machine: for transformer-shaped products (1024 tokens; hidden/MLP sizes
+// 768/3072 and 256/1024; the three orientations of a linear layer), on one thread and on all threads,
+// the rate of each library path beside our own kernels/cpu linear products (which split each product on
+// OpenMP's pool and run the library single-threaded per block):
+//   openblas            Debian's OpenBLAS as loaded (its core is picked from a CPU-model table when
+//                       the library loads; OPENBLAS_CORETYPE in the environment overrides it)
+//   onednn_sgemm        oneDNN's dnnl_sgemm (JIT kernels picked from CPU features)
+//   onednn_matmul_f32   oneDNN's matmul primitive, fp32
+//   onednn_matmul_bf16  oneDNN's matmul primitive, bf16 inputs, fp32 output
+//   openblas_<core>     OpenBLAS with the core that fits the CPU's features forced (OPENBLAS_CORETYPE,
+//                       in a child process: the library reads it only when it loads)
+//   ours                kernels/cpu linear_forward / linear_backward_input / linear_backward_weight
+// Figures: gemm_fp32_best (the in-process fp32 libraries, the ceiling bench_train_step uses) and
+// gemm_bf16_best (FLOP/s, per thread count and for all threads), each library's best, and ours against
+// the best fp32 rate on the same shape (time-weighted over the shapes: gemm_ours_vs_best).
+//
+// usage: bench_gemm [threads=all] [tokens=1024] [reps=3]
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+#include "tools/bench/bench_report.hpp"
+#include "tools/bench/gemm_ceiling.hpp"
+
+namespace {
+
+using mt::bench::GemmLib;
+using mt::bench::GemmShape;
+
+// Our linear products on the shape's orientation: NT = forward, NN = backward input, TN = backward weight.
+double ours_rate(const GemmShape& s, int threads, int reps) {
+  std::vector<float> a(static_cast<std::size_t>(s.m * s.k), 0.01f), b(static_cast<std::size_t>(s.k * s.n), 0.02f),
+      c(static_cast<std::size_t>(s.m * s.n), 0.0f);
+  std::function<void()> fn;
+  if (!s.ta && s.tb)  // y[m, n] = x[m, k] W[n, k]^T
+    fn = [&] { mt::cpu::linear_forward(a.data(), b.data(), nullptr, c.data(), s.m, s.k, s.n, threads); };
+  else if (!s.ta && !s.tb)  // dx[m, n] = dy[m, k] W[k, n]
+    fn = [&] { mt::cpu::linear_backward_input(a.data(), b.data(), c.data(), s.m, s.n, s.k, false, threads); };
+  else if (s.ta && !s.tb)  // dW[m, n] += dy[k, m]^T x[k, n]
+    fn = [&] { mt::cpu::linear_backward_weight(a.data(), b.data(), c.data(), nullptr, s.k, s.n, s.m, threads); };
+  else
+    return 0;
+  return s.flops() / mt::bench::best_seconds(fn, reps);
+}
+
+// The OpenBLAS core that fits this CPU's features (what Debian's 0.3.21 would pick if it knew the model).
+const char* fitting_openblas_core(const std::string& isa) {
+  if (isa.find("avx512_bf16") != std::string::npos) return "Cooperlake";
+  if (isa.find("avx512f") != std::string::npos) return "SkylakeX";
+  if (isa.find("avx2") != std::string::npos) return "Haswell";
+  return nullptr;
+}
+
+// OpenBLAS reads OPENBLAS_CORETYPE once, when the library loads, so a forced core needs a fresh process:
+// this binary again in --openblas-only mode. Returns rate[thread count index][shape] (empty on failure).
+std::vector<std::vector<double>> forced_openblas(const char* self, const char* core, const std::vector<int>& counts,
+                                                 std::size_t shapes, std::int64_t tokens, int reps) {
+  const std::string cmd = std::string("OPENBLAS_CORETYPE=") + core + " '" + self + "' --openblas-only " +
+                          std::to_string(counts.back()) + " " + std::to_string(tokens) + " " + std::to_string(reps);
+  std::vector<std::vector<double>> rate(counts.size(), std::vector<double>(shapes, 0.0));
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {};
+  char line[256];
+  int ti = 0, si = 0;
+  double r = 0;
+  while (std::fgets(line, sizeof line, p))
+    if (std::sscanf(line, "openblas %d %d %lf", &ti, &si, &r) == 3 && ti >= 0 && ti < static_cast<int>(counts.size()) &&
+        si >= 0 && si < static_cast<int>(shapes))
+      rate[static_cast<std::size_t>(ti)][static_cast<std::size_t>(si)] = r;
+  return pclose(p) == 0 ? rate : std::vector<std::vector<double>>{};
+}
+
+}  // namespace
+
+static int run(int argc, char** argv) {
+  const bool openblas_only = argc > 1 && std::strcmp(argv[1], "--openblas-only") == 0;
+  if (openblas_only) {
+    --argc;
+    ++argv;
+  }
+  const int all = omp_get_num_procs();
+  const int threads = argc > 1 ? std::atoi(argv[1]) : all;
+  const std::int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 1024;
+  const int reps = argc > 3 ? std::atoi(argv[3]) : 3;
+
+  std::vector<GemmShape> uniq;  // the two models' shapes; some repeat at tokens = 1024
+  for (const std::int64_t d : {768, 256})
+    for (const auto& s : mt::bench::transformer_shapes(tokens, d, 4 * d))
+      if (std::none_of(uniq.begin(), uniq.end(), [&](const GemmShape& u) {
+            return u.m == s.m && u.n == s.n && u.k == s.k && u.ta == s.ta && u.tb == s.tb;
+          }))
+        uniq.push_back(s);
+  std::vector<int> counts = {1};
+  if (threads > 1) counts.push_back(threads);
+
+  if (openblas_only) {
+    for (std::size_t ti = 0; ti < counts.size(); ++ti)
+      for (std::size_t si = 0; si < uniq.size(); ++si)
+        std::printf("openblas %zu %zu %.17g\n", ti, si,
+                    mt::bench::gemm_rate(GemmLib::openblas, uniq[si], counts[ti], reps));
+    return 0;
+  }
+
+  const std::string isa = mt::bench::cpu_isa_flags();
+  const char* env_core = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("gemm: %s\n  ISA: %s\n  OpenBLAS core: %s (%s)\n  our GEMM: %s\n", mt::bench::cpu_model().c_str(),
+              isa.c_str(), mt::bench::openblas_core().c_str(),
+              env_core && *env_core ? "OPENBLAS_CORETYPE set" : "as detected", mt::cpu::gemm_backend_name());
+  const char* core = fitting_openblas_core(isa);
+  std::vector<std::vector<double>> forced;
+  if (core) {
+    forced = forced_openblas(argv[0], core, counts, uniq.size(), tokens, reps);
+    std::printf("  OpenBLAS forced: OPENBLAS_CORETYPE=%s in a child process%s\n", core,
+                forced.empty() ? " failed" : "");
+  }
+  const std::string forced_name = std::string("openblas_") + (core ? core : "forced");
+
+  mt::bench::Report report("gemm");
+  constexpr int kLibs = static_cast<int>(GemmLib::kNum);
+  for (std::size_t ti = 0; ti < counts.size(); ++ti) {
+    const int t = counts[ti];
+    std::printf("\n  %d thread%s, GFLOP/s\n  %-18s", t, t > 1 ? "s" : "", "shape (m n k op)");
+    for (int l = 0; l < kLibs; ++l) std::printf(" %18s", mt::bench::lib_name(static_cast<GemmLib>(l)));
+    std::printf(" %18s %8s %9s\n", forced_name.c_str(), "ours", "ours/best");
+    const std::string tag = "_t" + std::to_string(t);
+    double best32 = 0, best16 = 0, lib_best[kLibs] = {}, forced_best = 0, ours_sum_t = 0, best_sum_t = 0, total = 0;
+    for (std::size_t si = 0; si < uniq.size(); ++si) {
+      const GemmShape& s = uniq[si];
+      double r[kLibs];
+      for (int l = 0; l < kLibs; ++l) r[l] = mt::bench::gemm_rate(static_cast<GemmLib>(l), s, t, reps);
+      const double ours = ours_rate(s, t, reps), f = forced.empty() ? 0 : forced[ti][si];
+      // The in-process fp32 libraries (the ceiling the train-step bench uses too).
+      const double fp32 = std::max({r[0], r[1], r[2]});
+      std::printf("  %-18s", s.name().c_str());
+      for (int l = 0; l < kLibs; ++l) std::printf(" %18.1f", r[l] / 1e9);
+      std::printf(" %18.1f %8.1f %9.2f\n", f / 1e9, ours / 1e9, ours / fp32);
+      for (int l = 0; l < kLibs; ++l) lib_best[l] = std::max(lib_best[l], r[l]);
+      forced_best = std::max(forced_best, f);
+      best32 = std::max(best32, fp32);
+      best16 = std::max(best16, r[3]);
+      // Time-weighted over the shapes: the same FLOPs at our rate and at the per-shape best rate.
+      ours_sum_t += s.flops() / ours;
+      best_sum_t += s.flops() / fp32;
+      total += s.flops();
+      std::string id = s.name();
+      id[id.find(' ')] = '_';
+      report.add({"gemm_ours_" + id + tag, ours, "FLOP/s", fp32});
+    }
+    for (int l = 0; l < kLibs; ++l)
+      report.add(
+          {std::string("gemm_") + mt::bench::lib_name(static_cast<GemmLib>(l)) + tag, lib_best[l], "FLOP/s", best32});
+    if (!forced.empty()) report.add({"gemm_" + forced_name + tag, forced_best, "FLOP/s", best32});
+    report.add({"gemm_fp32_best" + tag, best32, "FLOP/s", 0});
+    report.add({"gemm_bf16_best" + tag, best16, "FLOP/s", best32});
+    report.add({"gemm_ours_vs_best" + tag, total / ours_sum_t, "FLOP/s", total / best_sum_t});
+    std::printf("  best fp32 %.1f GFLOP/s, best bf16 %.1f GFLOP/s; ours at %.0f%% of the per-shape best fp32\n",
+                best32 / 1e9, best16 / 1e9, 100 * best_sum_t / ours_sum_t);
+    if (t == counts.back()) {  // the headline figures: all threads
+      report.add({"gemm_fp32_best", best32, "FLOP/s", 0});
+      report.add({"gemm_bf16_best", best16, "FLOP/s", best32});
+      report.add({"gemm_ours_vs_best", total / ours_sum_t, "FLOP/s", total / best_sum_t});
+    }
+  }
+  report.print();
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gemm: %s\n", e.what());
+    return 1;
+  }
+}

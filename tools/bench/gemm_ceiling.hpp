@@ -1,0 +1,52 @@
+// The GEMM ceilings the benchmarks measure against: the fastest matrix product this machine's libraries
+// deliver (OpenBLAS as loaded, oneDNN's sgemm, oneDNN's matmul primitive in fp32 and in bf16), on the
+// same shapes and thread count as the code under test, measured in the same run. A ceiling is the best
+// over libraries, so a slow default path (Debian's OpenBLAS on a CPU it does not know) cannot make our
+// own figures look good.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mt::bench {
+
+// C[m, n] = op(A) op(B); ta / tb as in BLAS (row-major). The three orientations of a linear layer:
+// forward x W^T (tb), backward input dy W (none), backward weight dy^T x (ta).
+struct GemmShape {
+  std::int64_t m, n, k;
+  bool ta = false, tb = false;
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
+  std::string name() const;  // e.g. "1024x3072x768 NT"
+};
+
+// The linear layers' shapes of a transformer with hidden size d and MLP size ff at `tokens` rows, in
+// all three orientations (the QKV projection as 3d).
+std::vector<GemmShape> transformer_shapes(std::int64_t tokens, std::int64_t d, std::int64_t ff);
+
+enum class GemmLib { openblas, onednn_sgemm, onednn_matmul_f32, onednn_matmul_bf16, kNum };
+const char* lib_name(GemmLib lib);
+
+// FLOP/s of one library on one shape at `threads` threads (best of `reps` after a warm-up); 0 when the
+// library cannot run it. Restores OpenBLAS's and OpenMP's thread settings afterwards. With cpu_rate,
+// also the best rate per CPU-second x threads (what the code achieves when other processes share the
+// machine and inflate wall-clock time).
+double gemm_rate(GemmLib lib, const GemmShape& s, int threads, int reps = 3, double* cpu_rate = nullptr);
+
+struct Ceiling {
+  double rate = 0;      // FLOP/s
+  double cpu_rate = 0;  // FLOP per CPU-second x threads, best over the same runs
+  GemmLib lib = GemmLib::openblas;
+  GemmShape shape{0, 0, 0};
+};
+// The best rate over the fp32 libraries (or the bf16 one) and the given shapes.
+Ceiling best_fp32_gemm(const std::vector<GemmShape>& shapes, int threads, int reps = 3);
+Ceiling best_bf16_gemm(const std::vector<GemmShape>& shapes, int threads, int reps = 3);
+
+// "/proc/cpuinfo" facts for the report: model name (with family/model), and the SIMD flags that decide
+// which kernels the libraries pick (avx2, fma, avx512f, avx512_bf16, avx512_fp16, amx_bf16, amx_tile...).
+std::string cpu_model();
+std::string cpu_isa_flags();
+// OpenBLAS's chosen core (OPENBLAS_CORETYPE, read when the library loads, can override it).
+std::string openblas_core();
+
+}  // namespace mt::bench
