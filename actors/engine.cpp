@@ -9,6 +9,7 @@
 #include <caf/all.hpp>
 
 #include "actors/actors.hpp"
+#include "kernels/cpu/bf16.hpp"
 
 namespace mt::actors {
 
@@ -40,8 +41,9 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
     p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
     act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * align_floats(p.saved_floats);
   }
-  p.workspace_floats =
-      std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode), head_workspace_floats(model, p.batch, p.seq));
+  const Precision prec = cfg.precision();
+  p.workspace_floats = std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec),
+                                head_workspace_floats(model, p.batch, p.seq, 0, prec));
   ArenaRequest req;
   req.budget_bytes = cfg.device_budget_bytes();
   req.budget_name = cfg.device_budget_name();
@@ -183,6 +185,13 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
       throw std::invalid_argument(
           "run_engine: the host tiles' compute copy does not match train.bf16=" + std::string(bf16 ? "true" : "false") +
           " (build the HostModel with host_tile_options)");
+  // The compute copies always equal bf16(masters): rebuilt here from whatever the tiles hold (fresh
+  // initialisation, a checkpoint, a Hugging Face import), then kept equal by the optimizer's fused update.
+  if (bf16)
+    for (std::int64_t s = 0; s < ctx->plan.stages; ++s) {
+      HostTile& t = job.host->tile(s);
+      cpu::to_bf16(t.params(), static_cast<bf16_t*>(t.compute_copy()), t.floats(), std::max(1, ctx->plan.threads.blas));
+    }
   ctx->first_step = job.first_step;
   ctx->cfg_end_step = std::max(job.first_step, job.cfg.train.max_steps);
   ctx->end_step =

@@ -24,13 +24,14 @@ const float* as_floats(const void* p) { return static_cast<const float*>(p); }
 CpuBackend::CpuBackend(const BackendOptions& options) : options_(options), copy_(link_options(options)) {
   ctx_.threads = std::max(1, options.compute_threads);
   ctx_.head_chunk = options.head_chunk;
+  ctx_.precision = options.precision;
 }
 
 CpuBackend::~CpuBackend() { copy_.shutdown(); }
 
 std::string CpuBackend::describe() const {
   return std::string("cpu backend: ") + precision_name(options_.precision) + " compute, " +
-         std::to_string(ctx_.threads) + " compute thread(s), link " +
+         std::to_string(ctx_.threads) + " compute thread(s), GEMM " + cpu::gemm_backend_name() + ", link " +
          (options_.link_bytes_per_s > 0 ? std::to_string(options_.link_bytes_per_s / 1e9) + " GB/s per direction"
                                         : std::string("unlimited (memcpy)"));
 }

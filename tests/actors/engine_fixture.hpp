@@ -27,6 +27,7 @@ struct Tiny {
   std::string keep = "boundary";
   std::string schedule = "interleaved";
   double bandwidth_gbps = 0.0;  // copy engine limit per direction; 0 = unlimited
+  bool bf16 = false;            // train.bf16: bf16 compute copies streamed, fp32 masters
 };
 
 inline TrainConfig tiny_config(const Tiny& t) {
@@ -48,6 +49,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.train.warmup_steps = 3;
   c.train.weight_decay = t.weight_decay;
   c.train.max_grad_norm = t.max_grad_norm;
+  c.train.bf16 = t.bf16;
   c.train.seed = 1234;
   c.data.seq_length = t.seq;
   c.device.device_memory_mb = 64;
@@ -109,6 +111,7 @@ inline RefRun run_reference(const TrainConfig& cfg, const ModelConfig& model, co
   o.seed = static_cast<std::uint64_t>(cfg.train.seed);
   o.mode = cfg.device.keep_intermediates == "all" ? ActivationMode::keep : ActivationMode::recompute;
   o.threads = 1;
+  o.precision = cfg.precision();
   RefRun r;
   r.trainer = std::make_unique<ReferenceTrainer>(o);
   const std::int64_t M = o.grad_accum;
@@ -157,6 +160,10 @@ inline bool tiles_equal(HostModel& a, HostModel& b) {
     if (!same_bits(a.tile(s).params(), b.tile(s).params(), n) ||
         !same_bits(a.tile(s).adam_m(), b.tile(s).adam_m(), n) || !same_bits(a.tile(s).adam_v(), b.tile(s).adam_v(), n))
       return false;
+    if (a.tile(s).has_compute_copy() != b.tile(s).has_compute_copy() ||
+        (a.tile(s).has_compute_copy() &&
+         std::memcmp(a.tile(s).compute_copy(), b.tile(s).compute_copy(), a.tile(s).compute_copy_bytes()) != 0))
+      return false;
   }
   return true;
 }
@@ -166,6 +173,10 @@ inline bool equals_reference(HostModel& host, ReferenceTrainer& ref) {
     const std::size_t n = static_cast<std::size_t>(ref.layout(s).total_floats);
     if (!same_bits(host.tile(s).params(), ref.params(s), n) || !same_bits(host.tile(s).adam_m(), ref.adam_m(s), n) ||
         !same_bits(host.tile(s).adam_v(), ref.adam_v(s), n))
+      return false;
+    // bf16 runs: the streamed compute copy too (what the next step would compute with).
+    if (ref.compute_copy(s) != nullptr &&
+        std::memcmp(host.tile(s).compute_copy(), ref.compute_copy(s), n * sizeof(bf16_t)) != 0)
       return false;
   }
   return true;

@@ -89,6 +89,20 @@ TEST_CASE("restart: boundaries on the host and the sequential order", "[actors][
   check_restart(t, Role::prefetcher, 2, 0, 1, Phase::prefetch_boundary);
 }
 
+TEST_CASE("restart: bf16 runs continue bit-identically after a crash of any actor", "[actors][restart][bf16]") {
+  Tiny t = base();
+  t.bf16 = true;
+  check_restart(t, Role::compute, 3, 1, 2, Phase::backward);
+  check_restart(t, Role::prefetcher, 3, 1, 2, Phase::prefetch);
+  check_restart(t, Role::collector, 3, 1, 2, Phase::collect);
+  check_restart(t, Role::optimizer, 3, -1, 2, Phase::optimize);  // mid-update burst: some copies new, some old
+  check_restart(t, Role::loader, 3, 1, -1, Phase::data);
+  Tiny g = t;
+  g.arch = Arch::gpt2;
+  g.keep = "boundary_host";
+  check_restart(g, Role::compute, 2, 1, g.layers + 1, Phase::head);
+}
+
 TEST_CASE("restart: gradient collector crash mid-step", "[actors][restart]") {
   check_restart(base(), Role::collector, 3, 1, 2, Phase::collect);
   check_restart(base(), Role::collector, 3, 0, 4, Phase::collect);
