@@ -5,7 +5,8 @@
 // optimizer's time is hidden behind the next step's forward.
 //   tools/bench/run overlap [STEPS] [LAYERS] [K]      (default 6 steps, 8 layers, K = 4 plus a sweep:
 //   K = 2 and 6, the sequential micro-batch order, boundaries offloaded to the host)
-// Metric overlap_step_ratio = step time / max(total compute, total transfer) (ceiling 1.15).
+// Metric overlap_step_ratio = step time / max(total compute, total transfer) (ceiling 1.15);
+// link_bytes_bf16_over_fp32 = host-to-device bytes per step with train.bf16 over fp32 (target <= 0.55).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -81,7 +82,7 @@ double overlap_with(double a0, double a1, const std::vector<std::pair<double, do
 
 Measured run(const TrainConfig& cfg, const std::vector<data::Batch>& batches, bool serial) {
   const ModelConfig model = cfg.model_config_from_keys();
-  HostModel host(model);
+  HostModel host(model, host_tile_options(cfg));
   init_host_model(host, 7);
   VectorBatchSource source(batches);
   EngineJob job;
@@ -217,6 +218,16 @@ int main(int argc, char** argv) {
     host.device.keep_intermediates = "boundary_host";
     variant(host, "boundaries on the host", "overlap_step_ratio_boundary_host");
   }
+  // bf16 compute: the prefetcher streams the 2-byte compute copies. Host-to-device bytes per step
+  // against the fp32 calibration run (unlimited link, same schedule); boundary copies are fp32 either way.
+  TrainConfig bf16 = cfg;
+  bf16.train.bf16 = true;
+  bf16.device.copy_bandwidth_gbps = 0.0;
+  const Measured half = run(bf16, batches, false);
+  const double bytes_ratio = half.h2d_bytes / cal.h2d_bytes;
+  std::printf("  bf16 compute: %.1f MB streamed to the device per step against %.1f MB in fp32 -> %.3f\n",
+              half.h2d_bytes / 1e6, cal.h2d_bytes / 1e6, bytes_ratio);
+  report.add({"link_bytes_bf16_over_fp32", half.h2d_bytes, "bytes/step", cal.h2d_bytes});  // ratio: target <= 0.55
   report.add({"serial_step_ratio", ratio_serial, "x", 2.0});
   report.add({"optimizer_hidden_fraction", hidden, "fraction", 1.0});
   report.add({"pipelined_step_s", pipe.step_s, "s", serial.step_s});

@@ -1,0 +1,90 @@
+#include "tools/bench/engine_step.hpp"
+
+#include <cstdio>
+#include <stdexcept>
+#include <vector>
+
+#include "actors/engine.hpp"
+#include "kernels/param_layout.hpp"
+
+namespace mt::bench {
+namespace {
+
+TrainConfig demo_config(Precision precision, int threads, int steps) {
+  TrainConfig c;  // config/demo.ini's model, batch and device keys
+  c.model.arch = "llama";
+  c.model.hidden_size = 384;
+  c.model.layers = 8;
+  c.model.heads = 6;
+  c.model.kv_heads = 2;
+  c.model.intermediate_size = 1024;
+  c.model.vocab_size = 4096;
+  c.model.max_position_embeddings = 256;
+  c.train.per_device_train_batch_size = 4;
+  c.train.gradient_accumulation_steps = 1;
+  c.train.max_steps = steps;
+  c.train.learning_rate = 1e-3;
+  c.train.weight_decay = 0.1;
+  c.train.max_grad_norm = 1.0;
+  c.train.bf16 = precision == Precision::bf16;
+  c.data.seq_length = 128;
+  c.device.device_memory_mb = 64;
+  c.device.weight_slots = 2;
+  c.device.grad_slots = 1;
+  c.device.keep_intermediates = "auto";
+  c.threads.total = threads;
+  return c;
+}
+
+}  // namespace
+
+EngineStep measure_engine_step(Precision precision, int threads, int steps) {
+  const TrainConfig cfg = demo_config(precision, threads, steps);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const actors::EnginePlan plan = actors::plan_engine(cfg, model);
+  HostModel host(model, actors::host_tile_options(cfg));
+  actors::init_host_model(host, 1337);
+  std::vector<data::Batch> batches;
+  std::uint64_t x = 2024;
+  for (int i = 0; i < 8; ++i) {
+    data::Batch b;
+    for (std::int64_t k = 0; k < cfg.train.per_device_train_batch_size * cfg.data.seq_length; ++k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      b.inputs.push_back(static_cast<std::int32_t>((x >> 33) % 4096));
+      b.targets.push_back(static_cast<std::int32_t>((x >> 13) % 4096));
+    }
+    batches.push_back(std::move(b));
+  }
+  actors::VectorBatchSource source(batches);
+  actors::EngineJob job;
+  job.cfg = cfg;
+  job.model = model;
+  job.data = &source;
+  job.host = &host;
+  const actors::EngineResult r = actors::run_engine(std::move(job));
+  if (!r.error.empty()) throw std::runtime_error("engine step benchmark: " + r.error);
+  EngineStep e;
+  const std::size_t first = r.steps.size() > 2 ? 1 : 0;
+  for (std::size_t s = first; s < r.steps.size(); ++s) {
+    e.step_s += r.steps[s].step_s;
+    e.compute_s += r.steps[s].compute_s;
+  }
+  const double n = static_cast<double>(r.steps.size() - first);
+  e.step_s /= n;
+  e.compute_s /= n;
+  const double tokens = static_cast<double>(cfg.train.per_device_train_batch_size * cfg.data.seq_length);
+  e.tokens_per_s = tokens / e.step_s;
+  // Matmul parameters: the embedding table is a lookup, not a product (counted once, as the LM head,
+  // when tied).
+  double embedding = 0;
+  for (const auto& t : stage_layout(model, 0).tensors) embedding += static_cast<double>(t.numel);
+  const bool tied = model.tie_word_embeddings || model.is_gpt2();
+  const double params = static_cast<double>(total_param_count(model)) - embedding +
+                        (tied ? static_cast<double>(model.vocab_size * model.hidden_size) : 0.0);
+  e.model_flops = 6.0 * params * tokens + 12.0 * static_cast<double>(model.num_hidden_layers * model.hidden_size) *
+                                              static_cast<double>(cfg.data.seq_length) * tokens;
+  e.keep = plan.mode == ActivationMode::keep ? "all" : (plan.boundaries_on_host ? "boundary_host" : "boundary");
+  return e;
+}
+
+}  // namespace mt::bench

@@ -1,0 +1,22 @@
+// The demo model's training step through the streaming engine, the way `megatrain train` runs it: the
+// actors, the backend, the copy engine, the optimizer overlapping the next forward. Same shapes and
+// device keys as config/demo.ini (Llama, d=384, 8 layers, 4 x 128 tokens, vocabulary 4096, 64 MiB
+// device budget, auto keep-intermediates), random tokens. Used by bench_train_step for engine_step_mfu.
+#pragma once
+#include <string>
+
+#include "kernels/precision.hpp"
+
+namespace mt::bench {
+
+struct EngineStep {
+  double step_s = 0.0;  // mean wall time of the measured steps (the first, warm-up, excluded)
+  double tokens_per_s = 0.0;
+  double model_flops = 0.0;  // per step: 6 x matmul params x tokens + attention (12 x layers x d x T per token)
+  double compute_s = 0.0;    // of which compute was busy (mean per step)
+  std::string keep;          // the keep-intermediates mode the plan chose
+};
+
+EngineStep measure_engine_step(Precision precision, int threads, int steps = 6);
+
+}  // namespace mt::bench
