@@ -11,7 +11,8 @@
 // accumulating in fp32 into fp32 outputs (cpu/ops_bf16.hpp); the embedding gathers bf16 rows widened to
 // fp32; norm weights and all biases are read from the bf16 copy and widened; norms, RoPE, attention (on
 // the fp32 q/k/v the products produce), activations, softmax statistics, cross-entropy and every gradient
-// accumulation stay fp32. The workspace size functions take the precision: bf16 needs extra scratch for
+// accumulation stay fp32. bf16 results do not depend on the thread count either (ops_bf16.hpp says how).
+// The workspace size functions take the precision: bf16 needs extra scratch for
 // the converted operands, so size with the precision the calls will use. Gradients are *added* into a caller-owned
 // buffer of the same layout, so micro-batches accumulate. Every call takes explicit workspace (sized by the
 // *_workspace_floats functions) and an explicit thread count: nothing here allocates in the hot path or owns state

@@ -55,7 +55,9 @@ inline __m128i bf16_round8(__m256 x) {
 }
 #endif
 
-// With copy != nullptr also writes RNE bf16(p) after the update, in the same pass.
+// kCopy: also writes RNE bf16(p) after the update, in the same pass (a template, so the fp32 loop is
+// exactly the one it was).
+template <bool kCopy>
 void adamw_range(float* p, const float* g, float* m, float* v, bf16_t* copy, std::size_t begin, std::size_t end,
                  const AdamWStep& s) {
   std::size_t i = begin;
@@ -74,15 +76,16 @@ void adamw_range(float* p, const float* g, float* m, float* v, bf16_t* copy, std
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
     _mm256_storeu_ps(p + i, pi);
-    if (copy) _mm_storeu_si128(reinterpret_cast<__m128i*>(copy + i), bf16_round8(pi));
+    if constexpr (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(copy + i), bf16_round8(pi));
   }
 #endif
   for (; i < end; ++i) {
     adamw_one(p[i], g[i], m[i], v[i], s);
-    if (copy) copy[i] = bf16_round_reference(p[i]);
+    if constexpr (kCopy) copy[i] = bf16_round_reference(p[i]);
   }
 }
 
+template <bool kCopy>
 void adamw_split(float* p, const float* g, float* m, float* v, bf16_t* copy, std::size_t n, const AdamWStep& s,
                  int threads) {
   // Chunks are whole multiples of 64 floats (a cache line of each of the four arrays per 16 floats),
@@ -91,7 +94,7 @@ void adamw_split(float* p, const float* g, float* m, float* v, bf16_t* copy, std
   const std::size_t blocks = (n + kGrain - 1) / kGrain;
   const int t = std::max(1, std::min<int>(threads, static_cast<int>(std::max<std::size_t>(blocks, 1))));
   if (t == 1 || n < 4096) {
-    adamw_range(p, g, m, v, copy, 0, n, s);
+    adamw_range<kCopy>(p, g, m, v, copy, 0, n, s);
     return;
   }
 #pragma omp parallel num_threads(t)
@@ -101,19 +104,19 @@ void adamw_split(float* p, const float* g, float* m, float* v, bf16_t* copy, std
     const std::size_t per = (blocks + t - 1) / t;
     const std::size_t begin = std::min(n, id * per * kGrain);
     const std::size_t end = std::min(n, (id + 1) * per * kGrain);
-    if (begin < end) adamw_range(p, g, m, v, copy, begin, end, s);
+    if (begin < end) adamw_range<kCopy>(p, g, m, v, copy, begin, end, s);
   }
 }
 
 }  // namespace
 
 void adamw(float* p, const float* g, float* m, float* v, std::size_t n, const AdamWStep& s, int threads) {
-  adamw_split(p, g, m, v, nullptr, n, s, threads);
+  adamw_split<false>(p, g, m, v, nullptr, n, s, threads);
 }
 
 void adamw_bf16copy(float* p, const float* g, float* m, float* v, bf16_t* p_bf16, std::size_t n, const AdamWStep& s,
                     int threads) {
-  adamw_split(p, g, m, v, p_bf16, n, s, threads);
+  adamw_split<true>(p, g, m, v, p_bf16, n, s, threads);
 }
 
 void adamw_bf16copy_reference(float* p, const float* g, float* m, float* v, bf16_t* p_bf16, std::size_t n,

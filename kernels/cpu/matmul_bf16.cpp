@@ -16,7 +16,6 @@
 
 #include <omp.h>
 
-#include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/ops_bf16.hpp"
 #include "kernels/profile.hpp"
 
@@ -31,7 +30,8 @@ using dims = dnnl::memory::dims;
 struct Problem {
   std::int64_t M, N, K, sa_m, sa_k, sb_k, sb_n, ldc;
   bool accumulate;
-  auto tie() const { return std::tie(M, N, K, sa_m, sa_k, sb_k, sb_n, ldc, accumulate); }
+  bool f32_operands = false;  // the fallback: A and B widened to fp32
+  auto tie() const { return std::tie(M, N, K, sa_m, sa_k, sb_k, sb_n, ldc, accumulate, f32_operands); }
   bool operator<(const Problem& o) const { return tie() < o.tie(); }
 };
 
@@ -75,8 +75,9 @@ const Prepared& prepared(const Problem& p) {
     if (it != cache.end()) return *it->second;
   }
   auto r = std::make_unique<Prepared>();
-  r->a = dnnl::memory::desc(dims{p.M, p.K}, dt::bf16, dims{p.sa_m, p.sa_k});
-  r->b = dnnl::memory::desc(dims{p.K, p.N}, dt::bf16, dims{p.sb_k, p.sb_n});
+  const dt in_type = p.f32_operands ? dt::f32 : dt::bf16;
+  r->a = dnnl::memory::desc(dims{p.M, p.K}, in_type, dims{p.sa_m, p.sa_k});
+  r->b = dnnl::memory::desc(dims{p.K, p.N}, in_type, dims{p.sb_k, p.sb_n});
   r->c = dnnl::memory::desc(dims{p.M, p.N}, dt::f32, dims{p.ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -95,14 +96,14 @@ const Prepared& prepared(const Problem& p) {
   return *it->second;
 }
 
-void run_tile(const Problem& p, const bf16_t* A, const bf16_t* B, float* C) {
+void run_tile(const Problem& p, const void* A, const void* B, float* C) {
   SingleThreaded one;
   const Prepared& pr = prepared(p);
   thread_local dnnl::stream stream(engine());
   thread_local std::vector<unsigned char> scratch;
   if (scratch.size() < pr.scratch_bytes) scratch.resize(pr.scratch_bytes);
-  dnnl::memory a(pr.a, engine(), const_cast<bf16_t*>(A));
-  dnnl::memory b(pr.b, engine(), const_cast<bf16_t*>(B));
+  dnnl::memory a(pr.a, engine(), const_cast<void*>(A));
+  dnnl::memory b(pr.b, engine(), const_cast<void*>(B));
   dnnl::memory c(pr.c, engine(), C);
   dnnl::memory s(pr.scratch, engine(), scratch.data());
   pr.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, s}});
@@ -117,22 +118,25 @@ std::int64_t tile_size(std::int64_t extent, double flops) {
   return std::min(extent, ((extent + count - 1) / count + 15) / 16 * 16);
 }
 
-void gemm(const Problem& full, const bf16_t* A, const bf16_t* B, float* C, int threads) {
+// A and B hold bf16 (or, with f32_operands, float) elements.
+void gemm(const Problem& full, const void* A, const void* B, float* C, int threads) {
   if (full.M <= 0 || full.N <= 0) return;
   const double flops = 2.0 * static_cast<double>(full.M) * static_cast<double>(full.N) * static_cast<double>(full.K);
   const bool split_m = full.M >= full.N;
   const std::int64_t extent = split_m ? full.M : full.N;
   const std::int64_t tile = tile_size(extent, flops);
   const std::int64_t tiles = (extent + tile - 1) / tile;
+  const std::int64_t esize = full.f32_operands ? 4 : 2;
+  auto at = [&](const void* base, std::int64_t elements) { return static_cast<const char*>(base) + elements * esize; };
   auto one = [&](std::int64_t i) {
     const std::int64_t lo = i * tile, n = std::min(tile, extent - lo);
     Problem p = full;
     if (split_m) {
       p.M = n;
-      run_tile(p, A + lo * full.sa_m, B, C + lo * full.ldc);
+      run_tile(p, at(A, lo * full.sa_m), B, C + lo * full.ldc);
     } else {
       p.N = n;
-      run_tile(p, A, B + lo * full.sb_n, C + lo);
+      run_tile(p, A, at(B, lo * full.sb_n), C + lo);
     }
   };
   if (threads <= 1 || tiles == 1) {
@@ -158,68 +162,61 @@ bool dnnl_has_bf16() {
   return ok;
 }
 
-// Fallback without oneDNN bf16 kernels: widen the operands (exact) and run the fp32 products, so the
-// math is the same (products of the same bf16 values, fp32 accumulation) but the summation order is the
-// fp32 path's, not oneDNN's bf16 kernel's; still independent of the thread count. Allocates per-thread
-// buffers on first use (a slow path for old CPUs, not the engine's hot path).
-const float* widened(const bf16_t* x, std::size_t n, std::vector<float>& buf, int threads) {
-  if (buf.size() < n) buf.resize(n);
-  from_bf16(x, buf.data(), n, threads);
+// Fallback without oneDNN bf16 kernels: widen the operands (exact) and run oneDNN's fp32 matmul through
+// the same shape-only tiles, so the math is the same (products of the same bf16 values, fp32
+// accumulation) and thread-count independent by the same construction, but the summation order is the
+// fp32 kernel's, not the bf16 kernel's. Allocates per-thread buffers on first use (a slow path for CPUs
+// below AVX-512, not the engine's hot path).
+const float* widened(const bf16_t* x, std::int64_t n, std::vector<float>& buf, int threads) {
+  const auto count = static_cast<std::size_t>(n);
+  if (buf.size() < count) buf.resize(count);
+  from_bf16(x, buf.data(), count, threads);
   return buf.data();
+}
+
+// Runs the problem on bf16 operands, or widened through the fallback.
+void gemm_bf16(Problem p, const bf16_t* A, std::int64_t a_elems, const bf16_t* B, std::int64_t b_elems, float* C,
+               int threads) {
+  if (dnnl_has_bf16()) {
+    gemm(p, A, B, C, threads);
+    return;
+  }
+  thread_local std::vector<float> a, b;
+  p.f32_operands = true;
+  gemm(p, widened(A, a_elems, a, threads), widened(B, b_elems, b, threads), C, threads);
 }
 
 }  // namespace
 
 void linear_forward_bf16(const bf16_t* x, const bf16_t* W, const bf16_t* bias, float* y, std::int64_t N,
                          std::int64_t in, std::int64_t out, int threads) {
-  if (!dnnl_has_bf16()) {
-    thread_local std::vector<float> a, b, c;
-    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-    linear_forward(widened(x, n(N * in), a, threads), widened(W, n(out * in), b, threads),
-                   bias ? widened(bias, n(out), c, threads) : nullptr, y, N, in, out, threads);
-    return;
-  }
   prof::Scope prof_scope(prof::matmul);
   if (bias) {  // start from the broadcast bias, then y += x W^T
     for (std::int64_t o = 0; o < out; ++o) y[o] = bf16_to_float(bias[o]);
     for (std::int64_t r = 1; r < N; ++r) std::copy(y, y + out, y + r * out);
   }
   // A = x [N, in]; B = W^T: element (k, n) at W[n * in + k]
-  gemm(Problem{N, out, in, in, 1, 1, in, out, bias != nullptr}, x, W, y, threads);
+  gemm_bf16(Problem{N, out, in, in, 1, 1, in, out, bias != nullptr}, x, N * in, W, out * in, y, threads);
 }
 
 void linear_backward_input_bf16(const bf16_t* dy, const bf16_t* W, float* dx, std::int64_t N, std::int64_t in,
                                 std::int64_t out, bool add, int threads) {
-  if (!dnnl_has_bf16()) {
-    thread_local std::vector<float> a, b;
-    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-    linear_backward_input(widened(dy, n(N * out), a, threads), widened(W, n(out * in), b, threads), dx, N, in, out, add,
-                          threads);
-    return;
-  }
   prof::Scope prof_scope(prof::matmul);
   // A = dy [N, out]; B = W [out, in]
-  gemm(Problem{N, in, out, out, 1, in, 1, in, add}, dy, W, dx, threads);
+  gemm_bf16(Problem{N, in, out, out, 1, in, 1, in, add}, dy, N * out, W, out * in, dx, threads);
 }
 
 void linear_backward_weight_bf16(const bf16_t* dy, const bf16_t* x, float* dW_acc, std::int64_t N, std::int64_t in,
                                  std::int64_t out, int threads) {
-  if (!dnnl_has_bf16()) {
-    thread_local std::vector<float> a, b;
-    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-    linear_backward_weight(widened(dy, n(N * out), a, threads), widened(x, n(N * in), b, threads), dW_acc, nullptr, N,
-                           in, out, threads);
-    return;
-  }
   prof::Scope prof_scope(prof::matmul);
   // A = dy^T: element (o, r) at dy[r * out + o]; B = x [N, in]
-  gemm(Problem{out, in, N, 1, out, in, 1, in, true}, dy, x, dW_acc, threads);
+  gemm_bf16(Problem{out, in, N, 1, out, in, 1, in, true}, dy, N * out, x, N * in, dW_acc, threads);
 }
 
 const char* linear_bf16_impl_name(std::int64_t N, std::int64_t in, std::int64_t out) {
-  if (!dnnl_has_bf16()) return "fallback: widened to fp32, cpu::linear_* (oneDNN has no bf16 kernel here)";
+  const bool fallback = !dnnl_has_bf16();
   SingleThreaded one;
-  return prepared(Problem{N, out, in, in, 1, 1, in, out, false}).impl.c_str();
+  return prepared(Problem{N, out, in, in, 1, 1, in, out, false, fallback}).impl.c_str();
 }
 
 }  // namespace mt::cpu

@@ -8,8 +8,11 @@
 // shape, never on `threads`; tiles are spread over OpenMP threads and each runs single-threaded in
 // oneDNN (the primitive is created and executed with omp max threads = 1, so oneDNN neither splits K
 // across threads nor picks a different kernel). An output element is therefore always computed by the
-// same primitive on the same data, whatever the thread count. On CPUs without bf16 instructions oneDNN
-// still runs these (its AVX-512 emulation, or its reference kernel below AVX-512: slow, K in order).
+// same primitive on the same data, whatever the thread count. CPUs with AVX-512 but without AVX512-BF16
+// run oneDNN's bf16 emulation. Below AVX-512 oneDNN 2.6 has no bf16 matmul at all (checked with
+// DNNL_MAX_CPU_ISA=AVX2): the operands are then widened to fp32 (exact) and oneDNN's fp32 matmul runs
+// through the same tiles: the same products and fp32 accumulation, a different summation order, still
+// independent of the thread count.
 #pragma once
 #include <cstddef>
 #include <cstdint>
