@@ -1,22 +1,74 @@
 """The PyTorch peer of bench_train_step: the same GPT-2-124M-shaped model (tied head, tanh GELU,
 pre-LayerNorm, learned positions), the same batch, sequence and thread count, one step = forward,
-cross-entropy, backward, clip_grad_norm_, AdamW. Prints `torch_step_seconds S` (best of REPS after
-one warm-up step) and the CPU seconds of that step.
+cross-entropy, backward, clip_grad_norm_, AdamW. Prints a `torch_peer` line (torch version and the
+options that ran), then `torch_step_seconds S cpu C`: the best of REPS steps after WARMUP unmeasured
+ones, and the CPU seconds of that step.
 
-usage: train_step_torch.py THREADS BATCH SEQ REPS
+usage: train_step_torch.py THREADS BATCH SEQ REPS [--bf16] [--sdpa] [--warmup N] [--stop-above S [W]]
+       train_step_torch.py --info      prints `torch_version V sdpa 0|1 autocast_bf16 0|1` and exits
+
+  --bf16    forward and loss under torch.autocast("cpu", dtype=torch.bfloat16); the weights, gradients
+            and AdamW stay fp32 (autocast's mixed precision, as a PyTorch user would train)
+  --sdpa    attention through F.scaled_dot_product_attention(is_causal=True) instead of the explicit
+            masked softmax (torch >= 2.0; an error where the torch version lacks it)
+  --warmup  unmeasured steps first (default 1)
+  --stop-above S [W]   give up on a timed step still running after S seconds, or a warm-up step after
+            W (default S; warm-up steps are slower: first-touch memory, oneDNN primitives): prints
+            `torch_step_stopped above S at step K` and exits 3. A sweep looking for the fastest
+            configuration uses it to spend little time on configurations that cannot be the fastest.
+Also prints `torch_warmup_seconds W`, the slowest warm-up step, before the result line.
 """
+import argparse
 import math
+import os
 import sys
+import threading
 import time
+
+# The thread count is the script's to decide: Debian's torch calls a pthread OpenBLAS that sizes its own
+# pool from the environment, not from torch.set_num_threads, so set every pool before torch loads.
+if len(sys.argv) > 1 and sys.argv[1].isdigit():
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = sys.argv[1]
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-threads, B, T, reps = (int(a) for a in sys.argv[1:5])
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+HAS_AUTOCAST_BF16 = hasattr(torch, "autocast") and hasattr(torch, "bfloat16")
+
+if sys.argv[1:] == ["--info"]:
+    print(f"torch_version {torch.__version__} sdpa {int(HAS_SDPA)} autocast_bf16 {int(HAS_AUTOCAST_BF16)}", flush=True)
+    sys.exit(0)
+
+ap = argparse.ArgumentParser(
+    usage="train_step_torch.py THREADS BATCH SEQ REPS [--bf16] [--sdpa] [--warmup N] [--stop-above S [W]]"
+)
+for name in ("threads", "batch", "seq", "reps"):
+    ap.add_argument(name, type=int)
+ap.add_argument("--bf16", action="store_true")
+ap.add_argument("--sdpa", action="store_true")
+ap.add_argument("--warmup", type=int, default=1)
+ap.add_argument("--stop-above", type=float, nargs="+", default=[0.0])
+args = ap.parse_args()
+if args.sdpa and not HAS_SDPA:
+    sys.exit(f"train_step_torch.py: --sdpa needs F.scaled_dot_product_attention (torch >= 2.0), this is {torch.__version__}")
+if args.bf16 and not HAS_AUTOCAST_BF16:
+    sys.exit(f"train_step_torch.py: --bf16 needs torch.autocast with bfloat16, this is {torch.__version__}")
+if min(args.threads, args.batch, args.seq, args.reps) < 1 or args.warmup < 0:
+    sys.exit("train_step_torch.py: THREADS, BATCH, SEQ and REPS must be >= 1, --warmup >= 0")
+
+threads, B, T, reps = args.threads, args.batch, args.seq, args.reps
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 V, d, L, H, ff, P = 50257, 768, 12, 12, 3072, 1024
+print(
+    f"torch_peer torch {torch.__version__} threads {threads} batch {B} seq {T} "
+    f"precision {'bf16' if args.bf16 else 'fp32'} attention {'sdpa' if args.sdpa else 'masked'} "
+    f"reps {reps} warmup {args.warmup}",
+    flush=True,
+)
 
 
 class Block(nn.Module):
@@ -29,10 +81,13 @@ class Block(nn.Module):
     def forward(self, x):
         q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
         q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(d // H)
-        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
-        a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, d)
-        x = x + self.c_proj(a)
+        if args.sdpa:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(d // H)
+            s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+            a = torch.softmax(s, dim=-1) @ v
+        x = x + self.c_proj(a.transpose(1, 2).reshape(B, T, d))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
@@ -57,15 +112,41 @@ no_decay = [p for p in model.parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=6e-4)
 idx = torch.randint(0, V, (B, T))
 tgt = torch.randint(0, V, (B, T))
-best, best_cpu = float("inf"), float("inf")
-for r in range(reps + 1):
+
+
+def stop(step):
+    # A watchdog thread rather than SIGALRM: Python runs signal handlers only between bytecodes, and
+    # loss.backward() is one call that can last a minute. Torch releases the GIL inside its kernels.
+    print(f"torch_step_stopped above {limit(step)} at step {step}", flush=True)
+    os._exit(3)
+
+
+def limit(step):
+    s = args.stop_above
+    return s[1] if step < args.warmup and len(s) > 1 else s[0]
+
+
+best, best_cpu, warm = float("inf"), float("inf"), 0.0
+for r in range(reps + args.warmup):
+    watchdog = threading.Timer(limit(r), stop, (r,)) if limit(r) > 0 else None
+    if watchdog:
+        watchdog.daemon = True
+        watchdog.start()
     t0, c0 = time.perf_counter(), time.process_time()
     opt.zero_grad(set_to_none=True)
-    loss = model(idx, tgt)
+    # Autocast covers the forward and the loss only (cross_entropy runs in fp32 under its policy); the
+    # backward follows the forward's dtypes, and clipping and AdamW see the fp32 master weights.
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        loss = model(idx, tgt)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    if r > 0 and dt < best:
+    if watchdog:
+        watchdog.cancel()
+    if r < args.warmup:
+        warm = max(warm, dt)
+    elif dt < best:
         best, best_cpu = dt, dc
+print(f"torch_warmup_seconds {warm}", flush=True)
 print(f"torch_step_seconds {best} cpu {best_cpu}", flush=True)
