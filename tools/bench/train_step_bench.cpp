@@ -3,11 +3,17 @@
 //   - the GEMM ceiling: the step's model FLOPs at the best fp32 GEMM rate of this machine and thread
 //     count (the fastest of OpenBLAS and oneDNN on the model's own linear shapes, gemm_ceiling.hpp;
 //     6 x params x tokens + 12 x layers x d x T per token for attention);
-//   - Debian's PyTorch on the same model, batch, sequence and threads (train_step_torch.py).
-// Figures: tokens/s and MFU (model FLOP/s over the best fp32 GEMM rate) with activations kept and with
-// recomputation, the time split by kernel category, and PyTorch's step time over ours.
+//   - the best bf16 GEMM rate (bf16 inputs, fp32 accumulation) for the same step with train.bf16;
+//   - PyTorch at its best on this machine (torch_peer.hpp: Debian's torch and, when tools/bench/
+//     setup-torch-peer made it, PyPI's current torch; 1 and N threads, fp32 and autocast bf16, with and
+//     without scaled_dot_product_attention), same model, batch and sequence (train_step_torch.py).
+// Figures: tokens/s and MFU (model FLOP/s over the best GEMM rate of the precision) with activations kept
+// and with recomputation, in fp32 and bf16, the time split by kernel category, our best step rate over
+// the strongest PyTorch configuration's; and the demo model's step through the streaming engine (the
+// actors, as `megatrain train` runs it: engine_step.hpp) against the same ceilings.
 //
 // usage: bench_train_step [threads=2] [batch=4] [seqs=64,256] [reps=2] [--no-torch] [--keep-only]
+//                         [--no-bf16] [--no-engine]
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -22,7 +28,9 @@
 #include "kernels/profile.hpp"
 #include "kernels/reference_trainer.hpp"
 #include "tools/bench/bench_report.hpp"
+#include "tools/bench/engine_step.hpp"
 #include "tools/bench/gemm_ceiling.hpp"
+#include "tools/bench/torch_peer.hpp"
 
 namespace {
 
@@ -60,6 +68,7 @@ struct StepConfig {
   std::int64_t batch = 4, seq = 64;
   mt::ActivationMode mode = mt::ActivationMode::keep;
   int threads = 2, reps = 2;
+  mt::Precision precision = mt::Precision::fp32;
 };
 
 struct Run {
@@ -81,6 +90,7 @@ Run time_steps(const mt::ModelConfig& c, const StepConfig& sc) {
   o.max_grad_norm = 1.0f;
   o.mode = sc.mode;
   o.threads = sc.threads;
+  o.precision = sc.precision;
   mt::ReferenceTrainer tr(o);
   std::vector<mt::token_t> tok(B * T), tgt(B * T);
   for (std::int64_t i = 0; i < B * T; ++i) {
@@ -106,38 +116,23 @@ Run time_steps(const mt::ModelConfig& c, const StepConfig& sc) {
   return best;
 }
 
-struct TorchRun {
-  double seconds = 0, cpu_seconds = 0;
-};
-
-TorchRun torch_step(int threads, std::int64_t B, std::int64_t T, int reps) {
-  const char* src = std::getenv("MEGATRAIN_SOURCE_DIR");  // override for out-of-tree builds
-  const std::string cmd = std::string(MEGATRAIN_PYTHON) + " " + (src ? src : MEGATRAIN_SOURCE_DIR) +
-                          "/tools/bench/train_step_torch.py " + std::to_string(threads) + " " + std::to_string(B) +
-                          " " + std::to_string(T) + " " + std::to_string(reps);
-  TorchRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char line[512];
-  while (std::fgets(line, sizeof line, p))
-    if (std::sscanf(line, "torch_step_seconds %lf cpu %lf", &r.seconds, &r.cpu_seconds) == 2) break;
-  pclose(p);
-  return r;
-}
-
 }  // namespace
 
 static int run(int argc, char** argv) {
   int threads = 2, reps = 2;
   std::int64_t B = 4;
   std::vector<std::int64_t> seqs = {64, 256};
-  bool torch = true, recompute = true;
+  bool torch = true, recompute = true, bf16 = true, engine = true;
   std::vector<std::string> pos;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-torch") == 0)
       torch = false;
     else if (std::strcmp(argv[i], "--keep-only") == 0)
       recompute = false;
+    else if (std::strcmp(argv[i], "--no-bf16") == 0)
+      bf16 = false;
+    else if (std::strcmp(argv[i], "--no-engine") == 0)
+      engine = false;
     else
       pos.emplace_back(argv[i]);
   }
@@ -210,22 +205,70 @@ static int run(int argc, char** argv) {
             {std::string("train_step_split_").append(mt::prof::cat_name(static_cast<mt::prof::Cat>(k))).append(suffix),
              r.split[k], "s", r.seconds});
     }
-    if (torch) {
-      const TorchRun tr = torch_step(threads, B, T, reps);
-      const double ts = tr.seconds;
-      if (ts > 0) {
-        std::printf(
-            "  pytorch   %.2f s/step  %.1f tokens/s  (cpu %.2f s)  -> ours (keep) is %.2fx faster (%.2fx in CPU "
-            "time)\n",
-            ts, tokens / ts, tr.cpu_seconds, ts / keep_s, tr.cpu_seconds / runs[0].cpu_seconds);
-        report.add({"train_step_vs_torch_cpu" + tag, 1.0 / runs[0].cpu_seconds, "1/cpu-s", 1.0 / tr.cpu_seconds});
-        report.add({"train_step_torch_seconds" + tag, ts, "s", 0});
-        // ratio = PyTorch's step time over ours (value = our steps/s, ceiling = PyTorch's steps/s)
-        report.add({"train_step_vs_torch" + tag, 1.0 / keep_s, "steps/s", 1.0 / ts});
-        if (T == 256) report.add({"train_step_vs_torch", 1.0 / keep_s, "steps/s", 1.0 / ts});
-      } else {
-        std::printf("  pytorch   unavailable (%s)\n", MEGATRAIN_PYTHON);
+    double best_ours_s = keep_s;  // our fastest step, either precision
+    if (bf16) {
+      StepConfig sc{B, T, mt::ActivationMode::keep, threads, reps, mt::Precision::bf16};
+      const Run rb = time_steps(c, sc);
+      const mt::bench::Ceiling bc =
+          mt::bench::best_bf16_gemm(mt::bench::transformer_shapes(B * T, c.hidden_size, c.intermediate_size), threads);
+      const double bf16_ceiling_s = flops / bc.rate;
+      std::printf(
+          "  bf16 keep %.2f s/step  %.1f tokens/s  %.1f%% of the best bf16 GEMM (%.1f GFLOP/s, %s)  -> %.2fx the fp32 "
+          "step\n",
+          rb.seconds, tokens / rb.seconds, 100 * bf16_ceiling_s / rb.seconds, bc.rate / 1e9, bc.shape.name().c_str(),
+          keep_s / rb.seconds);
+      report.add({"train_step_bf16_tokens_per_s" + tag, tokens / rb.seconds, "tokens/s", tokens / bf16_ceiling_s});
+      report.add({"train_step_bf16_mfu" + tag, flops / rb.seconds, "FLOP/s", bc.rate});
+      report.add({"train_step_bf16_speedup" + tag, keep_s / rb.seconds, "x", 1.0});
+      report.add({"train_step_best_bf16_over_fp32_gemm" + tag, bc.rate, "FLOP/s", rate});
+      if (T == 256) {
+        report.add({"train_step_bf16_mfu", flops / rb.seconds, "FLOP/s", bc.rate});
+        report.add({"train_step_bf16_speedup", keep_s / rb.seconds, "x", 1.0});
       }
+      best_ours_s = std::min(best_ours_s, rb.seconds);
+    }
+    if (torch) {
+      mt::bench::TorchPeerOptions topt;
+      topt.threads = threads;
+      topt.reps = reps;
+      const mt::bench::TorchPeerSweep sweep = mt::bench::torch_peer_sweep(B, T, topt);
+      std::printf("%s", mt::bench::torch_peer_table(sweep).c_str());
+      for (const auto& n : sweep.notes) std::printf("  note: %s\n", n.c_str());
+      if (const mt::bench::TorchPeerRun* best = sweep.best_run()) {
+        std::printf("  strongest pytorch: %s %.2f s/step -> our best step (%.2f s) is %.2fx its rate\n",
+                    best->config.name().c_str(), best->seconds, best_ours_s, best->seconds / best_ours_s);
+        // ratio = the strongest PyTorch configuration's step time over our best (either precision)
+        report.add({"train_step_vs_torch_best" + tag, 1.0 / best_ours_s, "steps/s", 1.0 / best->seconds});
+        if (T == 256) report.add({"train_step_vs_torch_best", 1.0 / best_ours_s, "steps/s", 1.0 / best->seconds});
+      } else {
+        std::printf("  pytorch   unavailable (no configuration ran)\n");
+      }
+      // Debian's torch in fp32 at the same thread count: the like-for-like peer of earlier reports.
+      for (const auto& r : sweep.runs)
+        if (r.ok && r.config.interp.label == "debian" && !r.config.bf16 && r.config.threads == threads) {
+          report.add({"train_step_vs_torch" + tag, 1.0 / keep_s, "steps/s", 1.0 / r.seconds});
+          report.add({"train_step_vs_torch_cpu" + tag, 1.0 / runs[0].cpu_seconds, "1/cpu-s", 1.0 / r.cpu_seconds});
+        }
+    }
+  }
+  if (engine) {
+    // The demo model through the actors (engine_step.hpp), against the best GEMM rates on its shapes.
+    const auto shapes = mt::bench::transformer_shapes(512, 384, 1024);
+    mt::bench::Ceiling f32 = mt::bench::best_fp32_gemm(shapes, threads);
+    std::printf("\n  engine step (demo model: Llama d=384, 8 layers, 4 x 128 tokens, through the actors):\n");
+    for (const mt::Precision p : {mt::Precision::fp32, mt::Precision::bf16}) {
+      if (p == mt::Precision::bf16 && !bf16) continue;
+      const mt::bench::EngineStep e = mt::bench::measure_engine_step(p, threads);
+      const double ceil_rate = p == mt::Precision::bf16 ? mt::bench::best_bf16_gemm(shapes, threads).rate : f32.rate;
+      const double achieved = e.model_flops / e.step_s;
+      std::printf(
+          "    %s: %.3f s/step, %.0f tokens/s, compute busy %.0f%%, keep=%s, %.1f GFLOP/s = %.1f%% of the best "
+          "%s GEMM (%.1f GFLOP/s)\n",
+          mt::precision_name(p), e.step_s, e.tokens_per_s, 100 * e.compute_s / e.step_s, e.keep.c_str(), achieved / 1e9,
+          100 * achieved / ceil_rate, mt::precision_name(p), ceil_rate / 1e9);
+      const std::string m = p == mt::Precision::bf16 ? "engine_step_bf16" : "engine_step";
+      report.add({m + "_mfu", achieved, "FLOP/s", ceil_rate});
+      report.add({m + "_tokens_per_s", e.tokens_per_s, "tokens/s", ceil_rate / (e.model_flops / (4.0 * 128))});
     }
   }
   report.print();
