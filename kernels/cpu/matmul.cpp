@@ -2,10 +2,13 @@
 //
 // Library: oneDNN's dnnl_sgemm by default. It picks JIT kernels from the CPU's features at run time
 // (AVX2, AVX-512, ...), whereas Debian's OpenBLAS 0.3.21 picks from a table of CPU models and falls
-// back to SSE3 (Prescott) kernels on CPUs newer than the table: measured on a Xeon family 6 model 207
-// (AVX-512, tools/bench/gemm_bench.cpp), ~20 GFLOP/s a thread against oneDNN's ~100+. OpenBLAS reads
-// OPENBLAS_CORETYPE only when the library loads (before main), so the kernels cannot correct its choice
-// at run time. MEGATRAIN_GEMM=openblas in the environment selects OpenBLAS instead (for comparisons).
+// back to SSE3 (Prescott) kernels on CPUs newer than the table. Measured on a Xeon family 6 model 207
+// with AVX-512 (tools/bench/gemm_bench.cpp, transformer shapes, one thread): OpenBLAS as detected
+// 25-38 GFLOP/s, oneDNN sgemm 140-195, OpenBLAS forced to its Cooperlake kernels 120-195. OpenBLAS
+// reads OPENBLAS_CORETYPE only when the library loads (before main), so the kernels cannot correct
+// its choice; oneDNN needs no help. MEGATRAIN_GEMM=openblas in the environment selects OpenBLAS
+// instead (for comparisons). oneDNN's matmul primitive measured about the same as its sgemm here
+// and would need primitives cached per shape, so the plain sgemm call it is.
 //
 // Threading: the library runs single-threaded and we split each product into `threads` column or row
 // blocks on OpenMP's pool. The reason is the 2-core machine: a library's own workers spin for a long
