@@ -10,8 +10,8 @@
 // instead (for comparisons). oneDNN's matmul primitive measured about the same as its sgemm here
 // and would need primitives cached per shape, so the plain sgemm call it is.
 //
-// Threading: the library runs single-threaded and we split each product into `threads` column or row
-// blocks on OpenMP's pool. The reason is the 2-core machine: a library's own workers spin for a long
+// Threading: the library runs single-threaded and we split each product into shape-only tiles shared
+// out on OpenMP's pool (see gemm() below). The reason is the 2-core machine: a library's own workers spin for a long
 // time after each call, and so do OpenMP's after each elementwise kernel; two pools on two cores steal
 // each other's time slices and both run at half speed. One pool for everything avoids it. Each output
 // element is still one dot product over the whole K in the library's K order, so the split does not
@@ -112,7 +112,17 @@ void sgemm_serial(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
 
 namespace {
 
-// C[M, N] = op(A) op(B) + beta C, row-major, split over the larger of M and N.
+// C[M, N] = op(A) op(B) + beta C, row-major, cut into tiles along the larger of M and N.
+//
+// The tiles depend only on the shape, never on the thread count: the threads share out whole tiles,
+// so every output element comes from the same library call on the same operands whatever `threads`
+// is. Splitting by thread count instead (one block per thread) is not enough: oneDNN's AVX2 sgemm
+// picks its K blocking from the block's M and N, so a 1-thread and a 2-thread run summed in different
+// orders (seen with DNNL_MAX_CPU_ISA=AVX2, the Zen 1 case). Tiles of >= kMinTile rows or columns keep
+// the operand the tiles share (re-packed by each call) cheap next to the product; at most kMaxTiles of
+// them keep up to that many threads busy.
+constexpr std::int64_t kMinTile = 128, kMaxTiles = 16, kTileAlign = 16;
+
 void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
           const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc, int threads) {
   auto call = [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
@@ -121,24 +131,25 @@ void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, cons
     const float* b = tb ? B + n0 * ldb : B + n0;  // column n of op(B)
     sgemm_serial(ta, tb, m1 - m0, n1 - n0, K, a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
   };
-  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  if (threads <= 1 || flops < 4e6) {
-    call(0, M, 0, N);
-    return;
-  }
   const bool split_m = M >= N;
   const std::int64_t extent = split_m ? M : N;
-  constexpr std::int64_t kAlign = 16;
-#pragma omp parallel num_threads(threads)
-  {
-    const std::int64_t t = omp_get_num_threads(), id = omp_get_thread_num();
-    const std::int64_t per = ((extent + t - 1) / t + kAlign - 1) / kAlign * kAlign;
-    const std::int64_t lo = std::min(extent, id * per), hi = std::min(extent, (id + 1) * per);
+  const std::int64_t per = std::max(kMinTile, (extent + kMaxTiles - 1) / kMaxTiles);
+  const std::int64_t tile = (per + kTileAlign - 1) / kTileAlign * kTileAlign;
+  const std::int64_t tiles = (extent + tile - 1) / tile;
+  auto run_tile = [&](std::int64_t t) {
+    const std::int64_t lo = t * tile, hi = std::min(extent, lo + tile);
     if (split_m)
       call(lo, hi, 0, N);
     else
       call(0, M, lo, hi);
+  };
+  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  if (threads <= 1 || tiles <= 1 || flops < 4e6) {
+    for (std::int64_t t = 0; t < tiles; ++t) run_tile(t);
+    return;
   }
+#pragma omp parallel for num_threads(static_cast <int>(std::min <std::int64_t>(threads, tiles))) schedule(static)
+  for (std::int64_t t = 0; t < tiles; ++t) run_tile(t);
 }
 
 }  // namespace
