@@ -28,10 +28,9 @@
 //
 // Aliasing: outputs never alias inputs (x_out != x_in, dx != dy). Buffers need no particular alignment.
 // Threads: results do not depend on ComputeCtx::threads (tested bit for bit through whole training
-// steps). All parallelism is on OpenMP's pool: sgemm runs single-threaded in OpenBLAS (set once by
-// cpu::set_blas_threads(1) inside the kernels) and products are split by output rows/columns, so
-// every output element is the same dot product in the same order whatever the split. Callers should
-// not change openblas_set_num_threads behind the kernels' back (it costs speed, not correctness).
+// steps). All parallelism is on OpenMP's pool: each matrix product is cut into tiles that depend on its
+// shape only, and each tile is one single-threaded library call (oneDNN's sgemm or bf16 matmul), so
+// every output element is the same dot product in the same order whatever the thread count.
 #pragma once
 #include <cstddef>
 #include <cstdint>
