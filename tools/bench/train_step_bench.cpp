@@ -233,7 +233,6 @@ static int run(int argc, char** argv) {
       topt.reps = reps;
       const mt::bench::TorchPeerSweep sweep = mt::bench::torch_peer_sweep(B, T, topt);
       std::printf("%s", mt::bench::torch_peer_table(sweep).c_str());
-      for (const auto& n : sweep.notes) std::printf("  note: %s\n", n.c_str());
       if (const mt::bench::TorchPeerRun* best = sweep.best_run()) {
         std::printf("  strongest pytorch: %s %.2f s/step -> our best step (%.2f s) is %.2fx its rate\n",
                     best->config.name().c_str(), best->seconds, best_ours_s, best->seconds / best_ours_s);
