@@ -103,6 +103,40 @@ bool is_parser_error(const caf::error& e, caf::pec code) {
   return e.category() == caf::atom("parser") && e.code() == static_cast<std::uint8_t>(code);
 }
 
+// CAF 0.17 takes a boolean on the command line only as a bare flag (--train.bf16), and refuses
+// --train.bf16=true, although --help prints "=<boolean>" (and Hugging Face users type exactly that).
+// Such arguments are taken out before CAF parses and applied after it, so they override the INI file.
+struct BoolArgument {
+  bool* value;
+  bool parsed;
+};
+
+// Takes every "--KEY=VALUE" whose KEY is one of `keys` out of args; false with `error` set on a value
+// that is not a boolean.
+bool take_bool_arguments(std::vector<std::string>& args, const std::vector<std::pair<std::string, bool*>>& keys,
+                         std::vector<BoolArgument>& out, std::string& error) {
+  for (auto it = args.begin(); it != args.end();) {
+    bool taken = false;
+    for (const auto& [key, target] : keys) {
+      const std::string prefix = "--" + key + "=";
+      if (it->rfind(prefix, 0) != 0) continue;
+      const std::string v = it->substr(prefix.size());
+      if (v == "true" || v == "1" || v == "yes" || v == "on")
+        out.push_back({target, true});
+      else if (v == "false" || v == "0" || v == "no" || v == "off")
+        out.push_back({target, false});
+      else {
+        error = "command line: " + key + " takes true or false, got '" + v + "'";
+        return false;
+      }
+      taken = true;
+      break;
+    }
+    it = taken ? args.erase(it) : it + 1;
+  }
+  return true;
+}
+
 }  // namespace
 
 NodeConfigLoad NodeConfig::load(int argc, char** argv) {
@@ -154,6 +188,12 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
   const auto dump = std::find(args.begin(), args.end(), "--dump-config");
   const bool dump_requested = dump != args.end();
   if (dump_requested) args.erase(dump);
+  std::vector<BoolArgument> bools;
+  std::string bool_error;
+  if (!take_bool_arguments(
+          args, {{"train.bf16", &values.train.bf16}, {"model.tie_word_embeddings", &values.model.tie_word_embeddings}},
+          bools, bool_error))
+    return fail(bool_error);
   std::istringstream no_file;
   if (auto err = parse(args, no_file)) {
     if (is_parser_error(err, caf::pec::not_an_option))
@@ -166,6 +206,7 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
     return result;
   }
   if (!remainder.empty()) return fail("command line: unexpected argument '" + remainder.front() + "'");
+  for (const BoolArgument& b : bools) *b.value = b.parsed;
   try {
     values.validate();
   } catch (const ConfigError& e) {

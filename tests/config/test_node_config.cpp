@@ -162,6 +162,25 @@ TEST_CASE("an integer is accepted where a real is declared", "[node_config]") {
   CHECK(cfg.values.train.max_grad_norm == 0.0);
 }
 
+TEST_CASE("boolean keys take a bare flag or =true/=false on the command line, over the INI file", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig a;
+  REQUIRE(load_text(a, dir, "", {"--train.bf16"}).outcome == NodeConfigLoad::Outcome::run);
+  CHECK(a.values.train.bf16);
+  NodeConfig b;
+  REQUIRE(load_text(b, dir, "", {"--train.bf16=true", "--model.tie_word_embeddings=1"}).outcome ==
+          NodeConfigLoad::Outcome::run);
+  CHECK(b.values.train.bf16);
+  CHECK(b.values.model.tie_word_embeddings);
+  NodeConfig c;  // the command line overrides the file, both ways
+  REQUIRE(load_text(c, dir, "[train]\nbf16 = true\n", {"--train.bf16=false"}).outcome == NodeConfigLoad::Outcome::run);
+  CHECK_FALSE(c.values.train.bf16);
+  NodeConfig d;
+  const auto r = load_text(d, dir, "", {"--train.bf16=maybe"});
+  CHECK(r.outcome == NodeConfigLoad::Outcome::exit_failure);
+  CHECK_THAT(r.error, Catch::Contains("train.bf16 takes true or false, got 'maybe'"));
+}
+
 TEST_CASE("unknown options and bad values on the command line are errors", "[node_config]") {
   test::TempDir dir;
   NodeConfig a;
