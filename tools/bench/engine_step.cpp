@@ -6,6 +6,7 @@
 
 #include "actors/engine.hpp"
 #include "kernels/param_layout.hpp"
+#include "kernels/profile.hpp"
 
 namespace mt::bench {
 namespace {
@@ -56,14 +57,19 @@ EngineStep measure_engine_step(Precision precision, int threads, int steps) {
     batches.push_back(std::move(b));
   }
   actors::VectorBatchSource source(batches);
+  EngineStep e;
   actors::EngineJob job;
   job.cfg = cfg;
   job.model = model;
   job.data = &source;
   job.host = &host;
+  prof::reset();
+  prof::enabled() = true;
   const actors::EngineResult r = actors::run_engine(std::move(job));
+  prof::enabled() = false;
+  for (int k = 0; k < prof::kNumCats; ++k)
+    e.split[k] = prof::seconds(static_cast<prof::Cat>(k)) / static_cast<double>(r.steps.size());
   if (!r.error.empty()) throw std::runtime_error("engine step benchmark: " + r.error);
-  EngineStep e;
   const std::size_t first = r.steps.size() > 2 ? 1 : 0;
   for (std::size_t s = first; s < r.steps.size(); ++s) {
     e.step_s += r.steps[s].step_s;

@@ -15,6 +15,7 @@ struct EngineStep {
   double model_flops = 0.0;  // per step: 6 x matmul params x tokens + attention (12 x layers x d x T per token)
   double compute_s = 0.0;    // of which compute was busy (mean per step)
   std::string keep;          // the keep-intermediates mode the plan chose
+  double split[8] = {};      // seconds per step by kernel category (kernels/profile.hpp), all steps
 };
 
 EngineStep measure_engine_step(Precision precision, int threads, int steps = 6);

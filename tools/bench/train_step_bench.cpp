@@ -265,6 +265,10 @@ static int run(int argc, char** argv) {
           "%s GEMM (%.1f GFLOP/s)\n",
           mt::precision_name(p), e.step_s, e.tokens_per_s, 100 * e.compute_s / e.step_s, e.keep.c_str(), achieved / 1e9,
           100 * achieved / ceil_rate, mt::precision_name(p), ceil_rate / 1e9);
+      std::printf("      split per step:");
+      for (int k = 0; k < mt::prof::kNumCats; ++k)
+        std::printf(" %s %.3fs", mt::prof::cat_name(static_cast<mt::prof::Cat>(k)), e.split[k]);
+      std::printf("\n");
       const std::string m = p == mt::Precision::bf16 ? "engine_step_bf16" : "engine_step";
       report.add({m + "_mfu", achieved, "FLOP/s", ceil_rate});
       report.add({m + "_tokens_per_s", e.tokens_per_s, "tokens/s", ceil_rate / (e.model_flops / (4.0 * 128))});
