@@ -82,6 +82,8 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
   SECTION("token ids beyond the vocabulary") {
     const Outcome o = mt::test::run_node(base + " --model.vocab_size=32");
     CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains("model.vocab_size") && Catch::Contains("data.train_files") &&
+                          Catch::Contains("outside the model's vocabulary of 32"));
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
   fs::remove_all(dir);

@@ -138,9 +138,15 @@ TEST_CASE("with two workers the directions run concurrently (full duplex)", "[co
   f1.get();
   f2.get();
   const double elapsed = seconds_since(t0);
-  INFO("elapsed " << elapsed << " s for 0.4 s per direction");
+  const CopyEngineStats s = engine.stats();
+  const double busy =
+      s.of(CopyDirection::host_to_device).busy_seconds + s.of(CopyDirection::device_to_host).busy_seconds;
+  INFO("elapsed " << elapsed << " s for 0.4 s per direction; directions busy " << busy << " s in all");
   CHECK(elapsed >= 0.399);
-  CHECK(elapsed < 0.7);  // serial would be 0.8 s
+  // Concurrency, not speed: both directions were busy at the same time, so their busy times add up to
+  // about twice the wall time (one after the other they would add up to it). No wall-clock upper
+  // bound: a loaded machine may stretch both (how fast the link gets is the overlap benchmark's job).
+  CHECK(busy > 1.5 * elapsed);
 }
 
 TEST_CASE("shutdown finishes queued jobs, then refuses new ones", "[copy_engine]") {
