@@ -209,6 +209,11 @@ TokenShard TokenShard::open(const std::string& path, ShardFormat format, bool lo
                       " at offset 17 (uint16=8, int32=4)");
     std::memcpy(&nseq, d + 18, 8);
     std::memcpy(&ndoc, d + 26, 8);
+    // The counts are untrusted: bound them by the file's size before any arithmetic or allocation (an
+    // absurd count would overflow the size computation below or ask for an impossible reservation).
+    if (nseq > (n - 34) / 12 || ndoc > (n - 34 - nseq * 12) / 8)
+      throw DataError(idx_path + ": " + std::to_string(nseq) + " sequences and " + std::to_string(ndoc) +
+                      " documents (offsets 18 and 26) cannot fit in its " + std::to_string(n) + " bytes");
     const std::size_t need = 34 + nseq * 4 + nseq * 8 + ndoc * 8;
     if (n < need)
       throw DataError(idx_path + ": truncated: " + std::to_string(nseq) + " sequences need " + std::to_string(need) +

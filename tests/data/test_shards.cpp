@@ -146,6 +146,17 @@ TEST_CASE("nanoGPT raw uint16 .bin and Megatron .bin/.idx are readable", "[shard
     CHECK(m[342] == docs[2][332]);
   }
   std::string idx = slurp(d / "meg.idx");
+  // An absurd sequence / document count is a clear error naming the file, not a length_error or bad_alloc.
+  for (const std::uint64_t absurd : {std::uint64_t{1} << 62, ~std::uint64_t{0}, std::uint64_t{1} << 40}) {
+    for (const int at : {18, 26}) {
+      std::string bad = idx;
+      std::memcpy(&bad[static_cast<std::size_t>(at)], &absurd, 8);
+      spit(d / "bad.idx", bad);
+      spit(d / "bad.bin", slurp(d / "meg.bin"));
+      CHECK_THROWS_WITH(TokenShard::open(d / "bad.bin", ShardFormat::Megatron),
+                        Catch::Contains("bad.idx: ") && Catch::Contains("cannot fit"));
+    }
+  }
   idx[0] = 'X';
   spit(d / "meg.idx", idx);
   CHECK_THROWS_WITH(TokenShard::open(d / "meg.bin", ShardFormat::Megatron),
