@@ -27,6 +27,7 @@
 #include "config/node_config.hpp"
 #include "data/loader.hpp"
 #include "data/shard.hpp"
+#include "data/tokenizer.hpp"
 #include "storage/hf/file_util.hpp"
 #include "storage/hf/hf_config.hpp"
 
@@ -98,7 +99,11 @@ int train(int argc, char** argv) {
       const auto shard = mt::data::TokenShard::open(path, lo.format, false);
       for (std::size_t i = 0; i < shard.size(); ++i) max_token = std::max<std::int64_t>(max_token, shard[i]);
     }
-    mt::TrainConfig::check_vocab(model, 0, max_token);
+    // The tokenizer the data was made with must fit the model's vocabulary too (its largest id + 1).
+    std::int64_t tokenizer_vocab = 0;
+    if (!cfg.data.tokenizer_file.empty())
+      tokenizer_vocab = mt::data::Tokenizer::load(cfg.data.tokenizer_file).vocab_size();
+    mt::TrainConfig::check_vocab(model, tokenizer_vocab, max_token);
     data = std::make_unique<mt::actors::ShardBatchSource>(lo);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "megatrain: %s\n", e.what());

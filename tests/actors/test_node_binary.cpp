@@ -79,6 +79,15 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
     CHECK_THAT(o.out, !Catch::Contains("step "));
     CHECK_FALSE(fs::exists(dir / "out"));  // nothing written
   }
+  SECTION("a tokenizer larger than the model's vocabulary") {
+    // Qwen3's tokenizer (151k ids) against a 64-entry model: refused before training, naming both keys.
+    const Outcome o =
+        mt::test::run_node(base + " --data.tokenizer_file=" MEGATRAIN_SHARED_DATA "/qwen3-tokenizer/tokenizer.json");
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains("model.vocab_size") && Catch::Contains("data.tokenizer_file") &&
+                          Catch::Contains("smaller than the tokenizer's"));
+    CHECK_THAT(o.out, !Catch::Contains("step "));
+  }
   SECTION("token ids beyond the vocabulary") {
     const Outcome o = mt::test::run_node(base + " --model.vocab_size=32");
     CHECK(o.code == 1);
