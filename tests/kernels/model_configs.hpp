@@ -1,5 +1,7 @@
 // Tiny model shapes used across the kernel tests: one per supported family and feature.
 #pragma once
+#include <vector>
+
 #include "kernels/model_config.hpp"
 
 namespace mt::test {
@@ -68,6 +70,19 @@ inline ModelConfig tiny_gpt2() {
   c.norm_eps = 1e-5f;
   c.tie_word_embeddings = true;
   return c;
+}
+
+// Every family and feature above, named (tests loop over them).
+struct Named {
+  const char* name;
+  ModelConfig cfg;
+};
+inline std::vector<Named> all_configs() {
+  return {{"llama-gqa", tiny_llama()},
+          {"qwen2-bias", tiny_qwen2()},
+          {"qwen3-qknorm", tiny_qwen3()},
+          {"llama3-rope-scaling", tiny_llama3_scaled()},
+          {"gpt2", tiny_gpt2()}};
 }
 
 }  // namespace mt::test

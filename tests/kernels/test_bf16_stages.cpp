@@ -22,6 +22,7 @@
 #include "tests/kernels/model_configs.hpp"
 
 using namespace mt;
+using mt::test::all_configs;
 using std::vector;
 
 namespace {
@@ -68,18 +69,6 @@ double norm(const vector<float>& x) {
   double s = 0;
   for (float v : x) s += static_cast<double>(v) * v;
   return std::sqrt(s);
-}
-
-struct Named {
-  const char* name;
-  ModelConfig cfg;
-};
-vector<Named> all_configs() {
-  return {{"llama-gqa", mt::test::tiny_llama()},
-          {"qwen2-bias", mt::test::tiny_qwen2()},
-          {"qwen3-qknorm", mt::test::tiny_qwen3()},
-          {"llama3-rope-scaling", mt::test::tiny_llama3_scaled()},
-          {"gpt2", mt::test::tiny_gpt2()}};
 }
 
 ModelConfig wider(ModelConfig c) {  // big enough that every product and loop takes its threaded path

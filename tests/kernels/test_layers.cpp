@@ -11,6 +11,8 @@
 #include "tests/kernels/model_configs.hpp"
 
 using namespace mt;
+using mt::test::all_configs;
+using mt::test::Named;
 using mt::test::rel_err;
 using std::vector;
 
@@ -40,19 +42,6 @@ void ref_layer_backward(const ModelConfig& c, const vector<T>& p, const vector<T
     ref::gpt2_backward(c, p.data(), x.data(), dy.data(), dx.data(), g.data(), B, S);
   else
     ref::llama_backward(c, p.data(), x.data(), dy.data(), dx.data(), g.data(), B, S);
-}
-
-struct Named {
-  const char* name;
-  ModelConfig cfg;
-};
-
-vector<Named> all_configs() {
-  return {{"llama-gqa", mt::test::tiny_llama()},
-          {"qwen2-bias", mt::test::tiny_qwen2()},
-          {"qwen3-qknorm", mt::test::tiny_qwen3()},
-          {"llama3-rope-scaling", mt::test::tiny_llama3_scaled()},
-          {"gpt2", mt::test::tiny_gpt2()}};
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "actors/engine.hpp"
+#include "tools/bench/demo_model.hpp"
 
 namespace mt::bench {
 
@@ -24,39 +25,10 @@ namespace {
 // One run; returns the stall as a fraction of a clean step (< 0 on failure).
 double one_round(const std::filesystem::path& dir, int steps, int every, bool immediate) {
   using namespace mt::actors;
-  TrainConfig c;
-  c.model.arch = "llama";
-  c.model.hidden_size = 384;
-  c.model.layers = 8;
-  c.model.heads = 6;
-  c.model.kv_heads = 2;
-  c.model.intermediate_size = 1024;
-  c.model.vocab_size = 4096;
-  c.model.max_position_embeddings = 256;
-  c.train.per_device_train_batch_size = 4;
-  c.train.gradient_accumulation_steps = 1;
-  c.train.max_steps = steps;
-  c.train.learning_rate = 1e-3;
+  TrainConfig c = mt::bench::demo_train_config(steps);
   c.train.warmup_steps = 2;
-  c.train.weight_decay = 0.1;
-  c.train.max_grad_norm = 1.0;
-  c.data.seq_length = 128;
-  c.device.device_memory_mb = 64;
-  c.threads.total = 2;
   const ModelConfig model = c.model_config_from_keys();
-  std::vector<data::Batch> batches;
-  std::uint64_t x = 0x1234567;
-  for (int i = 0; i < 8; ++i) {
-    data::Batch b;
-    b.batch_size = 4;
-    b.seq_len = 128;
-    for (int k = 0; k < 4 * 128; ++k) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      b.inputs.push_back(static_cast<std::int32_t>((x >> 33) % 4096));
-      b.targets.push_back(static_cast<std::int32_t>((x >> 17) % 4096));
-    }
-    batches.push_back(std::move(b));
-  }
+  const std::vector<data::Batch> batches = mt::bench::random_batches(c, 8, 0x1234567);
   HostModel host(model);
   init_host_model(host, 7);
   VectorBatchSource source(batches);

@@ -7,29 +7,14 @@
 #include "actors/engine.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/profile.hpp"
+#include "tools/bench/demo_model.hpp"
 
 namespace mt::bench {
 namespace {
 
 TrainConfig demo_config(Precision precision, int threads, int steps) {
-  TrainConfig c;  // config/demo.ini's model, batch and device keys
-  c.model.arch = "llama";
-  c.model.hidden_size = 384;
-  c.model.layers = 8;
-  c.model.heads = 6;
-  c.model.kv_heads = 2;
-  c.model.intermediate_size = 1024;
-  c.model.vocab_size = 4096;
-  c.model.max_position_embeddings = 256;
-  c.train.per_device_train_batch_size = 4;
-  c.train.gradient_accumulation_steps = 1;
-  c.train.max_steps = steps;
-  c.train.learning_rate = 1e-3;
-  c.train.weight_decay = 0.1;
-  c.train.max_grad_norm = 1.0;
+  TrainConfig c = demo_train_config(steps);
   c.train.bf16 = precision == Precision::bf16;
-  c.data.seq_length = 128;
-  c.device.device_memory_mb = 64;
   c.device.weight_slots = 2;
   c.device.grad_slots = 1;
   c.device.keep_intermediates = "auto";
@@ -45,17 +30,7 @@ EngineStep measure_engine_step(Precision precision, int threads, int steps) {
   const actors::EnginePlan plan = actors::plan_engine(cfg, model);
   HostModel host(model, actors::host_tile_options(cfg));
   actors::init_host_model(host, 1337);
-  std::vector<data::Batch> batches;
-  std::uint64_t x = 2024;
-  for (int i = 0; i < 8; ++i) {
-    data::Batch b;
-    for (std::int64_t k = 0; k < cfg.train.per_device_train_batch_size * cfg.data.seq_length; ++k) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      b.inputs.push_back(static_cast<std::int32_t>((x >> 33) % 4096));
-      b.targets.push_back(static_cast<std::int32_t>((x >> 13) % 4096));
-    }
-    batches.push_back(std::move(b));
-  }
+  const std::vector<data::Batch> batches = random_batches(cfg, 8, 2024);
   actors::VectorBatchSource source(batches);
   EngineStep e;
   actors::EngineJob job;
