@@ -49,10 +49,6 @@ class CpuBackend final : public Backend {
                                 float* dx, float* head_grads, float* embed_grads, float* workspace) override;
   const token_t* upload_tokens(const token_t* host_tokens, std::size_t, int) override { return host_tokens; }
 
-  // The copy engine's own figures (queue depth, throttling): tests and benchmarks.
-  CopyEngineStats copy_engine_stats() const { return copy_.stats(); }
-  const ComputeCtx& compute_ctx() const { return ctx_; }
-
  private:
   BackendOptions options_;
   ComputeCtx ctx_;
