@@ -1,5 +1,7 @@
 #include "actors/batch_source.hpp"
 
+#include <algorithm>
+
 namespace mt::actors {
 
 nlohmann::json BatchSource::cursor_before(std::uint64_t) { return nullptr; }
@@ -70,6 +72,26 @@ void ShardBatchSource::get(std::uint64_t g, data::Batch& out) {
   next_ = g + 1;
   // Keep snapshots bounded: a restart re-asks at most the batches of the current and previous steps.
   while (before_.size() > 4096) before_.erase(before_.begin());
+}
+
+}  // namespace mt::actors
+
+namespace mt::actors {
+
+std::unique_ptr<VectorBatchSource> make_eval_source(const std::string& validation_files, int batch_size, int seq_len,
+                                                    std::uint32_t vocab_size, std::int64_t max_batches) {
+  data::LoaderOptions lo;
+  lo.shards = data::expand_shard_paths({validation_files});
+  lo.batch_size = batch_size;
+  lo.seq_len = seq_len;
+  lo.shuffle = false;
+  lo.vocab_size = vocab_size;
+  data::DataLoader loader(lo);
+  const auto n = static_cast<std::int64_t>(
+      std::min<std::uint64_t>(static_cast<std::uint64_t>(max_batches), loader.batches_per_epoch()));
+  std::vector<data::Batch> batches(static_cast<std::size_t>(n));
+  for (auto& b : batches) loader.next(b);
+  return std::make_unique<VectorBatchSource>(std::move(batches));
 }
 
 }  // namespace mt::actors

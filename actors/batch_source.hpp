@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -56,5 +57,11 @@ class VectorBatchSource : public BatchSource {
  private:
   std::vector<data::Batch> batches_;
 };
+
+// The evaluation batches of a run: the first `max_batches` micro-batches of B x T tokens of the
+// validation shards, windows in file order (no shuffling), read once at start. Fewer when the data
+// holds fewer windows (never repeated). Throws data::DataError naming the file on bad data.
+std::unique_ptr<VectorBatchSource> make_eval_source(const std::string& validation_files, int batch_size, int seq_len,
+                                                    std::uint32_t vocab_size, std::int64_t max_batches);
 
 }  // namespace mt::actors

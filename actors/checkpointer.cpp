@@ -82,7 +82,8 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     p.written[static_cast<std::size_t>(stage)] = 1;
     ctx->gate.mark_written(v, stage);
     if (--p.remaining > 0) return;
-    const nlohmann::json run = make_run_state(*ctx->cfg, ctx->data, v, ctx->micro_batches(), *ctx->host);
+    const nlohmann::json run = make_run_state(*ctx->cfg, ctx->run_data, v, ctx->micro_batches(), *ctx->host,
+                                              evaluations_json(*ctx->evaluations));
     const std::uint64_t bytes = p.writer->bytes_written();
     const auto dir = p.writer->finalize(run);
     CheckpointDone done{v, dir.string(), seconds_between(p.t0, Clock::now()), bytes};

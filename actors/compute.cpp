@@ -177,7 +177,7 @@ void try_advance(self_ptr self) {
     Backend& be = *ctx->backend;
     const int token_slot = sched.activation_set(p.micro_batch) % 2;
     const token_t* tokens = be.upload_tokens(batch.inputs.data(), batch.inputs.size(), token_slot);
-    const token_t* targets = op.kind == OpKind::head
+    const token_t* targets = op.kind == OpKind::head || op.kind == OpKind::head_loss
                                  ? be.upload_tokens(batch.targets.data(), batch.targets.size(), 2 + token_slot)
                                  : nullptr;
     float* ws = ctx->workspace;
@@ -215,6 +215,12 @@ void try_advance(self_ptr self) {
         self->send(st.peers.node, rep);
         break;
       }
+      case OpKind::head_loss: {  // evaluation: the loss only (dx == nullptr: no gradients touched)
+        const LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L),
+                                                      targets, B, T, nullptr, nullptr, nullptr, ws);
+        self->send(st.peers.node, LossReport{st.epoch, p.step, p.micro_batch, loss.loss_sum, loss.counted});
+        break;
+      }
       case OpKind::layer_backward: {
         // The layer's input: streamed back from the host into an activation slot, or kept on the device.
         const float* x_in = on_host ? ctx->act_slots[static_cast<std::size_t>(slot[1])] : boundary(op.stage - 1);
@@ -234,7 +240,7 @@ void try_advance(self_ptr self) {
     st.step_compute += seconds_between(t0, t1);
     ctx->intervals.add(Role::compute, p.step, t0, t1);
     if (written >= 0) {
-      if (written < L)
+      if (written < L && !sched.is_forward_only())  // an evaluation pass has no backward to feed
         offload_boundary(self, p, written);
       else
         ctx->ledger.ring[static_cast<std::size_t>(written) % ctx->ring.size()] = RingEntry{};

@@ -161,9 +161,11 @@ struct Context {
   const ModelConfig* model = nullptr;
   EnginePlan plan;
   HostModel* host = nullptr;
-  Backend* backend = nullptr;    // every touch of device memory: copies, fills, stage operations
-  DeviceArena* arena = nullptr;  // the backend's memory, carved and accounted (slot states, peak)
-  BatchSource* data = nullptr;
+  Backend* backend = nullptr;       // every touch of device memory: copies, fills, stage operations
+  DeviceArena* arena = nullptr;     // the backend's memory, carved and accounted (slot states, peak)
+  BatchSource* data = nullptr;      // the micro-batches this pipeline runs (an evaluation pass: validation)
+  BatchSource* run_data = nullptr;  // the training data (its cursor goes into checkpoints' run state)
+  const std::vector<EvalRecord>* evaluations = nullptr;  // done so far (checkpoints' run state)
   FaultPlan* fault = nullptr;
   RunLedger ledger;
   IntervalLog intervals;
@@ -203,7 +205,7 @@ struct Context {
   std::int64_t micro_batches() const { return plan.micro_batches; }
   // The stamp of micro-batch (step, micro_batch)'s boundaries in host_acts: its global index + 1.
   std::uint64_t boundary_stamp(std::int64_t step, std::int64_t micro_batch) const {
-    return static_cast<std::uint64_t>(step * plan.micro_batches + micro_batch) + 1;
+    return static_cast<std::uint64_t>(step * sched.micro_batches() + micro_batch) + 1;
   }
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };

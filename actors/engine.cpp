@@ -158,9 +158,10 @@ EngineResult run_engine(EngineJob job) {
   return run_engine(sys, std::move(job));
 }
 
-EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
-  if (job.host == nullptr || job.data == nullptr)
-    throw std::invalid_argument("run_engine: host model and data source are required");
+namespace {
+
+// One pipeline: the actors over [job.first_step, end) of training, or one evaluation pass.
+EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job) {
   auto ctx = std::make_unique<Context>();
   ctx->job = &job;
   ctx->cfg = &job.cfg;
@@ -168,8 +169,12 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   ctx->plan = plan_engine(job.cfg, job.model);
   ctx->host = job.host;
   ctx->data = job.data;
+  ctx->run_data = job.run_data != nullptr ? job.run_data : job.data;
+  ctx->evaluations = &job.evaluations;
   ctx->fault = job.fault;
-  ctx->sched = Schedule(job.model, ctx->plan.micro_batches, ctx->plan.order, ctx->plan.boundaries_on_host);
+  ctx->sched = job.forward_only
+                   ? Schedule::forward_only(job.model, job.eval_batches)
+                   : Schedule(job.model, ctx->plan.micro_batches, ctx->plan.order, ctx->plan.boundaries_on_host);
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) ctx->layouts.push_back(stage_layout(job.model, s));
   if (job.host->num_stages() != ctx->plan.stages)
     throw std::invalid_argument("run_engine: host model has another shape");
@@ -196,6 +201,7 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   ctx->cfg_end_step = std::max(job.first_step, job.cfg.train.max_steps);
   ctx->end_step =
       job.stop_after >= 0 ? std::clamp(job.stop_after, job.first_step, ctx->cfg_end_step) : ctx->cfg_end_step;
+  if (job.forward_only) ctx->end_step = job.first_step + 1;  // one pass over the evaluation batches
   ctx->checkpointing = !job.checkpoint.root.empty();
   const ThreadBudget& tb = ctx->plan.threads;
   ctx->optimizer_threads = std::max(1, tb.optimizer);
@@ -273,6 +279,97 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) v = std::min(v, job.host->tile(s).version());
   result.steps_done = static_cast<std::int64_t>(v);
   return result;
+}
+
+void add_link(LinkStats& total, const LinkStats& part) {
+  for (int d = 0; d < 2; ++d) {
+    total.direction[d].copies += part.direction[d].copies;
+    total.direction[d].bytes += part.direction[d].bytes;
+    total.direction[d].busy_seconds += part.direction[d].busy_seconds;
+  }
+}
+
+// Folds a segment's result into the run's.
+void append(EngineResult& total, EngineResult&& part) {
+  total.steps_done = part.steps_done;
+  total.stopped_early = total.stopped_early || part.stopped_early;
+  total.steps.insert(total.steps.end(), part.steps.begin(), part.steps.end());
+  total.restarts += part.restarts;
+  total.restart_log.insert(total.restart_log.end(), part.restart_log.begin(), part.restart_log.end());
+  total.arena.budget_bytes = part.arena.budget_bytes;
+  total.arena.capacity_bytes = part.arena.capacity_bytes;
+  total.arena.in_use_bytes = part.arena.in_use_bytes;
+  total.arena.peak_bytes = std::max(total.arena.peak_bytes, part.arena.peak_bytes);
+  add_link(total.link, part.link);
+  total.slot_reuses += part.slot_reuses;
+  total.intervals.insert(total.intervals.end(), part.intervals.begin(), part.intervals.end());
+  total.wall_s += part.wall_s;
+  if (total.error.empty()) total.error = part.error;
+  total.checkpoints.insert(total.checkpoints.end(), part.checkpoints.begin(), part.checkpoints.end());
+  total.checkpoint_wait_s += part.checkpoint_wait_s;
+  total.evaluations.insert(total.evaluations.end(), part.evaluations.begin(), part.evaluations.end());
+}
+
+}  // namespace
+
+EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
+  if (job.host == nullptr || job.data == nullptr)
+    throw std::invalid_argument("run_engine: host model and data source are required");
+  if (job.eval_data == nullptr || job.eval_batches <= 0) return run_pipeline(sys, job);
+
+  // Training segments cut at the evaluation points, each followed by a forward-only pass over the
+  // evaluation batches with the weights as they are then.
+  const std::int64_t max_steps = std::max(job.first_step, job.cfg.train.max_steps);
+  const std::int64_t end = job.stop_after >= 0 ? std::clamp(job.stop_after, job.first_step, max_steps) : max_steps;
+  const std::int64_t every = job.cfg.train.eval_steps;
+  auto due = [&](std::int64_t s) { return (every > 0 && s > 0 && s % every == 0) || s == max_steps; };
+  auto done = [&](std::int64_t s) {
+    for (const auto& e : job.evaluations)
+      if (e.step == s) return true;
+    return false;
+  };
+  auto stop_requested = [&] { return job.stop != nullptr && job.stop->load(); };
+  const bool at_end = job.checkpoint.at_end;
+  // A checkpoint of version s is due (save_steps, or the end of this run). At an evaluation point the
+  // evaluation pass writes it, after the evaluation, so its run state holds it (a resume does not
+  // evaluate the same weights again).
+  auto checkpoint_due = [&](std::int64_t s) {
+    return (job.checkpoint.save_steps > 0 && s % job.checkpoint.save_steps == 0) || (at_end && s == end);
+  };
+  EngineResult total;
+  std::int64_t step = job.first_step;
+  while (true) {
+    if (due(step) && !done(step) && step <= end) {
+      EngineJob pass = job;
+      pass.forward_only = true;
+      pass.run_data = job.data;
+      pass.data = job.eval_data;
+      pass.first_step = step;
+      pass.on_step = nullptr;
+      pass.record_intervals = false;
+      pass.checkpoint.at_end = checkpoint_due(step) && step > job.first_step;
+      EngineResult r = run_pipeline(sys, pass);  // the node reports it (on_eval) and adds it to pass.evaluations
+      job.evaluations = pass.evaluations;
+      append(total, std::move(r));
+      if (!total.error.empty()) break;
+    }
+    if (step >= end || stop_requested()) break;
+    std::int64_t next = end;
+    if (every > 0) next = std::min(end, (step / every + 1) * every);
+    EngineJob segment = job;
+    segment.first_step = step;
+    segment.stop_after = next;
+    // The last segment writes the end-of-run checkpoint unless a final evaluation follows (it writes it).
+    const bool eval_follows = due(next) && !done(next);
+    segment.checkpoint.at_end = at_end && next == end && !eval_follows;
+    if (eval_follows && checkpoint_due(next)) segment.checkpoint.deferred_step = next;
+    EngineResult r = run_pipeline(sys, segment);
+    const bool stopped = r.stopped_early;
+    append(total, std::move(r));
+    step = total.steps_done;
+    if (!total.error.empty() || stopped) break;
+  }
+  return total;
 }
 
 }  // namespace mt::actors

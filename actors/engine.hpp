@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/batch_source.hpp"
 #include "actors/fault.hpp"
 #include "config/train_config.hpp"
@@ -71,6 +73,18 @@ struct StepRecord {
   std::int64_t restarts = 0;       // actor restarts so far
 };
 
+// One evaluation (train.eval_steps): the validation loss of the weights after `step` updates, over the
+// first eval_max_batches micro-batches of data.validation_files (the same batches every time), run
+// forward only through the same streamed pipeline (no gradients, no recomputation, no optimizer).
+struct EvalRecord {
+  std::int64_t step = 0;     // updates the weights hold
+  double loss = 0.0;         // mean over counted tokens of every evaluated micro-batch
+  double perplexity = 0.0;   // exp(loss)
+  std::int64_t tokens = 0;   // counted tokens
+  std::int64_t batches = 0;  // micro-batches evaluated
+  double seconds = 0.0;      // wall time of the evaluation pass
+};
+
 // Checkpointing of a run (checkpointer.cpp). Stage s of a due checkpoint is written straight from its
 // host tile (params, exp_avg, exp_avg_sq; no staging copy) right after the optimizer published the
 // due version; the optimizer does not update stage s again before it is written (version gate).
@@ -86,7 +100,10 @@ struct CheckpointJob {
   // on 2 cores, against 0-6% deferred; tools/bench/run checkpoint --stall-immediate 1).
   bool write_after_step = true;
   std::atomic<bool>* request = nullptr;  // set (e.g. by SIGUSR1): checkpoint at the next step boundary
-  std::string hf_config_json;            // config.json the model came from (kept in the manifest), "" = none
+  // A version this pipeline does not write: the evaluation pass that follows writes it (with the
+  // evaluation in its run state) rather than the same checkpoint twice. -1 = none.
+  std::int64_t deferred_step = -1;
+  std::string hf_config_json;  // config.json the model came from (kept in the manifest), "" = none
   // Test-only: sleep `stall_seconds` before writing stage `stall_stage` of checkpoint `stall_step`
   // (kill -9 during a checkpoint write; stall measurements). -1 = off.
   std::int64_t stall_step = -1, stall_stage = -1;
@@ -128,6 +145,18 @@ struct EngineJob {
   // Non-overlapped schedule (benchmarks): each stage's weights are streamed only when compute asks,
   // and the next step waits for the optimizer. Same results, no overlap.
   bool serial_schedule = false;
+  // Evaluation: with eval_data set, the weights are evaluated after every cfg.train.eval_steps steps
+  // and after the last step (cfg.train.max_steps), on micro-batches 0..eval_batches-1 of eval_data.
+  // The run is then cut into training segments and evaluation passes (each its own pipeline: the
+  // optimizer's last update of a segment is not overlapped with the next segment's forward).
+  BatchSource* eval_data = nullptr;
+  std::int64_t eval_batches = 0;
+  std::function<void(const EvalRecord&)> on_eval;  // as each evaluation ends
+  std::vector<EvalRecord> evaluations;             // done before this run (a checkpoint's run state)
+  // Internal to run_engine's evaluation passes: forward-only ops over `data`; the run state's data
+  // cursor comes from `run_data` (the training data).
+  bool forward_only = false;
+  BatchSource* run_data = nullptr;
 };
 
 struct EngineResult {
@@ -143,8 +172,13 @@ struct EngineResult {
   double wall_s = 0.0;
   std::string error;  // non-empty: the run failed (an unrecoverable error)
   std::vector<CheckpointEvent> checkpoints;
-  double checkpoint_wait_s = 0.0;  // total time the optimizer waited on the version gate
+  double checkpoint_wait_s = 0.0;       // total time the optimizer waited on the version gate
+  std::vector<EvalRecord> evaluations;  // this run's evaluations, in step order
 };
+
+// The evaluation records as a checkpoint's run state keeps them, and back.
+nlohmann::json evaluations_json(const std::vector<EvalRecord>& evals);
+std::vector<EvalRecord> evaluations_from_json(const nlohmann::json& j);
 
 // The host tiles a run needs: with train.bf16, each tile also holds the bf16 compute copy the
 // optimizer writes and the prefetcher streams.

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "actors/actors.hpp"
+#include "data/shard.hpp"
 
 namespace mt::actors {
 namespace {
@@ -21,7 +22,12 @@ struct loader_state {
 
 std::shared_ptr<const data::Batch> read_batch(Context* ctx, std::uint64_t g) {
   auto b = std::make_shared<data::Batch>();
-  ctx->data->get(g, *b);
+  try {
+    ctx->data->get(g, *b);
+  } catch (const data::DataError& e) {  // token ids are checked where they are read, not at start-up
+    throw data::DataError(std::string(ctx->data == ctx->run_data ? "data.train_files" : "data.validation_files") +
+                          ": " + e.what() + " (model.vocab_size = " + std::to_string(ctx->model->vocab_size) + ")");
+  }
   const std::size_t n = static_cast<std::size_t>(ctx->plan.batch * ctx->plan.seq);
   if (b->inputs.size() != n || b->targets.size() != n)
     throw std::runtime_error("data loader: micro-batch " + std::to_string(g) + " has " +
@@ -41,7 +47,7 @@ loader_actor::behavior_type loader_fn(loader_actor::stateful_pointer<loader_stat
         auto& st = self->state;
         if (r.epoch != st.epoch || !st.running) return;
         fault_point(ctx->fault, Role::loader, r.step, r.micro_batch, -1, Phase::data);
-        const auto M = static_cast<std::uint64_t>(ctx->micro_batches());
+        const auto M = static_cast<std::uint64_t>(ctx->sched.micro_batches());  // an evaluation pass has its own
         const std::uint64_t g = static_cast<std::uint64_t>(r.step) * M + static_cast<std::uint64_t>(r.micro_batch);
         std::shared_ptr<const data::Batch> b = (st.cached && st.cached_g == g) ? st.cached : read_batch(ctx, g);
         self->send(st.peers.compute, MicroBatch{st.epoch, r.step, r.micro_batch, b});

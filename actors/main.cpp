@@ -80,6 +80,7 @@ int train(int argc, char** argv) {
   // Everything that can fail on bad input, before training starts.
   mt::ModelConfig model;
   std::unique_ptr<mt::actors::ShardBatchSource> data;
+  std::unique_ptr<mt::actors::VectorBatchSource> eval_data;  // data.validation_files, "" = no evaluation
   mt::actors::EnginePlan plan;
   try {
     if (!cfg.model.model_name_or_path.empty())
@@ -93,18 +94,18 @@ int train(int argc, char** argv) {
     lo.seq_len = static_cast<int>(cfg.data.seq_length);
     lo.seed = static_cast<std::uint64_t>(cfg.train.seed);
     lo.vocab_size = static_cast<std::uint32_t>(model.vocab_size);
-    // Every token id must fit the model's vocabulary: checked over the whole data now, not mid-run.
-    std::int64_t max_token = -1;
-    for (const auto& path : lo.shards) {
-      const auto shard = mt::data::TokenShard::open(path, lo.format, false);
-      for (std::size_t i = 0; i < shard.size(); ++i) max_token = std::max<std::int64_t>(max_token, shard[i]);
-    }
-    // The tokenizer the data was made with must fit the model's vocabulary too (its largest id + 1).
+    // The tokenizer the data was made with must fit the model's vocabulary (its largest id + 1).
     std::int64_t tokenizer_vocab = 0;
     if (!cfg.data.tokenizer_file.empty())
       tokenizer_vocab = mt::data::Tokenizer::load(cfg.data.tokenizer_file).vocab_size();
-    mt::TrainConfig::check_vocab(model, tokenizer_vocab, max_token);
+    mt::TrainConfig::check_vocab(model, tokenizer_vocab, -1);
+    // Shard headers and sizes are checked here (the loader opens every shard); token ids where they
+    // are read (every window the loader serves is checked against the vocabulary, naming the file and
+    // offset), so start-up does not grow with the corpus.
     data = std::make_unique<mt::actors::ShardBatchSource>(lo);
+    if (!cfg.data.validation_files.empty())
+      eval_data = mt::actors::make_eval_source(cfg.data.validation_files, lo.batch_size, lo.seq_len, lo.vocab_size,
+                                               cfg.train.eval_max_batches);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "megatrain: %s\n", e.what());
     return 1;
@@ -114,6 +115,7 @@ int train(int argc, char** argv) {
   // Starting weights: a checkpoint to resume, Hugging Face weights, or the seeded random init.
   mt::HostModel host(model, mt::actors::host_tile_options(cfg));
   std::int64_t first_step = 0;
+  std::vector<mt::actors::EvalRecord> evaluations;  // a resumed run's evaluations so far
   std::string hf_config;
   const bool resuming = !cfg.train.resume_from_checkpoint.empty();
   try {
@@ -135,6 +137,8 @@ int train(int argc, char** argv) {
           hf_config = mt::hf::read_json_file(std::filesystem::path(hf) / "config.json").dump();
       }
       first_step = rp.step;
+      if (rp.run_state.contains("evaluations"))
+        evaluations = mt::actors::evaluations_from_json(rp.run_state["evaluations"]);
       std::printf("megatrain: resumed from %s at step %lld\n", rp.dir.c_str(), static_cast<long long>(first_step));
     }
   } catch (const std::exception& e) {
@@ -214,6 +218,27 @@ int train(int argc, char** argv) {
     events << j.dump() << '\n';
     events.flush();
   };
+  if (eval_data) {
+    job.eval_data = eval_data.get();
+    job.eval_batches = static_cast<std::int64_t>(eval_data->batches().size());
+    job.evaluations = evaluations;
+    if (job.eval_batches < cfg.train.eval_max_batches)
+      std::fprintf(stderr,
+                   "megatrain: note: data.validation_files holds %lld micro-batches, fewer than "
+                   "train.eval_max_batches=%lld: each evaluation uses all of them\n",
+                   static_cast<long long>(job.eval_batches), static_cast<long long>(cfg.train.eval_max_batches));
+  }
+  job.on_eval = [&](const mt::actors::EvalRecord& e) {
+    std::printf("eval  %5lld | val loss %.4f | val ppl %.2f | %lld micro-batches, %lld tokens in %.2fs\n",
+                static_cast<long long>(e.step), e.loss, e.perplexity, static_cast<long long>(e.batches),
+                static_cast<long long>(e.tokens), e.seconds);
+    std::fflush(stdout);
+    jsonl << nlohmann::json{{"step", e.step},          {"eval_loss", e.loss},       {"eval_perplexity", e.perplexity},
+                            {"eval_tokens", e.tokens}, {"eval_batches", e.batches}, {"eval_s", e.seconds}}
+                 .dump()
+          << '\n';
+    jsonl.flush();
+  };
   const std::int64_t log_every = std::max<std::int64_t>(1, cfg.log.logging_steps);
   job.on_step = [&](const mt::actors::StepRecord& r) {
     std::printf(
@@ -272,6 +297,9 @@ int train(int argc, char** argv) {
     tok += static_cast<double>(plan.batch * plan.seq * plan.micro_batches);
     secs += r.step_s;
   }
+  if (!res.evaluations.empty())
+    std::printf("megatrain: validation loss %.4f (perplexity %.2f) after %lld steps\n", res.evaluations.back().loss,
+                res.evaluations.back().perplexity, static_cast<long long>(res.evaluations.back().step));
   std::printf(
       "megatrain: %s after %lld steps in %.1fs (%.0f tokens/s); final loss %.4f; device arena peak %.2f MiB "
       "of %.2f MiB budget; log %s\n",

@@ -14,6 +14,7 @@
 // CheckpointDone / CheckpointFailed, and shuts everything down at the end.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <set>
 
 #include "actors/actors.hpp"
@@ -50,6 +51,9 @@ struct node_state {
   int acks_pending = 0;
   bool final_requested = false;       // the end-of-run checkpoint was asked for; shut down when it ends
   Clock::time_point last_checkpoint;  // for train.save_minutes
+  std::int64_t final_step = 0;        // the version the end-of-run checkpoint holds
+  // An evaluation pass: each micro-batch's loss (compute's LossReports; a re-sent one overwrites).
+  std::map<std::int64_t, std::pair<double, std::int64_t>> eval_losses;
   static constexpr const char* name = "node";
 };
 
@@ -187,9 +191,15 @@ void finish(self_ptr self) {
   auto& st = self->state;
   if (st.shutting_down || st.final_requested) return;
   const Context* ctx = st.ctx;
-  if (ctx->checkpointing && ctx->job->checkpoint.at_end && st.end_step > ctx->first_step && st.result->error.empty()) {
+  // An evaluation pass holds the weights of version first_step; a training run those of end_step.
+  // A run stopped by the stop flag always writes its final checkpoint.
+  const bool eval = ctx->sched.is_forward_only();
+  st.final_step = eval ? ctx->first_step : st.end_step;
+  const bool stop_flag = ctx->job->stop != nullptr && ctx->job->stop->load();
+  const bool wanted = ctx->job->checkpoint.at_end || st.result->stopped_early || stop_flag;
+  if (ctx->checkpointing && wanted && (eval || st.end_step > ctx->first_step) && st.result->error.empty()) {
     st.final_requested = true;
-    self->send(st.h.checkpointer, CheckpointNow{st.end_step});
+    self->send(st.h.checkpointer, CheckpointNow{st.final_step});
     return;
   }
   shutdown(self);
@@ -203,7 +213,7 @@ void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
   for (const auto& c : st.result->checkpoints)
     repeat = repeat || (c.ok && ev.ok && c.step == ev.step && c.path == ev.path);
   if (repeat) {
-    if (st.final_requested && ev.step == st.end_step) shutdown(self);
+    if (st.final_requested && ev.step == st.final_step) shutdown(self);
     return;
   }
   st.result->checkpoints.push_back(ev);
@@ -216,11 +226,45 @@ void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
       return;
     }
   }
-  if (st.final_requested && ev.step == st.end_step) shutdown(self);
+  if (st.final_requested && ev.step == st.final_step) shutdown(self);
+}
+
+// An evaluation pass is done when compute has run its one step: the losses are all in.
+void finish_evaluation(self_ptr self) {
+  auto& st = self->state;
+  EvalRecord rec;
+  rec.step = st.ctx->first_step;
+  double sum = 0.0;
+  for (const auto& kv : st.eval_losses) {
+    sum += kv.second.first;
+    rec.tokens += kv.second.second;
+  }
+  rec.batches = static_cast<std::int64_t>(st.eval_losses.size());
+  rec.loss = rec.tokens > 0 ? sum / static_cast<double>(rec.tokens) : 0.0;
+  rec.perplexity = std::exp(rec.loss);
+  rec.seconds = seconds_between(st.last_done, Clock::now());
+  st.result->evaluations.push_back(rec);
+  st.ctx->job->evaluations.push_back(rec);  // before the end-of-run checkpoint: its run state holds it
+  if (st.ctx->job->on_eval) {
+    try {
+      st.ctx->job->on_eval(rec);
+    } catch (const std::exception& e) {
+      fail(self, std::string("evaluation report failed: ") + e.what());
+      return;
+    }
+  }
+  st.reports.clear();
+  st.next_report = st.end_step;
+  finish(self);
 }
 
 void emit_ready_steps(self_ptr self) {
   auto& st = self->state;
+  if (st.ctx->sched.is_forward_only()) {
+    auto it = st.reports.find(st.next_report);
+    if (it != st.reports.end() && it->second.compute) finish_evaluation(self);
+    return;
+  }
   while (true) {
     auto it = st.reports.find(st.next_report);
     if (it == st.reports.end() || !it->second.compute || !it->second.optimizer) break;
@@ -361,7 +405,9 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
     self->send(self, tick_atom::value);
   }
   return {
-      [=](const LossReport&) {},
+      [=](const LossReport& m) {
+        if (self->state.ctx->sched.is_forward_only()) self->state.eval_losses[m.micro_batch] = {m.loss_sum, m.counted};
+      },
       [=](const LayerUpdated&) {},
       [=](const ComputeStepDone& m) {
         auto& r = self->state.reports[m.step];

@@ -42,6 +42,7 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   if (!ctx->checkpointing) return;
   const std::int64_t v = s + 1;
   const CheckpointJob& cj = ctx->job->checkpoint;
+  if (v == cj.deferred_step) return;  // the evaluation pass after this step writes it (a request waits)
   bool due = (cj.save_steps > 0 && v % cj.save_steps == 0) || (cj.at_end && v == ctx->cfg_end_step);
   if (ctx->checkpoint_request.exchange(false)) due = true;
   if (due && ctx->gate.open(v, ctx->stages())) self->send(st.peers.checkpointer, CheckpointNow{v});

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "actors/engine.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
 #include "storage/hf/hf_config.hpp"
 #include "storage/hf/hf_model.hpp"
@@ -41,6 +42,8 @@ nlohmann::json train_config_json(const TrainConfig& c) {
         {"resume_fallback", t.resume_fallback},
         {"save_minutes", t.save_minutes},
         {"stop_after_steps", t.stop_after_steps},
+        {"eval_steps", t.eval_steps},
+        {"eval_max_batches", t.eval_max_batches},
         {"export_hf_dir", t.export_hf_dir}}},
       {"model",
        {{"config_file", m.config_file},
@@ -83,8 +86,36 @@ nlohmann::json train_config_json(const TrainConfig& c) {
   };
 }
 
+nlohmann::json evaluations_json(const std::vector<EvalRecord>& evals) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& e : evals)
+    a.push_back({{"step", e.step},
+                 {"loss", e.loss},
+                 {"perplexity", e.perplexity},
+                 {"tokens", e.tokens},
+                 {"batches", e.batches},
+                 {"seconds", e.seconds}});
+  return a;
+}
+
+std::vector<EvalRecord> evaluations_from_json(const nlohmann::json& j) {
+  std::vector<EvalRecord> out;
+  if (!j.is_array()) return out;
+  for (const auto& e : j) {
+    EvalRecord r;
+    r.step = e.at("step").get<std::int64_t>();
+    r.loss = e.at("loss").get<double>();
+    r.perplexity = e.at("perplexity").get<double>();
+    r.tokens = e.at("tokens").get<std::int64_t>();
+    r.batches = e.at("batches").get<std::int64_t>();
+    r.seconds = e.at("seconds").get<double>();
+    out.push_back(r);
+  }
+  return out;
+}
+
 nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::int64_t step, std::int64_t micro_batches,
-                              const HostModel& host) {
+                              const HostModel& host, const nlohmann::json& evaluations) {
   const std::uint64_t g = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(micro_batches);
   nlohmann::json versions = nlohmann::json::array();
   for (std::int64_t s = 0; s < host.num_stages(); ++s) versions.push_back(host.tile(s).version());
@@ -110,6 +141,7 @@ nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::in
       {"tile_versions", versions},
       {"train_config", train_config_json(cfg)},
       {"model_name_or_path", cfg.model.model_name_or_path},
+      {"evaluations", evaluations},
   };
 }
 

@@ -13,6 +13,8 @@
 //   tile_versions        per stage
 //   train_config         every TrainConfig value as {section: {key: value}}
 //   model_name_or_path   where the starting weights came from ("" = random init)
+//   evaluations          [{step, loss, perplexity, tokens, batches, seconds}]: the run's evaluations so
+//                        far (train.eval_steps), oldest first
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -30,7 +32,7 @@ namespace mt::actors {
 nlohmann::json train_config_json(const TrainConfig& cfg);
 
 nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::int64_t step, std::int64_t micro_batches,
-                              const HostModel& host);
+                              const HostModel& host, const nlohmann::json& evaluations = nlohmann::json::array());
 
 // (bugprone-exception-escape: nlohmann::json's noexcept move runs an invariant check the analysis
 // cannot prove never throws.)

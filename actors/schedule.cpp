@@ -11,6 +11,7 @@ Phase Op::phase() const {
     case OpKind::layer_forward:
       return Phase::forward;
     case OpKind::head:
+    case OpKind::head_loss:
       return Phase::head;
     case OpKind::layer_backward:
     case OpKind::embed_backward:
@@ -37,6 +38,27 @@ std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host) {
   }
   ops.push_back(Op{OpKind::embed_backward, 0, 0, {-1, -1}});
   return ops;
+}
+
+std::vector<Op> forward_only_ops(const ModelConfig& c) {
+  std::vector<Op> ops = micro_batch_ops(c, false);
+  ops.resize(static_cast<std::size_t>(c.num_hidden_layers + 2));  // embed forward, layer forwards, head
+  ops.back().kind = OpKind::head_loss;
+  return ops;
+}
+
+Schedule Schedule::forward_only(const ModelConfig& c, std::int64_t micro_batches) {
+  Schedule s(c, micro_batches, MicroBatchOrder::sequential, false);
+  s.ops_ = forward_only_ops(c);
+  s.forward_only_ = true;
+  const std::int64_t n = s.ops_per_micro_batch();
+  s.order_.clear();
+  for (std::int64_t m = 0; m < micro_batches; ++m)
+    for (std::int64_t j = 0; j < n; ++j) s.order_.emplace_back(m, j);
+  s.index_.assign(static_cast<std::size_t>(micro_batches * n), -1);
+  for (std::size_t i = 0; i < s.order_.size(); ++i)
+    s.index_[static_cast<std::size_t>(s.order_[i].first * n + s.order_[i].second)] = static_cast<std::int64_t>(i);
+  return s;
 }
 
 int activation_sets(MicroBatchOrder order, std::int64_t micro_batches) {

@@ -20,6 +20,9 @@
 // about 4 units and link and compute stay busy together. Per stage, gradients still arrive in
 // micro-batch order, so the accumulation (and every result) is bit-identical to the sequential order.
 // Steps follow each other.
+//
+// An evaluation pass (forward_only) is one "step" of forward ops per micro-batch, sequential:
+//   op 0 embed forward, op 1..L layer forward, op L+1 head_loss (the head's loss only, no gradients).
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -31,7 +34,7 @@
 
 namespace mt::actors {
 
-enum class OpKind { embed_forward, layer_forward, head, layer_backward, embed_backward };
+enum class OpKind { embed_forward, layer_forward, head, layer_backward, embed_backward, head_loss };
 
 // What one load of an op brings to the device: a stage's weights into a weight slot, or a saved
 // layer-boundary activation (boundaries on the host) into an activation slot.
@@ -49,6 +52,8 @@ struct Op {
 // The ops of one micro-batch, in order. boundaries_on_host: layer backward ops also load their input
 // boundary from the host.
 std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host = false);
+// The ops of one micro-batch of an evaluation pass: forwards and the head's loss.
+std::vector<Op> forward_only_ops(const ModelConfig& c);
 
 // Micro-batches whose activations are alive at once in a step of this order: 2 when interleaved with
 // more than one micro-batch, else 1. The engine sizes its activation sets with it.
@@ -70,6 +75,8 @@ class Schedule {
  public:
   Schedule() = default;
   Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host);
+  // An evaluation pass: forward_only_ops per micro-batch, in micro-batch order.
+  static Schedule forward_only(const ModelConfig& c, std::int64_t micro_batches);
 
   const std::vector<Op>& ops() const { return ops_; }  // one micro-batch's ops
   std::int64_t ops_per_micro_batch() const { return static_cast<std::int64_t>(ops_.size()); }
@@ -85,6 +92,7 @@ class Schedule {
   // Index within a step of op `op` of micro-batch `micro_batch`.
   std::int64_t index_of(std::int64_t micro_batch, std::int64_t op) const;
   const Op& op(const Pos& p) const { return ops_[static_cast<std::size_t>(p.op)]; }
+  bool is_forward_only() const { return forward_only_; }
   // Which of the in-flight activation sets micro-batch `micro_batch` uses.
   int activation_set(std::int64_t micro_batch) const { return static_cast<int>(micro_batch % in_flight_); }
 
@@ -95,6 +103,7 @@ class Schedule {
   std::int64_t micro_batches_ = 1;
   MicroBatchOrder kind_ = MicroBatchOrder::sequential;
   int in_flight_ = 1;  // activation_sets(kind_, micro_batches_)
+  bool forward_only_ = false;
 };
 
 }  // namespace mt::actors

@@ -44,6 +44,10 @@ NodeConfig::NodeConfig() {
       .add(t.save_minutes, "save_minutes", "also checkpoint every T minutes; 0 = off")
       .add(t.stop_after_steps, "stop_after_steps",
            "end this run after N total steps (LR schedule keeps max_steps); 0 = max_steps")
+      .add(t.eval_steps, "eval_steps",
+           "evaluate on data.validation_files every N steps (forward only); 0 = only at the end")
+      .add(t.eval_max_batches, "eval_max_batches",
+           "micro-batches per evaluation: the first N of the validation data, the same every time")
       .add(t.export_hf_dir, "export_hf_dir",
            "export the final weights as a Hugging Face model directory; empty = none");
   auto& m = values.model;

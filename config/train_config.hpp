@@ -52,6 +52,9 @@ struct TrainSection {                  // [train]
   std::int64_t stop_after_steps =
       0;                      // end this invocation after N total steps (schedule still uses max_steps); 0 = max_steps
   std::string export_hf_dir;  // write the final weights as a Hugging Face directory here; "" = no export
+  // Evaluation on data.validation_files (when set): every eval_steps steps and at the end of the run.
+  std::int64_t eval_steps = 0;         // evaluate after every N steps; 0 = only at the end
+  std::int64_t eval_max_batches = 16;  // micro-batches per evaluation (the first N of the validation data)
 };
 
 struct ModelSection {              // [model]

@@ -92,6 +92,8 @@ void train_values(const TrainConfig& c) {
     throw ConfigError("train.resume_fallback", "'" + t.resume_fallback + "' is not one of none, previous_good");
   non_negative("train.save_minutes", t.save_minutes);
   at_least("train.stop_after_steps", t.stop_after_steps, 0);
+  at_least("train.eval_steps", t.eval_steps, 0);
+  at_least("train.eval_max_batches", t.eval_max_batches, 1);
 }
 
 void model_values(const TrainConfig& c) {

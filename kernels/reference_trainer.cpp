@@ -94,6 +94,11 @@ StepStats ReferenceTrainer::step(const token_t* tokens, const token_t* targets) 
 }
 
 double ReferenceTrainer::eval_loss(const token_t* tokens, const token_t* targets) {
+  const LossSum loss = eval_loss_sum(tokens, targets);
+  return loss.counted ? loss.loss_sum / static_cast<double>(loss.counted) : 0.0;
+}
+
+LossSum ReferenceTrainer::eval_loss_sum(const token_t* tokens, const token_t* targets) {
   const ModelConfig& c = opt_.config;
   const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq;
   const ComputeCtx ctx = this->ctx();
@@ -102,7 +107,7 @@ double ReferenceTrainer::eval_loss(const token_t* tokens, const token_t* targets
     layer_forward(c, weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, nullptr, workspace_.get(), ctx);
   const LossSum loss = head_forward_backward(c, weights(L + 1), weights(0), acts_[L].get(), targets, B, T, nullptr,
                                              nullptr, nullptr, workspace_.get(), ctx);
-  return loss.counted ? loss.loss_sum / static_cast<double>(loss.counted) : 0.0;
+  return loss;
 }
 
 }  // namespace mt

@@ -46,6 +46,8 @@ class ReferenceTrainer {
   StepStats step(const token_t* tokens, const token_t* targets);
   // Loss only (no gradients, no update): mean over counted tokens of one micro-batch.
   double eval_loss(const token_t* tokens, const token_t* targets);
+  // The same as a sum over counted tokens, and the count (the engine's evaluation oracle).
+  LossSum eval_loss_sum(const token_t* tokens, const token_t* targets);
 
   void set_lr(float lr) { opt_.hyper.lr = lr; }
   std::int64_t num_stages() const { return static_cast<std::int64_t>(layouts_.size()); }

@@ -288,3 +288,55 @@ TEST_CASE("megatrain train: Hugging Face weights in (model_name_or_path) and out
   // It starts where run a ended: its first loss is below run a's first loss.
   CHECK(rows_b.front()["loss"].get<double>() < rows_a.front()["loss"].get<double>());
 }
+
+// Evaluation through the node (data.validation_files, train.eval_steps): an "eval" progress line and
+// a train.jsonl row per evaluation, each checkpoint's run state holds the evaluations so far, and a
+// run stopped at an evaluation point and resumed evaluates each point once, with the uninterrupted
+// run's losses bit for bit.
+TEST_CASE("megatrain train: evaluation every eval_steps, in the run state, once across a resume",
+          "[actors][checkpoint][node][evaluation]") {
+  TempDir dir("eval");
+  const fs::path shard = make_shard(dir.path, 8192);
+  const fs::path val = make_shard(dir.path / "val", 1024);
+  const std::string eval_args = " --data.validation_files=" + val.string() +
+                                " --train.eval_steps=4 --train.eval_max_batches=3 --train.save_steps=4"
+                                " --train.max_steps=8";
+  const Outcome a = mt::test::run_node(tiny_args(dir.path / "a", shard) + eval_args);
+  INFO(a.out);
+  REQUIRE(a.code == 0);
+  CHECK_THAT(a.out, Catch::Contains("eval      4 | val loss") && Catch::Contains("eval      8 | val loss") &&
+                        Catch::Contains("validation loss"));
+  const Outcome b1 = mt::test::run_node(tiny_args(dir.path / "b", shard) + eval_args + " --train.stop_after_steps=4");
+  INFO(b1.out);
+  REQUIRE(b1.code == 0);
+  const Outcome b2 =
+      mt::test::run_node(tiny_args(dir.path / "b", shard) + eval_args + " --train.resume_from_checkpoint=latest");
+  INFO(b2.out);
+  REQUIRE(b2.code == 0);
+  CHECK_THAT(b2.out, !Catch::Contains("eval      4 |"));
+  auto evals = [](const std::vector<nlohmann::json>& rows) {
+    std::vector<nlohmann::json> e;
+    for (const auto& r : rows)
+      if (r.contains("eval_loss")) e.push_back(r);
+    return e;
+  };
+  const auto ea = evals(jsonl(dir.path / "a" / "train.jsonl"));
+  const auto eb = evals(jsonl(dir.path / "b" / "train.jsonl"));
+  REQUIRE(ea.size() == 2);
+  REQUIRE(eb.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(ea[i]["step"] == 4 * (i + 1));
+    CHECK(eb[i]["step"] == ea[i]["step"]);
+    CHECK(eb[i]["eval_loss"].get<double>() == ea[i]["eval_loss"].get<double>());
+    CHECK(ea[i]["eval_batches"] == 3);
+  }
+  CHECK(ea[1]["eval_loss"].get<double>() < ea[0]["eval_loss"].get<double>());
+  // Run state: the checkpoint of step 4 holds the evaluation at 4; the final one both.
+  const auto rs4 = mt::ckpt::CheckpointReader::open(dir.path / "a" / "step-00000004").run_state();
+  const auto rs8 = mt::ckpt::CheckpointReader::open(dir.path / "a" / "step-00000008").run_state();
+  REQUIRE(rs4["evaluations"].size() == 1);
+  CHECK(rs4["evaluations"][0]["loss"].get<double>() == ea[0]["eval_loss"].get<double>());
+  REQUIRE(rs8["evaluations"].size() == 2);
+  CHECK(rs8["evaluations"][1]["loss"].get<double>() == ea[1]["eval_loss"].get<double>());
+  CHECK(same_checkpoints(dir.path / "a" / "step-00000008", dir.path / "b" / "step-00000008"));
+}

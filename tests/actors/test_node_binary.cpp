@@ -2,6 +2,7 @@
 // budgets are clear errors naming the key, exit code 1), trains with one progress line and one JSONL
 // line per step, and stops cleanly on SIGINT after the step in progress.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,11 +89,19 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
                           Catch::Contains("smaller than the tokenizer's"));
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
-  SECTION("token ids beyond the vocabulary") {
+  SECTION("token ids beyond the vocabulary (checked where read: the first micro-batch)") {
     const Outcome o = mt::test::run_node(base + " --model.vocab_size=32");
     CHECK(o.code == 1);
-    CHECK_THAT(o.out, Catch::Contains("model.vocab_size") && Catch::Contains("data.train_files") &&
-                          Catch::Contains("outside the model's vocabulary of 32"));
+    CHECK_THAT(o.out, Catch::Contains("model.vocab_size = 32") && Catch::Contains("data.train_files") &&
+                          Catch::Contains(shard.string()) && Catch::Contains("is outside the vocabulary"));
+    CHECK_THAT(o.out, !Catch::Contains("step "));
+  }
+  SECTION("validation token ids beyond the vocabulary: refused at start, naming the file") {
+    const fs::path val = make_shard(dir / "val", 1024);
+    const Outcome o = mt::test::run_node(base + " --model.vocab_size=32 --data.validation_files=" + val.string() +
+                                         " --train.max_steps=2");
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains(val.string()) && Catch::Contains("outside the vocabulary"));
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
   fs::remove_all(dir);
@@ -167,5 +176,56 @@ TEST_CASE("megatrain train: SIGINT stops cleanly after the step in progress", "[
   const std::string out = slurp(log);
   INFO(out);
   CHECK_THAT(out, Catch::Contains("stopped by signal"));
+  fs::remove_all(dir);
+}
+
+// Token ids are checked where the loader reads them, not by a scan of the corpus at start-up: a bad
+// id in the middle of the data stops the run when a micro-batch holds it, naming the file and offset
+// (exit 1), and a large corpus starts at once: the node must not touch the pages of a 2 GB shard
+// before its first step (a sparse file: no disk used). Measured by the child's page faults, which a
+// scan of every token would raise to at least one per 4 KiB page.
+TEST_CASE("megatrain train: token ids checked where read; start-up does not scan the corpus", "[actors][node][data]") {
+  const fs::path dir = fs::temp_directory_path() / ("mt_node_scan_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  SECTION("a bad token id mid-corpus") {
+    const fs::path shard = make_shard(dir, 8192);
+    {
+      std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+      const std::uint16_t bad = 100;  // outside the 64-entry vocabulary
+      for (std::size_t i = 4096; i < 8192; ++i) {
+        f.seekp(static_cast<std::streamoff>(1024 + 2 * i));
+        f.write(reinterpret_cast<const char*>(&bad), 2);
+      }
+    }
+    const Outcome o = mt::test::run_node(tiny_args(dir, shard) + " --train.max_steps=50");
+    INFO(o.out);
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains(shard.string()) && Catch::Contains("token 100 at token offset") &&
+                          Catch::Contains("model.vocab_size = 64"));
+  }
+  SECTION("a 2 GB shard starts without reading it") {
+    const fs::path shard = dir / "big_000000.bin";
+    const std::int64_t tokens = std::int64_t{1} << 30;  // 2 GiB of uint16 tokens, all id 0 (sparse)
+    {
+      std::vector<std::int32_t> header(256, 0);
+      header[0] = 20240520;
+      header[1] = 1;
+      header[2] = static_cast<std::int32_t>(tokens);
+      std::ofstream out(shard, std::ios::binary);
+      out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    }
+    fs::resize_file(shard, 1024 + 2 * static_cast<std::uintmax_t>(tokens));
+    struct rusage before {
+    }, after{};
+    ::getrusage(RUSAGE_CHILDREN, &before);
+    const Outcome o = mt::test::run_node(tiny_args(dir, shard) + " --train.max_steps=1 --data.seq_length=64");
+    ::getrusage(RUSAGE_CHILDREN, &after);
+    INFO(o.out);
+    REQUIRE(o.code == 0);
+    const long faults = (after.ru_minflt - before.ru_minflt) + (after.ru_majflt - before.ru_majflt);
+    const long shard_pages = static_cast<long>(2 * tokens / 4096);
+    INFO("page faults of the run: " << faults << ", pages of the shard: " << shard_pages);
+    CHECK(faults < shard_pages / 4);
+  }
   fs::remove_all(dir);
 }
