@@ -55,6 +55,32 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   return req;
 }
 
+// device.*_slots = auto: with the activation mode chosen, add gradient slots (so compute does not wait
+// for the collector to drain the one staging slot: the demo's 1.1 s of offload on the critical path),
+// then weight slots (a deeper prefetch), one at a time up to kAutoSlots each, while the arena fits the
+// budget. The results do not depend on slot counts (bit-identical), only the overlap does.
+void grow_slots(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, bool grad, bool weight) {
+  constexpr int kAutoSlots = 4;
+  const KeepIntermediates keep = p.mode == ActivationMode::keep
+                                     ? KeepIntermediates::all
+                                     : (p.boundaries_on_host ? KeepIntermediates::boundary_host : KeepIntermediates::boundary);
+  auto try_grow = [&](int EnginePlan::*slots) {
+    while (p.*slots < kAutoSlots) {
+      EnginePlan trial = p;
+      ++(trial.*slots);
+      const ArenaRequest req = size_activations(trial, cfg, model, keep);
+      if (arena_bytes_needed(model, req) > req.budget_bytes) return;
+      trial.arena = plan_arena(model, req);
+      p = std::move(trial);
+    }
+  };
+  if (grad) try_grow(&EnginePlan::grad_slots);
+  if (weight) try_grow(&EnginePlan::weight_slots);
+  p.notes.push_back("device slots: " + std::to_string(p.weight_slots) + " weight, " + std::to_string(p.grad_slots) +
+                    " gradient (" + (grad && weight ? "both auto" : grad ? "gradient auto" : "weight auto") +
+                    ": as many as the budget allows, up to " + std::to_string(kAutoSlots) + ")");
+}
+
 }  // namespace
 
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
@@ -94,10 +120,12 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   if (!cfg.train.offload_dir.empty())
     throw ConfigError("train.offload_dir",
                       "the NVMe tier is not supported by this engine yet; leave it empty (host RAM holds the model)");
-  if (cfg.device.weight_slots < 2) throw ConfigError("device.weight_slots", "must be >= 2 (double buffering)");
-  if (cfg.device.grad_slots < 1) throw ConfigError("device.grad_slots", "must be >= 1");
-  p.weight_slots = static_cast<int>(cfg.device.weight_slots);
-  p.grad_slots = static_cast<int>(cfg.device.grad_slots);
+  const bool auto_weight = cfg.device.weight_slots == 0, auto_grad = cfg.device.grad_slots == 0;
+  if (!auto_weight && cfg.device.weight_slots < 2)
+    throw ConfigError("device.weight_slots", "must be >= 2 (double buffering), or auto");
+  if (!auto_grad && cfg.device.grad_slots < 1) throw ConfigError("device.grad_slots", "must be >= 1, or auto");
+  p.weight_slots = auto_weight ? 2 : static_cast<int>(cfg.device.weight_slots);
+  p.grad_slots = auto_grad ? 1 : static_cast<int>(cfg.device.grad_slots);
   const bool tied = model.tie_word_embeddings || model.is_gpt2();
   if (tied && p.grad_slots < 2) {
     p.notes.push_back("device.grad_slots raised from " + std::to_string(p.grad_slots) +
@@ -105,7 +133,6 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
                       "embedding's backward");
     p.grad_slots = 2;
   }
-  p.prefetch_depth = static_cast<int>(std::max<std::int64_t>(0, cfg.prefetch_depth()));
   p.hidden_floats = static_cast<std::size_t>(p.batch * p.seq * model.hidden_size);
   p.order = cfg.micro_batch_order();
   p.activation_sets = activation_sets(p.order, p.micro_batches);
@@ -129,6 +156,11 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
       break;
     }
   }
+  if (auto_grad || auto_weight) grow_slots(p, cfg, model, auto_grad, auto_weight);
+  if (cfg.device.prefetch_depth > p.weight_slots - 1)
+    throw ConfigError("device.prefetch_depth", std::to_string(cfg.device.prefetch_depth) + " exceeds the " +
+                                                   std::to_string(p.weight_slots) + " weight slots minus one");
+  p.prefetch_depth = static_cast<int>(cfg.device.prefetch_depth > 0 ? cfg.device.prefetch_depth : p.weight_slots - 1);
   p.threads = cfg.thread_budget();
   return p;
 }

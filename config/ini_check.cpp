@@ -46,6 +46,10 @@ std::string apply_one(const std::string& category, const std::string& key, const
     return message + "; --help lists every key";
   }
   caf::config_value stored = value;
+  // Slot counts take "auto" (stored as 0: the engine sizes them from the device budget).
+  if (const auto* text = caf::get_if<std::string>(&stored);
+      text != nullptr && *text == "auto" && is_auto_integer_key(shown))
+    stored = caf::config_value{caf::config_value::integer{0}};
   if (opt->check(stored)) {
     // INI writes reals as integers when they have no fraction (learning_rate=1): accept them as reals.
     if (const auto* i = caf::get_if<caf::config_value::integer>(&value)) {
@@ -76,6 +80,10 @@ std::string closest_option_name(const std::string& key, const caf::config_option
     if (d < best_distance) best_distance = d, best = name;
   }
   return best;
+}
+
+bool is_auto_integer_key(const std::string& qualified_key) {
+  return qualified_key == "device.weight_slots" || qualified_key == "device.grad_slots";
 }
 
 std::string apply_ini_settings(const caf::settings& ini, const caf::config_option_set& options, caf::settings& content,

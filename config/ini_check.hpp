@@ -17,6 +17,9 @@ std::string apply_ini_settings(const caf::settings& ini, const caf::config_optio
 
 // "did you mean ...?" helper: the registered "category.name" closest to `key` within a small edit
 // distance, or "".
+// Integer keys that also take "auto" (stored as 0): device.weight_slots, device.grad_slots.
+bool is_auto_integer_key(const std::string& qualified_key);
+
 std::string closest_option_name(const std::string& key, const caf::config_option_set& options);
 
 }  // namespace mt

@@ -78,8 +78,10 @@ NodeConfig::NodeConfig() {
       .add(v.backend, "backend", "cpu | cuda")
       .add(v.max_vram_gb, "max_vram_gb", "device memory budget in GiB; 0 = use device_memory_mb")
       .add(v.device_memory_mb, "device_memory_mb", "device memory budget in MiB; 0 = use max_vram_gb")
-      .add(v.weight_slots, "weight_slots", "K streamed weight slots on the device (>= 2)")
-      .add(v.grad_slots, "grad_slots", "gradient staging slots on the device (>= 1)")
+      .add(v.weight_slots, "weight_slots",
+           "K streamed weight slots on the device (>= 2); auto (0) = 2, up to 4 when the budget allows")
+      .add(v.grad_slots, "grad_slots",
+           "gradient staging slots on the device (>= 1); auto (0) = 1, up to 4 when the budget allows")
       .add(v.keep_intermediates, "keep_intermediates", "auto | boundary | boundary_host | all")
       .add(v.copy_bandwidth_gbps, "copy_bandwidth_gbps", "copy engine limit per direction in GB/s; 0 = unlimited")
       .add(v.prefetch_depth, "prefetch_depth", "stages streamed ahead; 0 = weight_slots - 1")
@@ -198,6 +200,10 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
           args, {{"train.bf16", &values.train.bf16}, {"model.tie_word_embeddings", &values.model.tie_word_embeddings}},
           bools, bool_error))
     return fail(bool_error);
+  for (auto& a : args)  // --device.weight_slots=auto (and grad_slots): stored as 0, sized by the engine
+    if (a.size() > 7 && a.compare(0, 2, "--") == 0 && a.compare(a.size() - 5, 5, "=auto") == 0 &&
+        is_auto_integer_key(a.substr(2, a.size() - 7)))
+      a = a.substr(0, a.size() - 4) + "0";
   std::istringstream no_file;
   if (auto err = parse(args, no_file)) {
     if (is_parser_error(err, caf::pec::not_an_option))

@@ -107,7 +107,7 @@ std::string TrainConfig::device_budget_name() const {
 }
 
 std::int64_t TrainConfig::prefetch_depth() const {
-  return device.prefetch_depth > 0 ? device.prefetch_depth : device.weight_slots - 1;
+  return device.prefetch_depth > 0 ? device.prefetch_depth : std::max<std::int64_t>(1, device.weight_slots - 1);
 }
 
 std::string TrainConfig::train_jsonl_path() const {

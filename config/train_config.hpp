@@ -86,8 +86,8 @@ struct DeviceSection {                      // [device]
   std::string backend = "cpu";              // cpu | cuda
   double max_vram_gb = 0.0;                 // device budget in GiB; 0 = use device_memory_mb
   std::int64_t device_memory_mb = 1024;     // device budget in MiB (the CPU arena); 0 = use max_vram_gb
-  std::int64_t weight_slots = 2;            // K >= 2 streamed weight slots
-  std::int64_t grad_slots = 1;              // gradient staging slots
+  std::int64_t weight_slots = 0;            // K >= 2 streamed weight slots; 0 = auto (see plan_engine)
+  std::int64_t grad_slots = 0;              // gradient staging slots; 0 = auto
   std::string keep_intermediates = "auto";  // auto | boundary | boundary_host | all (see KeepIntermediates)
   double copy_bandwidth_gbps = 0.0;         // copy engine limit per direction, GB/s (1e9); 0 = unlimited
   std::int64_t prefetch_depth = 0;          // stages streamed ahead; 0 = weight_slots - 1

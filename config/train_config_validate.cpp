@@ -132,14 +132,15 @@ void device_values(const TrainConfig& c) {
                       "set either device.max_vram_gb or device.device_memory_mb (the other to 0), not both");
   if (d.max_vram_gb == 0.0 && d.device_memory_mb == 0)
     throw ConfigError("device.device_memory_mb", "no device budget: set device.device_memory_mb or device.max_vram_gb");
-  at_least("device.weight_slots", d.weight_slots, 2);
+  if (d.weight_slots != 0) at_least("device.weight_slots", d.weight_slots, 2);  // 0 = auto
   at_most("device.weight_slots", d.weight_slots, 64);
-  at_least("device.grad_slots", d.grad_slots, 1);
+  at_least("device.grad_slots", d.grad_slots, 0);  // 0 = auto
   at_most("device.grad_slots", d.grad_slots, 64);
   c.keep_intermediates();
   non_negative("device.copy_bandwidth_gbps", d.copy_bandwidth_gbps);
   at_least("device.prefetch_depth", d.prefetch_depth, 0);
-  at_most("device.prefetch_depth", d.prefetch_depth, d.weight_slots - 1);
+  // With weight_slots = auto the engine checks it against the slots it plans.
+  if (d.weight_slots > 0) at_most("device.prefetch_depth", d.prefetch_depth, d.weight_slots - 1);
   c.micro_batch_order();
 }
 

@@ -166,3 +166,49 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     CHECK(p.notes.size() == 1);
   }
 }
+
+// device.*_slots = auto (0): 2 weight and 1 gradient slot, then gradient slots, then weight slots, up
+// to 4 each, while the arena fits the budget; never past it.
+TEST_CASE("plan_engine: auto slots grow with the budget and never exceed it", "[actors][memory]") {
+  Tiny t;
+  t.layers = 4;
+  TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  cfg.device.keep_intermediates = "boundary";
+  auto plan_with = [&](std::int64_t weight, std::int64_t grad, std::size_t budget) {
+    TrainConfig c = cfg;
+    c.device.weight_slots = weight;
+    c.device.grad_slots = grad;
+    c.device.prefetch_depth = 0;
+    c.device.device_memory_mb = 0;
+    c.device.max_vram_gb = static_cast<double>(budget) / (1024.0 * 1024.0 * 1024.0);
+    return plan_engine(c, model);
+  };
+  const std::size_t min_bytes = plan_with(2, 1, std::size_t{1} << 30).arena.total_bytes;
+  const std::size_t max_bytes = plan_with(4, 4, std::size_t{1} << 30).arena.total_bytes;
+  REQUIRE(max_bytes > min_bytes);
+  // A generous budget: 4 and 4, the weight slots' prefetch depth with them.
+  EnginePlan p = plan_with(0, 0, std::size_t{1} << 30);
+  CHECK(p.weight_slots == 4);
+  CHECK(p.grad_slots == 4);
+  CHECK(p.prefetch_depth == 3);
+  CHECK(p.arena.total_bytes == max_bytes);
+  // The minimum budget: nothing added. Between: gradient slots first, within the budget.
+  p = plan_with(0, 0, min_bytes);
+  CHECK(p.weight_slots == 2);
+  CHECK(p.grad_slots == 1);
+  const std::size_t grad4 = plan_with(2, 4, std::size_t{1} << 30).arena.total_bytes;
+  p = plan_with(0, 0, grad4 + (max_bytes - grad4) / 2);
+  CHECK(p.grad_slots == 4);
+  CHECK(p.weight_slots == 3);
+  CHECK(p.arena.total_bytes <= grad4 + (max_bytes - grad4) / 2);
+  // Only one key auto: the other is kept.
+  p = plan_with(3, 0, std::size_t{1} << 30);
+  CHECK(p.weight_slots == 3);
+  CHECK(p.grad_slots == 4);
+  // An explicit prefetch depth beyond the slots planned is refused, naming the key.
+  TrainConfig deep = cfg;
+  deep.device.weight_slots = 0;
+  deep.device.prefetch_depth = 5;
+  CHECK_THROWS_WITH(plan_engine(deep, model), Catch::Contains("device.prefetch_depth"));
+}

@@ -109,7 +109,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 24 + 15 + 4 + 9 + 5 + 3);
+  CHECK(keys.size() == 26 + 15 + 4 + 9 + 5 + 3);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
@@ -202,6 +202,22 @@ TEST_CASE("values out of range fail validation before anything starts", "[node_c
   CHECK_THAT(r.error, Catch::Contains("device.weight_slots: must be >= 2, got 1"));
   NodeConfig missing;
   CHECK_THAT(missing.load({"--config-file=" + kDemoIni}).error, Catch::Contains("data.train_files: no file matches"));
+}
+
+TEST_CASE("slot counts take auto in the INI file and on the command line", "[node_config]") {
+  test::TempDir dir;
+  NodeConfig a;
+  REQUIRE(load_text(a, dir, "[device]\nweight_slots = \"auto\"\ngrad_slots = 3\n").error.empty());
+  CHECK(a.values.device.weight_slots == 0);
+  CHECK(a.values.device.grad_slots == 3);
+  NodeConfig b;
+  REQUIRE(load_text(b, dir, "", {"--device.grad_slots=auto", "--device.weight_slots=5"}).error.empty());
+  CHECK(b.values.device.grad_slots == 0);
+  CHECK(b.values.device.weight_slots == 5);
+  NodeConfig c;
+  CHECK_THAT(load_text(c, dir, "[device]\nweight_slots = \"many\"\n").error, Catch::Contains("device.weight_slots"));
+  NodeConfig d;
+  CHECK_THAT(load_text(d, dir, "", {"--train.max_steps=auto"}).error, Catch::Contains("--train.max_steps=auto"));
 }
 
 TEST_CASE("a missing or malformed config file is an error naming it", "[node_config]") {

@@ -86,12 +86,16 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"device.device_memory_mb: no device budget", [](TrainConfig& c) { c.device.device_memory_mb = 0; }},
       {"device.device_memory_mb: must be >= 0", [](TrainConfig& c) { c.device.device_memory_mb = -64; }},
       {"device.weight_slots: must be >= 2, got 1", [](TrainConfig& c) { c.device.weight_slots = 1; }},
-      {"device.grad_slots: must be >= 1", [](TrainConfig& c) { c.device.grad_slots = 0; }},
+      {"device.grad_slots: must be >= 0", [](TrainConfig& c) { c.device.grad_slots = -1; }},
       {"device.keep_intermediates: 'some' is not one of: auto, boundary, boundary_host, all",
        [](TrainConfig& c) { c.device.keep_intermediates = "some"; }},
       {"device.copy_bandwidth_gbps: must be a finite number >= 0",
        [](TrainConfig& c) { c.device.copy_bandwidth_gbps = -1; }},
-      {"device.prefetch_depth: must be <= 1, got 2", [](TrainConfig& c) { c.device.prefetch_depth = 2; }},
+      {"device.prefetch_depth: must be <= 1, got 2",
+       [](TrainConfig& c) {
+         c.device.weight_slots = 2;
+         c.device.prefetch_depth = 2;
+       }},
       {"device.schedule: 'zigzag' is not one of: interleaved, sequential",
        [](TrainConfig& c) { c.device.schedule = "zigzag"; }},
       {"threads.total: must be >= 0", [](TrainConfig& c) { c.threads.total = -1; }},

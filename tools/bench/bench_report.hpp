@@ -1,6 +1,10 @@
 // The benchmark harness: timing (best of several repetitions, the machines are noisy) and the report
 // format every benchmark ends with: one JSON object per line per figure,
-//   {"bench", "metric", "value", "unit", "ceiling", "ratio"}.
+//   {"bench", "metric", "value", "unit", "ceiling", "ratio", "target", "better"}.
+// `ceiling` is measured in the same run (the best this machine offers for that work, or a peer) and
+// `ratio` = value / ceiling; both are null when a figure has no measured reference. `target` is the
+// goal an issue set (null when none); `better` says which way is better ("higher" or "lower").
+// tools/bench/README.md lists every figure's reference.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -29,7 +33,9 @@ struct Figure {
   std::string metric;
   double value;
   std::string unit;
-  double ceiling;  // what value is measured against, in the same unit (0 when there is none)
+  double ceiling;                 // measured in the same run, in the same unit (0 when there is none)
+  double target = 0.0;            // the goal, in the unit of `value` (or of `ratio` when ceiling > 0); 0 = none
+  std::string better = "higher";  // "higher" | "lower"
 };
 
 // Collects figures while the benchmark prints readable lines, then prints the JSON lines last.
@@ -39,8 +45,11 @@ class Report {
   void add(const Figure& f) { figures_.push_back(f); }
   void print() const {
     for (const auto& f : figures_) {
-      nlohmann::json j{{"bench", bench_}, {"metric", f.metric},   {"value", f.value},
-                       {"unit", f.unit},  {"ceiling", f.ceiling}, {"ratio", f.ceiling > 0 ? f.value / f.ceiling : 0.0}};
+      nlohmann::json j{{"bench", bench_}, {"metric", f.metric}, {"value", f.value}, {"unit", f.unit}};
+      j["ceiling"] = f.ceiling > 0 ? nlohmann::json(f.ceiling) : nlohmann::json(nullptr);
+      j["ratio"] = f.ceiling > 0 ? nlohmann::json(f.value / f.ceiling) : nlohmann::json(nullptr);
+      j["target"] = f.target != 0.0 ? nlohmann::json(f.target) : nlohmann::json(nullptr);
+      j["better"] = f.better;
       std::printf("%s\n", j.dump().c_str());
     }
     std::fflush(stdout);

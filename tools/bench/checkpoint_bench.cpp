@@ -9,7 +9,8 @@
 // the engine on the demo model, as a fraction of a step.
 // Usage: bench_checkpoint [--dir DIR] [--gib N] [--stall-steps N] [--stall-every K] [--stall-rounds R]
 //                         [--stall-immediate 0|1]
-//   (default: the temp directory, 1 GiB, 16 steps checkpointing every 4, best of 3 rounds;
+//   (default: the temp directory, 1 GiB, 16 steps checkpointing every 4, median of 3 rounds (each a control run and a
+//   checkpointed run);
 //   --stall-steps 0 skips it)
 #include <fcntl.h>
 #include <sys/resource.h>

@@ -7,8 +7,8 @@
 namespace mt::bench {
 
 // Trains the demo model's shapes for `steps` steps, checkpointing every `every`, `rounds` times; adds
-// checkpoint_stall (the best round). immediate: CheckpointJob::write_after_step = false. Returns
-// non-zero on failure.
+// checkpoint_stall (the median of the rounds, each a control run and a checkpointed run). immediate:
+// CheckpointJob::write_after_step = false. Returns non-zero on failure.
 int measure_checkpoint_stall(Report& report, const std::filesystem::path& dir, int steps, int every, int rounds,
                              bool immediate = false);
 

@@ -62,7 +62,8 @@ EngineStep measure_engine_step(Precision precision, int threads, int steps) {
   const bool tied = model.tie_word_embeddings || model.is_gpt2();
   const double params = static_cast<double>(total_param_count(model)) - embedding +
                         (tied ? static_cast<double>(model.vocab_size * model.hidden_size) : 0.0);
-  e.model_flops = 6.0 * params * tokens + 12.0 * static_cast<double>(model.num_hidden_layers * model.hidden_size) *
+  // As train_step_bench.cpp counts them: causal attention's computed half (6 L d T per token).
+  e.model_flops = 6.0 * params * tokens + 6.0 * static_cast<double>(model.num_hidden_layers * model.hidden_size) *
                                               static_cast<double>(cfg.data.seq_length) * tokens;
   e.keep = plan.mode == ActivationMode::keep ? "all" : (plan.boundaries_on_host ? "boundary_host" : "boundary");
   return e;

@@ -5,7 +5,9 @@
 // optimizer's time is hidden behind the next step's forward.
 //   tools/bench/run overlap [STEPS] [LAYERS] [K]      (default 6 steps, 8 layers, K = 4 plus a sweep:
 //   K = 2 and 6, the sequential micro-batch order, boundaries offloaded to the host)
-// Metric overlap_step_ratio = step time / max(total compute, total transfer) (ceiling 1.15);
+// Metric overlap_step_ratio = step time / max(total compute, total transfer) (target <= 1.15), with
+// compute from the same run; overlap_step_ratio_vs_compute_alone takes compute from the non-overlapped
+// run instead (no copy contends with it there);
 // link_bytes_bf16_over_fp32 = host-to-device bytes per step with train.bf16 over fp32 (target <= 0.55).
 #include <algorithm>
 #include <cstdio>
@@ -192,8 +194,15 @@ int main(int argc, char** argv) {
       "(its compute or weight streaming)\n",
       pipe.opt_s, 100 * hidden);
 
+  // The bound above takes compute time from the same run, where contention with the copies inflates
+  // it; against compute measured alone (the non-overlapped run: no copy runs while compute does).
+  const double alone = std::max(serial.compute_s, pipe.h2d_bytes / bw);
+  std::printf("  pipelined against max(compute alone %.3f s, transfer %.3f s): %.3f x\n", serial.compute_s,
+              pipe.h2d_bytes / bw, pipe.step_s / alone);
+
   mt::bench::Report report("overlap");
-  report.add({"overlap_step_ratio", ratio, "x", 1.15});
+  report.add({"overlap_step_ratio", ratio, "x", 0, 1.15, "lower"});
+  report.add({"overlap_step_ratio_vs_compute_alone", pipe.step_s / alone, "x", 0, 1.15, "lower"});
   // The same link limit with fewer and more weight slots: how the ratio depends on prefetch depth.
   if (argc <= 3) {
     auto variant = [&](const TrainConfig& c, const std::string& what, const std::string& metric) {
@@ -202,7 +211,7 @@ int main(int argc, char** argv) {
       std::printf(
           "  pipelined, %s: step %.3f s, compute %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
           what.c_str(), m.step_s, m.compute_s, m.h2d_bytes / bw, m.wait_s, r);
-      report.add({metric, r, "x", 1.15});
+      report.add({metric, r, "x", 0, 1.15, "lower"});
     };
     for (std::int64_t k : {std::int64_t{2}, std::int64_t{6}}) {
       TrainConfig c = cfg;
@@ -227,10 +236,10 @@ int main(int argc, char** argv) {
   const double bytes_ratio = half.h2d_bytes / cal.h2d_bytes;
   std::printf("  bf16 compute: %.1f MB streamed to the device per step against %.1f MB in fp32 -> %.3f\n",
               half.h2d_bytes / 1e6, cal.h2d_bytes / 1e6, bytes_ratio);
-  report.add({"link_bytes_bf16_over_fp32", half.h2d_bytes, "bytes/step", cal.h2d_bytes});  // ratio: target <= 0.55
-  report.add({"serial_step_ratio", ratio_serial, "x", 2.0});
-  report.add({"optimizer_hidden_fraction", hidden, "fraction", 1.0});
-  report.add({"pipelined_step_s", pipe.step_s, "s", serial.step_s});
+  report.add({"link_bytes_bf16_over_fp32", half.h2d_bytes, "bytes/step", cal.h2d_bytes, 0.55, "lower"});
+  report.add({"serial_step_ratio", ratio_serial, "x", 0, 0, "lower"});
+  report.add({"optimizer_hidden_fraction", hidden, "fraction", 0, 0, "higher"});
+  report.add({"pipelined_step_s", pipe.step_s, "s", serial.step_s, 0, "lower"});
   report.print();
   return 0;
 }

@@ -1,7 +1,9 @@
 // Tokenizer throughput against Hugging Face tokenizers, side by side in one run, on the Austen corpus:
 // single-thread encode MB/s and tokens/s for both (GPT-2 vocabulary; also Qwen3's tokenizer.json), and
 // the data tool's scaling from 1 to 2 threads. HF runs in the test venv (tools/bench/tokenizer_hf.py,
-// RAYON_NUM_THREADS=1). Both sides: a cold first encode (empty word caches), then the best of 3.
+// RAYON_NUM_THREADS=1). Both sides: a cold first encode (empty word caches), then the best of 3. The
+// headline encode_vs_hf gives HF a word cache as large as ours (65,536 words; its default is 10,000:
+// encode_vs_hf_default_cache); Qwen3's tokenizer.json runs with HF's default cache.
 //   tools/bench/run tokenizer [TEXT_FILE]
 #include <cstdio>
 #include <cstdlib>
@@ -32,11 +34,11 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-nlohmann::json run_hf(const std::string& spec, const std::string& text_file) {
+nlohmann::json run_hf(const std::string& spec, const std::string& text_file, int cache = 0) {
   const char* env = std::getenv("MEGATRAIN_VENV_PYTHON");
   const std::string py = env ? env : std::string(MEGATRAIN_SOURCE_DIR) + "/.venv/bin/python3";
   const std::string cmd = "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false " + py + " " + MEGATRAIN_SOURCE_DIR +
-                          "/tools/bench/tokenizer_hf.py '" + spec + "' '" + text_file + "' 3";
+                          "/tools/bench/tokenizer_hf.py '" + spec + "' '" + text_file + "' 3 " + std::to_string(cache);
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -124,10 +126,18 @@ int main(int argc, char** argv) {
         hs / o.best, o.tokens, ht);
     if (o.tokens != ht) std::printf("  WARNING: token counts differ\n");
     const std::string n = v.name;
-    if (n == "gpt2")
-      report.add({"encode_vs_hf", text.size() / o.best, "B/s", text.size() / hs});
-    else
-      report.add({"encode_vs_hf_" + n, text.size() / o.best, "B/s", text.size() / hs});
+    if (n == "gpt2") {
+      // The fair headline: HF with a word cache as large as ours (65,536 words; its default holds 10,000).
+      const nlohmann::json hb = run_hf(v.hf, text_file, 65536);
+      const double hbs = hb["seconds"], hbc = hb["seconds_cold"];
+      std::printf("  %-6s HF tokenizers with a 65,536-word cache (as ours): %6.2f MB/s (cold %6.2f MB/s)   %.2fx\n",
+                  v.name, mb / hbs, mb / hbc, hbs / o.best);
+      report.add({"encode_vs_hf", text.size() / o.best, "B/s", text.size() / hbs});
+      report.add({"encode_cold_vs_hf", text.size() / o.cold, "B/s", text.size() / hbc});
+      report.add({"encode_vs_hf_default_cache", text.size() / o.best, "B/s", text.size() / hs});
+    } else {
+      report.add({"encode_vs_hf_" + n, text.size() / o.best, "B/s", text.size() / hs});  // HF's default cache
+    }
     report.add({"encode_tokens_per_s_" + n, o.tokens / o.best, "tokens/s", ht / hs});
     report.add({"encode_cold_vs_hf_" + n, text.size() / o.cold, "B/s", text.size() / hc});
   }
@@ -159,7 +169,7 @@ int main(int argc, char** argv) {
       "speedup %.2fx (a trivially parallel loop gets %.2fx on this machine now)\n",
       tokens / secs[1] / 1e6, tokens / secs[2] / 1e6, secs[1] / secs[2], machine);
   report.add({"data_tool_tokens_per_s_2_threads", tokens / secs[2], "tokens/s", 2 * tokens / secs[1]});
-  report.add({"data_tool_speedup_2_threads", secs[1] / secs[2], "x", 2.0});
+  report.add({"data_tool_speedup_2_threads", secs[1] / secs[2], "x", 0, 0, "higher"});
   report.add({"data_tool_speedup_vs_machine_2_threads", secs[1] / secs[2], "x", machine});
   report.print();
   return 0;

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The Hugging Face `tokenizers` side of `tools/bench/run tokenizer`: encodes TEXT_FILE on one thread
 with the given vocabulary (a GPT-2 encoder.json + vocab.bpe directory, or a tokenizer.json) and prints one
-JSON line: {"seconds_cold", "seconds", "bytes", "tokens"} (seconds: best of REPS after the cold run).
-    tokenizer_hf.py SPEC TEXT_FILE [REPS]"""
+JSON line: {"seconds_cold", "seconds", "bytes", "tokens", "cache_capacity"} (seconds: best of REPS after the
+cold run). CACHE: the BPE word cache's capacity (GPT-2 directory only; 0 = the library's default, 10,000
+words; ours holds 65,536).
+    tokenizer_hf.py SPEC TEXT_FILE [REPS] [CACHE]"""
 import json
 import os
 import sys
@@ -13,9 +15,10 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 
 
-def load(spec):
+def load(spec, cache):
     if os.path.isdir(spec):
-        bpe = models.BPE.from_file(os.path.join(spec, "encoder.json"), os.path.join(spec, "vocab.bpe"))
+        kwargs = {"cache_capacity": cache} if cache > 0 else {}
+        bpe = models.BPE.from_file(os.path.join(spec, "encoder.json"), os.path.join(spec, "vocab.bpe"), **kwargs)
         tok = Tokenizer(bpe)
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
@@ -27,8 +30,11 @@ def load(spec):
 def main():
     spec, path = sys.argv[1], sys.argv[2]
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    cache = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    if cache > 0 and not os.path.isdir(spec):
+        sys.exit("tokenizer_hf.py: a cache capacity applies to a GPT-2 directory only")
     text = open(path, "rb").read().decode("utf-8")
-    tok = load(spec)
+    tok = load(spec, cache)
     t0 = time.perf_counter()
     ids = tok.encode(text, add_special_tokens=False).ids
     cold = time.perf_counter() - t0
@@ -37,7 +43,8 @@ def main():
         t0 = time.perf_counter()
         tok.encode(text, add_special_tokens=False)
         best = min(best, time.perf_counter() - t0)
-    print(json.dumps({"seconds_cold": cold, "seconds": best, "bytes": len(text.encode("utf-8")), "tokens": len(ids)}))
+    print(json.dumps({"seconds_cold": cold, "seconds": best, "bytes": len(text.encode("utf-8")), "tokens": len(ids),
+                      "cache_capacity": cache if cache > 0 else 10000}))
 
 
 if __name__ == "__main__":

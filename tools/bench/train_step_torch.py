@@ -71,6 +71,10 @@ print(
 )
 
 
+# The causal mask of the explicit path, built once (not per layer and step).
+CAUSAL_MASK = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+
+
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
@@ -85,7 +89,7 @@ class Block(nn.Module):
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             s = (q @ k.transpose(-1, -2)) / math.sqrt(d // H)
-            s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+            s = s.masked_fill(CAUSAL_MASK, float("-inf"))
             a = torch.softmax(s, dim=-1) @ v
         x = x + self.c_proj(a.transpose(1, 2).reshape(B, T, d))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
