@@ -61,9 +61,10 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
 // budget. The results do not depend on slot counts (bit-identical), only the overlap does.
 void grow_slots(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, bool grad, bool weight) {
   constexpr int kAutoSlots = 4;
-  const KeepIntermediates keep = p.mode == ActivationMode::keep
-                                     ? KeepIntermediates::all
-                                     : (p.boundaries_on_host ? KeepIntermediates::boundary_host : KeepIntermediates::boundary);
+  const KeepIntermediates keep =
+      p.mode == ActivationMode::keep
+          ? KeepIntermediates::all
+          : (p.boundaries_on_host ? KeepIntermediates::boundary_host : KeepIntermediates::boundary);
   auto try_grow = [&](int EnginePlan::*slots) {
     while (p.*slots < kAutoSlots) {
       EnginePlan trial = p;
@@ -77,7 +78,10 @@ void grow_slots(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model,
   if (grad) try_grow(&EnginePlan::grad_slots);
   if (weight) try_grow(&EnginePlan::weight_slots);
   p.notes.push_back("device slots: " + std::to_string(p.weight_slots) + " weight, " + std::to_string(p.grad_slots) +
-                    " gradient (" + (grad && weight ? "both auto" : grad ? "gradient auto" : "weight auto") +
+                    " gradient (" +
+                    (grad && weight ? "both auto"
+                     : grad         ? "gradient auto"
+                                    : "weight auto") +
                     ": as many as the budget allows, up to " + std::to_string(kAutoSlots) + ")");
 }
 
