@@ -4,7 +4,8 @@
 // schedule (each stage streamed only when compute asks for it) in the same run. Also: how much of the
 // optimizer's time is hidden behind the next step's forward.
 //   tools/bench/run overlap [STEPS] [LAYERS] [K]      (default 6 steps, 8 layers, K = 4 plus a sweep:
-//   K = 2 and 6, the sequential micro-batch order, boundaries offloaded to the host)
+//   K = 2 and 6, the sequential micro-batch order, boundaries offloaded to the host, and the demo
+//   model's own configuration with 1 gradient slot and with auto slots)
 // Metric overlap_step_ratio = step time / max(total compute, total transfer) (target <= 1.15), with
 // compute from the same run; overlap_step_ratio_vs_compute_alone takes compute from the non-overlapped
 // run instead (no copy contends with it there);
@@ -17,6 +18,7 @@
 
 #include "actors/engine.hpp"
 #include "tools/bench/bench_report.hpp"
+#include "tools/bench/demo_model.hpp"
 
 using namespace mt;
 using namespace mt::actors;
@@ -226,6 +228,33 @@ int main(int argc, char** argv) {
     TrainConfig host = cfg;
     host.device.keep_intermediates = "boundary_host";
     variant(host, "boundaries on the host", "overlap_step_ratio_boundary_host");
+  }
+  // The main job's own configuration (config/demo.ini: one micro-batch per step, so no interleaving),
+  // the link limited so that transfer takes about as long as compute: with the slots it had before
+  // device.*_slots = auto (2 weight, 1 gradient: the gradient offload sits on the critical path) and
+  // with auto slots, each against max(compute measured alone, transfer).
+  if (argc <= 3) {
+    TrainConfig demo = mt::bench::demo_train_config(steps);
+    demo.device.weight_slots = 2;
+    demo.device.grad_slots = 1;
+    const auto demo_batches = mt::bench::random_batches(demo, 8, 0xD3u);
+    const Measured dcal = run(demo, demo_batches, false);
+    const double dbw = dcal.h2d_bytes / dcal.min_compute_s;
+    demo.device.copy_bandwidth_gbps = dbw / 1e9;
+    std::printf("  demo model (config/demo.ini shapes, 1 micro-batch), link limited to %.3f GB/s:\n", dbw / 1e9);
+    for (const bool auto_slots : {false, true}) {
+      TrainConfig d = demo;
+      if (auto_slots) d.device.weight_slots = d.device.grad_slots = 0;
+      const Measured dp = run(d, demo_batches, false);
+      const Measured ds = run(d, demo_batches, true);
+      const double demo_bound = std::max(ds.compute_s, dp.h2d_bytes / dbw);
+      std::printf(
+          "    %s: step %.3f s, compute alone %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
+          auto_slots ? "auto slots" : "2 weight + 1 gradient slot", dp.step_s, ds.compute_s, dp.h2d_bytes / dbw,
+          dp.wait_s, dp.step_s / demo_bound);
+      report.add({auto_slots ? "overlap_demo_auto_slots_step_ratio" : "overlap_demo_step_ratio", dp.step_s / demo_bound,
+                  "x", 0, 1.15, "lower"});
+    }
   }
   // bf16 compute: the prefetcher streams the 2-byte compute copies. Host-to-device bytes per step
   // against the fp32 calibration run (unlimited link, same schedule); boundary copies are fp32 either way.
