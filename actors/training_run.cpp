@@ -341,8 +341,9 @@ TrainingResult run_training(const TrainConfig& cfg, const TrainingHooks& hooks,
   return TrainingRun(cfg, hooks).run(system_config);
 }
 
-std::string parse_train_config(const std::vector<std::string>& args, TrainConfig& cfg) {
+std::string parse_train_config(const std::vector<std::string>& args, TrainConfig& cfg, bool check_files) {
   NodeConfig node;
+  node.check_files = check_files;
   const NodeConfigLoad load = node.load(args);
   if (load.outcome == NodeConfigLoad::Outcome::exit_failure) return load.error;
   if (load.outcome == NodeConfigLoad::Outcome::exit_success) return "help and dump arguments do not configure a run";

@@ -60,7 +60,8 @@ TrainingResult run_training(const TrainConfig& cfg, const TrainingHooks& hooks =
 
 // Parses and validates `--section.key=value` arguments (and `--config-file=FILE`) as the binary does,
 // into `cfg`; returns "" or the error naming the key or file. CAF's parser without CAF headers here.
-std::string parse_train_config(const std::vector<std::string>& args, TrainConfig& cfg);
+// check_files = false checks values only (ranges, choices, combinations), not paths.
+std::string parse_train_config(const std::vector<std::string>& args, TrainConfig& cfg, bool check_files = true);
 
 // Every key the binary accepts, "section.key" (e.g. to ask whether this build knows a key).
 std::vector<std::string> train_config_keys();
