@@ -217,7 +217,10 @@ py::dict train(const std::vector<std::string>& args, const std::string& model_co
           else
             on_message(item.is_error, item.line);
         } catch (py::error_already_set& e) {
-          callback_error = std::make_unique<py::error_already_set>(std::move(e));
+          if (e.matches(PyExc_KeyboardInterrupt))  // Ctrl-C while Python ran a callback
+            interrupted = true;
+          else
+            callback_error = std::make_unique<py::error_already_set>(std::move(e));
           stop.store(true);
         }
       }

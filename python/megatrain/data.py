@@ -26,6 +26,12 @@ def _is_paths(dataset):
         isinstance(p, (str, os.PathLike)) for p in dataset)
 
 
+def check_kind(dataset, name):
+    if isinstance(dataset, (dict, bytes)) or not hasattr(dataset, "__iter__"):
+        raise ConfigError(f"{name}_dataset: expected a sequence of dicts with 'input_ids' or 'text', or shard "
+                          f"paths; got {type(dataset).__name__}")
+
+
 def engine_tokenizer(tokenizer):
     """(megatrain.Tokenizer, tokenizer.json text or None) for what the user passed."""
     if tokenizer is None or isinstance(tokenizer, _engine.Tokenizer):
@@ -44,9 +50,7 @@ def write_shards(dataset, name, out_dir, tokenizer, vocab_size):
     """Writes `dataset` as out_dir/<name>_000000.bin; returns the glob the engine reads."""
     if _is_paths(dataset):
         return _link_shards(dataset, name, out_dir)
-    if isinstance(dataset, (dict, bytes)) or not hasattr(dataset, "__iter__"):
-        raise ConfigError(f"{name}_dataset: expected a sequence of dicts with 'input_ids' or 'text', or shard "
-                          f"paths; got {type(dataset).__name__}")
+    check_kind(dataset, name)
     os.makedirs(out_dir, exist_ok=True)
     for stale in glob.glob(os.path.join(out_dir, f"{name}_*.bin")):
         os.remove(stale)

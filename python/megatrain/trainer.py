@@ -110,6 +110,7 @@ class Trainer:
         """The dataset's kind is checked now, so a wrong one fails before anything is written."""
         if data._is_paths(dataset):
             return
+        data.check_kind(dataset, name)
         try:
             first = dataset[0]
         except (TypeError, KeyError, IndexError):
@@ -144,7 +145,11 @@ class Trainer:
                 f.write(self._tokenizer_json)
             keys["data.tokenizer_file"] = path
         elif isinstance(self.tokenizer, (str, os.PathLike)):
-            keys["data.tokenizer_file"] = str(self.tokenizer)
+            path = str(self.tokenizer)
+            if os.path.isdir(path):
+                path = os.path.join(path, "tokenizer.json")
+            if os.path.isfile(path):  # (GPT-2's encoder.json + vocab.bpe: the shards' ids are checked)
+                keys["data.tokenizer_file"] = path
         if isinstance(self.model, (str, os.PathLike)):
             keys["model.model_name_or_path"] = str(self.model)
             keys.setdefault("train.export_hf_dir", os.path.join(out, "final-model"))
