@@ -41,3 +41,22 @@ assert_same_bits(model.state_dict(), read_hf(saved), "save_model vs the model")
 reloaded = AutoModelForCausalLM.from_pretrained(saved, torch_dtype=torch.float32)
 assert_same_bits(reloaded.state_dict(), read_hf(export), "save_model reloaded by transformers")
 print("ok: snippet ran 1 step of 128 micro-batches; weights loaded back = the engine's export, bit for bit")
+
+# GPT-2: Conv1D matrices are [in, out] in torch and in files, [out, in] in the engine; a tied head.
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+torch.manual_seed(3)
+gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=50257))
+gpt2_start = {k: v.clone() for k, v in gpt2.state_dict().items()}
+gpt2_out = tempfile.mkdtemp(prefix="mt-py-gpt2-")
+mt.Trainer(model=gpt2, train_dataset=my_dataset, max_seq_length=32,
+           args=TrainingArguments(output_dir=gpt2_out, per_device_train_batch_size=2, max_steps=2,
+                                  report_to=[])).train()
+assert not torch.equal(gpt2.state_dict()["transformer.h.0.attn.c_attn.weight"],
+                       gpt2_start["transformer.h.0.attn.c_attn.weight"])
+gpt2_export = os.path.join(gpt2_out, "engine-export")
+subprocess.run([CKPT, "export", gpt2_out, gpt2_export], check=True)
+exported = read_hf(gpt2_export)
+state = {k: v for k, v in gpt2.state_dict().items() if k in exported}  # buffers (attn.bias), tied lm_head
+assert_same_bits(state, exported, "GPT-2 weights loaded back vs the engine's export")
+print("ok: GPT-2 (transposed Conv1D, tied head) loaded back = the engine's export, bit for bit")
