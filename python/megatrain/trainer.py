@@ -216,12 +216,9 @@ class Trainer:
             if self.on_step is not None:
                 self.on_step(record)
 
-        try:
-            result = _engine.train(self.arguments, self._config_json,
-                                   self._weight_source() if torch_model else None,
-                                   self._weight_sink() if torch_model else None, on_message, on_step)
-        except ValueError as e:  # the configuration, before anything ran
-            raise ConfigError(str(e)) from None
+        config.check(keys)  # the engine's validation (files included): ConfigError naming the key
+        result = _engine.train(self.arguments, self._config_json, self._weight_source() if torch_model else None,
+                               self._weight_sink() if torch_model else None, on_message, on_step)
         if result["exit_status"] != 0:
             error = result["error"]
             raise (MegatrainError if error.startswith("training failed") else ConfigError)(error)

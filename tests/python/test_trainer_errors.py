@@ -8,6 +8,7 @@ import tempfile
 
 from tiny import corpus_ids, tiny_llama_dir
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, OPTConfig, OPTForCausalLM, TrainingArguments
 
@@ -99,6 +100,27 @@ r = mt.Trainer(model=model(), train_dataset=texts, tokenizer=os.path.join(shared
                args=TrainingArguments(output_dir=text_out, report_to=[], max_steps=1, per_device_train_batch_size=1),
                max_seq_length=32).train()
 assert r.global_step == 1
+# A Hugging Face fast tokenizer: its tokenizer.json runs in the engine's tokenizer; the shard holds
+# exactly the ids transformers computes, then the end-of-text token.
+from transformers import GPT2TokenizerFast  # noqa: E402
+
+hf_tok = GPT2TokenizerFast(vocab_file=os.path.join(shared, "gpt2-bpe", "encoder.json"),
+                           merges_file=os.path.join(shared, "gpt2-bpe", "vocab.bpe"))
+hf_out = os.path.join(work, "hf-tokenizer")
+mt.Trainer(model=model(), train_dataset=texts, tokenizer=hf_tok, max_seq_length=32,
+           args=TrainingArguments(output_dir=hf_out, report_to=[], max_steps=1, per_device_train_batch_size=1)).train()
+shard = np.fromfile(os.path.join(hf_out, "data", "train_000000.bin"), dtype="<u2", offset=1024)
+assert shard.tolist() == hf_tok(texts[0]["text"])["input_ids"] + [hf_tok.eos_token_id]
+
+# A Hugging Face directory as the model: the engine reads it; save_model writes the trained weights.
+path_out = os.path.join(work, "from-path")
+path_trainer = mt.Trainer(model=base, train_dataset=dataset, max_seq_length=32,
+                          args=TrainingArguments(output_dir=path_out, report_to=[], max_steps=1,
+                                                 per_device_train_batch_size=1))
+assert path_trainer.train().global_step == 1
+path_trainer.save_model(os.path.join(path_out, "saved"))
+trained = AutoModelForCausalLM.from_pretrained(os.path.join(path_out, "saved"), torch_dtype=torch.float32)
+assert not torch.equal(trained.model.norm.weight, model().model.norm.weight)
 
 # Ctrl-C during a run: the step in progress finishes, a final checkpoint is written, train() returns;
 # resuming from it ends where an uninterrupted run ends, bit for bit.
