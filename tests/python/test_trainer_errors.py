@@ -107,10 +107,15 @@ from transformers import GPT2TokenizerFast  # noqa: E402
 hf_tok = GPT2TokenizerFast(vocab_file=os.path.join(shared, "gpt2-bpe", "encoder.json"),
                            merges_file=os.path.join(shared, "gpt2-bpe", "vocab.bpe"))
 hf_out = os.path.join(work, "hf-tokenizer")
-mt.Trainer(model=model(), train_dataset=texts, tokenizer=hf_tok, max_seq_length=32,
-           args=TrainingArguments(output_dir=hf_out, report_to=[], max_steps=1, per_device_train_batch_size=1)).train()
-shard = np.fromfile(os.path.join(hf_out, "data", "train_000000.bin"), dtype="<u2", offset=1024)
-assert shard.tolist() == hf_tok(texts[0]["text"])["input_ids"] + [hf_tok.eos_token_id]
+hf_trainer = mt.Trainer(model=model(), train_dataset=texts, eval_dataset=texts[:1], tokenizer=hf_tok, max_seq_length=32,
+                        args=TrainingArguments(output_dir=hf_out, report_to=[], max_steps=1,
+                                               per_device_train_batch_size=1))
+hf_trainer.train()
+expected = hf_tok(texts[0]["text"])["input_ids"] + [hf_tok.eos_token_id]
+for split in ("train", "val"):  # eval_dataset: the engine's data.validation_files
+    shard = np.fromfile(os.path.join(hf_out, "data", f"{split}_000000.bin"), dtype="<u2", offset=1024)
+    assert shard.tolist() == expected, split
+assert any(a.startswith("--data.validation_files=") for a in hf_trainer.arguments)
 
 # A Hugging Face directory as the model: the engine reads it; save_model writes the trained weights.
 path_out = os.path.join(work, "from-path")
