@@ -218,7 +218,10 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
   if (!remainder.empty()) return fail("command line: unexpected argument '" + remainder.front() + "'");
   for (const BoolArgument& b : bools) *b.value = b.parsed;
   try {
-    values.validate();
+    if (check_files)
+      values.validate();
+    else
+      values.validate_values();
   } catch (const ConfigError& e) {
     return fail(std::string("config: ") + e.what());
   }
