@@ -248,10 +248,9 @@ int main(int argc, char** argv) {
       const Measured dp = run(d, demo_batches, false);
       const Measured ds = run(d, demo_batches, true);
       const double demo_bound = std::max(ds.compute_s, dp.h2d_bytes / dbw);
-      std::printf(
-          "    %s: step %.3f s, compute alone %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
-          auto_slots ? "auto slots" : "2 weight + 1 gradient slot", dp.step_s, ds.compute_s, dp.h2d_bytes / dbw,
-          dp.wait_s, dp.step_s / demo_bound);
+      std::printf("    %s: step %.3f s, compute alone %.3f s, transfer %.3f s, waiting for weights %.3f s -> %.3f x\n",
+                  auto_slots ? "auto slots" : "2 weight + 1 gradient slot", dp.step_s, ds.compute_s, dp.h2d_bytes / dbw,
+                  dp.wait_s, dp.step_s / demo_bound);
       report.add({auto_slots ? "overlap_demo_auto_slots_step_ratio" : "overlap_demo_step_ratio", dp.step_s / demo_bound,
                   "x", 0, 1.15, "lower"});
     }
