@@ -81,6 +81,7 @@ int train(int argc, char** argv) {
   mt::ModelConfig model;
   std::unique_ptr<mt::actors::ShardBatchSource> data;
   mt::actors::EnginePlan plan;
+  std::unique_ptr<mt::MomentStore> moments;  // nullptr: the moments live in the host tiles
   try {
     if (!cfg.model.model_name_or_path.empty())
       model = mt::hf::load_config(cfg.model.model_name_or_path);
@@ -105,6 +106,7 @@ int train(int argc, char** argv) {
       tokenizer_vocab = mt::data::Tokenizer::load(cfg.data.tokenizer_file).vocab_size();
     mt::TrainConfig::check_vocab(model, tokenizer_vocab, max_token);
     data = std::make_unique<mt::actors::ShardBatchSource>(lo);
+    moments = mt::actors::moment_store_for(cfg, model);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "megatrain: %s\n", e.what());
     return 1;
@@ -112,7 +114,7 @@ int train(int argc, char** argv) {
   for (const auto& n : plan.notes) std::fprintf(stderr, "megatrain: note: %s\n", n.c_str());
 
   // Starting weights: a checkpoint to resume, Hugging Face weights, or the seeded random init.
-  mt::HostModel host(model, mt::actors::host_tile_options(cfg));
+  mt::HostModel host(model, mt::actors::host_tile_options(cfg), nullptr, std::move(moments));
   std::int64_t first_step = 0;
   std::string hf_config;
   const bool resuming = !cfg.train.resume_from_checkpoint.empty();

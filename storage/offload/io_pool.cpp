@@ -58,7 +58,8 @@ std::string move_chunk(int fd, const std::string& path, bool write, std::byte* b
                        std::uint64_t offset) {
   ssize_t r;
   do {
-    r = write ? ::pwrite(fd, buf, bytes, static_cast<off_t>(offset)) : ::pread(fd, buf, bytes, static_cast<off_t>(offset));
+    r = write ? ::pwrite(fd, buf, bytes, static_cast<off_t>(offset))
+              : ::pread(fd, buf, bytes, static_cast<off_t>(offset));
   } while (r < 0 && errno == EINTR);
   const std::string where = std::string("offload file ") + path + ": " + (write ? "write" : "read") + " of " +
                             std::to_string(bytes) + " bytes at offset " + std::to_string(offset);

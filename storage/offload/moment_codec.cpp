@@ -177,7 +177,8 @@ void lossless_decode(const std::byte* in, std::size_t bytes, std::size_t n, floa
     const std::size_t d = ZSTD_decompress(plane, n, in + pos, sizes[p]);
     if (ZSTD_isError(d) || d != n)
       throw std::runtime_error("lossless moments: plane " + std::to_string(p) + " does not decode to " +
-                               std::to_string(n) + " bytes" + (ZSTD_isError(d) ? std::string(": ") + ZSTD_getErrorName(d) : ""));
+                               std::to_string(n) + " bytes" +
+                               (ZSTD_isError(d) ? std::string(": ") + ZSTD_getErrorName(d) : ""));
     auto* dst = reinterpret_cast<std::uint8_t*>(p < 4 ? m : v);
     const int byte = p % 4;
     for (std::size_t i = 0; i < n; ++i) dst[4 * i + static_cast<std::size_t>(byte)] = plane[i];

@@ -47,6 +47,11 @@ StageFile::StageFile(std::string path, std::int64_t stage, std::size_t max_paylo
       max_payload_(max_payload),
       header_bytes_(round_up(sizeof(StageFileHeader) + blocks_of(max_payload) * sizeof(std::uint64_t), kDirectAlign)) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+  if (fd_ < 0 && direct && errno == EINVAL) {  // a file system without O_DIRECT (tmpfs): the page cache
+    direct = false;
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  }
+  direct_ = direct;
   if (fd_ < 0)
     throw MomentStoreError("offload file " + path_ + ": cannot create" + (direct ? " with O_DIRECT" : "") + ": " +
                            std::strerror(errno));
@@ -82,7 +87,8 @@ std::size_t StageFile::read(std::byte* buf, std::uint64_t generation, IoPool& io
   io.transfer(fd_, path_, false, buf, header_bytes_, 0);
   const auto* h = reinterpret_cast<const StageFileHeader*>(buf);
   const std::string where = "offload file " + path_ + ": ";
-  if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) throw MomentStoreError(where + "not a moment file (bad magic)");
+  if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0)
+    throw MomentStoreError(where + "not a moment file (bad magic)");
   if (h->header_xxh3 != header_checksum(buf, header_bytes_))
     throw MomentStoreError(where + "header fails its xxh3 checksum (damaged)");
   if (h->stage != static_cast<std::uint64_t>(stage_) || h->payload_bytes > max_payload_ ||
@@ -98,10 +104,9 @@ std::size_t StageFile::read(std::byte* buf, std::uint64_t generation, IoPool& io
   for (std::size_t b = 0; b < blocks_of(payload_bytes); ++b) {
     const std::size_t n = std::min(kChecksumBlock, payload_bytes - b * kChecksumBlock);
     if (XXH3_64bits(payload + b * kChecksumBlock, n) != sums[b])
-      throw MomentStoreError(where + "block " + std::to_string(b) + " (file bytes " +
-                             std::to_string(header_bytes_ + b * kChecksumBlock) + ".." +
-                             std::to_string(header_bytes_ + b * kChecksumBlock + n) +
-                             ") fails its xxh3 checksum (damaged)");
+      throw MomentStoreError(
+          where + "block " + std::to_string(b) + " (file bytes " + std::to_string(header_bytes_ + b * kChecksumBlock) +
+          ".." + std::to_string(header_bytes_ + b * kChecksumBlock + n) + ") fails its xxh3 checksum (damaged)");
   }
   return payload_bytes;
 }

@@ -21,8 +21,8 @@ inline constexpr std::size_t kChecksumBlock = std::size_t{1} << 20;
 
 class StageFile {
  public:
-  // Creates (truncates) `path`; max_payload: the largest payload it will hold. direct: O_DIRECT (a
-  // file system without it is an error naming the file; pass false to use the page cache).
+  // Creates (truncates) `path`; max_payload: the largest payload it will hold. direct: O_DIRECT (on a
+  // file system without it, such as tmpfs, the page cache: direct() says which).
   StageFile(std::string path, std::int64_t stage, std::size_t max_payload, bool direct);
   ~StageFile();
   StageFile(const StageFile&) = delete;
@@ -33,6 +33,7 @@ class StageFile {
   // Buffer size a write or read needs (header region + largest payload, rounded up to 4096).
   std::size_t buffer_bytes() const;
   const std::string& path() const { return path_; }
+  bool direct() const { return direct_; }
 
   // buf: header_bytes() + payload (payload_bytes of it filled by the caller), 4096-aligned. Fills
   // the header and the checksums, zero-pads, writes; returns the bytes written.
@@ -47,6 +48,7 @@ class StageFile {
   std::size_t max_payload_;
   std::size_t header_bytes_;
   int fd_ = -1;
+  bool direct_ = false;
 };
 
 }  // namespace mt::offload

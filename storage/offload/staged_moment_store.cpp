@@ -39,8 +39,10 @@ std::string make_files_dir(const std::string& dir) {
 StagedMomentStore::StagedMomentStore(std::vector<std::size_t> stage_floats, const StagedMomentStoreOptions& options)
     : floats_(std::move(stage_floats)), o_(options) {
   if (floats_.empty()) throw std::invalid_argument("StagedMomentStore: no stages");
-  if (o_.staging_stages < 3) throw std::invalid_argument("offload staging: at least 3 stages (one in use, one "
-                                                         "being written, one read ahead)");
+  if (o_.staging_stages < 3)
+    throw std::invalid_argument(
+        "offload staging: at least 3 stages (one in use, one "
+        "being written, one read ahead)");
   max_floats_ = *std::max_element(floats_.begin(), floats_.end());
   const std::size_t S = floats_.size();
   fresh_.assign(S, 1);
@@ -72,9 +74,11 @@ StagedMomentStore::StagedMomentStore(std::vector<std::size_t> stage_floats, cons
 StagedMomentStore::~StagedMomentStore() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return jobs_.empty() && std::none_of(slots_.begin(), slots_.end(), [](const auto& s) {
-                                  return s->state == SlotState::loading || s->state == SlotState::writing;
-                                }); });
+    cv_.wait(lock, [&] {
+      return jobs_.empty() && std::none_of(slots_.begin(), slots_.end(), [](const auto& s) {
+               return s->state == SlotState::loading || s->state == SlotState::writing;
+             });
+    });
     stop_ = true;
   }
   cv_.notify_all();
@@ -88,8 +92,10 @@ StagedMomentStore::~StagedMomentStore() {
 }
 
 std::string StagedMomentStore::describe() const {
-  std::string where = files_.empty() ? "in RAM" : "in files under " + files_dir_ + (o_.direct_io ? " (O_DIRECT, " : " (buffered, ") +
-                                                      std::to_string(o_.io_threads) + " I/O threads)";
+  std::string where = files_.empty()
+                          ? "in RAM"
+                          : "in files under " + files_dir_ + (files_[0]->direct() ? " (O_DIRECT, " : " (page cache, ") +
+                                std::to_string(o_.io_threads) + " I/O threads)";
   return std::string(moment_codec_name(o_.codec)) + " moments " + where + ", " + std::to_string(o_.staging_stages) +
          " staging stages";
 }
@@ -121,7 +127,7 @@ bool StagedMomentStore::in_window(std::int64_t stage) const {
   const auto S = static_cast<std::int64_t>(floats_.size());
   const std::int64_t depth = o_.staging_stages - 2;
   if (position_ < 0) return false;
-  const std::int64_t ahead = ((stage - position_) % S + S) % S;
+  const std::int64_t ahead = ((direction_ * (stage - position_)) % S + S) % S;
   return ahead >= 1 && ahead <= depth;
 }
 
@@ -152,7 +158,7 @@ void StagedMomentStore::prefetch() {
   const auto S = static_cast<std::int64_t>(floats_.size());
   if (position_ < 0) return;
   for (std::int64_t k = 1; k <= std::min<std::int64_t>(o_.staging_stages - 2, S - 1); ++k) {
-    const std::int64_t stage = (position_ + k) % S;
+    const std::int64_t stage = ((position_ + direction_ * k) % S + S) % S;
     if (find(stage)) continue;
     Slot* v = pick_victim(true);
     if (!v) return;
@@ -173,6 +179,10 @@ MomentView StagedMomentStore::acquire(std::int64_t stage) {
       s->state = SlotState::leased;
       ++s->leases;
       s->last_use = ++clock_;
+      // The visit order: forward (0..S-1, with clipping) unless this acquire stepped one stage back
+      // (the optimizer without clipping updates stages as the backward completes them).
+      const auto S = static_cast<std::int64_t>(floats_.size());
+      if (position_ >= 0 && stage != position_) direction_ = stage == (position_ + S - 1) % S ? -1 : 1;
       position_ = stage;
       prefetch();
       if (hit) ++stats_.hits;
@@ -243,9 +253,8 @@ void StagedMomentStore::reset(std::int64_t stage) {
 void StagedMomentStore::evict_all() {
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] {
-    return std::none_of(slots_.begin(), slots_.end(), [](const auto& s) {
-      return s->state == SlotState::loading || s->state == SlotState::writing;
-    });
+    return std::none_of(slots_.begin(), slots_.end(),
+                        [](const auto& s) { return s->state == SlotState::loading || s->state == SlotState::writing; });
   });
   for (auto& s : slots_)
     if (s->state == SlotState::ready && !s->retained) {

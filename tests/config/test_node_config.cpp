@@ -72,6 +72,8 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "train.seed",
                         "train.offload_dir",
                         "train.optimizer_compression",
+                        "train.offload_staging_stages",
+                        "train.offload_io_threads",
                         "train.lr_scheduler_type",
                         "train.adam_beta1",
                         "train.adam_beta2",

@@ -96,9 +96,10 @@ TEST_CASE("int8 quantiser matches an independent numpy quantiser") {
   std::vector<float> x(n), unused(n);
   test::fake_moments(n, 3, x.data(), unused.data());
   const std::string in = tmp.path() + "/x.f32", out = tmp.path() + "/codes.bin";
-  std::ofstream(in, std::ios::binary).write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(n * 4));
-  const std::string cmd = std::string(MEGATRAIN_PYTHON) + " " MEGATRAIN_SOURCE_DIR "/tests/storage/offload/int8_oracle.py " +
-                          in + " " + out;
+  std::ofstream(in, std::ios::binary)
+      .write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(n * 4));
+  const std::string cmd = std::string(MEGATRAIN_PYTHON) +
+                          " " MEGATRAIN_SOURCE_DIR "/tests/storage/offload/int8_oracle.py " + in + " " + out;
   REQUIRE(std::system(cmd.c_str()) == 0);
   std::ifstream f(out, std::ios::binary);
   const std::size_t nb = (n + kQuantBlock - 1) / kQuantBlock;

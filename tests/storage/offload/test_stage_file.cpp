@@ -55,7 +55,9 @@ TEST_CASE("a stage file round-trips its payload with O_DIRECT and detects damage
   REQUIRE(f.read(back.data(), 1, io) == payload);
   CHECK(std::memcmp(back.data() + f.header_bytes(), buf.data() + f.header_bytes(), payload) == 0);
 
-  SECTION("a stale generation is refused") { CHECK_THAT(error_of([&] { f.read(back.data(), 2, io); }), Catch::Contains("a write was lost")); }
+  SECTION("a stale generation is refused") {
+    CHECK_THAT(error_of([&] { f.read(back.data(), 2, io); }), Catch::Contains("a write was lost"));
+  }
   SECTION("a flipped payload byte names the file and the block") {
     flip_byte(path, f.header_bytes() + 2 * kChecksumBlock + 5);
     const std::string e = error_of([&] { f.read(back.data(), 1, io); });
@@ -100,8 +102,8 @@ TEST_CASE("a full disk (file-size limit) fails the write with a message naming t
     StageFile f(path, 0, payload, true);
     AlignedBuffer buf(f.buffer_bytes(), "test", true, kDirectAlign);
     const std::string e = error_of([&] { f.write(buf.data(), payload, 1, io); });
-    const bool named = e.find(path) != std::string::npos &&
-                       (e.find("file-size limit") != std::string::npos || e.find(std::strerror(EFBIG)) != std::string::npos);
+    const bool named = e.find(path) != std::string::npos && (e.find("file-size limit") != std::string::npos ||
+                                                             e.find(std::strerror(EFBIG)) != std::string::npos);
     if (!named) std::fprintf(stderr, "unexpected error: '%s'\n", e.c_str());
     std::_Exit(named ? 0 : 1);
   }

@@ -9,8 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 
@@ -152,8 +152,9 @@ TEST_CASE("a full disk fails the write-behind: later acquires and flush name the
       e = x.what();
     }
     // Two writes run at once: the first to fail may be stage 1's or stage 2's.
-    const bool ok = (e.find(store.file_path(1)) != std::string::npos || e.find(store.file_path(2)) != std::string::npos) &&
-                    e.find("write") != std::string::npos;
+    const bool ok =
+        (e.find(store.file_path(1)) != std::string::npos || e.find(store.file_path(2)) != std::string::npos) &&
+        e.find("write") != std::string::npos;
     if (!ok) std::fprintf(stderr, "unexpected: '%s'\n", e.c_str());
     std::_Exit(ok ? 0 : 1);
   }
