@@ -175,9 +175,9 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
       throw std::logic_error("load_checkpoint: the host model is not freshly initialised");
     std::memset(t.grad(), 0, t.region_bytes());
     if (moments) {
-      MomentLease lease(host.moments(), s);  // the tile's regions, or a staged stage written back
+      // The tile's regions, or a staged stage written back (not read first: every value is replaced).
+      MomentLease lease(host.moments(), s, MomentLease::Use::overwrite);
       reader.read_stage(s, t.params(), lease.m(), lease.v());
-      lease.mark_modified();
     } else {
       reader.read_stage(s, t.params());
       host.moments().reset(s);

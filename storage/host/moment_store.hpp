@@ -30,6 +30,9 @@ class MomentStore {
   // The stage's current moments, valid until release(stage). Blocks while they are read; throws
   // MomentStoreError when they cannot be (damage, I/O error) or after a failed write-behind.
   virtual MomentView acquire(std::int64_t stage) = 0;
+  // As acquire, for a caller that overwrites every value (loading a checkpoint, benchmarks): the
+  // current moments need not be read, so the contents are unspecified. Release it modified.
+  virtual MomentView acquire_to_overwrite(std::int64_t stage) { return acquire(stage); }
   // Ends a lease; `modified`: m / v were changed and must be kept (written back). Never throws: a
   // failed write-behind keeps the data in RAM and is reported by the next acquire or flush.
   virtual void release(std::int64_t stage, bool modified) noexcept = 0;
@@ -46,7 +49,12 @@ class MomentStore {
 // A lease as a scope: released (unmodified unless mark_modified()) when it ends.
 class MomentLease {
  public:
-  MomentLease(MomentStore& store, std::int64_t stage) : store_(&store), stage_(stage), view_(store.acquire(stage)) {}
+  enum class Use { update, overwrite };
+  MomentLease(MomentStore& store, std::int64_t stage, Use use = Use::update)
+      : store_(&store),
+        stage_(stage),
+        view_(use == Use::overwrite ? store.acquire_to_overwrite(stage) : store.acquire(stage)),
+        modified_(use == Use::overwrite) {}
   ~MomentLease() {
     if (store_) store_->release(stage_, modified_);
   }

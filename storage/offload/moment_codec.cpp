@@ -78,8 +78,19 @@ float quantize(const float* x, std::size_t n, bool is_signed, std::uint8_t* code
     const double a = scale > 0.0f ? std::fabs(static_cast<double>(x[i])) / scale : 0.0;
     std::size_t k = 0;
     if constexpr (Fast) {
-      k = static_cast<std::size_t>(std::upper_bound(map.threshold.begin(), map.threshold.end(), a) -
-                                   map.threshold.begin());
+      // Guess the code from the exponent and mantissa bits (log2(a) to within 0.09, so at most one
+      // code off), then step to the exact count of thresholds <= a: the reference's answer.
+      const std::size_t K = map.threshold.size();
+      if (a > 0.0) {
+        std::uint64_t bits;
+        std::memcpy(&bits, &a, sizeof(bits));
+        const double log2a = static_cast<double>(static_cast<std::int64_t>(bits >> 52) - 1023) +
+                             static_cast<double>(bits & ((std::uint64_t{1} << 52) - 1)) / 4503599627370496.0;
+        const double guess = static_cast<double>(map.levels) + kCodesPerOctave * log2a + 0.5;
+        k = guess <= 0.0 ? 0 : std::min(K, static_cast<std::size_t>(guess));
+      }
+      while (k < K && map.threshold[k] <= a) ++k;
+      while (k > 0 && map.threshold[k - 1] > a) --k;
     } else {
       while (k < map.threshold.size() && map.threshold[k] <= a) ++k;
     }
@@ -122,7 +133,6 @@ void int8_encode_array(const float* x, std::size_t n, bool is_signed, std::byte*
   auto* scales = reinterpret_cast<float*>(out);
   auto* codes = reinterpret_cast<std::uint8_t*>(out + blocks_of(n) * sizeof(float));
   const auto nb = static_cast<std::int64_t>(blocks_of(n));
-#pragma omp parallel for schedule(static) if (nb >= 64)
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::size_t i0 = static_cast<std::size_t>(b) * kQuantBlock;
     scales[b] = quantize_block(x + i0, std::min(kQuantBlock, n - i0), is_signed, codes + i0);
@@ -133,7 +143,6 @@ void int8_decode_array(const std::byte* in, std::size_t n, bool is_signed, float
   const auto* scales = reinterpret_cast<const float*>(in);
   const auto* codes = reinterpret_cast<const std::uint8_t*>(in + blocks_of(n) * sizeof(float));
   const auto nb = static_cast<std::int64_t>(blocks_of(n));
-#pragma omp parallel for schedule(static) if (nb >= 64)
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::size_t i0 = static_cast<std::size_t>(b) * kQuantBlock;
     dequantize_block(codes + i0, std::min(kQuantBlock, n - i0), scales[b], is_signed, x + i0);

@@ -166,7 +166,11 @@ void StagedMomentStore::prefetch() {
   }
 }
 
-MomentView StagedMomentStore::acquire(std::int64_t stage) {
+MomentView StagedMomentStore::acquire(std::int64_t stage) { return acquire_impl(stage, false); }
+
+MomentView StagedMomentStore::acquire_to_overwrite(std::int64_t stage) { return acquire_impl(stage, true); }
+
+MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
   if (stage < 0 || stage >= static_cast<std::int64_t>(floats_.size()))
     throw std::out_of_range("moment store: stage " + std::to_string(stage) + " out of range");
   const auto t0 = Clock::now();
@@ -199,6 +203,13 @@ MomentView StagedMomentStore::acquire(std::int64_t stage) {
     }
     if (!s) {
       if (Slot* v = pick_victim(false)) {
+        if (overwrite) {  // nothing to read: the slot is the stage's from now on
+          v->stage = stage;
+          v->state = SlotState::ready;
+          v->error.clear();
+          v->dirty = true;
+          continue;
+        }
         start_load(v, stage);
         hit = false;
         continue;

@@ -60,6 +60,7 @@ class StagedMomentStore final : public MomentStore {
   ~StagedMomentStore() override;
 
   MomentView acquire(std::int64_t stage) override;
+  MomentView acquire_to_overwrite(std::int64_t stage) override;
   void release(std::int64_t stage, bool modified) noexcept override;
   void flush() override;
   void reset(std::int64_t stage) override;
@@ -92,6 +93,7 @@ class StagedMomentStore final : public MomentStore {
     bool store;
   };
 
+  MomentView acquire_impl(std::int64_t stage, bool overwrite);
   Slot* find(std::int64_t stage);
   Slot* pick_victim(bool for_prefetch);
   bool in_window(std::int64_t stage) const;

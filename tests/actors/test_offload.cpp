@@ -50,7 +50,9 @@ TrainConfig with_tier(TrainConfig cfg, const std::string& offload, const std::st
   return cfg;
 }
 
-offload::StagedMomentStore& staged(HostModel& host) { return dynamic_cast<offload::StagedMomentStore&>(host.moments()); }
+offload::StagedMomentStore& staged(HostModel& host) {
+  return dynamic_cast<offload::StagedMomentStore&>(host.moments());
+}
 
 struct Run {
   std::unique_ptr<HostModel> host;
@@ -83,9 +85,10 @@ Run train(const TrainConfig& cfg, const ModelConfig& model, const std::vector<da
 
 }  // namespace
 
-TEST_CASE("offload: moments on disk (fp32, lossless) and lossless in RAM equal the in-RAM engine through a "
-          "restart of each actor",
-          "[actors][offload]") {
+TEST_CASE(
+    "offload: moments on disk (fp32, lossless) and lossless in RAM equal the in-RAM engine through a "
+    "restart of each actor",
+    "[actors][offload]") {
   TempDir dir("restart");
   const Tiny t = base();
   const ModelConfig model = tiny_config(t).model_config_from_keys();
@@ -96,8 +99,10 @@ TEST_CASE("offload: moments on disk (fp32, lossless) and lossless in RAM equal t
     std::int64_t mb, stage;
     Phase phase;
   };
-  const Fault faults[] = {{Role::optimizer, -1, 3, Phase::optimize}, {Role::compute, 1, 2, Phase::backward},
-                          {Role::prefetcher, 1, 2, Phase::prefetch}, {Role::collector, 1, 2, Phase::collect},
+  const Fault faults[] = {{Role::optimizer, -1, 3, Phase::optimize},
+                          {Role::compute, 1, 2, Phase::backward},
+                          {Role::prefetcher, 1, 2, Phase::prefetch},
+                          {Role::collector, 1, 2, Phase::collect},
                           {Role::loader, 1, -1, Phase::data}};
   const std::pair<std::string, std::string> tiers[] = {
       {dir.path.string(), "none"}, {dir.path.string(), "lossless"}, {"", "lossless"}};
@@ -168,7 +173,8 @@ TEST_CASE("offload: int8 moments train close to fp32 moments", "[actors][offload
   EngineRun fp32 = run_pipeline(tiny_config(t), model, batches);
   for (const std::string where : {"", "disk"}) {
     TempDir dir("int8");
-    EngineRun q = run_pipeline(with_tier(tiny_config(t), where.empty() ? "" : dir.path.string(), "int8"), model, batches);
+    EngineRun q =
+        run_pipeline(with_tier(tiny_config(t), where.empty() ? "" : dir.path.string(), "int8"), model, batches);
     REQUIRE(q.result.error.empty());
     const double first = q.result.steps.front().loss, last = q.result.steps.back().loss;
     const double ref_last = fp32.result.steps.back().loss;

@@ -52,9 +52,8 @@ TierRates measure_tier(const std::string& dir, std::size_t stages, std::size_t f
     auto s0 = store.stats();
     auto t0 = Clock::now();
     for (std::size_t s = 0; s < stages; ++s) {
-      MomentLease l(store, static_cast<std::int64_t>(s));
-      l.m()[0] += 1.0f;  // touch: the data is what it is, the write is what counts
-      l.mark_modified();
+      MomentLease l(store, static_cast<std::int64_t>(s), MomentLease::Use::overwrite);  // no read first
+      l.m()[0] = static_cast<float>(r);
     }
     store.flush();
     const double tw = since(t0);
@@ -146,9 +145,12 @@ int main(int argc, char** argv) {
   int steps = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--dir") dir = argv[i + 1];
-    else if (k == "--gib") gib = std::atof(argv[i + 1]);
-    else if (k == "--steps") steps = std::atoi(argv[i + 1]);
+    if (k == "--dir")
+      dir = argv[i + 1];
+    else if (k == "--gib")
+      gib = std::atof(argv[i + 1]);
+    else if (k == "--steps")
+      steps = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: offload [--dir DIR] [--gib N] [--steps N]\n");
       return 2;
@@ -184,13 +186,14 @@ int main(int argc, char** argv) {
       if (r > fio_r_best) fio_r_best = r, best_r = std::string(bs) + ", depth " + std::to_string(depth);
     }
   fs::remove(file);
-  std::printf("  fio O_DIRECT sequential, 1 MiB blocks, 4 in flight: io_uring write %.0f read %.0f MB/s; psync 4 "
-              "threads write %.0f read %.0f MB/s\n",
-              fio_w_same / 1e6, fio_r_same / 1e6, fio_w_threads / 1e6, fio_r_threads / 1e6);
+  std::printf(
+      "  fio O_DIRECT sequential, 1 MiB blocks, 4 in flight: io_uring write %.0f read %.0f MB/s; psync 4 "
+      "threads write %.0f read %.0f MB/s\n",
+      fio_w_same / 1e6, fio_r_same / 1e6, fio_w_threads / 1e6, fio_r_threads / 1e6);
   std::printf("  fio best: write %.0f MB/s (%s), read %.0f MB/s (%s)\n", fio_w_best / 1e6, best_w.c_str(),
               fio_r_best / 1e6, best_r.c_str());
-  std::printf("  tier (thread pool): write %.0f MB/s = %.2f of fio's best, read %.0f MB/s = %.2f\n", tier.write_bps / 1e6,
-              tier.write_bps / fio_w_best, tier.read_bps / 1e6, tier.read_bps / fio_r_best);
+  std::printf("  tier (thread pool): write %.0f MB/s = %.2f of fio's best, read %.0f MB/s = %.2f\n",
+              tier.write_bps / 1e6, tier.write_bps / fio_w_best, tier.read_bps / 1e6, tier.read_bps / fio_r_best);
   report.add({"offload_write_bandwidth", tier.write_bps / 1e6, "MB/s", fio_w_best / 1e6});
   report.add({"offload_read_bandwidth", tier.read_bps / 1e6, "MB/s", fio_r_best / 1e6});
   report.add({"offload_fio_uring_vs_threads_read", fio_r_same / 1e6, "MB/s", fio_r_threads / 1e6});
@@ -222,7 +225,10 @@ int main(int argc, char** argv) {
     std::vector<float> m2(n), v2(n);
     std::size_t got = 0;
     te += bench::best_seconds(
-        [&] { got = offload::encode_moments(offload::MomentCodec::lossless, ram.m[s].data(), ram.v[s].data(), n, buf.data()); },
+        [&] {
+          got =
+              offload::encode_moments(offload::MomentCodec::lossless, ram.m[s].data(), ram.v[s].data(), n, buf.data());
+        },
         3);
     td += bench::best_seconds(
         [&] { offload::decode_moments(offload::MomentCodec::lossless, buf.data(), got, n, m2.data(), v2.data()); }, 3);
@@ -233,10 +239,11 @@ int main(int argc, char** argv) {
     raw += 8 * n;
     enc += got;
   }
-  std::printf("  lossless on the demo run's moments (%.1f MB): ratio %.3f, encode %.0f MB/s, decode %.0f MB/s (one "
-              "thread)\n",
-              static_cast<double>(raw) / 1e6, static_cast<double>(enc) / static_cast<double>(raw),
-              static_cast<double>(raw) / te / 1e6, static_cast<double>(raw) / td / 1e6);
+  std::printf(
+      "  lossless on the demo run's moments (%.1f MB): ratio %.3f, encode %.0f MB/s, decode %.0f MB/s (one "
+      "thread)\n",
+      static_cast<double>(raw) / 1e6, static_cast<double>(enc) / static_cast<double>(raw),
+      static_cast<double>(raw) / te / 1e6, static_cast<double>(raw) / td / 1e6);
   report.add({"lossless_ratio", static_cast<double>(enc) / static_cast<double>(raw), "encoded/raw", 0});
   report.add({"lossless_encode_throughput", static_cast<double>(raw) / te / 1e6, "MB/s", 0});
   report.add({"lossless_decode_throughput", static_cast<double>(raw) / td / 1e6, "MB/s", 0});
