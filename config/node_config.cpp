@@ -35,7 +35,8 @@ NodeConfig::NodeConfig() {
       .add(t.max_grad_norm, "max_grad_norm", "global gradient-norm clipping; 0 = off")
       .add(t.bf16, "bf16", "bf16 compute (weights streamed and multiplied in bf16) with fp32 master weights")
       .add(t.seed, "seed", "random seed (initialisation, data order)")
-      .add(t.optimizer_compression, "optimizer_compression", "none | lossless | int8 (optimizer state)")
+      .add(t.optimizer_compression, "optimizer_compression",
+           "Adam moments: none | lossless (zstd, bit-identical) | int8 (block-wise, ~2 bytes/param)")
       .add(t.offload_dir, "offload_dir",
            "directory on an NVMe drive for the Adam moments (files, O_DIRECT); empty = host RAM")
       .add(t.offload_staging_stages, "offload_staging_stages",

@@ -111,7 +111,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 24 + 15 + 4 + 9 + 5 + 3);
+  CHECK(keys.size() == 26 + 15 + 4 + 9 + 5 + 3);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
