@@ -78,7 +78,11 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     if (t.version() != static_cast<std::uint64_t>(v))
       throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
                              ", not " + std::to_string(v) + " (version gate broken)");
-    p.writer->write_stage(stage, ckpt::StageState{t.params(), t.adam_m(), t.adam_v()});
+    {
+      // The moments through the store: the tile's regions, or one staged stage read from the tier.
+      MomentLease moments(ctx->host->moments(), stage);
+      p.writer->write_stage(stage, ckpt::StageState{t.params(), moments.m(), moments.v()});
+    }
     p.written[static_cast<std::size_t>(stage)] = 1;
     ctx->gate.mark_written(v, stage);
     if (--p.remaining > 0) return;

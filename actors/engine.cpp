@@ -10,6 +10,7 @@
 
 #include "actors/actors.hpp"
 #include "kernels/cpu/bf16.hpp"
+#include "storage/offload/staged_moment_store.hpp"
 
 namespace mt::actors {
 
@@ -116,14 +117,6 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     throw ConfigError("data.seq_length", std::to_string(p.seq) + " exceeds the model's max_position_embeddings (" +
                                              std::to_string(model.max_position_embeddings) + ")");
   validate_batch_shape(model, p.batch, p.seq);
-  // Keys validated for the NVMe tier and optimizer-state compression, which this engine does not
-  // have yet: refuse them rather than train without what was asked for.
-  if (cfg.optimizer_compression() != OptimizerCompression::none)
-    throw ConfigError("train.optimizer_compression",
-                      "'" + cfg.train.optimizer_compression + "' is not supported by this engine yet; use none");
-  if (!cfg.train.offload_dir.empty())
-    throw ConfigError("train.offload_dir",
-                      "the NVMe tier is not supported by this engine yet; leave it empty (host RAM holds the model)");
   const bool auto_weight = cfg.device.weight_slots == 0, auto_grad = cfg.device.grad_slots == 0;
   if (!auto_weight && cfg.device.weight_slots < 2)
     throw ConfigError("device.weight_slots", "must be >= 2 (double buffering), or auto");
@@ -172,7 +165,24 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
 HostTileOptions host_tile_options(const TrainConfig& cfg) {
   HostTileOptions o;
   o.compute_bytes_per_param = cfg.precision() == Precision::bf16 ? sizeof(bf16_t) : 0;
+  o.moments_in_tile = cfg.train.offload_dir.empty() && cfg.optimizer_compression() == OptimizerCompression::none;
   return o;
+}
+
+std::unique_ptr<MomentStore> moment_store_for(const TrainConfig& cfg, const ModelConfig& model) {
+  if (host_tile_options(cfg).moments_in_tile) return nullptr;
+  offload::StagedMomentStoreOptions o;
+  o.codec = offload::parse_moment_codec(optimizer_compression_name(cfg.optimizer_compression()));
+  o.dir = cfg.train.offload_dir;
+  o.staging_stages = static_cast<int>(cfg.train.offload_staging_stages);
+  o.io_threads = static_cast<int>(cfg.train.offload_io_threads);
+  std::vector<std::size_t> floats;
+  for (std::int64_t s = 0; s < num_stages(model); ++s) floats.push_back(stage_layout(model, s).total_floats);
+  try {
+    return std::make_unique<offload::StagedMomentStore>(std::move(floats), o);
+  } catch (const MomentStoreError& e) {
+    throw ConfigError("train.offload_dir", e.what());
+  }
 }
 
 void init_host_model(HostModel& host, std::uint64_t seed) {
@@ -180,8 +190,7 @@ void init_host_model(HostModel& host, std::uint64_t seed) {
     HostTile& t = host.tile(s);
     init_stage_params(host.config(), s, seed, t.params());
     std::memset(t.grad(), 0, t.region_bytes());
-    std::memset(t.adam_m(), 0, t.region_bytes());
-    std::memset(t.adam_v(), 0, t.region_bytes());
+    host.moments().reset(s);
   }
 }
 
@@ -305,6 +314,13 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job) {
     waiter->receive([](const caf::down_msg&) {});
   }
   result.wall_s = seconds_between(ctx->t0, Clock::now());
+  // The moments' last write-behinds: a failure here is the run's error (the last checkpoint holds
+  // the consistent state).
+  try {
+    job.host->moments().flush();
+  } catch (const std::exception& e) {
+    if (result.error.empty()) result.error = e.what();
+  }
   backend->wait_link_idle();
   result.arena = arena.usage();
   result.link = backend->link_stats();

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -181,8 +182,13 @@ nlohmann::json evaluations_json(const std::vector<EvalRecord>& evals);
 std::vector<EvalRecord> evaluations_from_json(const nlohmann::json& j);
 
 // The host tiles a run needs: with train.bf16, each tile also holds the bf16 compute copy the
-// optimizer writes and the prefetcher streams.
+// optimizer writes and the prefetcher streams; with train.offload_dir or train.optimizer_compression
+// the moments live outside the tiles (moment_store_for).
 HostTileOptions host_tile_options(const TrainConfig& cfg);
+// Where the run keeps its Adam moments: nullptr = in the tiles (the default), else a staged store
+// (storage/offload): compressed in RAM, or files in train.offload_dir. Pass it to HostModel with
+// host_tile_options(cfg).
+std::unique_ptr<MomentStore> moment_store_for(const TrainConfig& cfg, const ModelConfig& model);
 
 // Deterministic initialisation of every tile's params (init_stage_params per stage, the reference
 // trainer's seeding); gradients and moments zero, versions 0.

@@ -58,9 +58,15 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   // Version gate: a checkpoint of version s may still be writing this tile.
   st.gate_wait_s += ctx->gate.wait_writable(s, stage);
   const auto t0 = Clock::now();
-  adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], tile.params(), tile.grad(), tile.adam_m(), tile.adam_v(),
-              hyper, s + 1, grad_scale, ctx->optimizer_threads,
-              static_cast<bf16_t*>(tile.compute_copy()));  // bf16 runs: the copy the prefetcher streams
+  {
+    // The moments: the tile's own regions, or a staged copy from the moment store (read ahead while
+    // the previous stage was updated; written back behind the next one).
+    MomentLease moments(ctx->host->moments(), stage);
+    adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], tile.params(), tile.grad(), moments.m(), moments.v(),
+                hyper, s + 1, grad_scale, ctx->optimizer_threads,
+                static_cast<bf16_t*>(tile.compute_copy()));  // bf16 runs: the copy the prefetcher streams
+    moments.mark_modified();
+  }
   tile.publish_version(static_cast<std::uint64_t>(s + 1));
   const auto t1 = Clock::now();
   st.busy_s += seconds_between(t0, t1);

@@ -36,6 +36,8 @@ nlohmann::json train_config_json(const TrainConfig& c) {
         {"seed", t.seed},
         {"optimizer_compression", t.optimizer_compression},
         {"offload_dir", t.offload_dir},
+        {"offload_staging_stages", t.offload_staging_stages},
+        {"offload_io_threads", t.offload_io_threads},
         {"save_steps", t.save_steps},
         {"save_total_limit", t.save_total_limit},
         {"resume_from_checkpoint", t.resume_from_checkpoint},
@@ -205,11 +207,12 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
       throw std::logic_error("load_checkpoint: the host model is not freshly initialised");
     std::memset(t.grad(), 0, t.region_bytes());
     if (moments) {
-      reader.read_stage(s, t.params(), t.adam_m(), t.adam_v());
+      // The tile's regions, or a staged stage written back (not read first: every value is replaced).
+      MomentLease lease(host.moments(), s, MomentLease::Use::overwrite);
+      reader.read_stage(s, t.params(), lease.m(), lease.v());
     } else {
       reader.read_stage(s, t.params());
-      std::memset(t.adam_m(), 0, t.region_bytes());
-      std::memset(t.adam_v(), 0, t.region_bytes());
+      host.moments().reset(s);
     }
     t.publish_version(static_cast<std::uint64_t>(rp.step));
   }
@@ -236,8 +239,7 @@ nlohmann::json load_hf_weights(const std::filesystem::path& dir, HostModel& host
     HostTile& t = host.tile(s);
     reader.read_stage(s, t.params());
     std::memset(t.grad(), 0, t.region_bytes());
-    std::memset(t.adam_m(), 0, t.region_bytes());
-    std::memset(t.adam_v(), 0, t.region_bytes());
+    host.moments().reset(s);
   }
   return reader.config_json();
 }

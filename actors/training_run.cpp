@@ -105,6 +105,7 @@ class TrainingRun {
   std::unique_ptr<ShardBatchSource> shards_;
   BatchSource* data_ = nullptr;
   std::unique_ptr<VectorBatchSource> eval_data_;  // data.validation_files; null = no evaluation
+  std::unique_ptr<MomentStore> moments_;          // train.offload_dir / optimizer_compression; null = in the tiles
   std::vector<EvalRecord> evaluations_;           // a resumed run's evaluations so far
   EnginePlan plan_;
   std::unique_ptr<HostModel> host_;
@@ -142,6 +143,7 @@ bool TrainingRun::check_model_and_data() {
       shards_ = std::make_unique<ShardBatchSource>(lo);
       data_ = shards_.get();
     }
+    moments_ = moment_store_for(cfg_, model_);  // nullptr: the moments live in the host tiles
     if (!cfg_.data.validation_files.empty())
       eval_data_ =
           make_eval_source(cfg_.data.validation_files, static_cast<int>(plan_.batch), static_cast<int>(plan_.seq),
@@ -157,7 +159,7 @@ bool TrainingRun::check_model_and_data() {
 bool TrainingRun::load_starting_weights() {
   resuming_ = !cfg_.train.resume_from_checkpoint.empty();
   try {
-    host_ = std::make_unique<HostModel>(model_, host_tile_options(cfg_));
+    host_ = std::make_unique<HostModel>(model_, host_tile_options(cfg_), nullptr, std::move(moments_));
     if (hooks_.initial_weights) {
       hf_config_ = hooks_.initial_weights(*host_);
     } else if (!cfg_.model.model_name_or_path.empty()) {

@@ -35,8 +35,13 @@ NodeConfig::NodeConfig() {
       .add(t.max_grad_norm, "max_grad_norm", "global gradient-norm clipping; 0 = off")
       .add(t.bf16, "bf16", "bf16 compute (weights streamed and multiplied in bf16) with fp32 master weights")
       .add(t.seed, "seed", "random seed (initialisation, data order)")
-      .add(t.optimizer_compression, "optimizer_compression", "none | lossless | int8 (optimizer state)")
-      .add(t.offload_dir, "offload_dir", "NVMe directory for state that does not fit in RAM; empty = none")
+      .add(t.optimizer_compression, "optimizer_compression",
+           "Adam moments: none | lossless (zstd, bit-identical) | int8 (block-wise, ~2 bytes/param)")
+      .add(t.offload_dir, "offload_dir",
+           "directory on an NVMe drive for the Adam moments (files, O_DIRECT); empty = host RAM")
+      .add(t.offload_staging_stages, "offload_staging_stages",
+           "moments outside the tiles: stages staged in RAM (read ahead, write behind), >= 3")
+      .add(t.offload_io_threads, "offload_io_threads", "NVMe tier: I/O threads (1 MiB chunks in flight)")
       .add(t.save_steps, "save_steps", "checkpoint every N steps; 0 = only at the end")
       .add(t.save_total_limit, "save_total_limit", "checkpoints to keep; 0 = all")
       .add(t.resume_from_checkpoint, "resume_from_checkpoint", "checkpoint directory, 'latest', or empty")

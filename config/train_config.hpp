@@ -43,7 +43,9 @@ struct TrainSection {                  // [train]
   bool bf16 = false;           // bf16 compute with fp32 masters (Hugging Face's TrainingArguments.bf16)
   std::int64_t seed = 42;
   std::string optimizer_compression = "none";  // none | lossless | int8 (block-wise, lossy)
-  std::string offload_dir;                     // NVMe tier for what does not fit in RAM; "" = none
+  std::string offload_dir;                     // NVMe tier for the Adam moments; "" = none (host RAM)
+  std::int64_t offload_staging_stages = 4;     // moments outside the tiles: stages staged in RAM (>= 3)
+  std::int64_t offload_io_threads = 4;         // NVMe tier: 1 MiB chunks in flight per transfer
   std::int64_t save_steps = 0;                 // checkpoint every N steps; 0 = only at the end
   std::int64_t save_total_limit = 2;           // keep-last-N checkpoints; 0 = keep all
   std::string resume_from_checkpoint;          // checkpoint dir, "latest", or "" (start fresh)

@@ -86,6 +86,8 @@ void train_values(const TrainConfig& c) {
   non_negative("train.max_grad_norm", t.max_grad_norm);
   at_least("train.seed", t.seed, 0);
   c.optimizer_compression();
+  at_least("train.offload_staging_stages", t.offload_staging_stages, 3);
+  at_least("train.offload_io_threads", t.offload_io_threads, 1);
   at_least("train.save_steps", t.save_steps, 0);
   at_least("train.save_total_limit", t.save_total_limit, 0);
   if (t.resume_fallback != "none" && t.resume_fallback != "previous_good")

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,10 +11,10 @@
 
 namespace mt {
 
-AlignedBuffer::AlignedBuffer(std::size_t bytes, const char* what, bool zero_fill) {
+AlignedBuffer::AlignedBuffer(std::size_t bytes, const char* what, bool zero_fill, std::size_t min_alignment) {
   if (bytes == 0) return;
   // Huge-page alignment only pays for buffers of at least one huge page; smaller ones would waste it.
-  alignment_ = bytes >= kHugePageBytes ? kHugePageBytes : kCacheLineBytes;
+  alignment_ = std::max(bytes >= kHugePageBytes ? kHugePageBytes : kCacheLineBytes, min_alignment);
   const std::size_t rounded = (bytes + alignment_ - 1) / alignment_ * alignment_;
   void* p = nullptr;
   if (posix_memalign(&p, alignment_, rounded) != 0 || p == nullptr)

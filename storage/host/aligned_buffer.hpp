@@ -13,8 +13,9 @@ inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  // Throws std::runtime_error naming `what` and the size when the allocation fails.
-  AlignedBuffer(std::size_t bytes, const char* what, bool zero_fill);
+  // Throws std::runtime_error naming `what` and the size when the allocation fails. min_alignment (a
+  // power of two): at least this alignment (O_DIRECT buffers: 4096).
+  AlignedBuffer(std::size_t bytes, const char* what, bool zero_fill, std::size_t min_alignment = 0);
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& other) noexcept;
   AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;

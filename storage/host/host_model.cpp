@@ -1,5 +1,6 @@
 #include "storage/host/host_model.hpp"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -9,7 +10,7 @@ namespace {
 
 std::size_t tile_allocation_bytes(std::size_t floats, const HostTileOptions& options) {
   const std::size_t compute = floats * options.compute_bytes_per_param;
-  return kTileRegionCount * floats * sizeof(float) +
+  return (options.moments_in_tile ? kTileRegionCount : 2) * floats * sizeof(float) +
          (compute + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes;
 }
 
@@ -23,9 +24,15 @@ std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& opti
   return total;
 }
 
-HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, HostPinningHook* pinning)
-    : cfg_(cfg), pinning_(pinning) {
+HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, HostPinningHook* pinning,
+                     std::unique_ptr<MomentStore> moments)
+    : cfg_(cfg), pinning_(pinning), moments_(std::move(moments)) {
   cfg_.validate();
+  if (options.moments_in_tile == (moments_ != nullptr))
+    throw std::invalid_argument(options.moments_in_tile
+                                    ? "HostModel: a moment store was given but the tiles hold the moments"
+                                    : "HostModel: the tiles hold no moments and no moment store was given");
+  if (!moments_) moments_ = std::make_unique<TileMomentStore>(*this);
   const auto stages = mt::num_stages(cfg_);
   layouts_.reserve(static_cast<std::size_t>(stages));
   tiles_.reserve(static_cast<std::size_t>(stages));
@@ -58,7 +65,7 @@ const ParamLayout& HostModel::layout(std::int64_t stage) const {
 std::size_t HostModel::host_bytes() const {
   std::size_t total = 0;
   for (const auto& t : tiles_) total += t->bytes();
-  return total;
+  return total + moments_->ram_bytes();
 }
 
 std::size_t HostModel::largest_stage_floats() const {
@@ -70,6 +77,17 @@ std::int64_t HostModel::largest_stage() const {
   for (std::int64_t s = 1; s < num_stages(); ++s)
     if (tiles_[static_cast<std::size_t>(s)]->floats() > tiles_[static_cast<std::size_t>(best)]->floats()) best = s;
   return best;
+}
+
+MomentView TileMomentStore::acquire(std::int64_t stage) {
+  HostTile& t = host_.tile(stage);
+  return MomentView{t.adam_m(), t.adam_v()};
+}
+
+void TileMomentStore::reset(std::int64_t stage) {
+  HostTile& t = host_.tile(stage);
+  std::memset(t.adam_m(), 0, t.region_bytes());
+  std::memset(t.adam_v(), 0, t.region_bytes());
 }
 
 void HostModel::abort_all_waits() {

@@ -10,6 +10,7 @@
 #include "kernels/model_config.hpp"
 #include "kernels/param_layout.hpp"
 #include "storage/host/host_tile.hpp"
+#include "storage/host/moment_store.hpp"
 
 namespace mt {
 
@@ -22,14 +23,18 @@ class HostPinningHook {
   virtual void unpin(void* /*data*/, std::size_t /*bytes*/) {}
 };
 
-// Host bytes a model needs with these options, before allocating anything (for reports and checks).
+// Host bytes a model's tiles need with these options, before allocating anything (reports, checks);
+// a MomentStore outside the tiles reports its own (MomentStore::ram_bytes).
 std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& options = {});
 
 class HostModel {
  public:
   // Allocates every tile (and pins each one through `pinning` when given; the hook must outlive the
   // model). Throws std::invalid_argument for an invalid config, std::runtime_error when memory is short.
-  explicit HostModel(const ModelConfig& cfg, const HostTileOptions& options = {}, HostPinningHook* pinning = nullptr);
+  // The moments live in the tiles (options.moments_in_tile, `moments` null) or in `moments` (then
+  // options.moments_in_tile must be false).
+  explicit HostModel(const ModelConfig& cfg, const HostTileOptions& options = {}, HostPinningHook* pinning = nullptr,
+                     std::unique_ptr<MomentStore> moments = nullptr);
   ~HostModel();
   HostModel(const HostModel&) = delete;
   HostModel& operator=(const HostModel&) = delete;
@@ -40,7 +45,10 @@ class HostModel {
   const HostTile& tile(std::int64_t stage) const;
   const ParamLayout& layout(std::int64_t stage) const;  // names and offsets inside each region
 
-  std::size_t host_bytes() const;            // sum of every tile's allocation
+  // Every stage's AdamW moments: the tiles' regions, or a store outside them (compressed, NVMe).
+  MomentStore& moments() { return *moments_; }
+
+  std::size_t host_bytes() const;            // sum of every tile's allocation and the moment store's RAM
   std::size_t largest_stage_floats() const;  // what a device weight slot must hold
   std::int64_t largest_stage() const;
 
@@ -52,6 +60,22 @@ class HostModel {
   std::vector<ParamLayout> layouts_;
   std::vector<std::unique_ptr<HostTile>> tiles_;  // HostTile holds a mutex: not movable
   HostPinningHook* pinning_;
+  std::unique_ptr<MomentStore> moments_;
+};
+
+// The moments in the tiles themselves: a lease is the tile's own regions (no copy, no I/O).
+class TileMomentStore final : public MomentStore {
+ public:
+  explicit TileMomentStore(HostModel& host) : host_(host) {}
+  MomentView acquire(std::int64_t stage) override;
+  void release(std::int64_t, bool) noexcept override {}
+  void flush() override {}
+  void reset(std::int64_t stage) override;
+  std::size_t ram_bytes() const override { return 0; }
+  std::string describe() const override { return "in the host tiles"; }
+
+ private:
+  HostModel& host_;
 };
 
 }  // namespace mt

@@ -25,35 +25,40 @@ namespace {
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-std::size_t tile_bytes(std::size_t floats, std::size_t compute_bytes) {
-  return kTileRegionCount * floats * sizeof(float) + round_up(compute_bytes, kCacheLineBytes);
+std::size_t tile_bytes(int regions, std::size_t floats, std::size_t compute_bytes) {
+  return static_cast<std::size_t>(regions) * floats * sizeof(float) + round_up(compute_bytes, kCacheLineBytes);
 }
 
 }  // namespace
 
 HostTile::HostTile(std::int64_t stage, std::size_t floats_per_region, const HostTileOptions& options)
-    : stage_(stage), floats_(floats_per_region), compute_bytes_(floats_per_region * options.compute_bytes_per_param) {
+    : stage_(stage),
+      floats_(floats_per_region),
+      compute_bytes_(floats_per_region * options.compute_bytes_per_param),
+      regions_(options.moments_in_tile ? kTileRegionCount : 2) {
   if (floats_ % kAlignFloats != 0)
     throw std::invalid_argument("HostTile: floats_per_region " + std::to_string(floats_) + " is not a multiple of " +
                                 std::to_string(kAlignFloats));
   const std::string what = "host tile of stage " + std::to_string(stage);
-  buffer_ = AlignedBuffer(tile_bytes(floats_, compute_bytes_), what.c_str(), options.zero_fill);
+  buffer_ = AlignedBuffer(tile_bytes(regions_, floats_, compute_bytes_), what.c_str(), options.zero_fill);
 }
 
 float* HostTile::region(TileRegion r) {
+  if (static_cast<int>(r) >= regions_)
+    throw std::logic_error(std::string("HostTile: stage ") + std::to_string(stage_) + " holds no " +
+                           tile_region_name(r) + " region (its moments live in a MomentStore)");
   return reinterpret_cast<float*>(buffer_.data()) + static_cast<std::size_t>(r) * floats_;
 }
 
-const float* HostTile::region(TileRegion r) const {
-  return reinterpret_cast<const float*>(buffer_.data()) + static_cast<std::size_t>(r) * floats_;
-}
+const float* HostTile::region(TileRegion r) const { return const_cast<HostTile*>(this)->region(r); }
 
 void* HostTile::compute_copy() {
-  return compute_bytes_ == 0 ? nullptr : buffer_.data() + kTileRegionCount * region_bytes();
+  return compute_bytes_ == 0 ? nullptr : buffer_.data() + static_cast<std::size_t>(regions_) * region_bytes();
 }
 
 const void* HostTile::stream_source() const {
-  return compute_bytes_ == 0 ? static_cast<const void*>(params()) : buffer_.data() + kTileRegionCount * region_bytes();
+  return compute_bytes_ == 0 ? static_cast<const void*>(params())
+                             : buffer_.data() + static_cast<std::size_t>(regions_) * region_bytes();
 }
 
 std::size_t HostTile::stream_bytes() const { return compute_bytes_ == 0 ? region_bytes() : compute_bytes_; }

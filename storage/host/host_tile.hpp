@@ -3,6 +3,9 @@
 //
 //   [ params | grad | adam_m | adam_v | compute copy (optional) ]
 //
+// Without moments_in_tile the moments live in a MomentStore elsewhere (compressed in RAM, or on the
+// NVMe tier: storage/offload) and the tile is [ params | grad | compute copy ].
+//
 // params is the fp32 master copy; on the CPU backend it is also what compute reads (streamed into a
 // device slot). A backend that computes in lower precision (bf16 on CUDA) asks for a compute copy
 // region (compute_bytes_per_param = 2): the optimizer writes it after each update and the copy engine
@@ -30,6 +33,8 @@ const char* tile_region_name(TileRegion r);
 struct HostTileOptions {
   // 0: compute reads the fp32 params (CPU backend); 2: a bf16 / fp16 copy; 4: a separate fp32 copy.
   std::size_t compute_bytes_per_param = 0;
+  // false: no adam_m / adam_v regions (the moments live in a MomentStore outside the tile).
+  bool moments_in_tile = true;
   // Zero every region at allocation (also commits the pages now rather than during the first step).
   bool zero_fill = true;
 };
@@ -52,8 +57,10 @@ class HostTile {
   const float* params() const { return region(TileRegion::params); }
   float* grad() { return region(TileRegion::grad); }
   const float* grad() const { return region(TileRegion::grad); }
+  // Throw std::logic_error when the tile holds no moments (has_moments() false).
   float* adam_m() { return region(TileRegion::adam_m); }
   float* adam_v() { return region(TileRegion::adam_v); }
+  bool has_moments() const { return regions_ == kTileRegionCount; }
 
   // The bytes a device slot receives: the compute copy when there is one, else params.
   bool has_compute_copy() const { return compute_bytes_ > 0; }
@@ -83,6 +90,7 @@ class HostTile {
   std::int64_t stage_;
   std::size_t floats_;
   std::size_t compute_bytes_;
+  int regions_;  // fp32 regions held: 4, or 2 without moments
   AlignedBuffer buffer_;
   std::atomic<std::uint64_t> version_{0};
   mutable std::mutex version_mutex_;

@@ -136,7 +136,7 @@ struct EngineRun {
 inline EngineRun run_pipeline(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
                               FaultPlan* fault = nullptr) {
   EngineRun r;
-  r.host = std::make_unique<HostModel>(model, host_tile_options(cfg));
+  r.host = std::make_unique<HostModel>(model, host_tile_options(cfg), nullptr, moment_store_for(cfg, model));
   init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
   VectorBatchSource source(batches);
   EngineJob job;
@@ -154,12 +154,20 @@ inline bool same_bits(const float* a, const float* b, std::size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
+// Stage s's moments (wherever the host model keeps them: tiles, compressed, NVMe) equal m and v.
+inline bool moments_equal(HostModel& host, std::int64_t s, const float* m, const float* v, std::size_t n) {
+  MomentLease l(host.moments(), s);
+  return same_bits(l.m(), m, n) && same_bits(l.v(), v, n);
+}
+
 inline bool tiles_equal(HostModel& a, HostModel& b) {
   for (std::int64_t s = 0; s < a.num_stages(); ++s) {
     const std::size_t n = a.tile(s).floats();
-    if (!same_bits(a.tile(s).params(), b.tile(s).params(), n) ||
-        !same_bits(a.tile(s).adam_m(), b.tile(s).adam_m(), n) || !same_bits(a.tile(s).adam_v(), b.tile(s).adam_v(), n))
-      return false;
+    if (!same_bits(a.tile(s).params(), b.tile(s).params(), n)) return false;
+    {
+      MomentLease lb(b.moments(), s);
+      if (!moments_equal(a, s, lb.m(), lb.v(), n)) return false;
+    }
     if (a.tile(s).has_compute_copy() != b.tile(s).has_compute_copy() ||
         (a.tile(s).has_compute_copy() &&
          std::memcmp(a.tile(s).compute_copy(), b.tile(s).compute_copy(), a.tile(s).compute_copy_bytes()) != 0))
@@ -171,8 +179,7 @@ inline bool tiles_equal(HostModel& a, HostModel& b) {
 inline bool equals_reference(HostModel& host, ReferenceTrainer& ref) {
   for (std::int64_t s = 0; s < host.num_stages(); ++s) {
     const std::size_t n = static_cast<std::size_t>(ref.layout(s).total_floats);
-    if (!same_bits(host.tile(s).params(), ref.params(s), n) || !same_bits(host.tile(s).adam_m(), ref.adam_m(s), n) ||
-        !same_bits(host.tile(s).adam_v(), ref.adam_v(s), n))
+    if (!same_bits(host.tile(s).params(), ref.params(s), n) || !moments_equal(host, s, ref.adam_m(s), ref.adam_v(s), n))
       return false;
     // bf16 runs: the streamed compute copy too (what the next step would compute with).
     if (ref.compute_copy(s) != nullptr &&

@@ -127,6 +127,28 @@ TEST_CASE("megatrain train: trains, prints progress and writes JSONL", "[actors]
   fs::remove_all(dir);
 }
 
+TEST_CASE("megatrain train: the moments on the NVMe tier give the same losses as in RAM", "[actors][node][offload]") {
+  const fs::path dir = fs::temp_directory_path() / ("mt_node_offload_" + std::to_string(::getpid()));
+  const fs::path shard = make_shard(dir, 8192);
+  auto losses = [&](const std::string& extra, const std::string& out) {
+    const Outcome o = mt::test::run_node(tiny_args(dir / out, shard) + " --train.max_steps=4" + extra);
+    INFO(o.out);
+    REQUIRE(o.code == 0);
+    std::ifstream jl(dir / out / "out" / "train.jsonl");
+    std::vector<double> l;
+    for (std::string line; std::getline(jl, line);) l.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return l;
+  };
+  const auto ram = losses("", "ram");
+  const auto tier = losses(" --train.offload_dir=" + (dir / "nvme").string() + " --train.offload_staging_stages=3 " +
+                               "--train.optimizer_compression=lossless",
+                           "tier");
+  REQUIRE(ram.size() == 4);
+  CHECK(tier == ram);
+  CHECK(fs::is_empty(dir / "nvme"));  // the working files are gone with the run
+  fs::remove_all(dir);
+}
+
 TEST_CASE("megatrain train: SIGINT stops cleanly after the step in progress", "[actors][node]") {
   const fs::path dir = fs::temp_directory_path() / ("mt_node_sig_" + std::to_string(::getpid()));
   const fs::path shard = make_shard(dir, 8192);

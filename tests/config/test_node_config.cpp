@@ -72,6 +72,10 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "train.seed",
                         "train.offload_dir",
                         "train.optimizer_compression",
+                        "train.offload_staging_stages",
+                        "train.offload_io_threads",
+                        "train.eval_steps",
+                        "train.eval_max_batches",
                         "train.lr_scheduler_type",
                         "train.adam_beta1",
                         "train.adam_beta2",
@@ -109,7 +113,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 26 + 15 + 4 + 9 + 5 + 3);
+  CHECK(keys.size() == 28 + 15 + 4 + 9 + 5 + 3);  // train: 24 + eval_steps, eval_max_batches + 2 offload keys
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -67,6 +67,8 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"train.seed: must be >= 0", [](TrainConfig& c) { c.train.seed = -5; }},
       {"train.optimizer_compression: 'zstd' is not one of: none, lossless, int8",
        [](TrainConfig& c) { c.train.optimizer_compression = "zstd"; }},
+      {"train.offload_staging_stages: must be >= 3, got 2", [](TrainConfig& c) { c.train.offload_staging_stages = 2; }},
+      {"train.offload_io_threads: must be >= 1, got 0", [](TrainConfig& c) { c.train.offload_io_threads = 0; }},
       {"train.save_steps: must be >= 0", [](TrainConfig& c) { c.train.save_steps = -1; }},
       {"model.config_file: set either",
        [](TrainConfig& c) { c.model.config_file = "a", c.model.model_name_or_path = "b"; }},

@@ -36,6 +36,24 @@ TEST_CASE("host tile regions are aligned, disjoint, zeroed and sized from the la
   CHECK(std::string(tile_region_name(TileRegion::adam_v)) == "adam_v");
 }
 
+TEST_CASE("a tile without moments holds params, grad and the compute copy only", "[host_tile]") {
+  HostTileOptions options;
+  options.moments_in_tile = false;  // the moments live in a MomentStore (storage/offload)
+  options.compute_bytes_per_param = 2;
+  HostTile tile(2, 256, options);
+  CHECK_FALSE(tile.has_moments());
+  CHECK(tile.bytes() == 2 * 1024 + 512);
+  CHECK(static_cast<std::byte*>(tile.compute_copy()) == reinterpret_cast<std::byte*>(tile.grad() + 256));
+  CHECK_THROWS_WITH(tile.adam_m(), Catch::Contains("holds no adam_m region"));
+  // A model whose tiles hold no moments needs a store, and a store needs tiles without them.
+  const ModelConfig c = test::tiny_model(1);
+  CHECK_THROWS_WITH(HostModel(c, options), Catch::Contains("no moment store"));
+  HostModel in_tiles(c);
+  CHECK(in_tiles.moments().describe() == "in the host tiles");
+  MomentLease l(in_tiles.moments(), 1);
+  CHECK(l.m() == in_tiles.tile(1).adam_m());  // a lease is the tile's own region: no copy
+}
+
 TEST_CASE("a host tile rejects a size that is not a multiple of the tensor alignment", "[host_tile]") {
   CHECK_THROWS_WITH(HostTile(0, 1000), Catch::Contains("not a multiple of 16"));
 }

@@ -1,0 +1,74 @@
+// Where the AdamW moments (m, v) of each stage live, behind one interface, so the optimizer, the
+// checkpointer and checkpoint loading do not care whether they sit in the host tile (the default: no
+// copies), compressed in RAM, or in files on an NVMe tier (storage/offload).
+//
+// A stage's moments are used through a lease: acquire(stage) makes m and v (each stage_floats long,
+// fp32) available until release; a lease marked modified is written back. Stores that stage through
+// bounded buffers read ahead in the visit order and write behind.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace mt {
+
+// An I/O or integrity failure of a moment store (names the file and what went wrong).
+class MomentStoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct MomentView {
+  float* m = nullptr;
+  float* v = nullptr;
+};
+
+class MomentStore {
+ public:
+  virtual ~MomentStore() = default;
+  // The stage's current moments, valid until release(stage). Blocks while they are read; throws
+  // MomentStoreError when they cannot be (damage, I/O error) or after a failed write-behind.
+  virtual MomentView acquire(std::int64_t stage) = 0;
+  // As acquire, for a caller that overwrites every value (loading a checkpoint, benchmarks): the
+  // current moments need not be read, so the contents are unspecified. Release it modified.
+  virtual MomentView acquire_to_overwrite(std::int64_t stage) { return acquire(stage); }
+  // Ends a lease; `modified`: m / v were changed and must be kept (written back). Never throws: a
+  // failed write-behind keeps the data in RAM and is reported by the next acquire or flush.
+  virtual void release(std::int64_t stage, bool modified) noexcept = 0;
+  // Waits for every write-behind; throws the first failure.
+  virtual void flush() = 0;
+  // The stage's moments are zero (fresh run, params-only import): no I/O until the next update.
+  virtual void reset(std::int64_t stage) = 0;
+  // Host bytes this store holds (0 for the tiles: counted with them), for reports.
+  virtual std::size_t ram_bytes() const = 0;
+  // One line: "in the host tiles", "int8 in RAM (4 staging stages)", "files in DIR (...)".
+  virtual std::string describe() const = 0;
+};
+
+// A lease as a scope: released (unmodified unless mark_modified()) when it ends.
+class MomentLease {
+ public:
+  enum class Use { update, overwrite };
+  MomentLease(MomentStore& store, std::int64_t stage, Use use = Use::update)
+      : store_(&store),
+        stage_(stage),
+        view_(use == Use::overwrite ? store.acquire_to_overwrite(stage) : store.acquire(stage)),
+        modified_(use == Use::overwrite) {}
+  ~MomentLease() {
+    if (store_) store_->release(stage_, modified_);
+  }
+  MomentLease(const MomentLease&) = delete;
+  MomentLease& operator=(const MomentLease&) = delete;
+  float* m() const { return view_.m; }
+  float* v() const { return view_.v; }
+  void mark_modified() { modified_ = true; }
+
+ private:
+  MomentStore* store_;
+  std::int64_t stage_;
+  MomentView view_;
+  bool modified_ = false;
+};
+
+}  // namespace mt

@@ -1,0 +1,388 @@
+#include "storage/offload/staged_moment_store.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+namespace mt::offload {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+constexpr int kWorkers = 2;  // one load and one store in flight at once
+
+// A directory of its own under `dir` for this store's files: two stores (two runs, a test's two
+// engines) never share files, and the destructor removes exactly what it made.
+std::string make_files_dir(const std::string& dir) {
+  static std::atomic<int> counter{0};
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw MomentStoreError("train.offload_dir " + dir + ": cannot create: " + ec.message());
+  const fs::path p =
+      fs::path(dir) / ("megatrain-moments-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  fs::create_directory(p, ec);
+  if (ec) throw MomentStoreError("train.offload_dir " + dir + ": cannot create " + p.string() + ": " + ec.message());
+  return p.string();
+}
+
+}  // namespace
+
+StagedMomentStore::StagedMomentStore(std::vector<std::size_t> stage_floats, const StagedMomentStoreOptions& options)
+    : floats_(std::move(stage_floats)), o_(options) {
+  if (floats_.empty()) throw std::invalid_argument("StagedMomentStore: no stages");
+  if (o_.staging_stages < 3)
+    throw std::invalid_argument(
+        "offload staging: at least 3 stages (one in use, one "
+        "being written, one read ahead)");
+  max_floats_ = *std::max_element(floats_.begin(), floats_.end());
+  const std::size_t S = floats_.size();
+  fresh_.assign(S, 1);
+  generation_.assign(S, 0);
+  std::size_t encoded_bytes = round_up(encoded_bound(o_.codec, max_floats_), kDirectAlign);
+  if (!o_.dir.empty()) {
+    files_dir_ = make_files_dir(o_.dir);
+    io_ = std::make_unique<IoPool>(o_.io_threads, o_.io_chunk_bytes);
+    char name[48];
+    for (std::size_t s = 0; s < S; ++s) {
+      std::snprintf(name, sizeof(name), "stage-%05zu.moments", s);
+      files_.push_back(std::make_unique<StageFile>((fs::path(files_dir_) / name).string(), static_cast<std::int64_t>(s),
+                                                   encoded_bound(o_.codec, floats_[s]), o_.direct_io));
+      header_bytes_ = std::max(header_bytes_, files_.back()->header_bytes());
+    }
+    encoded_bytes += header_bytes_;
+  } else {
+    blobs_.resize(S);
+  }
+  for (int i = 0; i < o_.staging_stages; ++i) {
+    auto slot = std::make_unique<Slot>();
+    slot->fp32 = AlignedBuffer(2 * max_floats_ * sizeof(float), "moment staging slot", false);
+    slot->encoded = AlignedBuffer(encoded_bytes, "moment staging slot (encoded)", false, kDirectAlign);
+    slots_.push_back(std::move(slot));
+  }
+  for (int i = 0; i < kWorkers; ++i) workers_.emplace_back([this] { worker(); });
+}
+
+StagedMomentStore::~StagedMomentStore() {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] {
+      return jobs_.empty() && std::none_of(slots_.begin(), slots_.end(), [](const auto& s) {
+               return s->state == SlotState::loading || s->state == SlotState::writing;
+             });
+    });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  files_.clear();
+  io_.reset();
+  if (!files_dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(files_dir_, ec);
+  }
+}
+
+std::string StagedMomentStore::describe() const {
+  std::string where = files_.empty()
+                          ? "in RAM"
+                          : "in files under " + files_dir_ + (files_[0]->direct() ? " (O_DIRECT, " : " (page cache, ") +
+                                std::to_string(o_.io_threads) + " I/O threads)";
+  return std::string(moment_codec_name(o_.codec)) + " moments " + where + ", " + std::to_string(o_.staging_stages) +
+         " staging stages";
+}
+
+std::size_t StagedMomentStore::ram_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t total = 0;
+  for (const auto& s : slots_) total += s->fp32.bytes() + s->encoded.bytes();
+  for (const auto& b : blobs_) total += b.capacity();
+  return total;
+}
+
+MomentStoreStats StagedMomentStore::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+std::string StagedMomentStore::file_path(std::int64_t stage) const {
+  return files_.empty() ? std::string() : files_.at(static_cast<std::size_t>(stage))->path();
+}
+
+StagedMomentStore::Slot* StagedMomentStore::find(std::int64_t stage) {
+  for (auto& s : slots_)
+    if (s->stage == stage) return s.get();
+  return nullptr;
+}
+
+bool StagedMomentStore::in_window(std::int64_t stage) const {
+  const auto S = static_cast<std::int64_t>(floats_.size());
+  const std::int64_t depth = o_.staging_stages - 2;
+  if (position_ < 0) return false;
+  const std::int64_t ahead = ((direction_ * (stage - position_)) % S + S) % S;
+  return ahead >= 1 && ahead <= depth;
+}
+
+// An empty slot, else the least recently used ready one (never a retained one; for a read-ahead never
+// one holding a stage of the read-ahead window: that would undo the read ahead). nullptr: none free.
+StagedMomentStore::Slot* StagedMomentStore::pick_victim(bool for_prefetch) {
+  Slot* best = nullptr;
+  for (auto& s : slots_) {
+    if (s->state == SlotState::empty) return s.get();
+    if (s->state != SlotState::ready || s->retained) continue;
+    if (for_prefetch && in_window(s->stage)) continue;
+    if (!best || s->last_use < best->last_use) best = s.get();
+  }
+  return best;
+}
+
+void StagedMomentStore::start_load(Slot* s, std::int64_t stage) {
+  s->stage = stage;
+  s->state = SlotState::loading;
+  s->error.clear();
+  s->dirty = false;
+  s->last_use = ++clock_;
+  jobs_.push_back(Job{s, false});
+  cv_.notify_all();
+}
+
+void StagedMomentStore::prefetch() {
+  const auto S = static_cast<std::int64_t>(floats_.size());
+  if (position_ < 0) return;
+  for (std::int64_t k = 1; k <= std::min<std::int64_t>(o_.staging_stages - 2, S - 1); ++k) {
+    const std::int64_t stage = ((position_ + direction_ * k) % S + S) % S;
+    if (find(stage)) continue;
+    Slot* v = pick_victim(true);
+    if (!v) return;
+    start_load(v, stage);
+  }
+}
+
+MomentView StagedMomentStore::acquire(std::int64_t stage) { return acquire_impl(stage, false); }
+
+MomentView StagedMomentStore::acquire_to_overwrite(std::int64_t stage) { return acquire_impl(stage, true); }
+
+MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
+  if (stage < 0 || stage >= static_cast<std::int64_t>(floats_.size()))
+    throw std::out_of_range("moment store: stage " + std::to_string(stage) + " out of range");
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool hit = true;
+  while (true) {
+    if (!failed_.empty()) throw MomentStoreError(failed_);
+    Slot* s = find(stage);
+    if (s && (s->state == SlotState::ready || s->state == SlotState::leased)) {
+      s->state = SlotState::leased;
+      ++s->leases;
+      s->last_use = ++clock_;
+      // The visit order: forward (0..S-1, with clipping) unless this acquire stepped one stage back
+      // (the optimizer without clipping updates stages as the backward completes them).
+      const auto S = static_cast<std::int64_t>(floats_.size());
+      if (position_ >= 0 && stage != position_) direction_ = stage == (position_ + S - 1) % S ? -1 : 1;
+      position_ = stage;
+      prefetch();
+      if (hit) ++stats_.hits;
+      stats_.acquire_wait_s += since(t0);
+      const std::size_t n = floats_[static_cast<std::size_t>(stage)];
+      auto* f = reinterpret_cast<float*>(s->fp32.data());
+      return MomentView{f, f + n};
+    }
+    if (s && s->state == SlotState::empty && !s->error.empty()) {
+      const std::string e = s->error;
+      s->error.clear();
+      s->stage = -1;
+      throw MomentStoreError(e);
+    }
+    if (!s) {
+      if (Slot* v = pick_victim(false)) {
+        if (overwrite) {  // nothing to read: the slot is the stage's from now on
+          v->stage = stage;
+          v->state = SlotState::ready;
+          v->error.clear();
+          v->dirty = true;
+          continue;
+        }
+        start_load(v, stage);
+        hit = false;
+        continue;
+      }
+    } else if (s->state == SlotState::loading) {
+      hit = false;
+    }
+    cv_.wait(lock);
+  }
+}
+
+void StagedMomentStore::release(std::int64_t stage, bool modified) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Slot* s = find(stage);
+  if (!s || s->state != SlotState::leased) return;  // not leased: nothing to do (a bug, but never lose data)
+  s->dirty = s->dirty || modified;
+  if (--s->leases > 0) return;
+  if (s->dirty) {
+    s->state = SlotState::writing;
+    jobs_.push_back(Job{s, true});
+  } else {
+    s->state = SlotState::ready;
+  }
+  prefetch();
+  cv_.notify_all();
+}
+
+void StagedMomentStore::flush() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] {
+    return std::none_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->state == SlotState::writing; });
+  });
+  if (!failed_.empty()) throw MomentStoreError(failed_);
+}
+
+void StagedMomentStore::reset(std::int64_t stage) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] {
+    Slot* s = find(stage);
+    return !s || s->state == SlotState::ready || s->state == SlotState::empty;
+  });
+  if (Slot* s = find(stage)) {
+    s->stage = -1;
+    s->state = SlotState::empty;
+    s->retained = false;
+    s->error.clear();
+  }
+  fresh_.at(static_cast<std::size_t>(stage)) = 1;
+  if (!blobs_.empty()) std::vector<std::byte>().swap(blobs_[static_cast<std::size_t>(stage)]);
+}
+
+void StagedMomentStore::evict_all() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] {
+    return std::none_of(slots_.begin(), slots_.end(),
+                        [](const auto& s) { return s->state == SlotState::loading || s->state == SlotState::writing; });
+  });
+  for (auto& s : slots_)
+    if (s->state == SlotState::ready && !s->retained) {
+      s->stage = -1;
+      s->state = SlotState::empty;
+    }
+  position_ = -1;
+}
+
+void StagedMomentStore::worker() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;
+    const Job job = jobs_.front();
+    jobs_.pop_front();
+    Slot& s = *job.slot;
+    const std::int64_t stage = s.stage;
+    const auto st = static_cast<std::size_t>(stage);
+    const auto t0 = Clock::now();
+    if (job.store) {
+      const std::uint64_t gen = generation_[st] + 1;
+      lock.unlock();
+      std::string err;
+      std::uint64_t bytes = 0;
+      try {
+        bytes = store(s, stage, gen);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      lock.lock();
+      stats_.store_s += since(t0);
+      ++stats_.stores;
+      s.state = SlotState::ready;
+      s.dirty = false;
+      if (err.empty()) {
+        generation_[st] = gen;
+        fresh_[st] = 0;
+        stats_.file_bytes_written += files_.empty() ? 0 : bytes;
+      } else {
+        s.retained = true;  // the only good copy of this stage now
+        if (failed_.empty()) failed_ = err;
+      }
+    } else {
+      const std::uint64_t gen = generation_[st];
+      const bool fresh = fresh_[st] != 0;
+      lock.unlock();
+      std::string err;
+      try {
+        load(s, stage, gen, fresh);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      lock.lock();
+      stats_.load_s += since(t0);
+      ++stats_.loads;
+      if (err.empty()) {
+        s.state = SlotState::ready;
+        if (!fresh && !files_.empty()) stats_.file_bytes_read += header_bytes_;  // the payload: in load()
+      } else {
+        s.state = SlotState::empty;
+        s.error = err;
+      }
+    }
+    cv_.notify_all();
+  }
+}
+
+void StagedMomentStore::load(Slot& s, std::int64_t stage, std::uint64_t generation, bool fresh) {
+  const std::size_t n = floats_[static_cast<std::size_t>(stage)];
+  auto* m = reinterpret_cast<float*>(s.fp32.data());
+  if (fresh) {
+    std::memset(m, 0, 2 * n * sizeof(float));
+    return;
+  }
+  const std::byte* enc = nullptr;
+  std::size_t bytes = 0;
+  if (!files_.empty()) {
+    bytes = files_[static_cast<std::size_t>(stage)]->read(s.encoded.data(), generation, *io_);
+    enc = s.encoded.data() + header_bytes_;
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.file_bytes_read += round_up(bytes, kDirectAlign);
+  } else {
+    const auto& blob = blobs_[static_cast<std::size_t>(stage)];
+    enc = blob.data();
+    bytes = blob.size();
+  }
+  const auto t0 = Clock::now();
+  try {
+    decode_moments(o_.codec, enc, bytes, n, m, m + n);
+  } catch (const std::exception& e) {
+    throw MomentStoreError("moments of stage " + std::to_string(stage) + " (" +
+                           (files_.empty() ? std::string("in RAM") : files_[static_cast<std::size_t>(stage)]->path()) +
+                           "): " + e.what());
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.decode_s += since(t0);
+}
+
+std::uint64_t StagedMomentStore::store(Slot& s, std::int64_t stage, std::uint64_t generation) {
+  const std::size_t n = floats_[static_cast<std::size_t>(stage)];
+  const auto* m = reinterpret_cast<const float*>(s.fp32.data());
+  const auto t0 = Clock::now();
+  std::byte* enc = s.encoded.data() + payload_offset();
+  const std::size_t bytes = encode_moments(o_.codec, m, m + n, n, enc);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.encode_s += since(t0);
+    stats_.raw_bytes += 2 * n * sizeof(float);
+    stats_.encoded_bytes += bytes;
+  }
+  if (!files_.empty()) return files_[static_cast<std::size_t>(stage)]->write(s.encoded.data(), bytes, generation, *io_);
+  // In RAM: the blob is only touched by this store job (one per stage at a time) and by loads of this
+  // stage, which cannot run while its slot is being written.
+  auto& blob = blobs_[static_cast<std::size_t>(stage)];
+  blob.assign(enc, enc + bytes);
+  return bytes;
+}
+
+}  // namespace mt::offload

@@ -1,0 +1,131 @@
+// The moments outside the tiles: encoded (moment_codec.hpp) in RAM, or in one file per stage on the
+// NVMe tier (stage_file.hpp), used through a bounded set of staging slots, each holding one stage's
+// fp32 m and v plus its encoded form.
+//
+// The optimizer visits the stages in a known cyclic order (0..S-1 every step with clipping, S-1..0
+// without), so after it acquires stage s the store starts loading the next `staging_stages - 2`
+// stages in that order into free slots (read ahead),
+// and a released, modified stage is encoded and written by a worker while the optimizer updates the
+// next one (write behind). A slot that still holds a stage serves it again without I/O (small models
+// whose stages all fit the slots do no reads at all). RAM use is bounded: slots x (largest stage's
+// m and v + its encoding), whatever the depth.
+//
+// Failures: a load that fails (damage, truncation, I/O error) fails the acquire that wants it, naming
+// the file and block; a write that fails keeps the stage's data in its slot (never evicted, so nothing
+// is lost) and fails every later acquire and flush with the message (sticky): the engine stops and
+// the last checkpoint stays the consistent state.
+#pragma once
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "storage/host/aligned_buffer.hpp"
+#include "storage/host/moment_store.hpp"
+#include "storage/offload/io_pool.hpp"
+#include "storage/offload/moment_codec.hpp"
+#include "storage/offload/stage_file.hpp"
+
+namespace mt::offload {
+
+struct StagedMomentStoreOptions {
+  MomentCodec codec = MomentCodec::none;
+  std::string dir;         // "" = encoded in RAM; else the NVMe tier's directory (created if needed)
+  int staging_stages = 4;  // slots (>= 3: one in use, one writing, one read ahead)
+  int io_threads = 4;      // chunks in flight per transfer (the queue depth)
+  std::size_t io_chunk_bytes = std::size_t{1} << 20;
+  bool direct_io = true;  // O_DIRECT
+};
+
+// Counters since construction (benchmarks, reports).
+struct MomentStoreStats {
+  std::uint64_t loads = 0, stores = 0;  // stage transfers (file or RAM)
+  std::uint64_t hits = 0;               // acquires served by a slot without a load
+  std::uint64_t file_bytes_read = 0, file_bytes_written = 0;
+  std::uint64_t raw_bytes = 0, encoded_bytes = 0;  // of the stores: fp32 bytes and their encoding
+  double acquire_wait_s = 0.0;                     // time acquire blocked (the optimizer waiting on the tier)
+  double load_s = 0.0, store_s = 0.0;              // worker time: I/O + (de)coding
+  double encode_s = 0.0, decode_s = 0.0;           // of which (de)coding
+};
+
+class StagedMomentStore final : public MomentStore {
+ public:
+  // stage_floats[s]: the floats of stage s's m (and of its v).
+  StagedMomentStore(std::vector<std::size_t> stage_floats, const StagedMomentStoreOptions& options);
+  ~StagedMomentStore() override;
+
+  MomentView acquire(std::int64_t stage) override;
+  MomentView acquire_to_overwrite(std::int64_t stage) override;
+  void release(std::int64_t stage, bool modified) noexcept override;
+  void flush() override;
+  void reset(std::int64_t stage) override;
+  std::size_t ram_bytes() const override;
+  std::string describe() const override;
+
+  MomentStoreStats stats() const;
+  // The file of a stage (tests: damage); "" in RAM.
+  std::string file_path(std::int64_t stage) const;
+  // The directory this store's files live in (under options.dir); "" in RAM.
+  const std::string& files_dir() const { return files_dir_; }
+  // Drops every slot that is not in use (tests: make the next acquire read the file).
+  void evict_all();
+
+ private:
+  enum class SlotState { empty, loading, ready, leased, writing };
+  struct Slot {
+    std::int64_t stage = -1;
+    SlotState state = SlotState::empty;
+    int leases = 0;
+    bool dirty = false;     // a lease modified it: write when the last lease ends
+    bool retained = false;  // its write failed: the only copy, never evicted
+    std::uint64_t last_use = 0;
+    std::string error;      // a failed load, for the acquire waiting on it
+    AlignedBuffer fp32;     // m | v
+    AlignedBuffer encoded;  // [file header region] encoding
+  };
+  struct Job {
+    Slot* slot;
+    bool store;
+  };
+
+  MomentView acquire_impl(std::int64_t stage, bool overwrite);
+  Slot* find(std::int64_t stage);
+  Slot* pick_victim(bool for_prefetch);
+  bool in_window(std::int64_t stage) const;
+  void start_load(Slot* s, std::int64_t stage);
+  void prefetch();
+  void worker();
+  void load(Slot& s, std::int64_t stage, std::uint64_t generation, bool fresh);  // no lock held
+  std::uint64_t store(Slot& s, std::int64_t stage, std::uint64_t generation);    // no lock held; bytes written
+  std::size_t payload_offset() const { return files_.empty() ? 0 : header_bytes_; }
+
+  std::vector<std::size_t> floats_;
+  std::size_t max_floats_ = 0;
+  StagedMomentStoreOptions o_;
+  std::string files_dir_;
+  std::vector<std::unique_ptr<StageFile>> files_;  // on the NVMe tier
+  std::vector<std::vector<std::byte>> blobs_;      // in RAM: each stage's encoding
+  std::size_t header_bytes_ = 0;
+  std::unique_ptr<IoPool> io_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<char> fresh_;                // per stage: moments are zero, nothing stored
+  std::vector<std::uint64_t> generation_;  // per stage: writes made
+  std::int64_t position_ = -1;             // the stage acquired last (read ahead from there)
+  std::int64_t direction_ = 1;             // the visit order: +1 forward, -1 backward
+  std::uint64_t clock_ = 0;
+  std::string failed_;  // sticky write failure
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  MomentStoreStats stats_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace mt::offload

@@ -1,0 +1,223 @@
+// The Adam moments outside the tiles (train.offload_dir: files on the NVMe tier; train.
+// optimizer_compression): with moments on disk, fp32 or lossless, and lossless in RAM, the engine
+// equals the all-in-RAM engine (the reference trainer, which the in-RAM engine equals) bit for bit,
+// through a crash and restart of each actor and through a checkpoint resume, whatever the offload
+// settings of either run. int8 trains: its loss falls and ends close to fp32's. Damage to an offload
+// file mid-run is detected and named, the run stops with that error, and the checkpoints already
+// written resume to the same bits as an uninterrupted run.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "actors/run_state.hpp"
+#include "storage/offload/staged_moment_store.hpp"
+#include "tests/actors/engine_fixture.hpp"
+
+using namespace mt;
+using namespace mt::actors;
+using namespace mt::actors::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("mt_offload_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+Tiny base() {
+  Tiny t;
+  t.micro_batches = 2;
+  t.steps = 6;
+  t.layers = 4;  // 6 stages through 3 staging slots: every step loads moments from the files
+  return t;
+}
+
+// offload: "" or a directory; compression: none | lossless | int8.
+TrainConfig with_tier(TrainConfig cfg, const std::string& offload, const std::string& compression) {
+  cfg.train.offload_dir = offload;
+  cfg.train.optimizer_compression = compression;
+  cfg.train.offload_staging_stages = 3;
+  cfg.train.offload_io_threads = 2;
+  return cfg;
+}
+
+offload::StagedMomentStore& staged(HostModel& host) {
+  return dynamic_cast<offload::StagedMomentStore&>(host.moments());
+}
+
+struct Run {
+  std::unique_ptr<HostModel> host;
+  EngineResult result;
+  std::vector<CheckpointEvent> events;
+};
+
+Run train(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
+          const std::string& root, std::int64_t stop_after, const fs::path& resume,
+          const std::function<void(const StepRecord&, HostModel&)>& on_step = {}) {
+  Run r;
+  r.host = std::make_unique<HostModel>(model, host_tile_options(cfg), nullptr, moment_store_for(cfg, model));
+  init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
+  VectorBatchSource source(batches);
+  EngineJob job;
+  job.cfg = cfg;
+  job.model = model;
+  job.data = &source;
+  job.host = r.host.get();
+  job.stop_after = stop_after;
+  if (!resume.empty()) job.first_step = load_checkpoint(resume, false, cfg, model, *r.host, &source).step;
+  job.checkpoint.root = root;
+  job.checkpoint.save_steps = 2;
+  job.on_checkpoint = [&](const CheckpointEvent& e) { r.events.push_back(e); };
+  HostModel* host = r.host.get();
+  if (on_step) job.on_step = [&, host](const StepRecord& rec) { on_step(rec, *host); };
+  r.result = run_engine(std::move(job));
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "offload: moments on disk (fp32, lossless) and lossless in RAM equal the in-RAM engine through a "
+    "restart of each actor",
+    "[actors][offload]") {
+  TempDir dir("restart");
+  const Tiny t = base();
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const auto batches = tiny_batches(t, 16);
+  const RefRun ref = run_reference(tiny_config(t), model, batches, t.steps);
+  struct Fault {
+    Role role;
+    std::int64_t mb, stage;
+    Phase phase;
+  };
+  const Fault faults[] = {{Role::optimizer, -1, 3, Phase::optimize},
+                          {Role::compute, 1, 2, Phase::backward},
+                          {Role::prefetcher, 1, 2, Phase::prefetch},
+                          {Role::collector, 1, 2, Phase::collect},
+                          {Role::loader, 1, -1, Phase::data}};
+  const std::pair<std::string, std::string> tiers[] = {
+      {dir.path.string(), "none"}, {dir.path.string(), "lossless"}, {"", "lossless"}};
+  for (const auto& [where, codec] : tiers)
+    for (const Fault& f : faults) {
+      const TrainConfig cfg = with_tier(tiny_config(t), where, codec);
+      FaultPlan plan(f.role, 3, f.mb, f.stage, static_cast<int>(f.phase));
+      EngineRun eng = run_pipeline(cfg, model, batches, &plan);
+      INFO(eng.host->moments().describe() << "; fault: " << plan.describe());
+      REQUIRE(eng.result.error.empty());
+      CHECK(plan.fired.load() == 1);
+      CHECK(eng.result.restarts == 1);
+      REQUIRE(eng.result.steps_done == t.steps);
+      for (std::int64_t s = 0; s < t.steps; ++s)
+        CHECK(eng.result.steps[static_cast<std::size_t>(s)].loss == ref.losses[static_cast<std::size_t>(s)]);
+      CHECK(equals_reference(*eng.host, *ref.trainer));
+      const auto st = staged(*eng.host).stats();
+      CHECK(st.stores >= static_cast<std::uint64_t>(t.steps * num_stages(model)));
+      if (!where.empty()) CHECK(st.file_bytes_read > 0);  // moments really came back from the files
+    }
+  {
+    // Without clipping the optimizer visits stages during the backward (the reverse order).
+    Tiny nc = t;
+    nc.max_grad_norm = 0.0;
+    const TrainConfig cfg = with_tier(tiny_config(nc), dir.path.string(), "none");
+    const RefRun ref_nc = run_reference(cfg, model, batches, nc.steps);
+    EngineRun eng = run_pipeline(cfg, model, batches);
+    REQUIRE(eng.result.error.empty());
+    CHECK(equals_reference(*eng.host, *ref_nc.trainer));
+  }  // every store removed its own files
+}
+
+TEST_CASE("offload: checkpoint resume across tier settings equals an uninterrupted run bit for bit",
+          "[actors][offload][checkpoint]") {
+  TempDir dir("resume"), ckpts("resume_ckpt");
+  Tiny t = base();
+  t.steps = 8;
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const auto batches = tiny_batches(t, 32);
+  const RefRun ref = run_reference(tiny_config(t), model, batches, t.steps);
+  const TrainConfig ram = tiny_config(t);
+  const TrainConfig disk = with_tier(tiny_config(t), dir.path.string(), "none");
+  const TrainConfig disk_z = with_tier(tiny_config(t), dir.path.string(), "lossless");
+  const std::pair<const TrainConfig*, const TrainConfig*> pairs[] = {{&disk, &ram}, {&ram, &disk_z}, {&disk_z, &disk}};
+  int k = 0;
+  for (const auto& [first, second] : pairs) {
+    const fs::path root = ckpts.path / std::to_string(k++);
+    const Run a = train(*first, model, batches, root.string(), 4, {});
+    for (const auto& e : a.events) INFO("checkpoint " << e.step << ": " << (e.ok ? e.path : e.error));
+    REQUIRE(a.result.error.empty());
+    REQUIRE_FALSE(a.events.empty());
+    for (const auto& e : a.events) CHECK(e.ok);
+    REQUIRE(a.result.steps_done == 4);
+    const Run b = train(*second, model, batches, root.string(), -1, root);
+    REQUIRE(b.result.error.empty());
+    REQUIRE(b.result.steps_done == t.steps);
+    CHECK(equals_reference(*b.host, *ref.trainer));
+  }
+}
+
+TEST_CASE("offload: int8 moments train close to fp32 moments", "[actors][offload][int8]") {
+  Tiny t;
+  t.steps = 40;
+  t.layers = 3;
+  t.hidden = 64;
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const auto batches = tiny_batches(t, 40);
+  EngineRun fp32 = run_pipeline(tiny_config(t), model, batches);
+  for (const std::string where : {"", "disk"}) {
+    TempDir dir("int8");
+    EngineRun q =
+        run_pipeline(with_tier(tiny_config(t), where.empty() ? "" : dir.path.string(), "int8"), model, batches);
+    REQUIRE(q.result.error.empty());
+    const double first = q.result.steps.front().loss, last = q.result.steps.back().loss;
+    const double ref_last = fp32.result.steps.back().loss;
+    INFO("int8 " << where << ": first " << first << " last " << last << ", fp32 last " << ref_last);
+    CHECK(last < first - 0.5);
+    CHECK(std::abs(last - ref_last) < 0.05 * ref_last + 0.02);
+    const auto st = staged(*q.host).stats();
+    CHECK(static_cast<double>(st.encoded_bytes) / static_cast<double>(st.raw_bytes) < 0.27);  // ~2 of 8 bytes
+  }
+}
+
+TEST_CASE("offload: a damaged offload file mid-run is named, the run stops, the checkpoints resume exactly",
+          "[actors][offload][damage]") {
+  TempDir dir("damage"), ckpts("damage_ckpt");
+  Tiny t = base();
+  t.steps = 8;
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const auto batches = tiny_batches(t, 32);
+  const TrainConfig cfg = with_tier(tiny_config(t), dir.path.string(), "none");
+  std::vector<std::string> files;
+  // After step 5 a byte of every stage file flips: the stages not held in a staging slot are read
+  // from their files during step 6 and fail their block checksums.
+  const Run a = train(cfg, model, batches, ckpts.path.string(), -1, {}, [&](const StepRecord& rec, HostModel& host) {
+    if (rec.step != 5) return;
+    for (std::int64_t s = 0; s < host.num_stages(); ++s) {
+      const std::string p = staged(host).file_path(s);
+      files.push_back(p);
+      std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(4096 + 100);  // inside the payload (after the header region)
+      f.put('\x7f');
+    }
+  });
+  INFO(a.result.error);
+  REQUIRE_FALSE(a.result.error.empty());
+  CHECK_THAT(a.result.error, Catch::Contains("offload file") && Catch::Contains("checksum"));
+  bool named = false;
+  for (const auto& p : files) named = named || a.result.error.find(p) != std::string::npos;
+  CHECK(named);
+  CHECK(a.result.steps_done < t.steps);
+  // What the checkpoints hold is intact: resuming from the latest one (in RAM) ends where an
+  // uninterrupted run ends.
+  const RefRun ref = run_reference(tiny_config(t), model, batches, t.steps);
+  const Run b = train(tiny_config(t), model, batches, ckpts.path.string(), -1, ckpts.path);
+  REQUIRE(b.result.error.empty());
+  CHECK(equals_reference(*b.host, *ref.trainer));
+}

@@ -1,0 +1,149 @@
+// Moment codecs: none and lossless give back the same bits; int8's reference and fast quantisers agree
+// code for code, every decoded value is within the stated bound, and an independent numpy quantiser
+// (log-domain rounding instead of thresholds) gives the same codes (ties aside) and scales.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "storage/offload/moment_codec.hpp"
+#include "tests/storage/offload/offload_test_util.hpp"
+
+using namespace mt;
+using namespace mt::offload;
+
+namespace {
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("none and lossless moment codecs round-trip bit for bit; lossless is smaller") {
+  const std::size_t n = 100'000 + 16;  // not a multiple of a block
+  std::vector<float> m(n), v(n), m2(n), v2(n);
+  test::fake_moments(n, 1, m.data(), v.data());
+  m[3] = -0.0f;
+  m[5] = std::nanf("");
+  for (MomentCodec c : {MomentCodec::none, MomentCodec::lossless}) {
+    std::vector<std::byte> enc(encoded_bound(c, n));
+    const std::size_t bytes = encode_moments(c, m.data(), v.data(), n, enc.data());
+    decode_moments(c, enc.data(), bytes, n, m2.data(), v2.data());
+    CHECK(same_bits(m, m2));
+    CHECK(same_bits(v, v2));
+    if (c == MomentCodec::lossless) CHECK(bytes < 2 * n * sizeof(float));
+    if (c == MomentCodec::lossless) {
+      enc[100] ^= std::byte{0x40};  // damage inside a zstd frame: an error, never silent garbage
+      bool threw = false;
+      try {
+        decode_moments(c, enc.data(), bytes, n, m2.data(), v2.data());
+      } catch (const std::runtime_error&) {
+        threw = true;
+      }
+      if (!threw) CHECK_FALSE(same_bits(m, m2));  // zstd frames have no checksum here: the file's blocks do
+    }
+  }
+}
+
+TEST_CASE("int8 quantiser: reference and fast agree; decoded values within the bound") {
+  const std::size_t n = 5 * kQuantBlock + 77;
+  std::vector<float> m(n), v(n), m2(n), v2(n);
+  test::fake_moments(n, 2, m.data(), v.data());
+  for (std::size_t i = 256; i < 512; ++i) m[i] = 0.0f;  // an all-zero block
+  v[600] = 1e-30f;                                      // far below the floor: never decodes to 0
+  std::vector<std::uint8_t> ca(kQuantBlock), cb(kQuantBlock);
+  for (const bool sgn : {true, false}) {
+    const std::vector<float>& x = sgn ? m : v;
+    for (std::size_t i0 = 0; i0 < n; i0 += kQuantBlock) {
+      const std::size_t k = std::min(kQuantBlock, n - i0);
+      const float sa = quantize_block_reference(x.data() + i0, k, sgn, ca.data());
+      const float sb = quantize_block(x.data() + i0, k, sgn, cb.data());
+      REQUIRE(sa == sb);
+      REQUIRE(std::memcmp(ca.data(), cb.data(), k) == 0);
+    }
+  }
+  std::vector<std::byte> enc(encoded_bound(MomentCodec::int8, n));
+  const std::size_t bytes = encode_moments(MomentCodec::int8, m.data(), v.data(), n, enc.data());
+  CHECK(static_cast<double>(bytes) / static_cast<double>(n) < 2.05);  // ~2 bytes per parameter for m and v
+  decode_moments(MomentCodec::int8, enc.data(), bytes, n, m2.data(), v2.data());
+  const double rel = int8_relative_error_bound();
+  for (std::size_t i0 = 0; i0 < n; i0 += kQuantBlock) {
+    const std::size_t k = std::min(kQuantBlock, n - i0);
+    for (const bool sgn : {true, false}) {
+      const std::vector<float>& x = sgn ? m : v;
+      const std::vector<float>& y = sgn ? m2 : v2;
+      double scale = 0;
+      for (std::size_t i = i0; i < i0 + k; ++i) scale = std::max(scale, std::fabs(static_cast<double>(x[i])));
+      for (std::size_t i = i0; i < i0 + k; ++i) {
+        const double err = std::fabs(static_cast<double>(x[i]) - y[i]);
+        const double bound = std::max(rel * std::fabs(static_cast<double>(x[i])), int8_floor(sgn) * scale) * 1.0001;
+        INFO("i=" << i << " signed=" << sgn << " x=" << x[i] << " decoded=" << y[i]);
+        REQUIRE(err <= bound);
+        if (!sgn && x[i] > 0) REQUIRE(y[i] > 0);  // v never decodes to 0
+        if (sgn && x[i] != 0 && y[i] != 0) REQUIRE(std::signbit(x[i]) == std::signbit(y[i]));
+      }
+    }
+  }
+  CHECK(m2[300] == 0.0f);  // the zero block stays zero
+}
+
+TEST_CASE("int8 quantiser: the fast path equals the reference over 40 octaves of magnitudes") {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> octave(-40.0, 0.0);
+  std::vector<float> x(kQuantBlock);
+  std::vector<std::uint8_t> ca(kQuantBlock), cb(kQuantBlock);
+  for (int b = 0; b < 2000; ++b) {
+    for (auto& e : x) e = static_cast<float>(std::exp2(octave(rng)) * (rng() % 2 ? 1 : -1));
+    for (const bool sgn : {true, false}) {
+      REQUIRE(quantize_block_reference(x.data(), kQuantBlock, sgn, ca.data()) ==
+              quantize_block(x.data(), kQuantBlock, sgn, cb.data()));
+      REQUIRE(std::memcmp(ca.data(), cb.data(), kQuantBlock) == 0);
+    }
+  }
+}
+
+TEST_CASE("int8 quantiser matches an independent numpy quantiser") {
+  test::OffloadTempDir tmp;
+  const std::size_t n = 40 * kQuantBlock + 13;
+  std::vector<float> x(n), unused(n);
+  test::fake_moments(n, 3, x.data(), unused.data());
+  const std::string in = tmp.path() + "/x.f32", out = tmp.path() + "/codes.bin";
+  std::ofstream(in, std::ios::binary)
+      .write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(n * 4));
+  const std::string cmd = std::string(MEGATRAIN_PYTHON) +
+                          " " MEGATRAIN_SOURCE_DIR "/tests/storage/offload/int8_oracle.py " + in + " " + out;
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream f(out, std::ios::binary);
+  const std::size_t nb = (n + kQuantBlock - 1) / kQuantBlock;
+  std::vector<std::uint8_t> cm(n), cv(n);
+  std::vector<float> sm(nb), sv(nb);
+  f.read(reinterpret_cast<char*>(cm.data()), static_cast<std::streamsize>(n));
+  f.read(reinterpret_cast<char*>(cv.data()), static_cast<std::streamsize>(n));
+  f.read(reinterpret_cast<char*>(sm.data()), static_cast<std::streamsize>(nb * 4));
+  f.read(reinterpret_cast<char*>(sv.data()), static_cast<std::streamsize>(nb * 4));
+  REQUIRE(f.good());
+  std::vector<float> ax(n);
+  for (std::size_t i = 0; i < n; ++i) ax[i] = std::fabs(x[i]);
+  std::size_t differ = 0;
+  std::vector<std::uint8_t> codes(kQuantBlock);
+  for (const bool sgn : {true, false}) {
+    const std::vector<float>& src = sgn ? x : ax;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t i0 = b * kQuantBlock, k = std::min(kQuantBlock, n - i0);
+      const float scale = quantize_block(src.data() + i0, k, sgn, codes.data());
+      REQUIRE(scale == (sgn ? sm : sv)[b]);
+      for (std::size_t i = 0; i < k; ++i) {
+        const int ours = codes[i], theirs = (sgn ? cm : cv)[i0 + i];
+        if (ours != theirs) {
+          ++differ;
+          REQUIRE(std::abs((ours & 0x7f) - (theirs & 0x7f)) <= 1);  // a tie rounded the other way
+        }
+      }
+    }
+  }
+  CHECK(differ <= n / 10000 + 1);
+}
