@@ -290,6 +290,9 @@ py::dict model_summary(const std::string& model_config_json) {
 
 PYBIND11_MODULE(_engine, m) {
   m.doc() = "megatrain's C++ engine (see megatrain/__init__.py for the Python API)";
+  // pybind11 before 2.12 reads NumPy 1's array descriptors; with NumPy 2 its arrays come out wrong.
+  m.attr("numpy2_supported") = PYBIND11_VERSION_MAJOR > 2 || PYBIND11_VERSION_MINOR >= 12;
+  m.attr("pybind11_version") = std::to_string(PYBIND11_VERSION_MAJOR) + "." + std::to_string(PYBIND11_VERSION_MINOR);
   py::register_exception<mt::ConfigError>(m, "EngineConfigError", PyExc_ValueError);
   py::register_exception<mt::hf::HfError>(m, "ModelError", PyExc_ValueError);
   py::register_exception<mt::data::DataError>(m, "DataError", PyExc_ValueError);

@@ -42,7 +42,6 @@ _REFUSED = {
     "ignore_data_skip": "the engine always resumes at the exact data position",
     "optim_args": "the engine's optimizer is AdamW with the adam_* fields",
     "adafactor": "the engine's optimizer is AdamW",
-    "torch_empty_cache_steps": None,  # no effect on the result: warned (listed here only to document it)
 }
 _ADAMW = {"adamw_torch", "adamw_hf", "adamw_torch_fused"}
 # Fields that never say anything about the run (names, paths, hub settings, derived values).
