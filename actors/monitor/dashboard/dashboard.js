@@ -111,6 +111,9 @@
       }
     }
     if (x1 === x0) x1 = x0 + 1;
+    // A constant series (up to float rounding, e.g. a constant learning rate read back as a double) is
+    // drawn as a flat line in the middle, not as noise blown up to the full height.
+    if (y1 - y0 <= 1e-6 * Math.max(Math.abs(y0), Math.abs(y1))) y1 = y0;
     if (y1 === y0) { y1 += Math.abs(y1) * 0.05 || 1; y0 -= Math.abs(y0) * 0.05 || 1; }
     const left = 58, right = 8, top = 6, bottom = 18;
     const sx = (x) => left + (x - x0) / (x1 - x0) * (w - left - right);

@@ -19,6 +19,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -44,6 +45,9 @@ def make_shard(path, tokens):
         f.write(struct.pack("<%dH" % tokens, *[(i * 7 + i // 13) % 61 for i in range(tokens)]))
 
 
+STALL_STEP, STALL_S = 100, 6  # the node's test hook holds the write of step 100's checkpoint this long
+
+
 def start_node(binary, work):
     shard = os.path.join(work, "train_000000.bin")
     make_shard(shard, 8192)
@@ -52,10 +56,11 @@ def start_node(binary, work):
             "--model.kv_heads=2", "--model.intermediate_size=64", "--model.vocab_size=64",
             "--model.max_position_embeddings=64", "--data.seq_length=16", "--data.train_files=" + shard,
             "--train.per_device_train_batch_size=2", "--train.gradient_accumulation_steps=2", "--train.warmup_steps=0",
-            "--train.max_steps=1000000", "--train.save_steps=0", "--train.output_dir=" + out,
+            "--train.max_steps=1000000", "--train.save_steps=%d" % STALL_STEP, "--train.output_dir=" + out,
             "--device.device_memory_mb=16", "--threads.total=2", "--monitor.port=0"]
     log = open(os.path.join(work, "node.log"), "w")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    env = dict(os.environ, MEGATRAIN_TEST_CKPT_STALL="%d:1:%d" % (STALL_STEP, STALL_S))
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.time() + 60
     while not os.path.exists(os.path.join(out, "monitor.json")):
         if proc.poll() is not None:
@@ -150,7 +155,10 @@ PAGE_STATE = """JSON.stringify((() => {
   return {historyLoaded: d.historyLoaded, historyRecords: d.historyRecords, sse: d.sse, lastStep: d.lastStep,
           statusPolls: d.statusPolls, points: d.points, plots: plots, controls: d.controls,
           actors: Array.from(document.querySelectorAll('#actor-rows tr')).map(r => r.dataset.actor),
-          state: document.getElementById('run-state').dataset.state, events: d.events.map(e => e.type)};
+          state: document.getElementById('run-state').dataset.state, events: d.events.map(e => e.type),
+          stuck: d.stuck.map(x => x.name),
+          stuckRows: Array.from(document.querySelectorAll('#actor-rows tr.stuck')).map(r => r.dataset.actor),
+          banner: document.getElementById('stuck').hidden ? '' : document.getElementById('stuck').textContent};
 })())"""
 
 
@@ -166,6 +174,30 @@ def wait_for(chrome, what, predicate, timeout):
     if state:
         summary["points"] = {k: len(v) for k, v in state["points"].items()}
     fail("%s: not seen within %d s; the page's state: %s" % (what, timeout, json.dumps(summary)))
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wait_for_held_checkpointer(url, timeout):
+    """Polls /status until the checkpointer has been in one handler for a second (the held write)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for a in get_json(url + "status")["actors"]:
+            if a["name"] == "checkpointer" and a["in_handler_s"] >= 1.0:
+                return a
+        time.sleep(0.05)
+    fail("the checkpointer was never seen in one handler for a second (MEGATRAIN_TEST_CKPT_STALL)")
+
+
+def screenshot(chrome, path):
+    png = base64.b64decode(chrome.call("Page.captureScreenshot", {"format": "png"})["data"])
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(png)
+    print("screenshot: %s (%d bytes)" % (path, len(png)), flush=True)
 
 
 def post(url, token):
@@ -188,6 +220,7 @@ def main():
         sys.exit(77)
 
     proc = None
+    chrome = Chromium(exe)  # started first: the held checkpoint must not pass while the browser starts
     if a.attach:
         out = a.attach
     else:
@@ -196,7 +229,6 @@ def main():
         shutil.rmtree(a.work, ignore_errors=True)
         os.makedirs(a.work)
         proc, out = start_node(a.node, a.work)
-    chrome = None
     url = token = code = None
     try:
         info = json.load(open(os.path.join(out, "monitor.json")))
@@ -204,8 +236,22 @@ def main():
         url = info["url"].rstrip("/") + "/"
         print("node pid %s, monitor %s" % (info["pid"], url), flush=True)
 
-        chrome = Chromium(exe)
-        chrome.open(url)
+        if proc:
+            # A stuck actor, as the page shows it: once the checkpointer has been held in its handler
+            # for a second, open the page with a 1 s threshold; within its first /status poll the
+            # checkpointer's row is marked and the banner names it, its handler and the time.
+            held = wait_for_held_checkpointer(url, 60)
+            chrome.open(url + "?stuck_after=1")
+            st = wait_for(chrome, "the checkpointer shown stuck", lambda s: "checkpointer" in s["stuck"], STALL_S - 1)
+            if "checkpointer" not in st["stuckRows"]:
+                fail("the checkpointer's row is not marked stuck: %s" % st["stuckRows"])
+            if not re.search(r"checkpointer in %s for [1-9][0-9]* s" % re.escape(held["handler"]), st["banner"]):
+                fail("the stuck banner says %r, expected 'checkpointer in %s for N s'" % (st["banner"], held["handler"]))
+            print("stuck banner: %s" % st["banner"], flush=True)
+            if a.screenshot:
+                screenshot(chrome, re.sub(r"(\.png)?$", "-stuck.png", a.screenshot, count=1))
+        else:
+            chrome.open(url)
         # The plots: history at load, then live step events; link rates need two records.
         st = wait_for(chrome, "data in all four plots, from /history and from step events",
                       lambda s: s["historyLoaded"] and s["sse"]["stepEvents"] >= 3 and s["statusPolls"] >= 2
@@ -234,12 +280,8 @@ def main():
             fail("no checkpoint_saved event in the page's log: %s" % st["events"])
 
         if a.screenshot:
-            time.sleep(0.3)  # let the last redraw (100 ms debounce) land
-            png = base64.b64decode(chrome.call("Page.captureScreenshot", {"format": "png"})["data"])
-            os.makedirs(os.path.dirname(os.path.abspath(a.screenshot)), exist_ok=True)
-            with open(a.screenshot, "wb") as f:
-                f.write(png)
-            print("screenshot: %s (%d bytes)" % (a.screenshot, len(png)), flush=True)
+            time.sleep(1.2)  # the next /status poll and the last redraw (100 ms debounce)
+            screenshot(chrome, a.screenshot)
 
         # Every plotted loss is the loss train.jsonl has for that step (an outside record of the run).
         jsonl = os.path.join(out, "train.jsonl")
@@ -260,8 +302,7 @@ def main():
         elif proc:
             fail("no train.jsonl in " + out)
     finally:
-        if chrome:
-            chrome.close()
+        chrome.close()
         if proc and url:
             try:
                 post(url + "control/stop", token)
