@@ -6,9 +6,12 @@
 #include <cstring>
 #include <optional>
 
+#include <unistd.h>
+
 #include <caf/all.hpp>
 
 #include "actors/actors.hpp"
+#include "actors/monitor/monitor.hpp"
 #include "kernels/cpu/bf16.hpp"
 
 namespace mt::actors {
@@ -168,7 +171,8 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   ctx->plan = plan_engine(job.cfg, job.model);
   ctx->host = job.host;
   ctx->data = job.data;
-  ctx->fault = job.fault;
+  FaultPlan on_demand_faults;  // no test plan: still the target of the monitor's /control/fault
+  ctx->fault = job.fault != nullptr ? job.fault : &on_demand_faults;
   ctx->sched = Schedule(job.model, ctx->plan.micro_batches, ctx->plan.order, ctx->plan.boundaries_on_host);
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) ctx->layouts.push_back(stage_layout(job.model, s));
   if (job.host->num_stages() != ctx->plan.stages)
@@ -253,6 +257,35 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);
   led.sumsq.assign(static_cast<std::size_t>(ctx->plan.stages), 0.0);
 
+  // The monitor: the board exists for every run (the actors publish to it); the endpoint is served
+  // when monitor.enabled. Started last, after every check, so bad input fails before it listens.
+  monitor::Monitor mon(job.cfg.monitor, job.cfg.train.output_dir);
+  {
+    monitor::RunInfo info;
+    info.model = !job.cfg.model.model_name_or_path.empty() ? job.cfg.model.model_name_or_path
+                 : !job.cfg.model.config_file.empty()      ? job.cfg.model.config_file
+                                                           : std::string("[model] keys");
+    info.arch = arch_name(job.model.arch);
+    info.params = total_param_count(job.model);
+    info.layers = job.model.num_hidden_layers;
+    info.max_steps = ctx->cfg_end_step;
+    info.batch = ctx->plan.batch;
+    info.seq = ctx->plan.seq;
+    info.micro_batches = ctx->plan.micro_batches;
+    info.backend = job.cfg.device.backend;
+    info.bf16 = bf16;
+    info.output_dir = job.cfg.train.output_dir;
+    info.pid = static_cast<long>(::getpid());
+    info.tokens_per_step = ctx->plan.batch * ctx->plan.seq * ctx->plan.micro_batches;
+    mon.board().set_run_info(info);
+    mon.board().update([&](monitor::RunFigures& f) {
+      f.first_step = f.step = job.first_step;
+      f.arena_budget = ctx->plan.arena.budget_bytes;
+    });
+  }
+  mon.start();
+  ctx->monitor = &mon;
+
   EngineResult result;
   ctx->t0 = Clock::now();
   if (job.record_intervals) ctx->intervals.enable(ctx->t0);
@@ -263,6 +296,12 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
     waiter->receive([](const caf::down_msg&) {});
   }
   result.wall_s = seconds_between(ctx->t0, Clock::now());
+  mon.board().update([&](monitor::RunFigures& f) {
+    f.state = result.error.empty() ? monitor::RunState::done : monitor::RunState::failed;
+    if (!result.error.empty()) f.last_error = result.error;
+  });
+  mon.events().append(
+      "stopped", {{"step", result.steps.empty() ? job.first_step : result.steps.back().step}, {"error", result.error}});
   backend->wait_link_idle();
   result.arena = arena.usage();
   result.link = backend->link_stats();
