@@ -221,7 +221,8 @@
     while (log.childNodes.length > MAX_LOG) log.removeChild(log.lastChild);
   }
 
-  let pendingSteps = [];  // step events that arrived before /history answered
+  let historyAsked = false;  // /history has been read (or failed) since the stream opened
+  let pendingSteps = [];     // step events that arrived before that
   function onEvent(type, ev) {
     let d;
     try { d = JSON.parse(ev.data); } catch (e) { d = {raw: ev.data}; }
@@ -229,7 +230,7 @@
     dash.sse.lastId = ev.lastEventId || dash.sse.lastId;
     if (type === 'step') {
       ++dash.sse.stepEvents;
-      if (!dash.historyLoaded) pendingSteps.push(d);
+      if (!historyAsked) pendingSteps.push(d);
       else if (addStep(d)) scheduleRedraw();
       return;
     }
@@ -253,12 +254,14 @@
       // Read the history once the stream is open, so no step falls between the two; after a
       // reconnection this fills whatever the stream's backlog no longer holds.
       await loadHistory();
+      historyAsked = true;  // even if it failed: plot from the stream alone rather than queue forever
       for (const d of pendingSteps) addStep(d);
       pendingSteps = [];
       scheduleRedraw();
     };
     es.onerror = () => {
       dash.sse.open = false;
+      historyAsked = false;  // after the reconnection, queue steps until /history has filled the gap
       $('sse-state').textContent = 'reconnecting...';
     };
   }
