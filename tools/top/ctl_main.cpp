@@ -184,5 +184,8 @@ int main(int argc, char** argv) {
   } catch (const ClientError& ex) {
     std::fprintf(stderr, "megatrain-ctl: %s\n", ex.what());
     return 1;
+  } catch (const nlohmann::json::exception& ex) {
+    std::fprintf(stderr, "megatrain-ctl: the node's reply has an unexpected shape: %s\n", ex.what());
+    return 1;
   }
 }

@@ -159,7 +159,7 @@ void follow_events(const Endpoint& e, Shared& shared) {
         shared.events.push_back(format_event(ev->type, ev->data));
         while (shared.events.size() > kEventLines) shared.events.pop_front();
       }
-    } catch (const ClientError& ex) {
+    } catch (const std::exception& ex) {
       std::lock_guard<std::mutex> lock(shared.mu);
       shared.stream_state = std::string("reconnecting (") + ex.what() + ")";
     }
@@ -196,7 +196,7 @@ std::string send_control(const Endpoint& e, const std::string& action, const std
              (j.is_object() ? j.value("id", std::string("?")) : "?") + " accepted";
     }
     return action + " refused: HTTP " + std::to_string(r.status) + ": " + error_message(r);
-  } catch (const ClientError& ex) {
+  } catch (const std::exception& ex) {
     return action + " failed: " + ex.what();
   }
 }
@@ -239,7 +239,7 @@ int live(const Endpoint& e, const Options& o) {
         stream_state = shared.stream_state;
         before = in.status;
         before_at = now;
-      } catch (const ClientError& ex) {
+      } catch (const std::exception& ex) {  // unreachable node, or a reply of an unexpected shape: show, go on
         lines = {"megatrain " + e.url(), std::string("\x1b[31mcannot read /status: ") + ex.what() + "\x1b[0m"};
       }
       std::fputs("\x1b[H\x1b[2J", stdout);
