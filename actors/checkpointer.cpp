@@ -81,6 +81,7 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     p.writer->write_stage(stage, ckpt::StageState{t.params(), t.adam_m(), t.adam_v()});
     p.written[static_cast<std::size_t>(stage)] = 1;
     ctx->gate.mark_written(v, stage);
+    ctx->monitor->board().probe(monitor::ActorId::checkpointer).unit(v, -1, stage, "checkpoint write");
     if (--p.remaining > 0) return;
     const nlohmann::json run = make_run_state(*ctx->cfg, ctx->data, v, ctx->micro_batches(), *ctx->host);
     const std::uint64_t bytes = p.writer->bytes_written();

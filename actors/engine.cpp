@@ -300,6 +300,8 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
     f.state = result.error.empty() ? monitor::RunState::done : monitor::RunState::failed;
     if (!result.error.empty()) f.last_error = result.error;
   });
+  for (const auto& c : mon.board().take_controls())  // posted too late to be carried out
+    mon.control_progress(c, "failed", {{"error", "the run ended first"}});
   mon.events().append(
       "stopped", {{"step", result.steps.empty() ? job.first_step : result.steps.back().step}, {"error", result.error}});
   backend->wait_link_idle();

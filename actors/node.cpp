@@ -73,7 +73,8 @@ struct node_state {
   std::optional<Clock::time_point> restart_began;
   double restart_s = 0.0;
   std::map<int, std::deque<Clock::time_point>> failures;  // per role, within restart.window_s
-  std::string budget_error;  // the restart budget ran out: the run's error once the final checkpoint is done
+  std::string budget_error;           // the restart budget ran out: the run's error once the final checkpoint is done
+  Clock::time_point budget_deadline;  // ... and the final checkpoint is given up when no consistent step by then
   Clock::time_point last_progress;
   int watchdog_level = 0;
   static constexpr const char* name = "node";
@@ -400,8 +401,34 @@ void respawn(self_ptr self, Role role) {
   self->request(st.h.optimizer, caf::infinite, reset_atom::value, e).then(ack, err);
 }
 
-// The restart budget of `role` ran out: write a final checkpoint when the tiles hold one consistent
-// version (the optimizer is between steps), then stop with an error naming the actor and its failure.
+// After the restart budget ran out: once the tiles hold one version (no step half applied; the
+// optimizer finishes a step it has begun), write the final checkpoint of it, then stop with the error.
+// Called on each tick until then; gives up on the checkpoint after 10 s.
+void budget_final_checkpoint(self_ptr self) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  if (st.budget_error.empty() || st.final_requested || st.shutting_down) return;
+  std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
+  for (std::int64_t s = 0; s < ctx->stages(); ++s) {
+    lo = std::min(lo, ctx->host->tile(s).version());
+    hi = std::max(hi, ctx->host->tile(s).version());
+  }
+  const auto v = static_cast<std::int64_t>(lo);
+  if (ctx->checkpointing && lo == hi && v > ctx->first_step) {
+    st.final_requested = true;
+    st.end_step = v;
+    ctx->gate.open(v, ctx->stages());  // the optimizer may not move a stage past v before it is written
+    self->send(st.h.checkpointer, CheckpointNow{v});
+    return;
+  }
+  if (ctx->checkpointing && lo != hi && Clock::now() < st.budget_deadline) return;  // a step is being applied
+  fail(self, st.budget_error + (ctx->checkpointing ? " (no final checkpoint: the tiles did not reach one version; "
+                                                     "the last published checkpoint is the one to resume from)"
+                                                   : ""));
+}
+
+// The restart budget of `role` ran out: final checkpoint (budget_final_checkpoint), then stop with an
+// error naming the actor, its failures and the last one.
 void budget_exhausted(self_ptr self, Role role, const std::string& why, std::size_t failures) {
   auto& st = self->state;
   Context* ctx = st.ctx;
@@ -410,22 +437,9 @@ void budget_exhausted(self_ptr self, Role role, const std::string& why, std::siz
                     std::to_string(static_cast<long long>(rs.window_s)) +
                     " s (restart.max_restarts=" + std::to_string(ctx->cfg->max_restarts_of(role_name(role))) +
                     "); last failure: " + why;
-  std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
-  for (std::int64_t s = 0; s < ctx->stages(); ++s) {
-    lo = std::min(lo, ctx->host->tile(s).version());
-    hi = std::max(hi, ctx->host->tile(s).version());
-  }
-  const auto v = static_cast<std::int64_t>(lo);
-  if (ctx->checkpointing && lo == hi && v > ctx->first_step && !st.final_requested) {
-    st.final_requested = true;
-    st.end_step = v;
-    ctx->gate.open(v, ctx->stages());  // the optimizer may not move a stage past v before it is written
-    self->send(st.h.checkpointer, CheckpointNow{v});
-    return;
-  }
-  fail(self, st.budget_error + (ctx->checkpointing ? " (no final checkpoint: a step was half applied; the last "
-                                                     "published checkpoint is the one to resume from)"
-                                                   : ""));
+  st.budget_deadline = Clock::now() + std::chrono::seconds(10);
+  st.mon->board().update([&](monitor::RunFigures& f) { f.last_error = st.budget_error; });
+  budget_final_checkpoint(self);
 }
 
 void on_crash(self_ptr self, Role role, const caf::error& reason) {
@@ -662,6 +676,8 @@ void monitor_tick(self_ptr self) {
   }
   if (!later.empty()) mon.board().put_back_controls(std::move(later));
   take_checkpoint_request(self);
+  budget_final_checkpoint(self);
+  if (st.shutting_down) return;
   // Pause: compute holds before step paused_at and every step before it is reported.
   const std::int64_t held = ctx->paused_at.load();
   if (!st.paused && ctx->pause_requested.load() && held >= 0 && st.next_report >= held) {

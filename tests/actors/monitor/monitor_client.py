@@ -356,6 +356,12 @@ def cmd_api(node, args):
     check(st["state"] == "paused" and st["step"] == paused_at, f"while paused: {st['state']} step {st['step']}")
     metrics = {f.name: f for f in text_string_to_metric_families(node.request("GET", "/metrics")[2].decode())}
     check(metrics["megatrain_paused"].samples[0].value == 1, "megatrain_paused not 1 while paused")
+    # A checkpoint while paused: written at once, of the paused step.
+    cid = node.control("checkpoint")
+    ev = node.wait_control(cid, "durable")
+    check(ev["status"] == "durable" and ev["step"] == paused_at and os.path.isdir(ev["path"]),
+          f"checkpoint while paused at {paused_at}: {ev}")
+    check(node.step() == paused_at, "a step ran while paused")
     cid = node.control("resume")
     check(node.wait_control(cid, "took_effect")["status"] == "took_effect", "resume failed")
     node.wait_event(lambda e: e["type"] == "resumed", "resumed")
@@ -456,7 +462,11 @@ def cmd_budget(node, args):
         except (OSError, Failed):
             break  # the node is shutting down
         n += 1
-        node.wait_control(cid, "took_effect")
+        deadline = time.time() + 60
+        while node.alive() and not any(e["type"] == "control" and e["data"]["id"] == cid and
+                                       e["data"]["status"] != "accepted" for e in list(node.events)):
+            check(time.time() < deadline, f"fault {cid} neither took effect nor ended the run")
+            time.sleep(0.05)
         time.sleep(0.3)
         check(n < 20, "the node never stopped")
     node.wait_exit()

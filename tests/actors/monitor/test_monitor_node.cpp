@@ -3,7 +3,10 @@
 // venv): the API and bad input while training; each pipeline actor restarted on request, random injected
 // faults and the watchdog's escalation, each run's final weights bit-identical to an uninterrupted run;
 // the restart budget (final checkpoint, error naming the actor). Exit 77 (skipped) without the venv.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -254,4 +257,33 @@ TEST_CASE("monitor: the watchdog warns, dumps and restarts a stuck actor, weight
   REQUIRE(code == 0);
   CHECK_THAT(log, Catch::Contains("megatrain: watchdog: no step for"));
   require_identical(ref, out);
+}
+
+TEST_CASE("monitor: a port in use or a missing token file is an error naming the key, before training", "[monitor]") {
+  TempDir dir("errors");
+  const fs::path shard = mt::test::make_shard(dir.path / "data", 20000);
+  // A port held by someone else.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  const auto busy =
+      mt::test::run_node(tiny_args(dir.path / "out", shard, 5, 0.0) + " --monitor.port=" + std::to_string(port));
+  ::close(fd);
+  INFO(busy.out);
+  CHECK(busy.code == 1);
+  CHECK_THAT(busy.out,
+             Catch::Contains("cannot listen on 127.0.0.1:" + std::to_string(port) + " (monitor.bind / monitor.port)"));
+  CHECK_THAT(busy.out, !Catch::Contains("step     1"));
+  const auto token = mt::test::run_node(tiny_args(dir.path / "out", shard, 5, 0.0) +
+                                        " --monitor.token_file=" + (dir.path / "none").string());
+  INFO(token.out);
+  CHECK(token.code == 1);
+  CHECK_THAT(token.out,
+             Catch::Contains("monitor.token_file: '" + (dir.path / "none").string() + "' is not a readable file"));
 }
