@@ -20,11 +20,13 @@ import base64
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -85,9 +87,10 @@ class Chromium:
             os.dup2(a, 3)
             os.dup2(b, 4)
 
+        self.profile = tempfile.mkdtemp(prefix="mt_chromium_")  # a fresh profile, removed on close
         self.proc = subprocess.Popen(
             [exe, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe", "--window-size=1280,1700",
-             "--no-first-run", "--no-default-browser-check", "--user-data-dir=" + self.profile(), "about:blank"],
+             "--no-first-run", "--no-default-browser-check", "--user-data-dir=" + self.profile, "about:blank"],
             preexec_fn=child_fds, pass_fds=(3, 4), stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         os.close(to_chrome_r)
@@ -95,11 +98,6 @@ class Chromium:
         self.buf = b""
         self.next_id = 0
         self.session = None
-
-    @staticmethod
-    def profile():
-        import tempfile
-        return tempfile.mkdtemp(prefix="mt_chromium_")
 
     def call(self, method, params=None, session=True, timeout=30):
         self.next_id += 1
@@ -118,7 +116,6 @@ class Chromium:
                     return reply.get("result", {})
             if time.time() > deadline:
                 fail("chromium: no reply to %s in %d s" % (method, timeout))
-            import select
             ready, _, _ = select.select([self.from_chrome], [], [], 1.0)
             if ready:
                 chunk = os.read(self.from_chrome, 1 << 20)
@@ -145,6 +142,8 @@ class Chromium:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 PAGE_STATE = """JSON.stringify((() => {
