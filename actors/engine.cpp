@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 
 #include <unistd.h>
@@ -282,6 +283,15 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
       f.first_step = f.step = job.first_step;
       f.arena_budget = ctx->plan.arena.budget_bytes;
     });
+  }
+  // The events a person looks for after the fact go to log.events_jsonl too (the node binary writes
+  // the checkpoint events there itself).
+  if (job.cfg.monitor.enabled) {
+    const std::filesystem::path events = job.cfg.events_jsonl_path();
+    std::error_code ec;
+    if (events.has_parent_path()) std::filesystem::create_directories(events.parent_path(), ec);
+    mon.events().mirror_to(events.string(),
+                           {"actor_failed", "actor_restarted", "paused", "resumed", "stopping", "control", "watchdog"});
   }
   mon.start();
   ctx->monitor = &mon;

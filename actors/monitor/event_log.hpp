@@ -4,7 +4,9 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <fstream>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,12 +27,17 @@ class EventLog {
   // Events with id > after, oldest first (at most the backlog).
   std::vector<Event> since(std::uint64_t after) const;
   std::uint64_t last_id() const;
+  // Also appends events of these types to `path` as JSONL ({"event": type, "t": unix seconds, ...data}),
+  // flushed per line: a durable record beside the bounded backlog. Throws naming the path.
+  void mirror_to(const std::string& path, std::set<std::string> types);
 
  private:
   std::size_t backlog_;
   mutable std::mutex mutex_;
   std::deque<Event> events_;
   std::uint64_t next_id_ = 1;
+  std::ofstream mirror_;
+  std::set<std::string> mirror_types_;
 };
 
 }  // namespace mt::monitor

@@ -1,5 +1,9 @@
 #include "actors/monitor/http_server.hpp"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <optional>
@@ -219,7 +223,11 @@ void HttpServer::start() {
   }
   impl_->accept();
   impl_->running = true;
-  impl_->thread = std::thread([this] { impl_->io.run(); });
+  impl_->thread = std::thread([this] {
+    // Nice 10, like the checkpointer: scrapes take idle cycles rather than training's.
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+    impl_->io.run();
+  });
 }
 
 int HttpServer::port() const { return impl_->port; }

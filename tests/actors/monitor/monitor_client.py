@@ -124,7 +124,7 @@ class Node:
                     if "event" in ev:
                         with self.cv:
                             self.events.append({"id": int(ev["id"]), "type": ev["event"],
-                                                "data": json.loads(ev["data"])})
+                                                "data": json.loads(ev["data"]), "at": time.time()})
                             self.cv.notify_all()
                     ev = {}
                 elif line.startswith(":"):
@@ -320,8 +320,11 @@ def bad_input(node):
         s.close()
     check(len(results) == 100 and all(r in (200, 503) for r in results), f"concurrent statuses {results[:20]}...")
     check(any(r == 503 for r in results), "no connection refused with 503 past the limit")
-    # The server is fine afterwards.
-    check(node.request("GET", "/status")[0] == 200, "/status failed after the load")
+    # The server is fine afterwards (once it has seen the idle connections close).
+    deadline = time.time() + 5
+    while node.request("GET", "/status")[0] != 200:
+        check(time.time() < deadline, "/status still refused 5 s after the load")
+        time.sleep(0.05)
     return len(cases) + 5
 
 
@@ -430,6 +433,8 @@ def cmd_restart(node, args):
         check(a["restarts"] >= 1, f"{actor} restarts {a['restarts']}")
         wait_steps(node, 2)
     node.wait_exit()
+    logged = [e for e in jsonl(os.path.join(node.out, "events.jsonl")) if e["event"] == "actor_restarted"]
+    check(sorted(e["actor"] for e in logged) == sorted(PIPELINE), f"events.jsonl restarts {logged}")
     print(f"restart: {', '.join(PIPELINE)} restarted on request, run finished")
 
 
@@ -455,7 +460,15 @@ def cmd_faults(node, args):
 
 def cmd_budget(node, args):
     wait_steps(node, 2)
-    n = 0
+    # The first failure is restarted after restart.backoff_s.
+    cid = node.control("fault", args.actor)
+    failed = node.wait_event(lambda e: e["type"] == "actor_failed" and e["data"]["actor"] == args.actor, "actor_failed")
+    back = node.wait_event(lambda e: e["type"] == "actor_restarted" and e["data"]["actor"] == args.actor,
+                           "actor_restarted")
+    check(back["at"] - failed["at"] >= args.backoff * 0.9,
+          f"restarted {back['at'] - failed['at']:.2f} s after the failure, backoff {args.backoff} s")
+    check(node.wait_control(cid, "took_effect")["status"] == "took_effect", "first fault")
+    n = 1
     while node.alive():
         try:
             cid = node.control("fault", args.actor)
@@ -485,6 +498,8 @@ def cmd_watchdog(node, args):
             node.wait_event(lambda e: e["type"] == "actor_restarted" and e["data"]["actor"] == stuck,
                             f"actor_restarted {stuck}")
     node.wait_exit()
+    levels = [e["level"] for e in jsonl(os.path.join(node.out, "events.jsonl")) if e["event"] == "watchdog"]
+    check(levels[:3] == ["warning", "dump", "restart"], f"events.jsonl watchdog levels {levels}")
     print(f"watchdog: warning, dump, restart of {stuck}; run finished")
 
 
@@ -495,6 +510,7 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--count", type=int, default=6)
     p.add_argument("--actor", default="compute")
+    p.add_argument("--backoff", type=float, default=0.0, help="budget: the node's restart.backoff_s")
     args = p.parse_args()
     try:
         node = Node(args.out)

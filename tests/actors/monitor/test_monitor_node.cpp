@@ -215,16 +215,18 @@ TEST_CASE("monitor: random injected faults, weights bit-identical", "[monitor]")
   require_identical(ref, out);
 }
 
-TEST_CASE("monitor: past its restart budget an actor stops the run with a final checkpoint", "[monitor]") {
+TEST_CASE("monitor: a restart waits out its backoff, past its budget an actor stops the run with a final checkpoint",
+          "[monitor]") {
   require_venv();
   TempDir dir("budget");
   const fs::path shard = mt::test::make_shard(dir.path / "data", 20000);
   const fs::path out = dir.path / "out";
-  const Child node = start_node(
-      tiny_args(out, shard, 100000, 0.004) + " --monitor.allow_fault_injection=true --restart.per_actor=compute:1",
-      dir.path / "node.log");
+  const Child node =
+      start_node(tiny_args(out, shard, 100000, 0.004) +
+                     " --monitor.allow_fault_injection=true --restart.per_actor=compute:1 --restart.backoff_s=0.5",
+                 dir.path / "node.log");
   std::string text;
-  const int rc = run_client("budget", out, text, "--actor compute");
+  const int rc = run_client("budget", out, text, "--actor compute --backoff 0.5");
   const int code = wait_exit(node, rc == 0 ? 120 : 0);
   const std::string log = slurp(dir.path / "node.log");
   INFO(text << "\n--- node:\n" << log);
