@@ -117,12 +117,12 @@ ActorProbe::View ActorProbe::view(std::int64_t now_ns) const {
   for (int attempt = 0; attempt < 8; ++attempt) {
     const std::uint32_t s0 = unit_seq_.load(std::memory_order_acquire);
     if (s0 & 1u) continue;
-    const std::int64_t step = unit_step_.load(std::memory_order_relaxed);
-    const std::int64_t mb = unit_mb_.load(std::memory_order_relaxed);
-    const std::int64_t stage = unit_stage_.load(std::memory_order_relaxed);
-    const char* phase = unit_phase_.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (unit_seq_.load(std::memory_order_relaxed) != s0) continue;
+    // Acquire loads, not a fence: ThreadSanitizer does not model fences (-Wtsan).
+    const std::int64_t step = unit_step_.load(std::memory_order_acquire);
+    const std::int64_t mb = unit_mb_.load(std::memory_order_acquire);
+    const std::int64_t stage = unit_stage_.load(std::memory_order_acquire);
+    const char* phase = unit_phase_.load(std::memory_order_acquire);
+    if (unit_seq_.load(std::memory_order_acquire) != s0) continue;
     if (phase == nullptr) break;
     std::string text;
     if (step >= 0) text += "step " + std::to_string(step);
