@@ -6,6 +6,7 @@
 
 #include "actors/context.hpp"
 #include "actors/messages.hpp"
+#include "actors/monitor/monitor.hpp"
 
 namespace mt::actors {
 
@@ -54,6 +55,16 @@ struct PeerHandles {
     node = caf::actor_cast<node_actor>(p.node);
   }
 };
+
+// Publishes, for the monitor, that `self` is in `handler` (a message name) until the returned scope
+// ends, with the depth of its mailbox (readable only by the actor itself). Lock-free: relaxed atomics.
+template <class Self>
+monitor::HandlerScope probe_handler(Self* self, monitor::ActorId who, const char* handler) {
+  return monitor::HandlerScope(self->state.ctx->monitor->board().probe(who), handler, self->mailbox().size());
+}
+
+// The monitor's name for a pipeline role.
+inline monitor::ActorId actor_id(Role r) { return static_cast<monitor::ActorId>(static_cast<int>(r)); }
 
 using Clock = std::chrono::steady_clock;
 inline double seconds_between(Clock::time_point a, Clock::time_point b) {

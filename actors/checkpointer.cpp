@@ -85,6 +85,7 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     }
     p.written[static_cast<std::size_t>(stage)] = 1;
     ctx->gate.mark_written(v, stage);
+    ctx->monitor->board().probe(monitor::ActorId::checkpointer).unit(v, -1, stage, "checkpoint write");
     if (--p.remaining > 0) return;
     const nlohmann::json run = make_run_state(*ctx->cfg, ctx->run_data, v, ctx->micro_batches(), *ctx->host,
                                               evaluations_json(*ctx->evaluations));
@@ -143,8 +144,12 @@ checkpointer_actor::behavior_type checkpointer_fn(self_ptr self, Context* ctx) {
   self->state.ctx = ctx;
   self->set_exception_handler(exception_to_error);
   return {
-      [=](const CheckpointNow& m) { begin(self, m.step); },
+      [=](const CheckpointNow& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::checkpointer, "CheckpointNow");
+        begin(self, m.step);
+      },
       [=](const LayerUpdated& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::checkpointer, "LayerUpdated");
         const auto v = static_cast<std::int64_t>(m.version);
         if (!self->state.pending.count(v)) return;
         if (!ctx->job->checkpoint.write_after_step) {
@@ -157,7 +162,10 @@ checkpointer_actor::behavior_type checkpointer_fn(self_ptr self, Context* ctx) {
           if (ctx->host->tile(s).version() < static_cast<std::uint64_t>(v)) return;
         for (std::int64_t s = 0; s < ctx->stages(); ++s) write_stage(self, v, s);
       },
-      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const Peers& p) {
+        const auto probe = probe_handler(self, monitor::ActorId::checkpointer, "Peers");
+        self->state.peers.set(p);
+      },
   };
 }
 

@@ -58,6 +58,7 @@ void collect(self_ptr self, const LayerGrads& m) {
   const auto t1 = Clock::now();
   st.offload_s[step] += seconds_between(t0, t1);
   ctx->intervals.add(Role::collector, step, t0, t1);
+  ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, mb, stage, "collect");
   if (mb + 1 == M) {
     const double sumsq = stage_grad_sumsq(layout, tile.grad(), ctx->collector_threads);
     led.sumsq[si] = sumsq;
@@ -81,15 +82,21 @@ collector_actor::behavior_type collector_fn(self_ptr self, Context* ctx, std::ui
   self->state.host_buffer = make_aligned_floats(largest);
   return {
       [=](const LayerGrads& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::collector, "LayerGrads");
         if (m.epoch != self->state.epoch || !self->state.running) return;
         collect(self, m);
       },
-      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const Peers& p) {
+        const auto probe = probe_handler(self, monitor::ActorId::collector, "Peers");
+        self->state.peers.set(p);
+      },
       [=](const Resume& r) {
+        const auto probe = probe_handler(self, monitor::ActorId::collector, "Resume");
         self->state.epoch = r.epoch;
         self->state.running = true;
       },
       [=](reset_atom, std::uint64_t e) {
+        const auto probe = probe_handler(self, monitor::ActorId::collector, "reset");
         self->state.epoch = e;
         self->state.running = false;
         return ack_atom::value;

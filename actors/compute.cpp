@@ -124,6 +124,11 @@ void try_advance(self_ptr self) {
   const bool on_host = ctx->host_acts != nullptr;
   while (st.running && st.pos.step < st.end_step) {
     const Pos p = st.pos;
+    // Paused (a control request): hold before the step's first op until the node sends wake.
+    if (p.index == 0 && ctx->pause_requested.load(std::memory_order_relaxed)) {
+      ctx->paused_at.store(p.step);
+      return;
+    }
     const BatchKey key{p.step, p.micro_batch};
     auto bit = st.batches.find(key);
     if (bit == st.batches.end()) {
@@ -239,6 +244,9 @@ void try_advance(self_ptr self) {
     const auto t1 = Clock::now();
     st.step_compute += seconds_between(t0, t1);
     ctx->intervals.add(Role::compute, p.step, t0, t1);
+    ctx->monitor->board()
+        .probe(monitor::ActorId::compute)
+        .unit(p.step, p.micro_batch, op.stage, phase_name(op.phase()));
     if (written >= 0) {
       if (written < L && !sched.is_forward_only())  // an evaluation pass has no backward to feed
         offload_boundary(self, p, written);
@@ -275,6 +283,7 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
   self->set_exception_handler(exception_to_error);
   return {
       [=](const WeightsReady& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "WeightsReady");
         auto& st = self->state;
         if (m.epoch != st.epoch) return;
         if (m.pos < st.pos) {  // stale (cannot happen in one epoch); give the slot back
@@ -285,6 +294,7 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         try_advance(self);
       },
       [=](const MicroBatch& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "MicroBatch");
         auto& st = self->state;
         const BatchKey key{m.step, m.micro_batch};
         if (m.epoch != st.epoch || st.requested.count(key) == 0) return;
@@ -292,6 +302,7 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         try_advance(self);
       },
       [=](const GradSlotFree& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "GradSlotFree");
         auto& st = self->state;
         if (m.epoch != st.epoch) return;
         auto& e = ctx->ledger.staging.at(static_cast<std::size_t>(m.grad_slot));
@@ -303,16 +314,24 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
       },
       // A wake-up only (the stamps in the host store are the state), so one sent in an older epoch
       // still counts: its copy may have landed after this epoch's Resume checked the stamps.
-      [=](const BoundarySaved&) { try_advance(self); },
+      [=](const BoundarySaved&) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "BoundarySaved");
+        try_advance(self);
+      },
       [=](const StopAt& m) -> StopAt {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "StopAt");
         auto& st = self->state;
         const bool started = st.pos.index != 0;
         const std::int64_t end = std::min(st.end_step, std::max(m.end_step, st.pos.step + (started ? 1 : 0)));
         st.end_step = end;
         return StopAt{end};
       },
-      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const Peers& p) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "Peers");
+        self->state.peers.set(p);
+      },
       [=](const Resume& r) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "Resume");
         auto& st = self->state;
         st.epoch = r.epoch;
         st.pos = r.pos;
@@ -341,7 +360,13 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
         st.running = true;
         try_advance(self);
       },
+      [=](wake_atom) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "wake");
+        ctx->paused_at.store(-1);
+        try_advance(self);
+      },
       [=](reset_atom, std::uint64_t e) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "reset");
         self->state.epoch = e;
         self->state.running = false;
         self->state.ready.clear();

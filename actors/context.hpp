@@ -22,6 +22,10 @@
 #include "kernels/backend.hpp"
 #include "storage/host/host_boundaries.hpp"
 
+namespace mt::monitor {
+class Monitor;
+}
+
 namespace mt::actors {
 
 struct StagingEntry {
@@ -185,7 +189,16 @@ struct Context {
   bool checkpointing = false;     // job->checkpoint.root is set
   std::int64_t cfg_end_step = 0;  // the run's planned end (before any stop request)
   CheckpointGate gate;
-  std::atomic<bool> checkpoint_request{false};  // the node sets it (SIGUSR1, timer); the optimizer takes it
+  std::atomic<bool> checkpoint_request{false};            // the node sets it (SIGUSR1, timer); the optimizer takes it
+  std::atomic<std::int64_t> checkpoint_request_step{-1};  // the optimizer: the version it took a request for
+
+  // The monitor (always set by run_engine; its endpoint only when monitor.enabled): actors publish
+  // their handler and last unit of work to its board; the node its figures and events.
+  monitor::Monitor* monitor = nullptr;
+  // Pause (a control request): the node sets pause_requested; compute holds before the first op of
+  // its next step and publishes that step in paused_at (-1 = not holding); the node lifts it with wake.
+  std::atomic<bool> pause_requested{false};
+  std::atomic<std::int64_t> paused_at{-1};
 
   // Carved from the arena's activation region. Boundaries on the device: per activation set (one per
   // in-flight micro-batch, Schedule::activation_set), L + 1 boundaries: acts[set][i] = input of stage

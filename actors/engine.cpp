@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+
+#include <unistd.h>
 
 #include <caf/all.hpp>
 
 #include "actors/actors.hpp"
+#include "actors/monitor/monitor.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 
@@ -206,7 +210,7 @@ EngineResult run_engine(EngineJob job) {
 namespace {
 
 // One pipeline: the actors over [job.first_step, end) of training, or one evaluation pass.
-EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job) {
+EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monitor& mon) {
   auto ctx = std::make_unique<Context>();
   ctx->job = &job;
   ctx->cfg = &job.cfg;
@@ -216,7 +220,8 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job) {
   ctx->data = job.data;
   ctx->run_data = job.run_data != nullptr ? job.run_data : job.data;
   ctx->evaluations = &job.evaluations;
-  ctx->fault = job.fault;
+  FaultPlan on_demand_faults;  // no test plan: still the target of the monitor's /control/fault
+  ctx->fault = job.fault != nullptr ? job.fault : &on_demand_faults;
   ctx->sched = job.forward_only
                    ? Schedule::forward_only(job.model, job.eval_batches)
                    : Schedule(job.model, ctx->plan.micro_batches, ctx->plan.order, ctx->plan.boundaries_on_host);
@@ -304,6 +309,8 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job) {
   led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);
   led.sumsq.assign(static_cast<std::size_t>(ctx->plan.stages), 0.0);
 
+  ctx->monitor = &mon;
+
   EngineResult result;
   ctx->t0 = Clock::now();
   if (job.record_intervals) ctx->intervals.enable(ctx->t0);
@@ -345,6 +352,7 @@ void add_link(LinkStats& total, const LinkStats& part) {
 void append(EngineResult& total, EngineResult&& part) {
   total.steps_done = part.steps_done;
   total.stopped_early = total.stopped_early || part.stopped_early;
+  total.stop_requested = total.stop_requested || part.stop_requested;
   total.steps.insert(total.steps.end(), part.steps.begin(), part.steps.end());
   total.restarts += part.restarts;
   total.restart_log.insert(total.restart_log.end(), part.restart_log.begin(), part.restart_log.end());
@@ -362,13 +370,74 @@ void append(EngineResult& total, EngineResult&& part) {
   total.evaluations.insert(total.evaluations.end(), part.evaluations.begin(), part.evaluations.end());
 }
 
+// The run's monitor (one for the whole run, whatever its segments): the board exists for every run
+// (the actors publish to it); the endpoint is served when monitor.enabled.
+std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
+  const EnginePlan plan = plan_engine(job.cfg, job.model);  // throws on bad input before anything listens
+  auto mon = std::make_unique<monitor::Monitor>(job.cfg.monitor, job.cfg.train.output_dir);
+  monitor::RunInfo info;
+  info.model = !job.cfg.model.model_name_or_path.empty() ? job.cfg.model.model_name_or_path
+               : !job.cfg.model.config_file.empty()      ? job.cfg.model.config_file
+                                                         : std::string("[model] keys");
+  info.arch = arch_name(job.model.arch);
+  info.params = total_param_count(job.model);
+  info.layers = job.model.num_hidden_layers;
+  info.max_steps = std::max(job.first_step, job.cfg.train.max_steps);
+  info.batch = plan.batch;
+  info.seq = plan.seq;
+  info.micro_batches = plan.micro_batches;
+  info.backend = job.cfg.device.backend;
+  info.bf16 = job.cfg.precision() == Precision::bf16;
+  info.output_dir = job.cfg.train.output_dir;
+  info.pid = static_cast<long>(::getpid());
+  info.tokens_per_step = plan.batch * plan.seq * plan.micro_batches;
+  mon->board().set_run_info(info);
+  mon->board().update([&](monitor::RunFigures& f) {
+    f.first_step = f.step = job.first_step;
+    f.arena_budget = plan.arena.budget_bytes;
+  });
+  // The events a person looks for after the fact go to log.events_jsonl too (the node binary writes
+  // the checkpoint events there itself).
+  if (job.cfg.monitor.enabled) {
+    const std::filesystem::path events = job.cfg.events_jsonl_path();
+    std::error_code ec;
+    if (events.has_parent_path()) std::filesystem::create_directories(events.parent_path(), ec);
+    mon->events().mirror_to(
+        events.string(), {"actor_failed", "actor_restarted", "paused", "resumed", "stopping", "control", "watchdog"});
+  }
+  mon->start();
+  return mon;
+}
+
+// The end of the whole run on the board and in the events.
+void finish_monitor(monitor::Monitor& mon, const EngineResult& result, std::int64_t first_step) {
+  mon.board().update([&](monitor::RunFigures& f) {
+    f.state = result.error.empty() ? monitor::RunState::done : monitor::RunState::failed;
+    if (!result.error.empty()) f.last_error = result.error;
+  });
+  for (const auto& c : mon.board().take_controls())  // posted too late to be carried out
+    mon.control_progress(c, "failed", {{"error", "the run ended first"}});
+  mon.events().append(
+      "stopped", {{"step", result.steps.empty() ? first_step : result.steps.back().step}, {"error", result.error}});
+}
+
+EngineResult run_with_evaluation(caf::actor_system& sys, EngineJob& job, monitor::Monitor& mon);
+
 }  // namespace
 
 EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   if (job.host == nullptr || job.data == nullptr)
     throw std::invalid_argument("run_engine: host model and data source are required");
-  if (job.eval_data == nullptr || job.eval_batches <= 0) return run_pipeline(sys, job);
+  const std::unique_ptr<monitor::Monitor> mon = start_monitor(job);
+  EngineResult result = job.eval_data == nullptr || job.eval_batches <= 0 ? run_pipeline(sys, job, *mon)
+                                                                          : run_with_evaluation(sys, job, *mon);
+  finish_monitor(*mon, result, job.first_step);
+  return result;
+}
 
+namespace {
+
+EngineResult run_with_evaluation(caf::actor_system& sys, EngineJob& job, monitor::Monitor& mon) {
   // Training segments cut at the evaluation points, each followed by a forward-only pass over the
   // evaluation batches with the weights as they are then.
   const std::int64_t max_steps = std::max(job.first_step, job.cfg.train.max_steps);
@@ -400,12 +469,12 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
       pass.on_step = nullptr;
       pass.record_intervals = false;
       pass.checkpoint.at_end = checkpoint_due(step) && step > job.first_step;
-      EngineResult r = run_pipeline(sys, pass);  // the node reports it (on_eval) and adds it to pass.evaluations
+      EngineResult r = run_pipeline(sys, pass, mon);  // the node reports it (on_eval) and adds it to pass.evaluations
       job.evaluations = pass.evaluations;
       append(total, std::move(r));
-      if (!total.error.empty()) break;
+      if (!total.error.empty() || total.stop_requested) break;
     }
-    if (step >= end || stop_requested()) break;
+    if (step >= end || stop_requested() || total.stop_requested) break;
     std::int64_t next = end;
     if (every > 0) next = std::min(end, (step / every + 1) * every);
     EngineJob segment = job;
@@ -415,7 +484,7 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
     const bool eval_follows = due(next) && !done(next);
     segment.checkpoint.at_end = at_end && next == end && !eval_follows;
     if (eval_follows && checkpoint_due(next)) segment.checkpoint.deferred_step = next;
-    EngineResult r = run_pipeline(sys, segment);
+    EngineResult r = run_pipeline(sys, segment, mon);
     const bool stopped = r.stopped_early;
     append(total, std::move(r));
     step = total.steps_done;
@@ -423,5 +492,7 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   }
   return total;
 }
+
+}  // namespace
 
 }  // namespace mt::actors

@@ -163,6 +163,7 @@ struct EngineJob {
 struct EngineResult {
   std::int64_t steps_done = 0;  // tile versions at the end
   bool stopped_early = false;   // by the stop flag
+  bool stop_requested = false;  // the monitor's /control/stop (the run ends after what is in progress)
   std::vector<StepRecord> steps;
   std::int64_t restarts = 0;
   std::vector<std::string> restart_log;  // "compute crashed (...) at ..., restarted"

@@ -40,6 +40,8 @@ struct FaultPlan {
   std::int64_t stage = -1;
   int phase = -1;  // static_cast<int>(Phase), or -1
   std::atomic<int> fired{0};
+  // On demand (the monitor's /control/fault): the role's next fault point throws, whatever it is.
+  std::atomic<int> on_demand[kRoleCount] = {};
 
   FaultPlan() = default;
   FaultPlan(Role r, std::int64_t s, std::int64_t mb, std::int64_t st, int ph)
@@ -52,7 +54,8 @@ struct InjectedFault : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Throws InjectedFault when `plan` is armed, not yet fired and matches this point.
+// Throws InjectedFault when `plan` is armed, not yet fired and matches this point, or when a fault was
+// requested on demand for `role`.
 void fault_point(FaultPlan* plan, Role role, std::int64_t step, std::int64_t micro_batch, std::int64_t stage,
                  Phase phase);
 

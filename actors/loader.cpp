@@ -44,6 +44,7 @@ loader_actor::behavior_type loader_fn(loader_actor::stateful_pointer<loader_stat
   self->set_exception_handler(exception_to_error);
   return {
       [=](const BatchRequest& r) {
+        const auto probe = probe_handler(self, monitor::ActorId::loader, "BatchRequest");
         auto& st = self->state;
         if (r.epoch != st.epoch || !st.running) return;
         fault_point(ctx->fault, Role::loader, r.step, r.micro_batch, -1, Phase::data);
@@ -51,16 +52,22 @@ loader_actor::behavior_type loader_fn(loader_actor::stateful_pointer<loader_stat
         const std::uint64_t g = static_cast<std::uint64_t>(r.step) * M + static_cast<std::uint64_t>(r.micro_batch);
         std::shared_ptr<const data::Batch> b = (st.cached && st.cached_g == g) ? st.cached : read_batch(ctx, g);
         self->send(st.peers.compute, MicroBatch{st.epoch, r.step, r.micro_batch, b});
+        ctx->monitor->board().probe(monitor::ActorId::loader).unit(r.step, r.micro_batch, -1, "data");
         // Prefetch the next micro-batch while compute works on this one.
         st.cached_g = g + 1;
         st.cached = read_batch(ctx, g + 1);
       },
-      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const Peers& p) {
+        const auto probe = probe_handler(self, monitor::ActorId::loader, "Peers");
+        self->state.peers.set(p);
+      },
       [=](const Resume& r) {
+        const auto probe = probe_handler(self, monitor::ActorId::loader, "Resume");
         self->state.epoch = r.epoch;
         self->state.running = true;
       },
       [=](reset_atom, std::uint64_t e) {
+        const auto probe = probe_handler(self, monitor::ActorId::loader, "reset");
         self->state.epoch = e;
         self->state.running = false;
         self->state.cached.reset();

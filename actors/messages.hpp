@@ -33,9 +33,11 @@
 namespace mt::actors {
 
 // ---- atoms -------------------------------------------------------------------------------------
-using reset_atom = caf::atom_constant<caf::atom("reset")>;  // node -> actor: barrier request (with the new epoch)
-using ack_atom = caf::atom_constant<caf::atom("ack")>;      // actor -> node: reset done, nothing in flight
-using tick_atom = caf::atom_constant<caf::atom("tick")>;    // node -> itself: poll the stop flag
+using reset_atom = caf::atom_constant<caf::atom("reset")>;      // node -> actor: barrier request (with the new epoch)
+using ack_atom = caf::atom_constant<caf::atom("ack")>;          // actor -> node: reset done, nothing in flight
+using tick_atom = caf::atom_constant<caf::atom("tick")>;        // node -> itself: poll the stop flag
+using wake_atom = caf::atom_constant<caf::atom("wake")>;        // node -> compute: a pause was lifted, continue
+using respawn_atom = caf::atom_constant<caf::atom("respawn")>;  // node -> itself: respawn a role after its backoff
 
 // ---- work identity -------------------------------------------------------------------------------
 // Names a unit of work: (step, micro-batch, stage, phase). micro_batch is -1 for per-step work
@@ -344,7 +346,8 @@ using prefetcher_actor =
 using compute_actor =
     caf::typed_actor<caf::reacts_to<WeightsReady>, caf::reacts_to<MicroBatch>, caf::reacts_to<GradSlotFree>,
                      caf::reacts_to<BoundarySaved>, caf::replies_to<StopAt>::with<StopAt>, caf::reacts_to<Peers>,
-                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>,
+                     caf::reacts_to<wake_atom>>;
 
 using collector_actor = caf::typed_actor<caf::reacts_to<LayerGrads>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
                                          caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
@@ -362,7 +365,8 @@ using checkpointer_actor =
 using node_actor =
     caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerUpdated>, caf::reacts_to<ComputeStepDone>,
                      caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>,
-                     caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>>;
+                     caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>,
+                     caf::reacts_to<respawn_atom, std::int32_t>>;
 
 }  // namespace mt::actors
 

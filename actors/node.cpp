@@ -15,9 +15,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <deque>
+#include <optional>
 #include <set>
 
 #include "actors/actors.hpp"
+#include "actors/monitor_publish.hpp"
 
 namespace mt::actors {
 
@@ -54,6 +57,29 @@ struct node_state {
   std::int64_t final_step = 0;        // the version the end-of-run checkpoint holds
   // An evaluation pass: each micro-batch's loss (compute's LossReports; a re-sent one overwrites).
   std::map<std::int64_t, std::pair<double, std::int64_t>> eval_losses;
+  // --- the monitor: control requests in progress, pause, restart policy, watchdog ------------------
+  monitor::Monitor* mon = nullptr;
+  bool control_stop = false;                                 // POST /control/stop
+  std::vector<monitor::ControlRequest> stop_controls;        // reported at StopAt (took_effect) and the end
+  std::vector<monitor::ControlRequest> checkpoint_controls;  // until the optimizer takes the request
+  std::map<std::int64_t, std::vector<monitor::ControlRequest>> durable_controls;  // checkpoint step -> waiting
+  std::vector<monitor::ControlRequest> pause_controls;                            // until compute holds
+  bool paused = false;
+  Clock::time_point paused_since;
+  double paused_s = 0.0;
+  std::map<int, monitor::ControlRequest> restart_controls;  // role -> on-demand restart, until its down message
+  std::map<int, monitor::ControlRequest> fault_controls;    // role -> injected fault, until it fires
+  std::map<int, std::string> watchdog_restarts;             // role -> why the watchdog restarts it
+  // Roles respawned since the last Resume, reported (actor_restarted, control took_effect) once resumed.
+  std::vector<std::pair<Role, std::optional<monitor::ControlRequest>>> restarted;
+  int respawns_pending = 0;  // roles waiting out their backoff
+  std::optional<Clock::time_point> restart_began;
+  double restart_s = 0.0;
+  std::map<int, std::deque<Clock::time_point>> failures;  // per role, within restart.window_s
+  std::string budget_error;           // the restart budget ran out: the run's error once the final checkpoint is done
+  Clock::time_point budget_deadline;  // ... and the final checkpoint is given up when no consistent step by then
+  Clock::time_point last_progress;
+  int watchdog_level = 0;
   static constexpr const char* name = "node";
 };
 
@@ -100,6 +126,22 @@ void spawn_role(self_ptr self, Role r) {
   const caf::actor_addr a[kRoleCount] = {st.h.loader.address(), st.h.prefetcher.address(), st.h.compute.address(),
                                          st.h.collector.address(), st.h.optimizer.address()};
   st.alive.insert(a[static_cast<int>(r)]);
+}
+
+caf::actor role_handle(const PeerHandles& h, Role r) {
+  switch (r) {
+    case Role::loader:
+      return caf::actor_cast<caf::actor>(h.loader);
+    case Role::prefetcher:
+      return caf::actor_cast<caf::actor>(h.prefetcher);
+    case Role::compute:
+      return caf::actor_cast<caf::actor>(h.compute);
+    case Role::collector:
+      return caf::actor_cast<caf::actor>(h.collector);
+    case Role::optimizer:
+      return caf::actor_cast<caf::actor>(h.optimizer);
+  }
+  return {};
 }
 
 std::int64_t optimizer_step(Context* ctx) {
@@ -161,12 +203,54 @@ void resume_all(self_ptr self) {
   // Compute and the prefetcher last: they start the flow again.
   self->send(st.h.compute, r);
   self->send(st.h.prefetcher, r);
+  // Restarts are done: report them.
+  const auto now = Clock::now();
+  if (st.restart_began) {
+    st.restart_s += seconds_between(*st.restart_began, now);
+    st.restart_began.reset();
+  }
+  st.last_progress = now;
+  st.watchdog_level = 0;
+  for (auto& [role, ctl] : st.restarted) {
+    auto& probe = st.mon->board().probe(actor_id(role));
+    probe.set_state(monitor::ActorState::running);
+    st.mon->events().append("actor_restarted", {{"actor", role_name(role)},
+                                                {"restarts", probe.view(monitor::steady_ns()).restarts},
+                                                {"step", st.next_report},
+                                                {"requested_by", ctl ? ctl->id : ""}});
+    if (ctl) st.mon->control_progress(*ctl, "took_effect", {{"step", st.next_report}});
+  }
+  st.restarted.clear();
 }
 
 void shutdown(self_ptr self) {
   auto& st = self->state;
   if (st.shutting_down) return;
   st.shutting_down = true;
+  st.mon->board().update([&](monitor::RunFigures& f) { f.state = monitor::RunState::stopping; });
+  // Control requests that can no longer take effect.
+  auto refuse = [&](const monitor::ControlRequest& c) {
+    st.mon->control_progress(c, "failed", {{"error", "the run ended first"}});
+  };
+  for (const auto& c : st.checkpoint_controls) refuse(c);
+  for (const auto& kv : st.durable_controls)
+    for (const auto& c : kv.second) refuse(c);
+  for (const auto& c : st.pause_controls) refuse(c);
+  for (const auto& kv : st.restart_controls) refuse(kv.second);
+  for (const auto& kv : st.fault_controls) refuse(kv.second);
+  st.checkpoint_controls.clear();
+  st.durable_controls.clear();
+  st.pause_controls.clear();
+  st.restart_controls.clear();
+  st.fault_controls.clear();
+  for (const auto& c : st.stop_controls) {
+    nlohmann::json extra{{"step", st.next_report}};
+    const auto& cps = st.result->checkpoints;
+    if (!cps.empty() && cps.back().ok && cps.back().step == st.next_report)
+      extra.update({{"path", cps.back().path}, {"bytes", cps.back().bytes}, {"seconds", cps.back().seconds}});
+    st.mon->control_progress(c, st.result->error.empty() ? "durable" : "failed", extra);
+  }
+  st.stop_controls.clear();
   st.ctx->gate.release_all();  // an optimizer waiting on a checkpoint must not block the exit
   self->send_exit(st.h.checkpointer, caf::exit_reason::user_shutdown);
   if (st.alive.empty()) {
@@ -182,7 +266,16 @@ void shutdown(self_ptr self) {
 
 void fail(self_ptr self, const std::string& what) {
   if (self->state.result->error.empty()) self->state.result->error = what;
+  self->state.mon->board().update([&](monitor::RunFigures& f) { f.last_error = self->state.result->error; });
   shutdown(self);
+}
+
+// The final checkpoint is done: shut down (with the restart budget's error, when that ended the run).
+void final_done(self_ptr self) {
+  if (!self->state.budget_error.empty())
+    fail(self, self->state.budget_error);
+  else
+    shutdown(self);
 }
 
 // Every step is done: write the final checkpoint (when checkpointing and this run did a step), then
@@ -195,7 +288,7 @@ void finish(self_ptr self) {
   // A run stopped by the stop flag always writes its final checkpoint.
   const bool eval = ctx->sched.is_forward_only();
   st.final_step = eval ? ctx->first_step : st.end_step;
-  const bool stop_flag = ctx->job->stop != nullptr && ctx->job->stop->load();
+  const bool stop_flag = (ctx->job->stop != nullptr && ctx->job->stop->load()) || st.control_stop;
   const bool wanted = ctx->job->checkpoint.at_end || st.result->stopped_early || stop_flag;
   if (ctx->checkpointing && wanted && (eval || st.end_step > ctx->first_step) && st.result->error.empty()) {
     st.final_requested = true;
@@ -205,19 +298,44 @@ void finish(self_ptr self) {
   shutdown(self);
 }
 
+void take_checkpoint_request(self_ptr self);
+
 void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
   auto& st = self->state;
+  take_checkpoint_request(self);  // the request may have been taken since the last tick
   // The final CheckpointNow of a checkpoint already published (the planned last step) is answered
   // with its CheckpointDone again: report each checkpoint once.
   bool repeat = false;
   for (const auto& c : st.result->checkpoints)
     repeat = repeat || (c.ok && ev.ok && c.step == ev.step && c.path == ev.path);
   if (repeat) {
-    if (st.final_requested && ev.step == st.final_step) shutdown(self);
+    if (st.final_requested && ev.step == st.final_step) final_done(self);
     return;
   }
   st.result->checkpoints.push_back(ev);
   st.last_checkpoint = Clock::now();
+  if (ev.ok) {
+    st.mon->board().update([&](monitor::RunFigures& f) {
+      ++f.checkpoints;
+      f.checkpoint_bytes += ev.bytes;
+      f.checkpoint_seconds += ev.seconds;
+      f.last_checkpoint = monitor::CheckpointFigures{ev.step, ev.path, ev.bytes, ev.seconds};
+    });
+    st.mon->events().append("checkpoint_saved",
+                            {{"step", ev.step}, {"path", ev.path}, {"bytes", ev.bytes}, {"seconds", ev.seconds}});
+  } else {
+    st.mon->events().append("checkpoint_failed", {{"step", ev.step}, {"error", ev.error}});
+  }
+  auto waiting = st.durable_controls.find(ev.step);
+  if (waiting != st.durable_controls.end()) {
+    for (const auto& c : waiting->second)
+      if (ev.ok)
+        st.mon->control_progress(c, "durable",
+                                 {{"step", ev.step}, {"path", ev.path}, {"bytes", ev.bytes}, {"seconds", ev.seconds}});
+      else
+        st.mon->control_progress(c, "failed", {{"step", ev.step}, {"error", ev.error}});
+    st.durable_controls.erase(waiting);
+  }
   if (st.ctx->job->on_checkpoint) {
     try {
       st.ctx->job->on_checkpoint(ev);
@@ -226,7 +344,7 @@ void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
       return;
     }
   }
-  if (st.final_requested && ev.step == st.final_step) shutdown(self);
+  if (st.final_requested && ev.step == st.final_step) final_done(self);
 }
 
 // An evaluation pass is done when compute has run its one step: the losses are all in.
@@ -287,7 +405,10 @@ void emit_ready_steps(self_ptr self) {
     rec.checkpoint_wait_s = r.o.checkpoint_wait_s;
     rec.restarts = st.result->restarts;
     st.last_done = now;
+    st.last_progress = now;
+    st.watchdog_level = 0;
     st.result->steps.push_back(rec);
+    publish_step(*st.ctx, rec);
     if (st.ctx->job->on_step) {
       try {
         st.ctx->job->on_step(rec);
@@ -302,26 +423,20 @@ void emit_ready_steps(self_ptr self) {
   if (st.next_report >= st.end_step) finish(self);
 }
 
-void on_crash(self_ptr self, Role role, const caf::error& reason) {
+// Respawns `role`, bumps the epoch and runs the reset barrier; Resume follows once every actor acked.
+void respawn(self_ptr self, Role role) {
   auto& st = self->state;
-  auto* res = st.result;
-  const std::string why = self->system().render(reason);
-  ++res->restarts;
-  res->restart_log.push_back(std::string(role_name(role)) + " crashed (" + why + "), restarted");
-  // A deterministic failure (bad data, a bug) recurs at once after a restart: give up when crashes
-  // repeat without a step finishing in between.
-  if (++st.crashes_since_progress > 3) {
-    fail(self, std::string(role_name(role)) + " keeps crashing without progress: " + why);
-    return;
-  }
+  if (st.shutting_down) return;
   ++st.epoch;
   spawn_role(self, role);
   const std::uint64_t e = st.epoch;
   st.acks_pending = kRoleCount;
   auto ack = [=](ack_atom) {
-    if (self->state.epoch == e && --self->state.acks_pending == 0 && !self->state.shutting_down) resume_all(self);
+    if (self->state.epoch == e && --self->state.acks_pending == 0 && !self->state.shutting_down &&
+        self->state.respawns_pending == 0)
+      resume_all(self);
   };
-  auto err = [=](caf::error&) { /* the target died; its down message starts a newer barrier */ };
+  auto err = [=](caf::error&) { /* the target died; its down message (or respawn) starts a newer barrier */ };
   self->request(st.h.loader, caf::infinite, reset_atom::value, e).then(ack, err);
   self->request(st.h.prefetcher, caf::infinite, reset_atom::value, e).then(ack, err);
   self->request(st.h.compute, caf::infinite, reset_atom::value, e).then(ack, err);
@@ -329,8 +444,302 @@ void on_crash(self_ptr self, Role role, const caf::error& reason) {
   self->request(st.h.optimizer, caf::infinite, reset_atom::value, e).then(ack, err);
 }
 
+// After the restart budget ran out: once the tiles hold one version (no step half applied; the
+// optimizer finishes a step it has begun), write the final checkpoint of it, then stop with the error.
+// Called on each tick until then; gives up on the checkpoint after 10 s.
+void budget_final_checkpoint(self_ptr self) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  if (st.budget_error.empty() || st.final_requested || st.shutting_down) return;
+  std::uint64_t lo = ~std::uint64_t{0}, hi = 0;
+  for (std::int64_t s = 0; s < ctx->stages(); ++s) {
+    lo = std::min(lo, ctx->host->tile(s).version());
+    hi = std::max(hi, ctx->host->tile(s).version());
+  }
+  const auto v = static_cast<std::int64_t>(lo);
+  if (ctx->checkpointing && lo == hi && v > ctx->first_step) {
+    st.final_requested = true;
+    st.end_step = v;
+    st.final_step = v;
+    ctx->gate.open(v, ctx->stages());  // the optimizer may not move a stage past v before it is written
+    self->send(st.h.checkpointer, CheckpointNow{v});
+    return;
+  }
+  if (ctx->checkpointing && lo != hi && Clock::now() < st.budget_deadline) return;  // a step is being applied
+  fail(self, st.budget_error + (ctx->checkpointing ? " (no final checkpoint: the tiles did not reach one version; "
+                                                     "the last published checkpoint is the one to resume from)"
+                                                   : ""));
+}
+
+// The restart budget of `role` ran out: final checkpoint (budget_final_checkpoint), then stop with an
+// error naming the actor, its failures and the last one.
+void budget_exhausted(self_ptr self, Role role, const std::string& why, std::size_t failures) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const RestartSection& rs = ctx->cfg->restart;
+  st.budget_error = std::string(role_name(role)) + " failed " + std::to_string(failures) + " times within " +
+                    std::to_string(static_cast<long long>(rs.window_s)) +
+                    " s (restart.max_restarts=" + std::to_string(ctx->cfg->max_restarts_of(role_name(role))) +
+                    "); last failure: " + why;
+  st.budget_deadline = Clock::now() + std::chrono::seconds(10);
+  st.mon->board().update([&](monitor::RunFigures& f) { f.last_error = st.budget_error; });
+  budget_final_checkpoint(self);
+}
+
+void on_crash(self_ptr self, Role role, const caf::error& reason) {
+  auto& st = self->state;
+  auto* res = st.result;
+  const int r = static_cast<int>(role);
+  const std::string why = self->system().render(reason);
+  auto& probe = st.mon->board().probe(actor_id(role));
+  probe.count_restart();
+  probe.set_state(monitor::ActorState::restarting);
+  std::optional<monitor::ControlRequest> ctl;
+  const bool on_demand = st.restart_controls.count(r) != 0;  // POST /control/restart: not a failure
+  if (on_demand) {
+    ctl = st.restart_controls[r];
+    st.restart_controls.erase(r);
+  } else if (st.fault_controls.count(r)) {
+    ctl = st.fault_controls[r];
+    st.fault_controls.erase(r);
+  }
+  ++res->restarts;
+  res->restart_log.push_back(std::string(role_name(role)) + (on_demand ? " restarted on request (" : " crashed (") +
+                             why + "), restarted");
+  const auto now = Clock::now();
+  std::size_t failures = 0;
+  if (!on_demand) {
+    std::string what = why;
+    auto wd = st.watchdog_restarts.find(r);
+    if (wd != st.watchdog_restarts.end()) {
+      what = wd->second;
+      st.watchdog_restarts.erase(wd);
+    }
+    probe.set_last_failure(what);
+    st.mon->events().append("actor_failed", {{"actor", role_name(role)}, {"error", what}, {"step", st.next_report}});
+    // Restart policy: at most restart.max_restarts failures per actor within restart.window_s.
+    auto& times = st.failures[r];
+    times.push_back(now);
+    while (!times.empty() && seconds_between(times.front(), now) > st.ctx->cfg->restart.window_s) times.pop_front();
+    failures = times.size();
+    if (static_cast<std::int64_t>(failures) > st.ctx->cfg->max_restarts_of(role_name(role))) {
+      if (ctl) st.mon->control_progress(*ctl, "took_effect", {{"step", st.next_report}});
+      budget_exhausted(self, role, what, failures);
+      return;
+    }
+    // A deterministic failure (bad data, a bug) recurs at once after a restart: give up when crashes
+    // repeat without a step finishing in between.
+    if (++st.crashes_since_progress > 3) {
+      fail(self, std::string(role_name(role)) + " keeps crashing without progress: " + what);
+      return;
+    }
+  }
+  if (!st.restart_began) st.restart_began = now;
+  st.restarted.emplace_back(role, ctl);
+  const double backoff = on_demand || failures == 0
+                             ? 0.0
+                             : st.ctx->cfg->restart.backoff_s * std::ldexp(1.0, static_cast<int>(failures) - 1);
+  if (backoff > 0) {
+    ++st.respawns_pending;
+    self->delayed_send(self, std::chrono::milliseconds(static_cast<long long>(backoff * 1000)), respawn_atom::value,
+                       static_cast<std::int32_t>(r));
+    return;
+  }
+  respawn(self, role);
+}
+
+// A control request from the monitor (POST /control/...), carried out between the node's messages.
+// Returns false to keep it for a later tick (a restart while a barrier is in progress).
+bool handle_control(self_ptr self, const monitor::ControlRequest& c) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  monitor::Monitor& mon = *st.mon;
+  auto failed = [&](const std::string& why) { mon.control_progress(c, "failed", {{"error", why}}); };
+  if (st.shutting_down || (st.stop_requested && c.action != "stop")) {
+    failed("the run is stopping");
+    return true;
+  }
+  if (c.action == "checkpoint") {
+    if (!ctx->checkpointing) {
+      failed("checkpoints are off (no train.output_dir)");
+    } else if (st.paused) {
+      // Every stage holds the paused step's version and nothing updates them: write it now (the gate
+      // keeps the optimizer off each stage until it is written, should the run resume first).
+      const std::int64_t v = st.next_report;
+      ctx->gate.open(v, ctx->stages());
+      self->send(st.h.checkpointer, CheckpointNow{v});
+      mon.control_progress(c, "took_effect", {{"step", v}});
+      st.durable_controls[v].push_back(c);
+    } else {
+      ctx->checkpoint_request.store(true);
+      st.checkpoint_controls.push_back(c);
+    }
+  } else if (c.action == "pause") {
+    if (st.paused) {
+      mon.control_progress(c, "took_effect", {{"step", st.next_report}, {"note", "already paused"}});
+    } else {
+      ctx->pause_requested.store(true);
+      st.pause_controls.push_back(c);
+    }
+  } else if (c.action == "resume") {
+    if (!st.paused && !ctx->pause_requested.load()) {
+      mon.control_progress(c, "took_effect", {{"step", st.next_report}, {"note", "not paused"}});
+      return true;
+    }
+    ctx->pause_requested.store(false);
+    for (const auto& p : st.pause_controls)
+      mon.control_progress(p, "failed", {{"error", "resumed before it took effect"}});
+    st.pause_controls.clear();
+    if (st.paused) {
+      st.paused = false;
+      st.paused_s += seconds_between(st.paused_since, Clock::now());
+      mon.board().update([&](monitor::RunFigures& f) { f.state = monitor::RunState::running; });
+      mon.events().append("resumed", {{"step", st.next_report}});
+    }
+    st.last_progress = Clock::now();
+    self->send(st.h.compute, wake_atom::value);
+    mon.control_progress(c, "took_effect", {{"step", st.next_report}});
+  } else if (c.action == "stop") {
+    st.control_stop = true;
+    st.result->stop_requested = true;  // run_engine runs no further segment
+    st.stop_controls.push_back(c);
+    if (ctx->pause_requested.exchange(false) || st.paused) {
+      if (st.paused) st.paused_s += seconds_between(st.paused_since, Clock::now());
+      st.paused = false;
+      for (const auto& p : st.pause_controls) mon.control_progress(p, "failed", {{"error", "stopped"}});
+      st.pause_controls.clear();
+      self->send(st.h.compute, wake_atom::value);
+    }
+  } else if (c.action == "restart" || c.action == "fault") {
+    const Role role = parse_role(c.actor);
+    const int r = static_cast<int>(role);
+    if (c.action == "fault") {
+      st.fault_controls[r] = c;
+      ctx->fault->on_demand[r].store(1);
+      return true;
+    }
+    // Not in the middle of a restart: the actor must be up and the barrier done.
+    if (st.acks_pending > 0 || st.respawns_pending > 0 || st.restart_controls.count(r) || !st.restarted.empty())
+      return false;
+    st.restart_controls[r] = c;
+    self->send_exit(role_handle(st.h, role),
+                    caf::make_error(caf::sec::runtime_error, "restart requested by " + c.id + " from " + c.peer));
+  } else {
+    failed("unknown action");
+  }
+  return true;
+}
+
+// The progress watchdog: no step finished for watchdog_warn_s -> a warning event; watchdog_dump_s ->
+// every actor's state into the events; watchdog_restart_s -> restart the actor longest in a handler
+// (compute when none is: then messages are lost, and the barrier re-issues the work).
+void watchdog(self_ptr self) {
+  auto& st = self->state;
+  const MonitorSection& m = st.ctx->cfg->monitor;
+  const auto now = Clock::now();
+  if (st.paused || st.shutting_down || st.acks_pending > 0 || st.respawns_pending > 0 ||
+      st.next_report >= st.end_step) {
+    st.last_progress = now;
+    st.watchdog_level = 0;
+    return;
+  }
+  const double stalled = seconds_between(st.last_progress, now);
+  auto due = [&](double threshold, int level) {
+    return threshold > 0 && stalled >= threshold && st.watchdog_level < level;
+  };
+  if (!due(m.watchdog_warn_s, 1) && !due(m.watchdog_dump_s, 2) && !due(m.watchdog_restart_s, 3)) return;
+  // The pipeline actor in a handler the longest.
+  const std::int64_t t = monitor::steady_ns();
+  Role stuck = Role::compute;
+  monitor::ActorProbe::View worst;
+  for (int r = 0; r < kRoleCount; ++r) {
+    const auto v = st.mon->board().probe(actor_id(static_cast<Role>(r))).view(t);
+    if (v.in_handler_s > worst.in_handler_s) {
+      worst = v;
+      stuck = static_cast<Role>(r);
+    }
+  }
+  nlohmann::json ev{{"actor", role_name(stuck)},    {"handler", worst.handler}, {"in_handler_s", worst.in_handler_s},
+                    {"last_unit", worst.last_unit}, {"stalled_s", stalled},     {"step", st.next_report}};
+  if (due(m.watchdog_warn_s, 1)) {
+    st.watchdog_level = 1;
+    ev["level"] = "warning";
+    st.mon->events().append("watchdog", ev);
+    std::fprintf(stderr, "megatrain: watchdog: no step for %.0f s (%s in %s for %.0f s)\n", stalled, role_name(stuck),
+                 worst.handler.c_str(), worst.in_handler_s);
+  }
+  if (due(m.watchdog_dump_s, 2)) {
+    st.watchdog_level = 2;
+    ev["level"] = "dump";
+    ev["actors"] = actors_json(st.mon->board());
+    st.mon->events().append("watchdog", ev);
+    ev.erase("actors");
+  }
+  if (due(m.watchdog_restart_s, 3)) {
+    st.watchdog_level = 3;
+    ev["level"] = "restart";
+    st.mon->events().append("watchdog", ev);
+    const int r = static_cast<int>(stuck);
+    st.watchdog_restarts[r] = "watchdog: no step for " + std::to_string(static_cast<long long>(stalled)) + " s, in " +
+                              worst.handler + " for " + std::to_string(static_cast<long long>(worst.in_handler_s)) +
+                              " s";
+    self->send_exit(role_handle(st.h, stuck), caf::make_error(caf::sec::runtime_error, st.watchdog_restarts[r]));
+  }
+}
+
+// A requested checkpoint the optimizer took: the control requests waiting for it took effect at that
+// version, and are durable when its CheckpointDone arrives.
+void take_checkpoint_request(self_ptr self) {
+  auto& st = self->state;
+  const std::int64_t v = st.ctx->checkpoint_request_step.exchange(-1);
+  if (v < 0) return;
+  for (const auto& c : st.checkpoint_controls) {
+    st.mon->control_progress(c, "took_effect", {{"step", v}});
+    st.durable_controls[v].push_back(c);
+  }
+  st.checkpoint_controls.clear();
+}
+
+// The tick's monitor work: live figures, control requests, the pause and checkpoint requests'
+// progress, the watchdog.
+void monitor_tick(self_ptr self) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  monitor::Monitor& mon = *st.mon;
+  const double paused_now = st.paused ? seconds_between(st.paused_since, Clock::now()) : 0.0;
+  const double restarting_now = st.restart_began ? seconds_between(*st.restart_began, Clock::now()) : 0.0;
+  publish_live(*ctx, st.paused_s + paused_now, st.restart_s + restarting_now);
+  std::vector<monitor::ControlRequest> later;
+  for (const auto& c : mon.board().take_controls()) {
+    bool done = true;
+    try {
+      done = handle_control(self, c);
+    } catch (const std::exception& e) {
+      mon.control_progress(c, "failed", {{"error", e.what()}});
+    }
+    if (!done) later.push_back(c);
+  }
+  if (!later.empty()) mon.board().put_back_controls(std::move(later));
+  take_checkpoint_request(self);
+  budget_final_checkpoint(self);
+  if (st.shutting_down) return;
+  // Pause: compute holds before step paused_at and every step before it is reported.
+  const std::int64_t held = ctx->paused_at.load();
+  if (!st.paused && ctx->pause_requested.load() && held >= 0 && st.next_report >= held) {
+    st.paused = true;
+    st.paused_since = Clock::now();
+    mon.board().update([&](monitor::RunFigures& f) { f.state = monitor::RunState::paused; });
+    mon.events().append("paused", {{"step", st.next_report}});
+    for (const auto& c : st.pause_controls) mon.control_progress(c, "took_effect", {{"step", st.next_report}});
+    st.pause_controls.clear();
+  }
+  watchdog(self);
+}
+
 void poll_stop(self_ptr self) {
   auto& st = self->state;
+  if (st.shutting_down) return;
+  monitor_tick(self);
   if (st.shutting_down) return;
   // Checkpoint requests (SIGUSR1) and the timer: the optimizer takes the flag at its next step.
   if (st.ctx->checkpointing) {
@@ -343,7 +752,7 @@ void poll_stop(self_ptr self) {
     }
   }
   const std::atomic<bool>* flag = st.ctx->job->stop;
-  if (flag && flag->load() && !st.stop_requested) {
+  if (((flag && flag->load()) || st.control_stop) && !st.stop_requested) {
     st.stop_requested = true;
     self->request(st.h.compute, caf::infinite, StopAt{st.next_report})
         .then(
@@ -352,6 +761,9 @@ void poll_stop(self_ptr self) {
               s.end_step = std::min(s.end_step, r.end_step);
               s.result->stopped_early = s.end_step < s.ctx->end_step;
               self->send(s.h.prefetcher, StopAt{s.end_step});
+              s.mon->board().update([&](monitor::RunFigures& f) { f.state = monitor::RunState::stopping; });
+              s.mon->events().append("stopping", {{"step", s.end_step}});
+              for (const auto& c : s.stop_controls) s.mon->control_progress(c, "took_effect", {{"step", s.end_step}});
               emit_ready_steps(self);
             },
             [=](caf::error&) { self->state.stop_requested = false; });
@@ -369,9 +781,17 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
   st.next_report = run.ctx->first_step;
   st.last_done = Clock::now();
   st.last_checkpoint = st.last_done;
+  st.last_progress = st.last_done;
+  st.mon = run.ctx->monitor;
+  st.mon->board().update([](monitor::RunFigures& f) { f.state = monitor::RunState::running; });
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     s.alive.erase(dm.source);
+    for (int r = 0; r < kRoleCount; ++r)
+      if (dm.source == role_handle(s.h, static_cast<Role>(r)).address() && s.shutting_down)
+        s.mon->board().probe(actor_id(static_cast<Role>(r))).set_state(monitor::ActorState::stopped);
+    if (dm.source == s.h.checkpointer.address())
+      s.mon->board().probe(monitor::ActorId::checkpointer).set_state(monitor::ActorState::stopped);
     if (s.shutting_down) {
       if (s.alive.empty()) self->quit();
       return;
@@ -410,6 +830,7 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
       },
       [=](const LayerUpdated&) {},
       [=](const ComputeStepDone& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::node, "ComputeStepDone");
         auto& r = self->state.reports[m.step];
         r.compute = true;
         r.c = m;
@@ -417,17 +838,29 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
       },
       [=](const CollectorStepDone& m) { self->state.reports[m.step].offload_s = m.offload_s; },
       [=](const OptimizerStepDone& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::node, "OptimizerStepDone");
         auto& r = self->state.reports[m.step];
         r.optimizer = true;
         r.o = m;
         emit_ready_steps(self);
       },
-      [=](tick_atom) { poll_stop(self); },
+      [=](tick_atom) {
+        const auto probe = probe_handler(self, monitor::ActorId::node, "tick");
+        poll_stop(self);
+      },
       [=](const CheckpointDone& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::node, "CheckpointDone");
         on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes});
       },
       [=](const CheckpointFailed& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::node, "CheckpointFailed");
         on_checkpoint(self, CheckpointEvent{m.step, false, "", m.error, 0.0, 0});
+      },
+      // A role's backoff after a failure is over: respawn it and run the barrier.
+      [=](respawn_atom, std::int32_t role) {
+        const auto probe = probe_handler(self, monitor::ActorId::node, "respawn");
+        --self->state.respawns_pending;
+        respawn(self, static_cast<Role>(role));
       },
   };
 }

@@ -44,7 +44,10 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   const CheckpointJob& cj = ctx->job->checkpoint;
   if (v == cj.deferred_step) return;  // the evaluation pass after this step writes it (a request waits)
   bool due = (cj.save_steps > 0 && v % cj.save_steps == 0) || (cj.at_end && v == ctx->cfg_end_step);
-  if (ctx->checkpoint_request.exchange(false)) due = true;
+  if (ctx->checkpoint_request.exchange(false)) {
+    due = true;
+    ctx->checkpoint_request_step.store(v);  // the node reports the request took effect at step v
+  }
   if (due && ctx->gate.open(v, ctx->stages())) self->send(st.peers.checkpointer, CheckpointNow{v});
 }
 
@@ -71,6 +74,7 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   const auto t1 = Clock::now();
   st.busy_s += seconds_between(t0, t1);
   ctx->intervals.add(Role::optimizer, s, t0, t1);
+  ctx->monitor->board().probe(monitor::ActorId::optimizer).unit(s, -1, stage, "optimize");
   self->send(st.peers.prefetcher, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
   if (ctx->checkpointing)
     self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
@@ -119,19 +123,25 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
   self->set_exception_handler(exception_to_error);
   return {
       [=](const LossReport& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::optimizer, "LossReport");
         auto& st = self->state;
         if (m.epoch != st.epoch || m.step < st.step) return;
         st.losses[m.step][m.micro_batch] = MbLoss{m.loss_sum, m.counted};
         try_update(self);
       },
       [=](const LayerGradsComplete& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::optimizer, "LayerGradsComplete");
         auto& st = self->state;
         if (m.epoch != st.epoch || m.step < st.step) return;
         st.sumsq[m.step][m.stage] = m.sumsq;
         try_update(self);
       },
-      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const Peers& p) {
+        const auto probe = probe_handler(self, monitor::ActorId::optimizer, "Peers");
+        self->state.peers.set(p);
+      },
       [=](const Resume& r) {
+        const auto probe = probe_handler(self, monitor::ActorId::optimizer, "Resume");
         auto& st = self->state;
         st.epoch = r.epoch;
         st.step = r.opt_step;
@@ -142,6 +152,7 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
         st.decided = -1;
       },
       [=](reset_atom, std::uint64_t e) {
+        const auto probe = probe_handler(self, monitor::ActorId::optimizer, "reset");
         self->state.epoch = e;
         self->state.running = false;
         return ack_atom::value;

@@ -152,6 +152,7 @@ void pump(self_ptr self) {
                              " but step " + std::to_string(st.pos.step) + " needs " + std::to_string(need));
     const std::size_t bytes = tile.stream_bytes();
     fault_point(ctx->fault, Role::prefetcher, st.pos.step, st.pos.micro_batch, stage, Phase::prefetch);
+    ctx->monitor->board().probe(monitor::ActorId::prefetcher).unit(st.pos.step, st.pos.micro_batch, stage, "prefetch");
     // A resident copy of exactly this stage and version: hand it over again, no transfer.
     int hit = -1;
     for (const auto& kv : st.resident)
@@ -192,6 +193,7 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
   self->set_exception_handler(exception_to_error);
   return {
       [=](const SlotFree& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "SlotFree");
         auto& st = self->state;
         if (m.epoch != st.epoch) return;
         if (is_boundary_load(ctx, m.pos, m.load)) {
@@ -208,6 +210,7 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
         pump(self);
       },
       [=](const CopyDone& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "CopyDone");
         auto& st = self->state;
         if (m.epoch != st.epoch) return;
         const bool boundary = is_boundary_load(ctx, m.pos, m.load);
@@ -220,14 +223,25 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
                    WeightsReady{st.epoch, m.pos, m.load, it->second.stage, m.slot, it->second.version});
       },
       [=](const LayerUpdated& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "LayerUpdated");
         if (m.epoch != self->state.epoch) return;
         pump(self);
       },
       // A wake-up only (the stamps in the host store are the state); see compute's handler.
-      [=](const BoundarySaved&) { pump(self); },
-      [=](const StopAt& m) { self->state.end_step = std::min(self->state.end_step, m.end_step); },
-      [=](const Peers& p) { self->state.peers.set(p); },
+      [=](const BoundarySaved&) {
+        const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "BoundarySaved");
+        pump(self);
+      },
+      [=](const StopAt& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "StopAt");
+        self->state.end_step = std::min(self->state.end_step, m.end_step);
+      },
+      [=](const Peers& p) {
+        const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "Peers");
+        self->state.peers.set(p);
+      },
       [=](const Resume& r) {
+        const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "Resume");
         auto& st = self->state;
         st.epoch = r.epoch;
         // Every slot is free again: compute dropped what it held at the reset.
@@ -242,6 +256,7 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
         pump(self);
       },
       [=](reset_atom, std::uint64_t e) {
+        const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "reset");
         self->state.epoch = e;
         self->state.running = false;
         // No copy of the old epoch may land in a slot after the barrier.

@@ -104,6 +104,23 @@ NodeConfig::NodeConfig() {
       .add(l.train_jsonl, "train_jsonl", "per-step JSONL log; empty = <output_dir>/train.jsonl")
       .add(l.events_jsonl, "events_jsonl", "actor events JSONL log; empty = <output_dir>/events.jsonl")
       .add(l.logging_steps, "logging_steps", "log every N steps");
+  auto& mo = values.monitor;
+  opt_group{custom_options_, "monitor"}
+      .add(mo.enabled, "enabled", "serve the monitor endpoint (metrics, status, events, dashboard, control)")
+      .add(mo.bind, "bind", "listen address of the endpoint (loopback by default)")
+      .add(mo.port, "port", "listen port; 0 = any free port (see <output_dir>/monitor.json)")
+      .add(mo.token_file, "token_file",
+           "file holding the control bearer token; empty = a random token in <output_dir>/monitor.token (0600)")
+      .add(mo.watchdog_warn_s, "watchdog_warn_s", "no step finished for T s: watchdog warning event; 0 = off")
+      .add(mo.watchdog_dump_s, "watchdog_dump_s", "... dump every actor's state into the events; 0 = off")
+      .add(mo.watchdog_restart_s, "watchdog_restart_s", "... restart the actor stuck in a handler; 0 = off")
+      .add(mo.allow_fault_injection, "allow_fault_injection", "test-only: accept POST /control/fault?actor=NAME");
+  auto& re = values.restart;
+  opt_group{custom_options_, "restart"}
+      .add(re.max_restarts, "max_restarts", "restarts per actor within window_s; past it: final checkpoint, stop")
+      .add(re.window_s, "window_s", "the window of max_restarts, in seconds")
+      .add(re.backoff_s, "backoff_s", "wait before respawning a failed actor (doubles per failure in the window)")
+      .add(re.per_actor, "per_actor", "per-actor max_restarts, e.g. \"loader:20,compute:2\"; empty = none");
 }
 
 namespace {
@@ -201,9 +218,12 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
   if (dump_requested) args.erase(dump);
   std::vector<BoolArgument> bools;
   std::string bool_error;
-  if (!take_bool_arguments(
-          args, {{"train.bf16", &values.train.bf16}, {"model.tie_word_embeddings", &values.model.tie_word_embeddings}},
-          bools, bool_error))
+  if (!take_bool_arguments(args,
+                           {{"train.bf16", &values.train.bf16},
+                            {"model.tie_word_embeddings", &values.model.tie_word_embeddings},
+                            {"monitor.enabled", &values.monitor.enabled},
+                            {"monitor.allow_fault_injection", &values.monitor.allow_fault_injection}},
+                           bools, bool_error))
     return fail(bool_error);
   for (auto& a : args)  // --device.weight_slots=auto (and grad_slots): stored as 0, sized by the engine
     if (a.size() > 7 && a.compare(0, 2, "--") == 0 && a.compare(a.size() - 5, 5, "=auto") == 0 &&
@@ -238,7 +258,7 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
 namespace {
 
 bool is_train_section(const std::string& category) {
-  static const std::string sections[] = {"train", "model", "data", "device", "threads", "log"};
+  static const std::string sections[] = {"train", "model", "data", "device", "threads", "log", "monitor", "restart"};
   return std::find(std::begin(sections), std::end(sections), category) != std::end(sections);
 }
 

@@ -110,6 +110,27 @@ struct LogSection {                // [log]
   std::int64_t logging_steps = 1;  // a JSONL line every N steps
 };
 
+// The node's monitor endpoint (actors/monitor/README.md): HTTP on loopback by default, a bearer token
+// for control, the progress watchdog and the restart policy.
+struct MonitorSection {            // [monitor]
+  bool enabled = true;             // serve /metrics, /status, /events, /history, / and /control/*
+  std::string bind = "127.0.0.1";  // listen address (loopback by default)
+  std::int64_t port = 0;           // 0 = any free port (printed and written to <output_dir>/monitor.json)
+  std::string token_file;          // bearer token file; "" = a fresh random token in <output_dir>/monitor.token (0600)
+  double watchdog_warn_s = 60.0;   // no progress for this long: a watchdog warning event; 0 = off
+  double watchdog_dump_s = 120.0;  // ... a dump of every actor's state into the events; 0 = off
+  double watchdog_restart_s = 0;   // ... restart the actor stuck longest in a handler; 0 = off
+  bool allow_fault_injection = false;  // test-only: accept POST /control/fault?actor=NAME
+};
+
+// Restarting a crashed (or stuck, or on-demand restarted) pipeline actor.
+struct RestartSection {           // [restart]
+  std::int64_t max_restarts = 5;  // failures per actor within window_s that are restarted; more stop the run
+  double window_s = 600.0;        // the window of max_restarts
+  double backoff_s = 0.0;         // wait before respawning a failed actor (doubles each failure in the window)
+  std::string per_actor;          // overrides "ACTOR:MAX[,ACTOR:MAX...]" (e.g. "loader:20,compute:2")
+};
+
 enum class LrSchedule { constant, linear, cosine };
 enum class KeepIntermediates {
   boundary,       // keep layer-boundary hidden states on the device, recompute each layer once in backward
@@ -145,6 +166,8 @@ struct TrainConfig {
   DeviceSection device;
   ThreadsSection threads;
   LogSection log;
+  MonitorSection monitor;
+  RestartSection restart;
 
   // Checks every key: types are already right, this checks ranges, choices, combinations and that
   // named files exist (data.train_files must match at least one file). Throws ConfigError naming the
@@ -186,6 +209,8 @@ struct TrainConfig {
 
   std::string train_jsonl_path() const;
   std::string events_jsonl_path() const;
+  // restart.max_restarts, or the actor's override in restart.per_actor.
+  std::int64_t max_restarts_of(const std::string& actor) const;
 };
 
 // The learning-rate schedule as a free function (used by TrainConfig::learning_rate_at).

@@ -165,7 +165,52 @@ void thread_values(const TrainConfig& c) {
                                  " (more threads than the budget oversubscribes the cores and slows every pool)");
 }
 
+// The actor names restart.per_actor may name (the node's pipeline actors).
+const char* const kRestartableActors[] = {"loader", "prefetcher", "compute", "collector", "optimizer"};
+
+void monitor_values(const TrainConfig& c) {
+  const auto& m = c.monitor;
+  if (m.bind.empty()) throw ConfigError("monitor.bind", "must be an address (e.g. 127.0.0.1)");
+  at_least("monitor.port", m.port, 0);
+  at_most("monitor.port", m.port, 65535);
+  non_negative("monitor.watchdog_warn_s", m.watchdog_warn_s);
+  non_negative("monitor.watchdog_dump_s", m.watchdog_dump_s);
+  non_negative("monitor.watchdog_restart_s", m.watchdog_restart_s);
+  const auto& r = c.restart;
+  at_least("restart.max_restarts", r.max_restarts, 0);
+  positive("restart.window_s", r.window_s);
+  non_negative("restart.backoff_s", r.backoff_s);
+  c.max_restarts_of("loader");  // parses restart.per_actor, throws naming it
+}
+
 }  // namespace
+
+std::int64_t TrainConfig::max_restarts_of(const std::string& actor) const {
+  std::int64_t result = restart.max_restarts;
+  std::istringstream items(restart.per_actor);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const auto colon = item.find(':');
+    const std::string name = item.substr(0, colon);
+    bool known = false;
+    for (const char* a : kRestartableActors) known = known || name == a;
+    if (colon == std::string::npos || !known)
+      throw ConfigError("restart.per_actor", "'" + item +
+                                                 "' is not ACTOR:MAX with ACTOR one of loader, prefetcher, "
+                                                 "compute, collector, optimizer");
+    std::size_t used = 0;
+    long long max = -1;
+    try {
+      max = std::stoll(item.substr(colon + 1), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() - colon - 1 || max < 0)
+      throw ConfigError("restart.per_actor", "'" + item + "': MAX must be an integer >= 0");
+    if (name == actor) result = max;
+  }
+  return result;
+}
 
 void TrainConfig::validate_values() const {
   train_values(*this);
@@ -175,6 +220,7 @@ void TrainConfig::validate_values() const {
   device_values(*this);
   thread_values(*this);
   at_least("log.logging_steps", log.logging_steps, 1);
+  monitor_values(*this);
 }
 
 void TrainConfig::validate_files() const {
@@ -196,6 +242,8 @@ void TrainConfig::validate_files() const {
     throw ConfigError("train.offload_dir", "'" + train.offload_dir + "' exists and is not a directory");
   if (fs::exists(train.output_dir, ec) && !fs::is_directory(train.output_dir, ec))
     throw ConfigError("train.output_dir", "'" + train.output_dir + "' exists and is not a directory");
+  if (!monitor.token_file.empty() && !fs::is_regular_file(monitor.token_file, ec))
+    throw ConfigError("monitor.token_file", "'" + monitor.token_file + "' is not a readable file");
   const auto& resume = train.resume_from_checkpoint;
   if (!resume.empty() && resume != "latest" && !fs::is_directory(resume, ec))
     throw ConfigError("train.resume_from_checkpoint", "checkpoint directory '" + resume + "' does not exist");

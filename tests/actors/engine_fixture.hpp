@@ -58,6 +58,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.device.keep_intermediates = t.keep;
   c.device.schedule = t.schedule;
   c.device.copy_bandwidth_gbps = t.bandwidth_gbps;
+  c.monitor.enabled = false;  // engine-level tests: no endpoint (tests/actors/monitor/ test it)
   c.threads.total = 2;
   c.threads.blas = 1;
   c.threads.optimizer = 1;

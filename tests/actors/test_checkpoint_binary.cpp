@@ -245,7 +245,14 @@ TEST_CASE("megatrain train: SIGTERM writes a final checkpoint and exits 0, SIGUS
   INFO(log);
   CHECK(code == 0);
   CHECK_THAT(log, Catch::Contains("stopped by signal"));
-  const auto events = jsonl(out / "events.jsonl");
+  // events.jsonl: the checkpoints (and, from the monitor, the stop: {"event": "stopping"}).
+  std::vector<nlohmann::json> events;
+  bool stopping = false;
+  for (const auto& e : jsonl(out / "events.jsonl")) {
+    stopping = stopping || e["event"] == "stopping";
+    if (e["event"].get<std::string>().rfind("checkpoint_", 0) == 0) events.push_back(e);
+  }
+  CHECK(stopping);
   REQUIRE(events.size() >= 2);
   for (const auto& e : events) CHECK(e["event"] == "checkpoint_saved");
   const std::int64_t done = static_cast<std::int64_t>(lines());

@@ -109,11 +109,23 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "train.resume_fallback",
                         "train.save_minutes",
                         "train.stop_after_steps",
-                        "train.export_hf_dir"}) {
+                        "train.export_hf_dir",
+                        "monitor.enabled",
+                        "monitor.bind",
+                        "monitor.port",
+                        "monitor.token_file",
+                        "monitor.watchdog_warn_s",
+                        "monitor.watchdog_dump_s",
+                        "monitor.watchdog_restart_s",
+                        "monitor.allow_fault_injection",
+                        "restart.max_restarts",
+                        "restart.window_s",
+                        "restart.backoff_s",
+                        "restart.per_actor"}) {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 28 + 15 + 4 + 9 + 5 + 3);  // train: 24 + eval_steps, eval_max_batches + 2 offload keys
+  CHECK(keys.size() == 28 + 15 + 4 + 9 + 5 + 3 + 8 + 4);  // train: 24 + eval_steps, eval_max_batches + 2 offload keys
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -231,3 +231,39 @@ TEST_CASE("enum keys parse to their values", "[config]") {
   c.log.train_jsonl = "x.jsonl";
   CHECK(c.train_jsonl_path() == "x.jsonl");
 }
+
+TEST_CASE("monitor and restart keys: bad values are reported with their key", "[config]") {
+  test::TempDir dir;
+  struct Case {
+    const char* expected;
+    std::function<void(TrainConfig&)> spoil;
+  };
+  const Case cases[] = {
+      {"monitor.bind: must be an address", [](TrainConfig& c) { c.monitor.bind = ""; }},
+      {"monitor.port: must be <= 65535, got 70000", [](TrainConfig& c) { c.monitor.port = 70000; }},
+      {"monitor.port: must be >= 0", [](TrainConfig& c) { c.monitor.port = -1; }},
+      {"monitor.watchdog_warn_s", [](TrainConfig& c) { c.monitor.watchdog_warn_s = -1; }},
+      {"monitor.token_file: '/nonexistent/token' is not a readable file",
+       [](TrainConfig& c) { c.monitor.token_file = "/nonexistent/token"; }},
+      {"restart.max_restarts: must be >= 0", [](TrainConfig& c) { c.restart.max_restarts = -1; }},
+      {"restart.window_s", [](TrainConfig& c) { c.restart.window_s = 0; }},
+      {"restart.backoff_s", [](TrainConfig& c) { c.restart.backoff_s = -0.5; }},
+      {"restart.per_actor: 'checkpointer:3' is not ACTOR:MAX",
+       [](TrainConfig& c) { c.restart.per_actor = "loader:2,checkpointer:3"; }},
+      {"restart.per_actor: 'compute:x': MAX must be an integer >= 0",
+       [](TrainConfig& c) { c.restart.per_actor = "compute:x"; }},
+      {"restart.per_actor: 'compute' is not ACTOR:MAX", [](TrainConfig& c) { c.restart.per_actor = "compute"; }},
+  };
+  for (const auto& k : cases) {
+    TrainConfig c = valid_config(dir);
+    k.spoil(c);
+    INFO(k.expected);
+    CHECK_THAT(error_of(c), Catch::StartsWith(k.expected));
+  }
+  TrainConfig c = valid_config(dir);
+  c.restart.per_actor = "loader:20,compute:2";
+  CHECK(error_of(c).empty());
+  CHECK(c.max_restarts_of("compute") == 2);
+  CHECK(c.max_restarts_of("loader") == 20);
+  CHECK(c.max_restarts_of("optimizer") == c.restart.max_restarts);
+}

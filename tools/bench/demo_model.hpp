@@ -29,6 +29,7 @@ inline TrainConfig demo_train_config(std::int64_t steps) {
   c.data.seq_length = 128;
   c.device.device_memory_mb = 64;
   c.threads.total = 2;
+  c.monitor.enabled = false;  // no endpoint (the monitor bench measures it through the node binary)
   return c;
 }
 

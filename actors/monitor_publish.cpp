@@ -1,0 +1,74 @@
+#include "actors/monitor_publish.hpp"
+
+namespace mt::actors {
+
+nlohmann::json step_record_json(const StepRecord& r) {
+  return {{"step", r.step},
+          {"loss", r.loss},
+          {"lr", r.lr},
+          {"grad_norm", r.grad_norm},
+          {"clip", r.clip},
+          {"tokens", r.tokens},
+          {"tokens_per_s", r.tokens_per_s},
+          {"step_s", r.step_s},
+          {"wait_weights_s", r.wait_weights_s},
+          {"compute_s", r.compute_s},
+          {"offload_s", r.offload_s},
+          {"optimizer_s", r.optimizer_s},
+          {"checkpoint_wait_s", r.checkpoint_wait_s},
+          {"restarts", r.restarts}};
+}
+
+void publish_step(Context& ctx, const StepRecord& r) {
+  monitor::Monitor& mon = *ctx.monitor;
+  const LinkStats link = ctx.backend->link_stats();
+  const std::uint64_t h2d = link.of(LinkDirection::host_to_device).bytes;
+  const std::uint64_t d2h = link.of(LinkDirection::device_to_host).bytes;
+  const double now = monitor::unix_seconds();
+  const double params = static_cast<double>(mon.board().run_info().params);
+  mon.board().update([&](monitor::RunFigures& f) {
+    if (r.step_s > 0) {
+      f.h2d_bytes_per_s = static_cast<double>(h2d - std::min(h2d, f.h2d_at_last_step)) / r.step_s;
+      f.d2h_bytes_per_s = static_cast<double>(d2h - std::min(d2h, f.d2h_at_last_step)) / r.step_s;
+    }
+    f.h2d_at_last_step = h2d;
+    f.d2h_at_last_step = d2h;
+    f.step = r.step;
+    f.tokens += r.tokens;
+    f.loss = r.loss;
+    f.lr = r.lr;
+    f.grad_norm = r.grad_norm;
+    f.tokens_per_s = r.tokens_per_s;
+    f.model_flops_per_s = 6.0 * params * r.tokens_per_s;
+    f.last_step_unix = now;
+    f.h2d_bytes = h2d;
+    f.d2h_bytes = d2h;
+    f.checkpoint_wait_s += r.checkpoint_wait_s;
+  });
+  nlohmann::json rec = step_record_json(r);
+  rec["t"] = now;
+  rec["h2d_bytes"] = h2d;
+  rec["d2h_bytes"] = d2h;
+  mon.events().append("step", rec);
+  mon.board().add_history(std::move(rec));
+}
+
+void publish_live(Context& ctx, double paused_s, double restart_s) {
+  const LinkStats link = ctx.backend->link_stats();
+  const ArenaUsage arena = ctx.arena->usage();
+  const double wall = ctx.now();
+  ctx.monitor->board().update([&](monitor::RunFigures& f) {
+    f.h2d_bytes = std::max<std::uint64_t>(f.h2d_bytes, link.of(LinkDirection::host_to_device).bytes);
+    f.d2h_bytes = std::max<std::uint64_t>(f.d2h_bytes, link.of(LinkDirection::device_to_host).bytes);
+    f.arena_in_use = arena.in_use_bytes;
+    f.arena_peak = arena.peak_bytes;
+    f.arena_budget = arena.budget_bytes;
+    f.wall_s = wall;
+    f.paused_s = paused_s;
+    f.restart_s = restart_s;
+  });
+}
+
+nlohmann::json actors_json(const monitor::StatusBoard& board) { return board.status_json()["actors"]; }
+
+}  // namespace mt::actors

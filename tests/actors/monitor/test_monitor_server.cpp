@@ -1,0 +1,197 @@
+// The monitor endpoint's parts without an engine: the token file, the event log, the routes' answers
+// (auth, unknown paths and methods, control requests reaching the board) and the HTTP server's limits
+// over real loopback sockets (oversized, malformed, slow and too many clients), each bounded in time.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/monitor/http_server.hpp"
+#include "actors/monitor/metrics_text.hpp"
+#include "actors/monitor/routes.hpp"
+#include "actors/monitor/token.hpp"
+
+namespace fs = std::filesystem;
+using namespace mt::monitor;
+
+namespace {
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// Everything the server sends until it closes (or 10 s pass).
+std::string read_all(int fd) {
+  std::string out;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+std::string round_trip(int port, const std::string& request) {
+  const int fd = connect_to(port);
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  const std::string reply = read_all(fd);
+  ::close(fd);
+  return reply;
+}
+
+int status_of(const std::string& reply) { return reply.size() > 12 ? std::stoi(reply.substr(9, 3)) : 0; }
+
+struct Fixture {
+  StatusBoard board;
+  EventLog events;
+  AuditLog audit;
+  RouteContext routes{board, events, audit, "s3cret", false};
+};
+
+}  // namespace
+
+TEST_CASE("monitor token: 256 random bits, a 0600 file, read back trimmed", "[monitor]") {
+  const std::string a = random_token(), b = random_token();
+  CHECK(a.size() == 64);
+  CHECK(a != b);
+  const fs::path p = fs::temp_directory_path() / ("mt_token_" + std::to_string(::getpid()));
+  write_token_file(p.string(), a);
+  struct stat st {};
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(read_token_file(p.string()) == a);
+  fs::remove(p);
+  CHECK_THROWS_WITH(read_token_file(p.string()), Catch::Contains("monitor.token_file"));
+  CHECK(token_equal("abc", "abc"));
+  CHECK_FALSE(token_equal("abc", "abd"));
+  CHECK_FALSE(token_equal("abc", "abcd"));
+  CHECK_FALSE(token_equal("", "a"));
+}
+
+TEST_CASE("monitor event log: ids in order, replay after an id, bounded backlog", "[monitor]") {
+  EventLog log(3);
+  for (int i = 0; i < 5; ++i) log.append("step", {{"step", i}});
+  CHECK(log.last_id() == 5);
+  const auto all = log.since(0);
+  REQUIRE(all.size() == 3);  // the backlog keeps the newest 3
+  CHECK(all.front().id == 3);
+  CHECK(all.back().data == "{\"step\":4}");
+  CHECK(log.since(4).size() == 1);
+  CHECK(log.since(5).empty());
+}
+
+TEST_CASE("monitor routes: tokens, paths, methods, control requests reaching the board", "[monitor]") {
+  Fixture f;
+  auto call = [&](const std::string& method, const std::string& target, const std::string& auth = "") {
+    return route(f.routes, Request{method, target, auth, "127.0.0.1:1"});
+  };
+  CHECK(call("GET", "/status").status == 200);
+  CHECK(call("GET", "/metrics").content_type == kMetricsContentType);
+  CHECK(call("GET", "/history?since=3").body == "[]\n");
+  CHECK(call("GET", "/history?since=x").status == 400);
+  CHECK(call("GET", "/nope").status == 404);
+  const Response wrong_method = call("PUT", "/status");
+  CHECK(wrong_method.status == 405);
+  CHECK(wrong_method.headers.at(0).first == "Allow");
+  CHECK(call("GET", "/control/pause", "Bearer s3cret").status == 405);
+  CHECK(call("POST", "/control/bogus", "Bearer s3cret").status == 404);
+  CHECK(call("POST", "/control/pause").status == 401);
+  CHECK(call("POST", "/control/pause", "Bearer wrong").status == 403);
+  CHECK(call("POST", "/control/pause", "Token s3cret").status == 401);
+  CHECK(call("POST", "/control/restart?actor=node", "Bearer s3cret").status == 400);
+  CHECK(call("POST", "/control/fault?actor=compute", "Bearer s3cret").status == 403);  // not allowed
+  CHECK(call("POST", "/control/pause?actor=compute", "Bearer s3cret").status == 400);
+  CHECK(f.board.take_controls().empty());  // nothing changes on any error
+  const Response ok = call("POST", "/control/restart?actor=compute", "Bearer s3cret");
+  CHECK(ok.status == 202);
+  CHECK_THAT(ok.body, Catch::Contains("\"id\":\"c-1\"") && Catch::Contains("\"status\":\"accepted\""));
+  const auto posted = f.board.take_controls();
+  REQUIRE(posted.size() == 1);
+  CHECK(posted[0].action == "restart");
+  CHECK(posted[0].actor == "compute");
+  CHECK(posted[0].peer == "127.0.0.1:1");
+  REQUIRE(f.events.since(0).size() == 1);
+  CHECK(f.events.since(0)[0].type == "control");
+  f.routes.allow_fault_injection = true;
+  CHECK(call("POST", "/control/fault?actor=loader", "Bearer s3cret").status == 202);
+}
+
+TEST_CASE("monitor HTTP server: answers, and bounds bad clients in size, time and number", "[monitor]") {
+  Fixture f;
+  HttpServerOptions o;
+  o.port = 0;
+  o.request_timeout_s = 0.5;
+  o.max_connections = 4;
+  HttpServer server(f.routes, o);
+  server.start();
+  const int port = server.port();
+  REQUIRE(port > 0);
+
+  const std::string ok = round_trip(port, "GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  CHECK(status_of(ok) == 200);
+  CHECK_THAT(ok, Catch::Contains("\"actors\""));
+  CHECK(status_of(round_trip(port, "NOT HTTP AT ALL\r\n\r\n")) == 400);
+  CHECK(status_of(round_trip(port, "GET /status HTTP/1.1\r\nX: " + std::string(20000, 'a') + "\r\n\r\n")) == 413);
+  CHECK(status_of(round_trip(
+            port, "POST /control/pause HTTP/1.1\r\nContent-Length: 20000\r\n\r\n" + std::string(20000, 'b'))) == 413);
+  CHECK(status_of(round_trip(port, "POST /control/pause HTTP/1.1\r\nConnection: close\r\n\r\n")) == 401);
+
+  // A client that never finishes its request: 408 after the request timeout.
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int fd = connect_to(port);
+    ::send(fd, "GET /sta", 8, MSG_NOSIGNAL);
+    const std::string reply = read_all(fd);
+    ::close(fd);
+    CHECK(status_of(reply) == 408);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  }
+  // More connections than allowed: the extra ones are answered 503; the server serves again later.
+  {
+    std::vector<int> idle;
+    for (int i = 0; i < 4; ++i) idle.push_back(connect_to(port));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK(status_of(round_trip(port, "GET /status HTTP/1.1\r\n\r\n")) == 503);
+    for (int fd : idle) ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK(status_of(round_trip(port, "GET /status HTTP/1.1\r\nConnection: close\r\n\r\n")) == 200);
+  }
+  // An event stream replays the backlog after Last-Event-ID, then the server stops with it open.
+  {
+    f.events.append("step", {{"step", 1}});
+    f.events.append("step", {{"step", 2}});
+    const int fd = connect_to(port);
+    const std::string req = "GET /events HTTP/1.1\r\nLast-Event-ID: 1\r\n\r\n";
+    ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    std::string got;
+    char buf[4096];
+    while (got.find("\"step\":2") == std::string::npos) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+    CHECK_THAT(got, Catch::Contains("text/event-stream") && Catch::Contains("id: 2\nevent: step\ndata: {\"step\":2}"));
+    CHECK(got.find("\"step\":1") == std::string::npos);
+    const auto t0 = std::chrono::steady_clock::now();
+    server.stop();
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    ::close(fd);
+  }
+}
