@@ -64,8 +64,13 @@ StagedMomentStore::StagedMomentStore(std::vector<std::size_t> stage_floats, cons
   }
   for (int i = 0; i < o_.staging_stages; ++i) {
     auto slot = std::make_unique<Slot>();
-    slot->fp32 = AlignedBuffer(2 * max_floats_ * sizeof(float), "moment staging slot", false);
     slot->encoded = AlignedBuffer(encoded_bytes, "moment staging slot (encoded)", false, kDirectAlign);
+    if (raw_in_place()) {  // fp32 in files: the file's payload is m | v itself, no copy either way
+      slot->moments = reinterpret_cast<float*>(slot->encoded.data() + header_bytes_);
+    } else {
+      slot->fp32 = AlignedBuffer(2 * max_floats_ * sizeof(float), "moment staging slot", false);
+      slot->moments = reinterpret_cast<float*>(slot->fp32.data());
+    }
     slots_.push_back(std::move(slot));
   }
   for (int i = 0; i < kWorkers; ++i) workers_.emplace_back([this] { worker(); });
@@ -192,7 +197,7 @@ MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
       if (hit) ++stats_.hits;
       stats_.acquire_wait_s += since(t0);
       const std::size_t n = floats_[static_cast<std::size_t>(stage)];
-      auto* f = reinterpret_cast<float*>(s->fp32.data());
+      float* f = s->moments;
       return MomentView{f, f + n};
     }
     if (s && s->state == SlotState::empty && !s->error.empty()) {
@@ -336,7 +341,7 @@ void StagedMomentStore::worker() {
 
 void StagedMomentStore::load(Slot& s, std::int64_t stage, std::uint64_t generation, bool fresh) {
   const std::size_t n = floats_[static_cast<std::size_t>(stage)];
-  auto* m = reinterpret_cast<float*>(s.fp32.data());
+  float* m = s.moments;
   if (fresh) {
     std::memset(m, 0, 2 * n * sizeof(float));
     return;
@@ -355,7 +360,11 @@ void StagedMomentStore::load(Slot& s, std::int64_t stage, std::uint64_t generati
   }
   const auto t0 = Clock::now();
   try {
-    decode_moments(o_.codec, enc, bytes, n, m, m + n);
+    if (raw_in_place()) {
+      if (bytes != 2 * n * sizeof(float)) throw std::runtime_error("fp32 moments: wrong size");
+    } else {
+      decode_moments(o_.codec, enc, bytes, n, m, m + n);
+    }
   } catch (const std::exception& e) {
     throw MomentStoreError("moments of stage " + std::to_string(stage) + " (" +
                            (files_.empty() ? std::string("in RAM") : files_[static_cast<std::size_t>(stage)]->path()) +
@@ -367,10 +376,10 @@ void StagedMomentStore::load(Slot& s, std::int64_t stage, std::uint64_t generati
 
 std::uint64_t StagedMomentStore::store(Slot& s, std::int64_t stage, std::uint64_t generation) {
   const std::size_t n = floats_[static_cast<std::size_t>(stage)];
-  const auto* m = reinterpret_cast<const float*>(s.fp32.data());
+  const float* m = s.moments;
   const auto t0 = Clock::now();
   std::byte* enc = s.encoded.data() + payload_offset();
-  const std::size_t bytes = encode_moments(o_.codec, m, m + n, n, enc);
+  const std::size_t bytes = raw_in_place() ? 2 * n * sizeof(float) : encode_moments(o_.codec, m, m + n, n, enc);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.encode_s += since(t0);

@@ -84,9 +84,10 @@ class StagedMomentStore final : public MomentStore {
     bool dirty = false;     // a lease modified it: write when the last lease ends
     bool retained = false;  // its write failed: the only copy, never evicted
     std::uint64_t last_use = 0;
-    std::string error;      // a failed load, for the acquire waiting on it
-    AlignedBuffer fp32;     // m | v
-    AlignedBuffer encoded;  // [file header region] encoding
+    std::string error;         // a failed load, for the acquire waiting on it
+    AlignedBuffer fp32;        // m | v (uncompressed in files: none, the payload of `encoded` is m | v)
+    float* moments = nullptr;  // m, then v
+    AlignedBuffer encoded;     // [file header region] encoding
   };
   struct Job {
     Slot* slot;
@@ -103,6 +104,7 @@ class StagedMomentStore final : public MomentStore {
   void load(Slot& s, std::int64_t stage, std::uint64_t generation, bool fresh);  // no lock held
   std::uint64_t store(Slot& s, std::int64_t stage, std::uint64_t generation);    // no lock held; bytes written
   std::size_t payload_offset() const { return files_.empty() ? 0 : header_bytes_; }
+  bool raw_in_place() const { return o_.codec == MomentCodec::none && !files_.empty(); }
 
   std::vector<std::size_t> floats_;
   std::size_t max_floats_ = 0;

@@ -23,7 +23,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("none and lossless moment codecs round-trip bit for bit; lossless is smaller") {
+TEST_CASE("none and lossless moment codecs round-trip bit for bit and lossless is smaller") {
   const std::size_t n = 100'000 + 16;  // not a multiple of a block
   std::vector<float> m(n), v(n), m2(n), v2(n);
   test::fake_moments(n, 1, m.data(), v.data());
@@ -49,7 +49,7 @@ TEST_CASE("none and lossless moment codecs round-trip bit for bit; lossless is s
   }
 }
 
-TEST_CASE("int8 quantiser: reference and fast agree; decoded values within the bound") {
+TEST_CASE("int8 quantiser: reference and fast agree and decoded values are within the bound") {
   const std::size_t n = 5 * kQuantBlock + 77;
   std::vector<float> m(n), v(n), m2(n), v2(n);
   test::fake_moments(n, 2, m.data(), v.data());

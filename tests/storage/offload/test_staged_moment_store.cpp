@@ -68,7 +68,7 @@ void run_cycles(StagedMomentStore& store, bool exact, bool reverse, int steps) {
 
 }  // namespace
 
-TEST_CASE("staged moments equal a plain copy bit for bit (none, lossless; RAM and files; both orders)") {
+TEST_CASE("staged moments equal a plain copy bit for bit (none and lossless, RAM and files, both orders)") {
   test::OffloadTempDir tmp;
   for (MomentCodec c : {MomentCodec::none, MomentCodec::lossless})
     for (bool files : {false, true})
@@ -104,7 +104,7 @@ TEST_CASE("int8 staged moments stay within the quantiser's bound and take ~2 byt
   CHECK(static_cast<double>(st.encoded_bytes) / static_cast<double>(st.raw_bytes) < 2.05 / 8);
 }
 
-TEST_CASE("a damaged or truncated stage file fails the acquire naming the file; other stages still load") {
+TEST_CASE("a damaged or truncated stage file fails the acquire naming the file and other stages still load") {
   test::OffloadTempDir tmp;
   StagedMomentStoreOptions o;
   o.dir = tmp.path();
