@@ -81,6 +81,7 @@ struct Node {
                                            "--train.warmup_steps=0",
                                            "--train.max_steps=1000000",
                                            "--train.save_steps=" + std::to_string(save_steps),
+                                           "--train.save_total_limit=0",  // keep all: checked after later ones
                                            "--train.output_dir=" + out.string(),
                                            "--device.device_memory_mb=16",
                                            "--threads.total=2",

@@ -58,7 +58,9 @@ def start_node(binary, work):
             "--model.kv_heads=2", "--model.intermediate_size=64", "--model.vocab_size=64",
             "--model.max_position_embeddings=64", "--data.seq_length=16", "--data.train_files=" + shard,
             "--train.per_device_train_batch_size=2", "--train.gradient_accumulation_steps=2", "--train.warmup_steps=0",
-            "--train.max_steps=1000000", "--train.save_steps=%d" % STALL_STEP, "--train.output_dir=" + out,
+            "--train.max_steps=1000000", "--train.save_steps=%d" % STALL_STEP,
+            "--train.save_total_limit=0",  # keep all: the checkpoint is checked after later periodic ones
+            "--train.output_dir=" + out,
             "--device.device_memory_mb=16", "--threads.total=2", "--monitor.port=0"]
     log = open(os.path.join(work, "node.log"), "w")
     env = dict(os.environ, MEGATRAIN_TEST_CKPT_STALL="%d:1:%d" % (STALL_STEP, STALL_S))
