@@ -2,6 +2,7 @@
 fields without effect are warned once; Ctrl-C stops after the step in progress with a final
 checkpoint, and resuming from it ends bit-identical to an uninterrupted run."""
 import logging
+import json
 import os
 import signal
 import tempfile
@@ -116,6 +117,20 @@ for split in ("train", "val"):  # eval_dataset: the engine's data.validation_fil
     shard = np.fromfile(os.path.join(hf_out, "data", f"{split}_000000.bin"), dtype="<u2", offset=1024)
     assert shard.tolist() == expected, split
 assert any(a.startswith("--data.validation_files=") for a in hf_trainer.arguments)
+# The evaluation ran on eval_dataset at the end of the run: a train.jsonl row with eval_loss.
+rows = [json.loads(line) for line in open(os.path.join(hf_out, "train.jsonl"))]
+assert [r["step"] for r in rows if "eval_loss" in r] == [1], rows
+
+# A Hugging Face `datasets.Dataset` (text column): the same shards as the list of dicts.
+import datasets  # noqa: E402
+
+ds_out = os.path.join(work, "datasets")
+mt.Trainer(model=model(), train_dataset=datasets.Dataset.from_list(texts),
+           eval_dataset=datasets.Dataset.from_list(texts[:1]), tokenizer=hf_tok, max_seq_length=32,
+           args=TrainingArguments(output_dir=ds_out, report_to=[], max_steps=1, per_device_train_batch_size=1)).train()
+for split in ("train", "val"):
+    a = np.fromfile(os.path.join(ds_out, "data", f"{split}_000000.bin"), dtype="<u2", offset=1024)
+    assert a.tolist() == expected, f"datasets.Dataset {split} shard"
 
 # A Hugging Face directory as the model: the engine reads it; save_model writes the trained weights.
 path_out = os.path.join(work, "from-path")
