@@ -15,6 +15,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/monitor_publish.hpp"
 #include "actors/run_state.hpp"
 #include "config/node_config.hpp"
 #include "data/loader.hpp"
@@ -276,20 +277,7 @@ EngineJob TrainingRun::make_job() {
                 r.checkpoint_wait_s > 0 ? (", checkpoint wait " + std::to_string(r.checkpoint_wait_s)).c_str() : "",
                 r.restarts ? " [restarted]" : ""));
     if (r.step % log_every == 0 || r.step == cfg_.train.max_steps) {
-      nlohmann::json j{{"step", r.step},
-                       {"loss", r.loss},
-                       {"lr", r.lr},
-                       {"grad_norm", r.grad_norm},
-                       {"clip", r.clip},
-                       {"tokens", r.tokens},
-                       {"tokens_per_s", r.tokens_per_s},
-                       {"step_s", r.step_s},
-                       {"wait_weights_s", r.wait_weights_s},
-                       {"compute_s", r.compute_s},
-                       {"offload_s", r.offload_s},
-                       {"optimizer_s", r.optimizer_s},
-                       {"checkpoint_wait_s", r.checkpoint_wait_s},
-                       {"restarts", r.restarts}};
+      const nlohmann::json j = step_record_json(r);  // the same fields as the monitor's step events
       jsonl_ << j.dump() << '\n';
       jsonl_.flush();
     }
