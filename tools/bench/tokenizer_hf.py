@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The Hugging Face `tokenizers` side of `tools/bench/run tokenizer`: encodes TEXT_FILE on one thread
 with the given vocabulary (a GPT-2 encoder.json + vocab.bpe directory, or a tokenizer.json) and prints one
-JSON line: {"seconds_cold", "seconds", "bytes", "tokens", "cache_capacity"} (seconds: best of REPS after the
-cold run). CACHE: the BPE word cache's capacity (GPT-2 directory only; 0 = the library's default, 10,000
-words; ours holds 65,536).
-    tokenizer_hf.py SPEC TEXT_FILE [REPS] [CACHE]"""
+JSON line: {"seconds_cold", "seconds", "bytes", "tokens", "documents", "cache_capacity"} (seconds: best of
+REPS after the cold run). CACHE: the BPE word cache's capacity (GPT-2 directory only; 0 = the library's
+default, 10,000 words; ours holds 65,536). MODE: "documents" (the text cut after every blank line, the
+pieces encoded with encode_batch, as a datasets.map would feed them; the C++ side cuts the same way) or
+"whole" (the text as one string).
+    tokenizer_hf.py SPEC TEXT_FILE [REPS] [CACHE] [MODE]"""
 import json
 import os
 import sys
@@ -27,24 +29,46 @@ def load(spec, cache):
     return Tokenizer.from_file(spec)
 
 
+def documents(text):
+    """The text cut right after every blank line ("\\n\\n"); the pieces concatenate to the text."""
+    docs, start = [], 0
+    while True:
+        cut = text.find("\n\n", start)
+        if cut < 0:
+            break
+        docs.append(text[start:cut + 2])
+        start = cut + 2
+    if start < len(text):
+        docs.append(text[start:])
+    return docs
+
+
 def main():
     spec, path = sys.argv[1], sys.argv[2]
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     cache = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    mode = sys.argv[5] if len(sys.argv) > 5 else "documents"
+    if mode not in ("documents", "whole"):
+        sys.exit("tokenizer_hf.py: MODE is documents or whole, not " + mode)
     if cache > 0 and not os.path.isdir(spec):
         sys.exit("tokenizer_hf.py: a cache capacity applies to a GPT-2 directory only")
     text = open(path, "rb").read().decode("utf-8")
     tok = load(spec, cache)
+    docs = documents(text) if mode == "documents" else [text]
+
+    def encode():
+        return tok.encode_batch(docs, add_special_tokens=False)
+
     t0 = time.perf_counter()
-    ids = tok.encode(text, add_special_tokens=False).ids
+    tokens = sum(len(e.ids) for e in encode())
     cold = time.perf_counter() - t0
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        tok.encode(text, add_special_tokens=False)
+        encode()
         best = min(best, time.perf_counter() - t0)
-    print(json.dumps({"seconds_cold": cold, "seconds": best, "bytes": len(text.encode("utf-8")), "tokens": len(ids),
-                      "cache_capacity": cache if cache > 0 else 10000}))
+    print(json.dumps({"seconds_cold": cold, "seconds": best, "bytes": len(text.encode("utf-8")), "tokens": tokens,
+                      "documents": len(docs), "cache_capacity": cache if cache > 0 else 10000}))
 
 
 if __name__ == "__main__":
