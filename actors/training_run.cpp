@@ -44,6 +44,12 @@ void install_signal_handlers() {
   su.sa_handler = on_checkpoint_signal;
   sigemptyset(&su.sa_mask);
   sigaction(SIGUSR1, &su, nullptr);
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, which the NVMe tier and the
+  // checkpointer report by file name, instead of killing the process with no message.
+  struct sigaction si {};
+  si.sa_handler = SIG_IGN;
+  sigemptyset(&si.sa_mask);
+  sigaction(SIGXFSZ, &si, nullptr);
 }
 
 // Test-only: MEGATRAIN_TEST_CKPT_STALL=STEP:STAGE:SECONDS sleeps inside the write of that stage of that

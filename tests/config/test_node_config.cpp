@@ -74,6 +74,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "train.optimizer_compression",
                         "train.offload_staging_stages",
                         "train.offload_io_threads",
+                        "train.offload_params",
                         "train.eval_steps",
                         "train.eval_max_batches",
                         "train.lr_scheduler_type",
