@@ -195,7 +195,7 @@ void StagedMomentStore::start_load(Slot* s, std::int64_t stage) {
 
 void StagedMomentStore::prefetch() {
   const auto S = static_cast<std::int64_t>(floats_.size());
-  if (position_ < 0) return;
+  if (position_ < 0 || !read_ahead_) return;
   for (std::int64_t k = 1; k <= std::min<std::int64_t>(o_.staging_stages - 2, S - 1); ++k) {
     const std::int64_t stage = ((position_ + direction_ * k) % S + S) % S;
     if (find(stage)) continue;
@@ -227,6 +227,9 @@ MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
       const auto S = static_cast<std::int64_t>(floats_.size());
       if (position_ >= 0 && stage != position_) direction_ = stage == (position_ + S - 1) % S ? -1 : 1;
       position_ = stage;
+      // A caller that overwrites stages (loading a checkpoint, initialising) overwrites the next ones
+      // too: reading them ahead would only delay it (each overwrite would wait for a useless read).
+      read_ahead_ = !overwrite;
       prefetch();
       if (hit) ++stats_.hits;
       stats_.acquire_wait_s += since(t0);

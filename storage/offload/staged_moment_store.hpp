@@ -138,6 +138,7 @@ class StagedMomentStore final : public MomentStore {
   std::vector<std::uint64_t> generation_;  // per stage: writes made
   std::int64_t position_ = -1;             // the stage acquired last (read ahead from there)
   std::int64_t direction_ = 1;             // the visit order: +1 forward, -1 backward
+  bool read_ahead_ = true;                 // false while the caller overwrites (no use reading ahead)
   std::uint64_t clock_ = 0;
   std::string failed_;      // sticky write failure
   std::string load_error_;  // the last load that failed (not sticky: a retry may succeed)

@@ -66,8 +66,10 @@ TierRates measure_tier(const std::string& dir, std::size_t stages, std::size_t f
     auto s2 = store.stats();
     const double w = static_cast<double>(s1.file_bytes_written - s0.file_bytes_written) / tw;
     const double rd = static_cast<double>(s2.file_bytes_read - s1.file_bytes_read) / tr;
-    std::printf("  round %d: write %.0f MB/s, read %.0f MB/s (acquire waited %.2f s of %.2f s)\n", r + 1, w / 1e6,
-                rd / 1e6, s2.acquire_wait_s - s1.acquire_wait_s, tr);
+    std::printf(
+        "  round %d: write %.0f MB/s (%.2f s; the two workers busy %.2f s), read %.0f MB/s (acquire waited %.2f s of "
+        "%.2f s)\n",
+        r + 1, w / 1e6, tw, s1.store_s - s0.store_s, rd / 1e6, s2.acquire_wait_s - s1.acquire_wait_s, tr);
     best.write_bps = std::max(best.write_bps, w);
     best.read_bps = std::max(best.read_bps, rd);
   }
