@@ -1,6 +1,7 @@
 // The engine entry points: planning (every check before anything starts), initialisation, and the run
 // itself (allocate the arena and the copy engine, build the shared context, spawn the node, wait).
 #include "actors/engine.hpp"
+#include "actors/tier_bytes.hpp"
 #include "actors/tier_failure.hpp"
 
 #include <algorithm>
@@ -178,12 +179,7 @@ HostTileOptions host_tile_options(const TrainConfig& cfg) {
 
 std::unique_ptr<MomentStore> moment_store_for(const TrainConfig& cfg, const ModelConfig& model) {
   if (host_tile_options(cfg).moments_in_tile) return nullptr;
-  offload::StagedMomentStoreOptions o;
-  o.codec = offload::parse_moment_codec(optimizer_compression_name(cfg.optimizer_compression()));
-  o.dir = cfg.train.offload_dir;
-  o.staging_stages = static_cast<int>(cfg.train.offload_staging_stages);
-  o.io_threads = static_cast<int>(cfg.train.offload_io_threads);
-  o.with_masters = cfg.train.offload_params;
+  const offload::StagedMomentStoreOptions o = moment_store_options(cfg);  // tier_bytes.hpp
   std::vector<std::size_t> floats;
   for (std::int64_t s = 0; s < num_stages(model); ++s) floats.push_back(stage_layout(model, s).total_floats);
   try {

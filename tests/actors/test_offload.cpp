@@ -19,6 +19,7 @@
 #include <fstream>
 
 #include "actors/run_state.hpp"
+#include "actors/tier_bytes.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tests/actors/engine_fixture.hpp"
 
@@ -197,6 +198,10 @@ TEST_CASE(
       CHECK(fp.ram == eng.host->moments().ram_bytes());
       CHECK(fp.disk == eng.host->moments().disk_bytes());
       CHECK(host_model_bytes(model, host_tile_options(cfg)) == tile_bytes);
+      const TierBytes tiers = tier_bytes(cfg, model);  // from the config alone: the planner's query
+      CHECK(tiers.tiles == tile_bytes);
+      CHECK(tiers.staging == eng.host->moments().ram_bytes());
+      CHECK(tiers.disk == eng.host->moments().disk_bytes());
     }
 }
 

@@ -1,4 +1,5 @@
-// tools/bench/run offload [--dir DIR] [--gib N] [--steps N]: the NVMe tier for the Adam moments.
+// tools/bench/run offload [--dir DIR] [--gib N] [--steps N] [--io-threads N] [--chunk-kib N] [--io-only 1]:
+// the NVMe tier for the Adam moments (--io-only 1: part 1 alone; --io-threads / --chunk-kib: the tier's).
 //   1. Tier throughput: a StagedMomentStore (fp32 moments in files, O_DIRECT, the engine's defaults: 1 MiB
 //      chunks, 4 I/O threads, 4 staging stages) over N GiB of stages, written (update + write-behind)
 //      and read back in the optimizer's order (read-ahead), best of 3 rounds each, against fio's

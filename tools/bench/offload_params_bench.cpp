@@ -86,7 +86,6 @@ int main(int argc, char** argv) {
   cfg.device.device_memory_mb = 0;
   cfg.device.max_vram_gb = 4;
   try {
-    cfg.validate();
     const ModelConfig model = cfg.model_config_from_keys();
     std::int64_t params = 0;
     for (std::int64_t s = 0; s < num_stages(model); ++s) params += stage_layout(model, s).total_floats;
