@@ -39,7 +39,8 @@ class MomentStore {
   virtual void release(std::int64_t stage, bool modified) noexcept = 0;
   // Waits for every write-behind; throws the first failure.
   virtual void flush() = 0;
-  // The stage's moments are zero (fresh run, params-only import): no I/O until the next update.
+  // The stage's moments are zero (fresh run, params-only import): no I/O until the next update. A
+  // store that holds the masters zeroes them too: set them through HostModel::set_masters instead.
   virtual void reset(std::int64_t stage) = 0;
   // Host bytes this store holds (0 for the tiles: counted with them), for reports.
   virtual std::size_t ram_bytes() const = 0;
