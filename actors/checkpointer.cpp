@@ -79,9 +79,10 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
       throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
                              ", not " + std::to_string(v) + " (version gate broken)");
     {
-      // The moments through the store: the tile's regions, or one staged stage read from the tier.
-      MomentLease moments(ctx->host->moments(), stage);
-      p.writer->write_stage(stage, ckpt::StageState{t.params(), moments.m(), moments.v()});
+      // The moments (and masters) through the store: the tile's regions, or one staged stage read
+      // from the tier.
+      StateLease state(*ctx->host, stage);
+      p.writer->write_stage(stage, ckpt::StageState{state.master(), state.m(), state.v()});
     }
     p.written[static_cast<std::size_t>(stage)] = 1;
     ctx->gate.mark_written(v, stage);

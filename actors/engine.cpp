@@ -1,6 +1,8 @@
 // The engine entry points: planning (every check before anything starts), initialisation, and the run
 // itself (allocate the arena and the copy engine, build the shared context, spawn the node, wait).
 #include "actors/engine.hpp"
+#include "actors/tier_bytes.hpp"
+#include "actors/tier_failure.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -169,17 +171,15 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
 HostTileOptions host_tile_options(const TrainConfig& cfg) {
   HostTileOptions o;
   o.compute_bytes_per_param = cfg.precision() == Precision::bf16 ? sizeof(bf16_t) : 0;
-  o.moments_in_tile = cfg.train.offload_dir.empty() && cfg.optimizer_compression() == OptimizerCompression::none;
+  o.moments_in_tile = cfg.train.offload_dir.empty() && cfg.optimizer_compression() == OptimizerCompression::none &&
+                      !cfg.train.offload_params;
+  o.params_in_tile = !cfg.train.offload_params;  // else the masters live with the moments (bf16: the copy streams)
   return o;
 }
 
 std::unique_ptr<MomentStore> moment_store_for(const TrainConfig& cfg, const ModelConfig& model) {
   if (host_tile_options(cfg).moments_in_tile) return nullptr;
-  offload::StagedMomentStoreOptions o;
-  o.codec = offload::parse_moment_codec(optimizer_compression_name(cfg.optimizer_compression()));
-  o.dir = cfg.train.offload_dir;
-  o.staging_stages = static_cast<int>(cfg.train.offload_staging_stages);
-  o.io_threads = static_cast<int>(cfg.train.offload_io_threads);
+  const offload::StagedMomentStoreOptions o = moment_store_options(cfg);  // tier_bytes.hpp
   std::vector<std::size_t> floats;
   for (std::int64_t s = 0; s < num_stages(model); ++s) floats.push_back(stage_layout(model, s).total_floats);
   try {
@@ -191,10 +191,7 @@ std::unique_ptr<MomentStore> moment_store_for(const TrainConfig& cfg, const Mode
 
 void init_host_model(HostModel& host, std::uint64_t seed) {
   for (std::int64_t s = 0; s < host.num_stages(); ++s) {
-    HostTile& t = host.tile(s);
-    init_stage_params(host.config(), s, seed, t.params());
-    std::memset(t.grad(), 0, t.region_bytes());
-    host.moments().reset(s);
+    host.set_masters(s, [&](float* masters) { init_stage_params(host.config(), s, seed, masters); });
   }
 }
 
@@ -245,7 +242,9 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   if (bf16)
     for (std::int64_t s = 0; s < ctx->plan.stages; ++s) {
       HostTile& t = job.host->tile(s);
-      cpu::to_bf16(t.params(), static_cast<bf16_t*>(t.compute_copy()), t.floats(), std::max(1, ctx->plan.threads.blas));
+      job.host->read_masters(s, [&](const float* masters) {
+        cpu::to_bf16(masters, static_cast<bf16_t*>(t.compute_copy()), t.floats(), std::max(1, ctx->plan.threads.blas));
+      });
     }
   ctx->first_step = job.first_step;
   ctx->cfg_end_step = std::max(job.first_step, job.cfg.train.max_steps);
@@ -431,6 +430,7 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   const std::unique_ptr<monitor::Monitor> mon = start_monitor(job);
   EngineResult result = job.eval_data == nullptr || job.eval_batches <= 0 ? run_pipeline(sys, job, *mon)
                                                                           : run_with_evaluation(sys, job, *mon);
+  explain_tier_failure(result, *job.host, job.first_step);  // names the newest checkpoint (tier_failure.hpp)
   finish_monitor(*mon, result, job.first_step);
   return result;
 }

@@ -62,13 +62,14 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   st.gate_wait_s += ctx->gate.wait_writable(s, stage);
   const auto t0 = Clock::now();
   {
-    // The moments: the tile's own regions, or a staged copy from the moment store (read ahead while
-    // the previous stage was updated; written back behind the next one).
-    MomentLease moments(ctx->host->moments(), stage);
-    adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], tile.params(), tile.grad(), moments.m(), moments.v(),
-                hyper, s + 1, grad_scale, ctx->optimizer_threads,
+    // The moments (and with train.offload_params the masters): the tile's own regions, or a staged
+    // copy from the moment store (read ahead while the previous stage was updated; written back behind
+    // the next one).
+    StateLease state(*ctx->host, stage);
+    adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], state.master(), tile.grad(), state.m(), state.v(), hyper,
+                s + 1, grad_scale, ctx->optimizer_threads,
                 static_cast<bf16_t*>(tile.compute_copy()));  // bf16 runs: the copy the prefetcher streams
-    moments.mark_modified();
+    state.mark_modified();
   }
   tile.publish_version(static_cast<std::uint64_t>(s + 1));
   const auto t1 = Clock::now();

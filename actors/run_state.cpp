@@ -38,6 +38,7 @@ nlohmann::json train_config_json(const TrainConfig& c) {
         {"offload_dir", t.offload_dir},
         {"offload_staging_stages", t.offload_staging_stages},
         {"offload_io_threads", t.offload_io_threads},
+        {"offload_params", t.offload_params},
         {"save_steps", t.save_steps},
         {"save_total_limit", t.save_total_limit},
         {"resume_from_checkpoint", t.resume_from_checkpoint},
@@ -205,14 +206,13 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
     HostTile& t = host.tile(s);
     if (t.version() > static_cast<std::uint64_t>(rp.step))
       throw std::logic_error("load_checkpoint: the host model is not freshly initialised");
-    std::memset(t.grad(), 0, t.region_bytes());
     if (moments) {
+      std::memset(t.grad(), 0, t.region_bytes());
       // The tile's regions, or a staged stage written back (not read first: every value is replaced).
-      MomentLease lease(host.moments(), s, MomentLease::Use::overwrite);
-      reader.read_stage(s, t.params(), lease.m(), lease.v());
+      StateLease state(host, s, MomentLease::Use::overwrite);
+      reader.read_stage(s, state.master(), state.m(), state.v());
     } else {
-      reader.read_stage(s, t.params());
-      host.moments().reset(s);
+      host.set_masters(s, [&](float* masters) { reader.read_stage(s, masters); });
     }
     t.publish_version(static_cast<std::uint64_t>(rp.step));
   }
@@ -236,10 +236,7 @@ nlohmann::json load_hf_weights(const std::filesystem::path& dir, HostModel& host
   if (hf::config_to_json(reader.config()) != hf::config_to_json(host.config()))
     throw std::runtime_error("model " + dir.string() + ": config.json does not match the host model");
   for (std::int64_t s = 0; s < host.num_stages(); ++s) {
-    HostTile& t = host.tile(s);
-    reader.read_stage(s, t.params());
-    std::memset(t.grad(), 0, t.region_bytes());
-    host.moments().reset(s);
+    host.set_masters(s, [&](float* masters) { reader.read_stage(s, masters); });
   }
   return reader.config_json();
 }
@@ -251,8 +248,20 @@ void export_hf(const std::filesystem::path& dir, const HostModel& host, const st
     base = nlohmann::json::parse(base_config_json);
     o.base_config = &base;
   }
+  // The masters of one stage at a time: the tile's, or a copy out of the store (train.offload_params).
+  std::vector<float> staged;
+  std::int64_t staged_stage = -1;
   hf::write_hf_model(
-      dir, host.config(), [&](std::int64_t s) { return host.tile(s).params(); }, o);
+      dir, host.config(),
+      [&](std::int64_t s) -> const float* {
+        if (host.masters_in_tiles()) return host.tile(s).params();
+        if (s != staged_stage) {
+          host.read_masters(s, [&](const float* m) { staged.assign(m, m + host.tile(s).floats()); });
+          staged_stage = s;
+        }
+        return staged.data();
+      },
+      o);
 }
 
 }  // namespace mt::actors

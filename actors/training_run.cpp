@@ -46,6 +46,16 @@ void install_signal_handlers() {
   sigaction(SIGUSR1, &su, nullptr);
 }
 
+// A file-size limit (ulimit -f) makes a write fail with EFBIG, which the NVMe tier and the
+// checkpointer report by file name, instead of killing the process with no message. Before the
+// starting weights: initialising train.offload_params writes the tier's files.
+void ignore_file_size_signal() {
+  struct sigaction si {};
+  si.sa_handler = SIG_IGN;
+  sigemptyset(&si.sa_mask);
+  sigaction(SIGXFSZ, &si, nullptr);
+}
+
 // Test-only: MEGATRAIN_TEST_CKPT_STALL=STEP:STAGE:SECONDS sleeps inside the write of that stage of that
 // checkpoint (kill -9 during a checkpoint write).
 void parse_stall(CheckpointJob& cj) {
@@ -287,6 +297,7 @@ EngineJob TrainingRun::make_job() {
 }
 
 TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
+  if (hooks_.stop == nullptr) ignore_file_size_signal();
   if (!check_model_and_data() || !load_starting_weights() || !open_logs()) return result_;
   result_.tokens_per_step = static_cast<double>(plan_.batch * plan_.seq * plan_.micro_batches);
 

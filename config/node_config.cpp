@@ -42,6 +42,8 @@ NodeConfig::NodeConfig() {
       .add(t.offload_staging_stages, "offload_staging_stages",
            "moments outside the tiles: stages staged in RAM (read ahead, write behind), >= 3")
       .add(t.offload_io_threads, "offload_io_threads", "NVMe tier: I/O threads (1 MiB chunks in flight)")
+      .add(t.offload_params, "offload_params",
+           "the fp32 master weights in offload_dir too (needs bf16: RAM keeps the bf16 copy and the grads)")
       .add(t.save_steps, "save_steps", "checkpoint every N steps; 0 = only at the end")
       .add(t.save_total_limit, "save_total_limit", "checkpoints to keep; 0 = all")
       .add(t.resume_from_checkpoint, "resume_from_checkpoint", "checkpoint directory, 'latest', or empty")
@@ -220,6 +222,7 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
   std::string bool_error;
   if (!take_bool_arguments(args,
                            {{"train.bf16", &values.train.bf16},
+                            {"train.offload_params", &values.train.offload_params},
                             {"model.tie_word_embeddings", &values.model.tie_word_embeddings},
                             {"monitor.enabled", &values.monitor.enabled},
                             {"monitor.allow_fault_injection", &values.monitor.allow_fault_injection}},

@@ -46,6 +46,7 @@ struct TrainSection {                  // [train]
   std::string offload_dir;                     // NVMe tier for the Adam moments; "" = none (host RAM)
   std::int64_t offload_staging_stages = 4;     // moments outside the tiles: stages staged in RAM (>= 3)
   std::int64_t offload_io_threads = 4;         // NVMe tier: 1 MiB chunks in flight per transfer
+  bool offload_params = false;                 // the fp32 masters on the NVMe tier too (needs offload_dir and bf16)
   std::int64_t save_steps = 0;                 // checkpoint every N steps; 0 = only at the end
   std::int64_t save_total_limit = 2;           // keep-last-N checkpoints; 0 = keep all
   std::string resume_from_checkpoint;          // checkpoint dir, "latest", or "" (start fresh)

@@ -88,6 +88,15 @@ void train_values(const TrainConfig& c) {
   c.optimizer_compression();
   at_least("train.offload_staging_stages", t.offload_staging_stages, 3);
   at_least("train.offload_io_threads", t.offload_io_threads, 1);
+  if (t.offload_params && t.offload_dir.empty())
+    throw ConfigError("train.offload_params", "needs train.offload_dir (the directory the masters live in)");
+  // In fp32 compute the masters are what the device streams (there is no separate compute copy), so
+  // moving them would make the prefetcher read every stage from the tier twice a step; the RAM they
+  // take is the same as a compute copy's. With bf16 the copy the device streams is 2 bytes.
+  if (t.offload_params && !t.bf16)
+    throw ConfigError("train.offload_params",
+                      "needs train.bf16 = true: in fp32 the masters are the weights the device streams, so they "
+                      "stay in RAM (the moments alone go to offload_dir)");
   at_least("train.save_steps", t.save_steps, 0);
   at_least("train.save_total_limit", t.save_total_limit, 0);
   if (t.resume_fallback != "none" && t.resume_fallback != "previous_good")

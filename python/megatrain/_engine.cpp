@@ -167,11 +167,7 @@ py::dict train(const std::vector<std::string>& args, const std::string& model_co
   if (source) {
     hooks.initial_weights = [&](mt::HostModel& host) {
       for (std::int64_t s = 0; s < host.num_stages(); ++s) {
-        mt::HostTile& tile = host.tile(s);
-        with_gil([&] { fill_stage(host.config(), s, source, tile.params()); });
-        std::memset(tile.grad(), 0, tile.region_bytes());
-        std::memset(tile.adam_m(), 0, tile.region_bytes());
-        std::memset(tile.adam_v(), 0, tile.region_bytes());
+        host.set_masters(s, [&](float* masters) { with_gil([&] { fill_stage(host.config(), s, source, masters); }); });
       }
       return model_config_json;
     };
@@ -179,7 +175,8 @@ py::dict train(const std::vector<std::string>& args, const std::string& model_co
   if (sink) {
     hooks.on_finished = [&](const mt::HostModel& host, const std::string&) {
       for (std::int64_t s = 0; s < host.num_stages(); ++s)
-        with_gil([&] { drain_stage(host.config(), s, sink, host.tile(s).params()); });
+        host.read_masters(
+            s, [&](const float* masters) { with_gil([&] { drain_stage(host.config(), s, sink, masters); }); });
     };
   }
 

@@ -10,8 +10,8 @@ namespace {
 
 std::size_t tile_allocation_bytes(std::size_t floats, const HostTileOptions& options) {
   const std::size_t compute = floats * options.compute_bytes_per_param;
-  return (options.moments_in_tile ? kTileRegionCount : 2) * floats * sizeof(float) +
-         (compute + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes;
+  const std::size_t regions = (options.moments_in_tile ? kTileRegionCount : 2) - (options.params_in_tile ? 0 : 1);
+  return regions * floats * sizeof(float) + (compute + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes;
 }
 
 }  // namespace
@@ -33,6 +33,10 @@ HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, Hos
                                     ? "HostModel: a moment store was given but the tiles hold the moments"
                                     : "HostModel: the tiles hold no moments and no moment store was given");
   if (!moments_) moments_ = std::make_unique<TileMomentStore>(*this);
+  if (options.params_in_tile == moments_->holds_masters())
+    throw std::invalid_argument(options.params_in_tile
+                                    ? "HostModel: the moment store holds the masters but the tiles hold them too"
+                                    : "HostModel: the tiles hold no masters and the moment store does not either");
   const auto stages = mt::num_stages(cfg_);
   layouts_.reserve(static_cast<std::size_t>(stages));
   tiles_.reserve(static_cast<std::size_t>(stages));
@@ -88,6 +92,29 @@ void TileMomentStore::reset(std::int64_t stage) {
   HostTile& t = host_.tile(stage);
   std::memset(t.adam_m(), 0, t.region_bytes());
   std::memset(t.adam_v(), 0, t.region_bytes());
+}
+
+void HostModel::set_masters(std::int64_t stage, const std::function<void(float*)>& fill) {
+  HostTile& t = tile(stage);
+  std::memset(t.grad(), 0, t.region_bytes());
+  if (masters_in_tiles()) {
+    fill(t.params());
+    moments_->reset(stage);
+    return;
+  }
+  MomentLease lease(*moments_, stage, MomentLease::Use::overwrite);  // written back when it ends
+  fill(lease.master());
+  std::memset(lease.m(), 0, t.region_bytes());
+  std::memset(lease.v(), 0, t.region_bytes());
+}
+
+void HostModel::read_masters(std::int64_t stage, const std::function<void(const float*)>& read) const {
+  if (masters_in_tiles()) {
+    read(tile(stage).params());
+    return;
+  }
+  MomentLease lease(*moments_, stage);
+  read(lease.master());
 }
 
 void HostModel::abort_all_waits() {

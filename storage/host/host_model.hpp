@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,7 +47,15 @@ class HostModel {
   const ParamLayout& layout(std::int64_t stage) const;  // names and offsets inside each region
 
   // Every stage's AdamW moments: the tiles' regions, or a store outside them (compressed, NVMe).
-  MomentStore& moments() { return *moments_; }
+  // With train.offload_params the store holds the fp32 masters too (moments().holds_masters()).
+  MomentStore& moments() const { return *moments_; }
+  bool masters_in_tiles() const { return !moments_->holds_masters(); }
+
+  // Sets stage s's fp32 masters through fill(masters) and zeroes its grad and moments: a fresh run, a
+  // params-only import. Wherever the masters live (tile, or the store: then written back).
+  void set_masters(std::int64_t stage, const std::function<void(float* masters)>& fill);
+  // Calls read(masters) with stage s's fp32 masters (valid during the call only).
+  void read_masters(std::int64_t stage, const std::function<void(const float* masters)>& read) const;
 
   std::size_t host_bytes() const;            // sum of every tile's allocation and the moment store's RAM
   std::size_t largest_stage_floats() const;  // what a device weight slot must hold
@@ -64,6 +73,23 @@ class HostModel {
 };
 
 // The moments in the tiles themselves: a lease is the tile's own regions (no copy, no I/O).
+// A stage's optimizer state under one lease: the fp32 masters (the tile's params, or the store's copy
+// under train.offload_params) and the moments. mark_modified() writes them back (masters and moments).
+class StateLease {
+ public:
+  StateLease(HostModel& host, std::int64_t stage, MomentLease::Use use = MomentLease::Use::update)
+      : moments_(host.moments(), stage, use),
+        master_(moments_.master() != nullptr ? moments_.master() : host.tile(stage).params()) {}
+  float* master() const { return master_; }
+  float* m() const { return moments_.m(); }
+  float* v() const { return moments_.v(); }
+  void mark_modified() { moments_.mark_modified(); }
+
+ private:
+  MomentLease moments_;
+  float* master_;
+};
+
 class TileMomentStore final : public MomentStore {
  public:
   explicit TileMomentStore(HostModel& host) : host_(host) {}

@@ -35,30 +35,37 @@ HostTile::HostTile(std::int64_t stage, std::size_t floats_per_region, const Host
     : stage_(stage),
       floats_(floats_per_region),
       compute_bytes_(floats_per_region * options.compute_bytes_per_param),
+      first_region_(options.params_in_tile ? 0 : 1),
       regions_(options.moments_in_tile ? kTileRegionCount : 2) {
+  if (!options.params_in_tile && (options.moments_in_tile || options.compute_bytes_per_param == 0))
+    throw std::invalid_argument(
+        "HostTile: a tile without params needs a compute copy and its moments outside (the masters live with them)");
   if (floats_ % kAlignFloats != 0)
     throw std::invalid_argument("HostTile: floats_per_region " + std::to_string(floats_) + " is not a multiple of " +
                                 std::to_string(kAlignFloats));
   const std::string what = "host tile of stage " + std::to_string(stage);
-  buffer_ = AlignedBuffer(tile_bytes(regions_, floats_, compute_bytes_), what.c_str(), options.zero_fill);
+  buffer_ =
+      AlignedBuffer(tile_bytes(regions_ - first_region_, floats_, compute_bytes_), what.c_str(), options.zero_fill);
 }
 
 float* HostTile::region(TileRegion r) {
-  if (static_cast<int>(r) >= regions_)
+  const int i = static_cast<int>(r);
+  if (i >= regions_ || i < first_region_)
     throw std::logic_error(std::string("HostTile: stage ") + std::to_string(stage_) + " holds no " +
-                           tile_region_name(r) + " region (its moments live in a MomentStore)");
-  return reinterpret_cast<float*>(buffer_.data()) + static_cast<std::size_t>(r) * floats_;
+                           tile_region_name(r) + " region (it lives in a MomentStore)");
+  return reinterpret_cast<float*>(buffer_.data()) + static_cast<std::size_t>(i - first_region_) * floats_;
 }
 
 const float* HostTile::region(TileRegion r) const { return const_cast<HostTile*>(this)->region(r); }
 
 void* HostTile::compute_copy() {
-  return compute_bytes_ == 0 ? nullptr : buffer_.data() + static_cast<std::size_t>(regions_) * region_bytes();
+  return compute_bytes_ == 0 ? nullptr
+                             : buffer_.data() + static_cast<std::size_t>(regions_ - first_region_) * region_bytes();
 }
 
 const void* HostTile::stream_source() const {
   return compute_bytes_ == 0 ? static_cast<const void*>(params())
-                             : buffer_.data() + static_cast<std::size_t>(regions_) * region_bytes();
+                             : buffer_.data() + static_cast<std::size_t>(regions_ - first_region_) * region_bytes();
 }
 
 std::size_t HostTile::stream_bytes() const { return compute_bytes_ == 0 ? region_bytes() : compute_bytes_; }

@@ -4,7 +4,9 @@
 //   [ params | grad | adam_m | adam_v | compute copy (optional) ]
 //
 // Without moments_in_tile the moments live in a MomentStore elsewhere (compressed in RAM, or on the
-// NVMe tier: storage/offload) and the tile is [ params | grad | compute copy ].
+// NVMe tier: storage/offload) and the tile is [ params | grad | compute copy ]. Without params_in_tile
+// (train.offload_params) the fp32 masters live in that store too and the tile is [ grad | compute copy ]:
+// the compute copy is then what the device streams, and the optimizer refreshes it from the store's masters.
 //
 // params is the fp32 master copy; on the CPU backend it is also what compute reads (streamed into a
 // device slot). A backend that computes in lower precision (bf16 on CUDA) asks for a compute copy
@@ -35,6 +37,9 @@ struct HostTileOptions {
   std::size_t compute_bytes_per_param = 0;
   // false: no adam_m / adam_v regions (the moments live in a MomentStore outside the tile).
   bool moments_in_tile = true;
+  // false: no params region (the fp32 masters live in the MomentStore with the moments); needs a
+  // compute copy and moments_in_tile = false.
+  bool params_in_tile = true;
   // Zero every region at allocation (also commits the pages now rather than during the first step).
   bool zero_fill = true;
 };
@@ -61,6 +66,7 @@ class HostTile {
   float* adam_m() { return region(TileRegion::adam_m); }
   float* adam_v() { return region(TileRegion::adam_v); }
   bool has_moments() const { return regions_ == kTileRegionCount; }
+  bool has_params() const { return first_region_ == 0; }
 
   // The bytes a device slot receives: the compute copy when there is one, else params.
   bool has_compute_copy() const { return compute_bytes_ > 0; }
@@ -90,7 +96,8 @@ class HostTile {
   std::int64_t stage_;
   std::size_t floats_;
   std::size_t compute_bytes_;
-  int regions_;  // fp32 regions held: 4, or 2 without moments
+  int first_region_;  // 0, or 1 without params (the first region held is grad)
+  int regions_;       // one past the last fp32 region held: 4, or 2 without moments
   AlignedBuffer buffer_;
   std::atomic<std::uint64_t> version_{0};
   mutable std::mutex version_mutex_;

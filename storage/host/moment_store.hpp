@@ -22,6 +22,7 @@ class MomentStoreError : public std::runtime_error {
 struct MomentView {
   float* m = nullptr;
   float* v = nullptr;
+  float* master = nullptr;  // the stage's fp32 masters when the store holds them (holds_masters()), else null
 };
 
 class MomentStore {
@@ -38,12 +39,20 @@ class MomentStore {
   virtual void release(std::int64_t stage, bool modified) noexcept = 0;
   // Waits for every write-behind; throws the first failure.
   virtual void flush() = 0;
-  // The stage's moments are zero (fresh run, params-only import): no I/O until the next update.
+  // The stage's moments are zero (fresh run, params-only import): no I/O until the next update. A
+  // store that holds the masters zeroes them too: set them through HostModel::set_masters instead.
   virtual void reset(std::int64_t stage) = 0;
   // Host bytes this store holds (0 for the tiles: counted with them), for reports.
   virtual std::size_t ram_bytes() const = 0;
   // One line: "in the host tiles", "int8 in RAM (4 staging stages)", "files in DIR (...)".
   virtual std::string describe() const = 0;
+  // True when the store also holds every stage's fp32 masters (train.offload_params): a lease then
+  // gives them too (MomentView::master), and the host tiles hold none.
+  virtual bool holds_masters() const { return false; }
+  // "" or the store's last failure (a write that failed, else a load that failed): file, offset, errno.
+  virtual std::string failure() const { return ""; }
+  // Bytes of the files this store keeps on the NVMe tier (0 in RAM), for reports and the planner.
+  virtual std::size_t disk_bytes() const { return 0; }
 };
 
 // A lease as a scope: released (unmodified unless mark_modified()) when it ends.
@@ -62,6 +71,7 @@ class MomentLease {
   MomentLease& operator=(const MomentLease&) = delete;
   float* m() const { return view_.m; }
   float* v() const { return view_.v; }
+  float* master() const { return view_.master; }  // null unless the store holds the masters
   void mark_modified() { modified_ = true; }
 
  private:

@@ -53,20 +53,28 @@ void IoPool::transfer(int fd, const std::string& path, bool write, std::byte* bu
 namespace {
 
 // Moves one chunk; returns "" or what failed. A regular file transfers all it was asked for unless it
-// ends (read: truncated) or cannot grow (write: disk full, file-size limit): any short count is an error.
+// ends (read: truncated) or cannot grow (write: disk full, file-size limit). A short count continues
+// where it stopped (at a 4096-byte boundary: O_DIRECT), so the call that cannot go on reports why: the
+// errno (ENOSPC, EFBIG, EIO) or, for a read, the end of the file.
 std::string move_chunk(int fd, const std::string& path, bool write, std::byte* buf, std::size_t bytes,
                        std::uint64_t offset) {
-  ssize_t r;
-  do {
-    r = write ? ::pwrite(fd, buf, bytes, static_cast<off_t>(offset))
-              : ::pread(fd, buf, bytes, static_cast<off_t>(offset));
-  } while (r < 0 && errno == EINTR);
   const std::string where = std::string("offload file ") + path + ": " + (write ? "write" : "read") + " of " +
                             std::to_string(bytes) + " bytes at offset " + std::to_string(offset);
-  if (r < 0) return where + " failed: " + std::strerror(errno);
-  if (static_cast<std::size_t>(r) != bytes)
-    return where + (write ? " wrote only " : " read only ") + std::to_string(r) + " bytes" +
-           (write ? " (disk full or file-size limit)" : " (the file is truncated)");
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t r = write ? ::pwrite(fd, buf + done, bytes - done, static_cast<off_t>(offset + done))
+                            : ::pread(fd, buf + done, bytes - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    const std::string so_far = done > 0 ? " after " + std::to_string(done) + " bytes" : "";
+    if (r < 0) return where + " failed" + so_far + ": " + std::strerror(errno);
+    if (r == 0)
+      return where + (write ? " wrote only " : " read only ") + std::to_string(done) + " bytes" +
+             (write ? " (disk full or file-size limit)" : " (the file is truncated)");
+    done += static_cast<std::size_t>(r);
+    if (done < bytes && done % kDirectAlign != 0)  // cannot continue with O_DIRECT from here
+      return where + (write ? " wrote only " : " read only ") + std::to_string(done) + " bytes" +
+             (write ? " (disk full or file-size limit)" : " (the file is truncated)");
+  }
   return "";
 }
 

@@ -42,10 +42,7 @@ std::uint64_t header_checksum(std::byte* buf, std::size_t header_bytes) {
 }  // namespace
 
 StageFile::StageFile(std::string path, std::int64_t stage, std::size_t max_payload, bool direct)
-    : path_(std::move(path)),
-      stage_(stage),
-      max_payload_(max_payload),
-      header_bytes_(round_up(sizeof(StageFileHeader) + blocks_of(max_payload) * sizeof(std::uint64_t), kDirectAlign)) {
+    : path_(std::move(path)), stage_(stage), max_payload_(max_payload), header_bytes_(header_bytes_for(max_payload)) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
   if (fd_ < 0 && direct && errno == EINVAL) {  // a file system without O_DIRECT (tmpfs): the page cache
     direct = false;
@@ -55,6 +52,10 @@ StageFile::StageFile(std::string path, std::int64_t stage, std::size_t max_paylo
   if (fd_ < 0)
     throw MomentStoreError("offload file " + path_ + ": cannot create" + (direct ? " with O_DIRECT" : "") + ": " +
                            std::strerror(errno));
+}
+
+std::size_t StageFile::header_bytes_for(std::size_t max_payload) {
+  return round_up(sizeof(StageFileHeader) + blocks_of(max_payload) * sizeof(std::uint64_t), kDirectAlign);
 }
 
 StageFile::~StageFile() {

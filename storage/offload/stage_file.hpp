@@ -28,6 +28,8 @@ class StageFile {
   StageFile(const StageFile&) = delete;
   StageFile& operator=(const StageFile&) = delete;
 
+  // The header region's bytes for a file whose largest payload is max_payload.
+  static std::size_t header_bytes_for(std::size_t max_payload);
   // Bytes of the header region: the payload starts there in the caller's buffer.
   std::size_t header_bytes() const { return header_bytes_; }
   // Buffer size a write or read needs (header region + largest payload, rounded up to 4096).

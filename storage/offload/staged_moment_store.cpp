@@ -47,15 +47,16 @@ StagedMomentStore::StagedMomentStore(std::vector<std::size_t> stage_floats, cons
   const std::size_t S = floats_.size();
   fresh_.assign(S, 1);
   generation_.assign(S, 0);
-  std::size_t encoded_bytes = round_up(encoded_bound(o_.codec, max_floats_), kDirectAlign);
+  std::size_t encoded_bytes = round_up(encoded_bound(o_.codec, max_floats_) + master_bytes(max_floats_), kDirectAlign);
   if (!o_.dir.empty()) {
     files_dir_ = make_files_dir(o_.dir);
     io_ = std::make_unique<IoPool>(o_.io_threads, o_.io_chunk_bytes);
     char name[48];
     for (std::size_t s = 0; s < S; ++s) {
-      std::snprintf(name, sizeof(name), "stage-%05zu.moments", s);
+      std::snprintf(name, sizeof(name), o_.with_masters ? "stage-%05zu.state" : "stage-%05zu.moments", s);
       files_.push_back(std::make_unique<StageFile>((fs::path(files_dir_) / name).string(), static_cast<std::int64_t>(s),
-                                                   encoded_bound(o_.codec, floats_[s]), o_.direct_io));
+                                                   encoded_bound(o_.codec, floats_[s]) + master_bytes(floats_[s]),
+                                                   o_.direct_io));
       header_bytes_ = std::max(header_bytes_, files_.back()->header_bytes());
     }
     encoded_bytes += header_bytes_;
@@ -65,10 +66,10 @@ StagedMomentStore::StagedMomentStore(std::vector<std::size_t> stage_floats, cons
   for (int i = 0; i < o_.staging_stages; ++i) {
     auto slot = std::make_unique<Slot>();
     slot->encoded = AlignedBuffer(encoded_bytes, "moment staging slot (encoded)", false, kDirectAlign);
-    if (raw_in_place()) {  // fp32 in files: the file's payload is m | v itself, no copy either way
+    if (raw_in_place()) {  // fp32 in files: the file's payload is [master |] m | v itself, no copy either way
       slot->moments = reinterpret_cast<float*>(slot->encoded.data() + header_bytes_);
     } else {
-      slot->fp32 = AlignedBuffer(2 * max_floats_ * sizeof(float), "moment staging slot", false);
+      slot->fp32 = AlignedBuffer(arrays() * max_floats_ * sizeof(float), "moment staging slot", false);
       slot->moments = reinterpret_cast<float*>(slot->fp32.data());
     }
     slots_.push_back(std::move(slot));
@@ -101,8 +102,41 @@ std::string StagedMomentStore::describe() const {
                           ? "in RAM"
                           : "in files under " + files_dir_ + (files_[0]->direct() ? " (O_DIRECT, " : " (page cache, ") +
                                 std::to_string(o_.io_threads) + " I/O threads)";
-  return std::string(moment_codec_name(o_.codec)) + " moments " + where + ", " + std::to_string(o_.staging_stages) +
-         " staging stages";
+  return std::string(moment_codec_name(o_.codec)) + (o_.with_masters ? " moments and fp32 masters " : " moments ") +
+         where + ", " + std::to_string(o_.staging_stages) + " staging stages";
+}
+
+std::string StagedMomentStore::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_.empty() ? load_error_ : failed_;
+}
+
+std::size_t StagedMomentStore::disk_bytes() const {
+  std::size_t total = 0;
+  for (const auto& f : files_) total += f->buffer_bytes();  // each file's size once written at its largest
+  return total;
+}
+
+StagedMomentStore::Footprint StagedMomentStore::footprint(const std::vector<std::size_t>& stage_floats,
+                                                          const StagedMomentStoreOptions& o) {
+  Footprint f;
+  if (stage_floats.empty()) return f;
+  const std::size_t arrays = o.with_masters ? 3 : 2;
+  const auto master = [&](std::size_t n) { return o.with_masters ? n * sizeof(float) : 0; };
+  const std::size_t max_floats = *std::max_element(stage_floats.begin(), stage_floats.end());
+  std::size_t header = 0;
+  for (std::size_t n : stage_floats) {
+    const std::size_t payload = encoded_bound(o.codec, n) + master(n);
+    const std::size_t h = StageFile::header_bytes_for(payload);
+    header = std::max(header, h);
+    if (!o.dir.empty()) f.disk += h + round_up(payload, kDirectAlign);
+  }
+  std::size_t encoded = round_up(encoded_bound(o.codec, max_floats) + master(max_floats), kDirectAlign);
+  if (!o.dir.empty()) encoded += header;
+  const bool raw_in_place = o.codec == MomentCodec::none && !o.dir.empty();
+  const std::size_t fp32 = raw_in_place ? 0 : arrays * max_floats * sizeof(float);
+  f.ram = static_cast<std::size_t>(o.staging_stages) * (encoded + fp32);
+  return f;
 }
 
 std::size_t StagedMomentStore::ram_bytes() const {
@@ -161,7 +195,7 @@ void StagedMomentStore::start_load(Slot* s, std::int64_t stage) {
 
 void StagedMomentStore::prefetch() {
   const auto S = static_cast<std::int64_t>(floats_.size());
-  if (position_ < 0) return;
+  if (position_ < 0 || !read_ahead_) return;
   for (std::int64_t k = 1; k <= std::min<std::int64_t>(o_.staging_stages - 2, S - 1); ++k) {
     const std::int64_t stage = ((position_ + direction_ * k) % S + S) % S;
     if (find(stage)) continue;
@@ -193,11 +227,15 @@ MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
       const auto S = static_cast<std::int64_t>(floats_.size());
       if (position_ >= 0 && stage != position_) direction_ = stage == (position_ + S - 1) % S ? -1 : 1;
       position_ = stage;
+      // A caller that overwrites stages (loading a checkpoint, initialising) overwrites the next ones
+      // too: reading them ahead would only delay it (each overwrite would wait for a useless read).
+      read_ahead_ = !overwrite;
       prefetch();
       if (hit) ++stats_.hits;
       stats_.acquire_wait_s += since(t0);
       const std::size_t n = floats_[static_cast<std::size_t>(stage)];
       float* f = s->moments;
+      if (o_.with_masters) return MomentView{f + n, f + 2 * n, f};
       return MomentView{f, f + n};
     }
     if (s && s->state == SlotState::empty && !s->error.empty()) {
@@ -333,6 +371,7 @@ void StagedMomentStore::worker() {
       } else {
         s.state = SlotState::empty;
         s.error = err;
+        load_error_ = err;
       }
     }
     cv_.notify_all();
@@ -343,7 +382,7 @@ void StagedMomentStore::load(Slot& s, std::int64_t stage, std::uint64_t generati
   const std::size_t n = floats_[static_cast<std::size_t>(stage)];
   float* m = s.moments;
   if (fresh) {
-    std::memset(m, 0, 2 * n * sizeof(float));
+    std::memset(m, 0, arrays() * n * sizeof(float));
     return;
   }
   const std::byte* enc = nullptr;
@@ -361,9 +400,13 @@ void StagedMomentStore::load(Slot& s, std::int64_t stage, std::uint64_t generati
   const auto t0 = Clock::now();
   try {
     if (raw_in_place()) {
-      if (bytes != 2 * n * sizeof(float)) throw std::runtime_error("fp32 moments: wrong size");
+      if (bytes != arrays() * n * sizeof(float)) throw std::runtime_error("fp32 moments: wrong size");
     } else {
-      decode_moments(o_.codec, enc, bytes, n, m, m + n);
+      const std::size_t mb = master_bytes(n);
+      if (bytes < mb) throw std::runtime_error("shorter than its fp32 masters");
+      std::memcpy(m, enc, mb);  // the masters, then the codec's moments
+      float* mo = m + mb / sizeof(float);
+      decode_moments(o_.codec, enc + mb, bytes - mb, n, mo, mo + n);
     }
   } catch (const std::exception& e) {
     throw MomentStoreError("moments of stage " + std::to_string(stage) + " (" +
@@ -379,11 +422,17 @@ std::uint64_t StagedMomentStore::store(Slot& s, std::int64_t stage, std::uint64_
   const float* m = s.moments;
   const auto t0 = Clock::now();
   std::byte* enc = s.encoded.data() + payload_offset();
-  const std::size_t bytes = raw_in_place() ? 2 * n * sizeof(float) : encode_moments(o_.codec, m, m + n, n, enc);
+  std::size_t bytes = arrays() * n * sizeof(float);
+  if (!raw_in_place()) {
+    const std::size_t mb = master_bytes(n);
+    std::memcpy(enc, m, mb);  // the masters as they are, then the codec's moments
+    const float* mo = m + mb / sizeof(float);
+    bytes = mb + encode_moments(o_.codec, mo, mo + n, n, enc + mb);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.encode_s += since(t0);
-    stats_.raw_bytes += 2 * n * sizeof(float);
+    stats_.raw_bytes += arrays() * n * sizeof(float);
     stats_.encoded_bytes += bytes;
   }
   if (!files_.empty()) return files_[static_cast<std::size_t>(stage)]->write(s.encoded.data(), bytes, generation, *io_);

@@ -40,6 +40,10 @@ struct StagedMomentStoreOptions {
   int io_threads = 4;      // chunks in flight per transfer (the queue depth)
   std::size_t io_chunk_bytes = std::size_t{1} << 20;
   bool direct_io = true;  // O_DIRECT
+  // Also hold every stage's fp32 masters (train.offload_params): a slot is then master | m | v, and the
+  // stage's encoding is the master's fp32 bytes followed by the codec's m and v (masters are never
+  // compressed lossily).
+  bool with_masters = false;
 };
 
 // Counters since construction (benchmarks, reports).
@@ -66,6 +70,16 @@ class StagedMomentStore final : public MomentStore {
   void reset(std::int64_t stage) override;
   std::size_t ram_bytes() const override;
   std::string describe() const override;
+  bool holds_masters() const override { return o_.with_masters; }
+  std::size_t disk_bytes() const override;
+  std::string failure() const override;
+  // RAM and NVMe bytes a store with these options would hold, before it exists (the planner, reports):
+  // ram equals ram_bytes() of a store on the tier (in RAM the encodings add what the codec makes of
+  // the moments), disk equals disk_bytes() once every stage was written once at its largest encoding.
+  struct Footprint {
+    std::size_t ram = 0, disk = 0;
+  };
+  static Footprint footprint(const std::vector<std::size_t>& stage_floats, const StagedMomentStoreOptions& options);
 
   MomentStoreStats stats() const;
   // The file of a stage (tests: damage); "" in RAM.
@@ -86,7 +100,7 @@ class StagedMomentStore final : public MomentStore {
     std::uint64_t last_use = 0;
     std::string error;         // a failed load, for the acquire waiting on it
     AlignedBuffer fp32;        // m | v (uncompressed in files: none, the payload of `encoded` is m | v)
-    float* moments = nullptr;  // m, then v
+    float* moments = nullptr;  // [master,] m, then v: each the stage's float count
     AlignedBuffer encoded;     // [file header region] encoding
   };
   struct Job {
@@ -105,6 +119,8 @@ class StagedMomentStore final : public MomentStore {
   std::uint64_t store(Slot& s, std::int64_t stage, std::uint64_t generation);    // no lock held; bytes written
   std::size_t payload_offset() const { return files_.empty() ? 0 : header_bytes_; }
   bool raw_in_place() const { return o_.codec == MomentCodec::none && !files_.empty(); }
+  std::size_t arrays() const { return o_.with_masters ? 3 : 2; }  // fp32 arrays per stage
+  std::size_t master_bytes(std::size_t n) const { return o_.with_masters ? n * sizeof(float) : 0; }
 
   std::vector<std::size_t> floats_;
   std::size_t max_floats_ = 0;
@@ -122,8 +138,10 @@ class StagedMomentStore final : public MomentStore {
   std::vector<std::uint64_t> generation_;  // per stage: writes made
   std::int64_t position_ = -1;             // the stage acquired last (read ahead from there)
   std::int64_t direction_ = 1;             // the visit order: +1 forward, -1 backward
+  bool read_ahead_ = true;                 // false while the caller overwrites (no use reading ahead)
   std::uint64_t clock_ = 0;
-  std::string failed_;  // sticky write failure
+  std::string failed_;      // sticky write failure
+  std::string load_error_;  // the last load that failed (not sticky: a retry may succeed)
   std::deque<Job> jobs_;
   bool stop_ = false;
   MomentStoreStats stats_;

@@ -161,12 +161,19 @@ inline bool moments_equal(HostModel& host, std::int64_t s, const float* m, const
   return same_bits(l.m(), m, n) && same_bits(l.v(), v, n);
 }
 
+// Stage s's fp32 masters (the tile's, or the moment store's with train.offload_params) equal p.
+inline bool masters_equal(HostModel& host, std::int64_t s, const float* p, std::size_t n) {
+  bool same = false;
+  host.read_masters(s, [&](const float* masters) { same = same_bits(masters, p, n); });
+  return same;
+}
+
 inline bool tiles_equal(HostModel& a, HostModel& b) {
   for (std::int64_t s = 0; s < a.num_stages(); ++s) {
     const std::size_t n = a.tile(s).floats();
-    if (!same_bits(a.tile(s).params(), b.tile(s).params(), n)) return false;
     {
-      MomentLease lb(b.moments(), s);
+      StateLease lb(b, s);
+      if (!masters_equal(a, s, lb.master(), n)) return false;
       if (!moments_equal(a, s, lb.m(), lb.v(), n)) return false;
     }
     if (a.tile(s).has_compute_copy() != b.tile(s).has_compute_copy() ||
@@ -180,7 +187,7 @@ inline bool tiles_equal(HostModel& a, HostModel& b) {
 inline bool equals_reference(HostModel& host, ReferenceTrainer& ref) {
   for (std::int64_t s = 0; s < host.num_stages(); ++s) {
     const std::size_t n = static_cast<std::size_t>(ref.layout(s).total_floats);
-    if (!same_bits(host.tile(s).params(), ref.params(s), n) || !moments_equal(host, s, ref.adam_m(s), ref.adam_v(s), n))
+    if (!masters_equal(host, s, ref.params(s), n) || !moments_equal(host, s, ref.adam_m(s), ref.adam_v(s), n))
       return false;
     // bf16 runs: the streamed compute copy too (what the next step would compute with).
     if (ref.compute_copy(s) != nullptr &&

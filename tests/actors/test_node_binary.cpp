@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -146,6 +147,26 @@ TEST_CASE("megatrain train: the moments on the NVMe tier give the same losses as
   REQUIRE(ram.size() == 4);
   CHECK(tier == ram);
   CHECK(fs::is_empty(dir / "nvme"));  // the working files are gone with the run
+  // bf16 with the fp32 masters on the tier too (train.offload_params) equals bf16 in RAM.
+  const auto ram_bf16 = losses(" --train.bf16=true", "ram_bf16");
+  const auto params =
+      losses(" --train.bf16=true --train.offload_params=true --train.offload_dir=" + (dir / "nvme").string() +
+                 " --train.offload_staging_stages=3",
+             "params");
+  REQUIRE(ram_bf16.size() == 4);
+  CHECK(params == ram_bf16);
+  CHECK(fs::is_empty(dir / "nvme"));
+  // A file-size limit (a full disk) in the child: no stage file can grow past its header, so the
+  // first write of the masters fails; the run exits 1 naming the file and the errno.
+  const Outcome full = mt::test::run_node(tiny_args(dir / "full", shard) +
+                                              " --train.max_steps=4 --train.bf16=true --train.offload_params=true "
+                                              "--train.offload_dir=" +
+                                              (dir / "nvme").string(),
+                                          "ulimit -f 8;");
+  INFO(full.out);
+  CHECK(full.code == 1);
+  CHECK_THAT(full.out, Catch::Contains((dir / "nvme").string()) && Catch::Contains(".state") &&
+                           Catch::Contains(std::strerror(EFBIG)));
   fs::remove_all(dir);
 }
 

@@ -4,15 +4,22 @@
 // through a crash and restart of each actor and through a checkpoint resume, whatever the offload
 // settings of either run. int8 trains: its loss falls and ends close to fp32's. Damage to an offload
 // file mid-run is detected and named, the run stops with that error, and the checkpoints already
-// written resume to the same bits as an uninterrupted run.
+// written resume to the same bits as an uninterrupted run. train.offload_params (the fp32 masters on
+// the tier too) equals the in-RAM engine likewise; a full disk or a truncated file ends the run with
+// an error that names the file, the errno and the newest checkpoint.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
 
 #include "actors/run_state.hpp"
+#include "actors/tier_bytes.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tests/actors/engine_fixture.hpp"
 
@@ -135,6 +142,100 @@ TEST_CASE(
   }  // every store removed its own files
 }
 
+TEST_CASE(
+    "offload_params: the fp32 masters on disk with the moments equal the in-RAM engine through a restart of "
+    "each actor",
+    "[actors][offload][params]") {
+  TempDir dir("params");
+  Tiny t = base();
+  t.bf16 = true;  // offload_params keeps the bf16 compute copy in RAM and moves the masters
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const auto batches = tiny_batches(t, 16);
+  const RefRun ref = run_reference(tiny_config(t), model, batches, t.steps);
+  struct Fault {
+    Role role;
+    std::int64_t mb, stage;
+    Phase phase;
+  };
+  const Fault faults[] = {{Role::optimizer, -1, 3, Phase::optimize},
+                          {Role::compute, 1, 2, Phase::backward},
+                          {Role::prefetcher, 1, 2, Phase::prefetch},
+                          {Role::collector, 1, 2, Phase::collect},
+                          {Role::loader, 1, -1, Phase::data}};
+  for (const std::string codec : {"none", "lossless"})
+    for (const Fault& f : faults) {
+      TrainConfig cfg = with_tier(tiny_config(t), dir.path.string(), codec);
+      cfg.train.offload_params = true;
+      FaultPlan plan(f.role, 3, f.mb, f.stage, static_cast<int>(f.phase));
+      EngineRun eng = run_pipeline(cfg, model, batches, &plan);
+      INFO(eng.host->moments().describe() << "; fault: " << plan.describe());
+      REQUIRE(eng.result.error.empty());
+      CHECK(plan.fired.load() == 1);
+      CHECK(eng.result.restarts == 1);
+      REQUIRE(eng.result.steps_done == t.steps);
+      for (std::int64_t s = 0; s < t.steps; ++s)
+        CHECK(eng.result.steps[static_cast<std::size_t>(s)].loss == ref.losses[static_cast<std::size_t>(s)]);
+      CHECK(equals_reference(*eng.host, *ref.trainer));
+      for (std::int64_t s = 0; s < eng.host->num_stages(); ++s) CHECK_FALSE(eng.host->tile(s).has_params());
+      CHECK(eng.host->moments().holds_masters());
+      const auto st = staged(*eng.host).stats();
+      CHECK(st.file_bytes_read > 0);  // masters and moments really came back from the files
+      // RAM per parameter: the bf16 copy (2 bytes) and the grad (4): the masters are not in the tiles.
+      std::size_t floats = 0;
+      for (std::int64_t s = 0; s < eng.host->num_stages(); ++s) floats += eng.host->tile(s).floats();
+      std::size_t tile_bytes = 0;
+      for (std::int64_t s = 0; s < eng.host->num_stages(); ++s) tile_bytes += eng.host->tile(s).bytes();
+      CHECK(tile_bytes <= floats * 6 + 64 * static_cast<std::size_t>(eng.host->num_stages()));
+      // The planner's figures (StagedMomentStore::footprint) equal the store's own accounting.
+      offload::StagedMomentStoreOptions o;
+      o.codec = offload::parse_moment_codec(codec);
+      o.dir = dir.path.string();
+      o.staging_stages = 3;
+      o.with_masters = true;
+      std::vector<std::size_t> stage_floats;
+      for (std::int64_t s = 0; s < eng.host->num_stages(); ++s) stage_floats.push_back(eng.host->tile(s).floats());
+      const auto fp = offload::StagedMomentStore::footprint(stage_floats, o);
+      CHECK(fp.ram == eng.host->moments().ram_bytes());
+      CHECK(fp.disk == eng.host->moments().disk_bytes());
+      CHECK(host_model_bytes(model, host_tile_options(cfg)) == tile_bytes);
+      const TierBytes tiers = tier_bytes(cfg, model);  // from the config alone: the planner's query
+      CHECK(tiers.tiles == tile_bytes);
+      CHECK(tiers.staging == eng.host->moments().ram_bytes());
+      CHECK(tiers.disk == eng.host->moments().disk_bytes());
+    }
+}
+
+TEST_CASE("offload_params: checkpoint resume to and from the masters on disk equals an uninterrupted run",
+          "[actors][offload][params][checkpoint]") {
+  TempDir dir("params_resume"), ckpts("params_resume_ckpt");
+  Tiny t = base();
+  t.steps = 8;
+  t.bf16 = true;
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const auto batches = tiny_batches(t, 32);
+  const RefRun ref = run_reference(tiny_config(t), model, batches, t.steps);
+  const TrainConfig ram = tiny_config(t);
+  TrainConfig params = with_tier(tiny_config(t), dir.path.string(), "none");
+  params.train.offload_params = true;
+  TrainConfig params_z = with_tier(tiny_config(t), dir.path.string(), "lossless");
+  params_z.train.offload_params = true;
+  const std::pair<const TrainConfig*, const TrainConfig*> pairs[] = {
+      {&params, &ram}, {&ram, &params_z}, {&params_z, &params}};
+  int k = 0;
+  for (const auto& [first, second] : pairs) {
+    const fs::path root = ckpts.path / std::to_string(k++);
+    const Run a = train(*first, model, batches, root.string(), 4, {});
+    REQUIRE(a.result.error.empty());
+    REQUIRE_FALSE(a.events.empty());
+    for (const auto& e : a.events) CHECK(e.ok);
+    REQUIRE(a.result.steps_done == 4);
+    const Run b = train(*second, model, batches, root.string(), -1, root);
+    REQUIRE(b.result.error.empty());
+    REQUIRE(b.result.steps_done == t.steps);
+    CHECK(equals_reference(*b.host, *ref.trainer));
+  }
+}
+
 TEST_CASE("offload: checkpoint resume across tier settings equals an uninterrupted run bit for bit",
           "[actors][offload][checkpoint]") {
   TempDir dir("resume"), ckpts("resume_ckpt");
@@ -220,4 +321,68 @@ TEST_CASE("offload: a damaged offload file mid-run is named, the run stops, the 
   const Run b = train(tiny_config(t), model, batches, ckpts.path.string(), -1, ckpts.path);
   REQUIRE(b.result.error.empty());
   CHECK(equals_reference(*b.host, *ref.trainer));
+}
+
+TEST_CASE(
+    "offload: a full disk (file-size limit) or a truncated file mid-run ends the run naming the file, the "
+    "errno and the newest checkpoint, which resumes exactly",
+    "[actors][offload][damage]") {
+  Tiny t = base();
+  t.steps = 8;
+  t.bf16 = true;
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const auto batches = tiny_batches(t, 32);
+  const RefRun ref = run_reference(tiny_config(t), model, batches, t.steps);
+  // A file-size limit makes a write past it fail with EFBIG (SIGXFSZ would kill the process: the
+  // node binary ignores it too, training_run.cpp).
+  struct sigaction ignore {
+  }, saved{};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGXFSZ, &ignore, &saved);
+  for (const std::string damage : {"full", "truncated"}) {
+    TempDir dir("fail_" + damage), ckpts("fail_ckpt_" + damage);
+    TrainConfig cfg = with_tier(tiny_config(t), dir.path.string(), "none");
+    cfg.train.offload_params = true;
+    struct rlimit before {};
+    ::getrlimit(RLIMIT_FSIZE, &before);
+    std::vector<std::string> files;
+    // After step 5: no file may grow past its 4096-byte header region (every write of a stage's state
+    // fails: EFBIG), or every stage file loses its payload (the next reads fail: truncated).
+    const Run a = train(cfg, model, batches, ckpts.path.string(), -1, {}, [&](const StepRecord& rec, HostModel& host) {
+      if (rec.step != 5) return;
+      for (std::int64_t s = 0; s < host.num_stages(); ++s) files.push_back(staged(host).file_path(s));
+      if (damage == "full") {
+        struct rlimit lim = before;
+        lim.rlim_cur = 4096;
+        ::setrlimit(RLIMIT_FSIZE, &lim);
+      } else {
+        for (const auto& p : files) fs::resize_file(p, 4096);
+      }
+    });
+    ::setrlimit(RLIMIT_FSIZE, &before);
+    INFO(damage << ": " << a.result.error);
+    REQUIRE_FALSE(a.result.error.empty());
+    CHECK(a.result.steps_done < t.steps);
+    CHECK_THAT(a.result.error, Catch::StartsWith("the NVMe tier failed: offload file "));
+    bool named = false;
+    for (const auto& p : files) named = named || a.result.error.find(p) != std::string::npos;
+    CHECK(named);
+    if (damage == "full")
+      CHECK_THAT(a.result.error, Catch::Contains(std::strerror(EFBIG)));  // the errno, also after a short write
+    else
+      CHECK_THAT(a.result.error, Catch::Contains("truncated"));
+    const CheckpointEvent* newest = nullptr;
+    for (const auto& e : a.events)
+      if (e.ok && (newest == nullptr || e.step > newest->step)) newest = &e;
+    REQUIRE(newest != nullptr);
+    CHECK_THAT(a.result.error,
+               Catch::Contains("the newest checkpoint, step " + std::to_string(newest->step) + " at " + newest->path));
+    // Nothing a checkpoint holds was lost: resuming from the newest (with the masters on the tier
+    // again) ends where an uninterrupted run ends.
+    const Run b = train(cfg, model, batches, ckpts.path.string(), -1, newest->path);
+    REQUIRE(b.result.error.empty());
+    CHECK(equals_reference(*b.host, *ref.trainer));
+  }
+  ::sigaction(SIGXFSZ, &saved, nullptr);
 }

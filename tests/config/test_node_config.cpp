@@ -74,6 +74,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "train.optimizer_compression",
                         "train.offload_staging_stages",
                         "train.offload_io_threads",
+                        "train.offload_params",
                         "train.eval_steps",
                         "train.eval_max_batches",
                         "train.lr_scheduler_type",
@@ -125,7 +126,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 28 + 15 + 4 + 9 + 5 + 3 + 8 + 4);  // train: 24 + eval_steps, eval_max_batches + 2 offload keys
+  CHECK(keys.size() == 29 + 15 + 4 + 9 + 5 + 3 + 8 + 4);  // train: 24 + eval_steps, eval_max_batches + 3 offload keys
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -1,4 +1,5 @@
-// tools/bench/run offload [--dir DIR] [--gib N] [--steps N]: the NVMe tier for the Adam moments.
+// tools/bench/run offload [--dir DIR] [--gib N] [--steps N] [--io-threads N] [--chunk-kib N] [--io-only 1]:
+// the NVMe tier for the Adam moments (--io-only 1: part 1 alone; --io-threads / --chunk-kib: the tier's).
 //   1. Tier throughput: a StagedMomentStore (fp32 moments in files, O_DIRECT, the engine's defaults: 1 MiB
 //      chunks, 4 I/O threads, 4 staging stages) over N GiB of stages, written (update + write-behind)
 //      and read back in the optimizer's order (read-ahead), best of 3 rounds each, against fio's
@@ -42,8 +43,9 @@ struct TierRates {
 
 // One store of `stages` stages of `floats` each; every round: a pass of updates (write-behind), then,
 // with every slot dropped, a pass of reads in the same order (read-ahead).
-TierRates measure_tier(const std::string& dir, std::size_t stages, std::size_t floats, int rounds) {
-  offload::StagedMomentStoreOptions o;
+TierRates measure_tier(const std::string& dir, std::size_t stages, std::size_t floats, int rounds,
+                       const offload::StagedMomentStoreOptions& options) {
+  offload::StagedMomentStoreOptions o = options;
   o.dir = dir;
   offload::StagedMomentStore store(std::vector<std::size_t>(stages, floats), o);
   std::printf("  tier: %s\n", store.describe().c_str());
@@ -65,8 +67,10 @@ TierRates measure_tier(const std::string& dir, std::size_t stages, std::size_t f
     auto s2 = store.stats();
     const double w = static_cast<double>(s1.file_bytes_written - s0.file_bytes_written) / tw;
     const double rd = static_cast<double>(s2.file_bytes_read - s1.file_bytes_read) / tr;
-    std::printf("  round %d: write %.0f MB/s, read %.0f MB/s (acquire waited %.2f s of %.2f s)\n", r + 1, w / 1e6,
-                rd / 1e6, s2.acquire_wait_s - s1.acquire_wait_s, tr);
+    std::printf(
+        "  round %d: write %.0f MB/s (%.2f s; the two workers busy %.2f s), read %.0f MB/s (acquire waited %.2f s of "
+        "%.2f s)\n",
+        r + 1, w / 1e6, tw, s1.store_s - s0.store_s, rd / 1e6, s2.acquire_wait_s - s1.acquire_wait_s, tr);
     best.write_bps = std::max(best.write_bps, w);
     best.read_bps = std::max(best.read_bps, rd);
   }
@@ -143,16 +147,25 @@ int main(int argc, char** argv) {
   std::string dir = "offload-bench-tmp";
   double gib = 1.0;
   int steps = 10;
+  bool io_only = false;
+  offload::StagedMomentStoreOptions tier_options;  // the engine's defaults unless given
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--dir")
       dir = argv[i + 1];
+    else if (k == "--io-threads")
+      tier_options.io_threads = std::atoi(argv[i + 1]);
+    else if (k == "--chunk-kib")
+      tier_options.io_chunk_bytes = static_cast<std::size_t>(std::atoll(argv[i + 1])) << 10;
+    else if (k == "--io-only")
+      io_only = std::atoi(argv[i + 1]) != 0;
     else if (k == "--gib")
       gib = std::atof(argv[i + 1]);
     else if (k == "--steps")
       steps = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: offload [--dir DIR] [--gib N] [--steps N]\n");
+      std::fprintf(stderr,
+                   "usage: offload [--dir DIR] [--gib N] [--steps N] [--io-threads N] [--chunk-kib N] [--io-only 1]\n");
       return 2;
     }
   }
@@ -165,7 +178,7 @@ int main(int argc, char** argv) {
   const std::size_t stage_floats = std::size_t{16} << 20;  // 64 MiB of m + 64 MiB of v per stage
   const std::size_t stages = std::max<std::size_t>(3, static_cast<std::size_t>(gib * (1 << 30) / (8.0 * stage_floats)));
   const std::size_t bytes = stages * stage_floats * 8;
-  const TierRates tier = measure_tier(dir, stages, stage_floats, 3);
+  const TierRates tier = measure_tier(dir, stages, stage_floats, 3, tier_options);
   const std::string file = dir + "/fio.dat";
   double fio_w_same = 0, fio_r_same = 0, fio_w_threads = 0, fio_r_threads = 0, fio_w_best = 0, fio_r_best = 0;
   std::string best_w, best_r;
@@ -197,6 +210,12 @@ int main(int argc, char** argv) {
   report.add({"offload_write_bandwidth", tier.write_bps / 1e6, "MB/s", fio_w_best / 1e6, 0.85, "higher"});
   report.add({"offload_read_bandwidth", tier.read_bps / 1e6, "MB/s", fio_r_best / 1e6, 0.85, "higher"});
   report.add({"offload_fio_uring_vs_threads_read", fio_r_same / 1e6, "MB/s", fio_r_threads / 1e6});
+  if (io_only) {
+    std::error_code ec;
+    fs::remove(dir, ec);
+    report.print();
+    return 0;
+  }
 
   // 2. Step time: in the tiles, on the tier, compressed in RAM.
   std::printf("  demo model, %d steps each (mean step of steps 3..%d):\n", steps, steps);
