@@ -394,4 +394,28 @@ std::uint64_t StagedMomentStore::store(Slot& s, std::int64_t stage, std::uint64_
   return bytes;
 }
 
+MomentStoreFootprint moment_store_footprint(const std::vector<std::size_t>& stage_floats,
+                                            const StagedMomentStoreOptions& o) {
+  // Mirrors the constructor's slot sizes; tests/actors/test_plan.cpp checks it against ram_bytes().
+  MomentStoreFootprint f;
+  if (stage_floats.empty()) return f;
+  const std::size_t max_floats = *std::max_element(stage_floats.begin(), stage_floats.end());
+  std::size_t encoded = round_up(encoded_bound(o.codec, max_floats), kDirectAlign);
+  if (!o.dir.empty()) {
+    std::size_t header = 0;
+    for (std::size_t n : stage_floats) {
+      const std::size_t bound = encoded_bound(o.codec, n);
+      header = std::max(header, StageFile::header_bytes_for(bound));
+      f.disk_bytes += StageFile::header_bytes_for(bound) + round_up(bound, kDirectAlign);
+    }
+    encoded += header;
+  } else {
+    for (std::size_t n : stage_floats) f.ram_bytes += encoded_bound(o.codec, n);
+  }
+  const bool raw_in_place = o.codec == MomentCodec::none && !o.dir.empty();
+  const std::size_t slot = encoded + (raw_in_place ? 0 : 2 * max_floats * sizeof(float));
+  f.ram_bytes += static_cast<std::size_t>(std::max(0, o.staging_stages)) * slot;
+  return f;
+}
+
 }  // namespace mt::offload

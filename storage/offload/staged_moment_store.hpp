@@ -53,6 +53,17 @@ struct MomentStoreStats {
   double encode_s = 0.0, decode_s = 0.0;           // of which (de)coding
 };
 
+// What a store of these stages and options will hold before one exists (the planner, `train`'s fit
+// check): ram: the staging slots (exact: ram_bytes() of a fresh store), plus with the moments encoded
+// in RAM each stage's encoding at its bound (an upper bound: lossless encodings are smaller); disk:
+// the NVMe tier's files at their largest (header region + bound, 4096-aligned), 0 without a directory.
+struct MomentStoreFootprint {
+  std::size_t ram_bytes = 0;
+  std::size_t disk_bytes = 0;
+};
+MomentStoreFootprint moment_store_footprint(const std::vector<std::size_t>& stage_floats,
+                                            const StagedMomentStoreOptions& options);
+
 class StagedMomentStore final : public MomentStore {
  public:
   // stage_floats[s]: the floats of stage s's m (and of its v).
