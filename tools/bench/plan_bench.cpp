@@ -207,13 +207,13 @@ int main(int argc, char** argv) {
 
   // The published system's points (MegaTrain, arXiv 2604.05091; ../shared/DESIGN.md section 1). Shapes:
   // Qwen2.5-14B's config for 14B (batch and sequence not given with the figure: 8 x 1024 = 8k tokens
-  // per step here); a Llama-shaped 120B (d 10240, 92 layers, MLP 28672); Llama-2-7B at 512k tokens.
+  // per step here); a Llama-shaped 120B (d 10240, 108 layers, 8 KV heads, MLP 28672); Llama-2-7B at 512k tokens.
   published("14B", "264 TFLOP/s on one GH200 (ZeRO-3 offload: 143.6)", "gh200",
             shaped(5120, 48, 40, 8, 13824, 152064, 8, 1024, 1));
   published("14B, 4 micro-batches (32k tokens per step)", "264 TFLOP/s on one GH200", "gh200",
             shaped(5120, 48, 40, 8, 13824, 152064, 8, 1024, 4));
   {
-    TrainConfig c = shaped(10240, 92, 80, 8, 28672, 32000, 4, 2048, 1);
+    TrainConfig c = shaped(10240, 108, 80, 8, 28672, 32000, 4, 2048, 1);
     published("120B, fp32 masters + fp32 Adam in RAM", "fits one H200 with 1.5 TB of host RAM", "h200", c);
     c.train.optimizer_compression = "int8";
     published("120B, int8 moments in RAM", "fits one H200 with 1.5 TB of host RAM", "h200", c);
