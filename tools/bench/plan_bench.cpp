@@ -1,10 +1,9 @@
-// tools/bench/run plan [--steps N] [--dir DIR]: the planner's predicted step time (actors/plan) against
-// the engine's measured one, same run, for several CPU configurations of the demo model's family
-// (depth, width, K weight slots, interleaved micro-batches, the NVMe tier for the moments):
-// plan_step_error = the worst |predicted - measured| / measured (target <= 0.15). The planner gets
-// this machine's profile measured in the same run (memcpy as the link, the AdamW rate, the disk) and
-// the op times of the engine's stage kernels at each shape; nothing is fitted to the engine runs.
-// Then the planner's prediction for the published system's reported points, printed beside them
+// tools/bench/run plan [--steps N] [--dir DIR] [--threads N (2)]: the planner's predicted step time (actors/plan)
+// against the engine's measured one, same run, for several CPU configurations of the demo model's family (depth, width,
+// K weight slots, interleaved micro-batches, the NVMe tier for the moments): plan_step_error = the worst |predicted -
+// measured| / measured (target <= 0.15). The planner gets this machine's profile measured in the same run (memcpy as
+// the link, the AdamW rate, the disk) and the op times of the engine's stage kernels at each shape; nothing is fitted
+// to the engine runs. Then the planner's prediction for the published system's reported points, printed beside them
 // (datasheet profiles of config/hardware.ini; no run: this machine has no GPU).
 #include <cmath>
 #include <cstdio>
@@ -121,7 +120,7 @@ TrainConfig shaped(std::int64_t hidden, std::int64_t layers, std::int64_t heads,
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 5;
+  int steps = 5, threads = 2;
   std::string dir = (std::filesystem::current_path() / "run" / "plan-bench-tier").string();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -129,8 +128,10 @@ int main(int argc, char** argv) {
       steps = std::atoi(argv[++i]);
     else if (a == "--dir" && i + 1 < argc)
       dir = argv[++i];
+    else if (a == "--threads" && i + 1 < argc)
+      threads = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: bench_plan [--steps N] [--dir OFFLOAD_DIR]\n");
+      std::fprintf(stderr, "usage: bench_plan [--steps N] [--dir OFFLOAD_DIR] [--threads N]\n");
       return 2;
     }
   }
@@ -138,8 +139,8 @@ int main(int argc, char** argv) {
   std::printf("plan bench: predicted vs measured step time (mean of steps 2..%d); %s; %s\n", steps, cpu_line().c_str(),
               cpu::gemm_backend_name());
   plan::MeasureOptions mo;
-  mo.compute_threads = 2;
-  mo.optimizer_threads = 2;
+  mo.compute_threads = threads;
+  mo.optimizer_threads = threads;
   mo.disk_dir = dir;
   const plan::HardwareProfile hw = plan::measure_this_machine(mo);
   std::printf(
@@ -179,6 +180,7 @@ int main(int argc, char** argv) {
     cfg.model.heads = c.heads;
     cfg.model.kv_heads = c.kv_heads;
     cfg.model.intermediate_size = c.intermediate;
+    cfg.threads.total = threads;
     cfg.device.weight_slots = c.weight_slots;
     cfg.device.grad_slots = 1;
     cfg.device.keep_intermediates = "boundary";
@@ -194,6 +196,8 @@ int main(int argc, char** argv) {
     const plan::StepPrediction sp = plan::predict_step(cfg, model, ep, hw, ops, {}, steps);
     const double measured = measured_step(cfg, model);
     const double err = std::abs(sp.step_s - measured) / measured;
+    std::printf("  %-40s op times: layer forward %.4f s, backward %.4f s, head %.4f s\n", "", ops.layer_forward,
+                ops.layer_backward, ops.head);
     worst = std::max(worst, err);
     std::printf(
         "  %-40s predicted %.4f s (compute %.4f, link %.4f/%.4f, optimizer %.4f, NVMe %.4f), measured %.4f s: "
