@@ -38,8 +38,9 @@ struct StepPrediction {
   double steady_s = 0.0;  // the last step's time
   // Busy seconds per step of each resource.
   double compute_s = 0, h2d_s = 0, d2h_s = 0, accumulate_s = 0, optimizer_s = 0, nvme_s = 0;
-  // Where compute waited, seconds per step: the critical path's share of each.
-  double wait_link_s = 0, wait_optimizer_s = 0, wait_nvme_s = 0, wait_grad_slot_s = 0;
+  // Where compute waited, seconds per step: for the link, for a stage's update (the optimizer gating
+  // the next step's load), for a gradient staging slot; and how long the optimizer waited for NVMe reads.
+  double wait_link_s = 0, wait_optimizer_s = 0, wait_grad_slot_s = 0, wait_nvme_s = 0;
   double tokens = 0, model_flops = 0;
   double tflops() const { return step_s > 0 ? model_flops / step_s / 1e12 : 0.0; }
 };
