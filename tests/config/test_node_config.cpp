@@ -130,7 +130,8 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 28 + 15 + 4 + 9 + 5 + 3 + 8 + 4 + 5);  // train: 24 + eval_steps, eval_max_batches + 2 offload keys
+  CHECK(keys.size() ==
+        28 + 15 + 4 + 9 + 5 + 3 + 8 + 4 + 5);  // train: 24 + eval_steps, eval_max_batches + 2 offload keys
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
