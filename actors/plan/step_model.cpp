@@ -354,8 +354,7 @@ std::string describe_step(const StepPrediction& p, const OpTimes& ops) {
                 "optimizer waited for NVMe %.4f s\n",
                 p.step_s, p.tokens / p.step_s, p.tflops(), ops.layer_forward, ops.layer_backward, ops.head,
                 ops.embed_forward, ops.embed_backward, ops.source.c_str(), p.compute_s, p.h2d_s, p.d2h_s, p.optimizer_s,
-                p.accumulate_s, p.nvme_s, p.wait_link_s, p.wait_grad_slot_s, p.wait_nvme_s,
-                std::max(0.0, p.steady_s - p.compute_s - p.wait_link_s - p.wait_grad_slot_s));
+                p.accumulate_s, p.nvme_s, p.wait_link_s, p.wait_optimizer_s, p.wait_grad_slot_s, p.wait_nvme_s);
   out << b;
   return out.str();
 }
