@@ -1,6 +1,7 @@
 // megatrain: the node binary.
 //   megatrain train [--config-file=FILE.ini] [--section.key=value ...]   train (see --help for every key)
 //   megatrain train --help | --dump-config
+//   megatrain plan [the same arguments]   the run planned, not run (actors/plan/README.md)
 // Reads and validates the whole configuration (INI file, command-line overrides), the model and the
 // data before anything starts; a bad key, value or file is a clear error and exit code 1. Then trains,
 // printing one progress line per step and writing the same as JSONL.
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/plan/plan_command.hpp"
 #include "actors/training_run.hpp"
 #include "config/node_config.hpp"
 
@@ -30,7 +32,9 @@ void usage(std::FILE* f) {
   std::fprintf(f,
                "usage: megatrain train [--config-file=FILE.ini] [--section.key=value ...]\n"
                "       megatrain train --help         every key, its default and meaning\n"
-               "       megatrain train --dump-config  the effective configuration\n");
+               "       megatrain train --dump-config  the effective configuration\n"
+               "       megatrain plan [same arguments] bytes per tier, what does not fit, predicted step time\n"
+               "       megatrain plan --help          the planner's keys (plan.*) and hardware profiles\n");
 }
 
 int train(int argc, char** argv) {
@@ -52,6 +56,8 @@ int main(int argc, char** argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  if (std::strcmp(argv[1], "plan") == 0)
+    return mt::plan::run_plan_command(std::vector<std::string>(argv + 2, argv + argc));
   if (std::strcmp(argv[1], "train") != 0) {
     std::fprintf(stderr, "megatrain: unknown command '%s'\n", argv[1]);
     usage(stderr);

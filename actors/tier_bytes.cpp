@@ -27,6 +27,7 @@ TierBytes tier_bytes(const TrainConfig& cfg, const ModelConfig& model) {
   for (std::int64_t s = 0; s < num_stages(model); ++s) floats.push_back(stage_layout(model, s).total_floats);
   const auto f = offload::StagedMomentStore::footprint(floats, moment_store_options(cfg));
   b.staging = f.ram;
+  b.ram_encodings = f.ram_encodings;
   b.disk = f.disk;
   return b;
 }

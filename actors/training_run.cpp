@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/monitor_publish.hpp"
+#include "actors/plan/resource_plan.hpp"
 #include "actors/run_state.hpp"
 #include "config/node_config.hpp"
 #include "data/loader.hpp"
@@ -133,6 +134,12 @@ bool TrainingRun::check_model_and_data() {
     else
       model_ = cfg_.model.config_file.empty() ? cfg_.model_config_from_keys() : hf::load_config(cfg_.model.config_file);
     plan_ = plan_engine(cfg_, model_);
+    // Host RAM and disk against the plan (actors/plan): refused only when it genuinely cannot fit.
+    if (const std::string fit = plan::check_run_fits(cfg_, model_); !fit.empty()) {
+      if (cfg_.plan.enforce)
+        throw std::runtime_error(fit + " (`megatrain plan` prints the whole plan; --plan.enforce=false starts anyway)");
+      say_(MessageStream::err, "megatrain: warning: " + fit);
+    }
     // The tokenizer the data was made with must fit the model's vocabulary (its largest id + 1).
     std::int64_t tokenizer_vocab = 0;
     if (!cfg_.data.tokenizer_file.empty())

@@ -123,6 +123,14 @@ NodeConfig::NodeConfig() {
       .add(re.window_s, "window_s", "the window of max_restarts, in seconds")
       .add(re.backoff_s, "backoff_s", "wait before respawning a failed actor (doubles per failure in the window)")
       .add(re.per_actor, "per_actor", "per-actor max_restarts, e.g. \"loader:20,compute:2\"; empty = none");
+  auto& pl = values.plan;
+  opt_group{custom_options_, "plan"}
+      .add(pl.hardware, "hardware",
+           "megatrain plan: this (measured now) | h200 | h100 | gh200 | a100 (a section of plan.hardware_file)")
+      .add(pl.hardware_file, "hardware_file", "hardware profiles INI; empty = the built-in config/hardware.ini")
+      .add(pl.host_ram_gb, "host_ram_gb", "host RAM to plan for (GiB); 0 = MemAvailable (this) or the profile's")
+      .add(pl.disk_gb, "disk_gb", "free disk for train.offload_dir (GiB); 0 = statvfs (this) or the profile's")
+      .add(pl.enforce, "enforce", "train refuses a run whose plan does not fit host RAM or disk; false = warn only");
 }
 
 namespace {
@@ -225,7 +233,8 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
                             {"train.offload_params", &values.train.offload_params},
                             {"model.tie_word_embeddings", &values.model.tie_word_embeddings},
                             {"monitor.enabled", &values.monitor.enabled},
-                            {"monitor.allow_fault_injection", &values.monitor.allow_fault_injection}},
+                            {"monitor.allow_fault_injection", &values.monitor.allow_fault_injection},
+                            {"plan.enforce", &values.plan.enforce}},
                            bools, bool_error))
     return fail(bool_error);
   for (auto& a : args)  // --device.weight_slots=auto (and grad_slots): stored as 0, sized by the engine
@@ -261,7 +270,8 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
 namespace {
 
 bool is_train_section(const std::string& category) {
-  static const std::string sections[] = {"train", "model", "data", "device", "threads", "log", "monitor", "restart"};
+  static const std::string sections[] = {"train", "model",   "data",    "device", "threads",
+                                         "log",   "monitor", "restart", "plan"};
   return std::find(std::begin(sections), std::end(sections), category) != std::end(sections);
 }
 

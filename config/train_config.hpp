@@ -132,6 +132,15 @@ struct RestartSection {           // [restart]
   std::string per_actor;          // overrides "ACTOR:MAX[,ACTOR:MAX...]" (e.g. "loader:20,compute:2")
 };
 
+// `megatrain plan` and the fit check `train` runs before it starts (actors/plan/README.md).
+struct PlanSection {              // [plan]
+  std::string hardware = "this";  // this (measured now) | a section of the hardware file (h200, h100, gh200, a100)
+  std::string hardware_file;      // hardware profiles (INI); "" = the built-in copy of config/hardware.ini
+  double host_ram_gb = 0.0;       // host RAM to plan for, GiB; 0 = MemAvailable (this) or the profile's
+  double disk_gb = 0.0;           // free disk for train.offload_dir, GiB; 0 = statvfs (this) or the profile's
+  bool enforce = true;            // train: refuse a run whose plan does not fit host RAM or disk
+};
+
 enum class LrSchedule { constant, linear, cosine };
 enum class KeepIntermediates {
   boundary,       // keep layer-boundary hidden states on the device, recompute each layer once in backward
@@ -169,6 +178,7 @@ struct TrainConfig {
   LogSection log;
   MonitorSection monitor;
   RestartSection restart;
+  PlanSection plan;
 
   // Checks every key: types are already right, this checks ranges, choices, combinations and that
   // named files exist (data.train_files must match at least one file). Throws ConfigError naming the

@@ -190,6 +190,10 @@ void monitor_values(const TrainConfig& c) {
   positive("restart.window_s", r.window_s);
   non_negative("restart.backoff_s", r.backoff_s);
   c.max_restarts_of("loader");  // parses restart.per_actor, throws naming it
+  non_negative("plan.host_ram_gb", c.plan.host_ram_gb);
+  non_negative("plan.disk_gb", c.plan.disk_gb);
+  if (c.plan.hardware.empty())
+    throw ConfigError("plan.hardware", "must name a profile (this, h200, h100, gh200, a100)");
 }
 
 }  // namespace

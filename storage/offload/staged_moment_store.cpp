@@ -129,7 +129,10 @@ StagedMomentStore::Footprint StagedMomentStore::footprint(const std::vector<std:
     const std::size_t payload = encoded_bound(o.codec, n) + master(n);
     const std::size_t h = StageFile::header_bytes_for(payload);
     header = std::max(header, h);
-    if (!o.dir.empty()) f.disk += h + round_up(payload, kDirectAlign);
+    if (!o.dir.empty())
+      f.disk += h + round_up(payload, kDirectAlign);
+    else
+      f.ram_encodings += payload;
   }
   std::size_t encoded = round_up(encoded_bound(o.codec, max_floats) + master(max_floats), kDirectAlign);
   if (!o.dir.empty()) encoded += header;

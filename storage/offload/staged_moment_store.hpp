@@ -73,11 +73,12 @@ class StagedMomentStore final : public MomentStore {
   bool holds_masters() const override { return o_.with_masters; }
   std::size_t disk_bytes() const override;
   std::string failure() const override;
-  // RAM and NVMe bytes a store with these options would hold, before it exists (the planner, reports):
-  // ram equals ram_bytes() of a store on the tier (in RAM the encodings add what the codec makes of
-  // the moments), disk equals disk_bytes() once every stage was written once at its largest encoding.
+  // RAM and NVMe bytes a store with these options would hold, before it exists (the planner, `train`'s
+  // fit check): ram equals ram_bytes() of a fresh store (its staging slots); ram_encodings bounds what a
+  // store without a directory adds as every stage's encoding is kept in RAM (lossless encodings are
+  // smaller); disk equals disk_bytes() once every stage was written once at its largest encoding.
   struct Footprint {
-    std::size_t ram = 0, disk = 0;
+    std::size_t ram = 0, ram_encodings = 0, disk = 0;
   };
   static Footprint footprint(const std::vector<std::size_t>& stage_floats, const StagedMomentStoreOptions& options);
 

@@ -122,11 +122,17 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "restart.max_restarts",
                         "restart.window_s",
                         "restart.backoff_s",
-                        "restart.per_actor"}) {
+                        "restart.per_actor",
+                        "plan.hardware",
+                        "plan.hardware_file",
+                        "plan.host_ram_gb",
+                        "plan.disk_gb",
+                        "plan.enforce"}) {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 29 + 15 + 4 + 9 + 5 + 3 + 8 + 4);  // train: 24 + eval_steps, eval_max_batches + 3 offload keys
+  // train: 24 + eval_steps, eval_max_batches + 3 offload keys; plan: 5
+  CHECK(keys.size() == 29 + 15 + 4 + 9 + 5 + 3 + 8 + 4 + 5);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -1,0 +1,79 @@
+// The resource side of `megatrain plan` and of the fit check `train` runs before it starts: the bytes
+// each tier holds, where each state lives, and what does not fit with the key that would fix it.
+// Every byte figure comes from the functions the engine allocates with (plan_engine's arena plan,
+// host_model_bytes with host_tile_options, the moment store's footprint), so plan and engine cannot
+// drift; tests/actors/test_plan.cpp checks them against a run's own accounting. No CAF here.
+#pragma once
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/engine.hpp"
+#include "config/train_config.hpp"
+#include "kernels/model_config.hpp"
+
+namespace mt::plan {
+
+// What the config alone does not say: with gpus = N, N devices each hold one arena and stream the
+// same layers (data parallel: N x the tokens per step).
+struct PlanExtras {
+  int gpus = 1;
+  // Planning for a GPU profile on another machine: the arena is device memory, not host RAM (the
+  // CPU backend's arena is host memory and counts there).
+  bool device_is_gpu = false;
+};
+
+// One row of the byte table.
+struct TierBytes {
+  std::string tier;  // "device", "host RAM", "disk"
+  std::string what;  // "host tiles: fp32 masters, gradients, Adam m and v"
+  double bytes = 0.0;
+};
+
+// A tier that does not fit, and the key that would fix it.
+struct Misfit {
+  std::string tier;
+  double need = 0.0, have = 0.0;
+  std::string key;  // the first key whose change makes it fit ("train.offload_dir")
+  std::string message;
+};
+
+struct ResourcePlan {
+  std::optional<actors::EnginePlan> engine;  // empty when the device budget does not fit
+  std::vector<TierBytes> bytes;
+  std::vector<std::string> homes;  // "fp32 master weights: host RAM (the tiles)"
+  std::vector<Misfit> misfits;
+  double device_bytes = 0.0;         // the arena (per device)
+  double host_bytes = 0.0;           // what the engine allocates in host RAM (tiles, staging, boundaries, CPU arena)
+  double host_peak_rss_bytes = 0.0;  // host_bytes + the process's own (predicted peak resident memory)
+  double disk_bytes = 0.0;           // offload files
+  double host_limit = 0.0, disk_limit = 0.0;
+  std::string host_limit_source, disk_limit_source;
+  bool fits() const { return misfits.empty(); }
+};
+
+// What a process of this build holds beyond the plan's buffers (code, libraries, the actor system,
+// thread stacks, the GEMM libraries' packing buffers, HDF5's while checkpointing, the data loader).
+// Measured on this machine: a 0.1M-parameter run peaks at 36 MiB, a 55M-parameter run at 76 MiB above
+// the engine's buffers (part of it grows with the shapes); 64 MiB is the figure used, which keeps
+// runs from ~50M parameters up within a few percent (tests/actors/test_plan.cpp checks 10%).
+inline constexpr double kProcessBaselineBytes = 64.0 * (1 << 20);
+
+// Plans `cfg` for `model`. host_limit / disk_limit: bytes the run may use (0 = unchecked), with the
+// source of each figure for messages; device_limit: the device's memory (0 = only the config budget).
+ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
+                            double host_limit, const std::string& host_limit_source, double disk_limit,
+                            const std::string& disk_limit_source, double device_limit = 0.0);
+
+// The readable report of the byte table, the homes and the misfits.
+std::string describe_resources(const ResourcePlan& p);
+
+// `train`'s check before it starts: plans against MemAvailable (or plan.host_ram_gb) and the free
+// space under train.offload_dir (or plan.disk_gb). Returns the problems ("" when it fits); the caller
+// refuses the run when plan.enforce, else prints them as a warning.
+std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras = {});
+
+std::string gib(double bytes);  // "12.34 GiB" / "512.0 MiB"
+
+}  // namespace mt::plan

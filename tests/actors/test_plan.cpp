@@ -1,0 +1,233 @@
+// The planner (actors/plan) against the engine: its bytes per tier equal what the engine allocates,
+// read from the engine's own accounting (HostModel::host_bytes, the moment store's ram_bytes, the
+// arena's capacity, the offload files on disk) for the default tiles, bf16 compute copies, boundaries
+// on the host and the NVMe tier; its predicted peak resident memory is within 10% of the peak RSS
+// `megatrain train` measures (getrusage of the child); `megatrain plan` and `train`'s fit check name
+// the key that fixes a plan that does not fit.
+#include <catch2/catch.hpp>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "actors/plan/hardware.hpp"
+#include "actors/plan/resource_plan.hpp"
+#include "actors/plan/step_model.hpp"
+#include "actors/training_run.hpp"
+#include "storage/offload/staged_moment_store.hpp"
+#include "tests/actors/engine_fixture.hpp"
+#include "tests/actors/node_binary_fixture.hpp"
+
+using namespace mt;
+using namespace mt::actors;
+using namespace mt::actors::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("mt_plan_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+double tier_total(const plan::ResourcePlan& p, const std::string& tier) {
+  double total = 0;
+  for (const auto& b : p.bytes)
+    if (b.tier == tier) total += b.bytes;
+  return total;
+}
+
+std::uintmax_t dir_bytes(const fs::path& dir) {
+  std::uintmax_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) total += e.file_size();
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
+  struct Case {
+    const char* name;
+    std::string keep;
+    bool bf16;
+    bool offload;
+    std::string compression;
+  };
+  const Case cases[] = {{"tiles", "boundary", false, false, "none"},
+                        {"bf16 compute copy, boundaries on the host", "boundary_host", true, false, "none"},
+                        {"moments on the NVMe tier", "boundary", false, true, "none"},
+                        {"int8 moments on the NVMe tier", "all", false, true, "int8"}};
+  for (const Case& c : cases) {
+    SECTION(c.name) {
+      TempDir dir("bytes");
+      Tiny t;
+      t.layers = 4;
+      t.steps = 2;
+      t.micro_batches = 2;
+      t.keep = c.keep;
+      t.bf16 = c.bf16;
+      TrainConfig cfg = tiny_config(t);
+      cfg.train.optimizer_compression = c.compression;
+      if (c.offload) {
+        cfg.train.offload_dir = (dir.path / "tier").string();
+        cfg.train.offload_staging_stages = 3;
+      }
+      const ModelConfig model = cfg.model_config_from_keys();
+      const plan::ResourcePlan p = plan::plan_resources(cfg, model, {}, 0, "", 0, "");
+      REQUIRE(p.fits());
+      REQUIRE(p.engine.has_value());
+      EngineRun r = run_pipeline(cfg, model, tiny_batches(t, 8));
+      REQUIRE(r.result.error.empty());
+      // Device: the arena the run allocated.
+      CHECK(tier_total(p, "device") == static_cast<double>(r.result.arena.capacity_bytes));
+      // Host: the tiles and the moment store (HostModel::host_bytes), the boundary store, and the CPU
+      // backend's arena (host memory).
+      const double host =
+          static_cast<double>(r.host->host_bytes() + p.engine->host_boundary_bytes + r.result.arena.capacity_bytes);
+      CHECK(tier_total(p, "host RAM") == host);
+      CHECK(p.host_bytes == host);
+      if (c.keep == "boundary_host") CHECK(p.engine->host_boundary_bytes > 0);
+      // Disk: the offload files as they are after the run.
+      if (c.offload) {
+        const auto& store = dynamic_cast<offload::StagedMomentStore&>(r.host->moments());
+        REQUIRE(r.host->moments().ram_bytes() > 0);
+        CHECK(tier_total(p, "disk") == static_cast<double>(dir_bytes(store.files_dir())));
+      } else {
+        CHECK(tier_total(p, "disk") == 0.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("plan: predicted peak resident memory is within 10% of the measured peak RSS", "[plan]") {
+  TempDir dir("rss");
+  const fs::path shard = mt::test::make_shard(dir.path / "data", 1 << 14);
+  // About 55M parameters: 0.9 GiB of host tiles, so the process's own memory is a small part.
+  const std::vector<std::string> args = {"--model.hidden_size=512",
+                                         "--model.layers=16",
+                                         "--model.heads=8",
+                                         "--model.kv_heads=8",
+                                         "--model.intermediate_size=1408",
+                                         "--model.vocab_size=4096",
+                                         "--model.max_position_embeddings=64",
+                                         "--data.seq_length=32",
+                                         "--train.per_device_train_batch_size=2",
+                                         "--train.max_steps=2",
+                                         "--device.device_memory_mb=256",
+                                         "--threads.total=2",
+                                         "--monitor.enabled=false",
+                                         "--data.train_files=" + (dir.path / "data" / "train_*.bin").string(),
+                                         "--train.output_dir=" + (dir.path / "out").string()};
+  TrainConfig cfg;
+  REQUIRE(parse_train_config(args, cfg) == "");
+  const ModelConfig model = cfg.model_config_from_keys();
+  const plan::ResourcePlan p = plan::plan_resources(cfg, model, {}, 0, "", 0, "");
+  std::string line;
+  for (const auto& a : args) line += " '" + a + "'";
+  const mt::test::Outcome o = mt::test::run_node(line);
+  INFO(o.out);
+  REQUIRE(o.code == 0);
+  struct rusage ru {};
+  REQUIRE(::getrusage(RUSAGE_CHILDREN, &ru) == 0);
+  const double measured = static_cast<double>(ru.ru_maxrss) * 1024.0;  // KiB on Linux
+  INFO("predicted " << p.host_peak_rss_bytes / 1048576.0 << " MiB, measured " << measured / 1048576.0 << " MiB");
+  CHECK(p.host_bytes > 0.8 * measured);  // the engine's buffers are most of it
+  CHECK(std::abs(p.host_peak_rss_bytes - measured) <= 0.10 * measured);
+}
+
+TEST_CASE("plan: a run that cannot fit is refused naming the key; megatrain plan says the same", "[plan]") {
+  TempDir dir("refuse");
+  mt::test::make_shard(dir.path / "data", 4096);
+  const std::string common =
+      " --model.hidden_size=64 --model.layers=2 --model.heads=4 --model.intermediate_size=128"
+      " --model.vocab_size=64 --model.max_position_embeddings=32 --data.seq_length=16"
+      " --train.per_device_train_batch_size=2 --train.max_steps=1 --device.device_memory_mb=16"
+      " --threads.total=2 --monitor.enabled=false --data.train_files=" +
+      (dir.path / "data" / "train_*.bin").string() + " --train.output_dir=" + (dir.path / "out").string();
+  // 0.01 GiB of host RAM cannot hold the process, whatever the offload keys.
+  const mt::test::Outcome refused = mt::test::run_node(common + " --plan.host_ram_gb=0.01");
+  INFO(refused.out);
+  CHECK(refused.code == 1);
+  CHECK(refused.out.find("host RAM") != std::string::npos);
+  CHECK(refused.out.find("plan.enforce=false") != std::string::npos);
+  CHECK(!fs::exists(dir.path / "out" / "latest"));
+  // plan.enforce=false: a warning, and the run goes ahead.
+  const mt::test::Outcome warned = mt::test::run_node(common + " --plan.host_ram_gb=0.01 --plan.enforce=false");
+  INFO(warned.out);
+  CHECK(warned.code == 0);
+  CHECK(warned.out.find("warning") != std::string::npos);
+
+  // A model whose moments do not fit RAM but fit in files: the key named is train.offload_dir.
+  const std::string big =
+      " --model.hidden_size=4096 --model.layers=32 --model.heads=32 --model.kv_heads=8"
+      " --model.intermediate_size=11008 --model.vocab_size=32000"
+      " --model.max_position_embeddings=4096 --data.seq_length=4096"
+      " --train.per_device_train_batch_size=1 --train.bf16=true";
+  auto plan_cmd = [](const std::string& a) {
+    const fs::path log = fs::temp_directory_path() / ("mt_plan_cmd_" + std::to_string(::getpid()) + ".log");
+    const int rc = std::system((std::string(MEGATRAIN_BINARY) + " plan " + a + " > " + log.string() + " 2>&1").c_str());
+    mt::test::Outcome o;
+    o.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    o.out = mt::test::slurp(log);
+    fs::remove(log);
+    return o;
+  };
+  // 7B in fp32 masters + Adam: about 16 bytes/parameter = 108 GB; 80 GB of host RAM does not hold it.
+  const mt::test::Outcome over = plan_cmd(big + " --plan.hardware=h100 --plan.host_ram_gb=80");
+  INFO(over.out);
+  CHECK(over.code == 1);
+  CHECK(over.out.find("DOES NOT FIT") != std::string::npos);
+  CHECK(over.out.find("fix: train.offload_dir") != std::string::npos);
+  CHECK(over.out.find("predicted step") != std::string::npos);
+  const mt::test::Outcome fits = plan_cmd(big + " --plan.hardware=h100");
+  INFO(fits.out);
+  CHECK(fits.code == 0);
+  CHECK(fits.out.find("fits: yes") != std::string::npos);
+  // A device budget the device does not have.
+  const mt::test::Outcome device =
+      plan_cmd(big + " --plan.hardware=a100 --device.max_vram_gb=100 --device.device_memory_mb=0");
+  INFO(device.out);
+  CHECK(device.code == 1);
+  CHECK(device.out.find("device.max_vram_gb") != std::string::npos);
+  // Bad input names the key.
+  const mt::test::Outcome bad = plan_cmd(big + " --plan.hardware=tpu");
+  CHECK(bad.code == 1);
+  CHECK(bad.out.find("plan.hardware") != std::string::npos);
+}
+
+TEST_CASE("plan: hardware profiles parse strictly; the step model follows the pipeline's limits", "[plan]") {
+  const auto profiles = plan::parse_hardware_profiles(plan::builtin_hardware_ini(), "built-in");
+  for (const char* k : {"h200", "h100", "gh200", "a100"}) REQUIRE(profiles.count(k) == 1);
+  CHECK(profiles.at("gh200").link_h2d == 450e9);
+  CHECK_THROWS_WITH(plan::parse_hardware_profiles("[x]\nname = \"x\"\nbogus = 1\n", "f.ini"),
+                    Catch::Contains("f.ini:3") && Catch::Contains("bogus"));
+  CHECK_THROWS_WITH(plan::parse_hardware_profiles("[x]\nname = \"x\"\n", "f.ini"), Catch::Contains("lacks"));
+
+  // A link-bound plan (slow link) is predicted at the link's time, a compute-bound one at compute's.
+  Tiny t;
+  t.layers = 8;
+  t.micro_batches = 1;
+  TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const EnginePlan ep = plan_engine(cfg, model);
+  plan::HardwareProfile hw = profiles.at("h100");
+  plan::OpTimes ops;
+  ops.layer_forward = 1.0, ops.layer_backward = 3.0, ops.head = 1.0;
+  hw.link_h2d = hw.link_d2h = 1e18;
+  hw.host_mem = 1e18;
+  const plan::StepPrediction fast = plan::predict_step(cfg, model, ep, hw, ops);
+  CHECK(fast.step_s == Approx(8 * 1.0 + 1.0 + 8 * 3.0).epsilon(1e-6));
+  // Each layer load now takes 10 s: forward is link-bound, one load per op.
+  const double layer_bytes = static_cast<double>(stage_layout(model, 1).total_floats) * 4.0;
+  hw.link_h2d = layer_bytes / 10.0;
+  const plan::StepPrediction slow = plan::predict_step(cfg, model, ep, hw, ops);
+  CHECK(slow.step_s >= 10.0 * 15);  // 8 forward loads, 7 backward (the last layer stays resident)
+  CHECK(slow.wait_link_s > 0);
+}
