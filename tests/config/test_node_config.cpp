@@ -86,6 +86,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "device.keep_intermediates",
                         "device.copy_bandwidth_gbps",
                         "device.schedule",
+                        "device.gpus",
                         "threads.total",
                         "threads.blas",
                         "threads.optimizer",
@@ -125,7 +126,8 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  CHECK(keys.size() == 28 + 15 + 4 + 9 + 5 + 3 + 8 + 4);  // train: 24 + eval_steps, eval_max_batches + 2 offload keys
+  // train: 24 + eval_steps, eval_max_batches + 2 offload keys; device: 9 + gpus
+  CHECK(keys.size() == 28 + 15 + 4 + 10 + 5 + 3 + 8 + 4);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
