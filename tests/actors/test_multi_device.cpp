@@ -6,6 +6,7 @@
 // uninterrupted run for restarts and for a checkpoint resumed with another device count.
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -151,6 +152,84 @@ TEST_CASE("multi-device: a crash of one device's compute or prefetcher is restar
     check_losses(eng.result, ref.losses);
     CHECK(equals_reference(*eng.host, *ref.trainer));
   }
+}
+
+TEST_CASE("multi-device: restarts with tied embeddings and with several micro-batches per device",
+          "[actors][multidev][restart]") {
+  // GPT-2 (tied): device 1's head stages the embedding gradient until its embed backward.
+  Tiny g = base();
+  g.arch = Arch::gpt2;
+  {
+    const TrainConfig multi = devices_config(g, 2, 1);
+    const ModelConfig model = multi.model_config_from_keys();
+    const auto batches = tiny_batches(g, 16);
+    const RefRun ref = run_reference(devices_config(g, 1, 2), model, batches, g.steps);
+    for (const Phase phase : {Phase::head, Phase::backward}) {
+      FaultPlan plan(Role::compute, 2, 1, phase == Phase::head ? g.layers + 1 : 0, static_cast<int>(phase));
+      INFO("fault: " << plan.describe());
+      EngineRun eng = run_pipeline(multi, model, batches, &plan);
+      REQUIRE(eng.result.error.empty());
+      CHECK(plan.fired.load() == 1);
+      check_losses(eng.result, ref.losses);
+      CHECK(equals_reference(*eng.host, *ref.trainer));
+    }
+  }
+  // 2 devices x 2 micro-batches, boundaries on the host: equals the uninterrupted run of the same shape.
+  Tiny t = base();
+  t.keep = "boundary_host";
+  const TrainConfig multi = devices_config(t, 2, 2);
+  const ModelConfig model = multi.model_config_from_keys();
+  const auto batches = tiny_batches(t, 16);
+  EngineRun plain = run_pipeline(multi, model, batches);
+  REQUIRE(plain.result.error.empty());
+  std::vector<double> losses;
+  for (const auto& r : plain.result.steps) losses.push_back(r.loss);
+  // Global micro-batch 3 = device 1's second; 2 = device 0's second.
+  const FaultPlan faults[] = {FaultPlan(Role::compute, 3, 3, 2, static_cast<int>(Phase::backward)),
+                              FaultPlan(Role::prefetcher, 3, 2, 1, static_cast<int>(Phase::prefetch_boundary)),
+                              FaultPlan(Role::collector, 3, 1, 2, static_cast<int>(Phase::collect))};
+  for (const FaultPlan& f : faults) {
+    FaultPlan plan(f.role, f.step, f.micro_batch, f.stage, f.phase);
+    INFO("fault: " << plan.describe());
+    EngineRun eng = run_pipeline(multi, model, batches, &plan);
+    for (const auto& l : eng.result.restart_log) INFO(l);
+    REQUIRE(eng.result.error.empty());
+    CHECK(plan.fired.load() == 1);
+    CHECK(eng.result.restarts == 1);
+    check_losses(eng.result, losses);
+    CHECK(tiles_equal(*eng.host, *plain.host));
+  }
+}
+
+TEST_CASE("multi-device: a stop request ends every device at one step", "[actors][multidev]") {
+  Tiny t = base();
+  t.steps = 12;
+  t.bandwidth_gbps = 0.002;  // slow the link: steps take longer than the node's 50 ms stop poll
+  const TrainConfig multi = devices_config(t, 3, 1);
+  const ModelConfig model = multi.model_config_from_keys();
+  const auto batches = tiny_batches(t, 16);
+  HostModel host(model, host_tile_options(multi));
+  init_host_model(host, static_cast<std::uint64_t>(multi.train.seed));
+  VectorBatchSource source(batches);
+  std::atomic<bool> stop{false};
+  EngineJob job;
+  job.cfg = multi;
+  job.model = model;
+  job.data = &source;
+  job.host = &host;
+  job.stop = &stop;
+  job.on_step = [&](const StepRecord& r) {
+    if (r.step == 4) stop.store(true);
+  };
+  const EngineResult r = run_engine(std::move(job));
+  REQUIRE(r.error.empty());
+  CHECK(r.stopped_early);
+  REQUIRE(r.steps_done >= 4);
+  REQUIRE(r.steps_done < t.steps);
+  for (std::int64_t s = 0; s < host.num_stages(); ++s)
+    CHECK(host.tile(s).version() == static_cast<std::uint64_t>(r.steps_done));
+  const RefRun ref = run_reference(devices_config(t, 1, 3), model, batches, r.steps_done);
+  CHECK(equals_reference(host, *ref.trainer));
 }
 
 TEST_CASE("multi-device: a checkpoint resumes with another device count", "[actors][multidev][checkpoint]") {
