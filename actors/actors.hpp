@@ -67,7 +67,8 @@ struct PeerHandles {
 // ends, with the depth of its mailbox (readable only by the actor itself). Lock-free: relaxed atomics.
 template <class Self>
 monitor::HandlerScope probe_handler(Self* self, monitor::ActorId who, const char* handler) {
-  return monitor::HandlerScope(self->state.ctx->monitor->board().probe(who), handler, self->mailbox().size());
+  return monitor::HandlerScope(self->state.ctx->monitor->board().probe(who, self->state.ctx->device), handler,
+                               self->mailbox().size());
 }
 
 // The monitor's name for a pipeline role.

@@ -248,7 +248,7 @@ void try_advance(self_ptr self) {
     st.step_compute += seconds_between(t0, t1);
     ctx->intervals.add(Role::compute, p.step, t0, t1);
     ctx->monitor->board()
-        .probe(monitor::ActorId::compute)
+        .probe(monitor::ActorId::compute, ctx->device)
         .unit(p.step, ctx->global_micro_batch(p.micro_batch), op.stage, phase_name(op.phase()));
     if (written >= 0) {
       if (written < L && !sched.is_forward_only())  // an evaluation pass has no backward to feed

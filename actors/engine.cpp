@@ -469,6 +469,7 @@ std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
   info.pid = static_cast<long>(::getpid());
   info.tokens_per_step = plan.batch * plan.seq * plan.micro_batches;
   mon->board().set_run_info(info);
+  mon->board().set_devices(plan.devices);
   mon->board().update([&](monitor::RunFigures& f) {
     f.first_step = f.step = job.first_step;
     f.arena_budget = plan.arena.budget_bytes;

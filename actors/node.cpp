@@ -77,7 +77,12 @@ struct node_state {
   std::map<int, monitor::ControlRequest> fault_controls;    // role -> injected fault, until it fires
   std::map<int, std::string> watchdog_restarts;             // role -> why the watchdog restarts it
   // Roles respawned since the last Resume, reported (actor_restarted, control took_effect) once resumed.
-  std::vector<std::pair<Role, std::optional<monitor::ControlRequest>>> restarted;
+  struct Restarted {
+    Role role;
+    int device;
+    std::optional<monitor::ControlRequest> ctl;
+  };
+  std::vector<Restarted> restarted;
   int respawns_pending = 0;  // roles waiting out their backoff
   std::optional<Clock::time_point> restart_began;
   double restart_s = 0.0;
@@ -92,6 +97,11 @@ struct node_state {
 using self_ptr = node_actor::stateful_pointer<node_state>;
 
 int device_count(const node_state& st) { return st.ctx->devices; }
+
+// The actor's name in logs, events and the monitor: "compute[1]" for device 1's (device 0's: "compute").
+std::string actor_label(Role role, int device) {
+  return device > 0 ? std::string(role_name(role)) + "[" + std::to_string(device) + "]" : role_name(role);
+}
 
 // The Peers of device d's compute and prefetcher (device 0's for the other roles).
 Peers make_peers(self_ptr self, int d = 0) {
@@ -242,10 +252,10 @@ void resume_all(self_ptr self) {
   }
   st.last_progress = now;
   st.watchdog_level = 0;
-  for (auto& [role, ctl] : st.restarted) {
-    auto& probe = st.mon->board().probe(actor_id(role));
+  for (auto& [role, device, ctl] : st.restarted) {
+    auto& probe = st.mon->board().probe(actor_id(role), device);
     probe.set_state(monitor::ActorState::running);
-    st.mon->events().append("actor_restarted", {{"actor", role_name(role)},
+    st.mon->events().append("actor_restarted", {{"actor", actor_label(role, device)},
                                                 {"restarts", probe.view(monitor::steady_ns()).restarts},
                                                 {"step", st.next_report},
                                                 {"requested_by", ctl ? ctl->id : ""}});
@@ -523,7 +533,7 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
   auto* res = st.result;
   const int r = static_cast<int>(role);
   const std::string why = self->system().render(reason);
-  auto& probe = st.mon->board().probe(actor_id(role));
+  auto& probe = st.mon->board().probe(actor_id(role), device);
   probe.count_restart();
   probe.set_state(monitor::ActorState::restarting);
   std::optional<monitor::ControlRequest> ctl;
@@ -536,9 +546,7 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
     st.fault_controls.erase(r);
   }
   ++res->restarts;
-  const std::string who = device_count(st) > 1 && (role == Role::compute || role == Role::prefetcher)
-                              ? std::string(role_name(role)) + "[" + std::to_string(device) + "]"
-                              : std::string(role_name(role));
+  const std::string who = actor_label(role, device);
   res->restart_log.push_back(who + (on_demand ? " restarted on request (" : " crashed (") + why + "), restarted");
   const auto now = Clock::now();
   std::size_t failures = 0;
@@ -550,7 +558,8 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
       st.watchdog_restarts.erase(wd);
     }
     probe.set_last_failure(what);
-    st.mon->events().append("actor_failed", {{"actor", role_name(role)}, {"error", what}, {"step", st.next_report}});
+    st.mon->events().append("actor_failed",
+                            {{"actor", actor_label(role, device)}, {"error", what}, {"step", st.next_report}});
     // Restart policy: at most restart.max_restarts failures per actor within restart.window_s.
     auto& times = st.failures[r];
     times.push_back(now);
@@ -569,7 +578,7 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
     }
   }
   if (!st.restart_began) st.restart_began = now;
-  st.restarted.emplace_back(role, ctl);
+  st.restarted.push_back(node_state::Restarted{role, device, ctl});
   const double backoff = on_demand || failures == 0
                              ? 0.0
                              : st.ctx->cfg->restart.backoff_s * std::ldexp(1.0, static_cast<int>(failures) - 1);
@@ -837,6 +846,10 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
     for (int r = 0; r < kRoleCount; ++r)
       if (dm.source == role_handle(s, static_cast<Role>(r)).address() && s.shutting_down)
         s.mon->board().probe(actor_id(static_cast<Role>(r))).set_state(monitor::ActorState::stopped);
+    for (int d = 1; d < device_count(s) && s.shutting_down; ++d)
+      for (Role r : {Role::prefetcher, Role::compute})
+        if (dm.source == role_handle(s, r, d).address())
+          s.mon->board().probe(actor_id(r), d).set_state(monitor::ActorState::stopped);
     if (dm.source == s.h.checkpointer.address())
       s.mon->board().probe(monitor::ActorId::checkpointer).set_state(monitor::ActorState::stopped);
     if (s.shutting_down) {

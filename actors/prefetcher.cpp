@@ -155,7 +155,7 @@ void pump(self_ptr self) {
     fault_point(ctx->fault, Role::prefetcher, st.pos.step, ctx->global_micro_batch(st.pos.micro_batch), stage,
                 Phase::prefetch);
     ctx->monitor->board()
-        .probe(monitor::ActorId::prefetcher)
+        .probe(monitor::ActorId::prefetcher, ctx->device)
         .unit(st.pos.step, ctx->global_micro_batch(st.pos.micro_batch), stage, "prefetch");
     // A resident copy of exactly this stage and version: hand it over again, no transfer.
     int hit = -1;

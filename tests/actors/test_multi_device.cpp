@@ -148,6 +148,11 @@ TEST_CASE("multi-device: a crash of one device's compute or prefetcher is restar
     REQUIRE(eng.result.error.empty());
     CHECK(plan.fired.load() == 1);
     CHECK(eng.result.restarts == 1);
+    // The log names the device's actor: "compute[1]" for device 1's, plain names for device 0's.
+    const bool per_device = f.role == Role::compute || f.role == Role::prefetcher;
+    const std::string who = std::string(role_name(f.role)) + (per_device && f.mb % 2 == 1 ? "[1]" : "") + " crashed";
+    REQUIRE(eng.result.restart_log.size() == 1);
+    CHECK_THAT(eng.result.restart_log[0], Catch::StartsWith(who));
     REQUIRE(eng.result.steps_done == t.steps);
     check_losses(eng.result, ref.losses);
     CHECK(equals_reference(*eng.host, *ref.trainer));
