@@ -3,6 +3,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "actors/context.hpp"
 #include "actors/messages.hpp"
@@ -44,8 +45,14 @@ struct PeerHandles {
   optimizer_actor optimizer;
   node_actor node;
   checkpointer_actor checkpointer;
+  std::vector<compute_actor> computes;        // every device's, in device order
+  std::vector<prefetcher_actor> prefetchers;  // every device's, in device order
 
   void set(const Peers& p) {
+    computes.clear();
+    prefetchers.clear();
+    for (const auto& c : p.computes) computes.push_back(caf::actor_cast<compute_actor>(c));
+    for (const auto& c : p.prefetchers) prefetchers.push_back(caf::actor_cast<prefetcher_actor>(c));
     checkpointer = caf::actor_cast<checkpointer_actor>(p.checkpointer);
     loader = caf::actor_cast<loader_actor>(p.loader);
     prefetcher = caf::actor_cast<prefetcher_actor>(p.prefetcher);
@@ -60,7 +67,8 @@ struct PeerHandles {
 // ends, with the depth of its mailbox (readable only by the actor itself). Lock-free: relaxed atomics.
 template <class Self>
 monitor::HandlerScope probe_handler(Self* self, monitor::ActorId who, const char* handler) {
-  return monitor::HandlerScope(self->state.ctx->monitor->board().probe(who), handler, self->mailbox().size());
+  return monitor::HandlerScope(self->state.ctx->monitor->board().probe(who, self->state.ctx->device), handler,
+                               self->mailbox().size());
 }
 
 // The monitor's name for a pipeline role.

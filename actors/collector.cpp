@@ -3,8 +3,17 @@
 // frees the staging slot, and after a stage's last micro-batch reports the stage's gradient sum of
 // squares to the optimizer. Its progress (per stage: step, micro-batches accumulated, sum of squares)
 // is in the ledger, so re-issued work is recognised and not added twice.
+//
+// Several devices (device.gpus = N): a stage's gradients of round m (local micro-batch m of every
+// device: global micro-batches m * N .. m * N + N - 1) are taken once every device's slot is in: the
+// backend sums them on the devices into device 0's slot (Backend::reduce_gradients, device order),
+// that one slot is copied out and accumulated, and every device's slot is freed. The ledger counts
+// rounds; a round waiting for a device is not durable (a restart re-issues every full slot).
 #include <cstring>
 #include <future>
+#include <map>
+#include <tuple>
+#include <vector>
 
 #include "actors/actors.hpp"
 #include "kernels/step_math.hpp"
@@ -20,6 +29,8 @@ struct collector_state {
   PeerHandles peers;
   AlignedFloats host_buffer;                 // receives one stage's gradients from the device
   std::map<std::int64_t, double> offload_s;  // per step
+  // Rounds not yet complete: (step, round, stage) -> each device's staging slot (-1: not in yet).
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<int>> pending;
   static constexpr const char* name = "collector";
 };
 
@@ -31,12 +42,30 @@ void collect(self_ptr self, const LayerGrads& m) {
   RunLedger& led = ctx->ledger;
   const std::int64_t step = m.work.step, mb = m.work.micro_batch, stage = m.work.stage;
   const std::size_t si = static_cast<std::size_t>(stage);
-  const std::int64_t M = ctx->micro_batches();
+  const std::int64_t M = ctx->sched.micro_batches();  // rounds per step (local micro-batches per device)
+  const int N = ctx->devices;
+  auto free_slot = [&](int device, int slot) {
+    self->send(st.peers.computes.at(static_cast<std::size_t>(device)),
+               GradSlotFree{st.epoch, m.work, slot, static_cast<std::int32_t>(device)});
+  };
   fault_point(ctx->fault, Role::collector, step, mb, stage, Phase::collect);
   const bool done = led.accum_step[si] > step || (led.accum_step[si] == step && led.accum_count[si] > mb);
   if (done) {  // re-issued work that had been accumulated before a restart
-    self->send(st.peers.compute, GradSlotFree{st.epoch, m.work, m.grad_slot});
+    free_slot(m.device, m.grad_slot);
     return;
+  }
+  // Every device's slot of the round, or wait for the others.
+  std::vector<int> slots(static_cast<std::size_t>(N), -1);
+  if (N > 1) {
+    auto& waiting = st.pending[{step, mb, stage}];
+    if (waiting.empty()) waiting.assign(static_cast<std::size_t>(N), -1);
+    waiting.at(static_cast<std::size_t>(m.device)) = m.grad_slot;
+    for (int s : waiting)
+      if (s < 0) return;
+    slots = waiting;
+    st.pending.erase({step, mb, stage});
+  } else {
+    slots[0] = m.grad_slot;
   }
   const std::int64_t expected = led.accum_step[si] == step ? led.accum_count[si] : 0;
   if (mb != expected)
@@ -45,11 +74,19 @@ void collect(self_ptr self, const LayerGrads& m) {
   const auto t0 = Clock::now();
   const ParamLayout& layout = ctx->layouts[si];
   const std::size_t n = layout.total_floats;
+  std::vector<Backend*> devices;
+  std::vector<float*> grads;
+  for (int d = 0; d < N; ++d) {
+    Context* dc = ctx->device_context(d);
+    devices.push_back(dc->backend);
+    grads.push_back(dc->arena->grad_slot(slots[static_cast<std::size_t>(d)]));
+  }
+  if (N > 1) devices[0]->reduce_gradients(devices, grads, n);  // into device 0's slot, device order
   std::promise<void> landed;
-  ctx->backend->copy_async(LinkDirection::device_to_host, ctx->arena->grad_slot(m.grad_slot), st.host_buffer.get(),
-                           n * sizeof(float), [&landed] { landed.set_value(); });
+  devices[0]->copy_async(LinkDirection::device_to_host, grads[0], st.host_buffer.get(), n * sizeof(float),
+                         [&landed] { landed.set_value(); });
   landed.get_future().get();
-  self->send(st.peers.compute, GradSlotFree{st.epoch, m.work, m.grad_slot});
+  for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
   HostTile& tile = ctx->host->tile(stage);
   if (mb == 0) std::memset(tile.grad(), 0, n * sizeof(float));
   cpu::accumulate(tile.grad(), st.host_buffer.get(), n, ctx->collector_threads);
@@ -99,6 +136,7 @@ collector_actor::behavior_type collector_fn(self_ptr self, Context* ctx, std::ui
         const auto probe = probe_handler(self, monitor::ActorId::collector, "reset");
         self->state.epoch = e;
         self->state.running = false;
+        self->state.pending.clear();  // the node re-issues every full staging slot
         return ack_atom::value;
       },
   };

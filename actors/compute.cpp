@@ -74,7 +74,8 @@ void hand_over(self_ptr self, int k, const Pos& p, std::int64_t stage, Phase pha
   Context* ctx = self->state.ctx;
   ctx->ledger.staging[static_cast<std::size_t>(k)].state = StagingEntry::State::full;
   self->send(self->state.peers.collector,
-             LayerGrads{self->state.epoch, WorkId{p.step, p.micro_batch, stage, static_cast<std::int32_t>(phase)}, k});
+             LayerGrads{self->state.epoch, WorkId{p.step, p.micro_batch, stage, static_cast<std::int32_t>(phase)}, k,
+                        ctx->device});
 }
 
 bool tied(const ModelConfig& c) { return c.tie_word_embeddings || c.is_gpt2(); }
@@ -125,14 +126,15 @@ void try_advance(self_ptr self) {
   while (st.running && st.pos.step < st.end_step) {
     const Pos p = st.pos;
     // Paused (a control request): hold before the step's first op until the node sends wake.
-    if (p.index == 0 && ctx->pause_requested.load(std::memory_order_relaxed)) {
-      ctx->paused_at.store(p.step);
+    if (p.index == 0 && ctx->run->pause_requested.load(std::memory_order_relaxed)) {
+      ctx->run->paused_at.store(p.step);
       return;
     }
     const BatchKey key{p.step, p.micro_batch};
     auto bit = st.batches.find(key);
     if (bit == st.batches.end()) {
-      if (st.requested.insert(key).second) self->send(st.peers.loader, BatchRequest{st.epoch, p.step, p.micro_batch});
+      if (st.requested.insert(key).second)
+        self->send(st.peers.loader, BatchRequest{st.epoch, p.step, ctx->global_micro_batch(p.micro_batch)});
       return;
     }
     const data::Batch& batch = *bit->second;
@@ -177,7 +179,7 @@ void try_advance(self_ptr self) {
       st.step_wait += seconds_between(*st.waiting_since, Clock::now());
       st.waiting_since.reset();
     }
-    fault_point(ctx->fault, Role::compute, p.step, p.micro_batch, op.stage, op.phase());
+    fault_point(ctx->fault, Role::compute, p.step, ctx->global_micro_batch(p.micro_batch), op.stage, op.phase());
     const auto t0 = Clock::now();
     Backend& be = *ctx->backend;
     const int token_slot = sched.activation_set(p.micro_batch) % 2;
@@ -215,7 +217,7 @@ void try_advance(self_ptr self) {
           v[static_cast<std::size_t>(p.micro_batch)] = ml;
         else
           v.push_back(ml);
-        const LossReport rep{st.epoch, p.step, p.micro_batch, loss.loss_sum, loss.counted};
+        const LossReport rep{st.epoch, p.step, ctx->global_micro_batch(p.micro_batch), loss.loss_sum, loss.counted};
         self->send(st.peers.optimizer, rep);
         self->send(st.peers.node, rep);
         break;
@@ -223,7 +225,8 @@ void try_advance(self_ptr self) {
       case OpKind::head_loss: {  // evaluation: the loss only (dx == nullptr: no gradients touched)
         const LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L),
                                                       targets, B, T, nullptr, nullptr, nullptr, ws);
-        self->send(st.peers.node, LossReport{st.epoch, p.step, p.micro_batch, loss.loss_sum, loss.counted});
+        self->send(st.peers.node,
+                   LossReport{st.epoch, p.step, ctx->global_micro_batch(p.micro_batch), loss.loss_sum, loss.counted});
         break;
       }
       case OpKind::layer_backward: {
@@ -245,8 +248,8 @@ void try_advance(self_ptr self) {
     st.step_compute += seconds_between(t0, t1);
     ctx->intervals.add(Role::compute, p.step, t0, t1);
     ctx->monitor->board()
-        .probe(monitor::ActorId::compute)
-        .unit(p.step, p.micro_batch, op.stage, phase_name(op.phase()));
+        .probe(monitor::ActorId::compute, ctx->device)
+        .unit(p.step, ctx->global_micro_batch(p.micro_batch), op.stage, phase_name(op.phase()));
     if (written >= 0) {
       if (written < L && !sched.is_forward_only())  // an evaluation pass has no backward to feed
         offload_boundary(self, p, written);
@@ -296,7 +299,7 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
       [=](const MicroBatch& m) {
         const auto probe = probe_handler(self, monitor::ActorId::compute, "MicroBatch");
         auto& st = self->state;
-        const BatchKey key{m.step, m.micro_batch};
+        const BatchKey key{m.step, m.micro_batch / ctx->devices};  // global -> this device's local index
         if (m.epoch != st.epoch || st.requested.count(key) == 0) return;
         st.batches[key] = m.batch;
         try_advance(self);
@@ -362,7 +365,7 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
       },
       [=](wake_atom) {
         const auto probe = probe_handler(self, monitor::ActorId::compute, "wake");
-        ctx->paused_at.store(-1);
+        ctx->run->paused_at.store(-1);
         try_advance(self);
       },
       [=](reset_atom, std::uint64_t e) {

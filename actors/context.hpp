@@ -160,6 +160,22 @@ class CheckpointGate {
 };
 
 struct Context {
+  // Several devices (device.gpus = N): every device has a Context of its own for its compute actor
+  // and prefetcher (its backend, arena, carved buffers, the compute part of the ledger, its schedule
+  // of device_micro_batches local micro-batches); device 0's is the run's context, the one the loader,
+  // collector, optimizer, checkpointer and node use. Local micro-batch m of device d is the step's
+  // global micro-batch m * N + d (data, losses, fault points); gradients are reduced per round m.
+  int device = 0;
+  int devices = 1;
+  Context* run = this;                    // device 0's context (the run's shared state: pause, gate, ...)
+  std::vector<Context*> device_contexts;  // the run's context only: every device's, [0] = this
+  std::int64_t global_micro_batch(std::int64_t local) const { return local * devices + device; }
+  // Micro-batches of one step over every device (the data cursor advances by this per step).
+  std::int64_t step_micro_batches() const { return sched.micro_batches() * devices; }
+  Context* device_context(int d) {
+    return device_contexts.empty() ? this : device_contexts[static_cast<std::size_t>(d)];
+  }
+
   EngineJob* job = nullptr;
   const TrainConfig* cfg = nullptr;
   const ModelConfig* model = nullptr;

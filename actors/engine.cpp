@@ -114,10 +114,13 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   EnginePlan p;
   p.batch = cfg.train.per_device_train_batch_size;
   p.seq = cfg.data.seq_length;
-  p.micro_batches = cfg.train.gradient_accumulation_steps;
+  p.device_micro_batches = cfg.train.gradient_accumulation_steps;
   p.stages = num_stages(model);
   if (p.batch < 1) throw ConfigError("train.per_device_train_batch_size", "must be >= 1");
-  if (p.micro_batches < 1) throw ConfigError("train.gradient_accumulation_steps", "must be >= 1");
+  if (p.device_micro_batches < 1) throw ConfigError("train.gradient_accumulation_steps", "must be >= 1");
+  if (cfg.device.gpus < 1) throw ConfigError("device.gpus", "must be >= 1");
+  p.devices = static_cast<int>(cfg.device.gpus);
+  p.micro_batches = p.devices * p.device_micro_batches;
   if (p.seq < 1) throw ConfigError("data.seq_length", "must be >= 1");
   if (p.seq > model.max_position_embeddings)
     throw ConfigError("data.seq_length", std::to_string(p.seq) + " exceeds the model's max_position_embeddings (" +
@@ -138,7 +141,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   }
   p.hidden_floats = static_cast<std::size_t>(p.batch * p.seq * model.hidden_size);
   p.order = cfg.micro_batch_order();
-  p.activation_sets = activation_sets(p.order, p.micro_batches);
+  p.activation_sets = activation_sets(p.order, p.device_micro_batches);
   const KeepIntermediates keep = cfg.keep_intermediates();
   if (keep != KeepIntermediates::automatic) {
     p.arena = plan_arena(model, size_activations(p, cfg, model, keep));
@@ -206,6 +209,85 @@ EngineResult run_engine(EngineJob job) {
 
 namespace {
 
+// One device of a run: its backend, the arena over the backend's memory, its boundary store (with
+// boundaries on the host), and, for devices 1..N-1, its context.
+struct DeviceRig {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceArena> arena;
+  std::optional<HostBoundaries> host_acts;
+  std::unique_ptr<Context> own;
+};
+
+// Device d's context shares the run's read-only state (device 0's context `run`).
+void share_run(Context& c, Context& run, int d) {
+  c.device = d;
+  c.devices = run.devices;
+  c.run = &run;
+  c.job = run.job;
+  c.cfg = run.cfg;
+  c.model = run.model;
+  c.plan = run.plan;
+  c.host = run.host;
+  c.data = run.data;
+  c.run_data = run.run_data;
+  c.evaluations = run.evaluations;
+  c.fault = run.fault;
+  c.sched = run.sched;
+  c.layouts = run.layouts;
+  c.first_step = run.first_step;
+  c.end_step = run.end_step;
+  c.cfg_end_step = run.cfg_end_step;
+  c.optimizer_threads = run.optimizer_threads;
+  c.collector_threads = run.collector_threads;
+  c.max_grad_norm = run.max_grad_norm;
+  c.serial = run.serial;
+  c.checkpointing = run.checkpointing;
+  c.monitor = run.monitor;
+}
+
+// Carves c's arena's activation region (plan_engine sized it): boundaries (per activation set, or the
+// ring and activation slots when they live on the host), two dx buffers, kept intermediates; and the
+// workspace.
+void carve_activations(Context& c) {
+  DeviceArena& arena = *c.arena;
+  const EnginePlan& plan = c.plan;
+  float* base = reinterpret_cast<float*>(arena.activations());
+  std::size_t off = 0;
+  auto take = [&](std::size_t n) {
+    float* q = base + off;
+    off += align_floats(n);
+    return q;
+  };
+  const std::int64_t L = c.model->num_hidden_layers;
+  const std::size_t sets = static_cast<std::size_t>(plan.activation_sets);
+  if (plan.boundaries_on_host) {
+    for (int k = 0; k < plan.ring_entries; ++k) c.ring.push_back(take(plan.hidden_floats));
+    for (int k = 0; k < plan.activation_slots; ++k) c.act_slots.push_back(take(plan.hidden_floats));
+  } else {
+    c.acts.resize(sets);
+    for (auto& set : c.acts)
+      for (std::int64_t i = 0; i <= L; ++i) set.push_back(take(plan.hidden_floats));
+  }
+  c.dx[0] = take(plan.hidden_floats);
+  c.dx[1] = take(plan.hidden_floats);
+  if (plan.mode == ActivationMode::keep) {
+    c.saved.resize(sets);
+    for (auto& set : c.saved)
+      for (std::int64_t i = 0; i < L; ++i) set.push_back(take(plan.saved_floats));
+  }
+  arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
+  c.workspace = reinterpret_cast<float*>(arena.workspace());
+  arena.claim(ArenaRegionKind::workspace, 0, plan.workspace_floats * sizeof(float));
+}
+
+void add_link(LinkStats& total, const LinkStats& part) {
+  for (int d = 0; d < 2; ++d) {
+    total.direction[d].copies += part.direction[d].copies;
+    total.direction[d].bytes += part.direction[d].bytes;
+    total.direction[d].busy_seconds += part.direction[d].busy_seconds;
+  }
+}
+
 // One pipeline: the actors over [job.first_step, end) of training, or one evaluation pass.
 EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monitor& mon) {
   auto ctx = std::make_unique<Context>();
@@ -221,7 +303,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   ctx->fault = job.fault != nullptr ? job.fault : &on_demand_faults;
   ctx->sched = job.forward_only
                    ? Schedule::forward_only(job.model, job.eval_batches)
-                   : Schedule(job.model, ctx->plan.micro_batches, ctx->plan.order, ctx->plan.boundaries_on_host);
+                   : Schedule(job.model, ctx->plan.device_micro_batches, ctx->plan.order, ctx->plan.boundaries_on_host);
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) ctx->layouts.push_back(stage_layout(job.model, s));
   if (job.host->num_stages() != ctx->plan.stages)
     throw std::invalid_argument("run_engine: host model has another shape");
@@ -258,61 +340,49 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   ctx->max_grad_norm = static_cast<float>(job.cfg.train.max_grad_norm);
   ctx->serial = job.serial_schedule;
 
-  const std::unique_ptr<Backend> backend = make_backend(backend_options(job.cfg, ctx->plan));
-  DeviceArena arena(ctx->plan.arena, backend->allocate_device(ctx->plan.arena.total_bytes));
-  ctx->backend = backend.get();
-  ctx->arena = &arena;
-
-  std::optional<HostBoundaries> host_acts;
-  if (ctx->plan.boundaries_on_host) {
-    host_acts.emplace(ctx->plan.activation_sets, job.model.num_hidden_layers, ctx->plan.hidden_floats);
-    ctx->host_acts = &*host_acts;
-  }
-  // Carve the activation region (plan_engine sized it): boundaries (per activation set, or the ring
-  // and activation slots when they live on the host), two dx buffers, kept intermediates.
-  {
-    float* base = reinterpret_cast<float*>(arena.activations());
-    std::size_t off = 0;
-    auto take = [&](std::size_t n) {
-      float* q = base + off;
-      off += align_floats(n);
-      return q;
-    };
-    const std::int64_t L = job.model.num_hidden_layers;
-    const std::size_t sets = static_cast<std::size_t>(ctx->plan.activation_sets);
+  ctx->monitor = &mon;
+  // device.gpus = N: N backends, each with its own arena of the planned size; an evaluation pass runs
+  // on device 0 alone. Device 0 uses the run's context; devices 1..N-1 a context of their own.
+  ctx->devices = job.forward_only ? 1 : ctx->plan.devices;
+  std::vector<DeviceRig> rigs(static_cast<std::size_t>(ctx->devices));
+  for (int d = 0; d < ctx->devices; ++d) {
+    DeviceRig& rig = rigs[static_cast<std::size_t>(d)];
+    Context* c = ctx.get();
+    if (d > 0) {
+      rig.own = std::make_unique<Context>();
+      c = rig.own.get();
+      share_run(*c, *ctx, d);
+    }
+    BackendOptions o = backend_options(job.cfg, ctx->plan);
+    o.device_index = d;
+    rig.backend = make_backend(o);
+    rig.arena =
+        std::make_unique<DeviceArena>(ctx->plan.arena, rig.backend->allocate_device(ctx->plan.arena.total_bytes));
+    c->backend = rig.backend.get();
+    c->arena = rig.arena.get();
     if (ctx->plan.boundaries_on_host) {
-      for (int k = 0; k < ctx->plan.ring_entries; ++k) ctx->ring.push_back(take(ctx->plan.hidden_floats));
-      for (int k = 0; k < ctx->plan.activation_slots; ++k) ctx->act_slots.push_back(take(ctx->plan.hidden_floats));
-    } else {
-      ctx->acts.resize(sets);
-      for (auto& set : ctx->acts)
-        for (std::int64_t i = 0; i <= L; ++i) set.push_back(take(ctx->plan.hidden_floats));
+      rig.host_acts.emplace(ctx->plan.activation_sets, job.model.num_hidden_layers, ctx->plan.hidden_floats);
+      c->host_acts = &*rig.host_acts;
     }
-    ctx->dx[0] = take(ctx->plan.hidden_floats);
-    ctx->dx[1] = take(ctx->plan.hidden_floats);
-    if (ctx->plan.mode == ActivationMode::keep) {
-      ctx->saved.resize(sets);
-      for (auto& set : ctx->saved)
-        for (std::int64_t i = 0; i < L; ++i) set.push_back(take(ctx->plan.saved_floats));
-    }
-    arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
-    ctx->workspace = reinterpret_cast<float*>(arena.workspace());
-    arena.claim(ArenaRegionKind::workspace, 0, ctx->plan.workspace_floats * sizeof(float));
+    carve_activations(*c);
+    RunLedger& dl = c->ledger;
+    dl.compute_pos = c->sched.first(job.first_step);
+    dl.ring.assign(c->ring.size(), RingEntry{});
+    dl.staging.assign(static_cast<std::size_t>(ctx->plan.grad_slots), StagingEntry{});
+    ctx->device_contexts.push_back(c);
   }
 
   RunLedger& led = ctx->ledger;
-  led.compute_pos = ctx->sched.first(job.first_step);
-  led.ring.assign(ctx->ring.size(), RingEntry{});
-  led.staging.assign(static_cast<std::size_t>(ctx->plan.grad_slots), StagingEntry{});
   led.accum_step.assign(static_cast<std::size_t>(ctx->plan.stages), -1);
   led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);
   led.sumsq.assign(static_cast<std::size_t>(ctx->plan.stages), 0.0);
 
-  ctx->monitor = &mon;
-
   EngineResult result;
   ctx->t0 = Clock::now();
-  if (job.record_intervals) ctx->intervals.enable(ctx->t0);
+  for (Context* c : ctx->device_contexts) {
+    c->t0 = ctx->t0;
+    if (job.record_intervals) c->intervals.enable(ctx->t0);
+  }
   {
     caf::scoped_actor waiter{sys};
     auto node = spawn_node(sys, ctx.get(), &result);
@@ -327,24 +397,24 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   } catch (const std::exception& e) {
     if (result.error.empty()) result.error = e.what();
   }
-  backend->wait_link_idle();
-  result.arena = arena.usage();
-  result.link = backend->link_stats();
-  result.slot_reuses = ctx->slot_reuses.load();
+  for (DeviceRig& rig : rigs) rig.backend->wait_link_idle();
+  result.arena = rigs[0].arena->usage();
+  for (std::size_t d = 0; d < rigs.size(); ++d) {
+    Context* c = ctx->device_contexts[d];
+    result.device_arenas.push_back(rigs[d].arena->usage());
+    add_link(result.link, rigs[d].backend->link_stats());
+    result.slot_reuses += c->slot_reuses.load();
+    auto iv = c->intervals.take();
+    result.intervals.insert(result.intervals.end(), iv.begin(), iv.end());
+  }
+  if (rigs.size() > 1)
+    std::sort(result.intervals.begin(), result.intervals.end(),
+              [](const BusyInterval& x, const BusyInterval& y) { return x.t0 < y.t0; });
   result.checkpoint_wait_s = ctx->gate.waited_s();
-  result.intervals = ctx->intervals.take();
   std::uint64_t v = ~std::uint64_t{0};
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) v = std::min(v, job.host->tile(s).version());
   result.steps_done = static_cast<std::int64_t>(v);
   return result;
-}
-
-void add_link(LinkStats& total, const LinkStats& part) {
-  for (int d = 0; d < 2; ++d) {
-    total.direction[d].copies += part.direction[d].copies;
-    total.direction[d].bytes += part.direction[d].bytes;
-    total.direction[d].busy_seconds += part.direction[d].busy_seconds;
-  }
 }
 
 // Folds a segment's result into the run's.
@@ -359,6 +429,13 @@ void append(EngineResult& total, EngineResult&& part) {
   total.arena.capacity_bytes = part.arena.capacity_bytes;
   total.arena.in_use_bytes = part.arena.in_use_bytes;
   total.arena.peak_bytes = std::max(total.arena.peak_bytes, part.arena.peak_bytes);
+  // Per device (an evaluation pass runs on device 0 only).
+  if (total.device_arenas.size() < part.device_arenas.size()) total.device_arenas.resize(part.device_arenas.size());
+  for (std::size_t d = 0; d < part.device_arenas.size(); ++d) {
+    const std::size_t peak = std::max(total.device_arenas[d].peak_bytes, part.device_arenas[d].peak_bytes);
+    total.device_arenas[d] = part.device_arenas[d];
+    total.device_arenas[d].peak_bytes = peak;
+  }
   add_link(total.link, part.link);
   total.slot_reuses += part.slot_reuses;
   total.intervals.insert(total.intervals.end(), part.intervals.begin(), part.intervals.end());
@@ -391,6 +468,7 @@ std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
   info.pid = static_cast<long>(::getpid());
   info.tokens_per_step = plan.batch * plan.seq * plan.micro_batches;
   mon->board().set_run_info(info);
+  mon->board().set_devices(plan.devices);
   mon->board().update([&](monitor::RunFigures& f) {
     f.first_step = f.step = job.first_step;
     f.arena_budget = plan.arena.budget_bytes;

@@ -37,7 +37,13 @@ namespace mt::actors {
 struct EnginePlan {
   ArenaPlan arena;
   ActivationMode mode = ActivationMode::recompute;
-  std::int64_t batch = 0, seq = 0, micro_batches = 0, stages = 0;
+  std::int64_t batch = 0, seq = 0, stages = 0;
+  // device.gpus = N devices, each with its own arena of this plan (device memory is per device) and
+  // device_micro_batches (train.gradient_accumulation_steps) micro-batches per step; a step has
+  // micro_batches = N x device_micro_batches in all (device d runs global micro-batches d, d + N, ...).
+  int devices = 1;
+  std::int64_t device_micro_batches = 0;
+  std::int64_t micro_batches = 0;
   int weight_slots = 0, grad_slots = 0, prefetch_depth = 0;
   std::size_t hidden_floats = 0;  // one boundary activation: batch * seq * hidden_size
   MicroBatchOrder order = MicroBatchOrder::interleaved;
@@ -166,9 +172,10 @@ struct EngineResult {
   bool stop_requested = false;  // the monitor's /control/stop (the run ends after what is in progress)
   std::vector<StepRecord> steps;
   std::int64_t restarts = 0;
-  std::vector<std::string> restart_log;  // "compute crashed (...) at ..., restarted"
-  ArenaUsage arena;
-  LinkStats link;                // bytes and copies per link direction
+  std::vector<std::string> restart_log;   // "compute crashed (...) at ..., restarted"
+  ArenaUsage arena;                       // device 0's
+  std::vector<ArenaUsage> device_arenas;  // each device's (device.gpus), [0] = arena
+  LinkStats link;                // summed over the devices                // bytes and copies per link direction
   std::int64_t slot_reuses = 0;  // weight loads served by a still-resident slot (no copy)
   std::vector<BusyInterval> intervals;
   double wall_s = 0.0;

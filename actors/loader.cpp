@@ -48,10 +48,13 @@ loader_actor::behavior_type loader_fn(loader_actor::stateful_pointer<loader_stat
         auto& st = self->state;
         if (r.epoch != st.epoch || !st.running) return;
         fault_point(ctx->fault, Role::loader, r.step, r.micro_batch, -1, Phase::data);
-        const auto M = static_cast<std::uint64_t>(ctx->sched.micro_batches());  // an evaluation pass has its own
+        // Micro-batches per step over every device (an evaluation pass has its own count, on one device).
+        const auto M = static_cast<std::uint64_t>(ctx->step_micro_batches());
         const std::uint64_t g = static_cast<std::uint64_t>(r.step) * M + static_cast<std::uint64_t>(r.micro_batch);
         std::shared_ptr<const data::Batch> b = (st.cached && st.cached_g == g) ? st.cached : read_batch(ctx, g);
-        self->send(st.peers.compute, MicroBatch{st.epoch, r.step, r.micro_batch, b});
+        // Global micro-batch g runs on device g % N (its local index is g / N).
+        self->send(st.peers.computes.at(static_cast<std::size_t>(r.micro_batch % ctx->devices)),
+                   MicroBatch{st.epoch, r.step, r.micro_batch, b});
         ctx->monitor->board().probe(monitor::ActorId::loader).unit(r.step, r.micro_batch, -1, "data");
         // Prefetch the next micro-batch while compute works on this one.
         st.cached_g = g + 1;

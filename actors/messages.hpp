@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/all.hpp>
 
@@ -33,11 +34,12 @@
 namespace mt::actors {
 
 // ---- atoms -------------------------------------------------------------------------------------
-using reset_atom = caf::atom_constant<caf::atom("reset")>;      // node -> actor: barrier request (with the new epoch)
-using ack_atom = caf::atom_constant<caf::atom("ack")>;          // actor -> node: reset done, nothing in flight
-using tick_atom = caf::atom_constant<caf::atom("tick")>;        // node -> itself: poll the stop flag
-using wake_atom = caf::atom_constant<caf::atom("wake")>;        // node -> compute: a pause was lifted, continue
-using respawn_atom = caf::atom_constant<caf::atom("respawn")>;  // node -> itself: respawn a role after its backoff
+using reset_atom = caf::atom_constant<caf::atom("reset")>;  // node -> actor: barrier request (with the new epoch)
+using ack_atom = caf::atom_constant<caf::atom("ack")>;      // actor -> node: reset done, nothing in flight
+using tick_atom = caf::atom_constant<caf::atom("tick")>;    // node -> itself: poll the stop flag
+using wake_atom = caf::atom_constant<caf::atom("wake")>;    // node -> compute: a pause was lifted, continue
+using respawn_atom =
+    caf::atom_constant<caf::atom("respawn")>;  // node -> itself: respawn (role, device) after its backoff
 
 // ---- work identity -------------------------------------------------------------------------------
 // Names a unit of work: (step, micro-batch, stage, phase). micro_batch is -1 for per-step work
@@ -63,8 +65,11 @@ typename Inspector::result_type inspect(Inspector& f, Pos& x) {
 
 // node -> every pipeline actor: the current handles of the others (sent at start and after each
 // restart, since a restarted actor has a new handle). Receivers cast them to the typed handles.
+// prefetcher and compute are the receiver's device's (device 0's for the other roles); computes and
+// prefetchers list every device's (device.gpus), in device order.
 struct Peers {
   caf::strong_actor_ptr loader, prefetcher, compute, collector, optimizer, node, checkpointer;
+  std::vector<caf::strong_actor_ptr> computes, prefetchers;
 };
 
 // node -> every pipeline actor, after the reset barrier (or at start): continue from the durable
@@ -95,7 +100,8 @@ typename Inspector::result_type inspect(Inspector& f, StopAt& x) {
 
 // ---- data --------------------------------------------------------------------------------------------
 
-// compute -> loader: send micro-batch (step, micro_batch) (work phase: data).
+// compute -> loader: send micro-batch (step, micro_batch), micro_batch the step's global index
+// (device d's local m is m * N + d) (work phase: data).
 struct BatchRequest {
   std::uint64_t epoch = 0;
   std::int64_t step = 0;
@@ -107,8 +113,8 @@ typename Inspector::result_type inspect(Inspector& f, BatchRequest& x) {
   return f(caf::meta::type_name("BatchRequest"), x.epoch, x.step, x.micro_batch);
 }
 
-// loader -> compute: the tokens and targets of micro-batch (step, micro_batch). Local only (a shared
-// pointer to immutable host memory).
+// loader -> compute (of the device that runs the micro-batch): the tokens and targets of micro-batch (step,
+// micro_batch). Local only (a shared pointer to immutable host memory).
 struct MicroBatch {
   std::uint64_t epoch = 0;
   std::int64_t step = 0;
@@ -195,32 +201,37 @@ typename Inspector::result_type inspect(Inspector& f, LayerUpdated& x) {
 
 // ---- gradients ----------------------------------------------------------------------------------------
 
-// compute -> collector: gradient staging slot `grad_slot` holds work.stage's gradients of micro-batch
-// work.micro_batch of step work.step (phase backward / head): copy them out and accumulate.
+// compute -> collector: gradient staging slot `grad_slot` of device `device` holds work.stage's
+// gradients of local micro-batch work.micro_batch (the round: global micro-batch round * N + device)
+// of step work.step (phase backward / head). Once every device's slot of the round is in, the collector
+// reduces them on the devices, copies the sum out once and accumulates it.
 struct LayerGrads {
   std::uint64_t epoch = 0;
   WorkId work;
   std::int32_t grad_slot = 0;
+  std::int32_t device = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LayerGrads& x) {
-  return f(caf::meta::type_name("LayerGrads"), x.epoch, x.work, x.grad_slot);
+  return f(caf::meta::type_name("LayerGrads"), x.epoch, x.work, x.grad_slot, x.device);
 }
 
-// collector -> compute: staging slot `grad_slot` has been copied to the host; compute may reuse it.
+// collector -> compute (of `device`): staging slot `grad_slot` has been copied to the host (or summed
+// into device 0's, which was); compute may reuse it.
 struct GradSlotFree {
   std::uint64_t epoch = 0;
   WorkId work;
   std::int32_t grad_slot = 0;
+  std::int32_t device = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GradSlotFree& x) {
-  return f(caf::meta::type_name("GradSlotFree"), x.epoch, x.work, x.grad_slot);
+  return f(caf::meta::type_name("GradSlotFree"), x.epoch, x.work, x.grad_slot, x.device);
 }
 
-// compute -> optimizer, node: the head of micro-batch (step, micro_batch) gave this loss sum over
+// compute -> optimizer, node: the head of micro-batch (step, micro_batch) (global index) gave this loss sum over
 // `counted` tokens (the optimizer needs the step's total count to normalise the gradient).
 struct LossReport {
   std::uint64_t epoch = 0;
@@ -366,7 +377,7 @@ using node_actor =
     caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerUpdated>, caf::reacts_to<ComputeStepDone>,
                      caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>,
                      caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>,
-                     caf::reacts_to<respawn_atom, std::int32_t>>;
+                     caf::reacts_to<respawn_atom, std::int32_t, std::int32_t>>;
 
 }  // namespace mt::actors
 

@@ -7,6 +7,9 @@
 //   3. Peers + Resume to all, then re-issue the in-flight work from the ledger: staged gradients not
 //      yet accumulated (to the collector), the losses and complete stages of the optimizer's step (to
 //      the optimizer). Compute and the prefetcher continue from compute's ledger position.
+// Several devices (device.gpus = N): a prefetcher and a compute actor per device (each with its
+// device's context); a crash of either restarts that one actor through the same barrier, over every
+// device's actors; each device resumes from its own ledger position.
 // It also assembles the per-step progress record from the actors' reports, honours the stop flag
 // (SIGINT/SIGTERM: finish the step in progress, then stop), turns checkpoint requests (SIGUSR1, the
 // train.save_minutes timer) into the flag the optimizer takes, spawns the checkpointer (not restarted:
@@ -33,6 +36,7 @@ namespace {
 
 struct StepReports {
   bool compute = false, optimizer = false;
+  int computes_done = 0;  // devices whose compute finished the step
   ComputeStepDone c;
   OptimizerStepDone o;
   double offload_s = 0.0;
@@ -42,7 +46,9 @@ struct node_state {
   Context* ctx = nullptr;
   EngineResult* result = nullptr;
   std::uint64_t epoch = 0;
-  PeerHandles h;
+  PeerHandles h;                              // h.compute and h.prefetcher: device 0's
+  std::vector<compute_actor> computes;        // per device ([0] == h.compute)
+  std::vector<prefetcher_actor> prefetchers;  // per device ([0] == h.prefetcher)
   std::int64_t end_step = 0;
   std::int64_t next_report = 0;  // the next step whose progress record is due
   std::map<std::int64_t, StepReports> reports;
@@ -71,7 +77,12 @@ struct node_state {
   std::map<int, monitor::ControlRequest> fault_controls;    // role -> injected fault, until it fires
   std::map<int, std::string> watchdog_restarts;             // role -> why the watchdog restarts it
   // Roles respawned since the last Resume, reported (actor_restarted, control took_effect) once resumed.
-  std::vector<std::pair<Role, std::optional<monitor::ControlRequest>>> restarted;
+  struct Restarted {
+    Role role;
+    int device;
+    std::optional<monitor::ControlRequest> ctl;
+  };
+  std::vector<Restarted> restarted;
   int respawns_pending = 0;  // roles waiting out their backoff
   std::optional<Clock::time_point> restart_began;
   double restart_s = 0.0;
@@ -85,12 +96,23 @@ struct node_state {
 
 using self_ptr = node_actor::stateful_pointer<node_state>;
 
-Peers make_peers(self_ptr self) {
-  auto& h = self->state.h;
+int device_count(const node_state& st) { return st.ctx->devices; }
+
+// The actor's name in logs, events and the monitor: "compute[1]" for device 1's (device 0's: "compute").
+std::string actor_label(Role role, int device) {
+  return device > 0 ? std::string(role_name(role)) + "[" + std::to_string(device) + "]" : role_name(role);
+}
+
+// The Peers of device d's compute and prefetcher (device 0's for the other roles).
+Peers make_peers(self_ptr self, int d = 0) {
+  auto& st = self->state;
+  auto& h = st.h;
   Peers p;
   p.loader = caf::actor_cast<caf::strong_actor_ptr>(h.loader);
-  p.prefetcher = caf::actor_cast<caf::strong_actor_ptr>(h.prefetcher);
-  p.compute = caf::actor_cast<caf::strong_actor_ptr>(h.compute);
+  p.prefetcher = caf::actor_cast<caf::strong_actor_ptr>(st.prefetchers[static_cast<std::size_t>(d)]);
+  p.compute = caf::actor_cast<caf::strong_actor_ptr>(st.computes[static_cast<std::size_t>(d)]);
+  for (const auto& c : st.computes) p.computes.push_back(caf::actor_cast<caf::strong_actor_ptr>(c));
+  for (const auto& c : st.prefetchers) p.prefetchers.push_back(caf::actor_cast<caf::strong_actor_ptr>(c));
   p.collector = caf::actor_cast<caf::strong_actor_ptr>(h.collector);
   p.optimizer = caf::actor_cast<caf::strong_actor_ptr>(h.optimizer);
   p.node = caf::actor_cast<caf::strong_actor_ptr>(self);
@@ -98,22 +120,27 @@ Peers make_peers(self_ptr self) {
   return p;
 }
 
-void spawn_role(self_ptr self, Role r) {
+void spawn_role(self_ptr self, Role r, int d = 0) {
   auto& st = self->state;
   auto& sys = self->system();
+  const std::size_t di = static_cast<std::size_t>(d);
   switch (r) {
     case Role::loader:
       st.h.loader = spawn_loader(sys, st.ctx, st.epoch);
       self->monitor(st.h.loader);
       break;
     case Role::prefetcher:
-      st.h.prefetcher = spawn_prefetcher(sys, st.ctx, st.epoch);
-      self->monitor(st.h.prefetcher);
-      break;
+      st.prefetchers[di] = spawn_prefetcher(sys, st.ctx->device_context(d), st.epoch);
+      self->monitor(st.prefetchers[di]);
+      st.h.prefetcher = st.prefetchers[0];
+      st.alive.insert(st.prefetchers[di].address());
+      return;
     case Role::compute:
-      st.h.compute = spawn_compute(sys, st.ctx, st.epoch);
-      self->monitor(st.h.compute);
-      break;
+      st.computes[di] = spawn_compute(sys, st.ctx->device_context(d), st.epoch);
+      self->monitor(st.computes[di]);
+      st.h.compute = st.computes[0];
+      st.alive.insert(st.computes[di].address());
+      return;
     case Role::collector:
       st.h.collector = spawn_collector(sys, st.ctx, st.epoch);
       self->monitor(st.h.collector);
@@ -128,14 +155,15 @@ void spawn_role(self_ptr self, Role r) {
   st.alive.insert(a[static_cast<int>(r)]);
 }
 
-caf::actor role_handle(const PeerHandles& h, Role r) {
+caf::actor role_handle(const node_state& st, Role r, int d = 0) {
+  const PeerHandles& h = st.h;
   switch (r) {
     case Role::loader:
       return caf::actor_cast<caf::actor>(h.loader);
     case Role::prefetcher:
-      return caf::actor_cast<caf::actor>(h.prefetcher);
+      return caf::actor_cast<caf::actor>(st.prefetchers[static_cast<std::size_t>(d)]);
     case Role::compute:
-      return caf::actor_cast<caf::actor>(h.compute);
+      return caf::actor_cast<caf::actor>(st.computes[static_cast<std::size_t>(d)]);
     case Role::collector:
       return caf::actor_cast<caf::actor>(h.collector);
     case Role::optimizer:
@@ -156,41 +184,52 @@ void resume_all(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   const RunLedger& led = ctx->ledger;
+  const int N = device_count(st);
   // Read the ledger first, then send: once the collector has its Resume and re-issued work it writes
   // the ledger again, so nothing may be read from it after the first send.
   const std::int64_t opt_step = optimizer_step(ctx);
   const Resume r{st.epoch, led.compute_pos, opt_step, st.end_step};
-  // Staged gradients the collector has not (or not known to have) taken, in schedule order.
+  std::vector<Resume> device_resume;  // each device continues from its own compute position
+  for (int d = 0; d < N; ++d)
+    device_resume.push_back(Resume{st.epoch, ctx->device_context(d)->ledger.compute_pos, opt_step, st.end_step});
+  // Staged gradients the collector has not (or not known to have) taken, in schedule order, and the
+  // optimizer's step's micro-batch losses (global indices), from every device's ledger.
   std::vector<LayerGrads> staged;
-  for (int k = 0; k < static_cast<int>(led.staging.size()); ++k) {
-    const auto& e = led.staging[static_cast<std::size_t>(k)];
-    if (e.state == StagingEntry::State::full)
-      staged.push_back(
-          LayerGrads{st.epoch, WorkId{e.step, e.micro_batch, e.stage, static_cast<std::int32_t>(Phase::backward)}, k});
+  std::vector<LossReport> losses;
+  for (int d = 0; d < N; ++d) {
+    const RunLedger& dl = ctx->device_context(d)->ledger;
+    for (int k = 0; k < static_cast<int>(dl.staging.size()); ++k) {
+      const auto& e = dl.staging[static_cast<std::size_t>(k)];
+      if (e.state == StagingEntry::State::full)
+        staged.push_back(LayerGrads{
+            st.epoch, WorkId{e.step, e.micro_batch, e.stage, static_cast<std::int32_t>(Phase::backward)}, k, d});
+    }
+    for (const auto& kv : dl.losses)
+      if (kv.first >= opt_step)
+        for (std::size_t mb = 0; mb < kv.second.size(); ++mb)
+          losses.push_back(LossReport{st.epoch, kv.first, static_cast<std::int64_t>(mb) * N + d, kv.second[mb].loss_sum,
+                                      kv.second[mb].counted});
   }
   std::sort(staged.begin(), staged.end(), [](const LayerGrads& a, const LayerGrads& b) {
     if (a.work.step != b.work.step) return a.work.step < b.work.step;
     if (a.work.micro_batch != b.work.micro_batch) return a.work.micro_batch < b.work.micro_batch;
-    return a.work.stage > b.work.stage;
+    if (a.work.stage != b.work.stage) return a.work.stage > b.work.stage;
+    return a.device < b.device;
   });
-  // The optimizer's step: its micro-batch losses and every stage whose gradients are complete.
-  std::vector<LossReport> losses;
-  for (const auto& kv : led.losses)
-    if (kv.first >= opt_step)
-      for (std::size_t mb = 0; mb < kv.second.size(); ++mb)
-        losses.push_back(LossReport{st.epoch, kv.first, static_cast<std::int64_t>(mb), kv.second[mb].loss_sum,
-                                    kv.second[mb].counted});
   std::vector<LayerGradsComplete> complete;
   for (std::int64_t s = 0; s < ctx->stages(); ++s) {
     const std::size_t si = static_cast<std::size_t>(s);
-    if (led.accum_step[si] == opt_step && led.accum_count[si] == ctx->micro_batches())
+    if (led.accum_step[si] == opt_step && led.accum_count[si] == ctx->sched.micro_batches())
       complete.push_back(LayerGradsComplete{st.epoch, opt_step, s, led.sumsq[si]});
   }
 
   const Peers peers = make_peers(self);
   self->send(st.h.loader, peers);
-  self->send(st.h.prefetcher, peers);
-  self->send(st.h.compute, peers);
+  for (int d = 0; d < N; ++d) {
+    const Peers dp = make_peers(self, d);
+    self->send(st.prefetchers[static_cast<std::size_t>(d)], dp);
+    self->send(st.computes[static_cast<std::size_t>(d)], dp);
+  }
   self->send(st.h.collector, peers);
   self->send(st.h.optimizer, peers);
   self->send(st.h.checkpointer, peers);
@@ -201,8 +240,10 @@ void resume_all(self_ptr self) {
   for (const auto& l : losses) self->send(st.h.optimizer, l);
   for (const auto& c : complete) self->send(st.h.optimizer, c);
   // Compute and the prefetcher last: they start the flow again.
-  self->send(st.h.compute, r);
-  self->send(st.h.prefetcher, r);
+  for (int d = 0; d < N; ++d) {
+    self->send(st.computes[static_cast<std::size_t>(d)], device_resume[static_cast<std::size_t>(d)]);
+    self->send(st.prefetchers[static_cast<std::size_t>(d)], device_resume[static_cast<std::size_t>(d)]);
+  }
   // Restarts are done: report them.
   const auto now = Clock::now();
   if (st.restart_began) {
@@ -211,10 +252,10 @@ void resume_all(self_ptr self) {
   }
   st.last_progress = now;
   st.watchdog_level = 0;
-  for (auto& [role, ctl] : st.restarted) {
-    auto& probe = st.mon->board().probe(actor_id(role));
+  for (auto& [role, device, ctl] : st.restarted) {
+    auto& probe = st.mon->board().probe(actor_id(role), device);
     probe.set_state(monitor::ActorState::running);
-    st.mon->events().append("actor_restarted", {{"actor", role_name(role)},
+    st.mon->events().append("actor_restarted", {{"actor", actor_label(role, device)},
                                                 {"restarts", probe.view(monitor::steady_ns()).restarts},
                                                 {"step", st.next_report},
                                                 {"requested_by", ctl ? ctl->id : ""}});
@@ -258,8 +299,8 @@ void shutdown(self_ptr self) {
     return;
   }
   self->send_exit(st.h.loader, caf::exit_reason::user_shutdown);
-  self->send_exit(st.h.prefetcher, caf::exit_reason::user_shutdown);
-  self->send_exit(st.h.compute, caf::exit_reason::user_shutdown);
+  for (const auto& p : st.prefetchers) self->send_exit(p, caf::exit_reason::user_shutdown);
+  for (const auto& c : st.computes) self->send_exit(c, caf::exit_reason::user_shutdown);
   self->send_exit(st.h.collector, caf::exit_reason::user_shutdown);
   self->send_exit(st.h.optimizer, caf::exit_reason::user_shutdown);
 }
@@ -423,14 +464,15 @@ void emit_ready_steps(self_ptr self) {
   if (st.next_report >= st.end_step) finish(self);
 }
 
-// Respawns `role`, bumps the epoch and runs the reset barrier; Resume follows once every actor acked.
-void respawn(self_ptr self, Role role) {
+// Respawns `role` (of device d), bumps the epoch and runs the reset barrier; Resume follows once every
+// actor acked.
+void respawn(self_ptr self, Role role, int d) {
   auto& st = self->state;
   if (st.shutting_down) return;
   ++st.epoch;
-  spawn_role(self, role);
+  spawn_role(self, role, d);
   const std::uint64_t e = st.epoch;
-  st.acks_pending = kRoleCount;
+  st.acks_pending = kRoleCount + 2 * (device_count(st) - 1);
   auto ack = [=](ack_atom) {
     if (self->state.epoch == e && --self->state.acks_pending == 0 && !self->state.shutting_down &&
         self->state.respawns_pending == 0)
@@ -438,8 +480,8 @@ void respawn(self_ptr self, Role role) {
   };
   auto err = [=](caf::error&) { /* the target died; its down message (or respawn) starts a newer barrier */ };
   self->request(st.h.loader, caf::infinite, reset_atom::value, e).then(ack, err);
-  self->request(st.h.prefetcher, caf::infinite, reset_atom::value, e).then(ack, err);
-  self->request(st.h.compute, caf::infinite, reset_atom::value, e).then(ack, err);
+  for (const auto& p : st.prefetchers) self->request(p, caf::infinite, reset_atom::value, e).then(ack, err);
+  for (const auto& c : st.computes) self->request(c, caf::infinite, reset_atom::value, e).then(ack, err);
   self->request(st.h.collector, caf::infinite, reset_atom::value, e).then(ack, err);
   self->request(st.h.optimizer, caf::infinite, reset_atom::value, e).then(ack, err);
 }
@@ -486,12 +528,12 @@ void budget_exhausted(self_ptr self, Role role, const std::string& why, std::siz
   budget_final_checkpoint(self);
 }
 
-void on_crash(self_ptr self, Role role, const caf::error& reason) {
+void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
   auto& st = self->state;
   auto* res = st.result;
   const int r = static_cast<int>(role);
   const std::string why = self->system().render(reason);
-  auto& probe = st.mon->board().probe(actor_id(role));
+  auto& probe = st.mon->board().probe(actor_id(role), device);
   probe.count_restart();
   probe.set_state(monitor::ActorState::restarting);
   std::optional<monitor::ControlRequest> ctl;
@@ -504,8 +546,8 @@ void on_crash(self_ptr self, Role role, const caf::error& reason) {
     st.fault_controls.erase(r);
   }
   ++res->restarts;
-  res->restart_log.push_back(std::string(role_name(role)) + (on_demand ? " restarted on request (" : " crashed (") +
-                             why + "), restarted");
+  const std::string who = actor_label(role, device);
+  res->restart_log.push_back(who + (on_demand ? " restarted on request (" : " crashed (") + why + "), restarted");
   const auto now = Clock::now();
   std::size_t failures = 0;
   if (!on_demand) {
@@ -516,7 +558,8 @@ void on_crash(self_ptr self, Role role, const caf::error& reason) {
       st.watchdog_restarts.erase(wd);
     }
     probe.set_last_failure(what);
-    st.mon->events().append("actor_failed", {{"actor", role_name(role)}, {"error", what}, {"step", st.next_report}});
+    st.mon->events().append("actor_failed",
+                            {{"actor", actor_label(role, device)}, {"error", what}, {"step", st.next_report}});
     // Restart policy: at most restart.max_restarts failures per actor within restart.window_s.
     auto& times = st.failures[r];
     times.push_back(now);
@@ -535,17 +578,17 @@ void on_crash(self_ptr self, Role role, const caf::error& reason) {
     }
   }
   if (!st.restart_began) st.restart_began = now;
-  st.restarted.emplace_back(role, ctl);
+  st.restarted.push_back(node_state::Restarted{role, device, ctl});
   const double backoff = on_demand || failures == 0
                              ? 0.0
                              : st.ctx->cfg->restart.backoff_s * std::ldexp(1.0, static_cast<int>(failures) - 1);
   if (backoff > 0) {
     ++st.respawns_pending;
     self->delayed_send(self, std::chrono::milliseconds(static_cast<long long>(backoff * 1000)), respawn_atom::value,
-                       static_cast<std::int32_t>(r));
+                       static_cast<std::int32_t>(r), static_cast<std::int32_t>(device));
     return;
   }
-  respawn(self, role);
+  respawn(self, role, device);
 }
 
 // A control request from the monitor (POST /control/...), carried out between the node's messages.
@@ -597,7 +640,7 @@ bool handle_control(self_ptr self, const monitor::ControlRequest& c) {
       mon.events().append("resumed", {{"step", st.next_report}});
     }
     st.last_progress = Clock::now();
-    self->send(st.h.compute, wake_atom::value);
+    for (const auto& cp : st.computes) self->send(cp, wake_atom::value);
     mon.control_progress(c, "took_effect", {{"step", st.next_report}});
   } else if (c.action == "stop") {
     st.control_stop = true;
@@ -608,7 +651,7 @@ bool handle_control(self_ptr self, const monitor::ControlRequest& c) {
       st.paused = false;
       for (const auto& p : st.pause_controls) mon.control_progress(p, "failed", {{"error", "stopped"}});
       st.pause_controls.clear();
-      self->send(st.h.compute, wake_atom::value);
+      for (const auto& cp : st.computes) self->send(cp, wake_atom::value);
     }
   } else if (c.action == "restart" || c.action == "fault") {
     const Role role = parse_role(c.actor);
@@ -622,7 +665,7 @@ bool handle_control(self_ptr self, const monitor::ControlRequest& c) {
     if (st.acks_pending > 0 || st.respawns_pending > 0 || st.restart_controls.count(r) || !st.restarted.empty())
       return false;
     st.restart_controls[r] = c;
-    self->send_exit(role_handle(st.h, role),
+    self->send_exit(role_handle(st, role),
                     caf::make_error(caf::sec::runtime_error, "restart requested by " + c.id + " from " + c.peer));
   } else {
     failed("unknown action");
@@ -683,7 +726,7 @@ void watchdog(self_ptr self) {
     st.watchdog_restarts[r] = "watchdog: no step for " + std::to_string(static_cast<long long>(stalled)) + " s, in " +
                               worst.handler + " for " + std::to_string(static_cast<long long>(worst.in_handler_s)) +
                               " s";
-    self->send_exit(role_handle(st.h, stuck), caf::make_error(caf::sec::runtime_error, st.watchdog_restarts[r]));
+    self->send_exit(role_handle(st, stuck), caf::make_error(caf::sec::runtime_error, st.watchdog_restarts[r]));
   }
 }
 
@@ -754,19 +797,30 @@ void poll_stop(self_ptr self) {
   const std::atomic<bool>* flag = st.ctx->job->stop;
   if (((flag && flag->load()) || st.control_stop) && !st.stop_requested) {
     st.stop_requested = true;
-    self->request(st.h.compute, caf::infinite, StopAt{st.next_report})
-        .then(
-            [=](const StopAt& r) {
-              auto& s = self->state;
-              s.end_step = std::min(s.end_step, r.end_step);
-              s.result->stopped_early = s.end_step < s.ctx->end_step;
-              self->send(s.h.prefetcher, StopAt{s.end_step});
-              s.mon->board().update([&](monitor::RunFigures& f) { f.state = monitor::RunState::stopping; });
-              s.mon->events().append("stopping", {{"step", s.end_step}});
-              for (const auto& c : s.stop_controls) s.mon->control_progress(c, "took_effect", {{"step", s.end_step}});
-              emit_ready_steps(self);
-            },
-            [=](caf::error&) { self->state.stop_requested = false; });
+    // Every device's compute answers the end step it honours (never inside a step it has begun); the
+    // run ends at the smallest: a device that had begun that step stops there too (its gradients of
+    // it are never complete, so no update uses them).
+    const int N = device_count(st);
+    auto answers = std::make_shared<int>(0);
+    auto lowest = std::make_shared<std::int64_t>(st.end_step);
+    for (int d = 0; d < N; ++d)
+      self->request(st.computes[static_cast<std::size_t>(d)], caf::infinite, StopAt{st.next_report})
+          .then(
+              [=](const StopAt& r) {
+                auto& s = self->state;
+                *lowest = std::min(*lowest, r.end_step);
+                if (++*answers < N) return;
+                s.end_step = std::min(s.end_step, *lowest);
+                s.result->stopped_early = s.end_step < s.ctx->end_step;
+                for (const auto& c : s.computes)  // lowers every device's end to the run's
+                  self->request(c, caf::infinite, StopAt{s.end_step}).then([](const StopAt&) {}, [](caf::error&) {});
+                for (const auto& p : s.prefetchers) self->send(p, StopAt{s.end_step});
+                s.mon->board().update([&](monitor::RunFigures& f) { f.state = monitor::RunState::stopping; });
+                s.mon->events().append("stopping", {{"step", s.end_step}});
+                for (const auto& c : s.stop_controls) s.mon->control_progress(c, "took_effect", {{"step", s.end_step}});
+                emit_ready_steps(self);
+              },
+              [=](caf::error&) { self->state.stop_requested = false; });
   }
   self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
 }
@@ -784,12 +838,18 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
   st.last_progress = st.last_done;
   st.mon = run.ctx->monitor;
   st.mon->board().update([](monitor::RunFigures& f) { f.state = monitor::RunState::running; });
+  st.computes.resize(static_cast<std::size_t>(run.ctx->devices));
+  st.prefetchers.resize(static_cast<std::size_t>(run.ctx->devices));
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     s.alive.erase(dm.source);
     for (int r = 0; r < kRoleCount; ++r)
-      if (dm.source == role_handle(s.h, static_cast<Role>(r)).address() && s.shutting_down)
+      if (dm.source == role_handle(s, static_cast<Role>(r)).address() && s.shutting_down)
         s.mon->board().probe(actor_id(static_cast<Role>(r))).set_state(monitor::ActorState::stopped);
+    for (int d = 1; d < device_count(s) && s.shutting_down; ++d)
+      for (Role r : {Role::prefetcher, Role::compute})
+        if (dm.source == role_handle(s, r, d).address())
+          s.mon->board().probe(actor_id(r), d).set_state(monitor::ActorState::stopped);
     if (dm.source == s.h.checkpointer.address())
       s.mon->board().probe(monitor::ActorId::checkpointer).set_state(monitor::ActorState::stopped);
     if (s.shutting_down) {
@@ -800,20 +860,32 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
       fail(self, "the checkpointer stopped: " + self->system().render(dm.reason));
       return;
     }
-    const std::array<std::pair<Role, caf::actor_addr>, kRoleCount> roles{{
+    const std::array<std::pair<Role, caf::actor_addr>, 3> roles{{
         {Role::loader, s.h.loader.address()},
-        {Role::prefetcher, s.h.prefetcher.address()},
-        {Role::compute, s.h.compute.address()},
         {Role::collector, s.h.collector.address()},
         {Role::optimizer, s.h.optimizer.address()},
     }};
     for (const auto& r : roles)
       if (r.second == dm.source) {
-        on_crash(self, r.first, dm.reason);
+        on_crash(self, r.first, 0, dm.reason);
         return;
       }
+    for (int d = 0; d < device_count(s); ++d) {
+      if (dm.source == s.prefetchers[static_cast<std::size_t>(d)].address()) {
+        on_crash(self, Role::prefetcher, d, dm.reason);
+        return;
+      }
+      if (dm.source == s.computes[static_cast<std::size_t>(d)].address()) {
+        on_crash(self, Role::compute, d, dm.reason);
+        return;
+      }
+    }
   });
-  for (int r = 0; r < kRoleCount; ++r) spawn_role(self, static_cast<Role>(r));
+  for (int r = 0; r < kRoleCount; ++r) {
+    const Role role = static_cast<Role>(r);
+    const bool per_device = role == Role::compute || role == Role::prefetcher;
+    for (int d = 0; d < (per_device ? st.ctx->devices : 1); ++d) spawn_role(self, role, d);
+  }
   st.h.checkpointer = spawn_checkpointer(self->system(), st.ctx);
   self->monitor(st.h.checkpointer);
   st.alive.insert(st.h.checkpointer.address());
@@ -831,9 +903,12 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
       [=](const LayerUpdated&) {},
       [=](const ComputeStepDone& m) {
         const auto probe = probe_handler(self, monitor::ActorId::node, "ComputeStepDone");
+        // Every device's compute reports the step; the record shows the slowest device's times.
         auto& r = self->state.reports[m.step];
-        r.compute = true;
-        r.c = m;
+        r.c.step = m.step;
+        r.c.wait_weights_s = std::max(r.c.wait_weights_s, m.wait_weights_s);
+        r.c.compute_s = std::max(r.c.compute_s, m.compute_s);
+        r.compute = ++r.computes_done == device_count(self->state);
         emit_ready_steps(self);
       },
       [=](const CollectorStepDone& m) { self->state.reports[m.step].offload_s = m.offload_s; },
@@ -857,10 +932,10 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
         on_checkpoint(self, CheckpointEvent{m.step, false, "", m.error, 0.0, 0});
       },
       // A role's backoff after a failure is over: respawn it and run the barrier.
-      [=](respawn_atom, std::int32_t role) {
+      [=](respawn_atom, std::int32_t role, std::int32_t device) {
         const auto probe = probe_handler(self, monitor::ActorId::node, "respawn");
         --self->state.respawns_pending;
-        respawn(self, static_cast<Role>(role));
+        respawn(self, static_cast<Role>(role), device);
       },
   };
 }

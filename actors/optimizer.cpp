@@ -76,7 +76,8 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   st.busy_s += seconds_between(t0, t1);
   ctx->intervals.add(Role::optimizer, s, t0, t1);
   ctx->monitor->board().probe(monitor::ActorId::optimizer).unit(s, -1, stage, "optimize");
-  self->send(st.peers.prefetcher, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+  for (const auto& p : st.peers.prefetchers)  // every device's (device.gpus)
+    self->send(p, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
   if (ctx->checkpointing)
     self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
 }

@@ -318,6 +318,10 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
               static_cast<double>(host_->host_bytes() + plan_.host_boundary_bytes) / (1 << 20),
               static_cast<double>(plan_.arena.total_bytes) / (1 << 20),
               static_cast<double>(plan_.arena.budget_bytes) / (1 << 20), plan_.weight_slots));
+  if (plan_.devices > 1)  // device memory is per device: the arena above on each
+    say_(MessageStream::out,
+         format("megatrain: device.gpus = %d: one arena per device, %lld micro-batch(es) per device per step",
+                plan_.devices, static_cast<long long>(plan_.device_micro_batches)));
 
   if (hooks_.stop == nullptr) install_signal_handlers();
   EngineResult& res = result_.engine;
@@ -369,6 +373,11 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
               secs > 0 ? tok / secs : 0.0, res.steps.empty() ? 0.0 : res.steps.back().loss,
               static_cast<double>(res.arena.peak_bytes) / (1 << 20),
               static_cast<double>(res.arena.budget_bytes) / (1 << 20), result_.train_jsonl.c_str()));
+  if (res.device_arenas.size() > 1)
+    for (std::size_t d = 0; d < res.device_arenas.size(); ++d)
+      say_(MessageStream::out, format("megatrain: device %zu arena peak %.2f MiB of %.2f MiB budget", d,
+                                      static_cast<double>(res.device_arenas[d].peak_bytes) / (1 << 20),
+                                      static_cast<double>(res.device_arenas[d].budget_bytes) / (1 << 20)));
   return result_;
 }
 

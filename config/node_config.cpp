@@ -92,7 +92,10 @@ NodeConfig::NodeConfig() {
       .add(v.keep_intermediates, "keep_intermediates", "auto | boundary | boundary_host | all")
       .add(v.copy_bandwidth_gbps, "copy_bandwidth_gbps", "copy engine limit per direction in GB/s; 0 = unlimited")
       .add(v.prefetch_depth, "prefetch_depth", "stages streamed ahead; 0 = weight_slots - 1")
-      .add(v.schedule, "schedule", "interleaved | sequential (order of a step's micro-batches)");
+      .add(v.schedule, "schedule", "interleaved | sequential (order of a step's micro-batches)")
+      .add(v.gpus, "gpus",
+           "devices of this node (>= 1), each with its own arena and gradient_accumulation_steps micro-batches "
+           "per step; gradients are summed across them before the host accumulates (cpu: N arenas in one process)");
   auto& h = values.threads;
   opt_group{custom_options_, "threads"}
       .add(h.total, "total", "the thread budget; 0 = hardware threads")

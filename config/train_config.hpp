@@ -95,6 +95,7 @@ struct DeviceSection {                      // [device]
   double copy_bandwidth_gbps = 0.0;         // copy engine limit per direction, GB/s (1e9); 0 = unlimited
   std::int64_t prefetch_depth = 0;          // stages streamed ahead; 0 = weight_slots - 1
   std::string schedule = "interleaved";     // interleaved | sequential (see MicroBatchOrder)
+  std::int64_t gpus = 1;                    // devices of this node on one schedule (each its own micro-batches)
 };
 
 struct ThreadsSection {        // [threads]; 0 = derived from total (see ThreadBudget)

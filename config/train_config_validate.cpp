@@ -153,6 +153,14 @@ void device_values(const TrainConfig& c) {
   // With weight_slots = auto the engine checks it against the slots it plans.
   if (d.weight_slots > 0) at_most("device.prefetch_depth", d.prefetch_depth, d.weight_slots - 1);
   c.micro_batch_order();
+  at_least("device.gpus", d.gpus, 1);
+  at_most("device.gpus", d.gpus, 64);
+  // Several GPUs sum their gradients with NCCL on the devices; until the CUDA backend provides that
+  // reduction a cuda run takes one GPU (the CPU backend runs N arenas with a host reduction).
+  if (d.backend == "cuda" && d.gpus > 1)
+    throw ConfigError("device.gpus", std::to_string(d.gpus) +
+                                         " GPUs need the cross-device gradient reduction (NCCL), which the cuda "
+                                         "backend of this build does not have; use device.gpus = 1");
 }
 
 void thread_values(const TrainConfig& c) {

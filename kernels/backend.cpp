@@ -28,6 +28,11 @@ void check_backend_available(const BackendOptions& options) {
 #endif
 }
 
+void Backend::reduce_gradients(const std::vector<Backend*>&, const std::vector<float*>&, std::size_t) {
+  throw std::logic_error(std::string("the ") + name() +
+                         " backend has no cross-device gradient reduction: device.gpus must be 1 with it");
+}
+
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
   check_backend_available(options);
   return std::make_unique<CpuBackend>(options);

@@ -31,6 +31,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/model_config.hpp"
 #include "kernels/precision.hpp"
@@ -130,6 +131,19 @@ class Backend {
   // backend copies them into a device buffer of its own and returns that pointer (valid until the
   // next call with the same `slot`, 0..3: inputs and targets of the two micro-batches in flight).
   virtual const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) = 0;
+
+  // --- several devices of one node (device.gpus = N) ----------------------------------------------
+  // Sums one stage's gradients across the node's devices, on the devices, called on device 0's
+  // backend: devices[d] is device d's backend (devices[0] == this), grads[d] a buffer of `floats`
+  // fp32 values in device d's memory. On return grads[0] holds the element-wise sum, added in device
+  // order, ((g0 + g1) + g2) + ... (fixed: deterministic run to run); grads[1..] are unchanged and may be
+  // reused. Ordering: the stage operations that wrote every grads[d] were called before (rule 3: they
+  // have finished on their devices), and a device-to-host copy of grads[0] submitted on this backend
+  // after the call reads the sum (rule 2). The CPU backend adds in host memory; a GPU backend reduces
+  // with NCCL (ncclReduce to rank 0, or its own fixed-order kernel when bitwise equality with one
+  // device matters). The default: this backend cannot (device.gpus must stay 1).
+  virtual void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
+                                std::size_t floats);
 };
 
 // The backend named by options.kind. Throws BackendUnavailable (naming `device.backend` and why) when

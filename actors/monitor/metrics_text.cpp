@@ -61,9 +61,9 @@ std::string metrics_text(const StatusBoard& board) {
                        .Help("Restarts of each actor (failures, watchdog and on-demand restarts)")
                        .Register(r);
   const std::int64_t now = steady_ns();
-  for (int i = 0; i < kActorCount; ++i) {
-    const ActorProbe::View v = board.probe(static_cast<ActorId>(i)).view(now);
-    const prometheus::Labels l{{"actor", actor_name(static_cast<ActorId>(i))}};
+  for (const auto& [name, probe] : board.named_probes()) {
+    const ActorProbe::View v = probe->view(now);
+    const prometheus::Labels l{{"actor", name}};
     busy.Add(l).Increment(v.busy_s);
     wait.Add(l).Increment(v.wait_s);
     depth.Add(l).Set(static_cast<double>(v.mailbox));

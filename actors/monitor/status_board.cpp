@@ -204,6 +204,31 @@ void StatusBoard::put_back_controls(std::vector<ControlRequest> rs) {
   controls_.insert(controls_.begin(), rs.begin(), rs.end());
 }
 
+void StatusBoard::set_devices(int n) {
+  device_probes_.clear();
+  for (int d = 1; d < n; ++d) {
+    device_probes_.emplace_back();  // prefetcher[d]
+    device_probes_.emplace_back();  // compute[d]
+  }
+}
+
+ActorProbe& StatusBoard::probe(ActorId a, int device) {
+  if (device <= 0 || (a != ActorId::prefetcher && a != ActorId::compute)) return probe(a);
+  return device_probes_.at(static_cast<std::size_t>(2 * (device - 1) + (a == ActorId::compute ? 1 : 0)));
+}
+
+std::vector<std::pair<std::string, const ActorProbe*>> StatusBoard::named_probes() const {
+  std::vector<std::pair<std::string, const ActorProbe*>> out;
+  for (int i = 0; i < kActorCount; ++i) {
+    out.emplace_back(actor_name(static_cast<ActorId>(i)), &probes_[i]);
+    if (static_cast<ActorId>(i) == ActorId::compute)
+      for (std::size_t k = 0; k < device_probes_.size(); ++k)
+        out.emplace_back(std::string(k % 2 == 0 ? "prefetcher[" : "compute[") + std::to_string(k / 2 + 1) + "]",
+                         &device_probes_[k]);
+  }
+  return out;
+}
+
 nlohmann::json StatusBoard::status_json() const {
   const RunInfo info = run_info();
   const RunFigures f = figures();
@@ -221,9 +246,9 @@ nlohmann::json StatusBoard::status_json() const {
                      {"pid", info.pid}};
   nlohmann::json actors = nlohmann::json::array();
   const std::int64_t now = steady_ns();
-  for (int i = 0; i < kActorCount; ++i) {
-    const ActorProbe::View v = probes_[i].view(now);
-    actors.push_back({{"name", actor_name(static_cast<ActorId>(i))},
+  for (const auto& [name, probe] : named_probes()) {
+    const ActorProbe::View v = probe->view(now);
+    actors.push_back({{"name", name},
                       {"state", actor_state_name(v.state)},
                       {"handler", v.handler},
                       {"in_handler_s", v.in_handler_s},

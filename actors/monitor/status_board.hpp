@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -141,6 +142,13 @@ class StatusBoard {
 
   ActorProbe& probe(ActorId a) { return probes_[static_cast<int>(a)]; }
   const ActorProbe& probe(ActorId a) const { return probes_[static_cast<int>(a)]; }
+  // device.gpus = N: devices 1..N-1 have a prefetcher and a compute probe of their own, listed as
+  // "prefetcher[d]" and "compute[d]" after device 0's (the plain names). Call once, before any actor
+  // runs. probe(a, d) is probe(a) for device 0 and for the roles that are not per device.
+  void set_devices(int n);
+  ActorProbe& probe(ActorId a, int device);
+  // Every probe with its name, in the order /status and /metrics list them.
+  std::vector<std::pair<std::string, const ActorProbe*>> named_probes() const;
 
   void set_run_info(RunInfo info);
   RunInfo run_info() const;
@@ -168,6 +176,7 @@ class StatusBoard {
 
  private:
   ActorProbe probes_[kActorCount];
+  std::deque<ActorProbe> device_probes_;  // devices 1..N-1: prefetcher, compute, in device order
   mutable std::mutex mutex_;
   RunInfo info_;
   RunFigures figures_;

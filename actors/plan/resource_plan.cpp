@@ -63,8 +63,13 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
       host += static_cast<double>(e.host_boundary_bytes);
     }
     if (cfg.device.backend == "cpu" && !x.device_is_gpu) {
-      p.bytes.push_back({"host RAM", "the CPU backend's device arena (host memory)", p.device_bytes});
-      host += p.device_bytes;
+      const double arenas = static_cast<double>(cfg.device.gpus) * p.device_bytes;
+      p.bytes.push_back({"host RAM",
+                         cfg.device.gpus > 1 ? "the CPU backend's " + std::to_string(cfg.device.gpus) +
+                                                   " device arenas (host memory)"
+                                             : std::string("the CPU backend's device arena (host memory)"),
+                         arenas});
+      host += arenas;
     }
   }
   if (disk > 0)
@@ -98,7 +103,8 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                                                       : "layer boundaries on the device, recomputed once in backward") +
                       ", " + std::to_string(e.activation_sets) + " activation set(s)");
   }
-  if (x.gpus > 1) p.homes.push_back(std::to_string(x.gpus) + " devices, one arena each (modelled)");
+  if (cfg.device.gpus > 1)
+    p.homes.push_back(std::to_string(cfg.device.gpus) + " devices, one arena each (the arena above is per device)");
 }
 
 ResourcePlan plan_once(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x, std::string* device_error,

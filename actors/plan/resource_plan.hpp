@@ -15,10 +15,8 @@
 
 namespace mt::plan {
 
-// What the config alone does not say: with gpus = N, N devices each hold one arena and stream the
-// same layers (data parallel: N x the tokens per step).
+// What the config alone does not say (device.gpus = N is the config's: N arenas, N x the tokens).
 struct PlanExtras {
-  int gpus = 1;
   // Planning for a GPU profile on another machine: the arena is device memory, not host RAM (the
   // CPU backend's arena is host memory and counts there).
   bool device_is_gpu = false;

@@ -130,7 +130,7 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
 }
 
 StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
-                            const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& x, int steps) {
+                            const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& /*extras*/, int steps) {
   steps = std::max(2, steps);
   const actors::Schedule sched(model, plan.micro_batches, plan.order, plan.boundaries_on_host);
   const std::int64_t S = plan.stages;
@@ -336,7 +336,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   }
   p.steady_s = step_end[static_cast<std::size_t>(steps - 1)] - step_end[static_cast<std::size_t>(steps - 2)];
   p.step_s = (step_end[static_cast<std::size_t>(steps - 1)] - step_end[0]) / static_cast<double>(steps - 1);
-  p.tokens = static_cast<double>(plan.batch * plan.seq * plan.micro_batches) * std::max(1, x.gpus);
+  p.tokens = static_cast<double>(plan.batch * plan.seq * plan.micro_batches) * static_cast<double>(std::max<std::int64_t>(1, cfg.device.gpus));
   p.model_flops = model_flops_per_step(model, p.tokens, static_cast<double>(plan.seq));
   return p;
 }

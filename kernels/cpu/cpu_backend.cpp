@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <stdexcept>
 #include <utility>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/step_math.hpp"
 
 namespace mt {
 namespace {
@@ -69,6 +71,13 @@ void CpuBackend::fill_zero(void* device_dst, std::size_t bytes) { std::memset(de
 
 void CpuBackend::copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) {
   std::memcpy(device_dst, device_src, bytes);
+}
+
+void CpuBackend::reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
+                                  std::size_t floats) {
+  if (devices.size() != grads.size() || devices.empty() || devices[0] != this)
+    throw std::invalid_argument("reduce_gradients: one buffer per device, called on device 0's backend");
+  for (std::size_t d = 1; d < grads.size(); ++d) cpu::accumulate(grads[0], grads[d], floats, ctx_.threads);
 }
 
 void CpuBackend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,

@@ -48,6 +48,9 @@ class CpuBackend final : public Backend {
                                 const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                                 float* dx, float* head_grads, float* embed_grads, float* workspace) override;
   const token_t* upload_tokens(const token_t* host_tokens, std::size_t, int) override { return host_tokens; }
+  // Every CPU "device" is host memory: a plain host reduction, grads[0] += grads[d] for d = 1, 2, ...
+  void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
+                        std::size_t floats) override;
 
  private:
   BackendOptions options_;

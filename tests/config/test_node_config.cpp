@@ -87,6 +87,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "device.keep_intermediates",
                         "device.copy_bandwidth_gbps",
                         "device.schedule",
+                        "device.gpus",
                         "threads.total",
                         "threads.blas",
                         "threads.optimizer",
@@ -131,8 +132,8 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  // train: 24 + eval_steps, eval_max_batches + 3 offload keys; plan: 5
-  CHECK(keys.size() == 29 + 15 + 4 + 9 + 5 + 3 + 8 + 4 + 5);
+  // train: 24 + eval_steps, eval_max_batches + 3 offload keys; device: 9 + gpus; plan: 5
+  CHECK(keys.size() == 29 + 15 + 4 + 10 + 5 + 3 + 8 + 4 + 5);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -103,6 +103,13 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
        }},
       {"device.schedule: 'zigzag' is not one of: interleaved, sequential",
        [](TrainConfig& c) { c.device.schedule = "zigzag"; }},
+      {"device.gpus: must be >= 1, got 0", [](TrainConfig& c) { c.device.gpus = 0; }},
+      {"device.gpus: must be <= 64, got 65", [](TrainConfig& c) { c.device.gpus = 65; }},
+      {"device.gpus: 2 GPUs need the cross-device gradient reduction (NCCL)",
+       [](TrainConfig& c) {
+         c.device.backend = "cuda";
+         c.device.gpus = 2;
+       }},
       {"threads.total: must be >= 0", [](TrainConfig& c) { c.threads.total = -1; }},
       {"threads.copy: must be <= 2", [](TrainConfig& c) { c.threads.copy = 3; }},
       {"threads.blas: 3 exceeds threads.total=2", [](TrainConfig& c) { c.threads.blas = 3; }},

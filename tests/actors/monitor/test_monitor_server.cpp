@@ -195,3 +195,27 @@ TEST_CASE("monitor HTTP server: answers, and bounds bad clients in size, time an
     ::close(fd);
   }
 }
+
+TEST_CASE("monitor board: per-device prefetcher and compute probes (device.gpus)", "[monitor]") {
+  StatusBoard board;
+  board.set_devices(3);
+  CHECK(&board.probe(ActorId::compute, 0) == &board.probe(ActorId::compute));
+  CHECK(&board.probe(ActorId::loader, 2) == &board.probe(ActorId::loader));  // not a per-device role
+  CHECK(&board.probe(ActorId::compute, 1) != &board.probe(ActorId::compute));
+  CHECK(&board.probe(ActorId::compute, 1) != &board.probe(ActorId::prefetcher, 1));
+  CHECK(&board.probe(ActorId::compute, 2) != &board.probe(ActorId::compute, 1));
+  board.probe(ActorId::compute, 2).count_restart();
+  std::vector<std::string> names;
+  const nlohmann::json status = board.status_json();
+  for (const auto& a : status["actors"]) {
+    names.push_back(a["name"].get<std::string>());
+    CHECK(a["restarts"].get<std::int64_t>() == (names.back() == "compute[2]" ? 1 : 0));
+  }
+  const std::vector<std::string> expected{"loader",     "prefetcher",    "compute",    "prefetcher[1]",
+                                          "compute[1]", "prefetcher[2]", "compute[2]", "collector",
+                                          "optimizer",  "checkpointer",  "node"};
+  CHECK(names == expected);
+  const std::string metrics = metrics_text(board);
+  CHECK_THAT(metrics, Catch::Contains("megatrain_actor_restarts_total{actor=\"compute[2]\"} 1"));
+  CHECK_THAT(metrics, Catch::Contains("actor=\"prefetcher[1]\""));
+}
