@@ -33,6 +33,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/pinned_ranges.hpp"
 
 namespace mt::cuda {
 
@@ -141,8 +142,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Gemm> gemm_;
   Direction dirs_[2];
   std::vector<void*> allocations_;
-  std::mutex host_mu_;
-  std::map<void*, std::size_t> registered_;
+  PinnedRanges pinned_;  // cudaHostRegister'ed host ranges
   std::mutex token_mu_;
   TokenSlot slots_[4];
   RopeTables rope_;

@@ -11,6 +11,7 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool gemm_ex = false;  // no cuBLASLt algorithm: cublasGemmEx
 };
 
 int pointer_alignment(const void* p) {
@@ -22,6 +23,8 @@ int pointer_alignment(const void* p) {
 
 Gemm::Gemm(bool allow_tf32, std::size_t workspace_bytes) : tf32_(allow_tf32), workspace_bytes_(workspace_bytes) {
   MT_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  MT_CUBLAS_CHECK(cublasCreate(&fallback_));
+  MT_CUBLAS_CHECK(cublasSetMathMode(fallback_, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   MT_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
 }
 
@@ -34,6 +37,7 @@ Gemm::~Gemm() {
     delete p;
   }
   cudaFree(workspace_);
+  cublasDestroy(fallback_);
   cublasLtDestroy(handle_);
 }
 
@@ -66,17 +70,10 @@ Gemm::Plan& Gemm::plan_for(const Key& key) {
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(p->a);
-    cublasLtMatrixLayoutDestroy(p->b);
-    cublasLtMatrixLayoutDestroy(p->c);
-    cublasLtMatmulDescDestroy(p->desc);
-    delete p;
-    throw std::runtime_error("cuBLASLt: no algorithm for the product m=" + std::to_string(m) +
-                             " n=" + std::to_string(n) + " k=" + std::to_string(k) + (bf16 ? " (bf16)" : " (fp32)") +
-                             ", alignment " + std::to_string(align) + " (status " + cublasLtGetStatusName(st) + ")");
-  }
-  p->algo = result.algo;
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+    p->gemm_ex = true;  // no cuBLASLt algorithm for these types / alignments: cublasGemmEx runs it
+  else
+    p->algo = result.algo;
   plans_.emplace(key, p);
   return *p;
 }
@@ -89,8 +86,25 @@ void Gemm::matmul(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
   const Key key{ta, tb, m, n, k, lda, ldb, ldc, bf16, beta != 0.0f, align};
   Plan& p = plan_for(key);
   const float alpha = 1.0f;
+  if (p.gemm_ex) {
+    std::lock_guard<std::mutex> lock(mu_);  // the handle's stream is per call
+    const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute = bf16 || !tf32_ ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    MT_CUBLAS_CHECK(cublasSetStream(fallback_, st));
+    MT_CUBLAS_CHECK(cublasGemmEx(fallback_, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, A, t,
+                                 static_cast<int>(lda), B, t, static_cast<int>(ldb), &beta, C, CUDA_R_32F,
+                                 static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
   MT_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
                                  workspace_bytes_, st));
+}
+
+std::size_t Gemm::fallback_plans() const {
+  std::size_t n = 0;
+  for (const auto& kv : plans_) n += kv.second->gemm_ex;
+  return n;
 }
 
 void Gemm::linear_forward(const void* x, const void* W, float* y, std::int64_t N, std::int64_t in, std::int64_t out,

@@ -5,6 +5,7 @@
 // its results are the same bits run after run.
 #pragma once
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -39,6 +40,9 @@ class Gemm {
 
   bool tf32() const { return tf32_; }
   std::size_t plans() const { return plans_.size(); }
+  // Products cuBLASLt's heuristic had no algorithm for (odd leading dimensions of bf16 operands, say),
+  // run by cublasGemmEx instead: same types, same accumulation.
+  std::size_t fallback_plans() const;
 
  private:
   struct Plan;
@@ -48,6 +52,7 @@ class Gemm {
 
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;
+  cublasHandle_t fallback_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_;
   std::mutex mu_;
