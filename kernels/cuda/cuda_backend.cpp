@@ -317,7 +317,10 @@ CudaBackend::Scratch CudaBackend::scratch_for(const ModelConfig& c, std::int64_t
   const std::size_t xb = bf16 ? align_up(static_cast<std::size_t>(N * widest) * 2, 256) : 0;
   const std::size_t gb =
       bf16 ? align_up(static_cast<std::size_t>(std::max(N * widest, chunk * c.vocab_size)) * 2, 256) : 0;
-  const std::size_t partial = align_up(colsum_scratch_floats(N, widest) * sizeof(float), 256);
+  // Column sums run over N rows of up to `widest` columns, and over N x heads rows of head_dim columns
+  // (Qwen3's q/k norms): at most kColsumMaxSplits partial rows either way.
+  const std::size_t partial =
+      align_up(static_cast<std::size_t>(kColsumMaxSplits * std::max(widest, c.head_dim)) * sizeof(float), 256);
   const std::size_t rowdot = align_up(static_cast<std::size_t>(N * c.num_attention_heads) * sizeof(float), 256);
   const std::size_t need = xb + gb + partial + rowdot;
   if (need > scratch_bytes_) {
