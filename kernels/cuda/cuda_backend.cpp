@@ -68,19 +68,14 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   gemm_ = std::make_unique<Gemm>(options_.cuda_tf32);
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_), 2 * sizeof(double)));
   MT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&loss_host_), 2 * sizeof(double)));
-  for (int d = 0; d < 2; ++d) dirs_[d].poller = std::thread([this, d] { poll(d); });
+  for (auto& d : dirs_)
+    d.done = std::make_unique<CompletionQueue<CopyEvents>>([this](CopyEvents& ev) { return wait_copy(ev); });
 }
 
 CudaBackend::~CudaBackend() {
   select_device();
-  for (auto& d : dirs_) {
-    {
-      std::lock_guard<std::mutex> lock(d.mu);
-      d.stop = true;
-    }
-    d.work.notify_all();
-    if (d.poller.joinable()) d.poller.join();  // drains the queue first
-  }
+  for (auto& d : dirs_)
+    if (d.done) d.done->stop();  // drains the queue first: every callback runs
   // Best effort from here: a destructor must not throw, and every resource is released either way.
   cudaDeviceSynchronize();
   pinned_.release_all();
@@ -128,73 +123,43 @@ void CudaBackend::copy_async(LinkDirection dir, const void* src, void* dst, std:
                              std::function<void()> on_done) {
   select_device();
   Direction& d = dirs_[static_cast<int>(dir)];
-  Pending p;
-  p.bytes = bytes;
-  p.on_done = std::move(on_done);
-  {
-    // Under the lock: the queue's order is the stream's order, which the poller relies on.
-    std::lock_guard<std::mutex> lock(d.mu);
-    MT_CUDA_CHECK(cudaEventCreate(&p.start));
-    MT_CUDA_CHECK(cudaEventCreateWithFlags(&p.end, cudaEventBlockingSync));
-    if (dir == LinkDirection::device_to_host) {  // rule 2: after the compute work submitted so far
-      cudaEvent_t ready = nullptr;
-      MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-      MT_CUDA_CHECK(cudaEventRecord(ready, compute_));
-      MT_CUDA_CHECK(cudaStreamWaitEvent(d.stream, ready, 0));
-      MT_CUDA_CHECK(cudaEventDestroy(ready));  // released once it completed; the wait stays enqueued
-    }
-    MT_CUDA_CHECK(cudaEventRecord(p.start, d.stream));
-    if (bytes > 0)
-      MT_CUDA_CHECK(cudaMemcpyAsync(
-          dst, src, bytes, dir == LinkDirection::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
-          d.stream));
-    MT_CUDA_CHECK(cudaEventRecord(p.end, d.stream));
-    d.queue.push_back(std::move(p));
+  CopyEvents e;
+  std::lock_guard<std::mutex> lock(d.submit);
+  MT_CUDA_CHECK(cudaEventCreate(&e.start));
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&e.end, cudaEventBlockingSync));
+  if (dir == LinkDirection::device_to_host) {  // rule 2: after the compute work submitted so far
+    cudaEvent_t ready = nullptr;
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventRecord(ready, compute_));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(d.stream, ready, 0));
+    MT_CUDA_CHECK(cudaEventDestroy(ready));  // released once it completed; the wait stays enqueued
   }
-  d.work.notify_one();
+  MT_CUDA_CHECK(cudaEventRecord(e.start, d.stream));
+  if (bytes > 0)
+    MT_CUDA_CHECK(cudaMemcpyAsync(
+        dst, src, bytes, dir == LinkDirection::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+        d.stream));
+  MT_CUDA_CHECK(cudaEventRecord(e.end, d.stream));
+  d.done->push(e, bytes, std::move(on_done));
 }
 
-void CudaBackend::poll(int dir) {
+double CudaBackend::wait_copy(CopyEvents& e) const {
   poller_check(cudaSetDevice(device_), "cudaSetDevice");
-  Direction& d = dirs_[dir];
-  for (;;) {
-    Pending p;
-    {
-      std::unique_lock<std::mutex> lock(d.mu);
-      d.work.wait(lock, [&] { return d.stop || !d.queue.empty(); });
-      if (d.queue.empty()) return;  // stop, and everything drained
-      p = d.queue.front();          // stays queued (wait_link_idle) until its callback ran
-    }
-    poller_check(cudaEventSynchronize(p.end), "cudaEventSynchronize on a copy's end event");
-    float ms = 0.0f;
-    poller_check(cudaEventElapsedTime(&ms, p.start, p.end), "cudaEventElapsedTime");
-    poller_check(cudaEventDestroy(p.start), "cudaEventDestroy");
-    poller_check(cudaEventDestroy(p.end), "cudaEventDestroy");
-    if (p.on_done) p.on_done();
-    {
-      std::lock_guard<std::mutex> lock(d.mu);
-      d.stats.copies += 1;
-      d.stats.bytes += p.bytes;
-      d.stats.busy_seconds += ms * 1e-3;
-      d.queue.pop_front();
-    }
-    d.idle.notify_all();
-  }
+  poller_check(cudaEventSynchronize(e.end), "cudaEventSynchronize on a copy's end event");
+  float ms = 0.0f;
+  poller_check(cudaEventElapsedTime(&ms, e.start, e.end), "cudaEventElapsedTime");
+  poller_check(cudaEventDestroy(e.start), "cudaEventDestroy");
+  poller_check(cudaEventDestroy(e.end), "cudaEventDestroy");
+  return ms * 1e-3;
 }
 
 void CudaBackend::wait_link_idle() {
-  for (auto& d : dirs_) {
-    std::unique_lock<std::mutex> lock(d.mu);
-    d.idle.wait(lock, [&] { return d.queue.empty(); });
-  }
+  for (auto& d : dirs_) d.done->wait_idle();
 }
 
 LinkStats CudaBackend::link_stats() const {
   LinkStats s;
-  for (int d = 0; d < 2; ++d) {
-    std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(dirs_[d].mu));
-    s.direction[d] = dirs_[d].stats;
-  }
+  for (int d = 0; d < 2; ++d) s.direction[d] = dirs_[d].done->stats();
   return s;
 }
 

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/cuda/completion_queue.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/pinned_ranges.hpp"
 
@@ -78,19 +79,13 @@ class CudaBackend final : public Backend {
   int device() const { return device_; }
 
  private:
-  struct Pending {
+  struct CopyEvents {  // a copy's start and end on its stream (timing) ...
     cudaEvent_t start = nullptr, end = nullptr;
-    std::size_t bytes = 0;
-    std::function<void()> on_done;
   };
   struct Direction {
     cudaStream_t stream = nullptr;
-    std::mutex mu;
-    std::condition_variable work, idle;
-    std::deque<Pending> queue;
-    bool stop = false;
-    LinkDirectionStats stats;
-    std::thread poller;
+    std::mutex submit;  // ... enqueued and queued under one lock: the queue's order is the stream's
+    std::unique_ptr<CompletionQueue<CopyEvents>> done;
   };
   struct TokenSlot {
     std::vector<token_t> host;  // what was uploaded (validated against the model at use)
@@ -115,7 +110,7 @@ class CudaBackend final : public Backend {
   };
 
   void select_device() const;
-  void poll(int dir);
+  double wait_copy(CopyEvents& e) const;  // on a poller thread
   TokenSlot& slot_of(const token_t* device_tokens, const char* what);
   void build_token_rows(TokenSlot& s);
   const RopeTables& rope_tables(const ModelConfig& c, std::int64_t seq);
