@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/cpu_backend.hpp"
 #if MEGATRAIN_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/device_probe.hpp"
 #endif
 
@@ -18,9 +19,6 @@ void check_backend_available(const BackendOptions& options) {
   if (options.device_index < 0 || options.device_index >= probe.count)
     throw BackendUnavailable("cuda: GPU " + std::to_string(options.device_index) + " does not exist (" +
                              std::to_string(probe.count) + " found)");
-  throw BackendUnavailable("cuda: " + std::to_string(probe.count) +
-                           " GPU(s) found, but the CUDA training backend is not implemented in this build yet; "
-                           "use device.backend=cpu");
 #else
   throw BackendUnavailable(
       "cuda: this build has no CUDA backend (nvcc was not found when it was configured, or "
@@ -35,6 +33,9 @@ void Backend::reduce_gradients(const std::vector<Backend*>&, const std::vector<f
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
   check_backend_available(options);
+#if MEGATRAIN_HAVE_CUDA
+  if (options.kind == "cuda") return cuda::make_cuda_backend(options);
+#endif
   return std::make_unique<CpuBackend>(options);
 }
 

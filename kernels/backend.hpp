@@ -61,6 +61,7 @@ struct BackendOptions {
   double link_bytes_per_s = 0.0;  // CPU: per-direction bandwidth limit standing in for PCIe; 0 = none
   std::int64_t head_chunk = 0;    // ComputeCtx::head_chunk
   int device_index = 0;           // CUDA: which GPU
+  bool cuda_tf32 = false;         // CUDA, fp32 runs: let cuBLASLt use TF32 tensor cores (10-bit mantissa inputs)
 };
 
 // A backend cannot run here (no such backend in this build, no usable device); nothing has been

@@ -1,0 +1,366 @@
+// Causal grouped-query attention, flash-style: the T x T scores never exist. A block owns 16 rows
+// (4 warps x 4 rows) and walks the other side in tiles of 32, one per lane: a lane computes one whole
+// dot product (its key against the warp's query, both in shared memory), the warp then shares the 32
+// probabilities by shuffles and each lane accumulates the head-dim elements it owns (lane + 32 c).
+// Forward: online softmax per query row, out and lse as cpu::attention_forward. Backward, without
+// atomics (deterministic): one kernel per query row block for dq, one per key row block for dk and dv
+// (looping over the query heads of its kv group), both recomputing the probabilities from lse, plus a
+// row-dot kernel for D_i = dout_i . out_i.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/ops.hpp"
+#include "kernels/cuda/plan.hpp"
+
+namespace mt::cuda {
+namespace {
+
+constexpr int R = kAttnRowsPerBlock;
+constexpr int RW = kAttnRowsPerWarp;
+constexpr int TILE = kAttnTile;
+constexpr int kThreads = kAttnWarps * 32;
+static_assert(TILE == 32, "one tile row per lane");
+
+// Dot product of two shared-memory rows of D floats.
+template <int DT>
+__device__ __forceinline__ float dot_row(const float* a, const float* b, int D) {
+  float s = 0.0f;
+  if constexpr (DT > 0) {
+#pragma unroll 16
+    for (int e = 0; e < DT; ++e) s += a[e] * b[e];
+  } else {
+    for (int e = 0; e < D; ++e) s += a[e] * b[e];
+  }
+  return s;
+}
+
+// rows [t0, t0 + rows) of a [T, stride] matrix, D columns, into shared memory with row pitch `pitch`;
+// rows at or past T are zero.
+__device__ __forceinline__ void load_rows(float* dst, int pitch, const float* src, std::int64_t stride, std::int64_t t0,
+                                          int rows, std::int64_t T, int D) {
+  for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
+    const int r = idx / D, e = idx % D;
+    const std::int64_t t = t0 + r;
+    dst[r * pitch + e] = t < T ? src[t * stride + e] : 0.0f;
+  }
+}
+
+template <int DT, int EPL>
+__global__ void __launch_bounds__(kThreads)
+    attn_fwd_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                    float* __restrict__ out, float* __restrict__ lse, AttnDims a, int Dr, float scale) {
+  const int D = DT > 0 ? DT : Dr;
+  extern __shared__ float smem[];
+  float* Qs = smem;                 // [R][D]
+  float* Ks = Qs + R * D;           // [TILE][D + 1]
+  float* Vs = Ks + TILE * (D + 1);  // [TILE][D]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t T = a.seq, b = blockIdx.z, h = blockIdx.y, kvh = h / (a.q_heads / a.kv_heads);
+  const std::int64_t q_start = static_cast<std::int64_t>(blockIdx.x) * R;
+  const float* kb = k + b * T * a.kv_stride + kvh * D;
+  const float* vb = v + b * T * a.kv_stride + kvh * D;
+  load_rows(Qs, D, q + b * T * a.q_stride + h * D, a.q_stride, q_start, R, T, D);
+
+  float m[RW], l[RW], acc[RW][EPL];
+#pragma unroll
+  for (int rr = 0; rr < RW; ++rr) {
+    m[rr] = -INFINITY, l[rr] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < EPL; ++c) acc[rr][c] = 0.0f;
+  }
+  const std::int64_t k_end = min(T, q_start + R);  // causal: no row of this block sees keys past it
+  for (std::int64_t k0 = 0; k0 < k_end; k0 += TILE) {
+    __syncthreads();  // the previous tile is no longer read
+    load_rows(Ks, D + 1, kb, a.kv_stride, k0, TILE, T, D);
+    load_rows(Vs, D, vb, a.kv_stride, k0, TILE, T, D);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const int row = warp * RW + rr;
+      const std::int64_t i = q_start + row;
+      if (i >= T || k0 > i) continue;  // uniform across the warp
+      const bool valid = k0 + lane <= i;
+      float s = dot_row<DT>(Qs + row * D, Ks + lane * (D + 1), D) * scale;
+      s = valid ? s : -INFINITY;
+      const float m_new = fmaxf(m[rr], warp_max(s));  // finite: key k0 <= i is visible
+      const float corr = expf(m[rr] - m_new);         // 0 on the first tile (m = -inf)
+      const float p = valid ? expf(s - m_new) : 0.0f;
+      l[rr] = l[rr] * corr + warp_sum(p);
+      const int nvis = static_cast<int>(min(static_cast<std::int64_t>(TILE), i - k0 + 1));
+#pragma unroll
+      for (int c = 0; c < EPL; ++c) acc[rr][c] *= corr;
+      for (int jj = 0; jj < nvis; ++jj) {
+        const float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+        for (int c = 0; c < EPL; ++c) {
+          const int e = lane + 32 * c;
+          if (e < D) acc[rr][c] += pj * Vs[jj * D + e];
+        }
+      }
+      m[rr] = m_new;
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < RW; ++rr) {
+    const std::int64_t i = q_start + warp * RW + rr;
+    if (i >= T) continue;
+    const float inv = 1.0f / l[rr];
+    float* o = out + (b * T + i) * a.o_stride + h * D;
+#pragma unroll
+    for (int c = 0; c < EPL; ++c) {
+      const int e = lane + 32 * c;
+      if (e < D) o[e] = acc[rr][c] * inv;
+    }
+    if (lane == 0) lse[(b * a.q_heads + h) * T + i] = m[rr] + logf(l[rr]);
+  }
+}
+
+// rowdot[(b * q_heads + h) * T + t] = dout . out over the head's D elements; one warp a row.
+__global__ void attn_rowdot_kernel(const float* __restrict__ out, const float* __restrict__ dout,
+                                   float* __restrict__ rowdot, AttnDims a) {
+  const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t T = a.seq, total = a.batch * a.q_heads * T;
+  if (idx >= total) return;
+  const std::int64_t t = idx % T, h = (idx / T) % a.q_heads, b = idx / (T * a.q_heads);
+  const float* o = out + (b * T + t) * a.o_stride + h * a.head_dim;
+  const float* d = dout + (b * T + t) * a.o_stride + h * a.head_dim;
+  float s = 0.0f;
+  for (std::int64_t e = lane; e < a.head_dim; e += 32) s += o[e] * d[e];
+  s = warp_sum(s);
+  if (lane == 0) rowdot[idx] = s;
+}
+
+template <int DT, int EPL>
+__global__ void __launch_bounds__(kThreads)
+    attn_dq_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                   const float* __restrict__ lse, const float* __restrict__ rowdot, const float* __restrict__ dout,
+                   float* __restrict__ dq, AttnDims a, int Dr, float scale) {
+  const int D = DT > 0 ? DT : Dr;
+  extern __shared__ float smem[];
+  float* Qs = smem;                 // [R][D]
+  float* dOs = Qs + R * D;          // [R][D]
+  float* Ks = dOs + R * D;          // [TILE][D + 1]
+  float* Vs = Ks + TILE * (D + 1);  // [TILE][D + 1]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t T = a.seq, b = blockIdx.z, h = blockIdx.y, kvh = h / (a.q_heads / a.kv_heads);
+  const std::int64_t q_start = static_cast<std::int64_t>(blockIdx.x) * R;
+  const float* kb = k + b * T * a.kv_stride + kvh * D;
+  const float* vb = v + b * T * a.kv_stride + kvh * D;
+  load_rows(Qs, D, q + b * T * a.q_stride + h * D, a.q_stride, q_start, R, T, D);
+  load_rows(dOs, D, dout + b * T * a.o_stride + h * D, a.o_stride, q_start, R, T, D);
+  float acc[RW][EPL], row_lse[RW], row_dot[RW];
+#pragma unroll
+  for (int rr = 0; rr < RW; ++rr) {
+    const std::int64_t i = q_start + warp * RW + rr;
+    row_lse[rr] = i < T ? lse[(b * a.q_heads + h) * T + i] : 0.0f;
+    row_dot[rr] = i < T ? rowdot[(b * a.q_heads + h) * T + i] : 0.0f;
+#pragma unroll
+    for (int c = 0; c < EPL; ++c) acc[rr][c] = 0.0f;
+  }
+  const std::int64_t k_end = min(T, q_start + R);
+  for (std::int64_t k0 = 0; k0 < k_end; k0 += TILE) {
+    __syncthreads();
+    load_rows(Ks, D + 1, kb, a.kv_stride, k0, TILE, T, D);
+    load_rows(Vs, D + 1, vb, a.kv_stride, k0, TILE, T, D);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+      const int row = warp * RW + rr;
+      const std::int64_t i = q_start + row;
+      if (i >= T || k0 > i) continue;
+      const bool valid = k0 + lane <= i;
+      const float s = dot_row<DT>(Qs + row * D, Ks + lane * (D + 1), D) * scale;
+      const float dp = dot_row<DT>(dOs + row * D, Vs + lane * (D + 1), D);
+      const float p = valid ? expf(s - row_lse[rr]) : 0.0f;
+      const float ds = valid ? p * (dp - row_dot[rr]) * scale : 0.0f;
+      const int nvis = static_cast<int>(min(static_cast<std::int64_t>(TILE), i - k0 + 1));
+      for (int jj = 0; jj < nvis; ++jj) {
+        const float dsj = __shfl_sync(0xffffffffu, ds, jj);
+#pragma unroll
+        for (int c = 0; c < EPL; ++c) {
+          const int e = lane + 32 * c;
+          if (e < D) acc[rr][c] += dsj * Ks[jj * (D + 1) + e];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < RW; ++rr) {
+    const std::int64_t i = q_start + warp * RW + rr;
+    if (i >= T) continue;
+    float* o = dq + (b * T + i) * a.q_stride + h * D;
+#pragma unroll
+    for (int c = 0; c < EPL; ++c) {
+      const int e = lane + 32 * c;
+      if (e < D) o[e] = acc[rr][c];
+    }
+  }
+}
+
+template <int DT, int EPL>
+__global__ void __launch_bounds__(kThreads)
+    attn_dkv_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                    const float* __restrict__ lse, const float* __restrict__ rowdot, const float* __restrict__ dout,
+                    float* __restrict__ dk, float* __restrict__ dv, AttnDims a, int Dr, float scale) {
+  const int D = DT > 0 ? DT : Dr;
+  extern __shared__ float smem[];
+  float* Ks = smem;                  // [R][D]: this block's key rows
+  float* Vs = Ks + R * D;            // [R][D]
+  float* Qs = Vs + R * D;            // [TILE][D + 1]
+  float* dOs = Qs + TILE * (D + 1);  // [TILE][D + 1]
+  float* Ls = dOs + TILE * (D + 1);  // [TILE]
+  float* Ds = Ls + TILE;             // [TILE]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t T = a.seq, b = blockIdx.z, kvh = blockIdx.y, group = a.q_heads / a.kv_heads;
+  const std::int64_t k_start = static_cast<std::int64_t>(blockIdx.x) * R;
+  load_rows(Ks, D, k + b * T * a.kv_stride + kvh * D, a.kv_stride, k_start, R, T, D);
+  load_rows(Vs, D, v + b * T * a.kv_stride + kvh * D, a.kv_stride, k_start, R, T, D);
+  float gk[RW][EPL], gv[RW][EPL];
+#pragma unroll
+  for (int rr = 0; rr < RW; ++rr)
+#pragma unroll
+    for (int c = 0; c < EPL; ++c) gk[rr][c] = gv[rr][c] = 0.0f;
+  for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const float* lb = lse + (b * a.q_heads + h) * T;
+    const float* db = rowdot + (b * a.q_heads + h) * T;
+    for (std::int64_t q0 = k_start; q0 < T; q0 += TILE) {  // causal: queries before k_start see none of these keys
+      __syncthreads();
+      load_rows(Qs, D + 1, q + b * T * a.q_stride + h * D, a.q_stride, q0, TILE, T, D);
+      load_rows(dOs, D + 1, dout + b * T * a.o_stride + h * D, a.o_stride, q0, TILE, T, D);
+      if (threadIdx.x < TILE) {
+        const std::int64_t t = q0 + threadIdx.x;
+        Ls[threadIdx.x] = t < T ? lb[t] : 0.0f;
+        Ds[threadIdx.x] = t < T ? db[t] : 0.0f;
+      }
+      __syncthreads();
+      const int nq = static_cast<int>(min(static_cast<std::int64_t>(TILE), T - q0));
+#pragma unroll
+      for (int rr = 0; rr < RW; ++rr) {
+        const int row = warp * RW + rr;
+        const std::int64_t j = k_start + row;
+        if (j >= T) continue;
+        const std::int64_t i = q0 + lane;
+        const bool valid = i >= j && i < T;
+        const float s = dot_row<DT>(Qs + lane * (D + 1), Ks + row * D, D) * scale;
+        const float dp = dot_row<DT>(dOs + lane * (D + 1), Vs + row * D, D);
+        const float p = valid ? expf(s - Ls[lane]) : 0.0f;
+        const float ds = valid ? p * (dp - Ds[lane]) * scale : 0.0f;
+        for (int ii = 0; ii < nq; ++ii) {
+          const float pi = __shfl_sync(0xffffffffu, p, ii);
+          const float dsi = __shfl_sync(0xffffffffu, ds, ii);
+#pragma unroll
+          for (int c = 0; c < EPL; ++c) {
+            const int e = lane + 32 * c;
+            if (e < D) {
+              gv[rr][c] += pi * dOs[ii * (D + 1) + e];
+              gk[rr][c] += dsi * Qs[ii * (D + 1) + e];
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < RW; ++rr) {
+    const std::int64_t j = k_start + warp * RW + rr;
+    if (j >= T) continue;
+    float* ok = dk + (b * T + j) * a.kv_stride + kvh * D;
+    float* ov = dv + (b * T + j) * a.kv_stride + kvh * D;
+#pragma unroll
+    for (int c = 0; c < EPL; ++c) {
+      const int e = lane + 32 * c;
+      if (e < D) ok[e] = gk[rr][c], ov[e] = gv[rr][c];
+    }
+  }
+}
+
+void check_dims(const AttnDims& a) {
+  if (a.batch <= 0 || a.seq <= 0 || a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0)
+    throw std::invalid_argument("CUDA attention: bad shape (batch, seq, heads must be > 0, kv heads dividing heads)");
+  if (a.q_heads > 65535 || a.batch > 65535)
+    throw std::invalid_argument("CUDA attention: more than 65535 heads or batch rows");
+  attention_path(a.head_dim);  // throws for unsupported head dims
+}
+
+// Runs `launch(kernel_instance)` with the kernel set up for `smem` bytes of dynamic shared memory.
+template <class Kernel>
+void prepare(Kernel kernel, std::size_t smem) {
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+}
+
+template <int DT, int EPL>
+void forward_as(const float* q, const float* k, const float* v, float* out, float* lse, const AttnDims& a,
+                cudaStream_t st) {
+  const int D = static_cast<int>(a.head_dim);
+  const std::size_t smem = attn_forward_smem(D);
+  prepare(attn_fwd_kernel<DT, EPL>, smem);
+  const dim3 grid(static_cast<unsigned>(attn_row_blocks(a.seq)), static_cast<unsigned>(a.q_heads),
+                  static_cast<unsigned>(a.batch));
+  attn_fwd_kernel<DT, EPL><<<grid, kThreads, smem, st>>>(q, k, v, out, lse, a, D, 1.0f / sqrtf(static_cast<float>(D)));
+  MT_CUDA_LAUNCH_CHECK("attn_fwd_kernel");
+}
+
+template <int DT, int EPL>
+void backward_as(const float* q, const float* k, const float* v, const float* lse, const float* rowdot,
+                 const float* dout, float* dq, float* dk, float* dv, const AttnDims& a, cudaStream_t st) {
+  const int D = static_cast<int>(a.head_dim);
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const std::size_t smem_q = attn_dq_smem(D), smem_kv = attn_dkv_smem(D);
+  prepare(attn_dq_kernel<DT, EPL>, smem_q);
+  prepare(attn_dkv_kernel<DT, EPL>, smem_kv);
+  const unsigned blocks = static_cast<unsigned>(attn_row_blocks(a.seq));
+  attn_dq_kernel<DT, EPL>
+      <<<dim3(blocks, static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.batch)), kThreads, smem_q, st>>>(
+          q, k, v, lse, rowdot, dout, dq, a, D, scale);
+  MT_CUDA_LAUNCH_CHECK("attn_dq_kernel");
+  attn_dkv_kernel<DT, EPL>
+      <<<dim3(blocks, static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch)), kThreads, smem_kv, st>>>(
+          q, k, v, lse, rowdot, dout, dk, dv, a, D, scale);
+  MT_CUDA_LAUNCH_CHECK("attn_dkv_kernel");
+}
+
+}  // namespace
+
+void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const AttnDims& a,
+                       cudaStream_t st) {
+  check_dims(a);
+  switch (attention_path(a.head_dim)) {
+    case AttnPath::d64:
+      return forward_as<64, 2>(q, k, v, out, lse, a, st);
+    case AttnPath::d80:
+      return forward_as<80, 3>(q, k, v, out, lse, a, st);
+    case AttnPath::d96:
+      return forward_as<96, 3>(q, k, v, out, lse, a, st);
+    case AttnPath::d128:
+      return forward_as<128, 4>(q, k, v, out, lse, a, st);
+    case AttnPath::generic:
+      return forward_as<0, kAttnMaxHeadDim / 32>(q, k, v, out, lse, a, st);
+  }
+}
+
+void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                        const float* dout, float* dq, float* dk, float* dv, float* rowdot, const AttnDims& a,
+                        cudaStream_t st) {
+  check_dims(a);
+  const std::int64_t rows = a.batch * a.q_heads * a.seq;
+  attn_rowdot_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(out, dout, rowdot, a);
+  MT_CUDA_LAUNCH_CHECK("attn_rowdot_kernel");
+  switch (attention_path(a.head_dim)) {
+    case AttnPath::d64:
+      return backward_as<64, 2>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+    case AttnPath::d80:
+      return backward_as<80, 3>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+    case AttnPath::d96:
+      return backward_as<96, 3>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+    case AttnPath::d128:
+      return backward_as<128, 4>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+    case AttnPath::generic:
+      return backward_as<0, kAttnMaxHeadDim / 32>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+  }
+}
+
+}  // namespace mt::cuda

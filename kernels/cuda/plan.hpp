@@ -1,0 +1,109 @@
+// Host-side arithmetic of the CUDA backend: the arena fit check, the deterministic column-sum split,
+// the attention kernels' head-dim dispatch and tiling. Plain C++ (no CUDA headers), so CI tests it on
+// machines without a GPU; the .cu files launch exactly what these functions say.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace mt::cuda {
+
+// Device memory the backend needs beside the arena: the CUDA context's own use after cudaMemGetInfo,
+// cuBLASLt's workspace, the backend's scratch (bf16 operand copies, column-sum partials, the attention
+// backward's row sums) and the token buffers. A fixed reserve keeps the check a pure function.
+inline constexpr std::size_t kDeviceReserveBytes = std::size_t{1536} << 20;  // 1.5 GiB
+
+// Throws std::runtime_error naming the keys that size the arena when `arena_bytes` + the reserve does
+// not fit in `free_bytes` (what cudaMemGetInfo reported for `gpu`).
+inline void check_arena_fits(std::size_t arena_bytes, std::size_t free_bytes, std::size_t total_bytes, int gpu,
+                             std::size_t reserve = kDeviceReserveBytes) {
+  if (arena_bytes <= free_bytes && free_bytes - arena_bytes >= reserve) return;
+  const auto gib = [](std::size_t b) { return std::to_string(static_cast<double>(b) / (1 << 30)).substr(0, 6); };
+  throw std::runtime_error("the device arena of " + gib(arena_bytes) + " GiB does not fit on GPU " +
+                           std::to_string(gpu) + ": " + gib(free_bytes) + " GiB free of " + gib(total_bytes) +
+                           " GiB, and the backend keeps " + gib(reserve) +
+                           " GiB for cuBLASLt and its scratch; lower device.max_vram_gb (or "
+                           "device.device_memory_mb), the batch, or the sequence length");
+}
+
+// Deterministic column sums (norm weight and bias gradients): rows are cut into `splits` fixed ranges
+// of `rows_per_split`; each range's partial sums go to scratch, then one pass adds the partials in
+// split order. Depends on N only, so the bits depend on the shape only.
+struct ColsumPlan {
+  std::int64_t rows_per_split = 0;
+  std::int64_t splits = 0;
+};
+inline constexpr std::int64_t kColsumMaxSplits = 128;
+inline ColsumPlan colsum_plan(std::int64_t rows) {
+  if (rows <= 0) throw std::invalid_argument("colsum_plan: rows must be > 0");
+  ColsumPlan p;
+  const std::int64_t even = (rows + kColsumMaxSplits - 1) / kColsumMaxSplits;
+  p.rows_per_split = even < 32 ? 32 : even;
+  p.splits = (rows + p.rows_per_split - 1) / p.rows_per_split;
+  return p;
+}
+inline std::size_t colsum_scratch_floats(std::int64_t rows, std::int64_t cols) {
+  return static_cast<std::size_t>(colsum_plan(rows).splits * cols);
+}
+
+// Attention tiling: a block owns kAttnRowsPerBlock rows (queries in the forward and dq kernels, keys in
+// the dk/dv kernel), kAttnRowsPerWarp per warp, and walks the other side in tiles of 32 (one per lane).
+inline constexpr int kAttnWarps = 4;
+inline constexpr int kAttnRowsPerWarp = 4;
+inline constexpr int kAttnRowsPerBlock = kAttnWarps * kAttnRowsPerWarp;
+inline constexpr int kAttnTile = 32;
+inline constexpr int kAttnMaxHeadDim = 256;
+
+// Which compiled kernel serves a head dimension: the four common sizes have their own instantiation
+// (loops unrolled at compile time); any other even size up to 256 runs the generic one (run-time loop
+// bounds, eight elements a lane: slower, same results within rounding).
+enum class AttnPath { d64, d80, d96, d128, generic };
+inline AttnPath attention_path(std::int64_t head_dim) {
+  if (head_dim <= 0 || head_dim > kAttnMaxHeadDim || head_dim % 2 != 0)
+    throw std::invalid_argument("CUDA attention: head_dim " + std::to_string(head_dim) +
+                                " is not an even size in [2, 256]");
+  switch (head_dim) {
+    case 64:
+      return AttnPath::d64;
+    case 80:
+      return AttnPath::d80;
+    case 96:
+      return AttnPath::d96;
+    case 128:
+      return AttnPath::d128;
+    default:
+      return AttnPath::generic;
+  }
+}
+inline const char* attention_path_name(AttnPath p) {
+  switch (p) {
+    case AttnPath::d64:
+      return "d64";
+    case AttnPath::d80:
+      return "d80";
+    case AttnPath::d96:
+      return "d96";
+    case AttnPath::d128:
+      return "d128";
+    default:
+      return "generic";
+  }
+}
+
+// Dynamic shared memory (bytes) of the three attention kernels for a head dimension: the block's own
+// rows unpadded, the walked tile padded to D + 1 floats a row (lanes read different rows of one column).
+inline std::size_t attn_forward_smem(std::int64_t D) {
+  return sizeof(float) * static_cast<std::size_t>(kAttnRowsPerBlock * D + kAttnTile * (D + 1) + kAttnTile * D);
+}
+inline std::size_t attn_dq_smem(std::int64_t D) {
+  return sizeof(float) * static_cast<std::size_t>(2 * kAttnRowsPerBlock * D + 2 * kAttnTile * (D + 1));
+}
+inline std::size_t attn_dkv_smem(std::int64_t D) {
+  return sizeof(float) * static_cast<std::size_t>(2 * kAttnRowsPerBlock * D + 2 * kAttnTile * (D + 1) + 2 * kAttnTile);
+}
+
+// Blocks of an attention launch: (row blocks, heads, batch).
+inline std::int64_t attn_row_blocks(std::int64_t seq) { return (seq + kAttnRowsPerBlock - 1) / kAttnRowsPerBlock; }
+
+}  // namespace mt::cuda
