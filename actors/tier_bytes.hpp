@@ -12,10 +12,10 @@
 namespace mt::actors {
 
 struct TierBytes {
-  std::size_t tiles = 0;    // host RAM: every stage's tile (params or not, grad, moments or not, compute copy)
-  std::size_t staging = 0;  // host RAM: the moment store's slots
+  std::size_t tiles = 0;          // host RAM: every stage's tile (params or not, grad, moments or not, compute copy)
+  std::size_t staging = 0;        // host RAM: the moment store's slots
   std::size_t ram_encodings = 0;  // host RAM, no offload_dir with a codec: every stage's encoding (a bound)
-  std::size_t disk = 0;     // the NVMe tier: the stage files at their largest
+  std::size_t disk = 0;           // the NVMe tier: the stage files at their largest
 };
 
 // The staged store's options for this config (train.optimizer_compression, offload_dir, offload_params,

@@ -21,12 +21,6 @@ std::string gib(double bytes) {
 
 namespace {
 
-std::vector<std::size_t> stage_floats(const ModelConfig& model) {
-  std::vector<std::size_t> f;
-  for (std::int64_t s = 0; s < num_stages(model); ++s) f.push_back(stage_layout(model, s).total_floats);
-  return f;
-}
-
 // The byte side alone (no misfits): fills p.bytes, p.homes and the totals.
 void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x) {
   const HostTileOptions tiles = actors::host_tile_options(cfg);
@@ -65,18 +59,18 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     if (cfg.device.backend == "cpu" && !x.device_is_gpu) {
       const double arenas = static_cast<double>(cfg.device.gpus) * p.device_bytes;
       p.bytes.push_back({"host RAM",
-                         cfg.device.gpus > 1 ? "the CPU backend's " + std::to_string(cfg.device.gpus) +
-                                                   " device arenas (host memory)"
-                                             : std::string("the CPU backend's device arena (host memory)"),
+                         cfg.device.gpus > 1
+                             ? "the CPU backend's " + std::to_string(cfg.device.gpus) + " device arenas (host memory)"
+                             : std::string("the CPU backend's device arena (host memory)"),
                          arenas});
       host += arenas;
     }
   }
   if (disk > 0)
-    p.bytes.push_back({"disk",
-                       std::string(masters_on_tier ? "fp32 master and " : "") + "Adam moment files in " +
-                           cfg.train.offload_dir,
-                       disk});
+    p.bytes.push_back(
+        {"disk",
+         std::string(masters_on_tier ? "fp32 master and " : "") + "Adam moment files in " + cfg.train.offload_dir,
+         disk});
   p.host_bytes = host;
   p.host_peak_rss_bytes = host + kProcessBaselineBytes;
   p.disk_bytes = disk;
@@ -88,8 +82,9 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                 " encoded (staged through " + std::to_string(cfg.train.offload_staging_stages) + " slots)"
           : "files in " + cfg.train.offload_dir + " (" + optimizer_compression_name(cfg.optimizer_compression()) +
                 ", " + std::to_string(cfg.train.offload_staging_stages) + " stages staged in RAM)";
-  p.homes.push_back(std::string("fp32 master weights: ") +
-                    (masters_on_tier ? "files in " + cfg.train.offload_dir + ", with the moments" : "host RAM (the tiles)"));
+  p.homes.push_back(
+      std::string("fp32 master weights: ") +
+      (masters_on_tier ? "files in " + cfg.train.offload_dir + ", with the moments" : "host RAM (the tiles)"));
   p.homes.push_back("fp32 gradient accumulators: host RAM (the tiles)");
   p.homes.push_back("Adam m and v: " + moments);
   if (bf16) p.homes.push_back("bf16 compute copy (what streams): host RAM (the tiles)");

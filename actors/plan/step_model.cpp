@@ -157,7 +157,8 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   const double moment_bytes_per = cfg.optimizer_compression() == OptimizerCompression::int8       ? 2.0 + 16.0 / 256
                                   : cfg.optimizer_compression() == OptimizerCompression::lossless ? 8.0 * 0.8
                                                                                                   : 8.0;
-  const double nvme_per = (cfg.train.offload_dir.empty() ? 0.0 : moment_bytes_per) + (cfg.train.offload_params ? 4.0 : 0.0);
+  const double nvme_per =
+      (cfg.train.offload_dir.empty() ? 0.0 : moment_bytes_per) + (cfg.train.offload_params ? 4.0 : 0.0);
   const double disk_r = hw.disk_read > 0 ? hw.disk_read : 2e9, disk_w = hw.disk_write > 0 ? hw.disk_write : 1e9;
   auto t_read = [&](std::int64_t s) { return floats[s] * nvme_per / disk_r; };
   auto t_write = [&](std::int64_t s) { return floats[s] * nvme_per / disk_w; };
@@ -336,7 +337,8 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   }
   p.steady_s = step_end[static_cast<std::size_t>(steps - 1)] - step_end[static_cast<std::size_t>(steps - 2)];
   p.step_s = (step_end[static_cast<std::size_t>(steps - 1)] - step_end[0]) / static_cast<double>(steps - 1);
-  p.tokens = static_cast<double>(plan.batch * plan.seq * plan.micro_batches) * static_cast<double>(std::max<std::int64_t>(1, cfg.device.gpus));
+  p.tokens = static_cast<double>(plan.batch * plan.seq * plan.micro_batches) *
+             static_cast<double>(std::max<std::int64_t>(1, cfg.device.gpus));
   p.model_flops = model_flops_per_step(model, p.tokens, static_cast<double>(plan.seq));
   return p;
 }

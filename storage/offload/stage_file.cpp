@@ -62,10 +62,6 @@ StageFile::~StageFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::size_t StageFile::header_bytes_for(std::size_t max_payload) {
-  return round_up(sizeof(StageFileHeader) + blocks_of(max_payload) * sizeof(std::uint64_t), kDirectAlign);
-}
-
 std::size_t StageFile::buffer_bytes() const { return header_bytes_ + round_up(max_payload_, kDirectAlign); }
 
 std::size_t StageFile::write(std::byte* buf, std::size_t payload_bytes, std::uint64_t generation, IoPool& io) {

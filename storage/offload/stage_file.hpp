@@ -32,8 +32,6 @@ class StageFile {
   static std::size_t header_bytes_for(std::size_t max_payload);
   // Bytes of the header region: the payload starts there in the caller's buffer.
   std::size_t header_bytes() const { return header_bytes_; }
-  // The same for a file of max_payload bytes, before one exists (the planner's byte counts).
-  static std::size_t header_bytes_for(std::size_t max_payload);
   // Buffer size a write or read needs (header region + largest payload, rounded up to 4096).
   std::size_t buffer_bytes() const;
   const std::string& path() const { return path_; }
