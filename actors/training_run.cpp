@@ -15,6 +15,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/host_pinning.hpp"
 #include "actors/monitor_publish.hpp"
 #include "actors/plan/resource_plan.hpp"
 #include "actors/run_state.hpp"
@@ -120,6 +121,7 @@ class TrainingRun {
   std::unique_ptr<MomentStore> moments_;          // train.offload_dir / optimizer_compression; null = in the tiles
   std::vector<EvalRecord> evaluations_;           // a resumed run's evaluations so far
   EnginePlan plan_;
+  std::unique_ptr<BackendPinning> pinning_;  // before host_: the tiles are unpinned before it goes
   std::unique_ptr<HostModel> host_;
   std::string hf_config_;
   bool resuming_ = false;
@@ -177,7 +179,8 @@ bool TrainingRun::check_model_and_data() {
 bool TrainingRun::load_starting_weights() {
   resuming_ = !cfg_.train.resume_from_checkpoint.empty();
   try {
-    host_ = std::make_unique<HostModel>(model_, host_tile_options(cfg_), nullptr, std::move(moments_));
+    pinning_ = host_pinning_for(cfg_, plan_);  // null on the CPU backend
+    host_ = std::make_unique<HostModel>(model_, host_tile_options(cfg_), pinning_.get(), std::move(moments_));
     if (hooks_.initial_weights) {
       hf_config_ = hooks_.initial_weights(*host_);
     } else if (!cfg_.model.model_name_or_path.empty()) {
