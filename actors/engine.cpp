@@ -101,6 +101,7 @@ BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   o.compute_threads = std::max(1, plan.threads.blas);
   o.link_workers = std::clamp(plan.threads.copy, 1, 2);
   o.link_bytes_per_s = cfg.copy_bandwidth_bytes_per_s();
+  o.cuda_tf32 = cfg.train.tf32;
   return o;
 }
 

@@ -34,6 +34,7 @@ NodeConfig::NodeConfig() {
       .add(t.adam_epsilon, "adam_epsilon", "AdamW epsilon")
       .add(t.max_grad_norm, "max_grad_norm", "global gradient-norm clipping; 0 = off")
       .add(t.bf16, "bf16", "bf16 compute (weights streamed and multiplied in bf16) with fp32 master weights")
+      .add(t.tf32, "tf32", "CUDA, fp32 compute: let the products use TF32 tensor cores (10-bit mantissa inputs)")
       .add(t.seed, "seed", "random seed (initialisation, data order)")
       .add(t.optimizer_compression, "optimizer_compression",
            "Adam moments: none | lossless (zstd, bit-identical) | int8 (block-wise, ~2 bytes/param)")
@@ -233,6 +234,7 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
   std::string bool_error;
   if (!take_bool_arguments(args,
                            {{"train.bf16", &values.train.bf16},
+                            {"train.tf32", &values.train.tf32},
                             {"train.offload_params", &values.train.offload_params},
                             {"model.tie_word_embeddings", &values.model.tie_word_embeddings},
                             {"monitor.enabled", &values.monitor.enabled},

@@ -41,6 +41,7 @@ struct TrainSection {                  // [train]
   double adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;  // global-norm clipping; 0 = off
   bool bf16 = false;           // bf16 compute with fp32 masters (Hugging Face's TrainingArguments.bf16)
+  bool tf32 = false;           // CUDA, fp32 compute: TF32 tensor-core products (TrainingArguments.tf32)
   std::int64_t seed = 42;
   std::string optimizer_compression = "none";  // none | lossless | int8 (block-wise, lossy)
   std::string offload_dir;                     // NVMe tier for the Adam moments; "" = none (host RAM)

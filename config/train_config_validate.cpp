@@ -88,6 +88,12 @@ void train_values(const TrainConfig& c) {
   c.optimizer_compression();
   at_least("train.offload_staging_stages", t.offload_staging_stages, 3);
   at_least("train.offload_io_threads", t.offload_io_threads, 1);
+  // TF32 is a tensor-core input format: the CPU backend has no such products, and under bf16 the
+  // products already take bf16 inputs, so the key would do nothing there; say so rather than ignore it.
+  if (t.tf32 && c.device.backend != "cuda")
+    throw ConfigError("train.tf32", "needs device.backend = cuda (TF32 is a GPU tensor-core format)");
+  if (t.tf32 && t.bf16)
+    throw ConfigError("train.tf32", "applies to fp32 compute; train.bf16 = true already multiplies in bf16");
   if (t.offload_params && t.offload_dir.empty())
     throw ConfigError("train.offload_params", "needs train.offload_dir (the directory the masters live in)");
   // In fp32 compute the masters are what the device streams (there is no separate compute copy), so

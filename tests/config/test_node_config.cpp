@@ -69,6 +69,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "train.max_steps",
                         "train.max_grad_norm",
                         "train.bf16",
+                        "train.tf32",
                         "train.seed",
                         "train.offload_dir",
                         "train.optimizer_compression",
@@ -132,8 +133,8 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  // train: 24 + eval_steps, eval_max_batches + 3 offload keys; device: 9 + gpus; plan: 5
-  CHECK(keys.size() == 29 + 15 + 4 + 10 + 5 + 3 + 8 + 4 + 5);
+  // train: 24 + eval_steps, eval_max_batches + 3 offload keys + tf32; device: 9 + gpus; plan: 5
+  CHECK(keys.size() == 30 + 15 + 4 + 10 + 5 + 3 + 8 + 4 + 5);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
