@@ -51,7 +51,7 @@ NcclReducer::NcclReducer(std::vector<int> gpus, std::size_t chunk_floats)
   KeepCurrentDevice keep;
   const int n = size();
   std::vector<ncclComm_t> c(gpus_.size());
-  MT_NCCL_CHECK(ncclCommInitAll(c.data(), n, gpus_.data()), "GPUs 0.." + std::to_string(n - 1));
+  MT_NCCL_CHECK(ncclCommInitAll(c.data(), n, gpus_.data()), all_gpus());
   for (ncclComm_t x : c) comms_.push_back(x);
   try {
     for (int r = 0; r < n; ++r) {
@@ -70,6 +70,12 @@ NcclReducer::NcclReducer(std::vector<int> gpus, std::size_t chunk_floats)
 }
 
 NcclReducer::~NcclReducer() { release(); }
+
+std::string NcclReducer::all_gpus() const {
+  std::string s = "GPUs";
+  for (std::size_t r = 0; r < gpus_.size(); ++r) s += (r ? ", " : " ") + std::to_string(gpus_[r]);
+  return s;
+}
 
 void NcclReducer::release() {
   // Best effort: nothing throws from here. Finalise every rank in one group (one thread drives them
@@ -120,17 +126,22 @@ void NcclReducer::reduce_to_first(const std::vector<float*>& grads, std::size_t 
   }
   for (const ReduceChunk& c : reduce_chunks(floats, chunk_floats_)) {
     // Peer p's part of this chunk lands at scratch + (p - 1) * c.floats: contiguous for the adding kernel.
-    MT_NCCL_CHECK(ncclGroupStart(), "GPUs 0.." + std::to_string(n - 1));
-    for (int r = 1; r < n; ++r) {
-      MT_CUDA_CHECK(cudaSetDevice(gpus_[0]));
-      MT_NCCL_CHECK(ncclRecv(scratch_ + static_cast<std::size_t>(r - 1) * c.floats, c.floats, ncclFloat32, r,
-                             comm(comms_[0]), streams_[0]),
-                    gpu_name(gpus_[0]));
-      MT_CUDA_CHECK(cudaSetDevice(gpus_[r]));
-      MT_NCCL_CHECK(ncclSend(grads[r] + c.offset, c.floats, ncclFloat32, 0, comm(comms_[r]), streams_[r]),
-                    gpu_name(gpus_[r]));
+    MT_NCCL_CHECK(ncclGroupStart(), all_gpus());
+    try {
+      for (int r = 1; r < n; ++r) {
+        MT_CUDA_CHECK(cudaSetDevice(gpus_[0]));
+        MT_NCCL_CHECK(ncclRecv(scratch_ + static_cast<std::size_t>(r - 1) * c.floats, c.floats, ncclFloat32, r,
+                               comm(comms_[0]), streams_[0]),
+                      gpu_name(gpus_[0]));
+        MT_CUDA_CHECK(cudaSetDevice(gpus_[r]));
+        MT_NCCL_CHECK(ncclSend(grads[r] + c.offset, c.floats, ncclFloat32, 0, comm(comms_[r]), streams_[r]),
+                      gpu_name(gpus_[r]));
+      }
+    } catch (...) {
+      ncclGroupEnd();  // leave no group open on this thread; the first error is the one reported
+      throw;
     }
-    MT_NCCL_CHECK(ncclGroupEnd(), "GPUs 0.." + std::to_string(n - 1));
+    MT_NCCL_CHECK(ncclGroupEnd(), all_gpus());
     MT_CUDA_CHECK(cudaSetDevice(gpus_[0]));
     // The next chunk's receives are on the same stream: they overwrite the scratch after this read it.
     add_peers_in_order(grads[0] + c.offset, scratch_, c.floats, n - 1, streams_[0]);

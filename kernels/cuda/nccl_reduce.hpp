@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace mt::cuda {
@@ -43,7 +44,8 @@ class NcclReducer {
 
  private:
   void ensure_scratch(std::size_t floats);
-  void release();  // idempotent: what the constructor made, on error paths too
+  void release();                // idempotent: what the constructor made, on error paths too
+  std::string all_gpus() const;  // "GPUs 0, 1, 2", for errors of calls over every rank
 
   std::vector<int> gpus_;
   std::size_t chunk_floats_ = 0;
