@@ -108,7 +108,9 @@ std::byte* CudaBackend::allocate_device(std::size_t bytes) {
   select_device();
   std::size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  check_arena_fits(bytes, free_b, total_b, device_);
+  // Several GPUs: the reduction's scratch (device 0) and NCCL's buffers live beside the arena too.
+  check_arena_fits(bytes, free_b, total_b, device_,
+                   kDeviceReserveBytes + reduce_reserve_bytes(options_.devices, device_));
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess)

@@ -47,6 +47,19 @@ inline std::size_t reduce_scratch_floats(std::size_t floats, std::size_t chunk_f
   return std::min(floats, chunk_floats) * static_cast<std::size_t>(devices - 1);
 }
 
+// NCCL's own device memory on each GPU of the communicator (its channels' buffers to the peers): an
+// allowance, not yet measured on a multi-GPU machine.
+inline constexpr std::size_t kNcclAllowanceBytes = std::size_t{256} << 20;
+
+// Device memory the reduction needs beside the arena on the GPU of rank `rank` of `devices`: NCCL's
+// allowance, and on rank 0 the largest scratch it can ask for. Added to the arena fit check's reserve.
+inline std::size_t reduce_reserve_bytes(int devices, int rank) {
+  if (devices < 2) return 0;
+  const std::size_t scratch =
+      rank == 0 ? reduce_chunk_floats(devices) * sizeof(float) * static_cast<std::size_t>(devices - 1) : 0;
+  return scratch + kNcclAllowanceBytes;
+}
+
 // The checks of Backend::reduce_gradients on the CUDA backend, given each device backend's GPU index
 // (-1: not a CUDA backend) and its buffer: one buffer per device, called on the first, distinct GPUs,
 // no null buffer when there is something to add. Throws std::invalid_argument saying which.

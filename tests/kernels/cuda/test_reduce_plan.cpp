@@ -40,6 +40,16 @@ TEST_CASE("device 0's reduce scratch: one chunk per peer, 64 MiB each at most, 2
     CHECK(reduce_scratch_floats(100, chunk, devices) == 100 * static_cast<std::size_t>(devices - 1));  // small stage
   }
   CHECK(reduce_scratch_floats(100, 10, 1) == 0);
+  // The fit check's extra reserve: none for one GPU; NCCL's allowance everywhere, the scratch bound on 0.
+  CHECK(reduce_reserve_bytes(1, 0) == 0);
+  for (int devices : {2, 3, 8, 64}) {
+    INFO("devices " << devices);
+    CHECK(reduce_reserve_bytes(devices, 1) == kNcclAllowanceBytes);
+    CHECK(reduce_reserve_bytes(devices, 0) ==
+          kNcclAllowanceBytes +
+              reduce_scratch_floats(std::size_t{1} << 34, reduce_chunk_floats(devices), devices) * sizeof(float));
+    CHECK(reduce_reserve_bytes(devices, 0) <= kNcclAllowanceBytes + kReduceScratchCapBytes);
+  }
   CHECK_THROWS(reduce_chunk_floats(1));
 }
 
