@@ -102,6 +102,7 @@ BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   o.link_workers = std::clamp(plan.threads.copy, 1, 2);
   o.link_bytes_per_s = cfg.copy_bandwidth_bytes_per_s();
   o.cuda_tf32 = cfg.train.tf32;
+  o.devices = static_cast<int>(cfg.device.gpus);
   return o;
 }
 
@@ -110,7 +111,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   try {
     check_backend_available(backend_options(cfg, EnginePlan{}));
   } catch (const BackendUnavailable& e) {
-    throw ConfigError("device.backend", e.reason());
+    throw ConfigError(e.key(), e.reason());
   }
   EnginePlan p;
   p.batch = cfg.train.per_device_train_batch_size;

@@ -96,7 +96,8 @@ NodeConfig::NodeConfig() {
       .add(v.schedule, "schedule", "interleaved | sequential (order of a step's micro-batches)")
       .add(v.gpus, "gpus",
            "devices of this node (>= 1), each with its own arena and gradient_accumulation_steps micro-batches "
-           "per step; gradients are summed across them before the host accumulates (cpu: N arenas in one process)");
+           "per step; gradients are summed across them before the host accumulates (cpu: N arenas in one process; "
+           "cuda: N GPUs, summed on GPU 0 with NCCL in device order, in builds with NCCL)");
   auto& h = values.threads;
   opt_group{custom_options_, "threads"}
       .add(h.total, "total", "the thread budget; 0 = hardware threads")

@@ -161,12 +161,16 @@ void device_values(const TrainConfig& c) {
   c.micro_batch_order();
   at_least("device.gpus", d.gpus, 1);
   at_most("device.gpus", d.gpus, 64);
-  // Several GPUs sum their gradients with NCCL on the devices; until the CUDA backend provides that
-  // reduction a cuda run takes one GPU (the CPU backend runs N arenas with a host reduction).
+  // Several GPUs sum their gradients on the devices with NCCL (kernels/cuda/nccl_reduce.hpp); a build
+  // without it runs the cuda backend on one GPU (the CPU backend runs N arenas with a host reduction).
+  // Whether the machine has that many GPUs is checked with the backend, before anything starts.
+#if !MEGATRAIN_HAVE_NCCL
   if (d.backend == "cuda" && d.gpus > 1)
     throw ConfigError("device.gpus", std::to_string(d.gpus) +
-                                         " GPUs need the cross-device gradient reduction (NCCL), which the cuda "
-                                         "backend of this build does not have; use device.gpus = 1");
+                                         " GPUs need the cross-device gradient reduction (NCCL), which this build "
+                                         "does not have (configured without CUDA or without NCCL); use "
+                                         "device.gpus = 1");
+#endif
 }
 
 void thread_values(const TrainConfig& c) {

@@ -9,6 +9,8 @@
 namespace mt {
 
 void check_backend_available(const BackendOptions& options) {
+  if (options.devices < 1)
+    throw BackendUnavailable("must be >= 1, got " + std::to_string(options.devices), "device.gpus");
   if (options.kind == "cpu") return;
   if (options.kind != "cuda") throw BackendUnavailable("'" + options.kind + "' is not one of: cpu, cuda");
 #if MEGATRAIN_HAVE_CUDA
@@ -19,6 +21,17 @@ void check_backend_available(const BackendOptions& options) {
   if (options.device_index < 0 || options.device_index >= probe.count)
     throw BackendUnavailable("cuda: GPU " + std::to_string(options.device_index) + " does not exist (" +
                              std::to_string(probe.count) + " found)");
+#if !MEGATRAIN_HAVE_NCCL
+  if (options.devices > 1)
+    throw BackendUnavailable(std::to_string(options.devices) +
+                                 " GPUs need NCCL for the gradient reduction, and this build has none (configured "
+                                 "without it); use device.gpus = 1",
+                             "device.gpus");
+#endif
+  if (options.devices > probe.count)
+    throw BackendUnavailable(std::to_string(options.devices) + " GPUs asked for, and this machine has " +
+                                 std::to_string(probe.count) + " (" + probe.reason + ")",
+                             "device.gpus");
 #else
   throw BackendUnavailable(
       "cuda: this build has no CUDA backend (nvcc was not found when it was configured, or "

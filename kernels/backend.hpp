@@ -61,18 +61,22 @@ struct BackendOptions {
   double link_bytes_per_s = 0.0;  // CPU: per-direction bandwidth limit standing in for PCIe; 0 = none
   std::int64_t head_chunk = 0;    // ComputeCtx::head_chunk
   int device_index = 0;           // CUDA: which GPU
+  int devices = 1;                // device.gpus: devices 0..devices-1 must exist (check_backend_available)
   bool cuda_tf32 = false;         // CUDA, fp32 runs: let cuBLASLt use TF32 tensor cores (10-bit mantissa inputs)
 };
 
-// A backend cannot run here (no such backend in this build, no usable device); nothing has been
-// allocated. what() is "device.backend: <reason>"; reason() is the part after the key.
+// A backend cannot run here (no such backend in this build, no usable device, fewer devices than
+// device.gpus); nothing has been allocated. what() is "<key>: <reason>", the key being the config key to
+// change (device.backend, or device.gpus); reason() is the part after the key.
 class BackendUnavailable : public std::runtime_error {
  public:
-  explicit BackendUnavailable(const std::string& reason)
-      : std::runtime_error("device.backend: " + reason), reason_(reason) {}
+  explicit BackendUnavailable(const std::string& reason, const std::string& key = "device.backend")
+      : std::runtime_error(key + ": " + reason), key_(key), reason_(reason) {}
+  const std::string& key() const { return key_; }
   const std::string& reason() const { return reason_; }
 
  private:
+  std::string key_;
   std::string reason_;
 };
 
@@ -137,12 +141,12 @@ class Backend {
   // Sums one stage's gradients across the node's devices, on the devices, called on device 0's
   // backend: devices[d] is device d's backend (devices[0] == this), grads[d] a buffer of `floats`
   // fp32 values in device d's memory. On return grads[0] holds the element-wise sum, added in device
-  // order, ((g0 + g1) + g2) + ... (fixed: deterministic run to run); grads[1..] are unchanged and may be
-  // reused. Ordering: the stage operations that wrote every grads[d] were called before (rule 3: they
-  // have finished on their devices), and a device-to-host copy of grads[0] submitted on this backend
-  // after the call reads the sum (rule 2). The CPU backend adds in host memory; a GPU backend reduces
-  // with NCCL (ncclReduce to rank 0, or its own fixed-order kernel when bitwise equality with one
-  // device matters). The default: this backend cannot (device.gpus must stay 1).
+  // order, ((g0 + g1) + g2) + ... (fixed: deterministic run to run, and bit-identical across backends);
+  // grads[1..] are unchanged and may be reused at once. Ordering: the stage operations that wrote every
+  // grads[d] were called before (rule 3), and a device-to-host copy of grads[0] submitted on this backend
+  // after the call reads the sum (rule 2). The CPU backend adds in host memory; the CUDA backend gathers
+  // the buffers onto device 0 with NCCL in bounded chunks and adds them there in device order (its
+  // README). The default: this backend cannot (device.gpus must stay 1).
   virtual void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
                                 std::size_t floats);
 };

@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_backend_impl.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/plan.hpp"
+#include "kernels/cuda/reduce_plan.hpp"
 #include "kernels/stage_api.hpp"
 
 namespace mt::cuda {
@@ -64,6 +65,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
                              std::to_string(sm_major_) + std::to_string(sm_minor_) +
                              ") is older than sm_80; this build has kernels for sm_80 and sm_90");
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&stage_done_, cudaEventDisableTiming));
   for (auto& d : dirs_) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
   gemm_ = std::make_unique<Gemm>(options_.cuda_tf32);
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_), 2 * sizeof(double)));
@@ -73,6 +75,9 @@ CudaBackend::CudaBackend(const BackendOptions& options)
 }
 
 CudaBackend::~CudaBackend() {
+#if MEGATRAIN_HAVE_NCCL
+  reducer_.reset();  // synchronises its streams, then finalises and frees the communicator
+#endif
   select_device();
   for (auto& d : dirs_)
     if (d.done) d.done->stop();  // drains the queue first: every callback runs
@@ -84,6 +89,7 @@ CudaBackend::~CudaBackend() {
   for (void* p : allocations_) cudaFree(p);
   gemm_.reset();
   for (auto& d : dirs_) cudaStreamDestroy(d.stream);
+  cudaEventDestroy(stage_done_);
   cudaStreamDestroy(compute_);
 }
 
@@ -102,7 +108,9 @@ std::byte* CudaBackend::allocate_device(std::size_t bytes) {
   select_device();
   std::size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  check_arena_fits(bytes, free_b, total_b, device_);
+  // Several GPUs: the reduction's scratch (device 0) and NCCL's buffers live beside the arena too.
+  check_arena_fits(bytes, free_b, total_b, device_,
+                   kDeviceReserveBytes + reduce_reserve_bytes(options_.devices, device_));
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess)
@@ -181,7 +189,49 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::finish_stage() {
   MT_CUDA_CHECK(cudaGetLastError());
+  MT_CUDA_CHECK(cudaEventRecord(stage_done_, compute_));
   MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+// ---------------- several GPUs ----------------
+void CudaBackend::reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
+                                   std::size_t floats) {
+  std::vector<CudaBackend*> peers;
+  std::vector<int> gpus;
+  for (Backend* b : devices) {
+    peers.push_back(dynamic_cast<CudaBackend*>(b));
+    gpus.push_back(peers.back() ? peers.back()->device_ : -1);
+  }
+  check_reduce_call(gpus, std::vector<const float*>(grads.begin(), grads.end()), floats,
+                    !devices.empty() && devices[0] == this);
+  if (devices.size() == 1 || floats == 0) return;
+#if MEGATRAIN_HAVE_NCCL
+  std::lock_guard<std::mutex> lock(reduce_mu_);
+  if (!reducer_) {
+    reducer_ = std::make_unique<NcclReducer>(gpus, reduce_chunk_floats(static_cast<int>(gpus.size())));
+  } else if (reducer_->gpus() != gpus) {
+    throw std::invalid_argument("CUDA reduce_gradients: the communicator was made for " +
+                                std::to_string(reducer_->size()) +
+                                " GPUs in another order; every call of a run "
+                                "must name the same devices");
+  }
+  std::vector<cudaEvent_t> after;
+  for (CudaBackend* p : peers) after.push_back(p->stage_done_);
+  reducer_->reduce_to_first(grads, floats, after);
+  KeepCurrentDevice keep;
+  for (std::size_t d = 1; d < peers.size(); ++d) {  // device d rewrites its buffer on compute, next
+    peers[d]->select_device();
+    MT_CUDA_CHECK(cudaStreamWaitEvent(peers[d]->compute_, reducer_->done(static_cast<int>(d)), 0));
+  }
+  select_device();
+  Direction& down = dirs_[static_cast<int>(LinkDirection::device_to_host)];
+  std::lock_guard<std::mutex> submit(down.submit);  // between two copies, not inside one's timing events
+  MT_CUDA_CHECK(cudaStreamWaitEvent(down.stream, reducer_->done(0), 0));
+#else
+  throw std::logic_error(
+      "CUDA reduce_gradients: this build has no NCCL (configured without it), so device.gpus must be 1 with "
+      "device.backend=cuda");
+#endif
 }
 
 // ---------------- tokens ----------------

@@ -12,6 +12,14 @@
 //   - device-to-host: its own stream; every copy first waits (on the device) for an event recorded on
 //     the compute stream at submission, so it reads what the compute work submitted before it wrote
 //     (rule 2) without blocking the host.
+//   - several GPUs (reduce_gradients, on device 0's backend): the NcclReducer's own stream per GPU.
+//     Each GPU's part starts after that backend's stage_done_ event (recorded at the end of every stage
+//     operation: the buffers' writers), never after an event recorded on a compute stream at call time,
+//     which would hold the reduction behind whatever stage operation that device runs meanwhile (and
+//     the other devices' next writes behind it). Device 0's device-to-host stream then waits for the sum
+//     (the collector's copy of it follows), device d's compute stream for the end of its sends (its
+//     buffer is rewritten there next). Device 0's compute does not wait: it rewrites its buffer only
+//     after the copy of the sum landed.
 // Completions: one poller thread per direction waits (cudaEventBlockingSync, no spinning) on each
 // copy's end event in submission order and runs its callback there (rule 4). Chosen over
 // cudaLaunchHostFunc because a host function occupies its stream until it returns (a slow actor
@@ -34,6 +42,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/cuda/completion_queue.hpp"
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/nccl_reduce.hpp"
 #include "kernels/cuda/pinned_ranges.hpp"
 
 namespace mt::cuda {
@@ -72,6 +81,8 @@ class CudaBackend final : public Backend {
                                 const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                                 float* dx, float* head_grads, float* embed_grads, float* workspace) override;
   const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) override;
+  void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
+                        std::size_t floats) override;
 
   // Used by the stage code and the tests.
   cudaStream_t compute_stream() const { return compute_; }
@@ -134,6 +145,7 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   int sm_major_ = 0, sm_minor_ = 0;
   cudaStream_t compute_ = nullptr;
+  cudaEvent_t stage_done_ = nullptr;  // recorded on compute_ at the end of every stage operation
   std::unique_ptr<Gemm> gemm_;
   Direction dirs_[2];
   std::vector<void*> allocations_;
@@ -143,8 +155,12 @@ class CudaBackend final : public Backend {
   RopeTables rope_;
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
-  double* loss_device_ = nullptr;  // [sum, count]
-  double* loss_host_ = nullptr;    // pinned
+  double* loss_device_ = nullptr;         // [sum, count]
+  double* loss_host_ = nullptr;           // pinned
+#if MEGATRAIN_HAVE_NCCL                   // nccl_reduce.cu is built only with NCCL
+  std::mutex reduce_mu_;                  // one reduction at a time (NCCL: one call order on every rank)
+  std::unique_ptr<NcclReducer> reducer_;  // device 0's: made on its first reduce_gradients
+#endif
 };
 
 }  // namespace mt::cuda

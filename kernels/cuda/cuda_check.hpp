@@ -19,6 +19,23 @@ namespace mt::cuda {
                            cublasLtGetStatusString(s) + ")");
 }
 
+// Keeps the calling thread's current device across a call that switches devices (CAF worker threads
+// are shared: a call leaves the device it found). Restoring is best effort (destructors do not throw).
+class KeepCurrentDevice {
+ public:
+  KeepCurrentDevice() {
+    if (cudaGetDevice(&device_) != cudaSuccess) device_ = -1;
+  }
+  ~KeepCurrentDevice() {
+    if (device_ >= 0) cudaSetDevice(device_);
+  }
+  KeepCurrentDevice(const KeepCurrentDevice&) = delete;
+  KeepCurrentDevice& operator=(const KeepCurrentDevice&) = delete;
+
+ private:
+  int device_ = -1;
+};
+
 }  // namespace mt::cuda
 
 #define MT_CUDA_CHECK(call)                                                                           \

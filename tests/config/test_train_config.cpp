@@ -108,11 +108,6 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
        [](TrainConfig& c) { c.device.schedule = "zigzag"; }},
       {"device.gpus: must be >= 1, got 0", [](TrainConfig& c) { c.device.gpus = 0; }},
       {"device.gpus: must be <= 64, got 65", [](TrainConfig& c) { c.device.gpus = 65; }},
-      {"device.gpus: 2 GPUs need the cross-device gradient reduction (NCCL)",
-       [](TrainConfig& c) {
-         c.device.backend = "cuda";
-         c.device.gpus = 2;
-       }},
       {"threads.total: must be >= 0", [](TrainConfig& c) { c.threads.total = -1; }},
       {"threads.copy: must be <= 2", [](TrainConfig& c) { c.threads.copy = 3; }},
       {"threads.blas: 3 exceeds threads.total=2", [](TrainConfig& c) { c.threads.blas = 3; }},
@@ -125,6 +120,22 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
     INFO("expected: " << k.expected);
     CHECK_THAT(error_of(c), Catch::StartsWith(k.expected));
   }
+}
+
+// The GPU count itself is checked with the backend before anything starts (check_backend_available,
+// tests/kernels/test_backend.cpp); validation knows only what the build has.
+TEST_CASE("device.gpus > 1 with device.backend = cuda: refused without NCCL in the build", "[config]") {
+  test::TempDir dir;
+  TrainConfig c = valid_config(dir);
+  c.device.backend = "cuda";
+  c.device.gpus = 2;
+#if MEGATRAIN_HAVE_NCCL
+  CHECK(error_of(c).empty());
+#else
+  CHECK_THAT(error_of(c), Catch::StartsWith("device.gpus: 2 GPUs need the cross-device gradient reduction (NCCL)"));
+#endif
+  c.device.backend = "cpu";  // N arenas in one process: every build
+  CHECK(error_of(c).empty());
 }
 
 TEST_CASE("missing files are reported with the key and the path", "[config]") {

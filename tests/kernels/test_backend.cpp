@@ -61,6 +61,40 @@ TEST_CASE("make_backend picks the backend the key names and refuses what cannot 
   }
 }
 
+TEST_CASE("device.gpus is checked with the backend: at least 1, and no more GPUs than the machine has",
+          "[kernels][backend]") {
+  BackendOptions o = cpu_options();
+  o.devices = 3;  // the CPU backend runs N arenas in one process
+  CHECK_NOTHROW(check_backend_available(o));
+  o.devices = 0;
+  try {
+    check_backend_available(o);
+    FAIL("device.gpus = 0 was accepted");
+  } catch (const BackendUnavailable& e) {
+    CHECK(e.key() == "device.gpus");
+    CHECK_THAT(std::string(e.what()), Catch::StartsWith("device.gpus: must be >= 1, got 0"));
+  }
+  // cuda with more GPUs than any machine has: refused. Where one GPU is usable, the refusal is about
+  // device.gpus and says how many GPUs there are; otherwise it is the backend's (no GPU, no CUDA build).
+  o.kind = "cuda";
+  o.devices = 1;
+  bool one_gpu_ok = true;
+  try {
+    check_backend_available(o);
+  } catch (const BackendUnavailable&) {
+    one_gpu_ok = false;
+  }
+  o.devices = 64;
+  try {
+    check_backend_available(o);
+    FAIL("device.gpus = 64 was accepted");
+  } catch (const BackendUnavailable& e) {
+    INFO(e.what());
+    CHECK(e.key() == (one_gpu_ok ? "device.gpus" : "device.backend"));
+    if (one_gpu_ok) CHECK_THAT(e.reason(), Catch::StartsWith("64 GPUs"));  // asked for, or needing NCCL
+  }
+}
+
 TEST_CASE("the CPU backend's device memory is zeroed, aligned, and its link copies both ways", "[kernels][backend]") {
   CpuBackend be(cpu_options());
   const std::size_t n = (std::size_t{3} << 20) + 40;  // spans several copy chunks
