@@ -1,6 +1,7 @@
 #include "actors/plan/resource_plan.hpp"
 
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include "actors/plan/hardware.hpp"
@@ -17,6 +18,22 @@ std::string gib(double bytes) {
   else
     std::snprintf(b, sizeof b, "%.1f MiB", bytes / (1024.0 * 1024));
   return b;
+}
+
+double process_baseline_bytes() {
+  // Cached: later calls in the same process must not count the run's own buffers as libraries.
+  static const double loaded = [] {
+    std::ifstream in("/proc/self/status");
+    std::string key;
+    double kib = 0;
+    std::string unit;
+    while (in >> key) {
+      if (key == "VmRSS:" && in >> kib >> unit) return kib * 1024.0;
+      in.ignore(1 << 16, '\n');
+    }
+    return 18.0 * (1 << 20);  // no /proc: a CPU-only build's figure
+  }();
+  return kProcessRuntimeBytes + loaded;
 }
 
 namespace {
@@ -72,7 +89,7 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
          std::string(masters_on_tier ? "fp32 master and " : "") + "Adam moment files in " + cfg.train.offload_dir,
          disk});
   p.host_bytes = host;
-  p.host_peak_rss_bytes = host + kProcessBaselineBytes;
+  p.host_peak_rss_bytes = host + process_baseline_bytes();
   p.disk_bytes = disk;
 
   const std::string moments =
@@ -161,13 +178,13 @@ ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, co
     Misfit m{"host RAM", p.host_peak_rss_bytes, host_limit, "", ""};
     std::ostringstream why;
     why << "host RAM: the run needs " << gib(p.host_peak_rss_bytes) << " (" << gib(p.host_bytes)
-        << " allocated by the engine + " << gib(kProcessBaselineBytes) << " the process itself), " << host_source
+        << " allocated by the engine + " << gib(process_baseline_bytes()) << " the process itself), " << host_source
         << " is " << gib(host_limit);
     // The first change that fits names the key; the others are listed as alternatives.
     std::vector<std::pair<std::string, std::string>> options;
     auto try_change = [&](const std::string& key, const std::string& text, const TrainConfig& c2,
                           const PlanExtras& x2) {
-      const double need = host_need(c2, model, x2) + kProcessBaselineBytes;
+      const double need = host_need(c2, model, x2) + process_baseline_bytes();
       options.emplace_back(key, text + " needs " + gib(need) + (need <= host_limit ? " (fits)" : " (still too much)"));
       if (need <= host_limit && m.key.empty()) m.key = key;
     };
@@ -231,7 +248,7 @@ std::string describe_resources(const ResourcePlan& p) {
     out << "  " << tier << ": " << gib(total);
     if (std::string(tier) == "host RAM")
       out << " (predicted peak resident memory " << gib(p.host_peak_rss_bytes) << " with the process's own "
-          << gib(kProcessBaselineBytes) << ")";
+          << gib(process_baseline_bytes()) << ")";
     if (std::string(tier) == "host RAM" && p.host_limit > 0)
       out << " of " << gib(p.host_limit) << " (" << p.host_limit_source << ")";
     if (std::string(tier) == "disk" && p.disk_limit > 0)
