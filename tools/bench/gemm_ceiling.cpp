@@ -89,8 +89,8 @@ extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_di
                                                dnnl_dim_t ldc);
 
 // OpenBLAS's bf16 GEMM when the loaded library exports it (looked up, so a build without it still links).
-using sbgemm_fn = void (*)(int order, int ta, int tb, int m, int n, int k, float alpha, const std::uint16_t* a,
-                           int lda, const std::uint16_t* b, int ldb, float beta, float* c, int ldc);
+using sbgemm_fn = void (*)(int order, int ta, int tb, int m, int n, int k, float alpha, const std::uint16_t* a, int lda,
+                           const std::uint16_t* b, int ldb, float beta, float* c, int ldc);
 sbgemm_fn openblas_sbgemm_fn() {
   static const auto fn = reinterpret_cast<sbgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
   return fn;
@@ -194,13 +194,12 @@ double gemm_rate(GemmLib lib, const GemmShape& s, int threads, int reps, double*
       for (std::size_t i = 0; i < b.size(); ++i) b16[i] = to_bf16(b[i]);
       const char ta = s.ta ? 'T' : 'N', tb = s.tb ? 'T' : 'N';
       if (lib == GemmLib::onednn_gemm_bf16) {
-        if (dnnl_gemm_bf16bf16f32(ta, tb, s.m, s.n, s.k, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.data(),
-                                  s.n) != dnnl_success)
+        if (dnnl_gemm_bf16bf16f32(ta, tb, s.m, s.n, s.k, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.data(), s.n) !=
+            dnnl_success)
           return 0;  // no bf16 GEMM on this CPU
         t = best_seconds(
             [&] {
-              dnnl_gemm_bf16bf16f32(ta, tb, s.m, s.n, s.k, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.data(),
-                                    s.n);
+              dnnl_gemm_bf16bf16f32(ta, tb, s.m, s.n, s.k, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.data(), s.n);
             },
             reps);
       } else if (lib == GemmLib::openblas_sbgemm) {
@@ -255,9 +254,9 @@ Ceiling best_fp32_gemm(const std::vector<GemmShape>& shapes, int threads, int re
 }
 
 Ceiling best_bf16_gemm(const std::vector<GemmShape>& shapes, int threads, int reps) {
-  return best_of({GemmLib::onednn_matmul_bf16, GemmLib::onednn_gemm_bf16, GemmLib::openblas_sbgemm,
-                  GemmLib::bf16_widened_sgemm},
-                 shapes, threads, reps);
+  return best_of(
+      {GemmLib::onednn_matmul_bf16, GemmLib::onednn_gemm_bf16, GemmLib::openblas_sbgemm, GemmLib::bf16_widened_sgemm},
+      shapes, threads, reps);
 }
 
 namespace {

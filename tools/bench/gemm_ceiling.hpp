@@ -30,9 +30,9 @@ enum class GemmLib {
   onednn_sgemm,
   onednn_matmul_f32,
   onednn_matmul_bf16,
-  onednn_gemm_bf16,     // dnnl_gemm_bf16bf16f32: exported by oneDNN 2.x, not in its public headers
-  openblas_sbgemm,      // 0 when the loaded OpenBLAS lacks it (Debian's 0.3.21 is built without bf16)
-  bf16_widened_sgemm,   // bf16 operands widened to fp32 (exact), then dnnl_sgemm; the widening is timed
+  onednn_gemm_bf16,    // dnnl_gemm_bf16bf16f32: exported by oneDNN 2.x, not in its public headers
+  openblas_sbgemm,     // 0 when the loaded OpenBLAS lacks it (Debian's 0.3.21 is built without bf16)
+  bf16_widened_sgemm,  // bf16 operands widened to fp32 (exact), then dnnl_sgemm; the widening is timed
   kNum
 };
 const char* lib_name(GemmLib lib);
