@@ -17,7 +17,8 @@
 // Figures: gemm_fp32_best (the in-process fp32 libraries, the ceiling bench_train_step uses) and
 // gemm_bf16_best (the best of the bf16 candidates; FLOP/s, per thread count and for all threads), each
 // library's best, ours against the best fp32 rate on the same shape (time-weighted over the shapes:
-// gemm_ours_vs_best), and ours in bf16 against the best bf16 rate (gemm_ours_bf16_vs_best).
+// gemm_ours_vs_best), ours in bf16 against the best bf16 rate (gemm_ours_bf16_vs_best), and one core's
+// fp32 FMA and vdpbf16ps peaks (isa_peak.hpp: why bf16 cannot beat fp32 without AMX on some CPUs).
 //
 // usage: bench_gemm [threads=all] [tokens=1024] [reps=3]
 #include <omp.h>
@@ -35,6 +36,7 @@
 #include "kernels/cpu/ops_bf16.hpp"
 #include "tools/bench/bench_report.hpp"
 #include "tools/bench/gemm_ceiling.hpp"
+#include "tools/bench/isa_peak.hpp"
 
 namespace {
 
@@ -150,6 +152,12 @@ static int run(int argc, char** argv) {
   const std::string forced_name = std::string("openblas_") + (core ? core : "forced");
 
   mt::bench::Report report("gemm");
+  // What the units can do at all: a bf16 GEMM without AMX runs on one of these two instructions.
+  const mt::bench::IsaPeaks peak = mt::bench::isa_peaks(5);
+  std::printf("  one core's peak: fp32 FMA %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s (%.2fx FMA)\n", peak.fma_fp32 / 1e9,
+              peak.dpbf16 / 1e9, peak.fma_fp32 > 0 ? peak.dpbf16 / peak.fma_fp32 : 0.0);
+  report.add({"gemm_core_peak_fp32_fma", peak.fma_fp32, "FLOP/s", 0});
+  report.add({"gemm_core_peak_bf16_dpbf16", peak.dpbf16, "FLOP/s", peak.fma_fp32});
   constexpr int kLibs = static_cast<int>(GemmLib::kNum);
   for (std::size_t ti = 0; ti < counts.size(); ++ti) {
     const int t = counts[ti];
