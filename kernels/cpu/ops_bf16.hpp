@@ -3,16 +3,19 @@
 // W[out, in] (torch.nn.Linear), "_acc" outputs are added into. Activations and gradients reach these
 // functions already rounded to bf16 (cpu::to_bf16), so a stage converts each tensor once.
 //
-// Through oneDNN's matmul primitive (bf16 source and weights, f32 destination; accumulation with a sum
-// post-op). Determinism: the larger output extent is cut into tiles whose sizes depend only on the
-// shape, never on `threads`; tiles are spread over OpenMP threads and each runs single-threaded in
-// oneDNN (the primitive is created and executed with omp max threads = 1, so oneDNN neither splits K
-// across threads nor picks a different kernel). An output element is therefore always computed by the
-// same primitive on the same data, whatever the thread count. CPUs with AVX-512 but without AVX512-BF16
-// run oneDNN's bf16 emulation. Below AVX-512 oneDNN 2.6 has no bf16 matmul at all (checked with
-// DNNL_MAX_CPU_ISA=AVX2): the operands are then widened to fp32 (exact) and oneDNN's fp32 matmul runs
-// through the same tiles: the same products and fp32 accumulation, a different summation order, still
-// independent of the thread count.
+// Two paths, picked once per process from the CPU (matmul_bf16.cpp says why and with what figures):
+// - AMX: oneDNN's matmul primitive (bf16 source and weights, f32 destination; accumulation with a sum
+//   post-op). The larger output extent is cut into tiles whose sizes depend only on the shape, never on
+//   `threads`; tiles are spread over OpenMP threads and each runs single-threaded in oneDNN (created and
+//   executed with omp max threads = 1, so oneDNN neither splits K across threads nor picks a different
+//   kernel).
+// - everywhere else (AVX512-BF16 without AMX, plain AVX-512, AVX2): both operands widened to fp32
+//   (exact) into the calling thread's scratch, then the fp32 products of ops.hpp (dnnl_sgemm in
+//   shape-only tiles). The products of two bf16 values are exact in fp32, so this is the same math
+//   (bf16 operands, fp32 accumulation) in the fp32 kernel's summation order; on AVX512-BF16 without AMX
+//   it runs at about twice oneDNN's bf16 rate, because vdpbf16ps issues at half the FMA rate there.
+// Either way an output element is always computed by the same kernel on the same data, whatever the
+// thread count. MEGATRAIN_BF16_GEMM=onednn|widened forces a path (for comparisons and tests).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -32,7 +35,8 @@ void linear_backward_input_bf16(const bf16_t* dy, const bf16_t* W, float* dx, st
 void linear_backward_weight_bf16(const bf16_t* dy, const bf16_t* x, float* dW_acc, std::int64_t N, std::int64_t in,
                                  std::int64_t out, int threads);
 
-// Name of the oneDNN implementation a product of this shape runs (diagnostics and benches).
+// The implementation a product of this shape runs: the oneDNN primitive's name, or the widened path with
+// the fp32 GEMM's name (diagnostics and benches).
 const char* linear_bf16_impl_name(std::int64_t N, std::int64_t in, std::int64_t out);
 
 // ---- Plain references (exact products of the bf16 inputs, summed in double; written as T) ----

@@ -7,12 +7,18 @@
 //   onednn_sgemm        oneDNN's dnnl_sgemm (JIT kernels picked from CPU features)
 //   onednn_matmul_f32   oneDNN's matmul primitive, fp32
 //   onednn_matmul_bf16  oneDNN's matmul primitive, bf16 inputs, fp32 output
+//   onednn_gemm_bf16    oneDNN's dnnl_gemm_bf16bf16f32 (bf16 inputs, fp32 output)
+//   openblas_sbgemm     OpenBLAS's cblas_sbgemm, when the loaded library exports it (Debian's does not)
+//   bf16_widened_sgemm  bf16 inputs widened to fp32 (exact), then dnnl_sgemm; widening included
 //   openblas_<core>     OpenBLAS with the core that fits the CPU's features forced (OPENBLAS_CORETYPE,
 //                       in a child process: the library reads it only when it loads)
 //   ours                kernels/cpu linear_forward / linear_backward_input / linear_backward_weight
+//   ours_bf16           their bf16 versions (ops_bf16.hpp), on the operands rounded to bf16
 // Figures: gemm_fp32_best (the in-process fp32 libraries, the ceiling bench_train_step uses) and
-// gemm_bf16_best (FLOP/s, per thread count and for all threads), each library's best, and ours against
-// the best fp32 rate on the same shape (time-weighted over the shapes: gemm_ours_vs_best).
+// gemm_bf16_best (the best of the bf16 candidates; FLOP/s, per thread count and for all threads), each
+// library's best, ours against the best fp32 rate on the same shape (time-weighted over the shapes:
+// gemm_ours_vs_best), ours in bf16 against the best bf16 rate (gemm_ours_bf16_vs_best), and one core's
+// fp32 FMA and vdpbf16ps peaks (isa_peak.hpp: why bf16 cannot beat fp32 without AMX on some CPUs).
 //
 // usage: bench_gemm [threads=all] [tokens=1024] [reps=3]
 #include <omp.h>
@@ -27,8 +33,10 @@
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/ops_bf16.hpp"
 #include "tools/bench/bench_report.hpp"
 #include "tools/bench/gemm_ceiling.hpp"
+#include "tools/bench/isa_peak.hpp"
 
 namespace {
 
@@ -46,6 +54,25 @@ double ours_rate(const GemmShape& s, int threads, int reps) {
     fn = [&] { mt::cpu::linear_backward_input(a.data(), b.data(), c.data(), s.m, s.n, s.k, false, threads); };
   else if (s.ta && !s.tb)  // dW[m, n] += dy[k, m]^T x[k, n]
     fn = [&] { mt::cpu::linear_backward_weight(a.data(), b.data(), c.data(), nullptr, s.k, s.n, s.m, threads); };
+  else
+    return 0;
+  return s.flops() / mt::bench::best_seconds(fn, reps);
+}
+
+// The same with bf16 operands (ops_bf16.hpp).
+double ours_bf16_rate(const GemmShape& s, int threads, int reps) {
+  using mt::bf16_t;
+  std::vector<bf16_t> a(static_cast<std::size_t>(s.m * s.k)), b(static_cast<std::size_t>(s.k * s.n));
+  std::vector<float> af(a.size(), 0.01f), bf(b.size(), 0.02f), c(static_cast<std::size_t>(s.m * s.n), 0.0f);
+  mt::cpu::to_bf16(af.data(), a.data(), a.size(), 1);
+  mt::cpu::to_bf16(bf.data(), b.data(), b.size(), 1);
+  std::function<void()> fn;
+  if (!s.ta && s.tb)
+    fn = [&] { mt::cpu::linear_forward_bf16(a.data(), b.data(), nullptr, c.data(), s.m, s.k, s.n, threads); };
+  else if (!s.ta && !s.tb)
+    fn = [&] { mt::cpu::linear_backward_input_bf16(a.data(), b.data(), c.data(), s.m, s.n, s.k, false, threads); };
+  else if (s.ta && !s.tb)
+    fn = [&] { mt::cpu::linear_backward_weight_bf16(a.data(), b.data(), c.data(), s.k, s.n, s.m, threads); };
   else
     return 0;
   return s.flops() / mt::bench::best_seconds(fn, reps);
@@ -111,9 +138,10 @@ static int run(int argc, char** argv) {
 
   const std::string isa = mt::bench::cpu_isa_flags();
   const char* env_core = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("gemm: %s\n  ISA: %s\n  OpenBLAS core: %s (%s)\n  our GEMM: %s\n", mt::bench::cpu_model().c_str(),
-              isa.c_str(), mt::bench::openblas_core().c_str(),
-              env_core && *env_core ? "OPENBLAS_CORETYPE set" : "as detected", mt::cpu::gemm_backend_name());
+  std::printf("gemm: %s\n  ISA: %s\n  OpenBLAS core: %s (%s)\n  our GEMM: %s\n  our bf16 GEMM: %s\n",
+              mt::bench::cpu_model().c_str(), isa.c_str(), mt::bench::openblas_core().c_str(),
+              env_core && *env_core ? "OPENBLAS_CORETYPE set" : "as detected", mt::cpu::gemm_backend_name(),
+              mt::cpu::linear_bf16_impl_name(tokens, 768, 768));
   const char* core = fitting_openblas_core(isa);
   std::vector<std::vector<double>> forced;
   if (core) {
@@ -124,28 +152,42 @@ static int run(int argc, char** argv) {
   const std::string forced_name = std::string("openblas_") + (core ? core : "forced");
 
   mt::bench::Report report("gemm");
+  // What the units can do at all: a bf16 GEMM without AMX runs on one of these two instructions.
+  const mt::bench::IsaPeaks peak = mt::bench::isa_peaks(5);
+  std::printf("  one core's peak: fp32 FMA %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s (%.2fx FMA)\n", peak.fma_fp32 / 1e9,
+              peak.dpbf16 / 1e9, peak.fma_fp32 > 0 ? peak.dpbf16 / peak.fma_fp32 : 0.0);
+  report.add({"gemm_core_peak_fp32_fma", peak.fma_fp32, "FLOP/s", 0});
+  report.add({"gemm_core_peak_bf16_dpbf16", peak.dpbf16, "FLOP/s", peak.fma_fp32});
   constexpr int kLibs = static_cast<int>(GemmLib::kNum);
   for (std::size_t ti = 0; ti < counts.size(); ++ti) {
     const int t = counts[ti];
     std::printf("\n  %d thread%s, GFLOP/s\n  %-18s", t, t > 1 ? "s" : "", "shape (m n k op)");
     for (int l = 0; l < kLibs; ++l) std::printf(" %18s", mt::bench::lib_name(static_cast<GemmLib>(l)));
-    std::printf(" %18s %8s %9s\n", forced_name.c_str(), "ours", "ours/best");
+    std::printf(" %18s %8s %9s %9s %9s\n", forced_name.c_str(), "ours", "ours/best", "ours_bf16", "/best16");
     const std::string tag = "_t" + std::to_string(t);
     double best32 = 0, best16 = 0, lib_best[kLibs] = {}, forced_best = 0, ours_sum_t = 0, best_sum_t = 0, total = 0;
+    double ours16_sum_t = 0, best16_sum_t = 0;
     for (std::size_t si = 0; si < uniq.size(); ++si) {
       const GemmShape& s = uniq[si];
       double r[kLibs];
       for (int l = 0; l < kLibs; ++l) r[l] = mt::bench::gemm_rate(static_cast<GemmLib>(l), s, t, reps);
       const double ours = ours_rate(s, t, reps), f = forced.empty() ? 0 : forced[ti][si];
-      // The in-process fp32 libraries (the ceiling the train-step bench uses too).
-      const double fp32 = std::max({r[0], r[1], r[2]});
+      const double ours16 = ours_bf16_rate(s, t, reps);
+      // The in-process fp32 libraries (the ceiling the train-step bench uses too), and the bf16 candidates.
+      double fp32 = 0, bf16 = 0;
+      for (int l = 0; l < kLibs; ++l) {
+        double& best = mt::bench::is_bf16(static_cast<GemmLib>(l)) ? bf16 : fp32;
+        best = std::max(best, r[l]);
+      }
       std::printf("  %-18s", s.name().c_str());
       for (int l = 0; l < kLibs; ++l) std::printf(" %18.1f", r[l] / 1e9);
-      std::printf(" %18.1f %8.1f %9.2f\n", f / 1e9, ours / 1e9, ours / fp32);
+      std::printf(" %18.1f %8.1f %9.2f %9.1f %9.2f\n", f / 1e9, ours / 1e9, ours / fp32, ours16 / 1e9, ours16 / bf16);
       for (int l = 0; l < kLibs; ++l) lib_best[l] = std::max(lib_best[l], r[l]);
       forced_best = std::max(forced_best, f);
       best32 = std::max(best32, fp32);
-      best16 = std::max(best16, r[3]);
+      best16 = std::max(best16, bf16);
+      ours16_sum_t += s.flops() / ours16;
+      best16_sum_t += s.flops() / bf16;
       // Time-weighted over the shapes: the same FLOPs at our rate and at the per-shape best rate.
       ours_sum_t += s.flops() / ours;
       best_sum_t += s.flops() / fp32;
@@ -153,6 +195,7 @@ static int run(int argc, char** argv) {
       std::string id = s.name();
       id[id.find(' ')] = '_';
       report.add({"gemm_ours_" + id + tag, ours, "FLOP/s", fp32});
+      report.add({"gemm_ours_bf16_" + id + tag, ours16, "FLOP/s", bf16});
     }
     for (int l = 0; l < kLibs; ++l)
       report.add(
@@ -161,12 +204,16 @@ static int run(int argc, char** argv) {
     report.add({"gemm_fp32_best" + tag, best32, "FLOP/s", 0});
     report.add({"gemm_bf16_best" + tag, best16, "FLOP/s", best32});
     report.add({"gemm_ours_vs_best" + tag, total / ours_sum_t, "FLOP/s", total / best_sum_t});
-    std::printf("  best fp32 %.1f GFLOP/s, best bf16 %.1f GFLOP/s; ours at %.0f%% of the per-shape best fp32\n",
-                best32 / 1e9, best16 / 1e9, 100 * best_sum_t / ours_sum_t);
+    report.add({"gemm_ours_bf16_vs_best" + tag, total / ours16_sum_t, "FLOP/s", total / best16_sum_t});
+    std::printf(
+        "  best fp32 %.1f GFLOP/s, best bf16 %.1f GFLOP/s; ours at %.0f%% of the per-shape best fp32, ours in bf16 at "
+        "%.0f%% of the per-shape best bf16\n",
+        best32 / 1e9, best16 / 1e9, 100 * best_sum_t / ours_sum_t, 100 * best16_sum_t / ours16_sum_t);
     if (t == counts.back()) {  // the headline figures: all threads
       report.add({"gemm_fp32_best", best32, "FLOP/s", 0});
       report.add({"gemm_bf16_best", best16, "FLOP/s", best32});
       report.add({"gemm_ours_vs_best", total / ours_sum_t, "FLOP/s", total / best_sum_t});
+      report.add({"gemm_ours_bf16_vs_best", total / ours16_sum_t, "FLOP/s", total / best16_sum_t});
     }
   }
   report.print();

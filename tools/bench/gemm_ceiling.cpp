@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <dlfcn.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -37,8 +38,14 @@ std::vector<GemmShape> transformer_shapes(std::int64_t tokens, std::int64_t d, s
 }
 
 const char* lib_name(GemmLib lib) {
-  static const char* names[] = {"openblas", "onednn_sgemm", "onednn_matmul_f32", "onednn_matmul_bf16"};
+  static const char* names[] = {"openblas",         "onednn_sgemm",    "onednn_matmul_f32", "onednn_matmul_bf16",
+                                "onednn_gemm_bf16", "openblas_sbgemm", "bf16_widened_sgemm"};
   return names[static_cast<int>(lib)];
+}
+
+bool is_bf16(GemmLib lib) {
+  return lib == GemmLib::onednn_matmul_bf16 || lib == GemmLib::onednn_gemm_bf16 || lib == GemmLib::openblas_sbgemm ||
+         lib == GemmLib::bf16_widened_sgemm;
 }
 
 namespace {
@@ -72,6 +79,30 @@ std::uint16_t to_bf16(float f) {  // round to nearest even (the inputs are finit
 // Row-major operand [rows, cols] of op(X), stored transposed when `t`.
 dnnl::memory::desc md(std::int64_t rows, std::int64_t cols, bool t, dnnl::memory::data_type dt) {
   return t ? dnnl::memory::desc({rows, cols}, dt, {1, rows}) : dnnl::memory::desc({rows, cols}, dt, {cols, 1});
+}
+
+// oneDNN 2.x exports this row-major bf16 GEMM (src/common/gemm.cpp) without declaring it in a public
+// header; bf16 arguments are raw 16-bit patterns.
+extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K,
+                                               float alpha, const std::uint16_t* A, dnnl_dim_t lda,
+                                               const std::uint16_t* B, dnnl_dim_t ldb, float beta, float* C,
+                                               dnnl_dim_t ldc);
+
+// OpenBLAS's bf16 GEMM when the loaded library exports it (looked up, so a build without it still links).
+using sbgemm_fn = void (*)(int order, int ta, int tb, int m, int n, int k, float alpha, const std::uint16_t* a, int lda,
+                           const std::uint16_t* b, int ldb, float beta, float* c, int ldc);
+sbgemm_fn openblas_sbgemm_fn() {
+  static const auto fn = reinterpret_cast<sbgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
+  return fn;
+}
+
+void widen(const std::vector<std::uint16_t>& x, std::vector<float>& y) {
+  const auto n = static_cast<std::int64_t>(x.size());
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t u = static_cast<std::uint32_t>(x[static_cast<std::size_t>(i)]) << 16;
+    std::memcpy(&y[static_cast<std::size_t>(i)], &u, 4);
+  }
 }
 
 double cpu_now() {  // user + system seconds of every thread of this process
@@ -155,6 +186,44 @@ double gemm_rate(GemmLib lib, const GemmShape& s, int threads, int reps, double*
       }
       break;
     }
+    case GemmLib::onednn_gemm_bf16:
+    case GemmLib::openblas_sbgemm:
+    case GemmLib::bf16_widened_sgemm: {
+      std::vector<std::uint16_t> a16(a.size()), b16(b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) a16[i] = to_bf16(a[i]);
+      for (std::size_t i = 0; i < b.size(); ++i) b16[i] = to_bf16(b[i]);
+      const char ta = s.ta ? 'T' : 'N', tb = s.tb ? 'T' : 'N';
+      if (lib == GemmLib::onednn_gemm_bf16) {
+        if (dnnl_gemm_bf16bf16f32(ta, tb, s.m, s.n, s.k, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.data(), s.n) !=
+            dnnl_success)
+          return 0;  // no bf16 GEMM on this CPU
+        t = best_seconds(
+            [&] {
+              dnnl_gemm_bf16bf16f32(ta, tb, s.m, s.n, s.k, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.data(), s.n);
+            },
+            reps);
+      } else if (lib == GemmLib::openblas_sbgemm) {
+        const sbgemm_fn sbgemm = openblas_sbgemm_fn();
+        if (!sbgemm) return 0;
+        t = best_seconds(
+            [&] {
+              sbgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
+                     static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a16.data(),
+                     static_cast<int>(lda), b16.data(), static_cast<int>(ldb), 0.0f, c.data(), static_cast<int>(s.n));
+            },
+            reps);
+      } else {
+        std::vector<float> aw(a.size()), bw(b.size());
+        t = best_seconds(
+            [&] {
+              widen(a16, aw);
+              widen(b16, bw);
+              dnnl_sgemm(ta, tb, s.m, s.n, s.k, 1.0f, aw.data(), lda, bw.data(), ldb, 0.0f, c.data(), s.n);
+            },
+            reps);
+      }
+      break;
+    }
     case GemmLib::kNum:
       return 0;
   }
@@ -185,7 +254,9 @@ Ceiling best_fp32_gemm(const std::vector<GemmShape>& shapes, int threads, int re
 }
 
 Ceiling best_bf16_gemm(const std::vector<GemmShape>& shapes, int threads, int reps) {
-  return best_of({GemmLib::onednn_matmul_bf16}, shapes, threads, reps);
+  return best_of(
+      {GemmLib::onednn_matmul_bf16, GemmLib::onednn_gemm_bf16, GemmLib::openblas_sbgemm, GemmLib::bf16_widened_sgemm},
+      shapes, threads, reps);
 }
 
 namespace {

@@ -118,6 +118,18 @@ Run time_steps(const mt::ModelConfig& c, const StepConfig& sc) {
   return best;
 }
 
+// The time split by kernel category of one timed step.
+void print_split(const Run& r) {
+  double accounted = 0;
+  std::printf("            split:");
+  for (int k = 0; k < mt::prof::kNumCats; ++k) {
+    accounted += r.split[k];
+    std::printf(" %s %.2fs (%.0f%%)", mt::prof::cat_name(static_cast<mt::prof::Cat>(k)), r.split[k],
+                100 * r.split[k] / r.seconds);
+  }
+  std::printf(" other %.2fs\n", r.seconds - accounted);
+}
+
 }  // namespace
 
 static int run(int argc, char** argv) {
@@ -186,14 +198,7 @@ static int run(int argc, char** argv) {
           "  %-9s %.2f s/step  %.1f tokens/s  %.1f%% of the GEMM ceiling  (cpu %.2f s = %.0f%% of %d threads)\n",
           keep ? "keep" : "recompute", r.seconds, tokens / r.seconds, 100 * mfu, r.cpu_seconds,
           100 * r.cpu_seconds / (r.seconds * threads), threads);
-      double accounted = 0;
-      std::printf("            split:");
-      for (int k = 0; k < mt::prof::kNumCats; ++k) {
-        accounted += r.split[k];
-        std::printf(" %s %.2fs (%.0f%%)", mt::prof::cat_name(static_cast<mt::prof::Cat>(k)), r.split[k],
-                    100 * r.split[k] / r.seconds);
-      }
-      std::printf(" other %.2fs\n", r.seconds - accounted);
+      print_split(r);
       const std::string suffix = std::string(keep ? "" : "_recompute").append(tag);
       auto metric = [&](const char* base) { return std::string(base).append(suffix); };
       report.add({metric("train_step_tokens_per_s"), tokens / r.seconds, "tokens/s", tokens / ceiling_s});
@@ -220,6 +225,7 @@ static int run(int argc, char** argv) {
           "step\n",
           rb.seconds, tokens / rb.seconds, 100 * bf16_ceiling_s / rb.seconds, bc.rate / 1e9, bc.shape.name().c_str(),
           keep_s / rb.seconds);
+      print_split(rb);
       report.add({"train_step_bf16_tokens_per_s" + tag, tokens / rb.seconds, "tokens/s", tokens / bf16_ceiling_s});
       report.add({"train_step_bf16_mfu" + tag, flops / rb.seconds, "FLOP/s", bc.rate});
       report.add({"train_step_bf16_speedup" + tag, keep_s / rb.seconds, "x", 0, 1.5, "higher"});
