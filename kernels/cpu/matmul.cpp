@@ -148,7 +148,7 @@ void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, cons
     for (std::int64_t t = 0; t < tiles; ++t) run_tile(t);
     return;
   }
-#pragma omp parallel for num_threads(static_cast <int>(std::min <std::int64_t>(threads, tiles))) schedule(static)
+#pragma omp parallel for num_threads(static_cast <int>(std::min <std::int64_t>(threads, tiles))) schedule(dynamic, 1)
   for (std::int64_t t = 0; t < tiles; ++t) run_tile(t);
 }
 
