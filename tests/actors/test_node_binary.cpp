@@ -75,11 +75,20 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
   SECTION("cuda backend on a machine without a usable GPU (or a build without CUDA)") {
+    // The driver lists its GPUs here; where it does and the build has CUDA, the same command trains on
+    // the GPU (exit 0, steps printed), so the case checks something on every machine.
+    std::error_code ec;
+    const bool gpu_here =
+        fs::is_directory("/proc/driver/nvidia/gpus", ec) && !fs::is_empty("/proc/driver/nvidia/gpus", ec);
     const Outcome o = mt::test::run_node(base + " --device.backend=cuda");
-    CHECK(o.code == 1);
-    CHECK_THAT(o.out, Catch::Contains("device.backend"));
-    CHECK_THAT(o.out, !Catch::Contains("step "));
-    CHECK_FALSE(fs::exists(dir / "out"));  // nothing written
+    if (gpu_here && o.code == 0) {
+      CHECK_THAT(o.out, Catch::Contains("step "));
+    } else {
+      CHECK(o.code == 1);
+      CHECK_THAT(o.out, Catch::Contains("device.backend"));
+      CHECK_THAT(o.out, !Catch::Contains("step "));
+      CHECK_FALSE(fs::exists(dir / "out"));  // nothing written
+    }
   }
   SECTION("a tokenizer larger than the model's vocabulary") {
     // Qwen3's tokenizer (151k ids) against a 64-entry model: refused before training, naming both keys.
