@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -209,6 +210,14 @@ double mem_available_bytes() {
   std::string unit;
   while (in >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024.0;
+  return 0.0;
+}
+
+double process_status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, field.size() + 1, field + ":") == 0) return std::atof(line.c_str() + field.size() + 1) * 1024.0;
   return 0.0;
 }
 

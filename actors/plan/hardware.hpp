@@ -49,6 +49,9 @@ HardwareProfile measure_this_machine(const MeasureOptions& options);
 
 // MemAvailable from /proc/meminfo, bytes (0 when unknown).
 double mem_available_bytes();
+// A memory field of this process's /proc/self/status ("VmRSS": resident now, "VmHWM": its peak), in
+// bytes (0 when unknown).
+double process_status_bytes(const std::string& field);
 // Free bytes of the filesystem holding `path` (or its nearest existing parent); 0 when unknown.
 double free_disk_bytes(const std::string& path);
 

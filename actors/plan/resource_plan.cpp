@@ -1,7 +1,6 @@
 #include "actors/plan/resource_plan.hpp"
 
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "actors/plan/hardware.hpp"
@@ -23,15 +22,8 @@ std::string gib(double bytes) {
 double process_baseline_bytes() {
   // Cached: later calls in the same process must not count the run's own buffers as libraries.
   static const double loaded = [] {
-    std::ifstream in("/proc/self/status");
-    std::string key;
-    double kib = 0;
-    std::string unit;
-    while (in >> key) {
-      if (key == "VmRSS:" && in >> kib >> unit) return kib * 1024.0;
-      in.ignore(1 << 16, '\n');
-    }
-    return 18.0 * (1 << 20);  // no /proc: a CPU-only build's figure
+    const double rss = process_status_bytes("VmRSS");
+    return rss > 0 ? rss : 18.0 * (1 << 20);  // no /proc: a CPU-only build's figure
   }();
   return kProcessRuntimeBytes + loaded;
 }

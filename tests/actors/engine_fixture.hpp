@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "actors/engine.hpp"
@@ -151,6 +152,13 @@ inline EngineRun run_pipeline(const TrainConfig& cfg, const ModelConfig& model, 
 }
 
 // Bytes of stage s's params / moments equal between the engine's tiles and the reference's.
+// The restart log as one text, for INFO (an INFO inside a loop body ends with that iteration).
+inline std::string restart_log_text(const EngineResult& r) {
+  std::string text;
+  for (const auto& line : r.restart_log) text += line + "\n";
+  return text;
+}
+
 inline bool same_bits(const float* a, const float* b, std::size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }

@@ -144,7 +144,7 @@ TEST_CASE("multi-device: a crash of one device's compute or prefetcher is restar
     FaultPlan plan(f.role, 3, f.mb, f.stage, static_cast<int>(f.phase));
     INFO("fault: " << plan.describe());
     EngineRun eng = run_pipeline(multi, model, batches, &plan);
-    for (const auto& l : eng.result.restart_log) INFO(l);
+    INFO("restart log: " << restart_log_text(eng.result));
     REQUIRE(eng.result.error.empty());
     CHECK(plan.fired.load() == 1);
     CHECK(eng.result.restarts == 1);
@@ -197,7 +197,7 @@ TEST_CASE("multi-device: restarts with tied embeddings and with several micro-ba
     FaultPlan plan(f.role, f.step, f.micro_batch, f.stage, f.phase);
     INFO("fault: " << plan.describe());
     EngineRun eng = run_pipeline(multi, model, batches, &plan);
-    for (const auto& l : eng.result.restart_log) INFO(l);
+    INFO("restart log: " << restart_log_text(eng.result));
     REQUIRE(eng.result.error.empty());
     CHECK(plan.fired.load() == 1);
     CHECK(eng.result.restarts == 1);

@@ -90,6 +90,31 @@ Run train(const TrainConfig& cfg, const ModelConfig& model, const std::vector<da
   return r;
 }
 
+// One fault in each actor role (step 3): what a restart must survive with the state on the tier.
+struct ActorFault {
+  Role role;
+  std::int64_t mb, stage;
+  Phase phase;
+};
+const ActorFault kActorFaults[] = {{Role::optimizer, -1, 3, Phase::optimize},
+                                   {Role::compute, 1, 2, Phase::backward},
+                                   {Role::prefetcher, 1, 2, Phase::prefetch},
+                                   {Role::collector, 1, 2, Phase::collect},
+                                   {Role::loader, 1, -1, Phase::data}};
+
+// The fault fired once, the run restarted once and still ended equal to the reference, loss by loss
+// and bit for bit in every tile.
+void check_one_restart_equals_reference(const EngineRun& eng, const FaultPlan& plan, const RefRun& ref,
+                                        std::int64_t steps) {
+  REQUIRE(eng.result.error.empty());
+  CHECK(plan.fired.load() == 1);
+  CHECK(eng.result.restarts == 1);
+  REQUIRE(eng.result.steps_done == steps);
+  for (std::int64_t s = 0; s < steps; ++s)
+    CHECK(eng.result.steps[static_cast<std::size_t>(s)].loss == ref.losses[static_cast<std::size_t>(s)]);
+  CHECK(equals_reference(*eng.host, *ref.trainer));
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -101,31 +126,15 @@ TEST_CASE(
   const ModelConfig model = tiny_config(t).model_config_from_keys();
   const auto batches = tiny_batches(t, 16);
   const RefRun ref = run_reference(tiny_config(t), model, batches, t.steps);
-  struct Fault {
-    Role role;
-    std::int64_t mb, stage;
-    Phase phase;
-  };
-  const Fault faults[] = {{Role::optimizer, -1, 3, Phase::optimize},
-                          {Role::compute, 1, 2, Phase::backward},
-                          {Role::prefetcher, 1, 2, Phase::prefetch},
-                          {Role::collector, 1, 2, Phase::collect},
-                          {Role::loader, 1, -1, Phase::data}};
   const std::pair<std::string, std::string> tiers[] = {
       {dir.path.string(), "none"}, {dir.path.string(), "lossless"}, {"", "lossless"}};
   for (const auto& [where, codec] : tiers)
-    for (const Fault& f : faults) {
+    for (const ActorFault& f : kActorFaults) {
       const TrainConfig cfg = with_tier(tiny_config(t), where, codec);
       FaultPlan plan(f.role, 3, f.mb, f.stage, static_cast<int>(f.phase));
       EngineRun eng = run_pipeline(cfg, model, batches, &plan);
       INFO(eng.host->moments().describe() << "; fault: " << plan.describe());
-      REQUIRE(eng.result.error.empty());
-      CHECK(plan.fired.load() == 1);
-      CHECK(eng.result.restarts == 1);
-      REQUIRE(eng.result.steps_done == t.steps);
-      for (std::int64_t s = 0; s < t.steps; ++s)
-        CHECK(eng.result.steps[static_cast<std::size_t>(s)].loss == ref.losses[static_cast<std::size_t>(s)]);
-      CHECK(equals_reference(*eng.host, *ref.trainer));
+      check_one_restart_equals_reference(eng, plan, ref, t.steps);
       const auto st = staged(*eng.host).stats();
       CHECK(st.stores >= static_cast<std::uint64_t>(t.steps * num_stages(model)));
       if (!where.empty()) CHECK(st.file_bytes_read > 0);  // moments really came back from the files
@@ -152,30 +161,14 @@ TEST_CASE(
   const ModelConfig model = tiny_config(t).model_config_from_keys();
   const auto batches = tiny_batches(t, 16);
   const RefRun ref = run_reference(tiny_config(t), model, batches, t.steps);
-  struct Fault {
-    Role role;
-    std::int64_t mb, stage;
-    Phase phase;
-  };
-  const Fault faults[] = {{Role::optimizer, -1, 3, Phase::optimize},
-                          {Role::compute, 1, 2, Phase::backward},
-                          {Role::prefetcher, 1, 2, Phase::prefetch},
-                          {Role::collector, 1, 2, Phase::collect},
-                          {Role::loader, 1, -1, Phase::data}};
   for (const std::string codec : {"none", "lossless"})
-    for (const Fault& f : faults) {
+    for (const ActorFault& f : kActorFaults) {
       TrainConfig cfg = with_tier(tiny_config(t), dir.path.string(), codec);
       cfg.train.offload_params = true;
       FaultPlan plan(f.role, 3, f.mb, f.stage, static_cast<int>(f.phase));
       EngineRun eng = run_pipeline(cfg, model, batches, &plan);
       INFO(eng.host->moments().describe() << "; fault: " << plan.describe());
-      REQUIRE(eng.result.error.empty());
-      CHECK(plan.fired.load() == 1);
-      CHECK(eng.result.restarts == 1);
-      REQUIRE(eng.result.steps_done == t.steps);
-      for (std::int64_t s = 0; s < t.steps; ++s)
-        CHECK(eng.result.steps[static_cast<std::size_t>(s)].loss == ref.losses[static_cast<std::size_t>(s)]);
-      CHECK(equals_reference(*eng.host, *ref.trainer));
+      check_one_restart_equals_reference(eng, plan, ref, t.steps);
       for (std::int64_t s = 0; s < eng.host->num_stages(); ++s) CHECK_FALSE(eng.host->tile(s).has_params());
       CHECK(eng.host->moments().holds_masters());
       const auto st = staged(*eng.host).stats();

@@ -25,7 +25,7 @@ void check_restart(const Tiny& t, Role role, std::int64_t step, std::int64_t mb,
   REQUIRE(eng.result.error.empty());
   CHECK(plan.fired.load() == 1);
   CHECK(eng.result.restarts == 1);
-  for (const auto& l : eng.result.restart_log) INFO(l);
+  INFO("restart log: " << restart_log_text(eng.result));
   REQUIRE(eng.result.steps_done == t.steps);
   REQUIRE(eng.result.steps.size() == static_cast<std::size_t>(t.steps));
   for (std::int64_t s = 0; s < t.steps; ++s) {

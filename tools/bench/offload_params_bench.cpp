@@ -12,10 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "actors/engine.hpp"
+#include "actors/plan/hardware.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tools/bench/bench_report.hpp"
 #include "tools/bench/demo_model.hpp"
@@ -25,15 +25,6 @@ using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A field of /proc/self/status in kB (VmHWM: the peak resident set, VmRSS: now).
-double status_kib(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.compare(0, field.size() + 1, field + ":") == 0) return std::atof(line.c_str() + field.size() + 1);
-  return 0;
-}
 
 double gib(double bytes) { return bytes / double(1u << 30); }
 
@@ -127,7 +118,7 @@ int main(int argc, char** argv) {
     std::printf("  tier: %.1f GB read, %.1f GB written; the optimizer waited %.1f s for it\n",
                 static_cast<double>(st.file_bytes_read) / 1e9, static_cast<double>(st.file_bytes_written) / 1e9,
                 st.acquire_wait_s);
-    const double peak = status_kib("VmHWM") * 1024.0;
+    const double peak = plan::process_status_bytes("VmHWM");
     std::printf("  peak resident memory (VmHWM) %.2f GiB\n", gib(peak));
     bench::Report report("offload_params");
     report.add({"offload_params", static_cast<double>(params), "parameters", 0, 2e9, "higher"});
