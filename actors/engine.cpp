@@ -15,6 +15,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/monitor/monitor.hpp"
+#include "config/node_config.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 
@@ -203,7 +204,7 @@ void init_host_model(HostModel& host, std::uint64_t seed) {
 EngineResult run_engine(EngineJob job) {
   caf::actor_system_config cfg;
   const ThreadBudget tb = job.cfg.thread_budget();
-  cfg.set("scheduler.max-threads", static_cast<std::size_t>(std::max(1, tb.scheduler)));
+  configure_scheduler(cfg, tb.scheduler);
   cfg.set("logger.verbosity", caf::atom("quiet"));
   caf::actor_system sys{cfg};
   return run_engine(sys, std::move(job));

@@ -268,9 +268,13 @@ NodeConfigLoad NodeConfig::load(const std::vector<std::string>& arguments, const
   } catch (const ConfigError& e) {
     return fail(std::string("config: ") + e.what());
   }
-  // The CAF scheduler's share of the thread budget.
-  set("scheduler.max-threads", static_cast<caf::config_value::integer>(values.thread_budget().scheduler));
+  configure_scheduler(*this, values.thread_budget().scheduler);
   return result;
+}
+
+void configure_scheduler(caf::actor_system_config& cfg, int threads) {
+  cfg.set("scheduler.max-threads", static_cast<caf::config_value::integer>(std::max(1, threads)));
+  cfg.set("scheduler.policy", caf::atom("sharing"));
 }
 
 namespace {

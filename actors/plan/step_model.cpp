@@ -168,6 +168,16 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
 
   Resource dev, link_in, link_out, host_own, nvme;
   Resource& host = hw.shared_cores ? dev : host_own;
+  // A copy on `link` of `bytes`. On shared cores the copy engine is a memcpy on a thread of its own, and
+  // compute's cores run it: a copy that starts while compute is busy delays compute by its CPU time
+  // (the memcpy time, whatever train.copy_bandwidth_gbps paces the link to). Compute's team waits for
+  // the thread that gave up its core, so the delay is the whole copy, not a share of it.
+  const double memcpy_in = hw.link_h2d, memcpy_out = hw.link_d2h;
+  auto copy = [&](Resource& link, double ready, double bytes, double rate, double cpu_rate, bool cnt) {
+    const double end = link.run(ready, bytes / rate, cnt);
+    if (hw.shared_cores && dev.free >= end - bytes / rate) dev.free += bytes / cpu_rate;
+    return end;
+  };
   struct Slot {
     std::int64_t stage = -1, version = -1;
     double free = 0.0, last = 0.0;
@@ -231,7 +241,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
         if (op.load_kind[k] == actors::LoadKind::boundary) {
           const double start = std::max({link_in.free, window, last_load_start});
           last_load_start = start;
-          ready = std::max(ready, link_in.run(start, boundary_bytes / h2d, count));
+          ready = std::max(ready, copy(link_in, start, boundary_bytes, h2d, memcpy_in, count));
           if (count) p.h2d_s += boundary_bytes / h2d;
           continue;
         }
@@ -251,7 +261,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
         const double others = std::max({link_in.free, slot->free, window, last_load_start});
         const double start = std::max(others, version_ready);
         last_load_start = start;
-        const double end = link_in.run(start, t_load(s), count);
+        const double end = copy(link_in, start, floats[s] * wbytes_per, h2d, memcpy_in, count);
         if (end >= ready) ready_gated = version_ready > others;
         if (count) p.h2d_s += t_load(s);
         slot->stage = s;
@@ -308,12 +318,12 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
           for (auto& w : wslots)
             if (w.stage == op.load_stage[k] && w.version == t) w.free = end;
       if (plan.boundaries_on_host && op.kind == actors::OpKind::layer_forward && op.stage < model.num_hidden_layers) {
-        link_out.run(end, boundary_bytes / d2h, count);
+        copy(link_out, end, boundary_bytes, d2h, memcpy_out, count);
         if (count) p.d2h_s += boundary_bytes / d2h;
       }
       if (grads) {
         const std::int64_t s = op.stage;
-        const double copied = link_out.run(end, t_d2h(s), count);
+        const double copied = copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
         const double acc = host.run(copied, t_acc(s), count);
         if (count) p.d2h_s += t_d2h(s), p.accumulate_s += t_acc(s);
         gslots[gslot] = acc;

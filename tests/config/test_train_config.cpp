@@ -215,23 +215,31 @@ TEST_CASE("the device budget comes from exactly one key and names it", "[config]
 
 TEST_CASE("the thread budget is split explicitly", "[config][threads]") {
   TrainConfig c;
-  auto b = c.thread_budget(2);  // the development machine: compute gets both cores, the optimizer shares them
+  // The development machine: compute gets both cores; the optimizer shares them with one thread.
+  auto b = c.thread_budget(2);
   CHECK(b.total == 2);
   CHECK(b.blas == 2);
-  CHECK(b.optimizer == 2);
+  CHECK(b.optimizer == 1);
   CHECK(b.copy == 1);
   CHECK(b.scheduler == 1);
   b = c.thread_budget(16);
   CHECK(b.blas == 16);
-  CHECK(b.optimizer == 16);
+  CHECK(b.optimizer == 2);  // one per 8 cores on the CPU backend
   CHECK(b.copy == 2);
   CHECK(b.scheduler == 2);
+  c.device.backend = "cuda";  // the GPU computes: every core for the optimizer
+  CHECK(c.thread_budget(16).optimizer == 16);
+  CHECK(c.thread_budget(2).optimizer == 2);
+  c.device.backend = "cpu";
   c.threads.total = 8;
   c.threads.blas = 6;
   b = c.thread_budget(64);  // total overrides the hardware
   CHECK(b.total == 8);
   CHECK(b.blas == 6);
-  CHECK(b.optimizer == 8);
+  CHECK(b.optimizer == 1);
+  CHECK(c.thread_budget(64).optimizer == 1);
+  c.threads.total = 9;
+  CHECK(c.thread_budget(64).optimizer == 2);
   c.threads = ThreadsSection{4, 1, 3, 2, 1};
   b = c.thread_budget(2);
   CHECK((b.total == 4 && b.blas == 1 && b.optimizer == 3 && b.copy == 2 && b.scheduler == 1));

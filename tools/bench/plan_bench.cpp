@@ -5,6 +5,7 @@
 // the link, the AdamW rate, the disk) and the op times of the engine's stage kernels at each shape; nothing is fitted
 // to the engine runs. Then the planner's prediction for the published system's reported points, printed beside them
 // (datasheet profiles of config/hardware.ini; no run: this machine has no GPU).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -46,9 +47,14 @@ double measured_step(const TrainConfig& cfg, const ModelConfig& model) {
   job.host = &host;
   const actors::EngineResult r = actors::run_engine(std::move(job));
   if (!r.error.empty()) throw std::runtime_error("plan bench: " + r.error);
-  double total = 0;  // steps 2..N, as predict_step averages
-  for (std::size_t s = 1; s < r.steps.size(); ++s) total += r.steps[s].step_s;
-  return total / static_cast<double>(r.steps.size() - 1);
+  // Steps 2..N (the first pays for first touches and warm-ups), their median: this VM's speed drifts
+  // (the same GEMM ran at 120 and 235 GFLOP/s a minute apart), and one disturbed step should not
+  // decide the figure.
+  std::vector<double> t;
+  for (std::size_t s = 1; s < r.steps.size(); ++s) t.push_back(r.steps[s].step_s);
+  std::sort(t.begin(), t.end());
+  const std::size_t n = t.size();
+  return n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 std::string cpu_line() {
@@ -120,7 +126,7 @@ TrainConfig shaped(std::int64_t hidden, std::int64_t layers, std::int64_t heads,
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 5, threads = 2;
+  int steps = 9, threads = 2;
   std::string dir = (std::filesystem::current_path() / "run" / "plan-bench-tier").string();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -136,11 +142,15 @@ int main(int argc, char** argv) {
     }
   }
   steps = std::max(3, steps);
-  std::printf("plan bench: predicted vs measured step time (mean of steps 2..%d); %s; %s\n", steps, cpu_line().c_str(),
+  std::printf("plan bench: predicted vs measured step time (median of steps 2..%d); %s; %s\n", steps, cpu_line().c_str(),
               cpu::gemm_backend_name());
   plan::MeasureOptions mo;
   mo.compute_threads = threads;
-  mo.optimizer_threads = threads;
+  {
+    TrainConfig c = bench::demo_train_config(steps);
+    c.threads.total = threads;
+    mo.optimizer_threads = c.thread_budget().optimizer;  // the engine's optimizer team, as `megatrain plan` measures
+  }
   mo.disk_dir = dir;
   const plan::HardwareProfile hw = plan::measure_this_machine(mo);
   std::printf(
