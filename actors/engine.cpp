@@ -17,6 +17,7 @@
 #include "actors/monitor/monitor.hpp"
 #include "config/node_config.hpp"
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 
 namespace mt::actors {
@@ -380,6 +381,9 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);
   led.sumsq.assign(static_cast<std::size_t>(ctx->plan.stages), 0.0);
 
+  // This thread's OpenMP workers (initialisation, the bf16 copies, a planner's measurements) would
+  // count against the cores compute's team spins on (release_thread_pool in kernels/cpu/ops.hpp).
+  cpu::release_thread_pool();
   EngineResult result;
   ctx->t0 = Clock::now();
   for (Context* c : ctx->device_contexts) {

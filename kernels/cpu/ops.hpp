@@ -13,6 +13,13 @@ namespace mt::cpu {
 
 // OpenBLAS's own pool: set once per distinct value (cheap when unchanged).
 void set_blas_threads(int threads);
+// Ends the calling thread's OpenMP worker pool. libgomp keeps a thread's workers for its next parallel
+// region, even after the thread exits, and once the workers of all pools outnumber the cores it stops
+// spin-waiting in every team: each parallel region then wakes its workers from a futex. Measured here
+// (2 cores): a 2-thread region with a 10 us serial gap costs 16 us while it is the only pool, 90 us
+// once another thread has run a 2-thread region. Called by a thread done with its parallel work
+// (initialisation, the planner's measurements) before the engine's compute team starts.
+void release_thread_pool();
 
 // ---- matmul (oneDNN sgemm, or OpenBLAS with MEGATRAIN_GEMM=openblas; see matmul.cpp) ----
 // The GEMM library in use and what it dispatched to, e.g. "oneDNN 2.6.3 sgemm (avx512_core_amx)".

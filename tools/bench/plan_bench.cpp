@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "actors/engine.hpp"
@@ -35,7 +37,17 @@ struct Config {
   bool tier = false;
 };
 
-double measured_step(const TrainConfig& cfg, const ModelConfig& model) {
+struct Measured {
+  double step = 0, compute = 0, wait = 0;  // medians over steps 2..N: step, compute busy, compute waited
+};
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  const std::size_t n = t.size();
+  return n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+Measured measured_step(const TrainConfig& cfg, const ModelConfig& model) {
   HostModel host(model, actors::host_tile_options(cfg), nullptr, actors::moment_store_for(cfg, model));
   actors::init_host_model(host, 1337);
   const std::vector<data::Batch> batches = bench::random_batches(cfg, 8, 2024);
@@ -50,11 +62,13 @@ double measured_step(const TrainConfig& cfg, const ModelConfig& model) {
   // Steps 2..N (the first pays for first touches and warm-ups), their median: this VM's speed drifts
   // (the same GEMM ran at 120 and 235 GFLOP/s a minute apart), and one disturbed step should not
   // decide the figure.
-  std::vector<double> t;
-  for (std::size_t s = 1; s < r.steps.size(); ++s) t.push_back(r.steps[s].step_s);
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  return n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  std::vector<double> step, compute, wait;
+  for (std::size_t s = 1; s < r.steps.size(); ++s) {
+    step.push_back(r.steps[s].step_s);
+    compute.push_back(r.steps[s].compute_s);
+    wait.push_back(r.steps[s].wait_weights_s);
+  }
+  return {median(step), median(compute), median(wait)};
 }
 
 std::string cpu_line() {
@@ -123,6 +137,97 @@ TrainConfig shaped(std::int64_t hidden, std::int64_t layers, std::int64_t heads,
   return c;
 }
 
+struct ConfigResult {
+  bool ok = false;
+  double predicted = 0, measured = 0;
+};
+
+// This machine's profile, the op times at the configuration's shape, the prediction, and the engine's
+// run, all in this process; prints the configuration's lines.
+ConfigResult run_config(const Config& c, int steps, int threads, const std::string& dir) {
+  plan::MeasureOptions mo;
+  mo.compute_threads = threads;
+  {
+    TrainConfig budget = bench::demo_train_config(steps);
+    budget.threads.total = threads;
+    mo.optimizer_threads =
+        budget.thread_budget().optimizer;  // the engine's optimizer team, as `megatrain plan` measures
+  }
+  mo.disk_dir = dir;
+  const plan::HardwareProfile hw = plan::measure_this_machine(mo);
+  std::printf(
+      "this machine: fp32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, memcpy %.1f GB/s, AdamW %.2f Gparam/s, "
+      "disk %.2f / %.2f GB/s read / write (%s)\n",
+      hw.device_flops_fp32 / 1e9, hw.device_flops_bf16 / 1e9, hw.link_h2d / 1e9, hw.adamw_params_per_s / 1e9,
+      hw.disk_read / 1e9, hw.disk_write / 1e9, dir.c_str());
+
+  TrainConfig cfg = bench::demo_train_config(steps);
+  cfg.model.hidden_size = c.hidden;
+  cfg.model.layers = c.layers;
+  cfg.model.heads = c.heads;
+  cfg.model.kv_heads = c.kv_heads;
+  cfg.model.intermediate_size = c.intermediate;
+  cfg.threads.total = threads;
+  cfg.device.weight_slots = c.weight_slots;
+  cfg.device.grad_slots = 1;
+  cfg.device.keep_intermediates = "boundary";
+  cfg.device.device_memory_mb = 256;
+  cfg.train.gradient_accumulation_steps = c.micro_batches;
+  if (c.tier) {
+    cfg.train.offload_dir = dir;
+    cfg.train.offload_staging_stages = 4;  // 14 stages through 4 slots: every step reads and writes them all
+  }
+  const ModelConfig model = cfg.model_config_from_keys();
+  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::OpTimes ops = plan::measure_op_times(cfg, model, ep);
+  const plan::StepPrediction sp = plan::predict_step(cfg, model, ep, hw, ops, {}, steps);
+  const Measured m = measured_step(cfg, model);
+  const double measured = m.step;
+  std::printf(
+      "  %-40s op times: layer forward %.4f s, backward %.4f s, head %.4f s; the engine's compute busy %.4f s "
+      "(%+.1f%% on the op times), waited %.4f s\n",
+      "", ops.layer_forward, ops.layer_backward, ops.head, m.compute, 100.0 * (m.compute - sp.compute_s) / sp.compute_s,
+      m.wait);
+  std::printf(
+      "  %-40s predicted %.4f s (compute %.4f, link %.4f/%.4f, optimizer %.4f, NVMe %.4f), measured %.4f s: "
+      "%+.1f%%\n",
+      c.name.c_str(), sp.step_s, sp.compute_s, sp.h2d_s, sp.d2h_s, sp.optimizer_s, sp.nvme_s, measured,
+      100.0 * (sp.step_s - measured) / measured);
+  std::fflush(stdout);
+  return {true, sp.step_s, measured};
+}
+
+// Runs fn in a forked child and returns its result through a pipe; {ok = false} if the child fails.
+ConfigResult in_child_process(const std::function<ConfigResult()>& fn) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  const pid_t pid = fork();
+  if (pid < 0) return {};
+  if (pid == 0) {
+    close(fds[0]);
+    ConfigResult r;
+    try {
+      r = fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "plan bench: %s\n", e.what());
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const bool sent = write(fds[1], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
+    _exit(sent && r.ok ? 0 : 1);
+  }
+  close(fds[1]);
+  ConfigResult r;
+  const bool got = read(fds[0], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!got || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return {};
+  return r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,23 +247,8 @@ int main(int argc, char** argv) {
     }
   }
   steps = std::max(3, steps);
-  std::printf("plan bench: predicted vs measured step time (median of steps 2..%d); %s; %s\n", steps, cpu_line().c_str(),
-              cpu::gemm_backend_name());
-  plan::MeasureOptions mo;
-  mo.compute_threads = threads;
-  {
-    TrainConfig c = bench::demo_train_config(steps);
-    c.threads.total = threads;
-    mo.optimizer_threads = c.thread_budget().optimizer;  // the engine's optimizer team, as `megatrain plan` measures
-  }
-  mo.disk_dir = dir;
-  const plan::HardwareProfile hw = plan::measure_this_machine(mo);
-  std::printf(
-      "this machine: fp32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, memcpy %.1f GB/s, AdamW %.2f Gparam/s, "
-      "disk %.2f / %.2f GB/s read / write (%s)\n",
-      hw.device_flops_fp32 / 1e9, hw.device_flops_bf16 / 1e9, hw.link_h2d / 1e9, hw.adamw_params_per_s / 1e9,
-      hw.disk_read / 1e9, hw.disk_write / 1e9, dir.c_str());
-
+  std::printf("plan bench: predicted vs measured step time (median of steps 2..%d); %s; %s\n", steps,
+              cpu_line().c_str(), cpu::gemm_backend_name());
   std::vector<Config> configs;
   configs.push_back({"demo (d=384, 8 layers, K=2)"});
   {
@@ -183,38 +273,18 @@ int main(int argc, char** argv) {
   }
   bench::Report report("plan");
   double worst = 0;
+  // Each configuration in a child process of its own, as a user runs `megatrain train`: libgomp keeps
+  // every thread's OpenMP workers for the life of the process, even after the thread exits, and once
+  // they outnumber the cores it stops spin-waiting in every team (kernels/cpu/ops.hpp,
+  // release_thread_pool). In one process each engine run would inherit the earlier runs' compute
+  // teams and run slower than the planner's (and a user's) single run. The parent starts no thread.
   for (const Config& c : configs) {
-    TrainConfig cfg = bench::demo_train_config(steps);
-    cfg.model.hidden_size = c.hidden;
-    cfg.model.layers = c.layers;
-    cfg.model.heads = c.heads;
-    cfg.model.kv_heads = c.kv_heads;
-    cfg.model.intermediate_size = c.intermediate;
-    cfg.threads.total = threads;
-    cfg.device.weight_slots = c.weight_slots;
-    cfg.device.grad_slots = 1;
-    cfg.device.keep_intermediates = "boundary";
-    cfg.device.device_memory_mb = 256;
-    cfg.train.gradient_accumulation_steps = c.micro_batches;
-    if (c.tier) {
-      cfg.train.offload_dir = dir;
-      cfg.train.offload_staging_stages = 4;  // 14 stages through 4 slots: every step reads and writes them all
+    const ConfigResult r = in_child_process([&] { return run_config(c, steps, threads, dir); });
+    if (!r.ok) {
+      std::fprintf(stderr, "plan bench: configuration '%s' failed (see above)\n", c.name.c_str());
+      return 1;
     }
-    const ModelConfig model = cfg.model_config_from_keys();
-    const actors::EnginePlan ep = actors::plan_engine(cfg, model);
-    const plan::OpTimes ops = plan::measure_op_times(cfg, model, ep);
-    const plan::StepPrediction sp = plan::predict_step(cfg, model, ep, hw, ops, {}, steps);
-    const double measured = measured_step(cfg, model);
-    const double err = std::abs(sp.step_s - measured) / measured;
-    std::printf("  %-40s op times: layer forward %.4f s, backward %.4f s, head %.4f s\n", "", ops.layer_forward,
-                ops.layer_backward, ops.head);
-    worst = std::max(worst, err);
-    std::printf(
-        "  %-40s predicted %.4f s (compute %.4f, link %.4f/%.4f, optimizer %.4f, NVMe %.4f), measured %.4f s: "
-        "%+.1f%%\n",
-        c.name.c_str(), sp.step_s, sp.compute_s, sp.h2d_s, sp.d2h_s, sp.optimizer_s, sp.nvme_s, measured,
-        100.0 * (sp.step_s - measured) / measured);
-    std::fflush(stdout);
+    worst = std::max(worst, std::abs(r.predicted - r.measured) / r.measured);
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
