@@ -23,8 +23,8 @@ struct HardwareProfile {
   double disk_bytes = 0.0;                   // free space
   // Measured on this machine only (0 elsewhere).
   double adamw_params_per_s = 0.0;  // the optimizer's fp32 AdamW rate with the run's optimizer threads
-  bool shared_cores = false;        // compute, optimizer, collector and copy engine share the CPU cores (the CPU backend)
-  std::string cpu;                  // this machine: CPU model and the GEMM library's kernel choice
+  bool shared_cores = false;  // compute, optimizer, collector and copy engine share the CPU cores (the CPU backend)
+  std::string cpu;            // this machine: CPU model and the GEMM library's kernel choice
 };
 
 // The profiles of an INI text (sections of the keys config/hardware.ini documents). Throws

@@ -2,7 +2,12 @@
 // and the fast fp32 kernel is checked against the reference (and for thread-count independence).
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include <omp.h>
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/reference_ops.hpp"
@@ -347,4 +352,48 @@ TEST_CASE("split GEMMs give the same bits at 1 to 4 threads on transformer shape
 TEST_CASE("the GEMM backend names itself", "[ops]") {
   const std::string name = cpu::gemm_backend_name();
   CHECK((name.rfind("oneDNN ", 0) == 0 || name.rfind("OpenBLAS ", 0) == 0));
+}
+
+namespace {
+
+int thread_count() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.is_directory() ? 1 : 0;
+  return n;
+}
+
+// This process's thread count once it equals `want` (an exiting thread takes a moment), or after a second.
+int thread_count_reaching(int want) {
+  int n = thread_count();
+  for (int i = 0; i < 100 && n != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    n = thread_count();
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("release_thread_pool ends this thread's OpenMP workers and parallel work resumes", "[ops][threads]") {
+  const std::int64_t N = 256, in = 128, out = 256;  // 16.8 MFLOP: split over the 2 threads
+  auto x = randn(N * in, 94), W = randn(out * in, 95);
+  vector<float> before(N * out), after(N * out);
+  cpu::linear_forward(x.data(), W.data(), nullptr, before.data(), N, in, out, 2);  // this thread's pool: 1 worker
+  const int with_pool = thread_count();
+  cpu::release_thread_pool();
+  CHECK(thread_count_reaching(with_pool - 1) == with_pool - 1);                   // the worker has exited
+  cpu::linear_forward(x.data(), W.data(), nullptr, after.data(), N, in, out, 2);  // a new pool
+  CHECK(thread_count() == with_pool);
+  CHECK(std::memcmp(before.data(), after.data(), before.size() * 4) == 0);
+  int inside = 0;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    {
+      cpu::release_thread_pool();  // refused inside a region: the team finishes as it started
+      inside = omp_get_num_threads();
+    }
+  }
+  CHECK(inside == 2);
+  cpu::release_thread_pool();
 }

@@ -1,12 +1,15 @@
 #include "tools/bench/engine_step.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
 #include "actors/engine.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/profile.hpp"
+#include "tools/bench/child_process.hpp"
 #include "tools/bench/demo_model.hpp"
 
 namespace mt::bench {
@@ -22,9 +25,7 @@ TrainConfig demo_config(Precision precision, int threads, int steps) {
   return c;
 }
 
-}  // namespace
-
-EngineStep measure_engine_step(Precision precision, int threads, int steps) {
+EngineStep measure_here(Precision precision, int threads, int steps) {
   const TrainConfig cfg = demo_config(precision, threads, steps);
   const ModelConfig model = cfg.model_config_from_keys();
   const actors::EnginePlan plan = actors::plan_engine(cfg, model);
@@ -45,14 +46,21 @@ EngineStep measure_engine_step(Precision precision, int threads, int steps) {
   for (int k = 0; k < prof::kNumCats; ++k)
     e.split[k] = prof::seconds(static_cast<prof::Cat>(k)) / static_cast<double>(r.steps.size());
   if (!r.error.empty()) throw std::runtime_error("engine step benchmark: " + r.error);
+  // The median of steps 2..N: the first pays for first touches, and this VM's speed drifts (one
+  // disturbed step should not decide the figure).
   const std::size_t first = r.steps.size() > 2 ? 1 : 0;
+  std::vector<double> step, compute;
   for (std::size_t s = first; s < r.steps.size(); ++s) {
-    e.step_s += r.steps[s].step_s;
-    e.compute_s += r.steps[s].compute_s;
+    step.push_back(r.steps[s].step_s);
+    compute.push_back(r.steps[s].compute_s);
   }
-  const double n = static_cast<double>(r.steps.size() - first);
-  e.step_s /= n;
-  e.compute_s /= n;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  e.step_s = median(step);
+  e.compute_s = median(compute);
   const double tokens = static_cast<double>(cfg.train.per_device_train_batch_size * cfg.data.seq_length);
   e.tokens_per_s = tokens / e.step_s;
   // Matmul parameters: the embedding table is a lookup, not a product (counted once, as the LM head,
@@ -67,6 +75,15 @@ EngineStep measure_engine_step(Precision precision, int threads, int steps) {
                                               static_cast<double>(cfg.data.seq_length) * tokens;
   e.keep = plan.mode == ActivationMode::keep ? "all" : (plan.boundaries_on_host ? "boundary_host" : "boundary");
   return e;
+}
+
+}  // namespace
+
+EngineStep measure_engine_step(Precision precision, int threads, int steps) {
+  const std::optional<EngineStep> e =
+      in_child_process<EngineStep>([&] { return measure_here(precision, threads, steps); });
+  if (!e) throw std::runtime_error("engine step benchmark: the measuring process failed (see above)");
+  return *e;
 }
 
 }  // namespace mt::bench

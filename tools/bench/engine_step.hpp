@@ -3,21 +3,21 @@
 // device keys as config/demo.ini (Llama, d=384, 8 layers, 4 x 128 tokens, vocabulary 4096, 64 MiB
 // device budget, auto keep-intermediates), random tokens. Used by bench_train_step for engine_step_mfu.
 #pragma once
-#include <string>
 
 #include "kernels/precision.hpp"
 
 namespace mt::bench {
 
 struct EngineStep {
-  double step_s = 0.0;  // mean wall time of the measured steps (the first, warm-up, excluded)
+  double step_s = 0.0;  // median wall time of steps 2..N (the first, warm-up, excluded)
   double tokens_per_s = 0.0;
   double model_flops = 0.0;  // per step: 6 x matmul params x tokens + attention (12 x layers x d x T per token)
-  double compute_s = 0.0;    // of which compute was busy (mean per step)
-  std::string keep;          // the keep-intermediates mode the plan chose
+  double compute_s = 0.0;    // of which compute was busy (median per step)
+  const char* keep = "";     // the keep-intermediates mode the plan chose (a literal)
   double split[8] = {};      // seconds per step by kernel category (kernels/profile.hpp), all steps
 };
 
-EngineStep measure_engine_step(Precision precision, int threads, int steps = 6);
+// In a child process of its own (child_process.hpp), so that earlier runs in this process do not slow it.
+EngineStep measure_engine_step(Precision precision, int threads, int steps = 16);
 
 }  // namespace mt::bench

@@ -11,11 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "actors/engine.hpp"
@@ -24,6 +23,7 @@
 #include "actors/plan/step_model.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "tools/bench/bench_report.hpp"
+#include "tools/bench/child_process.hpp"
 #include "tools/bench/demo_model.hpp"
 
 using namespace mt;
@@ -138,7 +138,6 @@ TrainConfig shaped(std::int64_t hidden, std::int64_t layers, std::int64_t heads,
 }
 
 struct ConfigResult {
-  bool ok = false;
   double predicted = 0, measured = 0;
 };
 
@@ -194,38 +193,7 @@ ConfigResult run_config(const Config& c, int steps, int threads, const std::stri
       c.name.c_str(), sp.step_s, sp.compute_s, sp.h2d_s, sp.d2h_s, sp.optimizer_s, sp.nvme_s, measured,
       100.0 * (sp.step_s - measured) / measured);
   std::fflush(stdout);
-  return {true, sp.step_s, measured};
-}
-
-// Runs fn in a forked child and returns its result through a pipe; {ok = false} if the child fails.
-ConfigResult in_child_process(const std::function<ConfigResult()>& fn) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  int fds[2];
-  if (pipe(fds) != 0) return {};
-  const pid_t pid = fork();
-  if (pid < 0) return {};
-  if (pid == 0) {
-    close(fds[0]);
-    ConfigResult r;
-    try {
-      r = fn();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "plan bench: %s\n", e.what());
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    const bool sent = write(fds[1], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
-    _exit(sent && r.ok ? 0 : 1);
-  }
-  close(fds[1]);
-  ConfigResult r;
-  const bool got = read(fds[0], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!got || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return {};
-  return r;
+  return {sp.step_s, measured};
 }
 
 }  // namespace
@@ -273,18 +241,16 @@ int main(int argc, char** argv) {
   }
   bench::Report report("plan");
   double worst = 0;
-  // Each configuration in a child process of its own, as a user runs `megatrain train`: libgomp keeps
-  // every thread's OpenMP workers for the life of the process, even after the thread exits, and once
-  // they outnumber the cores it stops spin-waiting in every team (kernels/cpu/ops.hpp,
-  // release_thread_pool). In one process each engine run would inherit the earlier runs' compute
-  // teams and run slower than the planner's (and a user's) single run. The parent starts no thread.
+  // Each configuration in a child process of its own, as a user runs `megatrain train`
+  // (child_process.hpp: one process's engine runs would slow down the later ones).
   for (const Config& c : configs) {
-    const ConfigResult r = in_child_process([&] { return run_config(c, steps, threads, dir); });
-    if (!r.ok) {
+    const std::optional<ConfigResult> r =
+        bench::in_child_process<ConfigResult>([&] { return run_config(c, steps, threads, dir); });
+    if (!r) {
       std::fprintf(stderr, "plan bench: configuration '%s' failed (see above)\n", c.name.c_str());
       return 1;
     }
-    worst = std::max(worst, std::abs(r.predicted - r.measured) / r.measured);
+    worst = std::max(worst, std::abs(r->predicted - r->measured) / r->measured);
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);

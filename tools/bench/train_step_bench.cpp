@@ -277,7 +277,7 @@ static int run(int argc, char** argv) {
       std::printf(
           "    %s: %.3f s/step, %.0f tokens/s, compute busy %.0f%%, keep=%s, %.1f GFLOP/s = %.1f%% of the best "
           "%s GEMM (%.1f GFLOP/s)\n",
-          mt::precision_name(p), e.step_s, e.tokens_per_s, 100 * e.compute_s / e.step_s, e.keep.c_str(), achieved / 1e9,
+          mt::precision_name(p), e.step_s, e.tokens_per_s, 100 * e.compute_s / e.step_s, e.keep, achieved / 1e9,
           100 * achieved / ceil_rate, mt::precision_name(p), ceil_rate / 1e9);
       std::printf("      split per step:");
       for (int k = 0; k < mt::prof::kNumCats; ++k)
