@@ -103,7 +103,8 @@ NodeConfig::NodeConfig() {
       .add(h.total, "total", "the thread budget; 0 = hardware threads")
       .add(h.blas, "blas", "compute kernel threads; 0 = the whole budget")
       .add(h.optimizer, "optimizer",
-           "optimizer threads (shares the cores with compute in short bursts); 0 = the whole budget")
+           "optimizer and collector threads (they share the cores with compute in short bursts); 0 = one per "
+           "8 cores of the budget on the cpu backend, the whole budget with a GPU")
       .add(h.copy, "copy", "copy engine workers (1 or 2); 0 = derived")
       .add(h.scheduler, "scheduler", "CAF scheduler threads; 0 = derived");
   auto& l = values.log;
