@@ -14,11 +14,13 @@ namespace mt::cpu {
 // OpenBLAS's own pool: set once per distinct value (cheap when unchanged).
 void set_blas_threads(int threads);
 // Ends the calling thread's OpenMP worker pool. libgomp keeps a thread's workers for its next parallel
-// region, even after the thread exits, and once the workers of all pools outnumber the cores it stops
-// spin-waiting in every team: each parallel region then wakes its workers from a futex. Measured here
-// (2 cores): a 2-thread region with a 10 us serial gap costs 16 us while it is the only pool, 90 us
-// once another thread has run a 2-thread region. Called by a thread done with its parallel work
-// (initialisation, the planner's measurements) before the engine's compute team starts.
+// region, and once the workers of all pools outnumber the cores it stops spin-waiting in every team:
+// each parallel region then wakes its workers from a futex. Measured here (2 cores, libgomp 12): a
+// 2-thread region with a 10 us serial gap costs 16 us while it is the only pool, 90 us once another
+// thread has run a 2-thread region, and still 90 us after that thread has exited or paused itself. A
+// pause on the process's initial thread brings back 16 us in both cases (not when the other thread
+// still holds its pool). Called by the thread that runs the engine (the initial thread in the node and
+// the benchmarks) before compute's team starts.
 void release_thread_pool();
 
 // ---- matmul (oneDNN sgemm, or OpenBLAS with MEGATRAIN_GEMM=openblas; see matmul.cpp) ----

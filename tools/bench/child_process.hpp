@@ -1,11 +1,11 @@
 // Runs a measurement in a forked child process and hands its result back through a pipe.
 //
-// Why: libgomp keeps every thread's OpenMP workers for the life of the process, even after the thread
-// exits, and once all pools' workers outnumber the cores it stops spin-waiting in every team
-// (kernels/cpu/ops.hpp, release_thread_pool). An engine run in a process that already ran one (or ran
-// the reference trainer on another thread) inherits those pools and measures slower than the single run
-// a user makes with `megatrain train`. The parent ends its own pool first: a child of a process whose
-// workers still exist would wait on them forever at its first parallel region.
+// Why: libgomp counts the OpenMP workers of every thread that ran a parallel region, and once they
+// outnumber the cores it stops spin-waiting in every team (kernels/cpu/ops.hpp, release_thread_pool).
+// An engine run in a process that already ran others can inherit that count and measure slower than
+// the single run a user makes with `megatrain train` (the plan bench's later configurations measured
+// 13-21% slow). A fresh process per run rules it out. The parent ends its own pool first: a child of a
+// process whose workers still exist would wait on them forever at its first parallel region.
 #pragma once
 #include <cstdio>
 #include <exception>
