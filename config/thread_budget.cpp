@@ -16,9 +16,10 @@ ThreadBudget TrainConfig::thread_budget(int hardware_threads) const {
   // On the CPU backend they run on cores compute is using, so width buys little: the same work, and
   // each extra OpenMP worker takes libgomp past one thread per core, after which it stops spin-waiting
   // in every team and compute's workers sleep on a futex between parallel regions (the demo at 2
-  // threads: 0.41 s a step with 2-thread optimizer and collector teams, 0.37 s with 1). One thread per
-  // 8 cores still outruns the compute it hides behind: AdamW is about 1.5 ns a parameter on one
-  // thread, a step's compute about 6 x tokens FLOPs a parameter (30 ns at 512 tokens on one core).
+  // threads, median of 6 alternating pairs: 0.379 s a step with 2-thread optimizer and collector
+  // teams, 0.326 s with 1). One thread per 8 cores still outruns the compute it hides behind: AdamW
+  // takes 1.2-1.4 ns a parameter on one thread (0.7-0.85 Gparam/s measured by `megatrain plan`), a
+  // step's compute about 6 x tokens FLOPs a parameter (30 ns at 512 tokens on one core).
   const int optimizer_default = device.backend == "cpu" ? std::max(1, (b.total + 7) / 8) : b.total;
   b.optimizer = threads.optimizer > 0 ? static_cast<int>(threads.optimizer) : optimizer_default;
   // One copy worker per direction (full duplex) once there are cores to spare; one otherwise.

@@ -151,7 +151,6 @@ inline EngineRun run_pipeline(const TrainConfig& cfg, const ModelConfig& model, 
   return r;
 }
 
-// Bytes of stage s's params / moments equal between the engine's tiles and the reference's.
 // The restart log as one text, for INFO (an INFO inside a loop body ends with that iteration).
 inline std::string restart_log_text(const EngineResult& r) {
   std::string text;
@@ -159,6 +158,7 @@ inline std::string restart_log_text(const EngineResult& r) {
   return text;
 }
 
+// Bytes of stage s's params / moments equal between the engine's tiles and the reference's.
 inline bool same_bits(const float* a, const float* b, std::size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }

@@ -29,6 +29,15 @@ inline double best_seconds(const std::function<void()>& fn, int reps, int warmup
   return best;
 }
 
+// The median of `v` (0 when empty): the benchmarks' figure for repeated step times, so that one step
+// disturbed by this noisy machine does not decide it.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 struct Figure {
   std::string metric;
   double value;

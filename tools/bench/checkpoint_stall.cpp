@@ -16,6 +16,7 @@
 #include <set>
 
 #include "actors/engine.hpp"
+#include "tools/bench/bench_report.hpp"
 #include "tools/bench/demo_model.hpp"
 
 namespace mt::bench {
@@ -73,11 +74,6 @@ double sum(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return s;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // One round: a control run and a checkpointed run; returns the stall as a fraction of a control step.

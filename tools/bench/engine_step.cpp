@@ -1,6 +1,5 @@
 #include "tools/bench/engine_step.hpp"
 
-#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <stdexcept>
@@ -9,6 +8,7 @@
 #include "actors/engine.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/profile.hpp"
+#include "tools/bench/bench_report.hpp"
 #include "tools/bench/child_process.hpp"
 #include "tools/bench/demo_model.hpp"
 
@@ -54,11 +54,6 @@ EngineStep measure_here(Precision precision, int threads, int steps) {
     step.push_back(r.steps[s].step_s);
     compute.push_back(r.steps[s].compute_s);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
   e.step_s = median(step);
   e.compute_s = median(compute);
   const double tokens = static_cast<double>(cfg.train.per_device_train_batch_size * cfg.data.seq_length);

@@ -39,13 +39,6 @@ namespace {
 constexpr int kWarmupSteps = 4;  // left out of each run's step times: first allocations, page faults
 constexpr double kScrapeHz = 10.0;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // A token shard (llm.c format, uint16) of reproducible random tokens below the demo vocabulary (4096).
 fs::path write_shard(const fs::path& dir, std::size_t tokens) {
   fs::create_directories(dir);
@@ -170,7 +163,7 @@ RunResult run_node(const std::vector<std::string>& base, const fs::path& out, bo
   r.scrapes = w.scrapes;
   r.scrape_errors = w.scrape_errors;
   r.events = w.events;
-  r.scrape_median_s = median(w.scrape_s);
+  r.scrape_median_s = mt::bench::median(w.scrape_s);
   return r;
 }
 
@@ -211,7 +204,7 @@ int main(int argc, char** argv) {
         const RunResult r = run_node(base, work / (on ? "monitored" : "plain"), on);
         (on ? monitored : plain).insert((on ? monitored : plain).end(), r.step_s.begin(), r.step_s.end());
         std::printf("  run %d %-9s median step %.4f s over %zu steps", p + 1, on ? "monitored" : "plain",
-                    median(r.step_s), r.step_s.size());
+                    mt::bench::median(r.step_s), r.step_s.size());
         if (on) {
           std::printf("; %ld scrapes (median %.2f ms), %ld failed, %ld events", r.scrapes, 1e3 * r.scrape_median_s,
                       r.scrape_errors, r.events);
@@ -224,14 +217,14 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    const double plain_s = median(plain), monitored_s = median(monitored);
+    const double plain_s = mt::bench::median(plain), monitored_s = mt::bench::median(monitored);
     const double overhead = (monitored_s - plain_s) / plain_s;
     std::printf("  plain median step %.4f s, monitored %.4f s: overhead %+.2f%% of a step (target <= 1%%)\n", plain_s,
                 monitored_s, 100 * overhead);
     std::printf(
         "  %ld scrapes answered (median latency %.2f ms), %ld refused or failed (after the run ended), %ld SSE "
         "events\n",
-        scrapes, 1e3 * median(scrape_latency), errors, events);
+        scrapes, 1e3 * mt::bench::median(scrape_latency), errors, events);
     if (scrapes == 0 || events == 0) throw std::runtime_error("the monitored runs were never scraped or sent no event");
     mt::bench::Report report("monitor");
     report.add({"monitor_step_s", monitored_s, "s", plain_s, 0, "lower"});

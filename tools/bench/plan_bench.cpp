@@ -41,12 +41,6 @@ struct Measured {
   double step = 0, compute = 0, wait = 0;  // medians over steps 2..N: step, compute busy, compute waited
 };
 
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  return n % 2 == 1 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
 Measured measured_step(const TrainConfig& cfg, const ModelConfig& model) {
   HostModel host(model, actors::host_tile_options(cfg), nullptr, actors::moment_store_for(cfg, model));
   actors::init_host_model(host, 1337);
@@ -68,7 +62,7 @@ Measured measured_step(const TrainConfig& cfg, const ModelConfig& model) {
     compute.push_back(r.steps[s].compute_s);
     wait.push_back(r.steps[s].wait_weights_s);
   }
-  return {median(step), median(compute), median(wait)};
+  return {bench::median(step), bench::median(compute), bench::median(wait)};
 }
 
 std::string cpu_line() {
