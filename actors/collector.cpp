@@ -1,5 +1,6 @@
 // The gradient collector: copies each staged gradient device-to-host (over the backend's link) and
-// adds it into the stage's fp32 accumulator in the host tile (cpu::accumulate, the reference's call),
+// adds it into the stage's fp32 accumulator in the host tile (cpu::accumulate, the reference's call;
+// a backend that shares host memory does both in one pass from the slot, with the same bits),
 // frees the staging slot, and after a stage's last micro-batch reports the stage's gradient sum of
 // squares to the optimizer. Its progress (per stage: step, micro-batches accumulated, sum of squares)
 // is in the ledger, so re-issued work is recognised and not added twice.
@@ -27,7 +28,7 @@ struct collector_state {
   std::uint64_t epoch = 0;
   bool running = false;
   PeerHandles peers;
-  AlignedFloats host_buffer;                 // receives one stage's gradients from the device
+  AlignedFloats host_buffer;                 // receives one stage's gradients over a link (made on first use)
   std::map<std::int64_t, double> offload_s;  // per step
   // Rounds not yet complete: (step, round, stage) -> each device's staging slot (-1: not in yet).
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<int>> pending;
@@ -35,6 +36,12 @@ struct collector_state {
 };
 
 using self_ptr = collector_actor::stateful_pointer<collector_state>;
+
+std::size_t largest_stage_floats(const Context* ctx) {
+  std::size_t largest = 0;
+  for (const auto& l : ctx->layouts) largest = std::max(largest, l.total_floats);
+  return largest;
+}
 
 void collect(self_ptr self, const LayerGrads& m) {
   auto& st = self->state;
@@ -82,14 +89,20 @@ void collect(self_ptr self, const LayerGrads& m) {
     grads.push_back(dc->arena->grad_slot(slots[static_cast<std::size_t>(d)]));
   }
   if (N > 1) devices[0]->reduce_gradients(devices, grads, n);  // into device 0's slot, device order
-  std::promise<void> landed;
-  devices[0]->copy_async(LinkDirection::device_to_host, grads[0], st.host_buffer.get(), n * sizeof(float),
-                         [&landed] { landed.set_value(); });
-  landed.get_future().get();
-  for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
   HostTile& tile = ctx->host->tile(stage);
-  if (mb == 0) std::memset(tile.grad(), 0, n * sizeof(float));
-  cpu::accumulate(tile.grad(), st.host_buffer.get(), n, ctx->collector_threads);
+  if (devices[0]->shares_host_memory()) {  // one pass straight from the slot, the same bits
+    devices[0]->accumulate_to_host(grads[0], tile.grad(), n, mb == 0, ctx->collector_threads);
+    for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
+  } else {
+    if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(ctx));
+    std::promise<void> landed;
+    devices[0]->copy_async(LinkDirection::device_to_host, grads[0], st.host_buffer.get(), n * sizeof(float),
+                           [&landed] { landed.set_value(); });
+    landed.get_future().get();
+    for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
+    if (mb == 0) std::memset(tile.grad(), 0, n * sizeof(float));
+    cpu::accumulate(tile.grad(), st.host_buffer.get(), n, ctx->collector_threads);
+  }
   led.accum_step[si] = step;
   led.accum_count[si] = mb + 1;
   const auto t1 = Clock::now();
@@ -114,9 +127,6 @@ collector_actor::behavior_type collector_fn(self_ptr self, Context* ctx, std::ui
   self->state.ctx = ctx;
   self->state.epoch = epoch;
   self->set_exception_handler(exception_to_error);
-  std::size_t largest = 0;
-  for (const auto& l : ctx->layouts) largest = std::max(largest, l.total_floats);
-  self->state.host_buffer = make_aligned_floats(largest);
   return {
       [=](const LayerGrads& m) {
         const auto probe = probe_handler(self, monitor::ActorId::collector, "LayerGrads");

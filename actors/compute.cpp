@@ -148,7 +148,7 @@ void try_advance(self_ptr self) {
       }
       slot[li] = it->second.slot;
     }
-    auto weights = [&](int li) -> const void* { return ctx->arena->weight_slot(slot[li]); };
+    auto weights = [&](int li) -> const void* { return ctx->arena->weights(slot[li]); };
     // Boundaries on the host: the ring entry this op writes must have been copied out.
     const std::int64_t written = on_host ? boundary_written(op) : -1;
     if (written >= 0 && !ring_entry_free(ctx, static_cast<std::size_t>(written) % ctx->ring.size())) {

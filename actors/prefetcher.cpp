@@ -1,10 +1,10 @@
 // The prefetcher: walks the schedule ahead of compute and streams each op's stages into free weight
-// slots (host tile -> device arena over the backend's link), exactly in the order compute will use
-// them, up to prefetch_depth + 1 ops in flight and never more than K weight slots (and, with
-// boundaries on the host, K activation slots). A load waits for a free slot and for the stage's tile
-// to reach the version the op needs (= its step: the optimizer publishes version s + 1 after step s's
-// update), so the next step's forward streams layer i as soon as it is updated. Owns the weight
-// slots' states (in the DeviceArena).
+// slots (host tile -> device arena over the backend's link; a backend that shares host memory maps
+// the tile into the slot instead, no copy), exactly in the order compute will use them, up to prefetch_depth + 1 ops in
+// flight and never more than K weight slots (and, with boundaries on the host, K activation slots). A load waits for a
+// free slot and for the stage's tile to reach the version the op needs (= its step: the optimizer publishes version s +
+// 1 after step s's update), so the next step's forward streams layer i as soon as it is updated. Owns the weight slots'
+// states (in the DeviceArena).
 //
 // A slot compute has freed keeps its contents until it is refilled ("resident"): when a later load
 // needs the same stage at the same version (the backward of the last layers of the forward, right
@@ -157,6 +157,18 @@ void pump(self_ptr self) {
     ctx->monitor->board()
         .probe(monitor::ActorId::prefetcher, ctx->device)
         .unit(st.pos.step, ctx->global_micro_batch(st.pos.micro_batch), stage, "prefetch");
+    // A backend that shares host memory reads the tile itself: the slot only bounds the ops in flight.
+    if (ctx->backend->shares_host_memory()) {
+      int slot = -1;
+      for (int k = 0; k < ctx->arena->weight_slot_count() && slot < 0; ++k)
+        if (st.in_flight.count(k) == 0) slot = k;
+      if (slot < 0) return;  // SlotFree will wake us
+      ctx->arena->map_slot(slot, stage, have, bytes, tile.stream_source());
+      st.in_flight[slot] = prefetcher_state::Held{st.pos, stage, have};
+      self->send(st.peers.compute, WeightsReady{st.epoch, st.pos, st.load, stage, slot, have});
+      ++st.load;
+      continue;
+    }
     // A resident copy of exactly this stage and version: hand it over again, no transfer.
     int hit = -1;
     for (const auto& kv : st.resident)
@@ -207,7 +219,8 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
         }
         auto it = st.in_flight.find(m.slot);
         if (it != st.in_flight.end()) {
-          st.resident[m.slot] = prefetcher_state::Resident{it->second.stage, it->second.version};
+          if (!ctx->backend->shares_host_memory())  // a mapped slot holds nothing of its own
+            st.resident[m.slot] = prefetcher_state::Resident{it->second.stage, it->second.version};
           st.in_flight.erase(it);
         }
         ctx->arena->release_slot(m.slot);

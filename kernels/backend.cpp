@@ -39,6 +39,11 @@ void check_backend_available(const BackendOptions& options) {
 #endif
 }
 
+void Backend::accumulate_to_host(const float*, float*, std::size_t, bool, int) {
+  throw std::logic_error(std::string("the ") + name() +
+                         " backend does not share host memory: gradients reach the host over its link");
+}
+
 void Backend::reduce_gradients(const std::vector<Backend*>&, const std::vector<float*>&, std::size_t) {
   throw std::logic_error(std::string("the ") + name() +
                          " backend has no cross-device gradient reduction: device.gpus must be 1 with it");

@@ -102,6 +102,20 @@ class Backend {
   virtual void register_host(void* data, std::size_t bytes) = 0;
   virtual void unregister_host(void* data, std::size_t bytes) = 0;
 
+  // --- host memory the stage operations address directly -----------------------------------------
+  // True when the stage operations read and write host memory at its own addresses and no link is
+  // modelled between the two (the CPU backend without device.copy_bandwidth_gbps): a weight load then
+  // maps the host tile (DeviceArena::map_slot) instead of copying it, and the collector sums a
+  // gradient straight from the device buffer into the host accumulator (accumulate_to_host). The
+  // copies shared the cores with compute: the demo's step took 0.327 s with them and 0.296 s without
+  // (4 alternating pairs, steps 5..20, 2-core Xeon; the copy path kept by a link bandwidth of 10 TB/s).
+  virtual bool shares_host_memory() const { return false; }
+  // host_acc = (first ? +0 : host_acc) + device_src element-wise, in one pass with `threads` host
+  // threads: the bits of a device-to-host copy, cpu::zero (first) and cpu::accumulate. Only when
+  // shares_host_memory(); the default throws std::logic_error. Ordering: after the stage operation
+  // that wrote device_src (rule 3); device_src may be reused when it returns.
+  virtual void accumulate_to_host(const float* device_src, float* host_acc, std::size_t n, bool first, int threads);
+
   // --- the link -----------------------------------------------------------------------------------
   // Queues a copy; on_done (optional) runs on a backend thread after the bytes landed.
   virtual void copy_async(LinkDirection dir, const void* src, void* dst, std::size_t bytes,

@@ -38,6 +38,8 @@ namespace mt {
 namespace cpu {
 // accum[i] += staging[i]. Threaded and vectorised; bit-identical whatever the thread count.
 void accumulate(float* accum, const float* staging, std::size_t n, int threads);
+// accum[i] = +0 + staging[i]: zero() then accumulate() in one pass, the same bits (-0 becomes +0).
+void accumulate_first(float* accum, const float* staging, std::size_t n, int threads);
 // x[i] = 0 (staging buffers before each backward), threaded.
 void zero(float* x, std::size_t n, int threads);
 // sum of x[i]^2 in double, in a fixed blocked order that does not depend on the thread count.

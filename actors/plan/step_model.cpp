@@ -145,7 +145,11 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   const double wbytes_per = static_cast<double>(bytes_per_param(cfg.precision()));
   auto t_load = [&](std::int64_t s) { return floats[s] * wbytes_per / h2d; };
   auto t_d2h = [&](std::int64_t s) { return floats[s] * 4.0 / d2h; };
-  auto t_acc = [&](std::int64_t s) { return floats[s] * 12.0 / hw.host_mem; };  // read staged + acc, write acc
+  // CPU backend without a modelled link: weights are mapped, not copied, and gradients are summed
+  // from the staging slot in one pass (Backend::shares_host_memory).
+  const bool mapped = hw.shared_cores && cfg.copy_bandwidth_bytes_per_s() <= 0;
+  // Read staged + acc, write acc; the first micro-batch (mapped) reads no accumulator.
+  auto t_acc = [&](std::int64_t s, bool first) { return floats[s] * (mapped && first ? 8.0 : 12.0) / hw.host_mem; };
   auto t_opt = [&](std::int64_t s) {
     // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter), + the bf16 copy.
     return hw.adamw_params_per_s > 0 ? floats[s] / hw.adamw_params_per_s
@@ -258,12 +262,12 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
         slot = &*std::min_element(wslots.begin(), wslots.end(),
                                   [](const Slot& a, const Slot& b) { return a.free < b.free; });
         const double version_ready = t > 0 ? updated[static_cast<std::size_t>(s)] : 0.0;
-        const double others = std::max({link_in.free, slot->free, window, last_load_start});
+        const double others = std::max({mapped ? 0.0 : link_in.free, slot->free, window, last_load_start});
         const double start = std::max(others, version_ready);
         last_load_start = start;
-        const double end = copy(link_in, start, floats[s] * wbytes_per, h2d, memcpy_in, count);
+        const double end = mapped ? start : copy(link_in, start, floats[s] * wbytes_per, h2d, memcpy_in, count);
         if (end >= ready) ready_gated = version_ready > others;
-        if (count) p.h2d_s += t_load(s);
+        if (count && !mapped) p.h2d_s += t_load(s);
         slot->stage = s;
         slot->version = version;
         slot->last = end;
@@ -323,9 +327,10 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
       }
       if (grads) {
         const std::int64_t s = op.stage;
-        const double copied = copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
-        const double acc = host.run(copied, t_acc(s), count);
-        if (count) p.d2h_s += t_d2h(s), p.accumulate_s += t_acc(s);
+        const bool first = pos.micro_batch == 0;
+        const double copied = mapped ? end : copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
+        const double acc = host.run(copied, t_acc(s, first), count);
+        if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, first);
         gslots[gslot] = acc;
         stage_done[static_cast<std::size_t>(s)] = std::max(stage_done[static_cast<std::size_t>(s)], acc);
         if (--remaining[static_cast<std::size_t>(s)] == 0 && !clip) {

@@ -54,6 +54,14 @@ void CpuBackend::copy_async(LinkDirection dir, const void* src, void* dst, std::
   copy_.submit(std::move(job));
 }
 
+void CpuBackend::accumulate_to_host(const float* device_src, float* host_acc, std::size_t n, bool first, int threads) {
+  if (!shares_host_memory()) Backend::accumulate_to_host(device_src, host_acc, n, first, threads);
+  if (first)
+    cpu::accumulate_first(host_acc, device_src, n, threads);
+  else
+    cpu::accumulate(host_acc, device_src, n, threads);
+}
+
 void CpuBackend::wait_link_idle() { copy_.wait_idle(); }
 
 LinkStats CpuBackend::link_stats() const {

@@ -18,6 +18,13 @@ void accumulate(float* accum, const float* staging, std::size_t n, int threads) 
   });
 }
 
+void accumulate_first(float* accum, const float* staging, std::size_t n, int threads) {
+  prof::Scope prof_scope(prof::elementwise);
+  parallel_chunks(n, threads, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) accum[i] = 0.0f + staging[i];  // not a copy: -0 + +0 is +0
+  });
+}
+
 void zero(float* x, std::size_t n, int threads) {
   parallel_chunks(n, threads, [&](std::size_t b, std::size_t e) { std::fill(x + b, x + e, 0.0f); });
 }

@@ -111,6 +111,21 @@ void DeviceArena::mark_ready(int slot) {
   s.phase = SlotPhase::ready;
 }
 
+void DeviceArena::map_slot(int slot, std::int64_t stage, std::uint64_t version, std::size_t bytes, const void* host) {
+  begin_fill_slot(slot, stage, version, bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& s = slots_[static_cast<std::size_t>(slot)];
+  s.phase = SlotPhase::ready;
+  s.mapped = host;
+}
+
+const void* DeviceArena::weights(int slot) {
+  const void* own = weight_slot(slot);  // range check
+  std::lock_guard<std::mutex> lock(mutex_);
+  const void* mapped = slots_[static_cast<std::size_t>(slot)].mapped;
+  return mapped != nullptr ? mapped : own;
+}
+
 void DeviceArena::release_slot(int slot) {
   const std::size_t position = region_position(ArenaRegionKind::weight_slot, slot);
   std::lock_guard<std::mutex> lock(mutex_);

@@ -25,9 +25,10 @@ const char* slot_phase_name(SlotPhase p);
 
 struct WeightSlotState {
   SlotPhase phase = SlotPhase::free;
-  std::int64_t stage = -1;    // valid unless free
-  std::uint64_t version = 0;  // the tile version being / been copied
-  std::size_t bytes = 0;      // bytes claimed (the stage's streamed size)
+  std::int64_t stage = -1;       // valid unless free
+  std::uint64_t version = 0;     // the tile version being / been copied
+  std::size_t bytes = 0;         // bytes claimed (the stage's streamed size)
+  const void* mapped = nullptr;  // map_slot: the host tile compute reads instead of the slot's memory
 };
 
 struct ArenaUsage {
@@ -73,7 +74,13 @@ class DeviceArena {
   std::optional<int> begin_fill(std::int64_t stage, std::uint64_t version, std::size_t bytes);
   // The same for a chosen slot; throws std::logic_error when it is not free.
   void begin_fill_slot(int slot, std::int64_t stage, std::uint64_t version, std::size_t bytes);
-  void mark_ready(int slot);    // filling -> ready, else logic_error
+  void mark_ready(int slot);  // filling -> ready, else logic_error
+  // A backend that shares host memory (Backend::shares_host_memory): free -> ready(stage, version)
+  // at once, reading `host` (the tile's stream source) instead of the slot's memory. It claims `bytes`
+  // as a copy would, so the arena's figures do not depend on the backend. Logic_error when not free.
+  void map_slot(int slot, std::int64_t stage, std::uint64_t version, std::size_t bytes, const void* host);
+  // What compute reads for a ready slot: the mapped host tile, else the slot's own memory.
+  const void* weights(int slot);
   void release_slot(int slot);  // any -> free, releases its bytes
   WeightSlotState slot_state(int slot) const;
   // A ready slot holding `stage` at version >= min_version, if any.

@@ -19,6 +19,7 @@ TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]
     t.steps = 2;
     t.micro_batches = 2;
     t.keep = "boundary_host";
+    t.bandwidth_gbps = 1000;  // a modelled link: every load is a copy (counted below), as on a GPU
     TrainConfig cfg = tiny_config(t);
     cfg.device.grad_slots = 1;
     const ModelConfig model = cfg.model_config_from_keys();

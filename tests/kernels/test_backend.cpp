@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "kernels/param_layout.hpp"
+#include "kernels/step_math.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 #include "tests/kernels/model_configs.hpp"
 
@@ -129,6 +131,32 @@ TEST_CASE("the CPU backend's device memory is zeroed, aligned, and its link copi
   for (std::size_t i = 8; i < 1008; ++i) REQUIRE(dev[i] == std::byte{0});
   be.copy_on_device(dev, dev + 2048, 512);
   CHECK(std::memcmp(dev, host.data() + 2048, 512) == 0);
+}
+
+TEST_CASE("the CPU backend shares host memory unless a link is modelled, and adds gradients in one pass",
+          "[kernels][backend]") {
+  CpuBackend be(cpu_options());
+  CHECK(be.shares_host_memory());
+  BackendOptions linked = cpu_options();
+  linked.link_bytes_per_s = 1e9;
+  CpuBackend with_link(linked);
+  CHECK_FALSE(with_link.shares_host_memory());
+  std::vector<float> acc(3), g = {-0.0f, 2.5f, -1.0f};
+  CHECK_THROWS_AS(with_link.accumulate_to_host(g.data(), acc.data(), 3, true, 1), std::logic_error);
+
+  // Against the copy path's calls: zero + accumulate (first), accumulate (later); -0 becomes +0.
+  const std::size_t n = 100003;
+  const auto a = test::randn<float>(n, 11, 1.0), b = test::randn<float>(n, 12, 1.0);
+  std::vector<float> src = a, host(n, 7.0f), expect(n);
+  src[5] = -0.0f;
+  cpu::zero(expect.data(), n, 1);
+  cpu::accumulate(expect.data(), src.data(), n, 1);
+  be.accumulate_to_host(src.data(), host.data(), n, /*first=*/true, 2);
+  CHECK(std::memcmp(host.data(), expect.data(), n * sizeof(float)) == 0);
+  CHECK_FALSE(std::signbit(host[5]));
+  cpu::accumulate(expect.data(), b.data(), n, 1);
+  be.accumulate_to_host(b.data(), host.data(), n, /*first=*/false, 2);
+  CHECK(std::memcmp(host.data(), expect.data(), n * sizeof(float)) == 0);
 }
 
 TEST_CASE("the CPU backend's stage operations are the stage templates, bit for bit", "[kernels][backend]") {

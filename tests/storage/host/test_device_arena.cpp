@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/param_layout.hpp"
 #include "storage/host/device_arena.hpp"
@@ -141,4 +142,22 @@ TEST_CASE("weight slots go free -> filling -> ready -> free", "[arena][slots]") 
   CHECK(arena.free_slot_count() == 1);
   CHECK_THROWS_AS(arena.begin_fill(4, 0, arena.plan().weight_slot_bytes + 1), std::length_error);
   CHECK(arena.free_slot_count() == 1);  // a failed fill leaves the slot free
+}
+
+TEST_CASE("a mapped weight slot reads the host tile and accounts its bytes like a copy", "[arena][slots]") {
+  DeviceArena arena(plan_arena(test::tiny_model(2), request(64u << 20, 2)));
+  std::vector<float> tile(1024, 1.5f);
+  CHECK(arena.weights(1) == arena.weight_slot(1));  // unmapped: the slot's own memory
+  arena.map_slot(1, 3, 5, 4096, tile.data());
+  CHECK(arena.slot_state(1).phase == SlotPhase::ready);
+  CHECK(arena.find_ready(3, 5) == 1);
+  CHECK(arena.weights(1) == tile.data());
+  CHECK(arena.usage().in_use_bytes == 4096);
+  CHECK_THROWS_AS(arena.map_slot(1, 4, 5, 16, tile.data()), std::logic_error);  // not free
+  arena.release_slot(1);
+  CHECK(arena.weights(1) == arena.weight_slot(1));  // the mapping ends with the slot
+  CHECK(arena.usage().in_use_bytes == 0);
+  arena.begin_fill_slot(1, 3, 6, 4096);  // a copy into the same slot reads the slot again
+  arena.mark_ready(1);
+  CHECK(arena.weights(1) == arena.weight_slot(1));
 }
