@@ -1,14 +1,18 @@
 // Rotary position embeddings in the Hugging Face layout: each head's vector is split in two halves,
 // out = x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1]. The tables are computed in
 // fp32 exactly as transformers computes them, so positions agree to the last bit where it matters.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/profile.hpp"
 
 namespace mt::cpu {
 
-void rope_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float* cos_t, float* sin_t) {
+namespace {
+
+void compute_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float* cos_t, float* sin_t) {
   const std::int64_t half = head_dim / 2;
   constexpr double kPi = 3.14159265358979323846;
   for (std::int64_t i = 0; i < half; ++i) {
@@ -34,6 +38,36 @@ void rope_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, fl
       sin_t[t * half + i] = std::sin(angle);
     }
   }
+}
+
+bool same(const RopeParams& a, const RopeParams& b) {
+  return a.theta == b.theta && a.scaling_factor == b.scaling_factor && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor && a.original_max_position == b.original_max_position;
+}
+
+}  // namespace
+
+void rope_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float* cos_t, float* sin_t) {
+  // Every layer's forward and backward asks for the same table: computing it (seq x head_dim / 2
+  // sines and cosines, on one thread while the others wait) cost about 1% of the demo's step, so the
+  // calling thread keeps its last table and copies it.
+  struct Cached {
+    RopeParams p;
+    std::int64_t seq = -1, head_dim = -1;
+    std::vector<float> cos_t, sin_t;
+  };
+  thread_local Cached cache;
+  const std::size_t n = static_cast<std::size_t>(seq * (head_dim / 2));
+  if (cache.seq != seq || cache.head_dim != head_dim || !same(cache.p, p)) {
+    cache.cos_t.resize(n);
+    cache.sin_t.resize(n);
+    compute_table(p, seq, head_dim, cache.cos_t.data(), cache.sin_t.data());
+    cache.p = p;
+    cache.seq = seq;
+    cache.head_dim = head_dim;
+  }
+  std::copy(cache.cos_t.begin(), cache.cos_t.end(), cos_t);
+  std::copy(cache.sin_t.begin(), cache.sin_t.end(), sin_t);
 }
 
 void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
