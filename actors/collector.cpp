@@ -1,6 +1,7 @@
 // The gradient collector: copies each staged gradient device-to-host (over the backend's link) and
 // adds it into the stage's fp32 accumulator in the host tile (cpu::accumulate, the reference's call;
-// a backend that shares host memory does both in one pass from the slot, with the same bits),
+// a backend that shares host memory does both in one pass from the slot, with the same bits, and
+// its micro-batch 0 arrives already in the tile: Context::grads_in_place),
 // frees the staging slot, and after a stage's last micro-batch reports the stage's gradient sum of
 // squares to the optimizer. Its progress (per stage: step, micro-batches accumulated, sum of squares)
 // is in the ledger, so re-issued work is recognised and not added twice.
@@ -90,7 +91,9 @@ void collect(self_ptr self, const LayerGrads& m) {
   }
   if (N > 1) devices[0]->reduce_gradients(devices, grads, n);  // into device 0's slot, device order
   HostTile& tile = ctx->host->tile(stage);
-  if (devices[0]->shares_host_memory()) {  // one pass straight from the slot, the same bits
+  if (N == 1 && ctx->grads_in_place(mb)) {  // compute summed them into the tile already
+    free_slot(0, slots[0]);
+  } else if (devices[0]->shares_host_memory()) {  // one pass straight from the slot, the same bits
     devices[0]->accumulate_to_host(grads[0], tile.grad(), n, mb == 0, ctx->collector_threads);
     for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
   } else {

@@ -49,9 +49,14 @@ int free_staging(Context* ctx, int skip = -1) {
 }
 
 // Opens staging slot k for `stage`: zeroed, claimed, marked filling.
+// Where staging slot k's gradients of (p, stage) go: the slot, or the tile itself (Context::grads_in_place).
+float* staging_buffer(Context* ctx, int k, const Pos& p, std::int64_t stage) {
+  return ctx->grads_in_place(p.micro_batch) ? ctx->host->tile(stage).grad() : ctx->arena->grad_slot(k);
+}
+
 float* open_staging(Context* ctx, int k, const Pos& p, std::int64_t stage) {
   const std::size_t n = ctx->layouts[static_cast<std::size_t>(stage)].total_floats;
-  float* g = ctx->arena->grad_slot(k);
+  float* g = staging_buffer(ctx, k, p, stage);
   ctx->backend->fill_zero(g, n * sizeof(float));
   ctx->arena->claim(ArenaRegionKind::grad_slot, k, n * sizeof(float));
   ctx->ledger.staging[static_cast<std::size_t>(k)] =
@@ -238,7 +243,7 @@ void try_advance(self_ptr self) {
         break;
       }
       case OpKind::embed_backward: {
-        float* g = is_tied ? ctx->arena->grad_slot(k_main) : open_staging(ctx, k_main, p, 0);
+        float* g = is_tied ? staging_buffer(ctx, k_main, p, 0) : open_staging(ctx, k_main, p, 0);
         be.embedding_backward(c, tokens, B, T, ctx->dx[dxc], g);
         hand_over(self, k_main, p, 0, Phase::backward);
         break;

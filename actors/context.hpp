@@ -230,6 +230,14 @@ struct Context {
   float* dx[2] = {nullptr, nullptr};
   float* workspace = nullptr;
 
+  // Micro-batch 0's gradients written in place: on a backend that shares host memory, with one device,
+  // the stage operation sums them straight into the tile's zero-filled fp32 accumulator (the bits of
+  // staging, zeroing and adding). Its staging slot is still claimed, as the bound on gradients in
+  // flight, but not written; the collector then has nothing to add. Later micro-batches are staged.
+  bool grads_in_place(std::int64_t micro_batch) const {
+    return micro_batch == 0 && devices == 1 && backend->shares_host_memory();
+  }
+
   std::int64_t stages() const { return plan.stages; }
   std::int64_t micro_batches() const { return plan.micro_batches; }
   // The stamp of micro-batch (step, micro_batch)'s boundaries in host_acts: its global index + 1.

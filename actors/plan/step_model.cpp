@@ -145,11 +145,16 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   const double wbytes_per = static_cast<double>(bytes_per_param(cfg.precision()));
   auto t_load = [&](std::int64_t s) { return floats[s] * wbytes_per / h2d; };
   auto t_d2h = [&](std::int64_t s) { return floats[s] * 4.0 / d2h; };
-  // CPU backend without a modelled link: weights are mapped, not copied, and gradients are summed
-  // from the staging slot in one pass (Backend::shares_host_memory).
+  // CPU backend without a modelled link: weights are mapped, not copied, micro-batch 0's gradients
+  // are written into the tile by compute and later ones summed from the staging slot in one pass
+  // (Backend::shares_host_memory, Context::grads_in_place).
   const bool mapped = hw.shared_cores && cfg.copy_bandwidth_bytes_per_s() <= 0;
-  // Read staged + acc, write acc; the first micro-batch (mapped) reads no accumulator.
-  auto t_acc = [&](std::int64_t s, bool first) { return floats[s] * (mapped && first ? 8.0 : 12.0) / hw.host_mem; };
+  const bool in_place = mapped && cfg.device.gpus <= 1;
+  // The collector: read staged + acc, write acc (nothing for an in-place micro-batch 0), and after
+  // the last micro-batch the sum of squares reads the accumulator.
+  auto t_acc = [&](std::int64_t s, bool first, bool last) {
+    return floats[s] * ((in_place && first ? 0.0 : 12.0) + (last ? 4.0 : 0.0)) / hw.host_mem;
+  };
   auto t_opt = [&](std::int64_t s) {
     // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter), + the bf16 copy.
     return hw.adamw_params_per_s > 0 ? floats[s] / hw.adamw_params_per_s
@@ -327,10 +332,10 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
       }
       if (grads) {
         const std::int64_t s = op.stage;
-        const bool first = pos.micro_batch == 0;
+        const bool first = pos.micro_batch == 0, last = pos.micro_batch + 1 == plan.micro_batches;
         const double copied = mapped ? end : copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
-        const double acc = host.run(copied, t_acc(s, first), count);
-        if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, first);
+        const double acc = host.run(copied, t_acc(s, first, last), count);
+        if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, first, last);
         gslots[gslot] = acc;
         stage_done[static_cast<std::size_t>(s)] = std::max(stage_done[static_cast<std::size_t>(s)], acc);
         if (--remaining[static_cast<std::size_t>(s)] == 0 && !clip) {

@@ -18,8 +18,10 @@ namespace {
 TrainConfig demo_config(Precision precision, int threads, int steps) {
   TrainConfig c = demo_train_config(steps);
   c.train.bf16 = precision == Precision::bf16;
-  c.device.weight_slots = 2;
-  c.device.grad_slots = 1;
+  // The demo's device keys as config/demo.ini sets them: slots and keep-intermediates "auto" (at the
+  // 64 MiB budget: 2 weight slots, 4 gradient slots, boundaries kept, recomputation).
+  c.device.weight_slots = 0;
+  c.device.grad_slots = 0;
   c.device.keep_intermediates = "auto";
   c.threads.total = threads;
   return c;
@@ -68,6 +70,8 @@ EngineStep measure_here(Precision precision, int threads, int steps) {
   // As train_step_bench.cpp counts them: causal attention's computed half (6 L d T per token).
   e.model_flops = 6.0 * params * tokens + 6.0 * static_cast<double>(model.num_hidden_layers * model.hidden_size) *
                                               static_cast<double>(cfg.data.seq_length) * tokens;
+  e.weight_slots = static_cast<int>(plan.weight_slots);
+  e.grad_slots = static_cast<int>(plan.grad_slots);
   e.keep = plan.mode == ActivationMode::keep ? "all" : (plan.boundaries_on_host ? "boundary_host" : "boundary");
   return e;
 }

@@ -1,7 +1,7 @@
 // The demo model's training step through the streaming engine, the way `megatrain train` runs it: the
 // actors, the backend, the copy engine, the optimizer overlapping the next forward. Same shapes and
 // device keys as config/demo.ini (Llama, d=384, 8 layers, 4 x 128 tokens, vocabulary 4096, 64 MiB
-// device budget, auto keep-intermediates), random tokens. Used by bench_train_step for engine_step_mfu.
+// device budget, auto slots and keep-intermediates), random tokens. Used by bench_train_step for engine_step_mfu.
 #pragma once
 
 #include "kernels/precision.hpp"
@@ -14,7 +14,8 @@ struct EngineStep {
   double model_flops = 0.0;  // per step: 6 x matmul params x tokens + attention (12 x layers x d x T per token)
   double compute_s = 0.0;    // of which compute was busy (median per step)
   const char* keep = "";     // the keep-intermediates mode the plan chose (a literal)
-  double split[8] = {};      // seconds per step by kernel category (kernels/profile.hpp), all steps
+  int weight_slots = 0, grad_slots = 0;  // the slots the plan chose
+  double split[8] = {};                  // seconds per step by kernel category (kernels/profile.hpp), all steps
 };
 
 // In a child process of its own (child_process.hpp), so that earlier runs in this process do not slow it.
