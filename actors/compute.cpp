@@ -201,7 +201,8 @@ void try_advance(self_ptr self) {
                      : ctx->acts[set][static_cast<std::size_t>(i)];
     };
     auto saved = [&](std::int64_t layer) {
-      return keep ? ctx->saved[set][static_cast<std::size_t>(layer - 1)] : nullptr;
+      const std::int64_t first_saved = keep ? 1 : L - ctx->plan.kept_layers + 1;  // kept_layers: the last ones
+      return layer >= first_saved ? ctx->saved[set][static_cast<std::size_t>(layer - first_saved)] : nullptr;
     };
     switch (op.kind) {
       case OpKind::embed_forward:

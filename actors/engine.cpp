@@ -46,9 +46,13 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
     act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L + 1) * boundary;
   }
   p.saved_floats = 0;
-  if (p.mode == ActivationMode::keep) {
+  if (p.mode == ActivationMode::keep || p.boundaries_on_host) p.kept_layers = 0;
+  p.kept_layers = std::clamp<std::int64_t>(p.kept_layers, 0, L);
+  const std::int64_t saved_layers = p.mode == ActivationMode::keep ? L : p.kept_layers;
+  if (saved_layers > 0) {
     p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
-    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * align_floats(p.saved_floats);
+    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(saved_layers) *
+           align_floats(p.saved_floats);
   }
   const Precision prec = cfg.precision();
   p.workspace_floats = std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec),
@@ -64,34 +68,55 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   return req;
 }
 
-// device.*_slots = auto: with the activation mode chosen, add gradient slots (so compute does not wait
-// for the collector to drain the one staging slot: the demo's 1.1 s of offload on the critical path),
-// then weight slots (a deeper prefetch), one at a time up to kAutoSlots each, while the arena fits the
-// budget. The results do not depend on slot counts (bit-identical), only the overlap does.
-void grow_slots(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, bool grad, bool weight) {
+// The budget left over, spent one unit at a time while the arena fits: with device.*_slots = auto,
+// gradient slots up to 2 (so compute does not wait for the collector to drain the one staging slot:
+// the demo's 1.1 s of offload on the critical path); with keep_intermediates = auto in recompute mode,
+// kept layers (each saves a layer's forward recomputation, a quarter of its backward's work); then
+// gradient and weight slots (a deeper prefetch) up to kAutoSlots each. The results do not depend on
+// any of these (bit-identical), only the overlap and the work do.
+void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, bool grad, bool weight,
+                      bool layers) {
   constexpr int kAutoSlots = 4;
   const KeepIntermediates keep =
       p.mode == ActivationMode::keep
           ? KeepIntermediates::all
           : (p.boundaries_on_host ? KeepIntermediates::boundary_host : KeepIntermediates::boundary);
-  auto try_grow = [&](int EnginePlan::*slots) {
-    while (p.*slots < kAutoSlots) {
+  auto fits = [&](EnginePlan& trial) {
+    const ArenaRequest req = size_activations(trial, cfg, model, keep);
+    if (arena_bytes_needed(model, req) > req.budget_bytes) return false;
+    trial.arena = plan_arena(model, req);
+    return true;
+  };
+  auto try_grow = [&](int EnginePlan::*slots, int up_to) {
+    while (p.*slots < up_to) {
       EnginePlan trial = p;
       ++(trial.*slots);
-      const ArenaRequest req = size_activations(trial, cfg, model, keep);
-      if (arena_bytes_needed(model, req) > req.budget_bytes) return;
-      trial.arena = plan_arena(model, req);
+      if (!fits(trial)) return;
       p = std::move(trial);
     }
   };
-  if (grad) try_grow(&EnginePlan::grad_slots);
-  if (weight) try_grow(&EnginePlan::weight_slots);
-  p.notes.push_back("device slots: " + std::to_string(p.weight_slots) + " weight, " + std::to_string(p.grad_slots) +
-                    " gradient (" +
-                    (grad && weight ? "both auto"
-                     : grad         ? "gradient auto"
-                                    : "weight auto") +
-                    ": as many as the budget allows, up to " + std::to_string(kAutoSlots) + ")");
+  if (grad) try_grow(&EnginePlan::grad_slots, 2);
+  if (layers && keep == KeepIntermediates::boundary) {
+    while (p.kept_layers + 1 < model.num_hidden_layers) {
+      EnginePlan trial = p;
+      ++trial.kept_layers;
+      if (!fits(trial)) break;
+      p = std::move(trial);
+    }
+    if (p.kept_layers > 0)
+      p.notes.push_back("device.keep_intermediates=auto also keeps the intermediates of the last " +
+                        std::to_string(p.kept_layers) +
+                        " layer(s) (the budget left over): their backward recomputes nothing");
+  }
+  if (grad) try_grow(&EnginePlan::grad_slots, kAutoSlots);
+  if (weight) try_grow(&EnginePlan::weight_slots, kAutoSlots);
+  if (grad || weight)
+    p.notes.push_back("device slots: " + std::to_string(p.weight_slots) + " weight, " + std::to_string(p.grad_slots) +
+                      " gradient (" +
+                      (grad && weight ? "both auto"
+                       : grad         ? "gradient auto"
+                                      : "weight auto") +
+                      ": as many as the budget allows, up to " + std::to_string(kAutoSlots) + ")");
 }
 
 }  // namespace
@@ -166,7 +191,8 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
       break;
     }
   }
-  if (auto_grad || auto_weight) grow_slots(p, cfg, model, auto_grad, auto_weight);
+  const bool auto_layers = keep == KeepIntermediates::automatic;
+  if (auto_grad || auto_weight || auto_layers) grow_into_budget(p, cfg, model, auto_grad, auto_weight, auto_layers);
   if (cfg.device.prefetch_depth > p.weight_slots - 1)
     throw ConfigError("device.prefetch_depth", std::to_string(cfg.device.prefetch_depth) + " exceeds the " +
                                                    std::to_string(p.weight_slots) + " weight slots minus one");
@@ -274,10 +300,12 @@ void carve_activations(Context& c) {
   }
   c.dx[0] = take(plan.hidden_floats);
   c.dx[1] = take(plan.hidden_floats);
-  if (plan.mode == ActivationMode::keep) {
+  // saved[set][j]: layer j + 1 in keep mode; kept layer L - kept_layers + 1 + j otherwise.
+  const std::int64_t saved_layers = plan.mode == ActivationMode::keep ? L : plan.kept_layers;
+  if (saved_layers > 0) {
     c.saved.resize(sets);
     for (auto& set : c.saved)
-      for (std::int64_t i = 0; i < L; ++i) set.push_back(take(plan.saved_floats));
+      for (std::int64_t i = 0; i < saved_layers; ++i) set.push_back(take(plan.saved_floats));
   }
   arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
   c.workspace = reinterpret_cast<float*>(arena.workspace());

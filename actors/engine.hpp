@@ -52,7 +52,11 @@ struct EnginePlan {
   int ring_entries = 0;                 // boundaries on the host: forward ring entries on the device
   int activation_slots = 0;             // boundaries on the host: backward input slots on the device
   std::size_t host_boundary_bytes = 0;  // boundaries on the host: the host store (grows with depth)
-  std::size_t saved_floats = 0;         // keep mode: one layer's intermediates
+  std::size_t saved_floats = 0;         // keep mode, or kept_layers > 0: one layer's intermediates
+  // Recompute mode with the boundaries on the device: the last kept_layers layers keep their
+  // intermediates anyway (device.keep_intermediates=auto spends budget left over on them), so their
+  // backward recomputes nothing. The results do not change (the recomputation is the same forward).
+  std::int64_t kept_layers = 0;
   std::size_t workspace_floats = 0;
   ThreadBudget threads;
   std::vector<std::string> notes;  // adjustments made (e.g. grad slots raised for tied embeddings)

@@ -104,7 +104,10 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     p.homes.push_back(std::string("activations: ") +
                       (e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
                        : e.boundaries_on_host         ? "layer boundaries in host RAM, recomputed once in backward"
-                                                      : "layer boundaries on the device, recomputed once in backward") +
+                       : e.kept_layers > 0
+                           ? "layer boundaries on the device, recomputed once in backward except the last " +
+                                 std::to_string(e.kept_layers) + " layer(s), whose intermediates are kept"
+                           : "layer boundaries on the device, recomputed once in backward") +
                       ", " + std::to_string(e.activation_sets) + " activation set(s)");
   }
   if (cfg.device.gpus > 1)

@@ -69,6 +69,7 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
   OpTimes t;
   t.layer_forward = fwd / rate;
   t.layer_backward = (2.0 + (plan.mode == ActivationMode::recompute ? 1.0 : 0.0)) * fwd / rate;
+  t.layer_backward_kept = 2.0 * fwd / rate;
   t.head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size) * tokens / rate;
   // The embedding is a gather and a scatter: memory-bound, hidden_size floats per token each way.
   const double rows = tokens * static_cast<double>(model.hidden_size) * 8.0;
@@ -116,6 +117,17 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
   t.layer_forward = best_of([&] { layer_forward(model, layer, x.data(), y.data(), B, T, sv, ws.data(), ctx); }, 6);
   t.layer_backward = best_of(
       [&] { layer_backward(model, layer, x.data(), sv, dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx); }, 6);
+  if (plan.mode == ActivationMode::recompute && plan.kept_layers > 0) {  // a kept layer: forward saves, no recompute
+    std::vector<float> kept(layer_saved_floats(model, B, T));
+    layer_forward(model, layer, x.data(), y.data(), B, T, kept.data(), ws.data(), ctx);
+    t.layer_backward_kept = best_of(
+        [&] {
+          layer_backward(model, layer, x.data(), kept.data(), dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx);
+        },
+        6);
+  } else {
+    t.layer_backward_kept = t.layer_backward;
+  }
   t.head = best_of(
       [&] {
         head_forward_backward(model, head, tied ? embed : nullptr, y.data(), tokens.data(), B, T, dx.data(), gh.data(),
@@ -301,7 +313,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
           dur = ops.head;
           break;
         case actors::OpKind::layer_backward:
-          dur = ops.layer_backward;
+          dur = op.stage > model.num_hidden_layers - plan.kept_layers ? ops.layer_backward_kept : ops.layer_backward;
           break;
         case actors::OpKind::embed_backward:
           dur = ops.embed_backward;

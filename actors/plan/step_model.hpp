@@ -21,6 +21,7 @@ namespace mt::plan {
 // Seconds of one micro-batch's op of each kind on the device.
 struct OpTimes {
   double embed_forward = 0, layer_forward = 0, head = 0, layer_backward = 0, embed_backward = 0;
+  double layer_backward_kept = 0;  // recompute mode: a kept layer's backward (EnginePlan::kept_layers)
   std::string source;
 };
 

@@ -27,8 +27,9 @@ struct Tiny {
   double weight_decay = 0.1;
   std::string keep = "boundary";
   std::string schedule = "interleaved";
-  double bandwidth_gbps = 0.0;  // copy engine limit per direction; 0 = unlimited
-  bool bf16 = false;            // train.bf16: bf16 compute copies streamed, fp32 masters
+  double bandwidth_gbps = 0.0;   // copy engine limit per direction; 0 = unlimited
+  bool bf16 = false;             // train.bf16: bf16 compute copies streamed, fp32 masters
+  std::size_t budget_bytes = 0;  // device budget (device.max_vram_gb); 0 = device_memory_mb 64
 };
 
 inline TrainConfig tiny_config(const Tiny& t) {
@@ -53,7 +54,8 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.train.bf16 = t.bf16;
   c.train.seed = 1234;
   c.data.seq_length = t.seq;
-  c.device.device_memory_mb = 64;
+  c.device.device_memory_mb = t.budget_bytes > 0 ? 0 : 64;
+  if (t.budget_bytes > 0) c.device.max_vram_gb = static_cast<double>(t.budget_bytes) / (1024.0 * 1024.0 * 1024.0);
   c.device.weight_slots = t.weight_slots;
   c.device.grad_slots = 2;
   c.device.keep_intermediates = t.keep;
@@ -66,6 +68,21 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.threads.copy = 1;
   c.threads.scheduler = 1;
   return c;
+}
+
+// t with keep_intermediates = auto and a device budget that holds the boundary plan plus room for
+// `layers` layers' intermediates, and no more: auto then keeps the last `layers` layers
+// (EnginePlan::kept_layers) and recomputes the others.
+inline Tiny with_kept_layers(Tiny t, std::int64_t layers) {
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  t.keep = "boundary";
+  const std::size_t boundary = plan_engine(tiny_config(t), model).arena.total_bytes;
+  t.keep = "all";
+  const std::size_t all = plan_engine(tiny_config(t), model).arena.total_bytes;
+  const std::size_t per_layer = (all - boundary) / static_cast<std::size_t>(t.layers);
+  t.keep = "auto";
+  t.budget_bytes = boundary + per_layer * static_cast<std::size_t>(layers) + per_layer / 2;
+  return t;
 }
 
 // Deterministic, learnable batches (the target is a fixed function of the input token, so the loss

@@ -148,3 +148,26 @@ TEST_CASE("clipping actually clips in the equivalence runs", "[actors][equivalen
   RefRun ref = run_reference(cfg, model, batches, t.steps);
   CHECK(equals_reference(*eng.host, *ref.trainer));
 }
+
+// keep_intermediates = auto in recompute mode spends the budget left over on the last layers'
+// intermediates (EnginePlan::kept_layers): their backward skips the recomputation, same bits.
+TEST_CASE("auto keeps the last layers' intermediates with the budget left over, same bits", "[actors][equivalence]") {
+  for (Arch arch : {Arch::llama, Arch::gpt2}) {
+    Tiny t;
+    t.arch = arch;
+    t.layers = 4;
+    t.micro_batches = 2;
+    t.steps = 8;
+    t = with_kept_layers(t, 2);
+    const ModelConfig model = tiny_config(t).model_config_from_keys();
+    const EnginePlan plan = plan_engine(tiny_config(t), model);
+    INFO("arch " << arch_name(arch) << ": " << plan.arena.describe());
+    CHECK(plan.mode == ActivationMode::recompute);
+    CHECK_FALSE(plan.boundaries_on_host);
+    CHECK(plan.kept_layers == 2);
+    check_equivalence(t);
+    // Chosen explicitly, the boundary mode keeps nothing more.
+    t.keep = "boundary";
+    CHECK(plan_engine(tiny_config(t), model).kept_layers == 0);
+  }
+}

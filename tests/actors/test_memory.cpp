@@ -143,6 +143,13 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     p = plan_at(all - 1024);
     CHECK(p.mode == ActivationMode::recompute);
     CHECK_FALSE(p.boundaries_on_host);
+    // The budget left over keeps the last layers' intermediates: here all but one layer's.
+    CHECK(p.kept_layers == deep.layers - 1);
+    CHECK(p.arena.total_bytes <= all - 1024);
+    CHECK(p.arena.total_bytes > boundary);
+    p = plan_at(boundary);  // no room left: every layer recomputed
+    CHECK(p.mode == ActivationMode::recompute);
+    CHECK(p.kept_layers == 0);
     CHECK(p.arena.total_bytes == boundary);
     p = plan_at(boundary - 1024);
     CHECK(p.boundaries_on_host);

@@ -65,6 +65,14 @@ TEST_CASE("restart: compute crash mid-step", "[actors][restart]") {
   check_restart(g, Role::compute, 2, 1, g.layers + 1, Phase::head);
 }
 
+TEST_CASE("restart: compute crash with the last layers' intermediates kept", "[actors][restart]") {
+  const Tiny t = with_kept_layers(base(), 2);  // layers 2 and 3 of 3 keep theirs
+  REQUIRE(plan_engine(tiny_config(t), tiny_config(t).model_config_from_keys()).kept_layers == 2);
+  check_restart(t, Role::compute, 3, 1, 3, Phase::backward);  // a kept layer's backward
+  check_restart(t, Role::compute, 3, 0, 2, Phase::forward);   // a kept layer's forward
+  check_restart(t, Role::collector, 2, 1, 2, Phase::collect);
+}
+
 TEST_CASE("restart: boundaries on the host and the sequential order", "[actors][restart]") {
   Tiny t = base();
   t.keep = "boundary_host";

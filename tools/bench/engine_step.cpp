@@ -19,7 +19,8 @@ TrainConfig demo_config(Precision precision, int threads, int steps) {
   TrainConfig c = demo_train_config(steps);
   c.train.bf16 = precision == Precision::bf16;
   // The demo's device keys as config/demo.ini sets them: slots and keep-intermediates "auto" (at the
-  // 64 MiB budget: 2 weight slots, 4 gradient slots, boundaries kept, recomputation).
+  // 64 MiB budget, fp32: 2 weight and 2 gradient slots, boundaries kept, every layer recomputed but
+  // the last).
   c.device.weight_slots = 0;
   c.device.grad_slots = 0;
   c.device.keep_intermediates = "auto";
@@ -72,6 +73,7 @@ EngineStep measure_here(Precision precision, int threads, int steps) {
                                               static_cast<double>(cfg.data.seq_length) * tokens;
   e.weight_slots = static_cast<int>(plan.weight_slots);
   e.grad_slots = static_cast<int>(plan.grad_slots);
+  e.kept_layers = static_cast<long long>(plan.kept_layers);
   e.keep = plan.mode == ActivationMode::keep ? "all" : (plan.boundaries_on_host ? "boundary_host" : "boundary");
   return e;
 }

@@ -15,6 +15,7 @@ struct EngineStep {
   double compute_s = 0.0;    // of which compute was busy (median per step)
   const char* keep = "";     // the keep-intermediates mode the plan chose (a literal)
   int weight_slots = 0, grad_slots = 0;  // the slots the plan chose
+  long long kept_layers = 0;             // recompute mode: the last layers whose intermediates are kept
   double split[8] = {};                  // seconds per step by kernel category (kernels/profile.hpp), all steps
 };
 

@@ -275,10 +275,11 @@ static int run(int argc, char** argv) {
       const double ceil_rate = p == mt::Precision::bf16 ? mt::bench::best_bf16_gemm(shapes, threads).rate : f32.rate;
       const double achieved = e.model_flops / e.step_s;
       std::printf(
-          "    %s: %.3f s/step, %.0f tokens/s, compute busy %.0f%%, keep=%s, %d weight + %d gradient slots, %.1f "
-          "GFLOP/s = %.1f%% of the best %s GEMM (%.1f GFLOP/s)\n",
-          mt::precision_name(p), e.step_s, e.tokens_per_s, 100 * e.compute_s / e.step_s, e.keep, e.weight_slots,
-          e.grad_slots, achieved / 1e9, 100 * achieved / ceil_rate, mt::precision_name(p), ceil_rate / 1e9);
+          "    %s: %.3f s/step, %.0f tokens/s, compute busy %.0f%%, keep=%s (+%lld layers kept), %d weight + %d "
+          "gradient slots, %.1f GFLOP/s = %.1f%% of the best %s GEMM (%.1f GFLOP/s)\n",
+          mt::precision_name(p), e.step_s, e.tokens_per_s, 100 * e.compute_s / e.step_s, e.keep, e.kept_layers,
+          e.weight_slots, e.grad_slots, achieved / 1e9, 100 * achieved / ceil_rate, mt::precision_name(p),
+          ceil_rate / 1e9);
       std::printf("      split per step:");
       for (int k = 0; k < mt::prof::kNumCats; ++k)
         std::printf(" %s %.3fs", mt::prof::cat_name(static_cast<mt::prof::Cat>(k)), e.split[k]);
