@@ -70,14 +70,13 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
 
 // The budget left over, spent one unit at a time while the arena fits: with device.*_slots = auto,
 // gradient slots (so compute does not wait for the collector to drain the one staging slot: the
-// demo's 1.1 s of offload on the critical path), up to kAutoSlots across a link but only 2 on the CPU
-// backend without one (it maps the tiles and writes micro-batch 0's gradients in place: nothing to
-// hide); with keep_intermediates = auto in recompute mode, kept layers (each saves a layer's forward
+// demo's 1.1 s of offload on the critical path), up to kAutoSlots across a link; on the CPU backend
+// without one (it maps the tiles and writes micro-batch 0's gradients in place, so a slot's memory
+// is only used by later micro-batches) 2 with gradient accumulation, else the 1 the protocol needs;
+// with keep_intermediates = auto in recompute mode, kept layers (each saves a layer's forward
 // recomputation, a quarter of its backward's work); then gradient and weight slots (a deeper
 // prefetch) up to kAutoSlots each. The results do not depend on any of these (bit-identical), only
-// the overlap and the work do. Measured on the demo (2 cores): a kept layer instead of 2 more
-// gradient slots, 0.262 -> 0.248 s a step without a link; across a link paced to about the compute
-// time, 2 gradient slots instead of 4 cost 30%.
+// the overlap and the work do.
 void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, bool grad, bool weight,
                       bool layers) {
   constexpr int kAutoSlots = 4;
@@ -100,7 +99,7 @@ void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& 
     }
   };
   const bool link = !(cfg.device.backend == "cpu" && cfg.copy_bandwidth_bytes_per_s() <= 0);  // CpuBackend
-  if (grad) try_grow(&EnginePlan::grad_slots, link ? kAutoSlots : 2);
+  if (grad) try_grow(&EnginePlan::grad_slots, link ? kAutoSlots : (p.device_micro_batches > 1 ? 2 : 1));
   if (layers && keep == KeepIntermediates::boundary) {
     while (p.kept_layers + 1 < model.num_hidden_layers) {
       EnginePlan trial = p;
