@@ -48,12 +48,12 @@ int free_staging(Context* ctx, int skip = -1) {
   return -1;
 }
 
-// Opens staging slot k for `stage`: zeroed, claimed, marked filling.
 // Where staging slot k's gradients of (p, stage) go: the slot, or the tile itself (Context::grads_in_place).
 float* staging_buffer(Context* ctx, int k, const Pos& p, std::int64_t stage) {
   return ctx->grads_in_place(p.micro_batch) ? ctx->host->tile(stage).grad() : ctx->arena->grad_slot(k);
 }
 
+// Opens staging slot k for `stage`: zeroed, claimed, marked filling.
 float* open_staging(Context* ctx, int k, const Pos& p, std::int64_t stage) {
   const std::size_t n = ctx->layouts[static_cast<std::size_t>(stage)].total_floats;
   float* g = staging_buffer(ctx, k, p, stage);

@@ -1,10 +1,11 @@
 // The prefetcher: walks the schedule ahead of compute and streams each op's stages into free weight
 // slots (host tile -> device arena over the backend's link; a backend that shares host memory maps
-// the tile into the slot instead, no copy), exactly in the order compute will use them, up to prefetch_depth + 1 ops in
-// flight and never more than K weight slots (and, with boundaries on the host, K activation slots). A load waits for a
-// free slot and for the stage's tile to reach the version the op needs (= its step: the optimizer publishes version s +
-// 1 after step s's update), so the next step's forward streams layer i as soon as it is updated. Owns the weight slots'
-// states (in the DeviceArena).
+// the tile into the slot instead, no copy), exactly in the order compute will use them, up to
+// prefetch_depth + 1 ops in flight and never more than K weight slots (and, with boundaries on the
+// host, K activation slots). A load waits for a free slot and for the stage's tile to reach the
+// version the op needs (= its step: the optimizer publishes version s + 1 after step s's update), so
+// the next step's forward streams layer i as soon as it is updated. Owns the weight slots' states
+// (in the DeviceArena).
 //
 // A slot compute has freed keeps its contents until it is refilled ("resident"): when a later load
 // needs the same stage at the same version (the backward of the last layers of the forward, right
