@@ -1,6 +1,7 @@
 #include "actors/plan/hardware.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <fcntl.h>
@@ -93,31 +95,47 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
-// O_DIRECT sequential write (fsynced) and read of `bytes` in 1 MiB blocks in `dir`; the file is removed.
-void measure_disk(HardwareProfile& p, const std::string& dir, double bytes) {
+// O_DIRECT write (fsynced) and read of `bytes` in 1 MiB blocks in `dir`, `depth` blocks in flight
+// (one thread each, block i on thread i mod depth: the NVMe tier's I/O pool moves its 1 MiB chunks so,
+// and reads at depth 1 measured about 20% below depth 4 here, writes about the same: 3 alternating
+// pairs); the file is removed.
+void measure_disk(HardwareProfile& p, const std::string& dir, double bytes, int depth) {
   std::filesystem::create_directories(dir);
   const std::string path =
       (std::filesystem::path(dir) / ("megatrain-plan-probe-" + std::to_string(::getpid()))).string();
   const std::size_t block = std::size_t{1} << 20;
+  depth = std::max(1, depth);
   const std::size_t blocks = std::max<std::size_t>(8, static_cast<std::size_t>(bytes) / block);
-  AlignedBuffer buf(block, "disk probe", true, 4096);
-  std::memset(buf.data(), 0x5a, block);
-  int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_DIRECT, 0600);
+  std::vector<AlignedBuffer> bufs;
+  for (int t = 0; t < depth; ++t) {
+    bufs.emplace_back(block, "disk probe", true, 4096);
+    std::memset(bufs.back().data(), 0x5a, block);
+  }
+  int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_DIRECT, 0600);
   const bool direct = fd >= 0;
-  if (fd < 0) fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  if (fd < 0) fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0600);
   if (fd < 0) throw std::runtime_error("plan: cannot write a probe file in " + dir);
-  auto t0 = std::chrono::steady_clock::now();
-  bool ok = true;
-  for (std::size_t i = 0; i < blocks && ok; ++i) ok = ::write(fd, buf.data(), block) == static_cast<ssize_t>(block);
-  ok = ok && ::fsync(fd) == 0;
-  const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::atomic<bool> ok{true};
+  auto pass = [&](bool write) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int t = 0; t < depth; ++t)
+      threads.emplace_back([&, t] {
+        void* buf = bufs[static_cast<std::size_t>(t)].data();
+        for (std::size_t i = static_cast<std::size_t>(t); i < blocks && ok; i += static_cast<std::size_t>(depth)) {
+          const off_t at = static_cast<off_t>(i * block);
+          const ssize_t n = write ? ::pwrite(fd, buf, block, at) : ::pread(fd, buf, block, at);
+          if (n != static_cast<ssize_t>(block)) ok = false;
+        }
+      });
+    for (auto& th : threads) th.join();
+    if (write && ::fsync(fd) != 0) ok = false;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double write_s = pass(true);
+  if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // no O_DIRECT: read the disk, not the cache
+  const double read_s = pass(false);
   ::close(fd);
-  fd = ::open(path.c_str(), O_RDONLY | (direct ? O_DIRECT : 0));
-  t0 = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < blocks && ok && fd >= 0; ++i)
-    ok = ::read(fd, buf.data(), block) == static_cast<ssize_t>(block);
-  const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (fd >= 0) ::close(fd);
   std::filesystem::remove(path);
   if (!ok) throw std::runtime_error("plan: the disk probe in " + dir + " failed (disk full?)");
   p.disk_write = static_cast<double>(blocks * block) / write_s;
@@ -278,7 +296,7 @@ HardwareProfile measure_this_machine(const MeasureOptions& o) {
   p.host_ram_bytes = mem_available_bytes();
   p.device_memory_bytes = p.host_ram_bytes;  // the arena is host memory
   if (!o.disk_dir.empty()) {
-    measure_disk(p, o.disk_dir, o.disk_bytes);
+    measure_disk(p, o.disk_dir, o.disk_bytes, o.disk_queue_depth);
     p.disk_bytes = free_disk_bytes(o.disk_dir);
   }
   return p;

@@ -41,10 +41,12 @@ struct MeasureOptions {
   int optimizer_threads = 1;  // the run's optimizer threads
   std::string disk_dir;       // measure this directory's drive; "" = skip the disk
   double disk_bytes = 256.0 * (1 << 20);
+  int disk_queue_depth = 4;  // blocks in flight, as the tier moves them (train.offload_io_threads)
 };
 // This machine in a few seconds: fp32 and bf16 GEMM rate (1024-cubed products through the engine's
 // own kernels), memory copy bandwidth (the CPU backend's link is a memcpy), the AdamW rate, host RAM
-// (MemAvailable), and when disk_dir is set its O_DIRECT sequential write and read rate and free space.
+// (MemAvailable), and when disk_dir is set its O_DIRECT write and read rate (1 MiB blocks,
+// disk_queue_depth of them in flight: the tier's pattern) and free space.
 HardwareProfile measure_this_machine(const MeasureOptions& options);
 
 // MemAvailable from /proc/meminfo, bytes (0 when unknown).

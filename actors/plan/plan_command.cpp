@@ -77,6 +77,7 @@ int run_plan_command(const std::vector<std::string>& args) {
       mo.compute_threads = std::max(1, tb.blas);
       mo.optimizer_threads = std::max(1, tb.optimizer);
       mo.disk_dir = cfg.train.offload_dir;
+      mo.disk_queue_depth = static_cast<int>(cfg.train.offload_io_threads);
       const auto t0 = std::chrono::steady_clock::now();
       hw = measure_this_machine(mo);
       measure_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

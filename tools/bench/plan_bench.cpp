@@ -147,6 +147,7 @@ ConfigResult run_config(const Config& c, int steps, int threads, const std::stri
         budget.thread_budget().optimizer;  // the engine's optimizer team, as `megatrain plan` measures
   }
   mo.disk_dir = dir;
+  mo.disk_queue_depth = static_cast<int>(bench::demo_train_config(steps).train.offload_io_threads);
   const plan::HardwareProfile hw = plan::measure_this_machine(mo);
   std::printf(
       "this machine: fp32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, memcpy %.1f GB/s, AdamW %.2f Gparam/s, "
