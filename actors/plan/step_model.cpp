@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "actors/schedule.hpp"
@@ -46,6 +47,34 @@ struct Resource {
     if (count) busy += duration;
     return free;
   }
+};
+
+// Shared cores (the CPU backend): the optimizer's and the collector's work, as intervals in time order,
+// during which compute makes no progress. They run when their inputs are there, at their measured
+// speed, and compute fills the time around them: an update that waits for an NVMe read leaves the
+// cores to the next step's forward (a single in-order resource would make compute wait through the
+// optimizer's read waits as well).
+class CpuShare {
+ public:
+  void add(double start, double end) {
+    if (end > start) busy_.push_back({start, end});
+  }
+  // When `work` seconds of compute that start at `start` end, paused during the intervals.
+  double finish(double start, double work) {
+    while (first_ < busy_.size() && busy_[first_].second <= start) ++first_;  // compute starts only move forward
+    double t = start;
+    for (std::size_t i = first_; i < busy_.size(); ++i) {
+      const auto [a, b] = busy_[i];
+      if (a >= t + work) break;
+      if (a > t) work -= a - t;
+      t = std::max(t, b);
+    }
+    return t + work;
+  }
+
+ private:
+  std::vector<std::pair<double, double>> busy_;
+  std::size_t first_ = 0;
 };
 
 }  // namespace
@@ -187,8 +216,13 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   const bool reads = tier && S > staging;  // a store whose slots hold every stage reads nothing
   const int ahead = std::max(1, staging - 2);
 
-  Resource dev, link_in, link_out, host_own, nvme;
-  Resource& host = hw.shared_cores ? dev : host_own;
+  Resource dev, link_in, link_out, host, nvme;  // host: the collector's accumulation and the optimizer
+  CpuShare shared;                              // hw.shared_cores: the host's work pauses compute
+  auto host_run = [&](double ready, double duration, bool cnt) {
+    const double end = host.run(ready, duration, cnt);
+    if (hw.shared_cores) shared.add(end - duration, end);
+    return end;
+  };
   // A copy on `link` of `bytes`. On shared cores the copy engine is a memcpy on a thread of its own, and
   // compute's cores run it: a copy that starts while compute is busy delays compute by its CPU time
   // (the memcpy time, whatever train.copy_bandwidth_gbps paces the link to). Compute's team waits for
@@ -229,7 +263,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
       const double r = std::max(ready, read_done[static_cast<std::size_t>(s)]);
       const double start = std::max(host.free, r);
       if (count) p.wait_nvme_s += std::max(0.0, read_done[static_cast<std::size_t>(s)] - std::max(host.free, ready));
-      const double end = host.run(start, t_opt(s), count);
+      const double end = host_run(start, t_opt(s), count);
       if (count) p.optimizer_s += t_opt(s);
       updated[static_cast<std::size_t>(s)] = end;
       opt_end = std::max(opt_end, end);
@@ -242,9 +276,11 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
     std::vector<std::int64_t> order;
     if (clip)
       for (std::int64_t s = 0; s < S; ++s) order.push_back(s);
-    auto read = [&](std::int64_t s) {
+    // A read starts when the optimizer's acquire of the stage `ahead` before it opens the window (the
+    // store reads ahead of its last acquire only), and the disk is free.
+    auto read = [&](std::int64_t s, double ready = 0.0) {
       if (!reads || t == 0) return;  // step 0: fresh moments, nothing stored yet
-      read_done[static_cast<std::size_t>(s)] = nvme.run(0.0, t_read(s), count);
+      read_done[static_cast<std::size_t>(s)] = nvme.run(ready, t_read(s), count);
       if (count) p.nvme_s += t_read(s);
     };
     if (clip)
@@ -330,7 +366,9 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
           p.wait_link_s += idle;
       }
       compute_start.push_back(start);
-      const double end = dev.run(start, dur, count);
+      const double end = hw.shared_cores ? shared.finish(start, dur) : start + dur;
+      dev.free = end;
+      if (count) dev.busy += dur;
       compute_end.push_back(end);
       if (count) p.compute_s += dur;
       // Slots used by this op are free again when it ends.
@@ -346,7 +384,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
         const std::int64_t s = op.stage;
         const bool first = pos.micro_batch == 0, last = pos.micro_batch + 1 == plan.micro_batches;
         const double copied = mapped ? end : copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
-        const double acc = host.run(copied, t_acc(s, first, last), count);
+        const double acc = host_run(copied, t_acc(s, first, last), count);
         if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, first, last);
         gslots[gslot] = acc;
         stage_done[static_cast<std::size_t>(s)] = std::max(stage_done[static_cast<std::size_t>(s)], acc);
@@ -361,7 +399,8 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
       double norms = 0.0;  // every stage's sum of squares first
       for (double d : stage_done) norms = std::max(norms, d);
       for (std::size_t k = 0; k < order.size(); ++k) {
-        if (k + static_cast<std::size_t>(ahead) < order.size()) read(order[k + static_cast<std::size_t>(ahead)]);
+        if (k + static_cast<std::size_t>(ahead) < order.size())
+          read(order[k + static_cast<std::size_t>(ahead)], std::max(host.free, norms));
         update(order[k], norms);
       }
     }

@@ -8,7 +8,8 @@
 // of layer i waits only for the update of layer i; without clipping as each stage's gradients
 // complete), and with train.offload_dir the NVMe tier reading moments ahead and writing behind. Each
 // resource serves its work in program order; a task starts when its resource is free and its inputs
-// are there. No CAF here.
+// are there. On shared cores (the CPU backend) the collector's and optimizer's work pauses compute
+// while it runs, and compute fills the time around it. No CAF here.
 #pragma once
 #include <string>
 

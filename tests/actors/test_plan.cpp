@@ -231,3 +231,43 @@ TEST_CASE("plan: hardware profiles parse strictly; the step model follows the pi
   CHECK(slow.step_s >= 10.0 * 15);  // 8 forward loads, 7 backward (the last layer stays resident)
   CHECK(slow.wait_link_s > 0);
 }
+
+TEST_CASE("plan: on shared cores compute fills the time the optimizer waits for NVMe reads", "[plan]") {
+  Tiny t;
+  t.layers = 8;
+  TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const EnginePlan ep = plan_engine(cfg, model);
+  plan::HardwareProfile hw = plan::parse_hardware_profiles(plan::builtin_hardware_ini(), "built-in").at("h100");
+  hw.shared_cores = true;  // the CPU backend: no link (weights mapped), one set of cores for everything
+  hw.host_mem = 1e18;      // no time for the gradient accumulation
+  plan::OpTimes ops;
+  ops.layer_forward = 1.0, ops.layer_backward = 3.0, ops.layer_backward_kept = 3.0, ops.head = 1.0;
+  const double layer_floats = static_cast<double>(stage_layout(model, 1).total_floats);
+  hw.adamw_params_per_s = layer_floats / 0.25;  // a layer's update: 0.25 s
+  double optimizer = 0;
+  for (std::int64_t s = 0; s < ep.stages; ++s) optimizer += static_cast<double>(stage_layout(model, s).total_floats);
+  optimizer /= hw.adamw_params_per_s;
+
+  // In RAM: the cores do compute, then the optimizer's burst (nothing to wait for): their sum.
+  const plan::StepPrediction ram = plan::predict_step(cfg, model, ep, hw, ops);
+  CHECK(ram.step_s == Approx(8 * 1.0 + 1.0 + 8 * 3.0 + optimizer).epsilon(1e-6));
+  CHECK(ram.wait_nvme_s == 0);
+
+  // Moments on a disk that reads or writes a layer's moments in 0.3 s: the optimizer waits for reads
+  // (4 staging slots read 2 stages ahead), and compute's forward runs while it waits. An in-order
+  // model of the cores would add the waits to the step; the forward (1 s a layer) outpaces the disk
+  // (0.6 s a stage) only a little, so the step stays within a few seconds of the in-RAM one.
+  cfg.train.offload_dir = "/nonexistent-plan-only";
+  cfg.train.offload_staging_stages = 4;
+  hw.disk_read = hw.disk_write = layer_floats * 8.0 / 0.3;
+  const plan::StepPrediction tier = plan::predict_step(cfg, model, ep, hw, ops);
+  INFO("in RAM " << ram.step_s << " s, tier " << tier.step_s << " s, optimizer waited " << tier.wait_nvme_s << " s");
+  CHECK(tier.wait_nvme_s > 1.0);
+  CHECK(tier.step_s >= ram.step_s);
+  CHECK(tier.step_s < ram.step_s + 0.5 * tier.wait_nvme_s);
+  // A disk slower than the forward: the next step's forward follows the updates, a stage per read + write.
+  hw.disk_read = hw.disk_write = layer_floats * 8.0 / 2.0;
+  const plan::StepPrediction slow = plan::predict_step(cfg, model, ep, hw, ops);
+  CHECK(slow.step_s > ram.step_s + 8 * (4.0 - 1.0 - 0.25) - 4.0);
+}
