@@ -98,7 +98,7 @@ void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& 
       p = std::move(trial);
     }
   };
-  const bool link = !(cfg.device.backend == "cpu" && cfg.copy_bandwidth_bytes_per_s() <= 0);  // CpuBackend
+  const bool link = !cfg.device_shares_host_memory();
   if (grad) try_grow(&EnginePlan::grad_slots, link ? kAutoSlots : (p.device_micro_batches > 1 ? 2 : 1));
   if (layers && keep == KeepIntermediates::boundary) {
     while (p.kept_layers + 1 < model.num_hidden_layers) {

@@ -207,6 +207,10 @@ struct TrainConfig {
   std::size_t device_budget_bytes() const;
   std::string device_budget_name() const;
   double copy_bandwidth_bytes_per_s() const { return device.copy_bandwidth_gbps * 1e9; }
+  // The CPU backend with no modelled link: its "device" memory is host memory, so weights are mapped
+  // into slots rather than copied and gradients are summed straight from them (CpuBackend's
+  // shares_host_memory for this config's backend_options; the auto slot budget and the planner use it).
+  bool device_shares_host_memory() const { return device.backend == "cpu" && copy_bandwidth_bytes_per_s() <= 0; }
   std::int64_t prefetch_depth() const;
 
   // Learning rate for optimizer step `step` (0-based: the first update uses step 0), as Hugging Face's

@@ -189,7 +189,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   // CPU backend without a modelled link: weights are mapped, not copied, micro-batch 0's gradients
   // are written into the tile by compute and later ones summed from the staging slot in one pass
   // (Backend::shares_host_memory, Context::grads_in_place).
-  const bool mapped = hw.shared_cores && cfg.copy_bandwidth_bytes_per_s() <= 0;
+  const bool mapped = hw.shared_cores && cfg.device_shares_host_memory();
   const bool in_place = mapped && cfg.device.gpus <= 1;
   // The collector: read staged + acc, write acc (nothing for an in-place micro-batch 0), and after
   // the last micro-batch the sum of squares reads the accumulator.

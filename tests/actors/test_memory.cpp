@@ -222,3 +222,18 @@ TEST_CASE("plan_engine: auto slots grow with the budget and never exceed it", "[
   deep.device.prefetch_depth = 5;
   CHECK_THROWS_WITH(plan_engine(deep, model), Catch::Contains("device.prefetch_depth"));
 }
+
+TEST_CASE("the config's shared-memory rule is the CPU backend's", "[actors][memory]") {
+  // TrainConfig::device_shares_host_memory decides the auto slot budget and the planner's mapped
+  // weights; the backend built from the same config decides what the prefetcher and collector do.
+  Tiny t;
+  TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  for (const double gbps : {0.0, 4.0}) {
+    cfg.device.copy_bandwidth_gbps = gbps;
+    const auto backend = make_backend(backend_options(cfg, plan_engine(cfg, model)));
+    INFO("device.copy_bandwidth_gbps=" << gbps);
+    CHECK(backend->shares_host_memory() == cfg.device_shares_host_memory());
+    CHECK(cfg.device_shares_host_memory() == (gbps == 0.0));
+  }
+}
