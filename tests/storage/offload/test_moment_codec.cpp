@@ -3,10 +3,12 @@
 // (log-domain rounding instead of thresholds) gives the same codes (ties aside) and scales.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "storage/offload/moment_codec.hpp"
@@ -103,6 +105,53 @@ TEST_CASE("int8 quantiser: the fast path equals the reference over 40 octaves of
               quantize_block(x.data(), kQuantBlock, sgn, cb.data()));
       REQUIRE(std::memcmp(ca.data(), cb.data(), kQuantBlock) == 0);
     }
+  }
+}
+
+TEST_CASE("int8 quantiser: the fast path equals the reference at the thresholds, zeros, NaN and short blocks") {
+  // A block whose largest magnitude is 1 (scale 1, so |x| is compared with the thresholds as it is):
+  // 0, -0 and a NaN, then every threshold of both maps as the nearest floats below, at and above it.
+  std::vector<float> x;
+  x.push_back(1.0f);
+  x.push_back(0.0f);
+  x.push_back(-0.0f);
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  const std::size_t first_threshold = x.size();
+  for (const int levels : {kSignedLevels, kUnsignedLevels})
+    for (int k = 0; k < levels; ++k) {
+      // Threshold 0: half the lowest level (m), the smallest positive value (v); then geometric midpoints.
+      const double threshold = k > 0                     ? std::exp2(-(levels - k - 0.5) / kCodesPerOctave)
+                               : levels == kSignedLevels ? int8_floor(true) / 2
+                                                         : std::numeric_limits<float>::denorm_min();
+      const float f = static_cast<float>(threshold);
+      for (const float e : {std::nextafter(f, 0.0f), f, std::nextafter(f, 2.0f)}) x.push_back(k % 2 ? -e : e);
+    }
+  x.push_back(std::numeric_limits<float>::quiet_NaN());  // and one in a tail
+  std::vector<std::uint8_t> ca(kQuantBlock), cb(kQuantBlock);
+  for (std::size_t i0 = 0; i0 < x.size(); i0 += kQuantBlock / 2) {
+    // Half blocks starting at 0 and overlapping, then every length 1..7 (the vector loop's tail).
+    for (std::size_t len : {std::min(kQuantBlock, x.size() - i0), std::size_t{1}, std::size_t{3}, std::size_t{7}}) {
+      len = std::min(len, x.size() - i0);
+      for (const bool sgn : {true, false}) {
+        INFO("block at " << i0 << ", " << len << " values, " << (sgn ? "signed" : "unsigned"));
+        const float sa = quantize_block_reference(x.data() + i0, len, sgn, ca.data());
+        const float sb = quantize_block(x.data() + i0, len, sgn, cb.data());
+        REQUIRE(sa == sb);
+        REQUIRE(std::memcmp(ca.data(), cb.data(), len) == 0);
+      }
+    }
+  }
+  // The first block (scale 1) really straddles thresholds: both neighbours of a threshold get
+  // different codes, so the comparison above tests the boundaries, not only the middles.
+  quantize_block_reference(x.data(), kQuantBlock, true, ca.data());
+  CHECK(ca[first_threshold + 3] != ca[first_threshold + 5]);  // below and above threshold 1 of m
+  CHECK(ca[3] == 0);                                          // the NaN
+  // All zeros: scale 0, every code 0; a NaN codes as 0 (skipped by the scale).
+  std::vector<float> zeros(kQuantBlock, 0.0f);
+  zeros[5] = std::numeric_limits<float>::quiet_NaN();
+  for (const bool sgn : {true, false}) {
+    CHECK(quantize_block(zeros.data(), kQuantBlock, sgn, cb.data()) == 0.0f);
+    CHECK(std::all_of(cb.begin(), cb.end(), [](std::uint8_t c) { return c == 0; }));
   }
 }
 
