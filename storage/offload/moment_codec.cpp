@@ -192,13 +192,38 @@ float quantize_block(const float* x, std::size_t n, bool is_signed, std::uint8_t
   return quantize_fast(x, n, is_signed, codes);
 }
 
+namespace {
+float dequantize_one(const CodeMap& map, std::uint8_t code, double scale, bool is_signed) {
+  const unsigned k = is_signed ? (code & 0x7fu) : code;
+  const double mag = scale * map.level[k];
+  return static_cast<float>(is_signed && (code & 0x80u) ? -mag : mag);
+}
+}  // namespace
+
+void dequantize_block_reference(const std::uint8_t* codes, std::size_t n, float scale, bool is_signed, float* x) {
+  const CodeMap& map = is_signed ? signed_map() : unsigned_map();
+  for (std::size_t i = 0; i < n; ++i) x[i] = dequantize_one(map, codes[i], static_cast<double>(scale), is_signed);
+}
+
+// Rounding to nearest is symmetric, so negating the float equals rounding the negated double.
 void dequantize_block(const std::uint8_t* codes, std::size_t n, float scale, bool is_signed, float* x) {
   const CodeMap& map = is_signed ? signed_map() : unsigned_map();
-  for (std::size_t i = 0; i < n; ++i) {
-    const unsigned k = is_signed ? (codes[i] & 0x7fu) : codes[i];
-    const double mag = static_cast<double>(scale) * map.level[k];
-    x[i] = static_cast<float>(is_signed && (codes[i] & 0x80u) ? -mag : mag);
+  const __m256d vscale = _mm256_set1_pd(static_cast<double>(scale));
+  const __m128i level_bits = _mm_set1_epi32(is_signed ? 0x7f : 0xff);
+  const __m128i sign_bit = _mm_set1_epi32(is_signed ? 0x80 : 0);
+  const __m256d zero = _mm256_setzero_pd();
+  const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    int four;
+    std::memcpy(&four, codes + i, 4);
+    const __m128i c = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(four));
+    const __m256d level = _mm256_mask_i32gather_pd(zero, map.level.data(), _mm_and_si128(c, level_bits), all, 8);
+    const __m128 mag = _mm256_cvtpd_ps(_mm256_mul_pd(vscale, level));
+    const __m128i negative = _mm_slli_epi32(_mm_and_si128(c, sign_bit), 24);  // bit 7 -> the float's sign bit
+    _mm_storeu_ps(x + i, _mm_xor_ps(mag, _mm_castsi128_ps(negative)));
   }
+  for (; i < n; ++i) x[i] = dequantize_one(map, codes[i], static_cast<double>(scale), is_signed);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -155,6 +155,20 @@ TEST_CASE("int8 quantiser: the fast path equals the reference at the thresholds,
   }
 }
 
+TEST_CASE("int8 dequantiser: the fast path gives the reference's bits for every code") {
+  std::vector<std::uint8_t> codes(256 + 3);
+  for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 37 + 11);  // every byte
+  std::vector<float> a(codes.size()), b(codes.size());
+  for (const float scale : {0.0f, 1.0f, 3.7e-5f, 1e30f, std::numeric_limits<float>::denorm_min()})
+    for (const bool sgn : {true, false})
+      for (const std::size_t n : {codes.size(), std::size_t{5}}) {  // 5: a tail after one vector
+        INFO("scale " << scale << (sgn ? " signed" : " unsigned") << ", " << n << " values");
+        dequantize_block_reference(codes.data(), n, scale, sgn, a.data());
+        dequantize_block(codes.data(), n, scale, sgn, b.data());
+        REQUIRE(std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0);
+      }
+}
+
 TEST_CASE("int8 quantiser matches an independent numpy quantiser") {
   test::OffloadTempDir tmp;
   const std::size_t n = 40 * kQuantBlock + 13;
