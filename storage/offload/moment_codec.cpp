@@ -263,14 +263,37 @@ std::vector<std::uint8_t>& plane_scratch(std::size_t bytes) {
   return scratch;
 }
 
+// The 4 byte planes of n floats in one pass (byte k of float i to planes[k * n + i]), and back: one
+// read and one write of the array each way (a pass per plane read or wrote every cache line 4 times).
+void split_planes(const float* x, std::size_t n, std::uint8_t* planes) {
+  const auto* b = reinterpret_cast<const std::uint8_t*>(x);
+  std::uint8_t *p0 = planes, *p1 = planes + n, *p2 = planes + 2 * n, *p3 = planes + 3 * n;
+  for (std::size_t i = 0; i < n; ++i) {
+    p0[i] = b[4 * i];
+    p1[i] = b[4 * i + 1];
+    p2[i] = b[4 * i + 2];
+    p3[i] = b[4 * i + 3];
+  }
+}
+
+void join_planes(const std::uint8_t* planes, std::size_t n, float* x) {
+  auto* b = reinterpret_cast<std::uint8_t*>(x);
+  const std::uint8_t *p0 = planes, *p1 = planes + n, *p2 = planes + 2 * n, *p3 = planes + 3 * n;
+  for (std::size_t i = 0; i < n; ++i) {
+    b[4 * i] = p0[i];
+    b[4 * i + 1] = p1[i];
+    b[4 * i + 2] = p2[i];
+    b[4 * i + 3] = p3[i];
+  }
+}
+
 std::size_t lossless_encode(const float* m, const float* v, std::size_t n, std::byte* out) {
-  std::uint8_t* plane = plane_scratch(n).data();
+  std::uint8_t* planes = plane_scratch(4 * n).data();
   auto* sizes = reinterpret_cast<std::uint64_t*>(out);
   std::size_t used = kPlanes * sizeof(std::uint64_t);
   for (int p = 0; p < kPlanes; ++p) {
-    const auto* src = reinterpret_cast<const std::uint8_t*>(p < 4 ? m : v);
-    const int byte = p % 4;
-    for (std::size_t i = 0; i < n; ++i) plane[i] = src[4 * i + static_cast<std::size_t>(byte)];
+    if (p % 4 == 0) split_planes(p < 4 ? m : v, n, planes);
+    const std::uint8_t* plane = planes + static_cast<std::size_t>(p % 4) * n;
     const std::size_t z = ZSTD_compress(out + used, ZSTD_compressBound(n), plane, n, kZstdLevel);
     if (ZSTD_isError(z)) throw std::runtime_error(std::string("zstd compression failed: ") + ZSTD_getErrorName(z));
     sizes[p] = z;
@@ -281,20 +304,19 @@ std::size_t lossless_encode(const float* m, const float* v, std::size_t n, std::
 
 void lossless_decode(const std::byte* in, std::size_t bytes, std::size_t n, float* m, float* v) {
   if (bytes < kPlanes * sizeof(std::uint64_t)) throw std::runtime_error("lossless moments: encoding too short");
-  std::uint8_t* plane = plane_scratch(n).data();
+  std::uint8_t* planes = plane_scratch(4 * n).data();
   std::uint64_t sizes[kPlanes];
   std::memcpy(sizes, in, sizeof(sizes));
   std::size_t pos = sizeof(sizes);
   for (int p = 0; p < kPlanes; ++p) {
     if (sizes[p] > bytes - pos) throw std::runtime_error("lossless moments: plane sizes exceed the encoding");
+    std::uint8_t* plane = planes + static_cast<std::size_t>(p % 4) * n;
     const std::size_t d = ZSTD_decompress(plane, n, in + pos, sizes[p]);
     if (ZSTD_isError(d) || d != n)
       throw std::runtime_error("lossless moments: plane " + std::to_string(p) + " does not decode to " +
                                std::to_string(n) + " bytes" +
                                (ZSTD_isError(d) ? std::string(": ") + ZSTD_getErrorName(d) : ""));
-    auto* dst = reinterpret_cast<std::uint8_t*>(p < 4 ? m : v);
-    const int byte = p % 4;
-    for (std::size_t i = 0; i < n; ++i) dst[4 * i + static_cast<std::size_t>(byte)] = plane[i];
+    if (p % 4 == 3) join_planes(planes, n, p < 4 ? m : v);
     pos += sizes[p];
   }
   if (pos != bytes) throw std::runtime_error("lossless moments: trailing bytes after the planes");
