@@ -422,15 +422,19 @@ void StagedMomentStore::load(Slot& s, std::int64_t stage, std::uint64_t generati
 
 std::uint64_t StagedMomentStore::store(Slot& s, std::int64_t stage, std::uint64_t generation) {
   const std::size_t n = floats_[static_cast<std::size_t>(stage)];
-  const float* m = s.moments;
+  float* m = s.moments;
   const auto t0 = Clock::now();
   std::byte* enc = s.encoded.data() + payload_offset();
   std::size_t bytes = arrays() * n * sizeof(float);
   if (!raw_in_place()) {
     const std::size_t mb = master_bytes(n);
     std::memcpy(enc, m, mb);  // the masters as they are, then the codec's moments
-    const float* mo = m + mb / sizeof(float);
+    float* mo = m + mb / sizeof(float);
     bytes = mb + encode_moments(o_.codec, mo, mo + n, n, enc + mb);
+    // A lossy code: the slot keeps what a load would give back, so an acquire that finds the stage
+    // still in its slot sees the same moments as one that reads it (which one happens depends on the
+    // workers' timing; training must not).
+    if (o_.codec == MomentCodec::int8) decode_moments(o_.codec, enc + mb, bytes - mb, n, mo, mo + n);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
