@@ -1,6 +1,9 @@
 #include "storage/offload/moment_codec.hpp"
 
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#define MT_CODEC_AVX2 1  // the vector loops below; without them (-DMEGATRAIN_ARCH=x86-64) the scalar ones
+#endif
 #include <zstd.h>
 
 #include <algorithm>
@@ -40,7 +43,7 @@ namespace {
 struct CodeMap {
   std::vector<double> level;      // [0] = 0, [k] = 2^-((levels - k) / 8)
   std::vector<double> threshold;  // ascending: a code is the number of thresholds <= |x| / scale
-  std::vector<double> padded;     // -inf, the thresholds, +inf: padded[k + 1] = threshold[k], branch-free
+  std::vector<double> padded;     // -inf, the thresholds, NaN: padded[k + 1] = threshold[k], branch-free
   int levels = 0;
 };
 
@@ -57,7 +60,7 @@ CodeMap make_map(int levels, bool is_signed) {
     c.threshold.push_back(std::exp2(-(static_cast<double>(levels - k) - 0.5) / kCodesPerOctave));
   c.padded.push_back(-std::numeric_limits<double>::infinity());
   c.padded.insert(c.padded.end(), c.threshold.begin(), c.threshold.end());
-  c.padded.push_back(std::numeric_limits<double>::infinity());
+  c.padded.push_back(std::numeric_limits<double>::quiet_NaN());  // never <= a: no step past the last code
   return c;
 }
 
@@ -130,6 +133,7 @@ float quantize_fast(const float* x, std::size_t n, bool is_signed, std::uint8_t*
   const CodeMap& map = is_signed ? signed_map() : unsigned_map();
   const float scale = block_scale(x, n);
   std::size_t i = 0;
+#if MT_CODEC_AVX2
   if (scale > 0.0f) {
     const __m256d vscale = _mm256_set1_pd(static_cast<double>(scale));
     const __m256d level_half = _mm256_set1_pd(static_cast<double>(map.levels) + 0.5);
@@ -171,6 +175,7 @@ float quantize_fast(const float* x, std::size_t n, bool is_signed, std::uint8_t*
       std::memcpy(codes + i, &four, 4);
     }
   }
+#endif
   for (; i < n; ++i) {
     const double a = scale > 0.0f ? std::fabs(static_cast<double>(x[i])) / scale : 0.0;
     codes[i] = with_sign(code_fast(map, a), is_signed, x[i]);
@@ -208,12 +213,13 @@ void dequantize_block_reference(const std::uint8_t* codes, std::size_t n, float 
 // Rounding to nearest is symmetric, so negating the float equals rounding the negated double.
 void dequantize_block(const std::uint8_t* codes, std::size_t n, float scale, bool is_signed, float* x) {
   const CodeMap& map = is_signed ? signed_map() : unsigned_map();
+  std::size_t i = 0;
+#if MT_CODEC_AVX2
   const __m256d vscale = _mm256_set1_pd(static_cast<double>(scale));
   const __m128i level_bits = _mm_set1_epi32(is_signed ? 0x7f : 0xff);
   const __m128i sign_bit = _mm_set1_epi32(is_signed ? 0x80 : 0);
   const __m256d zero = _mm256_setzero_pd();
   const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
-  std::size_t i = 0;
   for (; i + 4 <= n; i += 4) {
     int four;
     std::memcpy(&four, codes + i, 4);
@@ -223,6 +229,7 @@ void dequantize_block(const std::uint8_t* codes, std::size_t n, float scale, boo
     const __m128i negative = _mm_slli_epi32(_mm_and_si128(c, sign_bit), 24);  // bit 7 -> the float's sign bit
     _mm_storeu_ps(x + i, _mm_xor_ps(mag, _mm_castsi128_ps(negative)));
   }
+#endif
   for (; i < n; ++i) x[i] = dequantize_one(map, codes[i], static_cast<double>(scale), is_signed);
 }
 
@@ -232,30 +239,46 @@ namespace {
 std::size_t blocks_of(std::size_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
 std::size_t int8_array_bytes(std::size_t n) { return blocks_of(n) * sizeof(float) + n; }
 
-// One array: [scales (fp32, one per block)][codes (one byte per value)].
+// One array: [scales (fp32, one per block)][codes (one byte per value)]. v's array follows m's, so
+// its scales are not 4-byte aligned when n is not a multiple of 4: copied, never dereferenced.
 void int8_encode_array(const float* x, std::size_t n, bool is_signed, std::byte* out) {
-  auto* scales = reinterpret_cast<float*>(out);
+  std::byte* scales = out;
   auto* codes = reinterpret_cast<std::uint8_t*>(out + blocks_of(n) * sizeof(float));
   const auto nb = static_cast<std::int64_t>(blocks_of(n));
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::size_t i0 = static_cast<std::size_t>(b) * kQuantBlock;
-    scales[b] = quantize_block(x + i0, std::min(kQuantBlock, n - i0), is_signed, codes + i0);
+    const float scale = quantize_block(x + i0, std::min(kQuantBlock, n - i0), is_signed, codes + i0);
+    std::memcpy(scales + b * static_cast<std::int64_t>(sizeof(float)), &scale, sizeof(float));
   }
 }
 
 void int8_decode_array(const std::byte* in, std::size_t n, bool is_signed, float* x) {
-  const auto* scales = reinterpret_cast<const float*>(in);
+  const std::byte* scales = in;
   const auto* codes = reinterpret_cast<const std::uint8_t*>(in + blocks_of(n) * sizeof(float));
   const auto nb = static_cast<std::int64_t>(blocks_of(n));
   for (std::int64_t b = 0; b < nb; ++b) {
     const std::size_t i0 = static_cast<std::size_t>(b) * kQuantBlock;
-    dequantize_block(codes + i0, std::min(kQuantBlock, n - i0), scales[b], is_signed, x + i0);
+    float scale;
+    std::memcpy(&scale, scales + b * static_cast<std::int64_t>(sizeof(float)), sizeof(float));
+    dequantize_block(codes + i0, std::min(kQuantBlock, n - i0), scale, is_signed, x + i0);
   }
 }
 
-// lossless: [u64 frame bytes x 8][8 zstd frames], the planes of m (byte 0..3) then of v.
-constexpr int kPlanes = 8;
+// lossless: [u64 frame bytes, one per frame][the zstd frames]. m then v, each in chunks of
+// kPlaneChunk floats, each chunk as its 4 byte planes (byte 0..3 of every float), a frame each. The
+// chunks bound the scratch a thread needs (4 x kPlaneChunk bytes, whatever the stage's size) and
+// cost nothing in ratio: zstd level 1 looks back 512 KiB at most.
+constexpr std::size_t kPlaneChunk = std::size_t{1} << 20;
 constexpr int kZstdLevel = 1;  // ~the ratio of level 3 on these planes, several times faster
+
+std::size_t chunks_of(std::size_t n) { return (n + kPlaneChunk - 1) / kPlaneChunk; }
+std::size_t lossless_frames(std::size_t n) { return 2 * 4 * chunks_of(n); }
+std::size_t lossless_bound(std::size_t n) {
+  std::size_t total = lossless_frames(n) * sizeof(std::uint64_t);
+  for (std::size_t c = 0; c < chunks_of(n); ++c)
+    total += 2 * 4 * ZSTD_compressBound(std::min(kPlaneChunk, n - c * kPlaneChunk));
+  return total;
+}
 
 std::vector<std::uint8_t>& plane_scratch(std::size_t bytes) {
   thread_local std::vector<std::uint8_t> scratch;
@@ -288,38 +311,46 @@ void join_planes(const std::uint8_t* planes, std::size_t n, float* x) {
 }
 
 std::size_t lossless_encode(const float* m, const float* v, std::size_t n, std::byte* out) {
-  std::uint8_t* planes = plane_scratch(4 * n).data();
+  std::uint8_t* planes = plane_scratch(4 * std::min(n, kPlaneChunk)).data();
   auto* sizes = reinterpret_cast<std::uint64_t*>(out);
-  std::size_t used = kPlanes * sizeof(std::uint64_t);
-  for (int p = 0; p < kPlanes; ++p) {
-    if (p % 4 == 0) split_planes(p < 4 ? m : v, n, planes);
-    const std::uint8_t* plane = planes + static_cast<std::size_t>(p % 4) * n;
-    const std::size_t z = ZSTD_compress(out + used, ZSTD_compressBound(n), plane, n, kZstdLevel);
-    if (ZSTD_isError(z)) throw std::runtime_error(std::string("zstd compression failed: ") + ZSTD_getErrorName(z));
-    sizes[p] = z;
-    used += z;
-  }
+  std::size_t used = lossless_frames(n) * sizeof(std::uint64_t), frame = 0;
+  for (const float* x : {m, v})
+    for (std::size_t i0 = 0; i0 < n; i0 += kPlaneChunk) {
+      const std::size_t len = std::min(kPlaneChunk, n - i0);
+      split_planes(x + i0, len, planes);
+      for (std::size_t p = 0; p < 4; ++p) {
+        const std::size_t z = ZSTD_compress(out + used, ZSTD_compressBound(len), planes + p * len, len, kZstdLevel);
+        if (ZSTD_isError(z)) throw std::runtime_error(std::string("zstd compression failed: ") + ZSTD_getErrorName(z));
+        const std::uint64_t z64 = z;
+        std::memcpy(sizes + frame++, &z64, sizeof(z64));
+        used += z;
+      }
+    }
   return used;
 }
 
 void lossless_decode(const std::byte* in, std::size_t bytes, std::size_t n, float* m, float* v) {
-  if (bytes < kPlanes * sizeof(std::uint64_t)) throw std::runtime_error("lossless moments: encoding too short");
-  std::uint8_t* planes = plane_scratch(4 * n).data();
-  std::uint64_t sizes[kPlanes];
-  std::memcpy(sizes, in, sizeof(sizes));
-  std::size_t pos = sizeof(sizes);
-  for (int p = 0; p < kPlanes; ++p) {
-    if (sizes[p] > bytes - pos) throw std::runtime_error("lossless moments: plane sizes exceed the encoding");
-    std::uint8_t* plane = planes + static_cast<std::size_t>(p % 4) * n;
-    const std::size_t d = ZSTD_decompress(plane, n, in + pos, sizes[p]);
-    if (ZSTD_isError(d) || d != n)
-      throw std::runtime_error("lossless moments: plane " + std::to_string(p) + " does not decode to " +
-                               std::to_string(n) + " bytes" +
-                               (ZSTD_isError(d) ? std::string(": ") + ZSTD_getErrorName(d) : ""));
-    if (p % 4 == 3) join_planes(planes, n, p < 4 ? m : v);
-    pos += sizes[p];
-  }
-  if (pos != bytes) throw std::runtime_error("lossless moments: trailing bytes after the planes");
+  const std::size_t frames = lossless_frames(n);
+  if (bytes < frames * sizeof(std::uint64_t)) throw std::runtime_error("lossless moments: encoding too short");
+  std::uint8_t* planes = plane_scratch(4 * std::min(n, kPlaneChunk)).data();
+  std::size_t pos = frames * sizeof(std::uint64_t), frame = 0;
+  for (float* x : {m, v})
+    for (std::size_t i0 = 0; i0 < n; i0 += kPlaneChunk) {
+      const std::size_t len = std::min(kPlaneChunk, n - i0);
+      for (std::size_t p = 0; p < 4; ++p, ++frame) {
+        std::uint64_t size;
+        std::memcpy(&size, in + frame * sizeof(std::uint64_t), sizeof(size));
+        if (size > bytes - pos) throw std::runtime_error("lossless moments: frame sizes exceed the encoding");
+        const std::size_t d = ZSTD_decompress(planes + p * len, len, in + pos, size);
+        if (ZSTD_isError(d) || d != len)
+          throw std::runtime_error("lossless moments: frame " + std::to_string(frame) + " does not decode to " +
+                                   std::to_string(len) + " bytes" +
+                                   (ZSTD_isError(d) ? std::string(": ") + ZSTD_getErrorName(d) : ""));
+        pos += size;
+      }
+      join_planes(planes, len, x + i0);
+    }
+  if (pos != bytes) throw std::runtime_error("lossless moments: trailing bytes after the frames");
 }
 
 }  // namespace
@@ -329,7 +360,7 @@ std::size_t encoded_bound(MomentCodec c, std::size_t n) {
     case MomentCodec::none:
       return 2 * n * sizeof(float);
     case MomentCodec::lossless:
-      return kPlanes * (sizeof(std::uint64_t) + ZSTD_compressBound(n));
+      return lossless_bound(n);
     case MomentCodec::int8:
       return 2 * int8_array_bytes(n);
   }

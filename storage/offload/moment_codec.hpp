@@ -1,7 +1,8 @@
 // How a stage's AdamW moments are held outside the tile (train.optimizer_compression):
 //   none     fp32 m then v, as they are (8 bytes per parameter).
-//   lossless each array split into its 4 byte planes (sign/exponent bytes compress well, low
-//            mantissa bytes hardly), each plane compressed with zstd: decoding gives the same bits.
+//   lossless each array, in chunks of 1M floats, split into its 4 byte planes (sign/exponent bytes
+//            compress well, low mantissa bytes hardly), each plane of a chunk a zstd frame:
+//            decoding gives the same bits.
 //   int8     block-wise 8-bit, lossy (as in 8-bit Adam): blocks of 256 values, one fp32 scale per
 //            block (its largest magnitude), one byte per value on a logarithmic code map (the
 //            "dynamic" idea: relative, not absolute, precision), about 2 bytes per parameter for m and

@@ -26,29 +26,32 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("none and lossless moment codecs round-trip bit for bit and lossless is smaller") {
-  const std::size_t n = 100'000 + 16;  // not a multiple of a block
-  std::vector<float> m(n), v(n), m2(n), v2(n);
-  test::fake_moments(n, 1, m.data(), v.data());
-  m[3] = -0.0f;
-  m[5] = std::nanf("");
-  for (MomentCodec c : {MomentCodec::none, MomentCodec::lossless}) {
-    std::vector<std::byte> enc(encoded_bound(c, n));
-    const std::size_t bytes = encode_moments(c, m.data(), v.data(), n, enc.data());
-    std::fill(m2.begin(), m2.end(), 7.0f);  // nothing left from the previous codec's decode
-    std::fill(v2.begin(), v2.end(), 7.0f);
-    decode_moments(c, enc.data(), bytes, n, m2.data(), v2.data());
-    CHECK(same_bits(m, m2));
-    CHECK(same_bits(v, v2));
-    if (c == MomentCodec::lossless) CHECK(bytes < 2 * n * sizeof(float));
-    if (c == MomentCodec::lossless) {
-      enc[100] ^= std::byte{0x40};  // damage inside a zstd frame: an error, never silent garbage
-      bool threw = false;
-      try {
-        decode_moments(c, enc.data(), bytes, n, m2.data(), v2.data());
-      } catch (const std::runtime_error&) {
-        threw = true;
+  // 100,016 floats (not a multiple of a block), and 2,100,003 (lossless: three chunks, the last short).
+  for (const std::size_t n : {std::size_t{100'016}, std::size_t{2'100'003}}) {
+    INFO(n << " floats");
+    std::vector<float> m(n), v(n), m2(n), v2(n);
+    test::fake_moments(n, 1, m.data(), v.data());
+    m[3] = -0.0f;
+    m[5] = std::nanf("");
+    for (MomentCodec c : {MomentCodec::none, MomentCodec::lossless}) {
+      std::vector<std::byte> enc(encoded_bound(c, n));
+      const std::size_t bytes = encode_moments(c, m.data(), v.data(), n, enc.data());
+      std::fill(m2.begin(), m2.end(), 7.0f);  // nothing left from the previous codec's decode
+      std::fill(v2.begin(), v2.end(), 7.0f);
+      decode_moments(c, enc.data(), bytes, n, m2.data(), v2.data());
+      CHECK(same_bits(m, m2));
+      CHECK(same_bits(v, v2));
+      if (c == MomentCodec::lossless) CHECK(bytes < 2 * n * sizeof(float));
+      if (c == MomentCodec::lossless) {
+        enc[bytes / 2] ^= std::byte{0x40};  // damage inside a zstd frame: an error, never silent garbage
+        bool threw = false;
+        try {
+          decode_moments(c, enc.data(), bytes, n, m2.data(), v2.data());
+        } catch (const std::runtime_error&) {
+          threw = true;
+        }
+        if (!threw) CHECK_FALSE(same_bits(m, m2));  // zstd frames have no checksum here: the file's blocks do
       }
-      if (!threw) CHECK_FALSE(same_bits(m, m2));  // zstd frames have no checksum here: the file's blocks do
     }
   }
 }
@@ -111,49 +114,41 @@ TEST_CASE("int8 quantiser: the fast path equals the reference over 40 octaves of
 }
 
 TEST_CASE("int8 quantiser: the fast path equals the reference at the thresholds, zeros, NaN and short blocks") {
-  // A block whose largest magnitude is 1 (scale 1, so |x| is compared with the thresholds as it is):
-  // 0, -0 and a NaN, then every threshold of both maps as the nearest floats below, at and above it.
-  std::vector<float> x;
-  x.push_back(1.0f);
-  x.push_back(0.0f);
-  x.push_back(-0.0f);
-  x.push_back(std::numeric_limits<float>::quiet_NaN());
-  const std::size_t first_threshold = x.size();
-  for (const int levels : {kSignedLevels, kUnsignedLevels})
+  // For every threshold of both maps, a block whose largest magnitude is 1 (scale 1, so |x| meets the
+  // thresholds as it is): 1, the nearest floats below, at and above the threshold, a NaN, 0, -0, and
+  // the one below again; 8 values (two vector steps), then 5..7 (a step and a scalar tail).
+  std::vector<std::uint8_t> ca(8), cb(8);
+  int straddled = 0;
+  for (const bool sgn : {true, false}) {
+    const int levels = sgn ? kSignedLevels : kUnsignedLevels;
     for (int k = 0; k < levels; ++k) {
       // Threshold 0: half the lowest level (m), the smallest positive value (v); then geometric midpoints.
-      const double threshold = k > 0                     ? std::exp2(-(levels - k - 0.5) / kCodesPerOctave)
-                               : levels == kSignedLevels ? int8_floor(true) / 2
-                                                         : std::numeric_limits<float>::denorm_min();
-      const float f = static_cast<float>(threshold);
-      for (const float e : {std::nextafter(f, 0.0f), f, std::nextafter(f, 2.0f)}) x.push_back(k % 2 ? -e : e);
-    }
-  x.push_back(std::numeric_limits<float>::quiet_NaN());  // and one in a tail
-  std::vector<std::uint8_t> ca(kQuantBlock), cb(kQuantBlock);
-  for (std::size_t i0 = 0; i0 < x.size(); i0 += kQuantBlock / 2) {
-    // Half blocks starting at 0 and overlapping, then every length 1..7 (the vector loop's tail).
-    for (std::size_t len : {std::min(kQuantBlock, x.size() - i0), std::size_t{1}, std::size_t{3}, std::size_t{7}}) {
-      len = std::min(len, x.size() - i0);
-      for (const bool sgn : {true, false}) {
-        INFO("block at " << i0 << ", " << len << " values, " << (sgn ? "signed" : "unsigned"));
-        const float sa = quantize_block_reference(x.data() + i0, len, sgn, ca.data());
-        const float sb = quantize_block(x.data() + i0, len, sgn, cb.data());
-        REQUIRE(sa == sb);
+      const double threshold = k > 0 ? std::exp2(-(levels - k - 0.5) / kCodesPerOctave)
+                               : sgn ? int8_floor(true) / 2
+                                     : std::numeric_limits<float>::denorm_min();
+      const float f = static_cast<float>(threshold), below = std::nextafter(f, 0.0f), above = std::nextafter(f, 2.0f);
+      const float s = k % 2 ? -1.0f : 1.0f;  // m's signs both ways
+      const float x[8] = {1.0f, s * below, s * f,    s * above, std::numeric_limits<float>::quiet_NaN(),
+                          0.0f, -0.0f,     s * below};
+      for (const std::size_t len : {std::size_t{8}, std::size_t{7}, std::size_t{6}, std::size_t{5}}) {
+        INFO((sgn ? "m" : "v") << " threshold " << k << ", " << len << " values");
+        REQUIRE(quantize_block_reference(x, len, sgn, ca.data()) == quantize_block(x, len, sgn, cb.data()));
         REQUIRE(std::memcmp(ca.data(), cb.data(), len) == 0);
       }
+      straddled += (ca[1] & 0x7f) != (ca[3] & 0x7f);
+      CHECK(ca[4] == 0);  // the NaN
     }
   }
-  // The first block (scale 1) really straddles thresholds: both neighbours of a threshold get
-  // different codes, so the comparison above tests the boundaries, not only the middles.
-  quantize_block_reference(x.data(), kQuantBlock, true, ca.data());
-  CHECK(ca[first_threshold + 3] != ca[first_threshold + 5]);  // below and above threshold 1 of m
-  CHECK(ca[3] == 0);                                          // the NaN
+  // The blocks really straddle thresholds (the neighbours below and above get different codes), so
+  // the comparison tests the boundaries, not only the middles.
+  CHECK(straddled == kSignedLevels + kUnsignedLevels);
   // All zeros: scale 0, every code 0; a NaN codes as 0 (skipped by the scale).
   std::vector<float> zeros(kQuantBlock, 0.0f);
   zeros[5] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::uint8_t> cz(kQuantBlock);
   for (const bool sgn : {true, false}) {
-    CHECK(quantize_block(zeros.data(), kQuantBlock, sgn, cb.data()) == 0.0f);
-    CHECK(std::all_of(cb.begin(), cb.end(), [](std::uint8_t c) { return c == 0; }));
+    CHECK(quantize_block(zeros.data(), kQuantBlock, sgn, cz.data()) == 0.0f);
+    CHECK(std::all_of(cz.begin(), cz.end(), [](std::uint8_t c) { return c == 0; }));
   }
 }
 
