@@ -259,7 +259,9 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
     }
     double opt_end = 0.0;
     std::vector<double> read_done(static_cast<std::size_t>(S), 0.0);
+    std::vector<double> acquired;  // when the optimizer asked for each stage of `order` (no clipping)
     auto update = [&](std::int64_t s, double ready) {
+      acquired.push_back(std::max(host.free, ready));
       const double r = std::max(ready, read_done[static_cast<std::size_t>(s)]);
       const double start = std::max(host.free, r);
       if (count) p.wait_nvme_s += std::max(0.0, read_done[static_cast<std::size_t>(s)] - std::max(host.free, ready));
@@ -389,8 +391,11 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
         gslots[gslot] = acc;
         stage_done[static_cast<std::size_t>(s)] = std::max(stage_done[static_cast<std::size_t>(s)], acc);
         if (--remaining[static_cast<std::size_t>(s)] == 0 && !clip) {
+          // Read when the acquire `ahead` stages earlier in this step's order opened the window (the
+          // first ones: at the previous step's last acquires, long done).
+          const std::size_t k = order.size();
           order.push_back(s);
-          read(s);
+          read(s, k >= static_cast<std::size_t>(ahead) ? acquired[k - static_cast<std::size_t>(ahead)] : 0.0);
           update(s, acc);
         }
       }
