@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +24,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/ops_bf16.hpp"
 #include "storage/host/aligned_buffer.hpp"
+#include "storage/offload/moment_codec.hpp"
 
 namespace mt::plan {
 
@@ -292,6 +294,31 @@ HardwareProfile measure_this_machine(const MeasureOptions& o) {
         static_cast<double>(params) /
         seconds_of([&] { cpu::adamw(pv.data(), gv.data(), mv.data(), vv.data(), params, step, o.optimizer_threads); },
                    3);
+  }
+  // The moment codec on 1M parameters of moment-like values (m Gaussian, v near its square with
+  // noise: lossless compresses them about as it does a demo run's real moments, ratio 0.84 against
+  // 0.80, at about the same speed): one store worker's encode and decode.
+  if (const offload::MomentCodec codec = offload::parse_moment_codec(o.codec); codec != offload::MomentCodec::none) {
+    const std::size_t params = std::size_t{1} << 20;
+    std::vector<float> m(params), v(params), m2(params), v2(params);
+    std::uint32_t state = 12345;
+    auto uniform = [&] {  // (0, 1)
+      state = state * 1664525u + 1013904223u;
+      return (static_cast<float>(state >> 8) + 0.5f) / 16777216.0f;
+    };
+    for (std::size_t i = 0; i < params; ++i) {
+      const float g = std::sqrt(-2.0f * std::log(uniform())) * std::cos(6.2831853f * uniform());
+      m[i] = 1e-3f * g;
+      v[i] = 1e-6f * (0.5f + uniform()) * std::fabs(g) + m[i] * m[i];
+    }
+    std::vector<std::byte> enc(offload::encoded_bound(codec, params));
+    std::size_t used = 0;
+    p.codec_encode_params_per_s =
+        static_cast<double>(params) /
+        seconds_of([&] { used = offload::encode_moments(codec, m.data(), v.data(), params, enc.data()); }, 3);
+    p.codec_decode_params_per_s =
+        static_cast<double>(params) /
+        seconds_of([&] { offload::decode_moments(codec, enc.data(), used, params, m2.data(), v2.data()); }, 3);
   }
   p.host_ram_bytes = mem_available_bytes();
   p.device_memory_bytes = p.host_ram_bytes;  // the arena is host memory

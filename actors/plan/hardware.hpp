@@ -23,6 +23,9 @@ struct HardwareProfile {
   double disk_bytes = 0.0;                   // free space
   // Measured on this machine only (0 elsewhere).
   double adamw_params_per_s = 0.0;  // the optimizer's fp32 AdamW rate with the run's optimizer threads
+  // The run's moment codec (train.optimizer_compression), parameters (m and v) a second on one store
+  // worker; 0 = none.
+  double codec_encode_params_per_s = 0.0, codec_decode_params_per_s = 0.0;
   bool shared_cores = false;  // compute, optimizer, collector and copy engine share the CPU cores (the CPU backend)
   std::string cpu;            // this machine: CPU model and the GEMM library's kernel choice
 };
@@ -41,12 +44,13 @@ struct MeasureOptions {
   int optimizer_threads = 1;  // the run's optimizer threads
   std::string disk_dir;       // measure this directory's drive; "" = skip the disk
   double disk_bytes = 256.0 * (1 << 20);
-  int disk_queue_depth = 4;  // blocks in flight, as the tier moves them (train.offload_io_threads)
+  int disk_queue_depth = 4;    // blocks in flight, as the tier moves them (train.offload_io_threads)
+  std::string codec = "none";  // train.optimizer_compression: its encode and decode rates are measured
 };
 // This machine in a few seconds: fp32 and bf16 GEMM rate (1024-cubed products through the engine's
 // own kernels), memory copy bandwidth (the CPU backend's link is a memcpy), the AdamW rate, host RAM
-// (MemAvailable), and when disk_dir is set its O_DIRECT write and read rate (1 MiB blocks,
-// disk_queue_depth of them in flight: the tier's pattern) and free space.
+// (MemAvailable), the moment codec's encode and decode rates (1M parameters), and when disk_dir is set its O_DIRECT
+// write and read rate (1 MiB blocks, disk_queue_depth of them in flight: the tier's pattern) and free space.
 HardwareProfile measure_this_machine(const MeasureOptions& options);
 
 // MemAvailable from /proc/meminfo, bytes (0 when unknown).

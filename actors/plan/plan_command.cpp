@@ -37,6 +37,9 @@ void print_profile(const HardwareProfile& hw, double measure_s) {
   std::printf("  link: %.1f GB/s in, %.1f GB/s out%s; host memory %.1f GB/s", hw.link_h2d / 1e9, hw.link_d2h / 1e9,
               hw.shared_cores ? " (memcpy: the CPU backend's copy engine)" : "", hw.host_mem / 1e9);
   if (hw.adamw_params_per_s > 0) std::printf(", AdamW %.2f Gparam/s", hw.adamw_params_per_s / 1e9);
+  if (hw.codec_encode_params_per_s > 0)
+    std::printf(", moment codec %.0f / %.0f Mparam/s encode / decode", hw.codec_encode_params_per_s / 1e6,
+                hw.codec_decode_params_per_s / 1e6);
   std::printf("\n  host RAM %s", gib(hw.host_ram_bytes).c_str());
   if (hw.disk_read > 0)
     std::printf("; disk %.2f GB/s read, %.2f GB/s write, %s free", hw.disk_read / 1e9, hw.disk_write / 1e9,
@@ -78,6 +81,7 @@ int run_plan_command(const std::vector<std::string>& args) {
       mo.optimizer_threads = std::max(1, tb.optimizer);
       mo.disk_dir = cfg.train.offload_dir;
       mo.disk_queue_depth = static_cast<int>(cfg.train.offload_io_threads);
+      mo.codec = optimizer_compression_name(cfg.optimizer_compression());
       const auto t0 = std::chrono::steady_clock::now();
       hw = measure_this_machine(mo);
       measure_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

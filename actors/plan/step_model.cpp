@@ -214,6 +214,16 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   auto t_write = [&](std::int64_t s) { return floats[s] * nvme_per / disk_w; };
   const int staging = static_cast<int>(cfg.train.offload_staging_stages);
   const bool reads = tier && S > staging;  // a store whose slots hold every stage reads nothing
+  // A moment codec (train.optimizer_compression): a stage's moments are encoded after each update and,
+  // when the stages outnumber the slots, decoded before it (this machine's measured rates; on shared
+  // cores the store's workers take the cores like the optimizer).
+  const bool coded = cfg.optimizer_compression() != OptimizerCompression::none;
+  auto t_encode = [&](std::int64_t s) {
+    return coded && hw.codec_encode_params_per_s > 0 ? floats[s] / hw.codec_encode_params_per_s : 0.0;
+  };
+  auto t_decode = [&](std::int64_t s) {
+    return coded && S > staging && hw.codec_decode_params_per_s > 0 ? floats[s] / hw.codec_decode_params_per_s : 0.0;
+  };
   const int ahead = std::max(1, staging - 2);
 
   Resource dev, link_in, link_out, host, nvme;  // host: the collector's accumulation and the optimizer
@@ -263,14 +273,20 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
     auto update = [&](std::int64_t s, double ready) {
       acquired.push_back(std::max(host.free, ready));
       const double r = std::max(ready, read_done[static_cast<std::size_t>(s)]);
-      const double start = std::max(host.free, r);
+      double start = std::max(host.free, r);
       if (count) p.wait_nvme_s += std::max(0.0, read_done[static_cast<std::size_t>(s)] - std::max(host.free, ready));
+      if (t > 0 && t_decode(s) > 0) {  // step 0: fresh moments, nothing to decode
+        start = host_run(start, t_decode(s), count);
+        if (count) p.optimizer_s += t_decode(s);
+      }
       const double end = host_run(start, t_opt(s), count);
       if (count) p.optimizer_s += t_opt(s);
       updated[static_cast<std::size_t>(s)] = end;
       opt_end = std::max(opt_end, end);
+      const double encoded = t_encode(s) > 0 ? host_run(end, t_encode(s), count) : end;
+      if (count) p.optimizer_s += t_encode(s);
       if (tier) {
-        nvme.run(end, t_write(s), count);
+        nvme.run(encoded, t_write(s), count);
         if (count) p.nvme_s += t_write(s);
       }
     };

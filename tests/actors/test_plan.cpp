@@ -270,4 +270,18 @@ TEST_CASE("plan: on shared cores compute fills the time the optimizer waits for 
   hw.disk_read = hw.disk_write = layer_floats * 8.0 / 2.0;
   const plan::StepPrediction slow = plan::predict_step(cfg, model, ep, hw, ops);
   CHECK(slow.step_s > ram.step_s + 8 * (4.0 - 1.0 - 0.25) - 4.0);
+
+  // int8 moments in RAM, 4 slots for 10 stages: every stage decoded before its update and encoded
+  // after it (a layer: 0.1 + 0.2 s), on the same cores: the step grows by the codec's work.
+  cfg.train.offload_dir.clear();
+  cfg.train.optimizer_compression = "int8";
+  hw.codec_encode_params_per_s = layer_floats / 0.2;
+  hw.codec_decode_params_per_s = layer_floats / 0.1;
+  double codec = 0;
+  for (std::int64_t s = 0; s < ep.stages; ++s)
+    codec += static_cast<double>(stage_layout(model, s).total_floats) *
+             (1.0 / hw.codec_encode_params_per_s + 1.0 / hw.codec_decode_params_per_s);
+  const plan::StepPrediction coded = plan::predict_step(cfg, model, ep, hw, ops);
+  INFO("int8 in RAM " << coded.step_s << " s, codec " << codec << " s");
+  CHECK(coded.step_s == Approx(ram.step_s + codec).epsilon(0.01));
 }
