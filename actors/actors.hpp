@@ -7,7 +7,7 @@
 
 #include "actors/context.hpp"
 #include "actors/messages.hpp"
-#include "actors/monitor/monitor.hpp"
+#include "monitor/monitor.hpp"
 
 namespace mt::actors {
 

@@ -1,4 +1,4 @@
-// The compute actor: runs the schedule's ops through the backend (kernels/backend.hpp), the stateless
+// The compute actor: runs the schedule's ops through the backend (device/backend.hpp), the stateless
 // stage templates bound by pointer to the slots the prefetcher filled (zero copy). Keeps the layer-boundary
 // activations in the arena, one set per in-flight micro-batch (and, in keep mode, every layer's
 // intermediates), or, with boundaries on the host, writes the forward's boundaries into a small ring

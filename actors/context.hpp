@@ -19,7 +19,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/schedule.hpp"
-#include "kernels/backend.hpp"
+#include "device/backend.hpp"
 #include "storage/host/host_boundaries.hpp"
 
 namespace mt::monitor {

@@ -14,10 +14,10 @@
 #include <caf/all.hpp>
 
 #include "actors/actors.hpp"
-#include "actors/monitor/monitor.hpp"
 #include "config/node_config.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "monitor/monitor.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 
 namespace mt::actors {

@@ -19,12 +19,12 @@
 #include "actors/batch_source.hpp"
 #include "actors/fault.hpp"
 #include "config/train_config.hpp"
-#include "kernels/backend.hpp"
+#include "device/arena_plan.hpp"
+#include "device/backend.hpp"
+#include "device/cpu/copy_engine.hpp"
+#include "device/device_arena.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/stage_api.hpp"
-#include "storage/host/arena_plan.hpp"
-#include "storage/host/copy_engine.hpp"
-#include "storage/host/device_arena.hpp"
 #include "storage/host/host_model.hpp"
 
 namespace caf {

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/context.hpp"
-#include "actors/monitor/monitor.hpp"
+#include "monitor/monitor.hpp"
 
 namespace mt::actors {
 

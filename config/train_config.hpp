@@ -113,7 +113,7 @@ struct LogSection {                // [log]
   std::int64_t logging_steps = 1;  // a JSONL line every N steps
 };
 
-// The node's monitor endpoint (actors/monitor/README.md): HTTP on loopback by default, a bearer token
+// The node's monitor endpoint (monitor/README.md): HTTP on loopback by default, a bearer token
 // for control, the progress watchdog and the restart policy.
 struct MonitorSection {            // [monitor]
   bool enabled = true;             // serve /metrics, /status, /events, /history, / and /control/*
@@ -134,7 +134,7 @@ struct RestartSection {           // [restart]
   std::string per_actor;          // overrides "ACTOR:MAX[,ACTOR:MAX...]" (e.g. "loader:20,compute:2")
 };
 
-// `megatrain plan` and the fit check `train` runs before it starts (actors/plan/README.md).
+// `megatrain plan` and the fit check `train` runs before it starts (plan/README.md).
 struct PlanSection {              // [plan]
   std::string hardware = "this";  // this (measured now) | a section of the hardware file (h200, h100, gh200, a100)
   std::string hardware_file;      // hardware profiles (INI); "" = the built-in copy of config/hardware.ini

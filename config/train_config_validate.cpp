@@ -161,7 +161,7 @@ void device_values(const TrainConfig& c) {
   c.micro_batch_order();
   at_least("device.gpus", d.gpus, 1);
   at_most("device.gpus", d.gpus, 64);
-  // Several GPUs sum their gradients on the devices with NCCL (kernels/cuda/nccl_reduce.hpp); a build
+  // Several GPUs sum their gradients on the devices with NCCL (device/cuda/nccl_reduce.hpp); a build
   // without it runs the cuda backend on one GPU (the CPU backend runs N arenas with a host reduction).
   // Whether the machine has that many GPUs is checked with the backend, before anything starts.
 #if !MEGATRAIN_HAVE_NCCL

@@ -1,4 +1,4 @@
-// The planner (actors/plan) against the engine: its bytes per tier equal what the engine allocates,
+// The planner (plan) against the engine: its bytes per tier equal what the engine allocates,
 // read from the engine's own accounting (HostModel::host_bytes, the moment store's ram_bytes, the
 // arena's capacity, the offload files on disk) for the default tiles, bf16 compute copies, boundaries
 // on the host and the NVMe tier; its predicted peak resident memory is within 10% of the peak RSS
@@ -11,10 +11,10 @@
 
 #include <filesystem>
 
-#include "actors/plan/hardware.hpp"
-#include "actors/plan/resource_plan.hpp"
-#include "actors/plan/step_model.hpp"
-#include "actors/training_run.hpp"
+#include "plan/hardware.hpp"
+#include "plan/resource_plan.hpp"
+#include "plan/step_model.hpp"
+#include "run/training_run.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tests/actors/engine_fixture.hpp"
 #include "tests/actors/node_binary_fixture.hpp"

@@ -1,4 +1,4 @@
-// The backend seam (kernels/backend.hpp): the CPU backend's device memory, link and stage operations,
+// The backend seam (device/backend.hpp): the CPU backend's device memory, link and stage operations,
 // and the selection by device.backend (cuda refused with the key and the reason, never a silent
 // fallback to the CPU).
 #include <catch2/catch.hpp>
@@ -9,8 +9,8 @@
 #include <future>
 #include <vector>
 
-#include "kernels/backend.hpp"
-#include "kernels/cpu/cpu_backend.hpp"
+#include "device/backend.hpp"
+#include "device/cpu/cpu_backend.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/step_math.hpp"
 #include "tests/kernels/kernel_test_util.hpp"

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/backend.hpp"
+#include "device/backend.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/gemm.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "actors/engine.hpp"
-#include "actors/plan/hardware.hpp"
+#include "plan/hardware.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tools/bench/bench_report.hpp"
 #include "tools/bench/demo_model.hpp"

@@ -1,4 +1,4 @@
-// tools/bench/run plan [--steps N] [--dir DIR] [--threads N (2)]: the planner's predicted step time (actors/plan)
+// tools/bench/run plan [--steps N] [--dir DIR] [--threads N (2)]: the planner's predicted step time (plan)
 // against the engine's measured one, same run, for several CPU configurations of the demo model's family (depth, width,
 // K weight slots, interleaved micro-batches, the NVMe tier for the moments): plan_step_error = the worst |predicted -
 // measured| / measured (target <= 0.15). The planner gets this machine's profile measured in the same run (memcpy as
@@ -18,10 +18,10 @@
 #include <unistd.h>
 
 #include "actors/engine.hpp"
-#include "actors/plan/hardware.hpp"
-#include "actors/plan/resource_plan.hpp"
-#include "actors/plan/step_model.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "plan/hardware.hpp"
+#include "plan/resource_plan.hpp"
+#include "plan/step_model.hpp"
 #include "tools/bench/bench_report.hpp"
 #include "tools/bench/child_process.hpp"
 #include "tools/bench/demo_model.hpp"

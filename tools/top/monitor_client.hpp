@@ -1,4 +1,4 @@
-// A client of the node's monitor endpoint (actors/monitor): finding a node, plain requests, and the
+// A client of the node's monitor endpoint (monitor): finding a node, plain requests, and the
 // server-sent event stream. Boost.Beast stays inside monitor_client.cpp; every call has a time limit.
 #pragma once
 #include <memory>

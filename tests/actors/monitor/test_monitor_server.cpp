@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "actors/monitor/http_server.hpp"
-#include "actors/monitor/metrics_text.hpp"
-#include "actors/monitor/routes.hpp"
-#include "actors/monitor/token.hpp"
+#include "monitor/http_server.hpp"
+#include "monitor/metrics_text.hpp"
+#include "monitor/routes.hpp"
+#include "monitor/token.hpp"
 
 namespace fs = std::filesystem;
 using namespace mt::monitor;

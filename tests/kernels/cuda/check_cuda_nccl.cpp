@@ -1,4 +1,4 @@
-// The multi-GPU gradient reduction (kernels/cuda/nccl_reduce.hpp, CudaBackend::reduce_gradients) on
+// The multi-GPU gradient reduction (device/cuda/nccl_reduce.hpp, CudaBackend::reduce_gradients) on
 // 2..N GPUs of this machine against the host sum in device order, ((g0 + g1) + g2) + ..., bit for bit:
 //   - NcclReducer alone, with a small chunk (many chunks, a short last one; one short chunk);
 //   - through the Backend interface as the collector calls it: real-size chunks (two of them), the
@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/backend.hpp"
-#include "kernels/cuda/nccl_reduce.hpp"
-#include "kernels/cuda/reduce_plan.hpp"
+#include "device/backend.hpp"
+#include "device/cuda/nccl_reduce.hpp"
+#include "device/cuda/reduce_plan.hpp"
 #include "tests/kernels/cuda/cuda_check_util.hpp"
 
 using namespace mt;

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/backend.hpp"
+#include "device/backend.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/stage_api.hpp"

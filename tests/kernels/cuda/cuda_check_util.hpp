@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "device/cuda/device_probe.hpp"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/device_probe.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 
 namespace mt::cuda::check {

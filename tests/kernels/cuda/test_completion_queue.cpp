@@ -1,4 +1,4 @@
-// The CUDA backend's copy-completion ordering (kernels/cuda/completion_queue.hpp) against a fake link
+// The CUDA backend's copy-completion ordering (device/cuda/completion_queue.hpp) against a fake link
 // whose copies finish in any order: callbacks still run once each, in submission order (a stream
 // completes in order, so an earlier copy's callback never comes after a later one's), wait_idle returns
 // only after every callback ran, and the stats count every copy. No GPU needed.
@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cuda/completion_queue.hpp"
+#include "device/cuda/completion_queue.hpp"
 
 using mt::cuda::CompletionQueue;
 

@@ -1,10 +1,10 @@
-// The CUDA backend's pinned-range bookkeeping (kernels/cuda/pinned_ranges.hpp), without a GPU: the pin
+// The CUDA backend's pinned-range bookkeeping (device/cuda/pinned_ranges.hpp), without a GPU: the pin
 // and unpin calls are recorded instead of reaching cudaHostRegister.
 #include <catch2/catch.hpp>
 
 #include <vector>
 
-#include "kernels/cuda/pinned_ranges.hpp"
+#include "device/cuda/pinned_ranges.hpp"
 
 using mt::cuda::PinnedRanges;
 

@@ -1,9 +1,9 @@
-// The multi-GPU gradient reduction's host-side arithmetic (kernels/cuda/reduce_plan.hpp), tested
+// The multi-GPU gradient reduction's host-side arithmetic (device/cuda/reduce_plan.hpp), tested
 // without a GPU: chunks cover the buffer once, in order; device 0's scratch stays bounded; the call
 // checks name what is wrong.
 #include <catch2/catch.hpp>
 
-#include "kernels/cuda/reduce_plan.hpp"
+#include "device/cuda/reduce_plan.hpp"
 
 using namespace mt::cuda;
 

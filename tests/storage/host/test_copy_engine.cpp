@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "storage/host/copy_engine.hpp"
+#include "device/cpu/copy_engine.hpp"
 
 using namespace mt;
 using Clock = std::chrono::steady_clock;

@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "device/device_arena.hpp"
 #include "kernels/param_layout.hpp"
-#include "storage/host/device_arena.hpp"
 #include "tiny_model.hpp"
 
 using namespace mt;

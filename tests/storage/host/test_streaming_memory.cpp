@@ -8,8 +8,8 @@
 #include <future>
 #include <vector>
 
-#include "storage/host/copy_engine.hpp"
-#include "storage/host/device_arena.hpp"
+#include "device/cpu/copy_engine.hpp"
+#include "device/device_arena.hpp"
 #include "storage/host/host_model.hpp"
 #include "tiny_model.hpp"
 

@@ -1,4 +1,4 @@
-// The dashboard compiled into the binary: every file of actors/monitor/dashboard/ is served byte for
+// The dashboard compiled into the binary: every file of monitor/dashboard/ is served byte for
 // byte as it is in the source tree (the oracle: the file itself, read at test time), with its content
 // type; "/" is the page; query strings are ignored; nothing else is an asset.
 #include <catch2/catch.hpp>
@@ -6,7 +6,7 @@
 #include <sstream>
 #include <string>
 
-#include "actors/monitor/dashboard/dashboard_asset.hpp"
+#include "monitor/dashboard/dashboard_asset.hpp"
 
 namespace {
 

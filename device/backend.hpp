@@ -1,0 +1,176 @@
+// The backend seam: everything that touches device memory goes through one Backend. The actors
+// (prefetcher, compute, gradient collector) hold a Backend and never read or write device bytes
+// themselves; slot accounting, the schedule and restart logic stay backend-independent above it.
+//
+// A backend owns:
+//   - device memory: one allocation of the planned arena size, made once before training (the
+//     backend-independent DeviceArena in storage/host carves and accounts for it);
+//   - the link: copies host -> device and device -> host, FIFO per direction, each with a completion
+//     callback the actors turn into messages (CopyDone, BoundarySaved, a collector's future);
+//   - device-side work on one compute queue, in call order: fills, device-to-device copies and the
+//     stage operations (embedding, decoder layer, fused head with its loss), with the stage API's
+//     semantics (kernels/stage_api.hpp) and the run's precision (kernels/precision.hpp);
+//   - host registration (pinning) of the tiles it streams from and into.
+//
+// Ordering contract (what the actors rely on; a GPU backend keeps it with streams and events):
+//   1. A stage operation may read a slot only after the host-to-device copy into it completed (the
+//      actors call it only after the copy's completion callback ran).
+//   2. A device-to-host copy submitted after stage operations reads what they wrote: copies towards
+//      the host wait for the compute work submitted before them.
+//   3. When a stage operation returns, the host may reuse its inputs and the slots it read: on a
+//      backend whose compute is asynchronous, stage operations return after the device finished them
+//      (the CUDA backend will refine this with events; the actors' protocol does not change).
+//   4. Completion callbacks run on a backend thread, once, after the bytes landed; keep them short.
+//
+// Implementations: device/cpu/cpu_backend.hpp (the default; all CI tests) and, when built with
+// CUDA, kernels/cuda (its own issue). make_backend() picks one by the `device.backend` key.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/model_config.hpp"
+#include "kernels/precision.hpp"
+#include "kernels/stage_api.hpp"
+
+namespace mt {
+
+enum class LinkDirection { host_to_device = 0, device_to_host = 1 };
+
+struct LinkDirectionStats {
+  std::uint64_t copies = 0;
+  std::uint64_t bytes = 0;
+  double busy_seconds = 0.0;
+};
+
+struct LinkStats {
+  LinkDirectionStats direction[2];  // indexed by LinkDirection
+  const LinkDirectionStats& of(LinkDirection d) const { return direction[static_cast<int>(d)]; }
+};
+
+// What a run asks of its backend, decided before anything is allocated.
+struct BackendOptions {
+  std::string kind = "cpu";  // the device.backend key: cpu | cuda
+  Precision precision = Precision::fp32;
+  int compute_threads = 1;        // CPU: the kernels' OpenMP threads (results do not depend on it)
+  int link_workers = 1;           // CPU: copy workers (1 = both directions on one, 2 = full duplex)
+  double link_bytes_per_s = 0.0;  // CPU: per-direction bandwidth limit standing in for PCIe; 0 = none
+  std::int64_t head_chunk = 0;    // ComputeCtx::head_chunk
+  int device_index = 0;           // CUDA: which GPU
+  int devices = 1;                // device.gpus: devices 0..devices-1 must exist (check_backend_available)
+  bool cuda_tf32 = false;         // CUDA, fp32 runs: let cuBLASLt use TF32 tensor cores (10-bit mantissa inputs)
+};
+
+// A backend cannot run here (no such backend in this build, no usable device, fewer devices than
+// device.gpus); nothing has been allocated. what() is "<key>: <reason>", the key being the config key to
+// change (device.backend, or device.gpus); reason() is the part after the key.
+class BackendUnavailable : public std::runtime_error {
+ public:
+  explicit BackendUnavailable(const std::string& reason, const std::string& key = "device.backend")
+      : std::runtime_error(key + ": " + reason), key_(key), reason_(reason) {}
+  const std::string& key() const { return key_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string key_;
+  std::string reason_;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual const char* name() const = 0;      // "cpu", "cuda"
+  virtual std::string describe() const = 0;  // one line: device, kernels chosen, threads, precision
+  virtual Precision precision() const = 0;
+
+  // --- device memory ------------------------------------------------------------------------------
+  // The arena's memory: `bytes`, zero-filled, aligned to 256 bytes, valid until the backend is
+  // destroyed. Called once per run. Throws std::runtime_error naming the size when it cannot be had.
+  virtual std::byte* allocate_device(std::size_t bytes) = 0;
+
+  // --- host memory --------------------------------------------------------------------------------
+  // Registers host memory for fast copies (cudaHostRegister on CUDA; nothing on the CPU backend) and
+  // undoes it. Exact byte ranges, no rounding.
+  virtual void register_host(void* data, std::size_t bytes) = 0;
+  virtual void unregister_host(void* data, std::size_t bytes) = 0;
+
+  // --- host memory the stage operations address directly -----------------------------------------
+  // True when the stage operations read and write host memory at its own addresses and no link is
+  // modelled between the two (the CPU backend without device.copy_bandwidth_gbps): a weight load then
+  // maps the host tile (DeviceArena::map_slot) instead of copying it, and the collector sums a
+  // gradient straight from the device buffer into the host accumulator (accumulate_to_host). The
+  // copies shared the cores with compute: the demo's step took 0.327 s with them and 0.296 s without
+  // (4 alternating pairs, steps 5..20, 2-core Xeon; the copy path kept by a link bandwidth of 10 TB/s).
+  virtual bool shares_host_memory() const { return false; }
+  // host_acc = (first ? +0 : host_acc) + device_src element-wise, in one pass with `threads` host
+  // threads: the bits of a device-to-host copy, cpu::zero (first) and cpu::accumulate. Only when
+  // shares_host_memory(); the default throws std::logic_error. Ordering: after the stage operation
+  // that wrote device_src (rule 3); device_src may be reused when it returns.
+  virtual void accumulate_to_host(const float* device_src, float* host_acc, std::size_t n, bool first, int threads);
+
+  // --- the link -----------------------------------------------------------------------------------
+  // Queues a copy; on_done (optional) runs on a backend thread after the bytes landed.
+  virtual void copy_async(LinkDirection dir, const void* src, void* dst, std::size_t bytes,
+                          std::function<void()> on_done) = 0;
+  // Blocks until every copy submitted so far is done and its callback ran.
+  virtual void wait_link_idle() = 0;
+  virtual LinkStats link_stats() const = 0;
+
+  // --- device-side work, on the compute queue in call order --------------------------------------
+  virtual void fill_zero(void* device_dst, std::size_t bytes) = 0;
+  virtual void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) = 0;
+  // Waits until the compute queue's work so far is finished (CPU: it already is).
+  virtual void synchronize() = 0;
+
+  // The stage operations of kernels/stage_api.hpp on device pointers: weights in the run's precision
+  // (slots filled from the tiles' stream source), hidden states, gradients and workspace fp32.
+  virtual void embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
+                                 std::int64_t seq, float* x_out) = 0;
+  virtual void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
+                                  const float* dx, float* grads) = 0;
+  virtual void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
+                             std::int64_t batch, std::int64_t seq, float* saved, float* workspace) = 0;
+  virtual void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
+                              const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
+                              float* workspace) = 0;
+  // The fused head; returns the loss read back to the host (once per call).
+  virtual LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
+                                        const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                                        float* dx, float* head_grads, float* embed_grads, float* workspace) = 0;
+
+  // Token ids the stage operations read: on the CPU backend host memory is device memory; a GPU
+  // backend copies them into a device buffer of its own and returns that pointer (valid until the
+  // next call with the same `slot`, 0..3: inputs and targets of the two micro-batches in flight).
+  virtual const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) = 0;
+
+  // --- several devices of one node (device.gpus = N) ----------------------------------------------
+  // Sums one stage's gradients across the node's devices, on the devices, called on device 0's
+  // backend: devices[d] is device d's backend (devices[0] == this), grads[d] a buffer of `floats`
+  // fp32 values in device d's memory. On return grads[0] holds the element-wise sum, added in device
+  // order, ((g0 + g1) + g2) + ... (fixed: deterministic run to run, and bit-identical across backends);
+  // grads[1..] are unchanged and may be reused at once. Ordering: the stage operations that wrote every
+  // grads[d] were called before (rule 3), and a device-to-host copy of grads[0] submitted on this backend
+  // after the call reads the sum (rule 2). The CPU backend adds in host memory; the CUDA backend gathers
+  // the buffers onto device 0 with NCCL in bounded chunks and adds them there in device order (its
+  // README). The default: this backend cannot (device.gpus must stay 1).
+  virtual void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
+                                std::size_t floats);
+};
+
+// The backend named by options.kind. Throws BackendUnavailable (naming `device.backend` and why) when
+// this build or machine cannot run it: "cuda" in a build without the CUDA backend, no usable GPU, or a
+// backend that is not implemented yet. Nothing falls back silently.
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+
+// Checks what make_backend would, without allocating anything (config validation before start).
+void check_backend_available(const BackendOptions& options);
+
+}  // namespace mt

@@ -1,0 +1,358 @@
+// The CUDA backend: device memory, pinned host ranges, the two copy streams with their completion
+// pollers, token uploads and the per-shape device tables. The stage operations are cuda_stages.cpp.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <stdexcept>
+#include <utility>
+
+#include "device/cuda/cuda_backend.hpp"
+#include "device/cuda/cuda_backend_impl.hpp"
+#include "device/cuda/reduce_plan.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/plan.hpp"
+#include "kernels/stage_api.hpp"
+
+namespace mt::cuda {
+
+namespace {
+
+// A failure on a poller thread cannot be thrown to anyone: it ends the process with the call's name.
+void poller_check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "megatrain: CUDA copy completion: %s failed: %s (%s)\n", what, cudaGetErrorName(e),
+               cudaGetErrorString(e));
+  std::abort();
+}
+
+std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+CudaBackend::CudaBackend(const BackendOptions& options)
+    : options_(options),
+      device_(options.device_index),
+      pinned_(
+          [this](void* p, std::size_t n) {
+            select_device();
+            MT_CUDA_CHECK(cudaHostRegister(p, n, cudaHostRegisterPortable));
+          },
+          [this](void* p, std::size_t) {
+            select_device();
+            MT_CUDA_CHECK(cudaHostUnregister(p));
+          }) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0)
+    throw BackendUnavailable(std::string("cuda needs a usable GPU and this machine has none (") +
+                             (e != cudaSuccess ? cudaGetErrorName(e) : "no device") + "); use device.backend=cpu");
+  if (device_ < 0 || device_ >= count)
+    throw BackendUnavailable("cuda: GPU " + std::to_string(device_) + " does not exist (" + std::to_string(count) +
+                             " found)");
+  MT_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  device_name_ = prop.name;
+  sm_major_ = prop.major, sm_minor_ = prop.minor;
+  if (sm_major_ < 8)
+    throw BackendUnavailable("cuda: GPU " + std::to_string(device_) + " (" + device_name_ + ", sm_" +
+                             std::to_string(sm_major_) + std::to_string(sm_minor_) +
+                             ") is older than sm_80; this build has kernels for sm_80 and sm_90");
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&stage_done_, cudaEventDisableTiming));
+  for (auto& d : dirs_) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<Gemm>(options_.cuda_tf32);
+  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_), 2 * sizeof(double)));
+  MT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&loss_host_), 2 * sizeof(double)));
+  for (auto& d : dirs_)
+    d.done = std::make_unique<CompletionQueue<CopyEvents>>([this](CopyEvents& ev) { return wait_copy(ev); });
+}
+
+CudaBackend::~CudaBackend() {
+#if MEGATRAIN_HAVE_NCCL
+  reducer_.reset();  // synchronises its streams, then finalises and frees the communicator
+#endif
+  select_device();
+  for (auto& d : dirs_)
+    if (d.done) d.done->stop();  // drains the queue first: every callback runs
+  // Best effort from here: a destructor must not throw, and every resource is released either way.
+  cudaDeviceSynchronize();
+  pinned_.release_all();
+  for (auto& s : slots_) cudaFree(s.device), cudaFree(s.unique), cudaFree(s.offsets), cudaFree(s.rows);
+  cudaFree(rope_.cos), cudaFree(rope_.sin), cudaFree(scratch_), cudaFree(loss_device_), cudaFreeHost(loss_host_);
+  for (void* p : allocations_) cudaFree(p);
+  gemm_.reset();
+  for (auto& d : dirs_) cudaStreamDestroy(d.stream);
+  cudaEventDestroy(stage_done_);
+  cudaStreamDestroy(compute_);
+}
+
+void CudaBackend::select_device() const { MT_CUDA_CHECK(cudaSetDevice(device_)); }
+
+std::string CudaBackend::describe() const {
+  return "cuda backend: GPU " + std::to_string(device_) + " " + device_name_ + " (sm_" + std::to_string(sm_major_) +
+         std::to_string(sm_minor_) + "), " + precision_name(options_.precision) + " compute, cuBLASLt " +
+         (options_.precision == Precision::bf16 ? "bf16 x bf16 -> fp32"
+                                                : (gemm_->tf32() ? "fp32 (TF32 allowed)" : "fp32 (no TF32)")) +
+         ", flash-style attention, one compute + two copy streams";
+}
+
+// ---------------- memory ----------------
+std::byte* CudaBackend::allocate_device(std::size_t bytes) {
+  select_device();
+  std::size_t free_b = 0, total_b = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  // Several GPUs: the reduction's scratch (device 0) and NCCL's buffers live beside the arena too.
+  check_arena_fits(bytes, free_b, total_b, device_,
+                   kDeviceReserveBytes + reduce_reserve_bytes(options_.devices, device_));
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess)
+    throw std::runtime_error("CUDA: cudaMalloc of the device arena (" + std::to_string(bytes) + " bytes) failed: " +
+                             cudaGetErrorName(e) + "; lower device.max_vram_gb (or device.device_memory_mb)");
+  allocations_.push_back(p);
+  MT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  return static_cast<std::byte*>(p);
+}
+
+void CudaBackend::register_host(void* data, std::size_t bytes) { pinned_.add(data, bytes); }
+
+void CudaBackend::unregister_host(void* data, std::size_t bytes) { pinned_.remove(data, bytes); }
+
+// ---------------- the link ----------------
+void CudaBackend::copy_async(LinkDirection dir, const void* src, void* dst, std::size_t bytes,
+                             std::function<void()> on_done) {
+  select_device();
+  Direction& d = dirs_[static_cast<int>(dir)];
+  CopyEvents e;
+  std::lock_guard<std::mutex> lock(d.submit);
+  MT_CUDA_CHECK(cudaEventCreate(&e.start));
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&e.end, cudaEventBlockingSync));
+  if (dir == LinkDirection::device_to_host) {  // rule 2: after the compute work submitted so far
+    cudaEvent_t ready = nullptr;
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    MT_CUDA_CHECK(cudaEventRecord(ready, compute_));
+    MT_CUDA_CHECK(cudaStreamWaitEvent(d.stream, ready, 0));
+    MT_CUDA_CHECK(cudaEventDestroy(ready));  // released once it completed; the wait stays enqueued
+  }
+  MT_CUDA_CHECK(cudaEventRecord(e.start, d.stream));
+  if (bytes > 0)
+    MT_CUDA_CHECK(cudaMemcpyAsync(
+        dst, src, bytes, dir == LinkDirection::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+        d.stream));
+  MT_CUDA_CHECK(cudaEventRecord(e.end, d.stream));
+  d.done->push(e, bytes, std::move(on_done));
+}
+
+double CudaBackend::wait_copy(CopyEvents& e) const {
+  poller_check(cudaSetDevice(device_), "cudaSetDevice");
+  poller_check(cudaEventSynchronize(e.end), "cudaEventSynchronize on a copy's end event");
+  float ms = 0.0f;
+  poller_check(cudaEventElapsedTime(&ms, e.start, e.end), "cudaEventElapsedTime");
+  poller_check(cudaEventDestroy(e.start), "cudaEventDestroy");
+  poller_check(cudaEventDestroy(e.end), "cudaEventDestroy");
+  return ms * 1e-3;
+}
+
+void CudaBackend::wait_link_idle() {
+  for (auto& d : dirs_) d.done->wait_idle();
+}
+
+LinkStats CudaBackend::link_stats() const {
+  LinkStats s;
+  for (int d = 0; d < 2; ++d) s.direction[d] = dirs_[d].done->stats();
+  return s;
+}
+
+// ---------------- compute-queue utilities ----------------
+void CudaBackend::fill_zero(void* device_dst, std::size_t bytes) {
+  select_device();
+  if (bytes) MT_CUDA_CHECK(cudaMemsetAsync(device_dst, 0, bytes, compute_));
+}
+
+void CudaBackend::copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) {
+  select_device();
+  if (bytes) MT_CUDA_CHECK(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, compute_));
+}
+
+void CudaBackend::synchronize() {
+  select_device();
+  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+void CudaBackend::finish_stage() {
+  MT_CUDA_CHECK(cudaGetLastError());
+  MT_CUDA_CHECK(cudaEventRecord(stage_done_, compute_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+// ---------------- several GPUs ----------------
+void CudaBackend::reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
+                                   std::size_t floats) {
+  std::vector<CudaBackend*> peers;
+  std::vector<int> gpus;
+  for (Backend* b : devices) {
+    peers.push_back(dynamic_cast<CudaBackend*>(b));
+    gpus.push_back(peers.back() ? peers.back()->device_ : -1);
+  }
+  check_reduce_call(gpus, std::vector<const float*>(grads.begin(), grads.end()), floats,
+                    !devices.empty() && devices[0] == this);
+  if (devices.size() == 1 || floats == 0) return;
+#if MEGATRAIN_HAVE_NCCL
+  std::lock_guard<std::mutex> lock(reduce_mu_);
+  if (!reducer_) {
+    reducer_ = std::make_unique<NcclReducer>(gpus, reduce_chunk_floats(static_cast<int>(gpus.size())));
+  } else if (reducer_->gpus() != gpus) {
+    throw std::invalid_argument("CUDA reduce_gradients: the communicator was made for " +
+                                std::to_string(reducer_->size()) +
+                                " GPUs in another order; every call of a run "
+                                "must name the same devices");
+  }
+  std::vector<cudaEvent_t> after;
+  for (CudaBackend* p : peers) after.push_back(p->stage_done_);
+  reducer_->reduce_to_first(grads, floats, after);
+  KeepCurrentDevice keep;
+  for (std::size_t d = 1; d < peers.size(); ++d) {  // device d rewrites its buffer on compute, next
+    peers[d]->select_device();
+    MT_CUDA_CHECK(cudaStreamWaitEvent(peers[d]->compute_, reducer_->done(static_cast<int>(d)), 0));
+  }
+  select_device();
+  Direction& down = dirs_[static_cast<int>(LinkDirection::device_to_host)];
+  std::lock_guard<std::mutex> submit(down.submit);  // between two copies, not inside one's timing events
+  MT_CUDA_CHECK(cudaStreamWaitEvent(down.stream, reducer_->done(0), 0));
+#else
+  throw std::logic_error(
+      "CUDA reduce_gradients: this build has no NCCL (configured without it), so device.gpus must be 1 with "
+      "device.backend=cuda");
+#endif
+}
+
+// ---------------- tokens ----------------
+const token_t* CudaBackend::upload_tokens(const token_t* host_tokens, std::size_t n, int slot) {
+  if (slot < 0 || slot > 3) throw std::invalid_argument("CUDA upload_tokens: slot must be 0..3");
+  select_device();
+  std::lock_guard<std::mutex> lock(token_mu_);
+  TokenSlot& s = slots_[slot];
+  // The compute actor uploads a micro-batch's ids before each of its operations: the same ids again
+  // need no copy (and no synchronisation).
+  if (s.device && n == s.host.size() && std::equal(s.host.begin(), s.host.end(), host_tokens)) return s.device;
+  // The previous contents may still be read by queued compute work (a fill or copy never reads tokens,
+  // and stage operations synchronise, but be exact): wait for compute before overwriting.
+  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  if (n > s.capacity) {
+    MT_CUDA_CHECK(cudaFree(s.device));
+    s.device = nullptr;
+    MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.device), std::max<std::size_t>(n, 1) * sizeof(token_t)));
+    s.capacity = n;
+  }
+  s.host.assign(host_tokens, host_tokens + n);
+  s.csr_ready = false;
+  if (n) MT_CUDA_CHECK(cudaMemcpy(s.device, s.host.data(), n * sizeof(token_t), cudaMemcpyHostToDevice));
+  return s.device;
+}
+
+CudaBackend::TokenSlot& CudaBackend::slot_of(const token_t* device_tokens, const char* what) {
+  for (auto& s : slots_)
+    if (s.device == device_tokens && device_tokens) return s;
+  throw std::invalid_argument(std::string("CUDA ") + what +
+                              ": the token pointer is not one upload_tokens returned (device token ids are needed)");
+}
+
+// Counting sort of the positions by token id: for each distinct token, its rows in ascending order.
+void CudaBackend::build_token_rows(TokenSlot& s) {
+  if (s.csr_ready) return;
+  const std::size_t n = s.host.size();
+  std::vector<std::int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return s.host[a] < s.host[b]; });
+  std::vector<std::int32_t> unique, offsets;
+  for (std::size_t k = 0; k < n; ++k)
+    if (k == 0 || s.host[order[k]] != s.host[order[k - 1]]) {
+      unique.push_back(s.host[order[k]]);
+      offsets.push_back(static_cast<std::int32_t>(k));
+    }
+  offsets.push_back(static_cast<std::int32_t>(n));
+  cudaFree(s.unique), cudaFree(s.offsets), cudaFree(s.rows);
+  s.unique = s.offsets = s.rows = nullptr;
+  const std::size_t cap = std::max<std::size_t>(n, 1) + 1;
+  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.unique), cap * sizeof(std::int32_t)));
+  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.offsets), cap * sizeof(std::int32_t)));
+  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.rows), cap * sizeof(std::int32_t)));
+  if (n) {
+    MT_CUDA_CHECK(cudaMemcpy(s.unique, unique.data(), unique.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    MT_CUDA_CHECK(cudaMemcpy(s.offsets, offsets.data(), offsets.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    MT_CUDA_CHECK(cudaMemcpy(s.rows, order.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+  }
+  s.n_unique = static_cast<std::int64_t>(unique.size());
+  s.csr_ready = true;
+}
+
+// ---------------- per-shape tables and scratch ----------------
+const CudaBackend::RopeTables& CudaBackend::rope_tables(const ModelConfig& c, std::int64_t seq) {
+  RopeTables& r = rope_;
+  const auto& rs = c.rope_scaling;
+  if (r.cos && r.seq == seq && r.head_dim == c.head_dim && r.theta == c.rope_theta && r.factor == rs.factor &&
+      r.low == rs.low_freq_factor && r.high == rs.high_freq_factor && r.original == rs.original_max_position_embeddings)
+    return r;
+  // The CPU's own table function: both backends rotate by the same fp32 angles.
+  cpu::RopeParams p;
+  p.theta = c.rope_theta;
+  p.scaling_factor = rs.factor;
+  p.low_freq_factor = rs.low_freq_factor;
+  p.high_freq_factor = rs.high_freq_factor;
+  p.original_max_position = rs.original_max_position_embeddings;
+  const std::size_t n = static_cast<std::size_t>(seq * (c.head_dim / 2));
+  std::vector<float> cos_t(n), sin_t(n);
+  cpu::rope_table(p, seq, c.head_dim, cos_t.data(), sin_t.data());
+  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));  // the old tables may still be read
+  cudaFree(r.cos), cudaFree(r.sin);
+  r.cos = r.sin = nullptr;
+  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.cos), std::max<std::size_t>(n, 1) * sizeof(float)));
+  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.sin), std::max<std::size_t>(n, 1) * sizeof(float)));
+  MT_CUDA_CHECK(cudaMemcpy(r.cos, cos_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  MT_CUDA_CHECK(cudaMemcpy(r.sin, sin_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  r.seq = seq, r.head_dim = c.head_dim, r.theta = c.rope_theta, r.factor = rs.factor;
+  r.low = rs.low_freq_factor, r.high = rs.high_freq_factor, r.original = rs.original_max_position_embeddings;
+  return r;
+}
+
+CudaBackend::Scratch CudaBackend::scratch_for(const ModelConfig& c, std::int64_t B, std::int64_t T,
+                                              std::int64_t chunk) {
+  const std::int64_t N = B * T;
+  const std::int64_t widest = std::max(
+      {c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.is_gpt2() ? 3 * c.hidden_size : std::int64_t{0}});
+  const bool bf16 = options_.precision == Precision::bf16;
+  const std::size_t xb = bf16 ? align_up(static_cast<std::size_t>(N * widest) * 2, 256) : 0;
+  const std::size_t gb =
+      bf16 ? align_up(static_cast<std::size_t>(std::max(N * widest, chunk * c.vocab_size)) * 2, 256) : 0;
+  // Column sums run over N rows of up to `widest` columns, and over N x heads rows of head_dim columns
+  // (Qwen3's q/k norms): at most kColsumMaxSplits partial rows either way.
+  const std::size_t partial =
+      align_up(static_cast<std::size_t>(kColsumMaxSplits * std::max(widest, c.head_dim)) * sizeof(float), 256);
+  const std::size_t rowdot = align_up(static_cast<std::size_t>(N * c.num_attention_heads) * sizeof(float), 256);
+  const std::size_t need = xb + gb + partial + rowdot;
+  if (need > scratch_bytes_) {
+    MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    MT_CUDA_CHECK(cudaFree(scratch_));
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    MT_CUDA_CHECK(cudaMalloc(&scratch_, need));
+    scratch_bytes_ = need;
+  }
+  auto* base = static_cast<char*>(scratch_);
+  Scratch s;
+  s.xb = bf16 ? reinterpret_cast<bf16_t*>(base) : nullptr;
+  s.gb = bf16 ? reinterpret_cast<bf16_t*>(base + xb) : nullptr;
+  s.partial = reinterpret_cast<float*>(base + xb + gb);
+  s.rowdot = reinterpret_cast<float*>(base + xb + gb + partial);
+  return s;
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,166 @@
+// Internal: the CUDA backend's state, shared by cuda_backend.cpp (memory, the link, tokens) and
+// cuda_stages.cpp (the stage operations).
+//
+// Streams and ordering (backend.hpp's contract):
+//   - compute: fills, device-to-device copies and every stage operation, in call order. A stage
+//     operation synchronises the compute stream before it returns (rule 3: the host may then reuse its
+//     inputs and slots), so a slot the actors free is never read afterwards.
+//   - host-to-device: its own stream. The actors call a stage operation only after the copy's
+//     completion ran (rule 1), which the poller reports only after the copy's event completed, so the
+//     bytes are on the device; the copy does not wait for compute (that would serialise prefetch
+//     behind the layer being computed).
+//   - device-to-host: its own stream; every copy first waits (on the device) for an event recorded on
+//     the compute stream at submission, so it reads what the compute work submitted before it wrote
+//     (rule 2) without blocking the host.
+//   - several GPUs (reduce_gradients, on device 0's backend): the NcclReducer's own stream per GPU.
+//     Each GPU's part starts after that backend's stage_done_ event (recorded at the end of every stage
+//     operation: the buffers' writers), never after an event recorded on a compute stream at call time,
+//     which would hold the reduction behind whatever stage operation that device runs meanwhile (and
+//     the other devices' next writes behind it). Device 0's device-to-host stream then waits for the sum
+//     (the collector's copy of it follows), device d's compute stream for the end of its sends (its
+//     buffer is rewritten there next). Device 0's compute does not wait: it rewrites its buffer only
+//     after the copy of the sum landed.
+// Completions: one poller thread per direction waits (cudaEventBlockingSync, no spinning) on each
+// copy's end event in submission order and runs its callback there (rule 4). Chosen over
+// cudaLaunchHostFunc because a host function occupies its stream until it returns (a slow actor
+// callback would stall the next copy) and may not call CUDA, while the poller can also read the copy's
+// timing events for LinkStats.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/backend.hpp"
+#include "device/cuda/completion_queue.hpp"
+#include "device/cuda/nccl_reduce.hpp"
+#include "device/cuda/pinned_ranges.hpp"
+#include "kernels/cuda/gemm.hpp"
+
+namespace mt::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  const char* name() const override { return "cuda"; }
+  std::string describe() const override;
+  Precision precision() const override { return options_.precision; }
+
+  std::byte* allocate_device(std::size_t bytes) override;
+  void register_host(void* data, std::size_t bytes) override;
+  void unregister_host(void* data, std::size_t bytes) override;
+
+  void copy_async(LinkDirection dir, const void* src, void* dst, std::size_t bytes,
+                  std::function<void()> on_done) override;
+  void wait_link_idle() override;
+  LinkStats link_stats() const override;
+
+  void fill_zero(void* device_dst, std::size_t bytes) override;
+  void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) override;
+  void synchronize() override;
+
+  void embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
+                         std::int64_t seq, float* x_out) override;
+  void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
+                          const float* dx, float* grads) override;
+  void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
+                     std::int64_t seq, float* saved, float* workspace) override;
+  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
+                      float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace) override;
+  LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
+                                const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                                float* dx, float* head_grads, float* embed_grads, float* workspace) override;
+  const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) override;
+  void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
+                        std::size_t floats) override;
+
+  // Used by the stage code and the tests.
+  cudaStream_t compute_stream() const { return compute_; }
+  Gemm& gemm() { return *gemm_; }
+  int device() const { return device_; }
+
+ private:
+  struct CopyEvents {  // a copy's start and end on its stream (timing) ...
+    cudaEvent_t start = nullptr, end = nullptr;
+  };
+  struct Direction {
+    cudaStream_t stream = nullptr;
+    std::mutex submit;  // ... enqueued and queued under one lock: the queue's order is the stream's
+    std::unique_ptr<CompletionQueue<CopyEvents>> done;
+  };
+  struct TokenSlot {
+    std::vector<token_t> host;  // what was uploaded (validated against the model at use)
+    token_t* device = nullptr;
+    std::size_t capacity = 0;
+    bool csr_ready = false;  // the per-token row lists below match `host`
+    std::int32_t *unique = nullptr, *offsets = nullptr, *rows = nullptr;
+    std::int64_t n_unique = 0;
+  };
+  struct RopeTables {
+    std::int64_t seq = 0, head_dim = 0;
+    float theta = 0, factor = 0, low = 0, high = 0;
+    std::int64_t original = 0;
+    float *cos = nullptr, *sin = nullptr;
+  };
+  // Backend-private scratch beside the arena (bf16 operand copies, column-sum partials, row dots).
+  struct Scratch {
+    bf16_t* xb = nullptr;
+    bf16_t* gb = nullptr;
+    float* partial = nullptr;
+    float* rowdot = nullptr;
+  };
+
+  void select_device() const;
+  double wait_copy(CopyEvents& e) const;  // on a poller thread
+  TokenSlot& slot_of(const token_t* device_tokens, const char* what);
+  void build_token_rows(TokenSlot& s);
+  const RopeTables& rope_tables(const ModelConfig& c, std::int64_t seq);
+  Scratch scratch_for(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t head_chunk);
+  void finish_stage();  // synchronises compute (rule 3) and surfaces asynchronous errors
+
+  // the stage templates (cuda_stages.cpp)
+  void llama_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
+                     std::int64_t T, float* saved, float* scratch, const Scratch& ps);
+  void llama_backward(const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
+                      const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+                      const Scratch& ps);
+  void gpt2_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
+                    std::int64_t T, float* saved, const Scratch& ps);
+  void gpt2_backward(const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
+                     const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+                     const Scratch& ps);
+
+  BackendOptions options_;
+  int device_ = 0;
+  std::string device_name_;
+  int sm_major_ = 0, sm_minor_ = 0;
+  cudaStream_t compute_ = nullptr;
+  cudaEvent_t stage_done_ = nullptr;  // recorded on compute_ at the end of every stage operation
+  std::unique_ptr<Gemm> gemm_;
+  Direction dirs_[2];
+  std::vector<void*> allocations_;
+  PinnedRanges pinned_;  // cudaHostRegister'ed host ranges
+  std::mutex token_mu_;
+  TokenSlot slots_[4];
+  RopeTables rope_;
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  double* loss_device_ = nullptr;         // [sum, count]
+  double* loss_host_ = nullptr;           // pinned
+#if MEGATRAIN_HAVE_NCCL                   // nccl_reduce.cu is built only with NCCL
+  std::mutex reduce_mu_;                  // one reduction at a time (NCCL: one call order on every rank)
+  std::unique_ptr<NcclReducer> reducer_;  // device 0's: made on its first reduce_gradients
+#endif
+};
+
+}  // namespace mt::cuda

@@ -1,0 +1,456 @@
+#include "plan/step_model.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "actors/schedule.hpp"
+#include "kernels/cpu/bf16.hpp"
+#include "kernels/param_layout.hpp"
+#include "kernels/stage_api.hpp"
+
+namespace mt::plan {
+
+namespace {
+
+double matmul_params_of_layer(const ModelConfig& model) {
+  double n = 0;
+  for (const auto& t : stage_layout(model, 1).tensors) n += static_cast<double>(t.numel);
+  return n;
+}
+
+// The fastest of several runs after a warm-up (first-touch pages, thread pools, kernel choice): on a
+// busy machine the fastest run is the one least disturbed. Ops over a second run fewer times.
+double best_of(const std::function<void()>& fn, int reps) {
+  auto once = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double best = once();
+  best = std::min(best, once());
+  for (int i = 2; i < reps && best < 1.0; ++i) best = std::min(best, once());
+  return best;
+}
+
+// One resource serving its tasks in program order.
+struct Resource {
+  double free = 0.0;
+  double busy = 0.0;  // within the measured window
+  double run(double ready, double duration, bool count) {
+    const double start = std::max(free, ready);
+    free = start + duration;
+    if (count) busy += duration;
+    return free;
+  }
+};
+
+// Shared cores (the CPU backend): the optimizer's and the collector's work, as intervals in time order,
+// during which compute makes no progress. They run when their inputs are there, at their measured
+// speed, and compute fills the time around them: an update that waits for an NVMe read leaves the
+// cores to the next step's forward (a single in-order resource would make compute wait through the
+// optimizer's read waits as well).
+class CpuShare {
+ public:
+  void add(double start, double end) {
+    if (end > start) busy_.push_back({start, end});
+  }
+  // When `work` seconds of compute that start at `start` end, paused during the intervals.
+  double finish(double start, double work) {
+    while (first_ < busy_.size() && busy_[first_].second <= start) ++first_;  // compute starts only move forward
+    double t = start;
+    for (std::size_t i = first_; i < busy_.size(); ++i) {
+      const auto [a, b] = busy_[i];
+      if (a >= t + work) break;
+      if (a > t) work -= a - t;
+      t = std::max(t, b);
+    }
+    return t + work;
+  }
+
+ private:
+  std::vector<std::pair<double, double>> busy_;
+  std::size_t first_ = 0;
+};
+
+}  // namespace
+
+double model_flops_per_step(const ModelConfig& model, double tokens, double seq) {
+  double embedding = 0;
+  for (const auto& t : stage_layout(model, 0).tensors) embedding += static_cast<double>(t.numel);
+  const bool tied = model.tie_word_embeddings || model.is_gpt2();
+  const double params = static_cast<double>(total_param_count(model)) - embedding +
+                        (tied ? static_cast<double>(model.vocab_size * model.hidden_size) : 0.0);
+  return 6.0 * params * tokens + 6.0 * static_cast<double>(model.num_hidden_layers * model.q_dim()) * seq * tokens;
+}
+
+OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                            const HardwareProfile& hw) {
+  const double tokens = static_cast<double>(plan.batch * plan.seq);
+  const double rate =
+      (cfg.precision() == Precision::bf16 ? hw.device_flops_bf16 : hw.device_flops_fp32) * hw.achievable_fraction;
+  const double fwd = 2.0 * matmul_params_of_layer(model) * tokens +
+                     2.0 * static_cast<double>(plan.seq) * static_cast<double>(model.q_dim()) * tokens;
+  OpTimes t;
+  t.layer_forward = fwd / rate;
+  t.layer_backward = (2.0 + (plan.mode == ActivationMode::recompute ? 1.0 : 0.0)) * fwd / rate;
+  t.layer_backward_kept = 2.0 * fwd / rate;
+  t.head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size) * tokens / rate;
+  // The embedding is a gather and a scatter: memory-bound, hidden_size floats per token each way.
+  const double rows = tokens * static_cast<double>(model.hidden_size) * 8.0;
+  t.embed_forward = t.embed_backward = hw.device_memory_bytes > 0 ? rows / 1e12 : 0.0;
+  char b[160];
+  std::snprintf(b, sizeof b, "FLOPs at %.0f%% of %.0f TFLOP/s (%s, %s)", hw.achievable_fraction * 100,
+                rate / hw.achievable_fraction / 1e12, cfg.precision() == Precision::bf16 ? "bf16" : "fp32",
+                hw.key.c_str());
+  t.source = b;
+  return t;
+}
+
+OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan) {
+  const Precision prec = cfg.precision();
+  const std::int64_t B = plan.batch, T = plan.seq, L = model.num_hidden_layers;
+  ComputeCtx ctx;
+  ctx.threads = std::max(1, plan.threads.blas);
+  ctx.precision = prec;
+  // Parameters as the engine streams them: fp32, or the bf16 compute copy.
+  auto params_of = [&](std::int64_t stage, std::vector<float>& fp32, std::vector<bf16_t>& half) -> const void* {
+    fp32.assign(stage_layout(model, stage).total_floats, 0.0f);
+    init_stage_params(model, stage, 1, fp32.data(), ctx.threads);
+    if (prec != Precision::bf16) return fp32.data();
+    half.resize(fp32.size());
+    cpu::to_bf16(fp32.data(), half.data(), fp32.size(), ctx.threads);
+    return half.data();
+  };
+  std::vector<float> p0, p1, ph;
+  std::vector<bf16_t> h0, h1, hh;
+  const void* embed = params_of(0, p0, h0);
+  const void* layer = params_of(1, p1, h1);
+  const void* head = params_of(L + 1, ph, hh);
+  const bool tied = model.tie_word_embeddings || model.is_gpt2();
+  const std::size_t hidden = static_cast<std::size_t>(B * T * model.hidden_size);
+  std::vector<float> x(hidden), y(hidden), dy(hidden, 1e-3f), dx(hidden);
+  std::vector<token_t> tokens(static_cast<std::size_t>(B * T));
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token_t>((i * 7919) % model.vocab_size);
+  std::vector<float> g0(p0.size()), g1(p1.size()), gh(ph.size());
+  std::vector<float> ws(std::max(stage_workspace_floats(model, 1, B, T, plan.mode, prec),
+                                 stage_workspace_floats(model, L + 1, B, T, plan.mode, prec)));
+  std::vector<float> saved(plan.mode == ActivationMode::keep ? layer_saved_floats(model, B, T) : 0);
+  float* sv = saved.empty() ? nullptr : saved.data();
+  OpTimes t;
+  t.embed_forward = best_of([&] { embedding_forward(model, embed, tokens.data(), B, T, x.data(), ctx); }, 6);
+  t.layer_forward = best_of([&] { layer_forward(model, layer, x.data(), y.data(), B, T, sv, ws.data(), ctx); }, 6);
+  t.layer_backward = best_of(
+      [&] { layer_backward(model, layer, x.data(), sv, dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx); }, 6);
+  if (plan.mode == ActivationMode::recompute && plan.kept_layers > 0) {  // a kept layer: forward saves, no recompute
+    std::vector<float> kept(layer_saved_floats(model, B, T));
+    layer_forward(model, layer, x.data(), y.data(), B, T, kept.data(), ws.data(), ctx);
+    t.layer_backward_kept = best_of(
+        [&] {
+          layer_backward(model, layer, x.data(), kept.data(), dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx);
+        },
+        6);
+  } else {
+    t.layer_backward_kept = t.layer_backward;
+  }
+  t.head = best_of(
+      [&] {
+        head_forward_backward(model, head, tied ? embed : nullptr, y.data(), tokens.data(), B, T, dx.data(), gh.data(),
+                              tied ? g0.data() : nullptr, ws.data(), ctx);
+      },
+      6);
+  t.embed_backward = best_of([&] { embedding_backward(model, tokens.data(), B, T, dx.data(), g0.data(), ctx); }, 6);
+  t.source = "measured: the engine's stage kernels at this shape (" + std::to_string(ctx.threads) + " threads, " +
+             (prec == Precision::bf16 ? "bf16" : "fp32") + ", " +
+             (plan.mode == ActivationMode::keep ? "intermediates kept" : "recompute") + ")";
+  return t;
+}
+
+StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                            const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& /*extras*/, int steps) {
+  steps = std::max(2, steps);
+  const actors::Schedule sched(model, plan.micro_batches, plan.order, plan.boundaries_on_host);
+  const std::int64_t S = plan.stages;
+  std::vector<double> floats(static_cast<std::size_t>(S));
+  for (std::int64_t s = 0; s < S; ++s) floats[s] = static_cast<double>(stage_layout(model, s).total_floats);
+  const bool bf16 = cfg.precision() == Precision::bf16;
+  double h2d = hw.link_h2d, d2h = hw.link_d2h;
+  if (hw.shared_cores && cfg.copy_bandwidth_bytes_per_s() > 0) {
+    h2d = std::min(h2d, cfg.copy_bandwidth_bytes_per_s());
+    d2h = std::min(d2h, cfg.copy_bandwidth_bytes_per_s());
+  }
+  const double wbytes_per = static_cast<double>(bytes_per_param(cfg.precision()));
+  auto t_load = [&](std::int64_t s) { return floats[s] * wbytes_per / h2d; };
+  auto t_d2h = [&](std::int64_t s) { return floats[s] * 4.0 / d2h; };
+  // CPU backend without a modelled link: weights are mapped, not copied, micro-batch 0's gradients
+  // are written into the tile by compute and later ones summed from the staging slot in one pass
+  // (Backend::shares_host_memory, Context::grads_in_place).
+  const bool mapped = hw.shared_cores && cfg.device_shares_host_memory();
+  const bool in_place = mapped && cfg.device.gpus <= 1;
+  // The collector: read staged + acc, write acc (nothing for an in-place micro-batch 0), and after
+  // the last micro-batch the sum of squares reads the accumulator.
+  auto t_acc = [&](std::int64_t s, bool first, bool last) {
+    return floats[s] * ((in_place && first ? 0.0 : 12.0) + (last ? 4.0 : 0.0)) / hw.host_mem;
+  };
+  auto t_opt = [&](std::int64_t s) {
+    // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter), + the bf16 copy.
+    return hw.adamw_params_per_s > 0 ? floats[s] / hw.adamw_params_per_s
+                                     : floats[s] * (28.0 + (bf16 ? 2.0 : 0.0)) / hw.host_mem;
+  };
+  const double boundary_bytes = static_cast<double>(plan.hidden_floats) * 4.0;
+  // NVMe: each stage's moments (and with train.offload_params its masters) read before and written after its update.
+  const bool tier = !cfg.train.offload_dir.empty();
+  const double moment_bytes_per = cfg.optimizer_compression() == OptimizerCompression::int8       ? 2.0 + 16.0 / 256
+                                  : cfg.optimizer_compression() == OptimizerCompression::lossless ? 8.0 * 0.8
+                                                                                                  : 8.0;
+  const double nvme_per =
+      (cfg.train.offload_dir.empty() ? 0.0 : moment_bytes_per) + (cfg.train.offload_params ? 4.0 : 0.0);
+  const double disk_r = hw.disk_read > 0 ? hw.disk_read : 2e9, disk_w = hw.disk_write > 0 ? hw.disk_write : 1e9;
+  auto t_read = [&](std::int64_t s) { return floats[s] * nvme_per / disk_r; };
+  auto t_write = [&](std::int64_t s) { return floats[s] * nvme_per / disk_w; };
+  const int staging = static_cast<int>(cfg.train.offload_staging_stages);
+  const bool reads = tier && S > staging;  // a store whose slots hold every stage reads nothing
+  // A moment codec (train.optimizer_compression): a stage's moments are encoded after each update and,
+  // when the stages outnumber the slots, decoded before it (this machine's measured rates; on shared
+  // cores the store's workers take the cores like the optimizer).
+  const bool coded = cfg.optimizer_compression() != OptimizerCompression::none;
+  auto t_encode = [&](std::int64_t s) {
+    return coded && hw.codec_encode_params_per_s > 0 ? floats[s] / hw.codec_encode_params_per_s : 0.0;
+  };
+  auto t_decode = [&](std::int64_t s) {
+    return coded && S > staging && hw.codec_decode_params_per_s > 0 ? floats[s] / hw.codec_decode_params_per_s : 0.0;
+  };
+  const int ahead = std::max(1, staging - 2);
+
+  Resource dev, link_in, link_out, host, nvme;  // host: the collector's accumulation and the optimizer
+  CpuShare shared;                              // hw.shared_cores: the host's work pauses compute
+  auto host_run = [&](double ready, double duration, bool cnt) {
+    const double end = host.run(ready, duration, cnt);
+    if (hw.shared_cores) shared.add(end - duration, end);
+    return end;
+  };
+  // A copy on `link` of `bytes`. On shared cores the copy engine is a memcpy on a thread of its own, and
+  // compute's cores run it: a copy that starts while compute is busy delays compute by its CPU time
+  // (the memcpy time, whatever train.copy_bandwidth_gbps paces the link to). Compute's team waits for
+  // the thread that gave up its core, so the delay is the whole copy, not a share of it.
+  const double memcpy_in = hw.link_h2d, memcpy_out = hw.link_d2h;
+  auto copy = [&](Resource& link, double ready, double bytes, double rate, double cpu_rate, bool cnt) {
+    const double end = link.run(ready, bytes / rate, cnt);
+    if (hw.shared_cores && dev.free >= end - bytes / rate) dev.free += bytes / cpu_rate;
+    return end;
+  };
+  struct Slot {
+    std::int64_t stage = -1, version = -1;
+    double free = 0.0, last = 0.0;
+  };
+  std::vector<Slot> wslots(static_cast<std::size_t>(plan.weight_slots));
+  std::vector<double> gslots(static_cast<std::size_t>(plan.grad_slots), 0.0);
+  std::vector<double> updated(static_cast<std::size_t>(S), 0.0);  // version ready (end of the stage's update)
+  std::vector<double> compute_start, compute_end;
+  std::vector<double> step_end(static_cast<std::size_t>(steps), 0.0);
+  double last_load_start = 0.0;
+  StepPrediction p;
+  const std::int64_t len = sched.length();
+  // The optimizer's visiting order: forward with clipping (after every norm), else as gradients complete.
+  const bool clip = cfg.train.max_grad_norm > 0;
+  for (int t = 0; t < steps; ++t) {
+    const bool count = t == steps - 1;
+    std::vector<double> stage_done(static_cast<std::size_t>(S), 0.0);  // last accumulation of the stage
+    std::vector<int> remaining(static_cast<std::size_t>(S), 0);
+    for (std::int64_t i = 0; i < len; ++i) {
+      const auto& op = sched.op(sched.at(t, i));
+      if (op.kind == actors::OpKind::layer_backward || op.kind == actors::OpKind::head ||
+          op.kind == actors::OpKind::embed_backward)
+        ++remaining[static_cast<std::size_t>(op.stage)];
+    }
+    double opt_end = 0.0;
+    std::vector<double> read_done(static_cast<std::size_t>(S), 0.0);
+    std::vector<double> acquired;  // when the optimizer asked for each stage of `order` (no clipping)
+    auto update = [&](std::int64_t s, double ready) {
+      acquired.push_back(std::max(host.free, ready));
+      const double r = std::max(ready, read_done[static_cast<std::size_t>(s)]);
+      double start = std::max(host.free, r);
+      if (count) p.wait_nvme_s += std::max(0.0, read_done[static_cast<std::size_t>(s)] - std::max(host.free, ready));
+      if (t > 0 && t_decode(s) > 0) {  // step 0: fresh moments, nothing to decode
+        start = host_run(start, t_decode(s), count);
+        if (count) p.optimizer_s += t_decode(s);
+      }
+      const double end = host_run(start, t_opt(s), count);
+      if (count) p.optimizer_s += t_opt(s);
+      updated[static_cast<std::size_t>(s)] = end;
+      opt_end = std::max(opt_end, end);
+      const double encoded = t_encode(s) > 0 ? host_run(end, t_encode(s), count) : end;
+      if (count) p.optimizer_s += t_encode(s);
+      if (tier) {
+        nvme.run(encoded, t_write(s), count);
+        if (count) p.nvme_s += t_write(s);
+      }
+    };
+    // Reads ahead for this step's updates (every stage was written in the previous step).
+    std::vector<std::int64_t> order;
+    if (clip)
+      for (std::int64_t s = 0; s < S; ++s) order.push_back(s);
+    // A read starts when the optimizer's acquire of the stage `ahead` before it opens the window (the
+    // store reads ahead of its last acquire only), and the disk is free.
+    auto read = [&](std::int64_t s, double ready = 0.0) {
+      if (!reads || t == 0) return;  // step 0: fresh moments, nothing stored yet
+      read_done[static_cast<std::size_t>(s)] = nvme.run(ready, t_read(s), count);
+      if (count) p.nvme_s += t_read(s);
+    };
+    if (clip)
+      for (int k = 0; k < ahead && k < S; ++k) read(k);
+    for (std::int64_t i = 0; i < len; ++i) {
+      const actors::Pos pos = sched.at(t, i);
+      const actors::Op& op = sched.op(pos);
+      const std::int64_t g = static_cast<std::int64_t>(t) * len + i;
+      // Loads, in op order, up to prefetch_depth + 1 ops ahead of compute.
+      double ready = 0.0;
+      bool ready_gated = false;  // the last input waited for a stage's update (the optimizer), not the link
+      const double window =
+          g - plan.prefetch_depth - 1 >= 0 ? compute_start[static_cast<std::size_t>(g - plan.prefetch_depth - 1)] : 0.0;
+      for (int k = 0; k < op.loads; ++k) {
+        if (op.load_kind[k] == actors::LoadKind::boundary) {
+          const double start = std::max({link_in.free, window, last_load_start});
+          last_load_start = start;
+          ready = std::max(ready, copy(link_in, start, boundary_bytes, h2d, memcpy_in, count));
+          if (count) p.h2d_s += boundary_bytes / h2d;
+          continue;
+        }
+        const std::int64_t s = op.load_stage[k];
+        const std::int64_t version = t;
+        Slot* slot = nullptr;
+        for (auto& w : wslots)
+          if (w.stage == s && w.version == version) slot = &w;
+        if (slot != nullptr) {  // still resident: no copy
+          ready = std::max(ready, slot->last);
+          slot->free = 1e300;  // held until this op ends
+          continue;
+        }
+        slot = &*std::min_element(wslots.begin(), wslots.end(),
+                                  [](const Slot& a, const Slot& b) { return a.free < b.free; });
+        const double version_ready = t > 0 ? updated[static_cast<std::size_t>(s)] : 0.0;
+        const double others = std::max({mapped ? 0.0 : link_in.free, slot->free, window, last_load_start});
+        const double start = std::max(others, version_ready);
+        last_load_start = start;
+        const double end = mapped ? start : copy(link_in, start, floats[s] * wbytes_per, h2d, memcpy_in, count);
+        if (end >= ready) ready_gated = version_ready > others;
+        if (count && !mapped) p.h2d_s += t_load(s);
+        slot->stage = s;
+        slot->version = version;
+        slot->last = end;
+        slot->free = 1e300;  // held until this op ends
+        ready = std::max(ready, end);
+      }
+      // Compute: its inputs, and a gradient staging slot for an op that produces gradients.
+      const bool grads = op.kind == actors::OpKind::layer_backward || op.kind == actors::OpKind::head ||
+                         op.kind == actors::OpKind::embed_backward;
+      double need = ready;
+      std::size_t gslot = 0;
+      if (grads) {
+        gslot = static_cast<std::size_t>(std::min_element(gslots.begin(), gslots.end()) - gslots.begin());
+        need = std::max(need, gslots[gslot]);
+      }
+      double dur = 0.0;
+      switch (op.kind) {
+        case actors::OpKind::embed_forward:
+          dur = ops.embed_forward;
+          break;
+        case actors::OpKind::layer_forward:
+          dur = ops.layer_forward;
+          break;
+        case actors::OpKind::head:
+        case actors::OpKind::head_loss:
+          dur = ops.head;
+          break;
+        case actors::OpKind::layer_backward:
+          dur = op.stage > model.num_hidden_layers - plan.kept_layers ? ops.layer_backward_kept : ops.layer_backward;
+          break;
+        case actors::OpKind::embed_backward:
+          dur = ops.embed_backward;
+          break;
+      }
+      const double start = std::max(dev.free, need);
+      if (count && start > dev.free) {
+        const double idle = start - dev.free;
+        if (grads && gslots[gslot] >= ready)
+          p.wait_grad_slot_s += idle;
+        else if (ready_gated)
+          p.wait_optimizer_s += idle;
+        else
+          p.wait_link_s += idle;
+      }
+      compute_start.push_back(start);
+      const double end = hw.shared_cores ? shared.finish(start, dur) : start + dur;
+      dev.free = end;
+      if (count) dev.busy += dur;
+      compute_end.push_back(end);
+      if (count) p.compute_s += dur;
+      // Slots used by this op are free again when it ends.
+      for (int k = 0; k < op.loads; ++k)
+        if (op.load_kind[k] == actors::LoadKind::weights)
+          for (auto& w : wslots)
+            if (w.stage == op.load_stage[k] && w.version == t) w.free = end;
+      if (plan.boundaries_on_host && op.kind == actors::OpKind::layer_forward && op.stage < model.num_hidden_layers) {
+        copy(link_out, end, boundary_bytes, d2h, memcpy_out, count);
+        if (count) p.d2h_s += boundary_bytes / d2h;
+      }
+      if (grads) {
+        const std::int64_t s = op.stage;
+        const bool first = pos.micro_batch == 0, last = pos.micro_batch + 1 == plan.micro_batches;
+        const double copied = mapped ? end : copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
+        const double acc = host_run(copied, t_acc(s, first, last), count);
+        if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, first, last);
+        gslots[gslot] = acc;
+        stage_done[static_cast<std::size_t>(s)] = std::max(stage_done[static_cast<std::size_t>(s)], acc);
+        if (--remaining[static_cast<std::size_t>(s)] == 0 && !clip) {
+          // Read when the acquire `ahead` stages earlier in this step's order opened the window (the
+          // first ones: at the previous step's last acquires, long done).
+          const std::size_t k = order.size();
+          order.push_back(s);
+          read(s, k >= static_cast<std::size_t>(ahead) ? acquired[k - static_cast<std::size_t>(ahead)] : 0.0);
+          update(s, acc);
+        }
+      }
+    }
+    if (clip) {
+      double norms = 0.0;  // every stage's sum of squares first
+      for (double d : stage_done) norms = std::max(norms, d);
+      for (std::size_t k = 0; k < order.size(); ++k) {
+        if (k + static_cast<std::size_t>(ahead) < order.size())
+          read(order[k + static_cast<std::size_t>(ahead)], std::max(host.free, norms));
+        update(order[k], norms);
+      }
+    }
+    step_end[static_cast<std::size_t>(t)] = std::max(compute_end.back(), opt_end);
+  }
+  p.steady_s = step_end[static_cast<std::size_t>(steps - 1)] - step_end[static_cast<std::size_t>(steps - 2)];
+  p.step_s = (step_end[static_cast<std::size_t>(steps - 1)] - step_end[0]) / static_cast<double>(steps - 1);
+  p.tokens = static_cast<double>(plan.batch * plan.seq * plan.micro_batches) *
+             static_cast<double>(std::max<std::int64_t>(1, cfg.device.gpus));
+  p.model_flops = model_flops_per_step(model, p.tokens, static_cast<double>(plan.seq));
+  return p;
+}
+
+std::string describe_step(const StepPrediction& p, const OpTimes& ops) {
+  std::ostringstream out;
+  char b[2048];
+  std::snprintf(b, sizeof b,
+                "predicted step: %.4f s (%.0f tokens/s, %.1f TFLOP/s model FLOPs)\n"
+                "  op times: layer forward %.4f s, layer backward %.4f s, head %.4f s, embedding %.4f + %.4f s\n"
+                "            (%s)\n"
+                "  busy per step: compute %.4f s | link in %.4f s, out %.4f s | optimizer %.4f s, gradient "
+                "accumulation %.4f s | NVMe %.4f s\n"
+                "  compute waited: link %.4f s, a stage's update (optimizer) %.4f s, gradient slots %.4f s; the "
+                "optimizer waited for NVMe %.4f s\n",
+                p.step_s, p.tokens / p.step_s, p.tflops(), ops.layer_forward, ops.layer_backward, ops.head,
+                ops.embed_forward, ops.embed_backward, ops.source.c_str(), p.compute_s, p.h2d_s, p.d2h_s, p.optimizer_s,
+                p.accumulate_s, p.nvme_s, p.wait_link_s, p.wait_optimizer_s, p.wait_grad_slot_s, p.wait_nvme_s);
+  out << b;
+  return out.str();
+}
+
+}  // namespace mt::plan

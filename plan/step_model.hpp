@@ -1,0 +1,61 @@
+// The time side of `megatrain plan`: a model of the actor pipeline that predicts a step's time and
+// splits it into compute, link, optimizer and NVMe. It walks the engine's own Schedule (the same ops in
+// the same order: interleaved or sequential micro-batches, recomputation in each layer backward) with
+// the engine's resources: K weight slots filled in op order by the host-to-device link up to the
+// prefetch depth ahead (a slot still holding the stage's version is reused without a copy), gradient
+// staging slots drained by the device-to-host link and the collector's accumulation, the optimizer
+// updating stages in its order (forward order after the step with clipping, so the next step's forward
+// of layer i waits only for the update of layer i; without clipping as each stage's gradients
+// complete), and with train.offload_dir the NVMe tier reading moments ahead and writing behind. Each
+// resource serves its work in program order; a task starts when its resource is free and its inputs
+// are there. On shared cores (the CPU backend) the collector's and optimizer's work pauses compute
+// while it runs, and compute fills the time around it. No CAF here.
+#pragma once
+#include <string>
+
+#include "actors/engine.hpp"
+#include "plan/hardware.hpp"
+#include "plan/resource_plan.hpp"
+
+namespace mt::plan {
+
+// Seconds of one micro-batch's op of each kind on the device.
+struct OpTimes {
+  double embed_forward = 0, layer_forward = 0, head = 0, layer_backward = 0, embed_backward = 0;
+  double layer_backward_kept = 0;  // recompute mode: a kept layer's backward (EnginePlan::kept_layers)
+  std::string source;
+};
+
+// From FLOPs at the profile's rate x achievable_fraction (datasheet profiles): a layer forward
+// 2 x its parameters x tokens + causal attention's computed half (2 x T x heads x head_dim per token),
+// its backward twice that (plus one forward when recomputing), the head 6 x vocab x hidden per token.
+OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                            const HardwareProfile& hw);
+// This machine (the CPU backend): the engine's own stage kernels timed once at the plan's shapes and
+// thread count (a layer's forward and backward in the plan's activation mode, the head, the embedding).
+OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan);
+
+struct StepPrediction {
+  double step_s = 0.0;    // mean step time over steps 2..steps (what the engine's StepRecord.step_s averages)
+  double steady_s = 0.0;  // the last step's time
+  // Busy seconds per step of each resource.
+  double compute_s = 0, h2d_s = 0, d2h_s = 0, accumulate_s = 0, optimizer_s = 0, nvme_s = 0;
+  // Where compute waited, seconds per step: for the link, for a stage's update (the optimizer gating
+  // the next step's load), for a gradient staging slot; and how long the optimizer waited for NVMe reads.
+  double wait_link_s = 0, wait_optimizer_s = 0, wait_grad_slot_s = 0, wait_nvme_s = 0;
+  double tokens = 0, model_flops = 0;
+  double tflops() const { return step_s > 0 ? model_flops / step_s / 1e12 : 0.0; }
+};
+
+// Model FLOPs of one step as the benchmarks count them: 6 x matmul parameters x tokens + causal
+// attention's computed half (6 x layers x heads x head_dim x seq per token).
+double model_flops_per_step(const ModelConfig& model, double tokens, double seq);
+
+// Simulates `steps` steps (>= 2) of the plan on `hw` with op times `ops`.
+StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                            const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& extras = {},
+                            int steps = 5);
+
+std::string describe_step(const StepPrediction& p, const OpTimes& ops);
+
+}  // namespace mt::plan

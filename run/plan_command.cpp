@@ -1,0 +1,143 @@
+#include "run/plan_command.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "config/node_config.hpp"
+#include "plan/hardware.hpp"
+#include "plan/resource_plan.hpp"
+#include "plan/step_model.hpp"
+#include "run/training_run.hpp"
+#include "storage/hf/hf_config.hpp"
+
+namespace mt::plan {
+
+namespace {
+
+const char* kUsage =
+    "usage: megatrain plan [--config-file=FILE.ini] [--section.key=value ...]\n"
+    "  The run `megatrain train` would make with the same arguments, planned without running it: the bytes\n"
+    "  each tier holds (device, host RAM, disk), where each state lives, what does not fit and the key that\n"
+    "  would fix it, and the predicted step time split into compute, link, optimizer and NVMe.\n"
+    "  --plan.hardware=this (default: this machine, measured now in a few seconds) | h200 | h100 | gh200 |\n"
+    "    a100 (datasheet profiles of config/hardware.ini; --plan.hardware_file=FILE for an edited copy)\n"
+    "  --plan.host_ram_gb=N / --plan.disk_gb=N: plan for that much RAM / free disk instead of the\n"
+    "    profile's (this machine: MemAvailable and the free space under train.offload_dir)\n"
+    "  Data files need not exist. Exit status: 0 the plan fits, 1 it does not (or bad input).\n";
+
+void print_profile(const HardwareProfile& hw, double measure_s) {
+  std::printf("hardware: %s\n  %s", hw.name.c_str(), hw.source.c_str());
+  if (measure_s > 0) std::printf(" (in %.1f s; not cached)", measure_s);
+  std::printf("\n  device: bf16 %.1f TFLOP/s, fp32 %.1f TFLOP/s", hw.device_flops_bf16 / 1e12,
+              hw.device_flops_fp32 / 1e12);
+  if (hw.achievable_fraction < 1) std::printf(" (a layer reaches %.0f%%, assumed)", hw.achievable_fraction * 100);
+  std::printf(", memory %s\n", gib(hw.device_memory_bytes).c_str());
+  std::printf("  link: %.1f GB/s in, %.1f GB/s out%s; host memory %.1f GB/s", hw.link_h2d / 1e9, hw.link_d2h / 1e9,
+              hw.shared_cores ? " (memcpy: the CPU backend's copy engine)" : "", hw.host_mem / 1e9);
+  if (hw.adamw_params_per_s > 0) std::printf(", AdamW %.2f Gparam/s", hw.adamw_params_per_s / 1e9);
+  if (hw.codec_encode_params_per_s > 0)
+    std::printf(", moment codec %.0f / %.0f Mparam/s encode / decode", hw.codec_encode_params_per_s / 1e6,
+                hw.codec_decode_params_per_s / 1e6);
+  std::printf("\n  host RAM %s", gib(hw.host_ram_bytes).c_str());
+  if (hw.disk_read > 0)
+    std::printf("; disk %.2f GB/s read, %.2f GB/s write, %s free", hw.disk_read / 1e9, hw.disk_write / 1e9,
+                gib(hw.disk_bytes).c_str());
+  std::printf("\n");
+}
+
+}  // namespace
+
+int run_plan_command(const std::vector<std::string>& args) {
+  if (std::find(args.begin(), args.end(), "--help") != args.end() ||
+      std::find(args.begin(), args.end(), "-h") != args.end()) {
+    std::fputs(kUsage, stdout);
+    NodeConfig node;
+    node.load(std::vector<std::string>{"--help"});
+    return 0;
+  }
+  TrainConfig cfg;
+  const std::string error = actors::parse_train_config(args, cfg, false);
+  if (!error.empty()) {
+    std::fprintf(stderr, "megatrain plan: %s\n", error.c_str());
+    return 1;
+  }
+  try {
+    ModelConfig model;
+    if (!cfg.model.model_name_or_path.empty())
+      model = hf::load_config(cfg.model.model_name_or_path);
+    else
+      model = cfg.model.config_file.empty() ? cfg.model_config_from_keys() : hf::load_config(cfg.model.config_file);
+    model.validate();
+    HardwareProfile hw;
+    PlanExtras extras;
+    double measure_s = 0, host_limit = 0, disk_limit = 0, device_limit = 0;
+    std::string host_source, disk_source;
+    if (cfg.plan.hardware == "this") {
+      MeasureOptions mo;
+      const ThreadBudget tb = cfg.thread_budget();
+      mo.compute_threads = std::max(1, tb.blas);
+      mo.optimizer_threads = std::max(1, tb.optimizer);
+      mo.disk_dir = cfg.train.offload_dir;
+      mo.disk_queue_depth = static_cast<int>(cfg.train.offload_io_threads);
+      mo.codec = optimizer_compression_name(cfg.optimizer_compression());
+      const auto t0 = std::chrono::steady_clock::now();
+      hw = measure_this_machine(mo);
+      measure_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      host_limit = hw.host_ram_bytes;
+      host_source = "MemAvailable";
+      if (!cfg.train.offload_dir.empty()) {
+        disk_limit = hw.disk_bytes;
+        disk_source = "the free space under " + cfg.train.offload_dir;
+      }
+    } else {
+      hw = load_hardware_profile(cfg.plan.hardware, cfg.plan.hardware_file);
+      extras.device_is_gpu = true;
+      cfg.device.backend = "cpu";  // the arena's sizes do not depend on the backend; it need not exist here
+      device_limit = hw.device_memory_bytes;
+      if (cfg.device.max_vram_gb == 0 && cfg.device.device_memory_mb == TrainConfig{}.device.device_memory_mb) {
+        // No budget given: the device's memory less 10% for the runtime (CUDA context, allocator).
+        cfg.device.max_vram_gb = 0.9 * hw.device_memory_bytes / 1073741824.0;
+        cfg.device.device_memory_mb = 0;
+        std::printf("note: no device budget given: device.max_vram_gb=%.1f (90%% of the %s's memory)\n",
+                    cfg.device.max_vram_gb, hw.key.c_str());
+      }
+      host_limit = hw.host_ram_bytes;
+      host_source = "the " + hw.key + " profile's host RAM";
+      disk_limit = hw.disk_bytes;
+      disk_source = "the " + hw.key + " profile's disk";
+    }
+    if (cfg.plan.host_ram_gb > 0) host_limit = cfg.plan.host_ram_gb * 1073741824.0, host_source = "plan.host_ram_gb";
+    if (cfg.plan.disk_gb > 0) disk_limit = cfg.plan.disk_gb * 1073741824.0, disk_source = "plan.disk_gb";
+
+    const double tokens = static_cast<double>(cfg.train.per_device_train_batch_size * cfg.data.seq_length *
+                                              cfg.train.gradient_accumulation_steps);
+    std::printf("megatrain plan: %s, %lld layers, %.3fB parameters; %lld x %lld x %lld = %.0f tokens per step; %s\n",
+                arch_name(model.arch), static_cast<long long>(model.num_hidden_layers),
+                static_cast<double>(total_param_count(model)) / 1e9,
+                static_cast<long long>(cfg.train.gradient_accumulation_steps),
+                static_cast<long long>(cfg.train.per_device_train_batch_size),
+                static_cast<long long>(cfg.data.seq_length), tokens, cfg.train.bf16 ? "bf16 compute" : "fp32 compute");
+    print_profile(hw, measure_s);
+    const ResourcePlan rp =
+        plan_resources(cfg, model, extras, host_limit, host_source, disk_limit, disk_source, device_limit);
+    std::fputs(describe_resources(rp).c_str(), stdout);
+    if (rp.engine) {
+      for (const auto& n : rp.engine->notes) std::printf("note: %s\n", n.c_str());
+      const OpTimes ops =
+          hw.key == "this" ? measure_op_times(cfg, model, *rp.engine) : op_times_from_flops(cfg, model, *rp.engine, hw);
+      const StepPrediction sp = predict_step(cfg, model, *rp.engine, hw, ops, extras);
+      std::fputs(describe_step(sp, ops).c_str(), stdout);
+    } else {
+      std::printf("no step time: the device budget does not fit (see above)\n");
+    }
+    std::fflush(stdout);
+    return rp.fits() ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "megatrain plan: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace mt::plan

@@ -1,0 +1,406 @@
+#include "run/training_run.hpp"
+
+#include <algorithm>
+#include <csignal>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/monitor_publish.hpp"
+#include "actors/run_state.hpp"
+#include "config/node_config.hpp"
+#include "data/loader.hpp"
+#include "data/shard.hpp"
+#include "data/tokenizer.hpp"
+#include "plan/resource_plan.hpp"
+#include "run/host_pinning.hpp"
+#include "storage/hf/file_util.hpp"
+#include "storage/hf/hf_config.hpp"
+
+namespace mt::actors {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<bool> g_checkpoint{false};
+
+extern "C" void on_signal(int) { g_stop.store(true); }
+extern "C" void on_checkpoint_signal(int) { g_checkpoint.store(true); }
+
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  struct sigaction su {};
+  su.sa_handler = on_checkpoint_signal;
+  sigemptyset(&su.sa_mask);
+  sigaction(SIGUSR1, &su, nullptr);
+}
+
+// A file-size limit (ulimit -f) makes a write fail with EFBIG, which the NVMe tier and the
+// checkpointer report by file name, instead of killing the process with no message. Before the
+// starting weights: initialising train.offload_params writes the tier's files.
+void ignore_file_size_signal() {
+  struct sigaction si {};
+  si.sa_handler = SIG_IGN;
+  sigemptyset(&si.sa_mask);
+  sigaction(SIGXFSZ, &si, nullptr);
+}
+
+// Test-only: MEGATRAIN_TEST_CKPT_STALL=STEP:STAGE:SECONDS sleeps inside the write of that stage of that
+// checkpoint (kill -9 during a checkpoint write).
+void parse_stall(CheckpointJob& cj) {
+  const char* e = std::getenv("MEGATRAIN_TEST_CKPT_STALL");
+  if (e == nullptr || *e == 0) return;
+  long long step = -1, stage = -1;
+  double secs = 0;
+  if (std::sscanf(e, "%lld:%lld:%lf", &step, &stage, &secs) == 3) {
+    cj.stall_step = step;
+    cj.stall_stage = stage;
+    cj.stall_seconds = secs;
+  }
+}
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char buffer[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buffer, sizeof buffer, fmt, ap);
+  va_end(ap);
+  return buffer;
+}
+
+void print_default(MessageStream stream, const std::string& line) {
+  std::FILE* f = stream == MessageStream::out ? stdout : stderr;
+  std::fputs(line.c_str(), f);
+  std::fputc('\n', f);
+  std::fflush(f);
+}
+
+// A run's setup (model, data, starting weights, logs) and its outcome. Each step that fails records
+// the error and the run ends with exit status 1.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainConfig& cfg, const TrainingHooks& hooks)
+      : cfg_(cfg), hooks_(hooks), say_(hooks.message ? hooks.message : print_default) {}
+
+  TrainingResult run(caf::actor_system_config* system_config);
+
+ private:
+  bool fail(const std::string& error) {
+    say_(MessageStream::err, "megatrain: " + error);
+    result_.exit_status = 1;
+    result_.error = error;
+    return false;
+  }
+  bool check_model_and_data();
+  bool load_starting_weights();
+  bool open_logs();
+  EngineJob make_job();
+
+  const TrainConfig& cfg_;
+  const TrainingHooks& hooks_;
+  std::function<void(MessageStream, const std::string&)> say_;
+  TrainingResult result_;
+  ModelConfig model_;
+  std::unique_ptr<ShardBatchSource> shards_;
+  BatchSource* data_ = nullptr;
+  std::unique_ptr<VectorBatchSource> eval_data_;  // data.validation_files; null = no evaluation
+  std::unique_ptr<MomentStore> moments_;          // train.offload_dir / optimizer_compression; null = in the tiles
+  std::vector<EvalRecord> evaluations_;           // a resumed run's evaluations so far
+  EnginePlan plan_;
+  std::unique_ptr<BackendPinning> pinning_;  // before host_: the tiles are unpinned before it goes
+  std::unique_ptr<HostModel> host_;
+  std::string hf_config_;
+  bool resuming_ = false;
+  std::ofstream jsonl_, events_;
+};
+
+// Everything that can fail on bad input, before training starts.
+bool TrainingRun::check_model_and_data() {
+  try {
+    if (!cfg_.model.model_name_or_path.empty())
+      model_ = hf::load_config(cfg_.model.model_name_or_path);
+    else
+      model_ = cfg_.model.config_file.empty() ? cfg_.model_config_from_keys() : hf::load_config(cfg_.model.config_file);
+    plan_ = plan_engine(cfg_, model_);
+    // Host RAM and disk against the plan (plan): refused only when it genuinely cannot fit.
+    if (const std::string fit = plan::check_run_fits(cfg_, model_); !fit.empty()) {
+      if (cfg_.plan.enforce)
+        throw std::runtime_error(fit + " (`megatrain plan` prints the whole plan; --plan.enforce=false starts anyway)");
+      say_(MessageStream::err, "megatrain: warning: " + fit);
+    }
+    // The tokenizer the data was made with must fit the model's vocabulary (its largest id + 1).
+    std::int64_t tokenizer_vocab = 0;
+    if (!cfg_.data.tokenizer_file.empty())
+      tokenizer_vocab = data::Tokenizer::load(cfg_.data.tokenizer_file).vocab_size();
+    if (hooks_.data != nullptr) {
+      TrainConfig::check_vocab(model_, tokenizer_vocab, -1);
+      data_ = hooks_.data;
+    } else {
+      data::LoaderOptions lo;
+      lo.shards = data::expand_shard_paths({cfg_.data.train_files});
+      lo.batch_size = static_cast<int>(cfg_.train.per_device_train_batch_size);
+      lo.seq_len = static_cast<int>(cfg_.data.seq_length);
+      lo.seed = static_cast<std::uint64_t>(cfg_.train.seed);
+      lo.vocab_size = static_cast<std::uint32_t>(model_.vocab_size);
+      TrainConfig::check_vocab(model_, tokenizer_vocab, -1);
+      // Shard headers and sizes are checked here (the loader opens every shard); token ids where they
+      // are read (every window the loader serves is checked against the vocabulary, naming the file
+      // and offset), so start-up does not grow with the corpus.
+      shards_ = std::make_unique<ShardBatchSource>(lo);
+      data_ = shards_.get();
+    }
+    moments_ = moment_store_for(cfg_, model_);  // nullptr: the moments live in the host tiles
+    if (!cfg_.data.validation_files.empty())
+      eval_data_ =
+          make_eval_source(cfg_.data.validation_files, static_cast<int>(plan_.batch), static_cast<int>(plan_.seq),
+                           static_cast<std::uint32_t>(model_.vocab_size), cfg_.train.eval_max_batches);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  for (const auto& n : plan_.notes) say_(MessageStream::err, "megatrain: note: " + n);
+  return true;
+}
+
+// Starting weights: a checkpoint to resume, the hook's, Hugging Face weights, or the seeded random init.
+bool TrainingRun::load_starting_weights() {
+  resuming_ = !cfg_.train.resume_from_checkpoint.empty();
+  try {
+    pinning_ = host_pinning_for(cfg_, plan_);  // null on the CPU backend
+    host_ = std::make_unique<HostModel>(model_, host_tile_options(cfg_), pinning_.get(), std::move(moments_));
+    if (hooks_.initial_weights) {
+      hf_config_ = hooks_.initial_weights(*host_);
+    } else if (!cfg_.model.model_name_or_path.empty()) {
+      hf_config_ = load_hf_weights(cfg_.model.model_name_or_path, *host_).dump();
+      say_(MessageStream::out, "megatrain: initial weights from " + cfg_.model.model_name_or_path);
+    } else {
+      init_host_model(*host_, static_cast<std::uint64_t>(cfg_.train.seed));
+    }
+    if (resuming_) {
+      const auto path = resume_path(cfg_, cfg_.train.output_dir);
+      const auto rp = load_checkpoint(path, cfg_.train.resume_fallback == "previous_good", cfg_, model_, *host_, data_);
+      for (const auto& k : rp.skipped) say_(MessageStream::err, "megatrain: skipped damaged checkpoint: " + k);
+      for (const auto& n : rp.notes) say_(MessageStream::err, "megatrain: note: " + n);
+      if (rp.run_state.contains("model_name_or_path") && hf_config_.empty()) {
+        const auto hf = rp.run_state["model_name_or_path"].get<std::string>();
+        if (!hf.empty() && std::filesystem::is_regular_file(std::filesystem::path(hf) / "config.json"))
+          hf_config_ = hf::read_json_file(std::filesystem::path(hf) / "config.json").dump();
+      }
+      result_.first_step = rp.step;
+      if (rp.run_state.contains("evaluations")) evaluations_ = evaluations_from_json(rp.run_state["evaluations"]);
+      say_(MessageStream::out,
+           format("megatrain: resumed from %s at step %lld", rp.dir.c_str(), static_cast<long long>(rp.step)));
+    }
+  } catch (const std::exception& e) {
+    return fail(std::string("cannot ") + (resuming_ ? "resume" : "load the initial weights") + ": " + e.what());
+  }
+  return true;
+}
+
+bool TrainingRun::open_logs() {
+  result_.train_jsonl = cfg_.train_jsonl_path();
+  const std::string events_path = cfg_.events_jsonl_path();
+  try {
+    const auto dir = std::filesystem::path(result_.train_jsonl).parent_path();
+    if (!dir.empty()) std::filesystem::create_directories(dir);
+    jsonl_.open(result_.train_jsonl, resuming_ ? std::ios::app : std::ios::trunc);
+    const auto edir = std::filesystem::path(events_path).parent_path();
+    if (!edir.empty()) std::filesystem::create_directories(edir);
+    events_.open(events_path, std::ios::app);
+    if (!events_) throw std::runtime_error("cannot write " + events_path + " (log.events_jsonl / train.output_dir)");
+    if (!jsonl_)
+      throw std::runtime_error("cannot write " + result_.train_jsonl + " (log.train_jsonl / train.output_dir)");
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  return true;
+}
+
+EngineJob TrainingRun::make_job() {
+  EngineJob job;
+  job.cfg = cfg_;
+  job.model = model_;
+  job.data = data_;
+  job.host = host_.get();
+  job.stop = hooks_.stop != nullptr ? hooks_.stop : &g_stop;
+  job.first_step = result_.first_step;
+  if (cfg_.train.stop_after_steps > 0) job.stop_after = cfg_.train.stop_after_steps;
+  job.checkpoint.root = cfg_.train.output_dir;
+  job.checkpoint.save_steps = cfg_.train.save_steps;
+  job.checkpoint.keep_last = static_cast<int>(cfg_.train.save_total_limit);
+  job.checkpoint.save_minutes = cfg_.train.save_minutes;
+  job.checkpoint.request = &g_checkpoint;
+  job.checkpoint.hf_config_json = hf_config_;
+  parse_stall(job.checkpoint);
+  job.on_checkpoint = [this](const CheckpointEvent& ev) {
+    if (ev.ok)
+      say_(MessageStream::out,
+           format("checkpoint step %lld saved to %s (%.1f MiB in %.2fs)", static_cast<long long>(ev.step),
+                  ev.path.c_str(), static_cast<double>(ev.bytes) / (1 << 20), ev.seconds));
+    else
+      say_(MessageStream::out,
+           format("checkpoint step %lld FAILED (training continues; previous checkpoints intact): %s",
+                  static_cast<long long>(ev.step), ev.error.c_str()));
+    nlohmann::json j{{"event", ev.ok ? "checkpoint_saved" : "checkpoint_failed"}, {"step", ev.step}};
+    if (ev.ok) {
+      j["path"] = ev.path;
+      j["bytes"] = ev.bytes;
+      j["seconds"] = ev.seconds;
+    } else {
+      j["error"] = ev.error;
+    }
+    events_ << j.dump() << '\n';
+    events_.flush();
+  };
+  if (eval_data_) {
+    job.eval_data = eval_data_.get();
+    job.eval_batches = static_cast<std::int64_t>(eval_data_->batches().size());
+    job.evaluations = evaluations_;
+    if (job.eval_batches < cfg_.train.eval_max_batches)
+      say_(MessageStream::err,
+           format("megatrain: note: data.validation_files holds %lld micro-batches, fewer than "
+                  "train.eval_max_batches=%lld: each evaluation uses all of them",
+                  static_cast<long long>(job.eval_batches), static_cast<long long>(cfg_.train.eval_max_batches)));
+  }
+  job.on_eval = [this](const EvalRecord& e) {
+    say_(MessageStream::out, format("eval  %5lld | val loss %.4f | val ppl %.2f | %lld micro-batches, %lld tokens in "
+                                    "%.2fs",
+                                    static_cast<long long>(e.step), e.loss, e.perplexity,
+                                    static_cast<long long>(e.batches), static_cast<long long>(e.tokens), e.seconds));
+    jsonl_ << nlohmann::json{{"step", e.step},          {"eval_loss", e.loss},       {"eval_perplexity", e.perplexity},
+                             {"eval_tokens", e.tokens}, {"eval_batches", e.batches}, {"eval_s", e.seconds}}
+                  .dump()
+           << '\n';
+    jsonl_.flush();
+    if (hooks_.on_eval) hooks_.on_eval(e);
+  };
+  const std::int64_t log_every = std::max<std::int64_t>(1, cfg_.log.logging_steps);
+  job.on_step = [this, log_every](const StepRecord& r) {
+    say_(MessageStream::out,
+         format("step %5lld | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tok/s | step %.3fs (weights wait %.3f, "
+                "compute %.3f, grad offload %.3f, optimizer %.3f%s)%s",
+                static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.step_s, r.wait_weights_s,
+                r.compute_s, r.offload_s, r.optimizer_s,
+                r.checkpoint_wait_s > 0 ? (", checkpoint wait " + std::to_string(r.checkpoint_wait_s)).c_str() : "",
+                r.restarts ? " [restarted]" : ""));
+    if (r.step % log_every == 0 || r.step == cfg_.train.max_steps) {
+      const nlohmann::json j = step_record_json(r);  // the same fields as the monitor's step events
+      jsonl_ << j.dump() << '\n';
+      jsonl_.flush();
+    }
+    if (hooks_.on_step) hooks_.on_step(r);
+  };
+  return job;
+}
+
+TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
+  if (hooks_.stop == nullptr) ignore_file_size_signal();
+  if (!check_model_and_data() || !load_starting_weights() || !open_logs()) return result_;
+  result_.tokens_per_step = static_cast<double>(plan_.batch * plan_.seq * plan_.micro_batches);
+
+  say_(MessageStream::out,
+       format("megatrain: %s, %lld layers, %.2fM parameters; %lld steps of %lld x %lld x %lld tokens; host %.1f MiB, "
+              "device arena %.1f MiB of %.1f MiB budget (%d weight slots)",
+              arch_name(model_.arch), static_cast<long long>(model_.num_hidden_layers),
+              static_cast<double>(total_param_count(model_)) / 1e6, static_cast<long long>(cfg_.train.max_steps),
+              static_cast<long long>(plan_.micro_batches), static_cast<long long>(plan_.batch),
+              static_cast<long long>(plan_.seq),
+              static_cast<double>(host_->host_bytes() + plan_.host_boundary_bytes) / (1 << 20),
+              static_cast<double>(plan_.arena.total_bytes) / (1 << 20),
+              static_cast<double>(plan_.arena.budget_bytes) / (1 << 20), plan_.weight_slots));
+  if (plan_.devices > 1)  // device memory is per device: the arena above on each
+    say_(MessageStream::out,
+         format("megatrain: device.gpus = %d: one arena per device, %lld micro-batch(es) per device per step",
+                plan_.devices, static_cast<long long>(plan_.device_micro_batches)));
+
+  if (hooks_.stop == nullptr) install_signal_handlers();
+  EngineResult& res = result_.engine;
+  try {
+    if (system_config != nullptr) {
+      caf::actor_system sys{*system_config};
+      res = run_engine(sys, make_job());
+    } else {
+      res = run_engine(make_job());
+    }
+  } catch (const std::exception& e) {
+    fail(e.what());
+    return result_;
+  }
+  for (const auto& l : res.restart_log) say_(MessageStream::err, "megatrain: " + l);
+  if (!res.error.empty()) {
+    fail("training failed: " + res.error);
+    return result_;
+  }
+  if (!cfg_.train.export_hf_dir.empty()) {
+    try {
+      export_hf(cfg_.train.export_hf_dir, *host_, hf_config_);
+      say_(MessageStream::out, format("megatrain: exported the final weights (step %lld) to %s",
+                                      static_cast<long long>(res.steps_done), cfg_.train.export_hf_dir.c_str()));
+    } catch (const std::exception& e) {
+      fail("export to " + cfg_.train.export_hf_dir + " failed: " + e.what());
+      return result_;
+    }
+  }
+  if (hooks_.on_finished) {
+    try {
+      hooks_.on_finished(*host_, hf_config_);
+    } catch (const std::exception& e) {
+      fail(std::string("reading back the final weights failed: ") + e.what());
+      return result_;
+    }
+  }
+  if (!res.evaluations.empty())
+    say_(MessageStream::out,
+         format("megatrain: validation loss %.4f (perplexity %.2f) after %lld steps", res.evaluations.back().loss,
+                res.evaluations.back().perplexity, static_cast<long long>(res.evaluations.back().step)));
+  double secs = 0;
+  for (const auto& r : res.steps) secs += r.step_s;
+  const double tok = result_.tokens_per_step * static_cast<double>(res.steps.size());
+  say_(MessageStream::out,
+       format("megatrain: %s after %lld steps in %.1fs (%.0f tokens/s); final loss %.4f; device arena peak %.2f MiB "
+              "of %.2f MiB budget; log %s",
+              res.stopped_early ? "stopped by signal" : "done", static_cast<long long>(res.steps_done), res.wall_s,
+              secs > 0 ? tok / secs : 0.0, res.steps.empty() ? 0.0 : res.steps.back().loss,
+              static_cast<double>(res.arena.peak_bytes) / (1 << 20),
+              static_cast<double>(res.arena.budget_bytes) / (1 << 20), result_.train_jsonl.c_str()));
+  if (res.device_arenas.size() > 1)
+    for (std::size_t d = 0; d < res.device_arenas.size(); ++d)
+      say_(MessageStream::out, format("megatrain: device %zu arena peak %.2f MiB of %.2f MiB budget", d,
+                                      static_cast<double>(res.device_arenas[d].peak_bytes) / (1 << 20),
+                                      static_cast<double>(res.device_arenas[d].budget_bytes) / (1 << 20)));
+  return result_;
+}
+
+}  // namespace
+
+TrainingResult run_training(const TrainConfig& cfg, const TrainingHooks& hooks,
+                            caf::actor_system_config* system_config) {
+  return TrainingRun(cfg, hooks).run(system_config);
+}
+
+std::string parse_train_config(const std::vector<std::string>& args, TrainConfig& cfg, bool check_files) {
+  NodeConfig node;
+  node.check_files = check_files;
+  const NodeConfigLoad load = node.load(args);
+  if (load.outcome == NodeConfigLoad::Outcome::exit_failure) return load.error;
+  if (load.outcome == NodeConfigLoad::Outcome::exit_success) return "help and dump arguments do not configure a run";
+  cfg = node.values;
+  return "";
+}
+
+std::vector<std::string> train_config_keys() { return NodeConfig().registered_keys(); }
+
+}  // namespace mt::actors
