@@ -11,7 +11,7 @@
 namespace {
 
 std::string source_file(const std::string& name) {
-  std::ifstream in(std::string(MEGATRAIN_SOURCE_DIR) + "/actors/monitor/dashboard/" + name, std::ios::binary);
+  std::ifstream in(std::string(MEGATRAIN_SOURCE_DIR) + "/monitor/dashboard/" + name, std::ios::binary);
   REQUIRE(in);
   std::stringstream s;
   s << in.rdbuf();
