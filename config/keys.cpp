@@ -294,11 +294,11 @@ const KeyDesc* find_key(const std::string& qualified) {
   return nullptr;
 }
 
-std::string key_name(const TrainConfig& config, const void* field) {
+std::string key_name(const TrainConfig& config, const void* field, std::size_t type_index) {
   for (const KeyDesc& k : config_keys()) {
     const void* where =
         std::visit([&](auto get) -> const void* { return &get(const_cast<TrainConfig&>(config)); }, k.field);
-    if (where == field) return k.qualified();
+    if (where == field && k.field.index() == type_index) return k.qualified();
   }
   throw std::logic_error("key_name: not the value of a config key");
 }

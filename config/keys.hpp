@@ -5,6 +5,7 @@
 // "section.name", the key names that other messages mention (key_of) and config/README.md's key table.
 // No CAF here: megatrain_config uses it.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -70,11 +71,12 @@ const std::vector<std::string>& config_sections();
 const KeyDesc* find_key(const std::string& qualified);  // nullptr when no key has that name
 
 // The qualified name of the key whose value is `field`, a member of `config`: messages about keys
-// take their names from the table instead of retyping them. std::logic_error for a non-key.
-std::string key_name(const TrainConfig& config, const void* field);
+// take their names from the table instead of retyping them. std::logic_error for a non-key. (The
+// type is compared too: a section shares its address with its first key.)
+std::string key_name(const TrainConfig& config, const void* field, std::size_t type_index);
 template <class T>
 std::string key_of(const TrainConfig& config, const T& field) {
-  return key_name(config, &field);
+  return key_name(config, &field, KeyField(static_cast<T& (*)(TrainConfig&)>(nullptr)).index());
 }
 
 // Runs every key's own check (range, choices, not empty); cross-key rules stay in validate().
