@@ -28,9 +28,10 @@ const KeepIntermediates kKeepIntermediates[] = {KeepIntermediates::automatic, Ke
 const MicroBatchOrder kMicroBatchOrders[] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
 
 // One key: its section and name are written once, as the TrainConfig member they name.
+// clang-format off
 #define MT_KEY(section, name, help) \
-  KeyDesc(                          \
-      #section, #name, +[](TrainConfig & c) -> auto& { return c.section.name; }, help)
+  KeyDesc(#section, #name, +[](TrainConfig& c) -> auto& { return c.section.name; }, help)
+// clang-format on
 
 std::vector<KeyDesc> make_keys() {
   return {
