@@ -10,6 +10,13 @@
 
 namespace mt {
 
+const LrSchedule kLrSchedules[3] = {LrSchedule::constant, LrSchedule::linear, LrSchedule::cosine};
+const OptimizerCompression kOptimizerCompressions[3] = {OptimizerCompression::none, OptimizerCompression::lossless,
+                                                        OptimizerCompression::int8};
+const KeepIntermediates kKeepIntermediates[4] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
+                                                 KeepIntermediates::boundary_host, KeepIntermediates::all};
+const MicroBatchOrder kMicroBatchOrders[2] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
+
 namespace {
 
 // The names of an enum's values, in the order the choices are listed.
@@ -19,13 +26,6 @@ std::vector<std::string> names_of(const Enum (&values)[N], const char* (*name)(E
   for (Enum e : values) names.emplace_back(name(e));
   return names;
 }
-
-const LrSchedule kLrSchedules[] = {LrSchedule::constant, LrSchedule::linear, LrSchedule::cosine};
-const OptimizerCompression kOptimizerCompressions[] = {OptimizerCompression::none, OptimizerCompression::lossless,
-                                                       OptimizerCompression::int8};
-const KeepIntermediates kKeepIntermediates[] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
-                                                KeepIntermediates::boundary_host, KeepIntermediates::all};
-const MicroBatchOrder kMicroBatchOrders[] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
 
 // One key: its section and name are written once, as the TrainConfig member they name.
 // clang-format off

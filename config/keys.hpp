@@ -65,6 +65,13 @@ struct KeyDesc {
   const char* empty_error = nullptr;  // strings: non-null = must not be empty, this is the message
 };
 
+// The values of the enum-valued keys, in the order their choices are listed (the table's choices are
+// their names; TrainConfig's lr_schedule() etc. parse with them).
+extern const LrSchedule kLrSchedules[3];
+extern const OptimizerCompression kOptimizerCompressions[3];
+extern const KeepIntermediates kKeepIntermediates[4];
+extern const MicroBatchOrder kMicroBatchOrders[2];
+
 // Every key, in section order ([train] [model] [data] [device] [threads] [log] [monitor] [restart] [plan]).
 const std::vector<KeyDesc>& config_keys();
 const std::vector<std::string>& config_sections();

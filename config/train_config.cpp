@@ -73,25 +73,19 @@ Enum parse_choice(const TrainConfig& config, const std::string& value, const Enu
 }  // namespace
 
 LrSchedule TrainConfig::lr_schedule() const {
-  static const LrSchedule choices[] = {LrSchedule::constant, LrSchedule::linear, LrSchedule::cosine};
-  return parse_choice(*this, train.lr_scheduler_type, choices, lr_schedule_name);
+  return parse_choice(*this, train.lr_scheduler_type, kLrSchedules, lr_schedule_name);
 }
 
 KeepIntermediates TrainConfig::keep_intermediates() const {
-  static const KeepIntermediates choices[] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
-                                              KeepIntermediates::boundary_host, KeepIntermediates::all};
-  return parse_choice(*this, device.keep_intermediates, choices, keep_intermediates_name);
+  return parse_choice(*this, device.keep_intermediates, kKeepIntermediates, keep_intermediates_name);
 }
 
 OptimizerCompression TrainConfig::optimizer_compression() const {
-  static const OptimizerCompression choices[] = {OptimizerCompression::none, OptimizerCompression::lossless,
-                                                 OptimizerCompression::int8};
-  return parse_choice(*this, train.optimizer_compression, choices, optimizer_compression_name);
+  return parse_choice(*this, train.optimizer_compression, kOptimizerCompressions, optimizer_compression_name);
 }
 
 MicroBatchOrder TrainConfig::micro_batch_order() const {
-  static const MicroBatchOrder choices[] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
-  return parse_choice(*this, device.schedule, choices, micro_batch_order_name);
+  return parse_choice(*this, device.schedule, kMicroBatchOrders, micro_batch_order_name);
 }
 
 std::size_t TrainConfig::device_budget_bytes() const {
