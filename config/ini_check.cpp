@@ -7,6 +7,8 @@
 #include <caf/config_value.hpp>
 #include <caf/deep_to_string.hpp>
 
+#include "config/keys.hpp"
+
 namespace mt {
 
 namespace {
@@ -83,7 +85,8 @@ std::string closest_option_name(const std::string& key, const caf::config_option
 }
 
 bool is_auto_integer_key(const std::string& qualified_key) {
-  return qualified_key == "device.weight_slots" || qualified_key == "device.grad_slots";
+  const KeyDesc* key = find_key(qualified_key);
+  return key != nullptr && key->auto_zero;
 }
 
 std::string apply_ini_settings(const caf::settings& ini, const caf::config_option_set& options, caf::settings& content,

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "config/keys.hpp"
+
 namespace mt {
 
 const char* lr_schedule_name(LrSchedule s) {
@@ -55,40 +57,35 @@ const char* micro_batch_order_name(MicroBatchOrder o) {
 
 namespace {
 
-// Finds `value` among the names of Enum's values; ConfigError listing the choices otherwise.
+// Finds `value` (the key's member of `config`) among the names of Enum's values; ConfigError naming
+// the key and listing the choices otherwise.
 template <class Enum, std::size_t N>
-Enum parse_choice(const std::string& key, const std::string& value, const Enum (&choices)[N],
+Enum parse_choice(const TrainConfig& config, const std::string& value, const Enum (&choices)[N],
                   const char* (*name)(Enum)) {
   std::string list;
   for (Enum e : choices) {
     if (value == name(e)) return e;
     list += (list.empty() ? "" : ", ") + std::string(name(e));
   }
-  throw ConfigError(key, "'" + value + "' is not one of: " + list);
+  throw ConfigError(key_of(config, value), "'" + value + "' is not one of: " + list);
 }
 
 }  // namespace
 
 LrSchedule TrainConfig::lr_schedule() const {
-  static const LrSchedule choices[] = {LrSchedule::constant, LrSchedule::linear, LrSchedule::cosine};
-  return parse_choice("train.lr_scheduler_type", train.lr_scheduler_type, choices, lr_schedule_name);
+  return parse_choice(*this, train.lr_scheduler_type, kLrSchedules, lr_schedule_name);
 }
 
 KeepIntermediates TrainConfig::keep_intermediates() const {
-  static const KeepIntermediates choices[] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
-                                              KeepIntermediates::boundary_host, KeepIntermediates::all};
-  return parse_choice("device.keep_intermediates", device.keep_intermediates, choices, keep_intermediates_name);
+  return parse_choice(*this, device.keep_intermediates, kKeepIntermediates, keep_intermediates_name);
 }
 
 OptimizerCompression TrainConfig::optimizer_compression() const {
-  static const OptimizerCompression choices[] = {OptimizerCompression::none, OptimizerCompression::lossless,
-                                                 OptimizerCompression::int8};
-  return parse_choice("train.optimizer_compression", train.optimizer_compression, choices, optimizer_compression_name);
+  return parse_choice(*this, train.optimizer_compression, kOptimizerCompressions, optimizer_compression_name);
 }
 
 MicroBatchOrder TrainConfig::micro_batch_order() const {
-  static const MicroBatchOrder choices[] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
-  return parse_choice("device.schedule", device.schedule, choices, micro_batch_order_name);
+  return parse_choice(*this, device.schedule, kMicroBatchOrders, micro_batch_order_name);
 }
 
 std::size_t TrainConfig::device_budget_bytes() const {
@@ -100,9 +97,9 @@ std::size_t TrainConfig::device_budget_bytes() const {
 std::string TrainConfig::device_budget_name() const {
   std::ostringstream out;
   if (device.max_vram_gb > 0.0)
-    out << "device.max_vram_gb=" << device.max_vram_gb;
+    out << key_of(*this, device.max_vram_gb) << "=" << device.max_vram_gb;
   else
-    out << "device.device_memory_mb=" << device.device_memory_mb;
+    out << key_of(*this, device.device_memory_mb) << "=" << device.device_memory_mb;
   return out.str();
 }
 
@@ -123,7 +120,7 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   try {
     m.arch = parse_arch(model.arch);
   } catch (const std::invalid_argument& e) {
-    throw ConfigError("model.arch", e.what());
+    throw ConfigError(key_of(*this, model.arch), e.what());
   }
   m.vocab_size = model.vocab_size;
   m.hidden_size = model.hidden_size;
@@ -140,8 +137,9 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   if (m.arch == Arch::qwen2) m.attention_bias = true;
   if (m.arch == Arch::qwen3) m.qk_norm = true;
   if (model.heads > 0 && model.head_dim == 0 && model.hidden_size % model.heads != 0)
-    throw ConfigError("model.heads", std::to_string(model.heads) + " does not divide model.hidden_size=" +
-                                         std::to_string(model.hidden_size) + " (or set model.head_dim)");
+    throw ConfigError(key_of(*this, model.heads),
+                      std::to_string(model.heads) + " does not divide " + key_of(*this, model.hidden_size) + "=" +
+                          std::to_string(model.hidden_size) + " (or set " + key_of(*this, model.head_dim) + ")");
   try {
     m.validate();
   } catch (const std::invalid_argument& e) {
@@ -151,13 +149,16 @@ ModelConfig TrainConfig::model_config_from_keys() const {
 }
 
 void TrainConfig::check_vocab(const ModelConfig& m, std::int64_t tokenizer_vocab, std::int64_t max_token_id) {
+  const TrainConfig names;  // key_of finds a key by its member's address in some config
+  const std::string vocab_size = key_of(names, names.model.vocab_size);
   if (tokenizer_vocab > m.vocab_size)
-    throw ConfigError("model.vocab_size", "the model's vocabulary (" + std::to_string(m.vocab_size) +
-                                              ") is smaller than the tokenizer's (" + std::to_string(tokenizer_vocab) +
-                                              ", data.tokenizer_file)");
+    throw ConfigError(vocab_size, "the model's vocabulary (" + std::to_string(m.vocab_size) +
+                                      ") is smaller than the tokenizer's (" + std::to_string(tokenizer_vocab) + ", " +
+                                      key_of(names, names.data.tokenizer_file) + ")");
   if (max_token_id >= m.vocab_size)
-    throw ConfigError("model.vocab_size", "the data (data.train_files) holds token id " + std::to_string(max_token_id) +
-                                              ", outside the model's vocabulary of " + std::to_string(m.vocab_size));
+    throw ConfigError(vocab_size, "the data (" + key_of(names, names.data.train_files) + ") holds token id " +
+                                      std::to_string(max_token_id) + ", outside the model's vocabulary of " +
+                                      std::to_string(m.vocab_size));
 }
 
 }  // namespace mt

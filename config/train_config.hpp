@@ -1,7 +1,7 @@
 // Everything a training run is configured with, as plain values (no CAF here: kernels, storage and
-// their tests include this without compiling CAF; config/node_config.hpp binds it to CAF's
-// actor_system_config). Key names follow Hugging Face TrainingArguments where one exists. Each field's
-// comment gives its INI section and key as `section.key`; on the command line: --section.key=value.
+// their tests include this without compiling CAF). A member's initialiser is its key's default; the key
+// itself (name, help, range or choices) is described in config/keys.cpp, from which node_config binds it
+// to CAF. Names follow Hugging Face TrainingArguments where one exists; command line: --section.key=value.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -17,6 +17,7 @@
 
 #include "actors/monitor_publish.hpp"
 #include "actors/run_state.hpp"
+#include "config/keys.hpp"
 #include "config/node_config.hpp"
 #include "data/loader.hpp"
 #include "data/shard.hpp"
@@ -131,10 +132,14 @@ class TrainingRun {
 // Everything that can fail on bad input, before training starts.
 bool TrainingRun::check_model_and_data() {
   try {
-    if (!cfg_.model.model_name_or_path.empty())
-      model_ = hf::load_config(cfg_.model.model_name_or_path);
+    // An error about a file a key names starts with the key ("data.tokenizer_file: /etc/passwd: ...").
+    const auto& m = cfg_.model;
+    if (!m.model_name_or_path.empty())
+      model_ = naming_key(key_of(cfg_, m.model_name_or_path), [&] { return hf::load_config(m.model_name_or_path); });
+    else if (!m.config_file.empty())
+      model_ = naming_key(key_of(cfg_, m.config_file), [&] { return hf::load_config(m.config_file); });
     else
-      model_ = cfg_.model.config_file.empty() ? cfg_.model_config_from_keys() : hf::load_config(cfg_.model.config_file);
+      model_ = cfg_.model_config_from_keys();
     plan_ = plan_engine(cfg_, model_);
     // Host RAM and disk against the plan (plan): refused only when it genuinely cannot fit.
     if (const std::string fit = plan::check_run_fits(cfg_, model_); !fit.empty()) {
@@ -145,7 +150,8 @@ bool TrainingRun::check_model_and_data() {
     // The tokenizer the data was made with must fit the model's vocabulary (its largest id + 1).
     std::int64_t tokenizer_vocab = 0;
     if (!cfg_.data.tokenizer_file.empty())
-      tokenizer_vocab = data::Tokenizer::load(cfg_.data.tokenizer_file).vocab_size();
+      tokenizer_vocab = naming_key(key_of(cfg_, cfg_.data.tokenizer_file),
+                                   [&] { return data::Tokenizer::load(cfg_.data.tokenizer_file).vocab_size(); });
     if (hooks_.data != nullptr) {
       TrainConfig::check_vocab(model_, tokenizer_vocab, -1);
       data_ = hooks_.data;
@@ -160,14 +166,15 @@ bool TrainingRun::check_model_and_data() {
       // Shard headers and sizes are checked here (the loader opens every shard); token ids where they
       // are read (every window the loader serves is checked against the vocabulary, naming the file
       // and offset), so start-up does not grow with the corpus.
-      shards_ = std::make_unique<ShardBatchSource>(lo);
+      shards_ = naming_key(key_of(cfg_, cfg_.data.train_files), [&] { return std::make_unique<ShardBatchSource>(lo); });
       data_ = shards_.get();
     }
     moments_ = moment_store_for(cfg_, model_);  // nullptr: the moments live in the host tiles
     if (!cfg_.data.validation_files.empty())
-      eval_data_ =
-          make_eval_source(cfg_.data.validation_files, static_cast<int>(plan_.batch), static_cast<int>(plan_.seq),
-                           static_cast<std::uint32_t>(model_.vocab_size), cfg_.train.eval_max_batches);
+      eval_data_ = naming_key(key_of(cfg_, cfg_.data.validation_files), [&] {
+        return make_eval_source(cfg_.data.validation_files, static_cast<int>(plan_.batch), static_cast<int>(plan_.seq),
+                                static_cast<std::uint32_t>(model_.vocab_size), cfg_.train.eval_max_batches);
+      });
   } catch (const std::exception& e) {
     return fail(e.what());
   }

@@ -99,6 +99,14 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
                           Catch::Contains("smaller than the tokenizer's"));
     CHECK_THAT(o.out, !Catch::Contains("step "));
   }
+  SECTION("a tokenizer file that is not JSON: the error starts with the key") {
+    const fs::path not_json = dir / "passwd";
+    std::ofstream(not_json) << "root:x:0:0:root:/root:/bin/bash\n";
+    const Outcome o = mt::test::run_node(base + " --data.tokenizer_file=" + not_json.string());
+    CHECK(o.code == 1);
+    CHECK_THAT(o.out, Catch::Contains("megatrain: data.tokenizer_file: " + not_json.string() + ": not valid JSON"));
+    CHECK_THAT(o.out, !Catch::Contains("step "));
+  }
   SECTION("token ids beyond the vocabulary (checked where read: the first micro-batch)") {
     const Outcome o = mt::test::run_node(base + " --model.vocab_size=32");
     CHECK(o.code == 1);

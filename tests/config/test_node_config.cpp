@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <caf/settings.hpp>
 
+#include "config/keys.hpp"
 #include "config/node_config.hpp"
 #include "temp_dir.hpp"
 
@@ -286,4 +288,25 @@ TEST_CASE("dump-config prints every key at full precision, and reads back to the
   CHECK(second.values.train.offload_dir == "a \"q\" b");
   CHECK(second.values.model.kv_heads == 2);
   CHECK(second.dump_ini() == dumped);
+}
+
+TEST_CASE("the CAF options are the key table's, in its order, and every boolean takes =true/=false", "[node_config]") {
+  NodeConfig cfg;
+  std::vector<std::string> table;
+  for (const KeyDesc& k : config_keys()) table.push_back(k.qualified());
+  CHECK(cfg.registered_keys() == table);
+  const std::string help = cfg.help_text("node");
+  const std::string dumped = cfg.dump_ini();
+  int booleans = 0;
+  for (const KeyDesc& k : config_keys()) {
+    INFO(k.qualified());
+    CHECK_THAT(help, Catch::Contains("--" + k.qualified() + "=<") && Catch::Contains(k.help));
+    CHECK_THAT(dumped, Catch::Contains(std::string(k.name) + " = " + k.value_text(cfg.values) + "  ; " + k.help));
+    if (!std::holds_alternative<BoolField>(k.field)) continue;
+    ++booleans;
+    NodeConfig b;
+    CHECK_THAT(b.load({"--" + k.qualified() + "=maybe"}).error,
+               Catch::Contains(k.qualified() + " takes true or false, got 'maybe'"));
+  }
+  CHECK(booleans == 7);
 }

@@ -1,0 +1,311 @@
+// The table of every config key (config/keys.hpp says what is derived from it), and what renders it.
+#include "config/keys.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+namespace mt {
+
+const LrSchedule kLrSchedules[3] = {LrSchedule::constant, LrSchedule::linear, LrSchedule::cosine};
+const OptimizerCompression kOptimizerCompressions[3] = {OptimizerCompression::none, OptimizerCompression::lossless,
+                                                        OptimizerCompression::int8};
+const KeepIntermediates kKeepIntermediates[4] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
+                                                 KeepIntermediates::boundary_host, KeepIntermediates::all};
+const MicroBatchOrder kMicroBatchOrders[2] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
+
+namespace {
+
+// The names of an enum's values, in the order the choices are listed.
+template <class Enum, std::size_t N>
+std::vector<std::string> names_of(const Enum (&values)[N], const char* (*name)(Enum)) {
+  std::vector<std::string> names;
+  for (Enum e : values) names.emplace_back(name(e));
+  return names;
+}
+
+// One key: its section and name are written once, as the TrainConfig member they name.
+// clang-format off
+#define MT_KEY(section, name, help) \
+  KeyDesc(#section, #name, +[](TrainConfig& c) -> auto& { return c.section.name; }, help)
+// clang-format on
+
+std::vector<KeyDesc> make_keys() {
+  return {
+      // [train]
+      MT_KEY(train, output_dir, "directory for logs, checkpoints and the final model").not_empty(),
+      MT_KEY(train, per_device_train_batch_size, "sequences per micro-batch").at_least(1),
+      MT_KEY(train, gradient_accumulation_steps, "micro-batches per optimizer step").at_least(1),
+      MT_KEY(train, max_steps, "optimizer steps to run").at_least(1),
+      MT_KEY(train, learning_rate, "peak learning rate").positive(),
+      MT_KEY(train, lr_scheduler_type, "constant | linear | cosine (after warmup)")
+          .one_of(names_of(kLrSchedules, lr_schedule_name)),
+      MT_KEY(train, warmup_steps, "linear warmup steps from 0 to learning_rate").at_least(0),
+      MT_KEY(train, min_lr_ratio, "decay floor as a fraction of learning_rate, in [0, 1]").within(0.0, 1.0, true),
+      MT_KEY(train, weight_decay, "AdamW decoupled weight decay (matrices only)").non_negative(),
+      MT_KEY(train, adam_beta1, "AdamW beta1").within(0.0, 1.0, false),
+      MT_KEY(train, adam_beta2, "AdamW beta2").within(0.0, 1.0, false),
+      MT_KEY(train, adam_epsilon, "AdamW epsilon").positive(),
+      MT_KEY(train, max_grad_norm, "global gradient-norm clipping; 0 = off").non_negative(),
+      MT_KEY(train, bf16, "bf16 compute (weights streamed and multiplied in bf16) with fp32 master weights"),
+      MT_KEY(train, tf32, "CUDA, fp32 compute: let the products use TF32 tensor cores (10-bit mantissa inputs)"),
+      MT_KEY(train, seed, "random seed (initialisation, data order)").at_least(0),
+      MT_KEY(train, optimizer_compression,
+             "Adam moments: none | lossless (zstd, bit-identical) | int8 (block-wise, ~2 bytes/param)")
+          .one_of(names_of(kOptimizerCompressions, optimizer_compression_name)),
+      MT_KEY(train, offload_dir, "directory on an NVMe drive for the Adam moments (files, O_DIRECT); empty = host RAM"),
+      MT_KEY(train, offload_staging_stages,
+             "moments outside the tiles: stages staged in RAM (read ahead, write behind), >= 3")
+          .at_least(3),
+      MT_KEY(train, offload_io_threads, "NVMe tier: I/O threads (1 MiB chunks in flight)").at_least(1),
+      MT_KEY(train, offload_params,
+             "the fp32 master weights in offload_dir too (needs bf16: RAM keeps the bf16 copy and the grads)"),
+      MT_KEY(train, save_steps, "checkpoint every N steps; 0 = only at the end").at_least(0),
+      MT_KEY(train, save_total_limit, "checkpoints to keep; 0 = all").at_least(0),
+      MT_KEY(train, resume_from_checkpoint, "checkpoint directory, 'latest', or empty"),
+      MT_KEY(train, resume_fallback, "none | previous_good (skip damaged checkpoints when resuming)")
+          .one_of({"none", "previous_good"}),
+      MT_KEY(train, save_minutes, "also checkpoint every T minutes; 0 = off").non_negative(),
+      MT_KEY(train, stop_after_steps, "end this run after N total steps (LR schedule keeps max_steps); 0 = max_steps")
+          .at_least(0),
+      MT_KEY(train, eval_steps, "evaluate on data.validation_files every N steps (forward only); 0 = only at the end")
+          .at_least(0),
+      MT_KEY(train, eval_max_batches,
+             "micro-batches per evaluation: the first N of the validation data, the same every time")
+          .at_least(1),
+      MT_KEY(train, export_hf_dir, "export the final weights as a Hugging Face model directory; empty = none"),
+      // [model]
+      MT_KEY(model, config_file, "Hugging Face config.json (or its directory); empty = the keys below"),
+      MT_KEY(model, model_name_or_path, "Hugging Face model directory to start from"),
+      MT_KEY(model, arch, "llama | qwen2 | qwen3 | mistral | gpt2"),
+      MT_KEY(model, hidden_size, "model width").at_least(1),
+      MT_KEY(model, layers, "decoder layers (num_hidden_layers)").at_least(1),
+      MT_KEY(model, heads, "attention heads").at_least(1),
+      MT_KEY(model, kv_heads, "key/value heads (GQA); 0 = heads").at_least(0),
+      MT_KEY(model, head_dim, "per-head width; 0 = hidden_size / heads").at_least(0),
+      MT_KEY(model, intermediate_size, "MLP width").at_least(1),
+      MT_KEY(model, vocab_size, "vocabulary size (must cover the data's tokens)").at_least(1),
+      MT_KEY(model, max_position_embeddings, "longest sequence").at_least(1),
+      MT_KEY(model, rope_theta, "rotary embedding base").positive(),
+      MT_KEY(model, norm_eps, "RMSNorm / LayerNorm epsilon").positive(),
+      MT_KEY(model, tie_word_embeddings, "LM head shares the embedding matrix"),
+      MT_KEY(model, initializer_range, "std of the normal initialisation").positive(),
+      // [data]
+      MT_KEY(data, train_files, "glob of llm.c token shards for training").not_empty(),
+      MT_KEY(data, validation_files, "glob of token shards for evaluation; empty = none"),
+      MT_KEY(data, tokenizer_file, "tokenizer.json (vocabulary check); empty = none"),
+      MT_KEY(data, seq_length, "tokens per sequence").at_least(1),
+      // [device]
+      MT_KEY(device, backend, "cpu | cuda").one_of({"cpu", "cuda"}),
+      MT_KEY(device, max_vram_gb, "device memory budget in GiB; 0 = use device_memory_mb").non_negative(),
+      MT_KEY(device, device_memory_mb, "device memory budget in MiB; 0 = use max_vram_gb").at_least(0),
+      MT_KEY(device, weight_slots,
+             "K streamed weight slots on the device (>= 2); auto (0) = 2, up to 4 when the budget allows")
+          .takes_auto()
+          .at_least(2)
+          .at_most(64),
+      MT_KEY(device, grad_slots,
+             "gradient staging slots on the device (>= 1); auto (0) = 1, up to 4 when the budget allows")
+          .takes_auto()
+          .at_least(0)
+          .at_most(64),
+      MT_KEY(device, keep_intermediates, "auto | boundary | boundary_host | all")
+          .one_of(names_of(kKeepIntermediates, keep_intermediates_name)),
+      MT_KEY(device, copy_bandwidth_gbps, "copy engine limit per direction in GB/s; 0 = unlimited").non_negative(),
+      MT_KEY(device, prefetch_depth, "stages streamed ahead; 0 = weight_slots - 1").at_least(0),
+      MT_KEY(device, schedule, "interleaved | sequential (order of a step's micro-batches)")
+          .one_of(names_of(kMicroBatchOrders, micro_batch_order_name)),
+      MT_KEY(device, gpus,
+             "devices of this node (>= 1), each with its own arena and gradient_accumulation_steps micro-batches per "
+             "step; gradients are summed across them before the host accumulates (cpu: N arenas in one process; cuda: "
+             "N GPUs, summed on GPU 0 with NCCL in device order, in builds with NCCL)")
+          .at_least(1)
+          .at_most(64),
+      // [threads]
+      MT_KEY(threads, total, "the thread budget; 0 = hardware threads").at_least(0).at_most(1024),
+      MT_KEY(threads, blas, "compute kernel threads; 0 = the whole budget").at_least(0).at_most(1024),
+      MT_KEY(threads, optimizer,
+             "optimizer and collector threads (they share the cores with compute in short bursts); 0 = one per 8 cores "
+             "of the budget on the cpu backend, the whole budget with a GPU")
+          .at_least(0)
+          .at_most(1024),
+      MT_KEY(threads, copy, "copy engine workers (1 or 2); 0 = derived").at_least(0).at_most(2),
+      MT_KEY(threads, scheduler, "CAF scheduler threads; 0 = derived").at_least(0).at_most(1024),
+      // [log]
+      MT_KEY(log, train_jsonl, "per-step JSONL log; empty = <output_dir>/train.jsonl"),
+      MT_KEY(log, events_jsonl, "actor events JSONL log; empty = <output_dir>/events.jsonl"),
+      MT_KEY(log, logging_steps, "log every N steps").at_least(1),
+      // [monitor]
+      MT_KEY(monitor, enabled, "serve the monitor endpoint (metrics, status, events, dashboard, control)"),
+      MT_KEY(monitor, bind, "listen address of the endpoint (loopback by default)")
+          .not_empty("must be an address (e.g. 127.0.0.1)"),
+      MT_KEY(monitor, port, "listen port; 0 = any free port (see <output_dir>/monitor.json)")
+          .at_least(0)
+          .at_most(65535),
+      MT_KEY(monitor, token_file,
+             "file holding the control bearer token; empty = a random token in <output_dir>/monitor.token (0600)"),
+      MT_KEY(monitor, watchdog_warn_s, "no step finished for T s: watchdog warning event; 0 = off").non_negative(),
+      MT_KEY(monitor, watchdog_dump_s, "... dump every actor's state into the events; 0 = off").non_negative(),
+      MT_KEY(monitor, watchdog_restart_s, "... restart the actor stuck in a handler; 0 = off").non_negative(),
+      MT_KEY(monitor, allow_fault_injection, "test-only: accept POST /control/fault?actor=NAME"),
+      // [restart]
+      MT_KEY(restart, max_restarts, "restarts per actor within window_s; past it: final checkpoint, stop").at_least(0),
+      MT_KEY(restart, window_s, "the window of max_restarts, in seconds").positive(),
+      MT_KEY(restart, backoff_s, "wait before respawning a failed actor (doubles per failure in the window)")
+          .non_negative(),
+      MT_KEY(restart, per_actor, "per-actor max_restarts, e.g. \"loader:20,compute:2\"; empty = none"),
+      // [plan]
+      MT_KEY(plan, hardware,
+             "megatrain plan: this (measured now) | h200 | h100 | gh200 | a100 (a section of plan.hardware_file)")
+          .not_empty("must name a profile (this, h200, h100, gh200, a100)"),
+      MT_KEY(plan, hardware_file, "hardware profiles INI; empty = the built-in config/hardware.ini"),
+      MT_KEY(plan, host_ram_gb, "host RAM to plan for (GiB); 0 = MemAvailable (this) or the profile's").non_negative(),
+      MT_KEY(plan, disk_gb, "free disk for train.offload_dir (GiB); 0 = statvfs (this) or the profile's")
+          .non_negative(),
+      MT_KEY(plan, enforce, "train refuses a run whose plan does not fit host RAM or disk; false = warn only"),
+  };
+}
+
+#undef MT_KEY
+
+// The shortest text that reads back to the same double ("1e-08", "0.0003"), always a real ("1.0").
+std::string real_text(double value) {
+  char buffer[40];
+  for (int digits = 15; digits <= 17; ++digits) {
+    std::snprintf(buffer, sizeof buffer, "%.*g", digits, value);
+    if (std::strtod(buffer, nullptr) == value) break;
+  }
+  std::string out = buffer;
+  if (out.find_first_of(".eni") == std::string::npos) out += ".0";
+  return out;
+}
+
+// The same number as validation messages have always printed it (stream default: "1e-08", "0.9").
+std::string number_text(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+template <class T>
+T& value_in(const KeyDesc& key, const TrainConfig& config) {
+  // The table's accessors take a mutable config (CAF binds to them); reading through one changes nothing.
+  return std::get<T& (*)(TrainConfig&)>(key.field)(const_cast<TrainConfig&>(config));
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  return list;
+}
+
+}  // namespace
+
+const char* KeyDesc::type_name() const {
+  static const char* const names[] = {"string", "integer", "real", "boolean"};
+  return names[field.index()];
+}
+
+std::string KeyDesc::value_text(const TrainConfig& config) const {
+  switch (field.index()) {
+    case 0: {
+      std::string quoted = "\"";
+      for (char ch : value_in<std::string>(*this, config)) {
+        if (ch == '"' || ch == '\\') quoted += '\\';
+        quoted += ch;
+      }
+      return quoted + "\"";
+    }
+    case 1:
+      return std::to_string(value_in<std::int64_t>(*this, config));
+    case 2:
+      return real_text(value_in<double>(*this, config));
+    default:
+      return value_in<bool>(*this, config) ? "true" : "false";
+  }
+}
+
+std::string KeyDesc::allowed_text() const {
+  if (!choices.empty()) return joined(choices);
+  if (empty_error != nullptr) return "not empty";
+  if (std::holds_alternative<IntegerField>(field)) {
+    // With "auto" 0 is taken, so the numbers allowed start above it.
+    const std::int64_t low = auto_zero ? std::max<std::int64_t>(min, 1) : min;
+    const bool has_min = low != std::numeric_limits<std::int64_t>::min();
+    const bool has_max = max != std::numeric_limits<std::int64_t>::max();
+    std::string range;
+    if (has_min && has_max)
+      range = std::to_string(low) + " to " + std::to_string(max);
+    else if (has_min)
+      range = ">= " + std::to_string(low);
+    else if (has_max)
+      range = "<= " + std::to_string(max);
+    return auto_zero ? "auto (0) or " + range : range;
+  }
+  if (std::holds_alternative<RealField>(field)) {
+    if (std::isfinite(hi))
+      return std::string(lo_open ? "(" : "[") + number_text(lo) + ", " + number_text(hi) + (hi_open ? ")" : "]");
+    if (std::isfinite(lo)) return std::string(lo_open ? "> " : ">= ") + number_text(lo);
+  }
+  return "";
+}
+
+void KeyDesc::check(const TrainConfig& config) const {
+  const std::string key = qualified();
+  if (const auto* integer = std::get_if<IntegerField>(&field)) {
+    const std::int64_t v = (*integer)(const_cast<TrainConfig&>(config));
+    if (auto_zero && v == 0) return;
+    if (v < min) throw ConfigError(key, "must be >= " + std::to_string(min) + ", got " + std::to_string(v));
+    if (v > max) throw ConfigError(key, "must be <= " + std::to_string(max) + ", got " + std::to_string(v));
+  } else if (const auto* real = std::get_if<RealField>(&field)) {
+    const double v = (*real)(const_cast<TrainConfig&>(config));
+    const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+    if (ok) return;
+    if (std::isfinite(hi)) throw ConfigError(key, "must be in " + allowed_text() + ", got " + number_text(v));
+    throw ConfigError(key, "must be a finite number " + allowed_text() + ", got " + number_text(v));
+  } else if (const auto* text = std::get_if<StringField>(&field)) {
+    const std::string& v = (*text)(const_cast<TrainConfig&>(config));
+    if (empty_error != nullptr && v.empty()) throw ConfigError(key, empty_error);
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end())
+      throw ConfigError(key, "'" + v + "' is not one of: " + joined(choices));
+  }
+}
+
+const std::vector<KeyDesc>& config_keys() {
+  static const std::vector<KeyDesc> keys = make_keys();
+  return keys;
+}
+
+const std::vector<std::string>& config_sections() {
+  static const std::vector<std::string> sections = [] {
+    std::vector<std::string> names;
+    for (const KeyDesc& k : config_keys())
+      if (names.empty() || names.back() != k.section) names.emplace_back(k.section);
+    return names;
+  }();
+  return sections;
+}
+
+const KeyDesc* find_key(const std::string& qualified) {
+  for (const KeyDesc& k : config_keys())
+    if (k.qualified() == qualified) return &k;
+  return nullptr;
+}
+
+std::string key_name(const TrainConfig& config, const void* field, std::size_t type_index) {
+  for (const KeyDesc& k : config_keys()) {
+    const void* where =
+        std::visit([&](auto get) -> const void* { return &get(const_cast<TrainConfig&>(config)); }, k.field);
+    if (where == field && k.field.index() == type_index) return k.qualified();
+  }
+  throw std::logic_error("key_name: not the value of a config key");
+}
+
+void check_key_values(const TrainConfig& config) {
+  for (const KeyDesc& k : config_keys()) k.check(config);
+}
+
+}  // namespace mt
