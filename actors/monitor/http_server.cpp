@@ -94,10 +94,12 @@ class Session : public std::enable_shared_from_this<Session> {
     r.authorization = std::string(req[http::field::authorization]);
     r.peer = peer_;
     if (is_event_stream(r)) return start_events(req);
-    reply(route(shared_.routes, r), req.version(), req.keep_alive());
+    reply(route(shared_.routes, r), req.version(), req.keep_alive(), req.method() == http::verb::head);
   }
 
-  void reply(const Response& resp, unsigned version, bool keep_alive) {
+  // `head`: the answer to a HEAD request is GET's headers (Content-Length included) and no body
+  // (RFC 9110 9.3.2); a body would be read as the next response on a keep-alive connection.
+  void reply(const Response& resp, unsigned version, bool keep_alive, bool head = false) {
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(resp.status), version);
     res->set(http::field::server, "megatrain");
     res->set(http::field::content_type, resp.content_type);
@@ -106,6 +108,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->body() = resp.body;
     res->keep_alive(keep_alive);
     res->prepare_payload();
+    if (head) res->body().clear();  // Content-Length stays GET's; the serializer writes the empty body
     stream_.expires_after(ms(shared_.opt.write_timeout_s));
     http::async_write(stream_, *res, [self = shared_from_this(), res, keep_alive](beast::error_code ec, std::size_t) {
       if (ec || !keep_alive) return self->close();
