@@ -77,7 +77,6 @@ void train_values(const TrainConfig& c) {
   positive("train.learning_rate", t.learning_rate);
   c.lr_schedule();
   at_least("train.warmup_steps", t.warmup_steps, 0);
-  at_most("train.warmup_steps", t.warmup_steps, t.max_steps);
   in_range("train.min_lr_ratio", t.min_lr_ratio, 0.0, 1.0, true);
   non_negative("train.weight_decay", t.weight_decay);
   in_range("train.adam_beta1", t.adam_beta1, 0.0, 1.0, false);
