@@ -260,6 +260,14 @@ TEST_CASE("monitor HTTP server: HEAD answers headers only and the connection sta
   CHECK(c.status == 404);
   CHECK(c.content_length == b.content_length);
   CHECK(got.substr(c.end) == route(f.routes, Request{"GET", "/nope", "", ""}).body);  // then the close
+
+  // HEAD /events: the event stream's head alone, then the close it announces.
+  const std::string events = round_trip(port, "HEAD /events HTTP/1.1\r\nHost: x\r\n\r\n");
+  const ResponseHead e = response_head(events, 0);
+  REQUIRE(e.end != std::string::npos);
+  CHECK(e.status == 200);
+  CHECK_THAT(events, Catch::Contains("Content-Type: text/event-stream\r\n"));
+  CHECK(e.end == events.size());
 }
 
 TEST_CASE("monitor board: per-device prefetcher and compute probes (device.gpus)", "[monitor]") {
