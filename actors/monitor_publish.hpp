@@ -1,4 +1,4 @@
-// Internal: what the node publishes to the monitor (no CAF): a step's figures, history record and
+// Internal: what the engine publishes to the monitor (no CAF): a step's figures, history record and
 // event; the live figures of each tick (link bytes, arena, wall time); a dump of every actor's state;
 // the start of each pipeline (its actors running again); the model as /status names it.
 #pragma once
