@@ -181,7 +181,8 @@ TEST_CASE("monitor: /metrics, /status, /history, /events, control and bad input 
   CHECK_FALSE(fs::exists(out / "monitor.json"));
 }
 
-TEST_CASE("monitor: after an evaluation the training actors read running; the model named by its keys", "[monitor]") {
+TEST_CASE("monitor: after an evaluation the training actors read running, and the model is named by its keys",
+          "[monitor]") {
   require_venv();
   TempDir dir("evaluation");
   const fs::path shard = mt::test::make_shard(dir.path / "data", 20000);
