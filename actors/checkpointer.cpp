@@ -1,4 +1,5 @@
-// The checkpointer: writes due checkpoints from the host tiles in the background (DESIGN.md §4 step 5).
+// The checkpointer: writes due checkpoints from the host tiles in the background (actors/README.md,
+// "Checkpoints and resume").
 //
 // Flow for a checkpoint of tile version v (= v steps done):
 //   optimizer: CheckpointNow(v) (after registering v in the version gate), then, for each stage, its

@@ -14,6 +14,7 @@
 #include <caf/all.hpp>
 
 #include "actors/actors.hpp"
+#include "actors/monitor_publish.hpp"
 #include "config/node_config.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -422,6 +423,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     c->t0 = ctx->t0;
     if (job.record_intervals) c->intervals.enable(ctx->t0);
   }
+  publish_pipeline_start(*ctx);
   {
     caf::scoped_actor waiter{sys};
     auto node = spawn_node(sys, ctx.get(), &result);
@@ -491,9 +493,7 @@ std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
   const EnginePlan plan = plan_engine(job.cfg, job.model);  // throws on bad input before anything listens
   auto mon = std::make_unique<monitor::Monitor>(job.cfg.monitor, job.cfg.train.output_dir);
   monitor::RunInfo info;
-  info.model = !job.cfg.model.model_name_or_path.empty() ? job.cfg.model.model_name_or_path
-               : !job.cfg.model.config_file.empty()      ? job.cfg.model.config_file
-                                                         : std::string("[model] keys");
+  info.model = model_description(job.cfg, job.model);
   info.arch = arch_name(job.model.arch);
   info.params = total_param_count(job.model);
   info.layers = job.model.num_hidden_layers;

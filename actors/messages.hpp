@@ -1,7 +1,7 @@
 // Every message of the streaming engine, with the typed interface of each actor. Only actor sources
 // include this header (it pulls in CAF).
 //
-// Dataflow of one step (DESIGN.md §3-4):
+// Dataflow of one step (actors/README.md, "Actors and dataflow"):
 //   compute --BatchRequest--> loader --MicroBatch--> compute
 //   prefetcher --(copy engine)--CopyDone--> prefetcher --WeightsReady--> compute --SlotFree--> prefetcher
 //   boundaries on the host: compute --(copy engine)--BoundarySaved--> compute, prefetcher

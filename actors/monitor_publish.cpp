@@ -2,6 +2,19 @@
 
 namespace mt::actors {
 
+void publish_pipeline_start(Context& ctx) {
+  monitor::StatusBoard& board = ctx.monitor->board();
+  for (int a = 0; a < monitor::kActorCount; ++a)
+    for (int d = 0; d < ctx.devices; ++d)
+      board.probe(static_cast<monitor::ActorId>(a), d).set_state(monitor::ActorState::running);
+}
+
+std::string model_description(const TrainConfig& cfg, const ModelConfig& model) {
+  if (!cfg.model.model_name_or_path.empty()) return cfg.model.model_name_or_path;
+  if (!cfg.model.config_file.empty()) return cfg.model.config_file;
+  return std::string(arch_name(model.arch)) + " (hidden " + std::to_string(model.hidden_size) + ", from [model] keys)";
+}
+
 nlohmann::json step_record_json(const StepRecord& r) {
   return {{"step", r.step},
           {"loss", r.loss},

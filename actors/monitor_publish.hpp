@@ -1,12 +1,25 @@
-// Internal: what the node publishes to the monitor (no CAF): a step's figures, history record and
-// event; the live figures of each tick (link bytes, arena, wall time); a dump of every actor's state.
+// Internal: what the engine publishes to the monitor (no CAF): a step's figures, history record and
+// event; the live figures of each tick (link bytes, arena, wall time); a dump of every actor's state;
+// the start of each pipeline (its actors running again); the model as /status names it.
 #pragma once
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "actors/context.hpp"
 #include "monitor/monitor.hpp"
 
 namespace mt::actors {
+
+// A pipeline's actors are about to start: each is marked running. A run with evaluation is a chain of
+// pipelines (training segments and evaluation passes, engine.hpp), and the node marks every actor of
+// the one that ends stopped; without this, the next one's actors would read "stopped" while working.
+// Only this pipeline's devices: an evaluation pass runs on device 0 alone.
+void publish_pipeline_start(Context& ctx);
+
+// The model as /status and megatrain-top name it: the Hugging Face directory, the config.json, or,
+// for a model defined by [model] keys, what they define ("llama (hidden 256, from [model] keys)").
+std::string model_description(const TrainConfig& cfg, const ModelConfig& model);
 
 // The train.jsonl fields of a step record.
 nlohmann::json step_record_json(const StepRecord& r);

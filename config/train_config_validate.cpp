@@ -40,7 +40,6 @@ void file_exists(const std::string& key, const std::string& path) {
 // The rules that span several keys (each key's own range and choices come from the table: keys.cpp).
 void train_values(const TrainConfig& c) {
   const auto& t = c.train;
-  at_most("train.warmup_steps", t.warmup_steps, t.max_steps);
   // TF32 is a tensor-core input format: the CPU backend has no such products, and under bf16 the
   // products already take bf16 inputs, so the key would do nothing there; say so rather than ignore it.
   if (t.tf32 && c.device.backend != "cuda")

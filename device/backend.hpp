@@ -19,11 +19,11 @@
 //      the host wait for the compute work submitted before them.
 //   3. When a stage operation returns, the host may reuse its inputs and the slots it read: on a
 //      backend whose compute is asynchronous, stage operations return after the device finished them
-//      (the CUDA backend will refine this with events; the actors' protocol does not change).
+//      (the CUDA backend synchronises its compute stream before returning: cuda/cuda_backend_impl.hpp).
 //   4. Completion callbacks run on a backend thread, once, after the bytes landed; keep them short.
 //
 // Implementations: device/cpu/cpu_backend.hpp (the default; all CI tests) and, when built with
-// CUDA, kernels/cuda (its own issue). make_backend() picks one by the `device.backend` key.
+// CUDA, device/cuda/cuda_backend.hpp. make_backend() picks one by the `device.backend` key.
 #pragma once
 #include <cstddef>
 #include <cstdint>

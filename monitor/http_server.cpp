@@ -23,6 +23,11 @@ using tcp = boost::asio::ip::tcp;
 
 namespace {
 
+// The head of an /events reply (GET streams events after it; HEAD gets it alone).
+constexpr const char* kEventStreamHead =
+    "HTTP/1.1 200 OK\r\nServer: megatrain\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
+    "Connection: close\r\n\r\n";
+
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
 }
@@ -94,10 +99,13 @@ class Session : public std::enable_shared_from_this<Session> {
     r.authorization = std::string(req[http::field::authorization]);
     r.peer = peer_;
     if (is_event_stream(r)) return start_events(req);
-    reply(route(shared_.routes, r), req.version(), req.keep_alive());
+    if (r.method == "HEAD" && target_path(r.target) == "/events") return events_head();
+    reply(route(shared_.routes, r), req.version(), req.keep_alive(), req.method() == http::verb::head);
   }
 
-  void reply(const Response& resp, unsigned version, bool keep_alive) {
+  // `head`: the answer to a HEAD request is GET's headers (Content-Length included) and no body
+  // (RFC 9110 9.3.2); a body would be read as the next response on a keep-alive connection.
+  void reply(const Response& resp, unsigned version, bool keep_alive, bool head = false) {
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(resp.status), version);
     res->set(http::field::server, "megatrain");
     res->set(http::field::content_type, resp.content_type);
@@ -106,6 +114,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->body() = resp.body;
     res->keep_alive(keep_alive);
     res->prepare_payload();
+    if (head) res->body().clear();  // Content-Length stays GET's; the serializer writes the empty body
     stream_.expires_after(ms(shared_.opt.write_timeout_s));
     http::async_write(stream_, *res, [self = shared_from_this(), res, keep_alive](beast::error_code ec, std::size_t) {
       if (ec || !keep_alive) return self->close();
@@ -124,11 +133,17 @@ class Session : public std::enable_shared_from_this<Session> {
       const unsigned long long v = std::strtoull(resume.c_str(), &end, 10);
       if (end != resume.c_str() && *end == 0) last_id_ = v;
     }
-    std::string head =
-        "HTTP/1.1 200 OK\r\nServer: megatrain\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
-        "Connection: close\r\n\r\nretry: 2000\n\n";
+    std::string head = std::string(kEventStreamHead) + "retry: 2000\n\n";
     last_write_ = std::chrono::steady_clock::now();
     write_events(std::move(head));
+  }
+
+  // HEAD /events: GET's head, then the close it announces.
+  void events_head() {
+    out_ = kEventStreamHead;
+    stream_.expires_after(ms(shared_.opt.write_timeout_s));
+    net::async_write(stream_, net::buffer(out_),
+                     [self = shared_from_this()](beast::error_code, std::size_t) { self->close(); });
   }
 
   void write_events(std::string text) {

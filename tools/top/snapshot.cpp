@@ -134,11 +134,14 @@ std::vector<std::string> render_snapshot(const SnapshotInput& in) {
   const std::string state = str(s, "state");
   const char* state_colour = state == "running" ? "32" : state == "failed" ? "31" : "33";
   out.push_back("megatrain " + in.url + "  pid " + str(run, "pid") + "  " + colour(in.colour, state_colour, state));
-  out.push_back("run: " + str(run, "model") +
-                (str(run, "model") == str(run, "arch") ? "" : " (" + str(run, "arch") + ")") + ", " +
-                str(run, "layers") + " layers, " + fmt("%.2fM", num(run, "params") / 1e6) + " params, " +
-                str(run, "batch") + " x " + str(run, "seq") + " x " + str(run, "micro_batches") + " tokens/step, " +
-                str(run, "backend") + (run.value("bf16", false) ? " bf16" : " fp32") + ", " + str(run, "output_dir"));
+  // The model's name with its architecture, unless the name already starts with it (a model defined by
+  // [model] keys is named "llama (hidden 256, from [model] keys)").
+  const std::string model = str(run, "model"), arch = str(run, "arch");
+  const bool names_arch = model == arch || model.rfind(arch + " (", 0) == 0;
+  out.push_back("run: " + model + (names_arch ? "" : " (" + arch + ")") + ", " + str(run, "layers") + " layers, " +
+                fmt("%.2fM", num(run, "params") / 1e6) + " params, " + str(run, "batch") + " x " + str(run, "seq") +
+                " x " + str(run, "micro_batches") + " tokens/step, " + str(run, "backend") +
+                (run.value("bf16", false) ? " bf16" : " fp32") + ", " + str(run, "output_dir"));
 
   const double step = num(s, "step"), max_steps = num(run, "max_steps");
   std::string progress = "step " + fmt("%.0f", step) + " / " + fmt("%.0f", max_steps);

@@ -13,6 +13,8 @@ or prints what is wrong and exits 1:
   faults    injects --count random faults (/control/fault) at random moments; then lets the run finish
   budget    injects faults into --actor until the node stops (restart budget spent)
   watchdog  waits for the watchdog's warning, dump and restart events; then lets the run finish
+  evaluation  a run evaluating every --every steps: /status between the first and second evaluation
+            (training again) says every actor is running, and names the model its [model] keys define
 """
 import argparse
 import http.client
@@ -507,19 +509,42 @@ def cmd_watchdog(node, args):
     print(f"watchdog: warning, dump, restart of {stuck}; run finished")
 
 
+# --- evaluation -------------------------------------------------------------------------------------
+def cmd_evaluation(node, args):
+    # Steps every+1 .. 2*every-2 are reported while the segment after the first evaluation pass trains
+    # (it ends at step 2*every): its actors are working, whatever the pass before them left on the board.
+    first, last = args.every + 1, 2 * args.every - 2
+    deadline = time.time() + 60
+    while True:
+        st = node.get_json("/status")
+        check(st["step"] <= last, f"/status jumped from before step {first} to step {st['step']}")
+        if st["step"] >= first:
+            break
+        check(time.time() < deadline, f"no progress to step {first}")
+        time.sleep(0.01)
+    states = {a["name"]: a["state"] for a in st["actors"]}
+    check(all(s == "running" for s in states.values()), f"step {st['step']}, after an evaluation: {states}")
+    model = st["run"]["model"]
+    check(model == args.model, f"/status run.model {model!r}, expected {args.model!r}")
+    node.wait_exit()
+    print(f"evaluation: at step {st['step']} every actor running; model {model!r}")
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["api", "restart", "faults", "budget", "watchdog"])
+    p.add_argument("command", choices=["api", "restart", "faults", "budget", "watchdog", "evaluation"])
     p.add_argument("--out", required=True, help="the node's train.output_dir")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--count", type=int, default=6)
     p.add_argument("--actor", default="compute")
     p.add_argument("--backoff", type=float, default=0.0, help="budget: the node's restart.backoff_s")
+    p.add_argument("--every", type=int, default=4, help="evaluation: the node's train.eval_steps")
+    p.add_argument("--model", default="", help="evaluation: the run.model /status must show")
     args = p.parse_args()
     try:
         node = Node(args.out)
         {"api": cmd_api, "restart": cmd_restart, "faults": cmd_faults, "budget": cmd_budget,
-         "watchdog": cmd_watchdog}[args.command](node, args)
+         "watchdog": cmd_watchdog, "evaluation": cmd_evaluation}[args.command](node, args)
     except Failed as e:
         print(f"monitor_client {args.command}: FAILED: {e}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +71,9 @@ std::string tiny_args(const fs::path& out, const fs::path& shard, std::int64_t s
          std::to_string(steps) + " --train.output_dir=" + out.string() +
          " --device.device_memory_mb=16 --threads.total=2 --device.copy_bandwidth_gbps=" + std::to_string(link_gbps);
 }
+
+// How /status names the model tiny_args defines by [model] keys.
+const std::string kKeysModel = "llama (hidden 32, from [model] keys)";
 
 struct Child {
   pid_t pid = -1;
@@ -175,6 +179,26 @@ TEST_CASE("monitor: /metrics, /status, /history, /events, control and bad input 
   CHECK(code == 0);
   CHECK_THAT(slurp(dir.path / "node.log"), Catch::Contains("megatrain: monitor listening on http://127.0.0.1:"));
   CHECK_FALSE(fs::exists(out / "monitor.json"));
+}
+
+TEST_CASE("monitor: after an evaluation the training actors read running, and the model is named by its keys",
+          "[monitor]") {
+  require_venv();
+  TempDir dir("evaluation");
+  const fs::path shard = mt::test::make_shard(dir.path / "data", 20000);
+  const fs::path out = dir.path / "out";
+  // An evaluation after steps 4, 8 and 12 (each its own pipeline between training segments).
+  const Child node = start_node(tiny_args(out, shard, 12, 0.002) + " --data.validation_files=" + shard.string() +
+                                    " --train.eval_steps=4 --train.eval_max_batches=2",
+                                dir.path / "node.log");
+  std::string text;
+  const int rc = run_client("evaluation", out, text, "--every 4 --model '" + kKeysModel + "'");
+  const int code = wait_exit(node, rc == 0 ? 120 : 0);
+  const std::string log = slurp(dir.path / "node.log");
+  INFO(text << "\n--- node:\n" << log);
+  CHECK(rc == 0);
+  CHECK(code == 0);
+  CHECK(std::regex_search(log, std::regex("\neval +4 \\| val loss")));  // the first evaluation was run
 }
 
 TEST_CASE("monitor: each pipeline actor restarted on request, weights bit-identical", "[monitor]") {

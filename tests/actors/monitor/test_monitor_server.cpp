@@ -58,6 +58,26 @@ std::string round_trip(int port, const std::string& request) {
 
 int status_of(const std::string& reply) { return reply.size() > 12 ? std::stoi(reply.substr(9, 3)) : 0; }
 
+// One response's head read from `stream` at `pos`: the status, the Content-Length (-1 = none) and
+// where the head ends (the first byte after its blank line; npos when the head is incomplete).
+struct ResponseHead {
+  int status = 0;
+  long long content_length = -1;
+  std::size_t end = std::string::npos;
+};
+
+ResponseHead response_head(const std::string& stream, std::size_t pos) {
+  ResponseHead h;
+  const std::size_t blank = stream.find("\r\n\r\n", pos);
+  if (blank == std::string::npos || stream.compare(pos, 9, "HTTP/1.1 ") != 0) return h;
+  h.status = std::stoi(stream.substr(pos + 9, 3));
+  h.end = blank + 4;
+  const std::string head = stream.substr(pos, blank - pos);
+  const std::size_t cl = head.find("\r\nContent-Length: ");
+  if (cl != std::string::npos) h.content_length = std::stoll(head.substr(cl + 18));
+  return h;
+}
+
 struct Fixture {
   StatusBoard board;
   EventLog events;
@@ -194,6 +214,60 @@ TEST_CASE("monitor HTTP server: answers, and bounds bad clients in size, time an
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
     ::close(fd);
   }
+}
+
+TEST_CASE("monitor HTTP server: HEAD answers headers only and the connection stays usable", "[monitor]") {
+  Fixture f;
+  f.board.add_history({{"step", 1}, {"loss", 2.5}});
+  HttpServerOptions o;
+  o.port = 0;
+  HttpServer server(f.routes, o);
+  server.start();
+  const int port = server.port();
+  REQUIRE(port > 0);
+  const std::string history_body = route(f.routes, Request{"GET", "/history", "", ""}).body;
+  REQUIRE(history_body.size() > 10);
+
+  // Two HEAD requests on one keep-alive connection, then a GET; the first HEAD answered before the
+  // rest is sent (as `curl -sI` twice would), the other two pipelined.
+  const int fd = connect_to(port);
+  const std::string head1 = "HEAD /history HTTP/1.1\r\nHost: x\r\n\r\n";
+  ::send(fd, head1.data(), head1.size(), MSG_NOSIGNAL);
+  std::string got;
+  char buf[4096];
+  while (got.find("\r\n\r\n") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  const std::string rest =
+      "HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ::send(fd, rest.data(), rest.size(), MSG_NOSIGNAL);
+  got += read_all(fd);
+  ::close(fd);
+  INFO(got);
+
+  const ResponseHead a = response_head(got, 0);
+  REQUIRE(a.end != std::string::npos);
+  CHECK(a.status == 200);
+  CHECK(a.content_length == static_cast<long long>(history_body.size()));  // GET's length, no body
+  const ResponseHead b = response_head(got, a.end);  // the next response starts right after the head
+  REQUIRE(b.end != std::string::npos);
+  CHECK(b.status == 404);
+  CHECK(b.content_length > 0);
+  const ResponseHead c = response_head(got, b.end);
+  REQUIRE(c.end != std::string::npos);
+  CHECK(c.status == 404);
+  CHECK(c.content_length == b.content_length);
+  CHECK(got.substr(c.end) == route(f.routes, Request{"GET", "/nope", "", ""}).body);  // then the close
+
+  // HEAD /events: the event stream's head alone, then the close it announces.
+  const std::string events = round_trip(port, "HEAD /events HTTP/1.1\r\nHost: x\r\n\r\n");
+  const ResponseHead e = response_head(events, 0);
+  REQUIRE(e.end != std::string::npos);
+  CHECK(e.status == 200);
+  CHECK_THAT(events, Catch::Contains("Content-Type: text/event-stream\r\n"));
+  CHECK(e.end == events.size());
 }
 
 TEST_CASE("monitor board: per-device prefetcher and compute probes (device.gpus)", "[monitor]") {

@@ -238,6 +238,8 @@ TEST_CASE("megatrain-top and megatrain-ctl against a running node", "[tools][mon
     REQUIRE(r.code == 0);
     for (const char* actor : kActors)
       CHECK(std::regex_search(r.out, std::regex(std::string("\n") + actor + " +(running|restarting|stopped) ")));
+    // The model its [model] keys define, named once (not "[model] keys (llama)").
+    CHECK_THAT(r.out, Catch::Contains("\nrun: llama (hidden 32, from [model] keys), 2 layers, "));
     std::smatch m;
     REQUIRE(std::regex_search(r.out, m, std::regex("\nstep ([0-9]+) / 1000000")));
     CHECK(std::stoll(m[1]) >= 3);
