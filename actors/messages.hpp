@@ -37,7 +37,7 @@ namespace mt::actors {
 using reset_atom = caf::atom_constant<caf::atom("reset")>;  // node -> actor: barrier request (with the new epoch)
 using ack_atom = caf::atom_constant<caf::atom("ack")>;      // actor -> node: reset done, nothing in flight
 using tick_atom = caf::atom_constant<caf::atom("tick")>;    // node -> itself: poll the stop flag
-using wake_atom = caf::atom_constant<caf::atom("wake")>;    // node -> compute: a pause was lifted, continue
+using wake_atom = caf::atom_constant<caf::atom("wake")>;    // node -> compute: the pause is lifted, continue
 using respawn_atom =
     caf::atom_constant<caf::atom("respawn")>;  // node -> itself: respawn (role, device) after its backoff
 
@@ -299,6 +299,54 @@ typename Inspector::result_type inspect(Inspector& f, OptimizerStepDone& x) {
            x.optimizer_s, x.checkpoint_wait_s);
 }
 
+// ---- pause and checkpoint requests ------------------------------------------------------------------
+// Requests the node turns into messages (a control request, SIGUSR1, the train.save_minutes timer):
+// the actor that acts on one keeps it in its state, and the node sends it again after a restart (a
+// respawned actor starts without it).
+
+// node -> every compute: hold before the first op of the next step (until wake). `request` numbers
+// the node's pause requests, so a late PauseHeld of an earlier one is told apart.
+struct PauseRequest {
+  std::uint64_t request = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PauseRequest& x) {
+  return f(caf::meta::type_name("PauseRequest"), x.request);
+}
+
+// compute -> node: holding for pause `request` before step `step` (device `device`'s compute).
+struct PauseHeld {
+  std::uint64_t request = 0;
+  std::int64_t step = 0;
+  std::int32_t device = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PauseHeld& x) {
+  return f(caf::meta::type_name("PauseHeld"), x.request, x.step, x.device);
+}
+
+// node -> optimizer: checkpoint at the next step boundary it can still gate (its next checkpoint
+// decision, right before the first update of a step).
+struct CheckpointRequest {};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointRequest&) {
+  return f(caf::meta::type_name("CheckpointRequest"));
+}
+
+// optimizer -> node: the request took effect as checkpoint `step` (sent before that checkpoint's
+// CheckpointNow, so the node has it before the checkpointer's CheckpointDone).
+struct CheckpointTaken {
+  std::int64_t step = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointTaken& x) {
+  return f(caf::meta::type_name("CheckpointTaken"), x.step);
+}
+
 // ---- checkpoints ---------------------------------------------------------------------------------
 
 // optimizer -> checkpointer: a checkpoint of tile version `step` (= steps done) is due; the optimizer
@@ -358,14 +406,15 @@ using compute_actor =
     caf::typed_actor<caf::reacts_to<WeightsReady>, caf::reacts_to<MicroBatch>, caf::reacts_to<GradSlotFree>,
                      caf::reacts_to<BoundarySaved>, caf::replies_to<StopAt>::with<StopAt>, caf::reacts_to<Peers>,
                      caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>,
-                     caf::reacts_to<wake_atom>>;
+                     caf::reacts_to<PauseRequest>, caf::reacts_to<wake_atom>>;
 
 using collector_actor = caf::typed_actor<caf::reacts_to<LayerGrads>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
                                          caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
 using optimizer_actor =
     caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerGradsComplete>, caf::reacts_to<Peers>,
-                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>,
+                     caf::reacts_to<CheckpointRequest>>;
 
 // The checkpointer is not a restartable pipeline role: it catches its own errors (a failed checkpoint
 // is reported, not fatal) and takes no part in the reset barrier (its messages carry no epoch: a
@@ -377,7 +426,8 @@ using node_actor =
     caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerUpdated>, caf::reacts_to<ComputeStepDone>,
                      caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>,
                      caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>,
-                     caf::reacts_to<respawn_atom, std::int32_t, std::int32_t>>;
+                     caf::reacts_to<respawn_atom, std::int32_t, std::int32_t>, caf::reacts_to<PauseHeld>,
+                     caf::reacts_to<CheckpointTaken>>;
 
 }  // namespace mt::actors
 

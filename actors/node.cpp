@@ -70,6 +70,10 @@ struct node_state {
   std::vector<monitor::ControlRequest> checkpoint_controls;  // until the optimizer takes the request
   std::map<std::int64_t, std::vector<monitor::ControlRequest>> durable_controls;  // checkpoint step -> waiting
   std::vector<monitor::ControlRequest> pause_controls;                            // until compute holds
+  bool checkpoint_asked = false;  // a CheckpointRequest went to the optimizer; no CheckpointTaken yet
+  bool pause_requested = false;   // a PauseRequest went to every compute; no wake since
+  std::uint64_t pause_id = 0;     // the PauseRequest in force (numbered)
+  std::int64_t held_at = -1;      // the step a compute holds before for pause_id (-1: none yet)
   bool paused = false;
   Clock::time_point paused_since;
   double paused_s = 0.0;
@@ -235,12 +239,16 @@ void resume_all(self_ptr self) {
   self->send(st.h.checkpointer, peers);
   self->send(st.h.loader, r);
   self->send(st.h.collector, r);
+  // A request not taken yet (the optimizer may be a respawned one): before the work that lets it decide.
+  if (st.checkpoint_asked) self->send(st.h.optimizer, CheckpointRequest{});
   self->send(st.h.optimizer, r);
   for (const auto& g : staged) self->send(st.h.collector, g);
   for (const auto& l : losses) self->send(st.h.optimizer, l);
   for (const auto& c : complete) self->send(st.h.optimizer, c);
-  // Compute and the prefetcher last: they start the flow again.
+  // Compute and the prefetcher last: they start the flow again. A pause in force reaches a respawned
+  // compute before its Resume, so it holds where the old one did.
   for (int d = 0; d < N; ++d) {
+    if (st.pause_requested) self->send(st.computes[static_cast<std::size_t>(d)], PauseRequest{st.pause_id});
     self->send(st.computes[static_cast<std::size_t>(d)], device_resume[static_cast<std::size_t>(d)]);
     self->send(st.prefetchers[static_cast<std::size_t>(d)], device_resume[static_cast<std::size_t>(d)]);
   }
@@ -339,11 +347,8 @@ void finish(self_ptr self) {
   shutdown(self);
 }
 
-void take_checkpoint_request(self_ptr self);
-
 void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
   auto& st = self->state;
-  take_checkpoint_request(self);  // the request may have been taken since the last tick
   // The final CheckpointNow of a checkpoint already published (the planned last step) is answered
   // with its CheckpointDone again: report each checkpoint once.
   bool repeat = false;
@@ -591,6 +596,32 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
   respawn(self, role, device);
 }
 
+// Asks the optimizer for a checkpoint at its next decision (CheckpointTaken answers which one).
+void request_checkpoint(self_ptr self) {
+  self->state.checkpoint_asked = true;
+  self->send(self->state.h.optimizer, CheckpointRequest{});
+}
+
+// Asks every compute to hold before its next step (PauseHeld answers where).
+void request_pause(self_ptr self) {
+  auto& st = self->state;
+  if (st.pause_requested) return;
+  st.pause_requested = true;
+  ++st.pause_id;
+  st.held_at = -1;
+  for (const auto& cp : st.computes) self->send(cp, PauseRequest{st.pause_id});
+}
+
+// Lifts the pause request (held or not): every compute continues. False when none was in force.
+bool lift_pause(self_ptr self) {
+  auto& st = self->state;
+  if (!st.pause_requested) return false;
+  st.pause_requested = false;
+  st.held_at = -1;
+  for (const auto& cp : st.computes) self->send(cp, wake_atom::value);
+  return true;
+}
+
 // A control request from the monitor (POST /control/...), carried out between the node's messages.
 // Returns false to keep it for a later tick (a restart while a barrier is in progress).
 bool handle_control(self_ptr self, const monitor::ControlRequest& c) {
@@ -614,22 +645,21 @@ bool handle_control(self_ptr self, const monitor::ControlRequest& c) {
       mon.control_progress(c, "took_effect", {{"step", v}});
       st.durable_controls[v].push_back(c);
     } else {
-      ctx->checkpoint_request.store(true);
+      request_checkpoint(self);
       st.checkpoint_controls.push_back(c);
     }
   } else if (c.action == "pause") {
     if (st.paused) {
       mon.control_progress(c, "took_effect", {{"step", st.next_report}, {"note", "already paused"}});
     } else {
-      ctx->pause_requested.store(true);
+      request_pause(self);
       st.pause_controls.push_back(c);
     }
   } else if (c.action == "resume") {
-    if (!st.paused && !ctx->pause_requested.load()) {
+    if (!st.paused && !st.pause_requested) {
       mon.control_progress(c, "took_effect", {{"step", st.next_report}, {"note", "not paused"}});
       return true;
     }
-    ctx->pause_requested.store(false);
     for (const auto& p : st.pause_controls)
       mon.control_progress(p, "failed", {{"error", "resumed before it took effect"}});
     st.pause_controls.clear();
@@ -640,18 +670,18 @@ bool handle_control(self_ptr self, const monitor::ControlRequest& c) {
       mon.events().append("resumed", {{"step", st.next_report}});
     }
     st.last_progress = Clock::now();
-    for (const auto& cp : st.computes) self->send(cp, wake_atom::value);
+    lift_pause(self);
     mon.control_progress(c, "took_effect", {{"step", st.next_report}});
   } else if (c.action == "stop") {
     st.control_stop = true;
     st.result->stop_requested = true;  // run_engine runs no further segment
     st.stop_controls.push_back(c);
-    if (ctx->pause_requested.exchange(false) || st.paused) {
+    if (st.pause_requested || st.paused) {
       if (st.paused) st.paused_s += seconds_between(st.paused_since, Clock::now());
       st.paused = false;
       for (const auto& p : st.pause_controls) mon.control_progress(p, "failed", {{"error", "stopped"}});
       st.pause_controls.clear();
-      for (const auto& cp : st.computes) self->send(cp, wake_atom::value);
+      lift_pause(self);
     }
   } else if (c.action == "restart" || c.action == "fault") {
     const Role role = parse_role(c.actor);
@@ -730,12 +760,11 @@ void watchdog(self_ptr self) {
   }
 }
 
-// A requested checkpoint the optimizer took: the control requests waiting for it took effect at that
-// version, and are durable when its CheckpointDone arrives.
-void take_checkpoint_request(self_ptr self) {
+// A requested checkpoint the optimizer took (CheckpointTaken): the control requests waiting for it
+// took effect at that version, and are durable when its CheckpointDone arrives.
+void take_checkpoint_request(self_ptr self, std::int64_t v) {
   auto& st = self->state;
-  const std::int64_t v = st.ctx->checkpoint_request_step.exchange(-1);
-  if (v < 0) return;
+  st.checkpoint_asked = false;
   for (const auto& c : st.checkpoint_controls) {
     st.mon->control_progress(c, "took_effect", {{"step", v}});
     st.durable_controls[v].push_back(c);
@@ -763,12 +792,11 @@ void monitor_tick(self_ptr self) {
     if (!done) later.push_back(c);
   }
   if (!later.empty()) mon.board().put_back_controls(std::move(later));
-  take_checkpoint_request(self);
   budget_final_checkpoint(self);
   if (st.shutting_down) return;
-  // Pause: compute holds before step paused_at and every step before it is reported.
-  const std::int64_t held = ctx->paused_at.load();
-  if (!st.paused && ctx->pause_requested.load() && held >= 0 && st.next_report >= held) {
+  // Pause: compute holds before step held_at and every step before it is reported.
+  const std::int64_t held = st.held_at;
+  if (!st.paused && st.pause_requested && held >= 0 && st.next_report >= held) {
     st.paused = true;
     st.paused_since = Clock::now();
     mon.board().update([&](monitor::RunFigures& f) { f.state = monitor::RunState::paused; });
@@ -784,16 +812,18 @@ void poll_stop(self_ptr self) {
   if (st.shutting_down) return;
   monitor_tick(self);
   if (st.shutting_down) return;
-  // Checkpoint requests (SIGUSR1) and the timer: the optimizer takes the flag at its next step.
+  // Checkpoint requests (SIGUSR1) and the timer become a CheckpointRequest to the optimizer. A signal
+  // handler cannot send a CAF message (not async-signal-safe): it sets the job's flag, polled here.
   if (st.ctx->checkpointing) {
     std::atomic<bool>* req = st.ctx->job->checkpoint.request;
-    if (req && req->exchange(false)) st.ctx->checkpoint_request.store(true);
+    if (req && req->exchange(false)) request_checkpoint(self);
     const double minutes = st.ctx->job->checkpoint.save_minutes;
     if (minutes > 0 && seconds_between(st.last_checkpoint, Clock::now()) >= minutes * 60.0) {
-      st.ctx->checkpoint_request.store(true);
+      request_checkpoint(self);
       st.last_checkpoint = Clock::now();
     }
   }
+  // The stop flag (SIGINT / SIGTERM, Python) likewise: polled here, then StopAt messages.
   const std::atomic<bool>* flag = st.ctx->job->stop;
   if (((flag && flag->load()) || st.control_stop) && !st.stop_requested) {
     st.stop_requested = true;
@@ -936,6 +966,15 @@ node_actor::behavior_type node_fn(self_ptr self, NodeRun run) {
         const auto probe = probe_handler(self, monitor::ActorId::node, "respawn");
         --self->state.respawns_pending;
         respawn(self, static_cast<Role>(role), device);
+      },
+      // A compute holds for the pause request in force (monitor_tick reports the pause).
+      [=](const PauseHeld& m) {
+        auto& s = self->state;
+        if (m.request == s.pause_id && s.pause_requested && s.held_at < 0) s.held_at = m.step;
+      },
+      [=](const CheckpointTaken& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::node, "CheckpointTaken");
+        take_checkpoint_request(self, m.step);
       },
   };
 }
