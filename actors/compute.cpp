@@ -36,7 +36,7 @@ struct compute_state {
   std::optional<Clock::time_point> waiting_since;
   double step_wait = 0.0, step_compute = 0.0;
   // Pause (the node's PauseRequest until wake): hold before a step's first op. Kept across a reset
-  // (the node sends it again to a respawned compute); held_reported: PauseHeld sent for this hold.
+  // (the supervisor sends it again to a respawned compute); held_reported: PauseHeld sent for this hold.
   std::uint64_t pause = 0;  // the pause request in force, 0 = none
   bool held_reported = false;
   static constexpr const char* name = "compute";

@@ -26,8 +26,8 @@ struct optimizer_state {
   double busy_s = 0.0;
   double gate_wait_s = 0.0;   // this step's wait for the checkpointer
   std::int64_t decided = -1;  // the step whose checkpoint decision is made
-  // The node's CheckpointRequest, until a decision takes it. Kept across a reset (the node sends it
-  // again to a respawned optimizer until CheckpointTaken reaches it).
+  // The node's CheckpointRequest, until a decision takes it. Kept across a reset (the supervisor sends
+  // it again to a respawned optimizer until CheckpointTaken reaches it).
   bool checkpoint_requested = false;
   static constexpr const char* name = "optimizer";
 };
@@ -50,7 +50,9 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   if (st.checkpoint_requested) {
     st.checkpoint_requested = false;
     due = true;
-    self->send(st.peers.node, CheckpointTaken{v});  // the node reports the request took effect at step v
+    // The controller reports the request took effect at step v; the supervisor stops asking again.
+    self->send(st.peers.node, CheckpointTaken{v});
+    self->send(st.peers.supervisor, CheckpointTaken{v});
   }
   if (due && ctx->gate.open(v, ctx->stages())) self->send(st.peers.checkpointer, CheckpointNow{v});
 }
