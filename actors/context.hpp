@@ -6,8 +6,8 @@
 // staging live in the DeviceArena; the ledger records which of them are valid (compute's position in
 // the schedule, which staging slot holds which stage's gradients, how many micro-batches each stage's
 // accumulator holds, each stage's sum of squares, the losses). Each field has one writer actor; the
-// node reads the ledger only while every actor is quiescent (after the reset barrier), and re-issues
-// the in-flight work from it.
+// node's supervisor reads the ledger only while every actor is quiescent (after the reset barrier),
+// and re-issues the in-flight work from it.
 #pragma once
 #include <atomic>
 #include <chrono>

@@ -47,8 +47,8 @@ struct run_controller_state {
   bool control_stop = false;                           // POST /control/stop
   std::vector<monitor::ControlRequest> stop_controls;  // reported at StopAt (took_effect) and the end
   // --- checkpoints --------------------------------------------------------------------------------
-  Clock::time_point last_checkpoint;           // for train.save_minutes
-  std::optional<std::int64_t> final_step;      // the end-of-run checkpoint asked for (the version it holds)
+  Clock::time_point last_checkpoint;       // for train.save_minutes
+  std::optional<std::int64_t> final_step;  // the end-of-run checkpoint asked for (the version it holds)
   std::vector<monitor::ControlRequest> checkpoint_controls;  // until the optimizer takes the request
   std::map<std::int64_t, std::vector<monitor::ControlRequest>> durable_controls;  // checkpoint step -> waiting
   std::string budget_error;           // the restart budget ran out: the run's error once the final checkpoint is done
@@ -540,8 +540,12 @@ node_actor::behavior_type ended(self_ptr self) {
       [=](const CollectorStepDone& m) { self->state.reports[m.step].offload_s = m.offload_s; },
       [=](const OptimizerStepDone& m) { on_optimizer_done(self, m); },
       [](tick_atom) {},
-      [=](const CheckpointDone& m) { on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes}); },
-      [=](const CheckpointFailed& m) { on_checkpoint(self, CheckpointEvent{m.step, false, "", m.error, 0.0, 0}); },
+      [=](const CheckpointDone& m) {
+        on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes});
+      },
+      [=](const CheckpointFailed& m) {
+        on_checkpoint(self, CheckpointEvent{m.step, false, "", m.error, 0.0, 0});
+      },
       [](const PauseHeld&) {},
       [](const CheckpointTaken&) {},
       [](const Peers&) {},

@@ -342,11 +342,11 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
       // tiles' version once they hold one, then ends the run with this error.
       const RestartSection& rs = st.ctx->cfg->restart;
       report_restarts(self);
-      self->send(st.controller,
-                 BudgetExhausted{std::string(role_name(role)) + " failed " + std::to_string(failures) + " times within " +
-                                 std::to_string(static_cast<long long>(rs.window_s)) + " s (restart.max_restarts=" +
-                                 std::to_string(st.ctx->cfg->max_restarts_of(role_name(role))) +
-                                 "); last failure: " + what});
+      self->send(
+          st.controller,
+          BudgetExhausted{std::string(role_name(role)) + " failed " + std::to_string(failures) + " times within " +
+                          std::to_string(static_cast<long long>(rs.window_s)) + " s (restart.max_restarts=" +
+                          std::to_string(st.ctx->cfg->max_restarts_of(role_name(role))) + "); last failure: " + what});
       return;
     }
     // A deterministic failure (bad data, a bug) recurs at once after a restart: give up when crashes
@@ -499,9 +499,9 @@ supervisor_actor::behavior_type supervising(self_ptr self) {
           return;
         }
         st.restart_controls[r] = m.control;
-        self->send_exit(role_handle(st, m.role), caf::make_error(caf::sec::runtime_error, "restart requested by " +
-                                                                                               m.control.id + " from " +
-                                                                                               m.control.peer));
+        self->send_exit(role_handle(st, m.role),
+                        caf::make_error(caf::sec::runtime_error,
+                                        "restart requested by " + m.control.id + " from " + m.control.peer));
       },
       [=](const WatchdogRestart& m) {
         auto& st = self->state;
