@@ -358,15 +358,18 @@ typename Inspector::result_type inspect(Inspector& f, CheckpointTaken& x) {
 
 // ---- between the node's two actors: the supervisor and the run controller ---------------------------
 
-// run controller -> supervisor: the next step whose record is due (every step before it finished).
-// The supervisor names it in restart events and counts crashes without progress from it.
+// run controller -> supervisor: the next step whose record is due (every step before it finished),
+// and the run's end step as the controller knows it (lowered when the restart budget ran out). The
+// supervisor names next_report in restart events and counts crashes without progress from it, and
+// names the end step in every later Resume.
 struct Progress {
   std::int64_t next_report = 0;
+  std::int64_t end_step = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Progress& x) {
-  return f(caf::meta::type_name("Progress"), x.next_report);
+  return f(caf::meta::type_name("Progress"), x.next_report, x.end_step);
 }
 
 // supervisor -> run controller: where restarts stand. restarting: a barrier (or a backoff) is in

@@ -259,7 +259,7 @@ void emit_ready_steps(self_ptr self) {
     st.reports.erase(it);
     ++st.next_report;
   }
-  if (st.next_report != first) self->send(st.supervisor, Progress{st.next_report});
+  if (st.next_report != first) self->send(st.supervisor, Progress{st.next_report, st.end_step});
   if (st.next_report >= st.end_step) finish(self);
 }
 
@@ -279,6 +279,7 @@ void budget_final_checkpoint(self_ptr self) {
   if (ctx->checkpointing && lo == hi && v > ctx->first_step) {
     st.end_step = v;
     st.final_step = v;
+    self->send(st.supervisor, Progress{st.next_report, v});  // a Resume after this one ends at v too
     ctx->gate.open(v, ctx->stages());  // the optimizer may not move a stage past v before it is written
     self->send(st.h.checkpointer, CheckpointNow{v});
     return;

@@ -457,8 +457,10 @@ supervisor_actor::behavior_type supervising(self_ptr self) {
         respawn(self, static_cast<Role>(role), device);
       },
       [=](const Progress& m) {
-        self->state.next_report = m.next_report;
-        self->state.crashes_since_progress = 0;
+        auto& st = self->state;
+        if (m.next_report != st.next_report) st.crashes_since_progress = 0;
+        st.next_report = m.next_report;
+        st.end_step = std::min(st.end_step, m.end_step);
       },
       // The run's end step (a stop request): every device's compute and prefetcher stop there, and a
       // Resume names it from now on.
