@@ -20,9 +20,12 @@ collector_actor spawn_collector(caf::actor_system& sys, Context* ctx, std::uint6
 optimizer_actor spawn_optimizer(caf::actor_system& sys, Context* ctx, std::uint64_t epoch);
 // The checkpointer (detached: HDF5 writes block). Not restarted by the node; it reports failures.
 checkpointer_actor spawn_checkpointer(caf::actor_system& sys, Context* ctx);
-// The supervisor (event-based, on the scheduler; it only routes messages). Quits after every child
-// is down; `result` is filled by then.
-node_actor spawn_node(caf::actor_system& sys, Context* ctx, EngineResult* result);
+// The node: its supervisor (event-based, on the scheduler; it only routes messages), which spawns the
+// run controller and every other actor. Quits after every child is down; `result` is filled by then.
+supervisor_actor spawn_node(caf::actor_system& sys, Context* ctx, EngineResult* result);
+// The run controller (event-based), spawned by the supervisor; it writes `result` but for restarts.
+node_actor spawn_run_controller(caf::actor_system& sys, Context* ctx, EngineResult* result,
+                                supervisor_actor supervisor);
 
 // An actor's uncaught exception becomes its exit reason (sec::runtime_error with the what() text), so
 // the supervisor can log it and restart the actor.
@@ -36,14 +39,15 @@ inline caf::error exception_to_error(std::exception_ptr& x) {
   }
 }
 
-// The handles the node sent in its last Peers message.
+// The handles the supervisor sent in its last Peers message.
 struct PeerHandles {
   loader_actor loader;
   prefetcher_actor prefetcher;
   compute_actor compute;
   collector_actor collector;
   optimizer_actor optimizer;
-  node_actor node;
+  node_actor node;              // the run controller
+  supervisor_actor supervisor;  // the node's supervisor
   checkpointer_actor checkpointer;
   std::vector<compute_actor> computes;        // every device's, in device order
   std::vector<prefetcher_actor> prefetchers;  // every device's, in device order
@@ -60,6 +64,7 @@ struct PeerHandles {
     collector = caf::actor_cast<collector_actor>(p.collector);
     optimizer = caf::actor_cast<optimizer_actor>(p.optimizer);
     node = caf::actor_cast<node_actor>(p.node);
+    supervisor = caf::actor_cast<supervisor_actor>(p.supervisor);
   }
 };
 

@@ -35,6 +35,10 @@ struct compute_state {
   std::map<std::pair<Pos, int>, WeightsReady> ready;
   std::optional<Clock::time_point> waiting_since;
   double step_wait = 0.0, step_compute = 0.0;
+  // Pause (the node's PauseRequest until wake): hold before a step's first op. Kept across a reset
+  // (the supervisor sends it again to a respawned compute); held_reported: PauseHeld sent for this hold.
+  std::uint64_t pause = 0;  // the pause request in force, 0 = none
+  bool held_reported = false;
   static constexpr const char* name = "compute";
 };
 
@@ -131,8 +135,9 @@ void try_advance(self_ptr self) {
   while (st.running && st.pos.step < st.end_step) {
     const Pos p = st.pos;
     // Paused (a control request): hold before the step's first op until the node sends wake.
-    if (p.index == 0 && ctx->run->pause_requested.load(std::memory_order_relaxed)) {
-      ctx->run->paused_at.store(p.step);
+    if (p.index == 0 && st.pause != 0) {
+      if (!st.held_reported) self->send(st.peers.node, PauseHeld{st.pause, p.step, ctx->device});
+      st.held_reported = true;
       return;
     }
     const BatchKey key{p.step, p.micro_batch};
@@ -367,11 +372,20 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
           }
         }
         st.running = true;
+        st.held_reported = false;  // a pause in force is reported again from the resumed position
+        try_advance(self);
+      },
+      [=](const PauseRequest& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::compute, "PauseRequest");
+        auto& st = self->state;
+        if (st.pause != m.request) st.held_reported = false;
+        st.pause = m.request;
         try_advance(self);
       },
       [=](wake_atom) {
         const auto probe = probe_handler(self, monitor::ActorId::compute, "wake");
-        ctx->run->paused_at.store(-1);
+        self->state.pause = 0;
+        self->state.held_reported = false;
         try_advance(self);
       },
       [=](reset_atom, std::uint64_t e) {

@@ -6,8 +6,8 @@
 // staging live in the DeviceArena; the ledger records which of them are valid (compute's position in
 // the schedule, which staging slot holds which stage's gradients, how many micro-batches each stage's
 // accumulator holds, each stage's sum of squares, the losses). Each field has one writer actor; the
-// node reads the ledger only while every actor is quiescent (after the reset barrier), and re-issues
-// the in-flight work from it.
+// node's supervisor reads the ledger only while every actor is quiescent (after the reset barrier),
+// and re-issues the in-flight work from it.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -167,7 +167,7 @@ struct Context {
   // global micro-batch m * N + d (data, losses, fault points); gradients are reduced per round m.
   int device = 0;
   int devices = 1;
-  Context* run = this;                    // device 0's context (the run's shared state: pause, gate, ...)
+  Context* run = this;                    // device 0's context (the run's shared state: gate, ...)
   std::vector<Context*> device_contexts;  // the run's context only: every device's, [0] = this
   std::int64_t global_micro_batch(std::int64_t local) const { return local * devices + device; }
   // Micro-batches of one step over every device (the data cursor advances by this per step).
@@ -205,16 +205,10 @@ struct Context {
   bool checkpointing = false;     // job->checkpoint.root is set
   std::int64_t cfg_end_step = 0;  // the run's planned end (before any stop request)
   CheckpointGate gate;
-  std::atomic<bool> checkpoint_request{false};            // the node sets it (SIGUSR1, timer); the optimizer takes it
-  std::atomic<std::int64_t> checkpoint_request_step{-1};  // the optimizer: the version it took a request for
 
   // The monitor (always set by run_engine; its endpoint only when monitor.enabled): actors publish
   // their handler and last unit of work to its board; the node its figures and events.
   monitor::Monitor* monitor = nullptr;
-  // Pause (a control request): the node sets pause_requested; compute holds before the first op of
-  // its next step and publishes that step in paused_at (-1 = not holding); the node lifts it with wake.
-  std::atomic<bool> pause_requested{false};
-  std::atomic<std::int64_t> paused_at{-1};
 
   // Carved from the arena's activation region. Boundaries on the device: per activation set (one per
   // in-flight micro-batch, Schedule::activation_set), L + 1 boundaries: acts[set][i] = input of stage

@@ -13,8 +13,11 @@
 //   update towards version v), optimizer --LayerUpdated--> checkpointer (writes stage s at version v
 //   at once), checkpointer --CheckpointDone / CheckpointFailed--> node; node --CheckpointNow--> checkpointer
 //   for the final checkpoint after the last step.
-// Control (node -> every pipeline actor): Peers (who is who), reset (a barrier: drop in-flight work and
-// adopt a new epoch, reply ack), Resume (rebuild state from the ledger and go), StopAt.
+// The node is two actors: the supervisor (supervisor.cpp: spawns, monitors, restarts) and the run
+// controller (run_controller.cpp: progress, checkpoints, evaluation, control, watchdog); "node" below
+// is the controller where the pipeline reports, the supervisor for control.
+// Control (supervisor -> every pipeline actor): Peers (who is who), reset (a barrier: drop in-flight work
+// and adopt a new epoch, reply ack), Resume (rebuild state from the ledger and go), StopAt.
 //
 // Restart semantics: every work message names its (step, micro-batch, stage, phase) and carries the
 // epoch it was sent in; the node bumps the epoch when it restarts a crashed actor, and a receiver
@@ -30,16 +33,19 @@
 #include "actors/fault.hpp"
 #include "actors/schedule.hpp"
 #include "data/loader.hpp"
+#include "monitor/status_board.hpp"
 
 namespace mt::actors {
 
 // ---- atoms -------------------------------------------------------------------------------------
-using reset_atom = caf::atom_constant<caf::atom("reset")>;  // node -> actor: barrier request (with the new epoch)
-using ack_atom = caf::atom_constant<caf::atom("ack")>;      // actor -> node: reset done, nothing in flight
-using tick_atom = caf::atom_constant<caf::atom("tick")>;    // node -> itself: poll the stop flag
-using wake_atom = caf::atom_constant<caf::atom("wake")>;    // node -> compute: a pause was lifted, continue
+using reset_atom = caf::atom_constant<caf::atom("reset")>;  // supervisor -> actor: barrier request (new epoch)
+using ack_atom = caf::atom_constant<caf::atom("ack")>;      // actor -> supervisor: reset done, nothing in flight
+using tick_atom = caf::atom_constant<caf::atom("tick")>;    // run controller -> itself: poll flags, controls
+using wake_atom = caf::atom_constant<caf::atom("wake")>;    // supervisor -> compute: the pause is lifted, continue
 using respawn_atom =
-    caf::atom_constant<caf::atom("respawn")>;  // node -> itself: respawn (role, device) after its backoff
+    caf::atom_constant<caf::atom("respawn")>;  // supervisor -> itself: respawn (role, device) after its backoff
+using shutdown_atom =
+    caf::atom_constant<caf::atom("shutdown")>;  // run controller -> supervisor: the run is over, stop every actor
 
 // ---- work identity -------------------------------------------------------------------------------
 // Names a unit of work: (step, micro-batch, stage, phase). micro_batch is -1 for per-step work
@@ -63,12 +69,13 @@ typename Inspector::result_type inspect(Inspector& f, Pos& x) {
 
 // ---- control ---------------------------------------------------------------------------------------
 
-// node -> every pipeline actor: the current handles of the others (sent at start and after each
-// restart, since a restarted actor has a new handle). Receivers cast them to the typed handles.
-// prefetcher and compute are the receiver's device's (device 0's for the other roles); computes and
-// prefetchers list every device's (device.gpus), in device order.
+// supervisor -> every pipeline actor and the run controller: the current handles of the others (sent at
+// start and after each restart, since a restarted actor has a new handle). Receivers cast them to the
+// typed handles. prefetcher and compute are the receiver's device's (device 0's for the other roles);
+// computes and prefetchers list every device's (device.gpus), in device order. node: the node's run
+// controller (every report goes there); supervisor: the node's supervisor.
 struct Peers {
-  caf::strong_actor_ptr loader, prefetcher, compute, collector, optimizer, node, checkpointer;
+  caf::strong_actor_ptr loader, prefetcher, compute, collector, optimizer, node, supervisor, checkpointer;
   std::vector<caf::strong_actor_ptr> computes, prefetchers;
 };
 
@@ -87,8 +94,9 @@ typename Inspector::result_type inspect(Inspector& f, Resume& x) {
   return f(caf::meta::type_name("Resume"), x.epoch, x.pos, x.opt_step, x.end_step);
 }
 
-// node -> compute (request; reply: the end step compute will honour, never inside a step it has
-// begun), then node -> prefetcher (plain): stop streaming and computing at end_step.
+// run controller -> compute (request; reply: the end step compute will honour, never inside a step it
+// has begun), then -> supervisor (the run's end step, named in every later Resume) -> compute and
+// prefetcher (plain): stop streaming and computing at end_step.
 struct StopAt {
   std::int64_t end_step = 0;
 };
@@ -299,6 +307,120 @@ typename Inspector::result_type inspect(Inspector& f, OptimizerStepDone& x) {
            x.optimizer_s, x.checkpoint_wait_s);
 }
 
+// ---- pause and checkpoint requests ------------------------------------------------------------------
+// Requests the run controller turns into messages (a control request, SIGUSR1, the train.save_minutes
+// timer), through the supervisor: the actor that acts on one keeps it in its state, and the supervisor
+// sends it again before the Resume of a respawned one (which starts without it).
+
+// run controller -> supervisor -> every compute: hold before the first op of the next step (until wake). `request`
+// numbers the node's pause requests, so a late PauseHeld of an earlier one is told apart.
+struct PauseRequest {
+  std::uint64_t request = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PauseRequest& x) {
+  return f(caf::meta::type_name("PauseRequest"), x.request);
+}
+
+// compute -> run controller: holding for pause `request` before step `step` (device `device`'s compute).
+struct PauseHeld {
+  std::uint64_t request = 0;
+  std::int64_t step = 0;
+  std::int32_t device = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PauseHeld& x) {
+  return f(caf::meta::type_name("PauseHeld"), x.request, x.step, x.device);
+}
+
+// run controller -> supervisor -> optimizer: checkpoint at the next step boundary it can still gate (its next
+// checkpoint decision, right before the first update of a step).
+struct CheckpointRequest {};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointRequest&) {
+  return f(caf::meta::type_name("CheckpointRequest"));
+}
+
+// optimizer -> run controller and supervisor: the request took effect as checkpoint `step` (sent before
+// that checkpoint's CheckpointNow, so the controller has it before the checkpointer's CheckpointDone,
+// and before the optimizer's ack of a later barrier, so the supervisor does not ask again).
+struct CheckpointTaken {
+  std::int64_t step = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CheckpointTaken& x) {
+  return f(caf::meta::type_name("CheckpointTaken"), x.step);
+}
+
+// ---- between the node's two actors: the supervisor and the run controller ---------------------------
+
+// run controller -> supervisor: the next step whose record is due (every step before it finished),
+// and the run's end step as the controller knows it (lowered when the restart budget ran out). The
+// supervisor names next_report in restart events and counts crashes without progress from it, and
+// names the end step in every later Resume.
+struct Progress {
+  std::int64_t next_report = 0;
+  std::int64_t end_step = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Progress& x) {
+  return f(caf::meta::type_name("Progress"), x.next_report, x.end_step);
+}
+
+// supervisor -> run controller: where restarts stand. restarting: a barrier (or a backoff) is in
+// progress (the watchdog waits); restarts: the run's count so far; restart_s: seconds lost to
+// finished restarts.
+struct RestartStatus {
+  bool restarting = false;
+  std::int64_t restarts = 0;
+  double restart_s = 0.0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RestartStatus& x) {
+  return f(caf::meta::type_name("RestartStatus"), x.restarting, x.restarts, x.restart_s);
+}
+
+// supervisor -> run controller: an actor's restart budget ran out (`error` says which and why): write
+// the final checkpoint once the tiles hold one version, then end the run with the error.
+struct BudgetExhausted {
+  std::string error;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, BudgetExhausted& x) {
+  return f(caf::meta::type_name("BudgetExhausted"), x.error);
+}
+
+// supervisor -> run controller: the run cannot go on (`error`); the supervisor is already stopping
+// the pipeline, the controller reports the end and answers shutdown_atom.
+struct RunFailed {
+  std::string error;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RunFailed& x) {
+  return f(caf::meta::type_name("RunFailed"), x.error);
+}
+
+// run controller -> supervisor: the monitor's POST /control/restart or /control/fault for `role`
+// (device 0's). Local only.
+struct RestartControl {
+  monitor::ControlRequest control;
+  Role role = Role::compute;
+};
+
+// run controller -> supervisor: the watchdog restarts `role` (device 0's); `why` becomes its failure.
+struct WatchdogRestart {
+  Role role = Role::compute;
+  std::string why;
+};
+
 // ---- checkpoints ---------------------------------------------------------------------------------
 
 // optimizer -> checkpointer: a checkpoint of tile version `step` (= steps done) is due; the optimizer
@@ -358,14 +480,15 @@ using compute_actor =
     caf::typed_actor<caf::reacts_to<WeightsReady>, caf::reacts_to<MicroBatch>, caf::reacts_to<GradSlotFree>,
                      caf::reacts_to<BoundarySaved>, caf::replies_to<StopAt>::with<StopAt>, caf::reacts_to<Peers>,
                      caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>,
-                     caf::reacts_to<wake_atom>>;
+                     caf::reacts_to<PauseRequest>, caf::reacts_to<wake_atom>>;
 
 using collector_actor = caf::typed_actor<caf::reacts_to<LayerGrads>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
                                          caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
 using optimizer_actor =
     caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerGradsComplete>, caf::reacts_to<Peers>,
-                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>,
+                     caf::reacts_to<CheckpointRequest>>;
 
 // The checkpointer is not a restartable pipeline role: it catches its own errors (a failed checkpoint
 // is reported, not fatal) and takes no part in the reset barrier (its messages carry no epoch: a
@@ -373,14 +496,27 @@ using optimizer_actor =
 using checkpointer_actor =
     caf::typed_actor<caf::reacts_to<CheckpointNow>, caf::reacts_to<LayerUpdated>, caf::reacts_to<Peers>>;
 
+// The node's run controller (run_controller.cpp): the pipeline's reports, its own tick, the
+// checkpointer's results and the supervisor's news.
 using node_actor =
     caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerUpdated>, caf::reacts_to<ComputeStepDone>,
                      caf::reacts_to<CollectorStepDone>, caf::reacts_to<OptimizerStepDone>, caf::reacts_to<tick_atom>,
-                     caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>,
-                     caf::reacts_to<respawn_atom, std::int32_t, std::int32_t>>;
+                     caf::reacts_to<CheckpointDone>, caf::reacts_to<CheckpointFailed>, caf::reacts_to<PauseHeld>,
+                     caf::reacts_to<CheckpointTaken>, caf::reacts_to<Peers>, caf::reacts_to<RestartStatus>,
+                     caf::reacts_to<BudgetExhausted>, caf::reacts_to<RunFailed>>;
+
+// The node's supervisor (supervisor.cpp): its own respawn timer, the controller's requests, and the
+// optimizer's CheckpointTaken.
+using supervisor_actor =
+    caf::typed_actor<caf::reacts_to<respawn_atom, std::int32_t, std::int32_t>, caf::reacts_to<Progress>,
+                     caf::reacts_to<StopAt>, caf::reacts_to<PauseRequest>, caf::reacts_to<wake_atom>,
+                     caf::reacts_to<CheckpointRequest>, caf::reacts_to<CheckpointTaken>, caf::reacts_to<RestartControl>,
+                     caf::reacts_to<WatchdogRestart>, caf::reacts_to<shutdown_atom>>;
 
 }  // namespace mt::actors
 
 // Local-only message types (pointers into this process).
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mt::actors::Peers)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mt::actors::MicroBatch)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mt::actors::RestartControl)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mt::actors::WatchdogRestart)

@@ -26,6 +26,9 @@ struct optimizer_state {
   double busy_s = 0.0;
   double gate_wait_s = 0.0;   // this step's wait for the checkpointer
   std::int64_t decided = -1;  // the step whose checkpoint decision is made
+  // The node's CheckpointRequest, until a decision takes it. Kept across a reset (the supervisor sends
+  // it again to a respawned optimizer until CheckpointTaken reaches it).
+  bool checkpoint_requested = false;
   static constexpr const char* name = "optimizer";
 };
 
@@ -44,9 +47,12 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   const CheckpointJob& cj = ctx->job->checkpoint;
   if (v == cj.deferred_step) return;  // the evaluation pass after this step writes it (a request waits)
   bool due = (cj.save_steps > 0 && v % cj.save_steps == 0) || (cj.at_end && v == ctx->cfg_end_step);
-  if (ctx->checkpoint_request.exchange(false)) {
+  if (st.checkpoint_requested) {
+    st.checkpoint_requested = false;
     due = true;
-    ctx->checkpoint_request_step.store(v);  // the node reports the request took effect at step v
+    // The controller reports the request took effect at step v; the supervisor stops asking again.
+    self->send(st.peers.node, CheckpointTaken{v});
+    self->send(st.peers.supervisor, CheckpointTaken{v});
   }
   if (due && ctx->gate.open(v, ctx->stages())) self->send(st.peers.checkpointer, CheckpointNow{v});
 }
@@ -152,6 +158,10 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
         st.sumsq.clear();
         st.running = true;
         st.decided = -1;
+      },
+      [=](const CheckpointRequest&) {
+        const auto probe = probe_handler(self, monitor::ActorId::optimizer, "CheckpointRequest");
+        self->state.checkpoint_requested = true;
       },
       [=](reset_atom, std::uint64_t e) {
         const auto probe = probe_handler(self, monitor::ActorId::optimizer, "reset");
