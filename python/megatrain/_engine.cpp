@@ -3,7 +3,7 @@
 // one tensor at a time (Hugging Face names, file orientation) so no second full copy of a model is
 // made; data reaches the engine as llm.c token shards written with data/'s ShardWriter.
 //
-// train() runs run/training_run.hpp on a worker thread while the calling (main) thread, with the GIL
+// train() runs node/training_run.hpp on a worker thread while the calling (main) thread, with the GIL
 // released between polls, hands progress to Python and checks for signals: Ctrl-C sets the engine's
 // stop flag (the step in progress finishes, the final checkpoint is written) instead of unwinding.
 #include <pybind11/functional.h>
@@ -27,7 +27,7 @@
 #include "data/shard.hpp"
 #include "data/tokenizer.hpp"
 #include "kernels/param_layout.hpp"
-#include "run/training_run.hpp"
+#include "node/training_run.hpp"
 #include "storage/hf/hf_config.hpp"
 #include "storage/hf/hf_model.hpp"
 

@@ -1,9 +1,9 @@
-// The run's pinning of the host tiles (run/host_pinning.hpp): every tile is handed to the backend
+// The run's pinning of the host tiles (node/host_pinning.hpp): every tile is handed to the backend
 // at its exact size when HostModel allocates it and taken back when it goes, in both precisions and
 // with the masters on the tier; the CPU backend gets no hook at all.
 #include <catch2/catch.hpp>
 
-#include "run/host_pinning.hpp"
+#include "node/host_pinning.hpp"
 #include "tests/actors/engine_fixture.hpp"
 
 using namespace mt;

@@ -11,10 +11,10 @@
 
 #include <filesystem>
 
+#include "node/training_run.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"
 #include "plan/step_model.hpp"
-#include "run/training_run.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tests/actors/engine_fixture.hpp"
 #include "tests/actors/node_binary_fixture.hpp"

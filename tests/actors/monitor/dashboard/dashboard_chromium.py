@@ -10,7 +10,7 @@ the page's checkpoint control (the token as the page keeps it, in sessionStorage
 `control` event saying the checkpoint is durable, keeps a screenshot, and stops the node with
 POST /control/stop (clean exit, monitor.json removed).
 
-  dashboard_chromium.py --node BUILD/run/megatrain --work DIR [--screenshot FILE]
+  dashboard_chromium.py --node BUILD/node/megatrain --work DIR [--screenshot FILE]
   dashboard_chromium.py --attach OUTPUT_DIR [--screenshot FILE]     (a node that is already running)
 
 Exit 0: passed; 1: failed (says what); 77: chromium is not installed (ctest counts it as skipped).

@@ -10,15 +10,15 @@
 // the run. SIGTERM / SIGINT: finish the step in progress, write the final checkpoint, exit 0.
 // train.resume_from_checkpoint=latest|DIR continues a run bit-identically; model.model_name_or_path
 // starts from Hugging Face weights; train.export_hf_dir writes the final weights as a HF directory.
-// The run itself is run/training_run.hpp (shared with the Python module); this file parses arguments.
+// The run itself is node/training_run.hpp (shared with the Python module); this file parses arguments.
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "config/node_config.hpp"
-#include "run/plan_command.hpp"
-#include "run/training_run.hpp"
+#include "node/plan_command.hpp"
+#include "node/training_run.hpp"
 
 // LeakSanitizer (asan preset): HDF5's global state is never freed because storage/checkpoint turns
 // HDF5's exit handler off (H5dont_atexit; see storage/checkpoint/README.md), which LSan would report

@@ -1,4 +1,4 @@
-#include "run/host_pinning.hpp"
+#include "node/host_pinning.hpp"
 
 namespace mt::actors {
 

@@ -1,4 +1,4 @@
-#include "run/training_run.hpp"
+#include "node/training_run.hpp"
 
 #include <algorithm>
 #include <csignal>
@@ -22,8 +22,8 @@
 #include "data/loader.hpp"
 #include "data/shard.hpp"
 #include "data/tokenizer.hpp"
+#include "node/host_pinning.hpp"
 #include "plan/resource_plan.hpp"
-#include "run/host_pinning.hpp"
 #include "storage/hf/file_util.hpp"
 #include "storage/hf/hf_config.hpp"
 

@@ -1,4 +1,4 @@
-#include "run/plan_command.hpp"
+#include "node/plan_command.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -6,10 +6,10 @@
 #include <iostream>
 
 #include "config/node_config.hpp"
+#include "node/training_run.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"
 #include "plan/step_model.hpp"
-#include "run/training_run.hpp"
 #include "storage/hf/hf_config.hpp"
 
 namespace mt::plan {
