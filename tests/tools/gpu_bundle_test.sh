@@ -136,11 +136,14 @@ check "gpu-check says: no GPU visible" grep -q "no GPU visible" "$work/entry.log
 check "gpu-check found the CUDA runtime in /usr/local/cuda/lib64" grep -q "CUDA runtime: libcudart.so.* -> /usr/local/cuda/lib64/" "$work/entry.log"
 check "gpu-check printed glibc's version" grep -q "^glibc: this machine 2.36, the bundle needs >= " "$work/entry.log"
 check "gpu-check's host-tests stage passed" grep -q '"name": "host-tests", "status": "passed"' "$sysroot/tmp/out/summary.json"
+check "gpu-check's summary is JSON" python3 -m json.tool "$sysroot/tmp/out/summary.json" /dev/null
 check "gpu-check's summary says no_gpu" grep -q '"result": "no_gpu"' "$sysroot/tmp/out/summary.json"
 check "gpu-check wrote its whole log" grep -q "no GPU visible" "$sysroot/tmp/out/gpu-check.log"
 s=0
 in_root env MEGATRAIN_GLIBC_VERSION=2.17 "$cb/gpu-check" --out /tmp/out2 >"$work/entry.log" 2>&1 || s=$?
 check "gpu-check refuses glibc 2.17 (exit 3, named)" sh -c "[ $s = 3 ] && grep -q 'glibc 2.17 is older than' '$work/entry.log'"
+check "gpu-check's refusal summary is JSON, result refused" \
+  sh -c "python3 -m json.tool '$sysroot/tmp/out2/summary.json' >/dev/null && grep -q '\"result\": \"refused\"' '$sysroot/tmp/out2/summary.json'"
 s=0
 in_root env MEGATRAIN_CUDA_LIB_DIRS=/nowhere "$cb/gpu-check" --out /tmp/out3 >"$work/entry.log" 2>&1 || s=$?
 check "gpu-check refuses a machine without the CUDA runtime (exit 3, named)" \
