@@ -15,11 +15,13 @@
 #include "actors/run_state.hpp"
 #include "engine_fixture.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
+#include "tests/actors/run_dir_fixture.hpp"
 
 using namespace mt;
 using namespace mt::actors;
 using namespace mt::actors::test;
 namespace fs = std::filesystem;
+using mt::test::TempDir;
 
 // LeakSanitizer (asan preset): HDF5's global state is never freed because storage/checkpoint turns
 // HDF5's exit handler off (H5dont_atexit; see storage/checkpoint/README.md), which LSan would report
@@ -28,16 +30,6 @@ namespace fs = std::filesystem;
 extern "C" const char* __lsan_default_suppressions() { return "leak:libhdf5\n"; }
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("mt_ckpt_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // Records which micro-batches were served (data order), first request of each, in order.
 class RecordingSource : public BatchSource {

@@ -24,11 +24,14 @@
 #include "storage/checkpoint/checkpoint_reader.hpp"
 
 #include "tests/actors/node_binary_fixture.hpp"
+#include "tests/actors/run_dir_fixture.hpp"
 
 namespace fs = std::filesystem;
 using mt::test::make_shard;
 using mt::test::Outcome;
+using mt::test::same_checkpoints;
 using mt::test::slurp;
+using mt::test::TempDir;
 
 // LeakSanitizer (asan preset): HDF5's global state is never freed because storage/checkpoint turns
 // HDF5's exit handler off (H5dont_atexit; see storage/checkpoint/README.md), which LSan would report
@@ -59,19 +62,6 @@ std::vector<nlohmann::json> jsonl(const fs::path& p) {
   while (std::getline(in, line))
     if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
   return rows;
-}
-
-bool same_checkpoints(const fs::path& a, const fs::path& b) {
-  const mt::ckpt::CheckpointReader ra(a), rb(b);
-  const mt::ModelConfig& m = ra.model_config();
-  for (std::int64_t s = 0; s < mt::num_stages(m); ++s) {
-    const std::size_t n = static_cast<std::size_t>(mt::stage_layout(m, s).total_floats);
-    std::vector<float> x(3 * n), y(3 * n);
-    ra.read_stage(s, x.data(), x.data() + n, x.data() + 2 * n);
-    rb.read_stage(s, y.data(), y.data() + n, y.data() + 2 * n);
-    if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) return false;
-  }
-  return true;
 }
 
 struct Child {
@@ -115,16 +105,6 @@ int wait_exit(const Child& c) {
   ::waitpid(c.pid, &status, 0);
   return -2;
 }
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("mt_ckbin_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 }  // namespace
 

@@ -18,23 +18,15 @@
 #include "storage/offload/staged_moment_store.hpp"
 #include "tests/actors/engine_fixture.hpp"
 #include "tests/actors/node_binary_fixture.hpp"
+#include "tests/actors/run_dir_fixture.hpp"
 
 using namespace mt;
 using namespace mt::actors;
 using namespace mt::actors::test;
 namespace fs = std::filesystem;
+using mt::test::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("mt_plan_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 double tier_total(const plan::ResourcePlan& p, const std::string& tier) {
   double total = 0;

@@ -27,9 +27,12 @@
 #include "kernels/param_layout.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
 #include "tests/actors/node_binary_fixture.hpp"
+#include "tests/actors/run_dir_fixture.hpp"
 
 namespace fs = std::filesystem;
+using mt::test::same_checkpoints;
 using mt::test::slurp;
+using mt::test::TempDir;
 
 // LeakSanitizer (asan preset): HDF5's global state is never freed (storage/checkpoint/README.md).
 // NOLINTNEXTLINE(bugprone-reserved-identifier): the name is LSan's interface
@@ -48,16 +51,6 @@ void require_venv() {
     std::exit(77);
   }
 }
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("mt_monitor_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // The tiny model of the node binary tests; `link_gbps` slows the copy engine so that a run lasts long
 // enough to act on (the results do not depend on it).
@@ -119,19 +112,6 @@ int run_client(const std::string& command, const fs::path& out, std::string& tex
   const int rc = std::system(cmd.c_str());
   text = slurp(log);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-bool same_checkpoints(const fs::path& a, const fs::path& b) {
-  const mt::ckpt::CheckpointReader ra(a), rb(b);
-  const mt::ModelConfig& m = ra.model_config();
-  for (std::int64_t s = 0; s < mt::num_stages(m); ++s) {
-    const std::size_t n = static_cast<std::size_t>(mt::stage_layout(m, s).total_floats);
-    std::vector<float> x(3 * n), y(3 * n);
-    ra.read_stage(s, x.data(), x.data() + n, x.data() + 2 * n);
-    rb.read_stage(s, y.data(), y.data() + n, y.data() + 2 * n);
-    if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0) return false;
-  }
-  return true;
 }
 
 std::vector<double> losses(const fs::path& jsonl) {

@@ -90,6 +90,44 @@ TEST_CASE("a flipped data byte is caught per dataset even without the whole-file
   CHECK_THAT(err, Catch::Contains(shard.string()));
 }
 
+// The normal resume path: open (whole-file check) then read_stage. Bytes that change after open has
+// verified the file (the disk, another process) are only seen by read_stage's per-dataset checksum.
+TEST_CASE("read_stage finds a dataset damaged after open verified the shard, and names the dataset") {
+  test::TempDir tmp;
+  const fs::path dir = write_checkpoint(tmp.path(), 1);
+  const auto r = CheckpointReader::open(tmp.path());
+  const std::int64_t stage = 1;
+  const auto& entry = r.manifest().at("stages").at(stage);
+  const std::string shard_name = entry.at("shard").get<std::string>();
+  const std::string params_group = entry.at("group").get<std::string>() + "/params/";
+  std::string dataset;
+  std::uint64_t offset = 0;
+  for (const auto& s : r.manifest().at("shards"))
+    if (s.at("file").get<std::string>() == shard_name)
+      for (const auto& d : s.at("datasets"))
+        if (dataset.empty() && d.at(0).get<std::string>().find(params_group) != std::string::npos) {
+          dataset = d.at(0).get<std::string>();
+          offset = d.at(1).get<std::uint64_t>() + d.at(2).get<std::uint64_t>() / 2;
+        }
+  REQUIRE(!dataset.empty());
+  const std::string dataset_in_group = dataset.substr(dataset.find(params_group));
+  std::vector<float> params(stage_layout(kConfig, stage).total_floats);
+
+  test::flip_byte(dir / shard_name, offset);
+  std::string err;
+  try {
+    r.read_stage(stage, params.data());
+  } catch (const CheckpointError& e) {
+    err = e.what();
+  }
+  INFO(err);
+  CHECK_THAT(err, Catch::Contains(shard_name) && Catch::Contains(dataset_in_group) && Catch::Contains("checksum"));
+
+  test::flip_byte(dir / shard_name, offset);  // undo: the same reader now reads the stage bit for bit
+  r.read_stage(stage, params.data());
+  CHECK(params == test::stage_values(kConfig, stage, 0));
+}
+
 TEST_CASE("a truncated shard is detected and named") {
   test::TempDir tmp;
   const fs::path dir = write_checkpoint(tmp.path(), 1);

@@ -289,7 +289,9 @@ TEST_CASE("megatrain-top and megatrain-ctl against a running node", "[tools][mon
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK(std::regex_search(r.out, std::regex("c-[0-9]+ took_effect")));
-    for (const auto& a : nlohmann::json::parse(run(ctl() + " " + dir + " status").out).at("actors"))
+    // Named: a range-for over parse(...).at(...) would iterate a temporary already destroyed (ASan).
+    const auto status = nlohmann::json::parse(run(ctl() + " " + dir + " status").out);
+    for (const auto& a : status.at("actors"))
       if (a.at("name") == "compute") CHECK(a.at("restarts").get<int>() >= 1);
   }
 
