@@ -1,6 +1,7 @@
 #include "device/backend.hpp"
 
 #include "device/cpu/cpu_backend.hpp"
+#include "kernels/stages.hpp"
 #if MEGATRAIN_HAVE_CUDA
 #include "device/cuda/cuda_backend.hpp"
 #include "device/cuda/device_probe.hpp"
@@ -47,6 +48,55 @@ void Backend::accumulate_to_host(const float*, float*, std::size_t, bool, int) {
 void Backend::reduce_gradients(const std::vector<Backend*>&, const std::vector<float*>&, std::size_t) {
   throw std::logic_error(std::string("the ") + name() +
                          " backend has no cross-device gradient reduction: device.gpus must be 1 with it");
+}
+
+void Backend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
+                                std::int64_t seq, float* x_out) {
+  begin_stage();
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  check_ids(c, tokens, batch * seq, false, "embedding_forward");
+  mt::embedding_forward(ops(), c, weights, tokens, batch, seq, x_out);
+  end_stage();
+}
+
+void Backend::embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
+                                 const float* dx, float* grads) {
+  begin_stage();
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  check_ids(c, tokens, batch * seq, false, "embedding_backward");
+  mt::embedding_backward(ops(), c, tokens, batch, seq, dx, grads);
+  end_stage();
+}
+
+void Backend::layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
+                            std::int64_t batch, std::int64_t seq, float* saved, float* workspace) {
+  begin_stage();
+  mt::layer_forward(ops(), c, weights, x_in, x_out, batch, seq, saved, workspace);
+  end_stage();
+}
+
+void Backend::layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
+                             const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
+                             float* workspace) {
+  begin_stage();
+  mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, batch, seq, workspace);
+  end_stage();
+}
+
+LossSum Backend::head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
+                                       const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                                       float* dx, float* head_grads, float* embed_grads, float* workspace) {
+  begin_stage();
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  if (!targets) throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
+  check_ids(c, targets, batch * seq, true, "head_forward_backward");
+  const LossSum loss = mt::head_forward_backward(ops(), c, head_weights, embed_weights, x_in, targets, batch, seq, dx,
+                                                 head_grads, embed_grads, workspace, head_chunk_);
+  end_stage();
+  return loss;
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {

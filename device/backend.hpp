@@ -9,7 +9,9 @@
 //     callback the actors turn into messages (CopyDone, BoundarySaved, a collector's future);
 //   - device-side work on one compute queue, in call order: fills, device-to-device copies and the
 //     stage operations (embedding, decoder layer, fused head with its loss), with the stage API's
-//     semantics (kernels/stage_api.hpp) and the run's precision (kernels/precision.hpp);
+//     semantics (kernels/stage_api.hpp) and the run's precision (kernels/precision.hpp). Every backend
+//     runs the same stage code (kernels/stages.hpp) over its own ops (kernels/ops.hpp: CpuOps, CudaOps);
+//     what a backend adds is memory, the link, pinning, and the checks of token ids on the host;
 //   - host registration (pinning) of the tiles it streams from and into.
 //
 // Ordering contract (what the actors rely on; a GPU backend keeps it with streams and events):
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include "kernels/model_config.hpp"
+#include "kernels/ops.hpp"
 #include "kernels/precision.hpp"
 #include "kernels/stage_api.hpp"
 
@@ -131,20 +134,26 @@ class Backend {
   virtual void synchronize() = 0;
 
   // The stage operations of kernels/stage_api.hpp on device pointers: weights in the run's precision
-  // (slots filled from the tiles' stream source), hidden states, gradients and workspace fp32.
-  virtual void embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
-                                 std::int64_t seq, float* x_out) = 0;
-  virtual void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
-                                  const float* dx, float* grads) = 0;
-  virtual void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
-                             std::int64_t batch, std::int64_t seq, float* saved, float* workspace) = 0;
-  virtual void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
-                              const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
-                              float* workspace) = 0;
+  // (slots filled from the tiles' stream source), hidden states, gradients and workspace fp32. Written
+  // once for every backend: the stages of kernels/stages.hpp over ops(), between begin_stage() and
+  // end_stage(), with the token ids checked by check_ids() first.
+  void embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
+                         std::int64_t seq, float* x_out);
+  void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
+                          const float* dx, float* grads);
+  void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
+                     std::int64_t seq, float* saved, float* workspace);
+  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
+                      float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace);
   // The fused head; returns the loss read back to the host (once per call).
-  virtual LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
-                                        const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                                        float* dx, float* head_grads, float* embed_grads, float* workspace) = 0;
+  LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
+                                const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                                float* dx, float* head_grads, float* embed_grads, float* workspace);
+
+  // The backend's op set, on its compute queue (rules 1-4 as for the stage operations; its ops may
+  // return before they ran, loss_sum waits). The stage operations above run the stages over it; the op
+  // test (tests/device/test_backend_ops.cpp) calls it directly on buffers from allocate_device.
+  virtual Ops& ops() = 0;
 
   // Token ids the stage operations read: on the CPU backend host memory is device memory; a GPU
   // backend copies them into a device buffer of its own and returns that pointer (valid until the
@@ -163,6 +172,16 @@ class Backend {
   // README). The default: this backend cannot (device.gpus must stay 1).
   virtual void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
                                 std::size_t floats);
+
+ protected:
+  // Around every stage operation: make this backend's device current; then wait for the stage's work
+  // (rule 3) and surface asynchronous errors. The CPU backend's compute is synchronous: nothing to do.
+  virtual void begin_stage() {}
+  virtual void end_stage() {}
+  // Throws std::invalid_argument unless ids[0..n) (what upload_tokens returned) are token ids of the
+  // model (targets: or -100), read where the host can (a GPU backend keeps a host copy of each upload).
+  virtual void check_ids(const ModelConfig& c, const token_t* ids, std::int64_t n, bool targets, const char* what) = 0;
+  std::int64_t head_chunk_ = 0;  // BackendOptions::head_chunk
 };
 
 // The backend named by options.kind. Throws BackendUnavailable (naming `device.backend` and why) when

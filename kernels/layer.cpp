@@ -1,74 +1,17 @@
-// layer_forward / layer_backward: validation and workspace split, then the Llama or GPT-2 template.
-// Also the Mixed precision helper the stage templates compute through (layer_impl.hpp).
-#include <algorithm>
+// layer_forward / layer_backward: validation and the workspace split (saved | scratch | operand room),
+// then the family's stage over the ops (layer_impl.hpp).
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cpu/bf16.hpp"
-#include "kernels/cpu/ops.hpp"
-#include "kernels/cpu/ops_bf16.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/layer_impl.hpp"
-#include "kernels/stage_api.hpp"
-#include "kernels/workspace.hpp"
+#include "kernels/stages.hpp"
 
 namespace mt {
 
 namespace detail {
 
-void Mixed::fwd(const float* x, const void* W, const void* b, float* y, std::int64_t N, std::int64_t in,
-                std::int64_t out) const {
-  if (!bf16()) {
-    cpu::linear_forward(x, static_cast<const float*>(W), static_cast<const float*>(b), y, N, in, out, threads);
-    return;
-  }
-  cpu::to_bf16(x, xb, static_cast<std::size_t>(N * in), threads);
-  cpu::linear_forward_bf16(xb, static_cast<const bf16_t*>(W), static_cast<const bf16_t*>(b), y, N, in, out, threads);
-}
-
-void Mixed::bwd(const float* dy, const float* x, const void* W, float* dx, bool add, float* dW, float* db,
-                std::int64_t N, std::int64_t in, std::int64_t out) const {
-  if (!bf16()) {
-    if (dx) cpu::linear_backward_input(dy, static_cast<const float*>(W), dx, N, in, out, add, threads);
-    cpu::linear_backward_weight(dy, x, dW, db, N, in, out, threads);
-    return;
-  }
-  cpu::to_bf16(dy, gb, static_cast<std::size_t>(N * out), threads);
-  if (dx) cpu::linear_backward_input_bf16(gb, static_cast<const bf16_t*>(W), dx, N, in, out, add, threads);
-  cpu::to_bf16(x, xb, static_cast<std::size_t>(N * in), threads);
-  cpu::linear_backward_weight_bf16(gb, xb, dW, N, in, out, threads);
-  if (db) cpu::colsum_add(dy, db, N, out, threads);  // bias gradients from the fp32 dy
-}
-
-const float* Mixed::vec(const void* w, std::int64_t n, int slot) const {
-  if (!w || !bf16()) return static_cast<const float*>(w);
-  float* dst = small + static_cast<std::int64_t>(slot) * small_n;
-  cpu::from_bf16(static_cast<const bf16_t*>(w), dst, static_cast<std::size_t>(n), 1);
-  return dst;
-}
-
-Mixed carve_mixed(Precision p, int threads, float* base, std::int64_t xb_n, std::int64_t gb_n, std::int64_t small_n,
-                  std::size_t* used) {
-  Mixed m;
-  m.precision = p;
-  m.threads = threads;
-  Carver cv(base);
-  if (p == Precision::bf16) {
-    m.xb = reinterpret_cast<bf16_t*>(cv.take((xb_n + 1) / 2));  // two bf16 per float of the workspace
-    m.gb = reinterpret_cast<bf16_t*>(cv.take((gb_n + 1) / 2));
-    m.small = cv.take(small_n * Mixed::kSmallSlots);
-    m.small_n = small_n;
-  }
-  if (used) *used = cv.used();
-  return m;
-}
-
-Mixed layer_mixed(const ModelConfig& c, std::int64_t B, std::int64_t T, Precision p, int threads, float* base,
-                  std::size_t* used) {
-  const std::int64_t N = B * T;
-  const std::int64_t widest =
-      std::max({c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.is_gpt2() ? 3 * c.hidden_size : 0});
-  return carve_mixed(p, threads, base, N * widest, N * widest, std::max(c.hidden_size, c.head_dim), used);
-}
+const LayerFamily& layer_family(const ModelConfig& c) { return c.is_gpt2() ? kGpt2Layer : kLlamaLayer; }
 
 }  // namespace detail
 
@@ -78,8 +21,10 @@ void check_pointers(bool ok, const char* what) {
   if (!ok) throw std::invalid_argument(std::string("layer: ") + what);
 }
 
-std::size_t scratch_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq) {
-  return c.is_gpt2() ? detail::gpt2_scratch_floats(c, batch, seq) : detail::llama_scratch_floats(c, batch, seq);
+// Hands the ops the room after the saved and scratch regions.
+void give_operand_room(Ops& ops, const detail::LayerFamily& f, const ModelConfig& c, std::int64_t batch,
+                       std::int64_t seq, float* scratch) {
+  ops.use_operand_room(scratch + f.scratch_floats(c, batch, seq), f.operand_room(c, batch, seq));
 }
 
 }  // namespace
@@ -87,15 +32,15 @@ std::size_t scratch_floats(const ModelConfig& c, std::int64_t batch, std::int64_
 std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq) {
   c.validate();
   validate_batch_shape(c, batch, seq);
-  return c.is_gpt2() ? detail::gpt2_saved_floats(c, batch, seq) : detail::llama_saved_floats(c, batch, seq);
+  return detail::layer_family(c).saved_floats(c, batch, seq);
 }
 
 std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode,
                                    Precision precision) {
   const std::size_t saved = layer_saved_floats(c, batch, seq);
-  std::size_t mixed = 0;
-  detail::layer_mixed(c, batch, seq, precision, 1, nullptr, &mixed);
-  return scratch_floats(c, batch, seq) + (mode == ActivationMode::recompute ? saved : 0) + mixed;
+  const detail::LayerFamily& f = detail::layer_family(c);
+  return f.scratch_floats(c, batch, seq) + (mode == ActivationMode::recompute ? saved : 0) +
+         operand_room_floats(precision, f.operand_room(c, batch, seq));
 }
 
 std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std::int64_t batch, std::int64_t seq,
@@ -110,24 +55,20 @@ std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std
   return layer_workspace_floats(c, batch, seq, mode, precision);
 }
 
-void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
-                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx) {
+void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
+                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace) {
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
   check_pointers(params && x_in && x_out && workspace, "params, x_in, x_out and workspace must be non-null");
   check_pointers(x_in != x_out, "x_out must not alias x_in");
   float* keep = saved ? saved : workspace;
   float* scratch = saved ? workspace : workspace + saved_n;
-  const detail::Mixed mx =
-      detail::layer_mixed(c, batch, seq, ctx.precision, ctx.threads, scratch + scratch_floats(c, batch, seq));
-  if (c.is_gpt2())
-    detail::gpt2_forward(c, params, x_in, x_out, batch, seq, keep, scratch, mx);
-  else
-    detail::llama_forward(c, params, x_in, x_out, batch, seq, keep, scratch, mx);
+  const detail::LayerFamily& f = detail::layer_family(c);
+  give_operand_room(ops, f, c, batch, seq, scratch);
+  f.forward(ops, c, params, x_in, x_out, batch, seq, keep, scratch);
 }
 
-void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
-                    float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    const ComputeCtx& ctx) {
+void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
+                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace) {
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
   check_pointers(params && dy && dx && grads && workspace, "params, dy, dx, grads and workspace must be non-null");
   check_pointers(saved || x_in, "recompute mode (saved == nullptr) needs the layer input x_in");
@@ -135,12 +76,22 @@ void layer_backward(const ModelConfig& c, const void* params, const float* x_in,
   const bool recompute = saved == nullptr;
   float* keep = recompute ? workspace : const_cast<float*>(saved);  // read-only when not recomputing
   float* scratch = recompute ? workspace + saved_n : workspace;
-  const detail::Mixed mx =
-      detail::layer_mixed(c, batch, seq, ctx.precision, ctx.threads, scratch + scratch_floats(c, batch, seq));
-  if (c.is_gpt2())
-    detail::gpt2_backward(c, params, x_in, keep, recompute, dy, dx, grads, batch, seq, scratch, mx);
-  else
-    detail::llama_backward(c, params, x_in, keep, recompute, dy, dx, grads, batch, seq, scratch, mx);
+  const detail::LayerFamily& f = detail::layer_family(c);
+  give_operand_room(ops, f, c, batch, seq, scratch);
+  f.backward(ops, c, params, x_in, keep, recompute, dy, dx, grads, batch, seq, scratch);
+}
+
+void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
+                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx) {
+  cpu::CpuOps ops(ctx.precision, ctx.threads);
+  layer_forward(ops, c, params, x_in, x_out, batch, seq, saved, workspace);
+}
+
+void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
+                    float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
+                    const ComputeCtx& ctx) {
+  cpu::CpuOps ops(ctx.precision, ctx.threads);
+  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, batch, seq, workspace);
 }
 
 }  // namespace mt

@@ -1,15 +1,35 @@
-// Internal: the two layer kinds behind layer_forward/layer_backward (stage_api.hpp), and the precision
-// helper every stage template computes through. "saved" holds the forward's intermediates (the caller's
-// keep buffer, or the front of the workspace when recomputing); "scratch" is the rest of the workspace;
-// in bf16 mode the Mixed scratch (converted operands, widened norm weights) follows it.
+// Internal: the decoder-layer families behind layer_forward / layer_backward (stage_api.hpp, stages.hpp).
+// A family is one entry of this table: its Saved carving (what the forward keeps for the backward, the
+// caller's keep buffer or the front of the workspace when recomputing), its scratch, the operand room
+// its products need, and its forward and backward written once over the ops (ops.hpp). Adding a family
+// is one new file defining a LayerFamily plus one line in layer_family() (kernels/README.md).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/model_config.hpp"
+#include "kernels/ops.hpp"
+#include "kernels/param_layout.hpp"
 #include "kernels/precision.hpp"
 
 namespace mt::detail {
+
+struct LayerFamily {
+  const char* name;
+  std::size_t (*saved_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
+  std::size_t (*scratch_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
+  OperandRoom (*operand_room)(const ModelConfig& c, std::int64_t B, std::int64_t T);
+  // x_out == nullptr stops after the last activation (what a recomputing backward needs).
+  void (*forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
+                  std::int64_t T, float* saved, float* scratch);
+  // recompute: run the forward into `saved` first (from x_in); otherwise `saved` holds it and x_in is unused.
+  void (*backward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
+                   const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch);
+};
+
+extern const LayerFamily kLlamaLayer;  // llama_layer.cpp: Llama, Mistral, Qwen2, Qwen3
+extern const LayerFamily kGpt2Layer;   // gpt2_layer.cpp
+const LayerFamily& layer_family(const ModelConfig& c);
 
 // A tensor `elements` into a parameter buffer of the run's precision (weights) or fp32 (gradients).
 inline const void* elem_offset(const void* base, std::size_t elements, Precision p) {
@@ -17,52 +37,36 @@ inline const void* elem_offset(const void* base, std::size_t elements, Precision
 }
 inline float* elem_offset(float* base, std::size_t elements, Precision) { return base + elements; }
 
-// How a stage runs its matrix products and reads its small weights. fp32: weights are float, products are
-// cpu::linear_*. bf16: weights are bf16_t; each product's fp32 activation (or output gradient) is rounded
-// to bf16 into xb (gb) first, then the bf16 products accumulate in fp32; norm weights and biases are
-// widened to fp32 into `small` slots. Gradients and outputs are fp32 in both.
-struct Mixed {
-  Precision precision = Precision::fp32;
-  int threads = 1;
-  bf16_t* xb = nullptr;    // room for one activation operand (xb_n elements)
-  bf16_t* gb = nullptr;    // room for one output-gradient operand (gb_n elements)
-  float* small = nullptr;  // kSmallSlots slots of small_n floats
-  std::int64_t small_n = 0;
-  static constexpr int kSmallSlots = 4;
-
-  bool bf16() const { return precision == Precision::bf16; }
-  // y[N, out] = x W^T (+ b)
-  void fwd(const float* x, const void* W, const void* b, float* y, std::int64_t N, std::int64_t in,
-           std::int64_t out) const;
-  // dx (= or +=) dy W (dx may be nullptr: skipped); dW += dy^T x; db += column sums of dy (fp32) when non-null.
-  void bwd(const float* dy, const float* x, const void* W, float* dx, bool add, float* dW, float* db, std::int64_t N,
-           std::int64_t in, std::int64_t out) const;
-  // A small weight vector (norm weight or bias) as fp32: the pointer itself in fp32, widened into slot `slot`.
-  const float* vec(const void* w, std::int64_t n, int slot) const;
+// The offsets of K named tensors of a stage layout, -1 for the absent ones (optional biases, norms).
+template <int K>
+struct TensorOffsets {
+  std::ptrdiff_t at[K];
 };
-
-// Carves the Mixed scratch at `base` (nullptr: sizes only, via *used). fp32 needs none.
-Mixed carve_mixed(Precision p, int threads, float* base, std::int64_t xb_n, std::int64_t gb_n, std::int64_t small_n,
-                  std::size_t* used = nullptr);
-
-std::size_t llama_saved_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
-std::size_t llama_scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
-void llama_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, float* saved, float* scratch, const Mixed& mx);
-void llama_backward(const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-                    const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
-                    const Mixed& mx);
-
-std::size_t gpt2_saved_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
-std::size_t gpt2_scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
-void gpt2_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                  std::int64_t T, float* saved, float* scratch, const Mixed& mx);
-void gpt2_backward(const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-                   const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
-                   const Mixed& mx);
-
-// The Mixed carving of a layer's workspace tail for this shape (nullptr base: sizes only).
-Mixed layer_mixed(const ModelConfig& c, std::int64_t B, std::int64_t T, Precision p, int threads, float* base,
-                  std::size_t* used = nullptr);
+template <int K>
+TensorOffsets<K> find_offsets(const ParamLayout& l, const char* const (&names)[K]) {
+  TensorOffsets<K> r{};
+  for (int i = 0; i < K; ++i) {
+    const TensorSpec* t = l.find(names[i]);
+    r.at[i] = t ? static_cast<std::ptrdiff_t>(t->offset) : -1;
+  }
+  return r;
+}
+// A stage buffer's K tensors as pointers (weights of the run's precision, or fp32 gradients), indexed by
+// the family's tensor enum; null for the absent ones.
+template <class P, int K>
+struct BoundTensors {
+  P t[K];
+  template <class E>
+  P operator[](E i) const {
+    return t[static_cast<int>(i)];
+  }
+};
+template <class P, int K>
+BoundTensors<P, K> bind_tensors(const TensorOffsets<K>& off, P base, Precision p) {
+  BoundTensors<P, K> b{};
+  for (int i = 0; i < K; ++i)
+    b.t[i] = off.at[i] >= 0 ? elem_offset(base, static_cast<std::size_t>(off.at[i]), p) : nullptr;
+  return b;
+}
 
 }  // namespace mt::detail

@@ -1,13 +1,13 @@
-// Stage L+1: final norm, LM head and softmax cross-entropy, fused and chunked over tokens. Per chunk:
-// logits = n W^T (sgemm), cross_entropy_rows turns them into d(loss)/d(logits) in place, then
-// dn = dlogits W and dW += dlogits^T n. Only one chunk of logits exists at a time.
+// Stage L+1: final norm, LM head and softmax cross-entropy, fused and chunked over tokens, written once
+// over the ops. Per chunk: logits = n W^T, cross_entropy_rows turns them into d(loss)/d(logits) in
+// place, then dn = dlogits W and dW += dlogits^T n. Only one chunk of logits exists at a time.
 #include <algorithm>
 #include <stdexcept>
 
-#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/layer_impl.hpp"
 #include "kernels/layout_cache.hpp"
-#include "kernels/stage_api.hpp"
+#include "kernels/stages.hpp"
 #include "kernels/workspace.hpp"
 
 namespace mt {
@@ -16,10 +16,14 @@ namespace {
 
 struct HeadWs {
   float *xn, *mean, *rstd, *dxn, *logits, *row_loss;
-  detail::Mixed mx;  // bf16 mode: the rounded normed input (all rows), one chunk's rounded dlogits, the norm
+  float* operand_room;  // bf16: the rounded normed input (all rows), one chunk's rounded dlogits, the norm
 };
 
-HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t chunk, Precision p, int threads, float* base,
+OperandRoom head_operand_room(const ModelConfig& c, std::int64_t N, std::int64_t chunk) {
+  return {N * c.hidden_size, chunk * c.vocab_size, c.hidden_size};
+}
+
+HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t chunk, Precision p, float* base,
              std::size_t* used = nullptr) {
   detail::Carver cv(base);
   HeadWs w{};
@@ -29,10 +33,8 @@ HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t chunk, Precision
   w.dxn = cv.take(N * c.hidden_size);
   w.logits = cv.take(chunk * c.vocab_size);
   w.row_loss = cv.take(N);
-  std::size_t mixed = 0;
-  w.mx = detail::carve_mixed(p, threads, base ? base + cv.used() : nullptr, N * c.hidden_size, chunk * c.vocab_size,
-                             c.hidden_size, &mixed);
-  if (used) *used = cv.used() + mixed;
+  w.operand_room = base ? base + cv.used() : nullptr;
+  if (used) *used = cv.used() + operand_room_floats(p, head_operand_room(c, N, chunk));
   return w;
 }
 
@@ -43,49 +45,45 @@ struct HeadWeights {
 
 HeadWeights bind(const ModelConfig& c, const void* head_params, const void* embed_params, float* head_grads,
                  float* embed_grads, Precision p) {
-  const ParamLayout& hl = detail::cached_head_layout(c);
   const bool tied = c.is_gpt2() || c.tie_word_embeddings;
   if (!head_params) throw std::invalid_argument("head: head_params must be non-null");
   if (tied && !embed_params)
     throw std::invalid_argument("head: tied embeddings need embed_params (stage 0's parameters)");
-  HeadWeights w{};
   struct Offsets {
     std::size_t norm_w = 0, norm_b = 0, lm = 0;
   };
   const Offsets& off = detail::per_shape<Offsets>(c, [&] {  // looked up once per model shape
+    const ParamLayout& hl = detail::cached_head_layout(c);
     Offsets r;
     r.norm_w = hl.at(c.is_gpt2() ? "ln_f.weight" : "model.norm.weight").offset;
     if (c.is_gpt2()) r.norm_b = hl.at("ln_f.bias").offset;
     r.lm = tied ? detail::cached_embedding_layout(c).tensors[0].offset : hl.at("lm_head.weight").offset;
     return r;
   });
-  const std::size_t norm_w = off.norm_w;
-  w.norm_w = detail::elem_offset(head_params, norm_w, p);
-  w.g_norm_w = head_grads ? head_grads + norm_w : nullptr;
+  HeadWeights w{};
+  w.norm_w = detail::elem_offset(head_params, off.norm_w, p);
+  w.g_norm_w = head_grads ? head_grads + off.norm_w : nullptr;
   if (c.is_gpt2()) {
-    const std::size_t nb = off.norm_b;
-    w.norm_b = detail::elem_offset(head_params, nb, p);
-    w.g_norm_b = head_grads ? head_grads + nb : nullptr;
+    w.norm_b = detail::elem_offset(head_params, off.norm_b, p);
+    w.g_norm_b = head_grads ? head_grads + off.norm_b : nullptr;
   }
-  if (tied) {
-    const std::size_t e = off.lm;  // wte / embed_tokens
-    w.lm = detail::elem_offset(embed_params, e, p);
-    w.g_lm = embed_grads ? embed_grads + e : nullptr;
-  } else {
-    const std::size_t e = off.lm;
-    w.lm = detail::elem_offset(head_params, e, p);
-    w.g_lm = head_grads ? head_grads + e : nullptr;
-  }
+  w.lm = detail::elem_offset(tied ? embed_params : head_params, off.lm, p);  // wte / embed_tokens when tied
+  float* lm_grads = tied ? embed_grads : head_grads;
+  w.g_lm = lm_grads ? lm_grads + off.lm : nullptr;
   return w;
 }
 
-void final_norm(const ModelConfig& c, const HeadWeights& w, const float* x, const HeadWs& ws, std::int64_t N, int th) {
+void final_norm(Ops& ops, const ModelConfig& c, const HeadWeights& w, const float* x, const HeadWs& ws,
+                std::int64_t N) {
   const std::int64_t d = c.hidden_size;
   if (c.is_gpt2())
-    cpu::layernorm_forward(x, ws.mx.vec(w.norm_w, d, 0), ws.mx.vec(w.norm_b, d, 1), ws.xn, ws.mean, ws.rstd, N, d,
-                           c.norm_eps, th);
+    ops.layernorm_forward(x, w.norm_w, w.norm_b, ws.xn, ws.mean, ws.rstd, N, d, c.norm_eps);
   else
-    cpu::rmsnorm_forward(x, ws.mx.vec(w.norm_w, d, 0), ws.xn, ws.rstd, N, d, c.norm_eps, th);
+    ops.rmsnorm_forward(x, w.norm_w, ws.xn, ws.rstd, N, d, c.norm_eps);
+}
+
+std::int64_t effective_chunk(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t requested) {
+  return requested > 0 ? std::min(requested, batch * seq) : head_chunk_tokens(c, batch, seq);
 }
 
 }  // namespace
@@ -97,18 +95,61 @@ std::int64_t head_chunk_tokens(const ModelConfig& c, std::int64_t batch, std::in
   return std::max<std::int64_t>(1, std::min(N, std::max<std::int64_t>(16, chunk)));
 }
 
-static std::int64_t effective_chunk(const ModelConfig& c, std::int64_t batch, std::int64_t seq,
-                                    std::int64_t requested) {
-  return requested > 0 ? std::min(requested, batch * seq) : head_chunk_tokens(c, batch, seq);
-}
-
 std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t chunk_tokens,
                                   Precision precision) {
   c.validate();
   validate_batch_shape(c, batch, seq);
   std::size_t n = 0;
-  carve(c, batch * seq, effective_chunk(c, batch, seq, chunk_tokens), precision, 1, nullptr, &n);
+  carve(c, batch * seq, effective_chunk(c, batch, seq, chunk_tokens), precision, nullptr, &n);
   return n;
+}
+
+LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,
+                              const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                              float* dx, float* head_grads, float* embed_grads, float* workspace,
+                              std::int64_t head_chunk) {
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  const std::int64_t N = batch * seq, d = c.hidden_size, V = c.vocab_size;
+  const bool grad = dx != nullptr;
+  const bool tied = c.is_gpt2() || c.tie_word_embeddings;
+  if (grad && (!head_grads || (tied && !embed_grads)))
+    throw std::invalid_argument("head: backward needs head_grads (and embed_grads when embeddings are tied)");
+  if (!x_in || !targets || !workspace)
+    throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
+  const HeadWeights w = bind(c, head_params, embed_params, head_grads, embed_grads, ops.precision());
+  const std::int64_t chunk = effective_chunk(c, batch, seq, head_chunk);
+  const HeadWs ws = carve(c, N, chunk, ops.precision(), workspace);
+  ops.use_operand_room(ws.operand_room, head_operand_room(c, N, chunk));
+
+  final_norm(ops, c, w, x_in, ws, N);
+  for (std::int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const std::int64_t n = std::min(chunk, N - r0);
+    const float* xn = ws.xn + r0 * d;
+    ops.linear_forward(xn, w.lm, nullptr, ws.logits, n, d, V);
+    ops.cross_entropy_rows(ws.logits, targets + r0, ws.row_loss + r0, n, V, grad);
+    if (grad) ops.linear_backward(ws.logits, xn, w.lm, ws.dxn + r0 * d, false, w.g_lm, nullptr, n, d, V);
+  }
+  if (grad) {
+    if (c.is_gpt2())
+      ops.layernorm_backward(x_in, w.norm_w, ws.mean, ws.rstd, ws.dxn, dx, w.g_norm_w, w.g_norm_b, N, d, false);
+    else
+      ops.rmsnorm_backward(x_in, w.norm_w, ws.rstd, ws.dxn, dx, w.g_norm_w, N, d, false);
+  }
+  return ops.loss_sum(ws.row_loss, targets, N);  // last: on a device it waits for the work above
+}
+
+void head_logits(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,
+                 std::int64_t batch, std::int64_t seq, float* logits, float* workspace, std::int64_t head_chunk) {
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  const std::int64_t N = batch * seq;
+  const std::int64_t chunk = effective_chunk(c, batch, seq, head_chunk);
+  const HeadWeights w = bind(c, head_params, embed_params, nullptr, nullptr, ops.precision());
+  const HeadWs ws = carve(c, N, chunk, ops.precision(), workspace);
+  ops.use_operand_room(ws.operand_room, head_operand_room(c, N, chunk));
+  final_norm(ops, c, w, x_in, ws, N);
+  ops.linear_forward(ws.xn, w.lm, nullptr, logits, N, c.hidden_size, c.vocab_size);
 }
 
 LossSum head_forward_backward(const ModelConfig& c, const void* head_params, const void* embed_params,
@@ -117,52 +158,16 @@ LossSum head_forward_backward(const ModelConfig& c, const void* head_params, con
                               const ComputeCtx& ctx) {
   c.validate();
   validate_batch_shape(c, batch, seq);
-  const std::int64_t N = batch * seq, d = c.hidden_size, V = c.vocab_size;
-  validate_targets(c, targets, static_cast<std::size_t>(N));
-  const bool grad = dx != nullptr;
-  const bool tied = c.is_gpt2() || c.tie_word_embeddings;
-  if (grad && (!head_grads || (tied && !embed_grads)))
-    throw std::invalid_argument("head: backward needs head_grads (and embed_grads when embeddings are tied)");
-  if (!x_in || !targets || !workspace)
-    throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
-  const HeadWeights w = bind(c, head_params, embed_params, head_grads, embed_grads, ctx.precision);
-  const std::int64_t chunk = effective_chunk(c, batch, seq, ctx.head_chunk);
-  const HeadWs ws = carve(c, N, chunk, ctx.precision, ctx.threads, workspace);
-  const int th = ctx.threads;
-
-  final_norm(c, w, x_in, ws, N, th);
-  for (std::int64_t r0 = 0; r0 < N; r0 += chunk) {
-    const std::int64_t n = std::min(chunk, N - r0);
-    const float* xn = ws.xn + r0 * d;
-    ws.mx.fwd(xn, w.lm, nullptr, ws.logits, n, d, V);
-    cpu::cross_entropy_rows(ws.logits, targets + r0, ws.row_loss + r0, n, V, grad, th);
-    if (grad) ws.mx.bwd(ws.logits, xn, w.lm, ws.dxn + r0 * d, false, w.g_lm, nullptr, n, d, V);
-  }
-  LossSum out;
-  for (std::int64_t r = 0; r < N; ++r) {
-    if (targets[r] == kIgnoreIndex) continue;
-    out.loss_sum += ws.row_loss[r];
-    ++out.counted;
-  }
-  if (grad) {
-    const float* norm_w = ws.mx.vec(w.norm_w, d, 0);
-    if (c.is_gpt2())
-      cpu::layernorm_backward(x_in, norm_w, ws.mean, ws.rstd, ws.dxn, dx, w.g_norm_w, w.g_norm_b, N, d, false, th);
-    else
-      cpu::rmsnorm_backward(x_in, norm_w, ws.rstd, ws.dxn, dx, w.g_norm_w, N, d, false, th);
-  }
-  return out;
+  if (targets) validate_targets(c, targets, static_cast<std::size_t>(batch * seq));
+  cpu::CpuOps ops(ctx.precision, ctx.threads);
+  return head_forward_backward(ops, c, head_params, embed_params, x_in, targets, batch, seq, dx, head_grads,
+                               embed_grads, workspace, ctx.head_chunk);
 }
 
 void head_logits(const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,
                  std::int64_t batch, std::int64_t seq, float* logits, float* workspace, const ComputeCtx& ctx) {
-  c.validate();
-  validate_batch_shape(c, batch, seq);
-  const std::int64_t N = batch * seq;
-  const HeadWeights w = bind(c, head_params, embed_params, nullptr, nullptr, ctx.precision);
-  const HeadWs ws = carve(c, N, effective_chunk(c, batch, seq, ctx.head_chunk), ctx.precision, ctx.threads, workspace);
-  final_norm(c, w, x_in, ws, N, ctx.threads);
-  ws.mx.fwd(ws.xn, w.lm, nullptr, logits, N, c.hidden_size, c.vocab_size);
+  cpu::CpuOps ops(ctx.precision, ctx.threads);
+  head_logits(ops, c, head_params, embed_params, x_in, batch, seq, logits, workspace, ctx.head_chunk);
 }
 
 }  // namespace mt

@@ -20,13 +20,13 @@ CopyEngineOptions link_options(const BackendOptions& o) {
   return c;
 }
 
-const float* as_floats(const void* p) { return static_cast<const float*>(p); }
-
 }  // namespace
 
-CpuBackend::CpuBackend(const BackendOptions& options) : options_(options), copy_(link_options(options)) {
+CpuBackend::CpuBackend(const BackendOptions& options)
+    : options_(options), ops_(options.precision, options.compute_threads), copy_(link_options(options)) {
   ctx_.threads = std::max(1, options.compute_threads);
   ctx_.head_chunk = options.head_chunk;
+  head_chunk_ = options.head_chunk;
   ctx_.precision = options.precision;
 }
 
@@ -95,33 +95,11 @@ void CpuBackend::reduce_gradients(const std::vector<Backend*>& devices, const st
   for (std::size_t d = 1; d < grads.size(); ++d) cpu::accumulate(grads[0], grads[d], floats, ctx_.threads);
 }
 
-void CpuBackend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
-                                   std::int64_t seq, float* x_out) {
-  mt::embedding_forward(c, as_floats(weights), tokens, batch, seq, x_out, ctx_);
-}
-
-void CpuBackend::embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
-                                    const float* dx, float* grads) {
-  mt::embedding_backward(c, tokens, batch, seq, dx, grads, ctx_);
-}
-
-void CpuBackend::layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
-                               std::int64_t batch, std::int64_t seq, float* saved, float* workspace) {
-  mt::layer_forward(c, as_floats(weights), x_in, x_out, batch, seq, saved, workspace, ctx_);
-}
-
-void CpuBackend::layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
-                                const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
-                                float* workspace) {
-  mt::layer_backward(c, as_floats(weights), x_in, saved, dy, dx, grads, batch, seq, workspace, ctx_);
-}
-
-LossSum CpuBackend::head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
-                                          const float* x_in, const token_t* targets, std::int64_t batch,
-                                          std::int64_t seq, float* dx, float* head_grads, float* embed_grads,
-                                          float* workspace) {
-  return mt::head_forward_backward(c, as_floats(head_weights), as_floats(embed_weights), x_in, targets, batch, seq, dx,
-                                   head_grads, embed_grads, workspace, ctx_);
+void CpuBackend::check_ids(const ModelConfig& c, const token_t* ids, std::int64_t n, bool targets, const char*) {
+  if (targets)
+    validate_targets(c, ids, static_cast<std::size_t>(n));  // host memory: the ids themselves
+  else
+    validate_tokens(c, ids, static_cast<std::size_t>(n));
 }
 
 }  // namespace mt

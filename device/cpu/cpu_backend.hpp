@@ -1,15 +1,16 @@
 // The CPU backend: device memory is a bounded, pre-faulted host allocation (the arena's stand-in for
 // GPU memory), the link is the copy engine (device/cpu/copy_engine.hpp: worker threads, FIFO per
 // direction, an optional bandwidth limit standing in for PCIe), and the stage operations are the
-// stateless templates of kernels/stage_api.hpp run synchronously on the calling thread with
-// `compute_threads` OpenMP threads. Compute is synchronous, so ordering rules 1-3 of backend.hpp hold
-// by construction: a stage operation has finished when it returns.
+// stages of kernels/stages.hpp over the CPU ops (kernels/cpu/cpu_ops.hpp), run synchronously on the
+// calling thread with `compute_threads` OpenMP threads. Compute is synchronous, so ordering rules 1-3 of backend.hpp
+// hold by construction: a stage operation has finished when it returns.
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "device/backend.hpp"
 #include "device/cpu/copy_engine.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 #include "storage/host/aligned_buffer.hpp"
 
 namespace mt {
@@ -41,25 +42,19 @@ class CpuBackend final : public Backend {
   void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) override;
   void synchronize() override {}
 
-  void embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
-                         std::int64_t seq, float* x_out) override;
-  void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
-                          const float* dx, float* grads) override;
-  void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
-                     std::int64_t seq, float* saved, float* workspace) override;
-  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
-                      float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace) override;
-  LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
-                                const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                                float* dx, float* head_grads, float* embed_grads, float* workspace) override;
   const token_t* upload_tokens(const token_t* host_tokens, std::size_t, int) override { return host_tokens; }
+  Ops& ops() override { return ops_; }
   // Every CPU "device" is host memory: a plain host reduction, grads[0] += grads[d] for d = 1, 2, ...
   void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
                         std::size_t floats) override;
 
+ protected:
+  void check_ids(const ModelConfig& c, const token_t* ids, std::int64_t n, bool targets, const char* what) override;
+
  private:
   BackendOptions options_;
   ComputeCtx ctx_;
+  cpu::CpuOps ops_;
   CopyEngine copy_;
   std::vector<AlignedBuffer> memory_;
 };

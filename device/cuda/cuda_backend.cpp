@@ -1,5 +1,6 @@
 // The CUDA backend: device memory, pinned host ranges, the two copy streams with their completion
-// pollers, token uploads and the per-shape device tables. The stage operations are cuda_stages.cpp.
+// pollers, token uploads, and the stage operations: the stages of kernels/stages.hpp, the same code the
+// CPU backend runs, over CudaOps on the compute stream.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -10,10 +11,9 @@
 #include "device/cuda/cuda_backend.hpp"
 #include "device/cuda/cuda_backend_impl.hpp"
 #include "device/cuda/reduce_plan.hpp"
-#include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/plan.hpp"
-#include "kernels/stage_api.hpp"
+#include "kernels/stages.hpp"
 
 namespace mt::cuda {
 
@@ -26,8 +26,6 @@ void poller_check(cudaError_t e, const char* what) {
                cudaGetErrorString(e));
   std::abort();
 }
-
-std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
 }  // namespace
 
@@ -68,8 +66,9 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&stage_done_, cudaEventDisableTiming));
   for (auto& d : dirs_) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
   gemm_ = std::make_unique<Gemm>(options_.cuda_tf32);
-  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_), 2 * sizeof(double)));
-  MT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&loss_host_), 2 * sizeof(double)));
+  head_chunk_ = options_.head_chunk;
+  ops_ = std::make_unique<CudaOps>(*gemm_, compute_, options_.precision,
+                                   [this](const token_t* t, std::int64_t n) { return token_rows(t, n); });
   for (auto& d : dirs_)
     d.done = std::make_unique<CompletionQueue<CopyEvents>>([this](CopyEvents& ev) { return wait_copy(ev); });
 }
@@ -85,7 +84,7 @@ CudaBackend::~CudaBackend() {
   cudaDeviceSynchronize();
   pinned_.release_all();
   for (auto& s : slots_) cudaFree(s.device), cudaFree(s.unique), cudaFree(s.offsets), cudaFree(s.rows);
-  cudaFree(rope_.cos), cudaFree(rope_.sin), cudaFree(scratch_), cudaFree(loss_device_), cudaFreeHost(loss_host_);
+  ops_.reset();
   for (void* p : allocations_) cudaFree(p);
   gemm_.reset();
   for (auto& d : dirs_) cudaStreamDestroy(d.stream);
@@ -187,7 +186,7 @@ void CudaBackend::synchronize() {
   MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 
-void CudaBackend::finish_stage() {
+void CudaBackend::end_stage() {
   MT_CUDA_CHECK(cudaGetLastError());
   MT_CUDA_CHECK(cudaEventRecord(stage_done_, compute_));
   MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
@@ -294,65 +293,31 @@ void CudaBackend::build_token_rows(TokenSlot& s) {
   s.csr_ready = true;
 }
 
-// ---------------- per-shape tables and scratch ----------------
-const CudaBackend::RopeTables& CudaBackend::rope_tables(const ModelConfig& c, std::int64_t seq) {
-  RopeTables& r = rope_;
-  const auto& rs = c.rope_scaling;
-  if (r.cos && r.seq == seq && r.head_dim == c.head_dim && r.theta == c.rope_theta && r.factor == rs.factor &&
-      r.low == rs.low_freq_factor && r.high == rs.high_freq_factor && r.original == rs.original_max_position_embeddings)
-    return r;
-  // The CPU's own table function: both backends rotate by the same fp32 angles.
-  cpu::RopeParams p;
-  p.theta = c.rope_theta;
-  p.scaling_factor = rs.factor;
-  p.low_freq_factor = rs.low_freq_factor;
-  p.high_freq_factor = rs.high_freq_factor;
-  p.original_max_position = rs.original_max_position_embeddings;
-  const std::size_t n = static_cast<std::size_t>(seq * (c.head_dim / 2));
-  std::vector<float> cos_t(n), sin_t(n);
-  cpu::rope_table(p, seq, c.head_dim, cos_t.data(), sin_t.data());
-  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));  // the old tables may still be read
-  cudaFree(r.cos), cudaFree(r.sin);
-  r.cos = r.sin = nullptr;
-  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.cos), std::max<std::size_t>(n, 1) * sizeof(float)));
-  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.sin), std::max<std::size_t>(n, 1) * sizeof(float)));
-  MT_CUDA_CHECK(cudaMemcpy(r.cos, cos_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  MT_CUDA_CHECK(cudaMemcpy(r.sin, sin_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  r.seq = seq, r.head_dim = c.head_dim, r.theta = c.rope_theta, r.factor = rs.factor;
-  r.low = rs.low_freq_factor, r.high = rs.high_freq_factor, r.original = rs.original_max_position_embeddings;
-  return r;
+// ---------------- the stage operations ----------------
+Ops& CudaBackend::ops() {
+  select_device();
+  return *ops_;
 }
 
-CudaBackend::Scratch CudaBackend::scratch_for(const ModelConfig& c, std::int64_t B, std::int64_t T,
-                                              std::int64_t chunk) {
-  const std::int64_t N = B * T;
-  const std::int64_t widest = std::max(
-      {c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size, c.is_gpt2() ? 3 * c.hidden_size : std::int64_t{0}});
-  const bool bf16 = options_.precision == Precision::bf16;
-  const std::size_t xb = bf16 ? align_up(static_cast<std::size_t>(N * widest) * 2, 256) : 0;
-  const std::size_t gb =
-      bf16 ? align_up(static_cast<std::size_t>(std::max(N * widest, chunk * c.vocab_size)) * 2, 256) : 0;
-  // Column sums run over N rows of up to `widest` columns, and over N x heads rows of head_dim columns
-  // (Qwen3's q/k norms): at most kColsumMaxSplits partial rows either way.
-  const std::size_t partial =
-      align_up(static_cast<std::size_t>(kColsumMaxSplits * std::max(widest, c.head_dim)) * sizeof(float), 256);
-  const std::size_t rowdot = align_up(static_cast<std::size_t>(N * c.num_attention_heads) * sizeof(float), 256);
-  const std::size_t need = xb + gb + partial + rowdot;
-  if (need > scratch_bytes_) {
-    MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
-    MT_CUDA_CHECK(cudaFree(scratch_));
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
-    MT_CUDA_CHECK(cudaMalloc(&scratch_, need));
-    scratch_bytes_ = need;
-  }
-  auto* base = static_cast<char*>(scratch_);
-  Scratch s;
-  s.xb = bf16 ? reinterpret_cast<bf16_t*>(base) : nullptr;
-  s.gb = bf16 ? reinterpret_cast<bf16_t*>(base + xb) : nullptr;
-  s.partial = reinterpret_cast<float*>(base + xb + gb);
-  s.rowdot = reinterpret_cast<float*>(base + xb + gb + partial);
-  return s;
+void CudaBackend::check_ids(const ModelConfig& c, const token_t* device_tokens, std::int64_t n, bool targets,
+                            const char* what) {
+  std::lock_guard<std::mutex> lock(token_mu_);
+  TokenSlot& s = slot_of(device_tokens, what);
+  if (static_cast<std::int64_t>(s.host.size()) < n)
+    throw std::invalid_argument(std::string("CUDA ") + what + ": fewer uploaded ids than batch x seq");
+  if (targets)
+    validate_targets(c, s.host.data(), static_cast<std::size_t>(n));
+  else
+    validate_tokens(c, s.host.data(), static_cast<std::size_t>(n));
+}
+
+TokenRows CudaBackend::token_rows(const token_t* device_tokens, std::int64_t n) {
+  std::lock_guard<std::mutex> lock(token_mu_);
+  TokenSlot& s = slot_of(device_tokens, "embedding_backward");
+  if (static_cast<std::int64_t>(s.host.size()) != n)
+    throw std::invalid_argument("CUDA embedding_backward: the uploaded tokens are not batch x seq ids");
+  build_token_rows(s);
+  return {s.unique, s.offsets, s.rows, s.n_unique};
 }
 
 }  // namespace mt::cuda

@@ -1,5 +1,5 @@
-// Internal: the CUDA backend's state, shared by cuda_backend.cpp (memory, the link, tokens) and
-// cuda_stages.cpp (the stage operations).
+// Internal: the CUDA backend's state (cuda_backend.cpp: memory, the link, tokens, and the stage
+// operations, which run the stages of kernels/stages.hpp over its CudaOps).
 //
 // Streams and ordering (backend.hpp's contract):
 //   - compute: fills, device-to-device copies and every stage operation, in call order. A stage
@@ -43,6 +43,7 @@
 #include "device/cuda/completion_queue.hpp"
 #include "device/cuda/nccl_reduce.hpp"
 #include "device/cuda/pinned_ranges.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/gemm.hpp"
 
 namespace mt::cuda {
@@ -69,25 +70,22 @@ class CudaBackend final : public Backend {
   void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) override;
   void synchronize() override;
 
-  void embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
-                         std::int64_t seq, float* x_out) override;
-  void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
-                          const float* dx, float* grads) override;
-  void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
-                     std::int64_t seq, float* saved, float* workspace) override;
-  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
-                      float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace) override;
-  LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
-                                const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                                float* dx, float* head_grads, float* embed_grads, float* workspace) override;
   const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) override;
   void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
                         std::size_t floats) override;
 
-  // Used by the stage code and the tests.
+  Ops& ops() override;  // on the compute stream, this backend's device selected
+
+  // Used by the tests.
   cudaStream_t compute_stream() const { return compute_; }
   Gemm& gemm() { return *gemm_; }
   int device() const { return device_; }
+
+ protected:
+  void begin_stage() override { select_device(); }
+  void end_stage() override;  // synchronises compute (rule 3) and surfaces asynchronous errors
+  // On the host copy of the upload.
+  void check_ids(const ModelConfig& c, const token_t* ids, std::int64_t n, bool targets, const char* what) override;
 
  private:
   struct CopyEvents {  // a copy's start and end on its stream (timing) ...
@@ -106,39 +104,11 @@ class CudaBackend final : public Backend {
     std::int32_t *unique = nullptr, *offsets = nullptr, *rows = nullptr;
     std::int64_t n_unique = 0;
   };
-  struct RopeTables {
-    std::int64_t seq = 0, head_dim = 0;
-    float theta = 0, factor = 0, low = 0, high = 0;
-    std::int64_t original = 0;
-    float *cos = nullptr, *sin = nullptr;
-  };
-  // Backend-private scratch beside the arena (bf16 operand copies, column-sum partials, row dots).
-  struct Scratch {
-    bf16_t* xb = nullptr;
-    bf16_t* gb = nullptr;
-    float* partial = nullptr;
-    float* rowdot = nullptr;
-  };
-
   void select_device() const;
   double wait_copy(CopyEvents& e) const;  // on a poller thread
   TokenSlot& slot_of(const token_t* device_tokens, const char* what);
   void build_token_rows(TokenSlot& s);
-  const RopeTables& rope_tables(const ModelConfig& c, std::int64_t seq);
-  Scratch scratch_for(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t head_chunk);
-  void finish_stage();  // synchronises compute (rule 3) and surfaces asynchronous errors
-
-  // the stage templates (cuda_stages.cpp)
-  void llama_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                     std::int64_t T, float* saved, float* scratch, const Scratch& ps);
-  void llama_backward(const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-                      const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
-                      const Scratch& ps);
-  void gpt2_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                    std::int64_t T, float* saved, const Scratch& ps);
-  void gpt2_backward(const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-                     const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
-                     const Scratch& ps);
+  TokenRows token_rows(const token_t* device_tokens, std::int64_t n);
 
   BackendOptions options_;
   int device_ = 0;
@@ -147,16 +117,12 @@ class CudaBackend final : public Backend {
   cudaStream_t compute_ = nullptr;
   cudaEvent_t stage_done_ = nullptr;  // recorded on compute_ at the end of every stage operation
   std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<CudaOps> ops_;  // the stages' ops, on compute_
   Direction dirs_[2];
   std::vector<void*> allocations_;
   PinnedRanges pinned_;  // cudaHostRegister'ed host ranges
   std::mutex token_mu_;
   TokenSlot slots_[4];
-  RopeTables rope_;
-  void* scratch_ = nullptr;
-  std::size_t scratch_bytes_ = 0;
-  double* loss_device_ = nullptr;         // [sum, count]
-  double* loss_host_ = nullptr;           // pinned
 #if MEGATRAIN_HAVE_NCCL                   // nccl_reduce.cu is built only with NCCL
   std::mutex reduce_mu_;                  // one reduction at a time (NCCL: one call order on every rank)
   std::unique_ptr<NcclReducer> reducer_;  // device 0's: made on its first reduce_gradients

@@ -9,7 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/op_shapes.hpp"  // RopeParams, AttnShape: the op seam's shapes
+
 namespace mt::cpu {
+
+using mt::AttnShape;
+using mt::RopeParams;
 
 // OpenBLAS's own pool: set once per distinct value (cheap when unchanged).
 void set_blas_threads(int threads);
@@ -57,11 +62,6 @@ void layernorm_backward(const float* x, const float* w, const float* mean, const
 // ---- Rotary embeddings, Hugging Face layout (rotate_half over the two halves of each head) ----
 // Tables cos/sin [seq, head_dim/2] for positions 0..seq-1, computed in fp32 the way transformers does
 // (inv_freq = 1 / theta^(2i/d), Llama-3 rope_scaling applied when factor != 0).
-struct RopeParams {
-  float theta = 10000.0f;
-  float scaling_factor = 0.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f;
-  std::int64_t original_max_position = 8192;
-};
 void rope_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float* cos_t, float* sin_t);
 // In place on x[B*T rows, heads, head_dim] with `row_stride` floats between tokens; position = row % seq.
 // inverse = true applies the transpose rotation (the backward).
@@ -69,10 +69,6 @@ void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t head
                 std::int64_t row_stride, const float* cos_t, const float* sin_t, bool inverse, int threads);
 
 // ---- Causal grouped-query attention, tiled over keys with an online softmax (no T x T buffers) ----
-struct AttnShape {
-  std::int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
-  std::int64_t q_stride = 0, kv_stride = 0, o_stride = 0;  // floats between consecutive tokens
-};
 // out[token, h*hd + i]; lse[(b*q_heads + h)*seq + t] = log-sum-exp of the scaled scores (for backward).
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const AttnShape& s,
                        int threads);
@@ -87,6 +83,17 @@ void swiglu_backward(const float* g, const float* u, const float* dh, float* dg,
 // GELU, tanh form (GPT-2's gelu_new): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const float* x, float* y, std::size_t n, int threads);
 void gelu_backward(const float* x, const float* dy, float* dx, std::size_t n, int threads);
+
+// ---- Embedding rows (cpu/embedding.cpp) ----
+// y[r] = wte[tokens[r]] (+ wpe[r % seq]), bf16 rows widened exactly; ids already validated.
+void embedding_gather(const float* wte, const float* wpe, const std::int32_t* tokens, std::int64_t N, std::int64_t seq,
+                      std::int64_t d, float* y, int threads);
+void embedding_gather(const std::uint16_t* wte, const std::uint16_t* wpe, const std::int32_t* tokens, std::int64_t N,
+                      std::int64_t seq, std::int64_t d, float* y, int threads);
+// dwte_acc[tokens[r]] += dx[r] (and dwpe_acc[r % seq] when non-null); every column adds rows in token
+// order, so repeated tokens sum the same way whatever the thread count.
+void embedding_scatter(const std::int32_t* tokens, const float* dx, std::int64_t N, std::int64_t seq, std::int64_t d,
+                       float* dwte_acc, float* dwpe_acc, int threads);
 
 // ---- Softmax cross-entropy over one chunk of rows ----
 // logits[rows, V] is overwritten with d(sum of losses)/d(logits) = softmax - onehot(target) for counted

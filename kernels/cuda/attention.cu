@@ -11,12 +11,14 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/device_util.cuh"
-#include "kernels/cuda/ops.hpp"
 #include "kernels/cuda/plan.hpp"
 
 namespace mt::cuda {
 namespace {
+
+using AttnDims = AttnShape;
 
 constexpr int R = kAttnRowsPerBlock;
 constexpr int RW = kAttnRowsPerWarp;
@@ -325,41 +327,43 @@ void backward_as(const float* q, const float* k, const float* v, const float* ls
 
 }  // namespace
 
-void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const AttnDims& a,
-                       cudaStream_t st) {
+// out and lse[(b * q_heads + h) * seq + t] as cpu::attention_forward
+void CudaOps::attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                                const AttnShape& a) {
   check_dims(a);
   switch (attention_path(a.head_dim)) {
     case AttnPath::d64:
-      return forward_as<64, 2>(q, k, v, out, lse, a, st);
+      return forward_as<64, 2>(q, k, v, out, lse, a, st_);
     case AttnPath::d80:
-      return forward_as<80, 3>(q, k, v, out, lse, a, st);
+      return forward_as<80, 3>(q, k, v, out, lse, a, st_);
     case AttnPath::d96:
-      return forward_as<96, 3>(q, k, v, out, lse, a, st);
+      return forward_as<96, 3>(q, k, v, out, lse, a, st_);
     case AttnPath::d128:
-      return forward_as<128, 4>(q, k, v, out, lse, a, st);
+      return forward_as<128, 4>(q, k, v, out, lse, a, st_);
     case AttnPath::generic:
-      return forward_as<0, kAttnMaxHeadDim / 32>(q, k, v, out, lse, a, st);
+      return forward_as<0, kAttnMaxHeadDim / 32>(q, k, v, out, lse, a, st_);
   }
 }
 
-void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                        const float* dout, float* dq, float* dk, float* dv, float* rowdot, const AttnDims& a,
-                        cudaStream_t st) {
+// dq, dk, dv overwritten; the row dots D_i = dout_i . out_i in the op set's scratch
+void CudaOps::attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                                 const float* dout, float* dq, float* dk, float* dv, const AttnShape& a) {
   check_dims(a);
   const std::int64_t rows = a.batch * a.q_heads * a.seq;
-  attn_rowdot_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(out, dout, rowdot, a);
+  auto* rowdot = static_cast<float*>(room(attention_rowdot, static_cast<std::size_t>(rows) * sizeof(float)));
+  attn_rowdot_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st_>>>(out, dout, rowdot, a);
   MT_CUDA_LAUNCH_CHECK("attn_rowdot_kernel");
   switch (attention_path(a.head_dim)) {
     case AttnPath::d64:
-      return backward_as<64, 2>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+      return backward_as<64, 2>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st_);
     case AttnPath::d80:
-      return backward_as<80, 3>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+      return backward_as<80, 3>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st_);
     case AttnPath::d96:
-      return backward_as<96, 3>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+      return backward_as<96, 3>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st_);
     case AttnPath::d128:
-      return backward_as<128, 4>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+      return backward_as<128, 4>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st_);
     case AttnPath::generic:
-      return backward_as<0, kAttnMaxHeadDim / 32>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st);
+      return backward_as<0, kAttnMaxHeadDim / 32>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st_);
   }
 }
 

@@ -1,11 +1,20 @@
-// The elementwise, normalisation, rotary, embedding and loss kernels of ops.hpp.
+// CudaOps (cuda_ops.hpp): the elementwise, normalisation, rotary, embedding and loss kernels, the
+// products (cuBLASLt, with bf16 operands rounded here first), and the op set's own device scratch. Each
+// kernel mirrors its CPU kernel (kernels/cpu/ops.hpp: same shapes, layouts and "added into"
+// conventions). Deterministic: no atomics; reductions across rows go through fixed splits (plan.hpp's
+// colsum_plan) summed in order. Attention is attention.cu.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <utility>
+#include <vector>
 
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/device_util.cuh"
-#include "kernels/cuda/ops.hpp"
 #include "kernels/cuda/plan.hpp"
 
 namespace mt::cuda {
@@ -344,129 +353,216 @@ __global__ void loss_sum_kernel(const float* __restrict__ row_loss, const std::i
   if (threadIdx.x == 0) out[0] = s, out[1] = c;
 }
 
-}  // namespace
-
+// y[i] = RNE(x[i]) as bf16 (NaN kept quiet, as cpu::bf16_round_reference)
 void to_bf16(const float* x, bf16_t* y, std::size_t n, cudaStream_t st) {
   if (n == 0) return;
   to_bf16_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(x, y, n);
   MT_CUDA_LAUNCH_CHECK("to_bf16_kernel");
 }
 
-void add_into(float* y, const float* x, std::size_t n, cudaStream_t st) {
-  if (n == 0) return;
-  add_into_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(y, x, n);
-  MT_CUDA_LAUNCH_CHECK("add_into_kernel");
+}  // namespace
+
+CudaOps::CudaOps(Gemm& gemm, cudaStream_t stream, Precision precision, TokenRowsLookup token_rows)
+    : gemm_(gemm), st_(stream), precision_(precision), token_rows_(std::move(token_rows)) {
+  MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&loss_device_), 2 * sizeof(double)));
+  MT_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&loss_host_), 2 * sizeof(double)));
 }
 
-void add_bias(float* y, const void* b, bool bf16, std::int64_t N, std::int64_t D, cudaStream_t st) {
-  const std::size_t n = static_cast<std::size_t>(N * D);
-  if (n == 0) return;
-  add_bias_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(y, b, bf16, n, D);
+CudaOps::~CudaOps() {
+  cudaStreamSynchronize(st_);  // nothing queued may still read the buffers freed below
+  for (void* p : slots_) cudaFree(p);
+  cudaFree(rope_.cos), cudaFree(rope_.sin);
+  cudaFree(loss_device_);
+  cudaFreeHost(loss_host_);
+}
+
+void* CudaOps::room(Slot s, std::size_t bytes) {
+  if (bytes > slot_bytes_[s]) {
+    MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // queued kernels may still read the old buffer
+    MT_CUDA_CHECK(cudaFree(slots_[s]));
+    slots_[s] = nullptr;
+    slot_bytes_[s] = 0;
+    MT_CUDA_CHECK(cudaMalloc(&slots_[s], bytes));
+    slot_bytes_[s] = bytes;
+  }
+  return slots_[s];
+}
+
+float* CudaOps::partial(std::int64_t rows, std::int64_t cols) {
+  return static_cast<float*>(room(colsum_partial, colsum_scratch_floats(rows, cols) * sizeof(float)));
+}
+
+const void* CudaOps::rounded(Slot s, const float* x, std::int64_t n) {
+  auto* b = static_cast<bf16_t*>(room(s, static_cast<std::size_t>(n) * sizeof(bf16_t)));
+  to_bf16(x, b, static_cast<std::size_t>(n), st_);
+  return b;
+}
+
+// ---------------- products ----------------
+void CudaOps::linear_forward(const float* x, const void* W, const void* b, float* y, std::int64_t N, std::int64_t in,
+                             std::int64_t out) {
+  gemm_.linear_forward(bf16() ? rounded(bf16_operand, x, N * in) : x, W, y, N, in, out, bf16(), st_);
+  const std::size_t n = static_cast<std::size_t>(N * out);
+  if (!b || n == 0) return;
+  add_bias_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(y, b, bf16(), n, out);
   MT_CUDA_LAUNCH_CHECK("add_bias_kernel");
 }
 
-void colsum_add(const float* dy, float* acc, std::int64_t N, std::int64_t D, float* partial, cudaStream_t st) {
-  colsum(PlainTerm{dy, D}, N, D, acc, partial, st);
+void CudaOps::linear_backward(const float* dy, const float* x, const void* W, float* dx, bool add, float* dW_acc,
+                              float* db_acc, std::int64_t N, std::int64_t in, std::int64_t out) {
+  const void* g = bf16() ? rounded(bf16_gradient, dy, N * out) : dy;
+  if (dx) gemm_.linear_backward_input(g, W, dx, N, in, out, add, bf16(), st_);
+  gemm_.linear_backward_weight(g, bf16() ? rounded(bf16_operand, x, N * in) : x, dW_acc, N, in, out, bf16(), st_);
+  if (db_acc) colsum(PlainTerm{dy, out}, N, out, db_acc, partial(N, out), st_);  // bias gradients: the fp32 dy
 }
 
-void rmsnorm_forward(const float* x, const void* w, bool bf16, float* y, float* rstd, std::int64_t N, std::int64_t D,
-                     float eps, cudaStream_t st) {
-  rmsnorm_fwd_kernel<<<row_grid(N), kBlock, 0, st>>>(x, w, bf16, y, rstd, N, D, eps);
+// ---------------- norms ----------------
+void CudaOps::rmsnorm_forward(const float* x, const void* w, float* y, float* rstd, std::int64_t N, std::int64_t D,
+                              float eps) {
+  rmsnorm_fwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), y, rstd, N, D, eps);
   MT_CUDA_LAUNCH_CHECK("rmsnorm_fwd_kernel");
 }
 
-void rmsnorm_backward(const float* x, const void* w, bool bf16, const float* rstd, const float* dy, float* dx,
-                      float* dw_acc, std::int64_t N, std::int64_t D, bool add, float* partial, cudaStream_t st) {
-  rmsnorm_bwd_kernel<<<row_grid(N), kBlock, 0, st>>>(x, w, bf16, rstd, dy, dx, N, D, add);
+void CudaOps::rmsnorm_backward(const float* x, const void* w, const float* rstd, const float* dy, float* dx,
+                               float* dw_acc, std::int64_t N, std::int64_t D, bool add) {
+  rmsnorm_bwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), rstd, dy, dx, N, D, add);
   MT_CUDA_LAUNCH_CHECK("rmsnorm_bwd_kernel");
-  if (dw_acc) colsum(RmsWeightTerm{dy, x, rstd, D}, N, D, dw_acc, partial, st);
+  if (dw_acc) colsum(RmsWeightTerm{dy, x, rstd, D}, N, D, dw_acc, partial(N, D), st_);
 }
 
-void layernorm_forward(const float* x, const void* w, const void* b, bool bf16, float* y, float* mean, float* rstd,
-                       std::int64_t N, std::int64_t D, float eps, cudaStream_t st) {
-  layernorm_fwd_kernel<<<row_grid(N), kBlock, 0, st>>>(x, w, b, bf16, y, mean, rstd, N, D, eps);
+void CudaOps::layernorm_forward(const float* x, const void* w, const void* b, float* y, float* mean, float* rstd,
+                                std::int64_t N, std::int64_t D, float eps) {
+  layernorm_fwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, b, bf16(), y, mean, rstd, N, D, eps);
   MT_CUDA_LAUNCH_CHECK("layernorm_fwd_kernel");
 }
 
-void layernorm_backward(const float* x, const void* w, bool bf16, const float* mean, const float* rstd, const float* dy,
-                        float* dx, float* dw_acc, float* db_acc, std::int64_t N, std::int64_t D, bool add,
-                        float* partial, cudaStream_t st) {
-  layernorm_bwd_kernel<<<row_grid(N), kBlock, 0, st>>>(x, w, bf16, mean, rstd, dy, dx, N, D, add);
+void CudaOps::layernorm_backward(const float* x, const void* w, const float* mean, const float* rstd, const float* dy,
+                                 float* dx, float* dw_acc, float* db_acc, std::int64_t N, std::int64_t D, bool add) {
+  layernorm_bwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), mean, rstd, dy, dx, N, D, add);
   MT_CUDA_LAUNCH_CHECK("layernorm_bwd_kernel");
-  // Both sums reuse `partial`: stream order keeps the second partial pass after the first finish pass.
-  colsum(LnWeightTerm{dy, x, mean, rstd, D}, N, D, dw_acc, partial, st);
-  colsum(PlainTerm{dy, D}, N, D, db_acc, partial, st);
+  // Both sums reuse the partials: stream order keeps the second partial pass after the first finish pass.
+  float* p = partial(N, D);
+  colsum(LnWeightTerm{dy, x, mean, rstd, D}, N, D, dw_acc, p, st_);
+  colsum(PlainTerm{dy, D}, N, D, db_acc, p, st_);
 }
 
-void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
-                std::int64_t row_stride, const float* cos_t, const float* sin_t, bool inverse, cudaStream_t st) {
+// ---------------- rotary embeddings ----------------
+// The CPU's own tables (cpu::rope_table), uploaded once per shape: both backends rotate by the same
+// fp32 angles, llama3 scaling included.
+RopeTables CudaOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float*, float*) {
+  CachedRope& r = rope_;
+  const bool same = r.cos && r.seq == seq && r.head_dim == head_dim && r.p.theta == p.theta &&
+                    r.p.scaling_factor == p.scaling_factor && r.p.low_freq_factor == p.low_freq_factor &&
+                    r.p.high_freq_factor == p.high_freq_factor && r.p.original_max_position == p.original_max_position;
+  if (!same) {
+    const std::size_t n = static_cast<std::size_t>(seq * (head_dim / 2));
+    std::vector<float> cos_t(n), sin_t(n);
+    cpu::rope_table(p, seq, head_dim, cos_t.data(), sin_t.data());
+    MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the old tables may still be read
+    cudaFree(r.cos), cudaFree(r.sin);
+    r.cos = r.sin = nullptr;
+    MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.cos), std::max<std::size_t>(n, 1) * sizeof(float)));
+    MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.sin), std::max<std::size_t>(n, 1) * sizeof(float)));
+    MT_CUDA_CHECK(cudaMemcpy(r.cos, cos_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    MT_CUDA_CHECK(cudaMemcpy(r.sin, sin_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    r.p = p, r.seq = seq, r.head_dim = head_dim;
+  }
+  return {r.cos, r.sin};
+}
+
+void CudaOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
+                         std::int64_t row_stride, const RopeTables& t, bool inverse) {
   const std::int64_t half = head_dim / 2;
   const std::size_t n = static_cast<std::size_t>(rows * heads * half);
   if (n == 0) return;
-  rope_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(x, rows, seq, heads, half, row_stride, cos_t, sin_t,
-                                                      inverse ? -1.0f : 1.0f);
+  rope_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, rows, seq, heads, half, row_stride, t.cos, t.sin,
+                                                       inverse ? -1.0f : 1.0f);
   MT_CUDA_LAUNCH_CHECK("rope_kernel");
 }
 
-void swiglu_forward(const float* g, const float* u, float* h, std::size_t n, cudaStream_t st) {
+// ---------------- activations, moves ----------------
+void CudaOps::swiglu_forward(const float* g, const float* u, float* h, std::size_t n) {
   if (n == 0) return;
-  swiglu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(g, u, h, n);
+  swiglu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, h, n);
   MT_CUDA_LAUNCH_CHECK("swiglu_fwd_kernel");
 }
 
-void swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n,
-                     cudaStream_t st) {
+void CudaOps::swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n) {
   if (n == 0) return;
-  swiglu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(g, u, dh, dg, du, n);
+  swiglu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, dh, dg, du, n);
   MT_CUDA_LAUNCH_CHECK("swiglu_bwd_kernel");
 }
 
-void gelu_forward(const float* x, float* y, std::size_t n, cudaStream_t st) {
+void CudaOps::gelu_forward(const float* x, float* y, std::size_t n) {
   if (n == 0) return;
-  gelu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(x, y, n);
+  gelu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, y, n);
   MT_CUDA_LAUNCH_CHECK("gelu_fwd_kernel");
 }
 
-void gelu_backward(const float* x, const float* dy, float* dx, std::size_t n, cudaStream_t st) {
+void CudaOps::gelu_backward(const float* x, const float* dy, float* dx, std::size_t n) {
   if (n == 0) return;
-  gelu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(x, dy, dx, n);
+  gelu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, dy, dx, n);
   MT_CUDA_LAUNCH_CHECK("gelu_bwd_kernel");
 }
 
-void embedding_forward(const void* wte, const void* wpe, bool bf16, const std::int32_t* tokens, std::int64_t N,
-                       std::int64_t seq, std::int64_t d, float* x_out, cudaStream_t st) {
+void CudaOps::add_into(float* y, const float* x, std::size_t n) {
+  if (n == 0) return;
+  add_into_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(y, x, n);
+  MT_CUDA_LAUNCH_CHECK("add_into_kernel");
+}
+
+void CudaOps::copy(float* dst, const float* src, std::size_t n) {
+  if (n) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, st_));
+}
+
+void CudaOps::fill_zero(float* dst, std::size_t n) {
+  if (n) MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), st_));
+}
+
+// ---------------- embedding ----------------
+void CudaOps::embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N,
+                                std::int64_t seq, std::int64_t d, float* x_out) {
   const std::size_t n = static_cast<std::size_t>(N * d);
   if (n == 0) return;
-  embedding_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st>>>(wte, wpe, bf16, tokens, N, seq, d, x_out);
+  embedding_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(wte, wpe, bf16(), tokens, N, seq, d, x_out);
   MT_CUDA_LAUNCH_CHECK("embedding_fwd_kernel");
 }
 
-void embedding_backward_tokens(const float* dx, const std::int32_t* unique, const std::int32_t* offsets,
-                               const std::int32_t* rows, std::int64_t n_unique, std::int64_t d, float* dwte,
-                               cudaStream_t st) {
-  if (n_unique == 0) return;
-  const dim3 grid(static_cast<unsigned>(n_unique), static_cast<unsigned>((d + 127) / 128));
-  embedding_bwd_tokens_kernel<<<grid, 128, 0, st>>>(dx, unique, offsets, rows, d, dwte);
-  MT_CUDA_LAUNCH_CHECK("embedding_bwd_tokens_kernel");
+// dwte rows += dx rows, per distinct token in token order (TokenRows, built on the host from the
+// uploaded ids), so every row sums in the CPU's order; dwpe[t] += sum over b of dx[b * seq + t].
+void CudaOps::embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq,
+                                 std::int64_t d, float* dwte_acc, float* dwpe_acc) {
+  if (!token_rows_) throw std::logic_error("cuda ops: embedding_backward needs the backend's token rows");
+  const TokenRows r = token_rows_(tokens, N);
+  if (r.n_unique > 0) {
+    const dim3 grid(static_cast<unsigned>(r.n_unique), static_cast<unsigned>((d + 127) / 128));
+    embedding_bwd_tokens_kernel<<<grid, 128, 0, st_>>>(dx, r.unique, r.offsets, r.rows, d, dwte_acc);
+    MT_CUDA_LAUNCH_CHECK("embedding_bwd_tokens_kernel");
+  }
+  if (dwpe_acc) {
+    const dim3 grid(static_cast<unsigned>(seq), static_cast<unsigned>((d + 127) / 128));
+    embedding_bwd_positions_kernel<<<grid, 128, 0, st_>>>(dx, N / seq, seq, d, dwpe_acc);
+    MT_CUDA_LAUNCH_CHECK("embedding_bwd_positions_kernel");
+  }
 }
 
-void embedding_backward_positions(const float* dx, std::int64_t batch, std::int64_t seq, std::int64_t d, float* dwpe,
-                                  cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>(seq), static_cast<unsigned>((d + 127) / 128));
-  embedding_bwd_positions_kernel<<<grid, 128, 0, st>>>(dx, batch, seq, d, dwpe);
-  MT_CUDA_LAUNCH_CHECK("embedding_bwd_positions_kernel");
-}
-
-void cross_entropy_rows(float* logits, const std::int32_t* targets, float* row_loss, std::int64_t rows, std::int64_t V,
-                        bool want_grad, cudaStream_t st) {
+// ---------------- the loss ----------------
+void CudaOps::cross_entropy_rows(float* logits, const token_t* targets, float* row_loss, std::int64_t rows,
+                                 std::int64_t V, bool want_grad) {
   if (rows == 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(rows), 512, 0, st>>>(logits, targets, row_loss, V, want_grad);
+  cross_entropy_kernel<<<static_cast<unsigned>(rows), 512, 0, st_>>>(logits, targets, row_loss, V, want_grad);
   MT_CUDA_LAUNCH_CHECK("cross_entropy_kernel");
 }
 
-void loss_sum(const float* row_loss, const std::int32_t* targets, std::int64_t N, double* out, cudaStream_t st) {
-  loss_sum_kernel<<<1, 1024, 0, st>>>(row_loss, targets, N, out);
+LossSum CudaOps::loss_sum(const float* row_loss, const token_t* targets, std::int64_t N) {
+  loss_sum_kernel<<<1, 1024, 0, st_>>>(row_loss, targets, N, loss_device_);  // one block: row order fixed
   MT_CUDA_LAUNCH_CHECK("loss_sum_kernel");
+  MT_CUDA_CHECK(cudaMemcpyAsync(loss_host_, loss_device_, 2 * sizeof(double), cudaMemcpyDeviceToHost, st_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(st_));
+  LossSum out;
+  out.loss_sum = loss_host_[0];
+  out.counted = static_cast<std::int64_t>(loss_host_[1]);
+  return out;
 }
 
 }  // namespace mt::cuda

@@ -61,8 +61,8 @@ for f in "$b"/bin/*; do
   check "bin/${f##*/} is in the manifest" grep -q "^  ${f##*/} " "$b/MANIFEST.txt"
   check "bin/${f##*/} has RPATH \$ORIGIN/../lib" sh -c "objdump -p '$f' | grep -q 'RPATH *\\\$ORIGIN/../lib\$'"
 done
-for want in megatrain megatrain-ckpt bench_gpu test_kernels_cuda_launch test_kernels_backend check_cuda_adamw \
-  check_cuda_kernels check_cuda_stages check_cuda_engine check_cuda_nccl check_cuda_multi_gpu; do
+for want in megatrain megatrain-ckpt bench_gpu test_kernels_cuda_launch test_kernels_backend test_backend_ops check_cuda_adamw \
+  check_cuda_stages check_cuda_engine check_cuda_nccl check_cuda_multi_gpu; do
   check "bundle holds bin/$want" test -x "$b/bin/$want"
 done
 for f in "$b"/lib/*; do
@@ -120,7 +120,9 @@ check "megatrain starts (train --help)" run_in_root 0 megatrain train --help
 check "megatrain-ckpt starts (--help)" run_in_root 0 megatrain-ckpt --help
 check "host-side CUDA tests pass in the bare root" run_in_root 0 test_kernels_cuda_launch
 check "backend selection tests pass in the bare root" run_in_root 0 test_kernels_backend
-for c in check_cuda_adamw check_cuda_kernels check_cuda_stages check_cuda_engine check_cuda_nccl check_cuda_multi_gpu; do
+check "the op test passes on the CPU ops in the bare root" run_in_root 0 test_backend_ops --backend cpu --precision bf16
+check "the op test on CUDA starts and skips (77: no GPU)" run_in_root 77 test_backend_ops --backend cuda --precision fp32
+for c in check_cuda_adamw check_cuda_stages check_cuda_engine check_cuda_nccl check_cuda_multi_gpu; do
   check "$c starts and skips (77: no GPU)" run_in_root 77 "$c"
 done
 s=0

@@ -1,0 +1,31 @@
+// The stages over an op set (ops.hpp): what every backend runs. Same semantics, shapes, workspace sizes
+// and validation as the stage API (stage_api.hpp), whose ComputeCtx overloads are these with the CPU ops;
+// the one difference is that token ids and targets are not read here (they may live on a device): the
+// caller validates them first (validate_tokens / validate_targets on a host copy).
+#pragma once
+#include <cstdint>
+
+#include "kernels/ops.hpp"
+#include "kernels/stage_api.hpp"
+
+namespace mt {
+
+void embedding_forward(Ops& ops, const ModelConfig& c, const void* params, const token_t* tokens, std::int64_t batch,
+                       std::int64_t seq, float* x_out);
+void embedding_backward(Ops& ops, const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
+                        const float* dx, float* grads);
+
+void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
+                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace);
+void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
+                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace);
+
+// head_chunk as ComputeCtx::head_chunk (0: head_chunk_tokens()).
+LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,
+                              const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
+                              float* dx, float* head_grads, float* embed_grads, float* workspace,
+                              std::int64_t head_chunk);
+void head_logits(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,
+                 std::int64_t batch, std::int64_t seq, float* logits, float* workspace, std::int64_t head_chunk);
+
+}  // namespace mt

@@ -1,0 +1,660 @@
+// The op test: every op of the seam (kernels/ops.hpp), with the shapes and precisions the stages use, run
+// on one backend's op set (Backend::ops(), on buffers from its allocate_device, moved by its link) and
+// compared with the plain references of kernels/cpu/reference_ops.hpp evaluated in double on the very
+// inputs the op saw (bf16 runs: the weights and the rounded operands as bf16 values). One line per check.
+//
+//   test_backend_ops --backend cpu|cuda --precision fp32|bf16
+//
+// Exit 0: every check passed and every op of kOpNames had a passing case; 1: a check failed, an op threw
+// (a backend without an op fails by that op's name), or an op has no case; 77: the backend cannot run
+// here (no GPU: skipped, never passed).
+//
+// Tolerances (norm-wise relative error against the double reference), per op:
+//   products (linear_*) 1e-5: sums of up to 512 fp32 products in some order (bf16: of exact bf16 products);
+//   norms 1e-5, attention 2e-5 (exp, rsqrt and online-softmax rescaling in fp32);
+//   RoPE 2e-6 (fp32 angles), activations 2e-6 (exp/tanh in fp32), cross-entropy 1e-5;
+//   the embedding gather, moves, fills and residual adds are exact: bit-equal to the host's fp32 result;
+//   the embedding scatter and loss_sum: 1e-6 / 1e-12, and bit-equal to themselves when run twice.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "device/backend.hpp"
+#include "kernels/cpu/bf16.hpp"
+#include "kernels/cpu/reference_ops.hpp"
+#include "kernels/ops.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+
+namespace {
+
+using namespace mt;
+using i64 = std::int64_t;
+using Vec = std::vector<double>;
+using test::randn;
+
+// ---- device buffers through the backend: one arena, bump-allocated, moved by the link ----
+class Device {
+ public:
+  Device(Backend& b, std::size_t bytes) : b_(b), base_(b.allocate_device(bytes)), cap_(bytes) {}
+  template <class T>
+  T* alloc(std::size_t n) {
+    const std::size_t bytes = (std::max<std::size_t>(n, 1) * sizeof(T) + 255) / 256 * 256;
+    if (used_ + bytes > cap_) throw std::runtime_error("op test: the device arena is too small for this case");
+    T* p = reinterpret_cast<T*>(base_ + used_);
+    used_ += bytes;
+    return p;
+  }
+  template <class T>
+  T* upload(const std::vector<T>& h) {
+    T* d = alloc<T>(h.size());
+    if (!h.empty()) b_.copy_async(LinkDirection::host_to_device, h.data(), d, h.size() * sizeof(T), nullptr);
+    b_.wait_link_idle();
+    return d;
+  }
+  template <class T>
+  std::vector<T> download(const T* d, std::size_t n) {
+    std::vector<T> h(n);
+    if (n) b_.copy_async(LinkDirection::device_to_host, d, h.data(), n * sizeof(T), nullptr);  // after compute (rule 2)
+    b_.wait_link_idle();
+    return h;
+  }
+  void reset() {
+    b_.synchronize();
+    used_ = 0;
+  }
+
+ private:
+  Backend& b_;
+  std::byte* base_;
+  std::size_t cap_, used_ = 0;
+};
+
+struct Verdicts {
+  int passed = 0, failed = 0;
+  std::set<std::string> ops_passed, ops_failed;
+  std::string op;  // the op the current check exercises
+  void record(bool ok) {
+    (ok ? passed : failed)++;
+    (ok ? ops_passed : ops_failed).insert(op);
+  }
+  template <class A, class B>
+  void close(const std::string& what, const std::vector<A>& got, const std::vector<B>& ref, double tol) {
+    const double e = got.size() == ref.size() ? test::rel_err(got, ref) : INFINITY;
+    const bool ok = e <= tol && std::isfinite(e);
+    std::printf("%s %-22s %-58s rel_err %.2e (tol %.0e)\n", ok ? "PASS" : "FAIL", op.c_str(), what.c_str(), e, tol);
+    record(ok);
+  }
+  template <class T>
+  void bit_equal(const std::string& what, const std::vector<T>& a, const std::vector<T>& b) {
+    std::size_t diff = a.size() == b.size() ? 0 : 1;
+    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
+    std::printf("%s %-22s %-58s %zu of %zu differ in a bit\n", diff ? "FAIL" : "PASS", op.c_str(), what.c_str(), diff,
+                a.size());
+    record(diff == 0);
+  }
+  void fact(const std::string& what, bool ok) {
+    std::printf("%s %-22s %s\n", ok ? "PASS" : "FAIL", op.c_str(), what.c_str());
+    record(ok);
+  }
+};
+
+// ---- the case context: the backend's ops, its precision, and the values an op sees ----
+struct Ctx {
+  Ops& ops;
+  Device& dev;
+  Verdicts& v;
+  Precision p;
+  bool bf16() const { return p == Precision::bf16; }
+  // A weight as the backend holds it (fp32, or bf16 at the same element offsets).
+  const void* weight(const std::vector<float>& w) {
+    if (!bf16()) return dev.upload(w);
+    std::vector<bf16_t> b(w.size());
+    cpu::to_bf16(w.data(), b.data(), w.size(), 1, cpu::Bf16Path::portable);
+    return dev.upload(b);
+  }
+  // What a weight's op reads, in double (bf16 values widened exactly).
+  Vec seen_weight(const std::vector<float>& w) const { return bf16() ? rounded(w) : Vec(w.begin(), w.end()); }
+  // What a bf16 product reads of an fp32 operand (RNE to bf16), in double.
+  Vec seen_operand(const std::vector<float>& x) const { return bf16() ? rounded(x) : Vec(x.begin(), x.end()); }
+  static Vec rounded(const std::vector<float>& x) {
+    std::vector<bf16_t> b(x.size());
+    cpu::to_bf16(x.data(), b.data(), x.size(), 1, cpu::Bf16Path::portable);
+    Vec out(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) out[i] = cpu::bf16_to_float(b[i]);
+    return out;
+  }
+  std::vector<float> get(const float* d, std::size_t n) { return dev.download(d, n); }
+  void operand_room() {  // room for the widest operand any case converts
+    const OperandRoom room{1 << 20, 1 << 20, 4096};
+    ops.use_operand_room(dev.alloc<float>(std::max<std::size_t>(operand_room_floats(p, room), 1)), room);
+  }
+};
+
+std::string dims(std::initializer_list<std::pair<const char*, i64>> d) {
+  std::string s;
+  for (const auto& [k, v] : d) s += (s.empty() ? "" : " ") + std::string(k) + "=" + std::to_string(v);
+  return s;
+}
+
+// ---- products ----
+void linear_cases(Ctx& c) {
+  struct Shape {
+    i64 N, in, out;
+    bool bias;
+  };
+  // odd edges; a head-dim 80 projection; one token; an LM-head chunk with an odd vocabulary
+  for (const Shape s : {Shape{37, 29, 53, true}, Shape{64, 160, 96, false}, Shape{1, 7, 3, true},
+                        Shape{16, 64, 1003, false}, Shape{48, 512, 128, true}}) {
+    const std::string tag = dims({{"N", s.N}, {"in", s.in}, {"out", s.out}}) + (s.bias ? " bias" : "");
+    auto x = randn(s.N * s.in, 1), W = randn(s.out * s.in, 2, 0.1), b = randn(s.out, 3), dy = randn(s.N * s.out, 4);
+    auto dx0 = randn(s.N * s.in, 5), dW0 = randn(s.out * s.in, 6), db0 = randn(s.out, 7);
+    const Vec xs = c.seen_operand(x), Ws = c.seen_weight(W), bs = c.seen_weight(b), dys = c.seen_operand(dy);
+    c.operand_room();
+    const void* dW = c.weight(W);
+    const void* dbias = s.bias ? c.weight(b) : nullptr;
+    float* dxx = c.dev.upload(x);
+    float* y = c.dev.alloc<float>(s.N * s.out);
+    c.v.op = "linear_forward";
+    c.ops.linear_forward(dxx, dW, dbias, y, s.N, s.in, s.out);
+    Vec yr(s.N * s.out);
+    ref::linear(xs.data(), Ws.data(), s.bias ? bs.data() : nullptr, yr.data(), s.N, s.in, s.out);
+    c.v.close(tag, c.get(y, yr.size()), yr, 1e-5);
+    // backward: dx = dy W (and += dy W), dW += dy^T x, db += colsum(fp32 dy)
+    for (bool add : {false, true}) {
+      float* ddy = c.dev.upload(dy);
+      float* ddx = c.dev.upload(dx0);
+      float* dWacc = c.dev.upload(dW0);
+      float* dbacc = s.bias ? c.dev.upload(db0) : nullptr;
+      c.v.op = "linear_backward";
+      c.ops.linear_backward(ddy, dxx, dW, ddx, add, dWacc, dbacc, s.N, s.in, s.out);
+      Vec dxr = add ? Vec(dx0.begin(), dx0.end()) : Vec(dx0.size(), 0.0), dWr(dW0.begin(), dW0.end()),
+          dbr(db0.begin(), db0.end()), dbz(s.out, 0.0);
+      ref::linear_backward(xs.data(), Ws.data(), dys.data(), dxr.data(), dWr.data(), dbz.data(), s.N, s.in, s.out);
+      const Vec dy_fp32(dy.begin(), dy.end());  // bias gradients from the fp32 dy
+      for (i64 r = 0; r < s.N; ++r)
+        for (i64 o = 0; o < s.out; ++o) dbr[o] += dy_fp32[r * s.out + o];
+      c.v.close("dx (" + std::string(add ? "+=" : "=") + ") " + tag, c.get(ddx, dxr.size()), dxr, 1e-5);
+      c.v.close("dW (+=) " + tag, c.get(dWacc, dWr.size()), dWr, 1e-5);
+      if (s.bias) c.v.close("db (+=) " + tag, c.get(dbacc, dbr.size()), dbr, 1e-5);
+      if (!add) {  // dx may be skipped (the first layer's input needs no gradient)
+        float* dW2 = c.dev.upload(dW0);
+        c.ops.linear_backward(ddy, dxx, dW, nullptr, false, dW2, nullptr, s.N, s.in, s.out);
+        c.v.bit_equal("dW without dx, same bits " + tag, c.get(dW2, dW0.size()), c.get(dWacc, dW0.size()));
+      }
+    }
+    c.dev.reset();
+  }
+}
+
+// The rounding of a bf16 product's operand (RNE ties, NaN quieted, infinities kept, overflow to inf), bit
+// for bit: with in = out = 1 and W = 1 the product is the rounded operand itself (bf16 runs only).
+// Denormals are left out: a GEMM may flush them, which is no fault of the rounding.
+void operand_rounding_case(Ctx& c) {
+  if (!c.bf16()) return;
+  std::vector<float> x = {1.0f, INFINITY, -INFINITY, 3.4e38f, 1.00390625f, 1.01171875f,
+                          std::numeric_limits<float>::quiet_NaN(), 0.1f, -65504.3f};
+  std::uint32_t snan = 0x7f800001u;  // a signalling NaN: quieted, never turned into infinity
+  float f;
+  std::memcpy(&f, &snan, 4);
+  x.push_back(f);
+  const i64 N = static_cast<i64>(x.size());
+  c.operand_room();
+  float* dx = c.dev.upload(x);
+  float* y = c.dev.alloc<float>(x.size());
+  c.v.op = "linear_forward";
+  c.ops.linear_forward(dx, c.weight(std::vector<float>{1.0f}), nullptr, y, N, 1, 1);
+  std::vector<bf16_t> b(x.size());
+  cpu::to_bf16(x.data(), b.data(), x.size(), 1, cpu::Bf16Path::portable);
+  std::vector<float> expect(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) expect[i] = cpu::bf16_to_float(b[i]);
+  c.v.bit_equal("operand rounding: ties, NaN, inf, overflow (in=out=1, W=1)", c.get(y, x.size()), expect);
+  c.dev.reset();
+}
+
+// ---- norms ----
+void norm_cases(Ctx& c) {
+  struct Shape {
+    i64 N, D;
+    const char* what;
+  };
+  for (const Shape s :
+       {Shape{301, 320, "hidden"}, Shape{301 * 5, 80, "per head (Qwen3 q/k norm)"}, Shape{3, 7, "tiny"}}) {
+    const std::string tag = dims({{"N", s.N}, {"D", s.D}}) + " " + s.what;
+    auto x = randn(s.N * s.D, 21, 2.0), w = randn(s.D, 22), b = randn(s.D, 23), dy = randn(s.N * s.D, 24);
+    auto dx0 = randn(s.N * s.D, 25), dw0 = randn(s.D, 26), db0 = randn(s.D, 27);
+    const Vec xs(x.begin(), x.end()), ws = c.seen_weight(w), bs = c.seen_weight(b), dys(dy.begin(), dy.end());
+    const float eps = 1e-5f;
+    c.operand_room();
+    const void* dw = c.weight(w);
+    const void* dbias = c.weight(b);
+    float* dxv = c.dev.upload(x);
+    float* ddy = c.dev.upload(dy);
+    float* y = c.dev.alloc<float>(x.size());
+    float* rstd = c.dev.alloc<float>(s.N);
+    float* mean = c.dev.alloc<float>(s.N);
+    // RMSNorm
+    c.v.op = "rmsnorm_forward";
+    c.ops.rmsnorm_forward(dxv, dw, y, rstd, s.N, s.D, eps);
+    Vec yr(x.size());
+    ref::rmsnorm(xs.data(), ws.data(), yr.data(), s.N, s.D, double(eps));
+    c.v.close(tag, c.get(y, yr.size()), yr, 1e-5);
+    for (bool add : {false, true}) {
+      float* ddx = c.dev.upload(dx0);
+      float* ddw = c.dev.upload(dw0);
+      c.v.op = "rmsnorm_backward";
+      c.ops.rmsnorm_backward(dxv, dw, rstd, ddy, ddx, ddw, s.N, s.D, add);
+      Vec dxr = add ? Vec(dx0.begin(), dx0.end()) : Vec(dx0.size(), 0.0), dwr(dw0.begin(), dw0.end());
+      ref::rmsnorm_backward(xs.data(), ws.data(), dys.data(), dxr.data(), dwr.data(), s.N, s.D, double(eps));
+      c.v.close("dx (" + std::string(add ? "+=" : "=") + ") " + tag, c.get(ddx, dxr.size()), dxr, 1e-5);
+      c.v.close("dw (+=) " + tag, c.get(ddw, dwr.size()), dwr, 1e-5);
+    }
+    // LayerNorm (GPT-2)
+    c.v.op = "layernorm_forward";
+    c.ops.layernorm_forward(dxv, dw, dbias, y, mean, rstd, s.N, s.D, eps);
+    ref::layernorm(xs.data(), ws.data(), bs.data(), yr.data(), s.N, s.D, double(eps));
+    c.v.close(tag, c.get(y, yr.size()), yr, 1e-5);
+    for (bool add : {false, true}) {
+      float* ddx = c.dev.upload(dx0);
+      float* ddw = c.dev.upload(dw0);
+      float* ddb = c.dev.upload(db0);
+      c.v.op = "layernorm_backward";
+      c.ops.layernorm_backward(dxv, dw, mean, rstd, ddy, ddx, ddw, ddb, s.N, s.D, add);
+      Vec dxr = add ? Vec(dx0.begin(), dx0.end()) : Vec(dx0.size(), 0.0), dwr(dw0.begin(), dw0.end()),
+          dbr(db0.begin(), db0.end());
+      ref::layernorm_backward(xs.data(), ws.data(), dys.data(), dxr.data(), dwr.data(), dbr.data(), s.N, s.D,
+                              double(eps));
+      c.v.close("dx (" + std::string(add ? "+=" : "=") + ") " + tag, c.get(ddx, dxr.size()), dxr, 1e-5);
+      c.v.close("dw (+=) " + tag, c.get(ddw, dwr.size()), dwr, 1e-5);
+      c.v.close("db (+=) " + tag, c.get(ddb, dbr.size()), dbr, 1e-5);
+    }
+    c.dev.reset();
+  }
+}
+
+// ---- rotary embeddings ----
+// transformers' inv_freq (with Llama-3's rope_scaling when factor != 0), in double.
+Vec inv_freq(const RopeParams& p, i64 hd) {
+  const double pi = 3.14159265358979323846;
+  Vec inv(hd / 2);
+  for (i64 i = 0; i < hd / 2; ++i) {
+    double f = 1.0 / std::pow(double(p.theta), double(2 * i) / double(hd));
+    if (p.scaling_factor != 0) {
+      const double old_len = double(p.original_max_position);
+      const double low = old_len / p.low_freq_factor, high = old_len / p.high_freq_factor, wavelen = 2 * pi / f;
+      if (wavelen > low) {
+        f /= p.scaling_factor;
+      } else if (!(wavelen < high)) {
+        const double smooth = (old_len / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
+        f = (1 - smooth) * f / p.scaling_factor + smooth * f;
+      }
+    }
+    inv[i] = f;
+  }
+  return inv;
+}
+
+void rope_cases(Ctx& c) {
+  struct Case {
+    i64 B, T, heads, hd, stride_extra;
+    RopeParams p;
+    const char* what;
+  };
+  RopeParams llama3;
+  llama3.theta = 500000.0f, llama3.scaling_factor = 8.0f, llama3.low_freq_factor = 1.0f;
+  llama3.high_freq_factor = 4.0f, llama3.original_max_position = 8192;
+  RopeParams qwen;
+  qwen.theta = 1000000.0f;
+  for (const Case& k :
+       {Case{2, 37, 4, 64, 0, RopeParams{}, "Llama-2"}, Case{1, 70, 8, 128, 0, llama3, "Llama-3 scaled"},
+        Case{2, 19, 3, 80, 16, qwen, "head_dim 80, strided rows"}}) {
+    const std::string tag = dims({{"T", k.T}, {"heads", k.heads}, {"hd", k.hd}}) + " " + k.what;
+    const i64 half = k.hd / 2, rows = k.B * k.T, stride = k.heads * k.hd + k.stride_extra;
+    float* cos_room = c.dev.alloc<float>(k.T * half);
+    float* sin_room = c.dev.alloc<float>(k.T * half);
+    c.v.op = "rope_tables";
+    const RopeTables t = c.ops.rope_tables(k.p, k.T, k.hd, cos_room, sin_room);
+    const Vec inv = inv_freq(k.p, k.hd);
+    Vec cr(k.T * half), sr(k.T * half);
+    for (i64 pos = 0; pos < k.T; ++pos)
+      for (i64 i = 0; i < half; ++i) {
+        const double angle = double(pos) * double(static_cast<float>(inv[i]));  // inv_freq is fp32 in transformers
+        cr[pos * half + i] = std::cos(angle);
+        sr[pos * half + i] = std::sin(angle);
+      }
+    c.v.close("cos " + tag, c.get(t.cos, cr.size()), cr, 2e-6);
+    c.v.close("sin " + tag, c.get(t.sin, sr.size()), sr, 2e-6);
+    const auto tc = c.get(t.cos, cr.size()), ts = c.get(t.sin, sr.size());
+    const Vec tcd(tc.begin(), tc.end()), tsd(ts.begin(), ts.end());
+    auto x = randn(rows * stride, 31);
+    for (bool inverse : {false, true}) {
+      float* dxv = c.dev.upload(x);
+      c.v.op = "rope_apply";
+      c.ops.rope_apply(dxv, rows, k.T, k.heads, k.hd, stride, t, inverse);
+      Vec xr(x.begin(), x.end());
+      ref::rope(xr.data(), rows, k.T, k.heads, k.hd, stride, tcd.data(), tsd.data(), inverse);
+      c.v.close(std::string(inverse ? "inverse " : "") + tag + " (padding untouched too)", c.get(dxv, xr.size()), xr,
+                2e-6);
+    }
+    c.dev.reset();
+  }
+}
+
+// ---- attention ----
+void attention_cases(Ctx& c) {
+  struct Case {
+    i64 B, T, Hq, Hkv, hd;
+    bool fused_qkv;  // GPT-2: q, k, v are column blocks of one [T, 3d] buffer
+    const char* what;
+  };
+  for (const Case& k :
+       {Case{2, 37, 4, 4, 64, true, "GPT-2 (fused qkv)"}, Case{1, 70, 14, 2, 64, false, "GQA 7:1 (Qwen2)"},
+        Case{2, 33, 8, 2, 128, false, "GQA 4:1, hd 128 (Llama-3)"}, Case{1, 45, 6, 3, 80, false, "hd 80"},
+        Case{1, 5, 2, 1, 96, false, "T 5, hd 96"}}) {
+    const std::string tag = dims({{"B", k.B}, {"T", k.T}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"hd", k.hd}}) + " " + k.what;
+    const i64 N = k.B * k.T, qd = k.Hq * k.hd, kd = k.Hkv * k.hd;
+    AttnShape s;
+    s.batch = k.B, s.seq = k.T, s.q_heads = k.Hq, s.kv_heads = k.Hkv, s.head_dim = k.hd;
+    s.q_stride = k.fused_qkv ? 3 * qd : qd;
+    s.kv_stride = k.fused_qkv ? 3 * qd : kd;
+    s.o_stride = qd;
+    const i64 qn = N * s.q_stride, kn = N * s.kv_stride;
+    auto q = randn(qn, 41), kk = randn(k.fused_qkv ? 0 : kn, 42), vv = randn(k.fused_qkv ? 0 : kn, 43);
+    auto dout = randn(N * qd, 44);
+    float* dq_in = c.dev.upload(q);
+    const float* qp = dq_in;
+    const float* kp = k.fused_qkv ? dq_in + qd : c.dev.upload(kk);
+    const float* vp = k.fused_qkv ? dq_in + 2 * qd : c.dev.upload(vv);
+    const std::vector<float>& kh = k.fused_qkv ? q : kk;
+    const std::vector<float>& vh = k.fused_qkv ? q : vv;
+    const i64 koff = k.fused_qkv ? qd : 0, voff = k.fused_qkv ? 2 * qd : 0;
+    const Vec qs(q.begin(), q.end()), ks(kh.begin() + koff, kh.end()), vs(vh.begin() + voff, vh.end());
+    float* out = c.dev.alloc<float>(N * qd);
+    float* lse = c.dev.alloc<float>(k.B * k.Hq * k.T);
+    c.v.op = "attention_forward";
+    c.ops.attention_forward(qp, kp, vp, out, lse, s);
+    Vec outr(N * qd);
+    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), k.B, k.T, k.Hq, k.Hkv, k.hd, s.q_stride, s.kv_stride,
+                   qd);
+    c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
+    Vec lser(k.B * k.Hq * k.T);  // log-sum-exp of the scaled scores, per (b, h, t)
+    for (i64 b = 0; b < k.B; ++b)
+      for (i64 h = 0; h < k.Hq; ++h)
+        for (i64 t = 0; t < k.T; ++t) {
+          const i64 g = h / (k.Hq / k.Hkv);
+          double mx = -INFINITY, sum = 0;
+          Vec sc(t + 1);
+          for (i64 j = 0; j <= t; ++j) {
+            double dot = 0;
+            for (i64 i = 0; i < k.hd; ++i)
+              dot += qs[(b * k.T + t) * s.q_stride + h * k.hd + i] * ks[(b * k.T + j) * s.kv_stride + g * k.hd + i];
+            sc[j] = dot / std::sqrt(double(k.hd));
+            mx = std::max(mx, sc[j]);
+          }
+          for (i64 j = 0; j <= t; ++j) sum += std::exp(sc[j] - mx);
+          lser[(b * k.Hq + h) * k.T + t] = mx + std::log(sum);
+        }
+    c.v.close("lse " + tag, c.get(lse, lser.size()), lser, 2e-6);
+    // backward from the op's own out and lse, as the stages call it
+    float* ddout = c.dev.upload(dout);
+    float* dq = c.dev.alloc<float>(qn);
+    float* dk = k.fused_qkv ? dq + qd : c.dev.alloc<float>(kn);
+    float* dv = k.fused_qkv ? dq + 2 * qd : c.dev.alloc<float>(kn);
+    c.v.op = "attention_backward";
+    c.ops.attention_backward(qp, kp, vp, out, lse, ddout, dq, dk, dv, s);
+    Vec dqr(qn, 0.0), dkr(std::max<i64>(kn - koff, 0), 0.0), dvr(std::max<i64>(kn - voff, 0), 0.0);
+    const Vec douts(dout.begin(), dout.end());
+    ref::attention_backward(qs.data(), ks.data(), vs.data(), douts.data(), dqr.data(), dkr.data(), dvr.data(), k.B, k.T,
+                            k.Hq, k.Hkv, k.hd, s.q_stride, s.kv_stride, qd);
+    // Compare each gradient on its own columns only (fused: the three blocks of one buffer).
+    auto columns = [&](const std::vector<float>& all, i64 off, i64 width, i64 stride) {
+      Vec r;
+      for (i64 t = 0; t < N; ++t)
+        for (i64 i = 0; i < width; ++i) r.push_back(all[t * stride + off + i]);
+      return r;
+    };
+    auto columns_d = [&](const Vec& all, i64 width, i64 stride) {
+      Vec r;
+      for (i64 t = 0; t < N; ++t)
+        for (i64 i = 0; i < width; ++i) r.push_back(all[t * stride + i]);
+      return r;
+    };
+    const auto dqh = c.get(dq, qn);
+    c.v.close("dq " + tag, columns(dqh, 0, qd, s.q_stride), columns_d(dqr, qd, s.q_stride), 2e-5);
+    const auto dkh = k.fused_qkv ? dqh : c.get(dk, kn);
+    const auto dvh = k.fused_qkv ? dqh : c.get(dv, kn);
+    c.v.close("dk " + tag, columns(dkh, koff, kd, s.kv_stride), columns_d(dkr, kd, s.kv_stride), 2e-5);
+    c.v.close("dv " + tag, columns(dvh, voff, kd, s.kv_stride), columns_d(dvr, kd, s.kv_stride), 2e-5);
+    c.dev.reset();
+  }
+}
+
+// ---- activations, moves and sums ----
+void elementwise_cases(Ctx& c) {
+  const std::size_t n = 100003;  // not a multiple of any vector width or block
+  auto a = randn(n, 51, 3.0), b = randn(n, 52), d = randn(n, 53), z0 = randn(n, 54);
+  const Vec as(a.begin(), a.end()), bs(b.begin(), b.end()), ds(d.begin(), d.end());
+  float* da = c.dev.upload(a);
+  float* db = c.dev.upload(b);
+  float* dd = c.dev.upload(d);
+  float* o1 = c.dev.alloc<float>(n);
+  float* o2 = c.dev.alloc<float>(n);
+  const std::string tag = "n=" + std::to_string(n);
+  Vec h(n), g1(n, 0.0), g2(n, 0.0);
+  c.v.op = "swiglu_forward";
+  c.ops.swiglu_forward(da, db, o1, n);
+  ref::swiglu(as.data(), bs.data(), h.data(), i64(n));
+  c.v.close(tag, c.get(o1, n), h, 2e-6);
+  c.v.op = "swiglu_backward";
+  c.ops.swiglu_backward(da, db, dd, o1, o2, n);
+  ref::swiglu_backward(as.data(), bs.data(), ds.data(), g1.data(), g2.data(), i64(n));
+  c.v.close("dg " + tag, c.get(o1, n), g1, 2e-6);
+  c.v.close("du " + tag, c.get(o2, n), g2, 2e-6);
+  c.v.op = "gelu_forward";
+  c.ops.gelu_forward(da, o1, n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = ref::gelu(as[i]);
+  c.v.close(tag, c.get(o1, n), h, 2e-6);
+  c.v.op = "gelu_backward";
+  c.ops.gelu_backward(da, dd, o1, n);
+  std::fill(g1.begin(), g1.end(), 0.0);
+  ref::gelu_backward(as.data(), ds.data(), g1.data(), i64(n));
+  c.v.close(tag, c.get(o1, n), g1, 2e-6);
+  // exact ones: the host's fp32 result, bit for bit
+  std::vector<float> sum = b;
+  for (std::size_t i = 0; i < n; ++i) sum[i] += a[i];
+  c.v.op = "add_into";
+  c.ops.add_into(db, da, n);
+  c.v.bit_equal("y += x " + tag, c.get(db, n), sum);
+  c.v.op = "copy";
+  c.ops.copy(o1, dd, n);
+  c.v.bit_equal(tag, c.get(o1, n), d);
+  float* dz = c.dev.upload(z0);
+  c.v.op = "fill_zero";
+  c.ops.fill_zero(dz, n - 3);
+  std::vector<float> zr = z0;
+  std::fill(zr.begin(), zr.end() - 3, 0.0f);
+  c.v.bit_equal("+0 over n - 3, the last 3 kept", c.get(dz, n), zr);
+  c.dev.reset();
+}
+
+// ---- embedding ----
+void embedding_cases(Ctx& c, Backend& backend) {
+  for (const bool positions : {false, true}) {
+    const i64 B = 3, T = 29, d = 72, V = 50;
+    const i64 N = B * T;
+    const std::string tag = dims({{"B", B}, {"T", T}, {"d", d}, {"V", V}}) + (positions ? " + wpe (GPT-2)" : "");
+    auto wte = randn(V * d, 61), wpe = randn(T * d, 62), dx = randn(N * d, 63), g0 = randn(V * d, 64),
+         p0 = randn(T * d, 65);
+    std::vector<token_t> ids(N);
+    for (i64 r = 0; r < N; ++r) ids[r] = static_cast<token_t>((r * 7 + r / 5) % 11);  // many repeats: order matters
+    ids[3] = V - 1;
+    const token_t* tokens = backend.upload_tokens(ids.data(), ids.size(), 0);
+    const void* dwte = c.weight(wte);
+    const void* dwpe = positions ? c.weight(wpe) : nullptr;
+    float* y = c.dev.alloc<float>(N * d);
+    c.v.op = "embedding_forward";
+    c.ops.embedding_forward(dwte, dwpe, tokens, N, T, d, y);
+    const Vec wts = c.seen_weight(wte), wps = c.seen_weight(wpe);
+    std::vector<float> yr(N * d);
+    for (i64 r = 0; r < N; ++r)
+      for (i64 j = 0; j < d; ++j)
+        yr[r * d + j] = positions ? static_cast<float>(wts[ids[r] * d + j]) + static_cast<float>(wps[(r % T) * d + j])
+                                  : static_cast<float>(wts[ids[r] * d + j]);
+    c.v.bit_equal(tag, c.get(y, yr.size()), yr);
+    float* ddx = c.dev.upload(dx);
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      float* gte = c.dev.upload(g0);
+      float* gpe = positions ? c.dev.upload(p0) : nullptr;
+      c.v.op = "embedding_backward";
+      c.ops.embedding_backward(tokens, ddx, N, T, d, gte, gpe);
+      auto got = c.get(gte, g0.size());
+      if (positions) {
+        const auto gp = c.get(gpe, p0.size());
+        got.insert(got.end(), gp.begin(), gp.end());
+      }
+      runs.push_back(got);
+    }
+    Vec gr(g0.begin(), g0.end()), pr(p0.begin(), p0.end());
+    for (i64 r = 0; r < N; ++r)
+      for (i64 j = 0; j < d; ++j) {
+        gr[ids[r] * d + j] += dx[r * d + j];
+        if (positions) pr[(r % T) * d + j] += dx[r * d + j];
+      }
+    if (positions) gr.insert(gr.end(), pr.begin(), pr.end());
+    c.v.close("scatter-add " + tag, runs[0], gr, 1e-6);
+    c.v.bit_equal("scatter-add twice, same bits " + tag, runs[0], runs[1]);
+    c.dev.reset();
+  }
+}
+
+// ---- the loss ----
+void loss_cases(Ctx& c, Backend& backend) {
+  for (const bool grad : {true, false}) {
+    const i64 rows = 37, V = 1003;
+    const std::string tag = dims({{"rows", rows}, {"V", V}}) + (grad ? " with gradient" : " loss only");
+    auto logits = randn(rows * V, 71, 4.0);
+    std::vector<token_t> targets(rows);
+    for (i64 r = 0; r < rows; ++r) targets[r] = static_cast<token_t>((r * 131) % V);
+    targets[4] = targets[20] = kIgnoreIndex;
+    const token_t* dt = backend.upload_tokens(targets.data(), targets.size(), 1);
+    float* dl = c.dev.upload(logits);
+    float* row_loss = c.dev.alloc<float>(rows);
+    c.v.op = "cross_entropy_rows";
+    c.ops.cross_entropy_rows(dl, dt, row_loss, rows, V, grad);
+    const Vec ls(logits.begin(), logits.end());
+    Vec lr(rows, 0.0), dr(rows * V, 0.0);
+    for (i64 r = 0; r < rows; ++r) {
+      if (targets[r] == kIgnoreIndex) continue;
+      Vec one(ls.begin() + r * V, ls.begin() + (r + 1) * V), dlog(V);
+      lr[r] = ref::cross_entropy(one.data(), &targets[r], dlog.data(), 1, V);
+      std::copy(dlog.begin(), dlog.end(), dr.begin() + r * V);
+    }
+    const auto rl = c.get(row_loss, rows);
+    c.v.close("row losses " + tag, rl, lr, 1e-5);
+    if (grad)
+      c.v.close("d(loss)/d(logits) in place " + tag, c.get(dl, dr.size()), dr, 1e-5);
+    else
+      c.v.bit_equal("logits untouched " + tag, c.get(dl, logits.size()), logits);
+    c.v.op = "loss_sum";
+    const LossSum sum = c.ops.loss_sum(row_loss, dt, rows);
+    double expect = 0;
+    i64 counted = 0;
+    for (i64 r = 0; r < rows; ++r)
+      if (targets[r] != kIgnoreIndex) expect += rl[r], ++counted;
+    c.v.close("sum over counted rows, in row order " + tag, std::vector<double>{sum.loss_sum}, Vec{expect}, 1e-12);
+    c.v.fact("counted = " + std::to_string(sum.counted) + " (expected " + std::to_string(counted) + ")",
+             sum.counted == counted);
+    c.dev.reset();
+  }
+}
+
+// An op set without ops: each call names the missing op (what a backend lacking one reports).
+struct NoOps final : Ops {
+  const char* backend() const override { return "bare"; }
+  Precision precision() const override { return Precision::fp32; }
+};
+
+void unsupported_case(Verdicts& v) {
+  NoOps bare;
+  v.op = "(seam)";
+  try {
+    bare.rope_apply(nullptr, 0, 1, 1, 2, 2, RopeTables{}, false);
+    v.fact("an op set without rope_apply throws", false);
+  } catch (const UnsupportedOp& e) {
+    v.fact(std::string("a missing op is named: \"") + e.what() + "\"",
+           e.op() == "rope_apply" && std::string(e.what()).find("bare") != std::string::npos);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string kind = "cpu", precision = "fp32";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--backend")
+      kind = argv[i + 1];
+    else if (a == "--precision")
+      precision = argv[i + 1];
+    else {
+      std::fprintf(stderr, "usage: test_backend_ops --backend cpu|cuda --precision fp32|bf16\n");
+      return 2;
+    }
+  }
+  if (precision != "fp32" && precision != "bf16") {
+    std::fprintf(stderr, "test_backend_ops: --precision must be fp32 or bf16, not '%s'\n", precision.c_str());
+    return 2;
+  }
+  BackendOptions o;
+  o.kind = kind;
+  o.precision = precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  o.compute_threads = 2;
+  std::unique_ptr<Backend> backend;
+  try {
+    backend = make_backend(o);
+  } catch (const BackendUnavailable& e) {
+    std::printf("test_backend_ops: %s: skipped\n", e.what());
+    return 77;
+  }
+  std::printf("test_backend_ops: %s, %s ops\n", backend->describe().c_str(), precision.c_str());
+  Device dev(*backend, std::size_t{256} << 20);
+  Verdicts v;
+  Ctx c{backend->ops(), dev, v, o.precision};
+  const std::vector<std::pair<const char*, std::function<void()>>> groups = {
+      {"products", [&] { linear_cases(c); }},
+      {"operand rounding", [&] { operand_rounding_case(c); }},
+      {"norms", [&] { norm_cases(c); }},
+      {"rope", [&] { rope_cases(c); }},
+      {"attention", [&] { attention_cases(c); }},
+      {"elementwise", [&] { elementwise_cases(c); }},
+      {"embedding", [&] { embedding_cases(c, *backend); }},
+      {"loss", [&] { loss_cases(c, *backend); }},
+      {"seam", [&] { unsupported_case(v); }},
+  };
+  for (const auto& [name, run] : groups) {
+    try {
+      run();
+    } catch (const UnsupportedOp& e) {
+      v.fact(std::string("threw: ") + e.what(), false);
+      dev.reset();
+    } catch (const std::exception& e) {
+      v.fact(std::string(name) + " threw: " + e.what(), false);
+      dev.reset();
+    }
+  }
+  for (const char* op : kOpNames) {
+    const bool ok = v.ops_passed.count(op) && !v.ops_failed.count(op);
+    if (!ok) {
+      v.op = op;
+      v.fact(v.ops_failed.count(op) ? "failed a check above" : "has no passing case in the table", false);
+    }
+  }
+  std::printf("test_backend_ops (%s, %s): %d passed, %d failed\n", kind.c_str(), precision.c_str(), v.passed, v.failed);
+  return v.failed == 0 && v.passed > 0 ? 0 : 1;
+}
