@@ -20,44 +20,70 @@
 
 namespace mt::bench {
 
-// fn's result, or nothing when the child failed (it printed why on stderr) or could not start.
+// A measurement running in a forked child: start() forks and runs fn there; wait() collects its result
+// (nothing when the child failed: it printed why on stderr, or could not start). Several may run at
+// once (the contention benchmark runs two engines side by side).
 template <class Result>
-std::optional<Result> in_child_process(const std::function<Result()>& fn) {
+class ChildRun {
   static_assert(std::is_trivially_copyable_v<Result>, "the result crosses a pipe as bytes");
-  cpu::release_thread_pool();
-  std::fflush(stdout);
-  std::fflush(stderr);
-  int fds[2];
-  if (pipe(fds) != 0) return std::nullopt;
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return std::nullopt;
-  }
-  if (pid == 0) {
-    close(fds[0]);
-    bool ok = false;
-    Result r{};
-    try {
-      r = fn();
-      ok = true;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-    }
+
+ public:
+  explicit ChildRun(const std::function<Result()>& fn) {
+    cpu::release_thread_pool();
     std::fflush(stdout);
     std::fflush(stderr);
-    ok = ok && write(fds[1], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
-    _exit(ok ? 0 : 1);
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ < 0) {
+      close(fds[0]);
+      close(fds[1]);
+      return;
+    }
+    if (pid_ == 0) {
+      close(fds[0]);
+      bool ok = false;
+      Result r{};
+      try {
+        r = fn();
+        ok = true;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ok = ok && write(fds[1], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
+      _exit(ok ? 0 : 1);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
   }
-  close(fds[1]);
-  Result r{};
-  const bool got = read(fds[0], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!got || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
-  return r;
+  ChildRun(const ChildRun&) = delete;
+  ChildRun& operator=(const ChildRun&) = delete;
+  ~ChildRun() { wait(); }
+
+  std::optional<Result> wait() {
+    if (pid_ <= 0) return result_;
+    Result r{};
+    const bool got = read(fd_, &r, sizeof r) == static_cast<ssize_t>(sizeof r);
+    close(fd_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    if (got && WIFEXITED(status) && WEXITSTATUS(status) == 0) result_ = r;
+    return result_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::optional<Result> result_;
+};
+
+// fn's result from a child process of its own, or nothing when the child failed.
+template <class Result>
+std::optional<Result> in_child_process(const std::function<Result()>& fn) {
+  return ChildRun<Result>(fn).wait();
 }
 
 }  // namespace mt::bench

@@ -1,6 +1,7 @@
 #include "tools/bench/engine_step.hpp"
 
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -28,7 +29,9 @@ TrainConfig demo_config(Precision precision, int threads, int steps) {
   return c;
 }
 
-EngineStep measure_here(Precision precision, int threads, int steps) {
+}  // namespace
+
+EngineStep measure_engine_step_here(Precision precision, int threads, int steps) {
   const TrainConfig cfg = demo_config(precision, threads, steps);
   const ModelConfig model = cfg.model_config_from_keys();
   const actors::EnginePlan plan = actors::plan_engine(cfg, model);
@@ -75,14 +78,19 @@ EngineStep measure_here(Precision precision, int threads, int steps) {
   e.grad_slots = static_cast<int>(plan.grad_slots);
   e.kept_layers = static_cast<long long>(plan.kept_layers);
   e.keep = plan.mode == ActivationMode::keep ? "all" : (plan.boundaries_on_host ? "boundary_host" : "boundary");
+  e.loss_bits = 1469598103934665603ull;
+  for (const auto& s : r.steps) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &s.loss, sizeof bits);
+    for (int k = 0; k < 8; ++k) e.loss_bits = (e.loss_bits ^ ((bits >> (8 * k)) & 0xff)) * 1099511628211ull;
+  }
+  e.last_loss = r.steps.empty() ? 0.0 : r.steps.back().loss;
   return e;
 }
 
-}  // namespace
-
 EngineStep measure_engine_step(Precision precision, int threads, int steps) {
   const std::optional<EngineStep> e =
-      in_child_process<EngineStep>([&] { return measure_here(precision, threads, steps); });
+      in_child_process<EngineStep>([&] { return measure_engine_step_here(precision, threads, steps); });
   if (!e) throw std::runtime_error("engine step benchmark: the measuring process failed (see above)");
   return *e;
 }

@@ -4,6 +4,8 @@
 // device budget, auto slots and keep-intermediates), random tokens. Used by bench_train_step for engine_step_mfu.
 #pragma once
 
+#include <cstdint>
+
 #include "kernels/precision.hpp"
 
 namespace mt::bench {
@@ -17,7 +19,12 @@ struct EngineStep {
   int weight_slots = 0, grad_slots = 0;  // the slots the plan chose
   long long kept_layers = 0;             // recompute mode: the last layers whose intermediates are kept
   double split[8] = {};                  // seconds per step by kernel category (kernels/profile.hpp), all steps
+  double last_loss = 0.0;                // the last step's loss
+  std::uint64_t loss_bits = 0;           // FNV-1a of every step's loss bits: equal runs, equal hashes
 };
+
+// The same, in the calling process.
+EngineStep measure_engine_step_here(Precision precision, int threads, int steps = 16);
 
 // In a child process of its own (child_process.hpp), so that earlier runs in this process do not slow it.
 EngineStep measure_engine_step(Precision precision, int threads, int steps = 16);
