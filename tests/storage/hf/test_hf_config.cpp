@@ -39,7 +39,8 @@ TEST_CASE("config.json of each supported architecture parses into ModelConfig") 
   CHECK(l.num_key_value_heads == 2);
   CHECK(l.rope_theta == 500000.0f);
   CHECK(l.norm_eps == 1e-5f);
-  CHECK(l.rope_scaling.factor == 8.0f);
+  CHECK(l.rope_scaling.type == RopeType::llama3);
+  CHECK(l.rope_scaling.factor == 8.0);
   CHECK(l.rope_scaling.original_max_position_embeddings == 8192);
 
   json q2 = llama_json();
