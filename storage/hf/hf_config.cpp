@@ -2,6 +2,7 @@
 
 #include "storage/hf/file_util.hpp"
 
+#include <cmath>
 #include <optional>
 #include <set>
 
@@ -155,10 +156,12 @@ void parse_rope_scaling(Fields& f, Arch arch, ModelConfig& c) {
   };
   out.factor = num("factor", true, 1.0);
   if (known.count("original_max_position_embeddings") && present("original_max_position_embeddings")) {
+    // an integer; a float with an integral value (8192.0) too, as before the other types
     const json& v = rs->at("original_max_position_embeddings");
-    if (!v.is_number_integer() || v.get<std::int64_t>() <= 0)
+    const double d = v.is_number() ? v.get<double>() : 0.0;
+    if (!v.is_number() || !(d > 0.0) || d != std::floor(d) || d > 9.0e15)
       f.fail("rope_scaling.original_max_position_embeddings must be an integer > 0, got " + v.dump());
-    out.original_max_position_embeddings = v.get<std::int64_t>();
+    out.original_max_position_embeddings = static_cast<std::int64_t>(d);
   }
   switch (out.type) {
     case RopeType::llama3:

@@ -242,6 +242,9 @@ TEST_CASE("each rope_scaling type parses its own fields, and export writes them 
   CHECK(hf::config_to_json(nulls)["rope_scaling"] ==
         json({{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0}}));
   CHECK(hf::config_to_json(hf::parse_config(llama_json()))["rope_scaling"] == llama_json()["rope_scaling"]);
+  json llama3_float_len = llama_json();
+  llama3_float_len["rope_scaling"]["original_max_position_embeddings"] = 8192.0;  // accepted, as before
+  CHECK(hf::parse_config(llama3_float_len).rope_scaling.original_max_position_embeddings == 8192);
   CHECK(hf::config_to_json(hf::parse_config(llama_rope(nullptr)))["rope_scaling"].is_null());
   for (const ModelConfig& c : {lin, bc, dyn, yarn, nulls, ms, af, hf::parse_config(llama_json())}) {
     const ModelConfig back = hf::parse_config(hf::config_to_json(c));
