@@ -156,7 +156,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   p.devices = static_cast<int>(cfg.device.gpus);
   p.micro_batches = p.devices * p.device_micro_batches;
   if (p.seq < 1) throw ConfigError("data.seq_length", "must be >= 1");
-  if (p.seq > model.max_position_embeddings)
+  if (p.seq > model.max_position_embeddings && !model.positions_extend_past_max())
     throw ConfigError("data.seq_length", std::to_string(p.seq) + " exceeds the model's max_position_embeddings (" +
                                              std::to_string(model.max_position_embeddings) + ")");
   validate_batch_shape(model, p.batch, p.seq);

@@ -1,6 +1,8 @@
 #include "kernels/model_config.hpp"
 
+#include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace mt {
 
@@ -27,6 +29,79 @@ Arch parse_arch(const std::string& model_type) {
                               "' (supported: llama, qwen2, qwen3, mistral, gpt2)");
 }
 
+const char* rope_type_name(RopeType t) {
+  switch (t) {
+    case RopeType::none:
+      return "default";
+    case RopeType::llama3:
+      return "llama3";
+    case RopeType::linear:
+      return "linear";
+    case RopeType::dynamic:
+      return "dynamic";
+    case RopeType::yarn:
+      return "yarn";
+  }
+  return "?";
+}
+
+namespace {
+
+// rope_scaling's numbers, each error naming its field (fail prefixes "model config: ").
+template <class Fail>
+void validate_rope_scaling(const ModelConfig& c, Fail fail) {
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type == RopeType::none) return;
+  const std::string type = rope_type_name(rs.type);
+  auto num = [&](double v) { return std::to_string(v); };
+  if (!(rs.factor >= 1.0) || !std::isfinite(rs.factor))
+    fail("rope_scaling.factor must be >= 1, got " + num(rs.factor) + " (rope_type " + type + ")");
+  if (rs.original_max_position_embeddings < 0)
+    fail("rope_scaling.original_max_position_embeddings must be > 0, got " +
+         std::to_string(rs.original_max_position_embeddings));
+  switch (rs.type) {
+    case RopeType::none:
+    case RopeType::linear:
+      break;
+    case RopeType::llama3:
+      if (rs.original_max_position_embeddings <= 0)
+        fail("rope_scaling.original_max_position_embeddings must be > 0 for llama3");
+      if (!(rs.low_freq_factor > 0.0)) fail("rope_scaling.low_freq_factor must be > 0, got " + num(rs.low_freq_factor));
+      if (!(rs.high_freq_factor > rs.low_freq_factor)) fail("rope_scaling.high_freq_factor must be > low_freq_factor");
+      break;
+    case RopeType::dynamic:
+      // transformers' _compute_dynamic_ntk_parameters grows the base past config.max_position_embeddings,
+      // whatever rope_scaling.original_max_position_embeddings says ("TODO" there): a different value
+      // would make us disagree with it.
+      if (rs.original_max_position_embeddings != 0 && rs.original_max_position_embeddings != c.max_position_embeddings)
+        fail("rope_scaling.original_max_position_embeddings (" + std::to_string(rs.original_max_position_embeddings) +
+             ") must equal max_position_embeddings (" + std::to_string(c.max_position_embeddings) +
+             ") for dynamic: transformers scales from max_position_embeddings");
+      if (c.head_dim <= 2) fail("dynamic rope_scaling needs head_dim > 2 (the base exponent is dim / (dim - 2))");
+      break;
+    case RopeType::yarn:
+      if (!(rs.beta_fast > 0.0)) fail("rope_scaling.beta_fast must be > 0, got " + num(rs.beta_fast));
+      if (!(rs.beta_slow > 0.0)) fail("rope_scaling.beta_slow must be > 0, got " + num(rs.beta_slow));
+      if (!(rs.beta_fast >= rs.beta_slow))
+        fail("rope_scaling.beta_fast (" + num(rs.beta_fast) + ") must be >= beta_slow (" + num(rs.beta_slow) + ")");
+      if (!(rs.attention_factor >= 0.0))
+        fail("rope_scaling.attention_factor must be > 0, got " + num(rs.attention_factor));
+      if (!(rs.mscale >= 0.0)) fail("rope_scaling.mscale must be >= 0, got " + num(rs.mscale));
+      if (!(rs.mscale_all_dim >= 0.0)) fail("rope_scaling.mscale_all_dim must be >= 0, got " + num(rs.mscale_all_dim));
+      // Newer transformers replace factor by max_position_embeddings / original_max_position_embeddings
+      // when the latter is given; 4.46 uses factor. Both agree only when the two are equal.
+      if (rs.original_max_position_embeddings > 0 &&
+          rs.factor !=
+              static_cast<double>(c.max_position_embeddings) / static_cast<double>(rs.original_max_position_embeddings))
+        fail("rope_scaling.factor (" + num(rs.factor) + ") must equal max_position_embeddings / " +
+             "rope_scaling.original_max_position_embeddings (" + std::to_string(c.max_position_embeddings) + " / " +
+             std::to_string(rs.original_max_position_embeddings) + ") for yarn");
+      break;
+  }
+}
+
+}  // namespace
+
 void ModelConfig::validate() const {
   auto positive = [](std::int64_t v, const char* name) {
     if (v <= 0)
@@ -49,12 +124,11 @@ void ModelConfig::validate() const {
       fail("gpt2 has no grouped-query attention: num_key_value_heads must equal num_attention_heads");
     if (q_dim() != hidden_size) fail("gpt2 needs num_attention_heads x head_dim == hidden_size");
     if (attention_bias || qk_norm) fail("gpt2 takes neither attention_bias nor qk_norm");
+    if (rope_scaling.type != RopeType::none) fail("gpt2 has no rotary embeddings: rope_scaling must be default");
   } else {
     if (head_dim % 2 != 0) fail("head_dim must be even for rotary embeddings, got " + std::to_string(head_dim));
     if (!(rope_theta > 0.0f)) fail("rope_theta must be > 0");
-    if (rope_scaling.factor != 0.0f && !(rope_scaling.factor >= 1.0f)) fail("rope_scaling.factor must be >= 1");
-    if (rope_scaling.factor != 0.0f && !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor))
-      fail("rope_scaling.high_freq_factor must be > low_freq_factor");
+    validate_rope_scaling(*this, fail);
   }
   if (!(norm_eps > 0.0f)) fail("norm eps must be > 0");
   if (!(initializer_range > 0.0f)) fail("initializer_range must be > 0");

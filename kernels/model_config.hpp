@@ -12,12 +12,40 @@ enum class Arch { llama, qwen2, qwen3, mistral, gpt2 };
 const char* arch_name(Arch a);
 Arch parse_arch(const std::string& model_type);
 
-// Llama-3 style frequency-dependent RoPE scaling (rope_scaling.rope_type == "llama3"); factor 0 = none.
+// rope_scaling from config.json (Hugging Face's rope_type and its fields); type none = plain RoPE.
+// Each type reads only its own fields (storage/hf refuses the others by name):
+//   llama3:  factor, low_freq_factor, high_freq_factor, original_max_position_embeddings (all required)
+//   linear:  factor (positions / factor, i.e. inv_freq / factor)
+//   dynamic: factor; original_max_position_embeddings 0 = max_position_embeddings (transformers always
+//            uses max_position_embeddings, so a different value is refused): NTK-aware base growth when
+//            the sequence is longer than that
+//   yarn:    factor, beta_fast (32), beta_slow (1), attention_factor (0 = computed), mscale and
+//            mscale_all_dim (0 = absent), original_max_position_embeddings (0 = absent: the correction
+//            range is for max_position_embeddings), truncate (true: floor/ceil the correction range)
+enum class RopeType { none, llama3, linear, dynamic, yarn };
+const char* rope_type_name(RopeType t);  // "default", "llama3", "linear", "dynamic", "yarn"
+
 struct RopeScaling {
-  float factor = 0.0f;
-  float low_freq_factor = 1.0f;
-  float high_freq_factor = 4.0f;
-  std::int64_t original_max_position_embeddings = 8192;
+  RopeType type = RopeType::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  std::int64_t original_max_position_embeddings = 0;  // 0 = absent (llama3 requires it)
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double attention_factor = 0.0;  // yarn; 0 = transformers' default from factor (and mscale)
+  double mscale = 0.0;            // yarn; 0 = absent
+  double mscale_all_dim = 0.0;    // yarn; 0 = absent
+  bool truncate = true;           // yarn
+
+  bool operator==(const RopeScaling& o) const {
+    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor &&
+           original_max_position_embeddings == o.original_max_position_embeddings && beta_fast == o.beta_fast &&
+           beta_slow == o.beta_slow && attention_factor == o.attention_factor && mscale == o.mscale &&
+           mscale_all_dim == o.mscale_all_dim && truncate == o.truncate;
+  }
+  bool operator!=(const RopeScaling& o) const { return !(*this == o); }
 };
 
 struct ModelConfig {
@@ -39,6 +67,9 @@ struct ModelConfig {
   float initializer_range = 0.02f;   // std of the normal init, as Hugging Face uses
 
   bool is_gpt2() const { return arch == Arch::gpt2; }
+  // Sequences longer than max_position_embeddings are refused (validate_batch_shape, the engine) but
+  // with dynamic rope_scaling, whose NTK-aware base grows for exactly those (transformers' dynamic RoPE).
+  bool positions_extend_past_max() const { return rope_scaling.type == RopeType::dynamic; }
   std::int64_t q_dim() const { return num_attention_heads * head_dim; }
   std::int64_t kv_dim() const { return num_key_value_heads * head_dim; }
 

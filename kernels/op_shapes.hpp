@@ -5,12 +5,36 @@
 
 namespace mt {
 
-// Rotary embeddings as transformers computes its inv_freq (Llama-3 rope_scaling when factor != 0).
+// Rotary embeddings as transformers computes its inv_freq and attention scaling (modeling_rope_utils.py,
+// ROPE_INIT_FUNCTIONS): `kind` picks the rope_type, and only that type's fields are read (the others
+// keep their defaults, so two params of the same type compare equal field by field).
+enum class RopeKind : int { plain, llama3, linear, dynamic, yarn };
+
 struct RopeParams {
+  RopeKind kind = RopeKind::plain;
   float theta = 10000.0f;
-  float scaling_factor = 0.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f;
+  double factor = 1.0;                                   // llama3, linear, dynamic, yarn
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  // llama3: rope_scaling.original_max_position_embeddings; dynamic: the length above which the base
+  // grows; yarn: the length the correction range is computed for.
   std::int64_t original_max_position = 8192;
+  double beta_fast = 32.0, beta_slow = 1.0;  // yarn
+  bool truncate = true;                      // yarn: floor/ceil the correction range (transformers 4.46)
+  double attention_scaling = 1.0;            // multiplies cos and sin (yarn's attention factor; 1 elsewhere)
+
+  // Every field, so that the table caches (cpu/rope.cpp, cuda/ops.cu) can never miss one: the
+  // static_assert below fails when a field is added without being compared here.
+  bool operator==(const RopeParams& o) const {
+    return kind == o.kind && theta == o.theta && factor == o.factor && low_freq_factor == o.low_freq_factor &&
+           high_freq_factor == o.high_freq_factor && original_max_position == o.original_max_position &&
+           beta_fast == o.beta_fast && beta_slow == o.beta_slow && truncate == o.truncate &&
+           attention_scaling == o.attention_scaling;
+  }
+  bool operator!=(const RopeParams& o) const { return !(*this == o); }
 };
+// kind + theta (8), factor, low, high, original (4 x 8), beta_fast, beta_slow (16), truncate (8 with
+// padding), attention_scaling (8): update operator== above, then this size.
+static_assert(sizeof(RopeParams) == 72, "a RopeParams field was added: compare it in operator==, then fix this");
 
 // Causal grouped-query attention over [batch, seq] tokens; strides are floats between consecutive tokens.
 struct AttnShape {

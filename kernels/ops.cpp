@@ -1,6 +1,8 @@
 // The sizes and parameters every backend plans with.
 #include "kernels/ops.hpp"
 
+#include <cmath>
+
 #include "kernels/workspace.hpp"
 
 namespace mt {
@@ -8,10 +10,49 @@ namespace mt {
 RopeParams rope_params_of(const ModelConfig& c) {
   RopeParams p;
   p.theta = c.rope_theta;
-  p.scaling_factor = c.rope_scaling.factor;
-  p.low_freq_factor = c.rope_scaling.low_freq_factor;
-  p.high_freq_factor = c.rope_scaling.high_freq_factor;
-  p.original_max_position = c.rope_scaling.original_max_position_embeddings;
+  const RopeScaling& rs = c.rope_scaling;
+  switch (rs.type) {
+    case RopeType::none:
+      break;
+    case RopeType::llama3:
+      p.kind = RopeKind::llama3;
+      p.factor = rs.factor;
+      p.low_freq_factor = rs.low_freq_factor;
+      p.high_freq_factor = rs.high_freq_factor;
+      p.original_max_position = rs.original_max_position_embeddings;
+      break;
+    case RopeType::linear:
+      p.kind = RopeKind::linear;
+      p.factor = rs.factor;
+      break;
+    case RopeType::dynamic:
+      // transformers grows the base past config.max_position_embeddings (validate() refuses a different
+      // rope_scaling.original_max_position_embeddings).
+      p.kind = RopeKind::dynamic;
+      p.factor = rs.factor;
+      p.original_max_position = c.max_position_embeddings;
+      break;
+    case RopeType::yarn: {
+      p.kind = RopeKind::yarn;
+      p.factor = rs.factor;
+      p.original_max_position =
+          rs.original_max_position_embeddings > 0 ? rs.original_max_position_embeddings : c.max_position_embeddings;
+      p.beta_fast = rs.beta_fast;
+      p.beta_slow = rs.beta_slow;
+      p.truncate = rs.truncate;
+      // transformers' attention factor, in double as Python computes it: the given one, else
+      // get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when both are given (newer
+      // transformers; 4.46 has neither key), else 0.1 ln(factor) + 1 (1 at factor 1 in both versions).
+      auto get_mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+      if (rs.attention_factor > 0.0)
+        p.attention_scaling = rs.attention_factor;
+      else if (rs.mscale > 0.0 && rs.mscale_all_dim > 0.0)
+        p.attention_scaling = get_mscale(rs.factor, rs.mscale) / get_mscale(rs.factor, rs.mscale_all_dim);
+      else
+        p.attention_scaling = 0.1 * std::log(rs.factor) + 1.0;
+      break;
+    }
+  }
   return p;
 }
 

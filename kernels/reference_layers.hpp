@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/reference_ops.hpp"
+#include "kernels/ops.hpp"  // rope_params_of
 #include "kernels/param_layout.hpp"
 
 namespace mt::ref {
@@ -21,31 +22,20 @@ Vec<T> zeros(i64 n) {
   return Vec<T>(static_cast<std::size_t>(n), T(0));
 }
 
-// cos/sin [seq, hd/2] in T precision (Llama-3 scaling included), as rope_table but in T.
+// cos/sin [seq, hd/2] in T precision (every rope_scaling type, yarn's attention scaling included), as
+// rope_table but in T.
 template <class T>
 void rope_tables(const ModelConfig& c, i64 seq, Vec<T>& cs, Vec<T>& sn) {
   const i64 half = c.head_dim / 2;
   cs = zeros<T>(seq * half);
   sn = zeros<T>(seq * half);
-  const T pi = T(3.14159265358979323846);
-  for (i64 i = 0; i < half; ++i) {
-    T inv = T(1) / std::pow(T(c.rope_theta), T(2 * i) / T(c.head_dim));
-    const auto& rs = c.rope_scaling;
-    if (rs.factor != 0.0f) {
-      const T old_len = T(rs.original_max_position_embeddings);
-      const T wavelen = T(2) * pi / inv;
-      if (wavelen > old_len / T(rs.low_freq_factor)) {
-        inv = inv / T(rs.factor);
-      } else if (!(wavelen < old_len / T(rs.high_freq_factor))) {
-        const T smooth = (old_len / wavelen - T(rs.low_freq_factor)) / (T(rs.high_freq_factor) - T(rs.low_freq_factor));
-        inv = (T(1) - smooth) * inv / T(rs.factor) + smooth * inv;
-      }
-    }
+  Vec<T> inv;
+  const T scale = rope_inv_freq<T>(rope_params_of(c), seq, c.head_dim, inv);
+  for (i64 i = 0; i < half; ++i)
     for (i64 t = 0; t < seq; ++t) {
-      cs[t * half + i] = std::cos(T(t) * inv);
-      sn[t * half + i] = std::sin(T(t) * inv);
+      cs[t * half + i] = std::cos(T(t) * inv[i]) * scale;
+      sn[t * half + i] = std::sin(T(t) * inv[i]) * scale;
     }
-  }
 }
 
 template <class T>

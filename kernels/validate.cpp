@@ -9,7 +9,7 @@ namespace mt {
 void validate_batch_shape(const ModelConfig& c, std::int64_t batch, std::int64_t seq) {
   if (batch <= 0) throw std::invalid_argument("batch size must be > 0, got " + std::to_string(batch));
   if (seq <= 0) throw std::invalid_argument("sequence length must be > 0, got " + std::to_string(seq));
-  if (seq > c.max_position_embeddings)
+  if (seq > c.max_position_embeddings && !c.positions_extend_past_max())
     throw std::invalid_argument("sequence length " + std::to_string(seq) + " exceeds max_position_embeddings " +
                                 std::to_string(c.max_position_embeddings) +
                                 (c.is_gpt2() ? " (the position embedding table)" : " (the rotary table)"));

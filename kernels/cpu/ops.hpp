@@ -14,6 +14,7 @@
 namespace mt::cpu {
 
 using mt::AttnShape;
+using mt::RopeKind;
 using mt::RopeParams;
 
 // OpenBLAS's own pool: set once per distinct value (cheap when unchanged).
@@ -61,8 +62,12 @@ void layernorm_backward(const float* x, const float* w, const float* mean, const
 
 // ---- Rotary embeddings, Hugging Face layout (rotate_half over the two halves of each head) ----
 // Tables cos/sin [seq, head_dim/2] for positions 0..seq-1, computed in fp32 the way transformers does
-// (inv_freq = 1 / theta^(2i/d), Llama-3 rope_scaling applied when factor != 0).
+// (inv_freq = 1 / theta^(2i/d), then p.kind's scaling: llama3, linear, dynamic, yarn), each multiplied by
+// the attention scaling (yarn's; 1 for the others). Dynamic scaling depends on seq (the forward's T).
 void rope_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float* cos_t, float* sin_t);
+// transformers' inv_freq [head_dim/2] for a forward over `seq` positions (only dynamic reads seq), in
+// fp32 as it computes it; returns the fp32 factor cos and sin are multiplied by (attention_scaling).
+float rope_inv_freq(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float* inv_freq);
 // In place on x[B*T rows, heads, head_dim] with `row_stride` floats between tokens; position = row % seq.
 // inverse = true applies the transpose rotation (the backward).
 void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,

@@ -2,14 +2,69 @@
 // them in double (finite-difference gradient checks) and in float (the fast kernels must match them).
 // Readability over speed: one formula per line, no threading, no vector intrinsics, no tiling.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "kernels/op_shapes.hpp"
+
 namespace mt::ref {
 
 using i64 = std::int64_t;
+
+// transformers' inv_freq [hd/2] for a forward over `seq` positions, every rope_scaling type, in T
+// precision throughout (the formulas of modeling_rope_utils.py read as math, not its fp32 order);
+// returns the attention scaling cos and sin are multiplied by (yarn's; 1 for the others).
+template <class T>
+T rope_inv_freq(const RopeParams& p, i64 seq, i64 hd, std::vector<T>& inv) {
+  const T pi = T(3.14159265358979323846), dim = T(hd);
+  inv.assign(static_cast<std::size_t>(hd / 2), T(0));
+  T base = T(p.theta);
+  if (p.kind == RopeKind::dynamic && seq > p.original_max_position)
+    base *= std::pow(T(p.factor) * T(seq) / T(p.original_max_position) - (T(p.factor) - T(1)), dim / (dim - T(2)));
+  T low = 0, high = 0;
+  if (p.kind == RopeKind::yarn) {
+    auto correction_dim = [&](T rot) {
+      return dim * std::log(T(p.original_max_position) / (rot * T(2) * pi)) / (T(2) * std::log(T(p.theta)));
+    };
+    low = correction_dim(T(p.beta_fast)), high = correction_dim(T(p.beta_slow));
+    if (p.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, T(0)), high = std::min(high, dim - T(1));
+    if (low == high) high += T(0.001);
+  }
+  for (i64 i = 0; i < hd / 2; ++i) {
+    T f = T(1) / std::pow(base, T(2 * i) / dim);
+    switch (p.kind) {
+      case RopeKind::plain:
+      case RopeKind::dynamic:
+        break;
+      case RopeKind::linear:
+        f /= T(p.factor);
+        break;
+      case RopeKind::llama3: {
+        const T old_len = T(p.original_max_position), wavelen = T(2) * pi / f;
+        const T lo = T(p.low_freq_factor), hi = T(p.high_freq_factor);
+        if (wavelen > old_len / lo) {
+          f /= T(p.factor);
+        } else if (!(wavelen < old_len / hi)) {
+          const T smooth = (old_len / wavelen - lo) / (hi - lo);
+          f = (T(1) - smooth) * f / T(p.factor) + smooth * f;
+        }
+        break;
+      }
+      case RopeKind::yarn: {
+        // extrapolated (1) below the range, interpolated (f / factor) above it, a linear ramp between
+        const T ramp = std::min(std::max((T(i) - low) / (high - low), T(0)), T(1));
+        f = f / T(p.factor) * ramp + f * (T(1) - ramp);
+        break;
+      }
+    }
+    inv[static_cast<std::size_t>(i)] = f;
+  }
+  return p.kind == RopeKind::yarn ? T(p.attention_scaling) : T(1);
+}
 
 // y[N, out] = x[N, in] W^T + b
 template <class T>

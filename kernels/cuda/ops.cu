@@ -447,13 +447,12 @@ void CudaOps::layernorm_backward(const float* x, const void* w, const float* mea
 }
 
 // ---------------- rotary embeddings ----------------
-// The CPU's own tables (cpu::rope_table), uploaded once per shape: both backends rotate by the same
-// fp32 angles, llama3 scaling included.
+// The CPU's own tables (cpu::rope_table), uploaded once per shape and params: both backends rotate by
+// the same fp32 angles and scale by the same attention factor, every rope_scaling type included.
 RopeTables CudaOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float*, float*) {
   CachedRope& r = rope_;
-  const bool same = r.cos && r.seq == seq && r.head_dim == head_dim && r.p.theta == p.theta &&
-                    r.p.scaling_factor == p.scaling_factor && r.p.low_freq_factor == p.low_freq_factor &&
-                    r.p.high_freq_factor == p.high_freq_factor && r.p.original_max_position == p.original_max_position;
+  // Every field (RopeParams::operator==) and the length: dynamic scaling's tables depend on seq.
+  const bool same = r.cos && r.seq == seq && r.head_dim == head_dim && r.p == p;
   if (!same) {
     const std::size_t n = static_cast<std::size_t>(seq * (head_dim / 2));
     std::vector<float> cos_t(n), sin_t(n);

@@ -2,6 +2,7 @@
 
 #include "storage/hf/file_util.hpp"
 
+#include <cmath>
 #include <optional>
 #include <set>
 
@@ -104,31 +105,91 @@ std::int64_t positive_or_fail(Fields& f, std::int64_t v, const char* key) {
   return v;
 }
 
+// rope_scaling: the types transformers' ROPE_INIT_FUNCTIONS computes that the engine implements, each
+// with the fields it reads; an unknown type or field is refused by name (a newer transformers field may
+// change the math). A null optional field is transformers' default (it reads them with .get(...) or ...).
 void parse_rope_scaling(Fields& f, Arch arch, ModelConfig& c) {
   const json* rs = f.object("rope_scaling");
   if (!rs) return;
-  std::string type = rs->value("rope_type", rs->value("type", std::string("default")));
+  const char* supported = "(supported: default, linear, dynamic, yarn, llama3)";
+  const json* type_field = rs->contains("rope_type") ? &rs->at("rope_type")
+                           : rs->contains("type")    ? &rs->at("type")
+                                                     : nullptr;
+  if (type_field && !type_field->is_string())
+    f.fail("rope_scaling.rope_type must be a string, got " + type_field->dump());
+  const std::string type = type_field ? type_field->get<std::string>() : std::string("default");
   if (type == "default") return;
-  if (type != "llama3") f.fail("unsupported rope_scaling type '" + type + "' (supported: default, llama3)");
-  if (arch == Arch::mistral) f.fail("rope_scaling 'llama3' is not supported for mistral (transformers ignores it)");
+  RopeScaling& out = c.rope_scaling;
+  std::set<std::string> known = {"rope_type", "type", "factor"};
+  if (type == "llama3") {
+    out.type = RopeType::llama3;
+    known.insert({"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  } else if (type == "linear") {
+    out.type = RopeType::linear;
+  } else if (type == "dynamic") {
+    out.type = RopeType::dynamic;
+    known.insert("original_max_position_embeddings");
+  } else if (type == "yarn") {
+    out.type = RopeType::yarn;
+    known.insert({"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                  "original_max_position_embeddings", "truncate"});
+  } else {
+    f.fail("unsupported rope_scaling type '" + type + "' " + supported);
+  }
+  // transformers 4.46's MistralRotaryEmbedding has no rope_scaling: it would run plain RoPE.
+  if (arch == Arch::mistral)
+    f.fail("rope_scaling '" + type + "' is not supported for mistral (transformers ignores it)");
+  if (rs->contains("rope_type") && rs->contains("type") && rs->at("type") != rs->at("rope_type"))
+    f.fail("rope_scaling.type " + rs->at("type").dump() + " differs from rope_type " + rs->at("rope_type").dump());
+  for (const auto& [key, value] : rs->items())
+    if (!known.count(key))
+      f.fail("unsupported rope_scaling field '" + key + "' for rope_type '" + type + "' (value " + value.dump() + ")");
+  auto present = [&](const char* key) { return rs->contains(key) && !rs->at(key).is_null(); };
   auto num = [&](const char* key, bool required, double dflt) {
-    if (!rs->contains(key)) {
-      if (required) f.fail("rope_scaling lacks '" + std::string(key) + "'");
+    if (!present(key)) {
+      if (required) f.fail("rope_scaling lacks '" + std::string(key) + "' (required for rope_type '" + type + "')");
       return dflt;
     }
-    if (!rs->at(key).is_number()) f.fail("rope_scaling." + std::string(key) + " must be a number");
+    if (!rs->at(key).is_number())
+      f.fail("rope_scaling." + std::string(key) + " must be a number, got " + rs->at(key).dump());
     return rs->at(key).get<double>();
   };
-  for (const auto& [key, value] : rs->items()) {
-    static const std::set<std::string> known = {
-        "rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
-    if (!known.count(key)) f.fail("unsupported rope_scaling field '" + key + "' (value " + value.dump() + ")");
+  out.factor = num("factor", true, 1.0);
+  if (known.count("original_max_position_embeddings") && present("original_max_position_embeddings")) {
+    // an integer; a float with an integral value (8192.0) too, as before the other types
+    const json& v = rs->at("original_max_position_embeddings");
+    const double d = v.is_number() ? v.get<double>() : 0.0;
+    if (!v.is_number() || !(d > 0.0) || d != std::floor(d) || d > 9.0e15)
+      f.fail("rope_scaling.original_max_position_embeddings must be an integer > 0, got " + v.dump());
+    out.original_max_position_embeddings = static_cast<std::int64_t>(d);
   }
-  c.rope_scaling.factor = static_cast<float>(num("factor", true, 0));
-  c.rope_scaling.low_freq_factor = static_cast<float>(num("low_freq_factor", true, 1));
-  c.rope_scaling.high_freq_factor = static_cast<float>(num("high_freq_factor", true, 4));
-  c.rope_scaling.original_max_position_embeddings =
-      static_cast<std::int64_t>(num("original_max_position_embeddings", true, 8192));
+  switch (out.type) {
+    case RopeType::llama3:
+      out.low_freq_factor = num("low_freq_factor", true, 1);
+      out.high_freq_factor = num("high_freq_factor", true, 4);
+      if (!present("original_max_position_embeddings"))
+        f.fail("rope_scaling lacks 'original_max_position_embeddings' (required for rope_type 'llama3')");
+      break;
+    case RopeType::yarn:
+      // transformers: beta_fast = rope_scaling.get("beta_fast") or 32 (so 0 is the default too)
+      out.beta_fast = num("beta_fast", false, 32.0);
+      out.beta_slow = num("beta_slow", false, 1.0);
+      if (out.beta_fast == 0.0) out.beta_fast = 32.0;
+      if (out.beta_slow == 0.0) out.beta_slow = 1.0;
+      out.attention_factor = num("attention_factor", false, 0.0);
+      if (present("attention_factor") && !(out.attention_factor > 0.0))
+        f.fail("rope_scaling.attention_factor must be > 0, got " + rs->at("attention_factor").dump());
+      out.mscale = num("mscale", false, 0.0);
+      out.mscale_all_dim = num("mscale_all_dim", false, 0.0);
+      if (present("truncate")) {
+        if (!rs->at("truncate").is_boolean())
+          f.fail("rope_scaling.truncate must be true or false, got " + rs->at("truncate").dump());
+        out.truncate = rs->at("truncate").get<bool>();
+      }
+      break;
+    default:
+      break;
+  }
 }
 
 void reject_sliding_window(Fields& f, const ModelConfig& c, Arch arch) {

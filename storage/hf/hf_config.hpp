@@ -30,6 +30,11 @@ ModelConfig parse_config(const nlohmann::json& config, const std::string& source
 // Reads DIR/config.json (or the file itself when given a file).
 ModelConfig load_config(const std::filesystem::path& dir_or_file);
 
+// config.json's rope_scaling for these params (null for plain RoPE): rope_type, factor and the type's
+// own fields, as parse_config reads them back (yarn's beta_fast / beta_slow always written; the other
+// optional fields only when set).
+nlohmann::json rope_scaling_json(const RopeScaling& rs);
+
 // The config.json content transformers 4.46 loads for `c` ("architectures", "model_type" and the
 // family's own field names). `base`, when an object (the config.json a model was imported from), is
 // the starting point: its other fields (token ids, ...) are kept, the architecture fields overwritten.

@@ -24,6 +24,38 @@ double short_decimal(float f) {
 
 }  // namespace
 
+json rope_scaling_json(const RopeScaling& rs) {
+  if (rs.type == RopeType::none) return nullptr;
+  json j = {{"rope_type", rope_type_name(rs.type)}, {"factor", rs.factor}};
+  switch (rs.type) {
+    case RopeType::none:
+    case RopeType::linear:
+      break;
+    case RopeType::llama3:
+      j["low_freq_factor"] = rs.low_freq_factor;
+      j["high_freq_factor"] = rs.high_freq_factor;
+      j["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+      break;
+    case RopeType::dynamic:
+      if (rs.original_max_position_embeddings > 0)
+        j["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+      break;
+    case RopeType::yarn:
+      j["beta_fast"] = rs.beta_fast;
+      j["beta_slow"] = rs.beta_slow;
+      if (rs.attention_factor > 0.0) j["attention_factor"] = rs.attention_factor;
+      // The keys below are newer than transformers 4.46, which warns about them and ignores them:
+      // written only when set, so a 4.46-shaped config stays one.
+      if (rs.mscale > 0.0) j["mscale"] = rs.mscale;
+      if (rs.mscale_all_dim > 0.0) j["mscale_all_dim"] = rs.mscale_all_dim;
+      if (rs.original_max_position_embeddings > 0)
+        j["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+      if (!rs.truncate) j["truncate"] = false;
+      break;
+  }
+  return j;
+}
+
 const char* architecture_class(Arch a) {
   switch (a) {
     case Arch::llama:
@@ -77,15 +109,7 @@ json config_to_json(const ModelConfig& c, const json* base) {
   j["rope_theta"] = short_decimal(c.rope_theta);
   j["rms_norm_eps"] = short_decimal(c.norm_eps);
   j["hidden_act"] = "silu";
-  if (c.rope_scaling.factor != 0.0f) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", short_decimal(c.rope_scaling.factor)},
-                         {"low_freq_factor", short_decimal(c.rope_scaling.low_freq_factor)},
-                         {"high_freq_factor", short_decimal(c.rope_scaling.high_freq_factor)},
-                         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-  } else {
-    j["rope_scaling"] = nullptr;
-  }
+  j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
   switch (c.arch) {
     case Arch::llama:
       j["attention_bias"] = c.attention_bias;

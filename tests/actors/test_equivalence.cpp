@@ -13,14 +13,17 @@ using namespace mt::actors::test;
 
 namespace {
 
-void check_equivalence(const Tiny& t) {
+void check_equivalence(const Tiny& t, const RopeScaling& rope = {}, std::int64_t max_positions = 0) {
   const TrainConfig cfg = tiny_config(t);
-  const ModelConfig model = cfg.model_config_from_keys();
+  ModelConfig model = cfg.model_config_from_keys();
+  model.rope_scaling = rope;  // as a config.json would give it (storage/hf)
+  if (max_positions > 0) model.max_position_embeddings = max_positions;
   const auto batches = tiny_batches(t, 16);
   RefRun ref = run_reference(cfg, model, batches, t.steps);
   EngineRun eng = run_pipeline(cfg, model, batches);
-  INFO("arch " << arch_name(t.arch) << (t.bf16 ? " bf16" : " fp32") << " K=" << t.weight_slots << " M="
-               << t.micro_batches << " clip=" << t.max_grad_norm << " keep=" << t.keep << " schedule=" << t.schedule);
+  INFO("arch " << arch_name(t.arch) << " rope " << rope_type_name(rope.type) << (t.bf16 ? " bf16" : " fp32")
+               << " K=" << t.weight_slots << " M=" << t.micro_batches << " clip=" << t.max_grad_norm
+               << " keep=" << t.keep << " schedule=" << t.schedule);
   REQUIRE(eng.result.error.empty());
   REQUIRE(eng.result.steps_done == t.steps);
   REQUIRE(eng.result.steps.size() == static_cast<std::size_t>(t.steps));
@@ -54,6 +57,24 @@ TEST_CASE("pipelined engine equals the reference trainer bit for bit", "[actors]
           t.max_grad_norm = clip;
           check_equivalence(t);
         }
+}
+
+// rope_scaling through the engine: yarn (gpt-oss's shape) and dynamic with sequences of 8 past
+// max_position_embeddings 4 (the grown base: the engine accepts those lengths for dynamic only).
+TEST_CASE("rope_scaling yarn and dynamic (past max_position_embeddings): engine equals the reference",
+          "[actors][equivalence][rope]") {
+  Tiny t;
+  t.steps = 6;
+  RopeScaling yarn;
+  yarn.type = RopeType::yarn;
+  yarn.factor = 32.0;
+  yarn.original_max_position_embeddings = 2;  // 64 / 2 = 32: newer transformers' factor equals it
+  yarn.truncate = false;
+  check_equivalence(t, yarn);
+  RopeScaling dynamic;
+  dynamic.type = RopeType::dynamic;
+  dynamic.factor = 2.0;
+  check_equivalence(t, dynamic, 4);
 }
 
 // The path of a backend with a link (a GPU): weights copied into the slots, gradients copied out and

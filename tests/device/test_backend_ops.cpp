@@ -197,8 +197,9 @@ void linear_cases(Ctx& c) {
 // Denormals are left out: a GEMM may flush them, which is no fault of the rounding.
 void operand_rounding_case(Ctx& c) {
   if (!c.bf16()) return;
-  std::vector<float> x = {1.0f, INFINITY, -INFINITY, 3.4e38f, 1.00390625f, 1.01171875f,
-                          std::numeric_limits<float>::quiet_NaN(), 0.1f, -65504.3f};
+  std::vector<float> x = {
+      1.0f, INFINITY, -INFINITY, 3.4e38f, 1.00390625f, 1.01171875f, std::numeric_limits<float>::quiet_NaN(),
+      0.1f, -65504.3f};
   std::uint32_t snan = 0x7f800001u;  // a signalling NaN: quieted, never turned into infinity
   float f;
   std::memcpy(&f, &snan, 4);
@@ -278,25 +279,12 @@ void norm_cases(Ctx& c) {
 }
 
 // ---- rotary embeddings ----
-// transformers' inv_freq (with Llama-3's rope_scaling when factor != 0), in double.
-Vec inv_freq(const RopeParams& p, i64 hd) {
-  const double pi = 3.14159265358979323846;
-  Vec inv(hd / 2);
-  for (i64 i = 0; i < hd / 2; ++i) {
-    double f = 1.0 / std::pow(double(p.theta), double(2 * i) / double(hd));
-    if (p.scaling_factor != 0) {
-      const double old_len = double(p.original_max_position);
-      const double low = old_len / p.low_freq_factor, high = old_len / p.high_freq_factor, wavelen = 2 * pi / f;
-      if (wavelen > low) {
-        f /= p.scaling_factor;
-      } else if (!(wavelen < high)) {
-        const double smooth = (old_len / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
-        f = (1 - smooth) * f / p.scaling_factor + smooth * f;
-      }
-    }
-    inv[i] = f;
-  }
-  return inv;
+// transformers' inv_freq and attention scaling for every rope_scaling type, in double
+// (ref::rope_inv_freq: the formulas as math, independent of the fp32 order the tables are computed in).
+Vec inv_freq(const RopeParams& p, i64 T, i64 hd, double& scale) {
+  std::vector<double> inv;
+  scale = ref::rope_inv_freq<double>(p, T, hd, inv);
+  return Vec(inv.begin(), inv.end());
 }
 
 void rope_cases(Ctx& c) {
@@ -306,26 +294,43 @@ void rope_cases(Ctx& c) {
     const char* what;
   };
   RopeParams llama3;
-  llama3.theta = 500000.0f, llama3.scaling_factor = 8.0f, llama3.low_freq_factor = 1.0f;
-  llama3.high_freq_factor = 4.0f, llama3.original_max_position = 8192;
+  llama3.kind = RopeKind::llama3;
+  llama3.theta = 500000.0f, llama3.factor = 8.0, llama3.low_freq_factor = 1.0;
+  llama3.high_freq_factor = 4.0, llama3.original_max_position = 8192;
   RopeParams qwen;
   qwen.theta = 1000000.0f;
+  RopeParams linear;
+  linear.kind = RopeKind::linear, linear.factor = 4.0;
+  RopeParams dynamic;  // original length 32: grown base at T = 70, plain at T = 19
+  dynamic.kind = RopeKind::dynamic, dynamic.factor = 2.0, dynamic.original_max_position = 32;
+  RopeParams yarn;  // as rope_params_of gives for factor 4 at max_position_embeddings 64: all three regimes
+  yarn.kind = RopeKind::yarn, yarn.theta = 10000.0f, yarn.factor = 4.0, yarn.original_max_position = 64;
+  yarn.attention_scaling = 0.1 * std::log(4.0) + 1.0;
+  RopeParams gpt_oss;  // gpt-oss's shape: factor 32 over 4096, beta 32 / 1, no truncation
+  gpt_oss.kind = RopeKind::yarn, gpt_oss.theta = 150000.0f, gpt_oss.factor = 32.0;
+  gpt_oss.original_max_position = 4096, gpt_oss.truncate = false;
+  gpt_oss.attention_scaling = 0.1 * std::log(32.0) + 1.0;
   for (const Case& k :
        {Case{2, 37, 4, 64, 0, RopeParams{}, "Llama-2"}, Case{1, 70, 8, 128, 0, llama3, "Llama-3 scaled"},
-        Case{2, 19, 3, 80, 16, qwen, "head_dim 80, strided rows"}}) {
+        Case{2, 19, 3, 80, 16, qwen, "head_dim 80, strided rows"}, Case{2, 23, 2, 64, 0, linear, "linear x4"},
+        Case{1, 70, 2, 64, 0, dynamic, "dynamic, T above the original 32"},
+        Case{2, 19, 2, 64, 0, dynamic, "dynamic, T below the original 32"},
+        Case{2, 29, 2, 64, 8, yarn, "yarn x4 (truncated range)"},
+        Case{1, 40, 2, 64, 0, gpt_oss, "yarn x32, gpt-oss shape (truncate false)"}}) {
     const std::string tag = dims({{"T", k.T}, {"heads", k.heads}, {"hd", k.hd}}) + " " + k.what;
     const i64 half = k.hd / 2, rows = k.B * k.T, stride = k.heads * k.hd + k.stride_extra;
     float* cos_room = c.dev.alloc<float>(k.T * half);
     float* sin_room = c.dev.alloc<float>(k.T * half);
     c.v.op = "rope_tables";
     const RopeTables t = c.ops.rope_tables(k.p, k.T, k.hd, cos_room, sin_room);
-    const Vec inv = inv_freq(k.p, k.hd);
+    double scale = 1;
+    const Vec inv = inv_freq(k.p, k.T, k.hd, scale);
     Vec cr(k.T * half), sr(k.T * half);
     for (i64 pos = 0; pos < k.T; ++pos)
       for (i64 i = 0; i < half; ++i) {
         const double angle = double(pos) * double(static_cast<float>(inv[i]));  // inv_freq is fp32 in transformers
-        cr[pos * half + i] = std::cos(angle);
-        sr[pos * half + i] = std::sin(angle);
+        cr[pos * half + i] = std::cos(angle) * scale;
+        sr[pos * half + i] = std::sin(angle) * scale;
       }
     c.v.close("cos " + tag, c.get(t.cos, cr.size()), cr, 2e-6);
     c.v.close("sin " + tag, c.get(t.sin, sr.size()), sr, 2e-6);

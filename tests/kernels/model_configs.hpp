@@ -49,10 +49,52 @@ inline ModelConfig tiny_llama3_scaled() {  // Llama-3 rope_scaling, all three fr
   c.num_attention_heads = 2;
   c.num_key_value_heads = 1;
   c.rope_theta = 500000.0f;
-  c.rope_scaling.factor = 8.0f;
-  c.rope_scaling.low_freq_factor = 1.0f;
-  c.rope_scaling.high_freq_factor = 4.0f;
+  c.rope_scaling.type = RopeType::llama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
   c.rope_scaling.original_max_position_embeddings = 16;
+  return c;
+}
+
+inline ModelConfig tiny_linear_rope() {  // rope_scaling linear: positions / 4
+  ModelConfig c = tiny_llama();
+  c.head_dim = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.rope_scaling.type = RopeType::linear;
+  c.rope_scaling.factor = 4.0;
+  return c;
+}
+
+// rope_scaling dynamic over max_position_embeddings 5: sequences of 6 and more grow the base (NTK), those
+// of 5 and fewer are plain RoPE.
+inline ModelConfig tiny_dynamic_rope() {
+  ModelConfig c = tiny_llama();
+  c.head_dim = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.max_position_embeddings = 5;
+  c.rope_scaling.type = RopeType::dynamic;
+  c.rope_scaling.factor = 2.0;
+  return c;
+}
+
+// rope_scaling yarn shaped like gpt-oss's (factor 32 = 8192 / 256, beta 32 / 1, truncate false, theta
+// 150000): at head_dim 16 the correction range [0.16, 2.49] puts frequencies in all three regimes.
+inline ModelConfig tiny_yarn_rope() {
+  ModelConfig c = tiny_llama();
+  c.head_dim = 16;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.max_position_embeddings = 8192;
+  c.rope_theta = 150000.0f;
+  c.rope_scaling.type = RopeType::yarn;
+  c.rope_scaling.factor = 32.0;
+  c.rope_scaling.original_max_position_embeddings = 256;
+  c.rope_scaling.beta_fast = 32.0;
+  c.rope_scaling.beta_slow = 1.0;
+  c.rope_scaling.truncate = false;
   return c;
 }
 
@@ -82,6 +124,9 @@ inline std::vector<Named> all_configs() {
           {"qwen2-bias", tiny_qwen2()},
           {"qwen3-qknorm", tiny_qwen3()},
           {"llama3-rope-scaling", tiny_llama3_scaled()},
+          {"linear-rope-scaling", tiny_linear_rope()},
+          {"dynamic-rope-scaling", tiny_dynamic_rope()},
+          {"yarn-rope-scaling", tiny_yarn_rope()},
           {"gpt2", tiny_gpt2()}};
 }
 

@@ -243,6 +243,11 @@ TEST_CASE("bad input is a clear error before any compute", "[layers][errors]") {
   CHECK(stage_workspace_floats(c, 3, 2, 8, ActivationMode::keep) == head_workspace_floats(c, 2, 8));
   ModelConfig g2 = mt::test::tiny_gpt2();
   CHECK_THAT(message([&] { validate_batch_shape(g2, 1, 33); }), Catch::Contains("position embedding"));
+  CHECK_THAT(message([&] { validate_batch_shape(c, 1, c.max_position_embeddings + 1); }),
+             Catch::Contains("rotary table"));
+  // dynamic rope_scaling exists to run past max_position_embeddings (its base grows there)
+  const ModelConfig dyn = mt::test::tiny_dynamic_rope();
+  CHECK_NOTHROW(validate_batch_shape(dyn, 1, dyn.max_position_embeddings * 4));
   CHECK_THAT(message([&] { layer_forward(c, p.data(), x.data(), x.data(), 1, 4, nullptr, ws.data(), ComputeCtx{}); }),
              Catch::Contains("alias"));
 }

@@ -206,7 +206,8 @@ TEST_CASE("fast rope matches the reference; the inverse undoes it", "[ops][fast]
   const std::int64_t B = 3, S = 11, H = 3, hd = 8, stride = 40;  // stride > H*hd: strided rows
   cpu::RopeParams p;
   p.theta = 500000.0f;
-  p.scaling_factor = 8.0f;
+  p.kind = cpu::RopeKind::llama3;
+  p.factor = 8.0;
   p.original_max_position = 8;  // small, so all three Llama-3 regimes occur at head_dim 8
   vector<float> cs(S * hd / 2), sn(S * hd / 2);
   cpu::rope_table(p, S, hd, cs.data(), sn.data());

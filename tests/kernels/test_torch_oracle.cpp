@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -116,6 +117,39 @@ void check_bf16(ReferenceTrainer& tr, const vector<Where>& where, const vector<f
       REQUIRE(tr.compute_copy(s)[i] == cpu::bf16_round_reference(tr.params(s)[i]));
 }
 
+// linear, dynamic and yarn go to transformers' own rotary embedding (torch_oracle.py through hf_rope.py),
+// which needs the venv's transformers; llama3 and plain RoPE keep the oracle's own torch code.
+bool uses_transformers_rope(const ModelConfig& c) {
+  return c.rope_scaling.type != RopeType::none && c.rope_scaling.type != RopeType::llama3;
+}
+
+// config.json's rope_scaling for those types (storage/hf writes the same; the kernels tests do not link it).
+nlohmann::json hf_rope_scaling(const RopeScaling& rs) {
+  nlohmann::json j = {{"rope_type", rope_type_name(rs.type)}, {"factor", rs.factor}};
+  if (rs.type == RopeType::yarn) {
+    j["beta_fast"] = rs.beta_fast;
+    j["beta_slow"] = rs.beta_slow;
+    if (rs.attention_factor > 0) j["attention_factor"] = rs.attention_factor;
+    if (rs.mscale > 0) j["mscale"] = rs.mscale;
+    if (rs.mscale_all_dim > 0) j["mscale_all_dim"] = rs.mscale_all_dim;
+    if (rs.original_max_position_embeddings > 0)
+      j["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+    if (!rs.truncate) j["truncate"] = false;
+  }
+  return j;
+}
+
+bool have_venv_transformers() {
+  return std::system((std::string(MEGATRAIN_VENV_PYTHON) + " -c 'import transformers' 2>/dev/null").c_str()) == 0;
+}
+
+void skip_without_transformers() {
+  if (have_venv_transformers()) return;
+  std::fprintf(stderr, "venv with transformers not found at %s (tools/install-deps --test): skipped\n",
+               MEGATRAIN_VENV_PYTHON);
+  std::exit(77);  // ctest's SKIP_RETURN_CODE: reported as skipped, never as passed
+}
+
 void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B, std::int64_t T,
                          Precision prec = Precision::fp32) {
   const bool bf16 = prec == Precision::bf16;
@@ -152,10 +186,14 @@ void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B,
   j["num_key_value_heads"] = c.num_key_value_heads;
   j["head_dim"] = c.head_dim;
   j["rope_theta"] = c.rope_theta;
-  j["rope_scaling"] = {{"factor", c.rope_scaling.factor},
+  j["rope_scaling"] = {{"type", rope_type_name(c.rope_scaling.type)},
+                       {"factor", c.rope_scaling.factor},
                        {"low_freq_factor", c.rope_scaling.low_freq_factor},
                        {"high_freq_factor", c.rope_scaling.high_freq_factor},
                        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  const bool hf_rope = uses_transformers_rope(c);
+  if (hf_rope) j["hf_rope_scaling"] = hf_rope_scaling(c.rope_scaling);
   j["norm_eps"] = c.norm_eps;
   j["tie_word_embeddings"] = c.tie_word_embeddings || c.is_gpt2();
   j["qk_norm"] = c.qk_norm;
@@ -207,8 +245,8 @@ void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B,
     for (std::size_t i = 0; i < w.t->numel; ++i)
       ours.push_back(tr.grads(w.stage)[w.t->offset + i] / static_cast<float>(st.counted));  // accumulators hold d(sum)
   write_bin(dir / "grads_in.bin", ours);
-  const std::string cmd =
-      std::string(MEGATRAIN_PYTHON) + " " + MEGATRAIN_SOURCE_DIR + "/tests/kernels/torch_oracle.py " + dir.string();
+  const std::string cmd = std::string(hf_rope ? MEGATRAIN_VENV_PYTHON : MEGATRAIN_PYTHON) + " " + MEGATRAIN_SOURCE_DIR +
+                          "/tests/kernels/torch_oracle.py " + dir.string();
   REQUIRE(std::system(cmd.c_str()) == 0);
   if (bf16) {
     check_bf16(tr, where, flat, ours, logits, st, dir);
@@ -248,6 +286,26 @@ TEST_CASE("PyTorch oracle: Llama with grouped-query attention", "[oracle]") {
 }
 TEST_CASE("PyTorch oracle: Llama-3 rope scaling", "[oracle]") {
   check_against_torch("llama3", mt::test::tiny_llama3_scaled(), 2, 13);
+}
+// The other rope_scaling types against transformers' LlamaRotaryEmbedding inside the same torch model:
+// logits, loss, gradients and the step within the same 1e-5 as every fp32 case (the tables agree with
+// transformers' to 1 ulp of inv_freq and ~8 ulp of cos/sin: tests/storage/hf/test_hf_rope.cpp).
+TEST_CASE("PyTorch oracle: linear rope scaling (transformers' rotary embedding)", "[oracle][rope]") {
+  skip_without_transformers();
+  check_against_torch("linear", mt::test::tiny_linear_rope(), 2, 13);
+}
+TEST_CASE("PyTorch oracle: dynamic rope scaling above and below its length", "[oracle][rope]") {
+  skip_without_transformers();
+  check_against_torch("dynamic", mt::test::tiny_dynamic_rope(), 2, 13);  // 13 > 5: the grown base
+  check_against_torch("dynamic", mt::test::tiny_dynamic_rope(), 2, 4);   // plain RoPE
+}
+TEST_CASE("PyTorch oracle: yarn rope scaling, gpt-oss shape (truncate false) and truncated", "[oracle][rope]") {
+  skip_without_transformers();
+  check_against_torch("yarn", mt::test::tiny_yarn_rope(), 2, 13);
+  ModelConfig truncated = mt::test::tiny_yarn_rope();
+  truncated.rope_scaling.truncate = true;
+  truncated.rope_scaling.original_max_position_embeddings = 0;  // transformers 4.46's own yarn: factor 32 over 8192
+  check_against_torch("yarn_truncated", truncated, 1, 16);
 }
 TEST_CASE("PyTorch oracle: Qwen2 (q/k/v bias, tied embeddings)", "[oracle]") {
   check_against_torch("qwen2", mt::test::tiny_qwen2(), 2, 7);

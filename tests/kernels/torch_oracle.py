@@ -3,6 +3,9 @@ torch.nn.functional, written from the Hugging Face modelling code's definitions)
 C++ test wrote, and writes back logits, the mean loss, every parameter gradient, and the parameters
 after one clipped AdamW step.
 
+With "hf_rope_scaling" (a config.json rope_scaling of type linear, dynamic or yarn) the rotary tables
+are transformers' own (hf_rope.py, which needs transformers: run it with the venv's python).
+
 usage: torch_oracle.py DIR    (DIR/config.json, params.bin, tokens.bin, targets.bin, grads_in.bin in;
        logits.bin, loss.txt, grads.bin, params_after.bin out)
 
@@ -43,9 +46,21 @@ def rmsnorm(x, w):
 
 
 def rope_cos_sin():
+    if cfg.get("hf_rope_scaling") is not None:
+        # every other rope_scaling type: transformers' own LlamaRotaryEmbedding (hf_rope.py; the venv's
+        # python), over this forward's positions 0..T-1 (so dynamic sees T)
+        import os
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import hf_rope
+        from transformers import LlamaConfig
+        config = LlamaConfig(vocab_size=V, hidden_size=d, num_attention_heads=H, num_key_value_heads=Hkv,
+                             head_dim=hd, rope_theta=cfg["rope_theta"],
+                             max_position_embeddings=cfg["max_position_embeddings"],
+                             rope_scaling=cfg["hf_rope_scaling"])
+        return hf_rope.cos_sin(config, T)
     inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     rs = cfg["rope_scaling"]
-    if rs["factor"] != 0:  # transformers' _compute_llama3_parameters
+    if rs["type"] == "llama3":  # transformers' _compute_llama3_parameters
         factor, low, high, old = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
         low_wavelen, high_wavelen = old / low, old / high
         wavelen = 2 * math.pi / inv_freq

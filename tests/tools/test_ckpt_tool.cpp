@@ -106,10 +106,10 @@ TEST_CASE("megatrain-ckpt reports bad input with the file's name and a non-zero 
   // A directory with an unsupported config.
   fs::create_directory(tmp / "hf");
   std::ofstream(tmp / "hf" / "config.json") << R"({"model_type": "llama", "vocab_size": 8, "hidden_size": 8,
-      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})";
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})";
   r = tool("import " + test::quote(tmp / "hf") + " " + test::quote(tmp / "root"));
   CHECK(r.status == 1);
-  CHECK_THAT(r.output, Catch::Contains("config.json") && Catch::Contains("yarn"));
+  CHECK_THAT(r.output, Catch::Contains("config.json") && Catch::Contains("longrope"));
 
   // A damaged checkpoint: verify fails naming the shard; list marks it.
   const ModelConfig c = test::tiny_config(Arch::llama, 1);

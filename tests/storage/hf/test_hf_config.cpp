@@ -1,8 +1,11 @@
 // config.json parsing for the five architectures, its strictness, and the way back.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
+#include "kernels/ops.hpp"  // rope_params_of
 #include "storage/hf/hf_config.hpp"
 
 using namespace mt;
@@ -39,7 +42,8 @@ TEST_CASE("config.json of each supported architecture parses into ModelConfig") 
   CHECK(l.num_key_value_heads == 2);
   CHECK(l.rope_theta == 500000.0f);
   CHECK(l.norm_eps == 1e-5f);
-  CHECK(l.rope_scaling.factor == 8.0f);
+  CHECK(l.rope_scaling.type == RopeType::llama3);
+  CHECK(l.rope_scaling.factor == 8.0);
   CHECK(l.rope_scaling.original_max_position_embeddings == 8192);
 
   json q2 = llama_json();
@@ -95,8 +99,9 @@ TEST_CASE("unsupported config fields and values are errors naming the field and 
     j[key] = std::move(value);
     return j;
   };
-  CHECK_THAT(parse_error(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}})),
-             Catch::Contains("dir/config.json") && Catch::Contains("rope_scaling type 'yarn'"));
+  CHECK_THAT(parse_error(with("rope_scaling", {{"rope_type", "longrope"}, {"factor", 4.0}})),
+             Catch::Contains("dir/config.json") && Catch::Contains("rope_scaling type 'longrope'") &&
+                 Catch::Contains("supported: default, linear, dynamic, yarn, llama3"));
   CHECK_THAT(parse_error(with("mlp_bias", true)), Catch::Contains("mlp_bias"));
   CHECK_THAT(parse_error(with("hidden_act", "gelu")), Catch::Contains("hidden_act 'gelu'"));
   CHECK_THAT(parse_error(with("fancy_new_feature", 3)),
@@ -165,5 +170,147 @@ TEST_CASE("config_to_json writes what parse_config reads back and keeps the base
     CHECK(back.attention_bias == c.attention_bias);
     CHECK(back.qk_norm == c.qk_norm);
     CHECK(back.tie_word_embeddings == c.tie_word_embeddings);
+  }
+}
+
+namespace {
+
+json llama_rope(json rope_scaling) {
+  json j = llama_json();
+  j["rope_scaling"] = std::move(rope_scaling);
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("each rope_scaling type parses its own fields, and export writes them back exactly", "[rope]") {
+  const ModelConfig lin = hf::parse_config(llama_rope({{"rope_type", "linear"}, {"factor", 4.0}}));
+  CHECK(lin.rope_scaling.type == RopeType::linear);
+  CHECK(lin.rope_scaling.factor == 4.0);
+  const ModelConfig bc = hf::parse_config(llama_rope({{"type", "linear"}, {"factor", 2.0}}));  // the old key
+  CHECK(bc.rope_scaling.type == RopeType::linear);
+
+  const ModelConfig dyn = hf::parse_config(llama_rope({{"rope_type", "dynamic"}, {"factor", 2.0}}));
+  CHECK(dyn.rope_scaling.type == RopeType::dynamic);
+  CHECK(dyn.rope_scaling.original_max_position_embeddings == 0);
+  // equal to max_position_embeddings: what transformers uses anyway
+  CHECK(hf::parse_config(
+            llama_rope({{"rope_type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 256}}))
+            .rope_scaling.original_max_position_embeddings == 256);
+
+  json oss = llama_rope({{"rope_type", "yarn"},
+                         {"factor", 32.0},
+                         {"beta_fast", 32.0},
+                         {"beta_slow", 1.0},
+                         {"truncate", false},
+                         {"original_max_position_embeddings", 4096}});
+  oss["max_position_embeddings"] = 131072;
+  oss["rope_theta"] = 150000.0;
+  const ModelConfig yarn = hf::parse_config(oss);
+  CHECK(yarn.rope_scaling.type == RopeType::yarn);
+  CHECK(yarn.rope_scaling.factor == 32.0);
+  CHECK(yarn.rope_scaling.beta_fast == 32.0);
+  CHECK(yarn.rope_scaling.beta_slow == 1.0);
+  CHECK(!yarn.rope_scaling.truncate);
+  CHECK(yarn.rope_scaling.original_max_position_embeddings == 4096);
+  CHECK(yarn.rope_scaling.attention_factor == 0.0);
+  const RopeParams p = rope_params_of(yarn);
+  CHECK(p.kind == RopeKind::yarn);
+  CHECK(p.original_max_position == 4096);
+  CHECK(p.attention_scaling == 0.1 * std::log(32.0) + 1.0);
+
+  // null optional fields are transformers' defaults (it reads them with .get(...) or default)
+  const ModelConfig nulls = hf::parse_config(
+      llama_rope({{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_fast", nullptr}, {"mscale", nullptr}}));
+  CHECK(nulls.rope_scaling.beta_fast == 32.0);
+  CHECK(nulls.rope_scaling.mscale == 0.0);
+  const ModelConfig ms =
+      hf::parse_config(llama_rope({{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5}}));
+  CHECK(rope_params_of(ms).attention_scaling == (0.1 * std::log(4.0) + 1.0) / (0.05 * std::log(4.0) + 1.0));
+  const ModelConfig af =
+      hf::parse_config(llama_rope({{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", 1.5}}));
+  CHECK(rope_params_of(af).attention_scaling == 1.5);
+
+  // Export writes exactly the type's fields (yarn's betas always; its newer keys only when set) and
+  // import reads back the same params.
+  const json oss_rs = {{"rope_type", "yarn"}, {"factor", 32.0},    {"beta_fast", 32.0},
+                       {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 4096}};
+  CHECK(hf::config_to_json(yarn)["rope_scaling"] == oss_rs);
+  CHECK(hf::config_to_json(lin)["rope_scaling"] == json({{"rope_type", "linear"}, {"factor", 4.0}}));
+  CHECK(hf::config_to_json(bc)["rope_scaling"] == json({{"rope_type", "linear"}, {"factor", 2.0}}));
+  CHECK(hf::config_to_json(dyn)["rope_scaling"] == json({{"rope_type", "dynamic"}, {"factor", 2.0}}));
+  CHECK(hf::config_to_json(nulls)["rope_scaling"] ==
+        json({{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0}}));
+  CHECK(hf::config_to_json(hf::parse_config(llama_json()))["rope_scaling"] == llama_json()["rope_scaling"]);
+  json llama3_float_len = llama_json();
+  llama3_float_len["rope_scaling"]["original_max_position_embeddings"] = 8192.0;  // accepted, as before
+  CHECK(hf::parse_config(llama3_float_len).rope_scaling.original_max_position_embeddings == 8192);
+  CHECK(hf::config_to_json(hf::parse_config(llama_rope(nullptr)))["rope_scaling"].is_null());
+  for (const ModelConfig& c : {lin, bc, dyn, yarn, nulls, ms, af, hf::parse_config(llama_json())}) {
+    const ModelConfig back = hf::parse_config(hf::config_to_json(c));
+    CHECK(back.rope_scaling == c.rope_scaling);
+    CHECK(rope_params_of(back) == rope_params_of(c));
+  }
+}
+
+TEST_CASE("rope_scaling refusals name the field, the type and the file", "[rope]") {
+  auto err = [](json rs, std::int64_t max_positions = 256) {
+    json j = llama_rope(std::move(rs));
+    j["max_position_embeddings"] = max_positions;
+    return parse_error(j);
+  };
+  CHECK_THAT(err({{"rope_type", "su"}, {"factor", 2.0}}),
+             Catch::Contains("dir/config.json") && Catch::Contains("unsupported rope_scaling type 'su'") &&
+                 Catch::Contains("(supported: default, linear, dynamic, yarn, llama3)"));
+  CHECK_THAT(err({{"rope_type", "linear"}}), Catch::Contains("rope_scaling lacks 'factor'"));
+  CHECK_THAT(err({{"rope_type", "linear"}, {"factor", 0.5}}), Catch::Contains("rope_scaling.factor must be >= 1"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 0.9}}), Catch::Contains("rope_scaling.factor must be >= 1"));
+  CHECK_THAT(err({{"rope_type", "linear"}, {"factor", "2"}}), Catch::Contains("rope_scaling.factor must be a number"));
+  CHECK_THAT(err({{"rope_type", "linear"}, {"factor", 2.0}, {"low_freq_factor", 1.0}}),
+             Catch::Contains("unsupported rope_scaling field 'low_freq_factor' for rope_type 'linear'"));
+  CHECK_THAT(err({{"rope_type", "dynamic"}, {"factor", 2.0}, {"beta_fast", 32.0}}),
+             Catch::Contains("unsupported rope_scaling field 'beta_fast' for rope_type 'dynamic'"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 2.0}, {"extrapolation_factor", 1.0}}),
+             Catch::Contains("unsupported rope_scaling field 'extrapolation_factor' for rope_type 'yarn'"));
+  CHECK_THAT(err({{"rope_type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 128}}),
+             Catch::Contains("rope_scaling.original_max_position_embeddings (128) must equal max_position_embeddings"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 2.0}, {"truncate", "no"}}),
+             Catch::Contains("rope_scaling.truncate must be true or false"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_fast", 1.0}, {"beta_slow", 4.0}}),
+             Catch::Contains("rope_scaling.beta_fast (1.000000) must be >= beta_slow (4.000000)"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 2.0}, {"beta_slow", -1.0}}),
+             Catch::Contains("rope_scaling.beta_slow must be > 0"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 2.0}, {"attention_factor", 0.0}}),
+             Catch::Contains("rope_scaling.attention_factor must be > 0"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 2.0}, {"mscale", -1.0}}),
+             Catch::Contains("rope_scaling.mscale must be >= 0"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 64}}),
+             Catch::Contains("rope_scaling.factor (8.000000) must equal max_position_embeddings / "
+                             "rope_scaling.original_max_position_embeddings (256 / 64)"));
+  CHECK_THAT(err({{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64.5}}),
+             Catch::Contains("rope_scaling.original_max_position_embeddings must be an integer > 0"));
+  CHECK_THAT(err({{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}}),
+             Catch::Contains("rope_scaling lacks 'original_max_position_embeddings'"));
+  CHECK_THAT(err({{"rope_type", "llama3"},
+                  {"factor", 8.0},
+                  {"low_freq_factor", 4.0},
+                  {"high_freq_factor", 1.0},
+                  {"original_max_position_embeddings", 64}}),
+             Catch::Contains("rope_scaling.high_freq_factor must be > low_freq_factor"));
+  CHECK_THAT(err({{"rope_type", 3}, {"factor", 2.0}}), Catch::Contains("rope_scaling.rope_type must be a string"));
+  CHECK_THAT(err({{"rope_type", "linear"}, {"type", "dynamic"}, {"factor", 2.0}}),
+             Catch::Contains("differs from rope_type"));
+  // default with no other field is plain RoPE
+  CHECK(hf::parse_config(llama_rope({{"rope_type", "default"}})).rope_scaling.type == RopeType::none);
+
+  // Mistral: transformers 4.46's MistralRotaryEmbedding ignores rope_scaling, so every type is refused.
+  json mistral = llama_json();
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["model_type"] = "mistral";
+  for (auto k : {"attention_bias", "mlp_bias", "pretraining_tp"}) mistral.erase(k);
+  for (const char* type : {"linear", "dynamic", "yarn"}) {
+    mistral["rope_scaling"] = {{"rope_type", type}, {"factor", 2.0}};
+    CHECK_THAT(parse_error(mistral), Catch::Contains(std::string("rope_scaling '") + type +
+                                                     "' is not supported for mistral (transformers ignores it)"));
   }
 }
