@@ -6,10 +6,10 @@
 // at half the rate of vfmadd231ps, so counting a bf16 multiply-add as 2 FLOP its peak is half the fp32
 // FMA peak (measured ~90 vs ~185 GFLOP/s a core) and oneDNN's brgemm, which reaches that bf16 peak, runs
 // at half of dnnl_sgemm: widening (exact, as is the product of two bf16 values in fp32) wins ~2x for one
-// pass over the operands. On AMX, and on cores whose vdpbf16ps runs at the FMA rate (Zen 4 class),
-// oneDNN's bf16 kernels win instead. Debian's OpenBLAS 0.3.21 is built without its bf16 GEMM
-// (cblas_sbgemm is declared but not exported). The path is fixed once per process (set_bf16_gemm_path,
-// or the first product), and a checkpoint records it, so a resumed run keeps its bits.
+// pass over the operands. On AMX, and on cores whose vdpbf16ps issues at the FMA's rate (Zen 4 class:
+// twice the fp32 peak, measured 230 vs 115 GFLOP/s a core), oneDNN's bf16 kernels win ~2x instead. Debian's OpenBLAS
+// 0.3.21 is built without its bf16 GEMM (cblas_sbgemm is declared but not exported). The path is fixed once per process
+// (set_bf16_gemm_path, or the first product), and a checkpoint records it, so a resumed run keeps its bits.
 //
 // Why tiles of a shape-only size instead of one block per thread (as matmul.cpp does with OpenBLAS):
 // oneDNN's brgemm picks kernels and blockings from the problem shape, so a per-thread block shape that
