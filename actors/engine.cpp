@@ -502,6 +502,7 @@ std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
   info.seq = plan.seq;
   info.micro_batches = plan.micro_batches;
   info.backend = job.cfg.device.backend;
+  info.kernel_choices = job.kernel_choices.is_object() ? job.kernel_choices : nlohmann::json::object();
   info.bf16 = job.cfg.precision() == Precision::bf16;
   info.output_dir = job.cfg.train.output_dir;
   info.pid = static_cast<long>(::getpid());

@@ -168,6 +168,9 @@ struct EngineJob {
   // cursor comes from `run_data` (the training data).
   bool forward_only = false;
   BatchSource* run_data = nullptr;
+  // The run's kernel choices and why (node/kernel_choice.hpp), shown in the monitor's /status; {} = none
+  // made (the kernels' defaults).
+  nlohmann::json kernel_choices = nlohmann::json::object();
 };
 
 struct EngineResult {

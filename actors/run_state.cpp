@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "actors/engine.hpp"
+#include "kernels/cpu/ops_bf16.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
 #include "storage/hf/hf_config.hpp"
 #include "storage/hf/hf_model.hpp"
@@ -123,7 +124,7 @@ nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::in
   const std::uint64_t g = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(micro_batches);
   nlohmann::json versions = nlohmann::json::array();
   for (std::int64_t s = 0; s < host.num_stages(); ++s) versions.push_back(host.tile(s).version());
-  return {
+  nlohmann::json run{
       {"format", "megatrain-run-state"},
       {"format_version", 1},
       {"step", step},
@@ -147,6 +148,10 @@ nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::in
       {"model_name_or_path", cfg.model.model_name_or_path},
       {"evaluations", evaluations},
   };
+  // The path the bf16 products ran on (fixed for the process by now): a resume keeps it, and so its bits.
+  if (cfg.precision() == Precision::bf16 && cfg.device.backend == "cpu")
+    run["kernel_choices"] = {{"bf16_gemm", cpu::bf16_gemm_name(cpu::bf16_gemm_path())}};
+  return run;
 }
 
 std::filesystem::path resume_path(const TrainConfig& cfg, const std::filesystem::path& root) {

@@ -15,6 +15,9 @@
 //   model_name_or_path   where the starting weights came from ("" = random init)
 //   evaluations          [{step, loss, perplexity, tokens, batches, seconds}]: the run's evaluations so
 //                        far (train.eval_steps), oldest first
+//   kernel_choices       {bf16_gemm: "onednn" | "widened"}: bf16 runs on the CPU backend only, the path
+//                        their bf16 products ran on; a resume takes it (node/kernel_choice.hpp), older
+//                        checkpoints lack it
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -241,6 +241,7 @@ nlohmann::json StatusBoard::status_json() const {
                      {"seq", info.seq},
                      {"micro_batches", info.micro_batches},
                      {"backend", info.backend},
+                     {"kernel_choices", info.kernel_choices},
                      {"bf16", info.bf16},
                      {"output_dir", info.output_dir},
                      {"pid", info.pid}};

@@ -92,6 +92,7 @@ class HandlerScope {
 // The run's configuration summary (/status "run"); set once before the endpoint starts.
 struct RunInfo {
   std::string model, arch, backend, output_dir;
+  nlohmann::json kernel_choices = nlohmann::json::object();  // kernels chosen by measurement, and why
   std::int64_t params = 0, layers = 0, max_steps = 0, batch = 0, seq = 0, micro_batches = 0;
   bool bf16 = false;
   long pid = 0;

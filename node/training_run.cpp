@@ -22,7 +22,9 @@
 #include "data/loader.hpp"
 #include "data/shard.hpp"
 #include "data/tokenizer.hpp"
+#include "monitor/status_board.hpp"
 #include "node/host_pinning.hpp"
+#include "node/kernel_choice.hpp"
 #include "plan/resource_plan.hpp"
 #include "storage/hf/file_util.hpp"
 #include "storage/hf/hf_config.hpp"
@@ -109,6 +111,7 @@ class TrainingRun {
   bool check_model_and_data();
   bool load_starting_weights();
   bool open_logs();
+  bool choose_kernel_paths();
   EngineJob make_job();
 
   const TrainConfig& cfg_;
@@ -126,6 +129,8 @@ class TrainingRun {
   std::unique_ptr<HostModel> host_;
   std::string hf_config_;
   bool resuming_ = false;
+  nlohmann::json resumed_run_state_ = nlohmann::json::object();  // the checkpoint's run state (resuming)
+  nlohmann::json kernel_choices_ = nlohmann::json::object();
   std::ofstream jsonl_, events_;
 };
 
@@ -207,6 +212,7 @@ bool TrainingRun::load_starting_weights() {
           hf_config_ = hf::read_json_file(std::filesystem::path(hf) / "config.json").dump();
       }
       result_.first_step = rp.step;
+      resumed_run_state_ = rp.run_state;
       if (rp.run_state.contains("evaluations")) evaluations_ = evaluations_from_json(rp.run_state["evaluations"]);
       say_(MessageStream::out,
            format("megatrain: resumed from %s at step %lld", rp.dir.c_str(), static_cast<long long>(rp.step)));
@@ -236,8 +242,28 @@ bool TrainingRun::open_logs() {
   return true;
 }
 
+// The bf16 products' path, before the first product (node/kernel_choice.hpp), said once and logged.
+bool TrainingRun::choose_kernel_paths() {
+  KernelChoice c;
+  try {
+    c = choose_kernels(cfg_, model_, plan_, resumed_run_state_);
+  } catch (const std::exception& e) {
+    return fail(std::string("choosing the bf16 products' path: ") + e.what());
+  }
+  if (!c.applies) return true;
+  for (const auto& n : c.notes) say_(MessageStream::err, "megatrain: warning: " + n);
+  say_(MessageStream::out, "megatrain: " + c.line());
+  kernel_choices_ = c.json();
+  nlohmann::json ev{{"event", "kernel_choice"}, {"t", monitor::unix_seconds()}, {"step", result_.first_step}};
+  ev.update(kernel_choices_);
+  events_ << ev.dump() << '\n';
+  events_.flush();
+  return true;
+}
+
 EngineJob TrainingRun::make_job() {
   EngineJob job;
+  job.kernel_choices = kernel_choices_;
   job.cfg = cfg_;
   job.model = model_;
   job.data = data_;
@@ -332,6 +358,8 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
     say_(MessageStream::out,
          format("megatrain: device.gpus = %d: one arena per device, %lld micro-batch(es) per device per step",
                 plan_.devices, static_cast<long long>(plan_.device_micro_batches)));
+
+  if (!choose_kernel_paths()) return result_;
 
   if (hooks_.stop == nullptr) install_signal_handlers();
   EngineResult& res = result_.engine;

@@ -1,7 +1,8 @@
 // Checkpoints through the node binary `megatrain train`: exact resume (10 + 10 = 20 steps, bit for
 // bit: losses, weights, moments, data cursor), kill -9 during a checkpoint write (the incomplete one is
 // never loaded), a damaged checkpoint (clear error naming the file; previous_good fallback), SIGTERM
-// (final checkpoint, exit 0), SIGUSR1 (checkpoint at the next step boundary), Hugging Face in and out.
+// (final checkpoint, exit 0), SIGUSR1 (checkpoint at the next step boundary), Hugging Face in and out, the
+// bf16 products' path kept across a resume.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/run_state.hpp"
+#include "kernels/cpu/ops_bf16.hpp"
 #include "kernels/param_layout.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
 
@@ -326,4 +328,84 @@ TEST_CASE("megatrain train: evaluation every eval_steps, in the run state, once 
   REQUIRE(rs8["evaluations"].size() == 2);
   CHECK(rs8["evaluations"][1]["loss"].get<double>() == ea[1]["eval_loss"].get<double>());
   CHECK(same_checkpoints(dir.path / "a" / "step-00000008", dir.path / "b" / "step-00000008"));
+}
+
+// The bf16 products' path is part of the run state (node/kernel_choice.hpp): a resume takes the
+// checkpoint's path, not the cache's, and continues bit for bit; a fresh run takes the cache's; the other
+// path gives other bits (so the comparison can fail); a CPU that cannot run the recorded path says so.
+TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's GEMM path, bit for bit",
+          "[actors][checkpoint][node][bf16]") {
+  TempDir dir("bf16path");
+  const fs::path shard = make_shard(dir.path, 8192);
+  const fs::path cache = dir.path / "cache";
+  const std::string env = "env -u MEGATRAIN_BF16_GEMM XDG_CACHE_HOME=" + cache.string();
+  const std::string bf16 = " --train.bf16=true --train.max_steps=12";
+  const bool onednn = mt::cpu::bf16_gemm_onednn_available();
+  // b: 6 steps with the path measured (and cached), then resumed to 12.
+  const Outcome b1 = mt::test::run_node(tiny_args(dir.path / "b", shard) + bf16 + " --train.stop_after_steps=6", env);
+  INFO(b1.out);
+  REQUIRE(b1.code == 0);
+  const auto rs6 = mt::ckpt::CheckpointReader::open(dir.path / "b").run_state();
+  REQUIRE(rs6.contains("kernel_choices"));
+  const std::string p = rs6["kernel_choices"]["bf16_gemm"].get<std::string>();
+  const std::string q = p == "onednn" ? "widened" : "onednn";
+  CHECK_THAT(b1.out, Catch::Contains("bf16 products: " + p + (onednn ? " (probe: " : " (oneDNN has no bf16 kernels")));
+  if (onednn) {  // the cache now says p: make it say q, which the resume must not follow
+    const fs::path file = cache / "megatrain" / "kernel_choices.json";
+    auto j = nlohmann::json::parse(slurp(file));
+    REQUIRE(j["entries"].size() == 1);
+    CHECK(j["entries"][0]["bf16_gemm"] == p);
+    j["entries"][0]["bf16_gemm"] = q;
+    std::ofstream(file) << j.dump();
+  }
+  const Outcome b2 =
+      mt::test::run_node(tiny_args(dir.path / "b", shard) + bf16 + " --train.resume_from_checkpoint=latest", env);
+  INFO(b2.out);
+  REQUIRE(b2.code == 0);
+  CHECK_THAT(b2.out, Catch::Contains("bf16 products: " + p + " (from the checkpoint)"));
+  // a: 12 steps uninterrupted on p.
+  const Outcome a = mt::test::run_node(tiny_args(dir.path / "a", shard) + bf16, env + " MEGATRAIN_BF16_GEMM=" + p);
+  INFO(a.out);
+  REQUIRE(a.code == 0);
+  CHECK_THAT(a.out, Catch::Contains("bf16 products: " + p + " (forced by MEGATRAIN_BF16_GEMM)"));
+  const auto ra = jsonl(dir.path / "a" / "train.jsonl");
+  const auto rb = jsonl(dir.path / "b" / "train.jsonl");
+  REQUIRE(ra.size() == 12);
+  REQUIRE(rb.size() == 12);
+  for (std::size_t i = 0; i < 12; ++i) {
+    CHECK(rb[i]["loss"].get<double>() == ra[i]["loss"].get<double>());
+    CHECK(rb[i]["grad_norm"].get<double>() == ra[i]["grad_norm"].get<double>());
+  }
+  CHECK(same_checkpoints(dir.path / "a" / "step-00000012", dir.path / "b" / "step-00000012"));
+  CHECK(mt::ckpt::CheckpointReader::open(dir.path / "b").run_state()["kernel_choices"]["bf16_gemm"] == p);
+  // Logged: events.jsonl has the choice of each run.
+  int logged = 0;
+  for (const auto& e : jsonl(dir.path / "b" / "events.jsonl"))
+    if (e["event"] == "kernel_choice") {
+      ++logged;
+      CHECK(e["bf16_gemm"]["path"] == p);
+    }
+  CHECK(logged == 2);
+  if (!onednn) return;
+  // A fresh run takes the cache's path without probing.
+  const Outcome c =
+      mt::test::run_node(tiny_args(dir.path / "c", shard) + " --train.bf16=true --train.max_steps=1", env);
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  CHECK_THAT(c.out, Catch::Contains("bf16 products: " + q + " (measured earlier on this machine"));
+  // The other path's bits differ: the bit-for-bit comparison above can fail.
+  const Outcome d = mt::test::run_node(tiny_args(dir.path / "d", shard) + bf16, env + " MEGATRAIN_BF16_GEMM=" + q);
+  REQUIRE(d.code == 0);
+  CHECK_FALSE(same_checkpoints(dir.path / "a" / "step-00000012", dir.path / "d" / "step-00000012"));
+  // A checkpoint recorded on onednn, resumed where oneDNN has no bf16 kernels (held to AVX2): said, and
+  // continued on the widened path.
+  const fs::path e = dir.path / (p == "onednn" ? "a" : "d");
+  const Outcome held = mt::test::run_node(
+      tiny_args(e, shard) + " --train.bf16=true --train.max_steps=14 --train.resume_from_checkpoint=latest",
+      env + " DNNL_MAX_CPU_ISA=AVX2 ONEDNN_MAX_CPU_ISA=AVX2");
+  INFO(held.out);
+  CHECK(held.code == 0);
+  CHECK_THAT(held.out, Catch::Contains("bf16 products: widened (the checkpoint's run used onednn, which this CPU "
+                                       "cannot run") &&
+                           Catch::Contains("continuing on the widened path") && Catch::Contains("step    14 | loss"));
 }

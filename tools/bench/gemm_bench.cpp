@@ -13,7 +13,8 @@
 //   openblas_<core>     OpenBLAS with the core that fits the CPU's features forced (OPENBLAS_CORETYPE,
 //                       in a child process: the library reads it only when it loads)
 //   ours                kernels/cpu linear_forward / linear_backward_input / linear_backward_weight
-//   ours_bf16           their bf16 versions (ops_bf16.hpp), on the operands rounded to bf16
+//   ours_bf16           their bf16 versions (ops_bf16.hpp), on the operands rounded to bf16, on the path a
+//                       run would measure here (bf16_choice.hpp; MEGATRAIN_BF16_GEMM forces one)
 // Figures: gemm_fp32_best (the in-process fp32 libraries, the ceiling bench_train_step uses) and
 // gemm_bf16_best (the best of the bf16 candidates; FLOP/s, per thread count and for all threads), each
 // library's best, ours against the best fp32 rate on the same shape (time-weighted over the shapes:
@@ -30,11 +31,13 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/ops_bf16.hpp"
 #include "tools/bench/bench_report.hpp"
+#include "tools/bench/bf16_choice.hpp"
 #include "tools/bench/gemm_ceiling.hpp"
 #include "tools/bench/isa_peak.hpp"
 
@@ -138,10 +141,17 @@ static int run(int argc, char** argv) {
 
   const std::string isa = mt::bench::cpu_isa_flags();
   const char* env_core = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("gemm: %s\n  ISA: %s\n  OpenBLAS core: %s (%s)\n  our GEMM: %s\n  our bf16 GEMM: %s\n",
-              mt::bench::cpu_model().c_str(), isa.c_str(), mt::bench::openblas_core().c_str(),
-              env_core && *env_core ? "OPENBLAS_CORETYPE set" : "as detected", mt::cpu::gemm_backend_name(),
-              mt::cpu::linear_bf16_impl_name(tokens, 768, 768));
+  // ours_bf16 runs the path a run would measure here (both models' layers at `threads` threads).
+  std::vector<mt::cpu::Bf16ProbeShape> layers;
+  for (const std::int64_t d : {768, 256})
+    for (const auto& io : {std::pair{d, d}, std::pair{d, 3 * d}, std::pair{d, 4 * d}, std::pair{4 * d, d}})
+      layers.push_back({tokens, io.first, io.second});
+  const std::string bf16_path = mt::bench::choose_bf16_path(layers, threads);
+  std::printf(
+      "gemm: %s\n  ISA: %s\n  OpenBLAS core: %s (%s)\n  our GEMM: %s\n  our bf16 GEMM: %s\n  our bf16 path: %s\n",
+      mt::bench::cpu_model().c_str(), isa.c_str(), mt::bench::openblas_core().c_str(),
+      env_core && *env_core ? "OPENBLAS_CORETYPE set" : "as detected", mt::cpu::gemm_backend_name(),
+      mt::cpu::linear_bf16_impl_name(tokens, 768, 768), bf16_path.c_str());
   const char* core = fitting_openblas_core(isa);
   std::vector<std::vector<double>> forced;
   if (core) {

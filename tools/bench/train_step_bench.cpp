@@ -18,6 +18,7 @@
 //                         [--no-bf16] [--no-engine]
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,7 @@
 #include "kernels/profile.hpp"
 #include "kernels/reference_trainer.hpp"
 #include "tools/bench/bench_report.hpp"
+#include "tools/bench/bf16_choice.hpp"
 #include "tools/bench/engine_step.hpp"
 #include "tools/bench/gemm_ceiling.hpp"
 #include "tools/bench/torch_peer.hpp"
@@ -166,6 +168,14 @@ static int run(int argc, char** argv) {
               params / 1e6, static_cast<long long>(B), threads, reps);
   std::printf("  CPU: %s\n  ISA: %s\n  GEMM: %s (OpenBLAS core %s)\n", mt::bench::cpu_model().c_str(),
               mt::bench::cpu_isa_flags().c_str(), mt::cpu::gemm_backend_name(), mt::bench::openblas_core().c_str());
+  if (bf16) {
+    // The bf16 steps run the path a run of this model would measure here, at the longest sequence.
+    const std::int64_t rows = B * *std::max_element(seqs.begin(), seqs.end());
+    const std::int64_t d = c.hidden_size, ff = c.intermediate_size;
+    std::printf(
+        "  bf16 products: %s\n",
+        mt::bench::choose_bf16_path({{rows, d, 3 * d}, {rows, d, d}, {rows, d, ff}, {rows, ff, d}}, threads).c_str());
+  }
   for (const std::int64_t T : seqs) {
     const double tokens = static_cast<double>(B * T);
     // 6 N per token for the weights; attention scores and values (fwd + bwd) 12 L d T per token in the

@@ -59,6 +59,14 @@ std::string pad(std::string s, std::size_t w) {
   return s;
 }
 
+// " (products onednn)": the bf16 GEMM path the run measured or took (/status run.kernel_choices), "" if none.
+std::string bf16_gemm(const nlohmann::json& run) {
+  const auto k = run.value("kernel_choices", nlohmann::json::object());
+  if (!k.is_object() || !k.contains("bf16_gemm") || !k["bf16_gemm"].is_object()) return "";
+  const std::string path = str(k["bf16_gemm"], "path");
+  return path.empty() ? "" : " (products " + path + ")";
+}
+
 std::string colour(bool on, const char* code, const std::string& s) {
   return on ? std::string("\x1b[") + code + "m" + s + "\x1b[0m" : s;
 }
@@ -141,7 +149,7 @@ std::vector<std::string> render_snapshot(const SnapshotInput& in) {
   out.push_back("run: " + model + (names_arch ? "" : " (" + arch + ")") + ", " + str(run, "layers") + " layers, " +
                 fmt("%.2fM", num(run, "params") / 1e6) + " params, " + str(run, "batch") + " x " + str(run, "seq") +
                 " x " + str(run, "micro_batches") + " tokens/step, " + str(run, "backend") +
-                (run.value("bf16", false) ? " bf16" : " fp32") + ", " + str(run, "output_dir"));
+                (run.value("bf16", false) ? " bf16" : " fp32") + bf16_gemm(run) + ", " + str(run, "output_dir"));
 
   const double step = num(s, "step"), max_steps = num(run, "max_steps");
   std::string progress = "step " + fmt("%.0f", step) + " / " + fmt("%.0f", max_steps);

@@ -225,7 +225,7 @@ def check_status(node):
               "arena", "host_resident_bytes", "actors", "last_checkpoint", "last_error"]:
         check(k in st, f"/status has no {k}")
     for k in ["model", "arch", "params", "layers", "max_steps", "batch", "seq", "micro_batches", "backend", "bf16",
-              "output_dir", "pid"]:
+              "kernel_choices", "output_dir", "pid"]:
         check(k in st["run"], f"/status run has no {k}")
     check(st["run"]["pid"] == node.disc["pid"], "pid differs from monitor.json")
     check([a["name"] for a in st["actors"]] == ACTORS, f"actors {[a['name'] for a in st['actors']]}")

@@ -293,3 +293,17 @@ TEST_CASE("monitor board: per-device prefetcher and compute probes (device.gpus)
   CHECK_THAT(metrics, Catch::Contains("megatrain_actor_restarts_total{actor=\"compute[2]\"} 1"));
   CHECK_THAT(metrics, Catch::Contains("actor=\"prefetcher[1]\""));
 }
+
+TEST_CASE("monitor board: /status carries the run's kernel choices", "[monitor]") {
+  StatusBoard board;
+  CHECK(board.status_json()["run"]["kernel_choices"] == nlohmann::json::object());  // none made
+  RunInfo info;
+  info.backend = "cpu";
+  info.bf16 = true;
+  info.kernel_choices = {{"bf16_gemm", {{"path", "onednn"}, {"source", "probe"}}}};
+  board.set_run_info(info);
+  const nlohmann::json run = board.status_json()["run"];
+  CHECK(run["backend"] == "cpu");
+  CHECK(run["kernel_choices"]["bf16_gemm"]["path"] == "onednn");
+  CHECK(run["kernel_choices"]["bf16_gemm"]["source"] == "probe");
+}

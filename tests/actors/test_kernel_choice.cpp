@@ -1,0 +1,353 @@
+// The run's kernel choice (node/kernel_choice.hpp): the cache file round-trips and a damaged one is
+// ignored with a warning, never fatal; the order of the sources (forced, this process, the checkpoint,
+// the cache, the probe); where the cache lives; the probe's shapes. The resume through the node binary
+// is in test_checkpoint_binary.cpp.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "node/kernel_choice.hpp"
+#include "tests/actors/run_dir_fixture.hpp"
+
+namespace fs = std::filesystem;
+using mt::cpu::Bf16Gemm;
+using namespace mt::actors;
+
+namespace {
+
+KernelCacheKey key(int threads = 2, const std::string& shapes = "512x384x384") {
+  KernelCacheKey k;
+  k.cpu = "Test CPU (family 25 model 17)";
+  k.isa = "avx2 avx512f avx512_bf16 onednn:avx512_core_bf16";
+  k.onednn = "2.6.3";
+  k.threads = threads;
+  k.shapes = shapes;
+  return k;
+}
+
+KernelCacheEntry entry(const KernelCacheKey& k, Bf16Gemm g, double onednn_s = 0.01, double widened_s = 0.02) {
+  KernelCacheEntry e;
+  e.key = k;
+  e.bf16_gemm = g;
+  e.onednn_s = onednn_s;
+  e.widened_s = widened_s;
+  e.probed_unix = 1.7e9;
+  return e;
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+
+// A probe that counts its calls and returns a fixed verdict.
+struct FakeProbe {
+  int calls = 0;
+  Bf16Gemm choice = Bf16Gemm::onednn;
+  std::function<mt::cpu::Bf16Probe()> fn() {
+    return [this] {
+      ++calls;
+      mt::cpu::Bf16Probe p;
+      p.shapes = {{512, 384, 384}};
+      p.threads = 2;
+      p.products = 3;
+      p.rounds = 2;
+      p.onednn_available = true;
+      p.onednn_s = choice == Bf16Gemm::onednn ? 0.010 : 0.030;
+      p.widened_s = 0.019;
+      p.wall_s = 0.08;
+      p.choice = choice;
+      return p;
+    };
+  }
+};
+
+KernelChoiceInputs inputs(const fs::path& cache, FakeProbe& probe) {
+  KernelChoiceInputs in;
+  in.onednn_available = true;
+  in.cache_file = cache;
+  in.key = key();
+  in.probe = probe.fn();
+  in.now_unix = [] { return 1.7e9; };
+  return in;
+}
+
+// Sets an environment variable for a scope, restoring it after.
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~EnvVar() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE("kernel choice cache: entries round-trip, keyed by every field", "[actors][kernel_choice]") {
+  mt::test::TempDir dir("kcache");
+  const fs::path file = dir.path / "megatrain" / "kernel_choices.json";
+  std::string warning;
+  CHECK_FALSE(read_kernel_cache(file, key(), warning));  // no file: no entry, no warning
+  CHECK(warning.empty());
+  REQUIRE(write_kernel_cache(file, entry(key(), Bf16Gemm::onednn, 0.011, 0.021), warning));
+  CHECK(warning.empty());
+  REQUIRE(write_kernel_cache(file, entry(key(4), Bf16Gemm::widened), warning));
+  const auto a = read_kernel_cache(file, key(), warning);
+  REQUIRE(a);
+  CHECK(a->bf16_gemm == Bf16Gemm::onednn);
+  CHECK(a->onednn_s == 0.011);
+  CHECK(a->widened_s == 0.021);
+  CHECK(a->probed_unix == 1.7e9);
+  const auto b = read_kernel_cache(file, key(4), warning);
+  REQUIRE(b);
+  CHECK(b->bf16_gemm == Bf16Gemm::widened);
+  // Any field of the key that differs misses.
+  CHECK_FALSE(read_kernel_cache(file, key(2, "1024x768x3072"), warning));
+  KernelCacheKey k = key();
+  k.onednn = "3.1.0";
+  CHECK_FALSE(read_kernel_cache(file, k, warning));
+  k = key();
+  k.cpu = "Another CPU";
+  CHECK_FALSE(read_kernel_cache(file, k, warning));
+  k = key();
+  k.isa = "avx2";
+  CHECK_FALSE(read_kernel_cache(file, k, warning));
+  CHECK(warning.empty());
+  // Rewriting a key replaces its entry, keeping the others.
+  REQUIRE(write_kernel_cache(file, entry(key(), Bf16Gemm::widened), warning));
+  CHECK(read_kernel_cache(file, key(), warning)->bf16_gemm == Bf16Gemm::widened);
+  CHECK(read_kernel_cache(file, key(4), warning)->bf16_gemm == Bf16Gemm::widened);
+  std::ifstream in(file);
+  const auto j = nlohmann::json::parse(in);
+  CHECK(j["format"] == "megatrain-kernel-choices");
+  CHECK(j["entries"].size() == 2);
+  for (const auto& e : fs::directory_iterator(file.parent_path()))  // no temporary file left
+    CHECK(e.path().filename() == "kernel_choices.json");
+}
+
+TEST_CASE("kernel choice cache: a damaged or unreadable file is ignored with a warning", "[actors][kernel_choice]") {
+  mt::test::TempDir dir("kcorrupt");
+  const fs::path file = dir.path / "kernel_choices.json";
+  std::string warning;
+  for (const std::string& text :
+       {std::string("{\"format\": \"megatrain-kernel-ch"), std::string("[1, 2, 3]"),
+        std::string("{\"format\": \"megatrain-kernel-choices\", \"format_version\": 99, \"entries\": []}"),
+        std::string("{\"format\": \"megatrain-kernel-choices\", \"format_version\": 1, \"entries\": [{\"cpu\": 1}]}"),
+        std::string("{\"format\": \"megatrain-kernel-choices\", \"format_version\": 1, \"entries\": [{\"cpu\": \"c\", "
+                    "\"isa\": \"i\", \"onednn\": \"o\", \"threads\": 2, \"shapes\": \"s\", \"bf16_gemm\": \"fast\"}]}"),
+        std::string("\x01\x02\xff")}) {
+    INFO(text);
+    write_text(file, text);
+    CHECK_FALSE(read_kernel_cache(file, key(), warning));
+    CHECK_THAT(warning, Catch::Contains("ignoring the kernel choice cache " + file.string()));
+    CHECK(warning.find('\n') == std::string::npos);  // one line
+  }
+  // A damaged file is replaced by the next write.
+  REQUIRE(write_kernel_cache(file, entry(key(), Bf16Gemm::onednn), warning));
+  CHECK(read_kernel_cache(file, key(), warning)->bf16_gemm == Bf16Gemm::onednn);
+  CHECK(warning.empty());
+  // A directory where the file should be: cannot be read or written, only warned about.
+  const fs::path dirfile = dir.path / "adir";
+  fs::create_directories(dirfile / "x");
+  CHECK_FALSE(read_kernel_cache(dirfile, key(), warning));
+  CHECK_FALSE(warning.empty());
+  CHECK_FALSE(write_kernel_cache(dirfile, entry(key(), Bf16Gemm::onednn), warning));
+  CHECK_THAT(warning, Catch::Contains("cannot write the kernel choice cache " + dirfile.string()));
+  // Through the decision: the probe runs, the run goes on, the warning is a note.
+  FakeProbe probe;
+  write_text(file, "not json");
+  KernelChoiceInputs in = inputs(file, probe);
+  const KernelChoice c = decide_kernel_choice(in);
+  CHECK(probe.calls == 1);
+  CHECK(c.source == "probe");
+  REQUIRE(c.notes.size() == 1);
+  CHECK_THAT(c.notes[0], Catch::Contains("ignoring the kernel choice cache"));
+  CHECK(read_kernel_cache(file, key(), warning)->bf16_gemm == Bf16Gemm::onednn);  // and rewritten
+  in.cache_file = dirfile;
+  const KernelChoice d = decide_kernel_choice(in);
+  CHECK(d.source == "probe");
+  CHECK_THAT(d.detail, Catch::EndsWith("not cached"));
+  CHECK_FALSE(d.notes.empty());
+}
+
+TEST_CASE("kernel choice: forced, then this process, the checkpoint, the cache, the probe", "[actors][kernel_choice]") {
+  mt::test::TempDir dir("korder");
+  const fs::path file = dir.path / "kernel_choices.json";
+  FakeProbe probe;
+
+  SECTION("nothing known: the probe, then cached, then the cache without a probe") {
+    const KernelChoice c = decide_kernel_choice(inputs(file, probe));
+    CHECK(probe.calls == 1);
+    CHECK(c.applies);
+    CHECK(c.source == "probe");
+    CHECK(c.bf16_gemm == Bf16Gemm::onednn);
+    REQUIRE(c.probe);
+    CHECK_THAT(c.line(), Catch::StartsWith("bf16 products: onednn (probe: oneDNN's bf16 matmul at 1.90x") &&
+                             Catch::Contains("cached in " + file.string()));
+    CHECK(c.cache_file == file.string());
+    CHECK(c.json()["bf16_gemm"]["path"] == "onednn");
+    CHECK(c.json()["bf16_gemm"]["source"] == "probe");
+    CHECK(c.json()["bf16_gemm"]["probe"]["speedup"].get<double>() == Approx(1.9));
+    const KernelChoice again = decide_kernel_choice(inputs(file, probe));
+    CHECK(probe.calls == 1);
+    CHECK(again.source == "cache");
+    CHECK(again.bf16_gemm == Bf16Gemm::onednn);
+    CHECK_THAT(again.line(), Catch::Contains("cached in " + file.string()));
+  }
+  SECTION("the probe's widened verdict is cached as such") {
+    probe.choice = Bf16Gemm::widened;
+    CHECK(decide_kernel_choice(inputs(file, probe)).bf16_gemm == Bf16Gemm::widened);
+    CHECK(decide_kernel_choice(inputs(file, probe)).source == "cache");
+    CHECK(decide_kernel_choice(inputs(file, probe)).bf16_gemm == Bf16Gemm::widened);
+    CHECK(probe.calls == 1);
+  }
+  SECTION("the checkpoint's path wins over the cache and the probe") {
+    std::string w;
+    REQUIRE(write_kernel_cache(file, entry(key(), Bf16Gemm::onednn), w));
+    KernelChoiceInputs in = inputs(file, probe);
+    in.checkpoint = {{"bf16_gemm", "widened"}};
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.source == "checkpoint");
+    CHECK(c.bf16_gemm == Bf16Gemm::widened);
+    CHECK(c.line() == "bf16 products: widened (from the checkpoint)");
+    CHECK(c.notes.empty());
+    CHECK(probe.calls == 0);
+  }
+  SECTION("a checkpoint path this CPU cannot run: said, and the other path") {
+    KernelChoiceInputs in = inputs(file, probe);
+    in.onednn_available = false;
+    in.checkpoint = {{"bf16_gemm", "onednn"}};
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.source == "checkpoint");
+    CHECK(c.bf16_gemm == Bf16Gemm::widened);
+    CHECK_THAT(c.detail, Catch::Contains("cannot run"));
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("continuing on the widened path"));
+    CHECK(probe.calls == 0);
+  }
+  SECTION("an older checkpoint (no field) or a malformed one: measured as a new run") {
+    KernelChoiceInputs in = inputs(file, probe);
+    in.checkpoint = nlohmann::json::object();
+    CHECK(decide_kernel_choice(in).source == "probe");
+    CHECK(probe.calls == 1);
+    fs::remove(file);
+    in.checkpoint = {{"bf16_gemm", 3}};
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.source == "probe");
+    CHECK(probe.calls == 2);
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("kernel_choices.bf16_gemm is 3"));
+  }
+  SECTION("MEGATRAIN_BF16_GEMM wins over everything, and says what it changes") {
+    std::string w;
+    REQUIRE(write_kernel_cache(file, entry(key(), Bf16Gemm::onednn), w));
+    KernelChoiceInputs in = inputs(file, probe);
+    in.forced = Bf16Gemm::widened;
+    in.process = Bf16Gemm::onednn;
+    in.checkpoint = {{"bf16_gemm", "onednn"}};
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.source == "forced");
+    CHECK(c.bf16_gemm == Bf16Gemm::widened);
+    CHECK(c.line() == "bf16 products: widened (forced by MEGATRAIN_BF16_GEMM)");
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("bits differ"));
+    CHECK(probe.calls == 0);
+    // Forced onednn where oneDNN has no bf16 kernels: widened, said.
+    in.forced = Bf16Gemm::onednn;
+    in.onednn_available = false;
+    in.checkpoint = nullptr;
+    const KernelChoice d = decide_kernel_choice(in);
+    CHECK(d.bf16_gemm == Bf16Gemm::widened);
+    CHECK_THAT(d.detail, Catch::Contains("no bf16 kernels"));
+  }
+  SECTION("a path fixed earlier in this process stays") {
+    KernelChoiceInputs in = inputs(file, probe);
+    in.process = Bf16Gemm::widened;
+    in.checkpoint = {{"bf16_gemm", "onednn"}};
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.source == "process");
+    CHECK(c.bf16_gemm == Bf16Gemm::widened);
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("this process already runs widened"));
+    CHECK(probe.calls == 0);
+  }
+  SECTION("no oneDNN bf16 kernels and nothing recorded: widened, nothing probed or cached") {
+    KernelChoiceInputs in = inputs(file, probe);
+    in.onednn_available = false;
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.bf16_gemm == Bf16Gemm::widened);
+    CHECK(c.source == "unavailable");
+    CHECK(probe.calls == 0);
+    CHECK_FALSE(fs::exists(file));
+  }
+  SECTION("no cache directory: probed every time, said") {
+    KernelChoiceInputs in = inputs("", probe);
+    CHECK_THAT(decide_kernel_choice(in).detail, Catch::Contains("not cached"));
+    decide_kernel_choice(in);
+    CHECK(probe.calls == 2);
+  }
+}
+
+TEST_CASE("kernel choice cache: XDG_CACHE_HOME, else ~/.cache", "[actors][kernel_choice]") {
+  {
+    EnvVar xdg("XDG_CACHE_HOME", "/var/tmp/xdg");
+    EnvVar home("HOME", "/home/someone");
+    CHECK(kernel_cache_file() == fs::path("/var/tmp/xdg/megatrain/kernel_choices.json"));
+  }
+  {
+    EnvVar xdg("XDG_CACHE_HOME", "relative/dir");  // the spec ignores relative paths
+    EnvVar home("HOME", "/home/someone");
+    CHECK(kernel_cache_file() == fs::path("/home/someone/.cache/megatrain/kernel_choices.json"));
+  }
+  {
+    EnvVar xdg("XDG_CACHE_HOME", nullptr);
+    EnvVar home("HOME", nullptr);
+    CHECK(kernel_cache_file().empty());
+  }
+}
+
+TEST_CASE("kernel choice: the probe's shapes are the run's linear layers", "[actors][kernel_choice]") {
+  mt::ModelConfig llama;
+  llama.arch = mt::Arch::llama;
+  llama.hidden_size = 384;
+  llama.num_attention_heads = 6;
+  llama.num_key_value_heads = 2;
+  llama.head_dim = 64;
+  llama.intermediate_size = 1024;
+  llama.vocab_size = 4096;
+  const auto s = bf16_probe_shapes(llama, 512, 512);
+  REQUIRE(s.size() == 5);
+  CHECK((s[0].rows == 512 && s[0].in == 384 && s[0].out == 384));   // q
+  CHECK((s[2].in == 384 && s[2].out == 1024));                      // MLP up
+  CHECK((s[3].in == 1024 && s[3].out == 384));                      // MLP down
+  CHECK((s[4].rows == 512 && s[4].in == 384 && s[4].out == 4096));  // LM head
+  mt::ModelConfig gpt2 = llama;
+  gpt2.arch = mt::Arch::gpt2;
+  CHECK(bf16_probe_shapes(gpt2, 64, 0)[0].out == 3 * 384);
+  CHECK(bf16_probe_shapes(gpt2, 64, 0).size() == 4);
+  const KernelCacheKey k = kernel_cache_key(3, s);
+  CHECK(k.threads == 3);
+  CHECK(k.shapes == "512x384x384, 512x384x384, 512x384x1024, 512x1024x384, 512x384x4096");
+  CHECK_FALSE(k.cpu.empty());
+  CHECK_THAT(k.isa, Catch::Contains("onednn:"));
+  CHECK(k.onednn == mt::cpu::onednn_version());
+}
