@@ -101,11 +101,10 @@ float rope_inv_freq(const RopeParams& p, std::int64_t seq, std::int64_t head_dim
       if (wavelen > low_wavelen) {
         inv = inv / factor;
       } else if (!(wavelen < high_wavelen)) {
-        // Unchanged from before the other types, and so left to the compiler's contraction: on FMA
-        // targets this sum may be fused and then differ from transformers' inv_freq by 1 ulp
-        // (tests/storage/hf/test_hf_rope.cpp measures it).
+        // Each product rounded on its own, as torch's separate kernels do: left to the compiler, this
+        // sum was fused into an fma on FMA targets and came out 1 ulp from transformers' inv_freq.
         const float smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff);
-        inv = (1.0f - smooth) * inv / factor + smooth * inv;
+        inv = rounded((1.0f - smooth) * inv / factor) + rounded(smooth * inv);
       }
     }
     inv_freq[i] = inv;

@@ -9,9 +9,9 @@
 //    One exception, not of the formulas: torch's fp32 pow (vectorised, within 1 ulp) and glibc's powf
 //    round theta^(2i/d) differently for some (theta, d, i) (e.g. theta 150000, d 64, i 6 and 10; at
 //    theta 10000 / 500000 with d <= 32 they agree). Where the two pows differ (the test computes both),
-//    inv_freq may differ by that 1 ulp; everywhere else it must be bit-equal. llama3 (whose fp32 code is
-//    unchanged, bits included) also differs by 1 ulp where GCC fuses its medium-band sum into an fma
-//    (measured: index 1 of the case below); the new types round each product as torch does.
+//    inv_freq may differ by that 1 ulp; everywhere else it must be bit-equal (llama3 included: its
+//    medium-band sum rounds each product on its own, as torch does: before, GCC fused it into an fma
+//    and it came out 1 ulp off at index 1 of the llama3 case).
 //  - the cos / sin tables: within 1e-6 x the attention scaling, absolute (measured up to 4.7e-7, about
 //    8 ulp of 1): the angles are the same fp32 products, but we take glibc's cosf / sinf of them and
 //    torch its own vectorised cos / sin, which differ in the last bits for arguments of tens of radians.
@@ -164,12 +164,9 @@ TEST_CASE("every rope_scaling type: import, export, import, and transformers' ow
       const float our_pow = std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
       INFO("inv_freq[" << i << "] ours " << inv[i] << " transformers " << theirs[i] << "; pow ours " << our_pow
                        << " torch " << their_pow[i]);
-      // llama3's medium band, (1 - smooth) * inv / factor + smooth * inv, is left as it always was, for
-      // the compiler to contract into an fma on FMA targets (changing it would change llama3's bits):
-      // 1 ulp there too.
-      if (std::memcmp(&our_pow, &their_pow[i], sizeof(float)) == 0 && c.rope_scaling.type != RopeType::llama3) {
+      if (std::memcmp(&our_pow, &their_pow[i], sizeof(float)) == 0) {
         CHECK(std::memcmp(&inv[i], &theirs[i], sizeof(float)) == 0);
-      } else {  // torch's pow and glibc's powf round theta^(2i/d) differently here, or llama3's fma: 1 ulp
+      } else {  // torch's pow and glibc's powf round theta^(2i/d) differently here: 1 ulp
         CHECK(std::abs(double(inv[i]) - theirs[i]) <= std::abs(double(std::nextafter(theirs[i], 0.0f)) - theirs[i]));
       }
     }
