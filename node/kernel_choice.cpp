@@ -7,11 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <system_error>
-#include <unordered_map>
 
+#include "kernels/cpu/cpu_info.hpp"
 #include "kernels/stage_api.hpp"
 
 namespace mt::actors {
@@ -28,20 +27,6 @@ std::string fmt(const char* f, double a, double b = 0.0) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, a, b);
   return buf;
-}
-
-// The first value of each /proc/cpuinfo key (the first processor describes them all).
-std::unordered_map<std::string, std::string> cpuinfo() {
-  std::unordered_map<std::string, std::string> kv;
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string key = line.substr(0, colon);
-    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
-    kv.emplace(key, colon + 2 <= line.size() ? line.substr(colon + 2) : "");
-  }
-  return kv;
 }
 
 nlohmann::json entry_json(const KernelCacheEntry& e) {
@@ -294,15 +279,9 @@ std::vector<cpu::Bf16ProbeShape> bf16_probe_shapes(const ModelConfig& m, std::in
 }
 
 KernelCacheKey kernel_cache_key(int threads, const std::vector<cpu::Bf16ProbeShape>& shapes) {
-  auto kv = cpuinfo();
   KernelCacheKey k;
-  k.cpu = kv.count("model name") ? kv["model name"] + " (family " + kv["cpu family"] + " model " + kv["model"] + ")"
-                                 : std::string("unknown CPU");
-  std::istringstream flags(kv["flags"]);
-  std::vector<std::string> present;
-  for (std::string f; flags >> f;) present.push_back(f);
-  for (const char* w : {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"})
-    if (std::find(present.begin(), present.end(), w) != present.end()) k.isa += std::string(w) + " ";
+  k.cpu = cpu::cpu_model();
+  k.isa = cpu::cpu_isa_flags() + " ";
   k.isa += "onednn:" + cpu::onednn_isa();
   k.onednn = cpu::onednn_version();
   k.threads = threads;

@@ -26,6 +26,7 @@
 
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/reference_trainer.hpp"
+#include "storage/hf/hf_config.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 #include "tests/kernels/model_configs.hpp"
 
@@ -123,22 +124,6 @@ bool uses_transformers_rope(const ModelConfig& c) {
   return c.rope_scaling.type != RopeType::none && c.rope_scaling.type != RopeType::llama3;
 }
 
-// config.json's rope_scaling for those types (storage/hf writes the same; the kernels tests do not link it).
-nlohmann::json hf_rope_scaling(const RopeScaling& rs) {
-  nlohmann::json j = {{"rope_type", rope_type_name(rs.type)}, {"factor", rs.factor}};
-  if (rs.type == RopeType::yarn) {
-    j["beta_fast"] = rs.beta_fast;
-    j["beta_slow"] = rs.beta_slow;
-    if (rs.attention_factor > 0) j["attention_factor"] = rs.attention_factor;
-    if (rs.mscale > 0) j["mscale"] = rs.mscale;
-    if (rs.mscale_all_dim > 0) j["mscale_all_dim"] = rs.mscale_all_dim;
-    if (rs.original_max_position_embeddings > 0)
-      j["original_max_position_embeddings"] = rs.original_max_position_embeddings;
-    if (!rs.truncate) j["truncate"] = false;
-  }
-  return j;
-}
-
 bool have_venv_transformers() {
   return std::system((std::string(MEGATRAIN_VENV_PYTHON) + " -c 'import transformers' 2>/dev/null").c_str()) == 0;
 }
@@ -193,7 +178,7 @@ void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B,
                        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
   j["max_position_embeddings"] = c.max_position_embeddings;
   const bool hf_rope = uses_transformers_rope(c);
-  if (hf_rope) j["hf_rope_scaling"] = hf_rope_scaling(c.rope_scaling);
+  if (hf_rope) j["hf_rope_scaling"] = hf::rope_scaling_json(c.rope_scaling);  // as an export writes it
   j["norm_eps"] = c.norm_eps;
   j["tie_word_embeddings"] = c.tie_word_embeddings || c.is_gpt2();
   j["qk_norm"] = c.qk_norm;

@@ -8,10 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <functional>
-#include <sstream>
-#include <unordered_map>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -257,43 +254,6 @@ Ceiling best_bf16_gemm(const std::vector<GemmShape>& shapes, int threads, int re
   return best_of(
       {GemmLib::onednn_matmul_bf16, GemmLib::onednn_gemm_bf16, GemmLib::openblas_sbgemm, GemmLib::bf16_widened_sgemm},
       shapes, threads, reps);
-}
-
-namespace {
-// The first value of each wanted /proc/cpuinfo key (the first processor describes them all here).
-std::unordered_map<std::string, std::string> cpuinfo() {
-  std::unordered_map<std::string, std::string> kv;
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string key = line.substr(0, colon);
-    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
-    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-    kv.emplace(key, value);
-  }
-  return kv;
-}
-}  // namespace
-
-std::string cpu_model() {
-  auto kv = cpuinfo();
-  if (kv.count("model name") == 0) return "unknown CPU";
-  return kv["model name"] + " (family " + kv["cpu family"] + " model " + kv["model"] + ")";
-}
-
-std::string cpu_isa_flags() {
-  auto kv = cpuinfo();
-  std::istringstream flags(kv["flags"]);
-  static const char* wanted[] = {"avx2",        "fma",      "avx512f",  "avx512_vnni", "avx512_bf16",
-                                 "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"};
-  std::string have, out;
-  std::vector<std::string> present;
-  for (std::string f; flags >> f;) present.push_back(f);
-  for (const char* w : wanted)
-    for (const auto& f : present)
-      if (f == w) out += (out.empty() ? "" : " ") + f;
-  return out.empty() ? "(none of avx2/avx512/amx)" : out;
 }
 
 std::string openblas_core() { return openblas_get_corename(); }

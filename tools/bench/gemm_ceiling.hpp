@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_info.hpp"
+
 namespace mt::bench {
 
 // C[m, n] = op(A) op(B); ta / tb as in BLAS (row-major). The three orientations of a linear layer:
@@ -54,10 +56,9 @@ struct Ceiling {
 Ceiling best_fp32_gemm(const std::vector<GemmShape>& shapes, int threads, int reps = 3);
 Ceiling best_bf16_gemm(const std::vector<GemmShape>& shapes, int threads, int reps = 3);
 
-// "/proc/cpuinfo" facts for the report: model name (with family/model), and the SIMD flags that decide
-// which kernels the libraries pick (avx2, fma, avx512f, avx512_bf16, avx512_fp16, amx_bf16, amx_tile...).
-std::string cpu_model();
-std::string cpu_isa_flags();
+// "/proc/cpuinfo" facts for the report (kernels/cpu/cpu_info.hpp).
+using cpu::cpu_isa_flags;
+using cpu::cpu_model;
 // OpenBLAS's chosen core (OPENBLAS_CORETYPE, read when the library loads, can override it).
 std::string openblas_core();
 
