@@ -5,8 +5,9 @@
 //   optimizer: CheckpointNow(v) (after registering v in the version gate), then, for each stage, its
 //   update to version v followed by LayerUpdated(stage, v) -> the checkpointer writes that stage's
 //   params, exp_avg and exp_avg_sq straight from the tile (CheckpointWriter::write_stage takes the
-//   pointers; no staging copy, so no second copy of the model) and marks it written in the gate, which
-//   lets the optimizer update the stage again at step v. When every stage is written: finalize with
+//   pointers; no staging copy, so no second copy of the model; stages in stage order, see write_due)
+//   and marks it written in the gate, which lets the optimizer update the stage again at step v.
+//   When every stage is written: finalize with
 //   the run state (run_state.hpp) -> atomic publish, `latest`, retention -> CheckpointDone to the node.
 //   By default (CheckpointJob::write_after_step) the writes start when the LayerUpdated of the step's
 //   last update arrives (every stage at v), in stage order, so they run beside compute's next step
@@ -75,11 +76,14 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
   try {
     if (cj.stall_step == v && cj.stall_stage == stage && cj.stall_seconds > 0)
       std::this_thread::sleep_for(std::chrono::duration<double>(cj.stall_seconds));
-    HostTile& t = ctx->host->tile(stage);
-    if (t.version() != static_cast<std::uint64_t>(v))
-      throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
-                             ", not " + std::to_string(v) + " (version gate broken)");
-    {
+    if (const StageSnapshot* copy = ctx->gate.begin_write(v, stage)) {
+      // The optimizer needed the tile first and copied version v aside.
+      p.writer->write_stage(stage, ckpt::StageState{copy->master.get(), copy->m.get(), copy->v.get()});
+    } else {
+      HostTile& t = ctx->host->tile(stage);
+      if (t.version() != static_cast<std::uint64_t>(v))
+        throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
+                               ", not " + std::to_string(v) + " (version gate broken)");
       // The moments (and masters) through the store: the tile's regions, or one staged stage read
       // from the tier.
       StateLease state(*ctx->host, stage);
@@ -101,6 +105,31 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     self->send(st.peers.node, done);
   } catch (const std::exception& e) {
     fail(self, v, e.what());
+  }
+}
+
+// Writes the stages of checkpoint v that are due, always in stage order, so the shard files' layout
+// does not depend on the order of the updates or on when the checkpoint began: the same state gives
+// the same bytes (a checkpoint taken while training equals one taken at a pause). By default
+// (write_after_step) none is due before every stage is at v, the optimizer's burst of updates being
+// over; then they are written while compute runs the next step. Otherwise each stage as soon as it
+// and every stage before it are at v.
+void write_due(self_ptr self, std::int64_t v) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  auto at_v = [&](std::int64_t s) {
+    return ctx->host->tile(s).version() == static_cast<std::uint64_t>(v) || ctx->gate.has_snapshot(v, s);
+  };
+  if (!st.pending.count(v)) return;
+  if (ctx->job->checkpoint.write_after_step)
+    for (std::int64_t s = 0; s < ctx->stages(); ++s)
+      if (!at_v(s)) return;
+  for (std::int64_t s = 0; s < ctx->stages(); ++s) {
+    auto it = st.pending.find(v);
+    if (it == st.pending.end()) return;  // published, or failed
+    if (it->second.written[static_cast<std::size_t>(s)]) continue;
+    if (!at_v(s)) return;
+    write_stage(self, v, s);
   }
 }
 
@@ -137,9 +166,7 @@ void begin(self_ptr self, std::int64_t v) {
     return;
   }
   st.pending.emplace(v, std::move(p));
-  // Stages already at version v (the final checkpoint; a registration after an optimizer restart).
-  for (std::int64_t s = 0; s < ctx->stages(); ++s)
-    if (ctx->host->tile(s).version() == static_cast<std::uint64_t>(v)) write_stage(self, v, s);
+  write_due(self, v);  // stages already at version v (the final checkpoint; after an optimizer restart)
 }
 
 checkpointer_actor::behavior_type checkpointer_fn(self_ptr self, Context* ctx) {
@@ -152,17 +179,7 @@ checkpointer_actor::behavior_type checkpointer_fn(self_ptr self, Context* ctx) {
       },
       [=](const LayerUpdated& m) {
         const auto probe = probe_handler(self, monitor::ActorId::checkpointer, "LayerUpdated");
-        const auto v = static_cast<std::int64_t>(m.version);
-        if (!self->state.pending.count(v)) return;
-        if (!ctx->job->checkpoint.write_after_step) {
-          write_stage(self, v, m.stage);
-          return;
-        }
-        // Deferred: once every stage is at v (the optimizer's burst of updates is over), write them
-        // in stage order while compute runs the next step.
-        for (std::int64_t s = 0; s < ctx->stages(); ++s)
-          if (ctx->host->tile(s).version() < static_cast<std::uint64_t>(v)) return;
-        for (std::int64_t s = 0; s < ctx->stages(); ++s) write_stage(self, v, s);
+        write_due(self, static_cast<std::int64_t>(m.version));
       },
       [=](const Peers& p) {
         const auto probe = probe_handler(self, monitor::ActorId::checkpointer, "Peers");

@@ -94,7 +94,7 @@ void collect(self_ptr self, const LayerGrads& m) {
   if (N == 1 && ctx->grads_in_place(mb)) {  // compute summed them into the tile already
     free_slot(0, slots[0]);
   } else if (devices[0]->shares_host_memory()) {  // one pass straight from the slot, the same bits
-    devices[0]->accumulate_to_host(grads[0], tile.grad(), n, mb == 0, ctx->collector_threads);
+    devices[0]->accumulate_to_host(grads[0], tile.grad(), n, mb == 0, ctx->granted(ctx->collector_threads));
     for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
   } else {
     if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(ctx));
@@ -104,7 +104,7 @@ void collect(self_ptr self, const LayerGrads& m) {
     landed.get_future().get();
     for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
     if (mb == 0) std::memset(tile.grad(), 0, n * sizeof(float));
-    cpu::accumulate(tile.grad(), st.host_buffer.get(), n, ctx->collector_threads);
+    cpu::accumulate(tile.grad(), st.host_buffer.get(), n, ctx->granted(ctx->collector_threads));
   }
   led.accum_step[si] = step;
   led.accum_count[si] = mb + 1;
@@ -113,7 +113,7 @@ void collect(self_ptr self, const LayerGrads& m) {
   ctx->intervals.add(Role::collector, step, t0, t1);
   ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, mb, stage, "collect");
   if (mb + 1 == M) {
-    const double sumsq = stage_grad_sumsq(layout, tile.grad(), ctx->collector_threads);
+    const double sumsq = stage_grad_sumsq(layout, tile.grad(), ctx->granted(ctx->collector_threads));
     led.sumsq[si] = sumsq;
     std::int64_t complete = 0;
     for (std::size_t s = 0; s < led.accum_step.size(); ++s)

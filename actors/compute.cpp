@@ -35,6 +35,7 @@ struct compute_state {
   std::map<std::pair<Pos, int>, WeightsReady> ready;
   std::optional<Clock::time_point> waiting_since;
   double step_wait = 0.0, step_compute = 0.0;
+  int threads_applied = 0;  // the compute threads last given to the backend (Context::granted)
   // Pause (the node's PauseRequest until wake): hold before a step's first op. Kept across a reset
   // (the supervisor sends it again to a respawned compute); held_reported: PauseHeld sent for this hold.
   std::uint64_t pause = 0;  // the pause request in force, 0 = none
@@ -139,6 +140,11 @@ void try_advance(self_ptr self) {
       if (!st.held_reported) self->send(st.peers.node, PauseHeld{st.pause, p.step, ctx->device});
       st.held_reported = true;
       return;
+    }
+    const int threads = ctx->granted(ctx->plan.threads.blas);
+    if (threads != st.threads_applied) {
+      ctx->backend->set_compute_threads(threads);
+      st.threads_applied = threads;
     }
     const BatchKey key{p.step, p.micro_batch};
     auto bit = st.batches.find(key);

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <vector>
 
+#include "actors/checkpoint_gate.hpp"
 #include "actors/engine.hpp"
 #include "actors/schedule.hpp"
 #include "device/backend.hpp"
@@ -87,78 +88,6 @@ class IntervalLog {
   std::vector<BusyInterval> log_;
 };
 
-// The version gate between the optimizer and the checkpointer. A checkpoint of tile version v is
-// written straight from the tiles (no copy of the model); stage s's tile holds version v from the
-// optimizer's update of step v-1 until its update of step v, about one step later. The optimizer
-// opens the gate for v before its first update towards v; before updating stage s past v it waits
-// until the checkpointer marked stage s of v written (or gave the checkpoint up). So the checkpointer
-// has one step per stage to write it; the optimizer waits only when the disk is slower than that.
-class CheckpointGate {
- public:
-  // Registers checkpoint v (every stage pending). False when it is already registered.
-  bool open(std::int64_t v, std::int64_t stages) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (open_.count(v)) return false;
-    open_[v] = std::vector<char>(static_cast<std::size_t>(stages), 0);
-    return true;
-  }
-  bool is_open(std::int64_t v) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return open_.count(v) != 0;
-  }
-  void mark_written(std::int64_t v, std::int64_t stage) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = open_.find(v);
-      if (it != open_.end()) it->second[static_cast<std::size_t>(stage)] = 1;
-    }
-    cv_.notify_all();
-  }
-  // Checkpoint v is published or given up: nothing waits for it any more.
-  void close(std::int64_t v) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      open_.erase(v);
-    }
-    cv_.notify_all();
-  }
-  // Shutdown: releases every waiter, now and later.
-  void release_all() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      released_ = true;
-    }
-    cv_.notify_all();
-  }
-  // The optimizer, before updating `stage` from version v: blocks while stage `stage` of a registered
-  // checkpoint v is not written yet. Returns the seconds waited.
-  double wait_writable(std::int64_t v, std::int64_t stage) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    auto pending = [&] {
-      if (released_) return false;
-      auto it = open_.find(v);
-      return it != open_.end() && !it->second[static_cast<std::size_t>(stage)];
-    };
-    if (!pending()) return 0.0;
-    const auto t0 = std::chrono::steady_clock::now();
-    cv_.wait(lock, [&] { return !pending(); });
-    const double w = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    waited_s_ += w;
-    return w;
-  }
-  double waited_s() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return waited_s_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  std::map<std::int64_t, std::vector<char>> open_;
-  bool released_ = false;
-  double waited_s_ = 0.0;
-};
-
 struct Context {
   // Several devices (device.gpus = N): every device has a Context of its own for its compute actor
   // and prefetcher (its backend, arena, carved buffers, the compute part of the ledger, its schedule
@@ -195,6 +124,14 @@ struct Context {
   std::int64_t end_step = 0;  // exclusive; lowered by a stop request
   int optimizer_threads = 1;
   int collector_threads = 1;
+  // Host threads granted now (threads.adapt_to_load): fewer while other processes take this run's
+  // cores (the run controller measures, device/cpu/core_share.hpp); 0 = as planned. Compute and the
+  // optimizer apply it between units of work; results do not depend on it.
+  std::atomic<int> threads_granted{0};
+  int granted(int planned) const {
+    const int g = run->threads_granted.load(std::memory_order_relaxed);
+    return g > 0 && g < planned ? g : planned;
+  }
   float max_grad_norm = 0.0f;
   bool serial = false;
   std::atomic<std::int64_t> slot_reuses{0};

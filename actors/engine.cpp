@@ -371,6 +371,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
       job.stop_after >= 0 ? std::clamp(job.stop_after, job.first_step, ctx->cfg_end_step) : ctx->cfg_end_step;
   if (job.forward_only) ctx->end_step = job.first_step + 1;  // one pass over the evaluation batches
   ctx->checkpointing = !job.checkpoint.root.empty();
+  ctx->gate.set_snapshot_budget(job.checkpoint.snapshot_budget_bytes);
   const ThreadBudget& tb = ctx->plan.threads;
   ctx->optimizer_threads = std::max(1, tb.optimizer);
   ctx->collector_threads = std::max(1, tb.optimizer);
@@ -452,6 +453,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     std::sort(result.intervals.begin(), result.intervals.end(),
               [](const BusyInterval& x, const BusyInterval& y) { return x.t0 < y.t0; });
   result.checkpoint_wait_s = ctx->gate.waited_s();
+  result.checkpoint_copied_bytes = ctx->gate.copied_bytes();
   std::uint64_t v = ~std::uint64_t{0};
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) v = std::min(v, job.host->tile(s).version());
   result.steps_done = static_cast<std::int64_t>(v);

@@ -82,6 +82,11 @@ struct StepRecord {
   double optimizer_s = 0.0;        // optimizer busy (norm + AdamW of the step)
   double checkpoint_wait_s = 0.0;  // optimizer waited for the checkpointer (version gate) in this step
   std::int64_t restarts = 0;       // actor restarts so far
+  // Cores (threads.adapt_to_load, device/cpu/core_share.hpp): the compute threads this step ran with,
+  // the cores other processes took over the last measured window, and a note when the count changed.
+  int compute_threads = 0;
+  double others_cores = 0.0;
+  std::string cores_note;
 };
 
 // One evaluation (train.eval_steps): the validation loss of the weights after `step` updates, over the
@@ -110,6 +115,9 @@ struct CheckpointJob {
   // is updated (competes with the optimizer for the cores: measured 4-12% of a step on the demo model
   // on 2 cores, against 0-6% deferred; tools/bench/run checkpoint --stall-immediate 1).
   bool write_after_step = true;
+  // Host RAM for copies of stages the optimizer must update before this checkpoint wrote them (copy on
+  // write, checkpoint_gate.hpp; train.save_snapshot_mib); 0 = the optimizer waits for the disk.
+  std::uint64_t snapshot_budget_bytes = std::uint64_t{1} << 30;
   std::atomic<bool>* request = nullptr;  // set (e.g. by SIGUSR1): checkpoint at the next step boundary
   // A version this pipeline does not write: the evaluation pass that follows writes it (with the
   // evaluation in its run state) rather than the same checkpoint twice. -1 = none.
@@ -188,8 +196,9 @@ struct EngineResult {
   double wall_s = 0.0;
   std::string error;  // non-empty: the run failed (an unrecoverable error)
   std::vector<CheckpointEvent> checkpoints;
-  double checkpoint_wait_s = 0.0;       // total time the optimizer waited on the version gate
-  std::vector<EvalRecord> evaluations;  // this run's evaluations, in step order
+  double checkpoint_wait_s = 0.0;             // total time the optimizer waited on the version gate
+  std::uint64_t checkpoint_copied_bytes = 0;  // stages it copied aside instead (copy on write)
+  std::vector<EvalRecord> evaluations;        // this run's evaluations, in step order
 };
 
 // The evaluation records as a checkpoint's run state keeps them, and back.

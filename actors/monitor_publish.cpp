@@ -29,7 +29,9 @@ nlohmann::json step_record_json(const StepRecord& r) {
           {"offload_s", r.offload_s},
           {"optimizer_s", r.optimizer_s},
           {"checkpoint_wait_s", r.checkpoint_wait_s},
-          {"restarts", r.restarts}};
+          {"restarts", r.restarts},
+          {"compute_threads", r.compute_threads},
+          {"others_cores", r.others_cores}};
 }
 
 void publish_step(Context& ctx, const StepRecord& r) {

@@ -6,6 +6,7 @@
 //   - without clipping: updates each stage as soon as its gradients are complete (during backward).
 // Either way it needs the step's counted tokens (from the loss reports) to normalise the gradient.
 // A stage whose tile version already says "updated" is skipped, so re-issued work is harmless.
+#include <cstring>
 #include <set>
 
 #include "actors/actors.hpp"
@@ -64,8 +65,15 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   HostTile& tile = ctx->host->tile(stage);
   if (tile.version() != static_cast<std::uint64_t>(s)) return;  // done before a restart
   fault_point(ctx->fault, Role::optimizer, s, -1, stage, Phase::optimize);
-  // Version gate: a checkpoint of version s may still be writing this tile.
-  st.gate_wait_s += ctx->gate.wait_writable(s, stage);
+  // Version gate: a checkpoint of version s may not have written this tile yet; then its state is
+  // copied aside for it (within the budget) or the update waits (checkpoint_gate.hpp).
+  const std::size_t floats = ctx->layouts[static_cast<std::size_t>(stage)].total_floats;
+  st.gate_wait_s += ctx->gate.before_update(s, stage, floats, 3, [&](StageSnapshot& snap) {
+    const StateLease state(*ctx->host, stage);
+    std::memcpy(snap.master.get(), state.master(), floats * sizeof(float));
+    std::memcpy(snap.m.get(), state.m(), floats * sizeof(float));
+    std::memcpy(snap.v.get(), state.v(), floats * sizeof(float));
+  });
   const auto t0 = Clock::now();
   {
     // The moments (and with train.offload_params the masters): the tile's own regions, or a staged
@@ -73,7 +81,7 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
     // the next one).
     StateLease state(*ctx->host, stage);
     adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], state.master(), tile.grad(), state.m(), state.v(), hyper,
-                s + 1, grad_scale, ctx->optimizer_threads,
+                s + 1, grad_scale, ctx->granted(ctx->optimizer_threads),
                 static_cast<bf16_t*>(tile.compute_copy()));  // bf16 runs: the copy the prefetcher streams
     state.mark_modified();
   }

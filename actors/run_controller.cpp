@@ -15,6 +15,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/monitor_publish.hpp"
+#include "device/cpu/core_share.hpp"
 
 namespace mt::actors {
 namespace {
@@ -68,6 +69,10 @@ struct run_controller_state {
   double restart_s = 0.0;
   Clock::time_point last_progress;
   int watchdog_level = 0;
+  // --- cores other processes take (threads.adapt_to_load) -----------------------------------------
+  std::unique_ptr<CoreShareMeter> core_meter;
+  std::optional<ThreadsForShare> core_threads;
+  double others_cores = 0.0;
   static constexpr const char* name = "node";
 };
 
@@ -215,6 +220,55 @@ void finish_evaluation(self_ptr self) {
   finish(self);
 }
 
+// threads.adapt_to_load: after each step, the cores other processes took since the last window
+// (device/cpu/core_share.hpp); two windows in a row that leave fewer (or again more) cores change the
+// host threads compute and the optimizer use from their next unit of work on, said once per change on
+// the progress line, in the events log and in /status.
+void adapt_threads(self_ptr self, StepRecord& rec) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const int planned = std::max(ctx->plan.threads.blas, ctx->optimizer_threads);
+  rec.compute_threads = ctx->granted(ctx->plan.threads.blas);
+  rec.others_cores = st.others_cores;
+  if (!ctx->cfg->threads.adapt_to_load) return;
+  if (!st.core_meter) {
+    st.core_meter = std::make_unique<CoreShareMeter>();
+    st.core_threads.emplace(planned);
+    return;
+  }
+  const std::optional<CoreShare> share = st.core_meter->sample();
+  if (!share) return;
+  st.others_cores = rec.others_cores = share->others_cores;
+  const int before = st.core_threads->current();
+  const int now = st.core_threads->update(*share);
+  st.mon->board().update([&](monitor::RunFigures& f) {
+    f.cores = share->cores;
+    f.host_threads = now;
+    f.others_cores = share->others_cores;
+    f.steal_cores = share->steal_cores;
+    f.losing_cores = now < planned;
+  });
+  if (now == before) return;
+  ctx->threads_granted.store(now >= planned ? 0 : now, std::memory_order_relaxed);
+  char note[256];
+  if (now < before)
+    std::snprintf(
+        note, sizeof note,
+        "other processes are taking %.1f of this run's %d cores (steal %.1f): %d host thread(s) instead of %d "
+        "until they free them (threads.adapt_to_load)",
+        share->others_cores, share->cores, share->steal_cores, now, planned);
+  else
+    std::snprintf(note, sizeof note, "cores free again (others take %.1f of %d): %d host thread(s)",
+                  share->others_cores, share->cores, now);
+  rec.cores_note = note;
+  st.mon->events().append("cores", {{"step", rec.step},
+                                    {"host_threads", now},
+                                    {"planned_threads", planned},
+                                    {"cores", share->cores},
+                                    {"others_cores", share->others_cores},
+                                    {"steal_cores", share->steal_cores}});
+}
+
 void emit_ready_steps(self_ptr self) {
   auto& st = self->state;
   if (st.ctx->sched.is_forward_only()) {
@@ -244,6 +298,7 @@ void emit_ready_steps(self_ptr self) {
     rec.optimizer_s = r.o.optimizer_s;
     rec.checkpoint_wait_s = r.o.checkpoint_wait_s;
     rec.restarts = st.restarts;
+    adapt_threads(self, rec);
     st.last_done = now;
     st.last_progress = now;
     st.watchdog_level = 0;

@@ -45,6 +45,7 @@ nlohmann::json train_config_json(const TrainConfig& c) {
         {"resume_from_checkpoint", t.resume_from_checkpoint},
         {"resume_fallback", t.resume_fallback},
         {"save_minutes", t.save_minutes},
+        {"save_snapshot_mib", t.save_snapshot_mib},
         {"stop_after_steps", t.stop_after_steps},
         {"eval_steps", t.eval_steps},
         {"eval_max_batches", t.eval_max_batches},
@@ -86,7 +87,8 @@ nlohmann::json train_config_json(const TrainConfig& c) {
         {"blas", th.blas},
         {"optimizer", th.optimizer},
         {"copy", th.copy},
-        {"scheduler", th.scheduler}}},
+        {"scheduler", th.scheduler},
+        {"adapt_to_load", th.adapt_to_load}}},
       {"log", {{"train_jsonl", l.train_jsonl}, {"events_jsonl", l.events_jsonl}, {"logging_steps", l.logging_steps}}},
   };
 }
@@ -123,7 +125,9 @@ nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::in
                               const HostModel& host, const nlohmann::json& evaluations) {
   const std::uint64_t g = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(micro_batches);
   nlohmann::json versions = nlohmann::json::array();
-  for (std::int64_t s = 0; s < host.num_stages(); ++s) versions.push_back(host.tile(s).version());
+  // The version of the state saved, which is `step` for every stage (the checkpointer writes stage s only
+  // at that version), not the live tiles': during training the optimizer may already have moved some on.
+  for (std::int64_t s = 0; s < host.num_stages(); ++s) versions.push_back(step);
   nlohmann::json run{
       {"format", "megatrain-run-state"},
       {"format_version", 1},

@@ -10,7 +10,7 @@
 //                        micro-batch), cursor (data::Cursor JSON before that batch, or null)}
 //   rng                  {seed, note}: the engine draws random numbers only at initialisation (no
 //                        dropout); the data order is a pure function of (seed, cursor)
-//   tile_versions        per stage
+//   tile_versions        per stage, the version saved (= step)
 //   train_config         every TrainConfig value as {section: {key: value}}
 //   model_name_or_path   where the starting weights came from ("" = random init)
 //   evaluations          [{step, loss, perplexity, tokens, batches, seconds}]: the run's evaluations so

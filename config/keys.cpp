@@ -69,6 +69,10 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(train, resume_fallback, "none | previous_good (skip damaged checkpoints when resuming)")
           .one_of({"none", "previous_good"}),
       MT_KEY(train, save_minutes, "also checkpoint every T minutes; 0 = off").non_negative(),
+      MT_KEY(train, save_snapshot_mib,
+             "host RAM (MiB) for stages the optimizer copies aside for a checkpoint not yet written, instead of "
+             "waiting for the disk; 0 = always wait")
+          .at_least(0),
       MT_KEY(train, stop_after_steps, "end this run after N total steps (LR schedule keeps max_steps); 0 = max_steps")
           .at_least(0),
       MT_KEY(train, eval_steps, "evaluate on data.validation_files every N steps (forward only); 0 = only at the end")
@@ -134,6 +138,9 @@ std::vector<KeyDesc> make_keys() {
           .at_most(1024),
       MT_KEY(threads, copy, "copy engine workers (1 or 2); 0 = derived").at_least(0).at_most(2),
       MT_KEY(threads, scheduler, "CAF scheduler threads; 0 = derived").at_least(0).at_most(1024),
+      MT_KEY(threads, adapt_to_load,
+             "run fewer host threads while other processes take this run's cores (measured each step from "
+             "/proc/stat), and all of them again once the cores are free; results do not change"),
       // [log]
       MT_KEY(log, train_jsonl, "per-step JSONL log; empty = <output_dir>/train.jsonl"),
       MT_KEY(log, events_jsonl, "actor events JSONL log; empty = <output_dir>/events.jsonl"),

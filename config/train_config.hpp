@@ -53,6 +53,7 @@ struct TrainSection {                  // [train]
   std::string resume_from_checkpoint;          // checkpoint dir, "latest", or "" (start fresh)
   std::string resume_fallback = "none";        // none | previous_good: a damaged checkpoint is an error / skipped
   double save_minutes = 0.0;                   // also checkpoint every T minutes (wall clock); 0 = off
+  std::int64_t save_snapshot_mib = 1024;       // RAM for stages copied aside for a checkpoint; 0 = wait
   std::int64_t stop_after_steps =
       0;                      // end this invocation after N total steps (schedule still uses max_steps); 0 = max_steps
   std::string export_hf_dir;  // write the final weights as a Hugging Face directory here; "" = no export
@@ -105,6 +106,7 @@ struct ThreadsSection {        // [threads]; 0 = derived from total (see ThreadB
   std::int64_t optimizer = 0;  // AdamW pool
   std::int64_t copy = 0;       // copy engine workers (1 or 2)
   std::int64_t scheduler = 0;  // CAF scheduler
+  bool adapt_to_load = true;   // fewer host threads while other processes take this run's cores
 };
 
 struct LogSection {                // [log]

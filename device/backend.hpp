@@ -132,6 +132,10 @@ class Backend {
   virtual void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) = 0;
   // Waits until the compute queue's work so far is finished (CPU: it already is).
   virtual void synchronize() = 0;
+  // The host threads compute may use from the next stage operation on (the CPU backend's OpenMP
+  // threads; a GPU backend computes on the device and ignores it). Call from the computing thread,
+  // between stage operations. Results do not depend on it.
+  virtual void set_compute_threads(int) {}
 
   // The stage operations of kernels/stage_api.hpp on device pointers: weights in the run's precision
   // (slots filled from the tiles' stream source), hidden states, gradients and workspace fp32. Written

@@ -127,6 +127,10 @@ struct RunFigures {
   double goodput() const;
   double eta_s() const;  // 0 when unknown
   std::int64_t max_steps = 0;
+  // Cores other processes take from this run (threads.adapt_to_load) and the host threads it runs.
+  int cores = 0, host_threads = 0;
+  double others_cores = 0.0, steal_cores = 0.0;
+  bool losing_cores = false;
 };
 
 // A control request the server accepted, for the node to carry out.

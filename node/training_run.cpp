@@ -275,6 +275,7 @@ EngineJob TrainingRun::make_job() {
   job.checkpoint.save_steps = cfg_.train.save_steps;
   job.checkpoint.keep_last = static_cast<int>(cfg_.train.save_total_limit);
   job.checkpoint.save_minutes = cfg_.train.save_minutes;
+  job.checkpoint.snapshot_budget_bytes = static_cast<std::uint64_t>(cfg_.train.save_snapshot_mib) << 20;
   job.checkpoint.request = &g_checkpoint;
   job.checkpoint.hf_config_json = hf_config_;
   parse_stall(job.checkpoint);
@@ -329,6 +330,7 @@ EngineJob TrainingRun::make_job() {
                 r.compute_s, r.offload_s, r.optimizer_s,
                 r.checkpoint_wait_s > 0 ? (", checkpoint wait " + std::to_string(r.checkpoint_wait_s)).c_str() : "",
                 r.restarts ? " [restarted]" : ""));
+    if (!r.cores_note.empty()) say_(MessageStream::out, "megatrain: note: " + r.cores_note);
     if (r.step % log_every == 0 || r.step == cfg_.train.max_steps) {
       const nlohmann::json j = step_record_json(r);  // the same fields as the monitor's step events
       jsonl_ << j.dump() << '\n';

@@ -55,6 +55,11 @@ void CpuBackend::copy_async(LinkDirection dir, const void* src, void* dst, std::
   copy_.submit(std::move(job));
 }
 
+void CpuBackend::set_compute_threads(int threads) {
+  ops_.set_threads(threads);
+  ctx_.threads = ops_.threads();
+}
+
 void CpuBackend::accumulate_to_host(const float* device_src, float* host_acc, std::size_t n, bool first, int threads) {
   if (!shares_host_memory()) Backend::accumulate_to_host(device_src, host_acc, n, first, threads);
   if (first)

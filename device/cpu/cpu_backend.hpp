@@ -31,6 +31,7 @@ class CpuBackend final : public Backend {
   // Without a modelled link (copy_bandwidth_gbps = 0) the "device" is host memory: loads map the
   // tiles and gradients are summed from the staging slot in place.
   bool shares_host_memory() const override { return options_.link_bytes_per_s <= 0; }
+  void set_compute_threads(int threads) override;
   void accumulate_to_host(const float* device_src, float* host_acc, std::size_t n, bool first, int threads) override;
 
   void copy_async(LinkDirection dir, const void* src, void* dst, std::size_t bytes,

@@ -14,6 +14,7 @@ class CpuOps final : public Ops {
   const char* backend() const override { return "cpu"; }
   Precision precision() const override { return precision_; }
   int threads() const { return threads_; }
+  void set_threads(int threads) { threads_ = threads < 1 ? 1 : threads; }
   void use_operand_room(float* base, const OperandRoom& room) override;
 
   void linear_forward(const float* x, const void* W, const void* b, float* y, std::int64_t N, std::int64_t in,

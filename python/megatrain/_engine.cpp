@@ -158,9 +158,17 @@ py::dict train(const std::vector<std::string>& args, const std::string& model_co
   mt::actors::TrainingHooks hooks;
   hooks.stop = &stop;
   hooks.message = [&](mt::actors::MessageStream s, const std::string& line) {
-    mailbox.post({false, {}, s == mt::actors::MessageStream::err, line});
+    Mailbox::Item item;
+    item.is_error = s == mt::actors::MessageStream::err;
+    item.line = line;
+    mailbox.post(std::move(item));
   };
-  hooks.on_step = [&](const mt::actors::StepRecord& r) { mailbox.post({true, r, false, ""}); };
+  hooks.on_step = [&](const mt::actors::StepRecord& r) {
+    Mailbox::Item item;
+    item.is_step = true;
+    item.step = r;
+    mailbox.post(std::move(item));
+  };
   // Held here (not in the branches): the hooks keep references to them.
   const py::function source = weight_source.is_none() ? py::function() : py::function(weight_source);
   const py::function sink = weight_sink.is_none() ? py::function() : py::function(weight_sink);

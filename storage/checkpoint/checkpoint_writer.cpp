@@ -13,6 +13,7 @@
 #include "kernels/param_layout.hpp"
 #include "storage/checkpoint/checkpoint_dir.hpp"
 #include "storage/checkpoint/checksum.hpp"
+#include "storage/checkpoint/dataset_data_writer.hpp"
 #include "storage/checkpoint/h5_util.hpp"
 #include "storage/checkpoint/manifest.hpp"
 #include "storage/checkpoint/shard_digest.hpp"
@@ -35,10 +36,7 @@ struct CheckpointWriter::Shard {
   h5::Handle file;
   std::uint64_t data_bytes = 0;
   std::vector<DatasetExtent> extents;
-  int writeback_fd = -1;  // a second descriptor, only to start the kernel's writeback early
-  ~Shard() {
-    if (writeback_fd >= 0) ::close(writeback_fd);
-  }
+  std::unique_ptr<DatasetDataWriter> data;  // the datasets' bytes (HDF5 writes the metadata)
 };
 
 namespace {
@@ -124,17 +122,27 @@ std::uint64_t CheckpointWriter::bytes_written() const {
   return bytes_written_;
 }
 
+std::uint64_t CheckpointWriter::direct_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return direct_bytes_;
+}
+
 void CheckpointWriter::open_shard_locked() {
   auto s = std::make_unique<Shard>();
   s->name = shard_file_name(shards_.size());
   s->path = temp_dir_ / s->name;
   h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  // v1.8+ object headers carry checksums; large datasets start on 4 KiB boundaries.
+  // v1.8+ object headers carry checksums; datasets from 64 KiB up start on 4 KiB boundaries, so their
+  // bytes can go to disk with O_DIRECT (dataset_data_writer.hpp).
   H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
-  H5Pset_alignment(fapl.get(), 1u << 20, 4096);
-  s->file = h5::Handle(H5Fcreate(s->path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), H5Fclose);
+  H5Pset_alignment(fapl.get(), 64u << 10, 4096);
+  // No modification times in any object header, the root group's included: the same state gives the
+  // same file, byte for byte.
+  h5::Handle fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  H5Pset_obj_track_times(fcpl.get(), false);
+  s->file = h5::Handle(H5Fcreate(s->path.c_str(), H5F_ACC_EXCL, fcpl.get(), fapl.get()), H5Fclose);
   if (!s->file.valid()) throw CheckpointError(s->path.string() + ": cannot create HDF5 file: " + h5::last_error());
-  s->writeback_fd = ::open(s->path.c_str(), O_RDONLY | O_CLOEXEC);
+  s->data = std::make_unique<DatasetDataWriter>(s->path, options_.direct_io);
   h5::set_attr(s->file.get(), "format", std::string(kFormatName));
   h5::set_attr(s->file.get(), "format_version", std::int64_t{kFormatVersion});
   h5::set_attr(s->file.get(), "step", step_);
@@ -149,6 +157,7 @@ void CheckpointWriter::close_shard_locked() {
   if (!s->file.close())
     throw CheckpointError(s->path.string() + ": closing HDF5 file failed (disk full?): " + h5::last_error());
   fsync_file(s->path);
+  direct_bytes_ += s->data->direct_bytes();
   // Only HDF5's metadata is read back: the datasets' checksums came from the caller's buffers.
   shards_.push_back(shard_manifest_entry(s->name, digest_written_shard(s->path, s->extents), s->extents));
 }
@@ -187,7 +196,10 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
     auto fail = [&](const std::string& what) -> void {
       throw CheckpointError(sh.path.string() + ": " + group_name + ": " + what + ": " + h5::last_error());
     };
-    h5::Handle group(H5Gcreate2(sh.file.get(), group_name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    // No modification times (see open_shard_locked).
+    h5::Handle gcpl(H5Pcreate(H5P_GROUP_CREATE), H5Pclose);
+    H5Pset_obj_track_times(gcpl.get(), false);
+    h5::Handle group(H5Gcreate2(sh.file.get(), group_name.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose);
     if (!group.valid()) fail("cannot create group");
     h5::set_attr(group.get(), "stage", stage);
     h5::set_attr(group.get(), "kind", std::string(kind_name(layout.kind)));
@@ -196,9 +208,11 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
 
     h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
-    H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // data is written once: no fill pass first
+    H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);    // data is written once: no fill pass first
+    H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);  // the storage's address is known at creation
+    H5Pset_obj_track_times(dcpl.get(), false);
     for (const auto& [state_name, buffer] : states) {
-      h5::Handle sg(H5Gcreate2(group.get(), state_name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      h5::Handle sg(H5Gcreate2(group.get(), state_name.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose);
       if (!sg.valid()) fail("cannot create group " + state_name);
       h5::set_attr(sg.get(), "description", std::string(state_description(state_name)));
       for (const auto& t : layout.tensors) {
@@ -209,12 +223,13 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
             H5Dclose);
         if (!ds.valid()) fail("cannot create dataset " + state_name + "/" + t.name);
         const float* data = buffer + t.offset;
-        if (H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-          fail("writing dataset " + state_name + "/" + t.name + " failed (disk full?)");
-        const std::uint64_t sum = checksum(data, t.numel * sizeof(float));
-        h5::set_attr_u64(ds.get(), kChecksumAlgorithm, sum);
         const haddr_t where = H5Dget_offset(ds.get());
         if (where == HADDR_UNDEF) fail("dataset " + state_name + "/" + t.name + " has no contiguous storage");
+        // The bytes go beside HDF5, straight to the storage it allocated (little-endian fp32 on
+        // every host we build for, as the dataset's type says).
+        sh.data->write(static_cast<std::uint64_t>(where), data, t.numel * sizeof(float));
+        const std::uint64_t sum = checksum(data, t.numel * sizeof(float));
+        h5::set_attr_u64(ds.get(), kChecksumAlgorithm, sum);
         std::string extent_name = group_name;
         extent_name.append("/").append(state_name).append("/").append(t.name);
         sh.extents.push_back({std::move(extent_name), static_cast<std::uint64_t>(where), t.numel * sizeof(float), sum});
@@ -226,7 +241,7 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
     }
     // Start writing this stage to disk now, in the background: the final fsync then waits for little,
     // and dirty pages do not pile up in RAM while the next stages are written.
-    if (sh.writeback_fd >= 0) ::sync_file_range(sh.writeback_fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    sh.data->start_writeback();
     stages_[stage] = {{"stage", stage},          {"shard", sh.name},
                       {"group", group_name},     {"kind", kind_name(layout.kind)},
                       {"prefix", layout.prefix}, {"total_floats", layout.total_floats}};

@@ -5,8 +5,9 @@
 //   w.finalize(run_state);                                  // manifest, fsync, rename, `latest`, retention
 //
 // write_stage copies nothing: it writes the caller's buffers straight into HDF5 datasets (one per
-// tensor, contiguous, uncompressed) and returns when the bytes are handed to the OS, so the caller may
-// change the buffers afterwards. It is meant to run on the checkpointer's background thread right after
+// tensor, contiguous, uncompressed; HDF5 lays out the metadata, the bytes go beside it, mostly with
+// O_DIRECT) and returns when the bytes are handed to the OS, so the caller may change the buffers
+// afterwards. It is meant to run on the checkpointer's background thread right after
 // the optimizer updated stage s. Calls are serialised inside (HDF5 takes one global lock anyway).
 //
 // Any failure (disk full, I/O error) throws CheckpointError naming the file; nothing is published,
@@ -50,6 +51,9 @@ struct CheckpointWriterOptions {  // NOLINT(bugprone-exception-escape)
   nlohmann::json hf_config;
   // Tokenizer files copied into the checkpoint's tokenizer/ folder (exports take them along).
   std::filesystem::path tokenizer_dir;
+  // Datasets' page-aligned bytes with O_DIRECT where the file system takes it (dataset_data_writer.hpp);
+  // false: everything through the page cache. The files are the same bytes either way.
+  bool direct_io = true;
 };
 
 class CheckpointWriter {
@@ -72,7 +76,8 @@ class CheckpointWriter {
 
   std::int64_t step() const { return step_; }
   const std::filesystem::path& temp_dir() const { return temp_dir_; }
-  std::uint64_t bytes_written() const;  // data bytes handed to HDF5 so far
+  std::uint64_t bytes_written() const;  // data bytes written so far
+  std::uint64_t direct_bytes() const;   // of those, written with O_DIRECT (counted per closed shard)
 
  private:
   struct Shard;
@@ -90,6 +95,7 @@ class CheckpointWriter {
   std::map<std::int64_t, nlohmann::json> stages_;  // written stages: shard, group, ...
   std::vector<std::string> state_names_;           // the set saved by the first stage
   std::uint64_t bytes_written_ = 0;
+  std::uint64_t direct_bytes_ = 0;
   bool published_ = false;
   bool failed_ = false;
 };

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -99,6 +100,30 @@ bool same_checkpoint_stage(const fs::path& a, const fs::path& b, const ModelConf
   return true;
 }
 
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Byte for byte: every shard file, and the manifest but for its creation time. Empty when equal, else
+// what differs.
+std::string checkpoint_file_difference(const fs::path& a, const fs::path& b) {
+  nlohmann::json ma = nlohmann::json::parse(file_bytes(a / "manifest.json"));
+  nlohmann::json mb = nlohmann::json::parse(file_bytes(b / "manifest.json"));
+  for (const char* key : {"created_utc", "manifest_xxh3_64"}) {  // the time, and the checksum over it
+    ma.erase(key);
+    mb.erase(key);
+  }
+  if (ma != mb) return "manifests differ: " + nlohmann::json::diff(ma, mb).dump();
+  for (const auto& shard : ma.at("shards")) {
+    const std::string name = shard.at("file").get<std::string>();
+    const std::string fa = file_bytes(a / name), fb = file_bytes(b / name);
+    if (fa.empty() || fa != fb)
+      return name + " differs (" + std::to_string(fa.size()) + " vs " + std::to_string(fb.size()) + " bytes)";
+  }
+  return {};
+}
+
 }  // namespace
 
 TEST_CASE("checkpoint: 10 + resume + 10 steps equals 20 steps bit for bit", "[actors][checkpoint]") {
@@ -131,8 +156,10 @@ TEST_CASE("checkpoint: 10 + resume + 10 steps equals 20 steps bit for bit", "[ac
     REQUIRE(b1.result.steps_done == 10);
     REQUIRE(b1.events.size() == 1);
     CHECK(b1.events[0].step == 10);
-    // The mid-run checkpoint of the uninterrupted run holds exactly version 10.
+    // The mid-run checkpoint of the uninterrupted run holds exactly version 10: the same files, byte for
+    // byte, as the one taken when the run stopped there.
     CHECK(same_checkpoint_stage(full.path / "step-00000010", part.path / "step-00000010", model));
+    CHECK(checkpoint_file_difference(full.path / "step-00000010", part.path / "step-00000010") == "");
 
     const Run b2 = train(cfg, model, batches, part.path.string(), 0, -1, part.path);
     REQUIRE(b2.result.error.empty());
@@ -152,33 +179,44 @@ TEST_CASE("checkpoint: 10 + resume + 10 steps equals 20 steps bit for bit", "[ac
       if (g < 40) resumed.push_back(g);
     CHECK(resumed == tail);
     CHECK(same_checkpoint_stage(full.path / "step-00000020", part.path / "step-00000020", model));
+    CHECK(checkpoint_file_difference(full.path / "step-00000020", part.path / "step-00000020") == "");
     // Run state in the manifest.
     const auto rs = ckpt::CheckpointReader::open(part.path).run_state();
     CHECK(rs["step"] == 20);
     CHECK(rs["data"]["global_batch_index"] == 40);
     CHECK(rs["lr_schedule"]["max_steps"] == 20);
     CHECK(rs["train_config"]["train"]["gradient_accumulation_steps"] == 2);
-    CHECK(rs["tile_versions"].size() == static_cast<std::size_t>(num_stages(model)));
+    CHECK(rs["tile_versions"] == std::vector<int>(static_cast<std::size_t>(num_stages(model)), 20));
   }
 }
 
-TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate, results unchanged", "[actors][checkpoint]") {
+TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate or is copied aside, results unchanged",
+          "[actors][checkpoint]") {
   Tiny t;
   t.steps = 8;
   const TrainConfig cfg = tiny_config(t);
   const ModelConfig model = cfg.model_config_from_keys();
   const auto batches = tiny_batches(t, 16);
-  for (const bool deferred : {true, false}) {
-    INFO("write_after_step " << deferred);
+  for (const auto& [deferred, copy] :
+       {std::pair{true, false}, std::pair{false, false}, std::pair{true, true}, std::pair{false, true}}) {
+    INFO("write_after_step " << deferred << ", copy on write " << copy);
     TempDir dir("stall");
     const Run r = train(cfg, model, batches, dir.path.string(), 4, -1, {}, [&](CheckpointJob& cj) {
       cj.stall_step = 4;
       cj.stall_stage = 0;
       cj.stall_seconds = 0.3;
       cj.write_after_step = deferred;
+      cj.snapshot_budget_bytes = copy ? std::uint64_t{64} << 20 : 0;
     });
     REQUIRE(r.result.error.empty());
-    CHECK(r.result.checkpoint_wait_s > 0.05);
+    if (copy) {
+      // Stage 0 (at least) was copied aside: the optimizer did not wait out the slow write.
+      CHECK(r.result.checkpoint_copied_bytes > 0);
+      CHECK(r.result.checkpoint_wait_s < 0.25);
+    } else {
+      CHECK(r.result.checkpoint_wait_s > 0.05);
+      CHECK(r.result.checkpoint_copied_bytes == 0);
+    }
     const RefRun ref = run_reference(cfg, model, batches, 8);
     CHECK(equals_reference(*r.host, *ref.trainer));
     REQUIRE(r.events.size() == 2);
@@ -188,6 +226,7 @@ TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate, resul
     const Run plain = train(cfg, model, batches, (dir.path / "plain").string(), 4);
     CHECK(same_checkpoint_stage(dir.path / "step-00000004", dir.path / "plain" / "step-00000004", model));
     CHECK(same_checkpoint_stage(dir.path / "step-00000008", dir.path / "plain" / "step-00000008", model));
+    CHECK(checkpoint_file_difference(dir.path / "step-00000004", dir.path / "plain" / "step-00000004") == "");
   }
 }
 

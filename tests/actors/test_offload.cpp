@@ -61,7 +61,8 @@ struct Run {
 
 Run train(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
           const std::string& root, std::int64_t stop_after, const fs::path& resume,
-          const std::function<void(const StepRecord&, HostModel&)>& on_step = {}) {
+          const std::function<void(const StepRecord&, HostModel&)>& on_step = {},
+          std::uint64_t snapshot_budget_bytes = std::uint64_t{1} << 30) {
   Run r;
   r.host = std::make_unique<HostModel>(model, host_tile_options(cfg), nullptr, moment_store_for(cfg, model));
   init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
@@ -75,6 +76,7 @@ Run train(const TrainConfig& cfg, const ModelConfig& model, const std::vector<da
   if (!resume.empty()) job.first_step = load_checkpoint(resume, false, cfg, model, *r.host, &source).step;
   job.checkpoint.root = root;
   job.checkpoint.save_steps = 2;
+  job.checkpoint.snapshot_budget_bytes = snapshot_budget_bytes;
   job.on_checkpoint = [&](const CheckpointEvent& e) { r.events.push_back(e); };
   HostModel* host = r.host.get();
   if (on_step) job.on_step = [&, host](const StepRecord& rec) { on_step(rec, *host); };
@@ -356,17 +358,22 @@ TEST_CASE(
     std::vector<std::string> files;
     // After step 5: no file may grow past its 4096-byte header region (every write of a stage's state
     // fails: EFBIG), or every stage file loses its payload (the next reads fail: truncated).
-    const Run a = train(cfg, model, batches, ckpts.path.string(), -1, {}, [&](const StepRecord& rec, HostModel& host) {
-      if (rec.step != 5) return;
-      for (std::int64_t s = 0; s < host.num_stages(); ++s) files.push_back(staged(host).file_path(s));
-      if (damage == "full") {
-        struct rlimit lim = before;
-        lim.rlim_cur = 4096;
-        ::setrlimit(RLIMIT_FSIZE, &lim);
-      } else {
-        for (const auto& p : files) fs::resize_file(p, 4096);
-      }
-    });
+    // Budget 0: the optimizer waits for each checkpoint (no copy on write), so the checkpoint of step 4
+    // is durable before the failure at step 5; with copies a checkpoint may still be writing then.
+    const Run a = train(
+        cfg, model, batches, ckpts.path.string(), -1, {},
+        [&](const StepRecord& rec, HostModel& host) {
+          if (rec.step != 5) return;
+          for (std::int64_t s = 0; s < host.num_stages(); ++s) files.push_back(staged(host).file_path(s));
+          if (damage == "full") {
+            struct rlimit lim = before;
+            lim.rlim_cur = 4096;
+            ::setrlimit(RLIMIT_FSIZE, &lim);
+          } else {
+            for (const auto& p : files) fs::resize_file(p, 4096);
+          }
+        },
+        0);
     ::setrlimit(RLIMIT_FSIZE, &before);
     INFO(damage << ": " << a.result.error);
     REQUIRE_FALSE(a.result.error.empty());

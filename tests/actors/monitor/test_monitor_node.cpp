@@ -248,10 +248,10 @@ TEST_CASE("monitor: the watchdog warns, dumps and restarts a stuck actor, weight
   const fs::path shard = mt::test::make_shard(dir.path / "data", 20000);
   const fs::path ref = reference_run(dir.path, shard);
   const fs::path out = dir.path / "out";
-  // The checkpoint of step 10 stalls 4 s writing stage 1: the optimizer waits in its handler before
-  // updating stage 1 again, and no step finishes.
+  // The checkpoint of step 10 stalls 4 s writing stage 1: the optimizer (which may copy no stage aside:
+  // save_snapshot_mib 0) waits in its handler before updating stage 1 again, and no step finishes.
   const Child node = start_node(tiny_args(out, shard, kSteps, 0.0) +
-                                    " --train.save_steps=10 --monitor.watchdog_warn_s=0.5 "
+                                    " --train.save_steps=10 --train.save_snapshot_mib=0 --monitor.watchdog_warn_s=0.5 "
                                     "--monitor.watchdog_dump_s=1 --monitor.watchdog_restart_s=1.5",
                                 dir.path / "node.log", "MEGATRAIN_TEST_CKPT_STALL=10:1:4");
   std::string text;

@@ -1,0 +1,167 @@
+#include "actors/checkpoint_gate.hpp"
+
+#include <chrono>
+#include <optional>
+
+namespace mt::actors {
+
+bool CheckpointGate::open(std::int64_t v, std::int64_t stages) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (open_.count(v)) return false;
+  open_[v].stages.assign(static_cast<std::size_t>(stages), StageState::pending);
+  return true;
+}
+
+bool CheckpointGate::is_open(std::int64_t v) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return open_.count(v) != 0;
+}
+
+CheckpointGate::StageState* CheckpointGate::find(std::int64_t v, std::int64_t stage) {
+  auto it = open_.find(v);
+  if (it == open_.end() || stage < 0 || stage >= static_cast<std::int64_t>(it->second.stages.size())) return nullptr;
+  return &it->second.stages[static_cast<std::size_t>(stage)];
+}
+
+std::uint64_t CheckpointGate::bytes_of(const StageSnapshot& s) {
+  return static_cast<std::uint64_t>(s.floats) * sizeof(float) * (s.m ? 3 : 1);
+}
+
+void CheckpointGate::recycle(std::unique_ptr<StageSnapshot> s) {
+  held_bytes_ -= bytes_of(*s);
+  // Kept for the next checkpoint (its pages are already faulted in) while copies in use plus kept
+  // ones stay within the budget.
+  std::uint64_t kept = 0;
+  for (const auto& f : free_) kept += bytes_of(*f);
+  if (held_bytes_ + kept + bytes_of(*s) <= budget_bytes_) free_.push_back(std::move(s));
+}
+
+void CheckpointGate::close(std::int64_t v) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = open_.find(v);
+    if (it != open_.end()) {
+      for (auto& [stage, snap] : it->second.snapshots) recycle(std::move(snap));
+      open_.erase(it);
+    }
+  }
+  cv_.notify_all();
+}
+
+void CheckpointGate::release_all() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released_ = true;
+  }
+  cv_.notify_all();
+}
+
+const StageSnapshot* CheckpointGate::begin_write(std::int64_t v, std::int64_t stage) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    StageState* st = find(v, stage);
+    if (!st) return nullptr;
+    if (*st == StageState::copying && !released_) {
+      cv_.wait(lock);
+      continue;
+    }
+    if (*st == StageState::copied) return open_[v].snapshots[stage].get();
+    if (*st == StageState::pending) *st = StageState::writing;
+    return nullptr;
+  }
+}
+
+void CheckpointGate::mark_written(std::int64_t v, std::int64_t stage) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (StageState* st = find(v, stage)) {
+      *st = StageState::written;
+      auto& snaps = open_[v].snapshots;
+      auto it = snaps.find(stage);
+      if (it != snaps.end()) {
+        recycle(std::move(it->second));
+        snaps.erase(it);
+      }
+    }
+  }
+  cv_.notify_all();
+}
+
+bool CheckpointGate::has_snapshot(std::int64_t v, std::int64_t stage) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = open_.find(v);
+  if (it == open_.end() || stage < 0 || stage >= static_cast<std::int64_t>(it->second.stages.size())) return false;
+  const StageState s = it->second.stages[static_cast<std::size_t>(stage)];
+  return s == StageState::copying || s == StageState::copied;
+}
+
+double CheckpointGate::before_update(std::int64_t v, std::int64_t stage, std::size_t floats, int states,
+                                     const std::function<void(StageSnapshot&)>& copy) {
+  using Clock = std::chrono::steady_clock;
+  const std::uint64_t need = static_cast<std::uint64_t>(floats) * sizeof(float) * static_cast<std::uint64_t>(states);
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::optional<Clock::time_point> t0;
+  for (;;) {
+    StageState* st = find(v, stage);
+    if (released_ || !st || *st == StageState::written || *st == StageState::copied) break;
+    if (*st == StageState::pending && held_bytes_ + need <= budget_bytes_) {
+      *st = StageState::copying;
+      std::unique_ptr<StageSnapshot> snap;
+      for (auto it = free_.begin(); it != free_.end(); ++it)
+        if ((*it)->floats == floats && ((*it)->m != nullptr) == (states == 3)) {
+          snap = std::move(*it);
+          free_.erase(it);
+          break;
+        }
+      if (!snap) {
+        snap = std::make_unique<StageSnapshot>();
+        snap->floats = floats;
+        snap->master.reset(new float[floats]);
+        if (states == 3) {
+          snap->m.reset(new float[floats]);
+          snap->v.reset(new float[floats]);
+        }
+      }
+      held_bytes_ += need;
+      lock.unlock();
+      try {
+        copy(*snap);
+      } catch (...) {
+        lock.lock();
+        if (StageState* again = find(v, stage)) *again = StageState::pending;
+        recycle(std::move(snap));
+        cv_.notify_all();
+        throw;
+      }
+      lock.lock();
+      StageState* again = find(v, stage);
+      if (again && *again == StageState::copying) {
+        *again = StageState::copied;
+        open_[v].snapshots[stage] = std::move(snap);
+        copied_bytes_ += need;
+      } else {
+        recycle(std::move(snap));  // the checkpoint was given up meanwhile
+      }
+      cv_.notify_all();
+      break;
+    }
+    if (!t0) t0 = Clock::now();
+    cv_.wait(lock);  // being written, or the budget is spent: until written or a copy is freed
+  }
+  if (!t0) return 0.0;
+  const double w = std::chrono::duration<double>(Clock::now() - *t0).count();
+  waited_s_ += w;
+  return w;
+}
+
+double CheckpointGate::waited_s() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waited_s_;
+}
+
+std::uint64_t CheckpointGate::copied_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return copied_bytes_;
+}
+
+}  // namespace mt::actors
