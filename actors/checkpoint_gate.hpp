@@ -64,7 +64,7 @@ class CheckpointGate {
     std::map<std::int64_t, std::unique_ptr<StageSnapshot>> snapshots;
   };
   StageState* find(std::int64_t v, std::int64_t stage);  // nullptr: no such checkpoint open
-  void recycle(std::unique_ptr<StageSnapshot> s);         // lock held
+  void recycle(std::unique_ptr<StageSnapshot> s);        // lock held
   static std::uint64_t bytes_of(const StageSnapshot& s);
 
   mutable std::mutex mutex_;

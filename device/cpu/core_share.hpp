@@ -29,9 +29,9 @@ CpuTimes parse_proc_stat(std::string_view text, const std::vector<int>& cpus, do
 
 struct CoreShare {
   double window_s = 0.0;
-  int cores = 0;               // CPUs this process may run on
-  double others_cores = 0.0;   // taken by other processes (and steal), in cores
-  double steal_cores = 0.0;    // of those, the hypervisor's steal
+  int cores = 0;              // CPUs this process may run on
+  double others_cores = 0.0;  // taken by other processes (and steal), in cores
+  double steal_cores = 0.0;   // of those, the hypervisor's steal
 };
 
 class CoreShareMeter {

@@ -34,7 +34,7 @@ class DatasetDataWriter {
   void start_writeback();
 
   bool direct() const { return direct_fd_ >= 0; }
-  std::uint64_t direct_bytes() const { return direct_bytes_; }    // written with O_DIRECT
+  std::uint64_t direct_bytes() const { return direct_bytes_; }      // written with O_DIRECT
   std::uint64_t buffered_bytes() const { return buffered_bytes_; }  // written through the page cache
 
  private:

@@ -5,6 +5,8 @@
 //   solo_t1     threads.total = 1 alone: what a run can expect with one core taken from it;
 //   one hog     threads.total = T beside one busy-loop process;
 //   two runs    two engines with threads.total = T at once.
+// The last two twice: as the engine runs by default (threads.adapt_to_load: it gives up a thread while
+// another process holds a core) and with the thread count fixed (`_fixed_threads` figures, no target).
 // Figures: contention_one_hog = (step beside the hog) / (solo_t1 step), target <= 1.15: losing one core
 // to another process should cost what running on the other core alone costs, not a scheduling collapse;
 // contention_two_runs = (slower run's step) / (2 x solo step), target <= 1.15: two runs share the machine
@@ -32,10 +34,11 @@ namespace {
 using mt::bench::ChildRun;
 using mt::bench::EngineStep;
 
-EngineStep engine(int threads, int steps) {
-  const std::optional<EngineStep> e = ChildRun<EngineStep>([&] {
-                                        return mt::bench::measure_engine_step_here(mt::Precision::fp32, threads, steps);
-                                      }).wait();
+EngineStep engine(int threads, int steps, bool adapt = true) {
+  const std::optional<EngineStep> e =
+      ChildRun<EngineStep>([&] {
+        return mt::bench::measure_engine_step_here(mt::Precision::fp32, threads, steps, adapt);
+      }).wait();
   if (!e) throw std::runtime_error("contention benchmark: an engine run failed (see above)");
   return *e;
 }
@@ -90,40 +93,56 @@ int main(int argc, char** argv) {
     line("alone", solo);
     const EngineStep solo1 = engine(1, steps);
     line("alone, threads.total=1", solo1);
-    EngineStep hogged;
-    {
-      Hog hog;
-      hogged = engine(threads, steps);
-    }
-    line("beside one busy loop", hogged);
-    std::optional<EngineStep> a, b;
-    {
+    // Each case twice: the engine as it runs by default (threads.adapt_to_load: it gives up a thread
+    // while another process holds a core) and with its thread count fixed (what it did before).
+    struct Shared {
+      EngineStep hogged, first, second;
+    };
+    auto shared_runs = [&](bool adapt) {
+      Shared s;
+      {
+        Hog hog;
+        s.hogged = engine(threads, steps, adapt);
+      }
       ChildRun<EngineStep> first(
-          [&] { return mt::bench::measure_engine_step_here(mt::Precision::fp32, threads, steps); });
+          [&] { return mt::bench::measure_engine_step_here(mt::Precision::fp32, threads, steps, adapt); });
       ChildRun<EngineStep> second(
-          [&] { return mt::bench::measure_engine_step_here(mt::Precision::fp32, threads, steps); });
-      a = first.wait();
-      b = second.wait();
-    }
-    if (!a || !b) throw std::runtime_error("contention benchmark: one of the two concurrent runs failed (see above)");
-    line("two runs at once: first", *a);
-    line("two runs at once: second", *b);
-    bool same = true;
-    for (const EngineStep& e : {solo1, hogged, *a, *b}) same = same && e.loss_bits == solo.loss_bits;
+          [&] { return mt::bench::measure_engine_step_here(mt::Precision::fp32, threads, steps, adapt); });
+      const std::optional<EngineStep> a = first.wait(), b = second.wait();
+      if (!a || !b) throw std::runtime_error("contention benchmark: one of the two concurrent runs failed (see above)");
+      s.first = *a;
+      s.second = *b;
+      const char* how = adapt ? "adapting threads" : "fixed threads";
+      std::printf("  %s:\n", how);
+      line("beside one busy loop", s.hogged);
+      line("two runs at once: first", s.first);
+      line("two runs at once: second", s.second);
+      return s;
+    };
+    const Shared adaptive = shared_runs(true), fixed = shared_runs(false);
+    bool same = solo1.loss_bits == solo.loss_bits;
+    for (const Shared* s : {&adaptive, &fixed})
+      for (const EngineStep* e : {&s->hogged, &s->first, &s->second}) same = same && e->loss_bits == solo.loss_bits;
     std::printf("  every run's losses equal the solo run's, bit for bit: %s\n", same ? "yes" : "NO");
     if (!same) {
       std::fprintf(stderr, "contention benchmark: a run under contention computed other losses than the solo run\n");
       return 1;
     }
-    const double slower = std::max(a->step_s, b->step_s);
-    std::printf("  beside a busy loop: %.2fx the threads.total=1 step (%.2fx the solo step)\n",
-                hogged.step_s / solo1.step_s, hogged.step_s / solo.step_s);
-    std::printf("  two runs: the slower steps at %.2fx twice the solo step\n", slower / (2 * solo.step_s));
+    auto slower = [](const Shared& s) { return std::max(s.first.step_s, s.second.step_s); };
+    for (const Shared* s : {&adaptive, &fixed}) {
+      std::printf(
+          "  %s: beside a busy loop %.2fx the threads.total=1 step (%.2fx the solo step); two runs: the slower "
+          "steps at %.2fx twice the solo step\n",
+          s == &adaptive ? "adapting threads" : "fixed threads", s->hogged.step_s / solo1.step_s,
+          s->hogged.step_s / solo.step_s, slower(*s) / (2 * solo.step_s));
+    }
     mt::bench::Report report("contention");
     report.add({"contention_solo_step_s", solo.step_s, "s", 0.0, 0.0, "lower"});
     report.add({"contention_solo_t1_step_s", solo1.step_s, "s", 0.0, 0.0, "lower"});
-    report.add({"contention_one_hog", hogged.step_s, "s", solo1.step_s, 1.15, "lower"});
-    report.add({"contention_two_runs", slower, "s", 2 * solo.step_s, 1.15, "lower"});
+    report.add({"contention_one_hog", adaptive.hogged.step_s, "s", solo1.step_s, 1.15, "lower"});
+    report.add({"contention_two_runs", slower(adaptive), "s", 2 * solo.step_s, 1.15, "lower"});
+    report.add({"contention_one_hog_fixed_threads", fixed.hogged.step_s, "s", solo1.step_s, 0.0, "lower"});
+    report.add({"contention_two_runs_fixed_threads", slower(fixed), "s", 2 * solo.step_s, 0.0, "lower"});
     report.print();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

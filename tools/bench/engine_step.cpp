@@ -31,8 +31,9 @@ TrainConfig demo_config(Precision precision, int threads, int steps) {
 
 }  // namespace
 
-EngineStep measure_engine_step_here(Precision precision, int threads, int steps) {
-  const TrainConfig cfg = demo_config(precision, threads, steps);
+EngineStep measure_engine_step_here(Precision precision, int threads, int steps, bool adapt_to_load) {
+  TrainConfig cfg = demo_config(precision, threads, steps);
+  cfg.threads.adapt_to_load = adapt_to_load;
   const ModelConfig model = cfg.model_config_from_keys();
   const actors::EnginePlan plan = actors::plan_engine(cfg, model);
   HostModel host(model, actors::host_tile_options(cfg));

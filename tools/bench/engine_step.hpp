@@ -24,7 +24,9 @@ struct EngineStep {
 };
 
 // The same, in the calling process.
-EngineStep measure_engine_step_here(Precision precision, int threads, int steps = 16);
+// adapt_to_load: threads.adapt_to_load (the engine's default: fewer threads while other processes
+// take its cores); false keeps the thread count fixed.
+EngineStep measure_engine_step_here(Precision precision, int threads, int steps = 16, bool adapt_to_load = true);
 
 // In a child process of its own (child_process.hpp), so that earlier runs in this process do not slow it.
 EngineStep measure_engine_step(Precision precision, int threads, int steps = 16);

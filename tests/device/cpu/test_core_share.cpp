@@ -1,16 +1,13 @@
 // The cores other processes take (device/cpu/core_share.hpp): /proc/stat parsing, the thread rule with
 // its two-window hysteresis, and a real measurement beside a busy loop on this machine's cores.
-#include <sched.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "device/cpu/core_share.hpp"
+#include "tests/device/cpu/busy_loop.hpp"
 
 using namespace mt;
 
@@ -68,41 +65,23 @@ TEST_CASE("core share: threads follow the cores left, after two windows that agr
 }
 
 TEST_CASE("core share: a busy loop on one of two cores is measured as about one core taken") {
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  REQUIRE(::sched_getaffinity(0, sizeof mine, &mine) == 0);
-  int cpus[2] = {-1, -1}, n = 0;
-  for (int c = 0; c < CPU_SETSIZE && n < 2; ++c)
-    if (CPU_ISSET(c, &mine)) cpus[n++] = c;
-  if (n < 2) {
+  const std::vector<int> cpus = test::first_two_cpus();
+  if (cpus.size() < 2) {
     WARN("one CPU only: nothing to share");
     return;
   }
-  // This test on two of the CPUs, the busy loop on the second of them.
-  cpu_set_t two;
-  CPU_ZERO(&two);
-  CPU_SET(cpus[0], &two);
-  CPU_SET(cpus[1], &two);
-  REQUIRE(::sched_setaffinity(0, sizeof two, &two) == 0);
+  const test::PinnedTo pinned(cpus);  // this test on two CPUs, the busy loop on the second
+  REQUIRE(pinned.ok());
   CoreShareMeter meter;
   CHECK(meter.cores() == 2);
-  const pid_t hog = ::fork();
-  REQUIRE(hog >= 0);
-  if (hog == 0) {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpus[1], &one);
-    ::sched_setaffinity(0, sizeof one, &one);
-    volatile unsigned long x = 0;
-    for (;;) x = x + 1;
+  std::optional<CoreShare> s;
+  {
+    const test::BusyLoop loop(cpus[1]);
+    REQUIRE(loop.ok());
+    (void)meter.sample(0.0);  // from here on
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    s = meter.sample(0.2);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  (void)meter.sample(0.0);  // from here on
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));
-  const auto s = meter.sample(0.2);
-  ::kill(hog, SIGKILL);
-  ::waitpid(hog, nullptr, 0);
-  ::sched_setaffinity(0, sizeof mine, &mine);
   REQUIRE(s.has_value());
   CHECK(s->window_s >= 0.5);
   CHECK(s->cores == 2);
