@@ -1,9 +1,17 @@
 #include "actors/checkpoint_gate.hpp"
 
 #include <chrono>
+#include <cstring>
 #include <optional>
 
 namespace mt::actors {
+
+void copy_stage_state(const StateLease& state, StageSnapshot& snap) {
+  const std::size_t bytes = snap.floats * sizeof(float);
+  std::memcpy(snap.master.get(), state.master(), bytes);
+  if (snap.m) std::memcpy(snap.m.get(), state.m(), bytes);
+  if (snap.v) std::memcpy(snap.v.get(), state.v(), bytes);
+}
 
 bool CheckpointGate::open(std::int64_t v, std::int64_t stages) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -56,7 +64,8 @@ void CheckpointGate::release_all() {
   cv_.notify_all();
 }
 
-const StageSnapshot* CheckpointGate::begin_write(std::int64_t v, std::int64_t stage) {
+const StageSnapshot* CheckpointGate::begin_write(std::int64_t v, std::int64_t stage, std::size_t floats, int states,
+                                                 const std::function<void(StageSnapshot&)>& copy) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     StageState* st = find(v, stage);
@@ -66,7 +75,10 @@ const StageSnapshot* CheckpointGate::begin_write(std::int64_t v, std::int64_t st
       continue;
     }
     if (*st == StageState::copied) return open_[v].snapshots[stage].get();
-    if (*st == StageState::pending) *st = StageState::writing;
+    if (*st == StageState::pending) {
+      if (copy && copy_aside(lock, v, stage, floats, states, copy)) continue;
+      *st = StageState::writing;
+    }
     return nullptr;
   }
 }
@@ -95,58 +107,62 @@ bool CheckpointGate::has_snapshot(std::int64_t v, std::int64_t stage) const {
   return s == StageState::copying || s == StageState::copied;
 }
 
+bool CheckpointGate::copy_aside(std::unique_lock<std::mutex>& lock, std::int64_t v, std::int64_t stage,
+                                std::size_t floats, int states, const std::function<void(StageSnapshot&)>& copy) {
+  const std::uint64_t need = static_cast<std::uint64_t>(floats) * sizeof(float) * static_cast<std::uint64_t>(states);
+  if (held_bytes_ + need > budget_bytes_) return false;
+  *find(v, stage) = StageState::copying;
+  std::unique_ptr<StageSnapshot> snap;
+  for (auto it = free_.begin(); it != free_.end(); ++it)
+    if ((*it)->floats == floats && ((*it)->m != nullptr) == (states == 3)) {
+      snap = std::move(*it);
+      free_.erase(it);
+      break;
+    }
+  if (!snap) {
+    snap = std::make_unique<StageSnapshot>();
+    snap->floats = floats;
+    snap->master.reset(new float[floats]);
+    if (states == 3) {
+      snap->m.reset(new float[floats]);
+      snap->v.reset(new float[floats]);
+    }
+  }
+  held_bytes_ += need;
+  lock.unlock();
+  try {
+    copy(*snap);
+  } catch (...) {
+    lock.lock();
+    if (StageState* again = find(v, stage)) *again = StageState::pending;
+    recycle(std::move(snap));
+    cv_.notify_all();
+    throw;
+  }
+  lock.lock();
+  StageState* again = find(v, stage);
+  if (again && *again == StageState::copying) {
+    *again = StageState::copied;
+    open_[v].snapshots[stage] = std::move(snap);
+    copied_bytes_ += need;
+  } else {
+    recycle(std::move(snap));  // the checkpoint was given up meanwhile
+  }
+  cv_.notify_all();
+  return true;
+}
+
 double CheckpointGate::before_update(std::int64_t v, std::int64_t stage, std::size_t floats, int states,
                                      const std::function<void(StageSnapshot&)>& copy) {
   using Clock = std::chrono::steady_clock;
-  const std::uint64_t need = static_cast<std::uint64_t>(floats) * sizeof(float) * static_cast<std::uint64_t>(states);
   std::unique_lock<std::mutex> lock(mutex_);
   std::optional<Clock::time_point> t0;
   for (;;) {
     StageState* st = find(v, stage);
     if (released_ || !st || *st == StageState::written || *st == StageState::copied) break;
-    if (*st == StageState::pending && held_bytes_ + need <= budget_bytes_) {
-      *st = StageState::copying;
-      std::unique_ptr<StageSnapshot> snap;
-      for (auto it = free_.begin(); it != free_.end(); ++it)
-        if ((*it)->floats == floats && ((*it)->m != nullptr) == (states == 3)) {
-          snap = std::move(*it);
-          free_.erase(it);
-          break;
-        }
-      if (!snap) {
-        snap = std::make_unique<StageSnapshot>();
-        snap->floats = floats;
-        snap->master.reset(new float[floats]);
-        if (states == 3) {
-          snap->m.reset(new float[floats]);
-          snap->v.reset(new float[floats]);
-        }
-      }
-      held_bytes_ += need;
-      lock.unlock();
-      try {
-        copy(*snap);
-      } catch (...) {
-        lock.lock();
-        if (StageState* again = find(v, stage)) *again = StageState::pending;
-        recycle(std::move(snap));
-        cv_.notify_all();
-        throw;
-      }
-      lock.lock();
-      StageState* again = find(v, stage);
-      if (again && *again == StageState::copying) {
-        *again = StageState::copied;
-        open_[v].snapshots[stage] = std::move(snap);
-        copied_bytes_ += need;
-      } else {
-        recycle(std::move(snap));  // the checkpoint was given up meanwhile
-      }
-      cv_.notify_all();
-      break;
-    }
+    if (*st == StageState::pending && copy_aside(lock, v, stage, floats, states, copy)) break;
     if (!t0) t0 = Clock::now();
-    cv_.wait(lock);  // being written, or the budget is spent: until written or a copy is freed
+    cv_.wait(lock);  // being copied or written, or the budget is spent: until copied, written or freed
   }
   if (!t0) return 0.0;
   const double w = std::chrono::duration<double>(Clock::now() - *t0).count();

@@ -1,14 +1,15 @@
-// The version gate between the optimizer and the checkpointer. A checkpoint of tile version v is
-// written straight from the tiles (no copy of the model); stage s's tile holds version v from the
+// The version gate between the optimizer and the checkpointer. Stage s's tile holds version v from the
 // optimizer's update of step v-1 until its update of step v, about one step later. The optimizer opens
-// the gate for v before its first update towards v; before updating stage s past v it calls
-// before_update, which returns at once when stage s of v is written (or the checkpoint given up), and
-// otherwise, when the stage is not being written yet and the copy budget allows, copies the stage's
-// state (masters, m, v) aside for the checkpointer to write from (copy on write), or else waits until
-// the checkpointer marked it written. So the checkpointer has a whole step per stage, and more when a
-// slow disk would make the optimizer wait: a copy of a stage costs a few milliseconds of memory
-// bandwidth where waiting for the disk costs the rest of its write (tools/bench/run checkpoint).
-// The budget bounds the copies' host RAM (train.save_snapshot_mib; 0 = always wait).
+// the gate for v before its first update towards v. Each stage of checkpoint v is then copied aside
+// once, by whichever side comes first, when the copies in use fit the budget (train.save_snapshot_mib):
+//   - the checkpointer, when it starts the stage (begin_write): it copies the tile (milliseconds of
+//     memory bandwidth), then writes the copy to disk at the disk's pace;
+//   - the optimizer, when it must update a stage the checkpointer has not reached (before_update):
+//     copy on write, then it updates the tile.
+// The optimizer waits only for a copy in progress, or, past the budget (or with 0), until the stage is
+// written straight from the tile, as without copies. So a disk slower than one stage per step holds
+// neither the optimizer nor the next forward (tools/bench/run checkpoint, checkpoint_stall), and host
+// RAM grows by at most the budget.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -19,6 +20,8 @@
 #include <mutex>
 #include <vector>
 
+#include "storage/host/host_model.hpp"
+
 namespace mt::actors {
 
 // A stage's state copied aside before the optimizer updated it: `floats` per state.
@@ -26,6 +29,9 @@ struct StageSnapshot {
   std::size_t floats = 0;
   std::unique_ptr<float[]> master, m, v;  // m, v null when the checkpoint saves no moments
 };
+
+// Copies a stage's masters, m and v (through a lease on them) into a snapshot of the stage's size.
+void copy_stage_state(const StateLease& state, StageSnapshot& snap);
 
 class CheckpointGate {
  public:
@@ -40,9 +46,11 @@ class CheckpointGate {
   void release_all();
 
   // The checkpointer, before writing stage `stage` of checkpoint v: waits while the optimizer is
-  // copying it; returns the copy to write from, or nullptr: write from the tile (the optimizer now
-  // waits for mark_written before updating it).
-  const StageSnapshot* begin_write(std::int64_t v, std::int64_t stage);
+  // copying it; copies it itself with `copy` (when given and the budget allows); returns the copy to
+  // write from, or nullptr: write from the tile (the optimizer then waits for mark_written before
+  // updating it).
+  const StageSnapshot* begin_write(std::int64_t v, std::int64_t stage, std::size_t floats = 0, int states = 3,
+                                   const std::function<void(StageSnapshot&)>& copy = {});
   // Stage `stage` of v is on disk: the optimizer may update it; its copy (if any) is freed.
   void mark_written(std::int64_t v, std::int64_t stage);
   // Has the optimizer copied stage `stage` of v aside (so the tile may be past v)?
@@ -64,7 +72,11 @@ class CheckpointGate {
     std::map<std::int64_t, std::unique_ptr<StageSnapshot>> snapshots;
   };
   StageState* find(std::int64_t v, std::int64_t stage);  // nullptr: no such checkpoint open
-  void recycle(std::unique_ptr<StageSnapshot> s);        // lock held
+  // Lock held, the stage pending: copies it aside when the budget allows (the lock released while
+  // `copy` runs). False: over the budget, nothing done.
+  bool copy_aside(std::unique_lock<std::mutex>& lock, std::int64_t v, std::int64_t stage, std::size_t floats,
+                  int states, const std::function<void(StageSnapshot&)>& copy);
+  void recycle(std::unique_ptr<StageSnapshot> s);  // lock held
   static std::uint64_t bytes_of(const StageSnapshot& s);
 
   mutable std::mutex mutex_;

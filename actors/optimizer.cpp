@@ -70,9 +70,7 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   const std::size_t floats = ctx->layouts[static_cast<std::size_t>(stage)].total_floats;
   st.gate_wait_s += ctx->gate.before_update(s, stage, floats, 3, [&](StageSnapshot& snap) {
     const StateLease state(*ctx->host, stage);
-    std::memcpy(snap.master.get(), state.master(), floats * sizeof(float));
-    std::memcpy(snap.m.get(), state.m(), floats * sizeof(float));
-    std::memcpy(snap.v.get(), state.v(), floats * sizeof(float));
+    copy_stage_state(state, snap);
   });
   const auto t0 = Clock::now();
   {

@@ -30,7 +30,7 @@ struct RunTimes {
 };
 
 // One engine run; checkpoints every `every` steps when every > 0.
-RunTimes one_run(const std::filesystem::path& dir, int steps, int every, bool immediate) {
+RunTimes one_run(const std::filesystem::path& dir, int steps, int every, bool immediate, int snapshot_mib) {
   using namespace mt::actors;
   TrainConfig c = mt::bench::demo_train_config(steps);
   c.train.warmup_steps = 2;
@@ -50,6 +50,7 @@ RunTimes one_run(const std::filesystem::path& dir, int steps, int every, bool im
     job.checkpoint.at_end = false;
     job.checkpoint.keep_last = 1;
     job.checkpoint.write_after_step = !immediate;
+    if (snapshot_mib >= 0) job.checkpoint.snapshot_budget_bytes = static_cast<std::uint64_t>(snapshot_mib) << 20;
   }
   std::vector<CheckpointEvent> events;
   job.on_checkpoint = [&](const CheckpointEvent& e) { events.push_back(e); };
@@ -77,9 +78,10 @@ double sum(const std::vector<double>& v) {
 }
 
 // One round: a control run and a checkpointed run; returns the stall as a fraction of a control step.
-bool one_round(const std::filesystem::path& dir, int steps, int every, bool immediate, double& fraction) {
-  const RunTimes control = one_run(dir, steps, 0, immediate);
-  const RunTimes ckpt = one_run(dir, steps, every, immediate);
+bool one_round(const std::filesystem::path& dir, int steps, int every, bool immediate, int snapshot_mib,
+               double& fraction) {
+  const RunTimes control = one_run(dir, steps, 0, immediate, snapshot_mib);
+  const RunTimes ckpt = one_run(dir, steps, every, immediate, snapshot_mib);
   int checkpoints = 0;
   for (int v = every; v < steps; v += every) ++checkpoints;
   if (!control.ok || !ckpt.ok || checkpoints == 0) return false;
@@ -96,11 +98,11 @@ bool one_round(const std::filesystem::path& dir, int steps, int every, bool imme
 }  // namespace
 
 int measure_checkpoint_stall(Report& report, const std::filesystem::path& dir, int steps, int every, int rounds,
-                             bool immediate) {
+                             bool immediate, int snapshot_mib) {
   std::vector<double> fractions;
   for (int i = 0; i < std::max(1, rounds); ++i) {
     double x = 0;
-    if (!one_round(dir, steps, every, immediate, x)) return 1;
+    if (!one_round(dir, steps, every, immediate, snapshot_mib, x)) return 1;
     fractions.push_back(x);
   }
   const double m = median(fractions);

@@ -8,8 +8,10 @@ namespace mt::bench {
 
 // Trains the demo model's shapes for `steps` steps, checkpointing every `every`, `rounds` times; adds
 // checkpoint_stall (the median of the rounds, each a control run and a checkpointed run). immediate:
-// CheckpointJob::write_after_step = false. Returns non-zero on failure.
+// CheckpointJob::write_after_step = false. snapshot_mib: train.save_snapshot_mib (the copies the
+// checkpointer and the optimizer may make; 0 = write from the tiles, the optimizer waiting); < 0: the
+// engine's default. Returns non-zero on failure.
 int measure_checkpoint_stall(Report& report, const std::filesystem::path& dir, int steps, int every, int rounds,
-                             bool immediate = false);
+                             bool immediate = false, int snapshot_mib = -1);
 
 }  // namespace mt::bench
