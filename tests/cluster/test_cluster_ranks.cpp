@@ -153,6 +153,8 @@ TEST_CASE("3 ranks x 1 equal 1 rank x 3 (Llama, fp32)", "[cluster]") {
 TEST_CASE("2 ranks x 2 equal 1 rank x 4: rank r takes micro-batches m * 2 + r (Llama, fp32)", "[cluster]") {
   require_mpi();
   check_ranks_equal_accumulation(kLlama, "", 2, 2);
+  // Across a modelled link (gradients copied to the host before they are sent), micro-batches in sequence.
+  check_ranks_equal_accumulation(kLlama, "--device.copy_bandwidth_gbps=5 --device.schedule=sequential ", 2, 2);
 }
 
 TEST_CASE("GPT-2 (tied embeddings): 2 and 3 ranks, fp32", "[cluster]") {
