@@ -11,6 +11,8 @@
 // backend sums them on the devices into device 0's slot (Backend::reduce_gradients, device order),
 // that one slot is copied out and accumulated, and every device's slot is freed. The ledger counts
 // rounds; a round waiting for a device is not durable (a restart re-issues every full slot).
+//
+// Several ranks (mpirun): reduce_across_ranks below, the sum in rank order of cluster/grad_reduce.hpp.
 #include <cstring>
 #include <future>
 #include <map>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "actors/actors.hpp"
+#include "cluster/grad_reduce.hpp"
 #include "kernels/step_math.hpp"
 #include "kernels/tile.hpp"
 
@@ -30,6 +33,7 @@ struct collector_state {
   bool running = false;
   PeerHandles peers;
   AlignedFloats host_buffer;                 // receives one stage's gradients over a link (made on first use)
+  std::vector<AlignedFloats> scratch;        // several ranks: the owner's receive buffer per rank
   std::map<std::int64_t, double> offload_s;  // per step
   // Rounds not yet complete: (step, round, stage) -> each device's staging slot (-1: not in yet).
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<int>> pending;
@@ -42,6 +46,34 @@ std::size_t largest_stage_floats(const Context* ctx) {
   std::size_t largest = 0;
   for (const auto& l : ctx->layouts) largest = std::max(largest, l.total_floats);
   return largest;
+}
+
+// Several ranks (cluster/grad_reduce.hpp): this rank's gradient of the round, read from its slot (on a
+// link: copied to the host first), goes to the stage's owner, which adds every rank's in rank order into
+// its accumulator; after the last round the owner sends the sum to every rank, so each rank's tile then
+// holds the step's whole gradient (every rank runs the optimizer on it, in this version). Blocking
+// here keeps the transfers in (step, round, stage) order, the same on every rank; compute goes on
+// with the next backward into its other staging slots meanwhile.
+void reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, float* accum, std::size_t n) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const std::int64_t step = m.work.step, mb = m.work.micro_batch, stage = m.work.stage;
+  const float* mine = slot;
+  if (!ctx->backend->shares_host_memory()) {
+    if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(ctx));
+    std::promise<void> landed;
+    ctx->backend->copy_async(LinkDirection::device_to_host, slot, st.host_buffer.get(), n * sizeof(float),
+                             [&landed] { landed.set_value(); });
+    landed.get_future().get();
+    mine = st.host_buffer.get();
+  }
+  const int owner = cluster::stage_owner(stage, ctx->ranks);
+  const std::string what = "the gradients of stage " + std::to_string(stage) + ", step " + std::to_string(step) +
+                           ", round " + std::to_string(mb) + " (owner rank " + std::to_string(owner) + ")";
+  cluster::reduce_round(*ctx->world, owner, mine, accum, n, mb == 0, ctx->collector_threads, st.scratch,
+                        largest_stage_floats(ctx), what);
+  self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
+  if (mb + 1 == ctx->sched.micro_batches()) cluster::share_stage(*ctx->world, owner, accum, n, what);
 }
 
 void collect(self_ptr self, const LayerGrads& m) {
@@ -91,7 +123,9 @@ void collect(self_ptr self, const LayerGrads& m) {
   }
   if (N > 1) devices[0]->reduce_gradients(devices, grads, n);  // into device 0's slot, device order
   HostTile& tile = ctx->host->tile(stage);
-  if (N == 1 && ctx->grads_in_place(mb)) {  // compute summed them into the tile already
+  if (ctx->ranks > 1) {
+    reduce_across_ranks(self, m, grads[0], tile.grad(), n);
+  } else if (N == 1 && ctx->grads_in_place(mb)) {  // compute summed them into the tile already
     free_slot(0, slots[0]);
   } else if (devices[0]->shares_host_memory()) {  // one pass straight from the slot, the same bits
     devices[0]->accumulate_to_host(grads[0], tile.grad(), n, mb == 0, ctx->granted(ctx->collector_threads));

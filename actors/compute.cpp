@@ -316,7 +316,7 @@ compute_actor::behavior_type compute_fn(self_ptr self, Context* ctx, std::uint64
       [=](const MicroBatch& m) {
         const auto probe = probe_handler(self, monitor::ActorId::compute, "MicroBatch");
         auto& st = self->state;
-        const BatchKey key{m.step, m.micro_batch / ctx->devices};  // global -> this device's local index
+        const BatchKey key{m.step, ctx->local_micro_batch(m.micro_batch)};  // global -> this device's local index
         if (m.epoch != st.epoch || st.requested.count(key) == 0) return;
         st.batches[key] = m.batch;
         try_advance(self);

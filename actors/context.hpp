@@ -26,6 +26,9 @@
 namespace mt::monitor {
 class Monitor;
 }
+namespace mt::cluster {
+class World;
+}
 
 namespace mt::actors {
 
@@ -98,9 +101,17 @@ struct Context {
   int devices = 1;
   Context* run = this;                    // device 0's context (the run's shared state: gate, ...)
   std::vector<Context*> device_contexts;  // the run's context only: every device's, [0] = this
-  std::int64_t global_micro_batch(std::int64_t local) const { return local * devices + device; }
-  // Micro-batches of one step over every device (the data cursor advances by this per step).
-  std::int64_t step_micro_batches() const { return sched.micro_batches() * devices; }
+  // Several ranks (mpirun; cluster/grad_reduce.hpp): rank r's pipeline runs local micro-batches m of
+  // global index m * ranks + r (one device per rank); `world` carries the transfers (null: alone).
+  int rank = 0;
+  int ranks = 1;
+  cluster::World* world = nullptr;
+  std::int64_t global_micro_batch(std::int64_t local) const { return (local * ranks + rank) * devices + device; }
+  std::int64_t local_micro_batch(std::int64_t global) const {
+    return global / (static_cast<std::int64_t>(devices) * ranks);
+  }
+  // Micro-batches of one step over every device and rank (the data cursor advances by this per step).
+  std::int64_t step_micro_batches() const { return sched.micro_batches() * devices * ranks; }
   Context* device_context(int d) {
     return device_contexts.empty() ? this : device_contexts[static_cast<std::size_t>(d)];
   }
@@ -161,12 +172,13 @@ struct Context {
   float* dx[2] = {nullptr, nullptr};
   float* workspace = nullptr;
 
-  // Micro-batch 0's gradients written in place: on a backend that shares host memory, with one device,
+  // Micro-batch 0's gradients written in place: on a backend that shares host memory, with one device
+  // and one rank (several ranks send every micro-batch's gradient from its slot),
   // the stage operation sums them straight into the tile's zero-filled fp32 accumulator (the bits of
   // staging, zeroing and adding). Its staging slot is still claimed, as the bound on gradients in
   // flight, but not written; the collector then has nothing to add. Later micro-batches are staged.
   bool grads_in_place(std::int64_t micro_batch) const {
-    return micro_batch == 0 && devices == 1 && backend->shares_host_memory();
+    return micro_batch == 0 && devices == 1 && ranks == 1 && backend->shares_host_memory();
   }
 
   std::int64_t stages() const { return plan.stages; }

@@ -15,6 +15,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/monitor_publish.hpp"
+#include "cluster/world.hpp"
 #include "config/node_config.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -100,7 +101,8 @@ void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& 
     }
   };
   const bool link = !cfg.device_shares_host_memory();
-  if (grad) try_grow(&EnginePlan::grad_slots, link ? kAutoSlots : (p.device_micro_batches > 1 ? 2 : 1));
+  // Several ranks stage micro-batch 0 too (it is sent from its slot): 2, so compute runs on while one is sent.
+  if (grad) try_grow(&EnginePlan::grad_slots, link ? kAutoSlots : (p.device_micro_batches > 1 || p.ranks > 1 ? 2 : 1));
   if (layers && keep == KeepIntermediates::boundary) {
     while (p.kept_layers + 1 < model.num_hidden_layers) {
       EnginePlan trial = p;
@@ -154,7 +156,12 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   if (p.device_micro_batches < 1) throw ConfigError("train.gradient_accumulation_steps", "must be >= 1");
   if (cfg.device.gpus < 1) throw ConfigError("device.gpus", "must be >= 1");
   p.devices = static_cast<int>(cfg.device.gpus);
-  p.micro_batches = p.devices * p.device_micro_batches;
+  p.ranks = cfg.cluster.ranks;
+  if (p.ranks > 1 && p.devices > 1)
+    throw ConfigError("device.gpus", "must be 1 in a job of several ranks (mpirun) in this version");
+  if (p.ranks > 1 && cfg.device.backend != "cpu")
+    throw ConfigError("device.backend", "a job of several ranks (mpirun) runs on the cpu backend in this version");
+  p.micro_batches = p.ranks * p.devices * p.device_micro_batches;
   if (p.seq < 1) throw ConfigError("data.seq_length", "must be >= 1");
   if (p.seq > model.max_position_embeddings && !model.positions_extend_past_max())
     throw ConfigError("data.seq_length", std::to_string(p.seq) + " exceeds the model's max_position_embeddings (" +
@@ -257,6 +264,9 @@ struct DeviceRig {
 void share_run(Context& c, Context& run, int d) {
   c.device = d;
   c.devices = run.devices;
+  c.rank = run.rank;
+  c.ranks = run.ranks;
+  c.world = run.world;
   c.run = &run;
   c.job = run.job;
   c.cfg = run.cfg;
@@ -382,6 +392,16 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   // device.gpus = N: N backends, each with its own arena of the planned size; an evaluation pass runs
   // on device 0 alone. Device 0 uses the run's context; devices 1..N-1 a context of their own.
   ctx->devices = job.forward_only ? 1 : ctx->plan.devices;
+  // Several ranks: this rank's share of each step; an evaluation pass runs on every rank alone (the same
+  // batches, the same losses).
+  if (!job.forward_only && ctx->plan.ranks > 1) {
+    if (job.world == nullptr || job.world->size() != ctx->plan.ranks)
+      throw std::invalid_argument("run_engine: cluster.ranks = " + std::to_string(ctx->plan.ranks) +
+                                  " without a world of that many ranks");
+    ctx->ranks = ctx->plan.ranks;
+    ctx->rank = job.world->rank();
+    ctx->world = job.world;
+  }
   std::vector<DeviceRig> rigs(static_cast<std::size_t>(ctx->devices));
   for (int d = 0; d < ctx->devices; ++d) {
     DeviceRig& rig = rigs[static_cast<std::size_t>(d)];

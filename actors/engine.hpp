@@ -30,6 +30,9 @@
 namespace caf {
 class actor_system;
 }
+namespace mt::cluster {
+class World;
+}
 
 namespace mt::actors {
 
@@ -43,6 +46,9 @@ struct EnginePlan {
   // micro_batches = N x device_micro_batches in all (device d runs global micro-batches d, d + N, ...).
   int devices = 1;
   std::int64_t device_micro_batches = 0;
+  // Ranks of the job (cfg.cluster.ranks, one device each): a step has micro_batches = ranks x devices x
+  // device_micro_batches in all; rank r runs its device_micro_batches (cluster/grad_reduce.hpp).
+  int ranks = 1;
   std::int64_t micro_batches = 0;
   int weight_slots = 0, grad_slots = 0, prefetch_depth = 0;
   std::size_t hidden_floats = 0;  // one boundary activation: batch * seq * hidden_size
@@ -179,6 +185,9 @@ struct EngineJob {
   // The run's kernel choices and why (node/kernel_choice.hpp), shown in the monitor's /status; {} = none
   // made (the kernels' defaults).
   nlohmann::json kernel_choices = nlohmann::json::object();
+  // The job's ranks (mpirun), when cfg.cluster.ranks > 1: every rank runs this job on its own
+  // micro-batches and the collector sums each stage's gradients across them. null = alone.
+  cluster::World* world = nullptr;
 };
 
 struct EngineResult {

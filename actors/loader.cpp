@@ -56,9 +56,10 @@ loader_actor::behavior_type loader_fn(loader_actor::stateful_pointer<loader_stat
         self->send(st.peers.computes.at(static_cast<std::size_t>(r.micro_batch % ctx->devices)),
                    MicroBatch{st.epoch, r.step, r.micro_batch, b});
         ctx->monitor->board().probe(monitor::ActorId::loader).unit(r.step, r.micro_batch, -1, "data");
-        // Prefetch the next micro-batch while compute works on this one.
-        st.cached_g = g + 1;
-        st.cached = read_batch(ctx, g + 1);
+        // Prefetch the next micro-batch while compute works on this one (with several ranks, this
+        // rank's next: the ones between are the other ranks').
+        st.cached_g = g + static_cast<std::uint64_t>(ctx->ranks);
+        st.cached = read_batch(ctx, st.cached_g);
       },
       [=](const Peers& p) {
         const auto probe = probe_handler(self, monitor::ActorId::loader, "Peers");

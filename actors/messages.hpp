@@ -9,6 +9,8 @@
 //   compute --LossReport--> optimizer, node
 //   collector --LayerGradsComplete--> optimizer --LayerUpdated(version)--> prefetcher
 //   compute/collector/optimizer --*StepDone--> node (timings; the node prints the progress line)
+//   several ranks (mpirun): no new messages; the collector and the optimizer transfer over MPI from
+//   their own threads (cluster/grad_reduce.hpp, actors/rank_losses.hpp)
 // Checkpoints (checkpointer.cpp): optimizer --CheckpointNow(v)--> checkpointer (before the first
 //   update towards version v), optimizer --LayerUpdated--> checkpointer (writes stage s at version v
 //   at once), checkpointer --CheckpointDone / CheckpointFailed--> node; node --CheckpointNow--> checkpointer

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "actors/actors.hpp"
+#include "actors/rank_losses.hpp"
 #include "kernels/step_math.hpp"
 
 namespace mt::actors {
@@ -101,6 +102,7 @@ void try_update(self_ptr self) {
   while (st.running && st.step < st.end_step) {
     const std::int64_t s = st.step;
     auto& losses = st.losses[s];
+    if (ctx->ranks > 1 && !gather_rank_losses(*ctx, s, losses)) return;  // every rank's (rank_losses.hpp)
     if (static_cast<std::int64_t>(losses.size()) < M) return;
     double loss_sum = 0.0;
     std::int64_t counted = 0;

@@ -304,6 +304,13 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
   auto* res = st.result;
   const int r = static_cast<int>(role);
   const std::string why = self->system().render(reason);
+  // Several ranks (mpirun): the other ranks' transfers do not survive this rank redoing work, so the
+  // run ends (and the job with it) rather than restarting the actor; restarts across ranks are to come.
+  if (st.ctx->ranks > 1) {
+    fail(self, actor_label(role, device) + " failed: " + why +
+                   " (in a job of several ranks a failed actor ends the run, it is not restarted)");
+    return;
+  }
   auto& probe = st.mon->board().probe(actor_id(role), device);
   probe.count_restart();
   probe.set_state(monitor::ActorState::restarting);

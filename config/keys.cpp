@@ -173,6 +173,15 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(plan, disk_gb, "free disk for train.offload_dir (GiB); 0 = statvfs (this) or the profile's")
           .non_negative(),
       MT_KEY(plan, enforce, "train refuses a run whose plan does not fit host RAM or disk; false = warn only"),
+      // [cluster]
+      MT_KEY(cluster, mode,
+             "auto: join the job when started by mpirun / srun (one rank per process) | on: refuse to run without "
+             "one | off: run alone")
+          .one_of({"auto", "on", "off"}),
+      MT_KEY(
+          cluster, collective_timeout_s,
+          "seconds a transfer with another rank may take before the run ends naming that rank (a rank died or hangs)")
+          .positive(),
   };
 }
 

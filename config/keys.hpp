@@ -72,7 +72,7 @@ extern const OptimizerCompression kOptimizerCompressions[3];
 extern const KeepIntermediates kKeepIntermediates[4];
 extern const MicroBatchOrder kMicroBatchOrders[2];
 
-// Every key, in section order ([train] [model] [data] [device] [threads] [log] [monitor] [restart] [plan]).
+// Every key, in section order ([train] [model] [data] [device] [threads] [log] [monitor] [restart] [plan] [cluster]).
 const std::vector<KeyDesc>& config_keys();
 const std::vector<std::string>& config_sections();
 const KeyDesc* find_key(const std::string& qualified);  // nullptr when no key has that name

@@ -145,6 +145,15 @@ struct PlanSection {              // [plan]
   bool enforce = true;            // train: refuse a run whose plan does not fit host RAM or disk
 };
 
+// A job of several ranks (`mpirun -np N megatrain train ...`; cluster/world.hpp): every rank reads the
+// same config. rank and ranks are not keys: the node sets them from MPI when it joins the job.
+struct ClusterSection {                 // [cluster]
+  std::string mode = "auto";            // auto (join when an MPI launcher started us) | on (must) | off (run alone)
+  double collective_timeout_s = 300.0;  // a transfer with another rank not done in this time ends the run
+  int rank = 0;                         // this process's rank (set by the node, not a key)
+  int ranks = 1;                        // ranks in the job (set by the node, not a key)
+};
+
 enum class LrSchedule { constant, linear, cosine };
 enum class KeepIntermediates {
   boundary,       // keep layer-boundary hidden states on the device, recompute each layer once in backward
@@ -183,6 +192,7 @@ struct TrainConfig {
   MonitorSection monitor;
   RestartSection restart;
   PlanSection plan;
+  ClusterSection cluster;
 
   // Checks every key: types are already right, this checks ranges, choices, combinations and that
   // named files exist (data.train_files must match at least one file). Throws ConfigError naming the

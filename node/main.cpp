@@ -11,11 +11,14 @@
 // train.resume_from_checkpoint=latest|DIR continues a run bit-identically; model.model_name_or_path
 // starts from Hugging Face weights; train.export_hf_dir writes the final weights as a HF directory.
 // The run itself is node/training_run.hpp (shared with the Python module); this file parses arguments.
+// Under `mpirun -np N` (or srun) each process is one rank of the job (cluster/world.hpp, [cluster]).
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "cluster/world.hpp"
 #include "config/node_config.hpp"
 #include "node/plan_command.hpp"
 #include "node/training_run.hpp"
@@ -46,7 +49,24 @@ int train(int argc, char** argv) {
     std::fprintf(stderr, "megatrain: %s\n", load.error.c_str());
     return 1;
   }
-  return mt::actors::run_training(node.values, {}, &node).exit_status;
+  // Started by mpirun / srun: join the job (MPI says which rank and how many) before any thread starts.
+  std::unique_ptr<mt::cluster::World> world;
+  try {
+    world = mt::cluster::World::join(node.values.cluster.mode, node.values.cluster.collective_timeout_s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "megatrain: %s\n", e.what());
+    return 1;
+  }
+  mt::actors::TrainingHooks hooks;
+  if (world) {
+    node.values.cluster.rank = world->rank();
+    node.values.cluster.ranks = world->size();
+    hooks.world = world.get();
+  }
+  const int status = mt::actors::run_training(node.values, hooks, &node).exit_status;
+  // A failed rank ends the whole job at once: its peers would otherwise wait for it until their timeout.
+  if (status != 0 && world && world->size() > 1) world->abort(status);
+  return status;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "actors/monitor_publish.hpp"
 #include "actors/run_state.hpp"
+#include "cluster/world.hpp"
 #include "config/keys.hpp"
 #include "config/node_config.hpp"
 #include "data/loader.hpp"
@@ -97,13 +98,23 @@ void print_default(MessageStream stream, const std::string& line) {
 class TrainingRun {
  public:
   TrainingRun(const TrainConfig& cfg, const TrainingHooks& hooks)
-      : cfg_(cfg), hooks_(hooks), say_(hooks.message ? hooks.message : print_default) {}
+      : cfg_(cfg),
+        hooks_(hooks),
+        sink_(hooks.message ? hooks.message : print_default),
+        rank_(hooks.world != nullptr && cfg.cluster.ranks > 1 ? cfg.cluster.rank : 0) {
+    // Several ranks: rank 0 speaks for the job; the others say only why they failed.
+    if (rank_ == 0)
+      say_ = sink_;
+    else
+      say_ = [](MessageStream, const std::string&) {};
+  }
 
   TrainingResult run(caf::actor_system_config* system_config);
 
  private:
   bool fail(const std::string& error) {
-    say_(MessageStream::err, "megatrain: " + error);
+    sink_(MessageStream::err,
+          "megatrain: " + (cfg_.cluster.ranks > 1 ? "rank " + std::to_string(cfg_.cluster.rank) + ": " : "") + error);
     result_.exit_status = 1;
     result_.error = error;
     return false;
@@ -116,7 +127,9 @@ class TrainingRun {
 
   const TrainConfig& cfg_;
   const TrainingHooks& hooks_;
-  std::function<void(MessageStream, const std::string&)> say_;
+  std::function<void(MessageStream, const std::string&)> sink_;  // where messages go
+  int rank_ = 0;  // several ranks: this one (only rank 0 prints and writes into the run directory)
+  std::function<void(MessageStream, const std::string&)> say_;  // sink_ on rank 0, nothing on the others
   TrainingResult result_;
   ModelConfig model_;
   std::unique_ptr<ShardBatchSource> shards_;
@@ -225,6 +238,7 @@ bool TrainingRun::load_starting_weights() {
 
 bool TrainingRun::open_logs() {
   result_.train_jsonl = cfg_.train_jsonl_path();
+  if (rank_ > 0) return true;  // rank 0 writes the job's logs
   const std::string events_path = cfg_.events_jsonl_path();
   try {
     const auto dir = std::filesystem::path(result_.train_jsonl).parent_path();
@@ -246,7 +260,20 @@ bool TrainingRun::open_logs() {
 bool TrainingRun::choose_kernel_paths() {
   KernelChoice c;
   try {
-    c = choose_kernels(cfg_, model_, plan_, resumed_run_state_);
+    nlohmann::json state = resumed_run_state_;
+    cluster::World* world = cfg_.cluster.ranks > 1 ? hooks_.world : nullptr;
+    // Several ranks take rank 0's choice (as a resume takes the checkpoint's): every rank must run the
+    // same products for the same bits, and a probe on each could measure differently.
+    if (world != nullptr && world->rank() > 0) {
+      std::string text;
+      world->broadcast(cluster::Channel::control, 0, text, "rank 0's kernel choice");
+      if (!text.empty()) state["kernel_choices"] = nlohmann::json::parse(text);
+    }
+    c = choose_kernels(cfg_, model_, plan_, state);
+    if (world != nullptr && world->rank() == 0) {
+      std::string text = c.applies ? c.json().dump() : "";
+      world->broadcast(cluster::Channel::control, 0, text, "rank 0's kernel choice");
+    }
   } catch (const std::exception& e) {
     return fail(std::string("choosing the bf16 products' path: ") + e.what());
   }
@@ -265,13 +292,17 @@ EngineJob TrainingRun::make_job() {
   EngineJob job;
   job.kernel_choices = kernel_choices_;
   job.cfg = cfg_;
+  job.world = cfg_.cluster.ranks > 1 ? hooks_.world : nullptr;
+  // Ranks other than 0 write nothing into the run directory: no checkpoints (rank 0's hold the same
+  // state), no monitor files (its endpoint, on rank 0, shows the job; per-rank monitors are to come).
+  if (rank_ > 0) job.cfg.monitor.enabled = false;
   job.model = model_;
   job.data = data_;
   job.host = host_.get();
   job.stop = hooks_.stop != nullptr ? hooks_.stop : &g_stop;
   job.first_step = result_.first_step;
   if (cfg_.train.stop_after_steps > 0) job.stop_after = cfg_.train.stop_after_steps;
-  job.checkpoint.root = cfg_.train.output_dir;
+  job.checkpoint.root = rank_ == 0 ? cfg_.train.output_dir : "";
   job.checkpoint.save_steps = cfg_.train.save_steps;
   job.checkpoint.keep_last = static_cast<int>(cfg_.train.save_total_limit);
   job.checkpoint.save_minutes = cfg_.train.save_minutes;
@@ -356,6 +387,10 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
               static_cast<double>(host_->host_bytes() + plan_.host_boundary_bytes) / (1 << 20),
               static_cast<double>(plan_.arena.total_bytes) / (1 << 20),
               static_cast<double>(plan_.arena.budget_bytes) / (1 << 20), plan_.weight_slots));
+  if (plan_.ranks > 1)
+    say_(MessageStream::out,
+         format("megatrain: %d ranks (MPI): each runs %lld micro-batch(es) per step, gradients summed in rank order",
+                plan_.ranks, static_cast<long long>(plan_.device_micro_batches)));
   if (plan_.devices > 1)  // device memory is per device: the arena above on each
     say_(MessageStream::out,
          format("megatrain: device.gpus = %d: one arena per device, %lld micro-batch(es) per device per step",
@@ -381,7 +416,7 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
     fail("training failed: " + res.error);
     return result_;
   }
-  if (!cfg_.train.export_hf_dir.empty()) {
+  if (!cfg_.train.export_hf_dir.empty() && rank_ == 0) {
     try {
       export_hf(cfg_.train.export_hf_dir, *host_, hf_config_);
       say_(MessageStream::out, format("megatrain: exported the final weights (step %lld) to %s",

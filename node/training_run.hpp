@@ -19,6 +19,9 @@
 namespace caf {
 class actor_system_config;
 }
+namespace mt::cluster {
+class World;
+}
 
 namespace mt::actors {
 
@@ -43,6 +46,9 @@ struct TrainingHooks {
   // The final weights, before the host model is freed (also when the run stopped early; not after a
   // failure). hf_config: the config.json text of the starting weights ("" = none).
   std::function<void(const HostModel&, const std::string& hf_config)> on_finished;
+  // The job's ranks (the node binary under mpirun: cluster/world.hpp), with cfg.cluster.rank / ranks
+  // set from it; null = alone. Rank 0 alone prints progress, writes the logs, checkpoints and the export.
+  cluster::World* world = nullptr;
 };
 
 struct TrainingResult {

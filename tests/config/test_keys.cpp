@@ -51,12 +51,13 @@ TEST_CASE("each key is described once, and key_of finds it by its member", "[con
     CHECK(std::string(k.help).size() > 3);
     CHECK(find_key(k.qualified()) == &k);
   }
-  CHECK(names.size() == 86);
-  CHECK(config_sections() ==
-        std::vector<std::string>{"train", "model", "data", "device", "threads", "log", "monitor", "restart", "plan"});
+  CHECK(names.size() == 88);
+  CHECK(config_sections() == std::vector<std::string>{"train", "model", "data", "device", "threads", "log", "monitor",
+                                                      "restart", "plan", "cluster"});
   CHECK(key_of(c, c.train.max_steps) == "train.max_steps");
   CHECK(key_of(c, c.data.tokenizer_file) == "data.tokenizer_file");
   CHECK(key_of(c, c.plan.enforce) == "plan.enforce");
+  CHECK(key_of(c, c.cluster.collective_timeout_s) == "cluster.collective_timeout_s");
   const TrainConfig other;  // any config: the name comes from the member's place in it
   CHECK(key_of(other, other.device.gpus) == "device.gpus");
   const std::string stray;

@@ -131,13 +131,15 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "plan.hardware_file",
                         "plan.host_ram_gb",
                         "plan.disk_gb",
-                        "plan.enforce"}) {
+                        "plan.enforce",
+                        "cluster.mode",
+                        "cluster.collective_timeout_s"}) {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
   // train: 24 + eval_steps, eval_max_batches + 3 offload keys + tf32 + save_snapshot_mib; device: 9 + gpus;
-  // threads: 5 + adapt_to_load; plan: 5
-  CHECK(keys.size() == 31 + 15 + 4 + 10 + 6 + 3 + 8 + 4 + 5);
+  // threads: 5 + adapt_to_load; plan: 5; cluster: 2
+  CHECK(keys.size() == 31 + 15 + 4 + 10 + 6 + 3 + 8 + 4 + 5 + 2);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

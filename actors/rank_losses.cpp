@@ -1,0 +1,33 @@
+#include "actors/rank_losses.hpp"
+
+#include <string>
+#include <vector>
+
+#include "cluster/world.hpp"
+
+namespace mt::actors {
+namespace {
+
+struct RankLoss {  // one micro-batch's report, as the ranks exchange it (every rank runs the same binary)
+  std::int64_t micro_batch = 0;
+  double loss_sum = 0.0;
+  std::int64_t counted = 0;
+};
+
+}  // namespace
+
+bool gather_rank_losses(Context& ctx, std::int64_t step, std::map<std::int64_t, MbLoss>& losses) {
+  const auto all = static_cast<std::size_t>(ctx.micro_batches());
+  if (losses.size() >= all) return true;
+  const auto local = static_cast<std::size_t>(ctx.sched.micro_batches());
+  if (ctx.ranks <= 1 || ctx.world == nullptr || losses.size() < local) return false;
+  std::vector<RankLoss> mine;
+  for (const auto& kv : losses) mine.push_back(RankLoss{kv.first, kv.second.loss_sum, kv.second.counted});
+  std::vector<RankLoss> every(mine.size() * static_cast<std::size_t>(ctx.ranks));
+  ctx.world->allgather(cluster::Channel::losses, mine.data(), mine.size() * sizeof(RankLoss), every.data(),
+                       "the losses of step " + std::to_string(step));
+  for (const RankLoss& l : every) losses[l.micro_batch] = MbLoss{l.loss_sum, l.counted};
+  return losses.size() >= all;
+}
+
+}  // namespace mt::actors

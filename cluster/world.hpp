@@ -1,0 +1,82 @@
+// The ranks of a multi-process job: one node process per rank, started by an MPI launcher (`mpirun -np
+// N megatrain train ...`, or Slurm's `srun`), every rank with its own actor pipeline on its own
+// micro-batches. This header has no MPI (and no CAF) in it: world_mpi.cpp is the only file that
+// includes <mpi.h>, and a build without MPI links world_alone.cpp instead (the node then runs alone).
+//
+// Every transfer blocks its calling thread until it is done or `timeout_s` passed; a timeout throws
+// ClusterError naming this rank, the rank it was waiting for and what for, so no rank hangs forever in
+// a collective when a peer died or stopped. Transfers are thread-safe (MPI_THREAD_MULTIPLE): each
+// Channel is a communicator of its own, used by one thread of every rank in the same order (the
+// collector: gradients; the optimizer: losses; the node's thread: control), so messages of different
+// threads never match each other.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace mt::cluster {
+
+class ClusterError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Channel { control = 0, grads = 1, losses = 2 };
+constexpr int kChannels = 3;
+
+// True when this build has MPI (world_mpi.cpp), false for world_alone.cpp.
+bool built_with_mpi();
+// True when the environment is an MPI launcher's (mpirun / mpiexec: OMPI_COMM_WORLD_SIZE, PMIX_RANK;
+// srun and other PMI launchers: PMI_SIZE, PMI_RANK, PMIX_RANK). Only decides whether MPI is initialised:
+// the rank and the number of ranks then come from MPI itself.
+bool launched_by_mpi_launcher();
+
+class World {
+ public:
+  // cluster.mode: "auto" joins the job when a launcher started this process (else returns null: run
+  // alone), "on" joins or throws (no launcher, or a build without MPI), "off" returns null. The job's
+  // timeout for every transfer: cluster.collective_timeout_s. Call once per process, before any thread
+  // that uses the world starts; the world finalizes MPI when destroyed.
+  static std::unique_ptr<World> join(const std::string& mode, double timeout_s);
+  virtual ~World() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  double timeout_s() const { return timeout_s_; }
+
+  // Point-to-point, blocking with the timeout. `what` says what the bytes are (in a timeout's error).
+  virtual void send(Channel ch, int peer, const void* data, std::size_t bytes, const std::string& what) = 0;
+  virtual void recv(Channel ch, int peer, void* data, std::size_t bytes, const std::string& what) = 0;
+
+  // An asynchronous receive (the owner's gather posts one per rank, then adds them in rank order as
+  // each lands): start() returns a handle, wait() blocks until that receive is complete (timeout).
+  class PendingRecv {
+   public:
+    virtual ~PendingRecv() = default;
+    virtual void wait() = 0;
+  };
+  virtual std::unique_ptr<PendingRecv> start_recv(Channel ch, int peer, void* data, std::size_t bytes,
+                                                  const std::string& what) = 0;
+
+  // Every rank's `bytes` bytes, in rank order, into `all` (size() * bytes): point-to-point, so a
+  // timeout names the rank that did not answer.
+  void allgather(Channel ch, const void* mine, std::size_t bytes, void* all, const std::string& what);
+  // Rank `root`'s text to every rank.
+  void broadcast(Channel ch, int root, std::string& text, const std::string& what);
+
+  // Ends every rank of the job at once with `code` (after this rank failed: its peers would otherwise
+  // wait for it until their timeout).
+  [[noreturn]] virtual void abort(int code) = 0;
+
+  // "rank R of N" for messages.
+  std::string label() const;
+
+ protected:
+  explicit World(double timeout_s) : timeout_s_(timeout_s) {}
+
+ private:
+  double timeout_s_;
+};
+
+}  // namespace mt::cluster

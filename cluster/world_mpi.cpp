@@ -1,0 +1,175 @@
+// The World over MPI (OpenMPI from Debian): MPI_THREAD_MULTIPLE, one duplicated communicator per
+// Channel, errors returned (not fatal) so they become ClusterError. Every transfer is non-blocking
+// underneath (MPI_Isend / MPI_Irecv in chunks of at most 1 GiB, MPI's counts being int) and polled
+// with MPI_Testall and a short, growing sleep until done or the timeout: MPI's own blocking calls
+// cannot time out, and a busy poll would take a core from compute on a small machine.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "cluster/world.hpp"
+
+namespace mt::cluster {
+
+bool built_with_mpi() { return true; }
+
+namespace {
+
+constexpr std::size_t kChunkBytes = std::size_t{1} << 30;
+
+std::string mpi_error(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+class MpiWorld;
+
+// The requests of one transfer with one peer and what it is, waited for with the world's timeout.
+struct Transfer {
+  const MpiWorld* world = nullptr;
+  int peer = 0;
+  std::string what;
+  std::vector<MPI_Request> requests;
+  void wait();
+};
+
+class MpiWorld final : public World {
+ public:
+  explicit MpiWorld(double timeout_s) : World(timeout_s) {
+    int provided = 0;
+    if (const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS)
+      throw ClusterError("MPI_Init_thread failed: " + mpi_error(rc));
+    if (provided < MPI_THREAD_MULTIPLE) {
+      MPI_Finalize();
+      throw ClusterError(
+          "this MPI library does not provide MPI_THREAD_MULTIPLE (the collector and the optimizer "
+          "transfer from their own threads)");
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    for (MPI_Comm& c : comms_) {
+      MPI_Comm_dup(MPI_COMM_WORLD, &c);
+      MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    }
+  }
+  ~MpiWorld() override {
+    for (MPI_Comm& c : comms_) MPI_Comm_free(&c);
+    MPI_Finalize();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void send(Channel ch, int peer, const void* data, std::size_t bytes, const std::string& what) override {
+    Transfer t = post(ch, peer, const_cast<void*>(data), bytes, what, true);
+    t.wait();
+  }
+  void recv(Channel ch, int peer, void* data, std::size_t bytes, const std::string& what) override {
+    Transfer t = post(ch, peer, data, bytes, what, false);
+    t.wait();
+  }
+
+  class MpiPendingRecv final : public PendingRecv {
+   public:
+    explicit MpiPendingRecv(Transfer t) : t_(std::move(t)) {}
+    void wait() override {
+      if (!done_) t_.wait();
+      done_ = true;
+    }
+
+   private:
+    Transfer t_;
+    bool done_ = false;
+  };
+  std::unique_ptr<PendingRecv> start_recv(Channel ch, int peer, void* data, std::size_t bytes,
+                                          const std::string& what) override {
+    return std::make_unique<MpiPendingRecv>(post(ch, peer, data, bytes, what, false));
+  }
+
+  [[noreturn]] void abort(int code) override {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+  void check(int rc, const Transfer& t) const {
+    if (rc != MPI_SUCCESS)
+      throw ClusterError(label() + ": MPI failed with rank " + std::to_string(t.peer) + " (" + t.what +
+                         "): " + mpi_error(rc));
+  }
+
+ private:
+  Transfer post(Channel ch, int peer, void* data, std::size_t bytes, const std::string& what, bool sending) {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      throw ClusterError(label() + ": no transfer with rank " + std::to_string(peer) + " (" + what + ")");
+    Transfer t{this, peer, what, {}};
+    MPI_Comm comm = comms_[static_cast<int>(ch)];
+    auto* p = static_cast<unsigned char*>(data);
+    // One message per chunk, in order on the same tag: MPI does not let messages of one sender, tag and
+    // communicator overtake each other, so the chunks land where they belong. A transfer of 0 bytes is
+    // still one (empty) message, so both sides always agree on the count.
+    std::size_t off = 0;
+    do {
+      const std::size_t n = std::min(kChunkBytes, bytes - off);
+      MPI_Request r = MPI_REQUEST_NULL;
+      const int count = static_cast<int>(n);
+      const int rc = sending ? MPI_Isend(p + off, count, MPI_BYTE, peer, 0, comm, &r)
+                             : MPI_Irecv(p + off, count, MPI_BYTE, peer, 0, comm, &r);
+      check(rc, t);
+      t.requests.push_back(r);
+      off += n;
+    } while (off < bytes);
+    return t;
+  }
+
+  int rank_ = 0, size_ = 1;
+  MPI_Comm comms_[kChannels] = {};
+};
+
+void Transfer::wait() {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto limit = std::chrono::duration<double>(world->timeout_s());
+  auto pause = std::chrono::microseconds(2);
+  for (;;) {
+    int done = 0;
+    world->check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), *this);
+    if (done) return;
+    if (Clock::now() - start > limit) {
+      // The requests stay posted (their buffers must outlive them): the caller's error ends the
+      // process, and MPI_Abort the job.
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", world->timeout_s());
+      throw ClusterError(world->label() + ": no answer from rank " + std::to_string(peer) + " within " + secs +
+                         " s (cluster.collective_timeout_s) while waiting for " + what + ": rank " +
+                         std::to_string(peer) + " died, hangs or is far behind");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(500));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<World> World::join(const std::string& mode, double timeout_s) {
+  if (mode == "off") return nullptr;
+  if (!launched_by_mpi_launcher()) {
+    if (mode == "on")
+      throw ClusterError(
+          "cluster.mode=on, but no MPI launcher started this process (run it as "
+          "`mpirun -np N megatrain train ...` or with srun)");
+    return nullptr;
+  }
+  return std::make_unique<MpiWorld>(timeout_s);
+}
+
+}  // namespace mt::cluster
