@@ -70,7 +70,7 @@ void reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, float*
   const int owner = cluster::stage_owner(stage, ctx->ranks);
   const std::string what = "the gradients of stage " + std::to_string(stage) + ", step " + std::to_string(step) +
                            ", round " + std::to_string(mb) + " (owner rank " + std::to_string(owner) + ")";
-  cluster::reduce_round(*ctx->world, owner, mine, accum, n, mb == 0, ctx->collector_threads, st.scratch,
+  cluster::reduce_round(*ctx->world, owner, mine, accum, n, mb == 0, ctx->granted(ctx->collector_threads), st.scratch,
                         largest_stage_floats(ctx), what);
   self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
   if (mb + 1 == ctx->sched.micro_batches()) cluster::share_stage(*ctx->world, owner, accum, n, what);
