@@ -64,8 +64,7 @@ void CheckpointGate::release_all() {
   cv_.notify_all();
 }
 
-const StageSnapshot* CheckpointGate::begin_write(std::int64_t v, std::int64_t stage, std::size_t floats, int states,
-                                                 const std::function<void(StageSnapshot&)>& copy) {
+const StageSnapshot* CheckpointGate::begin_write(std::int64_t v, std::int64_t stage) {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     StageState* st = find(v, stage);
@@ -75,10 +74,7 @@ const StageSnapshot* CheckpointGate::begin_write(std::int64_t v, std::int64_t st
       continue;
     }
     if (*st == StageState::copied) return open_[v].snapshots[stage].get();
-    if (*st == StageState::pending) {
-      if (copy && copy_aside(lock, v, stage, floats, states, copy)) continue;
-      *st = StageState::writing;
-    }
+    if (*st == StageState::pending) *st = StageState::writing;
     return nullptr;
   }
 }

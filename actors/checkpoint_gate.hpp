@@ -1,15 +1,12 @@
-// The version gate between the optimizer and the checkpointer. Stage s's tile holds version v from the
-// optimizer's update of step v-1 until its update of step v, about one step later. The optimizer opens
-// the gate for v before its first update towards v. Each stage of checkpoint v is then copied aside
-// once, by whichever side comes first, when the copies in use fit the budget (train.save_snapshot_mib):
-//   - the checkpointer, when it starts the stage (begin_write): it copies the tile (milliseconds of
-//     memory bandwidth), then writes the copy to disk at the disk's pace;
-//   - the optimizer, when it must update a stage the checkpointer has not reached (before_update):
-//     copy on write, then it updates the tile.
-// The optimizer waits only for a copy in progress, or, past the budget (or with 0), until the stage is
-// written straight from the tile, as without copies. So a disk slower than one stage per step holds
-// neither the optimizer nor the next forward (tools/bench/run checkpoint, checkpoint_stall), and host
-// RAM grows by at most the budget.
+// The version gate between the optimizer and the checkpointer. A checkpoint of tile version v is
+// written straight from the tiles; stage s's tile holds version v from the optimizer's update of step
+// v-1 until its update of step v, about one step later. The optimizer opens the gate for v before its
+// first update towards v; before updating stage s past v it calls before_update, which returns at once
+// when stage s of v is written (or the checkpoint given up); when the checkpointer has not started the
+// stage and the copies in use fit the budget (train.save_snapshot_mib), it copies the stage's masters,
+// m and v aside for the checkpointer to write from (copy on write: milliseconds of memory bandwidth
+// instead of the rest of a disk write); otherwise (the stage being written, or past the budget) it
+// waits until the checkpointer marked it written. Host RAM grows by at most the budget.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -46,11 +43,9 @@ class CheckpointGate {
   void release_all();
 
   // The checkpointer, before writing stage `stage` of checkpoint v: waits while the optimizer is
-  // copying it; copies it itself with `copy` (when given and the budget allows); returns the copy to
-  // write from, or nullptr: write from the tile (the optimizer then waits for mark_written before
-  // updating it).
-  const StageSnapshot* begin_write(std::int64_t v, std::int64_t stage, std::size_t floats = 0, int states = 3,
-                                   const std::function<void(StageSnapshot&)>& copy = {});
+  // copying it; returns the copy to write from, or nullptr: write from the tile (the optimizer then
+  // waits for mark_written before updating it).
+  const StageSnapshot* begin_write(std::int64_t v, std::int64_t stage);
   // Stage `stage` of v is on disk: the optimizer may update it; its copy (if any) is freed.
   void mark_written(std::int64_t v, std::int64_t stage);
   // Has the optimizer copied stage `stage` of v aside (so the tile may be past v)?

@@ -76,14 +76,10 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
   try {
     if (cj.stall_step == v && cj.stall_stage == stage && cj.stall_seconds > 0)
       std::this_thread::sleep_for(std::chrono::duration<double>(cj.stall_seconds));
-    // A copy of version v (made by the optimizer, which needed the tile first, or here: the copy takes
-    // milliseconds, the disk write far longer, and the optimizer never waits for the disk).
-    const std::size_t floats = ctx->layouts[static_cast<std::size_t>(stage)].total_floats;
-    const StageSnapshot* copy = ctx->gate.begin_write(v, stage, floats, 3, [&](StageSnapshot& snap) {
-      const StateLease state(*ctx->host, stage);
-      copy_stage_state(state, snap);
-    });
-    if (copy) {
+    // The optimizer needed the tile first and copied version v aside; else the tile itself (the optimizer
+    // now waits for this stage's write). A copy here too would free the optimizer of that wait, but it
+    // measured worse on 2 busy cores: the copy's CPU and memory traffic cost compute more than the wait.
+    if (const StageSnapshot* copy = ctx->gate.begin_write(v, stage)) {
       p.writer->write_stage(stage, ckpt::StageState{copy->master.get(), copy->m.get(), copy->v.get()});
     } else {
       HostTile& t = ctx->host->tile(stage);

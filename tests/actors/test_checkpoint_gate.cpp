@@ -108,32 +108,6 @@ TEST_CASE("gate: within the budget the optimizer copies the stage and the checkp
   }
 }
 
-TEST_CASE("gate: the checkpointer copies the stage it starts, and the optimizer never waits for its write") {
-  CheckpointGate g;
-  g.set_snapshot_budget(kStageBytes);
-  REQUIRE(g.open(4, 2));
-  Copier writer_copy, optimizer_copy;
-  writer_copy.value = 7.0f;
-  const StageSnapshot* s = g.begin_write(4, 0, kFloats, 3, writer_copy.fn());
-  REQUIRE(s != nullptr);
-  CHECK(writer_copy.calls == 1);
-  CHECK(s->m[3] == 7.0f);
-  // While that copy is written to disk the optimizer updates the tile at once.
-  CHECK(g.before_update(4, 0, kFloats, 3, optimizer_copy.fn()) == 0.0);
-  CHECK(optimizer_copy.calls == 0);
-  // Past the budget the checkpointer writes stage 1 from the tile, and the optimizer waits for that.
-  CHECK(g.begin_write(4, 1, kFloats, 3, writer_copy.fn()) == nullptr);
-  CHECK(writer_copy.calls == 1);
-  std::thread disk([&] {
-    std::this_thread::sleep_for(100ms);
-    g.mark_written(4, 1);
-  });
-  CHECK(g.before_update(4, 1, kFloats, 3, optimizer_copy.fn()) > 0.05);
-  disk.join();
-  g.mark_written(4, 0);
-  CHECK(g.copied_bytes() == kStageBytes);
-}
-
 TEST_CASE("gate: a stage being written is waited for even with a budget") {
   CheckpointGate g;
   g.set_snapshot_budget(10 * kStageBytes);
