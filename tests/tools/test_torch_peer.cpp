@@ -127,7 +127,7 @@ TEST_CASE("a compile past its budget and a compiled step past the cut-off are st
   CHECK(in_compile.stopped);
   CHECK_FALSE(in_compile.ok);
   CHECK(in_compile.stopped_above == 420.0);
-  CHECK(in_compile.error == "stopped: compile + first step ran past its budget of 420 s");
+  CHECK(in_compile.error == "stopped: compile + warm-up step 1 ran past its budget of 420 s");
 
   const TorchPeerRun timed = mt::bench::parse_torch_peer(
       config(true, true, TorchCompile::default_mode), 3,
@@ -135,6 +135,16 @@ TEST_CASE("a compile past its budget and a compiled step past the cut-off are st
   CHECK(timed.stopped);
   CHECK(timed.stopped_above == 4.0);
   CHECK(timed.error == "stopped: its timed step ran past 4.0 s, cannot be the best (compile + first step 95.5 s)");
+
+  // The sweep gives a compiled run two warm-up steps: a stop in the second is still under the budget.
+  TorchPeerLimits two = limits(4.0, 300.0);
+  two.warmup = 2;
+  const TorchPeerRun second = mt::bench::parse_torch_peer(
+      config(true, false, TorchCompile::default_mode), 3,
+      kHead + "torch_first_step_seconds 95.5\ntorch_step_stopped above 300.0 at step 1\n", two);
+  CHECK(second.stopped);
+  CHECK(second.stopped_above == 300.0);
+  CHECK(second.error == "stopped: compile + warm-up step 2 ran past its budget of 300 s");
 
   const TorchPeerRun eager =
       mt::bench::parse_torch_peer(config(false, false, TorchCompile::eager), 3,
@@ -176,7 +186,7 @@ TEST_CASE("the best is taken over what ran; failures stay in the table and out o
         std::string::npos);
   CHECK(line_of("pypi_2thr_bf16_sdpa_compile").find("<- best") != std::string::npos);
   CHECK(line_of("pypi_2thr_bf16_sdpa_compile").find("88.5") != std::string::npos);
-  CHECK(line_of("pypi_2thr_bf16_sdpa_autotune").find("compile + first step ran past its budget of 420 s") !=
+  CHECK(line_of("pypi_2thr_bf16_sdpa_autotune").find("compile + warm-up step 1 ran past its budget of 420 s") !=
         std::string::npos);
   CHECK(line_of("pypi_2thr_bf16_sdpa").find("<- best") == std::string::npos);
 

@@ -61,7 +61,8 @@ struct TorchPeerRun {
   int warmup = 0;              // unmeasured steps before them
   double warmup_seconds = 0;   // the warm-up step (first-touch memory, oneDNN primitives)
   double wall_seconds = 0;     // the whole child process: start-up, model build, every step
-  double compile_seconds = 0;  // compiled: the first step (where the compile happens) minus the timed step
+  double compile_seconds = 0;  // compiled: the warm-up steps (the compile is in the first) beyond as many
+                               // timed steps
   bool stopped = false;        // !ok because a step ran past the cut-off (cannot be the best) or the
                                // compile ran past its budget
   double stopped_above = 0;
@@ -88,10 +89,11 @@ struct TorchPeerOptions {
   double cutoff_slack_s = 1.0;
   double timeout_s = 420;  // per configuration: a hung or pathological child is stopped and reported
   // torch.compile: default mode for every precision and attention at the thread count where the
-  // interpreter's eager step was fastest (each cold compile costs over a minute on 2 cores), then
+  // interpreter's eager step was fastest (each cold compile costs about a minute on 2 cores), then
   // max-autotune for the precision and attention of the fastest compiled one. A compile (the first step)
-  // running past its budget is stopped and reported as such; a cold default compile of the model took
-  // 70-100 s on 2 cores (AMD family 26), so the budgets leave room for a slower machine.
+  // running past its budget is stopped and reported as such. A cold compile + first step of this model
+  // took 40-80 s on 2 cores (AMD EPYC family 25 model 17, torch 2.15), max-autotune's 50-80 s, at
+  // 4 x 64 and 4 x 256: the budgets leave room for a slower machine, not for a pathological compile.
   bool compile = true;
   bool autotune = true;
   double compile_budget_s = 300;

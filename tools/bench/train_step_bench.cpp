@@ -18,7 +18,7 @@
 // usage: bench_train_step [threads=2] [batch=4] [seqs=64,256] [reps=2] [--no-torch] [--keep-only]
 //                         [--no-bf16] [--no-engine] [--no-compile] [--no-autotune]
 //   --no-compile / --no-autotune: the PyTorch peer without torch.compile / without its max-autotune run
-//   (the compiled runs take most of the bench's time: each is a cold compile of a minute or more)
+//   (the compiled runs take about half the bench's time: each is a cold compile of about a minute)
 #include <sys/resource.h>
 
 #include <algorithm>
