@@ -152,7 +152,7 @@ TEST_CASE("a compile past its budget and a compiled step past the cut-off are st
   CHECK(eager.error == "stopped: its warm-up step ran past 9.0 s, cannot be the best");
 }
 
-TEST_CASE("the best is taken over what ran; failures stay in the table and out of the figures", "[bench][torch_peer]") {
+TEST_CASE("the best is taken over what ran, failures stay in the table and out of the figures", "[bench][torch_peer]") {
   mt::bench::TorchPeerSweep s;
   s.batch = 4;
   s.seq = 64;
