@@ -3,7 +3,9 @@
 // compares our step against that best; this binary shows the whole table.
 //
 // usage: bench_torch_peer [threads=2] [batch=4] [seqs=64,256] [reps=2] [--no-debian] [--no-venv] [--full]
+//                         [--no-compile] [--no-autotune]
 //   --full: no cut-off, every configuration measured to the end (Debian's fp32 takes minutes at 4 x 256)
+//   --no-compile / --no-autotune: leave out torch.compile altogether / its max-autotune run
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +30,10 @@ static int run(int argc, char** argv) {
       opt.include_venv = false;
     else if (std::strcmp(argv[i], "--full") == 0)
       opt.cutoff = 0;
+    else if (std::strcmp(argv[i], "--no-compile") == 0)
+      opt.compile = false;
+    else if (std::strcmp(argv[i], "--no-autotune") == 0)
+      opt.autotune = false;
     else
       pos.emplace_back(argv[i]);
   }
@@ -42,7 +48,7 @@ static int run(int argc, char** argv) {
   if (opt.threads < 1 || B < 1 || opt.reps < 1 || seqs.empty()) {
     std::fprintf(stderr,
                  "usage: bench_torch_peer [threads=2] [batch=4] [seqs=64,256] [reps=2] [--no-debian] [--no-venv] "
-                 "[--full]\n");
+                 "[--full] [--no-compile] [--no-autotune]\n");
     return 2;
   }
 
@@ -58,6 +64,7 @@ static int run(int argc, char** argv) {
     // Each configuration against the best (ratio = how many times slower than the strongest peer).
     for (const mt::bench::TorchPeerRun& r : s.runs)
       if (r.ok) report.add({"torch_step_s_" + r.config.name() + tag, r.seconds, "s", best->seconds});
+    mt::bench::add_compile_figures(report, s, tag);
     if (best) report.add({"torch_step_s_best" + tag, best->seconds, "s", 0});
   }
   report.print();
