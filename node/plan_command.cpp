@@ -44,6 +44,9 @@ void print_profile(const HardwareProfile& hw, double measure_s) {
   if (hw.disk_read > 0)
     std::printf("; disk %.2f GB/s read, %.2f GB/s write, %s free", hw.disk_read / 1e9, hw.disk_write / 1e9,
                 gib(hw.disk_bytes).c_str());
+  if (hw.disk_read_cpu_s_per_byte > 0 || hw.disk_write_cpu_s_per_byte > 0)
+    std::printf(" (the tier's CPU: %.3f / %.3f s per GB read / written: checksums, system calls)",
+                hw.disk_read_cpu_s_per_byte * 1e9, hw.disk_write_cpu_s_per_byte * 1e9);
   std::printf("\n");
 }
 

@@ -20,7 +20,10 @@ struct HardwareProfile {
   double host_mem = 0.0;                  // bytes/s a streaming loop reaches (optimizer, accumulation)
   double host_ram_bytes = 0.0;
   double disk_read = 0.0, disk_write = 0.0;  // bytes/s; 0 = not measured
-  double disk_bytes = 0.0;                   // free space
+  // CPU seconds a byte of the NVMe tier's own read and write path takes (its block checksums and system
+  // calls, on the store's worker and I/O threads), measured with the disk; 0 = not measured.
+  double disk_read_cpu_s_per_byte = 0.0, disk_write_cpu_s_per_byte = 0.0;
+  double disk_bytes = 0.0;  // free space
   // Measured on this machine only (0 elsewhere).
   double adamw_params_per_s = 0.0;  // the optimizer's fp32 AdamW rate with the run's optimizer threads
   // The run's moment codec (train.optimizer_compression), parameters (m and v) a second on one store
@@ -49,8 +52,10 @@ struct MeasureOptions {
 };
 // This machine in a few seconds: fp32 and bf16 GEMM rate (1024-cubed products through the engine's
 // own kernels), memory copy bandwidth (the CPU backend's link is a memcpy), the AdamW rate, host RAM
-// (MemAvailable), the moment codec's encode and decode rates (1M parameters), and when disk_dir is set its O_DIRECT
-// write and read rate (1 MiB blocks, disk_queue_depth of them in flight: the tier's pattern) and free space.
+// (MemAvailable), the moment codec's encode and decode rates (1M parameters), and when disk_dir is set
+// the NVMe tier's write and read rate and CPU seconds per byte through the tier's own code (a stage
+// file rewritten in place and read back: O_DIRECT, 1 MiB chunks, disk_queue_depth of them in flight,
+// a checksum per block), and the free space.
 HardwareProfile measure_this_machine(const MeasureOptions& options);
 
 // MemAvailable from /proc/meminfo, bytes (0 when unknown).

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <iterator>
+#include <map>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -49,22 +51,32 @@ struct Resource {
   }
 };
 
-// Shared cores (the CPU backend): the optimizer's and the collector's work, as intervals in time order,
-// during which compute makes no progress. They run when their inputs are there, at their measured
-// speed, and compute fills the time around them: an update that waits for an NVMe read leaves the
-// cores to the next step's forward (a single in-order resource would make compute wait through the
-// optimizer's read waits as well).
+// Shared cores (the CPU backend): the work of threads other than compute's (the optimizer, the
+// collector, the NVMe tier's checksums and system calls), as a union of intervals, during which compute
+// makes no progress. That work runs when its inputs are there, at its measured speed, and compute fills
+// the time around it: an update that waits for an NVMe read leaves the cores to the next step's forward
+// (a single in-order resource would make compute wait through the optimizer's read waits as well).
+// Intervals may arrive out of time order (a read's checksums are placed at the disk's time).
 class CpuShare {
  public:
   void add(double start, double end) {
-    if (end > start) busy_.push_back({start, end});
+    if (!(end > start)) return;
+    auto it = busy_.upper_bound(start);
+    if (it != busy_.begin() && std::prev(it)->second >= start) --it;  // the one before touches: merge
+    while (it != busy_.end() && it->first <= end) {
+      start = std::min(start, it->first);
+      end = std::max(end, it->second);
+      it = busy_.erase(it);
+    }
+    busy_.emplace(start, end);
   }
   // When `work` seconds of compute that start at `start` end, paused during the intervals.
-  double finish(double start, double work) {
-    while (first_ < busy_.size() && busy_[first_].second <= start) ++first_;  // compute starts only move forward
+  double finish(double start, double work) const {
+    auto it = busy_.upper_bound(start);
+    if (it != busy_.begin() && std::prev(it)->second > start) --it;  // compute starts inside it
     double t = start;
-    for (std::size_t i = first_; i < busy_.size(); ++i) {
-      const auto [a, b] = busy_[i];
+    for (; it != busy_.end(); ++it) {
+      const auto [a, b] = *it;
       if (a >= t + work) break;
       if (a > t) work -= a - t;
       t = std::max(t, b);
@@ -73,8 +85,7 @@ class CpuShare {
   }
 
  private:
-  std::vector<std::pair<double, double>> busy_;
-  std::size_t first_ = 0;
+  std::map<double, double> busy_;  // start -> end, disjoint
 };
 
 }  // namespace
@@ -212,6 +223,11 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   const double disk_r = hw.disk_read > 0 ? hw.disk_read : 2e9, disk_w = hw.disk_write > 0 ? hw.disk_write : 1e9;
   auto t_read = [&](std::int64_t s) { return floats[s] * nvme_per / disk_r; };
   auto t_write = [&](std::int64_t s) { return floats[s] * nvme_per / disk_w; };
+  // The tier's CPU work per transfer (the probe's CPU seconds per byte through the tier's own code: block
+  // checksums and system calls, on the store's worker and I/O threads), inside the transfer's time: a
+  // write checksums its blocks before it writes, a read verifies them after it has read.
+  auto cpu_read = [&](std::int64_t s) { return floats[s] * nvme_per * hw.disk_read_cpu_s_per_byte; };
+  auto cpu_write = [&](std::int64_t s) { return floats[s] * nvme_per * hw.disk_write_cpu_s_per_byte; };
   const int staging = static_cast<int>(cfg.train.offload_staging_stages);
   const bool reads = tier && S > staging;  // a store whose slots hold every stage reads nothing
   // A moment codec (train.optimizer_compression): a stage's moments are encoded after each update and,
@@ -232,6 +248,10 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
     const double end = host.run(ready, duration, cnt);
     if (hw.shared_cores) shared.add(end - duration, end);
     return end;
+  };
+  auto tier_cpu = [&](double start, double duration, double transfer) {
+    // More CPU than the transfer's time is several threads at once: the cores are taken throughout.
+    if (hw.shared_cores) shared.add(start, start + std::min(duration, transfer));
   };
   // A copy on `link` of `bytes`. On shared cores the copy engine is a memcpy on a thread of its own, and
   // compute's cores run it: a copy that starts while compute is busy delays compute by its CPU time
@@ -277,17 +297,18 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
       if (count) p.wait_nvme_s += std::max(0.0, read_done[static_cast<std::size_t>(s)] - std::max(host.free, ready));
       if (t > 0 && t_decode(s) > 0) {  // step 0: fresh moments, nothing to decode
         start = host_run(start, t_decode(s), count);
-        if (count) p.optimizer_s += t_decode(s);
+        if (count) p.optimizer_s += t_decode(s), p.codec_s += t_decode(s);
       }
       const double end = host_run(start, t_opt(s), count);
       if (count) p.optimizer_s += t_opt(s);
       updated[static_cast<std::size_t>(s)] = end;
       opt_end = std::max(opt_end, end);
       const double encoded = t_encode(s) > 0 ? host_run(end, t_encode(s), count) : end;
-      if (count) p.optimizer_s += t_encode(s);
+      if (count) p.optimizer_s += t_encode(s), p.codec_s += t_encode(s);
       if (tier) {
-        nvme.run(encoded, t_write(s), count);
-        if (count) p.nvme_s += t_write(s);
+        const double end_write = nvme.run(encoded, t_write(s), count);
+        tier_cpu(end_write - t_write(s), cpu_write(s), t_write(s));
+        if (count) p.nvme_s += t_write(s), p.tier_cpu_s += cpu_write(s);
       }
     };
     // Reads ahead for this step's updates (every stage was written in the previous step).
@@ -298,8 +319,10 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
     // store reads ahead of its last acquire only), and the disk is free.
     auto read = [&](std::int64_t s, double ready = 0.0) {
       if (!reads || t == 0) return;  // step 0: fresh moments, nothing stored yet
-      read_done[static_cast<std::size_t>(s)] = nvme.run(ready, t_read(s), count);
-      if (count) p.nvme_s += t_read(s);
+      const double end_read = nvme.run(ready, t_read(s), count);
+      read_done[static_cast<std::size_t>(s)] = end_read;
+      tier_cpu(end_read - std::min(cpu_read(s), t_read(s)), cpu_read(s), t_read(s));
+      if (count) p.nvme_s += t_read(s), p.tier_cpu_s += cpu_read(s);
     };
     if (clip)
       for (int k = 0; k < ahead && k < S; ++k) read(k);
@@ -432,6 +455,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   p.tokens = static_cast<double>(plan.batch * plan.seq * plan.micro_batches) *
              static_cast<double>(std::max<std::int64_t>(1, cfg.device.gpus));
   p.model_flops = model_flops_per_step(model, p.tokens, static_cast<double>(plan.seq));
+  p.shared_cores = hw.shared_cores;
   return p;
 }
 
@@ -442,14 +466,19 @@ std::string describe_step(const StepPrediction& p, const OpTimes& ops) {
                 "predicted step: %.4f s (%.0f tokens/s, %.1f TFLOP/s model FLOPs)\n"
                 "  op times: layer forward %.4f s, layer backward %.4f s, head %.4f s, embedding %.4f + %.4f s\n"
                 "            (%s)\n"
-                "  busy per step: compute %.4f s | link in %.4f s, out %.4f s | optimizer %.4f s, gradient "
-                "accumulation %.4f s | NVMe %.4f s\n"
+                "  busy per step: compute %.4f s | link in %.4f s, out %.4f s | optimizer %.4f s (moment codec "
+                "%.4f s), gradient accumulation %.4f s | NVMe %.4f s (the tier's CPU work: %.4f s)\n"
                 "  compute waited: link %.4f s, a stage's update (optimizer) %.4f s, gradient slots %.4f s; the "
                 "optimizer waited for NVMe %.4f s\n",
                 p.step_s, p.tokens / p.step_s, p.tflops(), ops.layer_forward, ops.layer_backward, ops.head,
                 ops.embed_forward, ops.embed_backward, ops.source.c_str(), p.compute_s, p.h2d_s, p.d2h_s, p.optimizer_s,
-                p.accumulate_s, p.nvme_s, p.wait_link_s, p.wait_optimizer_s, p.wait_grad_slot_s, p.wait_nvme_s);
+                p.codec_s, p.accumulate_s, p.nvme_s, p.tier_cpu_s, p.wait_link_s, p.wait_optimizer_s,
+                p.wait_grad_slot_s, p.wait_nvme_s);
   out << b;
+  if (p.tier_cpu_s > 0)
+    out << (p.shared_cores
+                ? "  the tier's CPU work (checksums, system calls) runs on compute's cores: it pauses compute\n"
+                : "  the tier's CPU work (checksums, system calls) runs on host cores beside the device\n");
   return out.str();
 }
 

@@ -8,8 +8,9 @@
 // of layer i waits only for the update of layer i; without clipping as each stage's gradients
 // complete), and with train.offload_dir the NVMe tier reading moments ahead and writing behind. Each
 // resource serves its work in program order; a task starts when its resource is free and its inputs
-// are there. On shared cores (the CPU backend) the collector's and optimizer's work pauses compute
-// while it runs, and compute fills the time around it. No CAF here.
+// are there. On shared cores (the CPU backend) the collector's, the optimizer's and the tier's CPU work
+// (its checksums and system calls) pause compute while they run, and compute fills the time around
+// them. No CAF here.
 #pragma once
 #include <string>
 
@@ -40,10 +41,13 @@ struct StepPrediction {
   double steady_s = 0.0;  // the last step's time
   // Busy seconds per step of each resource.
   double compute_s = 0, h2d_s = 0, d2h_s = 0, accumulate_s = 0, optimizer_s = 0, nvme_s = 0;
+  double codec_s = 0;     // of optimizer_s: the moment codec's encoding and decoding
+  double tier_cpu_s = 0;  // CPU seconds of the NVMe tier's transfers (checksums, system calls), within nvme_s
   // Where compute waited, seconds per step: for the link, for a stage's update (the optimizer gating
   // the next step's load), for a gradient staging slot; and how long the optimizer waited for NVMe reads.
   double wait_link_s = 0, wait_optimizer_s = 0, wait_grad_slot_s = 0, wait_nvme_s = 0;
   double tokens = 0, model_flops = 0;
+  bool shared_cores = false;  // the profile's: the host's work (optimizer, collector, tier) pauses compute
   double tflops() const { return step_s > 0 ? model_flops / step_s / 1e12 : 0.0; }
 };
 
