@@ -25,6 +25,18 @@ bool CheckpointGate::is_open(std::int64_t v) const {
   return open_.count(v) != 0;
 }
 
+void CheckpointGate::set_data_cursor(std::int64_t v, nlohmann::json cursor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = open_.find(v);
+  if (it != open_.end()) it->second.data_cursor = std::move(cursor);
+}
+
+nlohmann::json CheckpointGate::data_cursor(std::int64_t v) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = open_.find(v);
+  return it != open_.end() ? it->second.data_cursor : nlohmann::json(nullptr);
+}
+
 CheckpointGate::StageState* CheckpointGate::find(std::int64_t v, std::int64_t stage) {
   auto it = open_.find(v);
   if (it == open_.end() || stage < 0 || stage >= static_cast<std::int64_t>(it->second.stages.size())) return nullptr;

@@ -17,6 +17,8 @@
 #include <mutex>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "storage/host/host_model.hpp"
 
 namespace mt::actors {
@@ -37,6 +39,11 @@ class CheckpointGate {
   // Registers checkpoint v (every stage pending). False when it is already registered.
   bool open(std::int64_t v, std::int64_t stages);
   bool is_open(std::int64_t v) const;
+  // The data loader's cursor before checkpoint v's first batch, taken when v is decided: the loader
+  // keeps a bounded history, and the checkpoint may finish many steps later (copies let training run
+  // on). Null when none was set.
+  void set_data_cursor(std::int64_t v, nlohmann::json cursor);
+  nlohmann::json data_cursor(std::int64_t v) const;
   // Checkpoint v is published or given up: nothing waits for it any more; its copies are freed.
   void close(std::int64_t v);
   // Shutdown: releases every waiter, now and later.
@@ -65,6 +72,7 @@ class CheckpointGate {
   struct Checkpoint {
     std::vector<StageState> stages;
     std::map<std::int64_t, std::unique_ptr<StageSnapshot>> snapshots;
+    nlohmann::json data_cursor;
   };
   StageState* find(std::int64_t v, std::int64_t stage);  // nullptr: no such checkpoint open
   // Lock held, the stage pending: copies it aside when the budget allows (the lock released while

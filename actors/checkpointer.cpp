@@ -38,6 +38,9 @@ namespace {
 
 struct PendingCheckpoint {
   std::unique_ptr<ckpt::CheckpointWriter> writer;
+  // The data loader's cursor before the checkpoint's first batch (CheckpointGate::data_cursor): the
+  // loader keeps a bounded history, and with copy on write the last stage may be written steps later.
+  nlohmann::json data_cursor;
   std::vector<char> written;
   std::int64_t remaining = 0;
   Clock::time_point t0;
@@ -95,8 +98,9 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     ctx->gate.mark_written(v, stage);
     ctx->monitor->board().probe(monitor::ActorId::checkpointer).unit(v, -1, stage, "checkpoint write");
     if (--p.remaining > 0) return;
-    const nlohmann::json run = make_run_state(*ctx->cfg, ctx->run_data, v, ctx->micro_batches(), *ctx->host,
-                                              evaluations_json(*ctx->evaluations));
+    nlohmann::json run =
+        make_run_state(*ctx->cfg, nullptr, v, ctx->micro_batches(), *ctx->host, evaluations_json(*ctx->evaluations));
+    run["data"]["cursor"] = p.data_cursor;
     const std::uint64_t bytes = p.writer->bytes_written();
     const auto dir = p.writer->finalize(run);
     CheckpointDone done{v, dir.string(), seconds_between(p.t0, Clock::now()), bytes};
@@ -163,6 +167,10 @@ void begin(self_ptr self, std::int64_t v) {
     o.keep_last = cj.keep_last;
     if (!cj.hf_config_json.empty()) o.hf_config = nlohmann::json::parse(cj.hf_config_json);
     p.writer = std::make_unique<ckpt::CheckpointWriter>(cj.root, v, *ctx->model, o);
+    p.data_cursor = ctx->gate.data_cursor(v);      // taken when the optimizer decided the checkpoint
+    if (p.data_cursor.is_null() && ctx->run_data)  // decided elsewhere (the end of the run), or not kept
+      p.data_cursor = ctx->run_data->cursor_before(static_cast<std::uint64_t>(v) *
+                                                   static_cast<std::uint64_t>(ctx->micro_batches()));
   } catch (const std::exception& e) {
     fail(self, v, e.what());
     return;

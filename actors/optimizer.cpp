@@ -56,7 +56,18 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
     self->send(st.peers.node, CheckpointTaken{v});
     self->send(st.peers.supervisor, CheckpointTaken{v});
   }
-  if (due && ctx->gate.open(v, ctx->stages())) self->send(st.peers.checkpointer, CheckpointNow{v});
+  if (due && ctx->gate.open(v, ctx->stages())) {
+    // The data position now, while the loader still keeps it (checkpoint_gate.hpp); a failure here
+    // leaves it to the checkpointer, which then names it.
+    if (ctx->run_data) {
+      try {
+        ctx->gate.set_data_cursor(v, ctx->run_data->cursor_before(static_cast<std::uint64_t>(v) *
+                                                                  static_cast<std::uint64_t>(ctx->micro_batches())));
+      } catch (const std::exception&) {
+      }
+    }
+    self->send(st.peers.checkpointer, CheckpointNow{v});
+  }
 }
 
 void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamWHyper& hyper, float grad_scale) {
