@@ -17,7 +17,7 @@ TEST_CASE("adapt to load: beside a busy loop the run takes one thread fewer, sam
     return;
   }
   Tiny t;
-  t.steps = 400;
+  t.steps = 2000;  // several 0.2 s windows even on a fast machine (a tiny step takes milliseconds)
   t.hidden = 64;
   TrainConfig cfg = tiny_config(t);
   cfg.threads.blas = 2;
