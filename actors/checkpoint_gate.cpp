@@ -20,11 +20,6 @@ bool CheckpointGate::open(std::int64_t v, std::int64_t stages) {
   return true;
 }
 
-bool CheckpointGate::is_open(std::int64_t v) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return open_.count(v) != 0;
-}
-
 void CheckpointGate::set_data_cursor(std::int64_t v, nlohmann::json cursor) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = open_.find(v);

@@ -38,7 +38,6 @@ class CheckpointGate {
 
   // Registers checkpoint v (every stage pending). False when it is already registered.
   bool open(std::int64_t v, std::int64_t stages);
-  bool is_open(std::int64_t v) const;
   // The data loader's cursor before checkpoint v's first batch, taken when v is decided: the loader
   // keeps a bounded history, and the checkpoint may finish many steps later (copies let training run
   // on). Null when none was set.

@@ -98,9 +98,8 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     ctx->gate.mark_written(v, stage);
     ctx->monitor->board().probe(monitor::ActorId::checkpointer).unit(v, -1, stage, "checkpoint write");
     if (--p.remaining > 0) return;
-    nlohmann::json run =
-        make_run_state(*ctx->cfg, nullptr, v, ctx->micro_batches(), *ctx->host, evaluations_json(*ctx->evaluations));
-    run["data"]["cursor"] = p.data_cursor;
+    const nlohmann::json run = make_run_state(*ctx->cfg, p.data_cursor, v, ctx->micro_batches(), *ctx->host,
+                                              evaluations_json(*ctx->evaluations));
     const std::uint64_t bytes = p.writer->bytes_written();
     const auto dir = p.writer->finalize(run);
     CheckpointDone done{v, dir.string(), seconds_between(p.t0, Clock::now()), bytes};

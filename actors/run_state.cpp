@@ -121,8 +121,8 @@ std::vector<EvalRecord> evaluations_from_json(const nlohmann::json& j) {
   return out;
 }
 
-nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::int64_t step, std::int64_t micro_batches,
-                              const HostModel& host, const nlohmann::json& evaluations) {
+nlohmann::json make_run_state(const TrainConfig& cfg, const nlohmann::json& data_cursor, std::int64_t step,
+                              std::int64_t micro_batches, const HostModel& host, const nlohmann::json& evaluations) {
   const std::uint64_t g = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(micro_batches);
   nlohmann::json versions = nlohmann::json::array();
   // The version of the state saved, which is `step` for every stage (the checkpointer writes stage s only
@@ -140,10 +140,7 @@ nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::in
         {"max_steps", cfg.train.max_steps},
         {"min_lr_ratio", cfg.train.min_lr_ratio},
         {"next_lr", cfg.learning_rate_at(step)}}},
-      {"data",
-       {{"micro_batches_per_step", micro_batches},
-        {"global_batch_index", g},
-        {"cursor", data ? data->cursor_before(g) : nlohmann::json(nullptr)}}},
+      {"data", {{"micro_batches_per_step", micro_batches}, {"global_batch_index", g}, {"cursor", data_cursor}}},
       {"rng",
        {{"seed", cfg.train.seed},
         {"note", "random numbers are drawn only at initialisation (no dropout); data order = f(seed, cursor)"}}},

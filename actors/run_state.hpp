@@ -34,8 +34,10 @@ namespace mt::actors {
 
 nlohmann::json train_config_json(const TrainConfig& cfg);
 
-nlohmann::json make_run_state(const TrainConfig& cfg, BatchSource* data, std::int64_t step, std::int64_t micro_batches,
-                              const HostModel& host, const nlohmann::json& evaluations = nlohmann::json::array());
+// data_cursor: the loader's cursor before the checkpoint's first batch (BatchSource::cursor_before), or null.
+nlohmann::json make_run_state(const TrainConfig& cfg, const nlohmann::json& data_cursor, std::int64_t step,
+                              std::int64_t micro_batches, const HostModel& host,
+                              const nlohmann::json& evaluations = nlohmann::json::array());
 
 // (bugprone-exception-escape: nlohmann::json's noexcept move runs an invariant check the analysis
 // cannot prove never throws.)

@@ -49,6 +49,10 @@ CoreShareMeter::CoreShareMeter() {
   last_ = read();
 }
 
+double CoreShareMeter::wall_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 std::optional<CoreShareMeter::Reading> CoreShareMeter::read() const {
   if (cpus_.empty()) return std::nullopt;
   std::ifstream f("/proc/stat");
@@ -64,7 +68,7 @@ std::optional<CoreShareMeter::Reading> CoreShareMeter::read() const {
   timespec cpu{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
   r.self_cpu_s = static_cast<double>(cpu.tv_sec) + 1e-9 * static_cast<double>(cpu.tv_nsec);
-  r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  r.wall_s = wall_now();
   return r;
 }
 
@@ -73,10 +77,10 @@ std::optional<CoreShare> CoreShareMeter::sample(double min_window_s) {
     last_ = read();
     return std::nullopt;
   }
+  if (wall_now() - last_->wall_s < min_window_s) return std::nullopt;  // /proc/stat read only per window
   const std::optional<Reading> now = read();
   if (!now) return std::nullopt;
   const double window = now->wall_s - last_->wall_s;
-  if (window < min_window_s) return std::nullopt;
   CoreShare s;
   s.window_s = window;
   s.cores = cores();

@@ -49,6 +49,7 @@ class CoreShareMeter {
     CpuTimes cpus;
   };
   std::optional<Reading> read() const;
+  static double wall_now();
 
   std::vector<int> cpus_;
   double ticks_per_s_ = 100.0;
@@ -64,7 +65,6 @@ class ThreadsForShare {
   // Returns the count to use from now on (== current() when nothing changes).
   int update(const CoreShare& share);
   int current() const { return current_; }
-  int configured() const { return configured_; }
 
  private:
   int configured_;

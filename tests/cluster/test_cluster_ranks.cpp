@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cluster/world.hpp"
+#include "tests/actors/node_binary_fixture.hpp"
 
 namespace fs = std::filesystem;
 
@@ -42,17 +43,8 @@ std::string mpirun(int ranks) {
          std::to_string(ranks) + " ";
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Outcome {
-  int code = -1;
-  std::string out;
-};
+using mt::test::Outcome;
+using mt::test::slurp;
 
 Outcome sh(const std::string& cmd, const fs::path& log) {
   const int rc = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
@@ -68,22 +60,6 @@ struct TempDir {
   }
   ~TempDir() { fs::remove_all(path); }
 };
-
-// A small llm.c token shard of a learnable pattern (the node binary tests' shard).
-fs::path make_shard(const fs::path& dir) {
-  const std::size_t tokens = 8192;
-  fs::path p = dir / "train_000000.bin";
-  std::vector<std::int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<std::int32_t>(tokens);
-  std::vector<std::uint16_t> t(tokens);
-  for (std::size_t i = 0; i < tokens; ++i) t[i] = static_cast<std::uint16_t>((i * 7 + i / 13) % 61);
-  std::ofstream out(p, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-  return p;
-}
 
 const std::string kLlama =
     "--model.arch=llama --model.hidden_size=32 --model.layers=2 --model.heads=4 --model.kv_heads=2 "
@@ -110,7 +86,7 @@ std::size_t count(const std::string& text, const std::string& what) {
 // N ranks x M against one rank x N*M: the exported bytes, and what rank 0 alone wrote.
 void check_ranks_equal_accumulation(const std::string& model, const std::string& extra, int ranks, int m) {
   TempDir dir("eq");
-  const fs::path shard = make_shard(dir.path);
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
   const Outcome one =
       sh(kBinary + " train " + model + extra + train_args(shard, dir.path / "one", ranks * m), dir.path / "one.log");
   INFO(one.out);
@@ -139,7 +115,7 @@ TEST_CASE("2 ranks x 1 micro-batch export the bytes of 1 rank x 2 (Llama, fp32),
   check_ranks_equal_accumulation(kLlama, "", 2, 1);
   // The comparison can fail: one rank with one micro-batch trains on half the data.
   TempDir dir("half");
-  const fs::path shard = make_shard(dir.path);
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
   REQUIRE(sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "a", 1), dir.path / "a.log").code == 0);
   REQUIRE(sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "b", 2), dir.path / "b.log").code == 0);
   CHECK(slurp(dir.path / "a" / "hf" / "model.safetensors") != slurp(dir.path / "b" / "hf" / "model.safetensors"));
@@ -175,7 +151,7 @@ namespace {
 // Starts a long 2-rank job writing each rank's pid, waits for step 5, sends `sig` to rank 1 and
 // returns the job's outcome and the seconds from the signal to its end.
 Outcome signal_rank_one(int sig, const TempDir& dir, double& seconds) {
-  const fs::path shard = make_shard(dir.path);
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
   const std::string args =
       kLlama + train_args(shard, dir.path / "job", 1) + "--train.max_steps=1000000 --cluster.collective_timeout_s=3";
   const fs::path log = dir.path / "job.log";
@@ -237,7 +213,7 @@ TEST_CASE("a rank that stops answering (SIGSTOP) ends the job after the collecti
 TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") {
   // No MPI needed: the config is checked before any rank joins.
   TempDir dir("bad");
-  const fs::path shard = make_shard(dir.path);
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
   const std::string base = kBinary + " train " + kLlama + train_args(shard, dir.path / "run", 1);
   const Outcome t = sh(base + "--cluster.collective_timeout_s=0", dir.path / "t.log");
   CHECK(t.code == 1);
@@ -256,7 +232,7 @@ TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") 
 TEST_CASE("a 2-rank checkpoint resumes on 1 rank and back on 2, bit-exactly (the same N x M)", "[cluster]") {
   require_mpi();
   TempDir dir("resume");
-  const fs::path shard = make_shard(dir.path);
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
   const std::string four = "--train.max_steps=4 ";
   const Outcome a = sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "a", 2) + four, dir.path / "a.log");
   INFO(a.out);
