@@ -6,6 +6,8 @@
 // Query head h reads kv head h / (q_heads / kv_heads), as transformers' repeat_kv does.
 // Work is split over (batch, head) tasks -- (batch, kv head) in the backward, so each task owns the
 // dk/dv rows it writes -- and every task runs the same sequence whatever the thread count.
+// Sequence tiles (AttnShape::q_start): the query rows are positions q_start.. of each sequence; key
+// blocks stay aligned to position 0, so a query row meets its keys in the same blocks either way.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -83,10 +85,10 @@ inline std::int64_t visible(std::int64_t q, std::int64_t k0, std::int64_t kn) {
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const AttnShape& a,
                        int threads) {
   prof::Scope prof_scope(prof::attention);
-  const std::int64_t T = a.seq, hd = a.head_dim, group = a.q_heads / a.kv_heads;
+  const std::int64_t T = a.seq, Q = a.q_rows(), q_start = a.q_start, hd = a.head_dim, group = a.q_heads / a.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.q_heads;
-#pragma omp parallel num_threads(threads) if (tasks > 1 && T * T * hd > 4096)
+#pragma omp parallel num_threads(threads) if (tasks > 1 && Q * T * hd > 4096)
   {
     // Per-thread tiles, kept across calls by the pool's threads (allocated once, not per call).
     thread_local std::vector<float> S, O, m, l;
@@ -99,18 +101,18 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
       const std::int64_t b = task / a.q_heads, h = task % a.q_heads, kvh = h / group;
       const float* kb = k + b * T * a.kv_stride + kvh * hd;
       const float* vb = v + b * T * a.kv_stride + kvh * hd;
-      for (std::int64_t q0 = 0; q0 < T; q0 += kBlock) {
-        const std::int64_t qn = std::min(kBlock, T - q0);
-        const float* qb = q + (b * T + q0) * a.q_stride + h * hd;
+      for (std::int64_t q0 = 0; q0 < Q; q0 += kBlock) {  // q0: query row; its position is q_start + q0
+        const std::int64_t qn = std::min(kBlock, Q - q0), pos0 = q_start + q0;
+        const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
         std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(O.begin(), O.end(), 0.0f);
-        for (std::int64_t k0 = 0; k0 < q0 + qn; k0 += kBlock) {
-          const std::int64_t kn = std::min(kBlock, q0 + qn - k0);
+        for (std::int64_t k0 = 0; k0 < pos0 + qn; k0 += kBlock) {
+          const std::int64_t kn = std::min(kBlock, pos0 + qn - k0);
           mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S.data(), kBlock);
           for (std::int64_t i = 0; i < qn; ++i) {
             float* s = S.data() + i * kBlock;
-            const std::int64_t n = visible(q0 + i, k0, kn);
+            const std::int64_t n = visible(pos0 + i, k0, kn);
             const float mx = scale_max(s, n, scale, m[i]);
             const float corr = simd::exp1(m[i] - mx);  // 0 on the first block (m = -inf)
             l[i] = l[i] * corr + exp_shift(s, n, mx);
@@ -121,10 +123,10 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           mm(false, false, qn, hd, kn, S.data(), kBlock, vb + k0 * a.kv_stride, a.kv_stride, true, O.data(), hd);
         }
         for (std::int64_t i = 0; i < qn; ++i) {
-          float* o = out + (b * T + q0 + i) * a.o_stride + h * hd;
+          float* o = out + (b * Q + q0 + i) * a.o_stride + h * hd;
           const float inv = 1.0f / l[i];
           for (std::int64_t c = 0; c < hd; ++c) o[c] = O[static_cast<std::size_t>(i * hd + c)] * inv;
-          lse[(b * a.q_heads + h) * T + q0 + i] = m[i] + std::log(l[i]);
+          lse[(b * a.q_heads + h) * Q + q0 + i] = m[i] + std::log(l[i]);
         }
       }
     }
@@ -134,10 +136,10 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, const AttnShape& a, int threads) {
   prof::Scope prof_scope(prof::attention);
-  const std::int64_t T = a.seq, hd = a.head_dim, group = a.q_heads / a.kv_heads;
+  const std::int64_t T = a.seq, Q = a.q_rows(), q_start = a.q_start, hd = a.head_dim, group = a.q_heads / a.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.kv_heads;
-#pragma omp parallel num_threads(threads) if (tasks > 1 && T * T * hd > 4096)
+#pragma omp parallel num_threads(threads) if (tasks > 1 && Q * T * hd > 4096)
   {
     thread_local std::vector<float> P, dP, dQ, D;  // per-thread tiles, allocated once
     P.resize(kBlock * kBlock);
@@ -151,27 +153,28 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
       const float* vb = v + b * T * a.kv_stride + kvh * hd;
       float* dkb = dk + b * T * a.kv_stride + kvh * hd;
       float* dvb = dv + b * T * a.kv_stride + kvh * hd;
-      for (std::int64_t t = 0; t < T; ++t) {
-        std::fill_n(dkb + t * a.kv_stride, hd, 0.0f);
-        std::fill_n(dvb + t * a.kv_stride, hd, 0.0f);
-      }
+      if (!a.add_kv_grads)
+        for (std::int64_t t = 0; t < T; ++t) {
+          std::fill_n(dkb + t * a.kv_stride, hd, 0.0f);
+          std::fill_n(dvb + t * a.kv_stride, hd, 0.0f);
+        }
       for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (std::int64_t q0 = 0; q0 < T; q0 += kBlock) {
-          const std::int64_t qn = std::min(kBlock, T - q0);
-          const float* qb = q + (b * T + q0) * a.q_stride + h * hd;
-          const float* dob = dout + (b * T + q0) * a.o_stride + h * hd;
-          const float* lb = lse + (b * a.q_heads + h) * T + q0;
+        for (std::int64_t q0 = 0; q0 < Q; q0 += kBlock) {
+          const std::int64_t qn = std::min(kBlock, Q - q0), pos0 = q_start + q0;
+          const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
+          const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
+          const float* lb = lse + (b * a.q_heads + h) * Q + q0;
           for (std::int64_t i = 0; i < qn; ++i)
-            D[i] = simd::dot(dob + i * a.o_stride, out + (b * T + q0 + i) * a.o_stride + h * hd, hd);
+            D[i] = simd::dot(dob + i * a.o_stride, out + (b * Q + q0 + i) * a.o_stride + h * hd, hd);
           std::fill(dQ.begin(), dQ.end(), 0.0f);
-          for (std::int64_t k0 = 0; k0 < q0 + qn; k0 += kBlock) {
-            const std::int64_t kn = std::min(kBlock, q0 + qn - k0);
+          for (std::int64_t k0 = 0; k0 < pos0 + qn; k0 += kBlock) {
+            const std::int64_t kn = std::min(kBlock, pos0 + qn - k0);
             mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, P.data(), kBlock);
             mm(false, true, qn, kn, hd, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP.data(), kBlock);
             for (std::int64_t i = 0; i < qn; ++i) {
               float* p = P.data() + i * kBlock;
               float* dp = dP.data() + i * kBlock;
-              const std::int64_t n = visible(q0 + i, k0, kn);
+              const std::int64_t n = visible(pos0 + i, k0, kn);
               for (std::int64_t j = 0; j < n; ++j) p[j] *= scale;
               exp_shift(p, n, lb[i]);  // p = exp(s - lse): the probabilities
               for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - D[i]) * scale;  // dS, scaled
@@ -183,7 +186,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
             mm(true, false, kn, hd, qn, dP.data(), kBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride, a.kv_stride);
           }
           for (std::int64_t i = 0; i < qn; ++i)
-            std::copy_n(dQ.data() + i * hd, hd, dq + (b * T + q0 + i) * a.q_stride + h * hd);
+            std::copy_n(dQ.data() + i * hd, hd, dq + (b * Q + q0 + i) * a.q_stride + h * hd);
         }
       }
     }

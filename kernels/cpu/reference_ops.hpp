@@ -169,64 +169,69 @@ void rope(T* x, i64 rows, i64 seq, i64 heads, i64 hd, i64 stride, const T* cos_t
     }
 }
 
-// Naive causal GQA attention: the full softmax row per query.
+// Naive causal GQA attention: the full softmax row per query. q_start > 0: the queries are only
+// positions q_start..S-1 of each sequence (q, out, dq hold S - q_start rows per sequence; k, v S rows).
 template <class T>
 void attention(const T* q, const T* k, const T* v, T* out, i64 B, i64 S, i64 Hq, i64 Hkv, i64 hd, i64 qs, i64 kvs,
-               i64 os) {
+               i64 os, i64 q_start = 0) {
   const T scale = T(1) / std::sqrt(T(hd));
+  const i64 Q = S - q_start;
   std::vector<T> p(static_cast<std::size_t>(S));
   for (i64 b = 0; b < B; ++b)
     for (i64 h = 0; h < Hq; ++h) {
       const i64 kh = h / (Hq / Hkv);
-      for (i64 t = 0; t < S; ++t) {
+      for (i64 t = 0; t < Q; ++t) {
+        const i64 pos = q_start + t;
         T mx = -std::numeric_limits<T>::infinity(), sum = 0;
-        for (i64 j = 0; j <= t; ++j) {
+        for (i64 j = 0; j <= pos; ++j) {
           T dot = 0;
-          for (i64 i = 0; i < hd; ++i) dot += q[(b * S + t) * qs + h * hd + i] * k[(b * S + j) * kvs + kh * hd + i];
+          for (i64 i = 0; i < hd; ++i) dot += q[(b * Q + t) * qs + h * hd + i] * k[(b * S + j) * kvs + kh * hd + i];
           p[j] = dot * scale;
           mx = std::max(mx, p[j]);
         }
-        for (i64 j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (i64 j = 0; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - mx));
         for (i64 i = 0; i < hd; ++i) {
           T acc = 0;
-          for (i64 j = 0; j <= t; ++j) acc += p[j] / sum * v[(b * S + j) * kvs + kh * hd + i];
-          out[(b * S + t) * os + h * hd + i] = acc;
+          for (i64 j = 0; j <= pos; ++j) acc += p[j] / sum * v[(b * S + j) * kvs + kh * hd + i];
+          out[(b * Q + t) * os + h * hd + i] = acc;
         }
       }
     }
 }
-// dq, dk, dv += ...
+// dq, dk, dv += ... (q_start as in attention)
 template <class T>
 void attention_backward(const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk, T* dv, i64 B, i64 S, i64 Hq,
-                        i64 Hkv, i64 hd, i64 qs, i64 kvs, i64 os) {
+                        i64 Hkv, i64 hd, i64 qs, i64 kvs, i64 os, i64 q_start = 0) {
   const T scale = T(1) / std::sqrt(T(hd));
+  const i64 Q = S - q_start;
   std::vector<T> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
   for (i64 b = 0; b < B; ++b)
     for (i64 h = 0; h < Hq; ++h) {
       const i64 kh = h / (Hq / Hkv);
-      for (i64 t = 0; t < S; ++t) {
-        const T* qi = q + (b * S + t) * qs + h * hd;
-        const T* doi = dout + (b * S + t) * os + h * hd;
+      for (i64 t = 0; t < Q; ++t) {
+        const i64 pos = q_start + t;
+        const T* qi = q + (b * Q + t) * qs + h * hd;
+        const T* doi = dout + (b * Q + t) * os + h * hd;
         T mx = -std::numeric_limits<T>::infinity(), sum = 0;
-        for (i64 j = 0; j <= t; ++j) {
+        for (i64 j = 0; j <= pos; ++j) {
           T dot = 0;
           for (i64 i = 0; i < hd; ++i) dot += qi[i] * k[(b * S + j) * kvs + kh * hd + i];
           p[j] = dot * scale;
           mx = std::max(mx, p[j]);
         }
-        for (i64 j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (i64 j = 0; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - mx));
         T pdp = 0;
-        for (i64 j = 0; j <= t; ++j) {
+        for (i64 j = 0; j <= pos; ++j) {
           p[j] /= sum;
           dp[j] = 0;
           for (i64 i = 0; i < hd; ++i) dp[j] += doi[i] * v[(b * S + j) * kvs + kh * hd + i];
           pdp += p[j] * dp[j];
         }
-        for (i64 j = 0; j <= t; ++j) {
+        for (i64 j = 0; j <= pos; ++j) {
           const T ds = p[j] * (dp[j] - pdp) * scale;
           for (i64 i = 0; i < hd; ++i) {
             dv[(b * S + j) * kvs + kh * hd + i] += p[j] * doi[i];
-            dq[(b * S + t) * qs + h * hd + i] += ds * k[(b * S + j) * kvs + kh * hd + i];
+            dq[(b * Q + t) * qs + h * hd + i] += ds * k[(b * S + j) * kvs + kh * hd + i];
             dk[(b * S + j) * kvs + kh * hd + i] += ds * qi[i];
           }
         }

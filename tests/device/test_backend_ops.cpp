@@ -433,6 +433,79 @@ void attention_cases(Ctx& c) {
   }
 }
 
+// Sequence tiles (AttnShape::q_start, add_kv_grads), as the tiled layers call them: the queries of one
+// sequence's tile against its keys so far, and a whole sequence run as tiles in reverse order whose dk,
+// dv accumulate, each against the untiled reference. Neither q_start is a multiple of any block size.
+void attention_tile_cases(Ctx& c) {
+  const i64 Hq = 4, Hkv = 2, hd = 64, qd = Hq * hd, kd = Hkv * hd;
+  auto base = [&](i64 B, i64 seq, i64 q_start) {
+    AttnShape s;
+    s.batch = B, s.seq = seq, s.q_heads = Hq, s.kv_heads = Hkv, s.head_dim = hd;
+    s.q_stride = qd, s.kv_stride = kd, s.o_stride = qd, s.q_start = q_start;
+    return s;
+  };
+  {  // one tile: B 2, positions 100..136 against keys 0..136
+    const i64 B = 2, T = 137, q0 = 100, Q = T - q0;
+    const std::string tag = "B 2, keys 137, queries 100.. (one tile)";
+    auto q = randn(B * Q * qd, 61), kk = randn(B * T * kd, 62), vv = randn(B * T * kd, 63), dout = randn(B * Q * qd, 64);
+    const Vec qs(q.begin(), q.end()), ks(kk.begin(), kk.end()), vs(vv.begin(), vv.end()), ds(dout.begin(), dout.end());
+    const AttnShape s = base(B, T, q0);
+    float *qp = c.dev.upload(q), *kp = c.dev.upload(kk), *vp = c.dev.upload(vv), *dop = c.dev.upload(dout);
+    float* out = c.dev.alloc<float>(B * Q * qd);
+    float* lse = c.dev.alloc<float>(B * Hq * Q);
+    c.v.op = "attention_forward";
+    c.ops.attention_forward(qp, kp, vp, out, lse, s);
+    Vec outr(B * Q * qd);
+    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), B, T, Hq, Hkv, hd, qd, kd, qd, q0);
+    c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
+    float* dq = c.dev.alloc<float>(B * Q * qd);
+    float* dk = c.dev.upload(randn(B * T * kd, 65));  // overwritten: add_kv_grads is false
+    float* dv = c.dev.upload(randn(B * T * kd, 66));
+    c.v.op = "attention_backward";
+    c.ops.attention_backward(qp, kp, vp, out, lse, dop, dq, dk, dv, s);
+    Vec dqr(B * Q * qd, 0.0), dkr(B * T * kd, 0.0), dvr(B * T * kd, 0.0);
+    ref::attention_backward(qs.data(), ks.data(), vs.data(), ds.data(), dqr.data(), dkr.data(), dvr.data(), B, T, Hq,
+                            Hkv, hd, qd, kd, qd, q0);
+    c.v.close("dq " + tag, c.get(dq, dqr.size()), dqr, 2e-5);
+    c.v.close("dk " + tag, c.get(dk, dkr.size()), dkr, 2e-5);
+    c.v.close("dv " + tag, c.get(dv, dvr.size()), dvr, 2e-5);
+    c.dev.reset();
+  }
+  {  // a sequence of 150 as tiles [100, 150), [37, 100), [0, 37), backward in that order, dk/dv accumulating
+    const i64 T = 150;
+    const i64 cuts[] = {0, 37, 100, 150};
+    const std::string tag = "keys 150 as tiles 0/37/100, dk dv accumulated";
+    auto q = randn(T * qd, 71), kk = randn(T * kd, 72), vv = randn(T * kd, 73), dout = randn(T * qd, 74);
+    const Vec qs(q.begin(), q.end()), ks(kk.begin(), kk.end()), vs(vv.begin(), vv.end()), ds(dout.begin(), dout.end());
+    float *qp = c.dev.upload(q), *kp = c.dev.upload(kk), *vp = c.dev.upload(vv), *dop = c.dev.upload(dout);
+    float* out = c.dev.alloc<float>(T * qd);
+    float* lse = c.dev.alloc<float>(Hq * T);  // per tile: [h][tile rows], at the tile's own offset
+    float* dq = c.dev.alloc<float>(T * qd);
+    float* dk = c.dev.alloc<float>(T * kd);
+    float* dv = c.dev.alloc<float>(T * kd);
+    for (int t = 2; t >= 0; --t) {
+      const i64 a = cuts[t], e = cuts[t + 1];
+      AttnShape s = base(1, e, a);
+      s.add_kv_grads = t != 2;  // the first tile run (the last one) overwrites
+      c.v.op = "attention_forward";
+      c.ops.attention_forward(qp + a * qd, kp, vp, out + a * qd, lse + Hq * a, s);
+      c.v.op = "attention_backward";
+      c.ops.attention_backward(qp + a * qd, kp, vp, out + a * qd, lse + Hq * a, dop + a * qd, dq + a * qd, dk, dv, s);
+    }
+    Vec outr(T * qd), dqr(T * qd, 0.0), dkr(T * kd, 0.0), dvr(T * kd, 0.0);
+    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), 1, T, Hq, Hkv, hd, qd, kd, qd);
+    ref::attention_backward(qs.data(), ks.data(), vs.data(), ds.data(), dqr.data(), dkr.data(), dvr.data(), 1, T, Hq,
+                            Hkv, hd, qd, kd, qd);
+    c.v.op = "attention_forward";
+    c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
+    c.v.op = "attention_backward";
+    c.v.close("dq " + tag, c.get(dq, dqr.size()), dqr, 2e-5);
+    c.v.close("dk " + tag, c.get(dk, dkr.size()), dkr, 2e-5);
+    c.v.close("dv " + tag, c.get(dv, dvr.size()), dvr, 2e-5);
+    c.dev.reset();
+  }
+}
+
 // ---- activations, moves and sums ----
 void elementwise_cases(Ctx& c) {
   const std::size_t n = 100003;  // not a multiple of any vector width or block
@@ -631,6 +704,7 @@ int main(int argc, char** argv) {
       {"norms", [&] { norm_cases(c); }},
       {"rope", [&] { rope_cases(c); }},
       {"attention", [&] { attention_cases(c); }},
+      {"attention tiles", [&] { attention_tile_cases(c); }},
       {"elementwise", [&] { elementwise_cases(c); }},
       {"embedding", [&] { embedding_cases(c, *backend); }},
       {"loss", [&] { loss_cases(c, *backend); }},
