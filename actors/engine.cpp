@@ -48,7 +48,8 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
     act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L + 1) * boundary;
   }
   p.saved_floats = 0;
-  if (p.mode == ActivationMode::keep || p.boundaries_on_host) p.kept_layers = 0;
+  if (p.mode == ActivationMode::keep) p.seq_tile = 0;  // kept intermediates are whole-sequence
+  if (p.mode == ActivationMode::keep || p.boundaries_on_host || p.seq_tile > 0) p.kept_layers = 0;
   p.kept_layers = std::clamp<std::int64_t>(p.kept_layers, 0, L);
   const std::int64_t saved_layers = p.mode == ActivationMode::keep ? L : p.kept_layers;
   if (saved_layers > 0) {
@@ -57,8 +58,8 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
            align_floats(p.saved_floats);
   }
   const Precision prec = cfg.precision();
-  p.workspace_floats = std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec),
-                                head_workspace_floats(model, p.batch, p.seq, 0, prec));
+  p.workspace_floats = std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec, p.seq_tile),
+                                head_workspace_floats(model, p.batch, p.seq, 0, prec, p.seq_tile));
   ArenaRequest req;
   req.budget_bytes = cfg.device_budget_bytes();
   req.budget_name = cfg.device_budget_name();
@@ -103,7 +104,7 @@ void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& 
   const bool link = !cfg.device_shares_host_memory();
   // Several ranks stage micro-batch 0 too (it is sent from its slot): 2, so compute runs on while one is sent.
   if (grad) try_grow(&EnginePlan::grad_slots, link ? kAutoSlots : (p.device_micro_batches > 1 || p.ranks > 1 ? 2 : 1));
-  if (layers && keep == KeepIntermediates::boundary) {
+  if (layers && keep == KeepIntermediates::boundary && p.seq_tile == 0) {
     while (p.kept_layers + 1 < model.num_hidden_layers) {
       EnginePlan trial = p;
       ++trial.kept_layers;
@@ -128,6 +129,22 @@ void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& 
 
 }  // namespace
 
+namespace {
+
+// The sequence tiles plan_engine tries, in order: the configured one (device.seq_tile > 0; one >= seq
+// is whole sequences), or (auto) whole sequences, then powers of two below seq down to kMinAutoSeqTile.
+std::vector<std::int64_t> seq_tile_candidates(const TrainConfig& cfg, const ModelConfig& model, std::int64_t seq) {
+  if (cfg.device.seq_tile > 0) return {cfg.device.seq_tile < seq ? cfg.device.seq_tile : 0};
+  std::vector<std::int64_t> r{0};
+  if (!layer_has_seq_tiles(model)) return r;
+  std::int64_t t = 1;
+  while (t * 2 < seq) t *= 2;
+  for (; t >= kMinAutoSeqTile; t /= 2) r.push_back(t);
+  return r;
+}
+
+}  // namespace
+
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   BackendOptions o;
   o.kind = cfg.device.backend;
@@ -135,6 +152,7 @@ BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   o.compute_threads = std::max(1, plan.threads.blas);
   o.link_workers = std::clamp(plan.threads.copy, 1, 2);
   o.link_bytes_per_s = cfg.copy_bandwidth_bytes_per_s();
+  o.seq_tile = plan.seq_tile;
   o.cuda_tf32 = cfg.train.tf32;
   o.devices = static_cast<int>(cfg.device.gpus);
   return o;
@@ -184,25 +202,55 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   p.order = cfg.micro_batch_order();
   p.activation_sets = activation_sets(p.order, p.device_micro_batches);
   const KeepIntermediates keep = cfg.keep_intermediates();
-  if (keep != KeepIntermediates::automatic) {
-    p.arena = plan_arena(model, size_activations(p, cfg, model, keep));
-  } else {
-    // The fastest mode that fits the budget: keep every intermediate (no recomputation), else keep
-    // the boundaries on the device, else offload them to the host (device memory flat in depth).
-    const KeepIntermediates order[] = {KeepIntermediates::all, KeepIntermediates::boundary,
-                                       KeepIntermediates::boundary_host};
-    for (KeepIntermediates k : order) {
+  const bool tiles_possible = layer_has_seq_tiles(model);
+  if (cfg.device.seq_tile > 0 && cfg.device.seq_tile < p.seq && !tiles_possible)
+    throw ConfigError("device.seq_tile", "GPT-2 layers run whole sequences (their learned positions bound the "
+                                         "context); use auto or a value >= data.seq_length");
+  // The modes to try, fastest first: every intermediate kept (no recomputation), the boundaries on the
+  // device, offloaded to the host (device memory flat in depth); each with whole sequences, then (auto)
+  // sequence tiles from the largest.
+  std::vector<KeepIntermediates> modes;
+  if (keep == KeepIntermediates::automatic)
+    modes = {KeepIntermediates::all, KeepIntermediates::boundary, KeepIntermediates::boundary_host};
+  else
+    modes = {keep};
+  const std::vector<std::int64_t> tiles = seq_tile_candidates(cfg, model, p.seq);
+  std::optional<EnginePlan> chosen;
+  std::optional<ArenaBudgetError> last_error;
+  for (std::int64_t tile : tiles) {
+    for (KeepIntermediates k : modes) {
+      if (tile > 0 && k == KeepIntermediates::all) continue;  // keep mode is whole-sequence
       EnginePlan trial = p;
+      trial.seq_tile = tile;
       const ArenaRequest req = size_activations(trial, cfg, model, k);
-      if (arena_bytes_needed(model, req) > req.budget_bytes && k != KeepIntermediates::boundary_host) continue;
-      trial.arena = plan_arena(model, req);  // throws the budget error when not even the last one fits
-      trial.notes.push_back(std::string("device.keep_intermediates=auto chose ") + keep_intermediates_name(k) +
-                            (k == KeepIntermediates::all ? " (every intermediate fits the budget)"
-                                                         : " (keeping more does not fit the budget)"));
-      p = std::move(trial);
+      try {
+        trial.arena = plan_arena(model, req);
+      } catch (const ArenaBudgetError& e) {
+        if (!last_error) last_error = e;  // the whole-sequence error says most; tiles are appended below
+        continue;
+      }
+      if (keep == KeepIntermediates::automatic)
+        trial.notes.push_back(std::string("device.keep_intermediates=auto chose ") + keep_intermediates_name(k) +
+                              (k == KeepIntermediates::all ? " (every intermediate fits the budget)"
+                                                           : " (keeping more does not fit the budget)"));
+      chosen = std::move(trial);
       break;
     }
+    if (chosen) break;
   }
+  if (!chosen) {
+    std::string msg = last_error->what();
+    if (tiles.size() > 1)
+      msg += "; nor does it fit in sequence tiles down to device.seq_tile=" + std::to_string(tiles.back()) +
+             " tokens (what device.seq_tile=auto tries): raise the budget or lower data.seq_length";
+    throw ArenaBudgetError(msg);
+  }
+  p = std::move(*chosen);
+  if (p.seq_tile > 0)
+    p.notes.push_back("sequence tiles of " + std::to_string(p.seq_tile) + " tokens (device.seq_tile=" +
+                      (cfg.device.seq_tile > 0 ? std::to_string(cfg.device.seq_tile)
+                                               : std::string("auto: the whole sequence does not fit the budget")) +
+                      "): layers and the head run a tile at a time; attention's keys and values are sequence-sized");
   const bool auto_layers = keep == KeepIntermediates::automatic;
   if (auto_grad || auto_weight || auto_layers) grow_into_budget(p, cfg, model, auto_grad, auto_weight, auto_layers);
   if (cfg.device.prefetch_depth > p.weight_slots - 1)

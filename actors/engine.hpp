@@ -64,10 +64,15 @@ struct EnginePlan {
   // backward recomputes nothing. The results do not change (the recomputation is the same forward).
   std::int64_t kept_layers = 0;
   std::size_t workspace_floats = 0;
+  // Sequence tiles (long context, device.seq_tile): tokens per tile of the recomputing layers and the
+  // head (ComputeCtx::seq_tile), 0 = whole sequences. Auto: 0 when the whole sequence fits the budget,
+  // else the largest power of two below seq (down to kMinAutoSeqTile) that fits. No layer is kept then.
+  std::int64_t seq_tile = 0;
   ThreadBudget threads;
   std::vector<std::string> notes;  // adjustments made (e.g. grad slots raised for tied embeddings)
 };
 
+inline constexpr std::int64_t kMinAutoSeqTile = 128;  // smaller tiles cost GEMM efficiency and save little
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
 // What the run asks of its backend (kind, precision, threads, link), from the config and the plan.
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan);

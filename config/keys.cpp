@@ -116,6 +116,12 @@ std::vector<KeyDesc> make_keys() {
           .takes_auto()
           .at_least(0)
           .at_most(64),
+      MT_KEY(device, seq_tile,
+             "tokens per sequence tile (long context: layers and the head run a tile at a time, attention's keys "
+             "and values stay sequence-sized); auto (0) = whole sequences when they fit the budget, else the "
+             "largest power of two below data.seq_length (down to 128) that fits")
+          .takes_auto()
+          .at_least(1),
       MT_KEY(device, keep_intermediates, "auto | boundary | boundary_host | all")
           .one_of(names_of(kKeepIntermediates, keep_intermediates_name)),
       MT_KEY(device, copy_bandwidth_gbps, "copy engine limit per direction in GB/s; 0 = unlimited").non_negative(),

@@ -98,6 +98,7 @@ struct DeviceSection {                      // [device]
   std::int64_t prefetch_depth = 0;          // stages streamed ahead; 0 = weight_slots - 1
   std::string schedule = "interleaved";     // interleaved | sequential (see MicroBatchOrder)
   std::int64_t gpus = 1;                    // devices of this node on one schedule (each its own micro-batches)
+  std::int64_t seq_tile = 0;                // tokens per sequence tile (long context); 0 = auto (see plan_engine)
 };
 
 struct ThreadsSection {        // [threads]; 0 = derived from total (see ThreadBudget)

@@ -73,7 +73,7 @@ void Backend::embedding_backward(const ModelConfig& c, const token_t* tokens, st
 void Backend::layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
                             std::int64_t batch, std::int64_t seq, float* saved, float* workspace) {
   begin_stage();
-  mt::layer_forward(ops(), c, weights, x_in, x_out, batch, seq, saved, workspace);
+  mt::layer_forward(ops(), c, weights, x_in, x_out, batch, seq, saved, workspace, seq_tile_);
   end_stage();
 }
 
@@ -81,7 +81,7 @@ void Backend::layer_backward(const ModelConfig& c, const void* weights, const fl
                              const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
                              float* workspace) {
   begin_stage();
-  mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, batch, seq, workspace);
+  mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, batch, seq, workspace, seq_tile_);
   end_stage();
 }
 
@@ -94,7 +94,7 @@ LossSum Backend::head_forward_backward(const ModelConfig& c, const void* head_we
   if (!targets) throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
   check_ids(c, targets, batch * seq, true, "head_forward_backward");
   const LossSum loss = mt::head_forward_backward(ops(), c, head_weights, embed_weights, x_in, targets, batch, seq, dx,
-                                                 head_grads, embed_grads, workspace, head_chunk_);
+                                                 head_grads, embed_grads, workspace, head_chunk_, seq_tile_);
   end_stage();
   return loss;
 }

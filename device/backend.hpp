@@ -63,6 +63,7 @@ struct BackendOptions {
   int link_workers = 1;           // CPU: copy workers (1 = both directions on one, 2 = full duplex)
   double link_bytes_per_s = 0.0;  // CPU: per-direction bandwidth limit standing in for PCIe; 0 = none
   std::int64_t head_chunk = 0;    // ComputeCtx::head_chunk
+  std::int64_t seq_tile = 0;      // ComputeCtx::seq_tile: sequence tiles (long context), 0 = whole sequences
   int device_index = 0;           // CUDA: which GPU
   int devices = 1;                // device.gpus: devices 0..devices-1 must exist (check_backend_available)
   bool cuda_tf32 = false;         // CUDA, fp32 runs: let cuBLASLt use TF32 tensor cores (10-bit mantissa inputs)
@@ -186,6 +187,7 @@ class Backend {
   // model (targets: or -100), read where the host can (a GPU backend keeps a host copy of each upload).
   virtual void check_ids(const ModelConfig& c, const token_t* ids, std::int64_t n, bool targets, const char* what) = 0;
   std::int64_t head_chunk_ = 0;  // BackendOptions::head_chunk
+  std::int64_t seq_tile_ = 0;    // BackendOptions::seq_tile
 };
 
 // The backend named by options.kind. Throws BackendUnavailable (naming `device.backend` and why) when

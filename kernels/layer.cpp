@@ -35,45 +35,71 @@ std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::in
   return detail::layer_family(c).saved_floats(c, batch, seq);
 }
 
+bool layer_has_seq_tiles(const ModelConfig& c) { return detail::layer_family(c).tiled_forward != nullptr; }
+
+bool layer_runs_tiled(const ModelConfig& c, std::int64_t seq, std::int64_t seq_tile) {
+  if (seq_tile < 0) throw std::invalid_argument("layer: seq_tile must be >= 0, got " + std::to_string(seq_tile));
+  if (seq_tile == 0 || seq_tile >= seq) return false;
+  if (!detail::layer_family(c).tiled_forward)
+    throw std::invalid_argument(std::string("layer: the ") + detail::layer_family(c).name +
+                                " family has no sequence-tiled form (seq_tile must be 0 or >= seq)");
+  return true;
+}
+
 std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode,
-                                   Precision precision) {
+                                   Precision precision, std::int64_t seq_tile) {
   const std::size_t saved = layer_saved_floats(c, batch, seq);
   const detail::LayerFamily& f = detail::layer_family(c);
+  if (mode == ActivationMode::recompute && layer_runs_tiled(c, seq, seq_tile))
+    return f.tiled_scratch_floats(c, batch, seq, seq_tile) +
+           operand_room_floats(precision, f.operand_room(c, 1, seq_tile));
   return f.scratch_floats(c, batch, seq) + (mode == ActivationMode::recompute ? saved : 0) +
          operand_room_floats(precision, f.operand_room(c, batch, seq));
 }
 
 std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std::int64_t batch, std::int64_t seq,
-                                   ActivationMode mode, Precision precision) {
+                                   ActivationMode mode, Precision precision, std::int64_t seq_tile) {
   c.validate();
   validate_batch_shape(c, batch, seq);
   if (stage < 0 || stage > c.num_hidden_layers + 1)
     throw std::invalid_argument("stage " + std::to_string(stage) + " out of range [0, " +
                                 std::to_string(c.num_hidden_layers + 1) + "]");
   if (stage == 0) return 0;
-  if (stage == c.num_hidden_layers + 1) return head_workspace_floats(c, batch, seq, 0, precision);
-  return layer_workspace_floats(c, batch, seq, mode, precision);
+  if (stage == c.num_hidden_layers + 1) return head_workspace_floats(c, batch, seq, 0, precision, seq_tile);
+  return layer_workspace_floats(c, batch, seq, mode, precision, seq_tile);
 }
 
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace) {
+                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile) {
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
   check_pointers(params && x_in && x_out && workspace, "params, x_in, x_out and workspace must be non-null");
   check_pointers(x_in != x_out, "x_out must not alias x_in");
+  const detail::LayerFamily& f = detail::layer_family(c);
+  if (!saved && layer_runs_tiled(c, seq, seq_tile)) {  // kept intermediates are whole-sequence
+    ops.use_operand_room(workspace + f.tiled_scratch_floats(c, batch, seq, seq_tile), f.operand_room(c, 1, seq_tile));
+    f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace);
+    return;
+  }
   float* keep = saved ? saved : workspace;
   float* scratch = saved ? workspace : workspace + saved_n;
-  const detail::LayerFamily& f = detail::layer_family(c);
   give_operand_room(ops, f, c, batch, seq, scratch);
   f.forward(ops, c, params, x_in, x_out, batch, seq, keep, scratch);
 }
 
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
-                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace) {
+                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
+                    std::int64_t seq_tile) {
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
   check_pointers(params && dy && dx && grads && workspace, "params, dy, dx, grads and workspace must be non-null");
   check_pointers(saved || x_in, "recompute mode (saved == nullptr) needs the layer input x_in");
   check_pointers(dx != dy, "dx must not alias dy");
   const bool recompute = saved == nullptr;
+  if (recompute && layer_runs_tiled(c, seq, seq_tile)) {
+    const detail::LayerFamily& f = detail::layer_family(c);
+    ops.use_operand_room(workspace + f.tiled_scratch_floats(c, batch, seq, seq_tile), f.operand_room(c, 1, seq_tile));
+    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace);
+    return;
+  }
   float* keep = recompute ? workspace : const_cast<float*>(saved);  // read-only when not recomputing
   float* scratch = recompute ? workspace + saved_n : workspace;
   const detail::LayerFamily& f = detail::layer_family(c);
@@ -84,14 +110,14 @@ void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
 void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
                    std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx) {
   cpu::CpuOps ops(ctx.precision, ctx.threads);
-  layer_forward(ops, c, params, x_in, x_out, batch, seq, saved, workspace);
+  layer_forward(ops, c, params, x_in, x_out, batch, seq, saved, workspace, ctx.seq_tile);
 }
 
 void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
                     float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
                     const ComputeCtx& ctx) {
   cpu::CpuOps ops(ctx.precision, ctx.threads);
-  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, batch, seq, workspace);
+  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, batch, seq, workspace, ctx.seq_tile);
 }
 
 }  // namespace mt

@@ -1,33 +1,19 @@
 // The Llama-family decoder layer (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm):
 //   x1 = x + o_proj(attn(rope(qk_norm?(q_proj(n1))), rope(qk_norm?(k_proj(n1))), v_proj(n1))),  n1 = rmsnorm(x)
 //   y  = x1 + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                                       n2 = rmsnorm(x1)
-// Written once over the ops (ops.hpp): every backend runs this code. A stateless template: it reads
+// Written once over the ops (ops.hpp): every backend runs this code. The sequence-tiled form of the same
+// layer (long context) is llama_layer_tiled.cpp. A stateless template: it reads
 // weights through the pointer it is given and keeps nothing.
 #include <algorithm>
 
-#include "kernels/layer_impl.hpp"
-#include "kernels/layout_cache.hpp"
+#include "kernels/llama_tensors.hpp"
 #include "kernels/workspace.hpp"
 
 namespace mt::detail {
 
 namespace {
 
-enum Tensor { in_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, post_norm, wg, wu, wd, kTensors };
-const char* const kNames[kTensors] = {
-    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.q_proj.bias",           "self_attn.k_proj.weight",
-    "self_attn.k_proj.bias",   "self_attn.v_proj.weight", "self_attn.v_proj.bias",           "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
-
-template <class P>
-using Bound = BoundTensors<P, kTensors>;
-
-template <class P>
-Bound<P> bind(const ModelConfig& c, P base, Precision prec) {  // offsets looked up once per model shape
-  return bind_tensors(
-      per_shape<TensorOffsets<kTensors>>(c, [&] { return find_offsets(cached_layer_layout(c), kNames); }), base, prec);
-}
+using namespace llama;
 
 // What the forward keeps for the backward, in one carved buffer.
 struct Saved {
@@ -96,13 +82,6 @@ Scratch carve_scratch(const ModelConfig& c, std::int64_t N, std::int64_t T, floa
   return s;
 }
 
-AttnShape attn_shape(const ModelConfig& c, std::int64_t B, std::int64_t T) {
-  AttnShape a;
-  a.batch = B, a.seq = T, a.q_heads = c.num_attention_heads, a.kv_heads = c.num_key_value_heads;
-  a.head_dim = c.head_dim, a.q_stride = c.q_dim(), a.kv_stride = c.kv_dim(), a.o_stride = c.q_dim();
-  return a;
-}
-
 std::size_t saved_floats(const ModelConfig& c, std::int64_t B, std::int64_t T) {
   std::size_t n = 0;
   carve_saved(c, B * T, nullptr, &n);
@@ -113,11 +92,6 @@ std::size_t scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T)
   std::size_t n = 0;
   carve_scratch(c, B * T, T, nullptr, &n);
   return n;
-}
-
-OperandRoom operand_room(const ModelConfig& c, std::int64_t B, std::int64_t T) {
-  const std::int64_t widest = std::max({c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size});
-  return {B * T * widest, B * T * widest, std::max(c.hidden_size, c.head_dim)};
 }
 
 // Up to the MLP activation, plus the down projection and the residual when x_out is non-null. The
@@ -201,6 +175,8 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
 
 }  // namespace
 
-const LayerFamily kLlamaLayer{"llama", saved_floats, scratch_floats, operand_room, forward, backward};
+const LayerFamily kLlamaLayer{"llama",           saved_floats,        scratch_floats, llama::operand_room, forward,
+                               backward,          llama::tiled_scratch_floats, llama::tiled_forward,
+                               llama::tiled_backward};
 
 }  // namespace mt::detail

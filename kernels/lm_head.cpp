@@ -1,8 +1,11 @@
 // Stage L+1: final norm, LM head and softmax cross-entropy, fused and chunked over tokens, written once
 // over the ops. Per chunk: logits = n W^T, cross_entropy_rows turns them into d(loss)/d(logits) in
-// place, then dn = dlogits W and dW += dlogits^T n. Only one chunk of logits exists at a time.
+// place, then dn = dlogits W and dW += dlogits^T n. Only one chunk of logits exists at a time. In
+// sequence tiles (long context) the final norm and its backward run per chunk too, so nothing but the
+// per-token losses is sequence-sized.
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/layer_impl.hpp"
@@ -19,22 +22,23 @@ struct HeadWs {
   float* operand_room;  // bf16: the rounded normed input (all rows), one chunk's rounded dlogits, the norm
 };
 
-OperandRoom head_operand_room(const ModelConfig& c, std::int64_t N, std::int64_t chunk) {
-  return {N * c.hidden_size, chunk * c.vocab_size, c.hidden_size};
+// `normed` rows: N (the norm over all rows first), or one chunk (sequence tiles: the norm per chunk).
+OperandRoom head_operand_room(const ModelConfig& c, std::int64_t normed, std::int64_t chunk) {
+  return {normed * c.hidden_size, chunk * c.vocab_size, c.hidden_size};
 }
 
-HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t chunk, Precision p, float* base,
+HeadWs carve(const ModelConfig& c, std::int64_t N, std::int64_t normed, std::int64_t chunk, Precision p, float* base,
              std::size_t* used = nullptr) {
   detail::Carver cv(base);
   HeadWs w{};
-  w.xn = cv.take(N * c.hidden_size);
-  w.mean = cv.take(N);
-  w.rstd = cv.take(N);
-  w.dxn = cv.take(N * c.hidden_size);
+  w.xn = cv.take(normed * c.hidden_size);
+  w.mean = cv.take(normed);
+  w.rstd = cv.take(normed);
+  w.dxn = cv.take(normed * c.hidden_size);
   w.logits = cv.take(chunk * c.vocab_size);
   w.row_loss = cv.take(N);
   w.operand_room = base ? base + cv.used() : nullptr;
-  if (used) *used = cv.used() + operand_room_floats(p, head_operand_room(c, N, chunk));
+  if (used) *used = cv.used() + operand_room_floats(p, head_operand_room(c, normed, chunk));
   return w;
 }
 
@@ -82,8 +86,30 @@ void final_norm(Ops& ops, const ModelConfig& c, const HeadWeights& w, const floa
     ops.rmsnorm_forward(x, w.norm_w, ws.xn, ws.rstd, N, d, c.norm_eps);
 }
 
-std::int64_t effective_chunk(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t requested) {
-  return requested > 0 ? std::min(requested, batch * seq) : head_chunk_tokens(c, batch, seq);
+// dx (rows of x) = the final norm's backward of ws.dxn; its weight gradients add.
+void final_norm_backward(Ops& ops, const ModelConfig& c, const HeadWeights& w, const float* x, const HeadWs& ws,
+                         float* dx, std::int64_t N) {
+  const std::int64_t d = c.hidden_size;
+  if (c.is_gpt2())
+    ops.layernorm_backward(x, w.norm_w, ws.mean, ws.rstd, ws.dxn, dx, w.g_norm_w, w.g_norm_b, N, d, false);
+  else
+    ops.rmsnorm_backward(x, w.norm_w, ws.rstd, ws.dxn, dx, w.g_norm_w, N, d, false);
+}
+
+bool head_tiled(std::int64_t batch, std::int64_t seq, std::int64_t seq_tile) {
+  if (seq_tile < 0) throw std::invalid_argument("head: seq_tile must be >= 0, got " + std::to_string(seq_tile));
+  return seq_tile > 0 && seq_tile < seq && batch > 0;
+}
+
+std::int64_t effective_chunk(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t requested,
+                             std::int64_t seq_tile) {
+  const std::int64_t chunk = requested > 0 ? std::min(requested, batch * seq) : head_chunk_tokens(c, batch, seq);
+  return head_tiled(batch, seq, seq_tile) ? std::min(chunk, seq_tile) : chunk;
+}
+
+// Rows the final norm runs over at once: all of them, or (sequence tiles) one chunk.
+std::int64_t normed_rows(std::int64_t batch, std::int64_t seq, std::int64_t chunk, std::int64_t seq_tile) {
+  return head_tiled(batch, seq, seq_tile) ? chunk : batch * seq;
 }
 
 }  // namespace
@@ -96,18 +122,19 @@ std::int64_t head_chunk_tokens(const ModelConfig& c, std::int64_t batch, std::in
 }
 
 std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t chunk_tokens,
-                                  Precision precision) {
+                                  Precision precision, std::int64_t seq_tile) {
   c.validate();
   validate_batch_shape(c, batch, seq);
   std::size_t n = 0;
-  carve(c, batch * seq, effective_chunk(c, batch, seq, chunk_tokens), precision, nullptr, &n);
+  const std::int64_t chunk = effective_chunk(c, batch, seq, chunk_tokens, seq_tile);
+  carve(c, batch * seq, normed_rows(batch, seq, chunk, seq_tile), chunk, precision, nullptr, &n);
   return n;
 }
 
 LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,
                               const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                               float* dx, float* head_grads, float* embed_grads, float* workspace,
-                              std::int64_t head_chunk) {
+                              std::int64_t head_chunk, std::int64_t seq_tile) {
   c.validate();
   validate_batch_shape(c, batch, seq);
   const std::int64_t N = batch * seq, d = c.hidden_size, V = c.vocab_size;
@@ -118,10 +145,23 @@ LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_p
   if (!x_in || !targets || !workspace)
     throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
   const HeadWeights w = bind(c, head_params, embed_params, head_grads, embed_grads, ops.precision());
-  const std::int64_t chunk = effective_chunk(c, batch, seq, head_chunk);
-  const HeadWs ws = carve(c, N, chunk, ops.precision(), workspace);
-  ops.use_operand_room(ws.operand_room, head_operand_room(c, N, chunk));
+  const std::int64_t chunk = effective_chunk(c, batch, seq, head_chunk, seq_tile);
+  const bool tiled = head_tiled(batch, seq, seq_tile);
+  const HeadWs ws = carve(c, N, normed_rows(batch, seq, chunk, seq_tile), chunk, ops.precision(), workspace);
+  ops.use_operand_room(ws.operand_room, head_operand_room(c, normed_rows(batch, seq, chunk, seq_tile), chunk));
 
+  if (tiled) {  // sequence tiles: norm, logits, loss and the backward of each chunk before the next
+    for (std::int64_t r0 = 0; r0 < N; r0 += chunk) {
+      const std::int64_t n = std::min(chunk, N - r0);
+      final_norm(ops, c, w, x_in + r0 * d, ws, n);
+      ops.linear_forward(ws.xn, w.lm, nullptr, ws.logits, n, d, V);
+      ops.cross_entropy_rows(ws.logits, targets + r0, ws.row_loss + r0, n, V, grad);
+      if (!grad) continue;
+      ops.linear_backward(ws.logits, ws.xn, w.lm, ws.dxn, false, w.g_lm, nullptr, n, d, V);
+      final_norm_backward(ops, c, w, x_in + r0 * d, ws, dx + r0 * d, n);
+    }
+    return ops.loss_sum(ws.row_loss, targets, N);
+  }
   final_norm(ops, c, w, x_in, ws, N);
   for (std::int64_t r0 = 0; r0 < N; r0 += chunk) {
     const std::int64_t n = std::min(chunk, N - r0);
@@ -130,12 +170,7 @@ LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_p
     ops.cross_entropy_rows(ws.logits, targets + r0, ws.row_loss + r0, n, V, grad);
     if (grad) ops.linear_backward(ws.logits, xn, w.lm, ws.dxn + r0 * d, false, w.g_lm, nullptr, n, d, V);
   }
-  if (grad) {
-    if (c.is_gpt2())
-      ops.layernorm_backward(x_in, w.norm_w, ws.mean, ws.rstd, ws.dxn, dx, w.g_norm_w, w.g_norm_b, N, d, false);
-    else
-      ops.rmsnorm_backward(x_in, w.norm_w, ws.rstd, ws.dxn, dx, w.g_norm_w, N, d, false);
-  }
+  if (grad) final_norm_backward(ops, c, w, x_in, ws, dx, N);
   return ops.loss_sum(ws.row_loss, targets, N);  // last: on a device it waits for the work above
 }
 
@@ -144,9 +179,9 @@ void head_logits(Ops& ops, const ModelConfig& c, const void* head_params, const 
   c.validate();
   validate_batch_shape(c, batch, seq);
   const std::int64_t N = batch * seq;
-  const std::int64_t chunk = effective_chunk(c, batch, seq, head_chunk);
+  const std::int64_t chunk = effective_chunk(c, batch, seq, head_chunk, 0);
   const HeadWeights w = bind(c, head_params, embed_params, nullptr, nullptr, ops.precision());
-  const HeadWs ws = carve(c, N, chunk, ops.precision(), workspace);
+  const HeadWs ws = carve(c, N, N, chunk, ops.precision(), workspace);
   ops.use_operand_room(ws.operand_room, head_operand_room(c, N, chunk));
   final_norm(ops, c, w, x_in, ws, N);
   ops.linear_forward(ws.xn, w.lm, nullptr, logits, N, c.hidden_size, c.vocab_size);
@@ -161,7 +196,7 @@ LossSum head_forward_backward(const ModelConfig& c, const void* head_params, con
   if (targets) validate_targets(c, targets, static_cast<std::size_t>(batch * seq));
   cpu::CpuOps ops(ctx.precision, ctx.threads);
   return head_forward_backward(ops, c, head_params, embed_params, x_in, targets, batch, seq, dx, head_grads,
-                               embed_grads, workspace, ctx.head_chunk);
+                               embed_grads, workspace, ctx.head_chunk, ctx.seq_tile);
 }
 
 void head_logits(const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,

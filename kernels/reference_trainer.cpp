@@ -30,9 +30,12 @@ ReferenceTrainer::ReferenceTrainer(const ReferenceTrainerOptions& opt) : opt_(op
   for (std::int64_t i = 0; i <= L; ++i) acts_.push_back(make_aligned_floats(act));
   if (opt_.mode == ActivationMode::keep)
     for (std::int64_t i = 0; i < L; ++i) saved_.push_back(make_aligned_floats(layer_saved_floats(c, B, T)));
-  // Sized for recompute mode in every mode: eval_loss runs forwards without keep buffers.
-  workspace_ = make_aligned_floats(std::max(layer_workspace_floats(c, B, T, ActivationMode::recompute, opt_.precision),
-                                            head_workspace_floats(c, B, T, 0, opt_.precision)));
+  // Sized for recompute mode in every mode (eval_loss runs forwards without keep buffers), and for keep
+  // mode's whole-sequence scratch when it keeps.
+  workspace_ = make_aligned_floats(
+      std::max({layer_workspace_floats(c, B, T, ActivationMode::recompute, opt_.precision, opt_.seq_tile),
+                opt_.mode == ActivationMode::keep ? layer_workspace_floats(c, B, T, opt_.mode, opt_.precision) : 0,
+                head_workspace_floats(c, B, T, 0, opt_.precision, opt_.seq_tile)}));
   grad_a_ = make_aligned_floats(act);
   grad_b_ = make_aligned_floats(act);
 }

@@ -27,6 +27,7 @@ struct ReferenceTrainerOptions {
   // construction, rewritten by every update through adamw_stage's fused adamw_bf16copy), so the copy
   // always equals RNE bf16(masters). Gradients, moments and masters stay fp32.
   Precision precision = Precision::fp32;
+  std::int64_t seq_tile = 0;  // ComputeCtx::seq_tile: the engine's sequence tiles (long context), 0 = none
 };
 
 struct StepStats {
@@ -82,6 +83,7 @@ class ReferenceTrainer {
     ComputeCtx c;
     c.threads = opt_.threads;
     c.precision = opt_.precision;
+    c.seq_tile = opt_.seq_tile;
     return c;
   }
 

@@ -50,6 +50,12 @@ struct ComputeCtx {
                                           // the head's weight gradient (summation order), so engine and reference
                                           // must use the same value; tests set it small to exercise chunking.
   Precision precision = Precision::fp32;  // what the weight pointers hold (see the top of this file)
+  // Sequence tiles (long context): 0 = whole sequences; else recomputing layers run `seq_tile` tokens of
+  // one sequence at a time and the head norms and chunks at most that many rows, so their workspace is
+  // tile-sized but for attention's keys and values (see layer_workspace_floats). Changes the bits
+  // (summation order across tiles): engine and reference must use the same value. A value >= seq is
+  // the same as 0. Families without a tiled form (GPT-2) refuse 0 < seq_tile < seq.
+  std::int64_t seq_tile = 0;
 };
 
 // How a layer's backward gets its activations: recompute them from the saved layer input (one extra
@@ -89,8 +95,16 @@ std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::in
 // intermediates (layer_saved_floats), so the same size serves both calls. `precision` must be the one the
 // calls run with (bf16 adds room for the bf16-rounded operands and widened norm weights; fp32 sizes are
 // unchanged). The saved buffer (layer_saved_floats) does not depend on the precision.
+// Recompute mode with 0 < seq_tile < seq runs the layer in sequence tiles: the workspace is then
+// the keys, values and their gradients of the whole micro-batch (4 x batch x seq x kv_dim, Qwen3's k norm
+// adds its input and statistics), the RoPE tables (seq x head_dim) and one tile's activations; keep
+// mode always runs whole sequences (its saved buffer is whole-sequence anyway).
 std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode,
-                                   Precision precision = Precision::fp32);
+                                   Precision precision = Precision::fp32, std::int64_t seq_tile = 0);
+// Whether a recomputing layer of this shape runs in sequence tiles (throws for a family without them).
+bool layer_runs_tiled(const ModelConfig& c, std::int64_t seq, std::int64_t seq_tile);
+// Whether the model's layer family has a sequence-tiled form (GPT-2 has none: its positions bound it).
+bool layer_has_seq_tiles(const ModelConfig& c);
 
 // x_out = layer(x_in). With `saved` non-null (keep mode: layer_saved_floats floats) the intermediates
 // are written there for layer_backward; with saved == nullptr they live only in the workspace, which
@@ -112,8 +126,11 @@ void layer_backward(const ModelConfig& c, const void* params, const float* x_in,
 std::int64_t head_chunk_tokens(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
 // Sized for chunks of head_chunk_tokens() (or of chunk_tokens when > 0, see ComputeCtx::head_chunk), for
 // calls running at `precision` (bf16 adds room for the rounded operands and the widened norm).
+// With 0 < seq_tile < seq the final norm runs per chunk too and chunks are at most seq_tile rows, so only
+// the per-token losses (batch x seq floats) are sequence-sized.
 std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq,
-                                  std::int64_t chunk_tokens = 0, Precision precision = Precision::fp32);
+                                  std::int64_t chunk_tokens = 0, Precision precision = Precision::fp32,
+                                  std::int64_t seq_tile = 0);
 
 struct LossSum {
   double loss_sum = 0.0;     // sum of -log softmax(target) over counted tokens, in token order
@@ -133,7 +150,8 @@ LossSum head_forward_backward(const ModelConfig& c, const void* head_params, con
 // Workspace floats the stage's forward and backward need (the embedding needs none); the engine can
 // size one arena slot as the maximum over stages. Pass the run's precision (ComputeCtx::precision).
 std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std::int64_t batch, std::int64_t seq,
-                                   ActivationMode mode, Precision precision = Precision::fp32);
+                                   ActivationMode mode, Precision precision = Precision::fp32,
+                                   std::int64_t seq_tile = 0);
 
 // The full logits [batch, seq, vocab] (tests and evaluation only: this one materialises them).
 // workspace: head_workspace_floats floats.

@@ -15,16 +15,18 @@ void embedding_forward(Ops& ops, const ModelConfig& c, const void* params, const
 void embedding_backward(Ops& ops, const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
                         const float* dx, float* grads);
 
+// seq_tile as ComputeCtx::seq_tile (0: whole sequences).
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace);
+                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile = 0);
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
-                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace);
+                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
+                    std::int64_t seq_tile = 0);
 
-// head_chunk as ComputeCtx::head_chunk (0: head_chunk_tokens()).
+// head_chunk as ComputeCtx::head_chunk (0: head_chunk_tokens()), seq_tile as ComputeCtx::seq_tile.
 LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,
                               const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                               float* dx, float* head_grads, float* embed_grads, float* workspace,
-                              std::int64_t head_chunk);
+                              std::int64_t head_chunk, std::int64_t seq_tile = 0);
 void head_logits(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,
                  std::int64_t batch, std::int64_t seq, float* logits, float* workspace, std::int64_t head_chunk);
 

@@ -27,6 +27,8 @@ CpuBackend::CpuBackend(const BackendOptions& options)
   ctx_.threads = std::max(1, options.compute_threads);
   ctx_.head_chunk = options.head_chunk;
   head_chunk_ = options.head_chunk;
+  ctx_.seq_tile = options.seq_tile;
+  seq_tile_ = options.seq_tile;
   ctx_.precision = options.precision;
 }
 

@@ -67,6 +67,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   for (auto& d : dirs_) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
   gemm_ = std::make_unique<Gemm>(options_.cuda_tf32);
   head_chunk_ = options_.head_chunk;
+  seq_tile_ = options_.seq_tile;
   ops_ = std::make_unique<CudaOps>(*gemm_, compute_, options_.precision,
                                    [this](const token_t* t, std::int64_t n) { return token_rows(t, n); });
   for (auto& d : dirs_)

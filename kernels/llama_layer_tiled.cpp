@@ -1,0 +1,241 @@
+// The Llama-family layer in sequence tiles (long context): the layer of llama_layer.cpp computed `tile`
+// tokens of one sequence at a time, so that nothing per token is sequence-sized except what attention
+// needs over the whole sequence: the keys and values (and, in the backward, their gradients). The norms,
+// the projections, RoPE and the MLP run on one tile; attention runs the tile's queries against the keys
+// so far (AttnShape::q_start), flash-style, so no T x T scores exist either.
+//
+// Forward, per sequence, tiles in order: n1 = rmsnorm(x), q, k, v (k and v into the sequence's K, V),
+// q/k norms, RoPE at the tile's positions, attention against K, V up to the tile's end, o_proj and the
+// residual, then the MLP and its residual into x_out.
+// Backward (always recomputing, no Saved):
+//   1. per sequence, tiles in order: K and V again (n1, the k and v products, k norm, RoPE);
+//   2. per sequence, tiles from the last to the first: recompute the tile's n1, q, attention, x1, n2 and
+//      MLP activations; MLP backward; o_proj backward; attention backward, adding into the sequence's
+//      dK, dV (the last tile, run first, overwrites them); then the tile's keys have seen every query
+//      that reads them (all are at or after it), so its dK, dV rows are final: RoPE and k-norm
+//      backward, the q/k/v products' backward and the input norm's, into the tile's rows of dx.
+// Weight gradients add tile by tile in that fixed order: the bits depend on the tile size (the
+// engine and the reference trainer use the same), never on threads.
+#include <algorithm>
+
+#include "kernels/llama_tensors.hpp"
+#include "kernels/workspace.hpp"
+
+namespace mt::detail::llama {
+
+namespace {
+
+// Sequence-sized: what attention reads or accumulates across tiles, and the RoPE tables.
+struct Whole {
+  float *K, *V, *dK, *dV;
+  float *K_raw, *rstd_k;  // Qwen3's per-head k norm: its input and statistics, for its backward
+  float *cos_t, *sin_t;
+};
+// One tile's activations and gradients (n = tile rows).
+struct TileBufs {
+  float *xn1, *rstd1, *q_raw, *rstd_q, *q, *att, *lse, *x1, *xn2, *rstd2, *gate, *up, *h, *dx1;
+  float *dh, *dg, *du, *dxn2;                 // MLP phase
+  float *datt, *dq, *dqn, *dkn, *dxn1;        // attention phase (dqn/dkn: before q/k norm)
+};
+
+struct Carved {
+  Whole w;
+  TileBufs t;
+  std::size_t used = 0;
+};
+
+Carved carve(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t n, float* base) {
+  Carver cv(base);
+  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const std::int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  Carved r{};
+  Whole& w = r.w;
+  w.K = cv.take(N * kd);
+  w.V = cv.take(N * kd);
+  w.dK = cv.take(N * kd);
+  w.dV = cv.take(N * kd);
+  if (c.qk_norm) {
+    w.K_raw = cv.take(N * kd);
+    w.rstd_k = cv.take(N * Hkv);
+  }
+  w.cos_t = cv.take(T * c.head_dim / 2);
+  w.sin_t = cv.take(T * c.head_dim / 2);
+  TileBufs& t = r.t;
+  t.xn1 = cv.take(n * d);
+  t.rstd1 = cv.take(n);
+  if (c.qk_norm) {
+    t.q_raw = cv.take(n * qd);
+    t.rstd_q = cv.take(n * Hq);
+  }
+  t.q = cv.take(n * qd);
+  t.att = cv.take(n * qd);
+  t.lse = cv.take(n * Hq);
+  t.x1 = cv.take(n * d);
+  t.xn2 = cv.take(n * d);
+  t.rstd2 = cv.take(n);
+  t.gate = cv.take(n * ff);
+  t.up = cv.take(n * ff);
+  t.h = cv.take(n * ff);
+  t.dx1 = cv.take(n * d);
+  float* region = base ? base + cv.used() : nullptr;
+  Carver mlp(region);
+  t.dh = mlp.take(n * ff);
+  t.dg = mlp.take(n * ff);
+  t.du = mlp.take(n * ff);
+  t.dxn2 = mlp.take(n * d);
+  Carver attn(region);
+  t.datt = attn.take(n * qd);
+  t.dq = attn.take(n * qd);
+  if (c.qk_norm) {
+    t.dqn = attn.take(n * qd);
+    t.dkn = attn.take(n * kd);
+  }
+  t.dxn1 = attn.take(n * d);
+  r.used = cv.used() + std::max(mlp.used(), attn.used());
+  return r;
+}
+
+// One tile: sequence b, positions [t0, t0 + n); r0 = its first row in the [B * T] buffers.
+struct Tile {
+  std::int64_t b, t0, n, r0;
+};
+
+RopeTables at_positions(const RopeTables& all, std::int64_t t0, std::int64_t head_dim) {
+  return {all.cos + t0 * (head_dim / 2), all.sin + t0 * (head_dim / 2)};
+}
+
+// n1 = rmsnorm(x) of the tile into tb.xn1.
+void input_norm(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, const float* x_in, const Tile& t,
+                const TileBufs& tb) {
+  ops.rmsnorm_forward(x_in + t.r0 * c.hidden_size, w[in_norm], tb.xn1, tb.rstd1, t.n, c.hidden_size, c.norm_eps);
+}
+
+// The tile's keys and values into the sequence's K, V rows (k normed and rotated), from tb.xn1.
+void keys_values(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, const Whole& wh, const RopeTables& rope,
+                 const Tile& t, const TileBufs& tb) {
+  const std::int64_t d = c.hidden_size, kd = c.kv_dim(), hd = c.head_dim, Hkv = c.num_key_value_heads;
+  float* k = wh.K + t.r0 * kd;
+  float* k_lin = c.qk_norm ? wh.K_raw + t.r0 * kd : k;
+  ops.linear_forward(tb.xn1, w[wk], w[bk], k_lin, t.n, d, kd);
+  ops.linear_forward(tb.xn1, w[wv], w[bv], wh.V + t.r0 * kd, t.n, d, kd);
+  if (c.qk_norm) ops.rmsnorm_forward(k_lin, w[k_norm], k, wh.rstd_k + t.r0 * Hkv, t.n * Hkv, hd, c.norm_eps);
+  ops.rope_apply(k, t.n, t.n, Hkv, hd, kd, at_positions(rope, t.t0, hd), false);
+}
+
+AttnShape tile_attention(const ModelConfig& c, const Tile& t) {
+  AttnShape a = attn_shape(c, 1, t.t0 + t.n);  // the tile's queries against the keys up to its end
+  a.q_start = t.t0;
+  return a;
+}
+
+// From tb.xn1 (and K, V complete up to the tile's end): q, attention, x1, n2 and the MLP activations.
+void attention_and_mlp(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, const Whole& wh,
+                       const RopeTables& rope, const float* x_in, const Tile& t, const TileBufs& tb) {
+  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads;
+  float* q_lin = c.qk_norm ? tb.q_raw : tb.q;
+  ops.linear_forward(tb.xn1, w[wq], w[bq], q_lin, t.n, d, qd);
+  if (c.qk_norm) ops.rmsnorm_forward(tb.q_raw, w[q_norm], tb.q, tb.rstd_q, t.n * Hq, hd, c.norm_eps);
+  ops.rope_apply(tb.q, t.n, t.n, Hq, hd, qd, at_positions(rope, t.t0, hd), false);
+  const std::int64_t seq0 = t.r0 - t.t0;  // the sequence's first row
+  ops.attention_forward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, tb.att, tb.lse, tile_attention(c, t));
+  ops.linear_forward(tb.att, w[wo], nullptr, tb.x1, t.n, qd, d);
+  ops.add_into(tb.x1, x_in + t.r0 * d, static_cast<std::size_t>(t.n * d));
+  ops.rmsnorm_forward(tb.x1, w[post_norm], tb.xn2, tb.rstd2, t.n, d, c.norm_eps);
+  ops.linear_forward(tb.xn2, w[wg], nullptr, tb.gate, t.n, d, ff);
+  ops.linear_forward(tb.xn2, w[wu], nullptr, tb.up, t.n, d, ff);
+  ops.swiglu_forward(tb.gate, tb.up, tb.h, static_cast<std::size_t>(t.n * ff));
+}
+
+template <class F>
+void for_tiles(std::int64_t T, std::int64_t tile, std::int64_t b, bool reverse, F&& f) {
+  const std::int64_t count = (T + tile - 1) / tile;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t j = reverse ? count - 1 - i : i;
+    const std::int64_t t0 = j * tile;
+    f(Tile{b, t0, std::min(tile, T - t0), b * T + t0}, i == 0);
+  }
+}
+
+}  // namespace
+
+std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile) {
+  return carve(c, B, T, std::min(tile, T), nullptr).used;
+}
+
+void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
+                   std::int64_t T, std::int64_t tile, float* scratch) {
+  const std::int64_t d = c.hidden_size, ff = c.intermediate_size;
+  const Bound<const void*> w = bind(c, params, ops.precision());
+  const Carved cv = carve(c, B, T, std::min(tile, T), scratch);
+  const RopeTables rope = ops.rope_tables(rope_params_of(c), T, c.head_dim, cv.w.cos_t, cv.w.sin_t);
+  for (std::int64_t b = 0; b < B; ++b)
+    for_tiles(T, tile, b, false, [&](const Tile& t, bool) {
+      input_norm(ops, c, w, x_in, t, cv.t);
+      keys_values(ops, c, w, cv.w, rope, t, cv.t);
+      attention_and_mlp(ops, c, w, cv.w, rope, x_in, t, cv.t);
+      float* y = x_out + t.r0 * d;
+      ops.linear_forward(cv.t.h, w[wd], nullptr, y, t.n, ff, d);
+      ops.add_into(y, cv.t.x1, static_cast<std::size_t>(t.n * d));
+    });
+}
+
+void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
+                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch) {
+  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const Bound<const void*> w = bind(c, params, ops.precision());
+  const Bound<float*> g = bind(c, grads, Precision::fp32);
+  const Carved cv = carve(c, B, T, std::min(tile, T), scratch);
+  const Whole& wh = cv.w;
+  const TileBufs& tb = cv.t;
+  const RopeTables rope = ops.rope_tables(rope_params_of(c), T, hd, wh.cos_t, wh.sin_t);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for_tiles(T, tile, b, false, [&](const Tile& t, bool) {  // 1. the sequence's keys and values
+      input_norm(ops, c, w, x_in, t, tb);
+      keys_values(ops, c, w, wh, rope, t, tb);
+    });
+    const std::int64_t seq0 = b * T;
+    for_tiles(T, tile, b, true, [&](const Tile& t, bool first) {  // 2. tiles from the last
+      const std::size_t nd = static_cast<std::size_t>(t.n * d);
+      const RopeTables rope_t = at_positions(rope, t.t0, hd);
+      input_norm(ops, c, w, x_in, t, tb);
+      attention_and_mlp(ops, c, w, wh, rope, x_in, t, tb);
+      // MLP: y = x1 + down(h)
+      const float* dyt = dy + t.r0 * d;
+      ops.copy(tb.dx1, dyt, nd);
+      ops.linear_backward(dyt, tb.h, w[wd], tb.dh, false, g[wd], nullptr, t.n, ff, d);
+      ops.swiglu_backward(tb.gate, tb.up, tb.dh, tb.dg, tb.du, static_cast<std::size_t>(t.n * ff));
+      ops.linear_backward(tb.dg, tb.xn2, w[wg], tb.dxn2, false, g[wg], nullptr, t.n, d, ff);
+      ops.linear_backward(tb.du, tb.xn2, w[wu], tb.dxn2, true, g[wu], nullptr, t.n, d, ff);
+      ops.rmsnorm_backward(tb.x1, w[post_norm], tb.rstd2, tb.dxn2, tb.dx1, g[post_norm], t.n, d, true);
+      // Attention: x1 = x + o_proj(att)
+      ops.linear_backward(tb.dx1, tb.att, w[wo], tb.datt, false, g[wo], nullptr, t.n, qd, d);
+      AttnShape a = tile_attention(c, t);
+      a.add_kv_grads = !first;
+      ops.attention_backward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, tb.att, tb.lse, tb.datt, tb.dq,
+                             wh.dK + seq0 * kd, wh.dV + seq0 * kd, a);
+      // Every query that reads this tile's keys is at or after it, and those tiles are done.
+      float* dk = wh.dK + t.r0 * kd;
+      ops.rope_apply(tb.dq, t.n, t.n, Hq, hd, qd, rope_t, true);
+      ops.rope_apply(dk, t.n, t.n, Hkv, hd, kd, rope_t, true);
+      const float* dq_lin = tb.dq;
+      const float* dk_lin = dk;
+      if (c.qk_norm) {
+        ops.rmsnorm_backward(tb.q_raw, w[q_norm], tb.rstd_q, tb.dq, tb.dqn, g[q_norm], t.n * Hq, hd, false);
+        ops.rmsnorm_backward(wh.K_raw + t.r0 * kd, w[k_norm], wh.rstd_k + t.r0 * Hkv, dk, tb.dkn, g[k_norm],
+                             t.n * Hkv, hd, false);
+        dq_lin = tb.dqn;
+        dk_lin = tb.dkn;
+      }
+      ops.linear_backward(dq_lin, tb.xn1, w[wq], tb.dxn1, false, g[wq], g[bq], t.n, d, qd);
+      ops.linear_backward(dk_lin, tb.xn1, w[wk], tb.dxn1, true, g[wk], g[bk], t.n, d, kd);
+      ops.linear_backward(wh.dV + t.r0 * kd, tb.xn1, w[wv], tb.dxn1, true, g[wv], g[bv], t.n, d, kd);
+      float* dxt = dx + t.r0 * d;
+      ops.copy(dxt, tb.dx1, nd);
+      ops.rmsnorm_backward(x_in + t.r0 * d, w[in_norm], tb.rstd1, tb.dxn1, dxt, g[in_norm], t.n, d, true);
+    });
+  }
+}
+
+}  // namespace mt::detail::llama

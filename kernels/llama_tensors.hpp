@@ -1,0 +1,47 @@
+// Internal: what the Llama-family layer's two forms share (llama_layer.cpp, the whole sequence at once;
+// llama_layer_tiled.cpp, in sequence tiles): its tensors by Hugging Face name, their binding, the
+// attention shape and the operand room of its products.
+#pragma once
+#include <algorithm>
+
+#include "kernels/layer_impl.hpp"
+#include "kernels/layout_cache.hpp"
+
+namespace mt::detail::llama {
+
+enum Tensor { in_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, post_norm, wg, wu, wd, kTensors };
+inline const char* const kNames[kTensors] = {
+    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.q_proj.bias",           "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",   "self_attn.v_proj.weight", "self_attn.v_proj.bias",           "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+
+template <class P>
+using Bound = BoundTensors<P, kTensors>;
+
+template <class P>
+Bound<P> bind(const ModelConfig& c, P base, Precision prec) {  // offsets looked up once per model shape
+  return bind_tensors(
+      per_shape<TensorOffsets<kTensors>>(c, [&] { return find_offsets(cached_layer_layout(c), kNames); }), base, prec);
+}
+
+inline AttnShape attn_shape(const ModelConfig& c, std::int64_t B, std::int64_t T) {
+  AttnShape a;
+  a.batch = B, a.seq = T, a.q_heads = c.num_attention_heads, a.kv_heads = c.num_key_value_heads;
+  a.head_dim = c.head_dim, a.q_stride = c.q_dim(), a.kv_stride = c.kv_dim(), a.o_stride = c.q_dim();
+  return a;
+}
+
+inline OperandRoom operand_room(const ModelConfig& c, std::int64_t B, std::int64_t T) {
+  const std::int64_t widest = std::max({c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size});
+  return {B * T * widest, B * T * widest, std::max(c.hidden_size, c.head_dim)};
+}
+
+// The tiled form (llama_layer_tiled.cpp).
+std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile);
+void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
+                   std::int64_t T, std::int64_t tile, float* scratch);
+void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
+                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch);
+
+}  // namespace mt::detail::llama

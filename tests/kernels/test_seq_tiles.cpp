@@ -1,0 +1,232 @@
+// Sequence tiles (long context, ComputeCtx::seq_tile): the tiled layer and head against the fp64
+// references (themselves checked against finite differences in test_layers.cpp) and against the untiled
+// fast path, in fp32 and bf16; tile sizes that do not divide the sequence, one tile short of it, and
+// tiles of one token; thread-count independence; and what the workspace sizes promise.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/bf16.hpp"
+#include "kernels/reference_layers.hpp"
+#include "kernels/stage_api.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+#include "tests/kernels/model_configs.hpp"
+
+using namespace mt;
+using mt::test::all_configs;
+using mt::test::rel_err;
+using std::vector;
+
+namespace {
+
+vector<double> random_params(const ParamLayout& l, unsigned seed) {
+  vector<double> p(l.total_floats, 0.0);
+  auto r = mt::test::randn<double>(l.total_floats, seed, 0.3);
+  for (const auto& t : l.tensors) {
+    const bool norm = t.name.find("norm") != std::string::npos;
+    for (std::size_t i = 0; i < t.numel; ++i)
+      p[t.offset + i] = (norm && t.name.find(".weight") != std::string::npos) ? 1.0 + r[t.offset + i] : r[t.offset + i];
+  }
+  return p;
+}
+
+struct LayerRun {
+  vector<float> y, dx, g;
+};
+
+// Forward then recomputing backward of one layer with the fast stages at `prec`, `seq_tile`, `threads`.
+LayerRun run_layer(const ModelConfig& c, const vector<float>& p32, const vector<float>& x, const vector<float>& dy,
+                   std::int64_t B, std::int64_t S, std::int64_t seq_tile, Precision prec, int threads) {
+  ComputeCtx ctx{threads};
+  ctx.precision = prec;
+  ctx.seq_tile = seq_tile;
+  vector<bf16_t> p16;
+  const void* w = p32.data();
+  if (prec == Precision::bf16) {
+    p16.resize(p32.size());
+    cpu::to_bf16(p32.data(), p16.data(), p32.size(), 1);
+    w = p16.data();
+  }
+  const std::int64_t N = B * S, d = c.hidden_size;
+  LayerRun r{vector<float>(N * d), vector<float>(N * d), vector<float>(p32.size(), 0.0f)};
+  vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, seq_tile));
+  layer_forward(c, w, x.data(), r.y.data(), B, S, nullptr, ws.data(), ctx);
+  layer_backward(c, w, x.data(), nullptr, dy.data(), r.dx.data(), r.g.data(), B, S, ws.data(), ctx);
+  return r;
+}
+
+bool same_bits(const vector<float>& a, const vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+vector<ModelConfig> tiled_families() {
+  vector<ModelConfig> r;
+  for (const auto& n : all_configs())
+    if (!n.cfg.is_gpt2()) r.push_back(n.cfg);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("tiled layers match the fp64 reference and the whole-sequence layer", "[layers][tiles]") {
+  for (const auto& named : all_configs()) {
+    const ModelConfig& c = named.cfg;
+    if (c.is_gpt2()) continue;
+    INFO(named.name);
+    const std::int64_t B = 2, S = 37, N = B * S, d = c.hidden_size;
+    const ParamLayout l = layer_layout(c, 0);
+    const auto pd = random_params(l, 11);
+    const auto xd = mt::test::randn<double>(N * d, 12), dyd = mt::test::randn<double>(N * d, 13);
+    vector<double> dxr(N * d, 0.0), gr(l.total_floats, 0.0);
+    const auto yr = ref::llama_forward(c, pd.data(), xd.data(), B, S).y;
+    ref::llama_backward(c, pd.data(), xd.data(), dyd.data(), dxr.data(), gr.data(), B, S);
+    const vector<float> p(pd.begin(), pd.end()), x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end());
+    const LayerRun whole = run_layer(c, p, x, dy, B, S, 0, Precision::fp32, 2);
+    for (std::int64_t tile : {1, 8, 16, 36}) {
+      INFO("seq_tile " << tile);
+      const LayerRun t = run_layer(c, p, x, dy, B, S, tile, Precision::fp32, 2);
+      CHECK(rel_err(t.y, yr) < 1e-5);
+      CHECK(rel_err(t.dx, dxr) < 1e-5);
+      for (const auto& ts : l.tensors) {
+        INFO(ts.name);
+        CHECK(rel_err(t.g.data() + ts.offset, gr.data() + ts.offset, ts.numel) < 1e-5);
+      }
+      CHECK(rel_err(t.y, whole.y) < 1e-6);  // the same math in another summation order
+      CHECK(rel_err(t.dx, whole.dx) < 1e-6);
+      CHECK(rel_err(t.g, whole.g) < 1e-6);
+    }
+    // A tile of the whole sequence or more is the whole-sequence layer, bit for bit.
+    for (std::int64_t tile : {S, 4 * S}) {
+      const LayerRun t = run_layer(c, p, x, dy, B, S, tile, Precision::fp32, 2);
+      CHECK(same_bits(t.y, whole.y));
+      CHECK(same_bits(t.g, whole.g));
+    }
+  }
+}
+
+TEST_CASE("tiled layers do not depend on the thread count, and their gradients add", "[layers][tiles]") {
+  for (const ModelConfig& c : tiled_families()) {
+    const std::int64_t B = 1, S = 61, N = B * S, d = c.hidden_size;
+    const ParamLayout l = layer_layout(c, 0);
+    const auto pd = random_params(l, 21);
+    const auto xd = mt::test::randn<float>(N * d, 22), dyd = mt::test::randn<float>(N * d, 23);
+    const vector<float> p(pd.begin(), pd.end());
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      const LayerRun one = run_layer(c, p, xd, dyd, B, S, 16, prec, 1);
+      const LayerRun two = run_layer(c, p, xd, dyd, B, S, 16, prec, 2);
+      CHECK(same_bits(one.y, two.y));
+      CHECK(same_bits(one.dx, two.dx));
+      CHECK(same_bits(one.g, two.g));
+    }
+    // A second backward into the same gradient buffer doubles it.
+    ComputeCtx ctx{2};
+    ctx.seq_tile = 16;
+    vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, Precision::fp32, 16));
+    vector<float> dx(N * d), g(p.size(), 0.0f);
+    for (int i = 0; i < 2; ++i)
+      layer_backward(c, p.data(), xd.data(), nullptr, dyd.data(), dx.data(), g.data(), B, S, ws.data(), ctx);
+    const LayerRun once = run_layer(c, p, xd, dyd, B, S, 16, Precision::fp32, 2);
+    vector<float> twice(once.g.size());
+    for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2.0f * once.g[i];
+    CHECK(rel_err(g, twice) < 1e-6);
+  }
+}
+
+TEST_CASE("tiled bf16 layers agree with the whole-sequence bf16 layer", "[layers][tiles][bf16]") {
+  for (const ModelConfig& c : tiled_families()) {
+    const std::int64_t B = 2, S = 45, N = B * S, d = c.hidden_size;
+    const ParamLayout l = layer_layout(c, 0);
+    const auto pd = random_params(l, 31);
+    const auto x = mt::test::randn<float>(N * d, 32), dy = mt::test::randn<float>(N * d, 33);
+    const vector<float> p(pd.begin(), pd.end());
+    const LayerRun whole = run_layer(c, p, x, dy, B, S, 0, Precision::bf16, 2);
+    const LayerRun tiled = run_layer(c, p, x, dy, B, S, 16, Precision::bf16, 2);
+    // The same roundings to bf16 of values that differ only in fp32 summation order: now and then one
+    // operand rounds the other way (2^-8 relative), so a few 1e-3 of norm-wise difference at most.
+    CHECK(rel_err(tiled.y, whole.y) < 2e-3);
+    CHECK(rel_err(tiled.dx, whole.dx) < 5e-3);
+    CHECK(rel_err(tiled.g, whole.g) < 5e-3);
+  }
+}
+
+TEST_CASE("tiled head: per-chunk norm, loss and gradients match the fp64 reference", "[layers][tiles][head]") {
+  for (const auto& [name, c0] : all_configs()) {
+    for (bool tied : {false, true}) {
+      ModelConfig c = c0;
+      if (!c.is_gpt2()) c.tie_word_embeddings = tied;
+      INFO(name << (c.tie_word_embeddings ? " tied" : " untied"));
+      const std::int64_t B = 2, S = 9, N = B * S, d = c.hidden_size, V = c.vocab_size;
+      const ParamLayout hl = head_layout(c), el = embedding_layout(c);
+      const auto hp = random_params(hl, 41), ep = random_params(el, 42), xd = mt::test::randn<double>(N * d, 43);
+      vector<std::int32_t> targets(N);
+      for (std::int64_t i = 0; i < N; ++i)
+        targets[i] = (i % 5 == 2) ? kIgnoreIndex : static_cast<std::int32_t>((i * 11) % V);
+      const bool is_tied = c.is_gpt2() || c.tie_word_embeddings;
+      const std::size_t W_off = is_tied ? el.tensors[0].offset : hl.at("lm_head.weight").offset;
+      const double* Wd = (is_tied ? ep.data() : hp.data()) + W_off;
+      vector<double> dxr(N * d, 0.0), dhr(hl.total_floats, 0.0), dWr(V * d, 0.0);
+      const double lr =
+          ref::head_loss(c, hp.data(), Wd, xd.data(), targets.data(), N, dxr.data(), dhr.data(), dWr.data());
+      const vector<float> h(hp.begin(), hp.end()), e(ep.begin(), ep.end()), x(xd.begin(), xd.end());
+      for (std::int64_t tile : {1, 4, 7}) {  // chunks of min(head chunk, tile) rows, across sequence ends
+        INFO("seq_tile " << tile);
+        ComputeCtx ctx{2};
+        ctx.seq_tile = tile;
+        vector<float> ws(head_workspace_floats(c, B, S, 0, Precision::fp32, tile));
+        CHECK(ws.size() < head_workspace_floats(c, B, S));
+        vector<float> dx(N * d), dh(hl.total_floats, 0.0f), de(el.total_floats, 0.0f);
+        const LossSum ls = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, dx.data(),
+                                                 dh.data(), de.data(), ws.data(), ctx);
+        CHECK(ls.counted == N - 4);
+        CHECK(std::abs(ls.loss_sum - lr) / lr < 1e-6);
+        CHECK(rel_err(dx, dxr) < 1e-5);
+        const float* dW = (is_tied ? de.data() : dh.data()) + W_off;
+        CHECK(rel_err(dW, dWr.data(), static_cast<std::size_t>(V * d)) < 1e-5);
+        for (const auto& t : hl.tensors) {
+          if (t.name == "lm_head.weight") continue;
+          INFO(t.name);
+          CHECK(rel_err(dh.data() + t.offset, dhr.data() + t.offset, t.numel) < 1e-5);
+        }
+        const LossSum lo = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, nullptr,
+                                                 nullptr, nullptr, ws.data(), ctx);
+        CHECK(std::abs(lo.loss_sum - lr) / lr < 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("tiled workspace: sequence-sized only in keys and values", "[layers][tiles]") {
+  ModelConfig c = mt::test::tiny_llama();
+  c.max_position_embeddings = 1 << 20;
+  const std::int64_t T = 1 << 16, tile = 256;
+  const std::size_t whole = layer_workspace_floats(c, 1, T, ActivationMode::recompute);
+  const std::size_t tiled = layer_workspace_floats(c, 1, T, ActivationMode::recompute, Precision::fp32, tile);
+  // K, V, dK, dV (4 kv_dim) and the RoPE tables (head_dim) per token, plus one tile's worth.
+  const std::size_t per_token = 4 * static_cast<std::size_t>(c.kv_dim()) + static_cast<std::size_t>(c.head_dim);
+  CHECK(tiled >= per_token * T);
+  CHECK(tiled < per_token * T + 100 * tile * static_cast<std::size_t>(c.intermediate_size + c.hidden_size));
+  CHECK(tiled * 4 < whole);
+  // Doubling the sequence doubles the sequence-sized part only.
+  const std::size_t tiled2 = layer_workspace_floats(c, 1, 2 * T, ActivationMode::recompute, Precision::fp32, tile);
+  CHECK(tiled2 - tiled >= per_token * T);
+  CHECK(tiled2 - tiled < per_token * T + 1024);
+  // Keep mode runs whole sequences: its workspace ignores the tile.
+  CHECK(layer_workspace_floats(c, 1, T, ActivationMode::keep, Precision::fp32, tile) ==
+        layer_workspace_floats(c, 1, T, ActivationMode::keep));
+  // The head's only sequence-sized buffer is the per-token loss.
+  CHECK(head_workspace_floats(c, 1, 2 * T, 0, Precision::fp32, tile) -
+            head_workspace_floats(c, 1, T, 0, Precision::fp32, tile) <
+        static_cast<std::size_t>(T) + 64);
+}
+
+TEST_CASE("sequence tiles: bad values and families without them are refused by name", "[layers][tiles][errors]") {
+  const ModelConfig g = mt::test::tiny_gpt2();
+  CHECK_THROWS_WITH(layer_workspace_floats(g, 1, 16, ActivationMode::recompute, Precision::fp32, 4),
+                    Catch::Contains("gpt2 family has no sequence-tiled form"));
+  CHECK_NOTHROW(layer_workspace_floats(g, 1, 16, ActivationMode::recompute, Precision::fp32, 16));
+  const ModelConfig c = mt::test::tiny_llama();
+  CHECK_THROWS_WITH(layer_workspace_floats(c, 1, 16, ActivationMode::recompute, Precision::fp32, -1),
+                    Catch::Contains("seq_tile must be >= 0"));
+}
