@@ -6,6 +6,10 @@
 // atomics (deterministic): one kernel per query row block for dq, one per key row block for dk and dv
 // (looping over the query heads of its kv group), both recomputing the probabilities from lse, plus a
 // row-dot kernel for D_i = dout_i . out_i.
+// Sequence tiles (AttnShape::q_start): the query rows are positions q_start.. against keys from 0, so
+// the query-side grids (forward, dq, row dots) cover q_rows() rows and the dk/dv grid seq keys, each key
+// block starting at the first query row that sees it; with add_kv_grads the dk/dv kernel adds to dk and
+// dv (each element has one writing thread, so still no atomics) and a sequence's tiles accumulate.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -18,7 +22,7 @@
 namespace mt::cuda {
 namespace {
 
-using AttnDims = AttnShape;
+using AttnDims = AttnShape;  // in the kernels Q = seq - q_start is AttnShape::q_rows() (a host function)
 
 constexpr int R = kAttnRowsPerBlock;
 constexpr int RW = kAttnRowsPerWarp;
@@ -60,11 +64,12 @@ __global__ void __launch_bounds__(kThreads)
   float* Ks = Qs + R * D;           // [TILE][D + 1]
   float* Vs = Ks + TILE * (D + 1);  // [TILE][D]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::int64_t T = a.seq, b = blockIdx.z, h = blockIdx.y, kvh = h / (a.q_heads / a.kv_heads);
-  const std::int64_t q_start = static_cast<std::int64_t>(blockIdx.x) * R;
+  const std::int64_t T = a.seq, Q = a.seq - a.q_start, b = blockIdx.z, h = blockIdx.y,
+                     kvh = h / (a.q_heads / a.kv_heads);
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * R;  // this block's first query row
   const float* kb = k + b * T * a.kv_stride + kvh * D;
   const float* vb = v + b * T * a.kv_stride + kvh * D;
-  load_rows(Qs, D, q + b * T * a.q_stride + h * D, a.q_stride, q_start, R, T, D);
+  load_rows(Qs, D, q + b * Q * a.q_stride + h * D, a.q_stride, r0, R, Q, D);
 
   float m[RW], l[RW], acc[RW][EPL];
 #pragma unroll
@@ -73,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < EPL; ++c) acc[rr][c] = 0.0f;
   }
-  const std::int64_t k_end = min(T, q_start + R);  // causal: no row of this block sees keys past it
+  const std::int64_t k_end = attn_key_end(a.q_start, r0, T);  // causal: no row of this block sees keys past it
   for (std::int64_t k0 = 0; k0 < k_end; k0 += TILE) {
     __syncthreads();  // the previous tile is no longer read
     load_rows(Ks, D + 1, kb, a.kv_stride, k0, TILE, T, D);
@@ -82,8 +87,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr) {
       const int row = warp * RW + rr;
-      const std::int64_t i = q_start + row;
-      if (i >= T || k0 > i) continue;  // uniform across the warp
+      const std::int64_t i = a.q_start + r0 + row;  // the row's position
+      if (r0 + row >= Q || k0 > i) continue;        // uniform across the warp
       const bool valid = k0 + lane <= i;
       float s = dot_row<DT>(Qs + row * D, Ks + lane * (D + 1), D) * scale;
       s = valid ? s : -INFINITY;
@@ -107,29 +112,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int rr = 0; rr < RW; ++rr) {
-    const std::int64_t i = q_start + warp * RW + rr;
-    if (i >= T) continue;
+    const std::int64_t i = r0 + warp * RW + rr;  // query row
+    if (i >= Q) continue;
     const float inv = 1.0f / l[rr];
-    float* o = out + (b * T + i) * a.o_stride + h * D;
+    float* o = out + (b * Q + i) * a.o_stride + h * D;
 #pragma unroll
     for (int c = 0; c < EPL; ++c) {
       const int e = lane + 32 * c;
       if (e < D) o[e] = acc[rr][c] * inv;
     }
-    if (lane == 0) lse[(b * a.q_heads + h) * T + i] = m[rr] + logf(l[rr]);
+    if (lane == 0) lse[(b * a.q_heads + h) * Q + i] = m[rr] + logf(l[rr]);
   }
 }
 
-// rowdot[(b * q_heads + h) * T + t] = dout . out over the head's D elements; one warp a row.
+// rowdot[(b * q_heads + h) * q_rows + t] = dout . out over the head's D elements; one warp a query row.
 __global__ void attn_rowdot_kernel(const float* __restrict__ out, const float* __restrict__ dout,
                                    float* __restrict__ rowdot, AttnDims a) {
   const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const std::int64_t T = a.seq, total = a.batch * a.q_heads * T;
+  const std::int64_t Q = a.seq - a.q_start, total = a.batch * a.q_heads * Q;
   if (idx >= total) return;
-  const std::int64_t t = idx % T, h = (idx / T) % a.q_heads, b = idx / (T * a.q_heads);
-  const float* o = out + (b * T + t) * a.o_stride + h * a.head_dim;
-  const float* d = dout + (b * T + t) * a.o_stride + h * a.head_dim;
+  const std::int64_t t = idx % Q, h = (idx / Q) % a.q_heads, b = idx / (Q * a.q_heads);
+  const float* o = out + (b * Q + t) * a.o_stride + h * a.head_dim;
+  const float* d = dout + (b * Q + t) * a.o_stride + h * a.head_dim;
   float s = 0.0f;
   for (std::int64_t e = lane; e < a.head_dim; e += 32) s += o[e] * d[e];
   s = warp_sum(s);
@@ -148,22 +153,23 @@ __global__ void __launch_bounds__(kThreads)
   float* Ks = dOs + R * D;          // [TILE][D + 1]
   float* Vs = Ks + TILE * (D + 1);  // [TILE][D + 1]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::int64_t T = a.seq, b = blockIdx.z, h = blockIdx.y, kvh = h / (a.q_heads / a.kv_heads);
-  const std::int64_t q_start = static_cast<std::int64_t>(blockIdx.x) * R;
+  const std::int64_t T = a.seq, Q = a.seq - a.q_start, b = blockIdx.z, h = blockIdx.y,
+                     kvh = h / (a.q_heads / a.kv_heads);
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.x) * R;  // this block's first query row
   const float* kb = k + b * T * a.kv_stride + kvh * D;
   const float* vb = v + b * T * a.kv_stride + kvh * D;
-  load_rows(Qs, D, q + b * T * a.q_stride + h * D, a.q_stride, q_start, R, T, D);
-  load_rows(dOs, D, dout + b * T * a.o_stride + h * D, a.o_stride, q_start, R, T, D);
+  load_rows(Qs, D, q + b * Q * a.q_stride + h * D, a.q_stride, r0, R, Q, D);
+  load_rows(dOs, D, dout + b * Q * a.o_stride + h * D, a.o_stride, r0, R, Q, D);
   float acc[RW][EPL], row_lse[RW], row_dot[RW];
 #pragma unroll
   for (int rr = 0; rr < RW; ++rr) {
-    const std::int64_t i = q_start + warp * RW + rr;
-    row_lse[rr] = i < T ? lse[(b * a.q_heads + h) * T + i] : 0.0f;
-    row_dot[rr] = i < T ? rowdot[(b * a.q_heads + h) * T + i] : 0.0f;
+    const std::int64_t i = r0 + warp * RW + rr;  // query row
+    row_lse[rr] = i < Q ? lse[(b * a.q_heads + h) * Q + i] : 0.0f;
+    row_dot[rr] = i < Q ? rowdot[(b * a.q_heads + h) * Q + i] : 0.0f;
 #pragma unroll
     for (int c = 0; c < EPL; ++c) acc[rr][c] = 0.0f;
   }
-  const std::int64_t k_end = min(T, q_start + R);
+  const std::int64_t k_end = attn_key_end(a.q_start, r0, T);
   for (std::int64_t k0 = 0; k0 < k_end; k0 += TILE) {
     __syncthreads();
     load_rows(Ks, D + 1, kb, a.kv_stride, k0, TILE, T, D);
@@ -172,8 +178,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int rr = 0; rr < RW; ++rr) {
       const int row = warp * RW + rr;
-      const std::int64_t i = q_start + row;
-      if (i >= T || k0 > i) continue;
+      const std::int64_t i = a.q_start + r0 + row;  // the row's position
+      if (r0 + row >= Q || k0 > i) continue;
       const bool valid = k0 + lane <= i;
       const float s = dot_row<DT>(Qs + row * D, Ks + lane * (D + 1), D) * scale;
       const float dp = dot_row<DT>(dOs + row * D, Vs + lane * (D + 1), D);
@@ -192,9 +198,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int rr = 0; rr < RW; ++rr) {
-    const std::int64_t i = q_start + warp * RW + rr;
-    if (i >= T) continue;
-    float* o = dq + (b * T + i) * a.q_stride + h * D;
+    const std::int64_t i = r0 + warp * RW + rr;  // query row
+    if (i >= Q) continue;
+    float* o = dq + (b * Q + i) * a.q_stride + h * D;
 #pragma unroll
     for (int c = 0; c < EPL; ++c) {
       const int e = lane + 32 * c;
@@ -217,8 +223,10 @@ __global__ void __launch_bounds__(kThreads)
   float* Ls = dOs + TILE * (D + 1);  // [TILE]
   float* Ds = Ls + TILE;             // [TILE]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::int64_t T = a.seq, b = blockIdx.z, kvh = blockIdx.y, group = a.q_heads / a.kv_heads;
+  const std::int64_t T = a.seq, Q = a.seq - a.q_start, b = blockIdx.z, kvh = blockIdx.y, group = a.q_heads / a.kv_heads;
   const std::int64_t k_start = static_cast<std::int64_t>(blockIdx.x) * R;
+  // causal: query rows before this one (positions before k_start) see none of these keys
+  const std::int64_t q_first = attn_first_query_row(a.q_start, k_start);
   load_rows(Ks, D, k + b * T * a.kv_stride + kvh * D, a.kv_stride, k_start, R, T, D);
   load_rows(Vs, D, v + b * T * a.kv_stride + kvh * D, a.kv_stride, k_start, R, T, D);
   float gk[RW][EPL], gv[RW][EPL];
@@ -227,26 +235,26 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < EPL; ++c) gk[rr][c] = gv[rr][c] = 0.0f;
   for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    const float* lb = lse + (b * a.q_heads + h) * T;
-    const float* db = rowdot + (b * a.q_heads + h) * T;
-    for (std::int64_t q0 = k_start; q0 < T; q0 += TILE) {  // causal: queries before k_start see none of these keys
+    const float* lb = lse + (b * a.q_heads + h) * Q;
+    const float* db = rowdot + (b * a.q_heads + h) * Q;
+    for (std::int64_t q0 = q_first; q0 < Q; q0 += TILE) {  // q0: query row, at position q_start + q0
       __syncthreads();
-      load_rows(Qs, D + 1, q + b * T * a.q_stride + h * D, a.q_stride, q0, TILE, T, D);
-      load_rows(dOs, D + 1, dout + b * T * a.o_stride + h * D, a.o_stride, q0, TILE, T, D);
+      load_rows(Qs, D + 1, q + b * Q * a.q_stride + h * D, a.q_stride, q0, TILE, Q, D);
+      load_rows(dOs, D + 1, dout + b * Q * a.o_stride + h * D, a.o_stride, q0, TILE, Q, D);
       if (threadIdx.x < TILE) {
         const std::int64_t t = q0 + threadIdx.x;
-        Ls[threadIdx.x] = t < T ? lb[t] : 0.0f;
-        Ds[threadIdx.x] = t < T ? db[t] : 0.0f;
+        Ls[threadIdx.x] = t < Q ? lb[t] : 0.0f;
+        Ds[threadIdx.x] = t < Q ? db[t] : 0.0f;
       }
       __syncthreads();
-      const int nq = static_cast<int>(min(static_cast<std::int64_t>(TILE), T - q0));
+      const int nq = static_cast<int>(min(static_cast<std::int64_t>(TILE), Q - q0));
 #pragma unroll
       for (int rr = 0; rr < RW; ++rr) {
         const int row = warp * RW + rr;
         const std::int64_t j = k_start + row;
         if (j >= T) continue;
-        const std::int64_t i = q0 + lane;
-        const bool valid = i >= j && i < T;
+        const std::int64_t i = q0 + lane;  // query row, at position q_start + i
+        const bool valid = a.q_start + i >= j && i < Q;
         const float s = dot_row<DT>(Qs + lane * (D + 1), Ks + row * D, D) * scale;
         const float dp = dot_row<DT>(dOs + lane * (D + 1), Vs + row * D, D);
         const float p = valid ? expf(s - Ls[lane]) : 0.0f;
@@ -272,20 +280,18 @@ __global__ void __launch_bounds__(kThreads)
     if (j >= T) continue;
     float* ok = dk + (b * T + j) * a.kv_stride + kvh * D;
     float* ov = dv + (b * T + j) * a.kv_stride + kvh * D;
+    // this thread alone writes these elements, so adding (an earlier query tile's sums) needs no atomics
 #pragma unroll
     for (int c = 0; c < EPL; ++c) {
       const int e = lane + 32 * c;
-      if (e < D) ok[e] = gk[rr][c], ov[e] = gv[rr][c];
+      if (e < D) {
+        if (a.add_kv_grads)
+          ok[e] += gk[rr][c], ov[e] += gv[rr][c];
+        else
+          ok[e] = gk[rr][c], ov[e] = gv[rr][c];
+      }
     }
   }
-}
-
-void check_dims(const AttnDims& a) {
-  if (a.batch <= 0 || a.seq <= 0 || a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0)
-    throw std::invalid_argument("CUDA attention: bad shape (batch, seq, heads must be > 0, kv heads dividing heads)");
-  if (a.q_heads > 65535 || a.batch > 65535)
-    throw std::invalid_argument("CUDA attention: more than 65535 heads or batch rows");
-  attention_path(a.head_dim);  // throws for unsupported head dims
 }
 
 // Runs `launch(kernel_instance)` with the kernel set up for `smem` bytes of dynamic shared memory.
@@ -300,7 +306,7 @@ void forward_as(const float* q, const float* k, const float* v, float* out, floa
   const int D = static_cast<int>(a.head_dim);
   const std::size_t smem = attn_forward_smem(D);
   prepare(attn_fwd_kernel<DT, EPL>, smem);
-  const dim3 grid(static_cast<unsigned>(attn_row_blocks(a.seq)), static_cast<unsigned>(a.q_heads),
+  const dim3 grid(static_cast<unsigned>(attn_query_blocks(a)), static_cast<unsigned>(a.q_heads),
                   static_cast<unsigned>(a.batch));
   attn_fwd_kernel<DT, EPL><<<grid, kThreads, smem, st>>>(q, k, v, out, lse, a, D, 1.0f / sqrtf(static_cast<float>(D)));
   MT_CUDA_LAUNCH_CHECK("attn_fwd_kernel");
@@ -314,23 +320,24 @@ void backward_as(const float* q, const float* k, const float* v, const float* ls
   const std::size_t smem_q = attn_dq_smem(D), smem_kv = attn_dkv_smem(D);
   prepare(attn_dq_kernel<DT, EPL>, smem_q);
   prepare(attn_dkv_kernel<DT, EPL>, smem_kv);
-  const unsigned blocks = static_cast<unsigned>(attn_row_blocks(a.seq));
+  const auto q_blocks = static_cast<unsigned>(attn_query_blocks(a)),
+             k_blocks = static_cast<unsigned>(attn_key_blocks(a));
   attn_dq_kernel<DT, EPL>
-      <<<dim3(blocks, static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.batch)), kThreads, smem_q, st>>>(
+      <<<dim3(q_blocks, static_cast<unsigned>(a.q_heads), static_cast<unsigned>(a.batch)), kThreads, smem_q, st>>>(
           q, k, v, lse, rowdot, dout, dq, a, D, scale);
   MT_CUDA_LAUNCH_CHECK("attn_dq_kernel");
   attn_dkv_kernel<DT, EPL>
-      <<<dim3(blocks, static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch)), kThreads, smem_kv, st>>>(
+      <<<dim3(k_blocks, static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch)), kThreads, smem_kv, st>>>(
           q, k, v, lse, rowdot, dout, dk, dv, a, D, scale);
   MT_CUDA_LAUNCH_CHECK("attn_dkv_kernel");
 }
 
 }  // namespace
 
-// out and lse[(b * q_heads + h) * seq + t] as cpu::attention_forward
+// out and lse[(b * q_heads + h) * q_rows + i] as cpu::attention_forward
 void CudaOps::attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
                                 const AttnShape& a) {
-  check_dims(a);
+  check_attention_shape(a);
   switch (attention_path(a.head_dim)) {
     case AttnPath::d64:
       return forward_as<64, 2>(q, k, v, out, lse, a, st_);
@@ -345,11 +352,12 @@ void CudaOps::attention_forward(const float* q, const float* k, const float* v, 
   }
 }
 
-// dq, dk, dv overwritten; the row dots D_i = dout_i . out_i in the op set's scratch
+// dq overwritten, dk and dv overwritten or (add_kv_grads) added to; the row dots D_i = dout_i . out_i in the
+// op set's scratch
 void CudaOps::attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                                  const float* dout, float* dq, float* dk, float* dv, const AttnShape& a) {
-  check_dims(a);
-  const std::int64_t rows = a.batch * a.q_heads * a.seq;
+  check_attention_shape(a);
+  const std::int64_t rows = a.batch * a.q_heads * a.q_rows();
   auto* rowdot = static_cast<float*>(room(attention_rowdot, static_cast<std::size_t>(rows) * sizeof(float)));
   attn_rowdot_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st_>>>(out, dout, rowdot, a);
   MT_CUDA_LAUNCH_CHECK("attn_rowdot_kernel");

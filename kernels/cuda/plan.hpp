@@ -1,11 +1,21 @@
 // Host-side arithmetic of the CUDA backend: the arena fit check, the deterministic column-sum split,
-// the attention kernels' head-dim dispatch and tiling. Plain C++ (no CUDA headers), so CI tests it on
-// machines without a GPU; the .cu files launch exactly what these functions say.
+// the attention kernels' shape check, head-dim dispatch, tiling, grids and causal bounds. Plain C++ (no
+// CUDA headers), so CI tests it on machines without a GPU; the .cu files launch exactly what these
+// functions say.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/op_shapes.hpp"
+
+// The attention bounds below run in the kernels too (one definition, tested here on the host).
+#ifdef __CUDACC__
+#define MT_HOST_DEVICE __host__ __device__
+#else
+#define MT_HOST_DEVICE
+#endif
 
 namespace mt::cuda {
 
@@ -105,5 +115,34 @@ inline std::size_t attn_dkv_smem(std::int64_t D) {
 
 // Blocks of an attention launch: (row blocks, heads, batch).
 inline std::int64_t attn_row_blocks(std::int64_t seq) { return (seq + kAttnRowsPerBlock - 1) / kAttnRowsPerBlock; }
+
+// Row blocks of the query-side kernels (forward, dq) cover the q_rows() query rows of a sequence; those
+// of the dk/dv kernel its seq keys.
+inline std::int64_t attn_query_blocks(const AttnShape& a) { return attn_row_blocks(a.q_rows()); }
+inline std::int64_t attn_key_blocks(const AttnShape& a) { return attn_row_blocks(a.seq); }
+
+// Causal bounds under AttnShape::q_start (query row i sits at position q_start + i). A query block of rows
+// [r0, r0 + kAttnRowsPerBlock) sees keys [0, attn_key_end): one past its last row's position, within seq.
+MT_HOST_DEVICE inline std::int64_t attn_key_end(std::int64_t q_start, std::int64_t r0, std::int64_t seq) {
+  const std::int64_t end = q_start + r0 + kAttnRowsPerBlock;
+  return end < seq ? end : seq;
+}
+// A key block starting at key k0 is seen by query rows from attn_first_query_row on (position >= k0):
+// the earlier rows see none of its keys.
+MT_HOST_DEVICE inline std::int64_t attn_first_query_row(std::int64_t q_start, std::int64_t k0) {
+  return k0 > q_start ? k0 - q_start : 0;
+}
+
+// The shapes the attention kernels take: throws std::invalid_argument for the others.
+inline void check_attention_shape(const AttnShape& a) {
+  if (a.batch <= 0 || a.seq <= 0 || a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0)
+    throw std::invalid_argument("CUDA attention: bad shape (batch, seq, heads must be > 0, kv heads dividing heads)");
+  if (a.q_start < 0 || a.q_start >= a.seq)
+    throw std::invalid_argument("CUDA attention: q_start " + std::to_string(a.q_start) + " is not in [0, seq " +
+                                std::to_string(a.seq) + ")");
+  if (a.q_heads > 65535 || a.batch > 65535)
+    throw std::invalid_argument("CUDA attention: more than 65535 heads or batch rows");
+  attention_path(a.head_dim);  // throws for unsupported head dims
+}
 
 }  // namespace mt::cuda

@@ -1,6 +1,9 @@
 // The CUDA backend's host-side arithmetic (kernels/cuda/plan.hpp), tested without a GPU.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cuda/plan.hpp"
 
 using namespace mt::cuda;
@@ -54,4 +57,84 @@ TEST_CASE("attention tiling: shared memory fits sm_80 / sm_90 at every supported
   CHECK(attn_row_blocks(16) == 1);
   CHECK(attn_row_blocks(17) == 2);
   CHECK(attn_row_blocks(8192) == 512);
+}
+
+TEST_CASE("attention shape check: q_start must leave at least one query row", "[cuda][plan]") {
+  mt::AttnShape a;
+  a.batch = 2, a.seq = 137, a.q_heads = 8, a.kv_heads = 2, a.head_dim = 64;
+  CHECK_NOTHROW(check_attention_shape(a));
+  a.q_start = 136;  // one query row, the last position
+  CHECK_NOTHROW(check_attention_shape(a));
+  for (std::int64_t bad : {-1, 137, 200}) {
+    a.q_start = bad;
+    CHECK_THROWS_WITH(check_attention_shape(a), Catch::Contains("q_start"));
+  }
+  a.q_start = 0, a.kv_heads = 3;
+  CHECK_THROWS_WITH(check_attention_shape(a), Catch::Contains("kv heads"));
+  a.kv_heads = 2, a.head_dim = 65;
+  CHECK_THROWS_WITH(check_attention_shape(a), Catch::Contains("head_dim"));
+}
+
+TEST_CASE("attention sequence tiles: grids and causal bounds under q_start", "[cuda][plan]") {
+  const std::int64_t R = kAttnRowsPerBlock;
+  // The tile the kernels were checked by hand for: queries 100..136 of a 137-key sequence.
+  mt::AttnShape a;
+  a.seq = 137, a.q_start = 100;
+  CHECK(a.q_rows() == 37);
+  CHECK(attn_query_blocks(a) == 3);  // rows 0..15, 16..31, 32..36 (+ 11 masked rows)
+  CHECK(attn_key_blocks(a) == 9);    // keys 0..143, 137..143 masked
+  CHECK(attn_key_end(100, 0, 137) == 116);
+  CHECK(attn_key_end(100, 16, 137) == 132);
+  CHECK(attn_key_end(100, 32, 137) == 137);  // the last block's masked rows would reach 148
+  CHECK(attn_first_query_row(100, 0) == 0);
+  CHECK(attn_first_query_row(100, 96) == 0);
+  CHECK(attn_first_query_row(100, 112) == 12);
+  CHECK(attn_first_query_row(100, 128) == 28);
+
+  // Every shape: the kernels' loops (query blocks walking key tiles of 32 from 0, key blocks walking
+  // query tiles of 32 from their first row) visit each causal (query, key) pair once and read nothing past
+  // q_rows() or seq; with q_start = 0 the bounds are the ones before sequence tiles.
+  for (std::int64_t seq : {1, 15, 16, 17, 31, 32, 33, 100, 137, 200}) {
+    for (std::int64_t q_start = 0; q_start < seq; ++q_start) {
+      INFO("seq " << seq << " q_start " << q_start);
+      a.seq = seq, a.q_start = q_start;
+      const std::int64_t Q = a.q_rows();
+      const std::int64_t qb = attn_query_blocks(a), kb = attn_key_blocks(a);
+      REQUIRE(qb * R >= Q);
+      REQUIRE((qb - 1) * R < Q);
+      REQUIRE(kb * R >= seq);
+      REQUIRE((kb - 1) * R < seq);
+      std::vector<int> fwd(static_cast<std::size_t>(Q * seq), 0), dkv(fwd.size(), 0);
+      for (std::int64_t r0 = 0; r0 < qb * R; r0 += R) {
+        const std::int64_t k_end = attn_key_end(q_start, r0, seq);
+        REQUIRE(k_end <= seq);
+        REQUIRE(k_end == q_start + std::min(r0 + R, Q));  // one past the block's last real row: no idle tile
+        if (q_start == 0) REQUIRE(k_end == std::min(seq, r0 + R));
+        for (std::int64_t k0 = 0; k0 < k_end; k0 += kAttnTile)
+          for (std::int64_t i = r0; i < std::min(r0 + R, Q); ++i) {
+            const std::int64_t pos = q_start + i;
+            if (k0 > pos) continue;
+            for (std::int64_t j = k0; j < std::min(k0 + kAttnTile, pos + 1); ++j) ++fwd[i * seq + j];
+          }
+      }
+      for (std::int64_t k0 = 0; k0 < kb * R; k0 += R) {
+        const std::int64_t first = attn_first_query_row(q_start, k0);
+        if (q_start == 0) REQUIRE(first == k0);
+        if (k0 >= seq) continue;
+        REQUIRE(first < Q);
+        if (first > 0) REQUIRE(q_start + first - 1 < k0);  // the skipped rows see none of the block's keys
+        for (std::int64_t q0 = first; q0 < Q; q0 += kAttnTile)
+          for (std::int64_t i = q0; i < std::min(q0 + kAttnTile, Q); ++i)
+            for (std::int64_t j = k0; j < std::min(k0 + R, seq); ++j)
+              if (q_start + i >= j) ++dkv[i * seq + j];
+      }
+      std::int64_t wrong = 0;  // pairs visited other than once when causal, never otherwise
+      for (std::int64_t i = 0; i < Q; ++i)
+        for (std::int64_t j = 0; j < seq; ++j) {
+          const int want = j <= q_start + i ? 1 : 0;
+          wrong += (fwd[i * seq + j] != want) + (dkv[i * seq + j] != want);
+        }
+      REQUIRE(wrong == 0);
+    }
+  }
 }
