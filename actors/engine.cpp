@@ -3,6 +3,7 @@
 #include "actors/engine.hpp"
 #include "actors/tier_bytes.hpp"
 #include "actors/tier_failure.hpp"
+#include "kernels/tile.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -31,12 +32,17 @@ namespace {
 ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, KeepIntermediates keep) {
   p.mode = keep == KeepIntermediates::all ? ActivationMode::keep : ActivationMode::recompute;
   p.boundaries_on_host = keep == KeepIntermediates::boundary_host;
+  p.boundaries_mapped = keep == KeepIntermediates::boundary_mapped;
   const std::int64_t L = model.num_hidden_layers;
   const std::size_t boundary = align_floats(p.hidden_floats);
   std::size_t act = 2 * boundary;  // dx ping-pong
   p.ring_entries = p.activation_slots = 0;
   p.host_boundary_bytes = 0;
-  if (p.boundaries_on_host) {
+  if (p.boundaries_mapped) {  // all of it in host RAM: (L + 1) boundaries per set and the two dx
+    p.host_boundary_bytes =
+        (static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L + 1) + 2) * boundary * sizeof(float);
+    act = 0;
+  } else if (p.boundaries_on_host) {
     // Independent of depth: a ring for the forward (3 entries: one read, one written, one still
     // being copied out) and one input slot per weight slot for the backward.
     p.ring_entries = 3;
@@ -49,7 +55,8 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   }
   p.saved_floats = 0;
   if (p.mode == ActivationMode::keep) p.seq_tile = 0;  // kept intermediates are whole-sequence
-  if (p.mode == ActivationMode::keep || p.boundaries_on_host || p.seq_tile > 0) p.kept_layers = 0;
+  if (p.mode == ActivationMode::keep || p.boundaries_on_host || p.boundaries_mapped || p.seq_tile > 0)
+    p.kept_layers = 0;
   p.kept_layers = std::clamp<std::int64_t>(p.kept_layers, 0, L);
   const std::int64_t saved_layers = p.mode == ActivationMode::keep ? L : p.kept_layers;
   if (saved_layers > 0) {
@@ -83,10 +90,10 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
 void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, bool grad, bool weight,
                       bool layers) {
   constexpr int kAutoSlots = 4;
-  const KeepIntermediates keep =
-      p.mode == ActivationMode::keep
-          ? KeepIntermediates::all
-          : (p.boundaries_on_host ? KeepIntermediates::boundary_host : KeepIntermediates::boundary);
+  const KeepIntermediates keep = p.mode == ActivationMode::keep ? KeepIntermediates::all
+                                 : p.boundaries_mapped        ? KeepIntermediates::boundary_mapped
+                                 : p.boundaries_on_host       ? KeepIntermediates::boundary_host
+                                                              : KeepIntermediates::boundary;
   auto fits = [&](EnginePlan& trial) {
     const ArenaRequest req = size_activations(trial, cfg, model, keep);
     if (arena_bytes_needed(model, req) > req.budget_bytes) return false;
@@ -209,11 +216,19 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   // The modes to try, fastest first: every intermediate kept (no recomputation), the boundaries on the
   // device, offloaded to the host (device memory flat in depth); each with whole sequences, then (auto)
   // sequence tiles from the largest.
+  const bool shares = cfg.device_shares_host_memory();
+  if (keep == KeepIntermediates::boundary_mapped && !shares)
+    throw ConfigError("device.keep_intermediates",
+                      "boundary_mapped needs a device that shares host memory (device.backend=cpu without "
+                      "device.copy_bandwidth_gbps); use boundary_host");
+  // boundary_mapped last under auto: the arena no longer bounds activations then, only host RAM does.
   std::vector<KeepIntermediates> modes;
-  if (keep == KeepIntermediates::automatic)
+  if (keep == KeepIntermediates::automatic) {
     modes = {KeepIntermediates::all, KeepIntermediates::boundary, KeepIntermediates::boundary_host};
-  else
+    if (shares) modes.push_back(KeepIntermediates::boundary_mapped);
+  } else {
     modes = {keep};
+  }
   const std::vector<std::int64_t> tiles = seq_tile_candidates(cfg, model, p.seq);
   std::optional<EnginePlan> chosen;
   std::optional<ArenaBudgetError> last_error;
@@ -305,6 +320,7 @@ struct DeviceRig {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<DeviceArena> arena;
   std::optional<HostBoundaries> host_acts;
+  AlignedFloats mapped_acts;  // boundaries mapped: every boundary and dx, in host RAM
   std::unique_ptr<Context> own;
 };
 
@@ -340,11 +356,11 @@ void share_run(Context& c, Context& run, int d) {
 
 // Carves c's arena's activation region (plan_engine sized it): boundaries (per activation set, or the
 // ring and activation slots when they live on the host), two dx buffers, kept intermediates; and the
-// workspace.
-void carve_activations(Context& c) {
+// workspace. Boundaries mapped: the boundaries and dx from `mapped` (host RAM) instead.
+void carve_activations(Context& c, float* mapped) {
   DeviceArena& arena = *c.arena;
   const EnginePlan& plan = c.plan;
-  float* base = reinterpret_cast<float*>(arena.activations());
+  float* base = plan.boundaries_mapped ? mapped : reinterpret_cast<float*>(arena.activations());
   std::size_t off = 0;
   auto take = [&](std::size_t n) {
     float* q = base + off;
@@ -370,7 +386,7 @@ void carve_activations(Context& c) {
     for (auto& set : c.saved)
       for (std::int64_t i = 0; i < saved_layers; ++i) set.push_back(take(plan.saved_floats));
   }
-  arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
+  if (!plan.boundaries_mapped) arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
   c.workspace = reinterpret_cast<float*>(arena.workspace());
   arena.claim(ArenaRegionKind::workspace, 0, plan.workspace_floats * sizeof(float));
 }
@@ -470,7 +486,9 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
       rig.host_acts.emplace(ctx->plan.activation_sets, job.model.num_hidden_layers, ctx->plan.hidden_floats);
       c->host_acts = &*rig.host_acts;
     }
-    carve_activations(*c);
+    if (ctx->plan.boundaries_mapped)
+      rig.mapped_acts = make_aligned_floats(ctx->plan.host_boundary_bytes / sizeof(float));
+    carve_activations(*c, rig.mapped_acts.get());
     RunLedger& dl = c->ledger;
     dl.compute_pos = c->sched.first(job.first_step);
     dl.ring.assign(c->ring.size(), RingEntry{});

@@ -57,7 +57,10 @@ struct EnginePlan {
   bool boundaries_on_host = false;      // device.keep_intermediates=boundary_host
   int ring_entries = 0;                 // boundaries on the host: forward ring entries on the device
   int activation_slots = 0;             // boundaries on the host: backward input slots on the device
-  std::size_t host_boundary_bytes = 0;  // boundaries on the host: the host store (grows with depth)
+  std::size_t host_boundary_bytes = 0;  // boundaries on the host (or mapped): the host store (grows with depth)
+  // device.keep_intermediates=boundary_mapped: every boundary and both dx buffers in host RAM, used in
+  // place by a backend sharing host memory (the compute sees them as boundaries on the device).
+  bool boundaries_mapped = false;
   std::size_t saved_floats = 0;         // keep mode, or kept_layers > 0: one layer's intermediates
   // Recompute mode with the boundaries on the device: the last kept_layers layers keep their
   // intermediates anyway (device.keep_intermediates=auto spends budget left over on them), so their

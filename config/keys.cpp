@@ -13,8 +13,9 @@ namespace mt {
 const LrSchedule kLrSchedules[3] = {LrSchedule::constant, LrSchedule::linear, LrSchedule::cosine};
 const OptimizerCompression kOptimizerCompressions[3] = {OptimizerCompression::none, OptimizerCompression::lossless,
                                                         OptimizerCompression::int8};
-const KeepIntermediates kKeepIntermediates[4] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
-                                                 KeepIntermediates::boundary_host, KeepIntermediates::all};
+const KeepIntermediates kKeepIntermediates[5] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
+                                                 KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped,
+                                                 KeepIntermediates::all};
 const MicroBatchOrder kMicroBatchOrders[2] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
 
 namespace {
@@ -122,7 +123,7 @@ std::vector<KeyDesc> make_keys() {
              "largest power of two below data.seq_length (down to 128) that fits")
           .takes_auto()
           .at_least(1),
-      MT_KEY(device, keep_intermediates, "auto | boundary | boundary_host | all")
+      MT_KEY(device, keep_intermediates, "auto | boundary | boundary_host | boundary_mapped | all")
           .one_of(names_of(kKeepIntermediates, keep_intermediates_name)),
       MT_KEY(device, copy_bandwidth_gbps, "copy engine limit per direction in GB/s; 0 = unlimited").non_negative(),
       MT_KEY(device, prefetch_depth, "stages streamed ahead; 0 = weight_slots - 1").at_least(0),

@@ -27,6 +27,8 @@ const char* keep_intermediates_name(KeepIntermediates k) {
       return "boundary_host";
     case KeepIntermediates::all:
       return "all";
+    case KeepIntermediates::boundary_mapped:
+      return "boundary_mapped";
     case KeepIntermediates::automatic:
       return "auto";
   }

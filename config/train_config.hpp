@@ -160,7 +160,11 @@ enum class KeepIntermediates {
   boundary,       // keep layer-boundary hidden states on the device, recompute each layer once in backward
   boundary_host,  // the same, boundaries offloaded to host RAM (long context; device memory flat in depth)
   all,            // keep every intermediate of every layer on the device: no recomputation, most memory
-  automatic,      // "auto": the first of all, boundary, boundary_host whose arena fits the device budget
+  // Boundaries (and the backward's dx) in host RAM, read and written in place by a device that shares
+  // host memory (the CPU backend without a modelled link), as its weights are mapped: nothing of them
+  // on the device, no copies (long context: the arena holds weights, gradients and one layer's work).
+  boundary_mapped,
+  automatic,  // "auto": the first of all, boundary, boundary_host (then boundary_mapped) whose arena fits
 };
 enum class OptimizerCompression { none, lossless, int8 };
 // The order of a step's micro-batches. Each forward op streams one layer for little compute and each

@@ -30,6 +30,8 @@ struct Tiny {
   double bandwidth_gbps = 0.0;   // copy engine limit per direction; 0 = unlimited
   bool bf16 = false;             // train.bf16: bf16 compute copies streamed, fp32 masters
   std::size_t budget_bytes = 0;  // device budget (device.max_vram_gb); 0 = device_memory_mb 64
+  std::int64_t seq_tile = 0;     // device.seq_tile; 0 = auto
+  std::int64_t max_positions = 64;
 };
 
 inline TrainConfig tiny_config(const Tiny& t) {
@@ -41,7 +43,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.model.kv_heads = t.arch == Arch::gpt2 ? 0 : t.heads / 2;
   c.model.intermediate_size = 2 * t.hidden + 8;
   c.model.vocab_size = t.vocab;
-  c.model.max_position_embeddings = 64;
+  c.model.max_position_embeddings = t.max_positions;
   c.model.tie_word_embeddings = t.arch == Arch::gpt2;
   c.train.per_device_train_batch_size = t.batch;
   c.train.gradient_accumulation_steps = t.micro_batches;
@@ -59,6 +61,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.device.weight_slots = t.weight_slots;
   c.device.grad_slots = 2;
   c.device.keep_intermediates = t.keep;
+  c.device.seq_tile = t.seq_tile;
   c.device.schedule = t.schedule;
   c.device.copy_bandwidth_gbps = t.bandwidth_gbps;
   c.monitor.enabled = false;  // engine-level tests: no endpoint (tests/actors/monitor/ test it)
@@ -131,6 +134,7 @@ inline RefRun run_reference(const TrainConfig& cfg, const ModelConfig& model, co
   o.mode = cfg.device.keep_intermediates == "all" ? ActivationMode::keep : ActivationMode::recompute;
   o.threads = 1;
   o.precision = cfg.precision();
+  o.seq_tile = plan_engine(cfg, model).seq_tile;  // the engine's sequence tiles (long context), if any
   RefRun r;
   r.trainer = std::make_unique<ReferenceTrainer>(o);
   const std::int64_t M = o.grad_accum;

@@ -1,0 +1,125 @@
+// Long context through the engine: sequence tiles (device.seq_tile) and boundaries mapped in host RAM
+// (device.keep_intermediates=boundary_mapped). The pipelined engine equals the reference trainer bit for
+// bit with the same tiles, with boundaries on the device, on the host and mapped, in fp32 and bf16; a
+// sequence whose whole-sequence layer does not fit the budget trains in the tiles auto picks; one that
+// does not fit even in tiles is refused before start, naming the key.
+#include <catch2/catch.hpp>
+
+#include "tests/actors/engine_fixture.hpp"
+
+using namespace mt;
+using namespace mt::actors;
+using namespace mt::actors::test;
+
+namespace {
+
+void check_equivalence(const Tiny& t, std::int64_t expect_tile) {
+  const TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const EnginePlan plan = plan_engine(cfg, model);
+  INFO("keep=" << t.keep << " seq=" << t.seq << " seq_tile=" << t.seq_tile << (t.bf16 ? " bf16" : " fp32")
+               << " M=" << t.micro_batches << " planned tile " << plan.seq_tile);
+  REQUIRE(plan.seq_tile == expect_tile);
+  const auto batches = tiny_batches(t, 8);
+  RefRun ref = run_reference(cfg, model, batches, t.steps);
+  EngineRun eng = run_pipeline(cfg, model, batches);
+  REQUIRE(eng.result.error.empty());
+  REQUIRE(eng.result.steps.size() == static_cast<std::size_t>(t.steps));
+  for (std::int64_t s = 0; s < t.steps; ++s) {
+    INFO("step " << s + 1);
+    CHECK(eng.result.steps[static_cast<std::size_t>(s)].loss == ref.losses[static_cast<std::size_t>(s)]);
+  }
+  CHECK(equals_reference(*eng.host, *ref.trainer));
+  CHECK(ref.losses.back() < ref.losses.front());
+}
+
+}  // namespace
+
+TEST_CASE("sequence tiles: the engine equals the reference trainer with the same tiles", "[actors][long_context]") {
+  for (const char* keep : {"boundary", "boundary_host", "boundary_mapped"})
+    for (bool bf16 : {false, true})
+      for (std::int64_t m : {1, 2}) {
+        Tiny t;
+        t.seq = 48;
+        t.seq_tile = 20;  // 20, 20, 8: not a divisor
+        t.keep = keep;
+        t.bf16 = bf16;
+        t.micro_batches = m;
+        t.steps = 6;
+        check_equivalence(t, 20);
+      }
+}
+
+TEST_CASE("a sequence too long for the budget untiled trains in the tiles auto picks", "[actors][long_context]") {
+  Tiny t;
+  t.batch = 1;
+  t.seq = 512;
+  t.max_positions = 512;
+  t.steps = 3;
+  t.keep = "boundary";
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  t.seq_tile = 128;
+  const std::size_t tiled = plan_engine(tiny_config(t), model).arena.total_bytes;
+  t.seq_tile = 512;  // whole sequences
+  const std::size_t whole = plan_engine(tiny_config(t), model).arena.total_bytes;
+  REQUIRE(tiled < whole);
+  t.seq_tile = 0;  // auto
+  t.budget_bytes = (tiled + whole) / 2;
+  const EnginePlan plan = plan_engine(tiny_config(t), model);
+  CHECK(plan.seq_tile > 0);
+  CHECK(plan.seq_tile < t.seq);
+  CHECK(plan.arena.total_bytes <= t.budget_bytes);
+  bool noted = false;
+  for (const auto& n : plan.notes) noted = noted || n.find("sequence tiles of") != std::string::npos;
+  CHECK(noted);
+  check_equivalence(t, plan.seq_tile);
+  // With the budget the whole sequence needs, auto keeps whole sequences.
+  t.budget_bytes = whole;
+  CHECK(plan_engine(tiny_config(t), model).seq_tile == 0);
+}
+
+TEST_CASE("a sequence that does not fit even in tiles is refused before start, naming the key",
+          "[actors][long_context][errors]") {
+  Tiny t;
+  t.batch = 1;
+  t.seq = 512;
+  t.max_positions = 512;
+  t.keep = "auto";
+  t.budget_bytes = 64 * 1024;  // not even the weight slots and keys
+  const TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  CHECK_THROWS_WITH(plan_engine(cfg, model), Catch::Contains("device.max_vram_gb") &&
+                                                 Catch::Contains("sequence tiles down to device.seq_tile=128"));
+}
+
+TEST_CASE("boundaries mapped: nothing of them in the arena, and only where the device shares host memory",
+          "[actors][long_context][memory]") {
+  Tiny t;
+  t.seq = 48;
+  t.keep = "boundary_mapped";
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const EnginePlan mapped = plan_engine(tiny_config(t), model);
+  CHECK(mapped.boundaries_mapped);
+  CHECK(mapped.arena.region(ArenaRegionKind::activations).bytes == 0);
+  const std::size_t boundary = static_cast<std::size_t>(t.batch * t.seq * t.hidden) * sizeof(float);
+  CHECK(mapped.host_boundary_bytes >= (static_cast<std::size_t>(t.layers) + 1 + 2) * boundary);
+  t.keep = "boundary_host";
+  CHECK(plan_engine(tiny_config(t), model).arena.total_bytes > mapped.arena.total_bytes);
+  t.keep = "boundary_mapped";
+  t.bandwidth_gbps = 16.0;  // a modelled link: the device no longer shares host memory
+  CHECK_THROWS_WITH(plan_engine(tiny_config(t), model),
+                    Catch::Contains("device.keep_intermediates") && Catch::Contains("shares host memory"));
+  // Auto takes it only when nothing else fits (the arena then bounds no activation at all).
+  t.bandwidth_gbps = 0.0;
+  t.keep = "auto";
+  CHECK_FALSE(plan_engine(tiny_config(t), model).boundaries_mapped);
+}
+
+TEST_CASE("device.seq_tile on GPT-2 is refused by name", "[actors][long_context][errors]") {
+  Tiny t;
+  t.arch = Arch::gpt2;
+  t.seq = 32;
+  t.seq_tile = 8;
+  const TrainConfig cfg = tiny_config(t);
+  CHECK_THROWS_WITH(plan_engine(cfg, cfg.model_config_from_keys()), Catch::Contains("device.seq_tile"));
+}
