@@ -91,9 +91,9 @@ void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& 
                       bool layers) {
   constexpr int kAutoSlots = 4;
   const KeepIntermediates keep = p.mode == ActivationMode::keep ? KeepIntermediates::all
-                                 : p.boundaries_mapped        ? KeepIntermediates::boundary_mapped
-                                 : p.boundaries_on_host       ? KeepIntermediates::boundary_host
-                                                              : KeepIntermediates::boundary;
+                                 : p.boundaries_mapped          ? KeepIntermediates::boundary_mapped
+                                 : p.boundaries_on_host         ? KeepIntermediates::boundary_host
+                                                                : KeepIntermediates::boundary;
   auto fits = [&](EnginePlan& trial) {
     const ArenaRequest req = size_activations(trial, cfg, model, keep);
     if (arena_bytes_needed(model, req) > req.budget_bytes) return false;
@@ -211,8 +211,9 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   const KeepIntermediates keep = cfg.keep_intermediates();
   const bool tiles_possible = layer_has_seq_tiles(model);
   if (cfg.device.seq_tile > 0 && cfg.device.seq_tile < p.seq && !tiles_possible)
-    throw ConfigError("device.seq_tile", "GPT-2 layers run whole sequences (their learned positions bound the "
-                                         "context); use auto or a value >= data.seq_length");
+    throw ConfigError("device.seq_tile",
+                      "GPT-2 layers run whole sequences (their learned positions bound the "
+                      "context); use auto or a value >= data.seq_length");
   // The modes to try, fastest first: every intermediate kept (no recomputation), the boundaries on the
   // device, offloaded to the host (device memory flat in depth); each with whole sequences, then (auto)
   // sequence tiles from the largest.

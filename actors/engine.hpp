@@ -61,7 +61,7 @@ struct EnginePlan {
   // device.keep_intermediates=boundary_mapped: every boundary and both dx buffers in host RAM, used in
   // place by a backend sharing host memory (the compute sees them as boundaries on the device).
   bool boundaries_mapped = false;
-  std::size_t saved_floats = 0;         // keep mode, or kept_layers > 0: one layer's intermediates
+  std::size_t saved_floats = 0;  // keep mode, or kept_layers > 0: one layer's intermediates
   // Recompute mode with the boundaries on the device: the last kept_layers layers keep their
   // intermediates anyway (device.keep_intermediates=auto spends budget left over on them), so their
   // backward recomputes nothing. The results do not change (the recomputation is the same forward).

@@ -175,8 +175,14 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
 
 }  // namespace
 
-const LayerFamily kLlamaLayer{"llama",           saved_floats,        scratch_floats, llama::operand_room, forward,
-                               backward,          llama::tiled_scratch_floats, llama::tiled_forward,
-                               llama::tiled_backward};
+const LayerFamily kLlamaLayer{"llama",
+                              saved_floats,
+                              scratch_floats,
+                              llama::operand_room,
+                              forward,
+                              backward,
+                              llama::tiled_scratch_floats,
+                              llama::tiled_forward,
+                              llama::tiled_backward};
 
 }  // namespace mt::detail

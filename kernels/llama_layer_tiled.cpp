@@ -34,8 +34,8 @@ struct Whole {
 // One tile's activations and gradients (n = tile rows).
 struct TileBufs {
   float *xn1, *rstd1, *q_raw, *rstd_q, *q, *att, *lse, *x1, *xn2, *rstd2, *gate, *up, *h, *dx1;
-  float *dh, *dg, *du, *dxn2;                 // MLP phase
-  float *datt, *dq, *dqn, *dkn, *dxn1;        // attention phase (dqn/dkn: before q/k norm)
+  float *dh, *dg, *du, *dxn2;           // MLP phase
+  float *datt, *dq, *dqn, *dkn, *dxn1;  // attention phase (dqn/dkn: before q/k norm)
 };
 
 struct Carved {
@@ -223,8 +223,8 @@ void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
       const float* dk_lin = dk;
       if (c.qk_norm) {
         ops.rmsnorm_backward(tb.q_raw, w[q_norm], tb.rstd_q, tb.dq, tb.dqn, g[q_norm], t.n * Hq, hd, false);
-        ops.rmsnorm_backward(wh.K_raw + t.r0 * kd, w[k_norm], wh.rstd_k + t.r0 * Hkv, dk, tb.dkn, g[k_norm],
-                             t.n * Hkv, hd, false);
+        ops.rmsnorm_backward(wh.K_raw + t.r0 * kd, w[k_norm], wh.rstd_k + t.r0 * Hkv, dk, tb.dkn, g[k_norm], t.n * Hkv,
+                             hd, false);
         dq_lin = tb.dqn;
         dk_lin = tb.dkn;
       }

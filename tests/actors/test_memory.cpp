@@ -129,8 +129,10 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
       return plan_engine(c, deep_model).arena.total_bytes;
     };
     const std::size_t all = need("all"), boundary = need("boundary"), host = need("boundary_host");
+    const std::size_t mapped = need("boundary_mapped");
     REQUIRE(all > boundary);
     REQUIRE(boundary > host);
+    REQUIRE(host > mapped);
     cfg.device.keep_intermediates = "auto";
     cfg.device.device_memory_mb = 0;
     auto plan_at = [&](std::size_t budget) {
@@ -156,7 +158,11 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     CHECK(p.arena.total_bytes == host);
     REQUIRE_FALSE(p.notes.empty());
     CHECK_THAT(p.notes.back(), Catch::Contains("chose boundary_host"));
-    CHECK_THROWS_WITH(plan_at(host - 1024), Catch::Contains("device.max_vram_gb"));
+    // Less than that: the boundaries in host RAM, used in place (the CPU backend shares host memory).
+    p = plan_at(host - 1024);
+    CHECK(p.boundaries_mapped);
+    CHECK(p.arena.total_bytes == mapped);
+    CHECK_THROWS_WITH(plan_at(mapped - 1024), Catch::Contains("device.max_vram_gb"));
   }
   SECTION("keeping every intermediate costs memory") {
     cfg.device.keep_intermediates = "all";

@@ -91,6 +91,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "device.copy_bandwidth_gbps",
                         "device.schedule",
                         "device.gpus",
+                        "device.seq_tile",
                         "threads.total",
                         "threads.blas",
                         "threads.optimizer",
@@ -137,9 +138,9 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
-  // train: 24 + eval_steps, eval_max_batches + 3 offload keys + tf32 + save_snapshot_mib; device: 9 + gpus;
-  // threads: 5 + adapt_to_load; plan: 5; cluster: 2
-  CHECK(keys.size() == 31 + 15 + 4 + 10 + 6 + 3 + 8 + 4 + 5 + 2);
+  // train: 24 + eval_steps, eval_max_batches + 3 offload keys + tf32 + save_snapshot_mib; device: 9 + gpus
+  // + seq_tile; threads: 5 + adapt_to_load; plan: 5; cluster: 2
+  CHECK(keys.size() == 31 + 15 + 4 + 11 + 6 + 3 + 8 + 4 + 5 + 2);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

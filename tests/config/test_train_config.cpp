@@ -97,7 +97,7 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"device.device_memory_mb: must be >= 0", [](TrainConfig& c) { c.device.device_memory_mb = -64; }},
       {"device.weight_slots: must be >= 2, got 1", [](TrainConfig& c) { c.device.weight_slots = 1; }},
       {"device.grad_slots: must be >= 0", [](TrainConfig& c) { c.device.grad_slots = -1; }},
-      {"device.keep_intermediates: 'some' is not one of: auto, boundary, boundary_host, all",
+      {"device.keep_intermediates: 'some' is not one of: auto, boundary, boundary_host, boundary_mapped, all",
        [](TrainConfig& c) { c.device.keep_intermediates = "some"; }},
       {"device.copy_bandwidth_gbps: must be a finite number >= 0",
        [](TrainConfig& c) { c.device.copy_bandwidth_gbps = -1; }},

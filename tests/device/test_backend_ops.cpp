@@ -447,7 +447,8 @@ void attention_tile_cases(Ctx& c) {
   {  // one tile: B 2, positions 100..136 against keys 0..136
     const i64 B = 2, T = 137, q0 = 100, Q = T - q0;
     const std::string tag = "B 2, keys 137, queries 100.. (one tile)";
-    auto q = randn(B * Q * qd, 61), kk = randn(B * T * kd, 62), vv = randn(B * T * kd, 63), dout = randn(B * Q * qd, 64);
+    auto q = randn(B * Q * qd, 61), kk = randn(B * T * kd, 62), vv = randn(B * T * kd, 63),
+         dout = randn(B * Q * qd, 64);
     const Vec qs(q.begin(), q.end()), ks(kk.begin(), kk.end()), vs(vv.begin(), vv.end()), ds(dout.begin(), dout.end());
     const AttnShape s = base(B, T, q0);
     float *qp = c.dev.upload(q), *kp = c.dev.upload(kk), *vp = c.dev.upload(vv), *dop = c.dev.upload(dout);
