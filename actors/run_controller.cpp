@@ -68,6 +68,7 @@ struct run_controller_state {
   std::optional<Clock::time_point> restart_began;
   double restart_s = 0.0;
   Clock::time_point last_progress;
+  std::string last_compute_unit;  // the watchdog: compute's last finished op (an op is progress too)
   int watchdog_level = 0;
   // --- cores other processes take (threads.adapt_to_load) -----------------------------------------
   std::unique_ptr<CoreShareMeter> core_meter;
@@ -437,7 +438,7 @@ void handle_control(self_ptr self, const monitor::ControlRequest& c) {
   }
 }
 
-// The progress watchdog: no step finished for watchdog_warn_s -> a warning event; watchdog_dump_s ->
+// The progress watchdog: no step (nor compute op) finished for watchdog_warn_s -> a warning event; watchdog_dump_s ->
 // every actor's state into the events; watchdog_restart_s -> restart the actor longest in a handler
 // (compute when none is: then messages are lost, and the barrier re-issues the work).
 void watchdog(self_ptr self) {
@@ -445,6 +446,14 @@ void watchdog(self_ptr self) {
   const MonitorSection& m = st.ctx->cfg->monitor;
   const auto now = Clock::now();
   if (st.paused || st.ended || st.restart_began || st.next_report >= st.end_step) {
+    st.last_progress = now;
+    st.watchdog_level = 0;
+    return;
+  }
+  // A finished compute op is progress too: at long context one step is minutes of ops.
+  const std::string unit = st.mon->board().probe(actor_id(Role::compute)).view(monitor::steady_ns()).last_unit;
+  if (unit != st.last_compute_unit) {
+    st.last_compute_unit = unit;
     st.last_progress = now;
     st.watchdog_level = 0;
     return;

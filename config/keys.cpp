@@ -161,7 +161,8 @@ std::vector<KeyDesc> make_keys() {
           .at_most(65535),
       MT_KEY(monitor, token_file,
              "file holding the control bearer token; empty = a random token in <output_dir>/monitor.token (0600)"),
-      MT_KEY(monitor, watchdog_warn_s, "no step finished for T s: watchdog warning event; 0 = off").non_negative(),
+      MT_KEY(monitor, watchdog_warn_s, "no step nor compute op finished for T s: watchdog warning event; 0 = off")
+          .non_negative(),
       MT_KEY(monitor, watchdog_dump_s, "... dump every actor's state into the events; 0 = off").non_negative(),
       MT_KEY(monitor, watchdog_restart_s, "... restart the actor stuck in a handler; 0 = off").non_negative(),
       MT_KEY(monitor, allow_fault_injection, "test-only: accept POST /control/fault?actor=NAME"),

@@ -132,9 +132,10 @@ DataLoader::DataLoader(LoaderOptions options) : impl_(std::make_unique<Impl>()) 
   m.cur.shuffle = o.shuffle;
   const uint64_t per_step = uint64_t(o.batch_size) * uint64_t(o.world_size);
   if (m.cur.windows < per_step)
-    throw DataError("data loader: " + std::to_string(tokens) + " tokens in " + std::to_string(m.paths.size()) +
-                    " shard(s) give " + std::to_string(m.cur.windows) + " sequences of " + std::to_string(o.seq_len) +
-                    "+1 tokens, fewer than one step needs (" + std::to_string(per_step) + ")");
+    throw TooFewTokens("data loader: " + std::to_string(tokens) + " tokens in " + std::to_string(m.paths.size()) +
+                       " shard(s) give " + std::to_string(m.cur.windows) + " sequences of " +
+                       std::to_string(o.seq_len) + "+1 tokens, fewer than one step needs (" + std::to_string(per_step) +
+                       ")");
   m.buf.resize(std::size_t(o.seq_len) + 1);
 }
 

@@ -23,6 +23,12 @@ class DataError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+// The shards are valid but hold fewer tokens than one step's sequences need (long context on a small
+// validation set: the run can go on without evaluating).
+class TooFewTokens : public DataError {
+ public:
+  using DataError::DataError;
+};
 
 constexpr int32_t kShardMagicU16 = 20240520;
 constexpr int32_t kShardMagicU32 = 20240801;

@@ -188,11 +188,23 @@ bool TrainingRun::check_model_and_data() {
       data_ = shards_.get();
     }
     moments_ = moment_store_for(cfg_, model_);  // nullptr: the moments live in the host tiles
-    if (!cfg_.data.validation_files.empty())
-      eval_data_ = naming_key(key_of(cfg_, cfg_.data.validation_files), [&] {
-        return make_eval_source(cfg_.data.validation_files, static_cast<int>(plan_.batch), static_cast<int>(plan_.seq),
-                                static_cast<std::uint32_t>(model_.vocab_size), cfg_.train.eval_max_batches);
+    if (!cfg_.data.validation_files.empty()) {
+      std::string too_short;  // valid files, too short for one micro-batch (long context): no evaluation
+      eval_data_ = naming_key(key_of(cfg_, cfg_.data.validation_files), [&]() -> std::unique_ptr<VectorBatchSource> {
+        try {
+          return make_eval_source(cfg_.data.validation_files, static_cast<int>(plan_.batch),
+                                  static_cast<int>(plan_.seq), static_cast<std::uint32_t>(model_.vocab_size),
+                                  cfg_.train.eval_max_batches);
+        } catch (const data::TooFewTokens& e) {
+          too_short = e.what();
+          return nullptr;
+        }
       });
+      if (!too_short.empty())
+        say_(MessageStream::err, "megatrain: note: data.validation_files: " + too_short +
+                                     ": this run does not evaluate (give longer validation files, or set "
+                                     "data.validation_files=\"\" to say so)");
+    }
   } catch (const std::exception& e) {
     return fail(e.what());
   }

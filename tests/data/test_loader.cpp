@@ -184,4 +184,5 @@ TEST_CASE("tokens outside the vocabulary, missing shards and too little data are
   o.shards = {d / "v.bin"};
   o.seq_len = 100;
   CHECK_THROWS_WITH(DataLoader(o), Catch::Contains("fewer than one step needs"));
+  CHECK_THROWS_AS(DataLoader(o), TooFewTokens);  // the node runs on without evaluating on such validation files
 }

@@ -135,10 +135,11 @@ void skip_without_transformers() {
   std::exit(77);  // ctest's SKIP_RETURN_CODE: reported as skipped, never as passed
 }
 
+// seq_tile > 0: our side runs in sequence tiles (recomputing), torch's with scaled_dot_product_attention.
 void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B, std::int64_t T,
-                         Precision prec = Precision::fp32) {
+                         Precision prec = Precision::fp32, std::int64_t seq_tile = 0) {
   const bool bf16 = prec == Precision::bf16;
-  INFO(name << " B=" << B << " T=" << T << " " << precision_name(prec));
+  INFO(name << " B=" << B << " T=" << T << " " << precision_name(prec) << " seq_tile " << seq_tile);
   c.initializer_range = 0.2f;  // larger than HF's 0.02 so every path carries signal
   ReferenceTrainerOptions o;
   o.config = c;
@@ -148,9 +149,10 @@ void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B,
   o.hyper.weight_decay = 0.1f;
   o.max_grad_norm = 0.5f;
   o.seed = 99;
-  o.mode = ActivationMode::keep;
+  o.mode = seq_tile > 0 ? ActivationMode::recompute : ActivationMode::keep;  // tiles are for recomputing layers
   o.threads = 2;
   o.precision = prec;
+  o.seq_tile = seq_tile;
   ReferenceTrainer tr(o);
   const std::int64_t N = B * T, V = c.vocab_size, S = tr.num_stages();
   vector<token_t> tok(N), tgt(N);
@@ -191,6 +193,7 @@ void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B,
   j["weight_decay"] = o.hyper.weight_decay;
   j["max_grad_norm"] = o.max_grad_norm;
   j["autocast"] = bf16;
+  j["sdpa"] = seq_tile > 0;
   vector<Where> where;
   vector<float> flat;
   for (std::int64_t s = 0; s < S; ++s)
@@ -210,12 +213,13 @@ void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B,
   // Logits through the stage API on the initial weights.
   ComputeCtx ctx{2};
   ctx.precision = prec;
+  ctx.seq_tile = seq_tile;
   auto weights = [&](std::int64_t s) -> const void* {
     return bf16 ? static_cast<const void*>(tr.compute_copy(s)) : tr.params(s);
   };
   vector<float> x(N * c.hidden_size), y(N * c.hidden_size), logits(N * V);
-  vector<float> ws(std::max(layer_workspace_floats(c, B, T, ActivationMode::recompute, prec),
-                            head_workspace_floats(c, B, T, 0, prec)));
+  vector<float> ws(std::max(layer_workspace_floats(c, B, T, ActivationMode::recompute, prec, seq_tile),
+                            head_workspace_floats(c, B, T, 0, prec)));  // head_logits: whole sequences
   embedding_forward(c, weights(0), tok.data(), B, T, x.data(), ctx);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     layer_forward(c, weights(l + 1), x.data(), y.data(), B, T, nullptr, ws.data(), ctx);
@@ -303,6 +307,21 @@ TEST_CASE("PyTorch oracle: Qwen3 (q/k RMSNorm, head_dim != hidden/heads)", "[ora
 TEST_CASE("PyTorch oracle: GPT-2", "[oracle]") {
   check_against_torch("gpt2", mt::test::tiny_gpt2(), 2, 7);
   check_against_torch("gpt2", mt::test::tiny_gpt2(), 2, 32);
+}
+// Long context: one step at 8k tokens, our layers and head in sequence tiles of 1024 (and Qwen3 at 4k in
+// tiles of 1000, which do not divide it), against torch's model with scaled_dot_product_attention.
+TEST_CASE("PyTorch oracle: 8k tokens in sequence tiles against SDPA", "[oracle][long_context]") {
+  ModelConfig c = mt::test::tiny_llama();
+  c.max_position_embeddings = 8192;
+  check_against_torch("llama_8k", c, 1, 8192, Precision::fp32, 1024);
+  ModelConfig q = mt::test::tiny_qwen3();  // q/k norms in tiles; 4k to keep the suite's time
+  q.max_position_embeddings = 4096;
+  check_against_torch("qwen3_4k", q, 1, 4096, Precision::fp32, 1000);
+}
+TEST_CASE("PyTorch autocast oracle: 8k tokens in sequence tiles against SDPA in bf16", "[oracle][long_context][bf16]") {
+  ModelConfig c = mt::test::tiny_llama();
+  c.max_position_embeddings = 8192;
+  check_against_torch("llama_8k", c, 1, 8192, Precision::bf16, 1024);
 }
 TEST_CASE("PyTorch autocast oracle: Llama in bf16", "[oracle][bf16]") {
   check_against_torch("llama", mt::test::tiny_llama(), 2, 7, Precision::bf16);

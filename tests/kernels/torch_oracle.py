@@ -83,6 +83,12 @@ def attention(q, k, v):  # q [B, H, T, hd], k/v [B, Hkv, T, hd]
     rep = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(rep, dim=1)
     v = v.repeat_interleave(rep, dim=1)
+    if cfg.get("sdpa", False):  # long sequences: torch's own causal attention (no T x T mask built here)
+        if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # Debian's torch 1.13: the same op under its first, private name (returns (out, weights))
+            o = F._scaled_dot_product_attention(q, k, v, is_causal=True)[0]
+        return o.transpose(1, 2).reshape(B, T, -1)
     s = q @ k.transpose(-1, -2) / math.sqrt(hd)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     s = s.masked_fill(mask, float("-inf"))
