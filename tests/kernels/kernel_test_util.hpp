@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "kernels/param_layout.hpp"
 
 namespace mt::test {
 
@@ -58,6 +61,19 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double s = 0;
   for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
   return s;
+}
+
+// Random parameters for a stage layout in double: N(0, 0.3), norm weights around 1 (so every path of
+// the layer carries signal, as the fp64 and finite-difference checks need).
+inline std::vector<double> random_stage_params(const ParamLayout& l, unsigned seed) {
+  std::vector<double> p(l.total_floats, 0.0);
+  auto r = randn<double>(l.total_floats, seed, 0.3);
+  for (const auto& t : l.tensors) {
+    const bool norm = t.name.find("norm") != std::string::npos || t.name.find("ln_") != std::string::npos;
+    for (std::size_t i = 0; i < t.numel; ++i)
+      p[t.offset + i] = (norm && t.name.find(".weight") != std::string::npos) ? 1.0 + r[t.offset + i] : r[t.offset + i];
+  }
+  return p;
 }
 
 }  // namespace mt::test

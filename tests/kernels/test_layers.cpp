@@ -18,17 +18,6 @@ using std::vector;
 
 namespace {
 
-vector<double> random_params(const ParamLayout& l, unsigned seed) {
-  vector<double> p(l.total_floats, 0.0);
-  auto r = mt::test::randn<double>(l.total_floats, seed, 0.3);
-  for (const auto& t : l.tensors) {
-    const bool norm = t.name.find("norm") != std::string::npos || t.name.find("ln_") != std::string::npos;
-    for (std::size_t i = 0; i < t.numel; ++i)
-      p[t.offset + i] = (norm && t.name.find(".weight") != std::string::npos) ? 1.0 + r[t.offset + i] : r[t.offset + i];
-  }
-  return p;
-}
-
 template <class T>
 vector<T> ref_layer_forward(const ModelConfig& c, const vector<T>& p, const vector<T>& x, std::int64_t B,
                             std::int64_t S) {
@@ -54,7 +43,7 @@ TEST_CASE("reference layers match finite differences in fp64", "[layers][fd]") {
     INFO(name);
     const std::int64_t B = 2, S = 3, N = B * S, d = c.hidden_size;
     const ParamLayout l = layer_layout(c, 0);
-    auto p = random_params(l, 1);
+    auto p = mt::test::random_stage_params(l, 1);
     auto x = mt::test::randn<double>(N * d, 2);
     const auto R = mt::test::randn<double>(N * d, 3);
     auto loss = [&] { return mt::test::dot(ref_layer_forward(c, p, x, B, S), R); };
@@ -74,7 +63,7 @@ TEST_CASE("fast layers match the fp64 reference in both activation modes", "[lay
     INFO(name);
     const std::int64_t B = 2, S = 7, N = B * S, d = c.hidden_size;  // odd sequence length
     const ParamLayout l = layer_layout(c, 0);
-    const auto pd = random_params(l, 4);
+    const auto pd = mt::test::random_stage_params(l, 4);
     const auto xd = mt::test::randn<double>(N * d, 5), dyd = mt::test::randn<double>(N * d, 6);
     vector<double> dxr(N * d, 0.0), gr(l.total_floats, 0.0);
     const auto yr = ref_layer_forward(c, pd, xd, B, S);
@@ -118,7 +107,8 @@ TEST_CASE("head: chunked fused loss and gradients match the fp64 reference", "[l
       INFO(name << (c.tie_word_embeddings ? " tied" : " untied"));
       const std::int64_t B = 3, S = 5, N = B * S, d = c.hidden_size, V = c.vocab_size;
       const ParamLayout hl = head_layout(c), el = embedding_layout(c);
-      const auto hp = random_params(hl, 7), ep = random_params(el, 8), xd = mt::test::randn<double>(N * d, 9);
+      const auto hp = mt::test::random_stage_params(hl, 7), ep = mt::test::random_stage_params(el, 8),
+                 xd = mt::test::randn<double>(N * d, 9);
       vector<std::int32_t> targets(N);
       for (std::int64_t i = 0; i < N; ++i)
         targets[i] = (i % 4 == 1) ? kIgnoreIndex : static_cast<std::int32_t>((i * 7) % V);
@@ -183,7 +173,7 @@ TEST_CASE("embedding forward and backward (repeated tokens, positions)", "[layer
     INFO(name);
     const std::int64_t B = 2, S = 6, N = B * S, d = c.hidden_size;
     const ParamLayout l = embedding_layout(c);
-    const auto pd = random_params(l, 10);
+    const auto pd = mt::test::random_stage_params(l, 10);
     const vector<float> p(pd.begin(), pd.end());
     const vector<token_t> tok = {1, 5, 1, 1, 0, 36, 5, 5, 2, 1, 0, 3};
     vector<float> x(N * d);

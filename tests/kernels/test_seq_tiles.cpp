@@ -21,17 +21,6 @@ using std::vector;
 
 namespace {
 
-vector<double> random_params(const ParamLayout& l, unsigned seed) {
-  vector<double> p(l.total_floats, 0.0);
-  auto r = mt::test::randn<double>(l.total_floats, seed, 0.3);
-  for (const auto& t : l.tensors) {
-    const bool norm = t.name.find("norm") != std::string::npos;
-    for (std::size_t i = 0; i < t.numel; ++i)
-      p[t.offset + i] = (norm && t.name.find(".weight") != std::string::npos) ? 1.0 + r[t.offset + i] : r[t.offset + i];
-  }
-  return p;
-}
-
 struct LayerRun {
   vector<float> y, dx, g;
 };
@@ -77,7 +66,7 @@ TEST_CASE("tiled layers match the fp64 reference and the whole-sequence layer", 
     INFO(named.name);
     const std::int64_t B = 2, S = 37, N = B * S, d = c.hidden_size;
     const ParamLayout l = layer_layout(c, 0);
-    const auto pd = random_params(l, 11);
+    const auto pd = mt::test::random_stage_params(l, 11);
     const auto xd = mt::test::randn<double>(N * d, 12), dyd = mt::test::randn<double>(N * d, 13);
     vector<double> dxr(N * d, 0.0), gr(l.total_floats, 0.0);
     const auto yr = ref::llama_forward(c, pd.data(), xd.data(), B, S).y;
@@ -110,7 +99,7 @@ TEST_CASE("tiled layers do not depend on the thread count, and their gradients a
   for (const ModelConfig& c : tiled_families()) {
     const std::int64_t B = 1, S = 61, N = B * S, d = c.hidden_size;
     const ParamLayout l = layer_layout(c, 0);
-    const auto pd = random_params(l, 21);
+    const auto pd = mt::test::random_stage_params(l, 21);
     const auto xd = mt::test::randn<float>(N * d, 22), dyd = mt::test::randn<float>(N * d, 23);
     const vector<float> p(pd.begin(), pd.end());
     for (Precision prec : {Precision::fp32, Precision::bf16}) {
@@ -138,7 +127,7 @@ TEST_CASE("tiled bf16 layers agree with the whole-sequence bf16 layer", "[layers
   for (const ModelConfig& c : tiled_families()) {
     const std::int64_t B = 2, S = 45, N = B * S, d = c.hidden_size;
     const ParamLayout l = layer_layout(c, 0);
-    const auto pd = random_params(l, 31);
+    const auto pd = mt::test::random_stage_params(l, 31);
     const auto x = mt::test::randn<float>(N * d, 32), dy = mt::test::randn<float>(N * d, 33);
     const vector<float> p(pd.begin(), pd.end());
     const LayerRun whole = run_layer(c, p, x, dy, B, S, 0, Precision::bf16, 2);
@@ -159,7 +148,8 @@ TEST_CASE("tiled head: per-chunk norm, loss and gradients match the fp64 referen
       INFO(name << (c.tie_word_embeddings ? " tied" : " untied"));
       const std::int64_t B = 2, S = 9, N = B * S, d = c.hidden_size, V = c.vocab_size;
       const ParamLayout hl = head_layout(c), el = embedding_layout(c);
-      const auto hp = random_params(hl, 41), ep = random_params(el, 42), xd = mt::test::randn<double>(N * d, 43);
+      const auto hp = mt::test::random_stage_params(hl, 41), ep = mt::test::random_stage_params(el, 42),
+                 xd = mt::test::randn<double>(N * d, 43);
       vector<std::int32_t> targets(N);
       for (std::int64_t i = 0; i < N; ++i)
         targets[i] = (i % 5 == 2) ? kIgnoreIndex : static_cast<std::int32_t>((i * 11) % V);
