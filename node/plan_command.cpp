@@ -19,10 +19,12 @@ namespace {
 const char* kUsage =
     "usage: megatrain plan [--config-file=FILE.ini] [--section.key=value ...]\n"
     "  The run `megatrain train` would make with the same arguments, planned without running it: the bytes\n"
-    "  each tier holds (device, host RAM, disk), where each state lives, what does not fit and the key that\n"
-    "  would fix it, and the predicted step time split into compute, link, optimizer and NVMe.\n"
+    "  each tier holds (device region by region, host RAM, disk), where each state lives, the sequence tile at\n"
+    "  long context, what does not fit and the key that would fix it, and the predicted step time split\n"
+    "  into compute, link, optimizer and NVMe (and attention's share of a layer).\n"
     "  --plan.hardware=this (default: this machine, measured now in a few seconds) | h200 | h100 | gh200 |\n"
-    "    a100 (datasheet profiles of config/hardware.ini; --plan.hardware_file=FILE for an edited copy)\n"
+    "    a100 (datasheet profiles of config/hardware.ini; --plan.hardware_file=FILE for an edited copy;\n"
+    "    a GPU is planned as the CUDA backend runs it, across its host link)\n"
     "  --plan.host_ram_gb=N / --plan.disk_gb=N: plan for that much RAM / free disk instead of the\n"
     "    profile's (this machine: MemAvailable and the free space under train.offload_dir)\n"
     "  Data files need not exist. Exit status: 0 the plan fits, 1 it does not (or bad input).\n";
@@ -97,7 +99,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     } else {
       hw = load_hardware_profile(cfg.plan.hardware, cfg.plan.hardware_file);
       extras.device_is_gpu = true;
-      cfg.device.backend = "cpu";  // the arena's sizes do not depend on the backend; it need not exist here
+      plan_as_gpu(cfg, hw);
       device_limit = hw.device_memory_bytes;
       if (cfg.device.max_vram_gb == 0 && cfg.device.device_memory_mb == TrainConfig{}.device.device_memory_mb) {
         // No budget given: the device's memory less 10% for the runtime (CUDA context, allocator).

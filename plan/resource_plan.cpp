@@ -1,6 +1,7 @@
 #include "plan/resource_plan.hpp"
 
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "actors/tier_bytes.hpp"
@@ -30,6 +31,51 @@ double process_baseline_bytes() {
 
 namespace {
 
+// The arena's regions as device rows, each the space it takes up to the next region (the rows sum to the
+// arena's total), and what sizes each: at long context the workspace is the sequence-sized part.
+void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const ModelConfig& model) {
+  const ArenaPlan& a = e.arena;
+  std::map<ArenaRegionKind, double> taken;
+  for (std::size_t i = 0; i < a.regions.size(); ++i) {
+    const std::size_t end = i + 1 < a.regions.size() ? a.regions[i + 1].offset : a.total_bytes;
+    taken[a.regions[i].kind] += static_cast<double>(end - a.regions[i].offset);
+  }
+  const double floats = 4.0;
+  const double seq_part = 4.0 * static_cast<double>(e.batch * e.seq * model.kv_dim()) * floats;
+  const double boundary = static_cast<double>(e.hidden_floats) * floats;
+  p.bytes.push_back({"device",
+                     "weight slots: " + std::to_string(a.weight_slots) + " x " +
+                         gib(static_cast<double>(a.weight_slot_bytes)) + " (the largest stage's streamed parameters)",
+                     taken[ArenaRegionKind::weight_slot]});
+  p.bytes.push_back({"device",
+                     "gradient slots: " + std::to_string(a.grad_slots) + " x " +
+                         gib(static_cast<double>(a.grad_slot_bytes)) + " (fp32, staged for the device-to-host copy)",
+                     taken[ArenaRegionKind::grad_slot]});
+  std::string ws;
+  if (e.seq_tile > 0)
+    ws = "workspace: one layer in sequence tiles of " + std::to_string(e.seq_tile) +
+         " tokens: keys, values and their gradients of the whole micro-batch (4 x " + std::to_string(e.batch) + " x " +
+         std::to_string(e.seq) + " x kv_dim " + std::to_string(model.kv_dim()) + " fp32 = " + gib(seq_part) +
+         ", the sequence-sized part), the RoPE tables and one tile's activations";
+  else if (e.mode == ActivationMode::keep)
+    ws = "workspace: one layer's and the head's scratch at whole sequences of " + std::to_string(e.seq) + " tokens";
+  else
+    ws = "workspace: one layer at whole sequences of " + std::to_string(e.seq) +
+         " tokens, its intermediates recomputed in backward (the head's, when larger)";
+  p.bytes.push_back({"device", ws, taken[ArenaRegionKind::workspace]});
+  const double act = taken[ArenaRegionKind::activations];
+  char b[256];
+  std::snprintf(b, sizeof b, "activations: %.1f x a layer boundary (%s: %lld x %lld x hidden %lld fp32)%s",
+                boundary > 0 ? act / boundary : 0.0, gib(boundary).c_str(), static_cast<long long>(e.batch),
+                static_cast<long long>(e.seq), static_cast<long long>(model.hidden_size),
+                e.boundaries_mapped    ? ": none, the boundaries are mapped in host RAM"
+                : e.boundaries_on_host ? ": the backward's dx, the forward ring and the backward's input slots"
+                : e.mode == ActivationMode::keep ? ": boundaries, dx and every layer's intermediates"
+                : e.kept_layers > 0              ? ": boundaries, dx and the kept layers' intermediates"
+                                                 : ": the layer boundaries and the backward's dx");
+  p.bytes.push_back({"device", b, act});
+}
+
 // The byte side alone (no misfits): fills p.bytes, p.homes and the totals.
 void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x) {
   const HostTileOptions tiles = actors::host_tile_options(cfg);
@@ -56,12 +102,13 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
   if (p.engine) {
     const actors::EnginePlan& e = *p.engine;
     p.device_bytes = static_cast<double>(e.arena.total_bytes);
-    p.bytes.push_back({"device",
-                       "arena: " + std::to_string(e.weight_slots) + " weight slots, " + std::to_string(e.grad_slots) +
-                           " gradient slots, workspace, activations",
-                       p.device_bytes});
+    add_device_regions(p, e, model);
     if (e.host_boundary_bytes > 0) {
-      p.bytes.push_back({"host RAM", "layer boundaries (keep_intermediates=boundary_host)",
+      p.bytes.push_back({"host RAM",
+                         e.boundaries_mapped
+                             ? "layer boundaries and the backward's two dx buffers, used in place by the device "
+                               "(keep_intermediates=boundary_mapped)"
+                             : "layer boundaries (keep_intermediates=boundary_host)",
                          static_cast<double>(e.host_boundary_bytes)});
       host += static_cast<double>(e.host_boundary_bytes);
     }
@@ -103,19 +150,29 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                       std::to_string(e.prefetch_depth) + ")");
     p.homes.push_back(std::string("activations: ") +
                       (e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
-                       : e.boundaries_on_host         ? "layer boundaries in host RAM, recomputed once in backward"
+                       : e.boundaries_mapped
+                           ? "layer boundaries and dx in host RAM, used in place (mapped), recomputed once in backward"
+                       : e.boundaries_on_host ? "layer boundaries in host RAM, recomputed once in backward"
                        : e.kept_layers > 0
                            ? "layer boundaries on the device, recomputed once in backward except the last " +
                                  std::to_string(e.kept_layers) + " layer(s), whose intermediates are kept"
                            : "layer boundaries on the device, recomputed once in backward") +
                       ", " + std::to_string(e.activation_sets) + " activation set(s)");
+    p.homes.push_back(e.seq_tile > 0 ? "sequence: tiles of " + std::to_string(e.seq_tile) +
+                                           " tokens of one sequence through each layer and the "
+                                           "head (device.seq_tile" +
+                                           (cfg.device.seq_tile > 0 ? "" : "=auto: the whole sequence does not fit") +
+                                           "); only attention's keys and values and their gradients are sequence-sized"
+                                     : "sequence: whole sequences of " + std::to_string(e.seq) +
+                                           " tokens through each layer (device.seq_tile" +
+                                           (cfg.device.seq_tile > 0 ? "" : "=auto: they fit the budget") + ")");
   }
   if (cfg.device.gpus > 1)
     p.homes.push_back(std::to_string(cfg.device.gpus) + " devices, one arena each (the arena above is per device)");
 }
 
 ResourcePlan plan_once(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x, std::string* device_error,
-                       std::string* device_key) {
+                       std::string* device_key, bool* budget_error = nullptr) {
   ResourcePlan p;
   try {
     p.engine = actors::plan_engine(cfg, model);
@@ -125,6 +182,7 @@ ResourcePlan plan_once(const TrainConfig& cfg, const ModelConfig& model, const P
   } catch (const ArenaBudgetError& e) {
     *device_error = e.what();
     *device_key = cfg.device_budget_name().substr(0, cfg.device_budget_name().find('='));
+    if (budget_error != nullptr) *budget_error = true;
   }
   count_bytes(p, cfg, model, x);
   return p;
@@ -137,11 +195,43 @@ double host_need(const TrainConfig& cfg, const ModelConfig& model, const PlanExt
 
 }  // namespace
 
+std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, const ModelConfig& model) {
+  TrainConfig c = cfg;
+  c.device.device_memory_mb = 0;
+  c.device.max_vram_gb = 1e9;  // no budget: the plan's own size is the answer
+  c.device.weight_slots = 2;
+  c.device.grad_slots = 1;
+  c.device.prefetch_depth = 0;
+  const std::int64_t seq = cfg.data.seq_length;
+  c.device.seq_tile = layer_has_seq_tiles(model) && seq > actors::kMinAutoSeqTile ? actors::kMinAutoSeqTile : 0;
+  std::optional<actors::EnginePlan> best;
+  std::vector<KeepIntermediates> modes{KeepIntermediates::boundary_host};
+  if (c.device_shares_host_memory()) modes.push_back(KeepIntermediates::boundary_mapped);
+  for (KeepIntermediates k : modes) {
+    c.device.keep_intermediates = keep_intermediates_name(k);
+    try {
+      actors::EnginePlan e = actors::plan_engine(c, model);
+      if (!best || e.arena.total_bytes < best->arena.total_bytes) best = std::move(e);
+    } catch (const std::exception&) {
+      // a shape the engine refuses whatever the budget: plan_resources reports that error itself
+    }
+  }
+  return best;
+}
+
+namespace {}  // namespace
+
+void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw) {
+  cfg.device.backend = "cpu";
+  cfg.device.copy_bandwidth_gbps = hw.link_h2d / 1e9;
+}
+
 ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x, double host_limit,
                             const std::string& host_source, double disk_limit, const std::string& disk_source,
                             double device_limit) {
   std::string device_error, device_key;
-  ResourcePlan p = plan_once(cfg, model, x, &device_error, &device_key);
+  bool budget_error = false;
+  ResourcePlan p = plan_once(cfg, model, x, &device_error, &device_key, &budget_error);
   p.host_limit = host_limit;
   p.disk_limit = disk_limit;
   p.host_limit_source = host_source;
@@ -165,8 +255,37 @@ ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, co
       } catch (const std::exception&) {
       }
     }
-    if (m.key != "device.keep_intermediates")
-      m.message += "; raise the budget, or lower train.per_device_train_batch_size or data.seq_length";
+    if (budget_error && m.key != "device.keep_intermediates") {
+      // What the run takes at the least (the smallest tiles, boundaries off the device, the fewest
+      // slots): the budget it needs, or how far over the device it is.
+      if (const auto least = least_device_plan(cfg, model)) {
+        p.least_device_bytes = static_cast<double>(least->arena.total_bytes);
+        m.need = p.least_device_bytes;
+        const std::string settings =
+            "device.seq_tile=" + std::to_string(least->seq_tile) +
+            " device.keep_intermediates=" + (least->boundaries_mapped ? "boundary_mapped" : "boundary_host") +
+            " device.weight_slots=2 device.grad_slots=1: workspace " +
+            gib(static_cast<double>(least->workspace_floats) * 4.0);
+        if (p.least_device_bytes <= budget) {
+          // The budget holds the least plan: what the config fixed beyond it is the key to change.
+          if (cfg.device.seq_tile > 0 && cfg.device.seq_tile != least->seq_tile)
+            m.key = "device.seq_tile";
+          else if (cfg.device.weight_slots > 2)
+            m.key = "device.weight_slots";
+          else if (cfg.device.grad_slots > 1)
+            m.key = "device.grad_slots";
+          m.message += "; it fits with " + settings + " (" + gib(p.least_device_bytes) + "): change " + m.key;
+        } else if (device_limit > 0 && p.least_device_bytes > device_limit)
+          m.message += "; the least this run takes is " + gib(p.least_device_bytes) + " (" + settings +
+                       "), more than the device's " + gib(device_limit) +
+                       ": lower data.seq_length or train.per_device_train_batch_size";
+        else
+          m.message += "; the least this run takes is " + gib(p.least_device_bytes) + " (" + settings + "): raise " +
+                       m.key + " to at least that";
+      } else {
+        m.message += "; raise the budget, or lower train.per_device_train_batch_size or data.seq_length";
+      }
+    }
     p.misfits.push_back(m);
   }
   if (host_limit > 0 && p.host_peak_rss_bytes > host_limit) {

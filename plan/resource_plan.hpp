@@ -46,6 +46,8 @@ struct ResourcePlan {
   double host_bytes = 0.0;           // what the engine allocates in host RAM (tiles, staging, boundaries, CPU arena)
   double host_peak_rss_bytes = 0.0;  // host_bytes + the process's own (predicted peak resident memory)
   double disk_bytes = 0.0;           // offload files
+  // The device does not fit the budget: the least arena this run could take (least_device_plan).
+  double least_device_bytes = 0.0;
   double host_limit = 0.0, disk_limit = 0.0;
   std::string host_limit_source, disk_limit_source;
   bool fits() const { return misfits.empty(); }
@@ -60,11 +62,25 @@ struct ResourcePlan {
 inline constexpr double kProcessRuntimeBytes = 46.0 * (1 << 20);
 double process_baseline_bytes();
 
+struct HardwareProfile;
+// A GPU profile (a datasheet one) planned on this machine: the CPU backend stands in for the device (the
+// arena's sizes do not depend on the backend, and the CUDA one need not exist here), with
+// device.copy_bandwidth_gbps at the profile's host-to-device link, so the plan is the engine's plan for a
+// device across a link, as the CUDA backend is: gradient slots grown for the link, and no
+// keep_intermediates=boundary_mapped (the engine maps boundaries only on a device sharing host memory).
+void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw);
+
 // Plans `cfg` for `model`. host_limit / disk_limit: bytes the run may use (0 = unchecked), with the
 // source of each figure for messages; device_limit: the device's memory (0 = only the config budget).
 ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
                             double host_limit, const std::string& host_limit_source, double disk_limit,
                             const std::string& disk_limit_source, double device_limit = 0.0);
+
+// The smallest device plan of this run whatever the budget: the smallest sequence tiles auto tries
+// (kMinAutoSeqTile, when the layers have tiles), the boundaries off the device (boundary_host, or
+// boundary_mapped on a device sharing host memory), 2 weight slots and 1 gradient slot. Empty when the
+// engine refuses the shape itself (a ConfigError).
+std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, const ModelConfig& model);
 
 // The readable report of the byte table, the homes and the misfits.
 std::string describe_resources(const ResourcePlan& p);

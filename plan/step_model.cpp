@@ -99,17 +99,31 @@ double model_flops_per_step(const ModelConfig& model, double tokens, double seq)
   return 6.0 * params * tokens + 6.0 * static_cast<double>(model.num_hidden_layers * model.q_dim()) * seq * tokens;
 }
 
+LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_t seq,
+                       double attention_backward_products) {
+  const double B = static_cast<double>(batch), T = static_cast<double>(seq);
+  // One product over the causal pairs of every query head: 2 x head_dim FLOPs a pair.
+  const double product = 2.0 * static_cast<double>(model.q_dim()) * B * T * (T + 1.0) / 2.0;
+  LayerFlops f;
+  f.gemm_forward = 2.0 * matmul_params_of_layer(model) * B * T;
+  f.attention_forward = kAttentionForwardProducts * product;
+  f.attention_backward = attention_backward_products * product;
+  return f;
+}
+
 OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
                             const HardwareProfile& hw) {
   const double tokens = static_cast<double>(plan.batch * plan.seq);
   const double rate =
       (cfg.precision() == Precision::bf16 ? hw.device_flops_bf16 : hw.device_flops_fp32) * hw.achievable_fraction;
-  const double fwd = 2.0 * matmul_params_of_layer(model) * tokens +
-                     2.0 * static_cast<double>(plan.seq) * static_cast<double>(model.q_dim()) * tokens;
+  const LayerFlops f = layer_flops(model, plan.batch, plan.seq);
+  const bool recompute = plan.mode == ActivationMode::recompute;
   OpTimes t;
-  t.layer_forward = fwd / rate;
-  t.layer_backward = (2.0 + (plan.mode == ActivationMode::recompute ? 1.0 : 0.0)) * fwd / rate;
-  t.layer_backward_kept = 2.0 * fwd / rate;
+  t.layer_forward = f.forward() / rate;
+  t.layer_backward = f.backward(recompute) / rate;
+  t.layer_backward_kept = f.backward(false) / rate;
+  t.attention_forward = f.attention_forward / rate;
+  t.attention_backward = (f.attention_backward + (recompute ? f.attention_forward : 0.0)) / rate;
   t.head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size) * tokens / rate;
   // The embedding is a gather and a scatter: memory-bound, hidden_size floats per token each way.
   const double rows = tokens * static_cast<double>(model.hidden_size) * 8.0;
@@ -128,6 +142,7 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
   ComputeCtx ctx;
   ctx.threads = std::max(1, plan.threads.blas);
   ctx.precision = prec;
+  ctx.seq_tile = plan.seq_tile;  // the tiled layers and head when the plan runs tiles (long context)
   // Parameters as the engine streams them: fp32, or the bf16 compute copy.
   auto params_of = [&](std::int64_t stage, std::vector<float>& fp32, std::vector<bf16_t>& half) -> const void* {
     fp32.assign(stage_layout(model, stage).total_floats, 0.0f);
@@ -148,8 +163,8 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
   std::vector<token_t> tokens(static_cast<std::size_t>(B * T));
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token_t>((i * 7919) % model.vocab_size);
   std::vector<float> g0(p0.size()), g1(p1.size()), gh(ph.size());
-  std::vector<float> ws(std::max(stage_workspace_floats(model, 1, B, T, plan.mode, prec),
-                                 stage_workspace_floats(model, L + 1, B, T, plan.mode, prec)));
+  std::vector<float> ws(std::max(stage_workspace_floats(model, 1, B, T, plan.mode, prec, plan.seq_tile),
+                                 stage_workspace_floats(model, L + 1, B, T, plan.mode, prec, plan.seq_tile)));
   std::vector<float> saved(plan.mode == ActivationMode::keep ? layer_saved_floats(model, B, T) : 0);
   float* sv = saved.empty() ? nullptr : saved.data();
   OpTimes t;
@@ -177,7 +192,8 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
   t.embed_backward = best_of([&] { embedding_backward(model, tokens.data(), B, T, dx.data(), g0.data(), ctx); }, 6);
   t.source = "measured: the engine's stage kernels at this shape (" + std::to_string(ctx.threads) + " threads, " +
              (prec == Precision::bf16 ? "bf16" : "fp32") + ", " +
-             (plan.mode == ActivationMode::keep ? "intermediates kept" : "recompute") + ")";
+             (plan.mode == ActivationMode::keep ? "intermediates kept" : "recompute") +
+             (plan.seq_tile > 0 ? ", sequence tiles of " + std::to_string(plan.seq_tile) + " tokens" : "") + ")";
   return t;
 }
 
@@ -475,6 +491,15 @@ std::string describe_step(const StepPrediction& p, const OpTimes& ops) {
                 p.codec_s, p.accumulate_s, p.nvme_s, p.tier_cpu_s, p.wait_link_s, p.wait_optimizer_s,
                 p.wait_grad_slot_s, p.wait_nvme_s);
   out << b;
+  if (ops.attention_forward > 0) {
+    std::snprintf(b, sizeof b,
+                  "  attention (causal, flash-style; the backward recomputes the probabilities): %.4f s of the layer "
+                  "forward, %.4f s of its backward (%.0f%% of a layer's time), at the layers' rate: an assumption "
+                  "(the CUDA attention kernel runs fp32 on CUDA cores; its GPU rate is not measured)\n",
+                  ops.attention_forward, ops.attention_backward,
+                  100.0 * (ops.attention_forward + ops.attention_backward) / (ops.layer_forward + ops.layer_backward));
+    out << b;
+  }
   if (p.tier_cpu_s > 0)
     out << (p.shared_cores
                 ? "  the tier's CPU work (checksums, system calls) runs on compute's cores: it pauses compute\n"

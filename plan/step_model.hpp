@@ -12,6 +12,7 @@
 // (its checksums and system calls) pause compute while they run, and compute fills the time around
 // them. No CAF here.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "actors/engine.hpp"
@@ -24,12 +25,44 @@ namespace mt::plan {
 struct OpTimes {
   double embed_forward = 0, layer_forward = 0, head = 0, layer_backward = 0, embed_backward = 0;
   double layer_backward_kept = 0;  // recompute mode: a kept layer's backward (EnginePlan::kept_layers)
+  // Of layer_forward and layer_backward: attention's own products (from FLOPs only; 0 when measured).
+  double attention_forward = 0, attention_backward = 0;
   std::string source;
 };
 
-// From FLOPs at the profile's rate x achievable_fraction (datasheet profiles): a layer forward
-// 2 x its parameters x tokens + causal attention's computed half (2 x T x heads x head_dim per token),
-// its backward twice that (plus one forward when recomputing), the head 6 x vocab x hidden per token.
+// Block products of the flash-style attention kernels, each over the causal pairs (a query row and the
+// keys at or before it): the forward's two (Q K^T, P V), and the backward's, which recompute the
+// probabilities from the saved log-sum-exp: on CUDA (kernels/cuda/attention.cu) the dq kernel's
+// Q K^T, dO V^T, dS K and the dk/dv kernel's Q K^T, dO V^T, P^T dO, dS^T Q (7: both kernels recompute
+// the probabilities, no atomics); on the CPU (kernels/cpu/attention.cpp) Q K^T, dO V^T, P^T dO, dS K,
+// dS^T Q (5). Follow those kernels when they change.
+inline constexpr double kAttentionForwardProducts = 2.0;
+inline constexpr double kCudaAttentionBackwardProducts = 7.0;
+inline constexpr double kCpuAttentionBackwardProducts = 5.0;
+
+// FLOPs of one layer op of one micro-batch (batch x seq tokens), as the kernels do them.
+struct LayerFlops {
+  double gemm_forward = 0;        // the projections and the MLP: 2 x matmul parameters x tokens
+  double attention_forward = 0;   // kAttentionForwardProducts x 2 x head_dim x causal pairs x query heads
+  double attention_backward = 0;  // the backward kernel's products, the same way
+  double forward() const { return gemm_forward + attention_forward; }
+  // A layer's backward: the GEMMs' two products per forward one, attention's backward kernel, and with
+  // recomputation one forward more. Sequence tiles change none of it: the tiled backward recomputes the
+  // forward once too (pass 1 the keys and values of every tile, pass 2 each tile's queries, attention,
+  // output projection and MLP), and causal attention over tiles meets the same pairs.
+  double backward(bool recompute) const {
+    return 2.0 * gemm_forward + attention_backward + (recompute ? forward() : 0.0);
+  }
+};
+// causal pairs per sequence: T (T + 1) / 2.
+LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_t seq,
+                       double attention_backward_products = kCudaAttentionBackwardProducts);
+
+// From FLOPs (layer_flops with the CUDA kernel's products: datasheet profiles are GPUs) at the profile's
+// rate x achievable_fraction: a layer's forward and backward (recomputing the forward in recompute mode),
+// the head 6 x vocab x hidden per token. Attention runs at the same rate: an assumption (this engine's
+// CUDA attention kernel does fp32 dot products on CUDA cores, not tensor cores; its rate on a GPU is not
+// measured yet), which weighs most at long context, where attention is most of a layer's FLOPs.
 OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
                             const HardwareProfile& hw);
 // This machine (the CPU backend): the engine's own stage kernels timed once at the plan's shapes and

@@ -1,0 +1,198 @@
+// The planner at long context: the published point (a Llama-2-7B shape at 512k tokens on a GH200, bf16)
+// fits in sequence tiles, the device rows explain the arena, a length that cannot fit even in tiles is
+// refused naming a key, and the step model's time grows quadratically in the sequence once attention
+// dominates. Datasheet profiles (config/hardware.ini, built in); nothing runs.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "kernels/stage_api.hpp"
+#include "plan/hardware.hpp"
+#include "plan/resource_plan.hpp"
+#include "plan/step_model.hpp"
+
+using namespace mt;
+
+namespace {
+
+// Llama-2-7B's config.json: d 4096, 32 layers, 32 heads (MHA), MLP 11008, vocab 32000; one sequence.
+TrainConfig llama7b(std::int64_t seq) {
+  TrainConfig c;
+  c.model.arch = "llama";
+  c.model.hidden_size = 4096;
+  c.model.layers = 32;
+  c.model.heads = 32;
+  c.model.kv_heads = 32;
+  c.model.intermediate_size = 11008;
+  c.model.vocab_size = 32000;
+  c.model.max_position_embeddings = seq;
+  c.data.seq_length = seq;
+  c.train.per_device_train_batch_size = 1;
+  c.train.gradient_accumulation_steps = 1;
+  c.train.bf16 = true;
+  c.train.max_grad_norm = 1.0;
+  c.device.keep_intermediates = "auto";
+  return c;
+}
+
+plan::HardwareProfile profile(const std::string& key) { return plan::load_hardware_profile(key, ""); }
+
+// As `megatrain plan --plan.hardware=KEY` plans it: the GPU across its link, 90% of its memory the budget.
+// shares_host_memory: a device that shares host memory instead (the engine's boundary_mapped).
+plan::ResourcePlan plan_on(TrainConfig& cfg, const plan::HardwareProfile& hw, bool shares_host_memory) {
+  plan::plan_as_gpu(cfg, hw);
+  if (shares_host_memory) cfg.device.copy_bandwidth_gbps = 0;
+  cfg.device.device_memory_mb = 0;
+  cfg.device.max_vram_gb = 0.9 * hw.device_memory_bytes / 1073741824.0;
+  plan::PlanExtras x;
+  x.device_is_gpu = true;
+  return plan::plan_resources(cfg, cfg.model_config_from_keys(), x, hw.host_ram_bytes, "profile", hw.disk_bytes,
+                              "profile", hw.device_memory_bytes);
+}
+
+double tier_total(const plan::ResourcePlan& p, const std::string& tier) {
+  double t = 0;
+  for (const auto& b : p.bytes)
+    if (b.tier == tier) t += b.bytes;
+  return t;
+}
+
+const plan::Misfit* misfit_of(const plan::ResourcePlan& p, const std::string& tier) {
+  for (const auto& m : p.misfits)
+    if (m.tier == tier) return &m;
+  return nullptr;
+}
+
+// The predicted step of `cfg` with the plan the engine makes for it (a budget large enough for every length
+// asked, so only the sequence changes between calls: boundaries on the host, tiles of `tile` tokens).
+plan::StepPrediction step_at(std::int64_t seq, std::int64_t tile) {
+  TrainConfig cfg = llama7b(seq);
+  const plan::HardwareProfile hw = profile("h200");
+  plan::plan_as_gpu(cfg, hw);
+  cfg.device.device_memory_mb = 0;
+  cfg.device.max_vram_gb = 4096;
+  cfg.device.keep_intermediates = "boundary_host";
+  cfg.device.seq_tile = tile;
+  cfg.device.weight_slots = 2;
+  cfg.device.grad_slots = 2;
+  const ModelConfig model = cfg.model_config_from_keys();
+  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::OpTimes ops = plan::op_times_from_flops(cfg, model, ep, hw);
+  return plan::predict_step(cfg, model, ep, hw, ops);
+}
+
+}  // namespace
+
+TEST_CASE("7B at 512k tokens on a GH200 (bf16) fits in sequence tiles with its boundaries mapped", "[plan]") {
+  const std::int64_t T = 524288;
+  TrainConfig cfg = llama7b(T);
+  const plan::HardwareProfile hw = profile("gh200");
+  const plan::ResourcePlan p = plan_on(cfg, hw, true);
+  INFO(plan::describe_resources(p));
+  REQUIRE(p.fits());
+  REQUIRE(p.engine);
+  const actors::EnginePlan& e = *p.engine;
+  CHECK(e.seq_tile > 0);
+  CHECK(e.seq_tile < T);
+  CHECK((e.seq_tile & (e.seq_tile - 1)) == 0);  // auto picks a power of two
+  CHECK(p.device_bytes <= static_cast<double>(cfg.device_budget_bytes()));
+  CHECK(p.device_bytes <= hw.device_memory_bytes);
+  CHECK(p.host_peak_rss_bytes <= hw.host_ram_bytes);
+  // The device rows are the arena, region by region; the workspace holds the sequence's K, V, dK, dV.
+  CHECK(tier_total(p, "device") == p.device_bytes);
+  const ModelConfig model = cfg.model_config_from_keys();
+  bool workspace_row = false;
+  for (const auto& b : p.bytes)
+    if (b.tier == "device" && b.what.rfind("workspace", 0) == 0) {
+      workspace_row = true;
+      CHECK(b.bytes >= 4.0 * static_cast<double>(T * model.kv_dim()) * 4.0);
+      CHECK(b.what.find("sequence tiles of " + std::to_string(e.seq_tile)) != std::string::npos);
+    }
+  CHECK(workspace_row);
+  CHECK(plan::describe_resources(p).find("sequence: tiles of " + std::to_string(e.seq_tile)) != std::string::npos);
+  // And a step time: finite, attention most of it.
+  const plan::OpTimes ops = plan::op_times_from_flops(cfg, model, e, hw);
+  const plan::StepPrediction sp = plan::predict_step(cfg, model, e, hw, ops);
+  CHECK(sp.step_s > 0);
+  CHECK(sp.tokens == Approx(static_cast<double>(T)));
+  CHECK(ops.attention_forward + ops.attention_backward > 0.5 * (ops.layer_forward + ops.layer_backward));
+}
+
+TEST_CASE("across a link the plan fits exactly when its least plan fits, and names the key otherwise", "[plan]") {
+  for (const char* key : {"gh200", "h200"}) {
+    TrainConfig cfg = llama7b(524288);
+    const plan::HardwareProfile hw = profile(key);
+    const plan::ResourcePlan p = plan_on(cfg, hw, false);
+    const auto least = plan::least_device_plan(cfg, cfg.model_config_from_keys());
+    REQUIRE(least);
+    INFO(key << ": least " << plan::gib(static_cast<double>(least->arena.total_bytes)) << "\n"
+             << plan::describe_resources(p));
+    CHECK(least->seq_tile == actors::kMinAutoSeqTile);
+    const bool least_fits = static_cast<double>(least->arena.total_bytes) <= cfg.device_budget_bytes();
+    const plan::Misfit* m = misfit_of(p, "device");
+    CHECK((m == nullptr) == least_fits);
+    if (m != nullptr) {
+      CHECK(m->key == "device.max_vram_gb");
+      CHECK(m->need == static_cast<double>(least->arena.total_bytes));
+      CHECK(m->message.find("the least this run takes is") != std::string::npos);
+    } else {
+      REQUIRE(p.engine);
+      CHECK(p.engine->seq_tile > 0);
+      CHECK(p.device_bytes <= static_cast<double>(cfg.device_budget_bytes()));
+    }
+  }
+}
+
+TEST_CASE("a length that cannot fit even in the smallest tiles is refused naming the key", "[plan]") {
+  // 2M tokens: the sequence's keys, values and their gradients alone (4 x T x 4096 fp32 = 128 GiB) are
+  // more than a GH200's memory, whatever holds the boundaries.
+  TrainConfig cfg = llama7b(2097152);
+  const plan::HardwareProfile hw = profile("gh200");
+  const plan::ResourcePlan p = plan_on(cfg, hw, true);
+  INFO(plan::describe_resources(p));
+  CHECK_FALSE(p.fits());
+  CHECK_FALSE(p.engine);
+  const plan::Misfit* m = misfit_of(p, "device");
+  REQUIRE(m != nullptr);
+  CHECK(m->key == "device.max_vram_gb");
+  CHECK(m->need > hw.device_memory_bytes);
+  CHECK(m->message.find("data.seq_length") != std::string::npos);
+  CHECK(m->message.find("device.seq_tile=" + std::to_string(actors::kMinAutoSeqTile)) != std::string::npos);
+}
+
+TEST_CASE("attention FLOPs count the causal pairs, and tiles change no FLOPs", "[plan]") {
+  TrainConfig cfg = llama7b(4096);
+  const ModelConfig model = cfg.model_config_from_keys();
+  // An independent count: query row i meets keys 0..i; two products a pair, 2 x head_dim FLOPs each, per head.
+  for (std::int64_t T : {1, 7, 64}) {
+    double pairs = 0;
+    for (std::int64_t i = 0; i < T; ++i) pairs += static_cast<double>(i + 1);
+    const plan::LayerFlops f = plan::layer_flops(model, 3, T);
+    CHECK(f.attention_forward == Approx(3.0 * pairs * 2.0 * 2.0 * static_cast<double>(model.q_dim())));
+    CHECK(f.attention_backward ==
+          Approx(f.attention_forward * plan::kCudaAttentionBackwardProducts / plan::kAttentionForwardProducts));
+    CHECK(f.backward(true) == Approx(f.backward(false) + f.forward()));
+  }
+  // GEMMs linear in T, attention quadratic.
+  const plan::LayerFlops a = plan::layer_flops(model, 1, 65536), b = plan::layer_flops(model, 1, 131072);
+  CHECK(b.gemm_forward == Approx(2.0 * a.gemm_forward));
+  CHECK(b.attention_forward / a.attention_forward == Approx(4.0).epsilon(1e-4));
+  // The tiled backward recomputes the forward once, as the whole-sequence one: the same op times.
+  const plan::StepPrediction whole = step_at(8192, 0), tiled = step_at(8192, 1024);
+  CHECK(tiled.compute_s == Approx(whole.compute_s));
+}
+
+TEST_CASE("at long context the predicted step grows about quadratically in the sequence", "[plan]") {
+  // r(T) = step(2T) / step(T): above 2 once compute outweighs the per-step optimizer (at a few thousand
+  // tokens the optimizer sets the step and r is near 1), towards 4 as attention takes over.
+  double last = 0;
+  for (std::int64_t T : {32768, 131072, 524288}) {
+    const double r = step_at(2 * T, 1024).step_s / step_at(T, 1024).step_s;
+    INFO("T=" << T << " r=" << r);
+    CHECK(r > 2.0);
+    CHECK(r <= 4.0 + 1e-6);
+    CHECK(r > last);
+    last = r;
+  }
+  CHECK(last > 3.8);  // at 512k -> 1M attention is over 95% of a layer's FLOPs
+}
