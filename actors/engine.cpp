@@ -3,7 +3,6 @@
 #include "actors/engine.hpp"
 #include "actors/tier_bytes.hpp"
 #include "actors/tier_failure.hpp"
-#include "kernels/tile.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -217,16 +216,12 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   // The modes to try, fastest first: every intermediate kept (no recomputation), the boundaries on the
   // device, offloaded to the host (device memory flat in depth); each with whole sequences, then (auto)
   // sequence tiles from the largest.
-  const bool shares = cfg.device_shares_host_memory();
-  if (keep == KeepIntermediates::boundary_mapped && !shares)
-    throw ConfigError("device.keep_intermediates",
-                      "boundary_mapped needs a device that shares host memory (device.backend=cpu without "
-                      "device.copy_bandwidth_gbps); use boundary_host");
-  // boundary_mapped last under auto: the arena no longer bounds activations then, only host RAM does.
+  // boundary_mapped last under auto: the arena no longer bounds activations then, only host RAM does
+  // (and on a GPU the kernels read them across the link).
   std::vector<KeepIntermediates> modes;
   if (keep == KeepIntermediates::automatic) {
-    modes = {KeepIntermediates::all, KeepIntermediates::boundary, KeepIntermediates::boundary_host};
-    if (shares) modes.push_back(KeepIntermediates::boundary_mapped);
+    modes = {KeepIntermediates::all, KeepIntermediates::boundary, KeepIntermediates::boundary_host,
+             KeepIntermediates::boundary_mapped};
   } else {
     modes = {keep};
   }
@@ -321,7 +316,6 @@ struct DeviceRig {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<DeviceArena> arena;
   std::optional<HostBoundaries> host_acts;
-  AlignedFloats mapped_acts;  // boundaries mapped: every boundary and dx, in host RAM
   std::unique_ptr<Context> own;
 };
 
@@ -487,9 +481,10 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
       rig.host_acts.emplace(ctx->plan.activation_sets, job.model.num_hidden_layers, ctx->plan.hidden_floats);
       c->host_acts = &*rig.host_acts;
     }
-    if (ctx->plan.boundaries_mapped)
-      rig.mapped_acts = make_aligned_floats(ctx->plan.host_boundary_bytes / sizeof(float));
-    carve_activations(*c, rig.mapped_acts.get());
+    float* mapped = ctx->plan.boundaries_mapped
+                        ? reinterpret_cast<float*>(rig.backend->allocate_mapped_host(ctx->plan.host_boundary_bytes))
+                        : nullptr;
+    carve_activations(*c, mapped);
     RunLedger& dl = c->ledger;
     dl.compute_pos = c->sched.first(job.first_step);
     dl.ring.assign(c->ring.size(), RingEntry{});

@@ -160,9 +160,10 @@ enum class KeepIntermediates {
   boundary,       // keep layer-boundary hidden states on the device, recompute each layer once in backward
   boundary_host,  // the same, boundaries offloaded to host RAM (long context; device memory flat in depth)
   all,            // keep every intermediate of every layer on the device: no recomputation, most memory
-  // Boundaries (and the backward's dx) in host RAM, read and written in place by a device that shares
-  // host memory (the CPU backend without a modelled link), as its weights are mapped: nothing of them
-  // on the device, no copies (long context: the arena holds weights, gradients and one layer's work).
+  // Boundaries (and the backward's dx) in host RAM, read and written in place by the stage operations
+  // (CPU: its own memory, as the weights are mapped; CUDA: mapped pinned memory, over the link): nothing
+  // of them on the device, no copies (long context: the arena holds weights, gradients and one layer's
+  // work).
   boundary_mapped,
   automatic,  // "auto": the first of all, boundary, boundary_host (then boundary_mapped) whose arena fits
 };

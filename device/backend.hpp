@@ -99,6 +99,13 @@ class Backend {
   // The arena's memory: `bytes`, zero-filled, aligned to 256 bytes, valid until the backend is
   // destroyed. Called once per run. Throws std::runtime_error naming the size when it cannot be had.
   virtual std::byte* allocate_device(std::size_t bytes) = 0;
+  // Host memory the stage operations read and write in place (device.keep_intermediates=
+  // boundary_mapped: the layer boundaries at long context): `bytes`, aligned to 256, valid until the
+  // backend is destroyed, not zero-filled. CPU: plain memory. CUDA: mapped pinned memory
+  // (cudaHostAllocMapped; with unified addressing its host address is its device address), which the
+  // kernels reach over the link: at long context a layer's attention costs far more than reading its
+  // boundaries across it. Throws std::runtime_error naming the size when it cannot be had.
+  virtual std::byte* allocate_mapped_host(std::size_t bytes) = 0;
 
   // --- host memory --------------------------------------------------------------------------------
   // Registers host memory for fast copies (cudaHostRegister on CUDA; nothing on the CPU backend) and

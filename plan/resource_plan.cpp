@@ -205,8 +205,7 @@ std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, cons
   const std::int64_t seq = cfg.data.seq_length;
   c.device.seq_tile = layer_has_seq_tiles(model) && seq > actors::kMinAutoSeqTile ? actors::kMinAutoSeqTile : 0;
   std::optional<actors::EnginePlan> best;
-  std::vector<KeepIntermediates> modes{KeepIntermediates::boundary_host};
-  if (c.device_shares_host_memory()) modes.push_back(KeepIntermediates::boundary_mapped);
+  const std::vector<KeepIntermediates> modes{KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped};
   for (KeepIntermediates k : modes) {
     c.device.keep_intermediates = keep_intermediates_name(k);
     try {

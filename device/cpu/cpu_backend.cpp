@@ -46,6 +46,11 @@ std::byte* CpuBackend::allocate_device(std::size_t bytes) {
   return memory_.back().data();
 }
 
+std::byte* CpuBackend::allocate_mapped_host(std::size_t bytes) {
+  memory_.emplace_back(bytes, "the mapped layer boundaries", /*zero_fill=*/false);
+  return memory_.back().data();
+}
+
 void CpuBackend::copy_async(LinkDirection dir, const void* src, void* dst, std::size_t bytes,
                             std::function<void()> on_done) {
   CopyJob job;

@@ -25,6 +25,7 @@ class CpuBackend final : public Backend {
   Precision precision() const override { return options_.precision; }
 
   std::byte* allocate_device(std::size_t bytes) override;
+  std::byte* allocate_mapped_host(std::size_t bytes) override;
   void register_host(void*, std::size_t) override {}
   void unregister_host(void*, std::size_t) override {}
 

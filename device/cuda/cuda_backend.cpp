@@ -87,6 +87,7 @@ CudaBackend::~CudaBackend() {
   for (auto& s : slots_) cudaFree(s.device), cudaFree(s.unique), cudaFree(s.offsets), cudaFree(s.rows);
   ops_.reset();
   for (void* p : allocations_) cudaFree(p);
+  for (void* p : mapped_) cudaFreeHost(p);
   gemm_.reset();
   for (auto& d : dirs_) cudaStreamDestroy(d.stream);
   cudaEventDestroy(stage_done_);
@@ -104,6 +105,24 @@ std::string CudaBackend::describe() const {
 }
 
 // ---------------- memory ----------------
+std::byte* CudaBackend::allocate_mapped_host(std::size_t bytes) {
+  select_device();
+  int unified = 0;
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device_));
+  if (!unified)
+    throw std::runtime_error("CUDA: GPU " + std::to_string(device_) +
+                             " has no unified addressing, so it cannot use host memory in place; use "
+                             "device.keep_intermediates=boundary_host");
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e != cudaSuccess)
+    throw std::runtime_error("CUDA: cudaHostAlloc of the mapped layer boundaries (" + std::to_string(bytes) +
+                             " bytes) failed: " + cudaGetErrorName(e) +
+                             "; use device.keep_intermediates=boundary_host or lower data.seq_length");
+  mapped_.push_back(p);
+  return static_cast<std::byte*>(p);
+}
+
 std::byte* CudaBackend::allocate_device(std::size_t bytes) {
   select_device();
   std::size_t free_b = 0, total_b = 0;

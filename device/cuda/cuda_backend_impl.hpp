@@ -58,6 +58,7 @@ class CudaBackend final : public Backend {
   Precision precision() const override { return options_.precision; }
 
   std::byte* allocate_device(std::size_t bytes) override;
+  std::byte* allocate_mapped_host(std::size_t bytes) override;
   void register_host(void* data, std::size_t bytes) override;
   void unregister_host(void* data, std::size_t bytes) override;
 
@@ -120,6 +121,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudaOps> ops_;  // the stages' ops, on compute_
   Direction dirs_[2];
   std::vector<void*> allocations_;
+  std::vector<void*> mapped_;  // cudaHostAlloc'ed (mapped) host memory: allocate_mapped_host
   PinnedRanges pinned_;  // cudaHostRegister'ed host ranges
   std::mutex token_mu_;
   TokenSlot slots_[4];
