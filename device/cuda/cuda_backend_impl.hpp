@@ -122,7 +122,7 @@ class CudaBackend final : public Backend {
   Direction dirs_[2];
   std::vector<void*> allocations_;
   std::vector<void*> mapped_;  // cudaHostAlloc'ed (mapped) host memory: allocate_mapped_host
-  PinnedRanges pinned_;  // cudaHostRegister'ed host ranges
+  PinnedRanges pinned_;        // cudaHostRegister'ed host ranges
   std::mutex token_mu_;
   TokenSlot slots_[4];
 #if MEGATRAIN_HAVE_NCCL                   // nccl_reduce.cu is built only with NCCL
