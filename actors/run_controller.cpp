@@ -480,8 +480,8 @@ void watchdog(self_ptr self) {
     st.watchdog_level = 1;
     ev["level"] = "warning";
     st.mon->events().append("watchdog", ev);
-    std::fprintf(stderr, "megatrain: watchdog: no step for %.0f s (%s in %s for %.0f s)\n", stalled, role_name(stuck),
-                 worst.handler.c_str(), worst.in_handler_s);
+    std::fprintf(stderr, "megatrain: watchdog: no step or compute op finished for %.0f s (%s in %s for %.0f s)\n",
+                 stalled, role_name(stuck), worst.handler.c_str(), worst.in_handler_s);
   }
   if (due(m.watchdog_dump_s, 2)) {
     st.watchdog_level = 2;

@@ -22,6 +22,10 @@ namespace mt::cpu {
 namespace {
 
 constexpr std::int64_t kBlock = 64;
+// Query blocks that walk the keys together: each key/value block is loaded once for kGroup query blocks
+// and reused from cache (at 32k tokens a head's keys and values no longer fit it). Each query block
+// still meets the key blocks in the same order with the same products: the grouping changes no bit.
+constexpr std::int64_t kGroup = 4;
 
 // C[m, n] (ldc) = op(A) op(B) (+ C when accumulate), single-threaded.
 void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A, std::int64_t lda,
@@ -93,40 +97,53 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
     // Per-thread tiles, kept across calls by the pool's threads (allocated once, not per call).
     thread_local std::vector<float> S, O, m, l;
     S.resize(kBlock * kBlock);
-    O.resize(static_cast<std::size_t>(kBlock * hd));
-    m.resize(kBlock);
-    l.resize(kBlock);
+    O.resize(static_cast<std::size_t>(kGroup * kBlock * hd));
+    m.resize(kGroup * kBlock);
+    l.resize(kGroup * kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / a.q_heads, h = task % a.q_heads, kvh = h / group;
       const float* kb = k + b * T * a.kv_stride + kvh * hd;
       const float* vb = v + b * T * a.kv_stride + kvh * hd;
-      for (std::int64_t q0 = 0; q0 < Q; q0 += kBlock) {  // q0: query row; its position is q_start + q0
-        const std::int64_t qn = std::min(kBlock, Q - q0), pos0 = q_start + q0;
-        const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
+      for (std::int64_t g0 = 0; g0 < Q; g0 += kGroup * kBlock) {  // g0: the group's first query row
+        const std::int64_t blocks = std::min<std::int64_t>(kGroup, (Q - g0 + kBlock - 1) / kBlock);
+        const std::int64_t g_end = q_start + std::min(Q, g0 + kGroup * kBlock);  // the group's last position + 1
         std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(O.begin(), O.end(), 0.0f);
-        for (std::int64_t k0 = 0; k0 < pos0 + qn; k0 += kBlock) {
-          const std::int64_t kn = std::min(kBlock, pos0 + qn - k0);
-          mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S.data(), kBlock);
-          for (std::int64_t i = 0; i < qn; ++i) {
-            float* s = S.data() + i * kBlock;
-            const std::int64_t n = visible(pos0 + i, k0, kn);
-            const float mx = scale_max(s, n, scale, m[i]);
-            const float corr = simd::exp1(m[i] - mx);  // 0 on the first block (m = -inf)
-            l[i] = l[i] * corr + exp_shift(s, n, mx);
-            std::fill(s + n, s + kn, 0.0f);  // masked keys
-            simd::scale(corr, O.data() + i * hd, hd);
-            m[i] = mx;
+        for (std::int64_t k0 = 0; k0 < g_end; k0 += kBlock) {
+          for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
+            const std::int64_t q0 = g0 + j * kBlock, qn = std::min(kBlock, Q - q0), pos0 = q_start + q0;
+            if (k0 >= pos0 + qn) continue;
+            const std::int64_t kn = std::min(kBlock, pos0 + qn - k0);
+            const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
+            float* Oj = O.data() + j * kBlock * hd;
+            float* mj = m.data() + j * kBlock;
+            float* lj = l.data() + j * kBlock;
+            mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S.data(), kBlock);
+            for (std::int64_t i = 0; i < qn; ++i) {
+              float* s = S.data() + i * kBlock;
+              const std::int64_t n = visible(pos0 + i, k0, kn);
+              const float mx = scale_max(s, n, scale, mj[i]);
+              const float corr = simd::exp1(mj[i] - mx);  // 0 on the first block (m = -inf)
+              lj[i] = lj[i] * corr + exp_shift(s, n, mx);
+              std::fill(s + n, s + kn, 0.0f);  // masked keys
+              simd::scale(corr, Oj + i * hd, hd);
+              mj[i] = mx;
+            }
+            mm(false, false, qn, hd, kn, S.data(), kBlock, vb + k0 * a.kv_stride, a.kv_stride, true, Oj, hd);
           }
-          mm(false, false, qn, hd, kn, S.data(), kBlock, vb + k0 * a.kv_stride, a.kv_stride, true, O.data(), hd);
         }
-        for (std::int64_t i = 0; i < qn; ++i) {
-          float* o = out + (b * Q + q0 + i) * a.o_stride + h * hd;
-          const float inv = 1.0f / l[i];
-          for (std::int64_t c = 0; c < hd; ++c) o[c] = O[static_cast<std::size_t>(i * hd + c)] * inv;
-          lse[(b * a.q_heads + h) * Q + q0 + i] = m[i] + std::log(l[i]);
+        for (std::int64_t j = 0; j < blocks; ++j) {
+          const std::int64_t q0 = g0 + j * kBlock, qn = std::min(kBlock, Q - q0);
+          for (std::int64_t i = 0; i < qn; ++i) {
+            const std::int64_t r = j * kBlock + i;
+            float* o = out + (b * Q + q0 + i) * a.o_stride + h * hd;
+            const float inv = 1.0f / l[static_cast<std::size_t>(r)];
+            for (std::int64_t c = 0; c < hd; ++c) o[c] = O[static_cast<std::size_t>(r * hd + c)] * inv;
+            lse[(b * a.q_heads + h) * Q + q0 + i] =
+                m[static_cast<std::size_t>(r)] + std::log(l[static_cast<std::size_t>(r)]);
+          }
         }
       }
     }
@@ -144,8 +161,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
     thread_local std::vector<float> P, dP, dQ, D;  // per-thread tiles, allocated once
     P.resize(kBlock * kBlock);
     dP.resize(kBlock * kBlock);
-    dQ.resize(static_cast<std::size_t>(kBlock * hd));
-    D.resize(kBlock);
+    dQ.resize(static_cast<std::size_t>(kGroup * kBlock * hd));
+    D.resize(kGroup * kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / a.kv_heads, kvh = task % a.kv_heads;
@@ -159,34 +176,50 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
           std::fill_n(dvb + t * a.kv_stride, hd, 0.0f);
         }
       for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (std::int64_t q0 = 0; q0 < Q; q0 += kBlock) {
-          const std::int64_t qn = std::min(kBlock, Q - q0), pos0 = q_start + q0;
-          const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
-          const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
-          const float* lb = lse + (b * a.q_heads + h) * Q + q0;
-          for (std::int64_t i = 0; i < qn; ++i)
-            D[i] = simd::dot(dob + i * a.o_stride, out + (b * Q + q0 + i) * a.o_stride + h * hd, hd);
-          std::fill(dQ.begin(), dQ.end(), 0.0f);
-          for (std::int64_t k0 = 0; k0 < pos0 + qn; k0 += kBlock) {
-            const std::int64_t kn = std::min(kBlock, pos0 + qn - k0);
-            mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, P.data(), kBlock);
-            mm(false, true, qn, kn, hd, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP.data(), kBlock);
-            for (std::int64_t i = 0; i < qn; ++i) {
-              float* p = P.data() + i * kBlock;
-              float* dp = dP.data() + i * kBlock;
-              const std::int64_t n = visible(pos0 + i, k0, kn);
-              for (std::int64_t j = 0; j < n; ++j) p[j] *= scale;
-              exp_shift(p, n, lb[i]);  // p = exp(s - lse): the probabilities
-              for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - D[i]) * scale;  // dS, scaled
-              std::fill(p + n, p + kn, 0.0f);
-              std::fill(dp + n, dp + kn, 0.0f);
-            }
-            mm(true, false, kn, hd, qn, P.data(), kBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride, a.kv_stride);
-            mm(false, false, qn, hd, kn, dP.data(), kBlock, kb + k0 * a.kv_stride, a.kv_stride, true, dQ.data(), hd);
-            mm(true, false, kn, hd, qn, dP.data(), kBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride, a.kv_stride);
+        for (std::int64_t g0 = 0; g0 < Q; g0 += kGroup * kBlock) {  // g0: the group's first query row
+          const std::int64_t blocks = std::min<std::int64_t>(kGroup, (Q - g0 + kBlock - 1) / kBlock);
+          const std::int64_t g_end = q_start + std::min(Q, g0 + kGroup * kBlock);
+          for (std::int64_t j = 0; j < blocks; ++j) {
+            const std::int64_t q0 = g0 + j * kBlock, qn = std::min(kBlock, Q - q0);
+            const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
+            for (std::int64_t i = 0; i < qn; ++i)
+              D[static_cast<std::size_t>(j * kBlock + i)] =
+                  simd::dot(dob + i * a.o_stride, out + (b * Q + q0 + i) * a.o_stride + h * hd, hd);
           }
-          for (std::int64_t i = 0; i < qn; ++i)
-            std::copy_n(dQ.data() + i * hd, hd, dq + (b * Q + q0 + i) * a.q_stride + h * hd);
+          std::fill(dQ.begin(), dQ.end(), 0.0f);
+          for (std::int64_t k0 = 0; k0 < g_end; k0 += kBlock) {
+            for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
+              const std::int64_t q0 = g0 + j * kBlock, qn = std::min(kBlock, Q - q0), pos0 = q_start + q0;
+              if (k0 >= pos0 + qn) continue;
+              const std::int64_t kn = std::min(kBlock, pos0 + qn - k0);
+              const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
+              const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
+              const float* lb = lse + (b * a.q_heads + h) * Q + q0;
+              const float* Dj = D.data() + j * kBlock;
+              mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, P.data(), kBlock);
+              mm(false, true, qn, kn, hd, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP.data(),
+                 kBlock);
+              for (std::int64_t i = 0; i < qn; ++i) {
+                float* p = P.data() + i * kBlock;
+                float* dp = dP.data() + i * kBlock;
+                const std::int64_t n = visible(pos0 + i, k0, kn);
+                for (std::int64_t c = 0; c < n; ++c) p[c] *= scale;
+                exp_shift(p, n, lb[i]);  // p = exp(s - lse): the probabilities
+                for (std::int64_t c = 0; c < n; ++c) dp[c] = p[c] * (dp[c] - Dj[i]) * scale;  // dS, scaled
+                std::fill(p + n, p + kn, 0.0f);
+                std::fill(dp + n, dp + kn, 0.0f);
+              }
+              mm(true, false, kn, hd, qn, P.data(), kBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride, a.kv_stride);
+              mm(false, false, qn, hd, kn, dP.data(), kBlock, kb + k0 * a.kv_stride, a.kv_stride, true,
+                 dQ.data() + j * kBlock * hd, hd);
+              mm(true, false, kn, hd, qn, dP.data(), kBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride, a.kv_stride);
+            }
+          }
+          for (std::int64_t j = 0; j < blocks; ++j) {
+            const std::int64_t q0 = g0 + j * kBlock, qn = std::min(kBlock, Q - q0);
+            for (std::int64_t i = 0; i < qn; ++i)
+              std::copy_n(dQ.data() + (j * kBlock + i) * hd, hd, dq + (b * Q + q0 + i) * a.q_stride + h * hd);
+          }
         }
       }
     }
