@@ -12,8 +12,9 @@
 //
 //   bench_long_context [--lengths 4096,16384,32768] [--models demo,100m] [--budget-mb 512] [--steps N]
 //
-// Two steps (the second measured) up to 4k, one beyond. One step at 32k of the demo model is minutes on 2 cores (attention grows with T^2: 9 T^2 q_dim FLOPs
-// per layer with the recomputation), 128k about 16 times that: pass --lengths 131072 for it.
+// Two steps (the second measured) up to 4k, one beyond. One step at 32k of the demo model is minutes on 2 cores
+// (attention grows with T^2: 9 T^2 q_dim FLOPs per layer with the recomputation), 128k about 16 times that: pass
+// --lengths 131072 for it.
 #include <sys/resource.h>
 
 #include <cmath>
