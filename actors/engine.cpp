@@ -133,10 +133,6 @@ void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& 
                       ": as many as the budget allows, up to " + std::to_string(kAutoSlots) + ")");
 }
 
-}  // namespace
-
-namespace {
-
 // The sequence tiles plan_engine tries, in order: the configured one (device.seq_tile > 0; one >= seq
 // is whole sequences), or (auto) whole sequences, then powers of two below seq down to kMinAutoSeqTile.
 std::vector<std::int64_t> seq_tile_candidates(const TrainConfig& cfg, const ModelConfig& model, std::int64_t seq) {

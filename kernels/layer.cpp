@@ -27,6 +27,12 @@ void give_operand_room(Ops& ops, const detail::LayerFamily& f, const ModelConfig
   ops.use_operand_room(scratch + f.scratch_floats(c, batch, seq), f.operand_room(c, batch, seq));
 }
 
+// The same for the tiled form: the room after its scratch, for one tile's rows.
+void give_tiled_operand_room(Ops& ops, const detail::LayerFamily& f, const ModelConfig& c, std::int64_t batch,
+                             std::int64_t seq, std::int64_t seq_tile, float* workspace) {
+  ops.use_operand_room(workspace + f.tiled_scratch_floats(c, batch, seq, seq_tile), f.operand_room(c, 1, seq_tile));
+}
+
 }  // namespace
 
 std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq) {
@@ -76,7 +82,7 @@ void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
   check_pointers(x_in != x_out, "x_out must not alias x_in");
   const detail::LayerFamily& f = detail::layer_family(c);
   if (!saved && layer_runs_tiled(c, seq, seq_tile)) {  // kept intermediates are whole-sequence
-    ops.use_operand_room(workspace + f.tiled_scratch_floats(c, batch, seq, seq_tile), f.operand_room(c, 1, seq_tile));
+    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace);
     f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace);
     return;
   }
@@ -94,15 +100,14 @@ void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
   check_pointers(saved || x_in, "recompute mode (saved == nullptr) needs the layer input x_in");
   check_pointers(dx != dy, "dx must not alias dy");
   const bool recompute = saved == nullptr;
+  const detail::LayerFamily& f = detail::layer_family(c);
   if (recompute && layer_runs_tiled(c, seq, seq_tile)) {
-    const detail::LayerFamily& f = detail::layer_family(c);
-    ops.use_operand_room(workspace + f.tiled_scratch_floats(c, batch, seq, seq_tile), f.operand_room(c, 1, seq_tile));
+    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace);
     f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace);
     return;
   }
   float* keep = recompute ? workspace : const_cast<float*>(saved);  // read-only when not recomputing
   float* scratch = recompute ? workspace + saved_n : workspace;
-  const detail::LayerFamily& f = detail::layer_family(c);
   give_operand_room(ops, f, c, batch, seq, scratch);
   f.backward(ops, c, params, x_in, keep, recompute, dy, dx, grads, batch, seq, scratch);
 }

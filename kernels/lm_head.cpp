@@ -96,20 +96,20 @@ void final_norm_backward(Ops& ops, const ModelConfig& c, const HeadWeights& w, c
     ops.rmsnorm_backward(x, w.norm_w, ws.rstd, ws.dxn, dx, w.g_norm_w, N, d, false);
 }
 
-bool head_tiled(std::int64_t batch, std::int64_t seq, std::int64_t seq_tile) {
+bool head_tiled(std::int64_t seq, std::int64_t seq_tile) {
   if (seq_tile < 0) throw std::invalid_argument("head: seq_tile must be >= 0, got " + std::to_string(seq_tile));
-  return seq_tile > 0 && seq_tile < seq && batch > 0;
+  return seq_tile > 0 && seq_tile < seq;
 }
 
 std::int64_t effective_chunk(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t requested,
                              std::int64_t seq_tile) {
   const std::int64_t chunk = requested > 0 ? std::min(requested, batch * seq) : head_chunk_tokens(c, batch, seq);
-  return head_tiled(batch, seq, seq_tile) ? std::min(chunk, seq_tile) : chunk;
+  return head_tiled(seq, seq_tile) ? std::min(chunk, seq_tile) : chunk;
 }
 
 // Rows the final norm runs over at once: all of them, or (sequence tiles) one chunk.
 std::int64_t normed_rows(std::int64_t batch, std::int64_t seq, std::int64_t chunk, std::int64_t seq_tile) {
-  return head_tiled(batch, seq, seq_tile) ? chunk : batch * seq;
+  return head_tiled(seq, seq_tile) ? chunk : batch * seq;
 }
 
 }  // namespace
@@ -146,7 +146,7 @@ LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_p
     throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
   const HeadWeights w = bind(c, head_params, embed_params, head_grads, embed_grads, ops.precision());
   const std::int64_t chunk = effective_chunk(c, batch, seq, head_chunk, seq_tile);
-  const bool tiled = head_tiled(batch, seq, seq_tile);
+  const bool tiled = head_tiled(seq, seq_tile);
   const HeadWs ws = carve(c, N, normed_rows(batch, seq, chunk, seq_tile), chunk, ops.precision(), workspace);
   ops.use_operand_room(ws.operand_room, head_operand_room(c, normed_rows(batch, seq, chunk, seq_tile), chunk));
 

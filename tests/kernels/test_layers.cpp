@@ -1,5 +1,6 @@
 // The layer templates and the head: the fp64 references against central differences, the fast fp32
-// stages against the references, keep mode against recompute mode, and bad input.
+// stages against the references, keep mode against recompute mode, and bad input. (The layers in
+// sequence tiles: test_seq_tiles.cpp; the head in tiles is checked here, beside its whole-sequence case.)
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -145,6 +146,30 @@ TEST_CASE("head: chunked fused loss and gradients match the fp64 reference", "[l
         if (t.name == "lm_head.weight") continue;
         INFO(t.name);
         CHECK(rel_err(dh.data() + t.offset, dhr.data() + t.offset, t.numel) < 1e-5);
+      }
+      // Sequence tiles (long context): the norm, logits, loss and backward per chunk of at most seq_tile
+      // rows (chunks cross sequence ends), against the same reference; a smaller workspace.
+      for (std::int64_t tile : {1, 2, 4}) {
+        INFO("seq_tile " << tile);
+        ComputeCtx tiled{2};
+        tiled.seq_tile = tile;
+        vector<float> wst(head_workspace_floats(c, B, S, 0, Precision::fp32, tile));
+        CHECK(wst.size() < head_workspace_floats(c, B, S));
+        vector<float> dxt(N * d), dht(hl.total_floats, 0.0f), det(el.total_floats, 0.0f);
+        const LossSum lt = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, dxt.data(),
+                                                 dht.data(), det.data(), wst.data(), tiled);
+        CHECK(lt.counted == N - 4);
+        CHECK(std::abs(lt.loss_sum - lr) / lr < 1e-6);
+        CHECK(rel_err(dxt, dxr) < 1e-5);
+        CHECK(rel_err((is_tied ? det.data() : dht.data()) + W_off, dWr.data(), static_cast<std::size_t>(V * d)) < 1e-5);
+        for (const auto& t : hl.tensors) {
+          if (t.name == "lm_head.weight") continue;
+          INFO(t.name);
+          CHECK(rel_err(dht.data() + t.offset, dhr.data() + t.offset, t.numel) < 1e-5);
+        }
+        const LossSum lo = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, nullptr,
+                                                 nullptr, nullptr, wst.data(), tiled);
+        CHECK(std::abs(lo.loss_sum - lr) / lr < 1e-6);
       }
       // Loss only: same loss, no gradient written.
       ComputeCtx one{1};
