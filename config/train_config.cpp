@@ -138,6 +138,14 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   m.initializer_range = static_cast<float>(model.initializer_range);
   if (m.arch == Arch::qwen2) m.attention_bias = true;
   if (m.arch == Arch::qwen3) m.qk_norm = true;
+  if (m.arch == Arch::mixtral) {
+    m.num_experts = model.num_experts > 0 ? model.num_experts : 8;
+    m.num_experts_per_tok = model.num_experts_per_tok;
+    m.moe_intermediate_size = model.intermediate_size;
+  } else if (model.num_experts > 0) {
+    throw ConfigError(key_of(*this, model.num_experts),
+                      "experts need " + key_of(*this, model.arch) + "=mixtral (got " + model.arch + ")");
+  }
   if (model.heads > 0 && model.head_dim == 0 && model.hidden_size % model.heads != 0)
     throw ConfigError(key_of(*this, model.heads),
                       std::to_string(model.heads) + " does not divide " + key_of(*this, model.hidden_size) + "=" +

@@ -8,7 +8,8 @@ bool same_layout_shape(const ModelConfig& a, const ModelConfig& b) {
          a.num_attention_heads == b.num_attention_heads && a.num_key_value_heads == b.num_key_value_heads &&
          a.head_dim == b.head_dim && a.intermediate_size == b.intermediate_size &&
          a.max_position_embeddings == b.max_position_embeddings && a.tie_word_embeddings == b.tie_word_embeddings &&
-         a.attention_bias == b.attention_bias && a.qk_norm == b.qk_norm;
+         a.attention_bias == b.attention_bias && a.qk_norm == b.qk_norm && a.num_experts == b.num_experts &&
+         a.num_experts_per_tok == b.num_experts_per_tok && a.moe_intermediate_size == b.moe_intermediate_size;
 }
 
 namespace {

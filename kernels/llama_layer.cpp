@@ -17,12 +17,13 @@ using namespace llama;
 
 // What the forward keeps for the backward, in one carved buffer.
 struct Saved {
-  float *x, *xn1, *rstd1, *q_raw, *k_raw, *rstd_q, *rstd_k, *q, *k, *v, *att, *lse, *x1, *xn2, *rstd2, *gate, *up, *h;
+  float *x, *xn1, *rstd1, *q_raw, *k_raw, *rstd_q, *rstd_k, *q, *k, *v, *att, *lse, *x1, *xn2, *rstd2;
+  float* ffn;  // the feed-forward block's own (ffn_block.hpp)
 };
 
 Saved carve_saved(const ModelConfig& c, std::int64_t N, float* base, std::size_t* used = nullptr) {
   Carver cv(base);
-  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   Saved s{};
   s.x = cv.take(N * d);
   s.xn1 = cv.take(N * d);
@@ -41,9 +42,7 @@ Saved carve_saved(const ModelConfig& c, std::int64_t N, float* base, std::size_t
   s.x1 = cv.take(N * d);
   s.xn2 = cv.take(N * d);
   s.rstd2 = cv.take(N);
-  s.gate = cv.take(N * ff);
-  s.up = cv.take(N * ff);
-  s.h = cv.take(N * ff);
+  s.ffn = cv.take(static_cast<std::int64_t>(ffn_saved_floats(c, N)));
   if (used) *used = cv.used();
   return s;
 }
@@ -51,22 +50,20 @@ Saved carve_saved(const ModelConfig& c, std::int64_t N, float* base, std::size_t
 // Scratch: the rope tables, dx1, and one region shared by the backward's MLP and attention phases.
 struct Scratch {
   float *cos_t, *sin_t, *dx1;
-  float *dh, *dg, *du, *dxn2;                     // MLP phase
+  float *ffn, *dxn2;                              // MLP phase (ffn: the block's own scratch)
   float *datt, *dq, *dk, *dv, *dxn1, *dqn, *dkn;  // attention phase (dqn/dkn: before q/k norm)
 };
 
 Scratch carve_scratch(const ModelConfig& c, std::int64_t N, std::int64_t T, float* base, std::size_t* used = nullptr) {
   Carver cv(base);
-  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   Scratch s{};
   s.cos_t = cv.take(T * c.head_dim / 2);
   s.sin_t = cv.take(T * c.head_dim / 2);
   s.dx1 = cv.take(N * d);
   float* region = base ? base + cv.used() : nullptr;
   Carver mlp(region);
-  s.dh = mlp.take(N * ff);
-  s.dg = mlp.take(N * ff);
-  s.du = mlp.take(N * ff);
+  s.ffn = mlp.take(static_cast<std::int64_t>(ffn_scratch_floats(c, N)));
   s.dxn2 = mlp.take(N * d);
   Carver attn(region);
   s.datt = attn.take(N * qd);
@@ -96,9 +93,9 @@ std::size_t scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T)
 
 // Up to the MLP activation, plus the down projection and the residual when x_out is non-null. The
 // tables come back from the ops (computed into the scratch, or the backend's cached ones).
-RopeTables forward_into(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, const float* x, float* x_out,
-                        std::int64_t B, std::int64_t T, const Saved& s, const Scratch& sc) {
-  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+RopeTables forward_into(Ops& ops, const ModelConfig& c, const void* params, const Bound<const void*>& w, const float* x,
+                        float* x_out, std::int64_t B, std::int64_t T, const Saved& s, const Scratch& sc) {
+  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   ops.rmsnorm_forward(x, w[in_norm], s.xn1, s.rstd1, N, d, c.norm_eps);
   float* q_lin = c.qk_norm ? s.q_raw : s.q;
@@ -118,40 +115,34 @@ RopeTables forward_into(Ops& ops, const ModelConfig& c, const Bound<const void*>
   ops.linear_forward(s.att, w[wo], nullptr, s.x1, N, qd, d);
   ops.add_into(s.x1, x, static_cast<std::size_t>(N * d));
   ops.rmsnorm_forward(s.x1, w[post_norm], s.xn2, s.rstd2, N, d, c.norm_eps);
-  ops.linear_forward(s.xn2, w[wg], nullptr, s.gate, N, d, ff);
-  ops.linear_forward(s.xn2, w[wu], nullptr, s.up, N, d, ff);
-  ops.swiglu_forward(s.gate, s.up, s.h, static_cast<std::size_t>(N * ff));
-  if (x_out) {
-    ops.linear_forward(s.h, w[wd], nullptr, x_out, N, ff, d);
-    ops.add_into(x_out, s.x1, static_cast<std::size_t>(N * d));
-  }
+  ffn_forward(ops, c, params, s.xn2, N, s.ffn, x_out);
+  if (x_out) ops.add_into(x_out, s.x1, static_cast<std::size_t>(N * d));
   return rope;
 }
 
 void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
              std::int64_t T, float* saved, float* scratch) {
   const Saved s = carve_saved(c, B * T, saved);
-  forward_into(ops, c, bind(c, params, ops.precision()), x_in, x_out, B, T, s, carve_scratch(c, B * T, T, scratch));
+  forward_into(ops, c, params, bind(c, params, ops.precision()), x_in, x_out, B, T, s,
+               carve_scratch(c, B * T, T, scratch));
   if (x_out) ops.copy(s.x, x_in, static_cast<std::size_t>(B * T * c.hidden_size));
 }
 
 void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
               const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch) {
-  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
   const Saved s = carve_saved(c, N, saved);
   const Scratch sc = carve_scratch(c, N, T, scratch);
   const float* x = recompute ? x_in : s.x;
-  const RopeTables rope = recompute ? forward_into(ops, c, w, x_in, nullptr, B, T, s, sc)  // once, no last projection
-                                    : ops.rope_tables(rope_params_of(c), T, hd, sc.cos_t, sc.sin_t);
+  const RopeTables rope = recompute
+                              ? forward_into(ops, c, params, w, x_in, nullptr, B, T, s, sc)  // once, no last projection
+                              : ops.rope_tables(rope_params_of(c), T, hd, sc.cos_t, sc.sin_t);
   // MLP: y = x1 + down(h)
   ops.copy(sc.dx1, dy, static_cast<std::size_t>(N * d));
-  ops.linear_backward(dy, s.h, w[wd], sc.dh, false, g[wd], nullptr, N, ff, d);
-  ops.swiglu_backward(s.gate, s.up, sc.dh, sc.dg, sc.du, static_cast<std::size_t>(N * ff));
-  ops.linear_backward(sc.dg, s.xn2, w[wg], sc.dxn2, false, g[wg], nullptr, N, d, ff);
-  ops.linear_backward(sc.du, s.xn2, w[wu], sc.dxn2, true, g[wu], nullptr, N, d, ff);
+  ffn_backward(ops, c, params, grads, s.xn2, N, s.ffn, dy, sc.dxn2, sc.ffn);
   ops.rmsnorm_backward(s.x1, w[post_norm], s.rstd2, sc.dxn2, sc.dx1, g[post_norm], N, d, true);
   // Attention: x1 = x + o_proj(att)
   ops.linear_backward(sc.dx1, s.att, w[wo], sc.datt, false, g[wo], nullptr, N, qd, d);

@@ -33,8 +33,8 @@ struct Whole {
 };
 // One tile's activations and gradients (n = tile rows).
 struct TileBufs {
-  float *xn1, *rstd1, *q_raw, *rstd_q, *q, *att, *lse, *x1, *xn2, *rstd2, *gate, *up, *h, *dx1;
-  float *dh, *dg, *du, *dxn2;           // MLP phase
+  float *xn1, *rstd1, *q_raw, *rstd_q, *q, *att, *lse, *x1, *xn2, *rstd2, *ffn, *dx1;  // ffn: ffn_block.hpp's
+  float *dffn, *dxn2;                   // MLP phase (dffn: the block's backward scratch)
   float *datt, *dq, *dqn, *dkn, *dxn1;  // attention phase (dqn/dkn: before q/k norm)
 };
 
@@ -46,7 +46,7 @@ struct Carved {
 
 Carved carve(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t n, float* base) {
   Carver cv(base);
-  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   Carved r{};
   Whole& w = r.w;
@@ -73,15 +73,11 @@ Carved carve(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t 
   t.x1 = cv.take(n * d);
   t.xn2 = cv.take(n * d);
   t.rstd2 = cv.take(n);
-  t.gate = cv.take(n * ff);
-  t.up = cv.take(n * ff);
-  t.h = cv.take(n * ff);
+  t.ffn = cv.take(static_cast<std::int64_t>(ffn_saved_floats(c, n)));
   t.dx1 = cv.take(n * d);
   float* region = base ? base + cv.used() : nullptr;
   Carver mlp(region);
-  t.dh = mlp.take(n * ff);
-  t.dg = mlp.take(n * ff);
-  t.du = mlp.take(n * ff);
+  t.dffn = mlp.take(static_cast<std::int64_t>(ffn_scratch_floats(c, n)));
   t.dxn2 = mlp.take(n * d);
   Carver attn(region);
   t.datt = attn.take(n * qd);
@@ -128,10 +124,11 @@ AttnShape tile_attention(const ModelConfig& c, const Tile& t) {
   return a;
 }
 
-// From tb.xn1 (and K, V complete up to the tile's end): q, attention, x1, n2 and the MLP activations.
-void attention_and_mlp(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, const Whole& wh,
-                       const RopeTables& rope, const float* x_in, const Tile& t, const TileBufs& tb) {
-  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+// From tb.xn1 (and K, V complete up to the tile's end): q, attention, x1, n2 and the feed-forward block,
+// its output into y when non-null.
+void attention_and_mlp(Ops& ops, const ModelConfig& c, const void* params, const Bound<const void*>& w, const Whole& wh,
+                       const RopeTables& rope, const float* x_in, const Tile& t, const TileBufs& tb, float* y) {
+  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads;
   float* q_lin = c.qk_norm ? tb.q_raw : tb.q;
   ops.linear_forward(tb.xn1, w[wq], w[bq], q_lin, t.n, d, qd);
@@ -142,9 +139,7 @@ void attention_and_mlp(Ops& ops, const ModelConfig& c, const Bound<const void*>&
   ops.linear_forward(tb.att, w[wo], nullptr, tb.x1, t.n, qd, d);
   ops.add_into(tb.x1, x_in + t.r0 * d, static_cast<std::size_t>(t.n * d));
   ops.rmsnorm_forward(tb.x1, w[post_norm], tb.xn2, tb.rstd2, t.n, d, c.norm_eps);
-  ops.linear_forward(tb.xn2, w[wg], nullptr, tb.gate, t.n, d, ff);
-  ops.linear_forward(tb.xn2, w[wu], nullptr, tb.up, t.n, d, ff);
-  ops.swiglu_forward(tb.gate, tb.up, tb.h, static_cast<std::size_t>(t.n * ff));
+  ffn_forward(ops, c, params, tb.xn2, t.n, tb.ffn, y);
 }
 
 template <class F>
@@ -165,7 +160,7 @@ std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int6
 
 void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
                    std::int64_t T, std::int64_t tile, float* scratch) {
-  const std::int64_t d = c.hidden_size, ff = c.intermediate_size;
+  const std::int64_t d = c.hidden_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Carved cv = carve(c, B, T, std::min(tile, T), scratch);
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, c.head_dim, cv.w.cos_t, cv.w.sin_t);
@@ -173,16 +168,15 @@ void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
     for_tiles(T, tile, b, false, [&](const Tile& t, bool) {
       input_norm(ops, c, w, x_in, t, cv.t);
       keys_values(ops, c, w, cv.w, rope, t, cv.t);
-      attention_and_mlp(ops, c, w, cv.w, rope, x_in, t, cv.t);
       float* y = x_out + t.r0 * d;
-      ops.linear_forward(cv.t.h, w[wd], nullptr, y, t.n, ff, d);
+      attention_and_mlp(ops, c, params, w, cv.w, rope, x_in, t, cv.t, y);
       ops.add_into(y, cv.t.x1, static_cast<std::size_t>(t.n * d));
     });
 }
 
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
                     float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch) {
-  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
+  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
@@ -200,14 +194,11 @@ void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
       const std::size_t nd = static_cast<std::size_t>(t.n * d);
       const RopeTables rope_t = at_positions(rope, t.t0, hd);
       input_norm(ops, c, w, x_in, t, tb);
-      attention_and_mlp(ops, c, w, wh, rope, x_in, t, tb);
-      // MLP: y = x1 + down(h)
+      attention_and_mlp(ops, c, params, w, wh, rope, x_in, t, tb, nullptr);
+      // MLP: y = x1 + ffn(n2)
       const float* dyt = dy + t.r0 * d;
       ops.copy(tb.dx1, dyt, nd);
-      ops.linear_backward(dyt, tb.h, w[wd], tb.dh, false, g[wd], nullptr, t.n, ff, d);
-      ops.swiglu_backward(tb.gate, tb.up, tb.dh, tb.dg, tb.du, static_cast<std::size_t>(t.n * ff));
-      ops.linear_backward(tb.dg, tb.xn2, w[wg], tb.dxn2, false, g[wg], nullptr, t.n, d, ff);
-      ops.linear_backward(tb.du, tb.xn2, w[wu], tb.dxn2, true, g[wu], nullptr, t.n, d, ff);
+      ffn_backward(ops, c, params, grads, tb.xn2, t.n, tb.ffn, dyt, tb.dxn2, tb.dffn);
       ops.rmsnorm_backward(tb.x1, w[post_norm], tb.rstd2, tb.dxn2, tb.dx1, g[post_norm], t.n, d, true);
       // Attention: x1 = x + o_proj(att)
       ops.linear_backward(tb.dx1, tb.att, w[wo], tb.datt, false, g[wo], nullptr, t.n, qd, d);

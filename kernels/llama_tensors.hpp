@@ -4,17 +4,18 @@
 #pragma once
 #include <algorithm>
 
+#include "kernels/ffn_block.hpp"
 #include "kernels/layer_impl.hpp"
 #include "kernels/layout_cache.hpp"
 
 namespace mt::detail::llama {
 
-enum Tensor { in_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, post_norm, wg, wu, wd, kTensors };
+// The attention half and the two norms; the feed-forward block binds its own (ffn_block.hpp).
+enum Tensor { in_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, post_norm, kTensors };
 inline const char* const kNames[kTensors] = {
-    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.q_proj.bias",           "self_attn.k_proj.weight",
-    "self_attn.k_proj.bias",   "self_attn.v_proj.weight", "self_attn.v_proj.bias",           "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.q_proj.bias",          "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",   "self_attn.v_proj.weight", "self_attn.v_proj.bias",          "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight"};
 
 template <class P>
 using Bound = BoundTensors<P, kTensors>;
@@ -33,8 +34,9 @@ inline AttnShape attn_shape(const ModelConfig& c, std::int64_t B, std::int64_t T
 }
 
 inline OperandRoom operand_room(const ModelConfig& c, std::int64_t B, std::int64_t T) {
-  const std::int64_t widest = std::max({c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size});
-  return {B * T * widest, B * T * widest, std::max(c.hidden_size, c.head_dim)};
+  const std::int64_t widest =
+      std::max(B * T * std::max({c.hidden_size, c.q_dim(), c.kv_dim()}), ffn_operand_elements(c, B * T));
+  return {widest, widest, std::max(c.hidden_size, c.head_dim)};
 }
 
 // The tiled form (llama_layer_tiled.cpp).

@@ -18,15 +18,17 @@ const char* arch_name(Arch a) {
       return "mistral";
     case Arch::gpt2:
       return "gpt2";
+    case Arch::mixtral:
+      return "mixtral";
   }
   return "?";
 }
 
 Arch parse_arch(const std::string& model_type) {
-  for (Arch a : {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::mistral, Arch::gpt2})
+  for (Arch a : {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::mistral, Arch::gpt2, Arch::mixtral})
     if (model_type == arch_name(a)) return a;
   throw std::invalid_argument("unsupported model_type '" + model_type +
-                              "' (supported: llama, qwen2, qwen3, mistral, gpt2)");
+                              "' (supported: llama, qwen2, qwen3, mistral, gpt2, mixtral)");
 }
 
 const char* rope_type_name(RopeType t) {
@@ -129,6 +131,18 @@ void ModelConfig::validate() const {
     if (head_dim % 2 != 0) fail("head_dim must be even for rotary embeddings, got " + std::to_string(head_dim));
     if (!(rope_theta > 0.0f)) fail("rope_theta must be > 0");
     validate_rope_scaling(*this, fail);
+  }
+  if (arch == Arch::mixtral && !is_moe()) fail("mixtral needs num_experts (num_local_experts) > 0");
+  if (is_moe()) {
+    if (is_gpt2()) fail("gpt2 has no mixture-of-experts form");
+    if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
+      fail("num_experts_per_tok must be in [1, num_experts=" + std::to_string(num_experts) + "], got " +
+           std::to_string(num_experts_per_tok));
+    if (moe_intermediate_size <= 0)
+      fail("moe_intermediate_size (an expert's width) must be > 0, got " + std::to_string(moe_intermediate_size));
+    if (num_experts > (1 << 20)) fail("num_experts must be <= 2^20, got " + std::to_string(num_experts));
+  } else if (num_experts < 0) {
+    fail("num_experts must be >= 0, got " + std::to_string(num_experts));
   }
   if (!(norm_eps > 0.0f)) fail("norm eps must be > 0");
   if (!(initializer_range > 0.0f)) fail("initializer_range must be > 0");

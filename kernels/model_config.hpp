@@ -6,7 +6,7 @@
 
 namespace mt {
 
-enum class Arch { llama, qwen2, qwen3, mistral, gpt2 };
+enum class Arch { llama, qwen2, qwen3, mistral, gpt2, mixtral };
 
 // "llama", "qwen2", ... (the Hugging Face model_type) and back; parse throws std::invalid_argument.
 const char* arch_name(Arch a);
@@ -66,7 +66,18 @@ struct ModelConfig {
   bool qk_norm = false;              // RMSNorm over each head of q and k (Qwen3)
   float initializer_range = 0.02f;   // std of the normal init, as Hugging Face uses
 
+  // Mixture of experts (Mixtral; num_experts == 0: a dense MLP). Every layer's MLP is num_experts SwiGLU
+  // experts of width moe_intermediate_size; a router (a [num_experts, hidden] linear) scores them per
+  // token, softmax in fp32, keeps the num_experts_per_tok best and, with norm_topk_prob, divides their
+  // weights by their sum (Mixtral always does). Experts that no token chose get a zero gradient.
+  std::int64_t num_experts = 0;            // num_local_experts
+  std::int64_t num_experts_per_tok = 0;    // top-k
+  std::int64_t moe_intermediate_size = 0;  // an expert's width (Mixtral: intermediate_size)
+  bool norm_topk_prob = true;
+  double router_aux_loss_coef = 0.0;  // kept for export; the load-balancing loss is not applied (refused when on)
+
   bool is_gpt2() const { return arch == Arch::gpt2; }
+  bool is_moe() const { return num_experts > 0; }
   // Sequences longer than max_position_embeddings are refused (validate_batch_shape, the engine) but
   // with dynamic rope_scaling, whose NTK-aware base grows for exactly those (transformers' dynamic RoPE).
   bool positions_extend_past_max() const { return rope_scaling.type == RopeType::dynamic; }

@@ -49,6 +49,18 @@ struct AttnShape {
   std::int64_t q_rows() const { return seq - q_start; }
 };
 
+// A mixture-of-experts router over `tokens` rows of [experts] logits, choosing top_k experts per token.
+// softmax_topk (Mixtral, Qwen3-MoE): softmax over all experts in fp32, the k largest probabilities, divided
+// by their sum when `renormalize`; topk_softmax (gpt-oss): the k largest logits, softmax over those k.
+// The k choices of a token are in descending order, ties to the lower expert index.
+enum class RouterKind : int { softmax_topk, topk_softmax };
+struct RouteShape {
+  std::int64_t tokens = 0, experts = 0, top_k = 0;
+  RouterKind kind = RouterKind::softmax_topk;
+  bool renormalize = true;
+  std::int64_t choices() const { return tokens * top_k; }  // rows the experts compute, all of them together
+};
+
 // cos / sin [seq, head_dim / 2] for positions 0..seq-1, where the ops read them.
 struct RopeTables {
   const float* cos = nullptr;

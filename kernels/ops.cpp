@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "kernels/layer_impl.hpp"  // elem_offset
 #include "kernels/workspace.hpp"
 
 namespace mt {
@@ -63,6 +64,35 @@ std::size_t operand_room_floats(Precision p, const OperandRoom& room) {
   cv.take((room.gradient + 1) / 2);
   cv.take(room.vector * OperandRoom::kVectorSlots);
   return cv.used();
+}
+
+// One product per expert with rows: the shapes come from the host offsets, so every backend can run it
+// over its own linear products; a backend with a grouped kernel of its own overrides these.
+void Ops::grouped_linear_forward(const float* x, const void* W, std::int64_t w_stride, const void* b,
+                                 std::int64_t b_stride, float* y, const std::int64_t* offsets, std::int64_t experts,
+                                 std::int64_t in, std::int64_t out) {
+  const Precision p = precision();
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+    if (rows <= 0) continue;
+    linear_forward(x + r0 * in, detail::elem_offset(W, static_cast<std::size_t>(e * w_stride), p),
+                   b ? detail::elem_offset(b, static_cast<std::size_t>(e * b_stride), p) : nullptr, y + r0 * out, rows,
+                   in, out);
+  }
+}
+
+void Ops::grouped_linear_backward(const float* dy, const float* x, const void* W, std::int64_t w_stride, float* dx,
+                                  bool add, float* dW_acc, float* db_acc, std::int64_t b_stride,
+                                  const std::int64_t* offsets, std::int64_t experts, std::int64_t in,
+                                  std::int64_t out) {
+  const Precision p = precision();
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+    if (rows <= 0) continue;
+    linear_backward(dy + r0 * out, x + r0 * in, detail::elem_offset(W, static_cast<std::size_t>(e * w_stride), p),
+                    dx ? dx + r0 * in : nullptr, add, dW_acc + e * w_stride, db_acc ? db_acc + e * b_stride : nullptr,
+                    rows, in, out);
+  }
 }
 
 }  // namespace mt

@@ -46,13 +46,36 @@ std::size_t operand_room_floats(Precision p, const OperandRoom& room);
 
 // Every op of the interface below, by name: the op test (tests/device/test_backend_ops.cpp) requires
 // a case for each on every backend it runs, so an op added here without a case fails it by name.
-inline constexpr const char* kOpNames[] = {
-    "linear_forward",    "linear_backward",    "rmsnorm_forward",    "rmsnorm_backward",
-    "layernorm_forward", "layernorm_backward", "rope_tables",        "rope_apply",
-    "attention_forward", "attention_backward", "swiglu_forward",     "swiglu_backward",
-    "gelu_forward",      "gelu_backward",      "add_into",           "copy",
-    "fill_zero",         "embedding_forward",  "embedding_backward", "cross_entropy_rows",
-    "loss_sum"};
+inline constexpr const char* kOpNames[] = {"linear_forward",
+                                           "linear_backward",
+                                           "rmsnorm_forward",
+                                           "rmsnorm_backward",
+                                           "layernorm_forward",
+                                           "layernorm_backward",
+                                           "rope_tables",
+                                           "rope_apply",
+                                           "attention_forward",
+                                           "attention_backward",
+                                           "swiglu_forward",
+                                           "swiglu_backward",
+                                           "gelu_forward",
+                                           "gelu_backward",
+                                           "add_into",
+                                           "copy",
+                                           "fill_zero",
+                                           "embedding_forward",
+                                           "embedding_backward",
+                                           "cross_entropy_rows",
+                                           "loss_sum",
+                                           "moe_route",
+                                           "moe_route_backward",
+                                           "moe_dispatch",
+                                           "moe_gather",
+                                           "moe_gather_backward",
+                                           "moe_combine",
+                                           "moe_combine_backward",
+                                           "grouped_linear_forward",
+                                           "grouped_linear_backward"};
 
 class UnsupportedOp : public std::logic_error {
  public:
@@ -169,6 +192,55 @@ class Ops {
   }
   // The sum of row_loss over counted rows (targets != -100), in row order, and their count, on the host.
   virtual LossSum loss_sum(const float* row_loss, const token_t* targets, std::int64_t N) { unsupported("loss_sum"); }
+
+  // ---- mixture of experts: route, group the choices by expert, run the experts, combine ----
+  // A token's k choices are its "slots" n * k + j; the experts compute on P = N * k rows grouped by expert.
+  // expert[N, k], weight[N, k] from the router's logits[N, E] (RouteShape says how).
+  virtual void moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight) {
+    unsupported("moe_route");
+  }
+  // dlogits[N, E] (overwritten) from dweight[N, k]: only the chosen experts' logits get a gradient in
+  // topk_softmax and in renormalised softmax_topk; every logit does without renormalisation.
+  virtual void moe_route_backward(const float* logits, const std::int32_t* expert, const float* weight,
+                                  const float* dweight, float* dlogits, const RouteShape& s) {
+    unsupported("moe_route_backward");
+  }
+  // Groups the slots by expert, stably (by token within an expert): order[p] = the slot at row p,
+  // slot_pos[slot] = its row; expert e owns rows offsets[e] .. offsets[e + 1], written to the host array
+  // offsets_host[E + 1] (so the grouped products know their shapes): waits for the work before it.
+  virtual void moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order,
+                            std::int32_t* slot_pos, std::int64_t* offsets_host) {
+    unsupported("moe_dispatch");
+  }
+  // xe[p] = x[order[p] / k] over rows of d.
+  virtual void moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe) {
+    unsupported("moe_gather");
+  }
+  // dx[n] (= or +=) the sum over j of dxe[slot_pos[n * k + j]], j ascending.
+  virtual void moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
+                                   float* dx, bool add) {
+    unsupported("moe_gather_backward");
+  }
+  // y[n] = the sum over j of weight[n, j] * ye[slot_pos[n * k + j]], j ascending (overwritten).
+  virtual void moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,
+                           std::int64_t d, float* y) {
+    unsupported("moe_combine");
+  }
+  // dye[slot_pos[n * k + j]] = weight[n, j] * dy[n]; dweight[n, j] = dy[n] . ye[slot_pos[n * k + j]].
+  virtual void moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
+                                    const RouteShape& s, std::int64_t d, float* dye, float* dweight) {
+    unsupported("moe_combine_backward");
+  }
+  // Grouped products: rows offsets[e] .. offsets[e + 1] (host values) of x through expert e's matrix
+  // W + e * w_stride elements ([out, in]) and bias b + e * b_stride (b may be null); an expert without
+  // rows is skipped (its gradient stays as it was). The default runs one linear product per expert.
+  virtual void grouped_linear_forward(const float* x, const void* W, std::int64_t w_stride, const void* b,
+                                      std::int64_t b_stride, float* y, const std::int64_t* offsets,
+                                      std::int64_t experts, std::int64_t in, std::int64_t out);
+  virtual void grouped_linear_backward(const float* dy, const float* x, const void* W, std::int64_t w_stride, float* dx,
+                                       bool add, float* dW_acc, float* db_acc, std::int64_t b_stride,
+                                       const std::int64_t* offsets, std::int64_t experts, std::int64_t in,
+                                       std::int64_t out);
 
  protected:
   [[noreturn]] void unsupported(const char* op) const { throw UnsupportedOp(backend(), op); }

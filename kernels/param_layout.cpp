@@ -92,10 +92,25 @@ ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer) {
   }
   b.add("self_attn.o_proj.weight", {d, c.q_dim()});
   b.add("post_attention_layernorm.weight", {d});
+  if (c.is_moe()) {
+    // The router, then each kind of expert matrix for every expert in turn (w1 = gate, w3 = up, w2 =
+    // down, Mixtral's names): expert e's matrix of a kind is e strides after expert 0's, so one grouped
+    // product reads them all.
+    const std::int64_t E = c.num_experts, eff = c.moe_intermediate_size;
+    b.add("block_sparse_moe.gate.weight", {E, d});
+    for (const char* kind : {"w1", "w3"})
+      for (std::int64_t e = 0; e < E; ++e) b.add(moe_expert_tensor(e, kind), {eff, d});
+    for (std::int64_t e = 0; e < E; ++e) b.add(moe_expert_tensor(e, "w2"), {d, eff});
+    return b.take();
+  }
   b.add("mlp.gate_proj.weight", {ff, d});
   b.add("mlp.up_proj.weight", {ff, d});
   b.add("mlp.down_proj.weight", {d, ff});
   return b.take();
+}
+
+std::string moe_expert_tensor(std::int64_t expert, const char* kind) {
+  return "block_sparse_moe.experts." + std::to_string(expert) + "." + kind + ".weight";
 }
 
 ParamLayout head_layout(const ModelConfig& c) {

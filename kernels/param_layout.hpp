@@ -52,6 +52,10 @@ ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer);
 ParamLayout head_layout(const ModelConfig& c);
 ParamLayout stage_layout(const ModelConfig& c, std::int64_t stage);
 
+// A mixture-of-experts layer's expert matrix by Hugging Face (Mixtral v4) name, relative to the layer:
+// "block_sparse_moe.experts.<expert>.<kind>.weight", kind w1 (gate), w3 (up) or w2 (down).
+std::string moe_expert_tensor(std::int64_t expert, const char* kind);
+
 // The embedding matrix's full name ("model.embed_tokens.weight" / "transformer.wte.weight"); with tied
 // embeddings the head computes with it and its gradient flows back into stage 0.
 std::string embedding_weight_name(const ModelConfig& c);

@@ -54,6 +54,66 @@ T* tensor(const ParamLayout& l, T* p, const char* name) {
   return t ? p + t->offset : nullptr;
 }
 
+// The mixture-of-experts block on xn[N, d] (ffn_block.hpp's formula), token by token and choice by
+// choice: y[n] = sum_j weight[n, j] w2_e(silu(w1_e xn[n]) * w3_e xn[n]), e = expert[n, j].
+template <class T>
+Vec<T> moe_ffn(const ModelConfig& c, const ParamLayout& l, const T* p, const T* xn, i64 N) {
+  const i64 d = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, ff = c.moe_intermediate_size;
+  const RouteShape r{N, E, k, RouterKind::softmax_topk, c.norm_topk_prob};
+  Vec<T> logits = zeros<T>(N * E), weight = zeros<T>(N * k), y = zeros<T>(N * d);
+  std::vector<std::int32_t> expert(static_cast<std::size_t>(N * k));
+  linear(xn, tensor(l, p, "block_sparse_moe.gate.weight"), static_cast<const T*>(nullptr), logits.data(), N, d, E);
+  moe_route(logits.data(), r, expert.data(), weight.data());
+  Vec<T> g = zeros<T>(ff), u = zeros<T>(ff), h = zeros<T>(ff), ye = zeros<T>(d);
+  for (i64 n = 0; n < N; ++n)
+    for (i64 j = 0; j < k; ++j) {
+      const i64 e = expert[n * k + j];
+      auto W = [&](const char* kind) { return p + l.at(moe_expert_tensor(e, kind)).offset; };
+      linear(xn + n * d, W("w1"), static_cast<const T*>(nullptr), g.data(), 1, d, ff);
+      linear(xn + n * d, W("w3"), static_cast<const T*>(nullptr), u.data(), 1, d, ff);
+      swiglu(g.data(), u.data(), h.data(), ff);
+      linear(h.data(), W("w2"), static_cast<const T*>(nullptr), ye.data(), 1, ff, d);
+      for (i64 i = 0; i < d; ++i) y[n * d + i] += weight[n * k + j] * ye[i];
+    }
+  return y;
+}
+
+// dxn += d/dxn, grads += d/dparams of the block above, from dy (the routing recomputed, held fixed).
+template <class T>
+void moe_ffn_backward(const ModelConfig& c, const ParamLayout& l, const T* p, const T* xn, const T* dy, i64 N, T* dxn,
+                      T* grads) {
+  const i64 d = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, ff = c.moe_intermediate_size;
+  const RouteShape r{N, E, k, RouterKind::softmax_topk, c.norm_topk_prob};
+  Vec<T> logits = zeros<T>(N * E), weight = zeros<T>(N * k), dweight = zeros<T>(N * k), dlogits = zeros<T>(N * E);
+  std::vector<std::int32_t> expert(static_cast<std::size_t>(N * k));
+  const T* Wr = tensor(l, p, "block_sparse_moe.gate.weight");
+  linear(xn, Wr, static_cast<const T*>(nullptr), logits.data(), N, d, E);
+  moe_route(logits.data(), r, expert.data(), weight.data());
+  for (i64 n = 0; n < N; ++n)
+    for (i64 j = 0; j < k; ++j) {
+      const i64 e = expert[n * k + j];
+      auto W = [&](const char* kind) { return p + l.at(moe_expert_tensor(e, kind)).offset; };
+      auto G = [&](const char* kind) { return grads + l.at(moe_expert_tensor(e, kind)).offset; };
+      Vec<T> g = zeros<T>(ff), u = zeros<T>(ff), h = zeros<T>(ff), ye = zeros<T>(d);
+      linear(xn + n * d, W("w1"), static_cast<const T*>(nullptr), g.data(), 1, d, ff);
+      linear(xn + n * d, W("w3"), static_cast<const T*>(nullptr), u.data(), 1, d, ff);
+      swiglu(g.data(), u.data(), h.data(), ff);
+      linear(h.data(), W("w2"), static_cast<const T*>(nullptr), ye.data(), 1, ff, d);
+      Vec<T> dye = zeros<T>(d), dh = zeros<T>(ff), dg = zeros<T>(ff), du = zeros<T>(ff);
+      for (i64 i = 0; i < d; ++i) {
+        dye[i] = weight[n * k + j] * dy[n * d + i];
+        dweight[n * k + j] += dy[n * d + i] * ye[i];
+      }
+      linear_backward(h.data(), W("w2"), dye.data(), dh.data(), G("w2"), static_cast<T*>(nullptr), 1, ff, d);
+      swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), ff);
+      linear_backward(xn + n * d, W("w1"), dg.data(), dxn + n * d, G("w1"), static_cast<T*>(nullptr), 1, d, ff);
+      linear_backward(xn + n * d, W("w3"), du.data(), dxn + n * d, G("w3"), static_cast<T*>(nullptr), 1, d, ff);
+    }
+  moe_route_backward(logits.data(), expert.data(), dweight.data(), dlogits.data(), r);
+  linear_backward(xn, Wr, dlogits.data(), dxn, tensor(l, grads, "block_sparse_moe.gate.weight"),
+                  static_cast<T*>(nullptr), N, d, E);
+}
+
 template <class T>
 LlamaActs<T> llama_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i64 S) {
   const ParamLayout l = layer_layout(c, 0);
@@ -89,14 +149,18 @@ LlamaActs<T> llama_forward(const ModelConfig& c, const T* p, const T* x, i64 B, 
   for (i64 i = 0; i < N * d; ++i) a.x1[i] += x[i];
   a.xn2 = zeros<T>(N * d);
   rmsnorm(a.x1.data(), tensor(l, p, "post_attention_layernorm.weight"), a.xn2.data(), N, d, eps);
-  a.g = zeros<T>(N * ff);
-  a.u = zeros<T>(N * ff);
-  a.h = zeros<T>(N * ff);
-  linear(a.xn2.data(), tensor(l, p, "mlp.gate_proj.weight"), static_cast<const T*>(nullptr), a.g.data(), N, d, ff);
-  linear(a.xn2.data(), tensor(l, p, "mlp.up_proj.weight"), static_cast<const T*>(nullptr), a.u.data(), N, d, ff);
-  swiglu(a.g.data(), a.u.data(), a.h.data(), N * ff);
-  a.y = zeros<T>(N * d);
-  linear(a.h.data(), tensor(l, p, "mlp.down_proj.weight"), static_cast<const T*>(nullptr), a.y.data(), N, ff, d);
+  if (c.is_moe()) {
+    a.y = moe_ffn(c, l, p, a.xn2.data(), N);
+  } else {
+    a.g = zeros<T>(N * ff);
+    a.u = zeros<T>(N * ff);
+    a.h = zeros<T>(N * ff);
+    linear(a.xn2.data(), tensor(l, p, "mlp.gate_proj.weight"), static_cast<const T*>(nullptr), a.g.data(), N, d, ff);
+    linear(a.xn2.data(), tensor(l, p, "mlp.up_proj.weight"), static_cast<const T*>(nullptr), a.u.data(), N, d, ff);
+    swiglu(a.g.data(), a.u.data(), a.h.data(), N * ff);
+    a.y = zeros<T>(N * d);
+    linear(a.h.data(), tensor(l, p, "mlp.down_proj.weight"), static_cast<const T*>(nullptr), a.y.data(), N, ff, d);
+  }
   for (i64 i = 0; i < N * d; ++i) a.y[i] += a.x1[i];
   return a;
 }
@@ -110,15 +174,19 @@ void llama_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T
   const LlamaActs<T> a = llama_forward(c, p, x, B, S);
   auto P = [&](const char* n) { return tensor(l, p, n); };
   auto G = [&](const char* n) { return tensor(l, grads, n); };
-  Vec<T> dx1(dy, dy + N * d), dh = zeros<T>(N * ff), dg = zeros<T>(N * ff), du = zeros<T>(N * ff),
-                              dxn2 = zeros<T>(N * d);
-  linear_backward(a.h.data(), P("mlp.down_proj.weight"), dy, dh.data(), G("mlp.down_proj.weight"),
-                  static_cast<T*>(nullptr), N, ff, d);
-  swiglu_backward(a.g.data(), a.u.data(), dh.data(), dg.data(), du.data(), N * ff);
-  linear_backward(a.xn2.data(), P("mlp.gate_proj.weight"), dg.data(), dxn2.data(), G("mlp.gate_proj.weight"),
-                  static_cast<T*>(nullptr), N, d, ff);
-  linear_backward(a.xn2.data(), P("mlp.up_proj.weight"), du.data(), dxn2.data(), G("mlp.up_proj.weight"),
-                  static_cast<T*>(nullptr), N, d, ff);
+  Vec<T> dx1(dy, dy + N * d), dxn2 = zeros<T>(N * d);
+  if (c.is_moe()) {
+    moe_ffn_backward(c, l, p, a.xn2.data(), dy, N, dxn2.data(), grads);
+  } else {
+    Vec<T> dh = zeros<T>(N * ff), dg = zeros<T>(N * ff), du = zeros<T>(N * ff);
+    linear_backward(a.h.data(), P("mlp.down_proj.weight"), dy, dh.data(), G("mlp.down_proj.weight"),
+                    static_cast<T*>(nullptr), N, ff, d);
+    swiglu_backward(a.g.data(), a.u.data(), dh.data(), dg.data(), du.data(), N * ff);
+    linear_backward(a.xn2.data(), P("mlp.gate_proj.weight"), dg.data(), dxn2.data(), G("mlp.gate_proj.weight"),
+                    static_cast<T*>(nullptr), N, d, ff);
+    linear_backward(a.xn2.data(), P("mlp.up_proj.weight"), du.data(), dxn2.data(), G("mlp.up_proj.weight"),
+                    static_cast<T*>(nullptr), N, d, ff);
+  }
   rmsnorm_backward(a.x1.data(), P("post_attention_layernorm.weight"), dxn2.data(), dx1.data(),
                    G("post_attention_layernorm.weight"), N, d, eps);
   Vec<T> datt = zeros<T>(N * qd), dq = zeros<T>(N * qd), dk = zeros<T>(N * kd), dv = zeros<T>(N * kd);

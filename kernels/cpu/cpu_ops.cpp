@@ -150,4 +150,31 @@ LossSum CpuOps::loss_sum(const float* row_loss, const token_t* targets, std::int
   return out;
 }
 
+void CpuOps::moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight) {
+  cpu::moe_route(logits, s, expert, weight, threads_);
+}
+void CpuOps::moe_route_backward(const float* logits, const std::int32_t* expert, const float* weight,
+                                const float* dweight, float* dlogits, const RouteShape& s) {
+  cpu::moe_route_backward(logits, expert, weight, dweight, dlogits, s, threads_);
+}
+void CpuOps::moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order, std::int32_t* slot_pos,
+                          std::int64_t* offsets_host) {
+  cpu::moe_dispatch(expert, s, order, slot_pos, offsets_host);
+}
+void CpuOps::moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe) {
+  cpu::moe_gather(x, order, s, d, xe, threads_);
+}
+void CpuOps::moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
+                                 float* dx, bool add) {
+  cpu::moe_gather_backward(dxe, slot_pos, s, d, dx, add, threads_);
+}
+void CpuOps::moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,
+                         std::int64_t d, float* y) {
+  cpu::moe_combine(ye, slot_pos, weight, s, d, y, threads_);
+}
+void CpuOps::moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
+                                  const RouteShape& s, std::int64_t d, float* dye, float* dweight) {
+  cpu::moe_combine_backward(dy, ye, slot_pos, weight, s, d, dye, dweight, threads_);
+}
+
 }  // namespace mt::cpu

@@ -51,6 +51,18 @@ class CpuOps final : public Ops {
   void cross_entropy_rows(float* logits, const token_t* targets, float* row_loss, std::int64_t rows, std::int64_t V,
                           bool want_grad) override;
   LossSum loss_sum(const float* row_loss, const token_t* targets, std::int64_t N) override;
+  void moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight) override;
+  void moe_route_backward(const float* logits, const std::int32_t* expert, const float* weight, const float* dweight,
+                          float* dlogits, const RouteShape& s) override;
+  void moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order, std::int32_t* slot_pos,
+                    std::int64_t* offsets_host) override;
+  void moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe) override;
+  void moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
+                           float* dx, bool add) override;
+  void moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,
+                   std::int64_t d, float* y) override;
+  void moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
+                            const RouteShape& s, std::int64_t d, float* dye, float* dweight) override;
 
  private:
   bool bf16() const { return precision_ == Precision::bf16; }

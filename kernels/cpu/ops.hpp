@@ -16,6 +16,8 @@ namespace mt::cpu {
 using mt::AttnShape;
 using mt::RopeKind;
 using mt::RopeParams;
+using mt::RouterKind;
+using mt::RouteShape;
 
 // OpenBLAS's own pool: set once per distinct value (cheap when unchanged).
 void set_blas_threads(int threads);
@@ -106,5 +108,19 @@ void embedding_scatter(const std::int32_t* tokens, const float* dx, std::int64_t
 // want_grad = false leaves logits as they are.
 void cross_entropy_rows(float* logits, const std::int32_t* targets, float* row_loss, std::int64_t rows, std::int64_t V,
                         bool want_grad, int threads);
+
+// ---- Mixture of experts (cpu/moe.cpp): the ops of the same names in ops.hpp, with their contracts ----
+void moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight, int threads);
+void moe_route_backward(const float* logits, const std::int32_t* expert, const float* weight, const float* dweight,
+                        float* dlogits, const RouteShape& s, int threads);
+void moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order, std::int32_t* slot_pos,
+                  std::int64_t* offsets);
+void moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe, int threads);
+void moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d, float* dx,
+                         bool add, int threads);
+void moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,
+                 std::int64_t d, float* y, int threads);
+void moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
+                          const RouteShape& s, std::int64_t d, float* dye, float* dweight, int threads);
 
 }  // namespace mt::cpu

@@ -295,4 +295,78 @@ T cross_entropy(const T* logits, const std::int32_t* targets, T* dlogits, i64 N,
   return total;
 }
 
+// ---- Mixture-of-experts routing (the contracts of moe_route / moe_route_backward in ops.hpp) ----
+
+// The router's k choices of each of N tokens over E logits, and their weights, in T.
+template <class T>
+void moe_route(const T* logits, const RouteShape& s, std::int32_t* expert, T* weight) {
+  const i64 E = s.experts, k = s.top_k;
+  std::vector<T> p(static_cast<std::size_t>(E));
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(E));
+  for (i64 n = 0; n < s.tokens; ++n) {
+    const T* l = logits + n * E;
+    T mx = l[0], z = 0;
+    for (i64 e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+    for (i64 e = 0; e < E; ++e) z += std::exp(l[e] - mx);
+    for (i64 e = 0; e < E; ++e) p[e] = s.kind == RouterKind::softmax_topk ? std::exp(l[e] - mx) / z : l[e];
+    for (i64 e = 0; e < E; ++e) idx[e] = static_cast<std::int32_t>(e);
+    std::stable_sort(idx.begin(), idx.end(), [&](std::int32_t a, std::int32_t b) { return p[a] > p[b]; });
+    T sum = 0, zk = 0;
+    for (i64 j = 0; j < k; ++j) sum += p[idx[j]], zk += std::exp(l[idx[j]] - l[idx[0]]);
+    for (i64 j = 0; j < k; ++j) {
+      expert[n * k + j] = idx[j];
+      if (s.kind == RouterKind::topk_softmax)
+        weight[n * k + j] = std::exp(l[idx[j]] - l[idx[0]]) / zk;
+      else
+        weight[n * k + j] = s.renormalize ? p[idx[j]] / sum : p[idx[j]];
+    }
+  }
+}
+
+// dlogits[N, E] (overwritten) from dweight, the choices held fixed: the chain rule through the full
+// softmax Jacobian, dp_a / dl_m = p_a (delta_am - p_m), and the renormalisation's quotient rule (the
+// fast kernels use the closed forms these reduce to).
+template <class T>
+void moe_route_backward(const T* logits, const std::int32_t* expert, const T* dweight, T* dlogits,
+                        const RouteShape& s) {
+  const i64 E = s.experts, k = s.top_k;
+  std::vector<T> p(static_cast<std::size_t>(E));
+  for (i64 n = 0; n < s.tokens; ++n) {
+    const T* l = logits + n * E;
+    const std::int32_t* idx = expert + n * k;
+    const T* dw = dweight + n * k;
+    T* dl = dlogits + n * E;
+    // p: the softmax the weights come from (over all experts, or over the chosen ones for topk_softmax)
+    const bool chosen_only = s.kind == RouterKind::topk_softmax;
+    T mx = l[idx[0]], z = 0;
+    for (i64 e = 0; e < E; ++e) mx = std::max(mx, l[e]);
+    for (i64 e = 0; e < E; ++e) p[e] = 0;
+    if (chosen_only) {
+      for (i64 j = 0; j < k; ++j) z += std::exp(l[idx[j]] - mx);
+      for (i64 j = 0; j < k; ++j) p[idx[j]] = std::exp(l[idx[j]] - mx) / z;
+    } else {
+      for (i64 e = 0; e < E; ++e) z += std::exp(l[e] - mx);
+      for (i64 e = 0; e < E; ++e) p[e] = std::exp(l[e] - mx) / z;
+    }
+    const bool renorm = !chosen_only && s.renormalize;
+    T S = 0;
+    for (i64 j = 0; j < k; ++j) S += p[idx[j]];
+    for (i64 m = 0; m < E; ++m) {
+      if (chosen_only && p[m] == T(0)) {
+        dl[m] = 0;
+        continue;
+      }
+      auto dp = [&](i64 a) { return p[a] * ((a == m ? T(1) : T(0)) - p[m]); };  // dp_a / dl_m
+      T dS = 0;
+      for (i64 j = 0; j < k; ++j) dS += dp(idx[j]);
+      T acc = 0;
+      for (i64 j = 0; j < k; ++j) {
+        const T dwj = renorm ? dp(idx[j]) / S - p[idx[j]] * dS / (S * S) : dp(idx[j]);
+        acc += dw[j] * dwj;
+      }
+      dl[m] = acc;
+    }
+  }
+}
+
 }  // namespace mt::ref

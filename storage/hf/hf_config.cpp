@@ -193,7 +193,7 @@ void parse_rope_scaling(Fields& f, Arch arch, ModelConfig& c) {
 }
 
 void reject_sliding_window(Fields& f, const ModelConfig& c, Arch arch) {
-  if (arch == Arch::mistral) {
+  if (arch == Arch::mistral || arch == Arch::mixtral) {
     if (f.has("sliding_window")) {
       const auto w = f.integer("sliding_window");
       if (w < c.max_position_embeddings)
@@ -207,6 +207,25 @@ void reject_sliding_window(Fields& f, const ModelConfig& c, Arch arch) {
   // Qwen2/Qwen3: the window only applies when use_sliding_window is true.
   f.require_value("use_sliding_window", false, false, "sliding-window attention is not implemented");
   f.ignore({"sliding_window", "max_window_layers"});
+}
+
+// Mixtral's experts (transformers 4.46 MixtralConfig's defaults): softmax, top-k, always renormalised;
+// the expert width is intermediate_size.
+void parse_mixtral_experts(Fields& f, ModelConfig& c) {
+  c.num_experts = positive_or_fail(f, f.integer("num_local_experts", 8), "num_local_experts");
+  c.num_experts_per_tok = positive_or_fail(f, f.integer("num_experts_per_tok", 2), "num_experts_per_tok");
+  if (c.num_experts_per_tok > c.num_experts)
+    f.fail("num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) + ") exceeds num_local_experts (" +
+           std::to_string(c.num_experts) + ")");
+  c.moe_intermediate_size = c.intermediate_size;
+  c.norm_topk_prob = true;
+  c.router_aux_loss_coef = f.number("router_aux_loss_coef", 0.001);
+  f.require_value("output_router_logits", false, false,
+                  "the load-balancing loss (router_aux_loss_coef) is not implemented yet; set it to false");
+  const double jitter = f.number("router_jitter_noise", 0.0);
+  if (jitter != 0.0)
+    f.fail("unsupported router_jitter_noise=" + std::to_string(jitter) +
+           ": the router's training noise is not implemented; set it to 0");
 }
 
 ModelConfig parse_llama_family(Fields& f, Arch arch) {
@@ -228,7 +247,9 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
   } else {
     c.head_dim = f.integer("head_dim", default_head_dim);
   }
-  const std::int64_t default_positions = arch == Arch::llama ? 2048 : arch == Arch::mistral ? 131072 : 32768;
+  const std::int64_t default_positions = arch == Arch::llama                                ? 2048
+                                         : (arch == Arch::mistral || arch == Arch::mixtral) ? 131072
+                                                                                            : 32768;
   c.max_position_embeddings = f.integer("max_position_embeddings", default_positions);
   c.rope_theta = static_cast<float>(f.number("rope_theta", 10000.0));
   c.norm_eps = static_cast<float>(f.number("rms_norm_eps", 1e-6));
@@ -255,6 +276,10 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
       break;
     case Arch::mistral:
       reject_sliding_window(f, c, arch);
+      break;
+    case Arch::mixtral:
+      reject_sliding_window(f, c, arch);
+      parse_mixtral_experts(f, c);
       break;
     case Arch::gpt2:
       break;

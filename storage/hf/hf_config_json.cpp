@@ -68,6 +68,8 @@ const char* architecture_class(Arch a) {
       return "MistralForCausalLM";
     case Arch::gpt2:
       return "GPT2LMHeadModel";
+    case Arch::mixtral:
+      return "MixtralForCausalLM";
   }
   return "?";
 }
@@ -126,6 +128,18 @@ json config_to_json(const ModelConfig& c, const json* base) {
       break;
     case Arch::mistral:
       j["sliding_window"] = nullptr;
+      break;
+    case Arch::mixtral:
+      if (c.attention_bias) throw HfError("mixtral export: Mixtral has no attention biases");
+      if (!c.norm_topk_prob || c.moe_intermediate_size != c.intermediate_size)
+        throw HfError(
+            "mixtral export: Mixtral renormalises its top-k weights and its experts are intermediate_size wide");
+      j["sliding_window"] = nullptr;
+      j["num_local_experts"] = c.num_experts;
+      j["num_experts_per_tok"] = c.num_experts_per_tok;
+      j["output_router_logits"] = false;
+      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      j["router_jitter_noise"] = 0.0;
       break;
     case Arch::gpt2:
       break;

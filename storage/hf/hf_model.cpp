@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <set>
 
 #include "storage/hf/file_util.hpp"
@@ -36,6 +38,40 @@ bool ignorable(const ModelConfig& c, const std::string& name) {
   if (c.is_gpt2() && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"))) return true;
   if (ends_with(name, ".rotary_emb.inv_freq")) return true;
   return c.tie_word_embeddings && name == "lm_head.weight";
+}
+
+// Where transformers v5 keeps a Mixtral tensor we name by v4's per-expert names: the fused tensor (under
+// block_sparse_moe. or mlp., whichever the files have), its shape, and our matrix's slice of it.
+struct FusedSource {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::size_t first = 0, count = 0;
+};
+std::optional<FusedSource> fused_source(const ModelConfig& c, const std::string& prefix, const std::string& tensor,
+                                        const std::function<bool(const std::string&)>& in_files) {
+  if (!c.is_moe()) return std::nullopt;
+  const std::int64_t E = c.num_experts, d = c.hidden_size, ff = c.moe_intermediate_size;
+  const std::size_t matrix = static_cast<std::size_t>(ff * d);
+  for (const char* module : {"block_sparse_moe.", "mlp."}) {
+    const std::string base = prefix + module;
+    if (tensor == "block_sparse_moe.gate.weight") {
+      if (in_files(base + "gate.weight")) return FusedSource{base + "gate.weight", {E, d}, 0, 0};
+      continue;
+    }
+    const std::string head = "block_sparse_moe.experts.";
+    if (tensor.rfind(head, 0) != 0) return std::nullopt;
+    const std::size_t dot = tensor.find('.', head.size());
+    const std::size_t e = std::stoul(tensor.substr(head.size(), dot - head.size()));
+    const std::string kind = tensor.substr(dot + 1, 2);  // w1, w2, w3
+    if (kind == "w2") {
+      if (in_files(base + "experts.down_proj"))
+        return FusedSource{base + "experts.down_proj", {E, d, ff}, e * matrix, matrix};
+    } else if (in_files(base + "experts.gate_up_proj")) {
+      return FusedSource{
+          base + "experts.gate_up_proj", {E, 2 * ff, d}, (2 * e + (kind == "w3" ? 1 : 0)) * matrix, matrix};
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -75,7 +111,7 @@ HfModelReader::HfModelReader(const std::filesystem::path& dir) : dir_(dir) {
     for (const auto& e : files_.back()->entries()) {
       if (found.count(e.name))
         throw HfError((dir / f).string() + ": tensor '" + e.name + "' also in " + found[e.name].file->path().string());
-      found[e.name] = Location{files_.back().get(), e.name};
+      found[e.name] = Location{files_.back().get(), e.name, {}, 0, 0};
     }
   }
   for (const auto& [name, file] : promised)
@@ -93,17 +129,27 @@ HfModelReader::HfModelReader(const std::filesystem::path& dir) : dir_(dir) {
       // GPT-2 files saved from GPT2Model lack the "transformer." prefix.
       if (!found.count(in_file) && config_.is_gpt2() && in_file.rfind("transformer.", 0) == 0)
         in_file = in_file.substr(12);
-      if (!found.count(in_file))
+      std::vector<std::int64_t> shape_in_file = hn.file_shape;
+      Location loc;
+      if (found.count(in_file)) {
+        loc = found[in_file];
+      } else if (const auto fused = fused_source(config_, layout.prefix, t.name,
+                                                 [&](const std::string& n) { return found.count(n) > 0; })) {
+        in_file = fused->name;
+        loc = found[in_file];
+        if (fused->count > 0) loc.fused_shape = fused->shape, loc.first = fused->first, loc.count = fused->count;
+        shape_in_file = fused->shape;
+      } else {
         throw HfError(dir.string() + ": tensor '" + hn.name + "' (" + arch_name(config_.arch) + ", shape " +
                       shape_string(hn.file_shape) + ") is in none of the safetensors files");
-      const Location& loc = found[in_file];
+      }
       const SafetensorsEntry& e = *loc.file->find(in_file);
       if (!parse_dtype(e.dtype))
         throw HfError(loc.file->path().string() + ": tensor '" + in_file + "' has dtype " + e.dtype +
                       " (supported: F32, BF16, F16)");
-      if (e.shape != hn.file_shape)
+      if (e.shape != shape_in_file)
         throw HfError(loc.file->path().string() + ": tensor '" + in_file + "' has shape " + shape_string(e.shape) +
-                      ", expected " + shape_string(hn.file_shape) + " from config.json");
+                      ", expected " + shape_string(shape_in_file) + " from config.json");
       locations_[hn.name] = loc;
       used.insert(in_file);
     }
@@ -133,7 +179,9 @@ void HfModelReader::read_stage(std::int64_t stage, float* dst) const {
   for (const auto& t : layout.tensors) {
     const HfTensorName hn = hf_tensor(config_, layout, t);
     const Location& loc = locate(hn.name);
-    if (hn.transposed)
+    if (loc.count > 0)
+      loc.file->read_f32_range(loc.name_in_file, loc.fused_shape, loc.first, loc.count, dst + t.offset);
+    else if (hn.transposed)
       loc.file->read_f32_transposed(loc.name_in_file, hn.file_shape, dst + t.offset);
     else
       loc.file->read_f32(loc.name_in_file, hn.file_shape, dst + t.offset);

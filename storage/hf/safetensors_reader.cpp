@@ -179,6 +179,17 @@ void SafetensorsReader::read_f32(const std::string& name, const std::vector<std:
   release(e);
 }
 
+void SafetensorsReader::read_f32_range(const std::string& name, const std::vector<std::int64_t>& expected_shape,
+                                       std::size_t first, std::size_t count, float* dst) const {
+  DType dt;
+  const auto& e = checked(name, expected_shape, &dt);
+  if (first > e.numel() || count > e.numel() - first)
+    throw HfError(path_.string() + ": tensor '" + name + "' has " + std::to_string(e.numel()) + " elements, elements " +
+                  std::to_string(first) + " + " + std::to_string(count) + " asked");
+  to_f32(dt, data(e) + first * dtype_size(dt), dst, count);
+  release(e);
+}
+
 void SafetensorsReader::read_f32_transposed(const std::string& name, const std::vector<std::int64_t>& expected_shape,
                                             float* dst) const {
   DType dt;

@@ -38,6 +38,10 @@ class SafetensorsReader {
   // Converts the tensor to fp32 into dst (numel floats). Throws HfError naming the tensor and file when
   // it is absent, its dtype is not F32/BF16/F16, or its shape differs from `expected_shape`.
   void read_f32(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* dst) const;
+  // Elements [first, first + count) of the tensor (row-major) into dst: one expert's matrix of a fused
+  // [experts, ...] tensor (transformers v5's Mixtral gate_up_proj / down_proj).
+  void read_f32_range(const std::string& name, const std::vector<std::int64_t>& expected_shape, std::size_t first,
+                      std::size_t count, float* dst) const;
   // Same, transposing a 2-D [rows, cols] tensor in the file into [cols, rows] in dst (GPT-2 Conv1D).
   // expected_shape is the shape in the file.
   void read_f32_transposed(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* dst) const;

@@ -192,3 +192,20 @@ TEST_CASE("auto keeps the last layers' intermediates with the budget left over, 
     CHECK(plan_engine(tiny_config(t), model).kept_layers == 0);
   }
 }
+
+// Mixtral's experts through the engine (8 experts, top-2, from the [model] keys): fp32 and bf16, kept
+// intermediates and recomputed, mapped and through a modelled link.
+TEST_CASE("mixtral: pipelined engine equals the reference trainer bit for bit", "[actors][equivalence][moe]") {
+  for (bool bf16 : {false, true})
+    for (const char* keep : {"boundary", "all"})
+      for (double link : {0.0, 1000.0}) {
+        Tiny t;
+        t.arch = Arch::mixtral;
+        t.steps = 6;
+        t.bf16 = bf16;
+        t.keep = keep;
+        t.micro_batches = 2;
+        t.bandwidth_gbps = link;
+        check_equivalence(t);
+      }
+}

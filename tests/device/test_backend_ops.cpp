@@ -14,7 +14,11 @@
 //   norms 1e-5, attention 2e-5 (exp, rsqrt and online-softmax rescaling in fp32);
 //   RoPE 2e-6 (fp32 angles), activations 2e-6 (exp/tanh in fp32), cross-entropy 1e-5;
 //   the embedding gather, moves, fills and residual adds are exact: bit-equal to the host's fp32 result;
-//   the embedding scatter and loss_sum: 1e-6 / 1e-12, and bit-equal to themselves when run twice.
+//   the embedding scatter and loss_sum: 1e-6 / 1e-12, and bit-equal to themselves when run twice;
+//   mixture of experts: the chosen experts, the dispatch (host offsets, order, slot rows), the gather and
+//   its backward exact; router weights, combine and dye 1e-6; dlogits and dweight 1e-5 (sums in fp32);
+//   grouped products 1e-5 as the products.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -555,6 +559,151 @@ void elementwise_cases(Ctx& c) {
   c.dev.reset();
 }
 
+// ---- mixture of experts: routing, dispatch, gather / combine, grouped products ----
+void moe_cases(Ctx& c) {
+  struct Shape {
+    RouteShape r;
+    const char* what;
+  };
+  for (const Shape sh : {Shape{{37, 8, 2, RouterKind::softmax_topk, true}, "Mixtral top-2 of 8"},
+                         Shape{{20, 6, 3, RouterKind::softmax_topk, false}, "top-3 of 6, not renormalised (Qwen3-MoE)"},
+                         Shape{{19, 16, 4, RouterKind::topk_softmax, true}, "gpt-oss: top-4 of 16, softmax over the 4"},
+                         Shape{{3, 8, 1, RouterKind::softmax_topk, true}, "top-1 of 8 over 3 tokens: idle experts"}}) {
+    const RouteShape& r = sh.r;
+    const i64 N = r.tokens, E = r.experts, k = r.top_k, P = r.choices(), d = 24, ff = 40;
+    const std::string tag = dims({{"N", N}, {"E", E}, {"k", k}}) + " " + sh.what;
+    auto logits = randn(N * E, 61, 2.0), dweight = randn(P, 62);
+    const Vec ls(logits.begin(), logits.end()), dws(dweight.begin(), dweight.end());
+    // route
+    float* dl = c.dev.upload(logits);
+    auto* dexp = c.dev.alloc<std::int32_t>(P);
+    float* dwt = c.dev.alloc<float>(P);
+    c.v.op = "moe_route";
+    c.ops.moe_route(dl, r, dexp, dwt);
+    std::vector<std::int32_t> er(P);
+    Vec wr(P);
+    ref::moe_route(ls.data(), r, er.data(), wr.data());
+    const std::vector<std::int32_t> experts = c.dev.download(dexp, P);
+    const std::vector<float> weight = c.get(dwt, P);
+    c.v.bit_equal("chosen experts " + tag, experts, er);
+    c.v.close("weights " + tag, weight, wr, 1e-6);
+    // route backward (at the backend's own choices and weights)
+    float* ddw = c.dev.upload(dweight);
+    float* ddl = c.dev.alloc<float>(N * E);
+    c.v.op = "moe_route_backward";
+    c.ops.moe_route_backward(dl, dexp, dwt, ddw, ddl, r);
+    Vec dlr(N * E);
+    ref::moe_route_backward(ls.data(), experts.data(), dws.data(), dlr.data(), r);
+    if (k == 1 && r.renormalize) {  // one renormalised weight is always 1: its gradient is exactly 0
+      const std::vector<float> got = c.get(ddl, N * E);
+      c.v.fact("dlogits all +-0 (the one weight is always 1) " + tag,
+               std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
+    } else {
+      c.v.close("dlogits " + tag, c.get(ddl, N * E), dlr, 1e-5);
+    }
+    // dispatch: a stable counting sort of the slots by expert
+    std::vector<std::int64_t> off_ref(E + 1, 0), offsets(E + 1, -1);
+    for (i64 q = 0; q < P; ++q) ++off_ref[experts[q] + 1];
+    for (i64 e = 0; e < E; ++e) off_ref[e + 1] += off_ref[e];
+    std::vector<std::int32_t> order_ref(P), pos_ref(P);
+    std::vector<std::int64_t> next(off_ref.begin(), off_ref.end() - 1);
+    for (i64 q = 0; q < P; ++q) {
+      const i64 p = next[experts[q]]++;
+      order_ref[p] = static_cast<std::int32_t>(q);
+      pos_ref[q] = static_cast<std::int32_t>(p);
+    }
+    auto* dorder = c.dev.alloc<std::int32_t>(P);
+    auto* dpos = c.dev.alloc<std::int32_t>(P);
+    c.v.op = "moe_dispatch";
+    c.ops.moe_dispatch(dexp, r, dorder, dpos, offsets.data());
+    c.v.bit_equal("offsets on the host " + tag, offsets, off_ref);
+    c.v.bit_equal("order " + tag, c.dev.download(dorder, P), order_ref);
+    c.v.bit_equal("slot rows " + tag, c.dev.download(dpos, P), pos_ref);
+    // gather and its backward: exact (copies; sums of k rows in j order)
+    auto x = randn(N * d, 63), dxe = randn(P * d, 64), dx0 = randn(N * d, 65);
+    float* dxx = c.dev.upload(x);
+    float* dxe_d = c.dev.alloc<float>(P * d);
+    c.v.op = "moe_gather";
+    c.ops.moe_gather(dxx, dorder, r, d, dxe_d);
+    std::vector<float> xe_ref(P * d);
+    for (i64 p = 0; p < P; ++p)
+      for (i64 i = 0; i < d; ++i) xe_ref[p * d + i] = x[(order_ref[p] / k) * d + i];
+    c.v.bit_equal("rows by expert " + tag, c.get(dxe_d, P * d), xe_ref);
+    float* dgrad = c.dev.upload(dxe);
+    for (bool add : {false, true}) {
+      float* ddx = c.dev.upload(dx0);
+      c.v.op = "moe_gather_backward";
+      c.ops.moe_gather_backward(dgrad, dpos, r, d, ddx, add);
+      std::vector<float> want = dx0;
+      for (i64 n = 0; n < N; ++n)
+        for (i64 j = 0; j < k; ++j)
+          for (i64 i = 0; i < d; ++i) {
+            const float g = dxe[pos_ref[n * k + j] * d + i];
+            float& w = want[n * d + i];
+            w = (j == 0 && !add) ? g : w + g;
+          }
+      c.v.bit_equal(std::string("dx (") + (add ? "+=" : "=") + ") " + tag, c.get(ddx, N * d), want);
+    }
+    // combine and its backward
+    auto ye = randn(P * d, 66), dy = randn(N * d, 67);
+    float* dye_in = c.dev.upload(ye);
+    float* dy_d = c.dev.upload(dy);
+    float* y = c.dev.alloc<float>(N * d);
+    c.v.op = "moe_combine";
+    c.ops.moe_combine(dye_in, dpos, dwt, r, d, y);
+    Vec yr(N * d, 0.0), dyer(P * d, 0.0), dwr(P, 0.0);
+    for (i64 n = 0; n < N; ++n)
+      for (i64 j = 0; j < k; ++j)
+        for (i64 i = 0; i < d; ++i) {
+          const i64 p = pos_ref[n * k + j];
+          yr[n * d + i] += double(weight[n * k + j]) * ye[p * d + i];
+          dyer[p * d + i] = double(weight[n * k + j]) * dy[n * d + i];
+          dwr[n * k + j] += double(dy[n * d + i]) * ye[p * d + i];
+        }
+    c.v.close("y " + tag, c.get(y, N * d), yr, 1e-6);
+    float* ddye = c.dev.alloc<float>(P * d);
+    float* ddwt = c.dev.alloc<float>(P);
+    c.v.op = "moe_combine_backward";
+    c.ops.moe_combine_backward(dy_d, dye_in, dpos, dwt, r, d, ddye, ddwt);
+    c.v.close("dye " + tag, c.get(ddye, P * d), dyer, 1e-6);
+    c.v.close("dweight " + tag, c.get(ddwt, P), dwr, 1e-5);
+    // grouped products over the experts' rows: strided experts (padding between them), a bias each
+    const i64 ws = ff * d + 16, bstride = ff + 3;
+    auto W = randn(E * ws, 68, 0.1), b = randn(E * bstride, 69), gy = randn(P * ff, 70);
+    auto dW0 = randn(E * ws, 71), db0 = randn(E * bstride, 72), gx0 = randn(P * d, 73);
+    c.operand_room();
+    const void* dW = c.weight(W);
+    const void* dbias = c.weight(b);
+    float* out = c.dev.alloc<float>(P * ff);
+    c.v.op = "grouped_linear_forward";
+    c.ops.grouped_linear_forward(dxe_d, dW, ws, dbias, bstride, out, offsets.data(), E, d, ff);
+    const Vec xes = c.seen_operand(xe_ref), Ws = c.seen_weight(W), bs = c.seen_weight(b), gys = c.seen_operand(gy);
+    Vec outr(P * ff, 0.0), gxr(gx0.begin(), gx0.end()), dWr(dW0.begin(), dW0.end()), dbr(db0.begin(), db0.end());
+    for (i64 e = 0; e < E; ++e) {
+      const i64 r0 = off_ref[e], rows = off_ref[e + 1] - r0;
+      if (rows == 0) continue;
+      ref::linear(xes.data() + r0 * d, Ws.data() + e * ws, bs.data() + e * bstride, outr.data() + r0 * ff, rows, d, ff);
+      for (i64 q = 0; q < rows * d; ++q) gxr[r0 * d + q] = 0.0;  // dx overwritten (add = false)
+      Vec dbz(ff, 0.0);
+      ref::linear_backward(xes.data() + r0 * d, Ws.data() + e * ws, gys.data() + r0 * ff, gxr.data() + r0 * d,
+                           dWr.data() + e * ws, dbz.data(), rows, d, ff);
+      for (i64 q = 0; q < rows; ++q)
+        for (i64 o = 0; o < ff; ++o) dbr[e * bstride + o] += gy[(r0 + q) * ff + o];  // bias from the fp32 dy
+    }
+    c.v.close("y by expert " + tag, c.get(out, P * ff), outr, 1e-5);
+    float* dgy = c.dev.upload(gy);
+    float* dgx = c.dev.upload(gx0);
+    float* dWacc = c.dev.upload(dW0);
+    float* dbacc = c.dev.upload(db0);
+    c.v.op = "grouped_linear_backward";
+    c.ops.grouped_linear_backward(dgy, dxe_d, dW, ws, dgx, false, dWacc, dbacc, bstride, offsets.data(), E, d, ff);
+    c.v.close("dx by expert " + tag, c.get(dgx, P * d), gxr, 1e-5);
+    c.v.close("dW (+=), idle experts untouched " + tag, c.get(dWacc, E * ws), dWr, 1e-5);
+    c.v.close("db (+=) " + tag, c.get(dbacc, E * bstride), dbr, 1e-5);
+    c.dev.reset();
+  }
+}
+
 // ---- embedding ----
 void embedding_cases(Ctx& c, Backend& backend) {
   for (const bool positions : {false, true}) {
@@ -708,6 +857,7 @@ int main(int argc, char** argv) {
       {"attention tiles", [&] { attention_tile_cases(c); }},
       {"elementwise", [&] { elementwise_cases(c); }},
       {"embedding", [&] { embedding_cases(c, *backend); }},
+      {"mixture of experts", [&] { moe_cases(c); }},
       {"loss", [&] { loss_cases(c, *backend); }},
       {"seam", [&] { unsupported_case(v); }},
   };

@@ -98,6 +98,19 @@ inline ModelConfig tiny_yarn_rope() {
   return c;
 }
 
+// Mixtral: a mixture of 4 SwiGLU experts of width 12, top-2 with the weights renormalised; Mistral's
+// attention (GQA, no biases).
+inline ModelConfig tiny_mixtral() {
+  ModelConfig c = tiny_llama();
+  c.arch = Arch::mixtral;
+  c.intermediate_size = 12;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 12;
+  c.rope_theta = 1000000.0f;
+  return c;
+}
+
 inline ModelConfig tiny_gpt2() {
   ModelConfig c;
   c.arch = Arch::gpt2;
@@ -127,6 +140,7 @@ inline std::vector<Named> all_configs() {
           {"linear-rope-scaling", tiny_linear_rope()},
           {"dynamic-rope-scaling", tiny_dynamic_rope()},
           {"yarn-rope-scaling", tiny_yarn_rope()},
+          {"mixtral-moe", tiny_mixtral()},
           {"gpt2", tiny_gpt2()}};
 }
 

@@ -1,0 +1,257 @@
+// CudaOps' mixture-of-experts ops (contracts in kernels/ops.hpp, CPU kernels in kernels/cpu/moe.cpp):
+// the router's choice per token (one thread a token; k <= 32), its backward, the grouping of the
+// choices by expert (one block: counts, a prefix sum, then each expert's rows in slot order, so the
+// grouping is the CPU's, stable and atomic-free), and the gathers and combines (one thread an output
+// element; a token's k choices summed in j order; dweight one warp a choice, lanes reduced in a fixed
+// tree). Deterministic: every output has one owner. The grouped products are Ops' default, one cuBLASLt
+// product per expert with rows (the offsets come back to the host in moe_dispatch, which waits).
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/device_util.cuh"
+
+namespace mt::cuda {
+namespace {
+
+constexpr unsigned kBlock = 256;
+constexpr std::int64_t kMaxTopK = 32;
+
+// The j-th best of v (as f(e)), excluding the j choices before it in chosen[]: strict > so ties go to
+// the lower index, as on the CPU.
+template <class F>
+__device__ std::int32_t next_best(F f, std::int64_t E, const std::int32_t* chosen, std::int64_t j) {
+  std::int32_t best = -1;
+  float bv = 0.0f;
+  for (std::int64_t e = 0; e < E; ++e) {
+    bool taken = false;
+    for (std::int64_t i = 0; i < j; ++i) taken = taken || chosen[i] == e;
+    if (taken) continue;
+    const float v = f(e);
+    if (best < 0 || v > bv) best = static_cast<std::int32_t>(e), bv = v;
+  }
+  return best;
+}
+
+__global__ void route_kernel(const float* __restrict__ logits, RouteShape s, std::int32_t* __restrict__ expert,
+                             float* __restrict__ weight) {
+  const std::int64_t n = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (n >= s.tokens) return;
+  const std::int64_t E = s.experts, k = s.top_k;
+  const float* l = logits + n * E;
+  std::int32_t* idx = expert + n * k;
+  float* w = weight + n * k;
+  if (s.kind == RouterKind::softmax_topk) {
+    float m = l[0], z = 0.0f;
+    for (std::int64_t e = 1; e < E; ++e) m = fmaxf(m, l[e]);
+    for (std::int64_t e = 0; e < E; ++e) z += expf(l[e] - m);
+    auto p = [&](std::int64_t e) { return expf(l[e] - m) / z; };
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) {
+      idx[j] = next_best(p, E, idx, j);
+      sum += (w[j] = p(idx[j]));
+    }
+    if (s.renormalize)
+      for (std::int64_t j = 0; j < k; ++j) w[j] /= sum;
+  } else {
+    auto raw = [&](std::int64_t e) { return l[e]; };
+    for (std::int64_t j = 0; j < k; ++j) idx[j] = next_best(raw, E, idx, j);
+    float z = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) z += (w[j] = expf(l[idx[j]] - l[idx[0]]));
+    for (std::int64_t j = 0; j < k; ++j) w[j] /= z;
+  }
+}
+
+__global__ void route_bwd_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ expert,
+                                 const float* __restrict__ weight, const float* __restrict__ dweight,
+                                 float* __restrict__ dlogits, RouteShape s) {
+  const std::int64_t n = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (n >= s.tokens) return;
+  const std::int64_t E = s.experts, k = s.top_k;
+  const std::int32_t* idx = expert + n * k;
+  const float* w = weight + n * k;
+  const float* dw = dweight + n * k;
+  float* dl = dlogits + n * E;
+  float wdw = 0.0f;
+  for (std::int64_t j = 0; j < k; ++j) wdw += w[j] * dw[j];
+  if (s.kind == RouterKind::topk_softmax || s.renormalize) {
+    for (std::int64_t e = 0; e < E; ++e) dl[e] = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) dl[idx[j]] = w[j] * (dw[j] - wdw);
+  } else {
+    const float* l = logits + n * E;
+    float m = l[0], z = 0.0f;
+    for (std::int64_t e = 1; e < E; ++e) m = fmaxf(m, l[e]);
+    for (std::int64_t e = 0; e < E; ++e) z += expf(l[e] - m);
+    for (std::int64_t e = 0; e < E; ++e) dl[e] = -(expf(l[e] - m) / z) * wdw;
+    for (std::int64_t j = 0; j < k; ++j) dl[idx[j]] += (expf(l[idx[j]] - m) / z) * dw[j];
+  }
+}
+
+// One block: counts per expert (thread t counts experts t, t + blockDim, ...: each count has one owner),
+// the prefix sum on thread 0, then each expert's rows in slot order.
+__global__ void dispatch_kernel(const std::int32_t* __restrict__ expert, RouteShape s, std::int32_t* __restrict__ order,
+                                std::int32_t* __restrict__ slot_pos, std::int64_t* __restrict__ offsets) {
+  const std::int64_t E = s.experts, P = s.tokens * s.top_k;
+  for (std::int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    std::int64_t count = 0;
+    for (std::int64_t q = 0; q < P; ++q) count += expert[q] == e;
+    offsets[e + 1] = count;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    offsets[0] = 0;
+    for (std::int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  }
+  __syncthreads();
+  for (std::int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    std::int64_t p = offsets[e];
+    for (std::int64_t q = 0; q < P; ++q)
+      if (expert[q] == e) {
+        order[p] = static_cast<std::int32_t>(q);
+        slot_pos[q] = static_cast<std::int32_t>(p);
+        ++p;
+      }
+  }
+}
+
+__global__ void gather_kernel(const float* __restrict__ x, const std::int32_t* __restrict__ order, std::int64_t P,
+                              std::int64_t k, std::int64_t d, float* __restrict__ xe) {
+  const std::size_t n = static_cast<std::size_t>(P * d);
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const std::int64_t p = static_cast<std::int64_t>(i) / d, c = static_cast<std::int64_t>(i) % d;
+    xe[i] = x[(order[p] / k) * d + c];
+  }
+}
+
+__global__ void gather_bwd_kernel(const float* __restrict__ dxe, const std::int32_t* __restrict__ slot_pos,
+                                  std::int64_t N, std::int64_t k, std::int64_t d, float* __restrict__ dx, bool add) {
+  const std::size_t n = static_cast<std::size_t>(N * d);
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const std::int64_t t = static_cast<std::int64_t>(i) / d, c = static_cast<std::int64_t>(i) % d;
+    float acc = add ? dx[i] : 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) {
+      const float g = dxe[static_cast<std::int64_t>(slot_pos[t * k + j]) * d + c];
+      acc = (j == 0 && !add) ? g : acc + g;
+    }
+    dx[i] = acc;
+  }
+}
+
+__global__ void combine_kernel(const float* __restrict__ ye, const std::int32_t* __restrict__ slot_pos,
+                               const float* __restrict__ weight, std::int64_t N, std::int64_t k, std::int64_t d,
+                               float* __restrict__ y) {
+  const std::size_t n = static_cast<std::size_t>(N * d);
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const std::int64_t t = static_cast<std::int64_t>(i) / d, c = static_cast<std::int64_t>(i) % d;
+    float acc = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) {
+      const float v = weight[t * k + j] * ye[static_cast<std::int64_t>(slot_pos[t * k + j]) * d + c];
+      acc = j == 0 ? v : acc + v;
+    }
+    y[i] = acc;
+  }
+}
+
+__global__ void combine_dye_kernel(const float* __restrict__ dy, const std::int32_t* __restrict__ slot_pos,
+                                   const float* __restrict__ weight, std::int64_t P, std::int64_t k, std::int64_t d,
+                                   float* __restrict__ dye) {
+  const std::size_t n = static_cast<std::size_t>(P * d);
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const std::int64_t q = static_cast<std::int64_t>(i) / d, c = static_cast<std::int64_t>(i) % d;  // slot q
+    dye[static_cast<std::int64_t>(slot_pos[q]) * d + c] = weight[q] * dy[(q / k) * d + c];
+  }
+}
+
+// dweight[q] = dy[q / k] . ye[slot_pos[q]]: one warp a slot, lanes over d, a fixed shuffle tree.
+__global__ void combine_dweight_kernel(const float* __restrict__ dy, const float* __restrict__ ye,
+                                       const std::int32_t* __restrict__ slot_pos, std::int64_t P, std::int64_t k,
+                                       std::int64_t d, float* __restrict__ dweight) {
+  const std::int64_t q = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32;
+  const unsigned lane = threadIdx.x % 32;
+  if (q >= P) return;  // whole warps leave together (blockDim is a multiple of 32)
+  const float* g = dy + (q / k) * d;
+  const float* v = ye + static_cast<std::int64_t>(slot_pos[q]) * d;
+  float acc = 0.0f;
+  for (std::int64_t c = lane; c < d; c += 32) acc += g[c] * v[c];
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+  if (lane == 0) dweight[q] = acc;
+}
+
+void check_top_k(const RouteShape& s) {
+  if (s.top_k < 1 || s.top_k > kMaxTopK)
+    throw std::invalid_argument("cuda ops: moe_route supports top_k in [1, 32], got " + std::to_string(s.top_k));
+}
+
+}  // namespace
+
+void CudaOps::moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight) {
+  check_top_k(s);
+  if (s.tokens == 0) return;
+  const unsigned blocks = static_cast<unsigned>((s.tokens + kBlock - 1) / kBlock);
+  route_kernel<<<blocks, kBlock, 0, st_>>>(logits, s, expert, weight);
+  MT_CUDA_LAUNCH_CHECK("route_kernel");
+}
+
+void CudaOps::moe_route_backward(const float* logits, const std::int32_t* expert, const float* weight,
+                                 const float* dweight, float* dlogits, const RouteShape& s) {
+  check_top_k(s);
+  if (s.tokens == 0) return;
+  const unsigned blocks = static_cast<unsigned>((s.tokens + kBlock - 1) / kBlock);
+  route_bwd_kernel<<<blocks, kBlock, 0, st_>>>(logits, expert, weight, dweight, dlogits, s);
+  MT_CUDA_LAUNCH_CHECK("route_bwd_kernel");
+}
+
+void CudaOps::moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order,
+                           std::int32_t* slot_pos, std::int64_t* offsets_host) {
+  const std::size_t bytes = static_cast<std::size_t>(s.experts + 1) * sizeof(std::int64_t);
+  auto* offsets = static_cast<std::int64_t*>(room(moe_offsets, bytes));
+  dispatch_kernel<<<1, 1024, 0, st_>>>(expert, s, order, slot_pos, offsets);
+  MT_CUDA_LAUNCH_CHECK("dispatch_kernel");
+  MT_CUDA_CHECK(cudaMemcpyAsync(offsets_host, offsets, bytes, cudaMemcpyDeviceToHost, st_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the grouped products need the shapes on the host
+}
+
+void CudaOps::moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe) {
+  const std::size_t n = static_cast<std::size_t>(s.choices() * d);
+  if (n == 0) return;
+  gather_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, order, s.choices(), s.top_k, d, xe);
+  MT_CUDA_LAUNCH_CHECK("gather_kernel");
+}
+
+void CudaOps::moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
+                                  float* dx, bool add) {
+  const std::size_t n = static_cast<std::size_t>(s.tokens * d);
+  if (n == 0) return;
+  gather_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(dxe, slot_pos, s.tokens, s.top_k, d, dx, add);
+  MT_CUDA_LAUNCH_CHECK("gather_bwd_kernel");
+}
+
+void CudaOps::moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,
+                          std::int64_t d, float* y) {
+  const std::size_t n = static_cast<std::size_t>(s.tokens * d);
+  if (n == 0) return;
+  combine_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(ye, slot_pos, weight, s.tokens, s.top_k, d, y);
+  MT_CUDA_LAUNCH_CHECK("combine_kernel");
+}
+
+void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos,
+                                   const float* weight, const RouteShape& s, std::int64_t d, float* dye,
+                                   float* dweight) {
+  const std::int64_t P = s.choices();
+  const std::size_t n = static_cast<std::size_t>(P * d);
+  if (n == 0) return;
+  combine_dye_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(dy, slot_pos, weight, P, s.top_k, d, dye);
+  MT_CUDA_LAUNCH_CHECK("combine_dye_kernel");
+  const unsigned blocks = static_cast<unsigned>((P * 32 + kBlock - 1) / kBlock);
+  combine_dweight_kernel<<<blocks, kBlock, 0, st_>>>(dy, ye, slot_pos, P, s.top_k, d, dweight);
+  MT_CUDA_LAUNCH_CHECK("combine_dweight_kernel");
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,166 @@
+// The mixtral family against transformers' own MixtralForCausalLM (tests/kernels/hf_moe_oracle.py, the
+// venv's transformers 4.46.3, eager attention): megatrain exports its initial weights as a Hugging Face
+// directory, transformers loads it (so the export's names, shapes and config are what transformers
+// reads) and runs one forward and backward; the logits, the loss and every parameter's gradient must
+// agree within 1e-5 norm-wise relative error per tensor. The same weights written in transformers v5's
+// fused expert layout must load back bit for bit. And the optimizer semantics of idle experts: with
+// fewer choices than experts, the idle ones get a gradient of exactly zero and the normal AdamW update
+// (weight decay only, moments untouched but decayed from zero).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/reference_trainer.hpp"
+#include "storage/hf/hf_model.hpp"
+#include "storage/hf/safetensors_reader.hpp"
+#include "tests/kernels/kernel_test_util.hpp"
+#include "tests/kernels/model_configs.hpp"
+
+using namespace mt;
+using std::vector;
+namespace fs = std::filesystem;
+
+namespace {
+
+template <class T>
+void write_bin(const fs::path& p, const vector<T>& v) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+}
+
+ReferenceTrainerOptions options(const ModelConfig& c, std::int64_t B, std::int64_t T) {
+  ReferenceTrainerOptions o;
+  o.config = c;
+  o.micro_batch = B;
+  o.seq = T;
+  o.hyper.lr = 1e-3f;
+  o.hyper.weight_decay = 0.1f;
+  o.max_grad_norm = 0.0f;
+  o.seed = 7;
+  o.mode = ActivationMode::keep;
+  o.threads = 2;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused experts load", "[moe][oracle]") {
+  ModelConfig c = mt::test::tiny_mixtral();
+  c.initializer_range = 0.2f;  // every path carries signal
+  const std::int64_t B = 2, T = 7, N = B * T, V = c.vocab_size;
+  ReferenceTrainer tr(options(c, B, T));
+  const std::int64_t S = tr.num_stages();
+  vector<vector<float>> initial(S);
+  for (std::int64_t s = 0; s < S; ++s) initial[s].assign(tr.params(s), tr.params(s) + tr.layout(s).total_floats);
+  vector<token_t> tok(N), tgt(N);
+  for (std::int64_t i = 0; i < N; ++i) {
+    tok[i] = static_cast<token_t>((i * 11 + 3) % V);
+    tgt[i] = (i % 5 == 2) ? kIgnoreIndex : static_cast<token_t>((i * 13 + 1) % V);
+  }
+  const fs::path dir = fs::temp_directory_path() / ("mt_moe_oracle_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  hf::write_hf_model(dir / "model", c, [&](std::int64_t s) { return initial[s].data(); }, hf::HfExportOptions{});
+  write_bin(dir / "tokens.bin", tok);
+  write_bin(dir / "targets.bin", tgt);
+  std::ofstream(dir / "shape.json") << nlohmann::json{{"batch", B}, {"seq", T}}.dump();
+  const std::string cmd = std::string(MEGATRAIN_VENV_PYTHON) + " " + MEGATRAIN_SOURCE_DIR +
+                          "/tests/kernels/hf_moe_oracle.py " + dir.string();
+  REQUIRE(std::system(cmd.c_str()) == 0);
+
+  // Logits through the stage API on the initial weights.
+  ComputeCtx ctx{2};
+  vector<float> x(N * c.hidden_size), y(N * c.hidden_size), logits(N * V), saved(layer_saved_floats(c, B, T));
+  vector<float> ws(std::max(layer_workspace_floats(c, B, T, ActivationMode::recompute),
+                            head_workspace_floats(c, B, T, 0, Precision::fp32)));
+  embedding_forward(c, tr.params(0), tok.data(), B, T, x.data(), ctx);
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    layer_forward(c, tr.params(l + 1), x.data(), y.data(), B, T, nullptr, ws.data(), ctx);
+    std::swap(x, y);
+  }
+  head_logits(c, tr.params(S - 1), tr.params(0), x.data(), B, T, logits.data(), ws.data(), ctx);
+  vector<float> torch_logits(logits.size());
+  std::ifstream(dir / "logits.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(torch_logits.data()), static_cast<std::streamsize>(logits.size() * 4));
+  CHECK(mt::test::rel_err(logits, torch_logits) < 1e-5);
+
+  const StepStats st = tr.step(tok.data(), tgt.data());
+  double torch_loss = 0;
+  std::ifstream(dir / "loss.txt") >> torch_loss;
+  CHECK(std::abs(st.loss - torch_loss) / torch_loss < 1e-5);
+  const hf::SafetensorsReader grads(dir / "grads.safetensors");
+  int tensors = 0;
+  for (std::int64_t s = 0; s < S; ++s)
+    for (const auto& t : tr.layout(s).tensors) {
+      const std::string name = tr.layout(s).prefix + t.name;
+      INFO(name);
+      vector<float> theirs(t.numel), ours(t.numel);
+      grads.read_f32(name, t.shape, theirs.data());
+      for (std::size_t i = 0; i < t.numel; ++i)
+        ours[i] = tr.grads(s)[t.offset + i] / static_cast<float>(st.counted);  // accumulators hold d(sum)
+      CHECK(mt::test::rel_err(ours, theirs) < 1e-5);
+      ++tensors;
+    }
+  CHECK(tensors == 3 + 2 * (7 + 3 * c.num_experts));  // embedding; head norm, lm_head; 6 + router + experts a layer
+
+  // transformers v5's fused layout of the same weights reads back bit for bit.
+  const hf::HfModelReader fused(dir / "fused");
+  for (std::int64_t s = 0; s < S; ++s) {
+    INFO("stage " << s);
+    vector<float> back(tr.layout(s).total_floats);
+    fused.read_stage(s, back.data());
+    CHECK(std::memcmp(back.data(), initial[s].data(), back.size() * sizeof(float)) == 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("mixtral: an expert no token chose gets a zero gradient and the normal AdamW update", "[moe]") {
+  ModelConfig c = mt::test::tiny_mixtral();
+  c.num_experts = 8;
+  c.num_experts_per_tok = 1;
+  const std::int64_t B = 1, T = 3;  // 3 choices of 8 experts: at least 5 idle in every layer
+  ReferenceTrainerOptions o = options(c, B, T);
+  o.mode = ActivationMode::recompute;
+  ReferenceTrainer tr(o);
+  const vector<token_t> tok = {1, 2, 3}, tgt = {2, 3, 4};
+  vector<vector<float>> before(tr.num_stages());
+  for (std::int64_t s = 0; s < tr.num_stages(); ++s)
+    before[s].assign(tr.params(s), tr.params(s) + tr.layout(s).total_floats);
+  tr.step(tok.data(), tgt.data());
+  int idle = 0, used = 0;
+  for (std::int64_t s = 1; s <= c.num_hidden_layers; ++s)
+    for (std::int64_t e = 0; e < c.num_experts; ++e) {
+      const TensorSpec& t = tr.layout(s).at(moe_expert_tensor(e, "w1"));
+      bool zero = true;
+      for (std::size_t i = 0; i < t.numel; ++i) zero = zero && tr.grads(s)[t.offset + i] == 0.0f;
+      if (!zero) {
+        ++used;
+        continue;
+      }
+      ++idle;
+      INFO("layer " << s - 1 << " expert " << e);
+      for (const char* kind : {"w1", "w2", "w3"}) {
+        const TensorSpec& k = tr.layout(s).at(moe_expert_tensor(e, kind));
+        for (std::size_t i = 0; i < k.numel; i += 7) {
+          const std::size_t at = k.offset + i;
+          REQUIRE(tr.grads(s)[at] == 0.0f);
+          REQUIRE(tr.adam_m(s)[at] == 0.0f);
+          REQUIRE(tr.adam_v(s)[at] == 0.0f);
+          // decoupled weight decay alone: p (1 - lr wd), the Adam term 0 / (0 + eps) = 0
+          const float want = before[s][at] * (1.0f - o.hyper.lr * o.hyper.weight_decay);
+          REQUIRE(std::abs(tr.params(s)[at] - want) <= 1e-7f * std::abs(want));
+          REQUIRE(tr.params(s)[at] != before[s][at]);
+        }
+      }
+    }
+  CHECK(idle >= 2 * 5);
+  CHECK(used >= 2);
+}
