@@ -126,8 +126,8 @@ void moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, 
     std::memcpy(xe + p * d, x + (order[p] / k) * d, static_cast<std::size_t>(d) * sizeof(float));
 }
 
-void moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
-                         float* dx, bool add, int threads) {
+void moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d, float* dx,
+                         bool add, int threads) {
   const std::int64_t k = s.top_k;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (std::int64_t n = 0; n < s.tokens; ++n) {

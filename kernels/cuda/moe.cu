@@ -208,8 +208,8 @@ void CudaOps::moe_route_backward(const float* logits, const std::int32_t* expert
   MT_CUDA_LAUNCH_CHECK("route_bwd_kernel");
 }
 
-void CudaOps::moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order,
-                           std::int32_t* slot_pos, std::int64_t* offsets_host) {
+void CudaOps::moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order, std::int32_t* slot_pos,
+                           std::int64_t* offsets_host) {
   const std::size_t bytes = static_cast<std::size_t>(s.experts + 1) * sizeof(std::int64_t);
   auto* offsets = static_cast<std::int64_t*>(room(moe_offsets, bytes));
   dispatch_kernel<<<1, 1024, 0, st_>>>(expert, s, order, slot_pos, offsets);
@@ -241,9 +241,8 @@ void CudaOps::moe_combine(const float* ye, const std::int32_t* slot_pos, const f
   MT_CUDA_LAUNCH_CHECK("combine_kernel");
 }
 
-void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos,
-                                   const float* weight, const RouteShape& s, std::int64_t d, float* dye,
-                                   float* dweight) {
+void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
+                                   const RouteShape& s, std::int64_t d, float* dye, float* dweight) {
   const std::int64_t P = s.choices();
   const std::size_t n = static_cast<std::size_t>(P * d);
   if (n == 0) return;

@@ -68,7 +68,8 @@ TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused 
   const fs::path dir = fs::temp_directory_path() / ("mt_moe_oracle_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  hf::write_hf_model(dir / "model", c, [&](std::int64_t s) { return initial[s].data(); }, hf::HfExportOptions{});
+  hf::write_hf_model(
+      dir / "model", c, [&](std::int64_t s) { return initial[s].data(); }, hf::HfExportOptions{});
   write_bin(dir / "tokens.bin", tok);
   write_bin(dir / "targets.bin", tgt);
   std::ofstream(dir / "shape.json") << nlohmann::json{{"batch", B}, {"seq", T}}.dump();
