@@ -3,6 +3,8 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -11,6 +13,13 @@
 #include "kernels/param_layout.hpp"
 
 namespace mt::test {
+
+// Raw little-endian values to a file (the oracles' inputs).
+template <class T>
+void write_bin(const std::filesystem::path& p, const std::vector<T>& v) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+}
 
 template <class T = float>
 std::vector<T> randn(std::size_t n, unsigned seed, double scale = 1.0) {

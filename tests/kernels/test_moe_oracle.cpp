@@ -30,12 +30,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class T>
-void write_bin(const fs::path& p, const vector<T>& v) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
-}
-
 ReferenceTrainerOptions options(const ModelConfig& c, std::int64_t B, std::int64_t T) {
   ReferenceTrainerOptions o;
   o.config = c;
@@ -70,8 +64,8 @@ TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused 
   fs::create_directories(dir);
   hf::write_hf_model(
       dir / "model", c, [&](std::int64_t s) { return initial[s].data(); }, hf::HfExportOptions{});
-  write_bin(dir / "tokens.bin", tok);
-  write_bin(dir / "targets.bin", tgt);
+  mt::test::write_bin(dir / "tokens.bin", tok);
+  mt::test::write_bin(dir / "targets.bin", tgt);
   std::ofstream(dir / "shape.json") << nlohmann::json{{"batch", B}, {"seq", T}}.dump();
   const std::string cmd = std::string(MEGATRAIN_VENV_PYTHON) + " " + MEGATRAIN_SOURCE_DIR +
                           "/tests/kernels/hf_moe_oracle.py " + dir.string();

@@ -36,12 +36,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class T>
-void write_bin(const fs::path& p, const vector<T>& v) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
-}
-
 vector<float> read_bin(const fs::path& p, std::size_t n) {
   vector<float> v(n);
   std::ifstream f(p, std::ios::binary);
@@ -207,9 +201,9 @@ void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B,
       flat.insert(flat.end(), tr.params(s) + t.offset, tr.params(s) + t.offset + t.numel);
     }
   std::ofstream(dir / "config.json") << j.dump(1);
-  write_bin(dir / "params.bin", flat);
-  write_bin(dir / "tokens.bin", tok);
-  write_bin(dir / "targets.bin", tgt);
+  mt::test::write_bin(dir / "params.bin", flat);
+  mt::test::write_bin(dir / "tokens.bin", tok);
+  mt::test::write_bin(dir / "targets.bin", tgt);
   // Logits through the stage API on the initial weights.
   ComputeCtx ctx{2};
   ctx.precision = prec;
@@ -233,7 +227,7 @@ void check_against_torch(const std::string& name, ModelConfig c, std::int64_t B,
   for (const auto& w : where)
     for (std::size_t i = 0; i < w.t->numel; ++i)
       ours.push_back(tr.grads(w.stage)[w.t->offset + i] / static_cast<float>(st.counted));  // accumulators hold d(sum)
-  write_bin(dir / "grads_in.bin", ours);
+  mt::test::write_bin(dir / "grads_in.bin", ours);
   const std::string cmd = std::string(hf_rope ? MEGATRAIN_VENV_PYTHON : MEGATRAIN_PYTHON) + " " + MEGATRAIN_SOURCE_DIR +
                           "/tests/kernels/torch_oracle.py " + dir.string();
   REQUIRE(std::system(cmd.c_str()) == 0);
