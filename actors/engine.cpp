@@ -274,6 +274,7 @@ HostTileOptions host_tile_options(const TrainConfig& cfg) {
   o.moments_in_tile = cfg.train.offload_dir.empty() && cfg.optimizer_compression() == OptimizerCompression::none &&
                       !cfg.train.offload_params;
   o.params_in_tile = !cfg.train.offload_params;  // else the masters live with the moments (bf16: the copy streams)
+  o.split_master = cfg.split_masters();          // bf16: the copy is the masters' high half (master_halves.hpp)
   return o;
 }
 
@@ -423,7 +424,8 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
           " (build the HostModel with host_tile_options)");
   // The compute copies always equal bf16(masters): rebuilt here from whatever the tiles hold (fresh
   // initialisation, a checkpoint, a Hugging Face import), then kept equal by the optimizer's fused update.
-  if (bf16)
+  // Split masters need nothing: the copy is their high half.
+  if (bf16 && !job.host->split_masters())
     for (std::int64_t s = 0; s < ctx->plan.stages; ++s) {
       HostTile& t = job.host->tile(s);
       job.host->read_masters(s, [&](const float* masters) {

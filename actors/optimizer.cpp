@@ -85,7 +85,12 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
     copy_stage_state(state, snap);
   });
   const auto t0 = Clock::now();
-  {
+  if (tile.has_split_master()) {
+    // The masters as halves, in place: the copy the prefetcher streams is their high half.
+    adamw_stage_split_master(ctx->layouts[static_cast<std::size_t>(stage)], tile.master_high(), tile.master_low(),
+                             tile.grad(), tile.adam_m(), tile.adam_v(), hyper, s + 1, grad_scale,
+                             ctx->granted(ctx->optimizer_threads));
+  } else {
     // The moments (and with train.offload_params the masters): the tile's own regions, or a staged
     // copy from the moment store (read ahead while the previous stage was updated; written back behind
     // the next one).

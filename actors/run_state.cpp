@@ -219,6 +219,7 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
       // The tile's regions, or a staged stage written back (not read first: every value is replaced).
       StateLease state(host, s, MomentLease::Use::overwrite);
       reader.read_stage(s, state.master(), state.m(), state.v());
+      state.mark_modified();  // split masters: split into the tile now (a v no update makes is refused)
     } else {
       host.set_masters(s, [&](float* masters) { reader.read_stage(s, masters); });
     }

@@ -16,6 +16,7 @@ const OptimizerCompression kOptimizerCompressions[3] = {OptimizerCompression::no
 const KeepIntermediates kKeepIntermediates[5] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
                                                  KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped,
                                                  KeepIntermediates::all};
+const MasterWeights kMasterWeights[3] = {MasterWeights::automatic, MasterWeights::fp32, MasterWeights::split};
 const MicroBatchOrder kMicroBatchOrders[2] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
 
 namespace {
@@ -64,6 +65,11 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(train, offload_io_threads, "NVMe tier: I/O threads (1 MiB chunks in flight)").at_least(1),
       MT_KEY(train, offload_params,
              "the fp32 master weights in offload_dir too (needs bf16: RAM keeps the bf16 copy and the grads)"),
+      MT_KEY(train, master_weights,
+             "bf16 runs: how the exact fp32 masters are held: fp32 (beside the bf16 copy, 6 bytes/param) | split "
+             "(the copy is the high half, a 16-bit low half beside it: 4 bytes/param, same bits) | auto (split "
+             "when the moments are fp32 in RAM)")
+          .one_of(names_of(kMasterWeights, master_weights_name)),
       MT_KEY(train, save_steps, "checkpoint every N steps; 0 = only at the end").at_least(0),
       MT_KEY(train, save_total_limit, "checkpoints to keep; 0 = all").at_least(0),
       MT_KEY(train, resume_from_checkpoint, "checkpoint directory, 'latest', or empty"),

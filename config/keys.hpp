@@ -69,6 +69,7 @@ struct KeyDesc {
 // their names; TrainConfig's lr_schedule() etc. parse with them).
 extern const LrSchedule kLrSchedules[3];
 extern const OptimizerCompression kOptimizerCompressions[3];
+extern const MasterWeights kMasterWeights[3];
 extern const KeepIntermediates kKeepIntermediates[5];
 extern const MicroBatchOrder kMicroBatchOrders[2];
 

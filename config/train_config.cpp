@@ -35,6 +35,18 @@ const char* keep_intermediates_name(KeepIntermediates k) {
   return "?";
 }
 
+const char* master_weights_name(MasterWeights w) {
+  switch (w) {
+    case MasterWeights::fp32:
+      return "fp32";
+    case MasterWeights::split:
+      return "split";
+    case MasterWeights::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
 const char* optimizer_compression_name(OptimizerCompression c) {
   switch (c) {
     case OptimizerCompression::none:
@@ -84,6 +96,18 @@ KeepIntermediates TrainConfig::keep_intermediates() const {
 
 OptimizerCompression TrainConfig::optimizer_compression() const {
   return parse_choice(*this, train.optimizer_compression, kOptimizerCompressions, optimizer_compression_name);
+}
+
+MasterWeights TrainConfig::master_weights() const {
+  return parse_choice(*this, train.master_weights, kMasterWeights, master_weights_name);
+}
+
+bool TrainConfig::split_masters() const {
+  const MasterWeights w = master_weights();
+  if (w == MasterWeights::fp32) return false;
+  if (w == MasterWeights::split) return true;
+  return train.bf16 && train.offload_dir.empty() && !train.offload_params &&
+         optimizer_compression() == OptimizerCompression::none;
 }
 
 MicroBatchOrder TrainConfig::micro_batch_order() const {

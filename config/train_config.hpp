@@ -48,6 +48,7 @@ struct TrainSection {                  // [train]
   std::int64_t offload_staging_stages = 4;     // moments outside the tiles: stages staged in RAM (>= 3)
   std::int64_t offload_io_threads = 4;         // NVMe tier: 1 MiB chunks in flight per transfer
   bool offload_params = false;                 // the fp32 masters on the NVMe tier too (needs offload_dir and bf16)
+  std::string master_weights = "auto";         // bf16: fp32 (a master beside the copy) | split (the copy + low halves)
   std::int64_t save_steps = 0;                 // checkpoint every N steps; 0 = only at the end
   std::int64_t save_total_limit = 2;           // keep-last-N checkpoints; 0 = keep all
   std::string resume_from_checkpoint;          // checkpoint dir, "latest", or "" (start fresh)
@@ -170,6 +171,12 @@ enum class KeepIntermediates {
   automatic,  // "auto": the first of all, boundary, boundary_host (then boundary_mapped) whose arena fits
 };
 enum class OptimizerCompression { none, lossless, int8 };
+// How a bf16 run holds its fp32 masters (kernels/master_halves.hpp). Both are exact: the same bits.
+enum class MasterWeights {
+  fp32,       // an fp32 master beside the bf16 compute copy: 6 bytes per parameter
+  split,      // the bf16 copy is the master's high half, a 16-bit low half beside it: 4 bytes per parameter
+  automatic,  // "auto": split where it applies (bf16, moments fp32 in the tiles), else fp32
+};
 // The order of a step's micro-batches. Each forward op streams one layer for little compute and each
 // backward op one layer for about 3x the compute, so a micro-batch's forward is link-bound and its
 // backward compute-bound; interleaving micro-batch m's backward op by op with m+1's forward keeps
@@ -219,6 +226,10 @@ struct TrainConfig {
   LrSchedule lr_schedule() const;
   KeepIntermediates keep_intermediates() const;
   OptimizerCompression optimizer_compression() const;
+  MasterWeights master_weights() const;
+  // train.master_weights resolved: true when the masters are held as two halves (auto: bf16 runs whose
+  // moments sit fp32 in the host tiles, the layout the tie bit needs).
+  bool split_masters() const;
   MicroBatchOrder micro_batch_order() const;
   Precision precision() const { return train.bf16 ? Precision::bf16 : Precision::fp32; }
 
@@ -257,6 +268,7 @@ double learning_rate_at(LrSchedule schedule, double peak_lr, std::int64_t warmup
 const char* lr_schedule_name(LrSchedule s);
 const char* keep_intermediates_name(KeepIntermediates k);
 const char* optimizer_compression_name(OptimizerCompression c);
+const char* master_weights_name(MasterWeights w);
 const char* micro_batch_order_name(MicroBatchOrder o);
 
 }  // namespace mt

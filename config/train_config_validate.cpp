@@ -61,6 +61,24 @@ void train_values(const TrainConfig& c) {
                           "stay in RAM (the moments alone go to offload_dir)");
 }
 
+// Split masters keep the rounding's tie bit in the sign of Adam's v (kernels/master_halves.hpp): they need
+// bf16 (in fp32 the master is itself the copy that is streamed) and v held exactly beside them, in the tiles.
+void master_weights_values(const TrainConfig& c) {
+  const auto& t = c.train;
+  if (c.master_weights() != MasterWeights::split) return;
+  if (!t.bf16)
+    throw ConfigError(key_of(c, t.master_weights), "split needs " + key_of(c, t.bf16) +
+                                                       " = true (an fp32 run computes with the masters themselves)");
+  if (t.offload_params)
+    throw ConfigError(key_of(c, t.master_weights), "split keeps the masters in RAM; " + key_of(c, t.offload_params) +
+                                                       " = true moves them to " + key_of(c, t.offload_dir) +
+                                                       " (choose one)");
+  if (!t.offload_dir.empty() || c.optimizer_compression() != OptimizerCompression::none)
+    throw ConfigError(key_of(c, t.master_weights),
+                      "split needs the Adam moments fp32 in the host tiles (its tie bit lives in v's sign): unset " +
+                          key_of(c, t.offload_dir) + " and " + key_of(c, t.optimizer_compression) + " = none");
+}
+
 void model_values(const TrainConfig& c) {
   const auto& m = c.model;
   if (!m.config_file.empty() && !m.model_name_or_path.empty())
@@ -144,6 +162,7 @@ std::int64_t TrainConfig::max_restarts_of(const std::string& actor) const {
 void TrainConfig::validate_values() const {
   check_key_values(*this);
   train_values(*this);
+  master_weights_values(*this);
   model_values(*this);
   device_values(*this);
   thread_values(*this);

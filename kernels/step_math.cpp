@@ -56,4 +56,18 @@ void adamw_stage(const ParamLayout& layout, float* params, const float* grads, f
   }
 }
 
+void adamw_stage_split_master(const ParamLayout& layout, bf16_t* high, std::uint16_t* low, const float* grads, float* m,
+                              float* v, const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads) {
+  prof::Scope prof_scope(prof::optimizer);
+  AdamWHyper no_decay = hyper;
+  no_decay.weight_decay = 0.0f;
+  const AdamWStep with_wd = make_adamw_step(hyper, step, grad_scale);
+  const AdamWStep without_wd = make_adamw_step(no_decay, step, grad_scale);
+  for (const auto& t : layout.tensors) {
+    const std::size_t o = t.offset;
+    cpu::adamw_split_master(high + o, low + o, grads + o, m + o, v + o, t.numel, t.weight_decay ? with_wd : without_wd,
+                            threads);
+  }
+}
+
 }  // namespace mt

@@ -70,4 +70,10 @@ void adamw_stage(const ParamLayout& layout, float* params, const float* grads, f
                  const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads,
                  bf16_t* compute_copy = nullptr);
 
+// The same update of a stage whose masters are split (kernels/master_halves.hpp): `high` is the bf16
+// compute copy, `low` the low halves, v carries the tie bits. cpu::adamw_split_master per tensor with the
+// constants adamw_stage uses, so the joined masters, m and plain v are adamw_stage's bits.
+void adamw_stage_split_master(const ParamLayout& layout, bf16_t* high, std::uint16_t* low, const float* grads, float* m,
+                              float* v, const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads);
+
 }  // namespace mt

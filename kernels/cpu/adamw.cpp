@@ -4,6 +4,7 @@
 #include "kernels/adamw.hpp"
 
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/master_halves.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -85,16 +86,16 @@ void adamw_range(float* p, const float* g, float* m, float* v, bf16_t* copy, std
   }
 }
 
-template <bool kCopy>
-void adamw_split(float* p, const float* g, float* m, float* v, bf16_t* copy, std::size_t n, const AdamWStep& s,
-                 int threads) {
-  // Chunks are whole multiples of 64 floats (a cache line of each of the four arrays per 16 floats),
-  // so only the global tail runs scalar and thread boundaries never split a vector.
+// Runs range(begin, end) over n elements on `threads` threads. Chunks are whole multiples of 64 floats (a
+// cache line of each of the four arrays per 16 floats), so only the global tail runs scalar and thread
+// boundaries never split a vector.
+template <typename Range>
+void split_over_threads(std::size_t n, int threads, const Range& range) {
   constexpr std::size_t kGrain = 64;
   const std::size_t blocks = (n + kGrain - 1) / kGrain;
   const int t = std::max(1, std::min<int>(threads, static_cast<int>(std::max<std::size_t>(blocks, 1))));
   if (t == 1 || n < 4096) {
-    adamw_range<kCopy>(p, g, m, v, copy, 0, n, s);
+    range(std::size_t{0}, n);
     return;
   }
 #pragma omp parallel num_threads(t)
@@ -104,8 +105,82 @@ void adamw_split(float* p, const float* g, float* m, float* v, bf16_t* copy, std
     const std::size_t per = (blocks + t - 1) / t;
     const std::size_t begin = std::min(n, id * per * kGrain);
     const std::size_t end = std::min(n, (id + 1) * per * kGrain);
-    if (begin < end) adamw_range<kCopy>(p, g, m, v, copy, begin, end, s);
+    if (begin < end) range(begin, end);
   }
+}
+
+template <bool kCopy>
+void adamw_split(float* p, const float* g, float* m, float* v, bf16_t* copy, std::size_t n, const AdamWStep& s,
+                 int threads) {
+  split_over_threads(n, threads,
+                     [&](std::size_t begin, std::size_t end) { adamw_range<kCopy>(p, g, m, v, copy, begin, end, s); });
+}
+
+// --- split masters (kernels/master_halves.hpp) ---------------------------------------------------------
+
+// One element: join, the very update of adamw_one on the plain v, split (the tie bit back into v's sign).
+inline void adamw_halves_one(bf16_t& high, std::uint16_t& low, float g, float& m, float& v, const AdamWStep& s) {
+  float p = join_master_reference(high, low, tie_bit_of(v));
+  float plain = plain_v(v);
+  adamw_one(p, g, m, plain, s);
+  const MasterHalves h = split_master_reference(p);
+  high = h.high;
+  low = h.low;
+  v = v_with_tie_bit(plain, h.rounded_up);
+}
+
+#ifdef MT_ADAMW_AVX2
+// 8 x 32-bit lanes holding values <= 0xffff, packed to 8 x 16 bits.
+inline __m128i pack8_u16(__m256i x) {
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(x, x), 0x08));
+}
+#endif
+
+void adamw_halves_range(bf16_t* high, std::uint16_t* low, const float* g, float* m, float* v, std::size_t begin,
+                        std::size_t end, const AdamWStep& s) {
+  std::size_t i = begin;
+#ifdef MT_ADAMW_AVX2
+  const __m256 b1 = _mm256_set1_ps(s.beta1), b2 = _mm256_set1_ps(s.beta2);
+  const __m256 c1 = _mm256_set1_ps(s.one_minus_beta1), c2 = _mm256_set1_ps(s.one_minus_beta2);
+  const __m256 eps = _mm256_set1_ps(s.eps), decay = _mm256_set1_ps(s.decay_factor);
+  const __m256 neg_step = _mm256_set1_ps(-s.step_size), isb2 = _mm256_set1_ps(s.inv_sqrt_bias2);
+  const __m256 scale = _mm256_set1_ps(s.grad_scale);
+  const __m256i half = _mm256_set1_epi32(0x8000), low_mask = _mm256_set1_epi32(0xffff);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bf16_abs = _mm256_set1_epi32(0x7fff), bf16_inf = _mm256_set1_epi32(0x7f80);
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(kSignBit));
+  for (; i + 8 <= end; i += 8) {
+    // join (join_master_reference lane by lane); every compare is on values < 2^31, so signed is exact
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(high + i)));
+    const __m256i l = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low + i)));
+    const __m256i vb = _mm256_castps_si256(_mm256_loadu_ps(v + i));
+    const __m256i v_abs = _mm256_and_si256(vb, abs_mask);
+    const __m256i v_nan = _mm256_cmpgt_epi32(v_abs, inf);
+    const __m256i tie = _mm256_andnot_si256(v_nan, _mm256_srai_epi32(vb, 31));
+    const __m256i h_nan = _mm256_cmpgt_epi32(_mm256_and_si256(h, bf16_abs), bf16_inf);
+    const __m256i borrow = _mm256_andnot_si256(
+        h_nan, _mm256_or_si256(_mm256_cmpgt_epi32(l, half), _mm256_and_si256(_mm256_cmpeq_epi32(l, half), tie)));
+    const __m256 p_old = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(h, borrow), 16), l));
+    const __m256 v_old = _mm256_castsi256_ps(_mm256_blendv_epi8(v_abs, vb, v_nan));
+    // the update: adamw_range's instructions
+    const __m256 grad = _mm256_mul_ps(_mm256_loadu_ps(g + i), scale);
+    const __m256 mi = _mm256_fmadd_ps(c1, grad, _mm256_mul_ps(b1, _mm256_loadu_ps(m + i)));
+    const __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(c2, grad), grad, _mm256_mul_ps(b2, v_old));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), isb2, eps);
+    const __m256 pi = _mm256_fmadd_ps(neg_step, _mm256_div_ps(mi, denom), _mm256_mul_ps(p_old, decay));
+    // split: RNE high, the dropped low half, the tie bit where low is 0x8000 and the rounding went up
+    const __m256i u = _mm256_castps_si256(pi);
+    const __m128i h_new = bf16_round8(pi);
+    const __m256i l_new = _mm256_and_si256(u, low_mask);
+    const __m256i up = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_srli_epi32(u, 16), _mm256_cvtepu16_epi32(h_new)),
+                                           _mm256_cmpeq_epi32(l_new, half));
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(vi), _mm256_and_si256(up, sign))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(high + i), h_new);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(low + i), pack8_u16(l_new));
+  }
+#endif
+  for (; i < end; ++i) adamw_halves_one(high[i], low[i], g[i], m[i], v[i], s);
 }
 
 }  // namespace
@@ -123,6 +198,25 @@ void adamw_bf16copy_reference(float* p, const float* g, float* m, float* v, bf16
                               const AdamWStep& s) {
   adamw_reference(p, g, m, v, n, s);
   for (std::size_t i = 0; i < n; ++i) p_bf16[i] = bf16_round_reference(p[i]);
+}
+
+void adamw_split_master(bf16_t* high, std::uint16_t* low, const float* g, float* m, float* v, std::size_t n,
+                        const AdamWStep& s, int threads) {
+  split_over_threads(
+      n, threads, [&](std::size_t begin, std::size_t end) { adamw_halves_range(high, low, g, m, v, begin, end, s); });
+}
+
+void adamw_split_master_reference(bf16_t* high, std::uint16_t* low, const float* g, float* m, float* v, std::size_t n,
+                                  const AdamWStep& s) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float p = join_master_reference(high[i], low[i], tie_bit_of(v[i]));
+    float plain = plain_v(v[i]);
+    adamw_reference(&p, g + i, m + i, &plain, 1, s);
+    const MasterHalves h = split_master_reference(p);
+    high[i] = h.high;
+    low[i] = h.low;
+    v[i] = v_with_tie_bit(plain, h.rounded_up);
+  }
 }
 
 }  // namespace mt::cpu

@@ -1,17 +1,25 @@
 #include "storage/host/host_model.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
+
 #include <stdexcept>
 #include <string>
+#include "kernels/master_halves.hpp"
 
 namespace mt {
 
 namespace {
 
+// Threads for the off-step copies (set_masters, read_masters, leases of split tiles): all of them, the
+// step is not running beside these or they are a checkpoint's (which waits on its reads anyway).
+// Leases serve the checkpointer and the checkpoint gate beside a running step: one thread.
+constexpr int kLeaseThreads = 1;
+int copy_threads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
 std::size_t tile_allocation_bytes(std::size_t floats, const HostTileOptions& options) {
-  const std::size_t compute = floats * options.compute_bytes_per_param;
-  const std::size_t regions = (options.moments_in_tile ? kTileRegionCount : 2) - (options.params_in_tile ? 0 : 1);
-  return regions * floats * sizeof(float) + (compute + kCacheLineBytes - 1) / kCacheLineBytes * kCacheLineBytes;
+  return HostTile::allocation_bytes(floats, options);
 }
 
 }  // namespace
@@ -26,7 +34,7 @@ std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& opti
 
 HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, HostPinningHook* pinning,
                      std::unique_ptr<MomentStore> moments)
-    : cfg_(cfg), pinning_(pinning), moments_(std::move(moments)) {
+    : cfg_(cfg), pinning_(pinning), moments_(std::move(moments)), split_masters_(options.split_master) {
   cfg_.validate();
   if (options.moments_in_tile == (moments_ != nullptr))
     throw std::invalid_argument(options.moments_in_tile
@@ -97,6 +105,13 @@ void TileMomentStore::reset(std::int64_t stage) {
 void HostModel::set_masters(std::int64_t stage, const std::function<void(float*)>& fill) {
   HostTile& t = tile(stage);
   std::memset(t.grad(), 0, t.region_bytes());
+  if (split_masters_) {
+    std::vector<float> masters(t.floats(), 0.0f);
+    fill(masters.data());
+    moments_->reset(stage);
+    cpu::split_masters(masters.data(), t.master_high(), t.master_low(), t.adam_v(), t.floats(), copy_threads());
+    return;
+  }
   if (masters_in_tiles()) {
     fill(t.params());
     moments_->reset(stage);
@@ -109,12 +124,50 @@ void HostModel::set_masters(std::int64_t stage, const std::function<void(float*)
 }
 
 void HostModel::read_masters(std::int64_t stage, const std::function<void(const float*)>& read) const {
+  if (split_masters_) {
+    HostTile& t = const_cast<HostModel*>(this)->tile(stage);
+    std::vector<float> masters(t.floats());
+    cpu::join_masters(t.master_high(), t.master_low(), t.adam_v(), masters.data(), t.floats(), copy_threads());
+    read(masters.data());
+    return;
+  }
   if (masters_in_tiles()) {
     read(tile(stage).params());
     return;
   }
   MomentLease lease(*moments_, stage);
   read(lease.master());
+}
+
+StateLease::StateLease(HostModel& host, std::int64_t stage, MomentLease::Use use)
+    : tile_(host.tile(stage)),
+      moments_(host.moments(), stage, use),
+      master_(moments_.master() != nullptr ? moments_.master() : nullptr),
+      v_(moments_.v()) {
+  if (!host.split_masters()) {
+    if (master_ == nullptr) master_ = tile_.params();
+    return;
+  }
+  split_master_.resize(tile_.floats());
+  split_v_.resize(tile_.floats());
+  master_ = split_master_.data();
+  v_ = split_v_.data();
+  if (use == MomentLease::Use::update) {
+    cpu::join_masters(tile_.master_high(), tile_.master_low(), tile_.adam_v(), master_, tile_.floats(), kLeaseThreads);
+    cpu::plain_vs(tile_.adam_v(), v_, tile_.floats(), kLeaseThreads);
+  }
+}
+
+void StateLease::mark_modified() {
+  if (!tile_.has_split_master()) {
+    moments_.mark_modified();
+    return;
+  }
+  // The tie bits go into the lease's plain v first (split_masters checks everything before it writes),
+  // then v joins the tile: a refused v leaves the tile untouched.
+  cpu::split_masters(master_, tile_.master_high(), tile_.master_low(), v_, tile_.floats(), kLeaseThreads);
+  std::memcpy(tile_.adam_v(), v_, tile_.region_bytes());
+  cpu::plain_vs(v_, v_, tile_.floats(), kLeaseThreads);  // the lease keeps reading plain values
 }
 
 void HostModel::abort_all_waits() {

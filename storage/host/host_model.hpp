@@ -49,7 +49,10 @@ class HostModel {
   // Every stage's AdamW moments: the tiles' regions, or a store outside them (compressed, NVMe).
   // With train.offload_params the store holds the fp32 masters too (moments().holds_masters()).
   MomentStore& moments() const { return *moments_; }
-  bool masters_in_tiles() const { return !moments_->holds_masters(); }
+  // The tiles hold the fp32 masters as a params region (false: in the store, or split into halves).
+  bool masters_in_tiles() const { return !moments_->holds_masters() && !split_masters_; }
+  // The masters are split into the compute copy and low halves (HostTileOptions::split_master).
+  bool split_masters() const { return split_masters_; }
 
   // Sets stage s's fp32 masters through fill(masters) and zeroes its grad and moments: a fresh run, a
   // params-only import. Wherever the masters live (tile, or the store: then written back).
@@ -70,26 +73,33 @@ class HostModel {
   std::vector<std::unique_ptr<HostTile>> tiles_;  // HostTile holds a mutex: not movable
   HostPinningHook* pinning_;
   std::unique_ptr<MomentStore> moments_;
+  bool split_masters_;
+};
+
+// A stage's optimizer state under one lease, as plain fp32 arrays: the masters (the tile's params, or the
+// store's copy under train.offload_params) and the moments. mark_modified() writes them back.
+// With split masters (HostTileOptions::split_master) the lease assembles the fp32 masters and the plain v
+// (tie bits cleared) into arrays of its own (Use::update: joined from the tile; Use::overwrite: left for
+// the caller to fill), and mark_modified() splits them back into the tile at once (it throws, leaving the
+// tile as it was, on a v that no update produces: kernels/master_halves.hpp). The optimizer updates split
+// tiles in place (adamw_stage_split_master) and takes no lease.
+class StateLease {
+ public:
+  StateLease(HostModel& host, std::int64_t stage, MomentLease::Use use = MomentLease::Use::update);
+  float* master() const { return master_; }
+  float* m() const { return moments_.m(); }
+  float* v() const { return v_; }
+  void mark_modified();
+
+ private:
+  HostTile& tile_;
+  MomentLease moments_;
+  std::vector<float> split_master_, split_v_;  // split masters only
+  float* master_;
+  float* v_;
 };
 
 // The moments in the tiles themselves: a lease is the tile's own regions (no copy, no I/O).
-// A stage's optimizer state under one lease: the fp32 masters (the tile's params, or the store's copy
-// under train.offload_params) and the moments. mark_modified() writes them back (masters and moments).
-class StateLease {
- public:
-  StateLease(HostModel& host, std::int64_t stage, MomentLease::Use use = MomentLease::Use::update)
-      : moments_(host.moments(), stage, use),
-        master_(moments_.master() != nullptr ? moments_.master() : host.tile(stage).params()) {}
-  float* master() const { return master_; }
-  float* m() const { return moments_.m(); }
-  float* v() const { return moments_.v(); }
-  void mark_modified() { moments_.mark_modified(); }
-
- private:
-  MomentLease moments_;
-  float* master_;
-};
-
 class TileMomentStore final : public MomentStore {
  public:
   explicit TileMomentStore(HostModel& host) : host_(host) {}

@@ -25,27 +25,38 @@ namespace {
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-std::size_t tile_bytes(int regions, std::size_t floats, std::size_t compute_bytes) {
-  return static_cast<std::size_t>(regions) * floats * sizeof(float) + round_up(compute_bytes, kCacheLineBytes);
+int first_region_of(const HostTileOptions& o) { return o.params_in_tile && !o.split_master ? 0 : 1; }
+int regions_of(const HostTileOptions& o) { return o.moments_in_tile ? kTileRegionCount : 2; }
+std::size_t low_halves_bytes(std::size_t floats, const HostTileOptions& o) {
+  return o.split_master ? round_up(floats * sizeof(std::uint16_t), kCacheLineBytes) : 0;
 }
 
 }  // namespace
+
+std::size_t HostTile::allocation_bytes(std::size_t floats, const HostTileOptions& o) {
+  return static_cast<std::size_t>(regions_of(o) - first_region_of(o)) * floats * sizeof(float) +
+         round_up(floats * o.compute_bytes_per_param, kCacheLineBytes) + low_halves_bytes(floats, o);
+}
 
 HostTile::HostTile(std::int64_t stage, std::size_t floats_per_region, const HostTileOptions& options)
     : stage_(stage),
       floats_(floats_per_region),
       compute_bytes_(floats_per_region * options.compute_bytes_per_param),
-      first_region_(options.params_in_tile ? 0 : 1),
-      regions_(options.moments_in_tile ? kTileRegionCount : 2) {
+      first_region_(first_region_of(options)),
+      regions_(regions_of(options)),
+      split_master_(options.split_master) {
   if (!options.params_in_tile && (options.moments_in_tile || options.compute_bytes_per_param == 0))
     throw std::invalid_argument(
         "HostTile: a tile without params needs a compute copy and its moments outside (the masters live with them)");
+  if (options.split_master &&
+      (options.compute_bytes_per_param != sizeof(bf16_t) || !options.moments_in_tile || !options.params_in_tile))
+    throw std::invalid_argument(
+        "HostTile: split masters need a bf16 compute copy, the moments in the tile and the masters in the tile");
   if (floats_ % kAlignFloats != 0)
     throw std::invalid_argument("HostTile: floats_per_region " + std::to_string(floats_) + " is not a multiple of " +
                                 std::to_string(kAlignFloats));
   const std::string what = "host tile of stage " + std::to_string(stage);
-  buffer_ =
-      AlignedBuffer(tile_bytes(regions_ - first_region_, floats_, compute_bytes_), what.c_str(), options.zero_fill);
+  buffer_ = AlignedBuffer(allocation_bytes(floats_, options), what.c_str(), options.zero_fill);
 }
 
 float* HostTile::region(TileRegion r) {
@@ -61,6 +72,12 @@ const float* HostTile::region(TileRegion r) const { return const_cast<HostTile*>
 void* HostTile::compute_copy() {
   return compute_bytes_ == 0 ? nullptr
                              : buffer_.data() + static_cast<std::size_t>(regions_ - first_region_) * region_bytes();
+}
+
+std::uint16_t* HostTile::master_low() {
+  if (!split_master_) return nullptr;
+  return reinterpret_cast<std::uint16_t*>(static_cast<std::byte*>(compute_copy()) +
+                                          round_up(compute_bytes_, kCacheLineBytes));
 }
 
 const void* HostTile::stream_source() const {

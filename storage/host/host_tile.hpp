@@ -3,6 +3,12 @@
 //
 //   [ params | grad | adam_m | adam_v | compute copy (optional) ]
 //
+// With split_master (bf16 runs, train.master_weights=split) the fp32 master is held as two 16-bit halves:
+// the compute copy is its high half and a low-halves region follows it (kernels/master_halves.hpp; the
+// tie bit of the rounding rides in adam_v's sign), so there is no params region:
+//
+//   [ grad | adam_m | adam_v | compute copy = master high halves | master low halves ]
+//
 // Without moments_in_tile the moments live in a MomentStore elsewhere (compressed in RAM, or on the
 // NVMe tier: storage/offload) and the tile is [ params | grad | compute copy ]. Without params_in_tile
 // (train.offload_params) the fp32 masters live in that store too and the tile is [ grad | compute copy ]:
@@ -24,6 +30,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "kernels/precision.hpp"
 #include "storage/host/aligned_buffer.hpp"
 
 namespace mt {
@@ -40,6 +47,9 @@ struct HostTileOptions {
   // false: no params region (the fp32 masters live in the MomentStore with the moments); needs a
   // compute copy and moments_in_tile = false.
   bool params_in_tile = true;
+  // The fp32 masters as two halves (no params region): needs compute_bytes_per_param = 2, the moments
+  // in the tile (the tie bits live in adam_v) and params_in_tile (the masters are in the tile).
+  bool split_master = false;
   // Zero every region at allocation (also commits the pages now rather than during the first step).
   bool zero_fill = true;
 };
@@ -48,6 +58,8 @@ class HostTile {
  public:
   // floats_per_region: stage_layout(cfg, stage).total_floats (a multiple of kAlignFloats).
   HostTile(std::int64_t stage, std::size_t floats_per_region, const HostTileOptions& options = {});
+  // Bytes of the allocation such a tile makes (HostModel's reports use it before allocating).
+  static std::size_t allocation_bytes(std::size_t floats_per_region, const HostTileOptions& options);
   HostTile(const HostTile&) = delete;
   HostTile& operator=(const HostTile&) = delete;
 
@@ -67,6 +79,10 @@ class HostTile {
   float* adam_v() { return region(TileRegion::adam_v); }
   bool has_moments() const { return regions_ == kTileRegionCount; }
   bool has_params() const { return first_region_ == 0; }
+  // Split masters: the high halves are the compute copy; the low halves follow it (nullptr without).
+  bool has_split_master() const { return split_master_; }
+  bf16_t* master_high() { return split_master_ ? static_cast<bf16_t*>(compute_copy()) : nullptr; }
+  std::uint16_t* master_low();
 
   // The bytes a device slot receives: the compute copy when there is one, else params.
   bool has_compute_copy() const { return compute_bytes_ > 0; }
@@ -98,6 +114,7 @@ class HostTile {
   std::size_t compute_bytes_;
   int first_region_;  // 0, or 1 without params (the first region held is grad)
   int regions_;       // one past the last fp32 region held: 4, or 2 without moments
+  bool split_master_;
   AlignedBuffer buffer_;
   std::atomic<std::uint64_t> version_{0};
   mutable std::mutex version_mutex_;

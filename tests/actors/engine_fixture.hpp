@@ -184,9 +184,10 @@ inline bool same_bits(const float* a, const float* b, std::size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-// Stage s's moments (wherever the host model keeps them: tiles, compressed, NVMe) equal m and v.
+// Stage s's moments (wherever the host model keeps them: tiles, compressed, NVMe) equal m and v; v as
+// the fp32 path holds it (split masters keep a tie bit in its sign: the lease clears it).
 inline bool moments_equal(HostModel& host, std::int64_t s, const float* m, const float* v, std::size_t n) {
-  MomentLease l(host.moments(), s);
+  StateLease l(host, s);
   return same_bits(l.m(), m, n) && same_bits(l.v(), v, n);
 }
 
