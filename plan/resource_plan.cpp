@@ -84,9 +84,23 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
   // The engine's own sizing (tested equal to a run's accounting): tiles, staging slots, files.
   const actors::TierBytes tb = actors::tier_bytes(cfg, model);
   double host_tiles = static_cast<double>(tb.tiles);
-  std::string tiles_what = masters_on_tier ? "host tiles: fp32 gradients" : "host tiles: fp32 masters, fp32 gradients";
+  std::string tiles_what =
+      masters_on_tier ? "host tiles: fp32 gradients"
+      : tiles.split_master
+          ? "host tiles: fp32 masters split (the bf16 compute copy + 16-bit low halves), fp32 gradients"
+          : "host tiles: fp32 masters, fp32 gradients";
   if (tiles.moments_in_tile) tiles_what += ", Adam m and v";
-  if (bf16) tiles_what += ", bf16 compute copy";
+  if (bf16 && !tiles.split_master) tiles_what += ", bf16 compute copy";
+  {
+    // Bytes per parameter of the tiles: what train.master_weights and the moments' home decide.
+    const double per = (masters_on_tier      ? 0.0
+                        : tiles.split_master ? 2.0
+                                             : 4.0) +
+                       4.0 + (tiles.moments_in_tile ? 8.0 : 0.0) + (bf16 ? 2.0 : 0.0);
+    char b[64];
+    std::snprintf(b, sizeof b, " (%.0f bytes/parameter)", per);
+    tiles_what += b;
+  }
   const double staging = static_cast<double>(tb.staging + tb.ram_encodings);
   const double disk = static_cast<double>(tb.disk);
   p.bytes.push_back({"host RAM", tiles_what, host_tiles});
@@ -138,12 +152,17 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                 " encoded (staged through " + std::to_string(cfg.train.offload_staging_stages) + " slots)"
           : "files in " + cfg.train.offload_dir + " (" + optimizer_compression_name(cfg.optimizer_compression()) +
                 ", " + std::to_string(cfg.train.offload_staging_stages) + " stages staged in RAM)";
-  p.homes.push_back(
-      std::string("fp32 master weights: ") +
-      (masters_on_tier ? "files in " + cfg.train.offload_dir + ", with the moments" : "host RAM (the tiles)"));
+  p.homes.push_back(std::string("fp32 master weights: ") +
+                    (masters_on_tier ? "files in " + cfg.train.offload_dir + ", with the moments"
+                     : tiles.split_master
+                         ? "host RAM (the tiles), split: the bf16 copy is their high half, 16-bit low halves beside "
+                           "it, exact (train.master_weights=split; fp32 would add 2 bytes/parameter)"
+                         : "host RAM (the tiles)"));
   p.homes.push_back("fp32 gradient accumulators: host RAM (the tiles)");
   p.homes.push_back("Adam m and v: " + moments);
-  if (bf16) p.homes.push_back("bf16 compute copy (what streams): host RAM (the tiles)");
+  if (bf16)
+    p.homes.push_back(std::string("bf16 compute copy (what streams): host RAM (the tiles)") +
+                      (tiles.split_master ? ", the masters' high halves" : ""));
   if (p.engine) {
     const actors::EnginePlan& e = *p.engine;
     p.homes.push_back("weights in flight: device, " + std::to_string(e.weight_slots) + " slots (prefetch depth " +
@@ -301,6 +320,13 @@ ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, co
       options.emplace_back(key, text + " needs " + gib(need) + (need <= host_limit ? " (fits)" : " (still too much)"));
       if (need <= host_limit && m.key.empty()) m.key = key;
     };
+    if (cfg.train.bf16 && !cfg.split_masters() && cfg.train.offload_dir.empty() && !cfg.train.offload_params &&
+        cfg.optimizer_compression() == OptimizerCompression::none) {
+      // Exact, and no slower: the masters as the bf16 copy + low halves.
+      TrainConfig c2 = cfg;
+      c2.train.master_weights = "split";
+      try_change("train.master_weights", "train.master_weights=split (exact fp32 masters in 4 bytes/parameter)", c2, x);
+    }
     if (cfg.train.offload_dir.empty()) {
       TrainConfig c2 = cfg;
       c2.train.offload_dir = "/path/on/nvme";

@@ -205,6 +205,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   std::vector<double> floats(static_cast<std::size_t>(S));
   for (std::int64_t s = 0; s < S; ++s) floats[s] = static_cast<double>(stage_layout(model, s).total_floats);
   const bool bf16 = cfg.precision() == Precision::bf16;
+  const bool split = cfg.split_masters();
   double h2d = hw.link_h2d, d2h = hw.link_d2h;
   if (hw.shared_cores && cfg.copy_bandwidth_bytes_per_s() > 0) {
     h2d = std::min(h2d, cfg.copy_bandwidth_bytes_per_s());
@@ -224,9 +225,10 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
     return floats[s] * ((in_place && first ? 0.0 : 12.0) + (last ? 4.0 : 0.0)) / hw.host_mem;
   };
   auto t_opt = [&](std::int64_t s) {
-    // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter), + the bf16 copy.
+    // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter), + the bf16 copy; split masters
+    // read and write the two halves in p's place (28 in all).
     return hw.adamw_params_per_s > 0 ? floats[s] / hw.adamw_params_per_s
-                                     : floats[s] * (28.0 + (bf16 ? 2.0 : 0.0)) / hw.host_mem;
+                                     : floats[s] * (28.0 + (bf16 && !split ? 2.0 : 0.0)) / hw.host_mem;
   };
   const double boundary_bytes = static_cast<double>(plan.hidden_floats) * 4.0;
   // NVMe: each stage's moments (and with train.offload_params its masters) read before and written after its update.

@@ -105,15 +105,17 @@ std::string file_bytes(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// Byte for byte: every shard file, and the manifest but for its creation time. Empty when equal, else
-// what differs.
-std::string checkpoint_file_difference(const fs::path& a, const fs::path& b) {
+// Byte for byte: every shard file, and the manifest but for its creation time (and the run's recorded
+// train.master_weights when `ignore_master_weights`). Empty when equal, else what differs.
+std::string checkpoint_file_difference(const fs::path& a, const fs::path& b, bool ignore_master_weights = false) {
   nlohmann::json ma = nlohmann::json::parse(file_bytes(a / "manifest.json"));
   nlohmann::json mb = nlohmann::json::parse(file_bytes(b / "manifest.json"));
   for (const char* key : {"created_utc", "manifest_xxh3_64"}) {  // the time, and the checksum over it
     ma.erase(key);
     mb.erase(key);
   }
+  if (ignore_master_weights)
+    for (nlohmann::json* m : {&ma, &mb}) (*m)["run"]["train_config"]["train"].erase("master_weights");
   if (ma != mb) return "manifests differ: " + nlohmann::json::diff(ma, mb).dump();
   for (const auto& shard : ma.at("shards")) {
     const std::string name = shard.at("file").get<std::string>();
@@ -188,6 +190,38 @@ TEST_CASE("checkpoint: 10 + resume + 10 steps equals 20 steps bit for bit", "[ac
     CHECK(rs["train_config"]["train"]["gradient_accumulation_steps"] == 2);
     CHECK(rs["tile_versions"] == std::vector<int>(static_cast<std::size_t>(num_stages(model)), 20));
   }
+}
+
+TEST_CASE("checkpoint: split and fp32 masters write the same files and resume each other's checkpoints",
+          "[actors][checkpoint][bf16][master_halves]") {
+  // The format holds plain fp32 masters and v either way: a checkpoint does not say how RAM held them.
+  Tiny t;
+  t.steps = 12;
+  t.micro_batches = 2;
+  t.bf16 = true;
+  Tiny split = t, plain = t;
+  split.master_weights = "split";
+  plain.master_weights = "fp32";
+  const TrainConfig cs = tiny_config(split), cp = tiny_config(plain);
+  const ModelConfig model = cs.model_config_from_keys();
+  const auto batches = tiny_batches(t, 64);
+  TempDir ds("split"), dp("fp32");
+  const Run a = train(cs, model, batches, ds.path.string(), 0, 6);
+  const Run b = train(cp, model, batches, dp.path.string(), 0, 6);
+  REQUIRE(a.result.error.empty());
+  REQUIRE(b.result.error.empty());
+  CHECK(a.host->split_masters());
+  CHECK_FALSE(b.host->split_masters());
+  CHECK(checkpoint_file_difference(ds.path / "step-00000006", dp.path / "step-00000006", true) == "");
+  // Crossed resumes: split from the fp32 run's checkpoint, fp32 from the split run's.
+  const Run a2 = train(cs, model, batches, ds.path.string(), 0, -1, dp.path / "step-00000006");
+  const Run b2 = train(cp, model, batches, dp.path.string(), 0, -1, ds.path / "step-00000006");
+  REQUIRE(a2.result.error.empty());
+  REQUIRE(b2.result.error.empty());
+  const RefRun ref = run_reference(cs, model, batches, 12);
+  CHECK(equals_reference(*a2.host, *ref.trainer));
+  CHECK(equals_reference(*b2.host, *ref.trainer));
+  CHECK(checkpoint_file_difference(ds.path / "step-00000012", dp.path / "step-00000012", true) == "");
 }
 
 TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate or is copied aside, results unchanged",

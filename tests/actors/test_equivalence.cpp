@@ -122,6 +122,31 @@ TEST_CASE("bf16: pipelined engine equals the reference trainer bit for bit", "[a
       }
 }
 
+TEST_CASE("bf16: split and fp32 masters both equal the reference trainer, the split tiles 2 bytes/param smaller",
+          "[actors][equivalence][bf16][master_halves]") {
+  for (Arch arch : {Arch::llama, Arch::gpt2})
+    for (double clip : {1.0, 0.0})
+      for (const char* masters : {"fp32", "split"}) {
+        Tiny t;
+        t.bf16 = true;
+        t.arch = arch;
+        t.micro_batches = 2;
+        t.max_grad_norm = clip;
+        t.master_weights = masters;
+        check_equivalence(t);
+        const TrainConfig cfg = tiny_config(t);
+        const ModelConfig model = cfg.model_config_from_keys();
+        CHECK(host_tile_options(cfg).split_master == (std::string(masters) == "split"));
+        HostModel host(model, host_tile_options(cfg));
+        std::size_t floats = 0;
+        for (std::int64_t s = 0; s < host.num_stages(); ++s) floats += host.tile(s).floats();
+        // grad, m, v (12) + the copy (2) + the master: 4 bytes fp32, 2 bytes of low halves split
+        const double per_param = static_cast<double>(host.host_bytes()) / static_cast<double>(floats);
+        INFO(masters << ": " << per_param << " bytes per element");
+        CHECK(per_param == Approx(std::string(masters) == "split" ? 16.0 : 18.0).epsilon(0.02));
+      }
+}
+
 TEST_CASE("both micro-batch orders, with boundaries on the device or the host, equal the reference trainer",
           "[actors][equivalence]") {
   for (Arch arch : {Arch::llama, Arch::gpt2})

@@ -74,6 +74,18 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"train.offload_params: needs train.offload_dir", [](TrainConfig& c) { c.train.offload_params = true; }},
       {"train.offload_params: needs train.bf16 = true",
        [](TrainConfig& c) { c.train.offload_params = true, c.train.offload_dir = "/tmp/x"; }},
+      {"train.master_weights: 'half' is not one of: auto, fp32, split",
+       [](TrainConfig& c) { c.train.master_weights = "half"; }},
+      {"train.master_weights: split needs train.bf16 = true", [](TrainConfig& c) { c.train.master_weights = "split"; }},
+      {"train.master_weights: split needs the Adam moments fp32 in the host tiles",
+       [](TrainConfig& c) {
+         c.train.master_weights = "split", c.train.bf16 = true, c.train.optimizer_compression = "int8";
+       }},
+      {"train.master_weights: split keeps the masters in RAM; train.offload_params = true",
+       [](TrainConfig& c) {
+         c.train.master_weights = "split", c.train.bf16 = true, c.train.offload_params = true;
+         c.train.offload_dir = "/tmp/x";
+       }},
       {"train.tf32: needs device.backend = cuda", [](TrainConfig& c) { c.train.tf32 = true; }},
       {"train.tf32: applies to fp32 compute",
        [](TrainConfig& c) { c.train.tf32 = true, c.train.bf16 = true, c.device.backend = "cuda"; }},
@@ -300,4 +312,23 @@ TEST_CASE("monitor and restart keys: bad values are reported with their key", "[
   CHECK(c.max_restarts_of("compute") == 2);
   CHECK(c.max_restarts_of("loader") == 20);
   CHECK(c.max_restarts_of("optimizer") == c.restart.max_restarts);
+}
+
+TEST_CASE("train.master_weights=auto splits the masters where the tie bit has an exact v to live in",
+          "[config][master_halves]") {
+  TrainConfig c;
+  CHECK(c.master_weights() == MasterWeights::automatic);
+  CHECK_FALSE(c.split_masters());  // fp32: the masters are the streamed weights
+  c.train.bf16 = true;
+  CHECK(c.split_masters());
+  c.train.optimizer_compression = "int8";
+  CHECK_FALSE(c.split_masters());  // v is quantised
+  c.train.optimizer_compression = "none";
+  c.train.offload_dir = "/tmp/x";
+  CHECK_FALSE(c.split_masters());  // v outside the tiles
+  c.train.offload_dir.clear();
+  c.train.master_weights = "fp32";
+  CHECK_FALSE(c.split_masters());
+  c.train.master_weights = "split";
+  CHECK(c.split_masters());
 }

@@ -1,7 +1,7 @@
 // AdamW parameters/s against the memory bandwidth of this machine, both measured in this run.
 // Each probe has its kernel's access pattern (fp32: read p, g, m, v; write p, m, v in place; bf16 copy:
-// the same plus a 2-byte store per parameter) and no arithmetic to speak of, so probe params/s is the
-// ceiling a memory-bound AdamW can reach.
+// the same plus a 2-byte store per parameter; split masters: read and write the two 2-byte halves, m and
+// v, read g) and no arithmetic to speak of, so probe params/s is the ceiling a memory-bound AdamW can reach.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +13,7 @@
 
 #include "kernels/adamw.hpp"
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/master_halves.hpp"
 #include "tools/bench/bench_report.hpp"
 
 namespace {
@@ -40,6 +41,18 @@ void probe_copy(float* p, const float* g, float* m, float* v, mt::bf16_t* c, std
     unsigned u;
     __builtin_memcpy(&u, &y, 4);
     c[i] = static_cast<mt::bf16_t>(u >> 16);
+  }
+}
+
+// The split-master kernel's pattern: both halves, m and v read and written in place, g read (28 B/param).
+void probe_split(mt::bf16_t* high, std::uint16_t* low, const float* g, float* m, float* v, std::size_t n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    high[i] = static_cast<mt::bf16_t>(high[i] + 1);
+    low[i] = static_cast<std::uint16_t>(low[i] ^ 0x55);
+    m[i] += x;
+    v[i] += x;
   }
 }
 
@@ -91,10 +104,21 @@ int main(int argc, char** argv) {
       [&] { probe_copy(p.data(), g.data(), m.data(), v.data(), copy.data(), n, threads); }, reps);
   const double t_copy = mt::bench::best_seconds(
       [&] { mt::cpu::adamw_bf16copy(p.data(), g.data(), m.data(), v.data(), copy.data(), n, s, threads); }, reps);
+  std::vector<mt::bf16_t> high(n);
+  std::vector<std::uint16_t> low(n);
+  std::vector<float> v_split(n, 0.0f);
+  mt::cpu::split_masters(p.data(), high.data(), low.data(), v_split.data(), n, threads);
+  const double t_probe_split = mt::bench::best_seconds(
+      [&] { probe_split(high.data(), low.data(), g.data(), m.data(), v_split.data(), n, threads); }, reps);
+  mt::cpu::split_masters(p.data(), high.data(), low.data(), v_split.data(), n, threads);  // a real state again
+  const double t_split = mt::bench::best_seconds(
+      [&] { mt::cpu::adamw_split_master(high.data(), low.data(), g.data(), m.data(), v_split.data(), n, s, threads); },
+      reps);
   const double t_ref =
       mt::bench::best_seconds([&] { mt::cpu::adamw_reference(p.data(), g.data(), m.data(), v.data(), n, s); }, 3);
   const double probe_rate = n / t_probe, adam_rate = n / t_adam, ref_rate = n / t_ref;
   const double probe_copy_rate = n / t_probe_copy, copy_rate = n / t_copy;
+  const double probe_split_rate = n / t_probe_split, split_rate = n / t_split;
   std::printf("  probe      %.3f Gparam/s  (%.1f GB/s at 28 B/param)\n", probe_rate / 1e9, probe_rate * 28 / 1e9);
   std::printf("  adamw      %.3f Gparam/s  (%.1f GB/s)  %.1f%% of probe\n", adam_rate / 1e9, adam_rate * 28 / 1e9,
               100 * adam_rate / probe_rate);
@@ -102,11 +126,18 @@ int main(int argc, char** argv) {
               probe_copy_rate * 30 / 1e9);
   std::printf("  adamw+bf16 %.3f Gparam/s  (%.1f GB/s)  %.1f%% of its probe\n", copy_rate / 1e9, copy_rate * 30 / 1e9,
               100 * copy_rate / probe_copy_rate);
+  std::printf("  probe split %.3f Gparam/s  (%.1f GB/s at 28 B/param)\n", probe_split_rate / 1e9,
+              probe_split_rate * 28 / 1e9);
+  std::printf("  adamw split %.3f Gparam/s  (%.1f GB/s)  %.1f%% of its probe, %.2fx adamw+bf16\n", split_rate / 1e9,
+              split_rate * 28 / 1e9, 100 * split_rate / probe_split_rate, split_rate / copy_rate);
   std::printf("  reference  %.3f Gparam/s  (1 thread, scalar)\n", ref_rate / 1e9);
   mt::bench::Report report("adamw");
   report.add({"adamw_params_per_s", adam_rate, "params/s", probe_rate});
   report.add({"adamw_bytes_per_s", adam_rate * 28, "B/s", probe_rate * 28});
   report.add({"adamw_bf16copy_params_per_s", copy_rate, "params/s", probe_copy_rate});
+  report.add({"adamw_split_master_params_per_s", split_rate, "params/s", probe_split_rate});
+  // the same update with the masters split, beside the fp32-master kernel it replaces (same bits)
+  report.add({"adamw_split_master_vs_fp32_master", split_rate, "params/s", copy_rate});
   report.add({"adamw_reference_params_per_s", ref_rate, "params/s", probe_rate});
   report.print();
   return 0;

@@ -1,8 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "kernels/param_layout.hpp"
 #include "storage/host/host_model.hpp"
@@ -12,6 +16,12 @@ using namespace mt;
 using namespace std::chrono_literals;
 
 namespace {
+
+float bits_of(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 bool aligned(const void* p, std::size_t to) { return reinterpret_cast<std::uintptr_t>(p) % to == 0; }
 
@@ -52,6 +62,58 @@ TEST_CASE("a tile without moments holds params, grad and the compute copy only",
   CHECK(in_tiles.moments().describe() == "in the host tiles");
   MomentLease l(in_tiles.moments(), 1);
   CHECK(l.m() == in_tiles.tile(1).adam_m());  // a lease is the tile's own region: no copy
+}
+
+TEST_CASE("split masters: grad, m, v, the copy (the high halves) and the low halves; no params region",
+          "[host_tile][master_halves]") {
+  HostTileOptions options;
+  options.compute_bytes_per_param = 2;
+  options.split_master = true;
+  HostTile tile(1, 256, options);
+  CHECK(tile.has_split_master());
+  CHECK_FALSE(tile.has_params());
+  CHECK(tile.bytes() == 3 * 1024 + 512 + 512);  // 16 bytes per parameter where fp32 masters take 18
+  CHECK(tile.master_high() == tile.compute_copy());
+  CHECK(reinterpret_cast<std::byte*>(tile.master_low()) == static_cast<std::byte*>(tile.compute_copy()) + 512);
+  CHECK(tile.stream_source() == tile.compute_copy());
+  CHECK(tile.stream_bytes() == 512);
+  CHECK_THROWS_WITH(tile.params(), Catch::Contains("holds no params region"));
+  HostTileOptions fp32 = options;
+  fp32.compute_bytes_per_param = 0;
+  CHECK_THROWS_WITH(HostTile(1, 256, fp32), Catch::Contains("split masters need a bf16 compute copy"));
+
+  // The model: masters set and read through the halves, exactly; leases give plain arrays and split back.
+  const ModelConfig c = test::tiny_model(1);
+  HostModel host(c, options);
+  CHECK(host.split_masters());
+  CHECK_FALSE(host.masters_in_tiles());
+  const std::size_t n = host.tile(1).floats();
+  std::vector<float> want(n);
+  for (std::size_t i = 0; i < n; ++i)  // ties of both parities among ordinary values
+    want[i] = i % 7 == 0 ? bits_of(0x3f800000u + (static_cast<std::uint32_t>(i) << 16) + 0x8000u)
+                         : 0.001f * static_cast<float>(i) - 0.3f;
+  host.set_masters(1, [&](float* m) { std::copy(want.begin(), want.end(), m); });
+  std::vector<float> got(n);
+  host.read_masters(1, [&](const float* m) { std::copy(m, m + n, got.begin()); });
+  CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+  {
+    StateLease lease(host, 1);
+    CHECK(std::memcmp(lease.master(), want.data(), n * sizeof(float)) == 0);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(lease.v()[i] == 0.0f);
+    REQUIRE_FALSE(std::signbit(lease.v()[0]));  // plain: the tie bits are cleared
+    lease.master()[3] = 2.5f;
+    lease.v()[3] = 0.25f;
+    lease.mark_modified();
+  }
+  {
+    StateLease lease(host, 1);
+    CHECK(lease.master()[3] == 2.5f);
+    CHECK(lease.v()[3] == 0.25f);
+    lease.v()[5] = -1.0f;  // no AdamW update makes a negative v: refused, the tile unchanged
+    CHECK_THROWS_WITH(lease.mark_modified(), Catch::Contains("element 5") && Catch::Contains("negative"));
+  }
+  StateLease again(host, 1);
+  CHECK(again.v()[5] == 0.0f);
 }
 
 TEST_CASE("a host tile rejects a size that is not a multiple of the tensor alignment", "[host_tile]") {
