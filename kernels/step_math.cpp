@@ -39,16 +39,30 @@ StepScale compute_step_scale(const std::vector<double>& stage_sumsq, std::int64_
   return s;
 }
 
+namespace {
+
+// The two AdamW constant sets of a stage: tensors with weight decay and without (TensorSpec::weight_decay).
+struct StageSteps {
+  AdamWStep with_wd, without_wd;
+  StageSteps(const AdamWHyper& hyper, std::int64_t step, float grad_scale)
+      : with_wd(make_adamw_step(hyper, step, grad_scale)),
+        without_wd(make_adamw_step(no_decay(hyper), step, grad_scale)) {}
+  static AdamWHyper no_decay(AdamWHyper h) {
+    h.weight_decay = 0.0f;
+    return h;
+  }
+  const AdamWStep& of(const TensorSpec& t) const { return t.weight_decay ? with_wd : without_wd; }
+};
+
+}  // namespace
+
 void adamw_stage(const ParamLayout& layout, float* params, const float* grads, float* m, float* v,
                  const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads, bf16_t* compute_copy) {
   prof::Scope prof_scope(prof::optimizer);
-  AdamWHyper no_decay = hyper;
-  no_decay.weight_decay = 0.0f;
-  const AdamWStep with_wd = make_adamw_step(hyper, step, grad_scale);
-  const AdamWStep without_wd = make_adamw_step(no_decay, step, grad_scale);
+  const StageSteps steps(hyper, step, grad_scale);
   for (const auto& t : layout.tensors) {
     const std::size_t o = t.offset;
-    const AdamWStep& st = t.weight_decay ? with_wd : without_wd;
+    const AdamWStep& st = steps.of(t);
     if (compute_copy)
       cpu::adamw_bf16copy(params + o, grads + o, m + o, v + o, compute_copy + o, t.numel, st, threads);
     else
@@ -59,14 +73,10 @@ void adamw_stage(const ParamLayout& layout, float* params, const float* grads, f
 void adamw_stage_split_master(const ParamLayout& layout, bf16_t* high, std::uint16_t* low, const float* grads, float* m,
                               float* v, const AdamWHyper& hyper, std::int64_t step, float grad_scale, int threads) {
   prof::Scope prof_scope(prof::optimizer);
-  AdamWHyper no_decay = hyper;
-  no_decay.weight_decay = 0.0f;
-  const AdamWStep with_wd = make_adamw_step(hyper, step, grad_scale);
-  const AdamWStep without_wd = make_adamw_step(no_decay, step, grad_scale);
+  const StageSteps steps(hyper, step, grad_scale);
   for (const auto& t : layout.tensors) {
     const std::size_t o = t.offset;
-    cpu::adamw_split_master(high + o, low + o, grads + o, m + o, v + o, t.numel, t.weight_decay ? with_wd : without_wd,
-                            threads);
+    cpu::adamw_split_master(high + o, low + o, grads + o, m + o, v + o, t.numel, steps.of(t), threads);
   }
 }
 

@@ -56,6 +56,31 @@ inline __m128i bf16_round8(__m256 x) {
 }
 #endif
 
+#ifdef MT_ADAMW_AVX2
+// The update of 8 lanes, adamw_one's fused operations: every AVX2 loop calls this one, so they agree bit for bit.
+struct AdamW8 {
+  __m256 b1, b2, c1, c2, eps, decay, neg_step, isb2, scale;
+  explicit AdamW8(const AdamWStep& s)
+      : b1(_mm256_set1_ps(s.beta1)),
+        b2(_mm256_set1_ps(s.beta2)),
+        c1(_mm256_set1_ps(s.one_minus_beta1)),
+        c2(_mm256_set1_ps(s.one_minus_beta2)),
+        eps(_mm256_set1_ps(s.eps)),
+        decay(_mm256_set1_ps(s.decay_factor)),
+        neg_step(_mm256_set1_ps(-s.step_size)),
+        isb2(_mm256_set1_ps(s.inv_sqrt_bias2)),
+        scale(_mm256_set1_ps(s.grad_scale)) {}
+  // m and v in, updated in place; returns the new p.
+  __m256 update(__m256 p, __m256 g, __m256& m, __m256& v) const {
+    const __m256 grad = _mm256_mul_ps(g, scale);
+    m = _mm256_fmadd_ps(c1, grad, _mm256_mul_ps(b1, m));
+    v = _mm256_fmadd_ps(_mm256_mul_ps(c2, grad), grad, _mm256_mul_ps(b2, v));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), isb2, eps);
+    return _mm256_fmadd_ps(neg_step, _mm256_div_ps(m, denom), _mm256_mul_ps(p, decay));
+  }
+};
+#endif
+
 // kCopy: also writes RNE bf16(p) after the update, in the same pass (a template, so the fp32 loop is
 // exactly the one it was).
 template <bool kCopy>
@@ -63,17 +88,10 @@ void adamw_range(float* p, const float* g, float* m, float* v, bf16_t* copy, std
                  const AdamWStep& s) {
   std::size_t i = begin;
 #ifdef MT_ADAMW_AVX2
-  const __m256 b1 = _mm256_set1_ps(s.beta1), b2 = _mm256_set1_ps(s.beta2);
-  const __m256 c1 = _mm256_set1_ps(s.one_minus_beta1), c2 = _mm256_set1_ps(s.one_minus_beta2);
-  const __m256 eps = _mm256_set1_ps(s.eps), decay = _mm256_set1_ps(s.decay_factor);
-  const __m256 neg_step = _mm256_set1_ps(-s.step_size), isb2 = _mm256_set1_ps(s.inv_sqrt_bias2);
-  const __m256 scale = _mm256_set1_ps(s.grad_scale);
+  const AdamW8 k(s);
   for (; i + 8 <= end; i += 8) {
-    const __m256 grad = _mm256_mul_ps(_mm256_loadu_ps(g + i), scale);
-    const __m256 mi = _mm256_fmadd_ps(c1, grad, _mm256_mul_ps(b1, _mm256_loadu_ps(m + i)));
-    const __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(c2, grad), grad, _mm256_mul_ps(b2, _mm256_loadu_ps(v + i)));
-    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), isb2, eps);
-    const __m256 pi = _mm256_fmadd_ps(neg_step, _mm256_div_ps(mi, denom), _mm256_mul_ps(_mm256_loadu_ps(p + i), decay));
+    __m256 mi = _mm256_loadu_ps(m + i), vi = _mm256_loadu_ps(v + i);
+    const __m256 pi = k.update(_mm256_loadu_ps(p + i), _mm256_loadu_ps(g + i), mi, vi);
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
     _mm256_storeu_ps(p + i, pi);
@@ -140,11 +158,7 @@ void adamw_halves_range(bf16_t* high, std::uint16_t* low, const float* g, float*
                         std::size_t end, const AdamWStep& s) {
   std::size_t i = begin;
 #ifdef MT_ADAMW_AVX2
-  const __m256 b1 = _mm256_set1_ps(s.beta1), b2 = _mm256_set1_ps(s.beta2);
-  const __m256 c1 = _mm256_set1_ps(s.one_minus_beta1), c2 = _mm256_set1_ps(s.one_minus_beta2);
-  const __m256 eps = _mm256_set1_ps(s.eps), decay = _mm256_set1_ps(s.decay_factor);
-  const __m256 neg_step = _mm256_set1_ps(-s.step_size), isb2 = _mm256_set1_ps(s.inv_sqrt_bias2);
-  const __m256 scale = _mm256_set1_ps(s.grad_scale);
+  const AdamW8 k(s);
   const __m256i half = _mm256_set1_epi32(0x8000), low_mask = _mm256_set1_epi32(0xffff);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
   const __m256i bf16_abs = _mm256_set1_epi32(0x7fff), bf16_inf = _mm256_set1_epi32(0x7f80);
@@ -163,11 +177,8 @@ void adamw_halves_range(bf16_t* high, std::uint16_t* low, const float* g, float*
     const __m256 p_old = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(h, borrow), 16), l));
     const __m256 v_old = _mm256_castsi256_ps(_mm256_blendv_epi8(v_abs, vb, v_nan));
     // the update: adamw_range's instructions
-    const __m256 grad = _mm256_mul_ps(_mm256_loadu_ps(g + i), scale);
-    const __m256 mi = _mm256_fmadd_ps(c1, grad, _mm256_mul_ps(b1, _mm256_loadu_ps(m + i)));
-    const __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(c2, grad), grad, _mm256_mul_ps(b2, v_old));
-    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), isb2, eps);
-    const __m256 pi = _mm256_fmadd_ps(neg_step, _mm256_div_ps(mi, denom), _mm256_mul_ps(p_old, decay));
+    __m256 mi = _mm256_loadu_ps(m + i), vi = v_old;
+    const __m256 pi = k.update(p_old, _mm256_loadu_ps(g + i), mi, vi);
     // split: RNE high, the dropped low half, the tie bit where low is 0x8000 and the rounding went up
     const __m256i u = _mm256_castps_si256(pi);
     const __m128i h_new = bf16_round8(pi);
