@@ -92,13 +92,12 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
   if (tiles.moments_in_tile) tiles_what += ", Adam m and v";
   if (bf16 && !tiles.split_master) tiles_what += ", bf16 compute copy";
   {
-    // Bytes per parameter of the tiles: what train.master_weights and the moments' home decide.
-    const double per = (masters_on_tier      ? 0.0
-                        : tiles.split_master ? 2.0
-                                             : 4.0) +
-                       4.0 + (tiles.moments_in_tile ? 8.0 : 0.0) + (bf16 ? 2.0 : 0.0);
+    // Bytes per parameter of the tiles (what train.master_weights and the moments' home decide), from the
+    // tiles' own sizing on a large aligned stage.
+    constexpr std::size_t kFloats = std::size_t{1} << 20;
     char b[64];
-    std::snprintf(b, sizeof b, " (%.0f bytes/parameter)", per);
+    std::snprintf(b, sizeof b, " (%.0f bytes/parameter)",
+                  static_cast<double>(HostTile::allocation_bytes(kFloats, tiles)) / kFloats);
     tiles_what += b;
   }
   const double staging = static_cast<double>(tb.staging + tb.ram_encodings);

@@ -136,11 +136,12 @@ void adamw_split(float* p, const float* g, float* m, float* v, bf16_t* copy, std
 
 // --- split masters (kernels/master_halves.hpp) ---------------------------------------------------------
 
-// One element: join, the very update of adamw_one on the plain v, split (the tie bit back into v's sign).
-inline void adamw_halves_one(bf16_t& high, std::uint16_t& low, float g, float& m, float& v, const AdamWStep& s) {
+// One element of split masters: join, update(p, plain v), split (the tie bit back into v's sign).
+template <typename Update>
+inline void update_halves(bf16_t& high, std::uint16_t& low, float& v, const Update& update) {
   float p = join_master_reference(high, low, tie_bit_of(v));
   float plain = plain_v(v);
-  adamw_one(p, g, m, plain, s);
+  update(p, plain);
   const MasterHalves h = split_master_reference(p);
   high = h.high;
   low = h.low;
@@ -191,7 +192,8 @@ void adamw_halves_range(bf16_t* high, std::uint16_t* low, const float* g, float*
     _mm_storeu_si128(reinterpret_cast<__m128i*>(low + i), pack8_u16(l_new));
   }
 #endif
-  for (; i < end; ++i) adamw_halves_one(high[i], low[i], g[i], m[i], v[i], s);
+  for (; i < end; ++i)  // the very update of a vector lane (adamw_one)
+    update_halves(high[i], low[i], v[i], [&](float& p, float& plain) { adamw_one(p, g[i], m[i], plain, s); });
 }
 
 }  // namespace
@@ -219,15 +221,9 @@ void adamw_split_master(bf16_t* high, std::uint16_t* low, const float* g, float*
 
 void adamw_split_master_reference(bf16_t* high, std::uint16_t* low, const float* g, float* m, float* v, std::size_t n,
                                   const AdamWStep& s) {
-  for (std::size_t i = 0; i < n; ++i) {
-    float p = join_master_reference(high[i], low[i], tie_bit_of(v[i]));
-    float plain = plain_v(v[i]);
-    adamw_reference(&p, g + i, m + i, &plain, 1, s);
-    const MasterHalves h = split_master_reference(p);
-    high[i] = h.high;
-    low[i] = h.low;
-    v[i] = v_with_tie_bit(plain, h.rounded_up);
-  }
+  for (std::size_t i = 0; i < n; ++i)
+    update_halves(high[i], low[i], v[i],
+                  [&](float& p, float& plain) { adamw_reference(&p, g + i, m + i, &plain, 1, s); });
 }
 
 }  // namespace mt::cpu

@@ -2,25 +2,21 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
-
 #include <stdexcept>
 #include <string>
+#include <thread>
+
 #include "kernels/master_halves.hpp"
 
 namespace mt {
 
 namespace {
 
-// Threads for the off-step copies (set_masters, read_masters, leases of split tiles): all of them, the
-// step is not running beside these or they are a checkpoint's (which waits on its reads anyway).
-// Leases serve the checkpointer and the checkpoint gate beside a running step: one thread.
-constexpr int kLeaseThreads = 1;
+// Threads for joining and splitting split masters. set_masters / read_masters run off the step
+// (initialisation, loading, export): every core. Leases serve the checkpointer and the checkpoint gate
+// beside a running step: one thread.
 int copy_threads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
-
-std::size_t tile_allocation_bytes(std::size_t floats, const HostTileOptions& options) {
-  return HostTile::allocation_bytes(floats, options);
-}
+constexpr int kLeaseThreads = 1;
 
 }  // namespace
 
@@ -28,7 +24,7 @@ std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& opti
   cfg.validate();
   std::size_t total = 0;
   for (std::int64_t s = 0; s < num_stages(cfg); ++s)
-    total += tile_allocation_bytes(stage_layout(cfg, s).total_floats, options);
+    total += HostTile::allocation_bytes(stage_layout(cfg, s).total_floats, options);
   return total;
 }
 
@@ -140,11 +136,8 @@ void HostModel::read_masters(std::int64_t stage, const std::function<void(const 
 }
 
 StateLease::StateLease(HostModel& host, std::int64_t stage, MomentLease::Use use)
-    : tile_(host.tile(stage)),
-      moments_(host.moments(), stage, use),
-      master_(moments_.master() != nullptr ? moments_.master() : nullptr),
-      v_(moments_.v()) {
-  if (!host.split_masters()) {
+    : tile_(host.tile(stage)), moments_(host.moments(), stage, use), master_(moments_.master()), v_(moments_.v()) {
+  if (!tile_.has_split_master()) {
     if (master_ == nullptr) master_ = tile_.params();
     return;
   }
