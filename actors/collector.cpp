@@ -13,6 +13,10 @@
 // rounds; a round waiting for a device is not durable (a restart re-issues every full slot).
 //
 // Several ranks (mpirun): reduce_across_ranks below, the sum in rank order of cluster/grad_reduce.hpp.
+//
+// Stage gradients (train.gradient_buffer=stage, collect_in_slot below): nothing is accumulated; the
+// first of two passes sums a stage's squares and frees the slot, the last hands the slot itself to the
+// optimizer, which frees it after the update.
 #include <cstring>
 #include <future>
 #include <map>
@@ -74,6 +78,58 @@ void reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, float*
                         largest_stage_floats(ctx), what);
   self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
   if (mb + 1 == ctx->sched.micro_batches()) cluster::share_stage(*ctx->world, owner, accum, n, what);
+}
+
+// Stage gradients: the slot's gradient as the host sees it (over a link, copied into the slot's landing
+// buffer first), its sum of squares or the slot itself handed to the optimizer.
+void collect_in_slot(self_ptr self, const LayerGrads& m) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  RunLedger& led = ctx->ledger;
+  const std::int64_t step = m.work.step, mb = m.work.micro_batch, stage = m.work.stage;
+  const std::size_t si = static_cast<std::size_t>(stage);
+  fault_point(ctx->fault, Role::collector, step, ctx->work_micro_batch(mb), stage, Phase::collect);
+  const bool sums_only = !ctx->last_pass(mb);
+  const std::int64_t passes_done = led.accum_step[si] == step ? led.accum_count[si] : 0;
+  if (led.accum_step[si] > step || (sums_only && passes_done > ctx->pass_of(mb))) {  // re-issued, taken before
+    self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
+    return;
+  }
+  // The last pass's slot is handed over again after a restart (the optimizer skips a stage it updated).
+  const auto t0 = Clock::now();
+  const std::size_t n = ctx->layouts[si].total_floats;
+  float* slot = ctx->arena->grad_slot(m.grad_slot);
+  const float* g = slot;
+  if (!ctx->backend->shares_host_memory()) {
+    float* landing = ctx->grad_landing.at(static_cast<std::size_t>(m.grad_slot)).get();
+    std::promise<void> landed;
+    ctx->backend->copy_async(LinkDirection::device_to_host, slot, landing, n * sizeof(float),
+                             [&landed] { landed.set_value(); });
+    landed.get_future().get();
+    g = landing;
+  }
+  double sumsq = led.sumsq[si];  // the first pass's, when there were two
+  if (ctx->passes == 1 || sums_only)
+    sumsq = stage_grad_sumsq(ctx->layouts[si], g, ctx->granted(ctx->collector_threads));
+  led.sumsq[si] = sumsq;
+  led.accum_step[si] = step;
+  led.accum_count[si] = ctx->pass_of(mb) + 1;
+  if (sums_only) self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
+  const auto t1 = Clock::now();
+  st.offload_s[step] += seconds_between(t0, t1);
+  ctx->intervals.add(Role::collector, step, t0, t1);
+  ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, ctx->work_micro_batch(mb), stage, "collect");
+  const bool handed_before = passes_done == ctx->passes;  // only the slot goes again, not the step's report
+  if (!sums_only && !handed_before) {
+    std::int64_t complete = 0;
+    for (std::size_t s = 0; s < led.accum_step.size(); ++s)
+      if (led.accum_step[s] == step && led.accum_count[s] == ctx->passes) ++complete;
+    if (complete == ctx->stages()) {
+      self->send(st.peers.node, CollectorStepDone{step, st.offload_s[step]});
+      st.offload_s.erase(step);
+    }
+  }
+  self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, sumsq, sums_only ? -1 : m.grad_slot});
 }
 
 void collect(self_ptr self, const LayerGrads& m) {
@@ -168,7 +224,10 @@ collector_actor::behavior_type collector_fn(self_ptr self, Context* ctx, std::ui
       [=](const LayerGrads& m) {
         const auto probe = probe_handler(self, monitor::ActorId::collector, "LayerGrads");
         if (m.epoch != self->state.epoch || !self->state.running) return;
-        collect(self, m);
+        if (ctx->stage_gradients)
+          collect_in_slot(self, m);
+        else
+          collect(self, m);
       },
       [=](const Peers& p) {
         const auto probe = probe_handler(self, monitor::ActorId::collector, "Peers");

@@ -88,6 +88,17 @@ void hand_over(self_ptr self, int k, const Pos& p, std::int64_t stage, Phase pha
                         ctx->device});
 }
 
+// train.gradient_buffer=stage with clipping: the second pass recomputes the first pass's forward and
+// backward on the same weights and data, and its clip factor is the first pass's; a loss that differs
+// would mean the backend is not deterministic, and the update would not be the one-pass step's.
+void check_pass_loss(const std::vector<MbLoss>& first, std::int64_t mb, const MbLoss& again, std::int64_t step) {
+  const MbLoss& a = first.at(static_cast<std::size_t>(mb));
+  if (std::memcmp(&a.loss_sum, &again.loss_sum, sizeof(double)) != 0 || a.counted != again.counted)
+    throw std::logic_error("compute: step " + std::to_string(step) + " micro-batch " + std::to_string(mb) +
+                           ": the second pass's loss " + std::to_string(again.loss_sum) + " differs from the first's " +
+                           std::to_string(a.loss_sum) + " (train.gradient_buffer=stage needs a deterministic backend)");
+}
+
 bool tied(const ModelConfig& c) { return c.tie_word_embeddings || c.is_gpt2(); }
 
 // Boundaries on the host: the boundary op `op` writes (into the forward ring), or -1. Boundary L (the
@@ -146,7 +157,7 @@ void try_advance(self_ptr self) {
       ctx->backend->set_compute_threads(threads);
       st.threads_applied = threads;
     }
-    const BatchKey key{p.step, p.micro_batch};
+    const BatchKey key{p.step, ctx->data_local(p.micro_batch)};  // every pass runs the same data
     auto bit = st.batches.find(key);
     if (bit == st.batches.end()) {
       if (st.requested.insert(key).second)
@@ -195,7 +206,7 @@ void try_advance(self_ptr self) {
       st.step_wait += seconds_between(*st.waiting_since, Clock::now());
       st.waiting_since.reset();
     }
-    fault_point(ctx->fault, Role::compute, p.step, ctx->global_micro_batch(p.micro_batch), op.stage, op.phase());
+    fault_point(ctx->fault, Role::compute, p.step, ctx->work_micro_batch(p.micro_batch), op.stage, op.phase());
     const auto t0 = Clock::now();
     Backend& be = *ctx->backend;
     const int token_slot = sched.activation_set(p.micro_batch) % 2;
@@ -230,8 +241,13 @@ void try_advance(self_ptr self) {
         hand_over(self, k_main, p, S - 1, Phase::head);
         auto& v = ctx->ledger.losses[p.step];
         const MbLoss ml{loss.loss_sum, loss.counted};
-        if (static_cast<std::int64_t>(v.size()) > p.micro_batch)
-          v[static_cast<std::size_t>(p.micro_batch)] = ml;
+        const std::int64_t mb = ctx->data_local(p.micro_batch);
+        if (ctx->pass_of(p.micro_batch) > 0) {  // a later pass of two: the same bits, reported by the first
+          check_pass_loss(v, mb, ml, p.step);
+          break;
+        }
+        if (static_cast<std::int64_t>(v.size()) > mb)
+          v[static_cast<std::size_t>(mb)] = ml;
         else
           v.push_back(ml);
         const LossReport rep{st.epoch, p.step, ctx->global_micro_batch(p.micro_batch), loss.loss_sum, loss.counted};
@@ -266,7 +282,7 @@ void try_advance(self_ptr self) {
     ctx->intervals.add(Role::compute, p.step, t0, t1);
     ctx->monitor->board()
         .probe(monitor::ActorId::compute, ctx->device)
-        .unit(p.step, ctx->global_micro_batch(p.micro_batch), op.stage, phase_name(op.phase()));
+        .unit(p.step, ctx->work_micro_batch(p.micro_batch), op.stage, phase_name(op.phase()));
     if (written >= 0) {
       if (written < L && !sched.is_forward_only())  // an evaluation pass has no backward to feed
         offload_boundary(self, p, written);
@@ -283,7 +299,7 @@ void try_advance(self_ptr self) {
     const Pos n = sched.next(p);
     ctx->ledger.compute_pos = n;
     st.pos = n;
-    if (p.op + 1 == sched.ops_per_micro_batch()) {  // the micro-batch's last op: its data is done
+    if (p.op + 1 == sched.ops_per_micro_batch() && ctx->last_pass(p.micro_batch)) {  // its data is done
       st.batches.erase(key);
       st.requested.erase(key);
     }

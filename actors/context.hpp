@@ -21,6 +21,7 @@
 #include "actors/engine.hpp"
 #include "actors/schedule.hpp"
 #include "device/backend.hpp"
+#include "kernels/tile.hpp"
 #include "storage/host/host_boundaries.hpp"
 
 namespace mt::monitor {
@@ -106,12 +107,34 @@ struct Context {
   int rank = 0;
   int ranks = 1;
   cluster::World* world = nullptr;
-  std::int64_t global_micro_batch(std::int64_t local) const { return (local * ranks + rank) * devices + device; }
+  // train.gradient_buffer=stage (one micro-batch per step, one device, one rank): no gradient accumulator
+  // in the tiles; each stage's gradient waits in its staging slot (or, over a link, the slot's landing
+  // buffer on the host) until the optimizer has used it. With clipping a step runs `passes` = 2
+  // passes over its micro-batch: the schedule's micro-batch p is pass p (the first only sums squares,
+  // the second updates each stage as its gradient completes, with the first pass's clip factor).
+  bool stage_gradients = false;
+  int passes = 1;
+  std::vector<AlignedFloats> grad_landing;  // stage gradients over a link: per staging slot (collector writes)
+  // A schedule micro-batch (one per pass and local micro-batch) -> its pass, and the local micro-batch
+  // of data it runs (every pass runs the same data).
+  std::int64_t data_micro_batches() const { return sched.micro_batches() / passes; }
+  std::int64_t pass_of(std::int64_t local) const { return local / data_micro_batches(); }
+  bool last_pass(std::int64_t local) const { return pass_of(local) + 1 == passes; }
+  std::int64_t data_local(std::int64_t local) const { return local % data_micro_batches(); }
+  // The global index of the data a schedule micro-batch runs (losses, the loader, data positions).
+  std::int64_t global_micro_batch(std::int64_t local) const {
+    return (data_local(local) * ranks + rank) * devices + device;
+  }
+  // Where a unit of work is in the step, counting passes (fault points, the monitor): the global data
+  // index, plus the step's micro-batches per earlier pass (equal to global_micro_batch with one pass).
+  std::int64_t work_micro_batch(std::int64_t local) const {
+    return pass_of(local) * step_micro_batches() + global_micro_batch(local);
+  }
   std::int64_t local_micro_batch(std::int64_t global) const {
     return global / (static_cast<std::int64_t>(devices) * ranks);
   }
   // Micro-batches of one step over every device and rank (the data cursor advances by this per step).
-  std::int64_t step_micro_batches() const { return sched.micro_batches() * devices * ranks; }
+  std::int64_t step_micro_batches() const { return data_micro_batches() * devices * ranks; }
   Context* device_context(int d) {
     return device_contexts.empty() ? this : device_contexts[static_cast<std::size_t>(d)];
   }
@@ -178,7 +201,7 @@ struct Context {
   // staging, zeroing and adding). Its staging slot is still claimed, as the bound on gradients in
   // flight, but not written; the collector then has nothing to add. Later micro-batches are staged.
   bool grads_in_place(std::int64_t micro_batch) const {
-    return micro_batch == 0 && devices == 1 && ranks == 1 && backend->shares_host_memory();
+    return micro_batch == 0 && devices == 1 && ranks == 1 && !stage_gradients && backend->shares_host_memory();
   }
 
   std::int64_t stages() const { return plan.stages; }

@@ -109,7 +109,10 @@ void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& 
   };
   const bool link = !cfg.device_shares_host_memory();
   // Several ranks stage micro-batch 0 too (it is sent from its slot): 2, so compute runs on while one is sent.
-  if (grad) try_grow(&EnginePlan::grad_slots, link ? kAutoSlots : (p.device_micro_batches > 1 || p.ranks > 1 ? 2 : 1));
+  // Stage gradients stage micro-batch 0 too and hold a slot until the optimizer used it: 2.
+  if (grad)
+    try_grow(&EnginePlan::grad_slots,
+             link ? kAutoSlots : (p.device_micro_batches > 1 || p.ranks > 1 || p.stage_gradients ? 2 : 1));
   if (layers && keep == KeepIntermediates::boundary && p.seq_tile == 0) {
     while (p.kept_layers + 1 < model.num_hidden_layers) {
       EnginePlan trial = p;
@@ -202,7 +205,14 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   }
   p.hidden_floats = static_cast<std::size_t>(p.batch * p.seq * model.hidden_size);
   p.order = cfg.micro_batch_order();
-  p.activation_sets = activation_sets(p.order, p.device_micro_batches);
+  p.stage_gradients = cfg.stage_gradients();
+  if (p.stage_gradients) {
+    if (const std::string why = cfg.stage_gradients_unsupported(); !why.empty())
+      throw ConfigError("train.gradient_buffer",
+                        "stage needs each stage's gradient complete after one backward: " + why);
+    p.gradient_passes = cfg.stage_gradient_passes();
+  }
+  p.activation_sets = activation_sets(p.order, p.device_micro_batches * p.gradient_passes);
   const KeepIntermediates keep = cfg.keep_intermediates();
   const bool tiles_possible = layer_has_seq_tiles(model);
   if (cfg.device.seq_tile > 0 && cfg.device.seq_tile < p.seq && !tiles_possible)
@@ -275,6 +285,7 @@ HostTileOptions host_tile_options(const TrainConfig& cfg) {
                       !cfg.train.offload_params;
   o.params_in_tile = !cfg.train.offload_params;  // else the masters live with the moments (bf16: the copy streams)
   o.split_master = cfg.split_masters();          // bf16: the copy is the masters' high half (master_halves.hpp)
+  o.grad_in_tile = !cfg.stage_gradients();       // else each gradient waits in its staging slot
   return o;
 }
 
@@ -341,6 +352,8 @@ void share_run(Context& c, Context& run, int d) {
   c.optimizer_threads = run.optimizer_threads;
   c.collector_threads = run.collector_threads;
   c.max_grad_norm = run.max_grad_norm;
+  c.stage_gradients = run.stage_gradients;
+  c.passes = run.passes;
   c.serial = run.serial;
   c.checkpointing = run.checkpointing;
   c.monitor = run.monitor;
@@ -404,9 +417,18 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   ctx->evaluations = &job.evaluations;
   FaultPlan on_demand_faults;  // no test plan: still the target of the monitor's /control/fault
   ctx->fault = job.fault != nullptr ? job.fault : &on_demand_faults;
-  ctx->sched = job.forward_only
-                   ? Schedule::forward_only(job.model, job.eval_batches)
-                   : Schedule(job.model, ctx->plan.device_micro_batches, ctx->plan.order, ctx->plan.boundaries_on_host);
+  ctx->sched = job.forward_only ? Schedule::forward_only(job.model, job.eval_batches)
+                                : Schedule(job.model, ctx->plan.device_micro_batches * ctx->plan.gradient_passes,
+                                           ctx->plan.order, ctx->plan.boundaries_on_host);
+  if (!job.forward_only) {
+    ctx->stage_gradients = ctx->plan.stage_gradients;
+    ctx->passes = ctx->plan.gradient_passes;
+  }
+  for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
+    if (job.host->tile(s).has_grad() == ctx->plan.stage_gradients)
+      throw std::invalid_argument(
+          "run_engine: the host tiles' gradient regions do not match train.gradient_buffer (build the HostModel "
+          "with host_tile_options)");
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) ctx->layouts.push_back(stage_layout(job.model, s));
   if (job.host->num_stages() != ctx->plan.stages)
     throw std::invalid_argument("run_engine: host model has another shape");
@@ -490,6 +512,9 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->device_contexts.push_back(c);
   }
 
+  if (ctx->stage_gradients && !ctx->backend->shares_host_memory())  // where a slot's gradient lands on the host
+    for (int k = 0; k < ctx->plan.grad_slots; ++k)
+      ctx->grad_landing.push_back(make_aligned_floats(job.host->largest_stage_floats()));
   RunLedger& led = ctx->ledger;
   led.accum_step.assign(static_cast<std::size_t>(ctx->plan.stages), -1);
   led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);

@@ -51,6 +51,10 @@ struct EnginePlan {
   int ranks = 1;
   std::int64_t micro_batches = 0;
   int weight_slots = 0, grad_slots = 0, prefetch_depth = 0;
+  // train.gradient_buffer=stage: no gradient accumulator in the tiles (Context::stage_gradients); a step
+  // runs gradient_passes (2 with clipping) passes of its one micro-batch, each a schedule micro-batch.
+  bool stage_gradients = false;
+  int gradient_passes = 1;
   std::size_t hidden_floats = 0;  // one boundary activation: batch * seq * hidden_size
   MicroBatchOrder order = MicroBatchOrder::interleaved;
   int activation_sets = 1;              // micro-batches whose activations are alive at once

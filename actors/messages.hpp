@@ -256,17 +256,21 @@ typename Inspector::result_type inspect(Inspector& f, LossReport& x) {
   return f(caf::meta::type_name("LossReport"), x.epoch, x.step, x.micro_batch, x.loss_sum, x.counted);
 }
 
-// collector -> optimizer: stage's accumulator holds every micro-batch of `step`; its sum of squares.
+// collector -> optimizer: stage's gradient of `step` is complete; its sum of squares. grad_slot -1: it
+// is in the tile's accumulator (train.gradient_buffer=model), or it was not kept (stage, the first of
+// two passes: the sum is all it brings). grad_slot >= 0 (stage): it waits in that staging slot of
+// device 0 (over a link, in Context::grad_landing[grad_slot]); the optimizer frees the slot after the update.
 struct LayerGradsComplete {
   std::uint64_t epoch = 0;
   std::int64_t step = 0;
   std::int64_t stage = 0;
   double sumsq = 0.0;
+  std::int32_t grad_slot = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LayerGradsComplete& x) {
-  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq);
+  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq, x.grad_slot);
 }
 
 // ---- per-step reports to the node (timings for the progress line) ---------------------------------

@@ -4,6 +4,9 @@
 //     (compute_step_scale, as the reference trainer), then updates stages 0..L+1 in forward order, so
 //     the next step's forward of layer i overlaps the updates of the layers after it;
 //   - without clipping: updates each stage as soon as its gradients are complete (during backward).
+//   - with stage gradients (train.gradient_buffer=stage): each stage's gradient arrives in its staging
+//     slot (after the second pass's backward of it, with clipping: the first pass brought only the sums
+//     of squares) and is used and freed at once, in backward order.
 // Either way it needs the step's counted tokens (from the loss reports) to normalise the gradient.
 // A stage whose tile version already says "updated" is skipped, so re-issued work is harmless.
 #include <cstring>
@@ -25,6 +28,7 @@ struct optimizer_state {
   std::int64_t end_step = 0;
   std::map<std::int64_t, std::map<std::int64_t, MbLoss>> losses;  // step -> micro-batch -> loss
   std::map<std::int64_t, std::map<std::int64_t, double>> sumsq;   // step -> stage -> sum of squares
+  std::map<std::int64_t, std::map<std::int64_t, int>> in_slot;    // stage gradients: step -> stage -> its slot
   double busy_s = 0.0;
   double gate_wait_s = 0.0;   // this step's wait for the checkpointer
   std::int64_t decided = -1;  // the step whose checkpoint decision is made
@@ -70,7 +74,9 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   }
 }
 
-void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamWHyper& hyper, float grad_scale) {
+// grad: the stage's gradient (the tile's accumulator, or its staging slot with stage gradients).
+void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamWHyper& hyper, float grad_scale,
+                  const float* grad) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   decide_checkpoint(self, s);  // before any update of step s, as late as possible (requests)
@@ -87,16 +93,16 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   const auto t0 = Clock::now();
   if (tile.has_split_master()) {
     // The masters as halves, in place: the copy the prefetcher streams is their high half.
-    adamw_stage_split_master(ctx->layouts[static_cast<std::size_t>(stage)], tile.master_high(), tile.master_low(),
-                             tile.grad(), tile.adam_m(), tile.adam_v(), hyper, s + 1, grad_scale,
+    adamw_stage_split_master(ctx->layouts[static_cast<std::size_t>(stage)], tile.master_high(), tile.master_low(), grad,
+                             tile.adam_m(), tile.adam_v(), hyper, s + 1, grad_scale,
                              ctx->granted(ctx->optimizer_threads));
   } else {
     // The moments (and with train.offload_params the masters): the tile's own regions, or a staged
     // copy from the moment store (read ahead while the previous stage was updated; written back behind
     // the next one).
     StateLease state(*ctx->host, stage);
-    adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], state.master(), tile.grad(), state.m(), state.v(), hyper,
-                s + 1, grad_scale, ctx->granted(ctx->optimizer_threads),
+    adamw_stage(ctx->layouts[static_cast<std::size_t>(stage)], state.master(), grad, state.m(), state.v(), hyper, s + 1,
+                grad_scale, ctx->granted(ctx->optimizer_threads),
                 static_cast<bf16_t*>(tile.compute_copy()));  // bf16 runs: the copy the prefetcher streams
     state.mark_modified();
   }
@@ -109,6 +115,49 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
     self->send(p, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
   if (ctx->checkpointing)
     self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+}
+
+// Sends the step's report and moves to the next step.
+void finish_step(self_ptr self, std::int64_t s, const StepScale& scale, const AdamWHyper& hyper, std::int64_t counted) {
+  auto& st = self->state;
+  self->send(st.peers.node, OptimizerStepDone{s, scale.loss, scale.grad_norm, scale.clip, hyper.lr, counted, st.busy_s,
+                                              st.gate_wait_s});
+  st.busy_s = 0.0;
+  st.gate_wait_s = 0.0;
+  st.losses.erase(s);
+  st.sumsq.erase(s);
+  st.in_slot.erase(s);
+  ++st.step;
+}
+
+// Stage gradients: updates every stage of step s whose gradient waits in a slot, once the scale is
+// known (with clipping: every stage's sum of squares from the first pass), and frees the slot.
+// True when every stage of step s is updated.
+bool update_from_slots(self_ptr self, std::int64_t s, const AdamWHyper& hyper, std::int64_t counted, double loss_sum) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const std::int64_t S = ctx->stages();
+  auto& sq = st.sumsq[s];
+  const bool clipping = ctx->max_grad_norm > 0.0f;
+  if (clipping && static_cast<std::int64_t>(sq.size()) < S) return false;
+  std::vector<double> sums;
+  for (const auto& kv : sq) sums.push_back(kv.second);
+  const float grad_scale =
+      clipping ? compute_step_scale(sums, counted, ctx->max_grad_norm, loss_sum).grad_scale
+               : compute_step_scale(std::vector<double>(static_cast<std::size_t>(S), 0.0), counted, 0.0f, loss_sum)
+                     .grad_scale;
+  auto& waiting = st.in_slot[s];
+  for (auto it = waiting.begin(); it != waiting.end(); it = waiting.erase(it)) {
+    const auto [stage, slot] = *it;
+    const float* grad = ctx->backend->shares_host_memory() ? ctx->arena->grad_slot(slot)
+                                                           : ctx->grad_landing.at(static_cast<std::size_t>(slot)).get();
+    update_stage(self, s, stage, hyper, grad_scale, grad);  // skips a stage updated before a restart
+    const WorkId work{s, ctx->passes - 1, stage, static_cast<std::int32_t>(Phase::optimize)};
+    self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, work, slot, 0});
+  }
+  for (std::int64_t stage = 0; stage < S; ++stage)
+    if (ctx->host->tile(stage).version() <= static_cast<std::uint64_t>(s)) return false;
+  return static_cast<std::int64_t>(sq.size()) == S;  // the norm the step reports
 }
 
 void try_update(self_ptr self) {
@@ -128,24 +177,21 @@ void try_update(self_ptr self) {
     }
     const AdamWHyper hyper = ctx->cfg->adamw_at(s);
     auto& sq = st.sumsq[s];
-    if (ctx->max_grad_norm <= 0.0f) {
+    if (ctx->stage_gradients) {
+      if (!update_from_slots(self, s, hyper, counted, loss_sum)) return;
+    } else if (ctx->max_grad_norm <= 0.0f) {
       const float grad_scale =
           compute_step_scale(std::vector<double>(static_cast<std::size_t>(S), 0.0), counted, 0.0f, loss_sum).grad_scale;
-      for (const auto& kv : sq) update_stage(self, s, kv.first, hyper, grad_scale);
+      for (const auto& kv : sq) update_stage(self, s, kv.first, hyper, grad_scale, ctx->host->tile(kv.first).grad());
     }
     if (static_cast<std::int64_t>(sq.size()) < S) return;
     std::vector<double> sumsq;
     for (const auto& kv : sq) sumsq.push_back(kv.second);
     const StepScale scale = compute_step_scale(sumsq, counted, ctx->max_grad_norm, loss_sum);
-    if (ctx->max_grad_norm > 0.0f)
-      for (std::int64_t stage = 0; stage < S; ++stage) update_stage(self, s, stage, hyper, scale.grad_scale);
-    self->send(st.peers.node, OptimizerStepDone{s, scale.loss, scale.grad_norm, scale.clip, hyper.lr, counted,
-                                                st.busy_s, st.gate_wait_s});
-    st.busy_s = 0.0;
-    st.gate_wait_s = 0.0;
-    st.losses.erase(s);
-    st.sumsq.erase(s);
-    ++st.step;
+    if (ctx->max_grad_norm > 0.0f && !ctx->stage_gradients)
+      for (std::int64_t stage = 0; stage < S; ++stage)
+        update_stage(self, s, stage, hyper, scale.grad_scale, ctx->host->tile(stage).grad());
+    finish_step(self, s, scale, hyper, counted);
   }
 }
 
@@ -164,8 +210,16 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
       [=](const LayerGradsComplete& m) {
         const auto probe = probe_handler(self, monitor::ActorId::optimizer, "LayerGradsComplete");
         auto& st = self->state;
-        if (m.epoch != st.epoch || m.step < st.step) return;
+        if (m.epoch != st.epoch) return;
+        if (m.step < st.step) {  // a stage updated before a restart, its slot handed over again
+          if (m.grad_slot >= 0) {
+            const WorkId work{m.step, ctx->passes - 1, m.stage, static_cast<std::int32_t>(Phase::optimize)};
+            self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, work, m.grad_slot, 0});
+          }
+          return;
+        }
         st.sumsq[m.step][m.stage] = m.sumsq;
+        if (m.grad_slot >= 0) st.in_slot[m.step][m.stage] = m.grad_slot;
         try_update(self);
       },
       [=](const Peers& p) {
@@ -180,6 +234,7 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
         st.end_step = r.end_step;
         st.losses.clear();
         st.sumsq.clear();
+        st.in_slot.clear();
         st.running = true;
         st.decided = -1;
       },

@@ -116,7 +116,7 @@ bool load_boundary(self_ptr self, const Op& op) {
   for (int a = 0; a < static_cast<int>(ctx->act_slots.size()) && slot < 0; ++a)
     if (st.act_in_flight.count(a) == 0) slot = a;
   if (slot < 0) return false;
-  fault_point(ctx->fault, Role::prefetcher, st.pos.step, ctx->global_micro_batch(st.pos.micro_batch), op.stage,
+  fault_point(ctx->fault, Role::prefetcher, st.pos.step, ctx->work_micro_batch(st.pos.micro_batch), op.stage,
               Phase::prefetch_boundary);
   submit_load(self, ctx->host_acts->data(set, b), ctx->act_slots[static_cast<std::size_t>(slot)],
               ctx->plan.hidden_floats * sizeof(float), slot);
@@ -153,11 +153,11 @@ void pump(self_ptr self) {
       throw std::logic_error("prefetcher: stage " + std::to_string(stage) + " is at version " + std::to_string(have) +
                              " but step " + std::to_string(st.pos.step) + " needs " + std::to_string(need));
     const std::size_t bytes = tile.stream_bytes();
-    fault_point(ctx->fault, Role::prefetcher, st.pos.step, ctx->global_micro_batch(st.pos.micro_batch), stage,
+    fault_point(ctx->fault, Role::prefetcher, st.pos.step, ctx->work_micro_batch(st.pos.micro_batch), stage,
                 Phase::prefetch);
     ctx->monitor->board()
         .probe(monitor::ActorId::prefetcher, ctx->device)
-        .unit(st.pos.step, ctx->global_micro_batch(st.pos.micro_batch), stage, "prefetch");
+        .unit(st.pos.step, ctx->work_micro_batch(st.pos.micro_batch), stage, "prefetch");
     // A backend that shares host memory reads the tile itself: the slot only bounds the ops in flight.
     if (ctx->backend->shares_host_memory()) {
       int slot = -1;

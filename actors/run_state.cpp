@@ -215,7 +215,7 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
     if (t.version() > static_cast<std::uint64_t>(rp.step))
       throw std::logic_error("load_checkpoint: the host model is not freshly initialised");
     if (moments) {
-      std::memset(t.grad(), 0, t.region_bytes());
+      if (t.has_grad()) std::memset(t.grad(), 0, t.region_bytes());
       // The tile's regions, or a staged stage written back (not read first: every value is replaced).
       StateLease state(host, s, MomentLease::Use::overwrite);
       reader.read_stage(s, state.master(), state.m(), state.v());

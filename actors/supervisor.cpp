@@ -201,7 +201,10 @@ void resume_all(self_ptr self) {
   std::vector<LayerGradsComplete> complete;
   for (std::int64_t s = 0; s < ctx->stages(); ++s) {
     const std::size_t si = static_cast<std::size_t>(s);
-    if (led.accum_step[si] == opt_step && led.accum_count[si] == ctx->sched.micro_batches())
+    // Stage gradients: a stage's sum of squares is known after its first pass (its gradient, if kept,
+    // comes again with the re-issued slot); else after its accumulator holds every micro-batch.
+    const std::int64_t needed = ctx->stage_gradients ? 1 : ctx->sched.micro_batches();
+    if (led.accum_step[si] == opt_step && led.accum_count[si] >= needed)
       complete.push_back(LayerGradsComplete{st.epoch, opt_step, s, led.sumsq[si]});
   }
 

@@ -17,6 +17,7 @@ const KeepIntermediates kKeepIntermediates[5] = {KeepIntermediates::automatic, K
                                                  KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped,
                                                  KeepIntermediates::all};
 const MasterWeights kMasterWeights[3] = {MasterWeights::automatic, MasterWeights::fp32, MasterWeights::split};
+const GradientBuffer kGradientBuffers[3] = {GradientBuffer::automatic, GradientBuffer::model, GradientBuffer::stage};
 const MicroBatchOrder kMicroBatchOrders[2] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
 
 namespace {
@@ -70,6 +71,12 @@ std::vector<KeyDesc> make_keys() {
              "(the copy is the high half, a 16-bit low half beside it: 4 bytes/param, same bits) | auto (split "
              "when the moments are fp32 in RAM)")
           .one_of(names_of(kMasterWeights, master_weights_name)),
+      MT_KEY(train, gradient_buffer,
+             "where gradients wait for the optimizer: model (an fp32 accumulator per stage, 4 bytes/param) | stage "
+             "(only the staging slots; each stage updated when its gradient is complete; with max_grad_norm > 0 "
+             "forward and backward run twice, the first pass for the norm; needs gradient_accumulation_steps = 1, "
+             "one device, one rank) | auto (stage when max_grad_norm = 0 allows it, or when only it fits RAM)")
+          .one_of(names_of(kGradientBuffers, gradient_buffer_name)),
       MT_KEY(train, save_steps, "checkpoint every N steps; 0 = only at the end").at_least(0),
       MT_KEY(train, save_total_limit, "checkpoints to keep; 0 = all").at_least(0),
       MT_KEY(train, resume_from_checkpoint, "checkpoint directory, 'latest', or empty"),

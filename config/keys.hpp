@@ -70,6 +70,7 @@ struct KeyDesc {
 extern const LrSchedule kLrSchedules[3];
 extern const OptimizerCompression kOptimizerCompressions[3];
 extern const MasterWeights kMasterWeights[3];
+extern const GradientBuffer kGradientBuffers[3];
 extern const KeepIntermediates kKeepIntermediates[5];
 extern const MicroBatchOrder kMicroBatchOrders[2];
 

@@ -35,6 +35,18 @@ const char* keep_intermediates_name(KeepIntermediates k) {
   return "?";
 }
 
+const char* gradient_buffer_name(GradientBuffer b) {
+  switch (b) {
+    case GradientBuffer::model:
+      return "model";
+    case GradientBuffer::stage:
+      return "stage";
+    case GradientBuffer::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
 const char* master_weights_name(MasterWeights w) {
   switch (w) {
     case MasterWeights::fp32:
@@ -108,6 +120,29 @@ bool TrainConfig::split_masters() const {
   if (w == MasterWeights::split) return true;
   return train.bf16 && train.offload_dir.empty() && !train.offload_params &&
          optimizer_compression() == OptimizerCompression::none;
+}
+
+GradientBuffer TrainConfig::gradient_buffer() const {
+  return parse_choice(*this, train.gradient_buffer, kGradientBuffers, gradient_buffer_name);
+}
+
+std::string TrainConfig::stage_gradients_unsupported() const {
+  // A stage's gradient is complete when its backward ends only with one micro-batch per step: the
+  // micro-batch-major schedule adds every later micro-batch into an accumulator kept all step.
+  if (train.gradient_accumulation_steps != 1)
+    return key_of(*this, train.gradient_accumulation_steps) + " = " +
+           std::to_string(train.gradient_accumulation_steps) + " accumulates every stage over the step (needs 1)";
+  if (device.gpus != 1) return key_of(*this, device.gpus) + " = " + std::to_string(device.gpus) + " (needs one device)";
+  if (cluster.ranks != 1)
+    return std::to_string(cluster.ranks) + " ranks (several ranks share gradients in accumulators)";
+  return "";
+}
+
+bool TrainConfig::stage_gradients() const {
+  const GradientBuffer b = gradient_buffer();
+  if (b == GradientBuffer::model) return false;
+  if (b == GradientBuffer::stage) return true;
+  return train.max_grad_norm <= 0.0 && stage_gradients_unsupported().empty();
 }
 
 MicroBatchOrder TrainConfig::micro_batch_order() const {

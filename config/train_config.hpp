@@ -49,6 +49,7 @@ struct TrainSection {                  // [train]
   std::int64_t offload_io_threads = 4;         // NVMe tier: 1 MiB chunks in flight per transfer
   bool offload_params = false;                 // the fp32 masters on the NVMe tier too (needs offload_dir and bf16)
   std::string master_weights = "auto";         // bf16: fp32 (a master beside the copy) | split (the copy + low halves)
+  std::string gradient_buffer = "auto";        // model (an fp32 accumulator per stage) | stage (staging slots only)
   std::int64_t save_steps = 0;                 // checkpoint every N steps; 0 = only at the end
   std::int64_t save_total_limit = 2;           // keep-last-N checkpoints; 0 = keep all
   std::string resume_from_checkpoint;          // checkpoint dir, "latest", or "" (start fresh)
@@ -177,6 +178,13 @@ enum class MasterWeights {
   split,      // the bf16 copy is the master's high half, a 16-bit low half beside it: 4 bytes per parameter
   automatic,  // "auto": split where it applies (bf16, moments fp32 in the tiles), else fp32
 };
+// Where a step's gradients live between the backward and the optimizer. Both give the same bits.
+enum class GradientBuffer {
+  model,      // an fp32 accumulator for every stage in the host tiles (4 bytes per parameter)
+  stage,      // only the staging slots: each stage is updated as soon as its gradient is complete; with
+              // clipping the step runs forward and backward twice (the first pass sums the squares only)
+  automatic,  // "auto": stage when it costs no second pass, else model (the run's fit check may still pick stage)
+};
 // The order of a step's micro-batches. Each forward op streams one layer for little compute and each
 // backward op one layer for about 3x the compute, so a micro-batch's forward is link-bound and its
 // backward compute-bound; interleaving micro-batch m's backward op by op with m+1's forward keeps
@@ -230,6 +238,13 @@ struct TrainConfig {
   // train.master_weights resolved: true when the masters are held as two halves (auto: bf16 runs whose
   // moments sit fp32 in the host tiles, the layout the tie bit needs).
   bool split_masters() const;
+  GradientBuffer gradient_buffer() const;
+  // train.gradient_buffer resolved: true when no gradient accumulator is kept per stage (auto: when it
+  // applies and costs no second pass: max_grad_norm = 0). stage_gradient_passes(): 2 with clipping.
+  bool stage_gradients() const;
+  int stage_gradient_passes() const { return stage_gradients() && train.max_grad_norm > 0.0 ? 2 : 1; }
+  // Why train.gradient_buffer=stage cannot apply to this run ("" when it can).
+  std::string stage_gradients_unsupported() const;
   MicroBatchOrder micro_batch_order() const;
   Precision precision() const { return train.bf16 ? Precision::bf16 : Precision::fp32; }
 
@@ -269,6 +284,7 @@ const char* lr_schedule_name(LrSchedule s);
 const char* keep_intermediates_name(KeepIntermediates k);
 const char* optimizer_compression_name(OptimizerCompression c);
 const char* master_weights_name(MasterWeights w);
+const char* gradient_buffer_name(GradientBuffer b);
 const char* micro_batch_order_name(MicroBatchOrder o);
 
 }  // namespace mt

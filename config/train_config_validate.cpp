@@ -79,6 +79,13 @@ void master_weights_values(const TrainConfig& c) {
                           key_of(c, t.offload_dir) + " and " + key_of(c, t.optimizer_compression) + " = none");
 }
 
+void gradient_buffer_values(const TrainConfig& c) {
+  if (c.gradient_buffer() != GradientBuffer::stage) return;
+  if (const std::string why = c.stage_gradients_unsupported(); !why.empty())
+    throw ConfigError(key_of(c, c.train.gradient_buffer),
+                      "stage needs each stage's gradient complete after one backward: " + why);
+}
+
 void model_values(const TrainConfig& c) {
   const auto& m = c.model;
   if (!m.config_file.empty() && !m.model_name_or_path.empty())
@@ -163,6 +170,7 @@ void TrainConfig::validate_values() const {
   check_key_values(*this);
   train_values(*this);
   master_weights_values(*this);
+  gradient_buffer_values(*this);
   model_values(*this);
   device_values(*this);
   thread_values(*this);

@@ -100,7 +100,7 @@ void TileMomentStore::reset(std::int64_t stage) {
 
 void HostModel::set_masters(std::int64_t stage, const std::function<void(float*)>& fill) {
   HostTile& t = tile(stage);
-  std::memset(t.grad(), 0, t.region_bytes());
+  if (t.has_grad()) std::memset(t.grad(), 0, t.region_bytes());
   if (split_masters_) {
     std::vector<float> masters(t.floats(), 0.0f);
     fill(masters.data());

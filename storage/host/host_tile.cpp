@@ -25,8 +25,23 @@ namespace {
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-int first_region_of(const HostTileOptions& o) { return o.params_in_tile && !o.split_master ? 0 : 1; }
-int regions_of(const HostTileOptions& o) { return o.moments_in_tile ? kTileRegionCount : 2; }
+bool holds(const HostTileOptions& o, TileRegion r) {
+  switch (r) {
+    case TileRegion::params:
+      return o.params_in_tile && !o.split_master;
+    case TileRegion::grad:
+      return o.grad_in_tile;
+    case TileRegion::adam_m:
+    case TileRegion::adam_v:
+      return o.moments_in_tile;
+  }
+  return false;
+}
+int fp32_regions_of(const HostTileOptions& o) {
+  int n = 0;
+  for (int r = 0; r < kTileRegionCount; ++r) n += holds(o, static_cast<TileRegion>(r)) ? 1 : 0;
+  return n;
+}
 std::size_t low_halves_bytes(std::size_t floats, const HostTileOptions& o) {
   return o.split_master ? round_up(floats * sizeof(std::uint16_t), kCacheLineBytes) : 0;
 }
@@ -34,7 +49,7 @@ std::size_t low_halves_bytes(std::size_t floats, const HostTileOptions& o) {
 }  // namespace
 
 std::size_t HostTile::allocation_bytes(std::size_t floats, const HostTileOptions& o) {
-  return static_cast<std::size_t>(regions_of(o) - first_region_of(o)) * floats * sizeof(float) +
+  return static_cast<std::size_t>(fp32_regions_of(o)) * floats * sizeof(float) +
          round_up(floats * o.compute_bytes_per_param, kCacheLineBytes) + low_halves_bytes(floats, o);
 }
 
@@ -42,9 +57,10 @@ HostTile::HostTile(std::int64_t stage, std::size_t floats_per_region, const Host
     : stage_(stage),
       floats_(floats_per_region),
       compute_bytes_(floats_per_region * options.compute_bytes_per_param),
-      first_region_(first_region_of(options)),
-      regions_(regions_of(options)),
+      fp32_regions_(fp32_regions_of(options)),
       split_master_(options.split_master) {
+  for (int r = 0, held = 0; r < kTileRegionCount; ++r)
+    region_index_[r] = holds(options, static_cast<TileRegion>(r)) ? held++ : -1;
   if (!options.params_in_tile && (options.moments_in_tile || options.compute_bytes_per_param == 0))
     throw std::invalid_argument(
         "HostTile: a tile without params needs a compute copy and its moments outside (the masters live with them)");
@@ -60,18 +76,18 @@ HostTile::HostTile(std::int64_t stage, std::size_t floats_per_region, const Host
 }
 
 float* HostTile::region(TileRegion r) {
-  const int i = static_cast<int>(r);
-  if (i >= regions_ || i < first_region_)
+  const int i = region_index_[static_cast<int>(r)];
+  if (i < 0)
     throw std::logic_error(std::string("HostTile: stage ") + std::to_string(stage_) + " holds no " +
-                           tile_region_name(r) + " region (it lives in a MomentStore)");
-  return reinterpret_cast<float*>(buffer_.data()) + static_cast<std::size_t>(i - first_region_) * floats_;
+                           tile_region_name(r) + " region" +
+                           (r == TileRegion::grad ? " (gradients live in staging slots)" : " (it lives elsewhere)"));
+  return reinterpret_cast<float*>(buffer_.data()) + static_cast<std::size_t>(i) * floats_;
 }
 
 const float* HostTile::region(TileRegion r) const { return const_cast<HostTile*>(this)->region(r); }
 
 void* HostTile::compute_copy() {
-  return compute_bytes_ == 0 ? nullptr
-                             : buffer_.data() + static_cast<std::size_t>(regions_ - first_region_) * region_bytes();
+  return compute_bytes_ == 0 ? nullptr : buffer_.data() + static_cast<std::size_t>(fp32_regions_) * region_bytes();
 }
 
 std::uint16_t* HostTile::master_low() {
@@ -82,7 +98,7 @@ std::uint16_t* HostTile::master_low() {
 
 const void* HostTile::stream_source() const {
   return compute_bytes_ == 0 ? static_cast<const void*>(params())
-                             : buffer_.data() + static_cast<std::size_t>(regions_ - first_region_) * region_bytes();
+                             : buffer_.data() + static_cast<std::size_t>(fp32_regions_) * region_bytes();
 }
 
 std::size_t HostTile::stream_bytes() const { return compute_bytes_ == 0 ? region_bytes() : compute_bytes_; }

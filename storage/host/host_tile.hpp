@@ -9,6 +9,10 @@
 //
 //   [ grad | adam_m | adam_v | compute copy = master high halves | master low halves ]
 //
+// Without grad_in_tile (train.gradient_buffer=stage) there is no grad region: a stage's gradient lives
+// only in its staging slot until the optimizer has used it, and the tile is 12 bytes per parameter
+// with split masters: [ adam_m | adam_v | master high halves | master low halves ].
+//
 // Without moments_in_tile the moments live in a MomentStore elsewhere (compressed in RAM, or on the
 // NVMe tier: storage/offload) and the tile is [ params | grad | compute copy ]. Without params_in_tile
 // (train.offload_params) the fp32 masters live in that store too and the tile is [ grad | compute copy ]:
@@ -50,6 +54,8 @@ struct HostTileOptions {
   // The fp32 masters as two halves (no params region): needs compute_bytes_per_param = 2, the moments
   // in the tile (the tie bits live in adam_v) and params_in_tile (the masters are in the tile).
   bool split_master = false;
+  // false: no grad region (the gradient stays in its staging slot until the optimizer used it).
+  bool grad_in_tile = true;
   // Zero every region at allocation (also commits the pages now rather than during the first step).
   bool zero_fill = true;
 };
@@ -77,8 +83,10 @@ class HostTile {
   // Throw std::logic_error when the tile holds no moments (has_moments() false).
   float* adam_m() { return region(TileRegion::adam_m); }
   float* adam_v() { return region(TileRegion::adam_v); }
-  bool has_moments() const { return regions_ == kTileRegionCount; }
-  bool has_params() const { return first_region_ == 0; }
+  bool has_moments() const { return has(TileRegion::adam_m); }
+  bool has_params() const { return has(TileRegion::params); }
+  bool has_grad() const { return has(TileRegion::grad); }
+  bool has(TileRegion r) const { return region_index_[static_cast<int>(r)] >= 0; }
   // Split masters: the high halves are the compute copy; the low halves follow it (nullptr without).
   bool has_split_master() const { return split_master_; }
   bf16_t* master_high() { return split_master_ ? static_cast<bf16_t*>(compute_copy()) : nullptr; }
@@ -112,8 +120,9 @@ class HostTile {
   std::int64_t stage_;
   std::size_t floats_;
   std::size_t compute_bytes_;
-  int first_region_;  // 0, or 1 without params (the first region held is grad)
-  int regions_;       // one past the last fp32 region held: 4, or 2 without moments
+  // Per TileRegion: its place among the fp32 regions held (they come first, in TileRegion order), or -1.
+  int region_index_[kTileRegionCount];
+  int fp32_regions_;  // how many are held
   bool split_master_;
   AlignedBuffer buffer_;
   std::atomic<std::uint64_t> version_{0};

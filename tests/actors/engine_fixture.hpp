@@ -27,11 +27,12 @@ struct Tiny {
   double weight_decay = 0.1;
   std::string keep = "boundary";
   std::string schedule = "interleaved";
-  double bandwidth_gbps = 0.0;          // copy engine limit per direction; 0 = unlimited
-  bool bf16 = false;                    // train.bf16: bf16 compute copies streamed, fp32 masters
-  std::string master_weights = "auto";  // train.master_weights (bf16: auto = split)
-  std::size_t budget_bytes = 0;         // device budget (device.max_vram_gb); 0 = device_memory_mb 64
-  std::int64_t seq_tile = 0;            // device.seq_tile; 0 = auto
+  double bandwidth_gbps = 0.0;           // copy engine limit per direction; 0 = unlimited
+  bool bf16 = false;                     // train.bf16: bf16 compute copies streamed, fp32 masters
+  std::string master_weights = "auto";   // train.master_weights (bf16: auto = split)
+  std::string gradient_buffer = "auto";  // train.gradient_buffer (auto: stage without clipping at M = 1)
+  std::size_t budget_bytes = 0;          // device budget (device.max_vram_gb); 0 = device_memory_mb 64
+  std::int64_t seq_tile = 0;             // device.seq_tile; 0 = auto
   std::int64_t max_positions = 64;
 };
 
@@ -56,6 +57,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.train.max_grad_norm = t.max_grad_norm;
   c.train.bf16 = t.bf16;
   c.train.master_weights = t.master_weights;
+  c.train.gradient_buffer = t.gradient_buffer;
   c.train.seed = 1234;
   c.data.seq_length = t.seq;
   c.device.device_memory_mb = t.budget_bytes > 0 ? 0 : 64;

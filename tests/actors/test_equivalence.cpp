@@ -147,6 +147,49 @@ TEST_CASE("bf16: split and fp32 masters both equal the reference trainer, the sp
       }
 }
 
+// train.gradient_buffer=stage: no accumulator in the tiles; with clipping two passes per step (the first
+// sums the squares), without one pass. Both equal the reference trainer (one pass, accumulators).
+TEST_CASE("stage gradients, one pass and two, equal the reference trainer; the tiles hold no gradient",
+          "[actors][equivalence][stage_gradients]") {
+  for (Arch arch : {Arch::llama, Arch::gpt2})
+    for (double clip : {1.0, 0.0})
+      for (bool bf16 : {false, true})
+        for (double link : {0.0, 1000.0}) {
+          Tiny t;
+          t.arch = arch;
+          t.bf16 = bf16;
+          t.max_grad_norm = clip;
+          t.bandwidth_gbps = link;
+          t.gradient_buffer = "stage";
+          t.steps = 8;
+          check_equivalence(t);
+        }
+  for (const char* keep : {"boundary_host", "all"})
+    for (const char* schedule : {"interleaved", "sequential"}) {
+      Tiny t;
+      t.layers = 3;
+      t.keep = keep;
+      t.schedule = schedule;
+      t.gradient_buffer = "stage";
+      t.steps = 6;
+      check_equivalence(t);
+    }
+  Tiny t;
+  t.bf16 = true;
+  t.gradient_buffer = "stage";
+  const TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  CHECK_FALSE(host_tile_options(cfg).grad_in_tile);
+  HostModel host(model, host_tile_options(cfg));
+  std::size_t floats = 0;
+  for (std::int64_t s = 0; s < host.num_stages(); ++s) {
+    floats += host.tile(s).floats();
+    CHECK_FALSE(host.tile(s).has_grad());
+  }
+  // m, v (8) + the split master (4): twelve bytes per parameter
+  CHECK(static_cast<double>(host.host_bytes()) / static_cast<double>(floats) == Approx(12.0).epsilon(0.02));
+}
+
 TEST_CASE("both micro-batch orders, with boundaries on the device or the host, equal the reference trainer",
           "[actors][equivalence]") {
   for (Arch arch : {Arch::llama, Arch::gpt2})
