@@ -124,3 +124,42 @@ TEST_CASE("restart: optimizer crash mid-step", "[actors][restart]") {
   t.max_grad_norm = 0.0;
   check_restart(t, Role::optimizer, 3, -1, 2, Phase::optimize);
 }
+
+// train.gradient_buffer=stage with clipping: a step is two passes over its one micro-batch (fault points
+// count the pass as the micro-batch: 0 sums the squares, 1 updates each stage from its slot). A crash of
+// any actor in either pass, and without clipping (one pass), continues bit-identically.
+TEST_CASE("restart: stage gradients, a crash of each actor in either pass", "[actors][restart][stage_gradients]") {
+  Tiny t = base();
+  t.micro_batches = 1;
+  t.gradient_buffer = "stage";
+  for (std::int64_t pass : {0, 1}) {
+    INFO("pass " << pass);
+    check_restart(t, Role::compute, 3, pass, 2, Phase::backward);
+    check_restart(t, Role::compute, 3, pass, 1, Phase::forward);
+    check_restart(t, Role::compute, 3, pass, t.layers + 1, Phase::head);
+    check_restart(t, Role::prefetcher, 3, pass, 2, Phase::prefetch);
+    check_restart(t, Role::collector, 3, pass, 2, Phase::collect);
+    check_restart(t, Role::collector, 3, pass, 0, Phase::collect);
+  }
+  check_restart(t, Role::optimizer, 3, -1, 2, Phase::optimize);  // the second pass's updates, in backward order
+  check_restart(t, Role::optimizer, 3, -1, 0, Phase::optimize);
+  check_restart(t, Role::loader, 3, 0, -1, Phase::data);
+  Tiny g = t;
+  g.arch = Arch::gpt2;  // tied embeddings: the head's embedding gradient staged until the embed backward
+  g.bf16 = true;
+  g.keep = "boundary_host";
+  check_restart(g, Role::compute, 2, 1, 0, Phase::backward);
+  check_restart(g, Role::compute, 2, 1, g.layers + 1, Phase::head);
+  check_restart(g, Role::prefetcher, 2, 1, 2, Phase::prefetch_boundary);
+  check_restart(g, Role::collector, 2, 0, 0, Phase::collect);
+  check_restart(g, Role::optimizer, 2, -1, 1, Phase::optimize);
+  Tiny slow = t;  // over a link: the gradient lands in the slot's host buffer
+  slow.bandwidth_gbps = 0.02;
+  check_restart(slow, Role::collector, 3, 1, 2, Phase::collect);
+  check_restart(slow, Role::optimizer, 3, -1, 2, Phase::optimize);
+  Tiny one = t;
+  one.max_grad_norm = 0.0;  // one pass
+  check_restart(one, Role::collector, 3, 0, 2, Phase::collect);
+  check_restart(one, Role::optimizer, 3, -1, 2, Phase::optimize);
+  check_restart(one, Role::compute, 3, 0, 2, Phase::backward);
+}

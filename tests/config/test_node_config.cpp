@@ -141,7 +141,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
   // model: 15 + num_experts, num_experts_per_tok; train: 24 + eval_steps, eval_max_batches + 3 offload keys + tf32 +
   // save_snapshot_mib + master_weights; device: 9 + gpus
   // + seq_tile; threads: 5 + adapt_to_load; plan: 5; cluster: 2
-  CHECK(keys.size() == 32 + 17 + 4 + 11 + 6 + 3 + 8 + 4 + 5 + 2);
+  CHECK(keys.size() == 33 + 17 + 4 + 11 + 6 + 3 + 8 + 4 + 5 + 2);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
