@@ -125,7 +125,7 @@ class TrainingRun {
   bool choose_kernel_paths();
   EngineJob make_job();
 
-  const TrainConfig& cfg_;
+  TrainConfig cfg_;  // the caller's, with train.gradient_buffer=auto resolved by the fit check
   const TrainingHooks& hooks_;
   std::function<void(MessageStream, const std::string&)> sink_;  // where messages go
   int rank_ = 0;  // several ranks: this one (only rank 0 prints and writes into the run directory)
@@ -160,7 +160,21 @@ bool TrainingRun::check_model_and_data() {
       model_ = cfg_.model_config_from_keys();
     plan_ = plan_engine(cfg_, model_);
     // Host RAM and disk against the plan (plan): refused only when it genuinely cannot fit.
-    if (const std::string fit = plan::check_run_fits(cfg_, model_); !fit.empty()) {
+    std::string fit = plan::check_run_fits(cfg_, model_);
+    if (!fit.empty() && cfg_.gradient_buffer() == GradientBuffer::automatic && !cfg_.stage_gradients() &&
+        cfg_.stage_gradients_unsupported().empty()) {
+      // auto: the fastest mode that fits; without the accumulators the run is the same, bit for bit.
+      TrainConfig staged = cfg_;
+      staged.train.gradient_buffer = "stage";
+      if (plan::check_run_fits(staged, model_).empty()) {
+        cfg_ = staged;
+        plan_ = plan_engine(cfg_, model_);
+        fit.clear();
+        say_(MessageStream::out, "megatrain: train.gradient_buffer=auto: stage (the gradient accumulators do not fit "
+                                 "host RAM; with clipping each step runs forward and backward twice)");
+      }
+    }
+    if (!fit.empty()) {
       if (cfg_.plan.enforce)
         throw std::runtime_error(fit + " (`megatrain plan` prints the whole plan; --plan.enforce=false starts anyway)");
       say_(MessageStream::err, "megatrain: warning: " + fit);

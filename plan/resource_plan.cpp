@@ -31,6 +31,12 @@ double process_baseline_bytes() {
 
 namespace {
 
+double largest_stage_bytes(const ModelConfig& model) {
+  std::size_t largest = 0;
+  for (std::int64_t s = 0; s < num_stages(model); ++s) largest = std::max(largest, stage_layout(model, s).total_floats);
+  return static_cast<double>(largest) * sizeof(float);
+}
+
 // The arena's regions as device rows, each the space it takes up to the next region (the rows sum to the
 // arena's total), and what sizes each: at long context the workspace is the sequence-sized part.
 void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const ModelConfig& model) {
@@ -84,11 +90,12 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
   // The engine's own sizing (tested equal to a run's accounting): tiles, staging slots, files.
   const actors::TierBytes tb = actors::tier_bytes(cfg, model);
   double host_tiles = static_cast<double>(tb.tiles);
-  std::string tiles_what =
-      masters_on_tier ? "host tiles: fp32 gradients"
-      : tiles.split_master
-          ? "host tiles: fp32 masters split (the bf16 compute copy + 16-bit low halves), fp32 gradients"
-          : "host tiles: fp32 masters, fp32 gradients";
+  const char* grads = tiles.grad_in_tile ? ", fp32 gradients" : "";
+  std::string tiles_what = masters_on_tier ? std::string("host tiles:") + (tiles.grad_in_tile ? " fp32 gradients" : "")
+                           : tiles.split_master
+                               ? std::string("host tiles: fp32 masters split (the bf16 compute copy + 16-bit low halves)") +
+                                     grads
+                               : std::string("host tiles: fp32 masters") + grads;
   if (tiles.moments_in_tile) tiles_what += ", Adam m and v";
   if (bf16 && !tiles.split_master) tiles_what += ", bf16 compute copy";
   {
@@ -125,6 +132,13 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                          static_cast<double>(e.host_boundary_bytes)});
       host += static_cast<double>(e.host_boundary_bytes);
     }
+    if (e.stage_gradients && !(cfg.device.backend == "cpu" && !x.device_is_gpu && cfg.device_shares_host_memory())) {
+      // Over a link each staging slot's gradient lands in a host buffer of its own (Context::grad_landing).
+      const double landing = static_cast<double>(e.grad_slots) * largest_stage_bytes(model);
+      p.bytes.push_back({"host RAM", "stage gradients: a landing buffer per staging slot (" +
+                                         std::to_string(e.grad_slots) + ")", landing});
+      host += landing;
+    }
     if (cfg.device.backend == "cpu" && !x.device_is_gpu) {
       const double arenas = static_cast<double>(cfg.device.gpus) * p.device_bytes;
       p.bytes.push_back({"host RAM",
@@ -157,7 +171,14 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                          ? "host RAM (the tiles), split: the bf16 copy is their high half, 16-bit low halves beside "
                            "it, exact (train.master_weights=split; fp32 would add 2 bytes/parameter)"
                          : "host RAM (the tiles)"));
-  p.homes.push_back("fp32 gradient accumulators: host RAM (the tiles)");
+  if (tiles.grad_in_tile)
+    p.homes.push_back("fp32 gradient accumulators: host RAM (the tiles; train.gradient_buffer=model)");
+  else
+    p.homes.push_back(std::string("fp32 gradients: only in the staging slots until each stage's update "
+                                  "(train.gradient_buffer=stage") +
+                      (cfg.stage_gradient_passes() == 2
+                           ? "; with clipping every step runs forward and backward twice, the first pass for the norm)"
+                           : "; one pass: no clipping)"));
   p.homes.push_back("Adam m and v: " + moments);
   if (bf16)
     p.homes.push_back(std::string("bf16 compute copy (what streams): host RAM (the tiles)") +
@@ -325,6 +346,15 @@ ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, co
       TrainConfig c2 = cfg;
       c2.train.master_weights = "split";
       try_change("train.master_weights", "train.master_weights=split (exact fp32 masters in 4 bytes/parameter)", c2, x);
+    }
+    if (!cfg.stage_gradients() && cfg.stage_gradients_unsupported().empty()) {
+      // Exact too; with clipping it costs a second forward and backward per step.
+      TrainConfig c2 = cfg;
+      c2.train.gradient_buffer = "stage";
+      const std::string passes = cfg.train.max_grad_norm > 0 ? ", a second forward and backward per step for the clip"
+                                                             : ", one pass without clipping";
+      try_change("train.gradient_buffer",
+                 "train.gradient_buffer=stage (no gradient accumulators: 4 bytes/parameter less" + passes + ")", c2, x);
     }
     if (cfg.train.offload_dir.empty()) {
       TrainConfig c2 = cfg;

@@ -200,7 +200,11 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
 StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
                             const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& /*extras*/, int steps) {
   steps = std::max(2, steps);
-  const actors::Schedule sched(model, plan.micro_batches, plan.order, plan.boundaries_on_host);
+  // Stage gradients (train.gradient_buffer=stage): every pass is a schedule micro-batch (with clipping
+  // the first only sums squares), and each stage is updated from its slot as its last pass completes.
+  const bool stage_grads = plan.stage_gradients;
+  const std::int64_t passes = plan.gradient_passes;
+  const actors::Schedule sched(model, plan.micro_batches * passes, plan.order, plan.boundaries_on_host);
   const std::int64_t S = plan.stages;
   std::vector<double> floats(static_cast<std::size_t>(S));
   for (std::int64_t s = 0; s < S; ++s) floats[s] = static_cast<double>(stage_layout(model, s).total_floats);
@@ -218,10 +222,12 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   // are written into the tile by compute and later ones summed from the staging slot in one pass
   // (Backend::shares_host_memory, Context::grads_in_place).
   const bool mapped = hw.shared_cores && cfg.device_shares_host_memory();
-  const bool in_place = mapped && cfg.device.gpus <= 1;
+  const bool in_place = mapped && cfg.device.gpus <= 1 && !stage_grads;
   // The collector: read staged + acc, write acc (nothing for an in-place micro-batch 0), and after
   // the last micro-batch the sum of squares reads the accumulator.
+  // Stage gradients: no accumulation, only the sum of squares read from the slot (once, in the first pass).
   auto t_acc = [&](std::int64_t s, bool first, bool last) {
+    if (stage_grads) return first ? floats[s] * 4.0 / hw.host_mem : 0.0;
     return floats[s] * ((in_place && first ? 0.0 : 12.0) + (last ? 4.0 : 0.0)) / hw.host_mem;
   };
   auto t_opt = [&](std::int64_t s) {
@@ -294,7 +300,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   StepPrediction p;
   const std::int64_t len = sched.length();
   // The optimizer's visiting order: forward with clipping (after every norm), else as gradients complete.
-  const bool clip = cfg.train.max_grad_norm > 0;
+  const bool clip = cfg.train.max_grad_norm > 0 && !stage_grads;
   for (int t = 0; t < steps; ++t) {
     const bool count = t == steps - 1;
     std::vector<double> stage_done(static_cast<std::size_t>(S), 0.0);  // last accumulation of the stage
@@ -441,7 +447,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
       }
       if (grads) {
         const std::int64_t s = op.stage;
-        const bool first = pos.micro_batch == 0, last = pos.micro_batch + 1 == plan.micro_batches;
+        const bool first = pos.micro_batch == 0, last = pos.micro_batch + 1 == plan.micro_batches * passes;
         const double copied = mapped ? end : copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
         const double acc = host_run(copied, t_acc(s, first, last), count);
         if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, first, last);
@@ -454,6 +460,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
           order.push_back(s);
           read(s, k >= static_cast<std::size_t>(ahead) ? acquired[k - static_cast<std::size_t>(ahead)] : 0.0);
           update(s, acc);
+          if (stage_grads) gslots[gslot] = updated[static_cast<std::size_t>(s)];  // the slot held until then
         }
       }
     }

@@ -1,0 +1,84 @@
+#include "plan/state_modes.hpp"
+
+#include <cstdio>
+
+#include "actors/engine.hpp"
+#include "storage/host/host_tile.hpp"
+
+namespace mt::plan {
+namespace {
+
+// The keys of each mode, applied to a copy of the config.
+struct ModeKeys {
+  std::string name, master_weights, gradient_buffer, compression, offload_dir;
+  bool exact = true;
+};
+
+std::vector<ModeKeys> candidate_modes(const TrainConfig& cfg) {
+  std::vector<ModeKeys> r;
+  const bool bf16 = cfg.train.bf16;
+  const std::string stage = cfg.train.max_grad_norm > 0 ? "stage gradients (2 passes)" : "stage gradients (1 pass)";
+  const std::string masters = bf16 ? "fp32 masters" : "fp32 weights";
+  r.push_back({masters + ", gradient accumulators", bf16 ? "fp32" : "auto", "model", "none", ""});
+  if (bf16) r.push_back({"split masters, gradient accumulators", "split", "model", "none", ""});
+  if (cfg.stage_gradients_unsupported().empty())
+    r.push_back({(bf16 ? "split masters, " : masters + ", ") + stage, bf16 ? "split" : "auto", "stage", "none", ""});
+  r.push_back({masters + ", int8 moments in RAM", bf16 ? "fp32" : "auto", "model", "int8", "", false});
+  r.push_back({masters + ", moments on NVMe", bf16 ? "fp32" : "auto", "model", "none", "/path/on/nvme"});
+  return r;
+}
+
+}  // namespace
+
+std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
+                                   const HardwareProfile& hw, const OpTimes& ops, double host_limit,
+                                   double disk_limit, double device_limit) {
+  std::vector<StateMode> out;
+  for (const ModeKeys& k : candidate_modes(cfg)) {
+    TrainConfig c = cfg;
+    c.train.master_weights = k.master_weights;
+    c.train.gradient_buffer = k.gradient_buffer;
+    c.train.optimizer_compression = k.compression;
+    c.train.offload_dir = k.offload_dir;
+    c.train.offload_params = false;
+    StateMode m;
+    m.name = k.name;
+    m.exact = k.exact;
+    m.settings = "train.gradient_buffer=" + k.gradient_buffer;
+    if (cfg.train.bf16) m.settings = "train.master_weights=" + k.master_weights + " " + m.settings;
+    if (k.compression != "none") m.settings += " train.optimizer_compression=" + k.compression;
+    if (!k.offload_dir.empty()) m.settings += " train.offload_dir=DIR";
+    m.configured = c.split_masters() == cfg.split_masters() && c.stage_gradients() == cfg.stage_gradients() &&
+                   c.optimizer_compression() == cfg.optimizer_compression() &&
+                   c.train.offload_dir.empty() == cfg.train.offload_dir.empty() && !cfg.train.offload_params;
+    constexpr std::size_t kFloats = std::size_t{1} << 20;
+    m.tile_bytes_per_param =
+        static_cast<double>(HostTile::allocation_bytes(kFloats, actors::host_tile_options(c))) / kFloats;
+    if (!k.offload_dir.empty() || k.compression != "none") m.tile_bytes_per_param += k.compression == "int8" ? 2.0 : 0.0;
+    const ResourcePlan rp = plan_resources(c, model, extras, host_limit, "", k.offload_dir.empty() ? 0.0 : disk_limit,
+                                           "", device_limit);
+    m.host_bytes = rp.host_peak_rss_bytes;
+    m.disk_bytes = rp.disk_bytes;
+    m.fits = rp.fits();
+    if (rp.engine) m.step_s = predict_step(c, model, *rp.engine, hw, ops, extras).step_s;
+    out.push_back(m);
+  }
+  return out;
+}
+
+std::string describe_state_modes(const std::vector<StateMode>& modes) {
+  std::string s = "state modes (host bytes per parameter in the tiles, host RAM in all, the predicted step):\n";
+  for (const StateMode& m : modes) {
+    char line[512];
+    std::snprintf(line, sizeof line, "  %s %-52s %4.1f B/param  %10s%s  %-13s %s  [%s]\n", m.configured ? "*" : " ",
+                  (m.name + (m.exact ? "" : " (lossy)")).c_str(), m.tile_bytes_per_param, gib(m.host_bytes).c_str(),
+                  m.disk_bytes > 0 ? (" + " + gib(m.disk_bytes) + " NVMe").c_str() : "",
+                  m.fits ? "fits" : "does not fit",
+                  m.step_s > 0 ? ("step " + std::to_string(m.step_s).substr(0, 6) + " s").c_str() : "no step",
+                  m.settings.c_str());
+    s += line;
+  }
+  return s;
+}
+
+}  // namespace mt::plan

@@ -1,0 +1,36 @@
+// The ways a run can hold its optimizer state, side by side for `megatrain plan`: host bytes per
+// parameter, whether it fits, and the predicted step of each (the exact modes: fp32 or split masters,
+// gradient accumulators or stage gradients; beside them the lossy int8 moments and the NVMe tier).
+// Each row is the plan of the config with that mode's keys set, through the same functions as the plan
+// itself (plan_resources, predict_step). No CAF here.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "config/train_config.hpp"
+#include "kernels/model_config.hpp"
+#include "plan/resource_plan.hpp"
+#include "plan/step_model.hpp"
+
+namespace mt::plan {
+
+struct StateMode {
+  std::string name;      // "split masters, stage gradients (2 passes)"
+  std::string settings;  // the keys that select it ("train.master_weights=split train.gradient_buffer=stage")
+  bool exact = true;     // false: int8 moments (lossy)
+  bool configured = false;  // the config's own mode
+  double tile_bytes_per_param = 0.0;
+  double host_bytes = 0.0;  // the plan's predicted peak resident memory
+  double disk_bytes = 0.0;
+  bool fits = false;
+  double step_s = 0.0;  // 0: no step (the device budget does not fit)
+};
+
+// The limits are plan_resources'. ops: the op times of the config's own plan (every mode computes the
+// same ops; only the host side and the passes differ).
+std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
+                                   const HardwareProfile& hw, const OpTimes& ops, double host_limit,
+                                   double disk_limit, double device_limit);
+std::string describe_state_modes(const std::vector<StateMode>& modes);
+
+}  // namespace mt::plan
