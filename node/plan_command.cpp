@@ -135,9 +135,9 @@ int run_plan_command(const std::vector<std::string>& args) {
           hw.key == "this" ? measure_op_times(cfg, model, *rp.engine) : op_times_from_flops(cfg, model, *rp.engine, hw);
       const StepPrediction sp = predict_step(cfg, model, *rp.engine, hw, ops, extras);
       std::fputs(describe_step(sp, ops).c_str(), stdout);
-      std::fputs(describe_state_modes(state_modes(cfg, model, extras, hw, ops, host_limit, disk_limit, device_limit))
-                     .c_str(),
-                 stdout);
+      std::fputs(
+          describe_state_modes(state_modes(cfg, model, extras, hw, ops, host_limit, disk_limit, device_limit)).c_str(),
+          stdout);
     } else {
       std::printf("no step time: the device budget does not fit (see above)\n");
     }

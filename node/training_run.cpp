@@ -170,8 +170,9 @@ bool TrainingRun::check_model_and_data() {
         cfg_ = staged;
         plan_ = plan_engine(cfg_, model_);
         fit.clear();
-        say_(MessageStream::out, "megatrain: train.gradient_buffer=auto: stage (the gradient accumulators do not fit "
-                                 "host RAM; with clipping each step runs forward and backward twice)");
+        say_(MessageStream::out,
+             "megatrain: train.gradient_buffer=auto: stage (the gradient accumulators do not fit "
+             "host RAM; with clipping each step runs forward and backward twice)");
       }
     }
     if (!fit.empty()) {

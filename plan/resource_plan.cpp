@@ -91,11 +91,11 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
   const actors::TierBytes tb = actors::tier_bytes(cfg, model);
   double host_tiles = static_cast<double>(tb.tiles);
   const char* grads = tiles.grad_in_tile ? ", fp32 gradients" : "";
-  std::string tiles_what = masters_on_tier ? std::string("host tiles:") + (tiles.grad_in_tile ? " fp32 gradients" : "")
-                           : tiles.split_master
-                               ? std::string("host tiles: fp32 masters split (the bf16 compute copy + 16-bit low halves)") +
-                                     grads
-                               : std::string("host tiles: fp32 masters") + grads;
+  std::string tiles_what =
+      masters_on_tier ? std::string("host tiles:") + (tiles.grad_in_tile ? " fp32 gradients" : "")
+      : tiles.split_master
+          ? std::string("host tiles: fp32 masters split (the bf16 compute copy + 16-bit low halves)") + grads
+          : std::string("host tiles: fp32 masters") + grads;
   if (tiles.moments_in_tile) tiles_what += ", Adam m and v";
   if (bf16 && !tiles.split_master) tiles_what += ", bf16 compute copy";
   {
@@ -135,8 +135,9 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     if (e.stage_gradients && !(cfg.device.backend == "cpu" && !x.device_is_gpu && cfg.device_shares_host_memory())) {
       // Over a link each staging slot's gradient lands in a host buffer of its own (Context::grad_landing).
       const double landing = static_cast<double>(e.grad_slots) * largest_stage_bytes(model);
-      p.bytes.push_back({"host RAM", "stage gradients: a landing buffer per staging slot (" +
-                                         std::to_string(e.grad_slots) + ")", landing});
+      p.bytes.push_back({"host RAM",
+                         "stage gradients: a landing buffer per staging slot (" + std::to_string(e.grad_slots) + ")",
+                         landing});
       host += landing;
     }
     if (cfg.device.backend == "cpu" && !x.device_is_gpu) {

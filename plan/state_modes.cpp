@@ -31,8 +31,8 @@ std::vector<ModeKeys> candidate_modes(const TrainConfig& cfg) {
 }  // namespace
 
 std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
-                                   const HardwareProfile& hw, const OpTimes& ops, double host_limit,
-                                   double disk_limit, double device_limit) {
+                                   const HardwareProfile& hw, const OpTimes& ops, double host_limit, double disk_limit,
+                                   double device_limit) {
   std::vector<StateMode> out;
   for (const ModeKeys& k : candidate_modes(cfg)) {
     TrainConfig c = cfg;
@@ -54,9 +54,10 @@ std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& mo
     constexpr std::size_t kFloats = std::size_t{1} << 20;
     m.tile_bytes_per_param =
         static_cast<double>(HostTile::allocation_bytes(kFloats, actors::host_tile_options(c))) / kFloats;
-    if (!k.offload_dir.empty() || k.compression != "none") m.tile_bytes_per_param += k.compression == "int8" ? 2.0 : 0.0;
-    const ResourcePlan rp = plan_resources(c, model, extras, host_limit, "", k.offload_dir.empty() ? 0.0 : disk_limit,
-                                           "", device_limit);
+    if (!k.offload_dir.empty() || k.compression != "none")
+      m.tile_bytes_per_param += k.compression == "int8" ? 2.0 : 0.0;
+    const ResourcePlan rp =
+        plan_resources(c, model, extras, host_limit, "", k.offload_dir.empty() ? 0.0 : disk_limit, "", device_limit);
     m.host_bytes = rp.host_peak_rss_bytes;
     m.disk_bytes = rp.disk_bytes;
     m.fits = rp.fits();

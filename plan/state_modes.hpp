@@ -15,9 +15,9 @@
 namespace mt::plan {
 
 struct StateMode {
-  std::string name;      // "split masters, stage gradients (2 passes)"
-  std::string settings;  // the keys that select it ("train.master_weights=split train.gradient_buffer=stage")
-  bool exact = true;     // false: int8 moments (lossy)
+  std::string name;         // "split masters, stage gradients (2 passes)"
+  std::string settings;     // the keys that select it ("train.master_weights=split train.gradient_buffer=stage")
+  bool exact = true;        // false: int8 moments (lossy)
   bool configured = false;  // the config's own mode
   double tile_bytes_per_param = 0.0;
   double host_bytes = 0.0;  // the plan's predicted peak resident memory
@@ -29,8 +29,8 @@ struct StateMode {
 // The limits are plan_resources'. ops: the op times of the config's own plan (every mode computes the
 // same ops; only the host side and the passes differ).
 std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
-                                   const HardwareProfile& hw, const OpTimes& ops, double host_limit,
-                                   double disk_limit, double device_limit);
+                                   const HardwareProfile& hw, const OpTimes& ops, double host_limit, double disk_limit,
+                                   double device_limit);
 std::string describe_state_modes(const std::vector<StateMode>& modes);
 
 }  // namespace mt::plan

@@ -31,9 +31,11 @@ TrainConfig demo_config(Precision precision, int threads, int steps) {
 
 }  // namespace
 
-EngineStep measure_engine_step_here(Precision precision, int threads, int steps, bool adapt_to_load) {
+EngineStep measure_engine_step_here(Precision precision, int threads, int steps, bool adapt_to_load,
+                                    const ConfigTweak& tweak) {
   TrainConfig cfg = demo_config(precision, threads, steps);
   cfg.threads.adapt_to_load = adapt_to_load;
+  if (tweak) tweak(cfg);
   const ModelConfig model = cfg.model_config_from_keys();
   const actors::EnginePlan plan = actors::plan_engine(cfg, model);
   HostModel host(model, actors::host_tile_options(cfg));
@@ -89,9 +91,9 @@ EngineStep measure_engine_step_here(Precision precision, int threads, int steps,
   return e;
 }
 
-EngineStep measure_engine_step(Precision precision, int threads, int steps) {
+EngineStep measure_engine_step(Precision precision, int threads, int steps, const ConfigTweak& tweak) {
   const std::optional<EngineStep> e =
-      in_child_process<EngineStep>([&] { return measure_engine_step_here(precision, threads, steps); });
+      in_child_process<EngineStep>([&] { return measure_engine_step_here(precision, threads, steps, true, tweak); });
   if (!e) throw std::runtime_error("engine step benchmark: the measuring process failed (see above)");
   return *e;
 }

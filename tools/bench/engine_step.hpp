@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
+#include "config/train_config.hpp"
 #include "kernels/precision.hpp"
 
 namespace mt::bench {
@@ -26,9 +28,12 @@ struct EngineStep {
 // The same, in the calling process.
 // adapt_to_load: threads.adapt_to_load (the engine's default: fewer threads while other processes
 // take its cores); false keeps the thread count fixed.
-EngineStep measure_engine_step_here(Precision precision, int threads, int steps = 16, bool adapt_to_load = true);
+// tweak: changes the demo's config before it runs (other state modes, clipping), or empty.
+using ConfigTweak = std::function<void(TrainConfig&)>;
+EngineStep measure_engine_step_here(Precision precision, int threads, int steps = 16, bool adapt_to_load = true,
+                                    const ConfigTweak& tweak = {});
 
 // In a child process of its own (child_process.hpp), so that earlier runs in this process do not slow it.
-EngineStep measure_engine_step(Precision precision, int threads, int steps = 16);
+EngineStep measure_engine_step(Precision precision, int threads, int steps = 16, const ConfigTweak& tweak = {});
 
 }  // namespace mt::bench

@@ -24,6 +24,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"
+#include "plan/state_modes.hpp"
 #include "plan/step_model.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tools/bench/bench_report.hpp"
@@ -108,7 +109,7 @@ std::string cpu_line() {
 // device as one that shares host memory (the engine's boundary_mapped, which it allows only there: the
 // CPU backend today) instead of as the CUDA backend across a link (plan::plan_as_gpu).
 void published(const char* what, const char* reported, const std::string& profile, TrainConfig cfg,
-               const plan::PlanExtras& extras = {}, bool shares_host_memory = false) {
+               const plan::PlanExtras& extras = {}, bool shares_host_memory = false, bool modes = false) {
   const plan::HardwareProfile hw = plan::load_hardware_profile(profile, "");
   const ModelConfig model = cfg.model_config_from_keys();
   plan::plan_as_gpu(cfg, hw);
@@ -150,6 +151,11 @@ void published(const char* what, const char* reported, const std::string& profil
           ops.attention_forward, ops.attention_backward, ops.layer_forward, ops.layer_backward);
     std::printf("  reported beside predicted: %s | predicted %.0f tokens/s, %.0f TFLOP/s\n", reported,
                 sp.tokens / sp.step_s, sp.tflops());
+    if (modes)  // every way of holding the state, side by side (what `megatrain plan` prints)
+      std::fputs(plan::describe_state_modes(plan::state_modes(cfg, model, x, hw, ops, hw.host_ram_bytes, hw.disk_bytes,
+                                                              hw.device_memory_bytes))
+                     .c_str(),
+                 stdout);
   }
 }
 
@@ -330,6 +336,14 @@ int main(int argc, char** argv) {
     published("120B, fp32 masters + fp32 Adam in RAM", "fits one H200 with 1.5 TB of host RAM", "h200", c);
     c.train.optimizer_compression = "int8";
     published("120B, int8 moments in RAM", "fits one H200 with 1.5 TB of host RAM", "h200", c);
+    // Exact fp32 masters in 12 bytes per parameter: split masters and no gradient accumulators (the
+    // second forward and backward of the clip is in the step).
+    c.train.optimizer_compression = "none";
+    c.train.master_weights = "split";
+    c.train.gradient_buffer = "stage";
+    published("120B, split fp32 masters + stage gradients (12 bytes/parameter, exact)",
+              "fits one H200 with 1.5 TB of host RAM (bf16 weights and gradients, no fp32 master)", "h200", c, {},
+              false, true);
   }
   {
     // The paper reports that 7B trains at 512k tokens on one GH200 and gives no throughput or step time
