@@ -51,20 +51,27 @@ TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
     bool bf16;
     bool offload;
     std::string compression;
+    std::string gradient_buffer = "model";
+    double link_gbps = 0.0;
   };
-  const Case cases[] = {{"tiles", "boundary", false, false, "none"},
-                        {"bf16 compute copy, boundaries on the host", "boundary_host", true, false, "none"},
-                        {"moments on the NVMe tier", "boundary", false, true, "none"},
-                        {"int8 moments on the NVMe tier", "all", false, true, "int8"}};
+  const Case cases[] = {
+      {"tiles", "boundary", false, false, "none"},
+      {"bf16 compute copy, boundaries on the host", "boundary_host", true, false, "none"},
+      {"moments on the NVMe tier", "boundary", false, true, "none"},
+      {"int8 moments on the NVMe tier", "all", false, true, "int8"},
+      {"stage gradients, split masters", "boundary", true, false, "none", "stage"},
+      {"stage gradients over a link (landing buffers)", "boundary", false, false, "none", "stage", 100}};
   for (const Case& c : cases) {
     SECTION(c.name) {
       TempDir dir("bytes");
       Tiny t;
       t.layers = 4;
       t.steps = 2;
-      t.micro_batches = 2;
+      t.micro_batches = c.gradient_buffer == "stage" ? 1 : 2;
       t.keep = c.keep;
       t.bf16 = c.bf16;
+      t.gradient_buffer = c.gradient_buffer;
+      t.bandwidth_gbps = c.link_gbps;
       TrainConfig cfg = tiny_config(t);
       cfg.train.optimizer_compression = c.compression;
       if (c.offload) {
@@ -81,8 +88,15 @@ TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
       CHECK(tier_total(p, "device") == static_cast<double>(r.result.arena.capacity_bytes));
       // Host: the tiles and the moment store (HostModel::host_bytes), the boundary store, and the CPU
       // backend's arena (host memory).
+      // Stage gradients over a link: a landing buffer per staging slot, each the largest stage.
+      const double landing = c.gradient_buffer == "stage" && c.link_gbps > 0
+                                 ? static_cast<double>(p.engine->grad_slots) *
+                                       static_cast<double>(r.host->largest_stage_floats()) * sizeof(float)
+                                 : 0.0;
       const double host =
-          static_cast<double>(r.host->host_bytes() + p.engine->host_boundary_bytes + r.result.arena.capacity_bytes);
+          static_cast<double>(r.host->host_bytes() + p.engine->host_boundary_bytes + r.result.arena.capacity_bytes) +
+          landing;
+      if (c.gradient_buffer == "stage") CHECK(!r.host->tile(0).has_grad());
       CHECK(tier_total(p, "host RAM") == host);
       CHECK(p.host_bytes == host);
       if (c.keep == "boundary_host") CHECK(p.engine->host_boundary_bytes > 0);
@@ -155,6 +169,40 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key; megatrain plan
   INFO(warned.out);
   CHECK(warned.code == 0);
   CHECK(warned.out.find("warning") != std::string::npos);
+  // gradient_buffer=auto: RAM that holds the run without gradient accumulators but not with them (about
+  // 50M parameters: 200 MB of accumulators, far more than two processes' baselines differ by): the run
+  // drops them (two passes with clipping) rather than being refused.
+  {
+    const std::vector<std::string> args = {"--model.hidden_size=1024",
+                                           "--model.layers=4",
+                                           "--model.heads=8",
+                                           "--model.intermediate_size=2816",
+                                           "--model.vocab_size=64",
+                                           "--model.max_position_embeddings=32",
+                                           "--data.seq_length=16",
+                                           "--train.per_device_train_batch_size=2",
+                                           "--train.max_steps=1",
+                                           "--device.device_memory_mb=256",
+                                           "--threads.total=2",
+                                           "--monitor.enabled=false",
+                                           "--data.train_files=" + (dir.path / "data" / "train_*.bin").string(),
+                                           "--train.output_dir=" + (dir.path / "staged").string()};
+    TrainConfig cfg;
+    REQUIRE(parse_train_config(args, cfg) == "");
+    const ModelConfig model = cfg.model_config_from_keys();
+    const double with = plan::plan_resources(cfg, model, {}, 0, "", 0, "").host_peak_rss_bytes;
+    TrainConfig staged = cfg;
+    staged.train.gradient_buffer = "stage";
+    const double without = plan::plan_resources(staged, model, {}, 0, "", 0, "").host_peak_rss_bytes;
+    REQUIRE(with - without > 150e6);
+    std::string line;
+    for (const auto& a : args) line += " '" + a + "'";
+    const mt::test::Outcome dropped =
+        mt::test::run_node(line + " --plan.host_ram_gb=" + std::to_string(0.5 * (with + without) / 1073741824.0));
+    INFO(dropped.out);
+    CHECK(dropped.code == 0);
+    CHECK(dropped.out.find("train.gradient_buffer=auto: stage") != std::string::npos);
+  }
 
   // A model whose moments do not fit RAM but fit in files: the key named is train.offload_dir.
   const std::string big =
@@ -176,8 +224,16 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key; megatrain plan
   INFO(over.out);
   CHECK(over.code == 1);
   CHECK(over.out.find("DOES NOT FIT") != std::string::npos);
-  CHECK(over.out.find("fix: train.offload_dir") != std::string::npos);
+  // Without gradient accumulators (12 bytes/parameter, exact) it fits: the first fix; files are the next.
+  CHECK(over.out.find("fix: train.gradient_buffer") != std::string::npos);
+  CHECK(over.out.find("train.offload_dir=DIR (Adam moments in files) needs") != std::string::npos);
   CHECK(over.out.find("predicted step") != std::string::npos);
+  CHECK(over.out.find("state modes") != std::string::npos);
+  // 64 GB: only the moments in files fit.
+  const mt::test::Outcome files = plan_cmd(big + " --plan.hardware=h100 --plan.host_ram_gb=64");
+  INFO(files.out);
+  CHECK(files.code == 1);
+  CHECK(files.out.find("fix: train.offload_dir") != std::string::npos);
   const mt::test::Outcome fits = plan_cmd(big + " --plan.hardware=h100");
   INFO(fits.out);
   CHECK(fits.code == 0);

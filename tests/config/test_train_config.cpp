@@ -86,6 +86,13 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
          c.train.master_weights = "split", c.train.bf16 = true, c.train.offload_params = true;
          c.train.offload_dir = "/tmp/x";
        }},
+      {"train.gradient_buffer: 'none' is not one of: auto, model, stage",
+       [](TrainConfig& c) { c.train.gradient_buffer = "none"; }},
+      {"train.gradient_buffer: stage needs each stage's gradient complete after one backward: "
+       "train.gradient_accumulation_steps = 2",
+       [](TrainConfig& c) { c.train.gradient_buffer = "stage", c.train.gradient_accumulation_steps = 2; }},
+      {"train.gradient_buffer: stage needs each stage's gradient complete after one backward: device.gpus = 2",
+       [](TrainConfig& c) { c.train.gradient_buffer = "stage", c.device.gpus = 2; }},
       {"train.tf32: needs device.backend = cuda", [](TrainConfig& c) { c.train.tf32 = true; }},
       {"train.tf32: applies to fp32 compute",
        [](TrainConfig& c) { c.train.tf32 = true, c.train.bf16 = true, c.device.backend = "cuda"; }},
@@ -331,4 +338,27 @@ TEST_CASE("train.master_weights=auto splits the masters where the tie bit has an
   CHECK_FALSE(c.split_masters());
   c.train.master_weights = "split";
   CHECK(c.split_masters());
+}
+
+TEST_CASE("train.gradient_buffer=auto drops the accumulators only where that costs no second pass",
+          "[config][stage_gradients]") {
+  TrainConfig c;
+  CHECK(c.gradient_buffer() == GradientBuffer::automatic);
+  CHECK_FALSE(c.stage_gradients());  // max_grad_norm 1: a second pass would be needed
+  c.train.max_grad_norm = 0.0;
+  CHECK(c.stage_gradients());
+  CHECK(c.stage_gradient_passes() == 1);
+  c.train.gradient_accumulation_steps = 2;
+  CHECK_FALSE(c.stage_gradients());  // the accumulators sum the micro-batches
+  CHECK(c.stage_gradients_unsupported().find("train.gradient_accumulation_steps") != std::string::npos);
+  c.train.gradient_accumulation_steps = 1;
+  c.cluster.ranks = 2;
+  CHECK_FALSE(c.stage_gradients());
+  c.cluster.ranks = 1;
+  c.train.gradient_buffer = "stage";
+  c.train.max_grad_norm = 1.0;
+  CHECK(c.stage_gradients());
+  CHECK(c.stage_gradient_passes() == 2);
+  c.train.gradient_buffer = "model";
+  CHECK_FALSE(c.stage_gradients());
 }
