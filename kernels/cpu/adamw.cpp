@@ -196,6 +196,74 @@ void adamw_halves_range(bf16_t* high, std::uint16_t* low, const float* g, float*
     update_halves(high[i], low[i], v[i], [&](float& p, float& plain) { adamw_one(p, g[i], m[i], plain, s); });
 }
 
+#if defined(MT_ADAMW_AVX2) && defined(__GNUC__)
+#define MT_ADAMW_AVX512 1
+// GCC 12 reports its own AVX-512 intrinsics' undefined pass-through operands as maybe-uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// adamw_halves_range in 16 lanes (AVX-512F/BW/VL, chosen at run time where the CPU has them): the same
+// IEEE operations lane by lane (the update's multiplies, fmas, sqrt and divide are each correctly
+// rounded, whatever the vector width), the join and split with mask registers instead of lane masks.
+// Half the instructions of the AVX2 loop for the integer work around the update.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void adamw_halves_range_avx512(bf16_t* high, std::uint16_t* low,
+                                                                                    const float* g, float* m, float* v,
+                                                                                    std::size_t begin, std::size_t end,
+                                                                                    const AdamWStep& s) {
+  std::size_t i = begin;
+  const __m512 b1 = _mm512_set1_ps(s.beta1), b2 = _mm512_set1_ps(s.beta2), c1 = _mm512_set1_ps(s.one_minus_beta1);
+  const __m512 c2 = _mm512_set1_ps(s.one_minus_beta2), eps = _mm512_set1_ps(s.eps);
+  const __m512 decay = _mm512_set1_ps(s.decay_factor), neg_step = _mm512_set1_ps(-s.step_size);
+  const __m512 isb2 = _mm512_set1_ps(s.inv_sqrt_bias2), scale = _mm512_set1_ps(s.grad_scale);
+  const __m512i half = _mm512_set1_epi32(0x8000), low_mask = _mm512_set1_epi32(0xffff), one = _mm512_set1_epi32(1);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i bf16_abs = _mm512_set1_epi32(0x7fff), bf16_inf = _mm512_set1_epi32(0x7f80);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(kSignBit)), zero = _mm512_setzero_si512();
+  const __m512i round_bias = _mm512_set1_epi32(0x7fff), quiet_bit = _mm512_set1_epi32(0x40);
+  for (; i + 16 <= end; i += 16) {
+    // join (join_master_reference lane by lane)
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(high + i)));
+    const __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(low + i)));
+    const __m512i vb = _mm512_castps_si512(_mm512_loadu_ps(v + i));
+    const __m512i v_abs = _mm512_and_si512(vb, abs_mask);
+    const __mmask16 v_nan = _mm512_cmpgt_epi32_mask(v_abs, inf);
+    const __mmask16 tie = _mm512_kandn(v_nan, _mm512_cmplt_epi32_mask(vb, zero));
+    const __mmask16 h_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(h, bf16_abs), bf16_inf);
+    const __mmask16 borrow = _mm512_kandn(
+        h_nan, _mm512_kor(_mm512_cmpgt_epi32_mask(l, half), _mm512_kand(_mm512_cmpeq_epi32_mask(l, half), tie)));
+    const __m512i h_old = _mm512_mask_sub_epi32(h, borrow, h, one);  // rounded up: the top was high - 1
+    const __m512 p_old = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(h_old, 16), l));
+    const __m512 v_old = _mm512_castsi512_ps(_mm512_mask_blend_epi32(v_nan, v_abs, vb));
+    // the update: AdamW8::update's instructions in 16 lanes
+    const __m512 grad = _mm512_mul_ps(_mm512_loadu_ps(g + i), scale);
+    const __m512 mi = _mm512_fmadd_ps(c1, grad, _mm512_mul_ps(b1, _mm512_loadu_ps(m + i)));
+    const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(c2, grad), grad, _mm512_mul_ps(b2, v_old));
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), isb2, eps);
+    const __m512 pi = _mm512_fmadd_ps(neg_step, _mm512_div_ps(mi, denom), _mm512_mul_ps(p_old, decay));
+    // split: RNE high (NaN quieted), the dropped low half, the tie bit where low is 0x8000 and it rounded up
+    const __m512i u = _mm512_castps_si512(pi);
+    const __m512i top = _mm512_srli_epi32(u, 16);
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(top, one), round_bias)), 16);
+    const __m512i h_new =
+        _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(pi, pi, _CMP_UNORD_Q), rounded, _mm512_or_si512(top, quiet_bit));
+    const __m512i l_new = _mm512_and_si512(u, low_mask);
+    const __mmask16 up = _mm512_kandn(_mm512_cmpeq_epi32_mask(top, h_new), _mm512_cmpeq_epi32_mask(l_new, half));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_si512(v + i, _mm512_mask_or_epi32(_mm512_castps_si512(vi), up, _mm512_castps_si512(vi), sign));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(high + i), _mm512_cvtepi32_epi16(h_new));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + i), _mm512_cvtepi32_epi16(l_new));
+  }
+  if (i < end) adamw_halves_range(high, low, g, m, v, i, end, s);  // the AVX2 loop and the scalar tail
+}
+
+bool cpu_has_avx512_halves() {
+  static const bool has =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return has;
+}
+#pragma GCC diagnostic pop
+#endif
+
 }  // namespace
 
 void adamw(float* p, const float* g, float* m, float* v, std::size_t n, const AdamWStep& s, int threads) {
@@ -215,6 +283,14 @@ void adamw_bf16copy_reference(float* p, const float* g, float* m, float* v, bf16
 
 void adamw_split_master(bf16_t* high, std::uint16_t* low, const float* g, float* m, float* v, std::size_t n,
                         const AdamWStep& s, int threads) {
+#ifdef MT_ADAMW_AVX512
+  if (cpu_has_avx512_halves()) {
+    split_over_threads(n, threads, [&](std::size_t begin, std::size_t end) {
+      adamw_halves_range_avx512(high, low, g, m, v, begin, end, s);
+    });
+    return;
+  }
+#endif
   split_over_threads(
       n, threads, [&](std::size_t begin, std::size_t end) { adamw_halves_range(high, low, g, m, v, begin, end, s); });
 }

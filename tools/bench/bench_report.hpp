@@ -29,6 +29,24 @@ inline double best_seconds(const std::function<void()>& fn, int reps, int warmup
   return best;
 }
 
+// The fastest of `reps` runs of each of a and b, run alternately (a, b, a, b, ...), so that this machine's
+// drifting memory bandwidth affects both alike: for a kernel beside the probe of its access pattern.
+inline std::pair<double, double> best_seconds_alternating(const std::function<void()>& a,
+                                                          const std::function<void()>& b, int reps) {
+  a();
+  b();
+  double best_a = 1e300, best_b = 1e300;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    a();
+    best_a = std::min(best_a, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    t0 = std::chrono::steady_clock::now();
+    b();
+    best_b = std::min(best_b, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return {best_a, best_b};
+}
+
 // The median of `v` (0 when empty): the benchmarks' figure for repeated step times, so that one step
 // disturbed by this noisy machine does not decide it.
 inline double median(std::vector<double> v) {
