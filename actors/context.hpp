@@ -206,9 +206,10 @@ struct Context {
 
   std::int64_t stages() const { return plan.stages; }
   std::int64_t micro_batches() const { return plan.micro_batches; }
-  // The stamp of micro-batch (step, micro_batch)'s boundaries in host_acts: its global index + 1.
+  // The stamp of micro-batch (step, micro_batch)'s boundaries in host_acts: its global index + 1 (a
+  // replayed pass reads its first pass's boundaries: their stamp).
   std::uint64_t boundary_stamp(std::int64_t step, std::int64_t micro_batch) const {
-    return static_cast<std::uint64_t>(step * sched.micro_batches() + micro_batch) + 1;
+    return static_cast<std::uint64_t>(step * sched.micro_batches() + data_local(micro_batch)) + 1;
   }
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };

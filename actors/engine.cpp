@@ -212,7 +212,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
                         "stage needs each stage's gradient complete after one backward: " + why);
     p.gradient_passes = cfg.stage_gradient_passes();
   }
-  p.activation_sets = activation_sets(p.order, p.device_micro_batches * p.gradient_passes);
+  p.activation_sets = activation_sets(p.order, p.device_micro_batches);  // a second pass replays the first's
   const KeepIntermediates keep = cfg.keep_intermediates();
   const bool tiles_possible = layer_has_seq_tiles(model);
   if (cfg.device.seq_tile > 0 && cfg.device.seq_tile < p.seq && !tiles_possible)
@@ -418,8 +418,8 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   FaultPlan on_demand_faults;  // no test plan: still the target of the monitor's /control/fault
   ctx->fault = job.fault != nullptr ? job.fault : &on_demand_faults;
   ctx->sched = job.forward_only ? Schedule::forward_only(job.model, job.eval_batches)
-                                : Schedule(job.model, ctx->plan.device_micro_batches * ctx->plan.gradient_passes,
-                                           ctx->plan.order, ctx->plan.boundaries_on_host);
+                                : Schedule(job.model, ctx->plan.device_micro_batches, ctx->plan.order,
+                                           ctx->plan.boundaries_on_host, ctx->plan.gradient_passes);
   if (!job.forward_only) {
     ctx->stage_gradients = ctx->plan.stage_gradients;
     ctx->passes = ctx->plan.gradient_passes;

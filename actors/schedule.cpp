@@ -65,9 +65,12 @@ int activation_sets(MicroBatchOrder order, std::int64_t micro_batches) {
   return order == MicroBatchOrder::interleaved && micro_batches > 1 ? 2 : 1;
 }
 
-Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host)
-    : ops_(micro_batch_ops(c, boundaries_on_host)), micro_batches_(micro_batches), kind_(order) {
+Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host,
+                   std::int64_t passes)
+    : ops_(micro_batch_ops(c, boundaries_on_host)), micro_batches_(micro_batches), passes_(passes), kind_(order) {
   if (micro_batches < 1) throw std::invalid_argument("Schedule: micro_batches must be >= 1");
+  if (passes < 1 || (passes > 1 && micro_batches != 1))
+    throw std::invalid_argument("Schedule: replayed passes need one micro-batch per step");
   const std::int64_t L = c.num_hidden_layers;
   const std::int64_t n = ops_per_micro_batch();
   const std::int64_t fwd = L + 2;  // ops 0..L+1: forward and head
@@ -90,7 +93,10 @@ Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchO
     }
     for (std::int64_t j = 0; j < bwd; ++j) backward(micro_batches - 1, j);
   }
-  index_.assign(static_cast<std::size_t>(micro_batches * n), -1);
+  for (std::int64_t r = 1; r < passes; ++r)  // the replays: head, layer backwards, embed backward
+    for (std::int64_t j = fwd - 1; j < n; ++j) order_.emplace_back(r, j);
+  micro_batches_ = micro_batches * passes;
+  index_.assign(static_cast<std::size_t>(micro_batches_ * n), -1);
   for (std::size_t i = 0; i < order_.size(); ++i)
     index_[static_cast<std::size_t>(order_[i].first * n + order_[i].second)] = static_cast<std::int64_t>(i);
 }

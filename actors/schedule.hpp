@@ -21,6 +21,12 @@
 // micro-batch order, so the accumulation (and every result) is bit-identical to the sequential order.
 // Steps follow each other.
 //
+// Stage gradients with clipping (train.gradient_buffer=stage, passes = 2, one micro-batch): the step's
+// micro-batch runs again after its own embed backward, from the head on (ops L+1..2L+2): micro-batch 1
+// of the schedule is the second pass, and it replays the backward from the activations the first
+// pass's forward left (its activation set; a backward reads them and writes none), so the second pass
+// costs a head and a backward, not a forward too.
+//
 // An evaluation pass (forward_only) is one "step" of forward ops per micro-batch, sequential:
 //   op 0 embed forward, op 1..L layer forward, op L+1 head_loss (the head's loss only, no gradients).
 #pragma once
@@ -74,7 +80,10 @@ struct Pos {
 class Schedule {
  public:
   Schedule() = default;
-  Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host);
+  // passes > 1 (needs micro_batches = 1): passes - 1 replays of the backward follow (see above);
+  // micro_batches() then counts every pass.
+  Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host,
+           std::int64_t passes = 1);
   // An evaluation pass: forward_only_ops per micro-batch, in micro-batch order.
   static Schedule forward_only(const ModelConfig& c, std::int64_t micro_batches);
 
@@ -89,18 +98,22 @@ class Schedule {
   Pos at(std::int64_t step, std::int64_t index) const;  // index in [0, length())
   Pos first(std::int64_t step) const { return at(step, 0); }
   Pos next(const Pos& p) const;
-  // Index within a step of op `op` of micro-batch `micro_batch`.
+  // Index within a step of op `op` of micro-batch `micro_batch` (-1: a replay does not run that op).
   std::int64_t index_of(std::int64_t micro_batch, std::int64_t op) const;
   const Op& op(const Pos& p) const { return ops_[static_cast<std::size_t>(p.op)]; }
   bool is_forward_only() const { return forward_only_; }
-  // Which of the in-flight activation sets micro-batch `micro_batch` uses.
-  int activation_set(std::int64_t micro_batch) const { return static_cast<int>(micro_batch % in_flight_); }
+  // Which of the in-flight activation sets micro-batch `micro_batch` uses (a replay: its first pass's).
+  int activation_set(std::int64_t micro_batch) const {
+    return static_cast<int>((micro_batch % (micro_batches_ / passes_)) % in_flight_);
+  }
+  std::int64_t passes() const { return passes_; }
 
  private:
   std::vector<Op> ops_;
   std::vector<std::pair<std::int64_t, std::int64_t>> order_;  // per index: (micro-batch, op)
   std::vector<std::int64_t> index_;                           // micro_batch * ops + op -> index
   std::int64_t micro_batches_ = 1;
+  std::int64_t passes_ = 1;
   MicroBatchOrder kind_ = MicroBatchOrder::sequential;
   int in_flight_ = 1;  // activation_sets(kind_, micro_batches_)
   bool forward_only_ = false;

@@ -201,10 +201,11 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
                             const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& /*extras*/, int steps) {
   steps = std::max(2, steps);
   // Stage gradients (train.gradient_buffer=stage): every pass is a schedule micro-batch (with clipping
-  // the first only sums squares), and each stage is updated from its slot as its last pass completes.
+  // the first only sums squares; the second replays the head and the backward), and each stage is
+  // updated from its slot as its last pass completes.
   const bool stage_grads = plan.stage_gradients;
   const std::int64_t passes = plan.gradient_passes;
-  const actors::Schedule sched(model, plan.micro_batches * passes, plan.order, plan.boundaries_on_host);
+  const actors::Schedule sched(model, plan.micro_batches, plan.order, plan.boundaries_on_host, passes);
   const std::int64_t S = plan.stages;
   std::vector<double> floats(static_cast<std::size_t>(S));
   for (std::int64_t s = 0; s < S; ++s) floats[s] = static_cast<double>(stage_layout(model, s).total_floats);

@@ -56,6 +56,33 @@ TEST_CASE("schedule: sequential order walks micro-batches one after another", "[
   CHECK_THROWS_AS(s.at(0, 14), std::out_of_range);
 }
 
+// Stage gradients with clipping: the second pass replays the head and the backward of the one
+// micro-batch from the first pass's activations (its set), after the first pass's embed backward.
+TEST_CASE("schedule: a second pass replays the head and the backward only", "[actors][schedule][stage_gradients]") {
+  ModelConfig c;
+  c.num_hidden_layers = 2;
+  for (MicroBatchOrder order : {MicroBatchOrder::interleaved, MicroBatchOrder::sequential}) {
+    const Schedule s(c, 1, order, true, 2);
+    CHECK(s.micro_batches() == 2);
+    CHECK(s.passes() == 2);
+    CHECK(s.in_flight() == 1);
+    REQUIRE(s.length() == 7 + 4);  // E L1 L2 H L2' L1' E', then H L2' L1' E'
+    for (std::int64_t i = 0; i < 7; ++i) CHECK(s.at(0, i).micro_batch == 0);
+    const std::vector<OpKind> replay{OpKind::head, OpKind::layer_backward, OpKind::layer_backward,
+                                     OpKind::embed_backward};
+    for (std::int64_t i = 7; i < 11; ++i) {
+      const Pos p = s.at(0, i);
+      CHECK(p.micro_batch == 1);
+      CHECK(s.op(p).kind == replay[static_cast<std::size_t>(i - 7)]);
+    }
+    CHECK(s.activation_set(1) == s.activation_set(0));
+    CHECK(s.index_of(1, 0) == -1);  // no forward in the replay
+    CHECK(s.index_of(1, 3) == 7);
+    CHECK(s.op(s.at(0, 9)).load_stage[1] == 0);  // the replay's backward streams the first pass's boundary
+  }
+  CHECK_THROWS_AS(Schedule(c, 2, MicroBatchOrder::sequential, false, 2), std::invalid_argument);
+}
+
 // The interleaved order, checked by its properties rather than by a copy of the generator.
 TEST_CASE("schedule: interleaved order keeps every dependency and the accumulation order", "[actors][schedule]") {
   for (std::int64_t layers : {1, 2, 5}) {
