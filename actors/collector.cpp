@@ -80,6 +80,16 @@ void reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, float*
   if (mb + 1 == ctx->sched.micro_batches()) cluster::share_stage(*ctx->world, owner, accum, n, what);
 }
 
+// Tells the node the step's gradients are all collected once every stage's ledger count reaches `complete`.
+void report_if_step_done(self_ptr self, std::int64_t step, std::int64_t complete) {
+  auto& st = self->state;
+  const RunLedger& led = st.ctx->ledger;
+  for (std::size_t s = 0; s < led.accum_step.size(); ++s)
+    if (led.accum_step[s] != step || led.accum_count[s] != complete) return;
+  self->send(st.peers.node, CollectorStepDone{step, st.offload_s[step]});
+  st.offload_s.erase(step);
+}
+
 // Stage gradients: the slot's gradient as the host sees it (over a link, copied into the slot's landing
 // buffer first), its sum of squares or the slot itself handed to the optimizer.
 void collect_in_slot(self_ptr self, const LayerGrads& m) {
@@ -120,15 +130,7 @@ void collect_in_slot(self_ptr self, const LayerGrads& m) {
   ctx->intervals.add(Role::collector, step, t0, t1);
   ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, ctx->work_micro_batch(mb), stage, "collect");
   const bool handed_before = passes_done == ctx->passes;  // only the slot goes again, not the step's report
-  if (!sums_only && !handed_before) {
-    std::int64_t complete = 0;
-    for (std::size_t s = 0; s < led.accum_step.size(); ++s)
-      if (led.accum_step[s] == step && led.accum_count[s] == ctx->passes) ++complete;
-    if (complete == ctx->stages()) {
-      self->send(st.peers.node, CollectorStepDone{step, st.offload_s[step]});
-      st.offload_s.erase(step);
-    }
-  }
+  if (!sums_only && !handed_before) report_if_step_done(self, step, ctx->passes);
   self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, sumsq, sums_only ? -1 : m.grad_slot});
 }
 
@@ -205,13 +207,7 @@ void collect(self_ptr self, const LayerGrads& m) {
   if (mb + 1 == M) {
     const double sumsq = stage_grad_sumsq(layout, tile.grad(), ctx->granted(ctx->collector_threads));
     led.sumsq[si] = sumsq;
-    std::int64_t complete = 0;
-    for (std::size_t s = 0; s < led.accum_step.size(); ++s)
-      if (led.accum_step[s] == step && led.accum_count[s] == M) ++complete;
-    if (complete == ctx->stages()) {
-      self->send(st.peers.node, CollectorStepDone{step, st.offload_s[step]});
-      st.offload_s.erase(step);
-    }
+    report_if_step_done(self, step, M);
     self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, sumsq});
   }
 }

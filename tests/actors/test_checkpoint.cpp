@@ -106,16 +106,17 @@ std::string file_bytes(const fs::path& p) {
 }
 
 // Byte for byte: every shard file, and the manifest but for its creation time (and the run's recorded
-// train.master_weights when `ignore_master_weights`). Empty when equal, else what differs.
-std::string checkpoint_file_difference(const fs::path& a, const fs::path& b, bool ignore_master_weights = false) {
+// train.master_weights and train.gradient_buffer when `ignore_state_modes`). Empty when equal, else what differs.
+std::string checkpoint_file_difference(const fs::path& a, const fs::path& b, bool ignore_state_modes = false) {
   nlohmann::json ma = nlohmann::json::parse(file_bytes(a / "manifest.json"));
   nlohmann::json mb = nlohmann::json::parse(file_bytes(b / "manifest.json"));
   for (const char* key : {"created_utc", "manifest_xxh3_64"}) {  // the time, and the checksum over it
     ma.erase(key);
     mb.erase(key);
   }
-  if (ignore_master_weights)
-    for (nlohmann::json* m : {&ma, &mb}) (*m)["run"]["train_config"]["train"].erase("master_weights");
+  if (ignore_state_modes)
+    for (nlohmann::json* m : {&ma, &mb})
+      for (const char* key : {"master_weights", "gradient_buffer"}) (*m)["run"]["train_config"]["train"].erase(key);
   if (ma != mb) return "manifests differ: " + nlohmann::json::diff(ma, mb).dump();
   for (const auto& shard : ma.at("shards")) {
     const std::string name = shard.at("file").get<std::string>();
@@ -222,6 +223,36 @@ TEST_CASE("checkpoint: split and fp32 masters write the same files and resume ea
   CHECK(equals_reference(*a2.host, *ref.trainer));
   CHECK(equals_reference(*b2.host, *ref.trainer));
   CHECK(checkpoint_file_difference(ds.path / "step-00000012", dp.path / "step-00000012", true) == "");
+}
+
+TEST_CASE("checkpoint: stage gradients and accumulators write the same files and resume each other's checkpoints",
+          "[actors][checkpoint][stage_gradients]") {
+  // Gradients are not part of a checkpoint: two passes with clipping (stage) and one (model) agree on disk.
+  Tiny t;
+  t.steps = 12;
+  t.bf16 = true;
+  Tiny staged = t, kept = t;
+  staged.gradient_buffer = "stage";
+  kept.gradient_buffer = "model";
+  const TrainConfig cs = tiny_config(staged), ck = tiny_config(kept);
+  const ModelConfig model = cs.model_config_from_keys();
+  const auto batches = tiny_batches(t, 64);
+  TempDir ds("stage"), dk("model");
+  const Run a = train(cs, model, batches, ds.path.string(), 0, 6);
+  const Run b = train(ck, model, batches, dk.path.string(), 0, 6);
+  REQUIRE(a.result.error.empty());
+  REQUIRE(b.result.error.empty());
+  CHECK_FALSE(a.host->tile(0).has_grad());
+  CHECK(b.host->tile(0).has_grad());
+  CHECK(checkpoint_file_difference(ds.path / "step-00000006", dk.path / "step-00000006", true) == "");
+  const Run a2 = train(cs, model, batches, ds.path.string(), 0, -1, dk.path / "step-00000006");
+  const Run b2 = train(ck, model, batches, dk.path.string(), 0, -1, ds.path / "step-00000006");
+  REQUIRE(a2.result.error.empty());
+  REQUIRE(b2.result.error.empty());
+  const RefRun ref = run_reference(cs, model, batches, 12);
+  CHECK(equals_reference(*a2.host, *ref.trainer));
+  CHECK(equals_reference(*b2.host, *ref.trainer));
+  CHECK(checkpoint_file_difference(ds.path / "step-00000012", dk.path / "step-00000012", true) == "");
 }
 
 TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate or is copied aside, results unchanged",
