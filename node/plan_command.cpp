@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "config/node_config.hpp"
+#include "node/kernel_choice.hpp"
 #include "node/training_run.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"
@@ -80,7 +81,17 @@ int run_plan_command(const std::vector<std::string>& args) {
     PlanExtras extras;
     double measure_s = 0, host_limit = 0, disk_limit = 0, device_limit = 0;
     std::string host_source, disk_source;
+    std::string kernel_note;
     if (cfg.plan.hardware == "this") {
+      // The bf16 products' path `train` would take here (the cache, else the probe), fixed before anything
+      // runs a product, so the machine's figures and the op times come from the kernels the run uses.
+      try {
+        const actors::KernelChoice kc =
+            actors::choose_kernels(cfg, model, actors::plan_engine(cfg, model), nlohmann::json::object());
+        if (kc.applies) kernel_note = kc.line();
+      } catch (const ConfigError&) {
+        // a device budget that does not fit: the plan below reports it
+      }
       MeasureOptions mo;
       const ThreadBudget tb = cfg.thread_budget();
       mo.compute_threads = std::max(1, tb.blas);
@@ -126,11 +137,19 @@ int run_plan_command(const std::vector<std::string>& args) {
                 static_cast<long long>(cfg.train.per_device_train_batch_size),
                 static_cast<long long>(cfg.data.seq_length), tokens, cfg.train.bf16 ? "bf16 compute" : "fp32 compute");
     print_profile(hw, measure_s);
-    const ResourcePlan rp =
-        plan_resources(cfg, model, extras, host_limit, host_source, disk_limit, disk_source, device_limit);
+    auto plan_of = [&](const TrainConfig& c) {
+      return plan_resources(c, model, extras, host_limit, host_source, disk_limit, disk_source, device_limit);
+    };
+    if (const auto staged =
+            without_accumulators_if_only_that_fits(cfg, [&](const TrainConfig& c) { return plan_of(c).fits(); })) {
+      cfg = *staged;  // as `train` resolves it
+      std::printf("note: %s\n", kDroppedAccumulatorsNote);
+    }
+    const ResourcePlan rp = plan_of(cfg);
     std::fputs(describe_resources(rp).c_str(), stdout);
     if (rp.engine) {
       for (const auto& n : rp.engine->notes) std::printf("note: %s\n", n.c_str());
+      if (!kernel_note.empty()) std::printf("note: %s\n", kernel_note.c_str());
       const OpTimes ops =
           hw.key == "this" ? measure_op_times(cfg, model, *rp.engine) : op_times_from_flops(cfg, model, *rp.engine, hw);
       const StepPrediction sp = predict_step(cfg, model, *rp.engine, hw, ops, extras);

@@ -27,6 +27,7 @@
 #include "node/host_pinning.hpp"
 #include "node/kernel_choice.hpp"
 #include "plan/resource_plan.hpp"
+#include "plan/state_modes.hpp"
 #include "storage/hf/file_util.hpp"
 #include "storage/hf/hf_config.hpp"
 
@@ -160,22 +161,13 @@ bool TrainingRun::check_model_and_data() {
       model_ = cfg_.model_config_from_keys();
     plan_ = plan_engine(cfg_, model_);
     // Host RAM and disk against the plan (plan): refused only when it genuinely cannot fit.
-    std::string fit = plan::check_run_fits(cfg_, model_);
-    if (!fit.empty() && cfg_.gradient_buffer() == GradientBuffer::automatic && !cfg_.stage_gradients() &&
-        cfg_.stage_gradients_unsupported().empty()) {
-      // auto: the fastest mode that fits; without the accumulators the run is the same, bit for bit.
-      TrainConfig staged = cfg_;
-      staged.train.gradient_buffer = "stage";
-      if (plan::check_run_fits(staged, model_).empty()) {
-        cfg_ = staged;
-        plan_ = plan_engine(cfg_, model_);
-        fit.clear();
-        say_(MessageStream::out,
-             "megatrain: train.gradient_buffer=auto: stage (the gradient accumulators do not fit "
-             "host RAM; with clipping each step runs forward and backward twice)");
-      }
+    if (const auto staged = plan::without_accumulators_if_only_that_fits(
+            cfg_, [&](const TrainConfig& c) { return plan::check_run_fits(c, model_).empty(); })) {
+      cfg_ = *staged;
+      plan_ = plan_engine(cfg_, model_);
+      say_(MessageStream::out, std::string("megatrain: ") + plan::kDroppedAccumulatorsNote);
     }
-    if (!fit.empty()) {
+    if (const std::string fit = plan::check_run_fits(cfg_, model_); !fit.empty()) {
       if (cfg_.plan.enforce)
         throw std::runtime_error(fit + " (`megatrain plan` prints the whole plan; --plan.enforce=false starts anyway)");
       say_(MessageStream::err, "megatrain: warning: " + fit);

@@ -82,4 +82,15 @@ std::string describe_state_modes(const std::vector<StateMode>& modes) {
   return s;
 }
 
+std::optional<TrainConfig> without_accumulators_if_only_that_fits(const TrainConfig& cfg,
+                                                                  const std::function<bool(const TrainConfig&)>& fits) {
+  if (cfg.gradient_buffer() != GradientBuffer::automatic || cfg.stage_gradients() ||
+      !cfg.stage_gradients_unsupported().empty() || fits(cfg))
+    return std::nullopt;
+  TrainConfig staged = cfg;
+  staged.train.gradient_buffer = "stage";
+  if (!fits(staged)) return std::nullopt;
+  return staged;
+}
+
 }  // namespace mt::plan

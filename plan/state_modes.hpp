@@ -4,6 +4,8 @@
 // Each row is the plan of the config with that mode's keys set, through the same functions as the plan
 // itself (plan_resources, predict_step). No CAF here.
 #pragma once
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,5 +34,14 @@ std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& mo
                                    const HardwareProfile& hw, const OpTimes& ops, double host_limit, double disk_limit,
                                    double device_limit);
 std::string describe_state_modes(const std::vector<StateMode>& modes);
+
+// train.gradient_buffer=auto picks the fastest mode that fits: when `cfg` (accumulators kept) does not
+// fit and the same run without them does (`fits` decides), that config; else nullopt. The two give the
+// same bits. `train` runs with it, and `megatrain plan` plans it.
+std::optional<TrainConfig> without_accumulators_if_only_that_fits(const TrainConfig& cfg,
+                                                                  const std::function<bool(const TrainConfig&)>& fits);
+inline constexpr const char* kDroppedAccumulatorsNote =
+    "train.gradient_buffer=auto: stage (the gradient accumulators do not fit host RAM; with clipping each step "
+    "replays the head and backward once more)";
 
 }  // namespace mt::plan

@@ -219,8 +219,9 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key; megatrain plan
     fs::remove(log);
     return o;
   };
-  // 7B in fp32 masters + Adam: about 16 bytes/parameter = 108 GB; 80 GB of host RAM does not hold it.
-  const mt::test::Outcome over = plan_cmd(big + " --plan.hardware=h100 --plan.host_ram_gb=80");
+  // 7B with gradient accumulators: 16 bytes/parameter = 108 GB; 80 GB of host RAM does not hold it.
+  const mt::test::Outcome over =
+      plan_cmd(big + " --plan.hardware=h100 --plan.host_ram_gb=80 --train.gradient_buffer=model");
   INFO(over.out);
   CHECK(over.code == 1);
   CHECK(over.out.find("DOES NOT FIT") != std::string::npos);
@@ -229,6 +230,11 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key; megatrain plan
   CHECK(over.out.find("train.offload_dir=DIR (Adam moments in files) needs") != std::string::npos);
   CHECK(over.out.find("predicted step") != std::string::npos);
   CHECK(over.out.find("state modes") != std::string::npos);
+  // gradient_buffer=auto plans what `train` runs: without the accumulators, and it fits.
+  const mt::test::Outcome dropped = plan_cmd(big + " --plan.hardware=h100 --plan.host_ram_gb=80");
+  INFO(dropped.out);
+  CHECK(dropped.code == 0);
+  CHECK(dropped.out.find("train.gradient_buffer=auto: stage") != std::string::npos);
   // 64 GB: only the moments in files fit.
   const mt::test::Outcome files = plan_cmd(big + " --plan.hardware=h100 --plan.host_ram_gb=64");
   INFO(files.out);
