@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "tools/bench/bench_report.hpp"
+#include "tools/bench/bf16_choice.hpp"
+#include "tools/bench/demo_model.hpp"
 #include "tools/bench/engine_step.hpp"
 #include "tools/bench/gemm_ceiling.hpp"
 
@@ -41,6 +43,14 @@ int main(int argc, char** argv) {
   }
   std::printf("state modes: the demo model's engine step per way of holding the state, 2 threads\n");
   std::printf("  CPU: %s\n  ISA: %s\n", cpu_model().c_str(), cpu_isa_flags().c_str());
+  {
+    // The bf16 runs take the products' path a run of the demo would measure here (fixed for every child).
+    const TrainConfig demo = demo_train_config(1);
+    const std::int64_t rows = demo.train.per_device_train_batch_size * demo.data.seq_length;
+    const std::int64_t d = demo.model.hidden_size, ff = demo.model.intermediate_size;
+    std::printf("  bf16 products: %s\n",
+                choose_bf16_path({{rows, d, 3 * d}, {rows, d, d}, {rows, d, ff}, {rows, ff, d}}, 2).c_str());
+  }
   Report report("state_modes");
   bool same_bits = true;
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
