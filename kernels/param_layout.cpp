@@ -143,4 +143,20 @@ std::int64_t total_param_count(const ModelConfig& c) {
   return n;
 }
 
+std::int64_t layer_active_param_count(const ModelConfig& c, std::int64_t layer) {
+  const ParamLayout l = layer_layout(c, layer);
+  if (!c.is_moe()) return static_cast<std::int64_t>(l.param_count());
+  std::int64_t shared = 0, experts = 0;
+  for (const auto& t : l.tensors)
+    (t.name.rfind("block_sparse_moe.experts.", 0) == 0 ? experts : shared) += static_cast<std::int64_t>(t.numel);
+  return shared + experts / c.num_experts * c.num_experts_per_tok;  // every expert has the same shapes
+}
+
+std::int64_t active_param_count(const ModelConfig& c) {
+  std::int64_t n = total_param_count(c);
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    n -= static_cast<std::int64_t>(layer_layout(c, l).param_count()) - layer_active_param_count(c, l);
+  return n;
+}
+
 }  // namespace mt

@@ -60,5 +60,10 @@ std::string moe_expert_tensor(std::int64_t expert, const char* kind);
 // embeddings the head computes with it and its gradient flows back into stage 0.
 std::string embedding_weight_name(const ModelConfig& c);
 std::int64_t total_param_count(const ModelConfig& c);
+// Parameters one token computes with: all of them for a dense model; with experts, a layer's router,
+// attention and norms plus num_experts_per_tok of its num_experts experts (what FLOPs scale with, while
+// memory and the link carry total_param_count).
+std::int64_t layer_active_param_count(const ModelConfig& c, std::int64_t layer);
+std::int64_t active_param_count(const ModelConfig& c);
 
 }  // namespace mt

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "config/node_config.hpp"
+#include "kernels/param_layout.hpp"
 #include "node/kernel_choice.hpp"
 #include "node/training_run.hpp"
 #include "plan/hardware.hpp"
@@ -130,9 +131,11 @@ int run_plan_command(const std::vector<std::string>& args) {
 
     const double tokens = static_cast<double>(cfg.train.per_device_train_batch_size * cfg.data.seq_length *
                                               cfg.train.gradient_accumulation_steps);
-    std::printf("megatrain plan: %s, %lld layers, %.3fB parameters; %lld x %lld x %lld = %.0f tokens per step; %s\n",
+    const std::string active =
+        model.is_moe() ? " (" + std::to_string(active_param_count(model) / 1000000) + "M active per token)" : "";
+    std::printf("megatrain plan: %s, %lld layers, %.3fB parameters%s; %lld x %lld x %lld = %.0f tokens per step; %s\n",
                 arch_name(model.arch), static_cast<long long>(model.num_hidden_layers),
-                static_cast<double>(total_param_count(model)) / 1e9,
+                static_cast<double>(total_param_count(model)) / 1e9, active.c_str(),
                 static_cast<long long>(cfg.train.gradient_accumulation_steps),
                 static_cast<long long>(cfg.train.per_device_train_batch_size),
                 static_cast<long long>(cfg.data.seq_length), tokens, cfg.train.bf16 ? "bf16 compute" : "fp32 compute");
@@ -154,6 +157,7 @@ int run_plan_command(const std::vector<std::string>& args) {
           hw.key == "this" ? measure_op_times(cfg, model, *rp.engine) : op_times_from_flops(cfg, model, *rp.engine, hw);
       const StepPrediction sp = predict_step(cfg, model, *rp.engine, hw, ops, extras);
       std::fputs(describe_step(sp, ops).c_str(), stdout);
+      std::fputs(describe_transfer_cover(transfer_cover(cfg, model, *rp.engine, hw, ops), model).c_str(), stdout);
       std::fputs(
           describe_state_modes(state_modes(cfg, model, extras, hw, ops, host_limit, disk_limit, device_limit)).c_str(),
           stdout);

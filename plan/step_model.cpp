@@ -14,15 +14,15 @@
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/stage_api.hpp"
+#include "plan/resource_plan.hpp"
 
 namespace mt::plan {
 
 namespace {
 
+// What a token computes with (a mixture of experts: its top-k experts, not all of them).
 double matmul_params_of_layer(const ModelConfig& model) {
-  double n = 0;
-  for (const auto& t : stage_layout(model, 1).tensors) n += static_cast<double>(t.numel);
-  return n;
+  return static_cast<double>(layer_active_param_count(model, 0));
 }
 
 // The fastest of several runs after a warm-up (first-touch pages, thread pools, kernel choice): on a
@@ -94,7 +94,7 @@ double model_flops_per_step(const ModelConfig& model, double tokens, double seq)
   double embedding = 0;
   for (const auto& t : stage_layout(model, 0).tensors) embedding += static_cast<double>(t.numel);
   const bool tied = model.tie_word_embeddings || model.is_gpt2();
-  const double params = static_cast<double>(total_param_count(model)) - embedding +
+  const double params = static_cast<double>(active_param_count(model)) - embedding +
                         (tied ? static_cast<double>(model.vocab_size * model.hidden_size) : 0.0);
   return 6.0 * params * tokens + 6.0 * static_cast<double>(model.num_hidden_layers * model.q_dim()) * seq * tokens;
 }
@@ -515,6 +515,38 @@ std::string describe_step(const StepPrediction& p, const OpTimes& ops) {
                 ? "  the tier's CPU work (checksums, system calls) runs on compute's cores: it pauses compute\n"
                 : "  the tier's CPU work (checksums, system calls) runs on host cores beside the device\n");
   return out.str();
+}
+
+TransferCover transfer_cover(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                             const HardwareProfile& hw, const OpTimes& ops) {
+  TransferCover t;
+  const double element = cfg.precision() == Precision::bf16 ? 2.0 : 4.0;
+  t.layer_bytes = static_cast<double>(stage_layout(model, 1).total_floats) * element;
+  t.layer_link_s = hw.link_h2d > 0 ? t.layer_bytes / hw.link_h2d : 0.0;
+  t.tokens_now = static_cast<double>(plan.batch * plan.seq);
+  t.forward_s_per_token = t.tokens_now > 0 ? ops.layer_forward / t.tokens_now : 0.0;
+  t.tokens_needed = t.forward_s_per_token > 0 ? t.layer_link_s / t.forward_s_per_token : 0.0;
+  return t;
+}
+
+std::string describe_transfer_cover(const TransferCover& t, const ModelConfig& model) {
+  char b[1024];
+  int n = 0;
+  if (model.is_moe())
+    n = std::snprintf(
+        b, sizeof b,
+        "experts: a layer streams all %lld experts (%.3fB parameters a layer) and a token computes "
+        "with %lld of them (%.3fB active a layer; %.3fB of the model's %.3fB parameters)\n",
+        static_cast<long long>(model.num_experts), static_cast<double>(layer_layout(model, 0).param_count()) / 1e9,
+        static_cast<long long>(model.num_experts_per_tok),
+        static_cast<double>(layer_active_param_count(model, 0)) / 1e9,
+        static_cast<double>(active_param_count(model)) / 1e9, static_cast<double>(total_param_count(model)) / 1e9);
+  std::snprintf(b + n, sizeof b - static_cast<std::size_t>(n),
+                "link cover: a layer's %s streams in %.4f s; its forward computes %.3g s a token, so %.0f tokens per "
+                "micro-batch hide the transfer (this plan has %.0f: %s)\n",
+                gib(t.layer_bytes).c_str(), t.layer_link_s, t.forward_s_per_token, t.tokens_needed, t.tokens_now,
+                t.tokens_now >= t.tokens_needed ? "hidden" : "the link binds the forward");
+  return b;
 }
 
 }  // namespace mt::plan

@@ -85,7 +85,8 @@ struct StepPrediction {
 };
 
 // Model FLOPs of one step as the benchmarks count them: 6 x matmul parameters x tokens + causal
-// attention's computed half (6 x layers x heads x head_dim x seq per token).
+// attention's computed half (6 x layers x heads x head_dim x seq per token). With experts the matmul
+// parameters are the active ones (active_param_count: a token's top-k experts).
 double model_flops_per_step(const ModelConfig& model, double tokens, double seq);
 
 // Simulates `steps` steps (>= 2) of the plan on `hw` with op times `ops`.
@@ -94,5 +95,20 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
                             int steps = 5);
 
 std::string describe_step(const StepPrediction& p, const OpTimes& ops);
+
+// Whether a micro-batch's compute hides the streaming of its layers: every micro-batch streams each
+// layer in (for its forward and again for its backward), and the forward, with a third of the backward's
+// FLOPs, is the op the link binds first. A mixture of experts streams all its experts and computes with
+// k of them, so it needs many more tokens than a dense layer of the same size.
+struct TransferCover {
+  double layer_bytes = 0;          // one decoder layer's streamed weights (the compute copy)
+  double layer_link_s = 0;         // their transfer at the profile's link rate in
+  double forward_s_per_token = 0;  // the layer forward's compute per token (the op times')
+  double tokens_needed = 0;        // tokens per micro-batch at which the forward's compute equals the transfer
+  double tokens_now = 0;           // this plan's (batch x seq)
+};
+TransferCover transfer_cover(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                             const HardwareProfile& hw, const OpTimes& ops);
+std::string describe_transfer_cover(const TransferCover& t, const ModelConfig& model);
 
 }  // namespace mt::plan

@@ -68,11 +68,11 @@ EngineStep measure_engine_step_here(Precision precision, int threads, int steps,
   const double tokens = static_cast<double>(cfg.train.per_device_train_batch_size * cfg.data.seq_length);
   e.tokens_per_s = tokens / e.step_s;
   // Matmul parameters: the embedding table is a lookup, not a product (counted once, as the LM head,
-  // when tied).
+  // when tied); with experts, those a token computes with (its top-k).
   double embedding = 0;
   for (const auto& t : stage_layout(model, 0).tensors) embedding += static_cast<double>(t.numel);
   const bool tied = model.tie_word_embeddings || model.is_gpt2();
-  const double params = static_cast<double>(total_param_count(model)) - embedding +
+  const double params = static_cast<double>(active_param_count(model)) - embedding +
                         (tied ? static_cast<double>(model.vocab_size * model.hidden_size) : 0.0);
   // As train_step_bench.cpp counts them: causal attention's computed half (6 L d T per token).
   e.model_flops = 6.0 * params * tokens + 6.0 * static_cast<double>(model.num_hidden_layers * model.hidden_size) *
