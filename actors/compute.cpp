@@ -231,7 +231,8 @@ void try_advance(self_ptr self) {
         be.embedding_forward(c, weights(0), tokens, B, T, boundary(0));
         break;
       case OpKind::layer_forward:
-        be.layer_forward(c, weights(0), boundary(op.stage - 1), boundary(op.stage), B, T, saved(op.stage), ws);
+        be.layer_forward(c.layer_config(op.stage - 1), weights(0), boundary(op.stage - 1), boundary(op.stage), B, T,
+                         saved(op.stage), ws);
         break;
       case OpKind::head: {
         float* gh = open_staging(ctx, k_main, p, S - 1);
@@ -266,7 +267,8 @@ void try_advance(self_ptr self) {
         // The layer's input: streamed back from the host into an activation slot, or kept on the device.
         const float* x_in = on_host ? ctx->act_slots[static_cast<std::size_t>(slot[1])] : boundary(op.stage - 1);
         float* g = open_staging(ctx, k_main, p, op.stage);
-        be.layer_backward(c, weights(0), x_in, saved(op.stage), ctx->dx[dxc], ctx->dx[1 - dxc], g, B, T, ws);
+        be.layer_backward(c.layer_config(op.stage - 1), weights(0), x_in, saved(op.stage), ctx->dx[dxc],
+                          ctx->dx[1 - dxc], g, B, T, ws);
         hand_over(self, k_main, p, op.stage, Phase::backward);
         break;
       }

@@ -1,5 +1,7 @@
 #include "config/train_config.hpp"
 
+#include <algorithm>
+
 #include <cmath>
 #include <sstream>
 
@@ -176,6 +178,34 @@ std::string TrainConfig::events_jsonl_path() const {
   return log.events_jsonl.empty() ? train.output_dir + "/events.jsonl" : log.events_jsonl;
 }
 
+namespace {
+// "0, 5,3" -> {0, 3, 5}: layer indices, sorted, without repeats (their range is ModelConfig's check).
+std::vector<std::int64_t> parse_layer_list(const std::string& text, const std::string& key) {
+  std::vector<std::int64_t> out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    std::string item = text.substr(at, comma - at);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    std::size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0)
+      throw ConfigError(key, "'" + text + "' is not a comma-separated list of layer indices (>= 0)");
+    out.push_back(v);
+    at = comma + 1;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+}  // namespace
+
 ModelConfig TrainConfig::model_config_from_keys() const {
   ModelConfig m;
   try {
@@ -197,14 +227,27 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   m.initializer_range = static_cast<float>(model.initializer_range);
   if (m.arch == Arch::qwen2) m.attention_bias = true;
   if (m.arch == Arch::qwen3) m.qk_norm = true;
-  if (m.arch == Arch::mixtral) {
+  if (m.arch == Arch::qwen3_moe) m.qk_norm = true;
+  const bool qwen_moe = m.arch == Arch::qwen3_moe;
+  if (m.arch == Arch::mixtral || qwen_moe) {
     m.num_experts = model.num_experts > 0 ? model.num_experts : 8;
     m.num_experts_per_tok = model.num_experts_per_tok;
-    m.moe_intermediate_size = model.intermediate_size;
+    m.moe_intermediate_size = model.moe_intermediate_size > 0 ? model.moe_intermediate_size : model.intermediate_size;
+    m.norm_topk_prob = qwen_moe ? model.norm_topk_prob : true;
   } else if (model.num_experts > 0) {
     throw ConfigError(key_of(*this, model.num_experts),
-                      "experts need " + key_of(*this, model.arch) + "=mixtral (got " + model.arch + ")");
+                      "experts need " + key_of(*this, model.arch) + "=mixtral or qwen3_moe (got " + model.arch + ")");
   }
+  auto qwen_moe_only = [&](bool set, const std::string& key) {
+    if (set && !qwen_moe)
+      throw ConfigError(key, "is Qwen3-MoE's: it needs " + key_of(*this, model.arch) + "=qwen3_moe");
+  };
+  qwen_moe_only(model.moe_intermediate_size > 0, key_of(*this, model.moe_intermediate_size));
+  qwen_moe_only(model.norm_topk_prob, key_of(*this, model.norm_topk_prob));
+  qwen_moe_only(model.decoder_sparse_step != 1, key_of(*this, model.decoder_sparse_step));
+  qwen_moe_only(!model.mlp_only_layers.empty(), key_of(*this, model.mlp_only_layers));
+  m.decoder_sparse_step = model.decoder_sparse_step;
+  m.mlp_only_layers = parse_layer_list(model.mlp_only_layers, key_of(*this, model.mlp_only_layers));
   if (model.heads > 0 && model.head_dim == 0 && model.hidden_size % model.heads != 0)
     throw ConfigError(key_of(*this, model.heads),
                       std::to_string(model.heads) + " does not divide " + key_of(*this, model.hidden_size) + "=" +

@@ -67,15 +67,19 @@ struct TrainSection {                  // [train]
 struct ModelSection {              // [model]
   std::string config_file;         // a Hugging Face config.json (or its directory); "" = the keys below
   std::string model_name_or_path;  // a Hugging Face model directory to start from (config + weights)
-  std::string arch = "llama";      // llama | qwen2 | qwen3 | mistral | gpt2 | mixtral (HF model_type)
+  std::string arch = "llama";      // llama | qwen2 | qwen3 | mistral | gpt2 | mixtral | qwen3_moe (HF model_type)
   std::int64_t hidden_size = 384;
-  std::int64_t layers = 8;                // num_hidden_layers
-  std::int64_t heads = 6;                 // num_attention_heads
-  std::int64_t kv_heads = 0;              // num_key_value_heads; 0 = heads
-  std::int64_t head_dim = 0;              // 0 = hidden_size / heads
-  std::int64_t intermediate_size = 1024;  // mixtral: each expert's width
-  std::int64_t num_experts = 0;           // mixtral: num_local_experts; 0 = 8 (transformers' default)
-  std::int64_t num_experts_per_tok = 2;   // mixtral: top-k
+  std::int64_t layers = 8;                 // num_hidden_layers
+  std::int64_t heads = 6;                  // num_attention_heads
+  std::int64_t kv_heads = 0;               // num_key_value_heads; 0 = heads
+  std::int64_t head_dim = 0;               // 0 = hidden_size / heads
+  std::int64_t intermediate_size = 1024;   // dense MLP width (mixtral: each expert's)
+  std::int64_t num_experts = 0;            // mixtral / qwen3_moe: experts per layer; 0 = 8
+  std::int64_t num_experts_per_tok = 2;    // top-k
+  std::int64_t moe_intermediate_size = 0;  // qwen3_moe: each expert's width; 0 = intermediate_size
+  bool norm_topk_prob = false;             // qwen3_moe: renormalise the top-k weights (mixtral always does)
+  std::int64_t decoder_sparse_step = 1;    // qwen3_moe: every step-th layer has experts
+  std::string mlp_only_layers;             // qwen3_moe: comma-separated layers with a dense MLP ("0,5")
   std::int64_t vocab_size = 4096;
   std::int64_t max_position_embeddings = 1024;
   double rope_theta = 10000.0;

@@ -1,6 +1,7 @@
 #include "device/arena_plan.hpp"
 
 #include <sstream>
+#include <vector>
 
 #include "kernels/param_layout.hpp"
 #include "storage/host/aligned_buffer.hpp"
@@ -48,8 +49,14 @@ std::size_t largest_stage_floats(const ModelConfig& cfg, std::int64_t* stage) {
   cfg.validate();
   std::size_t best = 0;
   std::int64_t best_stage = 0;
-  // Layers share one shape: stage 1 stands for all of them, so planning costs O(1) in depth.
-  const std::int64_t probe[] = {0, 1, num_stages(cfg) - 1};
+  // Layers share one shape, so stage 1 stands for all of them (planning costs O(1) in depth), unless
+  // dense layers sit among expert layers (Qwen3-MoE): then the first of each kind.
+  std::vector<std::int64_t> probe = {0, 1, num_stages(cfg) - 1};
+  if (cfg.layers_differ()) {
+    bool seen[2] = {false, false};  // dense, expert
+    for (std::int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+      if (!seen[cfg.layer_is_moe(l)]) seen[cfg.layer_is_moe(l)] = true, probe.push_back(l + 1);
+  }
   for (std::int64_t s : probe) {
     const std::size_t floats = stage_layout(cfg, s).total_floats;
     if (floats > best) best = floats, best_stage = s;

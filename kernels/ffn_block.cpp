@@ -82,11 +82,11 @@ BoundTensors<P, kMoeTensors> bind_moe(const ModelConfig& c, P base, Precision p,
     const ParamLayout& l = cached_layer_layout(c);
     auto at = [&](const std::string& name) { return static_cast<std::ptrdiff_t>(l.at(name).offset); };
     MoeOffsets o;
-    o.off.at[router] = at("block_sparse_moe.gate.weight");
-    o.off.at[w1] = at(moe_expert_tensor(0, "w1"));
-    o.off.at[w3] = at(moe_expert_tensor(0, "w3"));
-    o.off.at[w2] = at(moe_expert_tensor(0, "w2"));
-    o.stride = c.num_experts > 1 ? at(moe_expert_tensor(1, "w1")) - o.off.at[w1] : 0;
+    o.off.at[router] = at(moe_router_tensor(c));
+    o.off.at[w1] = at(moe_expert_tensor(c, 0, ExpertMatrix::gate));
+    o.off.at[w3] = at(moe_expert_tensor(c, 0, ExpertMatrix::up));
+    o.off.at[w2] = at(moe_expert_tensor(c, 0, ExpertMatrix::down));
+    o.stride = c.num_experts > 1 ? at(moe_expert_tensor(c, 1, ExpertMatrix::gate)) - o.off.at[w1] : 0;
     return o;
   });
   *stride = m.stride;

@@ -1,5 +1,6 @@
 // layer_forward / layer_backward: validation and the workspace split (saved | scratch | operand room),
 // then the family's stage over the ops (layer_impl.hpp).
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -33,12 +34,37 @@ void give_tiled_operand_room(Ops& ops, const detail::LayerFamily& f, const Model
   ops.use_operand_room(workspace + f.tiled_scratch_floats(c, batch, seq, seq_tile), f.operand_room(c, 1, seq_tile));
 }
 
+// A layer computes with its own layer's config (ModelConfig::layer_config): a dense layer's offsets and
+// shapes are not those of its MoE neighbours.
+void refuse_mixed_layers(const ModelConfig& c) {
+  if (c.layers_differ())
+    throw std::invalid_argument(
+        "layer: this model's layers differ (dense layers among expert layers): compute with the layer's own "
+        "config (ModelConfig::layer_config)");
+}
+
+// The largest of a size over each kind of layer the model has (one kind unless its layers differ).
+template <class Size>
+std::size_t largest_over_layer_kinds(const ModelConfig& c, Size size) {
+  if (!c.layers_differ()) return size(c);
+  std::size_t most = 0;
+  bool seen_moe = false, seen_dense = false;
+  for (std::int64_t l = 0; l < c.num_hidden_layers && !(seen_moe && seen_dense); ++l) {
+    bool& seen = c.layer_is_moe(l) ? seen_moe : seen_dense;
+    if (seen) continue;
+    seen = true;
+    most = std::max(most, size(c.layer_config(l)));
+  }
+  return most;
+}
+
 }  // namespace
 
 std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq) {
   c.validate();
   validate_batch_shape(c, batch, seq);
-  return detail::layer_family(c).saved_floats(c, batch, seq);
+  return largest_over_layer_kinds(
+      c, [&](const ModelConfig& lc) { return detail::layer_family(lc).saved_floats(lc, batch, seq); });
 }
 
 bool layer_has_seq_tiles(const ModelConfig& c) { return detail::layer_family(c).tiled_forward != nullptr; }
@@ -54,6 +80,9 @@ bool layer_runs_tiled(const ModelConfig& c, std::int64_t seq, std::int64_t seq_t
 
 std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode,
                                    Precision precision, std::int64_t seq_tile) {
+  if (c.layers_differ())
+    return largest_over_layer_kinds(
+        c, [&](const ModelConfig& lc) { return layer_workspace_floats(lc, batch, seq, mode, precision, seq_tile); });
   const std::size_t saved = layer_saved_floats(c, batch, seq);
   const detail::LayerFamily& f = detail::layer_family(c);
   if (mode == ActivationMode::recompute && layer_runs_tiled(c, seq, seq_tile))
@@ -77,6 +106,7 @@ std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std
 
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
                    std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile) {
+  refuse_mixed_layers(c);
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
   check_pointers(params && x_in && x_out && workspace, "params, x_in, x_out and workspace must be non-null");
   check_pointers(x_in != x_out, "x_out must not alias x_in");
@@ -95,6 +125,7 @@ void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
                     const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
                     std::int64_t seq_tile) {
+  refuse_mixed_layers(c);
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
   check_pointers(params && dy && dx && grads && workspace, "params, dy, dx, grads and workspace must be non-null");
   check_pointers(saved || x_in, "recompute mode (saved == nullptr) needs the layer input x_in");

@@ -20,15 +20,17 @@ const char* arch_name(Arch a) {
       return "gpt2";
     case Arch::mixtral:
       return "mixtral";
+    case Arch::qwen3_moe:
+      return "qwen3_moe";
   }
   return "?";
 }
 
 Arch parse_arch(const std::string& model_type) {
-  for (Arch a : {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::mistral, Arch::gpt2, Arch::mixtral})
+  for (Arch a : {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::mistral, Arch::gpt2, Arch::mixtral, Arch::qwen3_moe})
     if (model_type == arch_name(a)) return a;
   throw std::invalid_argument("unsupported model_type '" + model_type +
-                              "' (supported: llama, qwen2, qwen3, mistral, gpt2, mixtral)");
+                              "' (supported: llama, qwen2, qwen3, mistral, gpt2, mixtral, qwen3_moe)");
 }
 
 const char* rope_type_name(RopeType t) {
@@ -133,6 +135,18 @@ void ModelConfig::validate() const {
     validate_rope_scaling(*this, fail);
   }
   if (arch == Arch::mixtral && !is_moe()) fail("mixtral needs num_experts (num_local_experts) > 0");
+  if (arch == Arch::qwen3_moe && !is_moe()) fail("qwen3_moe needs num_experts > 0");
+  if (arch == Arch::qwen3_moe && !qk_norm) fail("qwen3_moe always has q/k norms (qk_norm)");
+  if (decoder_sparse_step < 1) fail("decoder_sparse_step must be >= 1, got " + std::to_string(decoder_sparse_step));
+  if ((decoder_sparse_step != 1 || !mlp_only_layers.empty()) && arch != Arch::qwen3_moe)
+    fail(std::string("mlp_only_layers and decoder_sparse_step are Qwen3-MoE's (this is ") + arch_name(arch) + ")");
+  for (std::size_t i = 0; i < mlp_only_layers.size(); ++i) {
+    const std::int64_t l = mlp_only_layers[i];
+    if (l < 0 || l >= num_hidden_layers)
+      fail("mlp_only_layers holds " + std::to_string(l) + ", not a layer in [0, " + std::to_string(num_hidden_layers) +
+           ")");
+    if (i > 0 && l <= mlp_only_layers[i - 1]) fail("mlp_only_layers must be sorted without repeats");
+  }
   if (is_moe()) {
     if (is_gpt2()) fail("gpt2 has no mixture-of-experts form");
     if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
@@ -146,6 +160,31 @@ void ModelConfig::validate() const {
   }
   if (!(norm_eps > 0.0f)) fail("norm eps must be > 0");
   if (!(initializer_range > 0.0f)) fail("initializer_range must be > 0");
+}
+
+bool ModelConfig::layer_is_moe(std::int64_t layer) const {
+  if (!is_moe()) return false;
+  for (const std::int64_t l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+bool ModelConfig::layers_differ() const {
+  if (!is_moe() || (mlp_only_layers.empty() && decoder_sparse_step == 1)) return false;
+  for (std::int64_t l = 0; l < num_hidden_layers; ++l)
+    if (!layer_is_moe(l)) return true;
+  return false;
+}
+
+ModelConfig ModelConfig::layer_config(std::int64_t layer) const {
+  ModelConfig c = *this;
+  c.mlp_only_layers.clear();
+  c.decoder_sparse_step = 1;
+  if (is_moe() && !layer_is_moe(layer)) {
+    c.arch = Arch::qwen3;  // validate() admits mlp_only_layers for qwen3_moe only, and a dense one is qwen3
+    c.num_experts = 0, c.num_experts_per_tok = 0, c.moe_intermediate_size = 0;
+  }
+  return c;
 }
 
 }  // namespace mt

@@ -3,10 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mt {
 
-enum class Arch { llama, qwen2, qwen3, mistral, gpt2, mixtral };
+enum class Arch { llama, qwen2, qwen3, mistral, gpt2, mixtral, qwen3_moe };
 
 // "llama", "qwen2", ... (the Hugging Face model_type) and back; parse throws std::invalid_argument.
 const char* arch_name(Arch a);
@@ -66,18 +67,30 @@ struct ModelConfig {
   bool qk_norm = false;              // RMSNorm over each head of q and k (Qwen3)
   float initializer_range = 0.02f;   // std of the normal init, as Hugging Face uses
 
-  // Mixture of experts (Mixtral; num_experts == 0: a dense MLP). Every layer's MLP is num_experts SwiGLU
-  // experts of width moe_intermediate_size; a router (a [num_experts, hidden] linear) scores them per
-  // token, softmax in fp32, keeps the num_experts_per_tok best and, with norm_topk_prob, divides their
-  // weights by their sum (Mixtral always does). Experts that no token chose get a zero gradient.
-  std::int64_t num_experts = 0;            // num_local_experts
+  // Mixture of experts (Mixtral, Qwen3-MoE; num_experts == 0: a dense MLP). A MoE layer's MLP is
+  // num_experts SwiGLU experts of width moe_intermediate_size; a router (a [num_experts, hidden] linear)
+  // scores them per token, softmax in fp32, keeps the num_experts_per_tok best and, with norm_topk_prob,
+  // divides their weights by their sum (Mixtral always does). Experts that no token chose get a zero
+  // gradient. Qwen3-MoE may keep some layers dense (width intermediate_size): those in mlp_only_layers
+  // and those whose (index + 1) is not a multiple of decoder_sparse_step (transformers' rule).
+  std::int64_t num_experts = 0;            // num_local_experts (Mixtral) / num_experts (Qwen3-MoE)
   std::int64_t num_experts_per_tok = 0;    // top-k
   std::int64_t moe_intermediate_size = 0;  // an expert's width (Mixtral: intermediate_size)
   bool norm_topk_prob = true;
   double router_aux_loss_coef = 0.0;  // kept for export; the load-balancing loss is not applied (refused when on)
+  std::vector<std::int64_t> mlp_only_layers;  // Qwen3-MoE: layers with a dense MLP (sorted, no repeats)
+  std::int64_t decoder_sparse_step = 1;       // Qwen3-MoE: every step-th layer has experts
 
   bool is_gpt2() const { return arch == Arch::gpt2; }
   bool is_moe() const { return num_experts > 0; }
+  // Whether layer `layer` (0-based) has experts; false for every layer of a dense model.
+  bool layer_is_moe(std::int64_t layer) const;
+  // Whether some layer lacks the experts the config has (Qwen3-MoE's dense layers). A stage computes
+  // with the config of its own layer (layer_config); the layer functions refuse such a config.
+  bool layers_differ() const;
+  // The config one layer computes with: every layer alike (mlp_only_layers empty, decoder_sparse_step
+  // 1); a Qwen3-MoE layer without experts becomes a qwen3 layer of width intermediate_size.
+  ModelConfig layer_config(std::int64_t layer) const;
   // Sequences longer than max_position_embeddings are refused (validate_batch_shape, the engine) but
   // with dynamic rope_scaling, whose NTK-aware base grows for exactly those (transformers' dynamic RoPE).
   bool positions_extend_past_max() const { return rope_scaling.type == RopeType::dynamic; }

@@ -61,6 +61,10 @@ ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer) {
   if (layer < 0 || layer >= c.num_hidden_layers)
     throw std::out_of_range("layer " + std::to_string(layer) + " out of range [0, " +
                             std::to_string(c.num_hidden_layers) + ")");
+  if (c.layers_differ()) {  // this layer's own shape, under this layer's name
+    ParamLayout l = layer_layout(c.layer_config(layer), layer);
+    return l;
+  }
   const auto d = c.hidden_size, ff = c.intermediate_size;
   if (c.is_gpt2()) {
     LayoutBuilder b(StageKind::layer, "transformer.h." + std::to_string(layer) + ".");
@@ -93,14 +97,13 @@ ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer) {
   b.add("self_attn.o_proj.weight", {d, c.q_dim()});
   b.add("post_attention_layernorm.weight", {d});
   if (c.is_moe()) {
-    // The router, then each kind of expert matrix for every expert in turn (w1 = gate, w3 = up, w2 =
-    // down, Mixtral's names): expert e's matrix of a kind is e strides after expert 0's, so one grouped
-    // product reads them all.
+    // The router, then each kind of expert matrix for every expert in turn (gate, up, down): expert e's
+    // matrix of a kind is e strides after expert 0's, so one grouped product reads them all.
     const std::int64_t E = c.num_experts, eff = c.moe_intermediate_size;
-    b.add("block_sparse_moe.gate.weight", {E, d});
-    for (const char* kind : {"w1", "w3"})
-      for (std::int64_t e = 0; e < E; ++e) b.add(moe_expert_tensor(e, kind), {eff, d});
-    for (std::int64_t e = 0; e < E; ++e) b.add(moe_expert_tensor(e, "w2"), {d, eff});
+    b.add(moe_router_tensor(c), {E, d});
+    for (ExpertMatrix m : {ExpertMatrix::gate, ExpertMatrix::up})
+      for (std::int64_t e = 0; e < E; ++e) b.add(moe_expert_tensor(c, e, m), {eff, d});
+    for (std::int64_t e = 0; e < E; ++e) b.add(moe_expert_tensor(c, e, ExpertMatrix::down), {d, eff});
     return b.take();
   }
   b.add("mlp.gate_proj.weight", {ff, d});
@@ -109,8 +112,20 @@ ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer) {
   return b.take();
 }
 
-std::string moe_expert_tensor(std::int64_t expert, const char* kind) {
-  return "block_sparse_moe.experts." + std::to_string(expert) + "." + kind + ".weight";
+std::string moe_router_tensor(const ModelConfig& c) {
+  return c.arch == Arch::mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight";
+}
+
+std::string moe_experts_prefix(const ModelConfig& c) {
+  return c.arch == Arch::mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
+}
+
+std::string moe_expert_tensor(const ModelConfig& c, std::int64_t expert, ExpertMatrix m) {
+  static const char* const mixtral[] = {"w1", "w3", "w2"};
+  static const char* const qwen[] = {"gate_proj", "up_proj", "down_proj"};
+  const int i = static_cast<int>(m);
+  return moe_experts_prefix(c) + std::to_string(expert) + "." + (c.arch == Arch::mixtral ? mixtral[i] : qwen[i]) +
+         ".weight";
 }
 
 ParamLayout head_layout(const ModelConfig& c) {
@@ -145,11 +160,13 @@ std::int64_t total_param_count(const ModelConfig& c) {
 
 std::int64_t layer_active_param_count(const ModelConfig& c, std::int64_t layer) {
   const ParamLayout l = layer_layout(c, layer);
-  if (!c.is_moe()) return static_cast<std::int64_t>(l.param_count());
+  const ModelConfig lc = c.layer_config(layer);
+  if (!lc.is_moe()) return static_cast<std::int64_t>(l.param_count());
+  const std::string experts_prefix = moe_experts_prefix(lc);
   std::int64_t shared = 0, experts = 0;
   for (const auto& t : l.tensors)
-    (t.name.rfind("block_sparse_moe.experts.", 0) == 0 ? experts : shared) += static_cast<std::int64_t>(t.numel);
-  return shared + experts / c.num_experts * c.num_experts_per_tok;  // every expert has the same shapes
+    (t.name.rfind(experts_prefix, 0) == 0 ? experts : shared) += static_cast<std::int64_t>(t.numel);
+  return shared + experts / lc.num_experts * lc.num_experts_per_tok;  // every expert has the same shapes
 }
 
 std::int64_t active_param_count(const ModelConfig& c) {

@@ -52,9 +52,15 @@ ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer);
 ParamLayout head_layout(const ModelConfig& c);
 ParamLayout stage_layout(const ModelConfig& c, std::int64_t stage);
 
-// A mixture-of-experts layer's expert matrix by Hugging Face (Mixtral v4) name, relative to the layer:
-// "block_sparse_moe.experts.<expert>.<kind>.weight", kind w1 (gate), w3 (up) or w2 (down).
-std::string moe_expert_tensor(std::int64_t expert, const char* kind);
+// A mixture-of-experts layer's tensors by the family's Hugging Face (transformers v4) names, relative to
+// the layer. Mixtral: the router "block_sparse_moe.gate.weight", expert e's matrices
+// "block_sparse_moe.experts.<e>.{w1,w3,w2}.weight" (gate, up, down). Qwen3-MoE: "mlp.gate.weight" and
+// "mlp.experts.<e>.{gate_proj,up_proj,down_proj}.weight". transformers v5 fuses each kind over experts
+// (storage/hf reads both).
+enum class ExpertMatrix { gate, up, down };
+std::string moe_router_tensor(const ModelConfig& c);
+std::string moe_experts_prefix(const ModelConfig& c);  // "block_sparse_moe.experts." / "mlp.experts."
+std::string moe_expert_tensor(const ModelConfig& c, std::int64_t expert, ExpertMatrix m);
 
 // The embedding matrix's full name ("model.embed_tokens.weight" / "transformer.wte.weight"); with tied
 // embeddings the head computes with it and its gradient flows back into stage 0.

@@ -62,17 +62,17 @@ Vec<T> moe_ffn(const ModelConfig& c, const ParamLayout& l, const T* p, const T* 
   const RouteShape r{N, E, k, RouterKind::softmax_topk, c.norm_topk_prob};
   Vec<T> logits = zeros<T>(N * E), weight = zeros<T>(N * k), y = zeros<T>(N * d);
   std::vector<std::int32_t> expert(static_cast<std::size_t>(N * k));
-  linear(xn, tensor(l, p, "block_sparse_moe.gate.weight"), static_cast<const T*>(nullptr), logits.data(), N, d, E);
+  linear(xn, tensor(l, p, moe_router_tensor(c).c_str()), static_cast<const T*>(nullptr), logits.data(), N, d, E);
   moe_route(logits.data(), r, expert.data(), weight.data());
   Vec<T> g = zeros<T>(ff), u = zeros<T>(ff), h = zeros<T>(ff), ye = zeros<T>(d);
   for (i64 n = 0; n < N; ++n)
     for (i64 j = 0; j < k; ++j) {
       const i64 e = expert[n * k + j];
-      auto W = [&](const char* kind) { return p + l.at(moe_expert_tensor(e, kind)).offset; };
-      linear(xn + n * d, W("w1"), static_cast<const T*>(nullptr), g.data(), 1, d, ff);
-      linear(xn + n * d, W("w3"), static_cast<const T*>(nullptr), u.data(), 1, d, ff);
+      auto W = [&](ExpertMatrix m) { return p + l.at(moe_expert_tensor(c, e, m)).offset; };
+      linear(xn + n * d, W(ExpertMatrix::gate), static_cast<const T*>(nullptr), g.data(), 1, d, ff);
+      linear(xn + n * d, W(ExpertMatrix::up), static_cast<const T*>(nullptr), u.data(), 1, d, ff);
       swiglu(g.data(), u.data(), h.data(), ff);
-      linear(h.data(), W("w2"), static_cast<const T*>(nullptr), ye.data(), 1, ff, d);
+      linear(h.data(), W(ExpertMatrix::down), static_cast<const T*>(nullptr), ye.data(), 1, ff, d);
       for (i64 i = 0; i < d; ++i) y[n * d + i] += weight[n * k + j] * ye[i];
     }
   return y;
@@ -86,32 +86,35 @@ void moe_ffn_backward(const ModelConfig& c, const ParamLayout& l, const T* p, co
   const RouteShape r{N, E, k, RouterKind::softmax_topk, c.norm_topk_prob};
   Vec<T> logits = zeros<T>(N * E), weight = zeros<T>(N * k), dweight = zeros<T>(N * k), dlogits = zeros<T>(N * E);
   std::vector<std::int32_t> expert(static_cast<std::size_t>(N * k));
-  const T* Wr = tensor(l, p, "block_sparse_moe.gate.weight");
+  const T* Wr = tensor(l, p, moe_router_tensor(c).c_str());
   linear(xn, Wr, static_cast<const T*>(nullptr), logits.data(), N, d, E);
   moe_route(logits.data(), r, expert.data(), weight.data());
   for (i64 n = 0; n < N; ++n)
     for (i64 j = 0; j < k; ++j) {
       const i64 e = expert[n * k + j];
-      auto W = [&](const char* kind) { return p + l.at(moe_expert_tensor(e, kind)).offset; };
-      auto G = [&](const char* kind) { return grads + l.at(moe_expert_tensor(e, kind)).offset; };
+      auto W = [&](ExpertMatrix m) { return p + l.at(moe_expert_tensor(c, e, m)).offset; };
+      auto G = [&](ExpertMatrix m) { return grads + l.at(moe_expert_tensor(c, e, m)).offset; };
       Vec<T> g = zeros<T>(ff), u = zeros<T>(ff), h = zeros<T>(ff), ye = zeros<T>(d);
-      linear(xn + n * d, W("w1"), static_cast<const T*>(nullptr), g.data(), 1, d, ff);
-      linear(xn + n * d, W("w3"), static_cast<const T*>(nullptr), u.data(), 1, d, ff);
+      linear(xn + n * d, W(ExpertMatrix::gate), static_cast<const T*>(nullptr), g.data(), 1, d, ff);
+      linear(xn + n * d, W(ExpertMatrix::up), static_cast<const T*>(nullptr), u.data(), 1, d, ff);
       swiglu(g.data(), u.data(), h.data(), ff);
-      linear(h.data(), W("w2"), static_cast<const T*>(nullptr), ye.data(), 1, ff, d);
+      linear(h.data(), W(ExpertMatrix::down), static_cast<const T*>(nullptr), ye.data(), 1, ff, d);
       Vec<T> dye = zeros<T>(d), dh = zeros<T>(ff), dg = zeros<T>(ff), du = zeros<T>(ff);
       for (i64 i = 0; i < d; ++i) {
         dye[i] = weight[n * k + j] * dy[n * d + i];
         dweight[n * k + j] += dy[n * d + i] * ye[i];
       }
-      linear_backward(h.data(), W("w2"), dye.data(), dh.data(), G("w2"), static_cast<T*>(nullptr), 1, ff, d);
+      linear_backward(h.data(), W(ExpertMatrix::down), dye.data(), dh.data(), G(ExpertMatrix::down),
+                      static_cast<T*>(nullptr), 1, ff, d);
       swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), ff);
-      linear_backward(xn + n * d, W("w1"), dg.data(), dxn + n * d, G("w1"), static_cast<T*>(nullptr), 1, d, ff);
-      linear_backward(xn + n * d, W("w3"), du.data(), dxn + n * d, G("w3"), static_cast<T*>(nullptr), 1, d, ff);
+      linear_backward(xn + n * d, W(ExpertMatrix::gate), dg.data(), dxn + n * d, G(ExpertMatrix::gate),
+                      static_cast<T*>(nullptr), 1, d, ff);
+      linear_backward(xn + n * d, W(ExpertMatrix::up), du.data(), dxn + n * d, G(ExpertMatrix::up),
+                      static_cast<T*>(nullptr), 1, d, ff);
     }
   moe_route_backward(logits.data(), expert.data(), dweight.data(), dlogits.data(), r);
-  linear_backward(xn, Wr, dlogits.data(), dxn, tensor(l, grads, "block_sparse_moe.gate.weight"),
-                  static_cast<T*>(nullptr), N, d, E);
+  linear_backward(xn, Wr, dlogits.data(), dxn, tensor(l, grads, moe_router_tensor(c).c_str()), static_cast<T*>(nullptr),
+                  N, d, E);
 }
 
 template <class T>

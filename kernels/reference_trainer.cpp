@@ -53,8 +53,8 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
   // Forward: stage 0, layers, and the head (which also runs its backward, fused).
   embedding_forward(c, weights(0), tokens, B, T, acts_[0].get(), ctx);
   for (std::int64_t l = 0; l < L; ++l)
-    layer_forward(c, weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, keep ? saved_[l].get() : nullptr,
-                  workspace_.get(), ctx);
+    layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T,
+                  keep ? saved_[l].get() : nullptr, workspace_.get(), ctx);
   for (std::int64_t s = 0; s < S; ++s) cpu::zero(staging_[s].get(), layouts_[s].total_floats, opt_.threads);
   float* dx = grad_a_.get();
   float* dy = grad_b_.get();
@@ -62,8 +62,8 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
                                              staging_[S - 1].get(), staging_[0].get(), workspace_.get(), ctx);
   cpu::accumulate(grads(S - 1), staging_[S - 1].get(), layouts_[S - 1].total_floats, opt_.threads);
   for (std::int64_t l = L - 1; l >= 0; --l) {
-    layer_backward(c, weights(l + 1), acts_[l].get(), keep ? saved_[l].get() : nullptr, dy, dx, staging_[l + 1].get(),
-                   B, T, workspace_.get(), ctx);
+    layer_backward(c.layer_config(l), weights(l + 1), acts_[l].get(), keep ? saved_[l].get() : nullptr, dy, dx,
+                   staging_[l + 1].get(), B, T, workspace_.get(), ctx);
     cpu::accumulate(grads(l + 1), staging_[l + 1].get(), layouts_[l + 1].total_floats, opt_.threads);
     std::swap(dx, dy);
   }
@@ -107,7 +107,8 @@ LossSum ReferenceTrainer::eval_loss_sum(const token_t* tokens, const token_t* ta
   const ComputeCtx ctx = this->ctx();
   embedding_forward(c, weights(0), tokens, B, T, acts_[0].get(), ctx);
   for (std::int64_t l = 0; l < L; ++l)
-    layer_forward(c, weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, nullptr, workspace_.get(), ctx);
+    layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, nullptr,
+                  workspace_.get(), ctx);
   const LossSum loss = head_forward_backward(c, weights(L + 1), weights(0), acts_[L].get(), targets, B, T, nullptr,
                                              nullptr, nullptr, workspace_.get(), ctx);
   return loss;

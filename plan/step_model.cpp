@@ -155,7 +155,11 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
   std::vector<float> p0, p1, ph;
   std::vector<bf16_t> h0, h1, hh;
   const void* embed = params_of(0, p0, h0);
-  const void* layer = params_of(1, p1, h1);
+  // A layer with experts stands for every layer (a Qwen3-MoE dense layer is cheaper: an upper bound).
+  std::int64_t measured = 0;
+  while (measured + 1 < L && model.is_moe() && !model.layer_is_moe(measured)) ++measured;
+  const ModelConfig lm = model.layer_config(measured);
+  const void* layer = params_of(measured + 1, p1, h1);
   const void* head = params_of(L + 1, ph, hh);
   const bool tied = model.tie_word_embeddings || model.is_gpt2();
   const std::size_t hidden = static_cast<std::size_t>(B * T * model.hidden_size);
@@ -169,15 +173,15 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
   float* sv = saved.empty() ? nullptr : saved.data();
   OpTimes t;
   t.embed_forward = best_of([&] { embedding_forward(model, embed, tokens.data(), B, T, x.data(), ctx); }, 6);
-  t.layer_forward = best_of([&] { layer_forward(model, layer, x.data(), y.data(), B, T, sv, ws.data(), ctx); }, 6);
+  t.layer_forward = best_of([&] { layer_forward(lm, layer, x.data(), y.data(), B, T, sv, ws.data(), ctx); }, 6);
   t.layer_backward = best_of(
-      [&] { layer_backward(model, layer, x.data(), sv, dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx); }, 6);
+      [&] { layer_backward(lm, layer, x.data(), sv, dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx); }, 6);
   if (plan.mode == ActivationMode::recompute && plan.kept_layers > 0) {  // a kept layer: forward saves, no recompute
     std::vector<float> kept(layer_saved_floats(model, B, T));
-    layer_forward(model, layer, x.data(), y.data(), B, T, kept.data(), ws.data(), ctx);
+    layer_forward(lm, layer, x.data(), y.data(), B, T, kept.data(), ws.data(), ctx);
     t.layer_backward_kept = best_of(
         [&] {
-          layer_backward(model, layer, x.data(), kept.data(), dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx);
+          layer_backward(lm, layer, x.data(), kept.data(), dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx);
         },
         6);
   } else {
@@ -521,7 +525,10 @@ TransferCover transfer_cover(const TrainConfig& cfg, const ModelConfig& model, c
                              const HardwareProfile& hw, const OpTimes& ops) {
   TransferCover t;
   const double element = cfg.precision() == Precision::bf16 ? 2.0 : 4.0;
-  t.layer_bytes = static_cast<double>(stage_layout(model, 1).total_floats) * element;
+  std::size_t largest = 0;  // Qwen3-MoE's dense layers are smaller: the link binds on an expert layer
+  for (std::int64_t l = 0; l < model.num_hidden_layers; ++l)
+    largest = std::max(largest, layer_layout(model, l).total_floats);
+  t.layer_bytes = static_cast<double>(largest) * element;
   t.layer_link_s = hw.link_h2d > 0 ? t.layer_bytes / hw.link_h2d : 0.0;
   t.tokens_now = static_cast<double>(plan.batch * plan.seq);
   t.forward_s_per_token = t.tokens_now > 0 ? ops.layer_forward / t.tokens_now : 0.0;
@@ -532,14 +539,22 @@ TransferCover transfer_cover(const TrainConfig& cfg, const ModelConfig& model, c
 std::string describe_transfer_cover(const TransferCover& t, const ModelConfig& model) {
   char b[1024];
   int n = 0;
+  std::int64_t moe_layer = 0, moe_layers = 0;
+  for (std::int64_t l = model.num_hidden_layers - 1; l >= 0; --l)
+    if (model.layer_is_moe(l)) moe_layer = l, ++moe_layers;
+  if (moe_layers < model.num_hidden_layers && moe_layers > 0)
+    n = std::snprintf(b, sizeof b, "dense layers: %lld of %lld (mlp_only_layers, decoder_sparse_step)\n",
+                      static_cast<long long>(model.num_hidden_layers - moe_layers),
+                      static_cast<long long>(model.num_hidden_layers));
   if (model.is_moe())
-    n = std::snprintf(
-        b, sizeof b,
-        "experts: a layer streams all %lld experts (%.3fB parameters a layer) and a token computes "
+    n += std::snprintf(
+        b + n, sizeof b - static_cast<std::size_t>(n),
+        "experts: an expert layer streams all %lld experts (%.3fB parameters a layer) and a token computes "
         "with %lld of them (%.3fB active a layer; %.3fB of the model's %.3fB parameters)\n",
-        static_cast<long long>(model.num_experts), static_cast<double>(layer_layout(model, 0).param_count()) / 1e9,
+        static_cast<long long>(model.num_experts),
+        static_cast<double>(layer_layout(model, moe_layer).param_count()) / 1e9,
         static_cast<long long>(model.num_experts_per_tok),
-        static_cast<double>(layer_active_param_count(model, 0)) / 1e9,
+        static_cast<double>(layer_active_param_count(model, moe_layer)) / 1e9,
         static_cast<double>(active_param_count(model)) / 1e9, static_cast<double>(total_param_count(model)) / 1e9);
   std::snprintf(b + n, sizeof b - static_cast<std::size_t>(n),
                 "link cover: a layer's %s streams in %.4f s; its forward computes %.3g s a token, so %.0f tokens per "

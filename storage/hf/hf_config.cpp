@@ -2,9 +2,11 @@
 
 #include "storage/hf/file_util.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -71,6 +73,18 @@ class Fields {
     const json& v = j_.at(key);
     if (!v.is_string()) fail("field '" + std::string(key) + "' must be a string, got " + v.dump());
     return v.get<std::string>();
+  }
+  std::vector<std::int64_t> integer_list(const char* key) {  // null or absent: empty
+    use(key);
+    std::vector<std::int64_t> out;
+    if (!has(key)) return out;
+    const json& v = j_.at(key);
+    if (!v.is_array()) fail("field '" + std::string(key) + "' must be a list of integers, got " + v.dump());
+    for (const json& e : v) {
+      if (!e.is_number_integer()) fail("field '" + std::string(key) + "' must be a list of integers, got " + v.dump());
+      out.push_back(e.get<std::int64_t>());
+    }
+    return out;
   }
   const json* object(const char* key) {
     use(key);
@@ -228,6 +242,40 @@ void parse_mixtral_experts(Fields& f, ModelConfig& c) {
            ": the router's training noise is not implemented; set it to 0");
 }
 
+// Qwen3-MoE's experts (transformers' Qwen3MoeConfig defaults, 4.51 to 5.x): softmax in fp32, top-k,
+// renormalised only with norm_topk_prob; expert width moe_intermediate_size, dense layers (mlp_only_layers,
+// decoder_sparse_step) intermediate_size wide.
+void parse_qwen3_moe_experts(Fields& f, ModelConfig& c) {
+  c.num_experts = positive_or_fail(f, f.integer("num_experts", 128), "num_experts");
+  c.num_experts_per_tok = positive_or_fail(f, f.integer("num_experts_per_tok", 8), "num_experts_per_tok");
+  if (c.num_experts_per_tok > c.num_experts)
+    f.fail("num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) + ") exceeds num_experts (" +
+           std::to_string(c.num_experts) + ")");
+  c.moe_intermediate_size = positive_or_fail(f, f.integer("moe_intermediate_size", 768), "moe_intermediate_size");
+  c.norm_topk_prob = f.boolean("norm_topk_prob", false);
+  c.decoder_sparse_step = positive_or_fail(f, f.integer("decoder_sparse_step", 1), "decoder_sparse_step");
+  std::vector<std::int64_t> dense = f.integer_list("mlp_only_layers");
+  for (const std::int64_t l : dense)
+    if (l < 0 || l >= c.num_hidden_layers)
+      f.fail("mlp_only_layers holds " + std::to_string(l) + ", not a layer in [0, " +
+             std::to_string(c.num_hidden_layers) + ")");
+  std::sort(dense.begin(), dense.end());  // transformers tests membership: order and repeats mean nothing
+  dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
+  c.mlp_only_layers = dense;
+  c.router_aux_loss_coef = f.number("router_aux_loss_coef", 0.001);
+  f.require_value("output_router_logits", false, false,
+                  "the load-balancing loss (router_aux_loss_coef) is not implemented yet; set it to false");
+}
+
+// Llama, Qwen3 and Qwen3-MoE's attention_bias also biases o_proj in transformers (Qwen2's q/k/v biases
+// do not); the engine's o_proj has no bias, so the flag is refused rather than trained without it.
+bool attention_bias_without_o_proj(Fields& f, Arch arch) {
+  if (f.boolean("attention_bias", false))
+    f.fail(std::string("unsupported attention_bias=true for ") + arch_name(arch) +
+           ": transformers then biases o_proj as well, which is not implemented");
+  return false;
+}
+
 ModelConfig parse_llama_family(Fields& f, Arch arch) {
   ModelConfig c;
   c.arch = arch;
@@ -261,7 +309,7 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
   f.ignore({"attention_dropout"});
   switch (arch) {
     case Arch::llama:
-      c.attention_bias = f.boolean("attention_bias", false);
+      c.attention_bias = attention_bias_without_o_proj(f, arch);
       f.require_value("mlp_bias", false, false, "MLP biases are not implemented");
       f.ignore({"pretraining_tp"});  // only splits the same matmuls in transformers
       break;
@@ -270,7 +318,7 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
       reject_sliding_window(f, c, arch);
       break;
     case Arch::qwen3:
-      c.attention_bias = f.boolean("attention_bias", false);
+      c.attention_bias = attention_bias_without_o_proj(f, arch);
       c.qk_norm = true;
       reject_sliding_window(f, c, arch);
       break;
@@ -280,6 +328,12 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
     case Arch::mixtral:
       reject_sliding_window(f, c, arch);
       parse_mixtral_experts(f, c);
+      break;
+    case Arch::qwen3_moe:
+      c.attention_bias = attention_bias_without_o_proj(f, arch);
+      c.qk_norm = true;
+      reject_sliding_window(f, c, arch);
+      parse_qwen3_moe_experts(f, c);
       break;
     case Arch::gpt2:
       break;

@@ -70,9 +70,21 @@ const char* architecture_class(Arch a) {
       return "GPT2LMHeadModel";
     case Arch::mixtral:
       return "MixtralForCausalLM";
+    case Arch::qwen3_moe:
+      return "Qwen3MoeForCausalLM";
   }
   return "?";
 }
+
+namespace {
+// transformers' attention_bias for these families biases o_proj too, which this engine's layer lacks.
+void refuse_biased_attention(const ModelConfig& c) {
+  if (c.attention_bias)
+    throw HfError(std::string(arch_name(c.arch)) +
+                  " export: q/k/v biases without an o_proj bias have no transformers config (attention_bias "
+                  "would add o_proj.bias)");
+}
+}  // namespace
 
 json config_to_json(const ModelConfig& c, const json* base) {
   c.validate();
@@ -114,7 +126,8 @@ json config_to_json(const ModelConfig& c, const json* base) {
   j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
   switch (c.arch) {
     case Arch::llama:
-      j["attention_bias"] = c.attention_bias;
+      refuse_biased_attention(c);
+      j["attention_bias"] = false;
       j["mlp_bias"] = false;
       break;
     case Arch::qwen2:
@@ -123,7 +136,8 @@ json config_to_json(const ModelConfig& c, const json* base) {
       break;
     case Arch::qwen3:
       if (!c.qk_norm) throw HfError("qwen3 export: Qwen3 always has q/k norms");
-      j["attention_bias"] = c.attention_bias;
+      refuse_biased_attention(c);
+      j["attention_bias"] = false;
       j["use_sliding_window"] = false;
       break;
     case Arch::mistral:
@@ -141,10 +155,24 @@ json config_to_json(const ModelConfig& c, const json* base) {
       j["router_aux_loss_coef"] = c.router_aux_loss_coef;
       j["router_jitter_noise"] = 0.0;
       break;
+    case Arch::qwen3_moe:
+      if (!c.qk_norm) throw HfError("qwen3_moe export: Qwen3-MoE always has q/k norms");
+      refuse_biased_attention(c);
+      j["attention_bias"] = false;
+      j["use_sliding_window"] = false;
+      j["num_experts"] = c.num_experts;
+      j["num_experts_per_tok"] = c.num_experts_per_tok;
+      j["moe_intermediate_size"] = c.moe_intermediate_size;
+      j["norm_topk_prob"] = c.norm_topk_prob;
+      j["decoder_sparse_step"] = c.decoder_sparse_step;
+      j["mlp_only_layers"] = c.mlp_only_layers;
+      j["output_router_logits"] = false;
+      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      break;
     case Arch::gpt2:
       break;
   }
-  if (c.arch != Arch::qwen3 && c.qk_norm)
+  if (c.arch != Arch::qwen3 && c.arch != Arch::qwen3_moe && c.qk_norm)
     throw HfError(std::string(arch_name(c.arch)) + " export: qk_norm is only part of qwen3");
   if (c.arch == Arch::mistral && c.attention_bias) throw HfError("mistral export: Mistral has no attention biases");
   return j;

@@ -40,8 +40,8 @@ bool ignorable(const ModelConfig& c, const std::string& name) {
   return c.tie_word_embeddings && name == "lm_head.weight";
 }
 
-// Where transformers v5 keeps a Mixtral tensor we name by v4's per-expert names: the fused tensor (under
-// block_sparse_moe. or mlp., whichever the files have), its shape, and our matrix's slice of it.
+// Where transformers v5 keeps an expert tensor we name by v4's per-expert names: the fused tensor (for
+// Mixtral under block_sparse_moe. or mlp., whichever the files have), its shape, and our matrix's slice.
 struct FusedSource {
   std::string name;
   std::vector<std::int64_t> shape;
@@ -52,23 +52,23 @@ std::optional<FusedSource> fused_source(const ModelConfig& c, const std::string&
   if (!c.is_moe()) return std::nullopt;
   const std::int64_t E = c.num_experts, d = c.hidden_size, ff = c.moe_intermediate_size;
   const std::size_t matrix = static_cast<std::size_t>(ff * d);
+  const std::string experts = moe_experts_prefix(c);
   for (const char* module : {"block_sparse_moe.", "mlp."}) {
     const std::string base = prefix + module;
-    if (tensor == "block_sparse_moe.gate.weight") {
+    if (tensor == moe_router_tensor(c)) {
       if (in_files(base + "gate.weight")) return FusedSource{base + "gate.weight", {E, d}, 0, 0};
       continue;
     }
-    const std::string head = "block_sparse_moe.experts.";
-    if (tensor.rfind(head, 0) != 0) return std::nullopt;
-    const std::size_t dot = tensor.find('.', head.size());
-    const std::size_t e = std::stoul(tensor.substr(head.size(), dot - head.size()));
-    const std::string kind = tensor.substr(dot + 1, 2);  // w1, w2, w3
-    if (kind == "w2") {
+    if (tensor.rfind(experts, 0) != 0) return std::nullopt;
+    const std::size_t dot = tensor.find('.', experts.size());
+    const std::size_t e = std::stoul(tensor.substr(experts.size(), dot - experts.size()));
+    const auto ei = static_cast<std::int64_t>(e);
+    if (tensor == moe_expert_tensor(c, ei, ExpertMatrix::down)) {
       if (in_files(base + "experts.down_proj"))
         return FusedSource{base + "experts.down_proj", {E, d, ff}, e * matrix, matrix};
     } else if (in_files(base + "experts.gate_up_proj")) {
-      return FusedSource{
-          base + "experts.gate_up_proj", {E, 2 * ff, d}, (2 * e + (kind == "w3" ? 1 : 0)) * matrix, matrix};
+      const bool up = tensor == moe_expert_tensor(c, ei, ExpertMatrix::up);
+      return FusedSource{base + "experts.gate_up_proj", {E, 2 * ff, d}, (2 * e + (up ? 1 : 0)) * matrix, matrix};
     }
   }
   return std::nullopt;

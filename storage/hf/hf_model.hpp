@@ -4,10 +4,11 @@
 // matrices are Conv1D in transformers, stored [in, out] in files; the engine holds them [out, in], so
 // they are transposed at this boundary. Ignored on load: GPT-2's attn.bias / attn.masked_bias buffers,
 // rotary_emb.inv_freq buffers, and lm_head.weight when the embeddings are tied (transformers ties it).
-// GPT-2 files saved from GPT2Model (names without "transformer.") load too. Mixtral's experts load from
-// transformers v4's per-expert names (block_sparse_moe.experts.N.w1/w2/w3, what this engine writes) or
-// from v5's fused tensors (experts.gate_up_proj [E, 2 ff, d], gate first; experts.down_proj [E, d, ff];
-// under block_sparse_moe. or mlp., whose router is then mlp.gate.weight).
+// GPT-2 files saved from GPT2Model (names without "transformer.") load too. Experts load from
+// transformers v4's per-expert names (what this engine writes: Mixtral's block_sparse_moe.experts.N.w1/w2/w3,
+// Qwen3-MoE's mlp.experts.N.gate_proj/up_proj/down_proj) or from v5's fused tensors
+// (experts.gate_up_proj [E, 2 ff, d], gate first; experts.down_proj [E, d, ff]; Mixtral's under
+// block_sparse_moe. or mlp., whose router is then mlp.gate.weight).
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -34,6 +34,8 @@ struct Tiny {
   std::size_t budget_bytes = 0;          // device budget (device.max_vram_gb); 0 = device_memory_mb 64
   std::int64_t seq_tile = 0;             // device.seq_tile; 0 = auto
   std::int64_t max_positions = 64;
+  std::int64_t decoder_sparse_step = 1;  // qwen3_moe: every step-th layer has experts
+  std::string mlp_only_layers;           // qwen3_moe: dense layers ("0,2")
 };
 
 inline TrainConfig tiny_config(const Tiny& t) {
@@ -47,6 +49,8 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.model.vocab_size = t.vocab;
   c.model.max_position_embeddings = t.max_positions;
   c.model.tie_word_embeddings = t.arch == Arch::gpt2;
+  c.model.decoder_sparse_step = t.decoder_sparse_step;
+  c.model.mlp_only_layers = t.mlp_only_layers;
   c.train.per_device_train_batch_size = t.batch;
   c.train.gradient_accumulation_steps = t.micro_batches;
   c.train.max_steps = t.steps;

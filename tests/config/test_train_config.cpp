@@ -209,6 +209,36 @@ TEST_CASE("the model keys make the ModelConfig; the demo model has ~15.7M parame
   CHECK(c.model_config_from_keys().attention_bias);
 }
 
+TEST_CASE("model keys: qwen3_moe with dense layers; MoE keys refused elsewhere by name", "[config][moe]") {
+  TrainConfig c;
+  c.model.arch = "qwen3_moe";
+  c.model.num_experts = 4;
+  c.model.moe_intermediate_size = 256;
+  c.model.decoder_sparse_step = 2;
+  c.model.mlp_only_layers = " 5, 1,5";
+  const ModelConfig m = c.model_config_from_keys();
+  CHECK(m.arch == Arch::qwen3_moe);
+  CHECK(m.qk_norm);
+  CHECK(m.moe_intermediate_size == 256);
+  CHECK(m.intermediate_size == 1024);
+  CHECK_FALSE(m.norm_topk_prob);  // transformers' Qwen3-MoE default
+  CHECK(m.mlp_only_layers == std::vector<std::int64_t>{1, 5});
+  for (std::int64_t l = 0; l < 8; ++l) CHECK(m.layer_is_moe(l) == (l == 3 || l == 7));
+  c.model.mlp_only_layers = "1,x";
+  CHECK_THROWS_WITH(c.model_config_from_keys(), Catch::Contains("model.mlp_only_layers"));
+  c.model.mlp_only_layers = "9";
+  CHECK_THROWS_WITH(c.model_config_from_keys(), Catch::Contains("mlp_only_layers holds 9"));
+  c.model.mlp_only_layers = "";
+  c.model.arch = "mixtral";
+  CHECK_THROWS_WITH(c.model_config_from_keys(), Catch::Contains("model.moe_intermediate_size"));
+  c.model.moe_intermediate_size = 0;
+  CHECK_THROWS_WITH(c.model_config_from_keys(), Catch::Contains("model.decoder_sparse_step"));
+  c.model.decoder_sparse_step = 1;
+  CHECK(c.model_config_from_keys().norm_topk_prob);  // Mixtral always renormalises
+  c.model.norm_topk_prob = true;
+  CHECK_THROWS_WITH(c.model_config_from_keys(), Catch::Contains("model.norm_topk_prob"));
+}
+
 TEST_CASE("the vocabulary check names the key and both sizes", "[config]") {
   TrainConfig c;
   const ModelConfig m = c.model_config_from_keys();

@@ -111,6 +111,32 @@ inline ModelConfig tiny_mixtral() {
   return c;
 }
 
+// Qwen3-MoE: 4 experts of width 12, top-2 with the weights *not* renormalised (transformers' default
+// norm_topk_prob=false); Qwen3's attention (GQA, q/k norms). Every layer has experts.
+inline ModelConfig tiny_qwen3_moe() {
+  ModelConfig c = tiny_llama();
+  c.arch = Arch::qwen3_moe;
+  c.qk_norm = true;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 12;
+  c.norm_topk_prob = false;
+  c.rope_theta = 1000000.0f;
+  return c;
+}
+
+// Qwen3-MoE with dense layers among the expert layers (a model only: the layer functions take one
+// layer's config): 6 layers, decoder_sparse_step 2 (layers 1, 3, 5 have experts) and mlp_only_layers
+// {3}, so layers 1 and 5 route and 0, 2, 3, 4 are dense SwiGLU layers of width 24.
+inline ModelConfig tiny_qwen3_moe_mixed() {
+  ModelConfig c = tiny_qwen3_moe();
+  c.num_hidden_layers = 6;
+  c.intermediate_size = 24;
+  c.decoder_sparse_step = 2;
+  c.mlp_only_layers = {3};
+  return c;
+}
+
 inline ModelConfig tiny_gpt2() {
   ModelConfig c;
   c.arch = Arch::gpt2;
@@ -141,6 +167,7 @@ inline std::vector<Named> all_configs() {
           {"dynamic-rope-scaling", tiny_dynamic_rope()},
           {"yarn-rope-scaling", tiny_yarn_rope()},
           {"mixtral-moe", tiny_mixtral()},
+          {"qwen3-moe", tiny_qwen3_moe()},
           {"gpt2", tiny_gpt2()}};
 }
 

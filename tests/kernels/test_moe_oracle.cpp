@@ -1,5 +1,8 @@
-// The mixtral family against transformers' own MixtralForCausalLM (tests/kernels/hf_moe_oracle.py, the
-// venv's transformers 4.46.3, eager attention): megatrain exports its initial weights as a Hugging Face
+// The mixture-of-experts families against outside oracles: mixtral against transformers' own
+// MixtralForCausalLM (tests/kernels/hf_moe_oracle.py, the venv's transformers 4.46.3, eager attention),
+// qwen3_moe against a PyTorch model written from transformers' modeling_qwen3_moe.py
+// (tests/kernels/qwen3_moe_oracle.py says which version and what it follows; 4.46.3 lacks the family,
+// and it runs in fp64). megatrain exports its initial weights as a Hugging Face
 // directory, transformers loads it (so the export's names, shapes and config are what transformers
 // reads) and runs one forward and backward; the logits, the loss and every parameter's gradient must
 // agree within 1e-5 norm-wise relative error per tensor. The same weights written in transformers v5's
@@ -10,6 +13,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -44,10 +49,9 @@ ReferenceTrainerOptions options(const ModelConfig& c, std::int64_t B, std::int64
   return o;
 }
 
-}  // namespace
-
-TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused experts load", "[moe][oracle]") {
-  ModelConfig c = mt::test::tiny_mixtral();
+// One step of `c` from megatrain's reference trainer against `oracle` (a script of tests/kernels run on
+// megatrain's export): logits, loss and every gradient; then the v5 fused layout the oracle wrote.
+void check_step_against(ModelConfig c, const char* oracle, int expected_tensors) {
   c.initializer_range = 0.2f;  // every path carries signal
   const std::int64_t B = 2, T = 7, N = B * T, V = c.vocab_size;
   ReferenceTrainer tr(options(c, B, T));
@@ -59,7 +63,8 @@ TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused 
     tok[i] = static_cast<token_t>((i * 11 + 3) % V);
     tgt[i] = (i % 5 == 2) ? kIgnoreIndex : static_cast<token_t>((i * 13 + 1) % V);
   }
-  const fs::path dir = fs::temp_directory_path() / ("mt_moe_oracle_" + std::to_string(::getpid()));
+  const fs::path dir = fs::temp_directory_path() /
+                       ("mt_moe_oracle_" + std::string(arch_name(c.arch)) + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   hf::write_hf_model(
@@ -67,8 +72,8 @@ TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused 
   mt::test::write_bin(dir / "tokens.bin", tok);
   mt::test::write_bin(dir / "targets.bin", tgt);
   std::ofstream(dir / "shape.json") << nlohmann::json{{"batch", B}, {"seq", T}}.dump();
-  const std::string cmd = std::string(MEGATRAIN_VENV_PYTHON) + " " + MEGATRAIN_SOURCE_DIR +
-                          "/tests/kernels/hf_moe_oracle.py " + dir.string();
+  const std::string cmd =
+      std::string(MEGATRAIN_VENV_PYTHON) + " " + MEGATRAIN_SOURCE_DIR + "/tests/kernels/" + oracle + " " + dir.string();
   REQUIRE(std::system(cmd.c_str()) == 0);
 
   // Logits through the stage API on the initial weights.
@@ -78,7 +83,7 @@ TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused 
                             head_workspace_floats(c, B, T, 0, Precision::fp32)));
   embedding_forward(c, tr.params(0), tok.data(), B, T, x.data(), ctx);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    layer_forward(c, tr.params(l + 1), x.data(), y.data(), B, T, nullptr, ws.data(), ctx);
+    layer_forward(c.layer_config(l), tr.params(l + 1), x.data(), y.data(), B, T, nullptr, ws.data(), ctx);
     std::swap(x, y);
   }
   head_logits(c, tr.params(S - 1), tr.params(0), x.data(), B, T, logits.data(), ws.data(), ctx);
@@ -104,7 +109,7 @@ TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused 
       CHECK(mt::test::rel_err(ours, theirs) < 1e-5);
       ++tensors;
     }
-  CHECK(tensors == 3 + 2 * (7 + 3 * c.num_experts));  // embedding; head norm, lm_head; 6 + router + experts a layer
+  CHECK(tensors == expected_tensors);
 
   // transformers v5's fused layout of the same weights reads back bit for bit.
   const hf::HfModelReader fused(dir / "fused");
@@ -117,45 +122,88 @@ TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused 
   fs::remove_all(dir);
 }
 
-TEST_CASE("mixtral: an expert no token chose gets a zero gradient and the normal AdamW update", "[moe]") {
-  ModelConfig c = mt::test::tiny_mixtral();
-  c.num_experts = 8;
-  c.num_experts_per_tok = 1;
-  const std::int64_t B = 1, T = 3;  // 3 choices of 8 experts: at least 5 idle in every layer
-  ReferenceTrainerOptions o = options(c, B, T);
-  o.mode = ActivationMode::recompute;
-  ReferenceTrainer tr(o);
-  const vector<token_t> tok = {1, 2, 3}, tgt = {2, 3, 4};
-  vector<vector<float>> before(tr.num_stages());
-  for (std::int64_t s = 0; s < tr.num_stages(); ++s)
-    before[s].assign(tr.params(s), tr.params(s) + tr.layout(s).total_floats);
-  tr.step(tok.data(), tgt.data());
-  int idle = 0, used = 0;
-  for (std::int64_t s = 1; s <= c.num_hidden_layers; ++s)
-    for (std::int64_t e = 0; e < c.num_experts; ++e) {
-      const TensorSpec& t = tr.layout(s).at(moe_expert_tensor(e, "w1"));
-      bool zero = true;
-      for (std::size_t i = 0; i < t.numel; ++i) zero = zero && tr.grads(s)[t.offset + i] == 0.0f;
-      if (!zero) {
-        ++used;
-        continue;
-      }
-      ++idle;
-      INFO("layer " << s - 1 << " expert " << e);
-      for (const char* kind : {"w1", "w2", "w3"}) {
-        const TensorSpec& k = tr.layout(s).at(moe_expert_tensor(e, kind));
-        for (std::size_t i = 0; i < k.numel; i += 7) {
-          const std::size_t at = k.offset + i;
-          REQUIRE(tr.grads(s)[at] == 0.0f);
-          REQUIRE(tr.adam_m(s)[at] == 0.0f);
-          REQUIRE(tr.adam_v(s)[at] == 0.0f);
-          // decoupled weight decay alone: p (1 - lr wd), the Adam term 0 / (0 + eps) = 0
-          const float want = before[s][at] * (1.0f - o.hyper.lr * o.hyper.weight_decay);
-          REQUIRE(std::abs(tr.params(s)[at] - want) <= 1e-7f * std::abs(want));
-          REQUIRE(tr.params(s)[at] != before[s][at]);
+}  // namespace
+
+TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused experts load", "[moe][oracle]") {
+  const ModelConfig c = mt::test::tiny_mixtral();
+  // embedding; head norm, lm_head; a layer's 2 norms, q, k, v, o, router and 3 matrices an expert
+  check_step_against(c, "hf_moe_oracle.py", 3 + 2 * (7 + 3 * static_cast<int>(c.num_experts)));
+}
+
+TEST_CASE("qwen3_moe: one step against the PyTorch oracle from modeling_qwen3_moe; v5 fused experts load",
+          "[moe][oracle]") {
+  // GQA, q/k norms, top-2 of 4 not renormalised; layers 1 and 5 route, 0 2 3 4 are dense (sparse step 2,
+  // mlp_only_layers {3})
+  const ModelConfig c = mt::test::tiny_qwen3_moe_mixed();
+  REQUIRE(c.layers_differ());
+  const int dense_layer = 8 + 3, moe_layer = 8 + 1 + 3 * static_cast<int>(c.num_experts);
+  check_step_against(c, "qwen3_moe_oracle.py", 3 + 4 * dense_layer + 2 * moe_layer);
+}
+
+TEST_CASE("mixtral, qwen3_moe: an expert no token chose gets a zero gradient and the normal AdamW update", "[moe]") {
+  for (ModelConfig c : {mt::test::tiny_mixtral(), mt::test::tiny_qwen3_moe()}) {
+    INFO(arch_name(c.arch));
+    c.num_experts = 8;
+    c.num_experts_per_tok = 1;
+    const std::int64_t B = 1, T = 3;  // 3 choices of 8 experts: at least 5 idle in every layer
+    ReferenceTrainerOptions o = options(c, B, T);
+    o.mode = ActivationMode::recompute;
+    ReferenceTrainer tr(o);
+    const vector<token_t> tok = {1, 2, 3}, tgt = {2, 3, 4};
+    vector<vector<float>> before(tr.num_stages());
+    for (std::int64_t s = 0; s < tr.num_stages(); ++s)
+      before[s].assign(tr.params(s), tr.params(s) + tr.layout(s).total_floats);
+    tr.step(tok.data(), tgt.data());
+    int idle = 0, used = 0;
+    for (std::int64_t s = 1; s <= c.num_hidden_layers; ++s)
+      for (std::int64_t e = 0; e < c.num_experts; ++e) {
+        const TensorSpec& t = tr.layout(s).at(moe_expert_tensor(c, e, ExpertMatrix::gate));
+        bool zero = true;
+        for (std::size_t i = 0; i < t.numel; ++i) zero = zero && tr.grads(s)[t.offset + i] == 0.0f;
+        if (!zero) {
+          ++used;
+          continue;
+        }
+        ++idle;
+        INFO("layer " << s - 1 << " expert " << e);
+        for (ExpertMatrix m : {ExpertMatrix::gate, ExpertMatrix::up, ExpertMatrix::down}) {
+          const TensorSpec& k = tr.layout(s).at(moe_expert_tensor(c, e, m));
+          for (std::size_t i = 0; i < k.numel; i += 7) {
+            const std::size_t at = k.offset + i;
+            REQUIRE(tr.grads(s)[at] == 0.0f);
+            REQUIRE(tr.adam_m(s)[at] == 0.0f);
+            REQUIRE(tr.adam_v(s)[at] == 0.0f);
+            // decoupled weight decay alone: p (1 - lr wd), the Adam term 0 / (0 + eps) = 0
+            const float want = before[s][at] * (1.0f - o.hyper.lr * o.hyper.weight_decay);
+            REQUIRE(std::abs(tr.params(s)[at] - want) <= 1e-7f * std::abs(want));
+            REQUIRE(tr.params(s)[at] != before[s][at]);
+          }
         }
       }
-    }
-  CHECK(idle >= 2 * 5);
-  CHECK(used >= 2);
+    CHECK(idle >= 2 * 5);
+    CHECK(used >= 2);
+  }
+}
+
+TEST_CASE("qwen3_moe with dense layers: a layer computes with its own layer's config; sizes cover both kinds",
+          "[moe]") {
+  const ModelConfig c = mt::test::tiny_qwen3_moe_mixed();
+  const std::int64_t B = 1, T = 4;
+  const ModelConfig dense = c.layer_config(0), moe = c.layer_config(1);
+  REQUIRE_FALSE(dense.is_moe());
+  REQUIRE(moe.is_moe());
+  for (ActivationMode mode : {ActivationMode::keep, ActivationMode::recompute}) {
+    const std::size_t want =
+        std::max(layer_workspace_floats(dense, B, T, mode), layer_workspace_floats(moe, B, T, mode));
+    CHECK(layer_workspace_floats(c, B, T, mode) == want);
+  }
+  CHECK(layer_saved_floats(c, B, T) == std::max(layer_saved_floats(dense, B, T), layer_saved_floats(moe, B, T)));
+  vector<float> params(layer_layout(c, 1).total_floats), x(B * T * c.hidden_size, 0.5f), y(x.size());
+  vector<float> ws(layer_workspace_floats(c, B, T, ActivationMode::recompute));
+  init_stage_params(c, 2, 1, params.data());
+  ComputeCtx ctx{1};
+  CHECK_THROWS_WITH(layer_forward(c, params.data(), x.data(), y.data(), B, T, nullptr, ws.data(), ctx),
+                    Catch::Contains("layer_config"));
+  layer_forward(moe, params.data(), x.data(), y.data(), B, T, nullptr, ws.data(), ctx);
+  CHECK(std::isfinite(y[0]));
 }

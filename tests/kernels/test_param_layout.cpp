@@ -39,6 +39,66 @@ TEST_CASE("Mixtral-8x7B: 46.7B parameters, 12.9B active per token (top-2 of 8)",
   CHECK(mt::active_param_count(c) == mt::total_param_count(c));
 }
 
+TEST_CASE("Qwen3-30B-A3B: 30.5B parameters, 3.3B active per token (top-8 of 128)", "[layout]") {
+  mt::ModelConfig c;  // the hub's config.json of Qwen/Qwen3-30B-A3B
+  c.arch = mt::Arch::qwen3_moe;
+  c.vocab_size = 151936, c.hidden_size = 2048, c.num_hidden_layers = 48, c.num_attention_heads = 32;
+  c.num_key_value_heads = 4, c.head_dim = 128, c.intermediate_size = 6144, c.max_position_embeddings = 40960;
+  c.qk_norm = true, c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 768;
+  c.norm_topk_prob = true;
+  c.validate();
+  // By hand: q 4096 x 2048, k and v 512 x 2048, o 2048 x 4096, q/k norms 128 each, two norms; router
+  // 128 x 2048; each expert gate, up 768 x 2048 and down 2048 x 768.
+  const std::int64_t d = 2048, attention = 2 * 4096 * d + 2 * 512 * d + 2 * 128 + 2 * d, router = 128 * d;
+  const std::int64_t expert = 3 * 768 * d, outside = 2 * 151936 * d + d;
+  CHECK(mt::total_param_count(c) == outside + 48 * (attention + router + 128 * expert));
+  CHECK(mt::active_param_count(c) == outside + 48 * (attention + router + 8 * expert));
+  CHECK(mt::total_param_count(c) / 100'000'000 == 305);  // the published 30.5B
+  CHECK(mt::active_param_count(c) / 100'000'000 == 33);  // and 3.3B
+  const auto l = mt::layer_layout(c, 7);
+  CHECK(l.at("mlp.gate.weight").shape == std::vector<std::int64_t>{128, 2048});
+  CHECK(l.at("mlp.experts.127.down_proj.weight").shape == std::vector<std::int64_t>{2048, 768});
+  CHECK(l.find("mlp.gate_proj.weight") == nullptr);
+}
+
+TEST_CASE("Qwen3-MoE dense layers: mlp_only_layers and decoder_sparse_step, transformers' rule", "[layout]") {
+  mt::ModelConfig c;
+  c.arch = mt::Arch::qwen3_moe;
+  c.vocab_size = 100, c.hidden_size = 32, c.num_hidden_layers = 8, c.num_attention_heads = 4;
+  c.num_key_value_heads = 2, c.head_dim = 8, c.intermediate_size = 48, c.max_position_embeddings = 64;
+  c.qk_norm = true, c.num_experts = 4, c.num_experts_per_tok = 2, c.moe_intermediate_size = 16;
+  c.validate();
+  CHECK_FALSE(c.layers_differ());
+  c.decoder_sparse_step = 3, c.mlp_only_layers = {5};
+  c.validate();
+  CHECK(c.layers_differ());
+  // experts where (l + 1) % 3 == 0 and l is not listed: of layers 2 and 5, 5 is listed, so layer 2 alone
+  const std::vector<bool> want = {false, false, true, false, false, false, false, false};
+  for (std::int64_t l = 0; l < 8; ++l) {
+    INFO("layer " << l);
+    CHECK(c.layer_is_moe(l) == want[static_cast<std::size_t>(l)]);
+    const auto layout = mt::layer_layout(c, l);
+    CHECK(layout.prefix == "model.layers." + std::to_string(l) + ".");
+    CHECK((layout.find("mlp.gate.weight") != nullptr) == want[static_cast<std::size_t>(l)]);
+    CHECK((layout.find("mlp.gate_proj.weight") != nullptr) == !want[static_cast<std::size_t>(l)]);
+    const mt::ModelConfig lc = c.layer_config(l);
+    CHECK_FALSE(lc.layers_differ());
+    CHECK(lc.is_moe() == want[static_cast<std::size_t>(l)]);
+    CHECK(mt::layer_layout(lc, l).total_floats == layout.total_floats);
+  }
+  CHECK(mt::layer_layout(c, 0).at("mlp.down_proj.weight").shape == std::vector<std::int64_t>{32, 48});
+  CHECK(mt::layer_layout(c, 2).at("mlp.experts.3.up_proj.weight").shape == std::vector<std::int64_t>{16, 32});
+  CHECK(mt::active_param_count(c) < mt::total_param_count(c));
+  c.mlp_only_layers = {8};
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("mlp_only_layers holds 8"));
+  c.mlp_only_layers = {3, 1};
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("sorted"));
+  c.mlp_only_layers = {}, c.decoder_sparse_step = 0;
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("decoder_sparse_step"));
+  c.decoder_sparse_step = 2, c.arch = mt::Arch::mixtral, c.qk_norm = false;
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("Qwen3-MoE's"));
+}
+
 TEST_CASE("Llama layout with GQA, biases and qk-norm", "[layout]") {
   mt::ModelConfig c;
   c.arch = mt::Arch::qwen3;

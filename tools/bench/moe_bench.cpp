@@ -60,12 +60,16 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
+// The experts' layer is 4x the demo's: both models get a budget where the slot counts match.
+constexpr std::int64_t kDeviceMb = 512;
+
 // The Mixtral-shaped demo: the demo's attention and size, 8 experts of width 512, top-2.
 void mixtral_shape(TrainConfig& c) {
   c.model.arch = "mixtral";
   c.model.num_experts = kExperts;
   c.model.num_experts_per_tok = kTopK;
   c.model.intermediate_size = kExpertWidth;
+  c.device.device_memory_mb = kDeviceMb;
 }
 
 }  // namespace
@@ -89,11 +93,11 @@ int main(int argc, char** argv) {
   const std::int64_t d = demo.model.hidden_size, rows = tokens * kTopK, mean_rows = rows / kExperts;
   std::printf("moe: mixture-of-experts training on the CPU backend, %d threads\n", threads);
   std::printf("  CPU: %s\n  ISA: %s\n", cpu_model().c_str(), cpu_isa_flags().c_str());
-  std::printf("  bf16 products: %s\n",
-              choose_bf16_path({{tokens, d, 3 * d}, {tokens, d, d}, {mean_rows, d, kExpertWidth},
-                                {mean_rows, kExpertWidth, d}},
-                               threads)
-                  .c_str());
+  std::printf(
+      "  bf16 products: %s\n",
+      choose_bf16_path({{tokens, d, 3 * d}, {tokens, d, d}, {mean_rows, d, kExpertWidth}, {mean_rows, kExpertWidth, d}},
+                       threads)
+          .c_str());
   Report report("moe");
 
   // 1. The grouped product against one dense product of the same total shape.
@@ -118,24 +122,26 @@ int main(int argc, char** argv) {
     };
     const auto [tg, td] = best_seconds_alternating(grouped, dense, 7);
     const double flops = 3.0 * 2.0 * static_cast<double>(rows * in * out);
-    const Ceiling best = best_fp32_gemm({{rows, out, in, false, true}, {rows, in, out}, {out, in, rows, true, false}},
-                                        threads);
+    const Ceiling best =
+        best_fp32_gemm({{rows, out, in, false, true}, {rows, in, out}, {out, in, rows, true, false}}, threads);
     std::printf("  grouped product, %lld experts, %lld rows (%lld..%lld each) x %lld -> %lld, forward + backward:\n",
                 static_cast<long long>(kExperts), static_cast<long long>(rows),
                 static_cast<long long>(offsets[1] - offsets[0]), static_cast<long long>(offsets[2] - offsets[1]),
                 static_cast<long long>(in), static_cast<long long>(out));
-    std::printf("    grouped %.1f GFLOP/s, one dense product of the same total shape %.1f GFLOP/s (%.2fx), best "
-                "fp32 GEMM there %.1f GFLOP/s (%s)\n",
-                flops / tg / 1e9, flops / td / 1e9, td / tg, best.rate / 1e9, lib_name(best.lib));
+    std::printf(
+        "    grouped %.1f GFLOP/s, one dense product of the same total shape %.1f GFLOP/s (%.2fx), best "
+        "fp32 GEMM there %.1f GFLOP/s (%s)\n",
+        flops / tg / 1e9, flops / td / 1e9, td / tg, best.rate / 1e9, lib_name(best.lib));
     report.add({"grouped_gemm_vs_dense_same_shape", flops / tg, "FLOP/s", flops / td});
     report.add({"grouped_gemm_vs_best_gemm", flops / tg, "FLOP/s", best.rate});
   }
 
   // 2. The Mixtral-shaped engine step, and a dense model with the same active parameters beside it.
-  const Ceiling active_best =
-      best_fp32_gemm({{tokens, 3 * d, d, false, true}, {tokens, d, d, false, true},
-                      {mean_rows, kExpertWidth, d, false, true}, {mean_rows, d, kExpertWidth, false, true}},
-                     threads);
+  const Ceiling active_best = best_fp32_gemm({{tokens, 3 * d, d, false, true},
+                                              {tokens, d, d, false, true},
+                                              {mean_rows, kExpertWidth, d, false, true},
+                                              {mean_rows, d, kExpertWidth, false, true}},
+                                             threads);
   std::printf("  best fp32 GEMM on the active shapes: %.1f GFLOP/s (%s, %s)\n", active_best.rate / 1e9,
               lib_name(active_best.lib), active_best.shape.name().c_str());
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
@@ -144,17 +150,19 @@ int main(int argc, char** argv) {
     EngineStep moe{}, dense{};
     for (int r = 0; r < rounds; ++r) {
       moe = measure_engine_step(precision, threads, steps, [](TrainConfig& c) { mixtral_shape(c); });
-      dense = measure_engine_step(precision, threads, steps,
-                                  [](TrainConfig& c) { c.model.intermediate_size = kTopK * kExpertWidth; });
+      dense = measure_engine_step(precision, threads, steps, [](TrainConfig& c) {
+        c.model.intermediate_size = kTopK * kExpertWidth;
+        c.device.device_memory_mb = kDeviceMb;
+      });
       moe_s.push_back(moe.step_s);
       dense_s.push_back(dense.step_s);
     }
     const double ms = median(moe_s), ds = median(dense_s);
     const double rate = moe.model_flops / ms;
-    std::printf("  mixtral-shaped (8 experts x 512, top-2), %s: step %.4f s, %.0f tokens/s, %.1f GFLOP/s model "
-                "FLOPs (active) = %.2f of the best GEMM; dense with the same active parameters %.4f s (%.2fx)\n",
-                bf16 ? "bf16" : "fp32", ms, static_cast<double>(tokens) / ms, rate / 1e9, rate / active_best.rate, ds,
-                ms / ds);
+    std::printf(
+        "  mixtral-shaped (8 experts x 512, top-2), %s: step %.4f s, %.0f tokens/s, %.1f GFLOP/s model "
+        "FLOPs (active) = %.2f of the best GEMM; dense with the same active parameters %.4f s (%.2fx)\n",
+        bf16 ? "bf16" : "fp32", ms, static_cast<double>(tokens) / ms, rate / 1e9, rate / active_best.rate, ds, ms / ds);
     const std::string p = bf16 ? "bf16" : "fp32";
     report.add({"mixtral_" + p + "_tokens_per_s", static_cast<double>(tokens) / ms, "tokens/s", 0.0});
     report.add({"mixtral_" + p + "_model_flops_vs_gemm", rate, "FLOP/s", active_best.rate});

@@ -314,3 +314,91 @@ TEST_CASE("rope_scaling refusals name the field, the type and the file", "[rope]
                                                      "' is not supported for mistral (transformers ignores it)"));
   }
 }
+
+namespace {
+
+// Qwen/Qwen3-30B-A3B's config.json as the hub has it.
+json qwen3_moe_json() {
+  return json::parse(R"({"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645,
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+    "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+    "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+    "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+    "vocab_size": 151936})");
+}
+
+}  // namespace
+
+TEST_CASE("qwen3_moe: the hub's config.json parses; the experts' fields round-trip; bad values are refused", "[moe]") {
+  const ModelConfig c = hf::parse_config(qwen3_moe_json());
+  CHECK(c.arch == Arch::qwen3_moe);
+  CHECK(c.qk_norm);
+  CHECK_FALSE(c.attention_bias);
+  CHECK(c.head_dim == 128);
+  CHECK(c.num_experts == 128);
+  CHECK(c.num_experts_per_tok == 8);
+  CHECK(c.moe_intermediate_size == 768);
+  CHECK(c.intermediate_size == 6144);
+  CHECK(c.norm_topk_prob);
+  CHECK(c.decoder_sparse_step == 1);
+  CHECK(c.mlp_only_layers.empty());
+  CHECK_FALSE(c.layers_differ());
+
+  json defaults = qwen3_moe_json();  // transformers' defaults: norm_topk_prob false, mlp_only_layers null
+  for (auto k : {"norm_topk_prob", "decoder_sparse_step"}) defaults.erase(k);
+  defaults["mlp_only_layers"] = nullptr;
+  const ModelConfig d = hf::parse_config(defaults);
+  CHECK_FALSE(d.norm_topk_prob);
+  CHECK(d.decoder_sparse_step == 1);
+
+  json mixed = qwen3_moe_json();
+  mixed["num_hidden_layers"] = 6;
+  mixed["decoder_sparse_step"] = 2;
+  mixed["mlp_only_layers"] = {3, 1, 3};  // transformers tests membership: order and repeats do not matter
+  mixed["norm_topk_prob"] = false;
+  const ModelConfig m = hf::parse_config(mixed);
+  CHECK(m.mlp_only_layers == std::vector<std::int64_t>{1, 3});
+  CHECK(m.layers_differ());
+  const json out = hf::config_to_json(m, nullptr);
+  CHECK(out["architectures"] == json::array({"Qwen3MoeForCausalLM"}));
+  CHECK(out["mlp_only_layers"] == json::array({1, 3}));
+  CHECK(out["decoder_sparse_step"] == 2);
+  CHECK(out["norm_topk_prob"] == false);
+  CHECK(out["moe_intermediate_size"] == 768);
+  const ModelConfig back = hf::parse_config(out);
+  CHECK(back.mlp_only_layers == m.mlp_only_layers);
+  CHECK(back.decoder_sparse_step == 2);
+  CHECK(back.num_experts == 128);
+  CHECK(back.moe_intermediate_size == 768);
+  CHECK_FALSE(back.norm_topk_prob);
+  CHECK(back.head_dim == 128);
+
+  auto with = [](const char* key, json value) {
+    json j = qwen3_moe_json();
+    j[key] = std::move(value);
+    return j;
+  };
+  CHECK_THAT(parse_error(with("output_router_logits", true)), Catch::Contains("output_router_logits"));
+  CHECK_THAT(parse_error(with("mlp_only_layers", {48})), Catch::Contains("mlp_only_layers holds 48"));
+  CHECK_THAT(parse_error(with("mlp_only_layers", "0,1")), Catch::Contains("list of integers"));
+  CHECK_THAT(parse_error(with("decoder_sparse_step", 0)), Catch::Contains("decoder_sparse_step"));
+  CHECK_THAT(parse_error(with("num_experts_per_tok", 129)), Catch::Contains("exceeds num_experts"));
+  CHECK_THAT(parse_error(with("use_sliding_window", true)), Catch::Contains("use_sliding_window"));
+  CHECK_THAT(parse_error(with("attention_bias", true)), Catch::Contains("o_proj"));
+  CHECK_THAT(parse_error(with("shared_expert_intermediate_size", 1024)),
+             Catch::Contains("unsupported config field 'shared_expert_intermediate_size'"));
+  CHECK_THAT(parse_error(with("architectures", {"Qwen3ForCausalLM"})), Catch::Contains("Qwen3MoeForCausalLM"));
+}
+
+TEST_CASE("attention_bias=true is refused where transformers would bias o_proj too (llama, qwen3)") {
+  json l = llama_json();
+  l["attention_bias"] = true;
+  CHECK_THAT(parse_error(l), Catch::Contains("attention_bias=true for llama") && Catch::Contains("o_proj"));
+  ModelConfig c = hf::parse_config(llama_json());
+  c.attention_bias = true;
+  CHECK_THROWS_WITH(hf::config_to_json(c, nullptr), Catch::Contains("o_proj"));
+}
