@@ -34,7 +34,7 @@ TEST_CASE("Mixtral-8x7B: 46.7B parameters, 12.9B active per token (top-2 of 8)",
   CHECK(mt::layer_active_param_count(c, 5) == attention + norms + router + 2 * expert);
   CHECK(mt::total_param_count(c) / 100'000'000 == 467);   // the published 46.7B
   CHECK(mt::active_param_count(c) / 100'000'000 == 128);  // and 12.9B (12.88B)
-  c.num_experts = 0;
+  c.arch = mt::Arch::mistral, c.num_experts = 0;          // the same shape without experts
   c.validate();
   CHECK(mt::active_param_count(c) == mt::total_param_count(c));
 }
