@@ -1,9 +1,11 @@
 #include "tools/bench/engine_step.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "actors/engine.hpp"
@@ -96,6 +98,21 @@ EngineStep measure_engine_step(Precision precision, int threads, int steps, cons
       in_child_process<EngineStep>([&] { return measure_engine_step_here(precision, threads, steps, true, tweak); });
   if (!e) throw std::runtime_error("engine step benchmark: the measuring process failed (see above)");
   return *e;
+}
+
+bool parse_steps_rounds(int argc, char** argv, const char* name, int* steps, int* rounds) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) {
+      *steps = std::atoi(argv[++i]);
+    } else if (a == "--rounds" && i + 1 < argc) {
+      *rounds = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: tools/bench/run %s [--steps N] [--rounds R]\n", name);
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace mt::bench

@@ -36,4 +36,8 @@ EngineStep measure_engine_step_here(Precision precision, int threads, int steps 
 // In a child process of its own (child_process.hpp), so that earlier runs in this process do not slow it.
 EngineStep measure_engine_step(Precision precision, int threads, int steps = 16, const ConfigTweak& tweak = {});
 
+// `--steps N --rounds R` of an engine-step benchmark into *steps and *rounds (left as given when absent);
+// false after printing "usage: tools/bench/run NAME [--steps N] [--rounds R]" for anything else.
+bool parse_steps_rounds(int argc, char** argv, const char* name, int* steps, int* rounds);
+
 }  // namespace mt::bench

@@ -76,17 +76,7 @@ void mixtral_shape(TrainConfig& c) {
 
 int main(int argc, char** argv) {
   int steps = 12, rounds = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc)
-      steps = std::atoi(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc)
-      rounds = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: tools/bench/run moe [--steps N] [--rounds R]\n");
-      return 2;
-    }
-  }
+  if (!parse_steps_rounds(argc, argv, "moe", &steps, &rounds)) return 2;
   const int threads = 2;
   const TrainConfig demo = demo_train_config(1);
   const std::int64_t tokens = demo.train.per_device_train_batch_size * demo.data.seq_length;

@@ -30,17 +30,7 @@ struct Mode {
 
 int main(int argc, char** argv) {
   int steps = 16, rounds = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc)
-      steps = std::atoi(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc)
-      rounds = std::atoi(argv[++i]);
-    else {
-      std::fprintf(stderr, "usage: tools/bench/run state-modes [--steps N] [--rounds R]\n");
-      return 2;
-    }
-  }
+  if (!parse_steps_rounds(argc, argv, "state-modes", &steps, &rounds)) return 2;
   std::printf("state modes: the demo model's engine step per way of holding the state, 2 threads\n");
   std::printf("  CPU: %s\n  ISA: %s\n", cpu_model().c_str(), cpu_isa_flags().c_str());
   {
