@@ -229,14 +229,19 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   if (m.arch == Arch::qwen3) m.qk_norm = true;
   if (m.arch == Arch::qwen3_moe) m.qk_norm = true;
   const bool qwen_moe = m.arch == Arch::qwen3_moe;
-  if (m.arch == Arch::mixtral || qwen_moe) {
+  if (m.arch == Arch::mixtral || qwen_moe || m.arch == Arch::gpt_oss) {
     m.num_experts = model.num_experts > 0 ? model.num_experts : 8;
     m.num_experts_per_tok = model.num_experts_per_tok;
     m.moe_intermediate_size = model.moe_intermediate_size > 0 ? model.moe_intermediate_size : model.intermediate_size;
-    m.norm_topk_prob = qwen_moe ? model.norm_topk_prob : true;
+    m.norm_topk_prob = qwen_moe ? model.norm_topk_prob : m.arch == Arch::mixtral;
   } else if (model.num_experts > 0) {
-    throw ConfigError(key_of(*this, model.num_experts),
-                      "experts need " + key_of(*this, model.arch) + "=mixtral or qwen3_moe (got " + model.arch + ")");
+    throw ConfigError(key_of(*this, model.num_experts), "experts need " + key_of(*this, model.arch) +
+                                                            "=mixtral, qwen3_moe or gpt_oss (got " + model.arch + ")");
+  }
+  if (m.arch == Arch::gpt_oss) {  // GptOssConfig's own: biases, a 128-token window on the even layers, limit 7
+    m.attention_bias = true;
+    m.sliding_window = 128;
+    for (std::int64_t l = 0; l < m.num_hidden_layers; l += 2) m.sliding_layers.push_back(l);
   }
   auto qwen_moe_only = [&](bool set, const std::string& key) {
     if (set && !qwen_moe)

@@ -67,7 +67,7 @@ struct TrainSection {                  // [train]
 struct ModelSection {              // [model]
   std::string config_file;         // a Hugging Face config.json (or its directory); "" = the keys below
   std::string model_name_or_path;  // a Hugging Face model directory to start from (config + weights)
-  std::string arch = "llama";      // llama | qwen2 | qwen3 | mistral | gpt2 | mixtral | qwen3_moe (HF model_type)
+  std::string arch = "llama";  // llama | qwen2 | qwen3 | mistral | gpt2 | mixtral | qwen3_moe | gpt_oss (HF model_type)
   std::int64_t hidden_size = 384;
   std::int64_t layers = 8;                 // num_hidden_layers
   std::int64_t heads = 6;                  // num_attention_heads

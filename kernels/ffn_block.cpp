@@ -69,24 +69,44 @@ void dense_backward(Ops& ops, const ModelConfig& c, const void* params, float* g
 
 // ---- the mixture of experts ----
 
-// The router and expert 0's matrix of each kind; expert e's is e * stride elements after it.
-enum MoeTensor { router, w1, w3, w2, kMoeTensors };
+// The router (and its bias), expert 0's matrix of each kind and (gpt-oss) its bias; expert e's is e
+// strides after expert 0's. Absent biases bind to null.
+enum MoeTensor { router, router_b, w1, w3, w2, b1, b3, b2, kMoeTensors };
+struct MoeStrides {
+  std::int64_t matrix = 0;   // elements between consecutive experts' matrices of one kind
+  std::int64_t inner_b = 0;  // ... between their gate (or up) biases, [moe_intermediate_size]
+  std::int64_t outer_b = 0;  // ... between their down biases, [hidden_size]
+};
 struct MoeOffsets {
   TensorOffsets<kMoeTensors> off;
-  std::int64_t stride = 0;  // elements between consecutive experts' matrices of one kind
+  MoeStrides stride;
 };
 
 template <class P>
-BoundTensors<P, kMoeTensors> bind_moe(const ModelConfig& c, P base, Precision p, std::int64_t* stride) {
+BoundTensors<P, kMoeTensors> bind_moe(const ModelConfig& c, P base, Precision p, MoeStrides* stride) {
   const MoeOffsets& m = per_shape<MoeOffsets>(c, [&] {
     const ParamLayout& l = cached_layer_layout(c);
     auto at = [&](const std::string& name) { return static_cast<std::ptrdiff_t>(l.at(name).offset); };
+    auto between = [&](const std::string& first, const std::string& second) {
+      return c.num_experts > 1 ? static_cast<std::int64_t>(at(second) - at(first)) : 0;
+    };
     MoeOffsets o;
+    for (int i = 0; i < kMoeTensors; ++i) o.off.at[i] = -1;
     o.off.at[router] = at(moe_router_tensor(c));
     o.off.at[w1] = at(moe_expert_tensor(c, 0, ExpertMatrix::gate));
     o.off.at[w3] = at(moe_expert_tensor(c, 0, ExpertMatrix::up));
     o.off.at[w2] = at(moe_expert_tensor(c, 0, ExpertMatrix::down));
-    o.stride = c.num_experts > 1 ? at(moe_expert_tensor(c, 1, ExpertMatrix::gate)) - o.off.at[w1] : 0;
+    o.stride.matrix = between(moe_expert_tensor(c, 0, ExpertMatrix::gate), moe_expert_tensor(c, 1, ExpertMatrix::gate));
+    if (c.moe_biases()) {
+      o.off.at[router_b] = at(moe_router_bias_tensor(c));
+      o.off.at[b1] = at(moe_expert_bias_tensor(c, 0, ExpertMatrix::gate));
+      o.off.at[b3] = at(moe_expert_bias_tensor(c, 0, ExpertMatrix::up));
+      o.off.at[b2] = at(moe_expert_bias_tensor(c, 0, ExpertMatrix::down));
+      o.stride.inner_b =
+          between(moe_expert_bias_tensor(c, 0, ExpertMatrix::gate), moe_expert_bias_tensor(c, 1, ExpertMatrix::gate));
+      o.stride.outer_b =
+          between(moe_expert_bias_tensor(c, 0, ExpertMatrix::down), moe_expert_bias_tensor(c, 1, ExpertMatrix::down));
+    }
     return o;
   });
   *stride = m.stride;
@@ -96,9 +116,24 @@ BoundTensors<P, kMoeTensors> bind_moe(const ModelConfig& c, P base, Precision p,
 RouteShape route_shape(const ModelConfig& c, std::int64_t n) {
   RouteShape r;
   r.tokens = n, r.experts = c.num_experts, r.top_k = c.num_experts_per_tok;
-  r.kind = RouterKind::softmax_topk;
+  r.kind = c.is_gpt_oss() ? RouterKind::topk_softmax : RouterKind::softmax_topk;
   r.renormalize = c.norm_topk_prob;
   return r;
+}
+
+// The experts' activation: SwiGLU, or gpt-oss's clamped form.
+void expert_activation(Ops& ops, const ModelConfig& c, const float* g, const float* u, float* h, std::size_t n) {
+  if (c.is_gpt_oss())
+    ops.clamped_swiglu_forward(g, u, h, n, ModelConfig::kGptOssSwigluAlpha, c.swiglu_limit);
+  else
+    ops.swiglu_forward(g, u, h, n);
+}
+void expert_activation_backward(Ops& ops, const ModelConfig& c, const float* g, const float* u, const float* dh,
+                                float* dg, float* du, std::size_t n) {
+  if (c.is_gpt_oss())
+    ops.clamped_swiglu_backward(g, u, dh, dg, du, n, ModelConfig::kGptOssSwigluAlpha, c.swiglu_limit);
+  else
+    ops.swiglu_backward(g, u, dh, dg, du, n);
 }
 
 // Indices live in float-sized slots of the same buffers (int32 and float are both 4 bytes).
@@ -160,41 +195,44 @@ std::int64_t* host_offsets(const ModelConfig& c) {
 void moe_forward(Ops& ops, const ModelConfig& c, const void* params, const float* xn, std::int64_t n, float* saved,
                  float* y) {
   const std::int64_t d = c.hidden_size, E = c.num_experts, ff = c.moe_intermediate_size;
-  std::int64_t stride = 0;
-  const auto w = bind_moe(c, params, ops.precision(), &stride);
+  MoeStrides st;
+  const auto w = bind_moe(c, params, ops.precision(), &st);
   const MoeSaved s = carve_moe(c, n, saved);
   const RouteShape r = route_shape(c, n);
   std::int64_t* offsets = host_offsets(c);
-  ops.linear_forward(xn, w[router], nullptr, s.logits, n, d, E);
+  ops.linear_forward(xn, w[router], w[router_b], s.logits, n, d, E);
   ops.moe_route(s.logits, r, s.expert, s.weight);
   ops.moe_dispatch(s.expert, r, s.order, s.slot_pos, offsets);
   ops.moe_gather(xn, s.order, r, d, s.xe);
-  ops.grouped_linear_forward(s.xe, w[w1], stride, nullptr, 0, s.gate, offsets, E, d, ff);
-  ops.grouped_linear_forward(s.xe, w[w3], stride, nullptr, 0, s.up, offsets, E, d, ff);
-  ops.swiglu_forward(s.gate, s.up, s.h, static_cast<std::size_t>(r.choices() * ff));
-  ops.grouped_linear_forward(s.h, w[w2], stride, nullptr, 0, s.ye, offsets, E, ff, d);
+  ops.grouped_linear_forward(s.xe, w[w1], st.matrix, w[b1], st.inner_b, s.gate, offsets, E, d, ff);
+  ops.grouped_linear_forward(s.xe, w[w3], st.matrix, w[b3], st.inner_b, s.up, offsets, E, d, ff);
+  expert_activation(ops, c, s.gate, s.up, s.h, static_cast<std::size_t>(r.choices() * ff));
+  ops.grouped_linear_forward(s.h, w[w2], st.matrix, w[b2], st.outer_b, s.ye, offsets, E, ff, d);
   if (y) ops.moe_combine(s.ye, s.slot_pos, s.weight, r, d, y);
 }
 
 void moe_backward(Ops& ops, const ModelConfig& c, const void* params, float* grads, const float* xn, std::int64_t n,
                   const float* saved, const float* dy, float* dxn, float* scratch) {
   const std::int64_t d = c.hidden_size, E = c.num_experts, ff = c.moe_intermediate_size;
-  std::int64_t stride = 0;
-  const auto w = bind_moe(c, params, ops.precision(), &stride);
-  const auto g = bind_moe(c, grads, Precision::fp32, &stride);
+  MoeStrides st;
+  const auto w = bind_moe(c, params, ops.precision(), &st);
+  const auto g = bind_moe(c, grads, Precision::fp32, &st);
   const MoeSaved s = carve_moe(c, n, const_cast<float*>(saved));
   const MoeScratch sc = carve_moe_scratch(c, n, scratch);
   const RouteShape r = route_shape(c, n);
   std::int64_t* offsets = host_offsets(c);
   ops.moe_dispatch(s.expert, r, sc.order, sc.slot_pos, offsets);  // the forward's grouping, its offsets on the host
   ops.moe_combine_backward(dy, s.ye, s.slot_pos, s.weight, r, d, sc.dye, sc.dweight);
-  ops.grouped_linear_backward(sc.dye, s.h, w[w2], stride, sc.dh, false, g[w2], nullptr, 0, offsets, E, ff, d);
-  ops.swiglu_backward(s.gate, s.up, sc.dh, sc.dg, sc.du, static_cast<std::size_t>(r.choices() * ff));
-  ops.grouped_linear_backward(sc.dg, s.xe, w[w1], stride, sc.dxe, false, g[w1], nullptr, 0, offsets, E, d, ff);
-  ops.grouped_linear_backward(sc.du, s.xe, w[w3], stride, sc.dxe, true, g[w3], nullptr, 0, offsets, E, d, ff);
+  ops.grouped_linear_backward(sc.dye, s.h, w[w2], st.matrix, sc.dh, false, g[w2], g[b2], st.outer_b, offsets, E, ff,
+                              d);
+  expert_activation_backward(ops, c, s.gate, s.up, sc.dh, sc.dg, sc.du, static_cast<std::size_t>(r.choices() * ff));
+  ops.grouped_linear_backward(sc.dg, s.xe, w[w1], st.matrix, sc.dxe, false, g[w1], g[b1], st.inner_b, offsets, E, d,
+                              ff);
+  ops.grouped_linear_backward(sc.du, s.xe, w[w3], st.matrix, sc.dxe, true, g[w3], g[b3], st.inner_b, offsets, E, d,
+                              ff);
   ops.moe_gather_backward(sc.dxe, s.slot_pos, r, d, dxn, false);
   ops.moe_route_backward(s.logits, s.expert, s.weight, sc.dweight, sc.dlogits, r);
-  ops.linear_backward(sc.dlogits, xn, w[router], dxn, true, g[router], nullptr, n, d, E);
+  ops.linear_backward(sc.dlogits, xn, w[router], dxn, true, g[router], g[router_b], n, d, E);
 }
 
 }  // namespace

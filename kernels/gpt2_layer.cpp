@@ -106,7 +106,7 @@ void forward_into(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, c
   ops.layernorm_forward(x, w[ln1_w], w[ln1_b], s.xn1, s.mean1, s.rstd1, N, d, c.norm_eps);
   ops.linear_forward(s.xn1, w[attn_w], w[attn_b], s.qkv, N, d, 3 * d);
   // Attention stays fp32 in bf16 mode too (on the fp32 q/k/v the bf16 product produced).
-  ops.attention_forward(s.qkv, s.qkv + d, s.qkv + 2 * d, s.att, s.lse, attn_shape(c, B, T));
+  ops.attention_forward(s.qkv, s.qkv + d, s.qkv + 2 * d, nullptr, s.att, s.lse, attn_shape(c, B, T));
   ops.linear_forward(s.att, w[proj_w], w[proj_b], s.x1, N, d, d);
   ops.add_into(s.x1, x, static_cast<std::size_t>(N * d));
   ops.layernorm_forward(s.x1, w[ln2_w], w[ln2_b], s.xn2, s.mean2, s.rstd2, N, d, c.norm_eps);
@@ -142,8 +142,8 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
   ops.layernorm_backward(s.x1, w[ln2_w], s.mean2, s.rstd2, sc.dxn2, sc.dx1, g[ln2_w], g[ln2_b], N, d, true);
   // Attention
   ops.linear_backward(sc.dx1, s.att, w[proj_w], sc.datt, false, g[proj_w], g[proj_b], N, d, d);
-  ops.attention_backward(s.qkv, s.qkv + d, s.qkv + 2 * d, s.att, s.lse, sc.datt, sc.dqkv, sc.dqkv + d, sc.dqkv + 2 * d,
-                         attn_shape(c, B, T));
+  ops.attention_backward(s.qkv, s.qkv + d, s.qkv + 2 * d, nullptr, s.att, s.lse, sc.datt, sc.dqkv, sc.dqkv + d,
+                         sc.dqkv + 2 * d, nullptr, attn_shape(c, B, T));
   ops.linear_backward(sc.dqkv, s.xn1, w[attn_w], sc.dxn1, false, g[attn_w], g[attn_b], N, d, 3 * d);
   ops.copy(dx, sc.dx1, static_cast<std::size_t>(N * d));
   ops.layernorm_backward(x, w[ln1_w], s.mean1, s.rstd1, sc.dxn1, dx, g[ln1_w], g[ln1_b], N, d, true);

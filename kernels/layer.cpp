@@ -39,7 +39,8 @@ void give_tiled_operand_room(Ops& ops, const detail::LayerFamily& f, const Model
 void refuse_mixed_layers(const ModelConfig& c) {
   if (c.layers_differ())
     throw std::invalid_argument(
-        "layer: this model's layers differ (dense layers among expert layers): compute with the layer's own "
+        "layer: this model's layers differ (dense layers among expert layers, or sliding-window layers among "
+        "full-attention ones): compute with the layer's own "
         "config (ModelConfig::layer_config)");
 }
 

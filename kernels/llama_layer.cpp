@@ -1,4 +1,5 @@
-// The Llama-family decoder layer (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm):
+// The Llama-family decoder layer (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm, gpt-oss
+// with q/k/v/o biases, attention sinks and sliding windows):
 //   x1 = x + o_proj(attn(rope(qk_norm?(q_proj(n1))), rope(qk_norm?(k_proj(n1))), v_proj(n1))),  n1 = rmsnorm(x)
 //   y  = x1 + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                                       n2 = rmsnorm(x1)
 // Written once over the ops (ops.hpp): every backend runs this code. The sequence-tiled form of the same
@@ -111,8 +112,8 @@ RopeTables forward_into(Ops& ops, const ModelConfig& c, const void* params, cons
   ops.rope_apply(s.q, N, T, Hq, hd, qd, rope, false);
   ops.rope_apply(s.k, N, T, Hkv, hd, kd, rope, false);
   // Attention stays fp32 in bf16 mode too (on the fp32 q/k/v the bf16 products produced).
-  ops.attention_forward(s.q, s.k, s.v, s.att, s.lse, attn_shape(c, B, T));
-  ops.linear_forward(s.att, w[wo], nullptr, s.x1, N, qd, d);
+  ops.attention_forward(s.q, s.k, s.v, w[sinks], s.att, s.lse, attn_shape(c, B, T));
+  ops.linear_forward(s.att, w[wo], w[bo], s.x1, N, qd, d);
   ops.add_into(s.x1, x, static_cast<std::size_t>(N * d));
   ops.rmsnorm_forward(s.x1, w[post_norm], s.xn2, s.rstd2, N, d, c.norm_eps);
   ffn_forward(ops, c, params, s.xn2, N, s.ffn, x_out);
@@ -145,8 +146,9 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
   ffn_backward(ops, c, params, grads, s.xn2, N, s.ffn, dy, sc.dxn2, sc.ffn);
   ops.rmsnorm_backward(s.x1, w[post_norm], s.rstd2, sc.dxn2, sc.dx1, g[post_norm], N, d, true);
   // Attention: x1 = x + o_proj(att)
-  ops.linear_backward(sc.dx1, s.att, w[wo], sc.datt, false, g[wo], nullptr, N, qd, d);
-  ops.attention_backward(s.q, s.k, s.v, s.att, s.lse, sc.datt, sc.dq, sc.dk, sc.dv, attn_shape(c, B, T));
+  ops.linear_backward(sc.dx1, s.att, w[wo], sc.datt, false, g[wo], g[bo], N, qd, d);
+  ops.attention_backward(s.q, s.k, s.v, w[sinks], s.att, s.lse, sc.datt, sc.dq, sc.dk, sc.dv, g[sinks],
+                         attn_shape(c, B, T));
   ops.rope_apply(sc.dq, N, T, Hq, hd, qd, rope, true);
   ops.rope_apply(sc.dk, N, T, Hkv, hd, kd, rope, true);
   const float* dq_lin = sc.dq;

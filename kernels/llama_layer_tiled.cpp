@@ -135,8 +135,8 @@ void attention_and_mlp(Ops& ops, const ModelConfig& c, const void* params, const
   if (c.qk_norm) ops.rmsnorm_forward(tb.q_raw, w[q_norm], tb.q, tb.rstd_q, t.n * Hq, hd, c.norm_eps);
   ops.rope_apply(tb.q, t.n, t.n, Hq, hd, qd, at_positions(rope, t.t0, hd), false);
   const std::int64_t seq0 = t.r0 - t.t0;  // the sequence's first row
-  ops.attention_forward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, tb.att, tb.lse, tile_attention(c, t));
-  ops.linear_forward(tb.att, w[wo], nullptr, tb.x1, t.n, qd, d);
+  ops.attention_forward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, w[sinks], tb.att, tb.lse, tile_attention(c, t));
+  ops.linear_forward(tb.att, w[wo], w[bo], tb.x1, t.n, qd, d);
   ops.add_into(tb.x1, x_in + t.r0 * d, static_cast<std::size_t>(t.n * d));
   ops.rmsnorm_forward(tb.x1, w[post_norm], tb.xn2, tb.rstd2, t.n, d, c.norm_eps);
   ffn_forward(ops, c, params, tb.xn2, t.n, tb.ffn, y);
@@ -201,11 +201,11 @@ void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
       ffn_backward(ops, c, params, grads, tb.xn2, t.n, tb.ffn, dyt, tb.dxn2, tb.dffn);
       ops.rmsnorm_backward(tb.x1, w[post_norm], tb.rstd2, tb.dxn2, tb.dx1, g[post_norm], t.n, d, true);
       // Attention: x1 = x + o_proj(att)
-      ops.linear_backward(tb.dx1, tb.att, w[wo], tb.datt, false, g[wo], nullptr, t.n, qd, d);
+      ops.linear_backward(tb.dx1, tb.att, w[wo], tb.datt, false, g[wo], g[bo], t.n, qd, d);
       AttnShape a = tile_attention(c, t);
       a.add_kv_grads = !first;
-      ops.attention_backward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, tb.att, tb.lse, tb.datt, tb.dq,
-                             wh.dK + seq0 * kd, wh.dV + seq0 * kd, a);
+      ops.attention_backward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, w[sinks], tb.att, tb.lse, tb.datt, tb.dq,
+                             wh.dK + seq0 * kd, wh.dV + seq0 * kd, g[sinks], a);
       // Every query that reads this tile's keys is at or after it, and those tiles are done.
       float* dk = wh.dK + t.r0 * kd;
       ops.rope_apply(tb.dq, t.n, t.n, Hq, hd, qd, rope_t, true);

@@ -11,11 +11,21 @@
 namespace mt::detail::llama {
 
 // The attention half and the two norms; the feed-forward block binds its own (ffn_block.hpp).
-enum Tensor { in_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, post_norm, kTensors };
-inline const char* const kNames[kTensors] = {
-    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.q_proj.bias",          "self_attn.k_proj.weight",
-    "self_attn.k_proj.bias",   "self_attn.v_proj.weight", "self_attn.v_proj.bias",          "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight"};
+// Absent tensors (biases, q/k norms, gpt-oss's o_proj bias and sinks) bind to null.
+enum Tensor { in_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, sinks, post_norm, kTensors };
+inline const char* const kNames[kTensors] = {"input_layernorm.weight",
+                                             "self_attn.q_proj.weight",
+                                             "self_attn.q_proj.bias",
+                                             "self_attn.k_proj.weight",
+                                             "self_attn.k_proj.bias",
+                                             "self_attn.v_proj.weight",
+                                             "self_attn.v_proj.bias",
+                                             "self_attn.q_norm.weight",
+                                             "self_attn.k_norm.weight",
+                                             "self_attn.o_proj.weight",
+                                             "self_attn.o_proj.bias",
+                                             "self_attn.sinks",
+                                             "post_attention_layernorm.weight"};
 
 template <class P>
 using Bound = BoundTensors<P, kTensors>;
@@ -30,6 +40,7 @@ inline AttnShape attn_shape(const ModelConfig& c, std::int64_t B, std::int64_t T
   AttnShape a;
   a.batch = B, a.seq = T, a.q_heads = c.num_attention_heads, a.kv_heads = c.num_key_value_heads;
   a.head_dim = c.head_dim, a.q_stride = c.q_dim(), a.kv_stride = c.kv_dim(), a.o_stride = c.q_dim();
+  a.window = c.attention_window();
   return a;
 }
 

@@ -22,15 +22,18 @@ const char* arch_name(Arch a) {
       return "mixtral";
     case Arch::qwen3_moe:
       return "qwen3_moe";
+    case Arch::gpt_oss:
+      return "gpt_oss";
   }
   return "?";
 }
 
 Arch parse_arch(const std::string& model_type) {
-  for (Arch a : {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::mistral, Arch::gpt2, Arch::mixtral, Arch::qwen3_moe})
+  for (Arch a : {Arch::llama, Arch::qwen2, Arch::qwen3, Arch::mistral, Arch::gpt2, Arch::mixtral, Arch::qwen3_moe,
+                 Arch::gpt_oss})
     if (model_type == arch_name(a)) return a;
   throw std::invalid_argument("unsupported model_type '" + model_type +
-                              "' (supported: llama, qwen2, qwen3, mistral, gpt2, mixtral, qwen3_moe)");
+                              "' (supported: llama, qwen2, qwen3, mistral, gpt2, mixtral, qwen3_moe, gpt_oss)");
 }
 
 const char* rope_type_name(RopeType t) {
@@ -147,6 +150,25 @@ void ModelConfig::validate() const {
            ")");
     if (i > 0 && l <= mlp_only_layers[i - 1]) fail("mlp_only_layers must be sorted without repeats");
   }
+  if (is_gpt_oss()) {
+    if (!is_moe()) fail("gpt_oss needs num_experts (num_local_experts) > 0");
+    if (qk_norm) fail("gpt_oss has no q/k norms");
+    if (sliding_window < 0) fail("sliding_window must be >= 0, got " + std::to_string(sliding_window));
+    if (!sliding_layers.empty() && sliding_window <= 0)
+      fail("layer_types has sliding_attention layers but sliding_window is " + std::to_string(sliding_window));
+    if (!(swiglu_limit > 0.0f) || !std::isfinite(swiglu_limit))
+      fail("swiglu_limit must be > 0 and finite, got " + std::to_string(swiglu_limit));
+  } else if (sliding_window != 0 || !sliding_layers.empty()) {
+    fail(std::string("sliding_window and sliding layers (layer_types) are gpt-oss's here (this is ") + arch_name(arch) +
+         ")");
+  }
+  for (std::size_t i = 0; i < sliding_layers.size(); ++i) {
+    const std::int64_t l = sliding_layers[i];
+    if (l < 0 || l >= num_hidden_layers)
+      fail("sliding layers hold " + std::to_string(l) + ", not a layer in [0, " + std::to_string(num_hidden_layers) +
+           ")");
+    if (i > 0 && l <= sliding_layers[i - 1]) fail("sliding layers must be sorted without repeats");
+  }
   if (is_moe()) {
     if (is_gpt2()) fail("gpt2 has no mixture-of-experts form");
     if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
@@ -169,7 +191,14 @@ bool ModelConfig::layer_is_moe(std::int64_t layer) const {
   return (layer + 1) % decoder_sparse_step == 0;
 }
 
+bool ModelConfig::layer_slides(std::int64_t layer) const {
+  for (const std::int64_t l : sliding_layers)
+    if (l == layer) return true;
+  return false;
+}
+
 bool ModelConfig::layers_differ() const {
+  if (!sliding_layers.empty() && static_cast<std::int64_t>(sliding_layers.size()) != num_hidden_layers) return true;
   if (!is_moe() || (mlp_only_layers.empty() && decoder_sparse_step == 1)) return false;
   for (std::int64_t l = 0; l < num_hidden_layers; ++l)
     if (!layer_is_moe(l)) return true;
@@ -180,6 +209,9 @@ ModelConfig ModelConfig::layer_config(std::int64_t layer) const {
   ModelConfig c = *this;
   c.mlp_only_layers.clear();
   c.decoder_sparse_step = 1;
+  c.sliding_layers.clear();
+  if (layer_slides(layer))  // every layer of the layer's own config slides
+    for (std::int64_t l = 0; l < num_hidden_layers; ++l) c.sliding_layers.push_back(l);
   if (is_moe() && !layer_is_moe(layer)) {
     c.arch = Arch::qwen3;  // validate() admits mlp_only_layers for qwen3_moe only, and a dense one is qwen3
     c.num_experts = 0, c.num_experts_per_tok = 0, c.moe_intermediate_size = 0;

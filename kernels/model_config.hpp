@@ -7,7 +7,7 @@
 
 namespace mt {
 
-enum class Arch { llama, qwen2, qwen3, mistral, gpt2, mixtral, qwen3_moe };
+enum class Arch { llama, qwen2, qwen3, mistral, gpt2, mixtral, qwen3_moe, gpt_oss };
 
 // "llama", "qwen2", ... (the Hugging Face model_type) and back; parse throws std::invalid_argument.
 const char* arch_name(Arch a);
@@ -81,15 +81,35 @@ struct ModelConfig {
   std::vector<std::int64_t> mlp_only_layers;  // Qwen3-MoE: layers with a dense MLP (sorted, no repeats)
   std::int64_t decoder_sparse_step = 1;       // Qwen3-MoE: every step-th layer has experts
 
+  // gpt-oss (arch gpt_oss): attention with q/k/v/o biases (attention_bias) and one sink logit per head
+  // (an extra softmax column without a value); the layers of sliding_layers (config.json's layer_types,
+  // "sliding_attention") see only the last sliding_window positions; the router has a bias, takes the
+  // top k of its logits and a softmax over those k; each expert has biases and the clamped activation
+  // (ops.hpp: clamped_swiglu, alpha 1.702 as transformers fixes it, limit swiglu_limit) on its gate and up
+  // projections (HF stores them interleaved in one gate_up_proj; the layout keeps them apart).
+  std::int64_t sliding_window = 0;           // gpt-oss: the window of its sliding layers
+  std::vector<std::int64_t> sliding_layers;  // gpt-oss: layers with sliding-window attention (sorted, no repeats)
+  float swiglu_limit = 7.0f;                 // gpt-oss: the clamp of the expert activation
+  static constexpr float kGptOssSwigluAlpha = 1.702f;
+
   bool is_gpt2() const { return arch == Arch::gpt2; }
   bool is_moe() const { return num_experts > 0; }
+  bool is_gpt_oss() const { return arch == Arch::gpt_oss; }
+  bool attention_sinks() const { return is_gpt_oss(); }
+  bool o_proj_bias() const { return is_gpt_oss() && attention_bias; }  // transformers biases o_proj with q/k/v only here
+  bool moe_biases() const { return is_gpt_oss(); }                     // the router's and the experts'
+  // The attention window of the layers of a config whose layers are alike (layer_config's): 0 for none.
+  std::int64_t attention_window() const { return sliding_layers.empty() ? 0 : sliding_window; }
+  bool layer_slides(std::int64_t layer) const;
   // Whether layer `layer` (0-based) has experts; false for every layer of a dense model.
   bool layer_is_moe(std::int64_t layer) const;
-  // Whether some layer lacks the experts the config has (Qwen3-MoE's dense layers). A stage computes
-  // with the config of its own layer (layer_config); the layer functions refuse such a config.
+  // Whether some layer lacks the experts the config has (Qwen3-MoE's dense layers) or some layers slide
+  // and others do not (gpt-oss). A stage computes with the config of its own layer (layer_config); the
+  // layer functions refuse such a config.
   bool layers_differ() const;
   // The config one layer computes with: every layer alike (mlp_only_layers empty, decoder_sparse_step
-  // 1); a Qwen3-MoE layer without experts becomes a qwen3 layer of width intermediate_size.
+  // 1, sliding_layers every layer or none); a Qwen3-MoE layer without experts becomes a qwen3 layer of
+  // width intermediate_size.
   ModelConfig layer_config(std::int64_t layer) const;
   // Sequences longer than max_position_embeddings are refused (validate_batch_shape, the engine) but
   // with dynamic rope_scaling, whose NTK-aware base grows for exactly those (transformers' dynamic RoPE).

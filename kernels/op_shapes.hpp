@@ -41,11 +41,14 @@ static_assert(sizeof(RopeParams) == 72, "a RopeParams field was added: compare i
 // of each sequence (q_start..seq-1), against keys 0..seq-1: q, out and dout hold q_rows() rows per
 // sequence, k, v (and dk, dv) seq rows, lse [(b * q_heads + h) * q_rows() + i]. add_kv_grads makes the
 // backward add into dk, dv instead of overwriting them, so a sequence's query tiles accumulate them.
+// Sliding window (gpt-oss, transformers' sliding_window mask): with window > 0 the query at position p sees
+// only the keys p - window + 1 .. p.
 struct AttnShape {
   std::int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   std::int64_t q_stride = 0, kv_stride = 0, o_stride = 0;
   std::int64_t q_start = 0;   // position of the first query row (0: every position is a query)
   bool add_kv_grads = false;  // backward: dk += , dv += (else =)
+  std::int64_t window = 0;    // 0: every earlier position (plain causal)
   std::int64_t q_rows() const { return seq - q_start; }
 };
 

@@ -58,6 +58,8 @@ inline constexpr const char* kOpNames[] = {"linear_forward",
                                            "attention_backward",
                                            "swiglu_forward",
                                            "swiglu_backward",
+                                           "clamped_swiglu_forward",
+                                           "clamped_swiglu_backward",
                                            "gelu_forward",
                                            "gelu_backward",
                                            "add_into",
@@ -144,12 +146,17 @@ class Ops {
   }
 
   // ---- attention: out, lse[(b * q_heads + h) * seq + t]; the backward overwrites dq, dk, dv ----
-  virtual void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
-                                 const AttnShape& s) {
+  // sinks (gpt-oss; null for none): one logit per query head in the run's precision, an extra column of
+  // each softmax row that takes probability and contributes no value (out = sum_j p_j v_j with the p_j
+  // summing to 1 - p_sink); lse then includes it. dsinks_acc[q_heads] += d(loss)/d(sink), summed over
+  // batch and rows in order (null when sinks is).
+  virtual void attention_forward(const float* q, const float* k, const float* v, const void* sinks, float* out,
+                                 float* lse, const AttnShape& s) {
     unsupported("attention_forward");
   }
-  virtual void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                                  const float* dout, float* dq, float* dk, float* dv, const AttnShape& s) {
+  virtual void attention_backward(const float* q, const float* k, const float* v, const void* sinks, const float* out,
+                                  const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                                  float* dsinks_acc, const AttnShape& s) {
     unsupported("attention_backward");
   }
 
@@ -160,6 +167,16 @@ class Ops {
   }
   virtual void swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n) {
     unsupported("swiglu_backward");
+  }
+  // gpt-oss's expert activation: c = min(g, limit), h = (clamp(u, -limit, limit) + 1) * c * sigmoid(alpha c);
+  // the backward passes no gradient through a clamped value (torch.clamp's: where g > limit, where |u| > limit).
+  virtual void clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha,
+                                      float limit) {
+    unsupported("clamped_swiglu_forward");
+  }
+  virtual void clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du,
+                                       std::size_t n, float alpha, float limit) {
+    unsupported("clamped_swiglu_backward");
   }
   virtual void gelu_forward(const float* x, float* y, std::size_t n) { unsupported("gelu_forward"); }
   virtual void gelu_backward(const float* x, const float* dy, float* dx, std::size_t n) {

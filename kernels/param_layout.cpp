@@ -95,15 +95,23 @@ ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer) {
     b.add("self_attn.k_norm.weight", {c.head_dim});
   }
   b.add("self_attn.o_proj.weight", {d, c.q_dim()});
+  if (c.o_proj_bias()) b.add("self_attn.o_proj.bias", {d});
+  if (c.attention_sinks()) b.add("self_attn.sinks", {c.num_attention_heads});
   b.add("post_attention_layernorm.weight", {d});
   if (c.is_moe()) {
     // The router, then each kind of expert matrix for every expert in turn (gate, up, down): expert e's
-    // matrix of a kind is e strides after expert 0's, so one grouped product reads them all.
+    // matrix of a kind is e strides after expert 0's, so one grouped product reads them all; the biases
+    // (gpt-oss) likewise, after the matrices.
     const std::int64_t E = c.num_experts, eff = c.moe_intermediate_size;
     b.add(moe_router_tensor(c), {E, d});
+    if (c.moe_biases()) b.add(moe_router_bias_tensor(c), {E});
     for (ExpertMatrix m : {ExpertMatrix::gate, ExpertMatrix::up})
       for (std::int64_t e = 0; e < E; ++e) b.add(moe_expert_tensor(c, e, m), {eff, d});
     for (std::int64_t e = 0; e < E; ++e) b.add(moe_expert_tensor(c, e, ExpertMatrix::down), {d, eff});
+    if (c.moe_biases())
+      for (ExpertMatrix m : {ExpertMatrix::gate, ExpertMatrix::up, ExpertMatrix::down})
+        for (std::int64_t e = 0; e < E; ++e)
+          b.add(moe_expert_bias_tensor(c, e, m), {m == ExpertMatrix::down ? d : eff});
     return b.take();
   }
   b.add("mlp.gate_proj.weight", {ff, d});
@@ -113,7 +121,19 @@ ParamLayout layer_layout(const ModelConfig& c, std::int64_t layer) {
 }
 
 std::string moe_router_tensor(const ModelConfig& c) {
+  if (c.is_gpt_oss()) return "mlp.router.weight";
   return c.arch == Arch::mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight";
+}
+
+std::string moe_router_bias_tensor(const ModelConfig& c) {
+  if (!c.moe_biases()) throw std::logic_error(std::string(arch_name(c.arch)) + " has no router bias");
+  return "mlp.router.bias";
+}
+
+std::string moe_expert_bias_tensor(const ModelConfig& c, std::int64_t expert, ExpertMatrix m) {
+  if (!c.moe_biases()) throw std::logic_error(std::string(arch_name(c.arch)) + " has no expert biases");
+  std::string name = moe_expert_tensor(c, expert, m);
+  return name.replace(name.size() - 6, 6, "bias");  // "...gate_proj.weight" -> "...gate_proj.bias"
 }
 
 std::string moe_experts_prefix(const ModelConfig& c) {

@@ -56,11 +56,16 @@ ParamLayout stage_layout(const ModelConfig& c, std::int64_t stage);
 // the layer. Mixtral: the router "block_sparse_moe.gate.weight", expert e's matrices
 // "block_sparse_moe.experts.<e>.{w1,w3,w2}.weight" (gate, up, down). Qwen3-MoE: "mlp.gate.weight" and
 // "mlp.experts.<e>.{gate_proj,up_proj,down_proj}.weight". transformers v5 fuses each kind over experts
-// (storage/hf reads both).
+// (storage/hf reads both). gpt-oss: "mlp.router.weight" and Qwen3-MoE's per-expert names, with biases;
+// its files hold them fused and gate/up interleaved (storage/hf converts both ways).
 enum class ExpertMatrix { gate, up, down };
 std::string moe_router_tensor(const ModelConfig& c);
 std::string moe_experts_prefix(const ModelConfig& c);  // "block_sparse_moe.experts." / "mlp.experts."
 std::string moe_expert_tensor(const ModelConfig& c, std::int64_t expert, ExpertMatrix m);
+// gpt-oss's biases (ModelConfig::moe_biases): the router's ("mlp.router.bias") and each expert matrix's
+// ("mlp.experts.N.gate_proj.bias", ...), kept per expert like the matrices.
+std::string moe_router_bias_tensor(const ModelConfig& c);
+std::string moe_expert_bias_tensor(const ModelConfig& c, std::int64_t expert, ExpertMatrix m);
 
 // The embedding matrix's full name ("model.embed_tokens.weight" / "transformer.wte.weight"); with tied
 // embeddings the head computes with it and its gradient flows back into stage 0.

@@ -54,25 +54,48 @@ T* tensor(const ParamLayout& l, T* p, const char* name) {
   return t ? p + t->offset : nullptr;
 }
 
+// The router's shape, bias and the experts' activation by family (gpt-oss: top-k of the logits, then
+// a softmax over the k; biases; the clamped SwiGLU).
+inline RouteShape moe_route_shape(const ModelConfig& c, i64 N) {
+  return RouteShape{N, c.num_experts, c.num_experts_per_tok,
+                    c.is_gpt_oss() ? RouterKind::topk_softmax : RouterKind::softmax_topk, c.norm_topk_prob};
+}
+template <class P>
+P router_bias(const ModelConfig& c, const ParamLayout& l, P p) {
+  return c.moe_biases() ? p + l.at(moe_router_bias_tensor(c)).offset : nullptr;
+}
+template <class P>
+P expert_bias(const ModelConfig& c, const ParamLayout& l, P p, i64 e, ExpertMatrix m) {
+  return c.moe_biases() ? p + l.at(moe_expert_bias_tensor(c, e, m)).offset : nullptr;
+}
+template <class T>
+void expert_act(const ModelConfig& c, const T* g, const T* u, T* h, i64 n) {
+  if (c.is_gpt_oss())
+    clamped_swiglu(g, u, h, n, T(ModelConfig::kGptOssSwigluAlpha), T(c.swiglu_limit));
+  else
+    swiglu(g, u, h, n);
+}
+
 // The mixture-of-experts block on xn[N, d] (ffn_block.hpp's formula), token by token and choice by
 // choice: y[n] = sum_j weight[n, j] w2_e(silu(w1_e xn[n]) * w3_e xn[n]), e = expert[n, j].
 template <class T>
 Vec<T> moe_ffn(const ModelConfig& c, const ParamLayout& l, const T* p, const T* xn, i64 N) {
   const i64 d = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, ff = c.moe_intermediate_size;
-  const RouteShape r{N, E, k, RouterKind::softmax_topk, c.norm_topk_prob};
+  const RouteShape r = moe_route_shape(c, N);
   Vec<T> logits = zeros<T>(N * E), weight = zeros<T>(N * k), y = zeros<T>(N * d);
   std::vector<std::int32_t> expert(static_cast<std::size_t>(N * k));
-  linear(xn, tensor(l, p, moe_router_tensor(c).c_str()), static_cast<const T*>(nullptr), logits.data(), N, d, E);
+  linear(xn, tensor(l, p, moe_router_tensor(c).c_str()), router_bias(c, l, p), logits.data(), N, d, E);
   moe_route(logits.data(), r, expert.data(), weight.data());
   Vec<T> g = zeros<T>(ff), u = zeros<T>(ff), h = zeros<T>(ff), ye = zeros<T>(d);
   for (i64 n = 0; n < N; ++n)
     for (i64 j = 0; j < k; ++j) {
       const i64 e = expert[n * k + j];
       auto W = [&](ExpertMatrix m) { return p + l.at(moe_expert_tensor(c, e, m)).offset; };
-      linear(xn + n * d, W(ExpertMatrix::gate), static_cast<const T*>(nullptr), g.data(), 1, d, ff);
-      linear(xn + n * d, W(ExpertMatrix::up), static_cast<const T*>(nullptr), u.data(), 1, d, ff);
-      swiglu(g.data(), u.data(), h.data(), ff);
-      linear(h.data(), W(ExpertMatrix::down), static_cast<const T*>(nullptr), ye.data(), 1, ff, d);
+      auto Bi = [&](ExpertMatrix m) { return expert_bias(c, l, p, e, m); };
+      linear(xn + n * d, W(ExpertMatrix::gate), Bi(ExpertMatrix::gate), g.data(), 1, d, ff);
+      linear(xn + n * d, W(ExpertMatrix::up), Bi(ExpertMatrix::up), u.data(), 1, d, ff);
+      expert_act(c, g.data(), u.data(), h.data(), ff);
+      linear(h.data(), W(ExpertMatrix::down), Bi(ExpertMatrix::down), ye.data(), 1, ff, d);
       for (i64 i = 0; i < d; ++i) y[n * d + i] += weight[n * k + j] * ye[i];
     }
   return y;
@@ -83,37 +106,43 @@ template <class T>
 void moe_ffn_backward(const ModelConfig& c, const ParamLayout& l, const T* p, const T* xn, const T* dy, i64 N, T* dxn,
                       T* grads) {
   const i64 d = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, ff = c.moe_intermediate_size;
-  const RouteShape r{N, E, k, RouterKind::softmax_topk, c.norm_topk_prob};
+  const RouteShape r = moe_route_shape(c, N);
   Vec<T> logits = zeros<T>(N * E), weight = zeros<T>(N * k), dweight = zeros<T>(N * k), dlogits = zeros<T>(N * E);
   std::vector<std::int32_t> expert(static_cast<std::size_t>(N * k));
   const T* Wr = tensor(l, p, moe_router_tensor(c).c_str());
-  linear(xn, Wr, static_cast<const T*>(nullptr), logits.data(), N, d, E);
+  linear(xn, Wr, router_bias(c, l, p), logits.data(), N, d, E);
   moe_route(logits.data(), r, expert.data(), weight.data());
   for (i64 n = 0; n < N; ++n)
     for (i64 j = 0; j < k; ++j) {
       const i64 e = expert[n * k + j];
       auto W = [&](ExpertMatrix m) { return p + l.at(moe_expert_tensor(c, e, m)).offset; };
       auto G = [&](ExpertMatrix m) { return grads + l.at(moe_expert_tensor(c, e, m)).offset; };
+      auto Bi = [&](ExpertMatrix m) { return expert_bias(c, l, p, e, m); };
+      auto GB = [&](ExpertMatrix m) { return expert_bias(c, l, grads, e, m); };
       Vec<T> g = zeros<T>(ff), u = zeros<T>(ff), h = zeros<T>(ff), ye = zeros<T>(d);
-      linear(xn + n * d, W(ExpertMatrix::gate), static_cast<const T*>(nullptr), g.data(), 1, d, ff);
-      linear(xn + n * d, W(ExpertMatrix::up), static_cast<const T*>(nullptr), u.data(), 1, d, ff);
-      swiglu(g.data(), u.data(), h.data(), ff);
-      linear(h.data(), W(ExpertMatrix::down), static_cast<const T*>(nullptr), ye.data(), 1, ff, d);
+      linear(xn + n * d, W(ExpertMatrix::gate), Bi(ExpertMatrix::gate), g.data(), 1, d, ff);
+      linear(xn + n * d, W(ExpertMatrix::up), Bi(ExpertMatrix::up), u.data(), 1, d, ff);
+      expert_act(c, g.data(), u.data(), h.data(), ff);
+      linear(h.data(), W(ExpertMatrix::down), Bi(ExpertMatrix::down), ye.data(), 1, ff, d);
       Vec<T> dye = zeros<T>(d), dh = zeros<T>(ff), dg = zeros<T>(ff), du = zeros<T>(ff);
       for (i64 i = 0; i < d; ++i) {
         dye[i] = weight[n * k + j] * dy[n * d + i];
         dweight[n * k + j] += dy[n * d + i] * ye[i];
       }
       linear_backward(h.data(), W(ExpertMatrix::down), dye.data(), dh.data(), G(ExpertMatrix::down),
-                      static_cast<T*>(nullptr), 1, ff, d);
-      swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), ff);
+                      GB(ExpertMatrix::down), 1, ff, d);
+      if (c.is_gpt_oss())
+        clamped_swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), ff,
+                                T(ModelConfig::kGptOssSwigluAlpha), T(c.swiglu_limit));
+      else
+        swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), ff);
       linear_backward(xn + n * d, W(ExpertMatrix::gate), dg.data(), dxn + n * d, G(ExpertMatrix::gate),
-                      static_cast<T*>(nullptr), 1, d, ff);
+                      GB(ExpertMatrix::gate), 1, d, ff);
       linear_backward(xn + n * d, W(ExpertMatrix::up), du.data(), dxn + n * d, G(ExpertMatrix::up),
-                      static_cast<T*>(nullptr), 1, d, ff);
+                      GB(ExpertMatrix::up), 1, d, ff);
     }
   moe_route_backward(logits.data(), expert.data(), dweight.data(), dlogits.data(), r);
-  linear_backward(xn, Wr, dlogits.data(), dxn, tensor(l, grads, moe_router_tensor(c).c_str()), static_cast<T*>(nullptr),
+  linear_backward(xn, Wr, dlogits.data(), dxn, tensor(l, grads, moe_router_tensor(c).c_str()), router_bias(c, l, grads),
                   N, d, E);
 }
 
@@ -146,9 +175,11 @@ LlamaActs<T> llama_forward(const ModelConfig& c, const T* p, const T* x, i64 B, 
   rope(a.q.data(), N, S, Hq, hd, qd, cs.data(), sn.data(), false);
   rope(a.k.data(), N, S, Hkv, hd, kd, cs.data(), sn.data(), false);
   a.att = zeros<T>(N * qd);
-  attention(a.q.data(), a.k.data(), a.v.data(), a.att.data(), B, S, Hq, Hkv, hd, qd, kd, qd);
+  attention(a.q.data(), a.k.data(), a.v.data(), a.att.data(), B, S, Hq, Hkv, hd, qd, kd, qd, 0, c.attention_window(),
+            tensor(l, p, "self_attn.sinks"));
   a.x1 = zeros<T>(N * d);
-  linear(a.att.data(), tensor(l, p, "self_attn.o_proj.weight"), static_cast<const T*>(nullptr), a.x1.data(), N, qd, d);
+  linear(a.att.data(), tensor(l, p, "self_attn.o_proj.weight"), tensor(l, p, "self_attn.o_proj.bias"), a.x1.data(), N,
+         qd, d);
   for (i64 i = 0; i < N * d; ++i) a.x1[i] += x[i];
   a.xn2 = zeros<T>(N * d);
   rmsnorm(a.x1.data(), tensor(l, p, "post_attention_layernorm.weight"), a.xn2.data(), N, d, eps);
@@ -194,9 +225,9 @@ void llama_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T
                    G("post_attention_layernorm.weight"), N, d, eps);
   Vec<T> datt = zeros<T>(N * qd), dq = zeros<T>(N * qd), dk = zeros<T>(N * kd), dv = zeros<T>(N * kd);
   linear_backward(a.att.data(), P("self_attn.o_proj.weight"), dx1.data(), datt.data(), G("self_attn.o_proj.weight"),
-                  static_cast<T*>(nullptr), N, qd, d);
+                  G("self_attn.o_proj.bias"), N, qd, d);
   attention_backward(a.q.data(), a.k.data(), a.v.data(), datt.data(), dq.data(), dk.data(), dv.data(), B, S, Hq, Hkv,
-                     hd, qd, kd, qd);
+                     hd, qd, kd, qd, 0, c.attention_window(), P("self_attn.sinks"), G("self_attn.sinks"));
   Vec<T> cs, sn;
   rope_tables(c, S, cs, sn);
   rope(dq.data(), N, S, Hq, hd, qd, cs.data(), sn.data(), true);

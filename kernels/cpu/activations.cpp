@@ -1,6 +1,7 @@
 // SwiGLU (Llama MLP) and tanh-GELU (GPT-2 MLP), forward and backward, 8 lanes at a time. exp() is the
 // polynomial in simd.hpp; tanh(u) = 1 - 2 / (exp(2u) + 1), accurate to ~1e-7 absolute, which is what
 // GELU needs (it multiplies 1 + tanh).
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/elementwise.hpp"
@@ -81,6 +82,57 @@ void swiglu_backward(const float* g, const float* u, const float* dh, float* dg,
       const float sig = 1.0f / (1.0f + std::exp(-g[i]));
       dg[i] = dh[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
       du[i] = dh[i] * g[i] * sig;
+    }
+#endif
+  });
+}
+
+void clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha, float limit,
+                            int threads) {
+  prof::Scope prof_scope(prof::elementwise);
+  parallel_chunks(n, threads, [&](std::size_t b, std::size_t e) {
+#ifdef MT_AVX2
+    const __m256 va = _mm256_set1_ps(alpha), vl = _mm256_set1_ps(limit), one = _mm256_set1_ps(1.0f);
+    const __m256 neg_l = _mm256_set1_ps(-limit);
+    lanes<2, 1>({g, u}, {h}, b, e, [&](const __m256* a, __m256* r) {
+      const __m256 c = _mm256_min_ps(a[0], vl);
+      const __m256 uc = _mm256_max_ps(_mm256_min_ps(a[1], vl), neg_l);
+      const __m256 glu = _mm256_mul_ps(c, sigmoid8(_mm256_mul_ps(va, c)));
+      r[0] = _mm256_mul_ps(_mm256_add_ps(uc, one), glu);
+    });
+#else
+    for (std::size_t i = b; i < e; ++i) {
+      const float c = std::min(g[i], limit), uc = std::max(std::min(u[i], limit), -limit);
+      h[i] = (uc + 1.0f) * (c / (1.0f + std::exp(-alpha * c)));
+    }
+#endif
+  });
+}
+
+void clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n,
+                             float alpha, float limit, int threads) {
+  prof::Scope prof_scope(prof::elementwise);
+  parallel_chunks(n, threads, [&](std::size_t b, std::size_t e) {
+#ifdef MT_AVX2
+    const __m256 va = _mm256_set1_ps(alpha), vl = _mm256_set1_ps(limit), one = _mm256_set1_ps(1.0f);
+    const __m256 neg_l = _mm256_set1_ps(-limit);
+    lanes<3, 2>({g, u, dh}, {dg, du}, b, e, [&](const __m256* a, __m256* r) {
+      const __m256 c = _mm256_min_ps(a[0], vl);
+      const __m256 uc = _mm256_max_ps(_mm256_min_ps(a[1], vl), neg_l);
+      const __m256 sig = sigmoid8(_mm256_mul_ps(va, c));
+      // d(c sigmoid(alpha c)) / dc = sig (1 + alpha c (1 - sig))
+      const __m256 dglu = _mm256_mul_ps(sig, _mm256_fmadd_ps(_mm256_mul_ps(va, c), _mm256_sub_ps(one, sig), one));
+      const __m256 g_in = _mm256_cmp_ps(a[0], vl, _CMP_LE_OQ);  // clamp's gradient passes where g <= limit
+      const __m256 u_in = _mm256_and_ps(_mm256_cmp_ps(a[1], vl, _CMP_LE_OQ), _mm256_cmp_ps(a[1], neg_l, _CMP_GE_OQ));
+      r[0] = _mm256_and_ps(g_in, _mm256_mul_ps(_mm256_mul_ps(a[2], _mm256_add_ps(uc, one)), dglu));
+      r[1] = _mm256_and_ps(u_in, _mm256_mul_ps(a[2], _mm256_mul_ps(c, sig)));
+    });
+#else
+    for (std::size_t i = b; i < e; ++i) {
+      const float c = std::min(g[i], limit), uc = std::max(std::min(u[i], limit), -limit);
+      const float sig = 1.0f / (1.0f + std::exp(-alpha * c));
+      dg[i] = g[i] <= limit ? dh[i] * (uc + 1.0f) * sig * (1.0f + alpha * c * (1.0f - sig)) : 0.0f;
+      du[i] = u[i] <= limit && u[i] >= -limit ? dh[i] * c * sig : 0.0f;
     }
 #endif
   });

@@ -8,11 +8,16 @@
 // dk/dv rows it writes -- and every task runs the same sequence whatever the thread count.
 // Sequence tiles (AttnShape::q_start): the query rows are positions q_start.. of each sequence; key
 // blocks stay aligned to position 0, so a query row meets its keys in the same blocks either way.
+// Sliding window (AttnShape::window): key blocks wholly before a query block's window are skipped, and
+// each row masks its keys outside [p - window + 1, p]. Sinks (gpt-oss): one logit per head joins each
+// row's softmax at the end of the forward; the saved lse includes it, so the backward's probabilities
+// are exact as they are, and d(sink) is summed in a pass of its own (per head, batch and rows in order).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "kernels/profile.hpp"
@@ -79,19 +84,43 @@ float scale_max(float* s, std::int64_t n, float scale, float m) {
   return m;
 }
 
-// Number of keys query row `q` may see within the key block starting at k0 (causal), clamped to kn.
-inline std::int64_t visible(std::int64_t q, std::int64_t k0, std::int64_t kn) {
-  return std::max<std::int64_t>(0, std::min(kn, q - k0 + 1));
+// The keys query position `q` may see within the key block starting at k0 ([lo, hi) of its kn columns):
+// causal, and within the window when there is one.
+struct Visible {
+  std::int64_t lo, hi;
+  bool empty() const { return hi <= lo; }
+};
+inline Visible visible(std::int64_t q, std::int64_t k0, std::int64_t kn, std::int64_t window) {
+  const std::int64_t hi = std::max<std::int64_t>(0, std::min(kn, q - k0 + 1));
+  const std::int64_t lo = window > 0 ? std::clamp<std::int64_t>(q - window + 1 - k0, 0, hi) : 0;
+  return {lo, hi};
+}
+// The first key block a query block starting at position pos0 meets (its first row's window start).
+inline std::int64_t first_key_block(std::int64_t pos0, std::int64_t window) {
+  if (window <= 0) return 0;
+  const std::int64_t first = std::max<std::int64_t>(0, pos0 - window + 1);
+  return first / kBlock * kBlock;
+}
+
+// Sink logits widened to fp32 (they arrive in the run's precision).
+std::vector<float> widen_sinks(const void* sinks, std::int64_t heads, bool bf16) {
+  std::vector<float> s(static_cast<std::size_t>(heads));
+  for (std::int64_t h = 0; h < heads; ++h)
+    s[static_cast<std::size_t>(h)] =
+        bf16 ? bf16_to_float(static_cast<const bf16_t*>(sinks)[h]) : static_cast<const float*>(sinks)[h];
+  return s;
 }
 
 }  // namespace
 
-void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const AttnShape& a,
-                       int threads) {
+void attention_forward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16, float* out,
+                       float* lse, const AttnShape& a, int threads) {
   prof::Scope prof_scope(prof::attention);
   const std::int64_t T = a.seq, Q = a.q_rows(), q_start = a.q_start, hd = a.head_dim, group = a.q_heads / a.kv_heads;
+  const std::int64_t W = a.window;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.q_heads;
+  const std::vector<float> sink = sinks ? widen_sinks(sinks, a.q_heads, sinks_bf16) : std::vector<float>{};
 #pragma omp parallel num_threads(threads) if (tasks > 1 && Q * T * hd > 4096)
   {
     // Per-thread tiles, kept across calls by the pool's threads (allocated once, not per call).
@@ -111,10 +140,10 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
         std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(O.begin(), O.end(), 0.0f);
-        for (std::int64_t k0 = 0; k0 < g_end; k0 += kBlock) {
+        for (std::int64_t k0 = first_key_block(q_start + g0, W); k0 < g_end; k0 += kBlock) {
           for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
             const std::int64_t q0 = g0 + j * kBlock, qn = std::min(kBlock, Q - q0), pos0 = q_start + q0;
-            if (k0 >= pos0 + qn) continue;
+            if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W)) continue;
             const std::int64_t kn = std::min(kBlock, pos0 + qn - k0);
             const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
             float* Oj = O.data() + j * kBlock * hd;
@@ -123,11 +152,18 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
             mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S.data(), kBlock);
             for (std::int64_t i = 0; i < qn; ++i) {
               float* s = S.data() + i * kBlock;
-              const std::int64_t n = visible(pos0 + i, k0, kn);
-              const float mx = scale_max(s, n, scale, mj[i]);
-              const float corr = simd::exp1(mj[i] - mx);  // 0 on the first block (m = -inf)
-              lj[i] = lj[i] * corr + exp_shift(s, n, mx);
-              std::fill(s + n, s + kn, 0.0f);  // masked keys
+              const Visible vis = visible(pos0 + i, k0, kn, W);
+              if (vis.empty()) {  // no key of this block: the row's state stays as it is
+                std::fill(s, s + kn, 0.0f);
+                continue;
+              }
+              const std::int64_t n = vis.hi - vis.lo;
+              float* sv = s + vis.lo;
+              const float mx = scale_max(sv, n, scale, mj[i]);
+              const float corr = simd::exp1(mj[i] - mx);  // 0 on the row's first block (m = -inf)
+              lj[i] = lj[i] * corr + exp_shift(sv, n, mx);
+              std::fill(s, sv, 0.0f);  // masked keys: before the window, after the causal edge
+              std::fill(s + vis.hi, s + kn, 0.0f);
               simd::scale(corr, Oj + i * hd, hd);
               mj[i] = mx;
             }
@@ -139,10 +175,16 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
           for (std::int64_t i = 0; i < qn; ++i) {
             const std::int64_t r = j * kBlock + i;
             float* o = out + (b * Q + q0 + i) * a.o_stride + h * hd;
-            const float inv = 1.0f / l[static_cast<std::size_t>(r)];
+            float mr = m[static_cast<std::size_t>(r)], lr = l[static_cast<std::size_t>(r)], corr = 1.0f;
+            if (sinks) {  // the sink's column joins the row: rescale to the larger of its max and the sink
+              const float sh = sink[static_cast<std::size_t>(h)], mx = std::max(mr, sh);
+              corr = std::exp(mr - mx);
+              lr = lr * corr + std::exp(sh - mx);
+              mr = mx;
+            }
+            const float inv = corr / lr;
             for (std::int64_t c = 0; c < hd; ++c) o[c] = O[static_cast<std::size_t>(r * hd + c)] * inv;
-            lse[(b * a.q_heads + h) * Q + q0 + i] =
-                m[static_cast<std::size_t>(r)] + std::log(l[static_cast<std::size_t>(r)]);
+            lse[(b * a.q_heads + h) * Q + q0 + i] = mr + std::log(lr);
           }
         }
       }
@@ -150,10 +192,12 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   }
 }
 
-void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                        const float* dout, float* dq, float* dk, float* dv, const AttnShape& a, int threads) {
+void attention_backward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16,
+                        const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                        float* dsinks_acc, const AttnShape& a, int threads) {
   prof::Scope prof_scope(prof::attention);
   const std::int64_t T = a.seq, Q = a.q_rows(), q_start = a.q_start, hd = a.head_dim, group = a.q_heads / a.kv_heads;
+  const std::int64_t W = a.window;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.kv_heads;
 #pragma omp parallel num_threads(threads) if (tasks > 1 && Q * T * hd > 4096)
@@ -187,10 +231,10 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
                   simd::dot(dob + i * a.o_stride, out + (b * Q + q0 + i) * a.o_stride + h * hd, hd);
           }
           std::fill(dQ.begin(), dQ.end(), 0.0f);
-          for (std::int64_t k0 = 0; k0 < g_end; k0 += kBlock) {
+          for (std::int64_t k0 = first_key_block(q_start + g0, W); k0 < g_end; k0 += kBlock) {
             for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
               const std::int64_t q0 = g0 + j * kBlock, qn = std::min(kBlock, Q - q0), pos0 = q_start + q0;
-              if (k0 >= pos0 + qn) continue;
+              if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W)) continue;
               const std::int64_t kn = std::min(kBlock, pos0 + qn - k0);
               const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
               const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
@@ -202,12 +246,14 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
               for (std::int64_t i = 0; i < qn; ++i) {
                 float* p = P.data() + i * kBlock;
                 float* dp = dP.data() + i * kBlock;
-                const std::int64_t n = visible(pos0 + i, k0, kn);
-                for (std::int64_t c = 0; c < n; ++c) p[c] *= scale;
-                exp_shift(p, n, lb[i]);  // p = exp(s - lse): the probabilities
-                for (std::int64_t c = 0; c < n; ++c) dp[c] = p[c] * (dp[c] - Dj[i]) * scale;  // dS, scaled
-                std::fill(p + n, p + kn, 0.0f);
-                std::fill(dp + n, dp + kn, 0.0f);
+                const Visible vis = visible(pos0 + i, k0, kn, W);
+                for (std::int64_t c = vis.lo; c < vis.hi; ++c) p[c] *= scale;
+                if (!vis.empty()) exp_shift(p + vis.lo, vis.hi - vis.lo, lb[i]);  // p = exp(s - lse)
+                for (std::int64_t c = vis.lo; c < vis.hi; ++c) dp[c] = p[c] * (dp[c] - Dj[i]) * scale;  // dS, scaled
+                std::fill(p, p + std::min(vis.lo, vis.hi), 0.0f);
+                std::fill(dp, dp + std::min(vis.lo, vis.hi), 0.0f);
+                std::fill(p + vis.hi, p + kn, 0.0f);
+                std::fill(dp + vis.hi, dp + kn, 0.0f);
               }
               mm(true, false, kn, hd, qn, P.data(), kBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride, a.kv_stride);
               mm(false, false, qn, hd, kn, dP.data(), kBlock, kb + k0 * a.kv_stride, a.kv_stride, true,
@@ -223,6 +269,20 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
         }
       }
     }
+  }
+  if (!sinks) return;
+  // d(sink_h) = sum over rows of p_sink * (0 - D): the sink's column has no value, so dP_sink = 0.
+  const std::vector<float> sink = widen_sinks(sinks, a.q_heads, sinks_bf16);
+#pragma omp parallel for num_threads(threads) schedule(static) if (a.q_heads > 1 && a.batch * Q * hd > 4096)
+  for (std::int64_t h = 0; h < a.q_heads; ++h) {
+    float acc = 0.0f;
+    for (std::int64_t b = 0; b < a.batch; ++b)
+      for (std::int64_t i = 0; i < Q; ++i) {
+        const std::int64_t row = (b * Q + i);
+        const float D = simd::dot(dout + row * a.o_stride + h * hd, out + row * a.o_stride + h * hd, hd);
+        acc -= std::exp(sink[static_cast<std::size_t>(h)] - lse[(b * a.q_heads + h) * Q + i]) * D;
+      }
+    dsinks_acc[h] += acc;
   }
 }
 

@@ -95,14 +95,15 @@ void CpuOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int6
   cpu::rope_apply(x, rows, seq, heads, head_dim, row_stride, t.cos, t.sin, inverse, threads_);
 }
 
-void CpuOps::attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
-                               const AttnShape& s) {
-  cpu::attention_forward(q, k, v, out, lse, s, threads_);
+void CpuOps::attention_forward(const float* q, const float* k, const float* v, const void* sinks, float* out,
+                               float* lse, const AttnShape& s) {
+  cpu::attention_forward(q, k, v, sinks, bf16(), out, lse, s, threads_);
 }
 
-void CpuOps::attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                                const float* dout, float* dq, float* dk, float* dv, const AttnShape& s) {
-  cpu::attention_backward(q, k, v, out, lse, dout, dq, dk, dv, s, threads_);
+void CpuOps::attention_backward(const float* q, const float* k, const float* v, const void* sinks, const float* out,
+                                const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                                float* dsinks_acc, const AttnShape& s) {
+  cpu::attention_backward(q, k, v, sinks, bf16(), out, lse, dout, dq, dk, dv, dsinks_acc, s, threads_);
 }
 
 void CpuOps::swiglu_forward(const float* g, const float* u, float* h, std::size_t n) {
@@ -110,6 +111,14 @@ void CpuOps::swiglu_forward(const float* g, const float* u, float* h, std::size_
 }
 void CpuOps::swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n) {
   cpu::swiglu_backward(g, u, dh, dg, du, n, threads_);
+}
+void CpuOps::clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha,
+                                    float limit) {
+  cpu::clamped_swiglu_forward(g, u, h, n, alpha, limit, threads_);
+}
+void CpuOps::clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du,
+                                     std::size_t n, float alpha, float limit) {
+  cpu::clamped_swiglu_backward(g, u, dh, dg, du, n, alpha, limit, threads_);
 }
 void CpuOps::gelu_forward(const float* x, float* y, std::size_t n) { cpu::gelu_forward(x, y, n, threads_); }
 void CpuOps::gelu_backward(const float* x, const float* dy, float* dx, std::size_t n) {

@@ -76,17 +76,27 @@ void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t head
                 std::int64_t row_stride, const float* cos_t, const float* sin_t, bool inverse, int threads);
 
 // ---- Causal grouped-query attention, tiled over keys with an online softmax (no T x T buffers) ----
-// out[token, h*hd + i]; lse[(b*q_heads + h)*seq + t] = log-sum-exp of the scaled scores (for backward).
-void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse, const AttnShape& s,
-                       int threads);
-// dq, dk, dv overwritten (same strides as q, k, v). Parallel over (batch, kv head): deterministic.
-void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                        const float* dout, float* dq, float* dk, float* dv, const AttnShape& s, int threads);
+// out[token, h*hd + i]; lse[(b*q_heads + h)*seq + t] = log-sum-exp of the scaled scores (for backward),
+// the sink's logit included. sinks: null, or q_heads logits (bf16_t when sinks_bf16, else float); the
+// sliding window is s.window (ops.hpp says both).
+void attention_forward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16, float* out,
+                       float* lse, const AttnShape& s, int threads);
+// dq, dk, dv overwritten (same strides as q, k, v); dsinks_acc += (with sinks). Parallel over (batch, kv
+// head), the sinks over heads: deterministic.
+void attention_backward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16,
+                        const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                        float* dsinks_acc, const AttnShape& s, int threads);
 
 // ---- Activations ----
 // SwiGLU: h = silu(g) * u over n elements.
 void swiglu_forward(const float* g, const float* u, float* h, std::size_t n, int threads);
 void swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n, int threads);
+// gpt-oss's clamped form: c = min(g, limit), h = (clamp(u, -limit, limit) + 1) * c * sigmoid(alpha c); the
+// backward passes no gradient through clamped values.
+void clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha, float limit,
+                            int threads);
+void clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n,
+                             float alpha, float limit, int threads);
 // GELU, tanh form (GPT-2's gelu_new): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const float* x, float* y, std::size_t n, int threads);
 void gelu_backward(const float* x, const float* dy, float* dx, std::size_t n, int threads);

@@ -171,9 +171,12 @@ void rope(T* x, i64 rows, i64 seq, i64 heads, i64 hd, i64 stride, const T* cos_t
 
 // Naive causal GQA attention: the full softmax row per query. q_start > 0: the queries are only
 // positions q_start..S-1 of each sequence (q, out, dq hold S - q_start rows per sequence; k, v S rows).
+// window > 0: position p sees keys p - window + 1 .. p. sinks (null: none): one logit per query head,
+// an extra softmax column without a value (gpt-oss), computed as transformers does: concatenated to the
+// row, the row's max subtracted, softmax, the column dropped.
 template <class T>
 void attention(const T* q, const T* k, const T* v, T* out, i64 B, i64 S, i64 Hq, i64 Hkv, i64 hd, i64 qs, i64 kvs,
-               i64 os, i64 q_start = 0) {
+               i64 os, i64 q_start = 0, i64 window = 0, const T* sinks = nullptr) {
   const T scale = T(1) / std::sqrt(T(hd));
   const i64 Q = S - q_start;
   std::vector<T> p(static_cast<std::size_t>(S));
@@ -181,27 +184,29 @@ void attention(const T* q, const T* k, const T* v, T* out, i64 B, i64 S, i64 Hq,
     for (i64 h = 0; h < Hq; ++h) {
       const i64 kh = h / (Hq / Hkv);
       for (i64 t = 0; t < Q; ++t) {
-        const i64 pos = q_start + t;
-        T mx = -std::numeric_limits<T>::infinity(), sum = 0;
-        for (i64 j = 0; j <= pos; ++j) {
+        const i64 pos = q_start + t, first = window > 0 ? std::max<i64>(0, pos - window + 1) : 0;
+        T mx = sinks ? sinks[h] : -std::numeric_limits<T>::infinity(), sum = 0;
+        for (i64 j = first; j <= pos; ++j) {
           T dot = 0;
           for (i64 i = 0; i < hd; ++i) dot += q[(b * Q + t) * qs + h * hd + i] * k[(b * S + j) * kvs + kh * hd + i];
           p[j] = dot * scale;
           mx = std::max(mx, p[j]);
         }
-        for (i64 j = 0; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (i64 j = first; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        if (sinks) sum += std::exp(sinks[h] - mx);
         for (i64 i = 0; i < hd; ++i) {
           T acc = 0;
-          for (i64 j = 0; j <= pos; ++j) acc += p[j] / sum * v[(b * S + j) * kvs + kh * hd + i];
+          for (i64 j = first; j <= pos; ++j) acc += p[j] / sum * v[(b * S + j) * kvs + kh * hd + i];
           out[(b * Q + t) * os + h * hd + i] = acc;
         }
       }
     }
 }
-// dq, dk, dv += ... (q_start as in attention)
+// dq, dk, dv += ... (q_start, window and sinks as in attention); dsinks += with sinks
 template <class T>
 void attention_backward(const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk, T* dv, i64 B, i64 S, i64 Hq,
-                        i64 Hkv, i64 hd, i64 qs, i64 kvs, i64 os, i64 q_start = 0) {
+                        i64 Hkv, i64 hd, i64 qs, i64 kvs, i64 os, i64 q_start = 0, i64 window = 0,
+                        const T* sinks = nullptr, T* dsinks = nullptr) {
   const T scale = T(1) / std::sqrt(T(hd));
   const i64 Q = S - q_start;
   std::vector<T> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
@@ -209,25 +214,27 @@ void attention_backward(const T* q, const T* k, const T* v, const T* dout, T* dq
     for (i64 h = 0; h < Hq; ++h) {
       const i64 kh = h / (Hq / Hkv);
       for (i64 t = 0; t < Q; ++t) {
-        const i64 pos = q_start + t;
+        const i64 pos = q_start + t, first = window > 0 ? std::max<i64>(0, pos - window + 1) : 0;
         const T* qi = q + (b * Q + t) * qs + h * hd;
         const T* doi = dout + (b * Q + t) * os + h * hd;
-        T mx = -std::numeric_limits<T>::infinity(), sum = 0;
-        for (i64 j = 0; j <= pos; ++j) {
+        T mx = sinks ? sinks[h] : -std::numeric_limits<T>::infinity(), sum = 0;
+        for (i64 j = first; j <= pos; ++j) {
           T dot = 0;
           for (i64 i = 0; i < hd; ++i) dot += qi[i] * k[(b * S + j) * kvs + kh * hd + i];
           p[j] = dot * scale;
           mx = std::max(mx, p[j]);
         }
-        for (i64 j = 0; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        T pdp = 0;
-        for (i64 j = 0; j <= pos; ++j) {
+        for (i64 j = first; j <= pos; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        if (sinks) sum += std::exp(sinks[h] - mx);
+        T pdp = 0;  // the sink's column has no value: its dp is 0
+        for (i64 j = first; j <= pos; ++j) {
           p[j] /= sum;
           dp[j] = 0;
           for (i64 i = 0; i < hd; ++i) dp[j] += doi[i] * v[(b * S + j) * kvs + kh * hd + i];
           pdp += p[j] * dp[j];
         }
-        for (i64 j = 0; j <= pos; ++j) {
+        if (sinks && dsinks) dsinks[h] -= std::exp(sinks[h] - mx) / sum * pdp;
+        for (i64 j = first; j <= pos; ++j) {
           const T ds = p[j] * (dp[j] - pdp) * scale;
           for (i64 i = 0; i < hd; ++i) {
             dv[(b * S + j) * kvs + kh * hd + i] += p[j] * doi[i];
@@ -253,6 +260,24 @@ void swiglu_backward(const T* g, const T* u, const T* dh, T* dg, T* du, i64 n) {
     const T sig = T(1) / (T(1) + std::exp(-g[i]));
     dg[i] += dh[i] * u[i] * sig * (T(1) + g[i] * (T(1) - sig));
     du[i] += dh[i] * silu(g[i]);
+  }
+}
+
+// gpt-oss's clamped SwiGLU (ops.hpp): h = (clamp(u, -L, L) + 1) * c * sigmoid(alpha c), c = min(g, L).
+template <class T>
+void clamped_swiglu(const T* g, const T* u, T* h, i64 n, T alpha, T limit) {
+  for (i64 i = 0; i < n; ++i) {
+    const T c = std::min(g[i], limit), uc = std::max(std::min(u[i], limit), -limit);
+    h[i] = (uc + T(1)) * c / (T(1) + std::exp(-alpha * c));
+  }
+}
+template <class T>
+void clamped_swiglu_backward(const T* g, const T* u, const T* dh, T* dg, T* du, i64 n, T alpha, T limit) {
+  for (i64 i = 0; i < n; ++i) {
+    const T c = std::min(g[i], limit), uc = std::max(std::min(u[i], limit), -limit);
+    const T sig = T(1) / (T(1) + std::exp(-alpha * c));
+    if (g[i] <= limit) dg[i] += dh[i] * (uc + T(1)) * sig * (T(1) + alpha * c * (T(1) - sig));
+    if (u[i] <= limit && u[i] >= -limit) du[i] += dh[i] * c * sig;
   }
 }
 

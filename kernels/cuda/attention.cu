@@ -10,9 +10,19 @@
 // the query-side grids (forward, dq, row dots) cover q_rows() rows and the dk/dv grid seq keys, each key
 // block starting at the first query row that sees it; with add_kv_grads the dk/dv kernel adds to dk and
 // dv (each element has one writing thread, so still no atomics) and a sequence's tiles accumulate.
+// Sliding window (AttnShape::window > 0): position p sees keys p - window + 1 .. p. Each side starts at
+// the first tile any of the block's rows can see (tiles stay aligned to 0) and ends past the last; a row
+// (a key row in dk/dv) skips the tiles wholly outside its own window, so it meets the same tiles whichever
+// block it is in, and every tile a query row walks holds at least one of its keys (its softmax state
+// stays finite). Elements outside the window are masked.
+// Sinks (gpt-oss): one logit per query head joins each row's softmax at the end of the forward; the lse
+// saved includes it, so the backward's probabilities are exact as they are, and d(sink) is a pass of its
+// own over lse and the row dots.
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
@@ -54,10 +64,27 @@ __device__ __forceinline__ void load_rows(float* dst, int pitch, const float* sr
   }
 }
 
+// The first key position p sees: 0 causal, p - window + 1 (or 0) with a sliding window.
+__device__ __forceinline__ std::int64_t window_first_key(std::int64_t p, std::int64_t window) {
+  return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+}
+// The first key tile (a multiple of TILE) a query block whose first row sits at position pos0 meets.
+__device__ __forceinline__ std::int64_t first_key_tile(std::int64_t pos0, std::int64_t window) {
+  return window_first_key(pos0, window) / TILE * TILE;
+}
+// One past the last query row that sees a key block whose last key is k_last (the window's far edge).
+__device__ __forceinline__ std::int64_t query_row_end(std::int64_t q_start, std::int64_t k_last, std::int64_t Q,
+                                                      std::int64_t window) {
+  if (window <= 0) return Q;
+  const std::int64_t end = k_last + window - q_start;  // positions k_last + window and later see none
+  return end < 0 ? 0 : (end < Q ? end : Q);
+}
+
 template <int DT, int EPL>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                    float* __restrict__ out, float* __restrict__ lse, AttnDims a, int Dr, float scale) {
+                    const void* sinks, bool sinks_bf16, float* __restrict__ out, float* __restrict__ lse, AttnDims a,
+                    int Dr, float scale) {
   const int D = DT > 0 ? DT : Dr;
   extern __shared__ float smem[];
   float* Qs = smem;                 // [R][D]
@@ -79,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < EPL; ++c) acc[rr][c] = 0.0f;
   }
   const std::int64_t k_end = attn_key_end(a.q_start, r0, T);  // causal: no row of this block sees keys past it
-  for (std::int64_t k0 = 0; k0 < k_end; k0 += TILE) {
+  for (std::int64_t k0 = first_key_tile(a.q_start + r0, a.window); k0 < k_end; k0 += TILE) {
     __syncthreads();  // the previous tile is no longer read
     load_rows(Ks, D + 1, kb, a.kv_stride, k0, TILE, T, D);
     load_rows(Vs, D, vb, a.kv_stride, k0, TILE, T, D);
@@ -88,18 +115,22 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < RW; ++rr) {
       const int row = warp * RW + rr;
       const std::int64_t i = a.q_start + r0 + row;  // the row's position
-      if (r0 + row >= Q || k0 > i) continue;        // uniform across the warp
-      const bool valid = k0 + lane <= i;
+      const std::int64_t lo = window_first_key(i, a.window);
+      // uniform across the warp; a tile kept holds a key in [lo, i], so m_new below is finite
+      if (r0 + row >= Q || k0 > i || k0 + TILE <= lo) continue;
+      const std::int64_t j = k0 + lane;
+      const bool valid = j <= i && j >= lo;
       float s = dot_row<DT>(Qs + row * D, Ks + lane * (D + 1), D) * scale;
       s = valid ? s : -INFINITY;
-      const float m_new = fmaxf(m[rr], warp_max(s));  // finite: key k0 <= i is visible
-      const float corr = expf(m[rr] - m_new);         // 0 on the first tile (m = -inf)
+      const float m_new = fmaxf(m[rr], warp_max(s));  // finite: a key of [lo, i] is in the tile
+      const float corr = expf(m[rr] - m_new);         // 0 on the row's first tile (m = -inf)
       const float p = valid ? expf(s - m_new) : 0.0f;
       l[rr] = l[rr] * corr + warp_sum(p);
       const int nvis = static_cast<int>(min(static_cast<std::int64_t>(TILE), i - k0 + 1));
+      const int jj0 = static_cast<int>(lo > k0 ? lo - k0 : 0);  // keys before the window add nothing
 #pragma unroll
       for (int c = 0; c < EPL; ++c) acc[rr][c] *= corr;
-      for (int jj = 0; jj < nvis; ++jj) {
+      for (int jj = jj0; jj < nvis; ++jj) {
         const float pj = __shfl_sync(0xffffffffu, p, jj);
 #pragma unroll
         for (int c = 0; c < EPL; ++c) {
@@ -114,14 +145,21 @@ __global__ void __launch_bounds__(kThreads)
   for (int rr = 0; rr < RW; ++rr) {
     const std::int64_t i = r0 + warp * RW + rr;  // query row
     if (i >= Q) continue;
-    const float inv = 1.0f / l[rr];
+    float mr = m[rr], lr = l[rr], corr = 1.0f;
+    if (sinks) {  // the sink's column joins the row: rescale to the larger of the row's max and the sink
+      const float sh = load_w(sinks, h, sinks_bf16), mx = fmaxf(mr, sh);
+      corr = expf(mr - mx);
+      lr = lr * corr + expf(sh - mx);
+      mr = mx;
+    }
+    const float inv = corr / lr;
     float* o = out + (b * Q + i) * a.o_stride + h * D;
 #pragma unroll
     for (int c = 0; c < EPL; ++c) {
       const int e = lane + 32 * c;
       if (e < D) o[e] = acc[rr][c] * inv;
     }
-    if (lane == 0) lse[(b * a.q_heads + h) * Q + i] = m[rr] + logf(l[rr]);
+    if (lane == 0) lse[(b * a.q_heads + h) * Q + i] = mr + logf(lr);
   }
 }
 
@@ -139,6 +177,32 @@ __global__ void attn_rowdot_kernel(const float* __restrict__ out, const float* _
   for (std::int64_t e = lane; e < a.head_dim; e += 32) s += o[e] * d[e];
   s = warp_sum(s);
   if (lane == 0) rowdot[idx] = s;
+}
+
+// dsinks_acc[h] += sum over (b, i) of -exp(sink_h - lse) * D, one block a head: the batch x rows terms, in
+// (b, i) order, are cut into kSinkSplits consecutive ranges by the shape alone; each thread sums its range in
+// order, then one thread adds the partials in range order (no atomics: the bits depend on the shape only).
+constexpr int kSinkSplits = 256;
+__global__ void __launch_bounds__(kSinkSplits)
+    attn_dsinks_kernel(const void* sinks, bool sinks_bf16, const float* __restrict__ lse,
+                       const float* __restrict__ rowdot, float* __restrict__ dsinks_acc, AttnDims a) {
+  __shared__ float part[kSinkSplits];
+  const std::int64_t h = blockIdx.x, Q = a.seq - a.q_start, n = a.batch * Q;
+  const std::int64_t per = (n + kSinkSplits - 1) / kSinkSplits;
+  const float sh = load_w(sinks, h, sinks_bf16);
+  float acc = 0.0f;
+  const std::int64_t t0 = threadIdx.x * per, t1 = min(n, t0 + per);
+  for (std::int64_t t = t0; t < t1; ++t) {
+    const std::int64_t idx = ((t / Q) * a.q_heads + h) * Q + t % Q;
+    acc -= expf(sh - lse[idx]) * rowdot[idx];  // p_sink * (dP_sink - D) with dP_sink = 0: the sink has no value
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.0f;
+    for (int w = 0; w < kSinkSplits; ++w) s += part[w];
+    dsinks_acc[h] += s;
+  }
 }
 
 template <int DT, int EPL>
@@ -170,7 +234,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < EPL; ++c) acc[rr][c] = 0.0f;
   }
   const std::int64_t k_end = attn_key_end(a.q_start, r0, T);
-  for (std::int64_t k0 = 0; k0 < k_end; k0 += TILE) {
+  for (std::int64_t k0 = first_key_tile(a.q_start + r0, a.window); k0 < k_end; k0 += TILE) {
     __syncthreads();
     load_rows(Ks, D + 1, kb, a.kv_stride, k0, TILE, T, D);
     load_rows(Vs, D + 1, vb, a.kv_stride, k0, TILE, T, D);
@@ -179,14 +243,17 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < RW; ++rr) {
       const int row = warp * RW + rr;
       const std::int64_t i = a.q_start + r0 + row;  // the row's position
-      if (r0 + row >= Q || k0 > i) continue;
-      const bool valid = k0 + lane <= i;
+      const std::int64_t lo = window_first_key(i, a.window);
+      if (r0 + row >= Q || k0 > i || k0 + TILE <= lo) continue;  // the forward's tiles for this row
+      const std::int64_t j = k0 + lane;
+      const bool valid = j <= i && j >= lo;
       const float s = dot_row<DT>(Qs + row * D, Ks + lane * (D + 1), D) * scale;
       const float dp = dot_row<DT>(dOs + row * D, Vs + lane * (D + 1), D);
       const float p = valid ? expf(s - row_lse[rr]) : 0.0f;
       const float ds = valid ? p * (dp - row_dot[rr]) * scale : 0.0f;
       const int nvis = static_cast<int>(min(static_cast<std::int64_t>(TILE), i - k0 + 1));
-      for (int jj = 0; jj < nvis; ++jj) {
+      const int jj0 = static_cast<int>(lo > k0 ? lo - k0 : 0);
+      for (int jj = jj0; jj < nvis; ++jj) {
         const float dsj = __shfl_sync(0xffffffffu, ds, jj);
 #pragma unroll
         for (int c = 0; c < EPL; ++c) {
@@ -225,8 +292,10 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const std::int64_t T = a.seq, Q = a.seq - a.q_start, b = blockIdx.z, kvh = blockIdx.y, group = a.q_heads / a.kv_heads;
   const std::int64_t k_start = static_cast<std::int64_t>(blockIdx.x) * R;
-  // causal: query rows before this one (positions before k_start) see none of these keys
+  // causal: query rows before this one (positions before k_start) see none of these keys; with a window,
+  // none from q_end on (past the window of the block's last key)
   const std::int64_t q_first = attn_first_query_row(a.q_start, k_start);
+  const std::int64_t q_end = query_row_end(a.q_start, k_start + R - 1, Q, a.window);
   load_rows(Ks, D, k + b * T * a.kv_stride + kvh * D, a.kv_stride, k_start, R, T, D);
   load_rows(Vs, D, v + b * T * a.kv_stride + kvh * D, a.kv_stride, k_start, R, T, D);
   float gk[RW][EPL], gv[RW][EPL];
@@ -237,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     const float* lb = lse + (b * a.q_heads + h) * Q;
     const float* db = rowdot + (b * a.q_heads + h) * Q;
-    for (std::int64_t q0 = q_first; q0 < Q; q0 += TILE) {  // q0: query row, at position q_start + q0
+    for (std::int64_t q0 = q_first; q0 < q_end; q0 += TILE) {  // q0: query row, at position q_start + q0
       __syncthreads();
       load_rows(Qs, D + 1, q + b * Q * a.q_stride + h * D, a.q_stride, q0, TILE, Q, D);
       load_rows(dOs, D + 1, dout + b * Q * a.o_stride + h * D, a.o_stride, q0, TILE, Q, D);
@@ -252,9 +321,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int rr = 0; rr < RW; ++rr) {
         const int row = warp * RW + rr;
         const std::int64_t j = k_start + row;
-        if (j >= T) continue;
-        const std::int64_t i = q0 + lane;  // query row, at position q_start + i
-        const bool valid = a.q_start + i >= j && i < Q;
+        // uniform across the warp: past T, or every query of the tile past this key's window
+        if (j >= T || (a.window > 0 && a.q_start + q0 >= j + a.window)) continue;
+        const std::int64_t i = q0 + lane, pos = a.q_start + i;  // query row i, at position pos
+        const bool valid = pos >= j && (a.window <= 0 || pos < j + a.window) && i < Q;
         const float s = dot_row<DT>(Qs + lane * (D + 1), Ks + row * D, D) * scale;
         const float dp = dot_row<DT>(dOs + lane * (D + 1), Vs + row * D, D);
         const float p = valid ? expf(s - Ls[lane]) : 0.0f;
@@ -301,14 +371,15 @@ void prepare(Kernel kernel, std::size_t smem) {
 }
 
 template <int DT, int EPL>
-void forward_as(const float* q, const float* k, const float* v, float* out, float* lse, const AttnDims& a,
-                cudaStream_t st) {
+void forward_as(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16, float* out,
+                float* lse, const AttnDims& a, cudaStream_t st) {
   const int D = static_cast<int>(a.head_dim);
   const std::size_t smem = attn_forward_smem(D);
   prepare(attn_fwd_kernel<DT, EPL>, smem);
   const dim3 grid(static_cast<unsigned>(attn_query_blocks(a)), static_cast<unsigned>(a.q_heads),
                   static_cast<unsigned>(a.batch));
-  attn_fwd_kernel<DT, EPL><<<grid, kThreads, smem, st>>>(q, k, v, out, lse, a, D, 1.0f / sqrtf(static_cast<float>(D)));
+  attn_fwd_kernel<DT, EPL><<<grid, kThreads, smem, st>>>(q, k, v, sinks, sinks_bf16, out, lse, a, D,
+                                                         1.0f / sqrtf(static_cast<float>(D)));
   MT_CUDA_LAUNCH_CHECK("attn_fwd_kernel");
 }
 
@@ -332,35 +403,49 @@ void backward_as(const float* q, const float* k, const float* v, const float* ls
   MT_CUDA_LAUNCH_CHECK("attn_dkv_kernel");
 }
 
+// The checks plan.hpp's check_attention_shape leaves to the window.
+void check_window(const AttnShape& a) {
+  if (a.window < 0)
+    throw std::invalid_argument("CUDA attention: window " + std::to_string(a.window) + " is negative (0: causal)");
+}
+
 }  // namespace
 
 // out and lse[(b * q_heads + h) * q_rows + i] as cpu::attention_forward
-void CudaOps::attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
-                                const AttnShape& a) {
+void CudaOps::attention_forward(const float* q, const float* k, const float* v, const void* sinks, float* out,
+                                float* lse, const AttnShape& a) {
   check_attention_shape(a);
+  check_window(a);
   switch (attention_path(a.head_dim)) {
     case AttnPath::d64:
-      return forward_as<64, 2>(q, k, v, out, lse, a, st_);
+      return forward_as<64, 2>(q, k, v, sinks, bf16(), out, lse, a, st_);
     case AttnPath::d80:
-      return forward_as<80, 3>(q, k, v, out, lse, a, st_);
+      return forward_as<80, 3>(q, k, v, sinks, bf16(), out, lse, a, st_);
     case AttnPath::d96:
-      return forward_as<96, 3>(q, k, v, out, lse, a, st_);
+      return forward_as<96, 3>(q, k, v, sinks, bf16(), out, lse, a, st_);
     case AttnPath::d128:
-      return forward_as<128, 4>(q, k, v, out, lse, a, st_);
+      return forward_as<128, 4>(q, k, v, sinks, bf16(), out, lse, a, st_);
     case AttnPath::generic:
-      return forward_as<0, kAttnMaxHeadDim / 32>(q, k, v, out, lse, a, st_);
+      return forward_as<0, kAttnMaxHeadDim / 32>(q, k, v, sinks, bf16(), out, lse, a, st_);
   }
 }
 
-// dq overwritten, dk and dv overwritten or (add_kv_grads) added to; the row dots D_i = dout_i . out_i in the
-// op set's scratch
-void CudaOps::attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                                 const float* dout, float* dq, float* dk, float* dv, const AttnShape& a) {
+// dq overwritten, dk and dv overwritten or (add_kv_grads) added to, dsinks_acc added to; the row dots
+// D_i = dout_i . out_i in the op set's scratch. The sinks change no kernel but their own: lse includes them.
+void CudaOps::attention_backward(const float* q, const float* k, const float* v, const void* sinks, const float* out,
+                                 const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                                 float* dsinks_acc, const AttnShape& a) {
   check_attention_shape(a);
+  check_window(a);
   const std::int64_t rows = a.batch * a.q_heads * a.q_rows();
   auto* rowdot = static_cast<float*>(room(attention_rowdot, static_cast<std::size_t>(rows) * sizeof(float)));
   attn_rowdot_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st_>>>(out, dout, rowdot, a);
   MT_CUDA_LAUNCH_CHECK("attn_rowdot_kernel");
+  if (sinks && dsinks_acc) {
+    attn_dsinks_kernel<<<static_cast<unsigned>(a.q_heads), kSinkSplits, 0, st_>>>(sinks, bf16(), lse, rowdot,
+                                                                                   dsinks_acc, a);
+    MT_CUDA_LAUNCH_CHECK("attn_dsinks_kernel");
+  }
   switch (attention_path(a.head_dim)) {
     case AttnPath::d64:
       return backward_as<64, 2>(q, k, v, lse, rowdot, dout, dq, dk, dv, a, st_);

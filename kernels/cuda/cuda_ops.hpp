@@ -51,12 +51,17 @@ class CudaOps final : public Ops {
                          float* sin_room) override;
   void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
                   std::int64_t row_stride, const RopeTables& t, bool inverse) override;
-  void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+  void attention_forward(const float* q, const float* k, const float* v, const void* sinks, float* out, float* lse,
                          const AttnShape& s) override;
-  void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                          const float* dout, float* dq, float* dk, float* dv, const AttnShape& s) override;
+  void attention_backward(const float* q, const float* k, const float* v, const void* sinks, const float* out,
+                          const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dsinks_acc,
+                          const AttnShape& s) override;
   void swiglu_forward(const float* g, const float* u, float* h, std::size_t n) override;
   void swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n) override;
+  void clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha,
+                              float limit) override;
+  void clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n,
+                               float alpha, float limit) override;
   void gelu_forward(const float* x, float* y, std::size_t n) override;
   void gelu_backward(const float* x, const float* dy, float* dx, std::size_t n) override;
   void add_into(float* y, const float* x, std::size_t n) override;

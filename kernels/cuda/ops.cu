@@ -70,6 +70,36 @@ __global__ void swiglu_bwd_kernel(const float* __restrict__ g, const float* __re
   }
 }
 
+// gpt-oss's expert activation (cpu::clamped_swiglu_forward): c = min(g, limit), uc = clamp(u, -limit, limit),
+// h = (uc + 1) * (c * sigmoid(alpha c)). The clamps are written as std::min / std::max are (a NaN g or u
+// stays NaN, as torch.clamp keeps it).
+__device__ __forceinline__ float clamp_max_(float x, float hi) { return hi < x ? hi : x; }
+__device__ __forceinline__ float clamp_min_(float x, float lo) { return x < lo ? lo : x; }
+
+__global__ void clamped_swiglu_fwd_kernel(const float* __restrict__ g, const float* __restrict__ u,
+                                          float* __restrict__ h, std::size_t n, float alpha, float limit) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const float c = clamp_max_(g[i], limit), uc = clamp_min_(clamp_max_(u[i], limit), -limit);
+    h[i] = (uc + 1.0f) * (c * sigmoidf_(alpha * c));
+  }
+}
+
+// d(c sigmoid(alpha c)) / dc = s (1 + alpha c (1 - s)); torch.clamp's gradient passes only where
+// min <= x <= max, so dg is 0 where g > limit and du where |u| > limit (and where either is NaN).
+__global__ void clamped_swiglu_bwd_kernel(const float* __restrict__ g, const float* __restrict__ u,
+                                          const float* __restrict__ dh, float* __restrict__ dg, float* __restrict__ du,
+                                          std::size_t n, float alpha, float limit) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const float gi = g[i], ui = u[i];
+    const float c = clamp_max_(gi, limit), uc = clamp_min_(clamp_max_(ui, limit), -limit);
+    const float sig = sigmoidf_(alpha * c);
+    dg[i] = gi <= limit ? dh[i] * (uc + 1.0f) * sig * (1.0f + alpha * c * (1.0f - sig)) : 0.0f;
+    du[i] = ui <= limit && ui >= -limit ? dh[i] * c * sig : 0.0f;
+  }
+}
+
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 
@@ -490,6 +520,20 @@ void CudaOps::swiglu_backward(const float* g, const float* u, const float* dh, f
   if (n == 0) return;
   swiglu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, dh, dg, du, n);
   MT_CUDA_LAUNCH_CHECK("swiglu_bwd_kernel");
+}
+
+void CudaOps::clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha,
+                                     float limit) {
+  if (n == 0) return;
+  clamped_swiglu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, h, n, alpha, limit);
+  MT_CUDA_LAUNCH_CHECK("clamped_swiglu_fwd_kernel");
+}
+
+void CudaOps::clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du,
+                                      std::size_t n, float alpha, float limit) {
+  if (n == 0) return;
+  clamped_swiglu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, dh, dg, du, n, alpha, limit);
+  MT_CUDA_LAUNCH_CHECK("clamped_swiglu_bwd_kernel");
 }
 
 void CudaOps::gelu_forward(const float* x, float* y, std::size_t n) {

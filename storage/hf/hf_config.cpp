@@ -41,6 +41,7 @@ class Fields {
 
   [[noreturn]] void fail(const std::string& what) const { throw HfError(source_ + ": " + what); }
   bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  bool absent(const char* key) const { return !j_.contains(key); }  // null is present (and means None)
   void use(const char* key) { used_.insert(key); }
 
   std::int64_t integer(const char* key, std::optional<std::int64_t> dflt = std::nullopt) {
@@ -83,6 +84,18 @@ class Fields {
     for (const json& e : v) {
       if (!e.is_number_integer()) fail("field '" + std::string(key) + "' must be a list of integers, got " + v.dump());
       out.push_back(e.get<std::int64_t>());
+    }
+    return out;
+  }
+  std::vector<std::string> string_list(const char* key) {  // null or absent: empty
+    use(key);
+    std::vector<std::string> out;
+    if (!has(key)) return out;
+    const json& v = j_.at(key);
+    if (!v.is_array()) fail("field '" + std::string(key) + "' must be a list of strings, got " + v.dump());
+    for (const json& e : v) {
+      if (!e.is_string()) fail("field '" + std::string(key) + "' must be a list of strings, got " + v.dump());
+      out.push_back(e.get<std::string>());
     }
     return out;
   }
@@ -267,6 +280,53 @@ void parse_qwen3_moe_experts(Fields& f, ModelConfig& c) {
                   "the load-balancing loss (router_aux_loss_coef) is not implemented yet; set it to false");
 }
 
+// gpt-oss (transformers 4.55+ GptOssConfig's defaults): every layer a mixture of experts of width
+// intermediate_size, the router top-k then softmax; layer_types (default: even layers sliding) pick
+// sliding-window or full attention; attention biases always (GptOssConfig sets attention_bias itself).
+// A missing rope_scaling is GptOssConfig's default YaRN (factor 32, beta 32 / 1, truncate false).
+void parse_gpt_oss(Fields& f, ModelConfig& c) {
+  if (f.has("attention_bias") && !f.boolean("attention_bias", true))
+    f.fail("unsupported attention_bias=false for gpt_oss: transformers' GptOssConfig always biases attention");
+  f.use("attention_bias");
+  c.attention_bias = true;
+  c.num_experts = positive_or_fail(f, f.integer("num_local_experts", 128), "num_local_experts");
+  c.num_experts_per_tok = positive_or_fail(f, f.integer("num_experts_per_tok", 4), "num_experts_per_tok");
+  if (f.has("experts_per_token") && f.integer("experts_per_token") != c.num_experts_per_tok)
+    f.fail("experts_per_token (" + std::to_string(f.integer("experts_per_token")) +
+           ") differs from num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) + ")");
+  f.use("experts_per_token");  // the openai reference code's name for the same number
+  if (c.num_experts_per_tok > c.num_experts)
+    f.fail("num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) + ") exceeds num_local_experts (" +
+           std::to_string(c.num_experts) + ")");
+  c.moe_intermediate_size = c.intermediate_size;
+  c.norm_topk_prob = false;  // the softmax runs over the k already
+  // transformers' GptOssExperts clamps at 7.0 whatever the config says (only its MXFP4 GPU kernels read
+  // swiglu_limit): another value would train a model transformers does not run.
+  const double limit = f.number("swiglu_limit", 7.0);
+  if (limit != 7.0)
+    f.fail("unsupported swiglu_limit=" + std::to_string(limit) +
+           ": transformers' GptOssExperts fixes the clamp at 7.0 (set it to 7.0)");
+  c.swiglu_limit = 7.0f;
+  c.sliding_window = f.integer("sliding_window", 128);
+  if (c.sliding_window <= 0) f.fail("sliding_window must be > 0, got " + std::to_string(c.sliding_window));
+  const std::vector<std::string> types = f.string_list("layer_types");
+  if (!types.empty() && static_cast<std::int64_t>(types.size()) != c.num_hidden_layers)
+    f.fail("layer_types has " + std::to_string(types.size()) + " entries for " + std::to_string(c.num_hidden_layers) +
+           " layers");
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string t = types.empty() ? ((l + 1) % 2 ? "sliding_attention" : "full_attention")
+                                        : types[static_cast<std::size_t>(l)];
+    if (t == "sliding_attention")
+      c.sliding_layers.push_back(l);
+    else if (t != "full_attention")
+      f.fail("layer_types[" + std::to_string(l) + "] is '" + t + "' (supported: sliding_attention, full_attention)");
+  }
+  c.router_aux_loss_coef = f.number("router_aux_loss_coef", 0.9);
+  f.require_value("output_router_logits", false, false,
+                  "the load-balancing loss (router_aux_loss_coef) is not implemented yet; set it to false");
+  f.ignore({"initial_context_length"});  // the openai reference code's; transformers does not read it
+}
+
 // Llama, Qwen3 and Qwen3-MoE's attention_bias also biases o_proj in transformers (Qwen2's q/k/v biases
 // do not); the engine's o_proj has no bias, so the flag is refused rather than trained without it.
 bool attention_bias_without_o_proj(Fields& f, Arch arch) {
@@ -293,19 +353,27 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
     c.head_dim = default_head_dim;
     f.ignore({"head_dim"});
   } else {
-    c.head_dim = f.integer("head_dim", default_head_dim);
+    c.head_dim = f.integer("head_dim", arch == Arch::gpt_oss ? 64 : default_head_dim);
   }
-  const std::int64_t default_positions = arch == Arch::llama                                ? 2048
-                                         : (arch == Arch::mistral || arch == Arch::mixtral) ? 131072
-                                                                                            : 32768;
+  const std::int64_t default_positions =
+      arch == Arch::llama                                                          ? 2048
+      : (arch == Arch::mistral || arch == Arch::mixtral || arch == Arch::gpt_oss) ? 131072
+                                                                                   : 32768;
   c.max_position_embeddings = f.integer("max_position_embeddings", default_positions);
-  c.rope_theta = static_cast<float>(f.number("rope_theta", 10000.0));
-  c.norm_eps = static_cast<float>(f.number("rms_norm_eps", 1e-6));
+  c.rope_theta = static_cast<float>(f.number("rope_theta", arch == Arch::gpt_oss ? 150000.0 : 10000.0));
+  c.norm_eps = static_cast<float>(f.number("rms_norm_eps", arch == Arch::gpt_oss ? 1e-5 : 1e-6));
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.initializer_range = static_cast<float>(f.number("initializer_range", 0.02));
   const std::string act = f.string("hidden_act", "silu");
   if (act != "silu") f.fail("unsupported hidden_act '" + act + "' (supported: silu)");
-  parse_rope_scaling(f, arch, c);
+  if (arch == Arch::gpt_oss && f.absent("rope_scaling")) {  // GptOssConfig's default
+    c.rope_scaling.type = RopeType::yarn;
+    c.rope_scaling.factor = 32.0;
+    c.rope_scaling.truncate = false;
+    f.use("rope_scaling");
+  } else {
+    parse_rope_scaling(f, arch, c);
+  }
   f.ignore({"attention_dropout"});
   switch (arch) {
     case Arch::llama:
@@ -334,6 +402,9 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
       c.qk_norm = true;
       reject_sliding_window(f, c, arch);
       parse_qwen3_moe_experts(f, c);
+      break;
+    case Arch::gpt_oss:
+      parse_gpt_oss(f, c);
       break;
     case Arch::gpt2:
       break;
@@ -370,6 +441,24 @@ ModelConfig parse_gpt2(Fields& f) {
   return c;
 }
 
+// quantization_config: only the hub's gpt-oss form (its experts in MXFP4, dequantized on load by
+// storage/hf); any other method is refused by name.
+void check_quantization(Fields& f, const json& config, Arch arch) {
+  f.use("quantization_config");
+  if (!config.contains("quantization_config") || config.at("quantization_config").is_null()) return;
+  const json& q = config.at("quantization_config");
+  const std::string method =
+      q.is_object() && q.contains("quant_method") && q.at("quant_method").is_string()
+          ? q.at("quant_method").get<std::string>()
+          : std::string("(no quant_method)");
+  if (method != "mxfp4" || arch != Arch::gpt_oss)
+    f.fail("unsupported quantization '" + method + "' (quantization_config) for " + arch_name(arch) +
+           ": the only quantized weights read are gpt_oss's MXFP4 experts, dequantized on load");
+  for (const auto& [key, value] : q.items())
+    if (key != "quant_method" && key != "modules_to_not_convert")
+      f.fail("unsupported quantization_config field '" + key + "' (value " + value.dump() + ") for mxfp4");
+}
+
 }  // namespace
 
 namespace {
@@ -392,8 +481,8 @@ ModelConfig parse_config_fields(const json& config, const std::string& source) {
   }
   for (const char* key : {"add_cross_attention", "is_encoder_decoder", "tie_encoder_decoder"})
     if (f.boolean(key, false)) f.fail("unsupported " + std::string(key) + "=true");
-  for (const char* key : {"quantization_config", "auto_map"})
-    if (config.contains(key)) f.fail("unsupported config field '" + std::string(key) + "'");
+  if (config.contains("auto_map")) f.fail("unsupported config field 'auto_map'");
+  check_quantization(f, config, arch);
   ModelConfig c = arch == Arch::gpt2 ? parse_gpt2(f) : parse_llama_family(f, arch);
   f.reject_unknown();
   try {

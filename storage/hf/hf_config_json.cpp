@@ -72,6 +72,8 @@ const char* architecture_class(Arch a) {
       return "MixtralForCausalLM";
     case Arch::qwen3_moe:
       return "Qwen3MoeForCausalLM";
+    case Arch::gpt_oss:
+      return "GptOssForCausalLM";
   }
   return "?";
 }
@@ -95,6 +97,7 @@ json config_to_json(const ModelConfig& c, const json* base) {
   j["initializer_range"] = short_decimal(c.initializer_range);
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
+  j.erase("quantization_config");  // the export's weights are never quantized (gpt-oss's MXFP4 is read, not written)
   if (c.is_gpt2()) {
     j["n_embd"] = c.hidden_size;
     j["n_layer"] = c.num_hidden_layers;
@@ -169,6 +172,27 @@ json config_to_json(const ModelConfig& c, const json* base) {
       j["output_router_logits"] = false;
       j["router_aux_loss_coef"] = c.router_aux_loss_coef;
       break;
+    case Arch::gpt_oss: {
+      if (!c.attention_bias) throw HfError("gpt_oss export: gpt-oss always has attention biases");
+      if (c.moe_intermediate_size != c.intermediate_size)
+        throw HfError("gpt_oss export: gpt-oss's experts are intermediate_size wide");
+      if (c.swiglu_limit != 7.0f)
+        throw HfError("gpt_oss export: swiglu_limit " + std::to_string(c.swiglu_limit) +
+                      " has no transformers model (GptOssExperts fixes the clamp at 7.0)");
+      j["attention_bias"] = true;
+      j["num_local_experts"] = c.num_experts;
+      j["num_experts_per_tok"] = c.num_experts_per_tok;
+      j.erase("experts_per_token");
+      j["sliding_window"] = c.sliding_window;
+      json types = json::array();
+      for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+        types.push_back(c.layer_slides(l) ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+      j["swiglu_limit"] = short_decimal(c.swiglu_limit);
+      j["output_router_logits"] = false;
+      j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      break;
+    }
     case Arch::gpt2:
       break;
   }

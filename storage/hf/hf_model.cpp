@@ -49,7 +49,7 @@ struct FusedSource {
 };
 std::optional<FusedSource> fused_source(const ModelConfig& c, const std::string& prefix, const std::string& tensor,
                                         const std::function<bool(const std::string&)>& in_files) {
-  if (!c.is_moe()) return std::nullopt;
+  if (!c.is_moe() || c.is_gpt_oss()) return std::nullopt;  // gpt-oss's own fused form: gpt_oss_experts.hpp
   const std::int64_t E = c.num_experts, d = c.hidden_size, ff = c.moe_intermediate_size;
   const std::size_t matrix = static_cast<std::size_t>(ff * d);
   const std::string experts = moe_experts_prefix(c);
@@ -111,7 +111,7 @@ HfModelReader::HfModelReader(const std::filesystem::path& dir) : dir_(dir) {
     for (const auto& e : files_.back()->entries()) {
       if (found.count(e.name))
         throw HfError((dir / f).string() + ": tensor '" + e.name + "' also in " + found[e.name].file->path().string());
-      found[e.name] = Location{files_.back().get(), e.name, {}, 0, 0};
+      found[e.name] = Location{files_.back().get(), e.name, {}, 0, 0, std::nullopt, nullptr};
     }
   }
   for (const auto& [name, file] : promised)
@@ -133,6 +133,30 @@ HfModelReader::HfModelReader(const std::filesystem::path& dir) : dir_(dir) {
       Location loc;
       if (found.count(in_file)) {
         loc = found[in_file];
+      } else if (const auto expert = gpt_oss::expert_source(config_, layout.prefix, t.name,
+                                                            [&](const std::string& n) { return found.count(n) > 0; })) {
+        loc = found[expert->name];
+        loc.expert = *expert;
+        const SafetensorsEntry& e = *loc.file->find(expert->name);
+        if (expert->mxfp4) {  // U8 blocks and scales, checked here (the generic checks below are for floats)
+          loc.scales_file = found[expert->scales].file;
+          const SafetensorsEntry& sc = *loc.scales_file->find(expert->scales);
+          for (const SafetensorsEntry* u : {&e, &sc})
+            if (u->dtype != "U8")
+              throw HfError(loc.file->path().string() + ": MXFP4 tensor '" + u->name + "' has dtype " + u->dtype +
+                            ", expected U8");
+          if (e.shape != expert->shape || sc.shape != expert->scales_shape)
+            throw HfError(loc.file->path().string() + ": MXFP4 tensors '" + e.name + "' " + shape_string(e.shape) +
+                          " and '" + sc.name + "' " + shape_string(sc.shape) + ", expected " +
+                          shape_string(expert->shape) + " and " + shape_string(expert->scales_shape) +
+                          " from config.json");
+          locations_[hn.name] = loc;
+          used.insert(expert->name);
+          used.insert(expert->scales);
+          continue;
+        }
+        in_file = expert->name;
+        shape_in_file = expert->shape;
       } else if (const auto fused = fused_source(config_, layout.prefix, t.name,
                                                  [&](const std::string& n) { return found.count(n) > 0; })) {
         in_file = fused->name;
@@ -179,7 +203,9 @@ void HfModelReader::read_stage(std::int64_t stage, float* dst) const {
   for (const auto& t : layout.tensors) {
     const HfTensorName hn = hf_tensor(config_, layout, t);
     const Location& loc = locate(hn.name);
-    if (loc.count > 0)
+    if (loc.expert)
+      gpt_oss::read_expert(config_, *loc.expert, *loc.file, loc.scales_file, dst + t.offset);
+    else if (loc.count > 0)
       loc.file->read_f32_range(loc.name_in_file, loc.fused_shape, loc.first, loc.count, dst + t.offset);
     else if (hn.transposed)
       loc.file->read_f32_transposed(loc.name_in_file, hn.file_shape, dst + t.offset);
@@ -196,13 +222,18 @@ void write_hf_model(const std::filesystem::path& dir, const ModelConfig& c,
                                                          : "float16";
   std::filesystem::create_directories(dir);
 
+  // gpt-oss's experts go out fused, after the rest of their layer (gpt_oss_experts.hpp).
+  auto fused_experts = [&](const ParamLayout& layout) { return c.is_gpt_oss() && layout.kind == StageKind::layer; };
   std::vector<PlannedTensor> plan;
   for (std::int64_t s = 0; s < num_stages(c); ++s) {
     const ParamLayout layout = stage_layout(c, s);
     for (const auto& t : layout.tensors) {
+      if (fused_experts(layout) && gpt_oss::is_expert_tensor(c, t.name)) continue;
       const HfTensorName hn = hf_tensor(c, layout, t);
       plan.push_back({hn.name, hn.file_shape});
     }
+    if (fused_experts(layout))
+      for (auto& t : gpt_oss::fused_tensors(c, layout.prefix)) plan.push_back(std::move(t));
   }
   // Stale weight files of an earlier export would confuse transformers (index vs single file), and
   // config.json goes first and comes back last, so a failed export never looks like a model.
@@ -216,12 +247,14 @@ void write_hf_model(const std::filesystem::path& dir, const ModelConfig& c,
     const ParamLayout layout = stage_layout(c, s);
     const float* buf = stage_source(s);
     for (const auto& t : layout.tensors) {
+      if (fused_experts(layout) && gpt_oss::is_expert_tensor(c, t.name)) continue;
       const HfTensorName hn = hf_tensor(c, layout, t);
       if (hn.transposed)
         writer.write_transposed(hn.name, buf + t.offset);
       else
         writer.write(hn.name, buf + t.offset);
     }
+    if (fused_experts(layout)) gpt_oss::write_fused(writer, c, layout, buf);
   }
   writer.finish();
   if (!options.tokenizer_dir.empty()) copy_tokenizer_files(options.tokenizer_dir, dir);

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "kernels/model_config.hpp"
 #include "kernels/param_layout.hpp"
 #include "storage/hf/dtype.hpp"
+#include "storage/hf/gpt_oss_experts.hpp"
 
 namespace mt::hf {
 
@@ -59,6 +61,9 @@ class HfModelReader {
     // first element and count of ours; count 0 = the whole tensor.
     std::vector<std::int64_t> fused_shape;
     std::size_t first = 0, count = 0;
+    // gpt-oss's experts: fused and interleaved, or MXFP4 (scales_file holds the scales).
+    std::optional<gpt_oss::ExpertSource> expert;
+    const SafetensorsReader* scales_file = nullptr;
   };
   const Location& locate(const std::string& name) const;
 

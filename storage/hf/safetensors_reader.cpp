@@ -190,6 +190,20 @@ void SafetensorsReader::read_f32_range(const std::string& name, const std::vecto
   release(e);
 }
 
+void SafetensorsReader::read_u8_range(const std::string& name, const std::vector<std::int64_t>& expected_shape,
+                                      std::size_t first, std::size_t count, std::uint8_t* dst) const {
+  const auto* e = find(name);
+  if (!e) throw HfError(path_.string() + ": no tensor '" + name + "'");
+  if (e->dtype != "U8") throw HfError(path_.string() + ": tensor '" + name + "' has dtype " + e->dtype + ", expected U8");
+  if (e->shape != expected_shape)
+    throw HfError(path_.string() + ": tensor '" + name + "' has shape " + shape_string(e->shape) + ", expected " +
+                  shape_string(expected_shape));
+  if (first > e->numel() || count > e->numel() - first)
+    throw HfError(path_.string() + ": tensor '" + name + "' has " + std::to_string(e->numel()) + " bytes, bytes " +
+                  std::to_string(first) + " + " + std::to_string(count) + " asked");
+  std::memcpy(dst, data(*e) + first, count);
+}
+
 void SafetensorsReader::read_f32_transposed(const std::string& name, const std::vector<std::int64_t>& expected_shape,
                                             float* dst) const {
   DType dt;

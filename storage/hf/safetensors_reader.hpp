@@ -45,6 +45,9 @@ class SafetensorsReader {
   // Same, transposing a 2-D [rows, cols] tensor in the file into [cols, rows] in dst (GPT-2 Conv1D).
   // expected_shape is the shape in the file.
   void read_f32_transposed(const std::string& name, const std::vector<std::int64_t>& expected_shape, float* dst) const;
+  // Bytes [first, first + count) of a U8 tensor (gpt-oss's MXFP4 blocks and scales), as they are.
+  void read_u8_range(const std::string& name, const std::vector<std::int64_t>& expected_shape, std::size_t first,
+                     std::size_t count, std::uint8_t* dst) const;
 
  private:
   const SafetensorsEntry& checked(const std::string& name, const std::vector<std::int64_t>& expected_shape,

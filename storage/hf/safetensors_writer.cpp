@@ -162,6 +162,19 @@ void SafetensorsModelWriter::write_transposed(const std::string& name, const flo
   }
 }
 
+void SafetensorsModelWriter::write_rows(const std::string& name, const std::function<void(std::size_t, float*)>& fill) {
+  const auto& t = next(name);
+  const std::size_t n = numel_of(t.shape), cols = t.shape.empty() ? 1 : static_cast<std::size_t>(t.shape.back());
+  const std::size_t rows = cols ? n / cols : 0, es = dtype_size(dtype_);
+  std::vector<float> row(cols);
+  std::vector<unsigned char> bytes(cols * es);
+  for (std::size_t r = 0; r < rows; ++r) {
+    fill(r, row.data());
+    from_f32(dtype_, row.data(), bytes.data(), cols);
+    put(bytes.data(), cols * es);
+  }
+}
+
 void SafetensorsModelWriter::finish() {
   if (next_ != plan_.size())
     throw HfError(dir_.string() + ": finish() after " + std::to_string(next_) + " of " + std::to_string(plan_.size()) +

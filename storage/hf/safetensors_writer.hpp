@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ class SafetensorsModelWriter {
   void write(const std::string& name, const float* data);
   // The next planned tensor, a 2-D [rows, cols] in the file, from `data` stored [cols, rows].
   void write_transposed(const std::string& name, const float* data);
+  // The next planned tensor, row by row: fill(r, row) writes row r (the last dimension's length in
+  // floats) of the tensor in the file's order (gpt-oss's fused experts, assembled from per-expert ones).
+  void write_rows(const std::string& name, const std::function<void(std::size_t, float*)>& fill);
   // After the last tensor: fsyncs the shards and writes the index when there are several.
   void finish();
 

@@ -386,7 +386,7 @@ void attention_cases(Ctx& c) {
     float* out = c.dev.alloc<float>(N * qd);
     float* lse = c.dev.alloc<float>(k.B * k.Hq * k.T);
     c.v.op = "attention_forward";
-    c.ops.attention_forward(qp, kp, vp, out, lse, s);
+    c.ops.attention_forward(qp, kp, vp, nullptr, out, lse, s);
     Vec outr(N * qd);
     ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), k.B, k.T, k.Hq, k.Hkv, k.hd, s.q_stride, s.kv_stride,
                    qd);
@@ -415,7 +415,7 @@ void attention_cases(Ctx& c) {
     float* dk = k.fused_qkv ? dq + qd : c.dev.alloc<float>(kn);
     float* dv = k.fused_qkv ? dq + 2 * qd : c.dev.alloc<float>(kn);
     c.v.op = "attention_backward";
-    c.ops.attention_backward(qp, kp, vp, out, lse, ddout, dq, dk, dv, s);
+    c.ops.attention_backward(qp, kp, vp, nullptr, out, lse, ddout, dq, dk, dv, nullptr, s);
     Vec dqr(qn, 0.0), dkr(std::max<i64>(kn - koff, 0), 0.0), dvr(std::max<i64>(kn - voff, 0), 0.0);
     const Vec douts(dout.begin(), dout.end());
     ref::attention_backward(qs.data(), ks.data(), vs.data(), douts.data(), dqr.data(), dkr.data(), dvr.data(), k.B, k.T,
@@ -459,7 +459,7 @@ void attention_tile_cases(Ctx& c) {
     float* out = c.dev.alloc<float>(B * Q * qd);
     float* lse = c.dev.alloc<float>(B * Hq * Q);
     c.v.op = "attention_forward";
-    c.ops.attention_forward(qp, kp, vp, out, lse, s);
+    c.ops.attention_forward(qp, kp, vp, nullptr, out, lse, s);
     Vec outr(B * Q * qd);
     ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), B, T, Hq, Hkv, hd, qd, kd, qd, q0);
     c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
@@ -467,7 +467,7 @@ void attention_tile_cases(Ctx& c) {
     float* dk = c.dev.upload(randn(B * T * kd, 65));  // overwritten: add_kv_grads is false
     float* dv = c.dev.upload(randn(B * T * kd, 66));
     c.v.op = "attention_backward";
-    c.ops.attention_backward(qp, kp, vp, out, lse, dop, dq, dk, dv, s);
+    c.ops.attention_backward(qp, kp, vp, nullptr, out, lse, dop, dq, dk, dv, nullptr, s);
     Vec dqr(B * Q * qd, 0.0), dkr(B * T * kd, 0.0), dvr(B * T * kd, 0.0);
     ref::attention_backward(qs.data(), ks.data(), vs.data(), ds.data(), dqr.data(), dkr.data(), dvr.data(), B, T, Hq,
                             Hkv, hd, qd, kd, qd, q0);
@@ -493,9 +493,10 @@ void attention_tile_cases(Ctx& c) {
       AttnShape s = base(1, e, a);
       s.add_kv_grads = t != 2;  // the first tile run (the last one) overwrites
       c.v.op = "attention_forward";
-      c.ops.attention_forward(qp + a * qd, kp, vp, out + a * qd, lse + Hq * a, s);
+      c.ops.attention_forward(qp + a * qd, kp, vp, nullptr, out + a * qd, lse + Hq * a, s);
       c.v.op = "attention_backward";
-      c.ops.attention_backward(qp + a * qd, kp, vp, out + a * qd, lse + Hq * a, dop + a * qd, dq + a * qd, dk, dv, s);
+      c.ops.attention_backward(qp + a * qd, kp, vp, nullptr, out + a * qd, lse + Hq * a, dop + a * qd, dq + a * qd, dk,
+                               dv, nullptr, s);
     }
     Vec outr(T * qd), dqr(T * qd, 0.0), dkr(T * kd, 0.0), dvr(T * kd, 0.0);
     ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), 1, T, Hq, Hkv, hd, qd, kd, qd);
@@ -507,6 +508,86 @@ void attention_tile_cases(Ctx& c) {
     c.v.close("dq " + tag, c.get(dq, dqr.size()), dqr, 2e-5);
     c.v.close("dk " + tag, c.get(dk, dkr.size()), dkr, 2e-5);
     c.v.close("dv " + tag, c.get(dv, dvr.size()), dvr, 2e-5);
+    c.dev.reset();
+  }
+}
+
+// gpt-oss's attention: sliding windows and per-head sinks, whole (B 2, a window inside one key block and
+// one across blocks) and as the tiled layers call it (tiles in reverse order, dk, dv and d(sinks)
+// accumulating). The sinks are weights, in the run's precision.
+void attention_window_sink_cases(Ctx& c) {
+  const i64 Hq = 4, Hkv = 2, hd = 64, qd = Hq * hd, kd = Hkv * hd;
+  const auto sink_h = randn(Hq, 80, 2.0);
+  const Vec sinks = c.seen_weight(sink_h);
+  for (const i64 window : {5, 45, 130}) {
+    const i64 B = 2, T = 150;
+    const std::string tag = "B 2, T 150, window " + std::to_string(window) + ", sinks";
+    auto q = randn(B * T * qd, 81), kk = randn(B * T * kd, 82), vv = randn(B * T * kd, 83), dout = randn(B * T * qd, 84);
+    const Vec qs(q.begin(), q.end()), ks(kk.begin(), kk.end()), vs(vv.begin(), vv.end()), ds(dout.begin(), dout.end());
+    AttnShape s;
+    s.batch = B, s.seq = T, s.q_heads = Hq, s.kv_heads = Hkv, s.head_dim = hd;
+    s.q_stride = qd, s.kv_stride = kd, s.o_stride = qd, s.window = window;
+    float *qp = c.dev.upload(q), *kp = c.dev.upload(kk), *vp = c.dev.upload(vv), *dop = c.dev.upload(dout);
+    const void* sp = c.weight(sink_h);
+    float* out = c.dev.alloc<float>(B * T * qd);
+    float* lse = c.dev.alloc<float>(B * Hq * T);
+    c.v.op = "attention_forward";
+    c.ops.attention_forward(qp, kp, vp, sp, out, lse, s);
+    Vec outr(B * T * qd);
+    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), B, T, Hq, Hkv, hd, qd, kd, qd, 0, window, sinks.data());
+    c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
+    float* dq = c.dev.alloc<float>(B * T * qd);
+    float* dk = c.dev.alloc<float>(B * T * kd);
+    float* dv = c.dev.alloc<float>(B * T * kd);
+    float* dsink = c.dev.upload(std::vector<float>(Hq, 0.25f));  // added into
+    c.v.op = "attention_backward";
+    c.ops.attention_backward(qp, kp, vp, sp, out, lse, dop, dq, dk, dv, dsink, s);
+    Vec dqr(B * T * qd, 0.0), dkr(B * T * kd, 0.0), dvr(B * T * kd, 0.0), dsr(Hq, 0.25);
+    ref::attention_backward(qs.data(), ks.data(), vs.data(), ds.data(), dqr.data(), dkr.data(), dvr.data(), B, T, Hq,
+                            Hkv, hd, qd, kd, qd, 0, window, sinks.data(), dsr.data());
+    c.v.close("dq " + tag, c.get(dq, dqr.size()), dqr, 2e-5);
+    c.v.close("dk " + tag, c.get(dk, dkr.size()), dkr, 2e-5);
+    c.v.close("dv " + tag, c.get(dv, dvr.size()), dvr, 2e-5);
+    c.v.close("dsinks " + tag, c.get(dsink, Hq), dsr, 2e-5);
+    c.dev.reset();
+  }
+  {  // one sequence of 150 as tiles [100, 150), [37, 100), [0, 37), window 45, sinks
+    const i64 T = 150, window = 45;
+    const i64 cuts[] = {0, 37, 100, 150};
+    const std::string tag = "keys 150 as tiles 0/37/100, window 45, sinks, gradients accumulated";
+    auto q = randn(T * qd, 91), kk = randn(T * kd, 92), vv = randn(T * kd, 93), dout = randn(T * qd, 94);
+    const Vec qs(q.begin(), q.end()), ks(kk.begin(), kk.end()), vs(vv.begin(), vv.end()), ds(dout.begin(), dout.end());
+    float *qp = c.dev.upload(q), *kp = c.dev.upload(kk), *vp = c.dev.upload(vv), *dop = c.dev.upload(dout);
+    const void* sp = c.weight(sink_h);
+    float* out = c.dev.alloc<float>(T * qd);
+    float* lse = c.dev.alloc<float>(Hq * T);
+    float* dq = c.dev.alloc<float>(T * qd);
+    float* dk = c.dev.alloc<float>(T * kd);
+    float* dv = c.dev.alloc<float>(T * kd);
+    float* dsink = c.dev.upload(std::vector<float>(Hq, 0.0f));
+    for (int t = 2; t >= 0; --t) {
+      const i64 a = cuts[t], e = cuts[t + 1];
+      AttnShape s;
+      s.batch = 1, s.seq = e, s.q_heads = Hq, s.kv_heads = Hkv, s.head_dim = hd;
+      s.q_stride = qd, s.kv_stride = kd, s.o_stride = qd, s.q_start = a, s.window = window;
+      s.add_kv_grads = t != 2;
+      c.v.op = "attention_forward";
+      c.ops.attention_forward(qp + a * qd, kp, vp, sp, out + a * qd, lse + Hq * a, s);
+      c.v.op = "attention_backward";
+      c.ops.attention_backward(qp + a * qd, kp, vp, sp, out + a * qd, lse + Hq * a, dop + a * qd, dq + a * qd, dk, dv,
+                               dsink, s);
+    }
+    Vec outr(T * qd), dqr(T * qd, 0.0), dkr(T * kd, 0.0), dvr(T * kd, 0.0), dsr(Hq, 0.0);
+    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), 1, T, Hq, Hkv, hd, qd, kd, qd, 0, window, sinks.data());
+    ref::attention_backward(qs.data(), ks.data(), vs.data(), ds.data(), dqr.data(), dkr.data(), dvr.data(), 1, T, Hq,
+                            Hkv, hd, qd, kd, qd, 0, window, sinks.data(), dsr.data());
+    c.v.op = "attention_forward";
+    c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
+    c.v.op = "attention_backward";
+    c.v.close("dq " + tag, c.get(dq, dqr.size()), dqr, 2e-5);
+    c.v.close("dk " + tag, c.get(dk, dkr.size()), dkr, 2e-5);
+    c.v.close("dv " + tag, c.get(dv, dvr.size()), dvr, 2e-5);
+    c.v.close("dsinks " + tag, c.get(dsink, Hq), dsr, 2e-5);
     c.dev.reset();
   }
 }
@@ -530,6 +611,20 @@ void elementwise_cases(Ctx& c) {
   c.v.op = "swiglu_backward";
   c.ops.swiglu_backward(da, db, dd, o1, o2, n);
   ref::swiglu_backward(as.data(), bs.data(), ds.data(), g1.data(), g2.data(), i64(n));
+  c.v.close("dg " + tag, c.get(o1, n), g1, 2e-6);
+  c.v.close("du " + tag, c.get(o2, n), g2, 2e-6);
+  // gpt-oss's clamped form at limit 1.5 (a has std 3, b 1: both clamps taken on both sides)
+  const float alpha = 1.702f, limit = 1.5f;
+  c.v.op = "clamped_swiglu_forward";
+  c.ops.clamped_swiglu_forward(da, db, o1, n, alpha, limit);
+  ref::clamped_swiglu(as.data(), bs.data(), h.data(), i64(n), double(alpha), double(limit));
+  c.v.close(tag, c.get(o1, n), h, 2e-6);
+  c.v.op = "clamped_swiglu_backward";
+  std::fill(g1.begin(), g1.end(), 0.0);
+  std::fill(g2.begin(), g2.end(), 0.0);
+  c.ops.clamped_swiglu_backward(da, db, dd, o1, o2, n, alpha, limit);
+  ref::clamped_swiglu_backward(as.data(), bs.data(), ds.data(), g1.data(), g2.data(), i64(n), double(alpha),
+                               double(limit));
   c.v.close("dg " + tag, c.get(o1, n), g1, 2e-6);
   c.v.close("du " + tag, c.get(o2, n), g2, 2e-6);
   c.v.op = "gelu_forward";
@@ -855,6 +950,7 @@ int main(int argc, char** argv) {
       {"rope", [&] { rope_cases(c); }},
       {"attention", [&] { attention_cases(c); }},
       {"attention tiles", [&] { attention_tile_cases(c); }},
+      {"attention windows and sinks", [&] { attention_window_sink_cases(c); }},
       {"elementwise", [&] { elementwise_cases(c); }},
       {"embedding", [&] { embedding_cases(c, *backend); }},
       {"mixture of experts", [&] { moe_cases(c); }},

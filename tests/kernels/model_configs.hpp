@@ -137,6 +137,39 @@ inline ModelConfig tiny_qwen3_moe_mixed() {
   return c;
 }
 
+// gpt-oss: q/k/v/o biases, sinks, every layer sliding (window 3, shorter than the tests' sequences), the
+// router top-k then softmax with a bias, experts with biases and a clamp low enough to bite (0.4).
+inline ModelConfig tiny_gpt_oss() {
+  ModelConfig c = tiny_llama();
+  c.arch = Arch::gpt_oss;
+  c.attention_bias = true;
+  c.head_dim = 8;  // heads * head_dim != hidden, as gpt-oss (64 x 64 on 2880)
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.intermediate_size = 12;
+  c.moe_intermediate_size = 12;
+  c.norm_topk_prob = false;
+  c.rope_theta = 150000.0f;
+  c.sliding_window = 3;
+  c.sliding_layers = {0, 1};
+  c.swiglu_limit = 0.4f;
+  return c;
+}
+
+// gpt-oss as the hub's models are: sliding and full attention alternating by layer (a model only: the
+// layer functions take one layer's config), 4 layers, YaRN positions (truncate false).
+inline ModelConfig tiny_gpt_oss_alternating() {
+  ModelConfig c = tiny_gpt_oss();
+  c.num_hidden_layers = 4;
+  c.sliding_layers = {0, 2};
+  c.max_position_embeddings = 64;
+  c.rope_scaling.type = RopeType::yarn;
+  c.rope_scaling.factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 16;
+  c.rope_scaling.truncate = false;
+  return c;
+}
+
 inline ModelConfig tiny_gpt2() {
   ModelConfig c;
   c.arch = Arch::gpt2;
@@ -168,6 +201,7 @@ inline std::vector<Named> all_configs() {
           {"yarn-rope-scaling", tiny_yarn_rope()},
           {"mixtral-moe", tiny_mixtral()},
           {"qwen3-moe", tiny_qwen3_moe()},
+          {"gpt-oss", tiny_gpt_oss()},
           {"gpt2", tiny_gpt2()}};
 }
 

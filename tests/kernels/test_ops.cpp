@@ -2,6 +2,7 @@
 // and the fast fp32 kernel is checked against the reference (and for thread-count independence).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -111,6 +112,25 @@ TEST_CASE("reference attention (GQA, odd length) matches finite differences", "[
   fd_check(v, dv, loss);
 }
 
+TEST_CASE("reference attention with a sliding window and sinks matches finite differences", "[ops][fd]") {
+  const ref::i64 B = 2, S = 6, Hq = 4, Hkv = 2, hd = 4, qs = Hq * hd, kvs = Hkv * hd, window = 3;
+  auto q = mt::test::to_double(randn(B * S * qs, 11)), k = mt::test::to_double(randn(B * S * kvs, 12)),
+       v = mt::test::to_double(randn(B * S * kvs, 13)), R = mt::test::to_double(randn(B * S * qs, 14)),
+       sinks = mt::test::to_double(randn(Hq, 15));
+  auto loss = [&] {
+    vector<double> o(B * S * qs);
+    ref::attention(q.data(), k.data(), v.data(), o.data(), B, S, Hq, Hkv, hd, qs, kvs, qs, 0, window, sinks.data());
+    return mt::test::dot(o, R);
+  };
+  vector<double> dq(q.size()), dk(k.size()), dv(v.size()), ds(Hq);
+  ref::attention_backward(q.data(), k.data(), v.data(), R.data(), dq.data(), dk.data(), dv.data(), B, S, Hq, Hkv, hd,
+                          qs, kvs, qs, 0, window, sinks.data(), ds.data());
+  fd_check(q, dq, loss);
+  fd_check(k, dk, loss);
+  fd_check(v, dv, loss);
+  fd_check(sinks, ds, loss);
+}
+
 TEST_CASE("reference activations and cross-entropy match finite differences", "[ops][fd]") {
   const ref::i64 n = 20;
   auto g = mt::test::to_double(randn(n, 15, 2.0)), u = mt::test::to_double(randn(n, 16)),
@@ -125,6 +145,19 @@ TEST_CASE("reference activations and cross-entropy match finite differences", "[
     ref::swiglu_backward(g.data(), u.data(), R.data(), dg.data(), du.data(), n);
     fd_check(g, dg, loss);
     fd_check(u, du, loss);
+  }
+  SECTION("clamped swiglu (gpt-oss)") {  // limit 1: some of g and u clamped on either side
+    auto loss = [&] {
+      vector<double> h(n);
+      ref::clamped_swiglu(g.data(), u.data(), h.data(), n, 1.702, 1.0);
+      return mt::test::dot(h, R);
+    };
+    vector<double> dg(n), du(n);
+    ref::clamped_swiglu_backward(g.data(), u.data(), R.data(), dg.data(), du.data(), n, 1.702, 1.0);
+    fd_check(g, dg, loss);
+    fd_check(u, du, loss);
+    CHECK(std::count(dg.begin(), dg.end(), 0.0) > 0);  // clamped: no gradient
+    CHECK(std::count(du.begin(), du.end(), 0.0) > 0);
   }
   SECTION("gelu") {
     auto loss = [&] {
@@ -222,32 +255,62 @@ TEST_CASE("fast rope matches the reference; the inverse undoes it", "[ops][fast]
 
 TEST_CASE("fast attention (tiled, online softmax) matches the reference", "[ops][fast]") {
   // 150 tokens: several key tiles, a ragged last one; GQA 6 query heads on 2 kv heads; strided layouts.
+  // Plain causal, then gpt-oss's forms: sliding windows (one inside a key tile, one across tiles) and
+  // sinks, alone and together.
   const std::int64_t B = 2, S = 150, Hq = 6, Hkv = 2, hd = 16, qs = Hq * hd + 8, kvs = Hkv * hd + 4, os = Hq * hd;
   auto q = randn(B * S * qs, 50), k = randn(B * S * kvs, 51), v = randn(B * S * kvs, 52), dout = randn(B * S * os, 53);
-  cpu::AttnShape a{B, S, Hq, Hkv, hd, qs, kvs, os};
-  vector<float> o(B * S * os), lse(B * Hq * S), orf(B * S * os);
-  cpu::attention_forward(q.data(), k.data(), v.data(), o.data(), lse.data(), a, 2);
-  ref::attention(q.data(), k.data(), v.data(), orf.data(), B, S, Hq, Hkv, hd, qs, kvs, os);
-  CHECK(rel_err(o, orf) < kFastTol);
-  vector<float> dq(q.size()), dk(k.size()), dv(v.size()), dqr(q.size()), dkr(k.size()), dvr(v.size());
-  cpu::attention_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq.data(), dk.data(),
-                          dv.data(), a, 2);
-  ref::attention_backward(q.data(), k.data(), v.data(), dout.data(), dqr.data(), dkr.data(), dvr.data(), B, S, Hq, Hkv,
-                          hd, qs, kvs, os);
-  auto strided_err = [&](const vector<float>& x, const vector<float>& y, std::int64_t stride, std::int64_t width) {
-    vector<float> a1, b1;
-    for (std::int64_t r = 0; r < B * S; ++r)
-      for (std::int64_t i = 0; i < width; ++i) a1.push_back(x[r * stride + i]), b1.push_back(y[r * stride + i]);
-    return rel_err(a1, b1);
+  const auto sink_logits = randn(Hq, 54, 2.0);
+  struct Form {
+    std::int64_t window;
+    bool sinks;
   };
-  CHECK(strided_err(dq, dqr, qs, Hq * hd) < 1e-5);
-  CHECK(strided_err(dk, dkr, kvs, Hkv * hd) < 1e-5);
-  CHECK(strided_err(dv, dvr, kvs, Hkv * hd) < 1e-5);
-  vector<float> dq1(q.size()), dk1(k.size()), dv1(v.size());
-  cpu::attention_backward(q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(), dq1.data(), dk1.data(),
-                          dv1.data(), a, 1);
-  CHECK(std::memcmp(dk.data(), dk1.data(), dk.size() * 4) == 0);
-  CHECK(std::memcmp(dq.data(), dq1.data(), dq.size() * 4) == 0);
+  for (const Form f : {Form{0, false}, Form{37, false}, Form{0, true}, Form{70, true}, Form{1, true}}) {
+    INFO("window " << f.window << (f.sinks ? ", sinks" : ""));
+    cpu::AttnShape a{B, S, Hq, Hkv, hd, qs, kvs, os};
+    a.window = f.window;
+    const float* sinks = f.sinks ? sink_logits.data() : nullptr;
+    vector<float> o(B * S * os), lse(B * Hq * S), orf(B * S * os);
+    cpu::attention_forward(q.data(), k.data(), v.data(), sinks, false, o.data(), lse.data(), a, 2);
+    ref::attention(q.data(), k.data(), v.data(), orf.data(), B, S, Hq, Hkv, hd, qs, kvs, os, 0, f.window, sinks);
+    CHECK(rel_err(o, orf) < kFastTol);
+    vector<float> dq(q.size()), dk(k.size()), dv(v.size()), dqr(q.size()), dkr(k.size()), dvr(v.size());
+    vector<float> ds(Hq, 0.5f), dsr(Hq, 0.5f);  // both add into 0.5
+    cpu::attention_backward(q.data(), k.data(), v.data(), sinks, false, o.data(), lse.data(), dout.data(), dq.data(),
+                            dk.data(), dv.data(), f.sinks ? ds.data() : nullptr, a, 2);
+    ref::attention_backward(q.data(), k.data(), v.data(), dout.data(), dqr.data(), dkr.data(), dvr.data(), B, S, Hq,
+                            Hkv, hd, qs, kvs, os, 0, f.window, sinks, f.sinks ? dsr.data() : nullptr);
+    auto strided_err = [&](const vector<float>& x, const vector<float>& y, std::int64_t stride, std::int64_t width) {
+      vector<float> a1, b1;
+      for (std::int64_t r = 0; r < B * S; ++r)
+        for (std::int64_t i = 0; i < width; ++i) a1.push_back(x[r * stride + i]), b1.push_back(y[r * stride + i]);
+      return rel_err(a1, b1);
+    };
+    CHECK(strided_err(dq, dqr, qs, Hq * hd) < 1e-5);
+    CHECK(strided_err(dk, dkr, kvs, Hkv * hd) < 1e-5);
+    CHECK(strided_err(dv, dvr, kvs, Hkv * hd) < 1e-5);
+    CHECK(rel_err(ds, dsr) < 1e-5);
+    if (f.sinks) CHECK(ds != vector<float>(Hq, 0.5f));
+    vector<float> dq1(q.size()), dk1(k.size()), dv1(v.size()), ds1(Hq, 0.5f);
+    cpu::attention_backward(q.data(), k.data(), v.data(), sinks, false, o.data(), lse.data(), dout.data(), dq1.data(),
+                            dk1.data(), dv1.data(), f.sinks ? ds1.data() : nullptr, a, 1);
+    CHECK(std::memcmp(dk.data(), dk1.data(), dk.size() * 4) == 0);
+    CHECK(std::memcmp(dq.data(), dq1.data(), dq.size() * 4) == 0);
+    CHECK(std::memcmp(ds.data(), ds1.data(), ds.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("attention sinks and windows: the reference against its definitions", "[ops][reference]") {
+  // One query row by hand: a sink takes softmax mass without a value, and a window of 1 sees only itself.
+  const std::int64_t S = 3, hd = 2;
+  const vector<double> q = {0, 0, 0, 0, 0, 0}, k = {1, 0, 0, 1, 1, 1}, v = {1, 2, 3, 4, 5, 6}, sink = {std::log(2.0)};
+  vector<double> out(S * hd);
+  ref::attention(q.data(), k.data(), v.data(), out.data(), 1, S, 1, 1, hd, hd, hd, hd, 0, 0, sink.data());
+  // row 2: scores all 0 -> weights 1/5 each of three keys (the sink has exp(log 2) = 2 of the 5)
+  CHECK(out[2 * hd] == Approx((1 + 3 + 5) / 5.0));
+  ref::attention(q.data(), k.data(), v.data(), out.data(), 1, S, 1, 1, hd, hd, hd, hd, 0, 1,
+                 static_cast<const double*>(nullptr));
+  CHECK(out[2 * hd + 1] == Approx(6.0));
+  CHECK(out[1 * hd] == Approx(3.0));
 }
 
 TEST_CASE("fast activations match the reference and ignore the thread count", "[ops][fast]") {
@@ -264,6 +327,23 @@ TEST_CASE("fast activations match the reference and ignore the thread count", "[
   ref::swiglu_backward(g.data(), u.data(), dh.data(), dgr.data(), dur.data(), static_cast<ref::i64>(n));
   CHECK(rel_err(dg, dgr) < kFastTol);
   CHECK(rel_err(du, dur) < kFastTol);
+  {  // gpt-oss's clamped form, limit 1.5: both sides of both clamps
+    vector<float> hc(n), hc1(n), hcr(n), dgc(n), duc(n), dgcr(n), ducr(n);
+    cpu::clamped_swiglu_forward(g.data(), u.data(), hc.data(), n, 1.702f, 1.5f, 2);
+    cpu::clamped_swiglu_forward(g.data(), u.data(), hc1.data(), n, 1.702f, 1.5f, 1);
+    ref::clamped_swiglu(g.data(), u.data(), hcr.data(), static_cast<ref::i64>(n), 1.702f, 1.5f);
+    CHECK(rel_err(hc, hcr) < kFastTol);
+    CHECK(std::memcmp(hc.data(), hc1.data(), n * 4) == 0);
+    cpu::clamped_swiglu_backward(g.data(), u.data(), dh.data(), dgc.data(), duc.data(), n, 1.702f, 1.5f, 2);
+    ref::clamped_swiglu_backward(g.data(), u.data(), dh.data(), dgcr.data(), ducr.data(), static_cast<ref::i64>(n),
+                                 1.702f, 1.5f);
+    CHECK(rel_err(dgc, dgcr) < kFastTol);
+    CHECK(rel_err(duc, ducr) < kFastTol);
+    for (std::size_t i = 0; i < n; ++i) {  // no gradient through a clamped value, exactly
+      if (g[i] > 1.5f) CHECK(dgc[i] == 0.0f);
+      if (std::abs(u[i]) > 1.5f) CHECK(duc[i] == 0.0f);
+    }
+  }
   vector<float> y(n), yr(n), dx(n), dxr(n);
   cpu::gelu_forward(g.data(), y.data(), n, 2);
   for (std::size_t i = 0; i < n; ++i) yr[i] = ref::gelu(g[i]);

@@ -144,9 +144,9 @@ double attention_seconds(std::int64_t T, int threads) {
   const int reps = T <= 8192 ? 3 : 1;
   return mt::bench::best_seconds(
       [&] {
-        cpu::attention_forward(q.get(), k.get(), v.get(), out.get(), lse.get(), a, threads);
-        cpu::attention_backward(q.get(), k.get(), v.get(), out.get(), lse.get(), dout.get(), dq.get(), dk.get(),
-                                dv.get(), a, threads);
+        cpu::attention_forward(q.get(), k.get(), v.get(), nullptr, false, out.get(), lse.get(), a, threads);
+        cpu::attention_backward(q.get(), k.get(), v.get(), nullptr, false, out.get(), lse.get(), dout.get(), dq.get(),
+                                dk.get(), dv.get(), nullptr, a, threads);
       },
       reps, T <= 8192 ? 1 : 0);
 }
