@@ -240,7 +240,7 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   }
   if (m.arch == Arch::gpt_oss) {  // GptOssConfig's own: biases, a 128-token window on the even layers, limit 7
     m.attention_bias = true;
-    m.sliding_window = 128;
+    m.sliding_window = model.sliding_window > 0 ? model.sliding_window : 128;
     for (std::int64_t l = 0; l < m.num_hidden_layers; l += 2) m.sliding_layers.push_back(l);
   }
   auto qwen_moe_only = [&](bool set, const std::string& key) {
@@ -251,6 +251,9 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   qwen_moe_only(model.norm_topk_prob, key_of(*this, model.norm_topk_prob));
   qwen_moe_only(model.decoder_sparse_step != 1, key_of(*this, model.decoder_sparse_step));
   qwen_moe_only(!model.mlp_only_layers.empty(), key_of(*this, model.mlp_only_layers));
+  if (model.sliding_window != 0 && m.arch != Arch::gpt_oss)
+    throw ConfigError(key_of(*this, model.sliding_window),
+                      "is gpt-oss's: it needs " + key_of(*this, model.arch) + "=gpt_oss (got " + model.arch + ")");
   m.decoder_sparse_step = model.decoder_sparse_step;
   m.mlp_only_layers = parse_layer_list(model.mlp_only_layers, key_of(*this, model.mlp_only_layers));
   if (model.heads > 0 && model.head_dim == 0 && model.hidden_size % model.heads != 0)

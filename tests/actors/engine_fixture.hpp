@@ -36,6 +36,7 @@ struct Tiny {
   std::int64_t max_positions = 64;
   std::int64_t decoder_sparse_step = 1;  // qwen3_moe: every step-th layer has experts
   std::string mlp_only_layers;           // qwen3_moe: dense layers ("0,2")
+  std::int64_t sliding_window = 0;       // gpt_oss: the even layers' window (0 = 128)
 };
 
 inline TrainConfig tiny_config(const Tiny& t) {
@@ -51,6 +52,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.model.tie_word_embeddings = t.arch == Arch::gpt2;
   c.model.decoder_sparse_step = t.decoder_sparse_step;
   c.model.mlp_only_layers = t.mlp_only_layers;
+  c.model.sliding_window = t.sliding_window;
   c.train.per_device_train_batch_size = t.batch;
   c.train.gradient_accumulation_steps = t.micro_batches;
   c.train.max_steps = t.steps;

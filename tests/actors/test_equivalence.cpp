@@ -150,7 +150,7 @@ TEST_CASE("bf16: split and fp32 masters both equal the reference trainer, the sp
 
 // train.gradient_buffer=stage: no accumulator in the tiles; with clipping two passes per step (the first
 // sums the squares), without one pass. Both equal the reference trainer (one pass, accumulators).
-TEST_CASE("stage gradients, one pass and two, equal the reference trainer; the tiles hold no gradient",
+TEST_CASE("stage gradients, one pass and two, equal the reference trainer, the tiles hold no gradient",
           "[actors][equivalence][stage_gradients]") {
   for (Arch arch : {Arch::llama, Arch::gpt2})
     for (double clip : {1.0, 0.0})
@@ -282,6 +282,23 @@ TEST_CASE("mixtral: pipelined engine equals the reference trainer bit for bit", 
 // Qwen3-MoE through the engine: 4 layers with 8 experts (top-2, not renormalised) where dense layers
 // sit among them (decoder_sparse_step 2 and mlp_only_layers {3}: only layer 1 routes), so stages of two
 // shapes stream through the same slots; fp32 and bf16, kept intermediates and recomputed.
+TEST_CASE("gpt_oss (sinks, sliding and full layers): pipelined engine equals the reference trainer bit for bit",
+          "[actors][equivalence][moe]") {
+  for (bool bf16 : {false, true})
+    for (const char* keep : {"boundary", "all"}) {
+      Tiny t;
+      t.arch = Arch::gpt_oss;
+      t.layers = 2;
+      t.sliding_window = 3;  // of 8 tokens
+      t.steps = 4;
+      t.bf16 = bf16;
+      t.keep = keep;
+      t.micro_batches = 2;
+      t.bandwidth_gbps = bf16 ? 1000.0 : 0.0;
+      check_equivalence(t);
+    }
+}
+
 TEST_CASE("qwen3_moe with dense layers: pipelined engine equals the reference trainer bit for bit",
           "[actors][equivalence][moe]") {
   for (bool bf16 : {false, true})

@@ -76,7 +76,7 @@ TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]
   CHECK(host_bytes[2] - host_bytes[1] == 2 * (host_bytes[1] - host_bytes[0]));
 }
 
-TEST_CASE("boundaries kept on the device grow with depth; offloaded they do not", "[actors][memory]") {
+TEST_CASE("boundaries kept on the device grow with depth, offloaded they do not", "[actors][memory]") {
   Tiny t;
   t.micro_batches = 2;
   std::vector<std::size_t> device_kept, offloaded;

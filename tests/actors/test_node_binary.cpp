@@ -247,7 +247,7 @@ TEST_CASE("megatrain train: SIGINT stops cleanly after the step in progress", "[
 // (exit 1), and a large corpus starts at once: the node must not touch the pages of a 2 GB shard
 // before its first step (a sparse file: no disk used). Measured by the child's page faults, which a
 // scan of every token would raise to at least one per 4 KiB page.
-TEST_CASE("megatrain train: token ids checked where read; start-up does not scan the corpus", "[actors][node][data]") {
+TEST_CASE("megatrain train: token ids checked where read, start-up does not scan the corpus", "[actors][node][data]") {
   const fs::path dir = fs::temp_directory_path() / ("mt_node_scan_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   SECTION("a bad token id mid-corpus") {

@@ -148,7 +148,7 @@ TEST_CASE("plan: predicted peak resident memory is within 10% of the measured pe
   CHECK(std::abs(p.host_peak_rss_bytes - measured) <= 0.10 * measured);
 }
 
-TEST_CASE("plan: a run that cannot fit is refused naming the key; megatrain plan says the same", "[plan]") {
+TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan says the same", "[plan]") {
   TempDir dir("refuse");
   mt::test::make_shard(dir.path / "data", 4096);
   const std::string common =
@@ -256,7 +256,7 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key; megatrain plan
   CHECK(bad.out.find("plan.hardware") != std::string::npos);
 }
 
-TEST_CASE("plan: hardware profiles parse strictly; the step model follows the pipeline's limits", "[plan]") {
+TEST_CASE("plan: hardware profiles parse strictly, the step model follows the pipeline's limits", "[plan]") {
   const auto profiles = plan::parse_hardware_profiles(plan::builtin_hardware_ini(), "built-in");
   for (const char* k : {"h200", "h100", "gh200", "a100"}) REQUIRE(profiles.count(k) == 1);
   CHECK(profiles.at("gh200").link_h2d == 450e9);

@@ -196,7 +196,7 @@ TEST_CASE("missing files are reported with the key and the path", "[config]") {
   CHECK(error_of(c).empty());
 }
 
-TEST_CASE("the model keys make the ModelConfig; the demo model has ~15.7M parameters", "[config]") {
+TEST_CASE("the model keys make the ModelConfig, the demo model has ~15.7M parameters", "[config]") {
   TrainConfig c;
   const ModelConfig m = c.model_config_from_keys();
   CHECK(m.arch == Arch::llama);
@@ -209,7 +209,7 @@ TEST_CASE("the model keys make the ModelConfig; the demo model has ~15.7M parame
   CHECK(c.model_config_from_keys().attention_bias);
 }
 
-TEST_CASE("model keys: qwen3_moe with dense layers; MoE keys refused elsewhere by name", "[config][moe]") {
+TEST_CASE("model keys: qwen3_moe with dense layers, MoE keys refused elsewhere by name", "[config][moe]") {
   TrainConfig c;
   c.model.arch = "qwen3_moe";
   c.model.num_experts = 4;

@@ -57,7 +57,7 @@ TEST_CASE("llm.c shards round-trip bit-exactly (uint16 and uint32)", "[shards]")
   CHECK(out == "a.bin\nb.bin\n");
 }
 
-TEST_CASE("streaming writer with mask; mask sidecar read beside the shard", "[shards]") {
+TEST_CASE("streaming writer with mask, mask sidecar read beside the shard", "[shards]") {
   TempDir d;
   const auto t = random_tokens(5000, 50257, 3);
   std::vector<uint8_t> m(t.size());

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -49,12 +50,21 @@ ReferenceTrainerOptions options(const ModelConfig& c, std::int64_t B, std::int64
   return o;
 }
 
+// The second form of the same weights each oracle writes: transformers v5's fused experts (DIR/fused,
+// which must read back bit for bit), or the hub's MXFP4 experts (DIR/mxfp4, whose experts must read as
+// the oracle's own dequantization, DIR/mxfp4_dequant.safetensors, and the rest as exported).
+enum class SecondForm { v5_fused, mxfp4 };
+
 // One step of `c` from megatrain's reference trainer against `oracle` (a script of tests/kernels run on
-// megatrain's export): logits, loss and every gradient; then the v5 fused layout the oracle wrote.
-void check_step_against(ModelConfig c, const char* oracle, int expected_tensors) {
+// megatrain's export): logits, loss and every gradient; then the second form the oracle wrote.
+// `prepare` may change the initial weights first.
+void check_step_against(ModelConfig c, const char* oracle, int expected_tensors,
+                        SecondForm second = SecondForm::v5_fused,
+                        const std::function<void(ReferenceTrainer&)>& prepare = {}) {
   c.initializer_range = 0.2f;  // every path carries signal
   const std::int64_t B = 2, T = 7, N = B * T, V = c.vocab_size;
   ReferenceTrainer tr(options(c, B, T));
+  if (prepare) prepare(tr);
   const std::int64_t S = tr.num_stages();
   vector<vector<float>> initial(S);
   for (std::int64_t s = 0; s < S; ++s) initial[s].assign(tr.params(s), tr.params(s) + tr.layout(s).total_floats);
@@ -111,26 +121,47 @@ void check_step_against(ModelConfig c, const char* oracle, int expected_tensors)
     }
   CHECK(tensors == expected_tensors);
 
-  // transformers v5's fused layout of the same weights reads back bit for bit.
-  const hf::HfModelReader fused(dir / "fused");
-  for (std::int64_t s = 0; s < S; ++s) {
-    INFO("stage " << s);
-    vector<float> back(tr.layout(s).total_floats);
-    fused.read_stage(s, back.data());
-    CHECK(std::memcmp(back.data(), initial[s].data(), back.size() * sizeof(float)) == 0);
+  if (second == SecondForm::v5_fused) {  // transformers v5's fused layout of the same weights reads back bit for bit
+    const hf::HfModelReader fused(dir / "fused");
+    for (std::int64_t s = 0; s < S; ++s) {
+      INFO("stage " << s);
+      vector<float> back(tr.layout(s).total_floats);
+      fused.read_stage(s, back.data());
+      CHECK(std::memcmp(back.data(), initial[s].data(), back.size() * sizeof(float)) == 0);
+    }
+  } else {  // MXFP4 experts dequantized on load as the oracle dequantizes them; everything else as exported
+    const hf::HfModelReader quantized(dir / "mxfp4");
+    const hf::SafetensorsReader dequant(dir / "mxfp4_dequant.safetensors");
+    int matrices = 0;
+    for (std::int64_t s = 0; s < S; ++s) {
+      const ParamLayout& l = tr.layout(s);
+      vector<float> back(l.total_floats);
+      quantized.read_stage(s, back.data());
+      for (const auto& t : l.tensors) {
+        INFO(l.prefix + t.name);
+        vector<float> want(initial[s].begin() + static_cast<std::ptrdiff_t>(t.offset),
+                           initial[s].begin() + static_cast<std::ptrdiff_t>(t.offset + t.numel));
+        if (dequant.find(l.prefix + t.name)) {
+          dequant.read_f32(l.prefix + t.name, t.shape, want.data());
+          ++matrices;
+        }
+        CHECK(std::memcmp(back.data() + t.offset, want.data(), t.numel * sizeof(float)) == 0);
+      }
+    }
+    CHECK(matrices == 3 * c.num_experts * c.num_hidden_layers);
   }
   fs::remove_all(dir);
 }
 
 }  // namespace
 
-TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM; v5 fused experts load", "[moe][oracle]") {
+TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM, v5 fused experts load", "[moe][oracle]") {
   const ModelConfig c = mt::test::tiny_mixtral();
   // embedding; head norm, lm_head; a layer's 2 norms, q, k, v, o, router and 3 matrices an expert
   check_step_against(c, "hf_moe_oracle.py", 3 + 2 * (7 + 3 * static_cast<int>(c.num_experts)));
 }
 
-TEST_CASE("qwen3_moe: one step against the PyTorch oracle from modeling_qwen3_moe; v5 fused experts load",
+TEST_CASE("qwen3_moe: one step against the PyTorch oracle from modeling_qwen3_moe, v5 fused experts load",
           "[moe][oracle]") {
   // GQA, q/k norms, top-2 of 4 not renormalised; layers 1 and 5 route, 0 2 3 4 are dense (sparse step 2,
   // mlp_only_layers {3})
@@ -140,8 +171,40 @@ TEST_CASE("qwen3_moe: one step against the PyTorch oracle from modeling_qwen3_mo
   check_step_against(c, "qwen3_moe_oracle.py", 3 + 4 * dense_layer + 2 * moe_layer);
 }
 
-TEST_CASE("mixtral, qwen3_moe: an expert no token chose gets a zero gradient and the normal AdamW update", "[moe]") {
-  for (ModelConfig c : {mt::test::tiny_mixtral(), mt::test::tiny_qwen3_moe()}) {
+TEST_CASE("gpt_oss: one step against the PyTorch oracle from modeling_gpt_oss, MXFP4 experts load", "[moe][oracle]") {
+  // GQA, q/k/v/o biases, sinks, sliding (window 3 of 7 tokens) and full layers alternating, YaRN
+  // (truncate false), the router's bias and top-k-then-softmax, expert biases; the gate and up weights
+  // scaled up 8x (the down ones down 8x) so that the clamp at 7 (the only one transformers runs) bites,
+  // and every bias (zero at init, as transformers initialises them) set to values of its own.
+  ModelConfig c = mt::test::tiny_gpt_oss_alternating();
+  c.swiglu_limit = 7.0f;
+  c.hidden_size = 32;  // MXFP4 groups 32 values of a row
+  c.intermediate_size = c.moe_intermediate_size = 32;
+  REQUIRE(c.layers_differ());
+  auto scale_experts = [&](ReferenceTrainer& tr) {
+    for (std::int64_t s = 0; s < tr.num_stages(); ++s)
+      for (const auto& t : tr.layout(s).tensors)
+        if (t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0)
+          for (std::size_t i = 0; i < t.numel; ++i)
+            tr.params(s)[t.offset + i] = 0.3f * std::sin(0.7f * static_cast<float>(i + t.offset) + 0.1f);
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+      for (std::int64_t e = 0; e < c.num_experts; ++e)
+        for (ExpertMatrix m : {ExpertMatrix::gate, ExpertMatrix::up, ExpertMatrix::down}) {
+          const TensorSpec& t = tr.layout(l + 1).at(moe_expert_tensor(c, e, m));
+          const float k = m == ExpertMatrix::down ? 0.125f : 8.0f;
+          for (std::size_t i = 0; i < t.numel; ++i) tr.params(l + 1)[t.offset + i] *= k;
+        }
+  };
+  // embedding; head norm, lm_head; a layer's 2 norms, q k v o with biases, sinks, router and its bias,
+  // 3 matrices and 3 biases an expert
+  const int layer = 2 + 8 + 1 + 2 + 6 * static_cast<int>(c.num_experts);
+  check_step_against(c, "gpt_oss_oracle.py", 3 + static_cast<int>(c.num_hidden_layers) * layer, SecondForm::mxfp4,
+                     scale_experts);
+}
+
+TEST_CASE("mixtral, qwen3_moe, gpt_oss: an expert no token chose gets a zero gradient and the normal AdamW update",
+          "[moe]") {
+  for (ModelConfig c : {mt::test::tiny_mixtral(), mt::test::tiny_qwen3_moe(), mt::test::tiny_gpt_oss()}) {
     INFO(arch_name(c.arch));
     c.num_experts = 8;
     c.num_experts_per_tok = 1;
@@ -166,17 +229,23 @@ TEST_CASE("mixtral, qwen3_moe: an expert no token chose gets a zero gradient and
         }
         ++idle;
         INFO("layer " << s - 1 << " expert " << e);
+        vector<std::string> tensors;  // the expert's matrices and (gpt-oss) biases
         for (ExpertMatrix m : {ExpertMatrix::gate, ExpertMatrix::up, ExpertMatrix::down}) {
-          const TensorSpec& k = tr.layout(s).at(moe_expert_tensor(c, e, m));
+          tensors.push_back(moe_expert_tensor(c, e, m));
+          if (c.moe_biases()) tensors.push_back(moe_expert_bias_tensor(c, e, m));
+        }
+        for (const std::string& name : tensors) {
+          const TensorSpec& k = tr.layout(s).at(name);
+          const bool decays = k.weight_decay;
           for (std::size_t i = 0; i < k.numel; i += 7) {
             const std::size_t at = k.offset + i;
             REQUIRE(tr.grads(s)[at] == 0.0f);
             REQUIRE(tr.adam_m(s)[at] == 0.0f);
             REQUIRE(tr.adam_v(s)[at] == 0.0f);
-            // decoupled weight decay alone: p (1 - lr wd), the Adam term 0 / (0 + eps) = 0
-            const float want = before[s][at] * (1.0f - o.hyper.lr * o.hyper.weight_decay);
+            // decoupled weight decay alone: p (1 - lr wd), the Adam term 0 / (0 + eps) = 0 (biases: no decay)
+            const float want = before[s][at] * (decays ? 1.0f - o.hyper.lr * o.hyper.weight_decay : 1.0f);
             REQUIRE(std::abs(tr.params(s)[at] - want) <= 1e-7f * std::abs(want));
-            REQUIRE(tr.params(s)[at] != before[s][at]);
+            if (decays) REQUIRE(tr.params(s)[at] != before[s][at]);
           }
         }
       }
@@ -185,7 +254,7 @@ TEST_CASE("mixtral, qwen3_moe: an expert no token chose gets a zero gradient and
   }
 }
 
-TEST_CASE("qwen3_moe with dense layers: a layer computes with its own layer's config; sizes cover both kinds",
+TEST_CASE("qwen3_moe with dense layers: a layer computes with its own layer's config, sizes cover both kinds",
           "[moe]") {
   const ModelConfig c = mt::test::tiny_qwen3_moe_mixed();
   const std::int64_t B = 1, T = 4;

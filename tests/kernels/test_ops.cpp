@@ -235,7 +235,7 @@ TEST_CASE("fast norms match the reference and ignore the thread count", "[ops][f
   }
 }
 
-TEST_CASE("fast rope matches the reference; the inverse undoes it", "[ops][fast]") {
+TEST_CASE("fast rope matches the reference, the inverse undoes it", "[ops][fast]") {
   const std::int64_t B = 3, S = 11, H = 3, hd = 8, stride = 40;  // stride > H*hd: strided rows
   cpu::RopeParams p;
   p.theta = 500000.0f;

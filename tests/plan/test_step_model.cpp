@@ -47,7 +47,7 @@ double stage_floats(const ModelConfig& model, std::int64_t s) {
 
 }  // namespace
 
-TEST_CASE("step model: the tier's CPU work on shared cores adds its CPU seconds; none without the tier", "[plan]") {
+TEST_CASE("step model: the tier's CPU work on shared cores adds its CPU seconds, none without the tier", "[plan]") {
   TrainConfig cfg = small_config();
   const ModelConfig model = cfg.model_config_from_keys();
   const actors::EnginePlan ep = actors::plan_engine(cfg, model);

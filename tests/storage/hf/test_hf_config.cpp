@@ -333,7 +333,7 @@ json qwen3_moe_json() {
 
 }  // namespace
 
-TEST_CASE("qwen3_moe: the hub's config.json parses; the experts' fields round-trip; bad values are refused", "[moe]") {
+TEST_CASE("qwen3_moe: the hub's config.json parses, the experts' fields round-trip, bad values are refused", "[moe]") {
   const ModelConfig c = hf::parse_config(qwen3_moe_json());
   CHECK(c.arch == Arch::qwen3_moe);
   CHECK(c.qk_norm);

@@ -174,7 +174,7 @@ TEST_CASE("the destructor drains the queue too", "[copy_engine]") {
   CHECK(done == 20);
 }
 
-TEST_CASE("bad jobs and options are rejected; a throwing callback is counted, not fatal", "[copy_engine]") {
+TEST_CASE("bad jobs and options are rejected, a throwing callback is counted, not fatal", "[copy_engine]") {
   CHECK_THROWS_AS(CopyEngine(CopyEngineOptions{3, 0.0, 1 << 20}), std::invalid_argument);
   CHECK_THROWS_AS(CopyEngine(CopyEngineOptions{1, -1.0, 1 << 20}), std::invalid_argument);
   CHECK_THROWS_AS(CopyEngine(CopyEngineOptions{1, 0.0, 0}), std::invalid_argument);
