@@ -223,13 +223,11 @@ void moe_backward(Ops& ops, const ModelConfig& c, const void* params, float* gra
   std::int64_t* offsets = host_offsets(c);
   ops.moe_dispatch(s.expert, r, sc.order, sc.slot_pos, offsets);  // the forward's grouping, its offsets on the host
   ops.moe_combine_backward(dy, s.ye, s.slot_pos, s.weight, r, d, sc.dye, sc.dweight);
-  ops.grouped_linear_backward(sc.dye, s.h, w[w2], st.matrix, sc.dh, false, g[w2], g[b2], st.outer_b, offsets, E, ff,
-                              d);
+  ops.grouped_linear_backward(sc.dye, s.h, w[w2], st.matrix, sc.dh, false, g[w2], g[b2], st.outer_b, offsets, E, ff, d);
   expert_activation_backward(ops, c, s.gate, s.up, sc.dh, sc.dg, sc.du, static_cast<std::size_t>(r.choices() * ff));
   ops.grouped_linear_backward(sc.dg, s.xe, w[w1], st.matrix, sc.dxe, false, g[w1], g[b1], st.inner_b, offsets, E, d,
                               ff);
-  ops.grouped_linear_backward(sc.du, s.xe, w[w3], st.matrix, sc.dxe, true, g[w3], g[b3], st.inner_b, offsets, E, d,
-                              ff);
+  ops.grouped_linear_backward(sc.du, s.xe, w[w3], st.matrix, sc.dxe, true, g[w3], g[b3], st.inner_b, offsets, E, d, ff);
   ops.moe_gather_backward(sc.dxe, s.slot_pos, r, d, dxn, false);
   ops.moe_route_backward(s.logits, s.expert, s.weight, sc.dweight, sc.dlogits, r);
   ops.linear_backward(sc.dlogits, xn, w[router], dxn, true, g[router], g[router_b], n, d, E);

@@ -13,19 +13,11 @@ namespace mt::detail::llama {
 // The attention half and the two norms; the feed-forward block binds its own (ffn_block.hpp).
 // Absent tensors (biases, q/k norms, gpt-oss's o_proj bias and sinks) bind to null.
 enum Tensor { in_norm, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, bo, sinks, post_norm, kTensors };
-inline const char* const kNames[kTensors] = {"input_layernorm.weight",
-                                             "self_attn.q_proj.weight",
-                                             "self_attn.q_proj.bias",
-                                             "self_attn.k_proj.weight",
-                                             "self_attn.k_proj.bias",
-                                             "self_attn.v_proj.weight",
-                                             "self_attn.v_proj.bias",
-                                             "self_attn.q_norm.weight",
-                                             "self_attn.k_norm.weight",
-                                             "self_attn.o_proj.weight",
-                                             "self_attn.o_proj.bias",
-                                             "self_attn.sinks",
-                                             "post_attention_layernorm.weight"};
+inline const char* const kNames[kTensors] = {
+    "input_layernorm.weight",         "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",          "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",        "self_attn.o_proj.weight", "self_attn.o_proj.bias", "self_attn.sinks",
+    "post_attention_layernorm.weight"};
 
 template <class P>
 using Bound = BoundTensors<P, kTensors>;

@@ -96,8 +96,10 @@ struct ModelConfig {
   bool is_moe() const { return num_experts > 0; }
   bool is_gpt_oss() const { return arch == Arch::gpt_oss; }
   bool attention_sinks() const { return is_gpt_oss(); }
-  bool o_proj_bias() const { return is_gpt_oss() && attention_bias; }  // transformers biases o_proj with q/k/v only here
-  bool moe_biases() const { return is_gpt_oss(); }                     // the router's and the experts'
+  bool o_proj_bias() const {
+    return is_gpt_oss() && attention_bias;
+  }                                                 // transformers biases o_proj with q/k/v only here
+  bool moe_biases() const { return is_gpt_oss(); }  // the router's and the experts'
   // The attention window of the layers of a config whose layers are alike (layer_config's): 0 for none.
   std::int64_t attention_window() const { return sliding_layers.empty() ? 0 : sliding_window; }
   bool layer_slides(std::int64_t layer) const;

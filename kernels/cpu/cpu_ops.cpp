@@ -101,8 +101,8 @@ void CpuOps::attention_forward(const float* q, const float* k, const float* v, c
 }
 
 void CpuOps::attention_backward(const float* q, const float* k, const float* v, const void* sinks, const float* out,
-                                const float* lse, const float* dout, float* dq, float* dk, float* dv,
-                                float* dsinks_acc, const AttnShape& s) {
+                                const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dsinks_acc,
+                                const AttnShape& s) {
   cpu::attention_backward(q, k, v, sinks, bf16(), out, lse, dout, dq, dk, dv, dsinks_acc, s, threads_);
 }
 
@@ -112,8 +112,7 @@ void CpuOps::swiglu_forward(const float* g, const float* u, float* h, std::size_
 void CpuOps::swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n) {
   cpu::swiglu_backward(g, u, dh, dg, du, n, threads_);
 }
-void CpuOps::clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha,
-                                    float limit) {
+void CpuOps::clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha, float limit) {
   cpu::clamped_swiglu_forward(g, u, h, n, alpha, limit, threads_);
 }
 void CpuOps::clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du,

@@ -378,8 +378,8 @@ void forward_as(const float* q, const float* k, const float* v, const void* sink
   prepare(attn_fwd_kernel<DT, EPL>, smem);
   const dim3 grid(static_cast<unsigned>(attn_query_blocks(a)), static_cast<unsigned>(a.q_heads),
                   static_cast<unsigned>(a.batch));
-  attn_fwd_kernel<DT, EPL><<<grid, kThreads, smem, st>>>(q, k, v, sinks, sinks_bf16, out, lse, a, D,
-                                                         1.0f / sqrtf(static_cast<float>(D)));
+  attn_fwd_kernel<DT, EPL>
+      <<<grid, kThreads, smem, st>>>(q, k, v, sinks, sinks_bf16, out, lse, a, D, 1.0f / sqrtf(static_cast<float>(D)));
   MT_CUDA_LAUNCH_CHECK("attn_fwd_kernel");
 }
 
@@ -443,7 +443,7 @@ void CudaOps::attention_backward(const float* q, const float* k, const float* v,
   MT_CUDA_LAUNCH_CHECK("attn_rowdot_kernel");
   if (sinks && dsinks_acc) {
     attn_dsinks_kernel<<<static_cast<unsigned>(a.q_heads), kSinkSplits, 0, st_>>>(sinks, bf16(), lse, rowdot,
-                                                                                   dsinks_acc, a);
+                                                                                  dsinks_acc, a);
     MT_CUDA_LAUNCH_CHECK("attn_dsinks_kernel");
   }
   switch (attention_path(a.head_dim)) {

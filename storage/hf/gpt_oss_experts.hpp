@@ -35,9 +35,9 @@ bool is_expert_tensor(const ModelConfig& c, const std::string& tensor);
 // scales), its shape in the file, and which part of it is ours.
 struct ExpertSource {
   bool mxfp4 = false;
-  std::string name;                    // fused tensor, or the blocks
-  std::vector<std::int64_t> shape;     // its shape in the file
-  std::string scales;                  // MXFP4: the scales tensor
+  std::string name;                 // fused tensor, or the blocks
+  std::vector<std::int64_t> shape;  // its shape in the file
+  std::string scales;               // MXFP4: the scales tensor
   std::vector<std::int64_t> scales_shape;
   std::int64_t expert = 0;
   ExpertMatrix matrix = ExpertMatrix::gate;

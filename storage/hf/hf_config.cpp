@@ -314,8 +314,8 @@ void parse_gpt_oss(Fields& f, ModelConfig& c) {
     f.fail("layer_types has " + std::to_string(types.size()) + " entries for " + std::to_string(c.num_hidden_layers) +
            " layers");
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string t = types.empty() ? ((l + 1) % 2 ? "sliding_attention" : "full_attention")
-                                        : types[static_cast<std::size_t>(l)];
+    const std::string t =
+        types.empty() ? ((l + 1) % 2 ? "sliding_attention" : "full_attention") : types[static_cast<std::size_t>(l)];
     if (t == "sliding_attention")
       c.sliding_layers.push_back(l);
     else if (t != "full_attention")
@@ -355,10 +355,10 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
   } else {
     c.head_dim = f.integer("head_dim", arch == Arch::gpt_oss ? 64 : default_head_dim);
   }
-  const std::int64_t default_positions =
-      arch == Arch::llama                                                          ? 2048
-      : (arch == Arch::mistral || arch == Arch::mixtral || arch == Arch::gpt_oss) ? 131072
-                                                                                   : 32768;
+  const std::int64_t default_positions = arch == Arch::llama ? 2048
+                                         : (arch == Arch::mistral || arch == Arch::mixtral || arch == Arch::gpt_oss)
+                                             ? 131072
+                                             : 32768;
   c.max_position_embeddings = f.integer("max_position_embeddings", default_positions);
   c.rope_theta = static_cast<float>(f.number("rope_theta", arch == Arch::gpt_oss ? 150000.0 : 10000.0));
   c.norm_eps = static_cast<float>(f.number("rms_norm_eps", arch == Arch::gpt_oss ? 1e-5 : 1e-6));
@@ -447,10 +447,9 @@ void check_quantization(Fields& f, const json& config, Arch arch) {
   f.use("quantization_config");
   if (!config.contains("quantization_config") || config.at("quantization_config").is_null()) return;
   const json& q = config.at("quantization_config");
-  const std::string method =
-      q.is_object() && q.contains("quant_method") && q.at("quant_method").is_string()
-          ? q.at("quant_method").get<std::string>()
-          : std::string("(no quant_method)");
+  const std::string method = q.is_object() && q.contains("quant_method") && q.at("quant_method").is_string()
+                                 ? q.at("quant_method").get<std::string>()
+                                 : std::string("(no quant_method)");
   if (method != "mxfp4" || arch != Arch::gpt_oss)
     f.fail("unsupported quantization '" + method + "' (quantization_config) for " + arch_name(arch) +
            ": the only quantized weights read are gpt_oss's MXFP4 experts, dequantized on load");

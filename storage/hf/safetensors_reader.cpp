@@ -194,7 +194,8 @@ void SafetensorsReader::read_u8_range(const std::string& name, const std::vector
                                       std::size_t first, std::size_t count, std::uint8_t* dst) const {
   const auto* e = find(name);
   if (!e) throw HfError(path_.string() + ": no tensor '" + name + "'");
-  if (e->dtype != "U8") throw HfError(path_.string() + ": tensor '" + name + "' has dtype " + e->dtype + ", expected U8");
+  if (e->dtype != "U8")
+    throw HfError(path_.string() + ": tensor '" + name + "' has dtype " + e->dtype + ", expected U8");
   if (e->shape != expected_shape)
     throw HfError(path_.string() + ": tensor '" + name + "' has shape " + shape_string(e->shape) + ", expected " +
                   shape_string(expected_shape));

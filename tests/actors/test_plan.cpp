@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "node/training_run.hpp"
 #include "plan/hardware.hpp"
@@ -338,4 +341,86 @@ TEST_CASE("plan: on shared cores compute fills the time the optimizer waits for 
   const plan::StepPrediction coded = plan::predict_step(cfg, model, ep, hw, ops);
   INFO("int8 in RAM " << coded.step_s << " s, codec " << codec << " s");
   CHECK(coded.step_s == Approx(ram.step_s + codec).epsilon(0.01));
+}
+
+TEST_CASE("plan: gpt-oss-120b from its hub config.json fits the h200 profile at 12 bytes per parameter",
+          "[plan][moe]") {
+  // The hub's config.json of openai/gpt-oss-120b (MXFP4 experts: the planner sizes the bf16/fp32 training state).
+  nlohmann::json cfg = {
+      {"architectures", nlohmann::json::array({"GptOssForCausalLM"})},
+      {"model_type", "gpt_oss"},
+      {"attention_bias", true},
+      {"attention_dropout", 0.0},
+      {"eos_token_id", 200002},
+      {"pad_token_id", 199999},
+      {"experts_per_token", 4},
+      {"num_experts_per_tok", 4},
+      {"num_local_experts", 128},
+      {"head_dim", 64},
+      {"hidden_act", "silu"},
+      {"hidden_size", 2880},
+      {"intermediate_size", 2880},
+      {"initial_context_length", 4096},
+      {"initializer_range", 0.02},
+      {"max_position_embeddings", 131072},
+      {"num_attention_heads", 64},
+      {"num_key_value_heads", 8},
+      {"num_hidden_layers", 36},
+      {"output_router_logits", false},
+      {"rms_norm_eps", 1e-05},
+      {"rope_scaling",
+       {{"beta_fast", 32.0},
+        {"beta_slow", 1.0},
+        {"factor", 32.0},
+        {"original_max_position_embeddings", 4096},
+        {"rope_type", "yarn"},
+        {"truncate", false}}},
+      {"rope_theta", 150000},
+      {"router_aux_loss_coef", 0.9},
+      {"sliding_window", 128},
+      {"swiglu_limit", 7.0},
+      {"tie_word_embeddings", false},
+      {"transformers_version", "4.55.0.dev0"},
+      {"use_cache", true},
+      {"vocab_size", 201088},
+      {"quantization_config",
+       {{"quant_method", "mxfp4"},
+        {"modules_to_not_convert", nlohmann::json::array({"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                          "model.embed_tokens", "lm_head"})}}}};
+  nlohmann::json types = nlohmann::json::array();
+  for (int l = 0; l < 36; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  cfg["layer_types"] = types;
+  TempDir dir("plan_gpt_oss");
+  std::ofstream(dir.path / "config.json") << cfg.dump(2);
+  const fs::path log = fs::temp_directory_path() / ("mt_plan_gpt_oss_" + std::to_string(::getpid()) + ".log");
+  const std::string cmd = std::string(MEGATRAIN_BINARY) +
+                          " plan --model.config_file=" + (dir.path / "config.json").string() +
+                          " --plan.hardware=h200 --train.bf16=true > " + log.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string out = mt::test::slurp(log);
+  fs::remove(log);
+  INFO(out);
+  REQUIRE(WIFEXITED(rc));
+  CHECK(WEXITSTATUS(rc) == 0);
+  CHECK(out.find("gpt_oss, 36 layers, 116.829B parameters") != std::string::npos);
+  CHECK(out.find("fits: yes") != std::string::npos);
+  CHECK(out.find("predicted step") != std::string::npos);
+  // Only the exact 12-byte mode (split masters, stage gradients) and the lossy or NVMe ones fit.
+  auto mode_line = [&](const std::string& what) {
+    const std::size_t at = out.find(what);
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  CHECK(mode_line("fp32 masters, gradient accumulators").find("does not fit") != std::string::npos);
+  CHECK(mode_line("split masters, gradient accumulators").find("does not fit") != std::string::npos);
+  const std::string twelve = mode_line("split masters, stage gradients (2 passes)");
+  CHECK(twelve.find("12.0 B/param") != std::string::npos);
+  CHECK(twelve.find(" fits ") != std::string::npos);
+  CHECK(out.find("* split masters, stage gradients") != std::string::npos);  // the one auto picks
+  // The link cover: on the order of 10^5 tokens per micro-batch hide a layer's transfer on an H200.
+  const std::string cover = mode_line("link cover:");
+  const std::size_t so = cover.find(", so ");
+  REQUIRE(so != std::string::npos);
+  const double tokens = std::stod(cover.substr(so + 5));
+  CHECK(tokens > 1e5);
+  CHECK(tokens < 1e6);
 }

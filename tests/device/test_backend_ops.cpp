@@ -522,7 +522,8 @@ void attention_window_sink_cases(Ctx& c) {
   for (const i64 window : {5, 45, 130}) {
     const i64 B = 2, T = 150;
     const std::string tag = "B 2, T 150, window " + std::to_string(window) + ", sinks";
-    auto q = randn(B * T * qd, 81), kk = randn(B * T * kd, 82), vv = randn(B * T * kd, 83), dout = randn(B * T * qd, 84);
+    auto q = randn(B * T * qd, 81), kk = randn(B * T * kd, 82), vv = randn(B * T * kd, 83),
+         dout = randn(B * T * qd, 84);
     const Vec qs(q.begin(), q.end()), ks(kk.begin(), kk.end()), vs(vv.begin(), vv.end()), ds(dout.begin(), dout.end());
     AttnShape s;
     s.batch = B, s.seq = T, s.q_heads = Hq, s.kv_heads = Hkv, s.head_dim = hd;
@@ -534,7 +535,8 @@ void attention_window_sink_cases(Ctx& c) {
     c.v.op = "attention_forward";
     c.ops.attention_forward(qp, kp, vp, sp, out, lse, s);
     Vec outr(B * T * qd);
-    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), B, T, Hq, Hkv, hd, qd, kd, qd, 0, window, sinks.data());
+    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), B, T, Hq, Hkv, hd, qd, kd, qd, 0, window,
+                   sinks.data());
     c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
     float* dq = c.dev.alloc<float>(B * T * qd);
     float* dk = c.dev.alloc<float>(B * T * kd);
@@ -578,7 +580,8 @@ void attention_window_sink_cases(Ctx& c) {
                                dsink, s);
     }
     Vec outr(T * qd), dqr(T * qd, 0.0), dkr(T * kd, 0.0), dvr(T * kd, 0.0), dsr(Hq, 0.0);
-    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), 1, T, Hq, Hkv, hd, qd, kd, qd, 0, window, sinks.data());
+    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), 1, T, Hq, Hkv, hd, qd, kd, qd, 0, window,
+                   sinks.data());
     ref::attention_backward(qs.data(), ks.data(), vs.data(), ds.data(), dqr.data(), dkr.data(), dvr.data(), 1, T, Hq,
                             Hkv, hd, qd, kd, qd, 0, window, sinks.data(), dsr.data());
     c.v.op = "attention_forward";

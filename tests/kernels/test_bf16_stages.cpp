@@ -106,8 +106,11 @@ TEST_CASE("bf16 embedding: gathers the bf16 rows widened", "[bf16][stages]") {
 }
 
 TEST_CASE("bf16 layers against the fp32 path, both activation modes", "[bf16][stages]") {
-  for (const auto& [name, c] : all_configs()) {
+  for (auto [name, c] : all_configs()) {
     INFO(name);
+    // gpt-oss's clamp at the tiny config's 0.4 sits among these activations: bf16 rounding moves some
+    // across it and their gradient between 0 and not (a kink, not an error). The hub's 7 is clear of them.
+    if (c.is_gpt_oss()) c.swiglu_limit = 7.0f;
     const std::int64_t B = 2, T = 7, N = B * T, d = c.hidden_size;
     const ParamLayout l = layer_layout(c, 0);
     const auto p = random_params(l, 4);

@@ -8,7 +8,9 @@
 //      against the best GEMM rate on the active shapes (attention's at 512 rows, the experts' at their
 //      mean 128 rows), and the step against a dense model with the same active parameters (MLP 1024)
 //      measured in the same run (the router, dispatch and the smaller products' cost).
-//   A gpt-oss-shaped model needs the gpt_oss family (not built yet): the bench says so.
+//   3. A gpt-oss-shaped model's step the same way: the demo's attention with sinks, biases and a sliding
+//      window of 64 on the even layers, 16 experts as wide as the model (384), top-4, router and expert
+//      biases, the clamped activation; against a dense model with its active parameters (MLP 1536).
 // Each engine step runs in a child process of its own, the rounds interleaved; figures are medians.
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +31,7 @@ using namespace mt::bench;
 namespace {
 
 constexpr std::int64_t kExperts = 8, kTopK = 2, kExpertWidth = 512;
+constexpr std::int64_t kOssExperts = 16, kOssTopK = 4;  // gpt-oss-shaped: experts as wide as the model
 
 // Expert row offsets [E + 1] of `tokens` tokens each choosing k distinct experts uniformly.
 std::vector<std::int64_t> uniform_routing(std::int64_t tokens, std::int64_t experts, std::int64_t k) {
@@ -71,6 +74,25 @@ void mixtral_shape(TrainConfig& c) {
   c.model.intermediate_size = kExpertWidth;
   c.device.device_memory_mb = kDeviceMb;
 }
+
+// The gpt-oss-shaped demo: the demo's attention (with gpt-oss's sinks and biases, a window of 64 on the
+// even layers), 16 experts of the model's width, top-4.
+void gpt_oss_shape(TrainConfig& c) {
+  c.model.arch = "gpt_oss";
+  c.model.num_experts = kOssExperts;
+  c.model.num_experts_per_tok = kOssTopK;
+  c.model.intermediate_size = c.model.hidden_size;
+  c.model.sliding_window = 64;
+  c.device.device_memory_mb = kDeviceMb;
+}
+
+// One family's engine step against a dense model with the same active MLP width, `rounds` interleaved.
+struct ShapedStep {
+  const char* name;  // metric prefix
+  const char* what;  // printed
+  void (*shape)(TrainConfig&);
+  std::int64_t active_width;  // the dense comparator's MLP width
+};
 
 }  // namespace
 
@@ -126,39 +148,52 @@ int main(int argc, char** argv) {
     report.add({"grouped_gemm_vs_best_gemm", flops / tg, "FLOP/s", best.rate});
   }
 
-  // 2. The Mixtral-shaped engine step, and a dense model with the same active parameters beside it.
+  // 2., 3. The Mixtral- and gpt-oss-shaped engine steps, each beside a dense model with its active parameters.
+  const std::int64_t d_oss = d, oss_mean_rows = tokens * kOssTopK / kOssExperts;
   const Ceiling active_best = best_fp32_gemm({{tokens, 3 * d, d, false, true},
                                               {tokens, d, d, false, true},
                                               {mean_rows, kExpertWidth, d, false, true},
                                               {mean_rows, d, kExpertWidth, false, true}},
                                              threads);
-  std::printf("  best fp32 GEMM on the active shapes: %.1f GFLOP/s (%s, %s)\n", active_best.rate / 1e9,
-              lib_name(active_best.lib), active_best.shape.name().c_str());
-  for (Precision precision : {Precision::fp32, Precision::bf16}) {
-    const bool bf16 = precision == Precision::bf16;
-    std::vector<double> moe_s, dense_s;
-    EngineStep moe{}, dense{};
-    for (int r = 0; r < rounds; ++r) {
-      moe = measure_engine_step(precision, threads, steps, [](TrainConfig& c) { mixtral_shape(c); });
-      dense = measure_engine_step(precision, threads, steps, [](TrainConfig& c) {
-        c.model.intermediate_size = kTopK * kExpertWidth;
-        c.device.device_memory_mb = kDeviceMb;
-      });
-      moe_s.push_back(moe.step_s);
-      dense_s.push_back(dense.step_s);
+  const Ceiling oss_best = best_fp32_gemm({{tokens, 3 * d, d, false, true},
+                                           {tokens, d, d, false, true},
+                                           {oss_mean_rows, d_oss, d, false, true},
+                                           {oss_mean_rows, d, d_oss, false, true}},
+                                          threads);
+  const ShapedStep shapes[] = {
+      {"mixtral", "mixtral-shaped (8 experts x 512, top-2)", mixtral_shape, kTopK * kExpertWidth},
+      {"gpt_oss", "gpt-oss-shaped (16 experts x 384, top-4, sinks, window 64)", gpt_oss_shape, kOssTopK * d_oss}};
+  for (const ShapedStep& shape : shapes) {
+    const Ceiling& best = std::string(shape.name) == "mixtral" ? active_best : oss_best;
+    std::printf("  best fp32 GEMM on the %s active shapes: %.1f GFLOP/s (%s, %s)\n", shape.name, best.rate / 1e9,
+                lib_name(best.lib), best.shape.name().c_str());
+    for (Precision precision : {Precision::fp32, Precision::bf16}) {
+      const bool bf16 = precision == Precision::bf16;
+      std::vector<double> moe_s, dense_s;
+      EngineStep moe{}, dense{};
+      for (int r = 0; r < rounds; ++r) {
+        moe = measure_engine_step(precision, threads, steps, shape.shape);
+        const std::int64_t width = shape.active_width;
+        dense = measure_engine_step(precision, threads, steps, [width](TrainConfig& c) {
+          c.model.intermediate_size = width;
+          c.device.device_memory_mb = kDeviceMb;
+        });
+        moe_s.push_back(moe.step_s);
+        dense_s.push_back(dense.step_s);
+      }
+      const double ms = median(moe_s), ds = median(dense_s);
+      const double rate = moe.model_flops / ms;
+      std::printf(
+          "  %s, %s: step %.4f s, %.0f tokens/s, %.1f GFLOP/s model FLOPs (active) = %.2f of the best GEMM; "
+          "dense with the same active parameters %.4f s (%.2fx)\n",
+          shape.what, bf16 ? "bf16" : "fp32", ms, static_cast<double>(tokens) / ms, rate / 1e9, rate / best.rate, ds,
+          ms / ds);
+      const std::string p = std::string(shape.name) + (bf16 ? "_bf16" : "_fp32");
+      report.add({p + "_tokens_per_s", static_cast<double>(tokens) / ms, "tokens/s", 0.0});
+      report.add({p + "_model_flops_vs_gemm", rate, "FLOP/s", best.rate});
+      report.add({p + "_step_vs_dense_active", ms, "s", ds, 0.0, "lower"});
     }
-    const double ms = median(moe_s), ds = median(dense_s);
-    const double rate = moe.model_flops / ms;
-    std::printf(
-        "  mixtral-shaped (8 experts x 512, top-2), %s: step %.4f s, %.0f tokens/s, %.1f GFLOP/s model "
-        "FLOPs (active) = %.2f of the best GEMM; dense with the same active parameters %.4f s (%.2fx)\n",
-        bf16 ? "bf16" : "fp32", ms, static_cast<double>(tokens) / ms, rate / 1e9, rate / active_best.rate, ds, ms / ds);
-    const std::string p = bf16 ? "bf16" : "fp32";
-    report.add({"mixtral_" + p + "_tokens_per_s", static_cast<double>(tokens) / ms, "tokens/s", 0.0});
-    report.add({"mixtral_" + p + "_model_flops_vs_gemm", rate, "FLOP/s", active_best.rate});
-    report.add({"mixtral_" + p + "_step_vs_dense_active", ms, "s", ds, 0.0, "lower"});
   }
-  std::printf("  gpt-oss-shaped: not measured (the gpt_oss family is not built yet)\n");
   report.print();
   return 0;
 }
