@@ -193,6 +193,38 @@ TEST_CASE("checkpoint: 10 + resume + 10 steps equals 20 steps bit for bit", "[ac
   }
 }
 
+TEST_CASE("checkpoint: the MoE families resume bit for bit (mixtral, qwen3_moe with dense layers, gpt_oss)",
+          "[actors][checkpoint][moe]") {
+  for (const Arch arch : {Arch::mixtral, Arch::qwen3_moe, Arch::gpt_oss}) {
+    Tiny t;
+    t.arch = arch;
+    t.layers = 4;
+    t.steps = 6;
+    t.micro_batches = 2;
+    t.bf16 = arch == Arch::gpt_oss;
+    if (arch == Arch::qwen3_moe) t.decoder_sparse_step = 2;
+    if (arch == Arch::gpt_oss) t.sliding_window = 3;
+    const TrainConfig cfg = tiny_config(t);
+    const ModelConfig model = cfg.model_config_from_keys();
+    const auto batches = tiny_batches(t, 32);
+    TempDir full("moe_full"), part("moe_part");
+    INFO(arch_name(arch));
+    const Run a = train(cfg, model, batches, full.path.string(), 0);
+    REQUIRE(a.result.error.empty());
+    REQUIRE(a.result.steps_done == 6);
+    const Run b1 = train(cfg, model, batches, part.path.string(), 0, 3);
+    REQUIRE(b1.result.error.empty());
+    REQUIRE(b1.result.steps_done == 3);
+    const Run b2 = train(cfg, model, batches, part.path.string(), 0, -1, part.path);
+    REQUIRE(b2.result.error.empty());
+    REQUIRE(b2.result.steps_done == 6);
+    CHECK(tiles_equal(*a.host, *b2.host));
+    REQUIRE(b2.result.steps.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) CHECK(b2.result.steps[i].loss == a.result.steps[3 + i].loss);
+    CHECK(checkpoint_file_difference(full.path / "step-00000006", part.path / "step-00000006") == "");
+  }
+}
+
 TEST_CASE("checkpoint: split and fp32 masters write the same files and resume each other's checkpoints",
           "[actors][checkpoint][bf16][master_halves]") {
   // The format holds plain fp32 masters and v either way: a checkpoint does not say how RAM held them.

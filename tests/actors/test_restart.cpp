@@ -111,6 +111,19 @@ TEST_CASE("restart: bf16 runs continue bit-identically after a crash of any acto
   check_restart(g, Role::compute, 2, 1, g.layers + 1, Phase::head);
 }
 
+TEST_CASE("restart: the MoE families continue bit-identically after a crash of compute or the optimizer",
+          "[actors][restart][moe]") {
+  for (const Arch arch : {Arch::mixtral, Arch::gpt_oss}) {
+    Tiny t = base();
+    t.arch = arch;
+    t.sliding_window = arch == Arch::gpt_oss ? 3 : 0;
+    t.bf16 = arch == Arch::gpt_oss;
+    check_restart(t, Role::compute, 3, 1, 2, Phase::backward);
+    check_restart(t, Role::compute, 2, 0, 1, Phase::forward);
+    check_restart(t, Role::optimizer, 3, -1, 2, Phase::optimize);
+  }
+}
+
 TEST_CASE("restart: gradient collector crash mid-step", "[actors][restart]") {
   check_restart(base(), Role::collector, 3, 1, 2, Phase::collect);
   check_restart(base(), Role::collector, 3, 0, 4, Phase::collect);

@@ -239,6 +239,31 @@ TEST_CASE("model keys: qwen3_moe with dense layers, MoE keys refused elsewhere b
   CHECK_THROWS_WITH(c.model_config_from_keys(), Catch::Contains("model.norm_topk_prob"));
 }
 
+TEST_CASE("model keys: gpt_oss takes GptOssConfig's own parts, model.sliding_window is its alone", "[config][moe]") {
+  TrainConfig c;
+  c.model.arch = "gpt_oss";
+  c.model.num_experts = 8;
+  c.model.num_experts_per_tok = 2;
+  c.model.layers = 5;
+  ModelConfig m = c.model_config_from_keys();
+  CHECK(m.attention_bias);
+  CHECK(m.attention_sinks());
+  CHECK(m.moe_biases());
+  CHECK_FALSE(m.norm_topk_prob);  // the softmax runs over the k
+  CHECK(m.moe_intermediate_size == m.intermediate_size);
+  CHECK(m.sliding_window == 128);
+  CHECK(m.sliding_layers == std::vector<std::int64_t>{0, 2, 4});
+  c.model.sliding_window = 16;
+  CHECK(c.model_config_from_keys().sliding_window == 16);
+  c.model.arch = "llama";
+  c.model.num_experts = 0;
+  CHECK_THROWS_WITH(c.model_config_from_keys(), Catch::Contains("model.sliding_window") && Catch::Contains("gpt_oss"));
+  c.model.arch = "gpt_oss";
+  c.model.sliding_window = 0;
+  c.model.num_experts = 0;  // 0 = 8, as for the other families
+  CHECK(c.model_config_from_keys().num_experts == 8);
+}
+
 TEST_CASE("the vocabulary check names the key and both sizes", "[config]") {
   TrainConfig c;
   const ModelConfig m = c.model_config_from_keys();

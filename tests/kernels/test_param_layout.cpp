@@ -39,6 +39,28 @@ TEST_CASE("Mixtral-8x7B: 46.7B parameters, 12.9B active per token (top-2 of 8)",
   CHECK(mt::active_param_count(c) == mt::total_param_count(c));
 }
 
+TEST_CASE("gpt-oss-120b: 116.8B parameters, 5.7B active per token (top-4 of 128, embeddings counted)", "[layout]") {
+  mt::ModelConfig c;  // the hub's config.json of openai/gpt-oss-120b
+  c.arch = mt::Arch::gpt_oss;
+  c.vocab_size = 201088, c.hidden_size = 2880, c.num_hidden_layers = 36, c.num_attention_heads = 64;
+  c.num_key_value_heads = 8, c.head_dim = 64, c.intermediate_size = 2880, c.max_position_embeddings = 131072;
+  c.attention_bias = true, c.num_experts = 128, c.num_experts_per_tok = 4, c.moe_intermediate_size = 2880;
+  c.norm_topk_prob = false, c.sliding_window = 128;
+  for (std::int64_t l = 0; l < 36; l += 2) c.sliding_layers.push_back(l);
+  c.validate();
+  // By hand: q 4096 x 2880 + 4096, k and v 512 x 2880 + 512, o 2880 x 4096 + 2880, 64 sinks, two norms;
+  // router 128 x 2880 + 128; each expert gate and up 2880 x 2880 + 2880, down 2880 x 2880 + 2880.
+  const std::int64_t d = 2880, attention = 2 * (4096 * d) + 4096 + 2 * (512 * d + 512) + d + 64 + 2 * d;
+  const std::int64_t router = 128 * d + 128, expert = 3 * (d * d + d), outside = 2 * 201088 * d + d;
+  CHECK(mt::total_param_count(c) == outside + 36 * (attention + router + 128 * expert));
+  CHECK(mt::total_param_count(c) == 116829156672);  // "116.8B", as OpenAI's model card says
+  CHECK(mt::active_param_count(c) == outside + 36 * (attention + router + 4 * expert));
+  // Sliding and full layers have the same tensors.
+  CHECK(mt::layer_layout(c, 0).param_count() == mt::layer_layout(c, 1).param_count());
+  CHECK(mt::layer_layout(c, 0).find("self_attn.sinks") != nullptr);
+  CHECK(mt::layer_layout(c, 1).find("mlp.experts.127.down_proj.bias") != nullptr);
+}
+
 TEST_CASE("Qwen3-30B-A3B: 30.5B parameters, 3.3B active per token (top-8 of 128)", "[layout]") {
   mt::ModelConfig c;  // the hub's config.json of Qwen/Qwen3-30B-A3B
   c.arch = mt::Arch::qwen3_moe;

@@ -394,6 +394,122 @@ TEST_CASE("qwen3_moe: the hub's config.json parses, the experts' fields round-tr
   CHECK_THAT(parse_error(with("architectures", {"Qwen3ForCausalLM"})), Catch::Contains("Qwen3MoeForCausalLM"));
 }
 
+namespace {
+// openai/gpt-oss-120b's config.json as the hub has it (layer_types filled in below).
+json gpt_oss_json() {
+  json j = json::parse(R"({"architectures": ["GptOssForCausalLM"], "attention_bias": true,
+    "attention_dropout": 0.0, "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64,
+    "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+    "intermediate_size": 2880, "max_position_embeddings": 131072, "model_type": "gpt_oss",
+    "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "num_local_experts": 128, "output_router_logits": false, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+      "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+      "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0", "use_cache": true,
+    "vocab_size": 201088})");
+  json types = json::array();
+  for (int l = 0; l < 36; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
+  return j;
+}
+}  // namespace
+
+TEST_CASE("gpt_oss: the hub's config.json parses, its fields round-trip, what transformers would not run is refused",
+          "[moe]") {
+  const ModelConfig c = hf::parse_config(gpt_oss_json());
+  CHECK(c.arch == Arch::gpt_oss);
+  CHECK(c.attention_bias);
+  CHECK(c.o_proj_bias());
+  CHECK(c.attention_sinks());
+  CHECK(c.head_dim == 64);
+  CHECK(c.num_experts == 128);
+  CHECK(c.num_experts_per_tok == 4);
+  CHECK(c.moe_intermediate_size == 2880);
+  CHECK(c.sliding_window == 128);
+  CHECK(c.sliding_layers.size() == 18);
+  CHECK(c.layer_slides(0));
+  CHECK_FALSE(c.layer_slides(1));
+  CHECK(c.layers_differ());
+  CHECK(c.layer_config(0).attention_window() == 128);
+  CHECK(c.layer_config(1).attention_window() == 0);
+  CHECK(c.swiglu_limit == 7.0f);
+  CHECK(c.rope_scaling.type == RopeType::yarn);
+  CHECK_FALSE(c.rope_scaling.truncate);
+  CHECK(c.rope_scaling.original_max_position_embeddings == 4096);
+  CHECK(c.norm_eps == 1e-5f);
+  CHECK(c.rope_theta == 150000.0f);
+
+  // GptOssConfig's defaults: layer 0 sliding then alternating, window 128, YaRN factor 32 (truncate false)
+  json defaults = gpt_oss_json();
+  for (auto k : {"layer_types", "sliding_window", "rope_scaling", "swiglu_limit", "head_dim", "rope_theta",
+                 "rms_norm_eps", "max_position_embeddings"})
+    defaults.erase(k);
+  const ModelConfig d = hf::parse_config(defaults);
+  CHECK(d.sliding_layers == c.sliding_layers);
+  CHECK(d.sliding_window == 128);
+  CHECK(d.rope_scaling.type == RopeType::yarn);
+  CHECK(d.rope_scaling.factor == 32.0);
+  CHECK_FALSE(d.rope_scaling.truncate);
+  CHECK(d.head_dim == 64);
+  CHECK(d.rope_theta == 150000.0f);
+  CHECK(d.norm_eps == 1e-5f);
+  CHECK(d.max_position_embeddings == 131072);
+  json plain = gpt_oss_json();
+  plain["rope_scaling"] = nullptr;  // None: plain RoPE
+  CHECK(hf::parse_config(plain).rope_scaling.type == RopeType::none);
+
+  // Export: the engine's config back in transformers' spelling, quantization dropped (the weights are not).
+  json custom = gpt_oss_json();
+  custom["layer_types"] = json::array();
+  for (int l = 0; l < 36; ++l) custom["layer_types"].push_back(l < 3 ? "full_attention" : "sliding_attention");
+  custom["sliding_window"] = 64;
+  const ModelConfig m = hf::parse_config(custom);
+  const json out = hf::config_to_json(m, &custom);
+  CHECK(out["architectures"] == json::array({"GptOssForCausalLM"}));
+  CHECK_FALSE(out.contains("quantization_config"));
+  CHECK_FALSE(out.contains("experts_per_token"));
+  CHECK(out["layer_types"] == custom["layer_types"]);
+  CHECK(out["sliding_window"] == 64);
+  CHECK(out["num_local_experts"] == 128);
+  CHECK(out["swiglu_limit"] == 7.0);
+  const ModelConfig back = hf::parse_config(out);
+  CHECK(back.sliding_layers == m.sliding_layers);
+  CHECK(back.sliding_window == 64);
+  CHECK(back.rope_scaling == m.rope_scaling);
+  CHECK(back.num_experts_per_tok == 4);
+
+  auto with = [](const char* key, json value) {
+    json j = gpt_oss_json();
+    j[key] = std::move(value);
+    return j;
+  };
+  CHECK_THAT(parse_error(with("swiglu_limit", 5.0)), Catch::Contains("swiglu_limit") && Catch::Contains("7.0"));
+  CHECK_THAT(parse_error(with("attention_bias", false)), Catch::Contains("attention_bias=false"));
+  CHECK_THAT(parse_error(with("experts_per_token", 2)), Catch::Contains("experts_per_token"));
+  CHECK_THAT(parse_error(with("output_router_logits", true)), Catch::Contains("output_router_logits"));
+  CHECK_THAT(parse_error(with("layer_types", json::array({"full_attention"}))),
+             Catch::Contains("layer_types has 1 entries for 36 layers"));
+  json odd = gpt_oss_json();
+  odd["layer_types"][5] = "chunked_attention";
+  CHECK_THAT(parse_error(odd), Catch::Contains("layer_types[5] is 'chunked_attention'"));
+  CHECK_THAT(parse_error(with("sliding_window", 0)), Catch::Contains("sliding_window must be > 0"));
+  CHECK_THAT(parse_error(with("quantization_config", {{"quant_method", "gptq"}, {"bits", 4}})),
+             Catch::Contains("unsupported quantization 'gptq'"));
+  json extra = gpt_oss_json();
+  extra["quantization_config"]["group_size"] = 64;
+  CHECK_THAT(parse_error(extra), Catch::Contains("quantization_config field 'group_size'"));
+  json q = qwen3_moe_json();
+  q["quantization_config"] = {{"quant_method", "mxfp4"}};
+  CHECK_THAT(parse_error(q), Catch::Contains("unsupported quantization 'mxfp4'") && Catch::Contains("qwen3_moe"));
+  CHECK_THAT(parse_error(with("architectures", {"Qwen3ForCausalLM"})), Catch::Contains("GptOssForCausalLM"));
+  ModelConfig lim = c;
+  lim.swiglu_limit = 1.0f;
+  CHECK_THROWS_WITH(hf::config_to_json(lim, nullptr), Catch::Contains("swiglu_limit"));
+}
+
 TEST_CASE("attention_bias=true is refused where transformers would bias o_proj too (llama, qwen3)") {
   json l = llama_json();
   l["attention_bias"] = true;
