@@ -11,8 +11,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
 
 #include "storage/hf/hf_model.hpp"
+#include "storage/hf/safetensors_reader.hpp"
 #include "tests/storage/checkpoint/ckpt_test_util.hpp"
 
 using namespace mt;
@@ -87,6 +91,73 @@ TEST_CASE("transformers writes - megatrain imports and exports - transformers lo
     CHECK(r.status == 0);
     if (!compare_args.empty() && compare_args.rfind("--logits", 0) == 0)
       CHECK_THAT(r.output, Catch::Contains("megatrain logits vs transformers"));
+  }
+}
+
+// gpt-oss as the hub ships it: MXFP4 experts (written by tests/kernels/gpt_oss_oracle.py from a bf16-exact
+// export) -> import -> verify -> export in bf16. Dequantized MXFP4 values (e2m1 times a power of two) are
+// bf16 numbers, so the bf16 export holds the dequantization exactly, in transformers' fused layout, and
+// its config says bfloat16 and carries no quantization_config.
+TEST_CASE("gpt-oss: the hub's MXFP4 experts import, verify and export in bf16 exactly") {
+  if (!have_venv()) {
+    std::fprintf(stderr, "venv with transformers not found at %s (tools/install-deps --test): skipped\n",
+                 kVenv.c_str());
+    std::exit(77);
+  }
+  test::TempDir tmp;
+  ModelConfig c = test::tiny_config(Arch::gpt_oss);
+  c.attention_bias = true;
+  c.num_experts = 4, c.num_experts_per_tok = 2, c.moe_intermediate_size = c.intermediate_size = 32;
+  c.sliding_window = 4, c.sliding_layers = {0};
+  c.norm_topk_prob = false;
+  c.validate();
+  std::vector<std::vector<float>> stages(static_cast<std::size_t>(num_stages(c)));
+  for (std::int64_t s = 0; s < num_stages(c); ++s) {
+    stages[static_cast<std::size_t>(s)] = test::stage_values(c, s, 0);
+    for (float& v : stages[static_cast<std::size_t>(s)]) {  // bf16-exact, so the bf16 export may be compared bitwise
+      std::uint32_t b;
+      std::memcpy(&b, &v, 4);
+      b &= 0xffff0000u;
+      std::memcpy(&v, &b, 4);
+    }
+  }
+  hf::write_hf_model(tmp / "oracle" / "model", c,
+                     [&](std::int64_t s) { return stages[static_cast<std::size_t>(s)].data(); }, {});
+  std::ofstream(tmp / "oracle" / "shape.json") << R"({"batch": 1, "seq": 4})";
+  const std::vector<std::int32_t> tok = {1, 2, 3, 4}, tgt = {2, 3, 4, 5};
+  std::ofstream(tmp / "oracle" / "tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(tok.data()), 16);
+  std::ofstream(tmp / "oracle" / "targets.bin", std::ios::binary).write(reinterpret_cast<const char*>(tgt.data()), 16);
+  auto r = test::run_command(kVenv + " " + MEGATRAIN_SOURCE_DIR "/tests/kernels/gpt_oss_oracle.py " +
+                             test::quote(tmp / "oracle"));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const fs::path hub = tmp / "oracle" / "mxfp4", root = tmp / "ckpt", out = tmp / "out";
+  r = tool("import " + test::quote(hub) + " " + test::quote(root));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  r = tool("verify " + test::quote(root));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  r = tool("export " + test::quote(root) + " " + test::quote(out) + " --dtype bfloat16");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(out / "config.json"));
+  CHECK(cfg["torch_dtype"] == "bfloat16");
+  CHECK_FALSE(cfg.contains("quantization_config"));
+  const hf::SafetensorsReader st(out / "model.safetensors");
+  REQUIRE(st.find("model.layers.0.mlp.experts.gate_up_proj"));
+  CHECK(st.find("model.layers.0.mlp.experts.gate_up_proj")->dtype == "BF16");
+  CHECK(st.find("model.layers.0.mlp.experts.0.gate_proj.weight") == nullptr);  // fused, as transformers names it
+  // Every tensor as the hub's files say: the experts as dequantized, the rest as written.
+  const hf::HfModelReader quantized(hub), exported(out);
+  for (std::int64_t s = 0; s < num_stages(c); ++s) {
+    const std::size_t n = stage_layout(c, s).total_floats;
+    std::vector<float> a(n), b(n);
+    quantized.read_stage(s, a.data());
+    exported.read_stage(s, b.data());
+    INFO("stage " << s);
+    CHECK(std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0);
+    if (s == 1) CHECK(std::memcmp(a.data(), stages[1].data(), n * sizeof(float)) != 0);  // experts replaced
   }
 }
 
