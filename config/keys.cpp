@@ -112,7 +112,8 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(model, norm_topk_prob, "qwen3_moe: divide the top-k weights by their sum (mixtral always does)"),
       MT_KEY(model, decoder_sparse_step, "qwen3_moe: every N-th layer has experts, the others a dense MLP").at_least(1),
       MT_KEY(model, mlp_only_layers, "qwen3_moe: comma-separated layers (0-based) with a dense MLP; empty = none"),
-      MT_KEY(model, sliding_window, "gpt_oss: the attention window of the even layers (the odd ones see all); 0 = 128")
+      MT_KEY(model, sliding_window,
+             "attention window: gpt_oss's even layers (0 = 128); mistral, mixtral: every layer (0 = none)")
           .at_least(0),
       MT_KEY(model, vocab_size, "vocabulary size (must cover the data's tokens)").at_least(1),
       MT_KEY(model, max_position_embeddings, "longest sequence").at_least(1),

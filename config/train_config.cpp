@@ -251,9 +251,15 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   qwen_moe_only(model.norm_topk_prob, key_of(*this, model.norm_topk_prob));
   qwen_moe_only(model.decoder_sparse_step != 1, key_of(*this, model.decoder_sparse_step));
   qwen_moe_only(!model.mlp_only_layers.empty(), key_of(*this, model.mlp_only_layers));
-  if (model.sliding_window != 0 && m.arch != Arch::gpt_oss)
-    throw ConfigError(key_of(*this, model.sliding_window),
-                      "is gpt-oss's: it needs " + key_of(*this, model.arch) + "=gpt_oss (got " + model.arch + ")");
+  if (model.sliding_window != 0 && m.arch != Arch::gpt_oss) {
+    if (m.arch != Arch::mistral && m.arch != Arch::mixtral)
+      throw ConfigError(key_of(*this, model.sliding_window),
+                        "needs " + key_of(*this, model.arch) + "=gpt_oss, mistral or mixtral (got " + model.arch + ")");
+    if (model.sliding_window < model.max_position_embeddings) {  // Mistral and Mixtral: every layer
+      m.sliding_window = model.sliding_window;
+      for (std::int64_t l = 0; l < m.num_hidden_layers; ++l) m.sliding_layers.push_back(l);
+    }
+  }
   m.decoder_sparse_step = model.decoder_sparse_step;
   m.mlp_only_layers = parse_layer_list(model.mlp_only_layers, key_of(*this, model.mlp_only_layers));
   if (model.heads > 0 && model.head_dim == 0 && model.hidden_size % model.heads != 0)

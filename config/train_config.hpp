@@ -80,7 +80,7 @@ struct ModelSection {              // [model]
   bool norm_topk_prob = false;             // qwen3_moe: renormalise the top-k weights (mixtral always does)
   std::int64_t decoder_sparse_step = 1;    // qwen3_moe: every step-th layer has experts
   std::string mlp_only_layers;             // qwen3_moe: comma-separated layers with a dense MLP ("0,5")
-  std::int64_t sliding_window = 0;         // gpt_oss: the even layers' attention window; 0 = 128
+  std::int64_t sliding_window = 0;  // gpt_oss: the even layers' window (0 = 128); mistral, mixtral: every layer's
   std::int64_t vocab_size = 4096;
   std::int64_t max_position_embeddings = 1024;
   double rope_theta = 10000.0;

@@ -158,9 +158,13 @@ void ModelConfig::validate() const {
       fail("layer_types has sliding_attention layers but sliding_window is " + std::to_string(sliding_window));
     if (!(swiglu_limit > 0.0f) || !std::isfinite(swiglu_limit))
       fail("swiglu_limit must be > 0 and finite, got " + std::to_string(swiglu_limit));
+  } else if (arch == Arch::mistral || arch == Arch::mixtral) {
+    if (sliding_window < 0) fail("sliding_window must be >= 0, got " + std::to_string(sliding_window));
+    if ((sliding_window > 0) != !sliding_layers.empty() ||
+        (!sliding_layers.empty() && static_cast<std::int64_t>(sliding_layers.size()) != num_hidden_layers))
+      fail(std::string(arch_name(arch)) + "'s sliding window is every layer's or none's");
   } else if (sliding_window != 0 || !sliding_layers.empty()) {
-    fail(std::string("sliding_window and sliding layers (layer_types) are gpt-oss's here (this is ") + arch_name(arch) +
-         ")");
+    fail(std::string("a sliding window is gpt-oss's, Mistral's and Mixtral's here (this is ") + arch_name(arch) + ")");
   }
   for (std::size_t i = 0; i < sliding_layers.size(); ++i) {
     const std::int64_t l = sliding_layers[i];

@@ -87,8 +87,9 @@ struct ModelConfig {
   // top k of its logits and a softmax over those k; each expert has biases and the clamped activation
   // (ops.hpp: clamped_swiglu, alpha 1.702 as transformers fixes it, limit swiglu_limit) on its gate and up
   // projections (HF stores them interleaved in one gate_up_proj; the layout keeps them apart).
-  std::int64_t sliding_window = 0;           // gpt-oss: the window of its sliding layers
-  std::vector<std::int64_t> sliding_layers;  // gpt-oss: layers with sliding-window attention (sorted, no repeats)
+  // Mistral and Mixtral slide on every layer when their sliding_window is shorter than the context.
+  std::int64_t sliding_window = 0;           // the window of the sliding layers
+  std::vector<std::int64_t> sliding_layers;  // layers with sliding-window attention (sorted, no repeats)
   float swiglu_limit = 7.0f;                 // gpt-oss: the clamp of the expert activation
   static constexpr float kGptOssSwigluAlpha = 1.702f;
 

@@ -219,20 +219,26 @@ void parse_rope_scaling(Fields& f, Arch arch, ModelConfig& c) {
   }
 }
 
-void reject_sliding_window(Fields& f, const ModelConfig& c, Arch arch) {
+// Mistral and Mixtral (transformers 4.46 builds their causal mask with the window, every layer): a
+// window shorter than max_position_embeddings slides (key j visible from i iff i - window < j <= i);
+// null or a longer one never does. Qwen2/Qwen3 slide only with use_sliding_window, refused here
+// (4.46 applies their window with flash-attention alone, and only above max_window_layers).
+void parse_sliding_window(Fields& f, ModelConfig& c, Arch arch) {
   if (arch == Arch::mistral || arch == Arch::mixtral) {
     if (f.has("sliding_window")) {
       const auto w = f.integer("sliding_window");
-      if (w < c.max_position_embeddings)
-        f.fail("unsupported sliding_window=" + std::to_string(w) +
-               " (< max_position_embeddings=" + std::to_string(c.max_position_embeddings) +
-               "): sliding-window attention is not implemented; set it to null");
+      if (w <= 0) f.fail("sliding_window must be > 0 or null, got " + std::to_string(w));
+      if (w < c.max_position_embeddings) {
+        c.sliding_window = w;
+        for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) c.sliding_layers.push_back(l);
+      }
     }
     f.use("sliding_window");
     return;
   }
-  // Qwen2/Qwen3: the window only applies when use_sliding_window is true.
-  f.require_value("use_sliding_window", false, false, "sliding-window attention is not implemented");
+  f.require_value("use_sliding_window", false, false,
+                  "Qwen's sliding-window attention is not implemented (transformers 4.46 applies it with "
+                  "flash-attention only)");
   f.ignore({"sliding_window", "max_window_layers"});
 }
 
@@ -383,24 +389,24 @@ ModelConfig parse_llama_family(Fields& f, Arch arch) {
       break;
     case Arch::qwen2:
       c.attention_bias = true;  // Qwen2's q/k/v projections always carry biases
-      reject_sliding_window(f, c, arch);
+      parse_sliding_window(f, c, arch);
       break;
     case Arch::qwen3:
       c.attention_bias = attention_bias_without_o_proj(f, arch);
       c.qk_norm = true;
-      reject_sliding_window(f, c, arch);
+      parse_sliding_window(f, c, arch);
       break;
     case Arch::mistral:
-      reject_sliding_window(f, c, arch);
+      parse_sliding_window(f, c, arch);
       break;
     case Arch::mixtral:
-      reject_sliding_window(f, c, arch);
+      parse_sliding_window(f, c, arch);
       parse_mixtral_experts(f, c);
       break;
     case Arch::qwen3_moe:
       c.attention_bias = attention_bias_without_o_proj(f, arch);
       c.qk_norm = true;
-      reject_sliding_window(f, c, arch);
+      parse_sliding_window(f, c, arch);
       parse_qwen3_moe_experts(f, c);
       break;
     case Arch::gpt_oss:

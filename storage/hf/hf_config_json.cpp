@@ -144,14 +144,14 @@ json config_to_json(const ModelConfig& c, const json* base) {
       j["use_sliding_window"] = false;
       break;
     case Arch::mistral:
-      j["sliding_window"] = nullptr;
+      j["sliding_window"] = c.attention_window() > 0 ? json(c.sliding_window) : json(nullptr);
       break;
     case Arch::mixtral:
       if (c.attention_bias) throw HfError("mixtral export: Mixtral has no attention biases");
       if (!c.norm_topk_prob || c.moe_intermediate_size != c.intermediate_size)
         throw HfError(
             "mixtral export: Mixtral renormalises its top-k weights and its experts are intermediate_size wide");
-      j["sliding_window"] = nullptr;
+      j["sliding_window"] = c.attention_window() > 0 ? json(c.sliding_window) : json(nullptr);
       j["num_local_experts"] = c.num_experts;
       j["num_experts_per_tok"] = c.num_experts_per_tok;
       j["output_router_logits"] = false;

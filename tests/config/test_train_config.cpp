@@ -258,6 +258,11 @@ TEST_CASE("model keys: gpt_oss takes GptOssConfig's own parts, model.sliding_win
   c.model.arch = "llama";
   c.model.num_experts = 0;
   CHECK_THROWS_WITH(c.model_config_from_keys(), Catch::Contains("model.sliding_window") && Catch::Contains("gpt_oss"));
+  c.model.arch = "mistral";  // Mistral: every layer slides
+  m = c.model_config_from_keys();
+  CHECK(m.sliding_layers.size() == 5);
+  CHECK(m.attention_window() == 16);
+  CHECK_FALSE(m.layers_differ());
   c.model.arch = "gpt_oss";
   c.model.sliding_window = 0;
   c.model.num_experts = 0;  // 0 = 8, as for the other families

@@ -170,6 +170,15 @@ inline ModelConfig tiny_gpt_oss_alternating() {
   return c;
 }
 
+// Mistral's sliding window on every layer: 3 positions, shorter than the tests' sequences.
+inline ModelConfig tiny_mistral_sliding() {
+  ModelConfig c = tiny_llama();
+  c.arch = Arch::mistral;
+  c.sliding_window = 3;
+  c.sliding_layers = {0, 1};
+  return c;
+}
+
 inline ModelConfig tiny_gpt2() {
   ModelConfig c;
   c.arch = Arch::gpt2;
@@ -202,6 +211,7 @@ inline std::vector<Named> all_configs() {
           {"mixtral-moe", tiny_mixtral()},
           {"qwen3-moe", tiny_qwen3_moe()},
           {"gpt-oss", tiny_gpt_oss()},
+          {"mistral-sliding-window", tiny_mistral_sliding()},
           {"gpt2", tiny_gpt2()}};
 }
 

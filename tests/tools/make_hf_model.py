@@ -10,6 +10,7 @@ p.add_argument("arch")
 p.add_argument("out")
 p.add_argument("--dtype", default="float32")
 p.add_argument("--max-shard-size", default="5GB")
+p.add_argument("--sliding-window", type=int, default=None)  # mistral: every layer's window
 a = p.parse_args()
 torch.manual_seed(1234)
 dtype = getattr(torch, a.dtype)
@@ -48,7 +49,7 @@ else:
         cfg = T.Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1000000.0)
         model = T.Qwen2ForCausalLM(cfg)
     elif a.arch == "mistral":
-        cfg = T.MistralConfig(**common, sliding_window=None, head_dim=24)
+        cfg = T.MistralConfig(**common, sliding_window=a.sliding_window, head_dim=24)
         model = T.MistralForCausalLM(cfg)
     elif a.arch == "gpt2":
         cfg = T.GPT2Config(vocab_size=128, n_embd=64, n_layer=3, n_head=4, n_positions=128, bos_token_id=1, eos_token_id=2)

@@ -53,6 +53,7 @@ TEST_CASE("transformers writes - megatrain imports and exports - transformers lo
       {"qwen2", "--dtype bfloat16 --max-shard-size 50KB", "", ""},
       {"qwen3", "--dtype bfloat16", "", ""},
       {"mistral", "--dtype float16", "--max-shard-size 100KB", ""},
+      {"mistral", "--sliding-window 3", "", ""},  // every layer slides over the 8 tokens
       {"gpt2", "", "", ""},
   };
   for (const auto& c : cases) {

@@ -119,10 +119,19 @@ TEST_CASE("unsupported config fields and values are errors naming the field and 
   mistral["architectures"] = {"MistralForCausalLM"};
   mistral["model_type"] = "mistral";
   for (auto k : {"attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling"}) mistral.erase(k);
-  mistral["sliding_window"] = 64;
-  CHECK_THAT(parse_error(mistral), Catch::Contains("sliding_window=64"));
+  mistral["sliding_window"] = 64;  // every layer slides (transformers 4.46's Mistral mask)
+  const ModelConfig slides = hf::parse_config(mistral);
+  CHECK(slides.sliding_window == 64);
+  CHECK(slides.sliding_layers.size() == static_cast<std::size_t>(slides.num_hidden_layers));
+  CHECK_FALSE(slides.layers_differ());
+  CHECK(slides.attention_window() == 64);
+  CHECK(hf::config_to_json(slides, nullptr)["sliding_window"] == 64);
+  mistral["sliding_window"] = 0;
+  CHECK_THAT(parse_error(mistral), Catch::Contains("sliding_window must be > 0"));
   mistral["sliding_window"] = 4096;  // >= max_position_embeddings: never slides
   CHECK(parse_error(mistral).empty());
+  CHECK(hf::parse_config(mistral).attention_window() == 0);
+  CHECK(hf::config_to_json(hf::parse_config(mistral), nullptr)["sliding_window"].is_null());
 
   json qwen = llama_json();
   qwen["architectures"] = {"Qwen2ForCausalLM"};
