@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "actors/actors.hpp"
+#include "kernels/step_math.hpp"
 
 namespace mt::actors {
 namespace {
@@ -101,6 +102,11 @@ void check_pass_loss(const std::vector<MbLoss>& first, std::int64_t mb, const Mb
 
 bool tied(const ModelConfig& c) { return c.tie_word_embeddings || c.is_gpt2(); }
 
+// The load-balancing loss's ledger entry of the data micro-batch at p (a second pass shares its first's).
+MbBalance& balance_of(Context* ctx, const Pos& p) {
+  return ctx->ledger.balance[{p.step, ctx->data_local(p.micro_batch)}];
+}
+
 // Boundaries on the host: the boundary op `op` writes (into the forward ring), or -1. Boundary L (the
 // head's input) stays on the device; boundaries 0..L-1 are copied out for the backward.
 std::int64_t boundary_written(const Op& op) {
@@ -144,6 +150,7 @@ void try_advance(self_ptr self) {
   const std::int64_t B = ctx->plan.batch, T = ctx->plan.seq, L = c.num_hidden_layers, S = ctx->stages();
   const bool keep = ctx->plan.mode == ActivationMode::keep;
   const bool on_host = ctx->host_acts != nullptr;
+  const bool balanced = c.output_router_logits && !sched.is_forward_only();  // evaluation: the LM loss only
   while (st.running && st.pos.step < st.end_step) {
     const Pos p = st.pos;
     // Paused (a control request): hold before the step's first op until the node sends wake.
@@ -230,15 +237,40 @@ void try_advance(self_ptr self) {
       case OpKind::embed_forward:
         be.embedding_forward(c, weights(0), tokens, B, T, boundary(0));
         break;
-      case OpKind::layer_forward:
+      case OpKind::layer_forward: {
+        MoeBalance stats;  // the load-balancing loss's statistics of an expert layer, into the ledger
+        if (balanced && c.layer_is_moe(op.stage - 1)) {
+          MbBalance& mb = balance_of(ctx, p);
+          const auto E = static_cast<std::size_t>(c.num_experts), l = static_cast<std::size_t>(op.stage - 1);
+          mb.counts.resize(static_cast<std::size_t>(L));
+          mb.prob_sums.resize(static_cast<std::size_t>(L));
+          mb.counts[l].assign(E, 0);
+          mb.prob_sums[l].assign(E, 0.0f);
+          stats.counts = mb.counts[l].data();
+          stats.prob_sums = mb.prob_sums[l].data();
+        }
         be.layer_forward(c.layer_config(op.stage - 1), weights(0), boundary(op.stage - 1), boundary(op.stage), B, T,
-                         saved(op.stage), ws);
+                         saved(op.stage), ws, stats.counts ? &stats : nullptr);
         break;
+      }
       case OpKind::head: {
         float* gh = open_staging(ctx, k_main, p, S - 1);
         float* g0 = is_tied ? open_staging(ctx, k_embed, p, 0) : nullptr;
-        const LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L),
-                                                      targets, B, T, ctx->dx[dxc], gh, g0, ws);
+        LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L), targets,
+                                                B, T, ctx->dx[dxc], gh, g0, ws);
+        if (balanced) {  // the micro-batch's load-balancing term: its loss, and the layers' gradient
+          MbBalance& mb = balance_of(ctx, p);
+          std::vector<std::vector<std::int64_t>> counts;
+          std::vector<std::vector<float>> prob_sums;
+          for (std::size_t l = 0; l < mb.counts.size(); ++l)
+            if (!mb.counts[l].empty()) counts.push_back(mb.counts[l]), prob_sums.push_back(mb.prob_sums[l]);
+          const MoeBalanceTerm term = moe_balance(counts, prob_sums, B * T, c.router_aux_loss_coef, loss.counted);
+          loss.loss_sum += term.loss_add;
+          mb.grad = term.grad;
+          // Steps before the previous one are done: their statistics go.
+          while (!ctx->ledger.balance.empty() && ctx->ledger.balance.begin()->first.first < p.step - 1)
+            ctx->ledger.balance.erase(ctx->ledger.balance.begin());
+        }
         hand_over(self, k_main, p, S - 1, Phase::head);
         auto& v = ctx->ledger.losses[p.step];
         const MbLoss ml{loss.loss_sum, loss.counted};
@@ -267,8 +299,15 @@ void try_advance(self_ptr self) {
         // The layer's input: streamed back from the host into an activation slot, or kept on the device.
         const float* x_in = on_host ? ctx->act_slots[static_cast<std::size_t>(slot[1])] : boundary(op.stage - 1);
         float* g = open_staging(ctx, k_main, p, op.stage);
+        MoeBalance grad;  // the head's load-balancing gradient, where the backend computes
+        if (balanced && c.layer_is_moe(op.stage - 1)) {
+          const std::vector<float>& host = balance_of(ctx, p).grad;
+          if (host.size() != static_cast<std::size_t>(c.num_experts))
+            throw std::logic_error("compute: a layer backward before its micro-batch's head (load-balancing loss)");
+          grad.grad = be.upload_floats(host.data(), host.size(), token_slot);
+        }
         be.layer_backward(c.layer_config(op.stage - 1), weights(0), x_in, saved(op.stage), ctx->dx[dxc],
-                          ctx->dx[1 - dxc], g, B, T, ws);
+                          ctx->dx[1 - dxc], g, B, T, ws, grad.grad ? &grad : nullptr);
         hand_over(self, k_main, p, op.stage, Phase::backward);
         break;
       }

@@ -52,6 +52,15 @@ struct MbLoss {
   std::int64_t counted = 0;
 };
 
+// The load-balancing loss (ModelConfig::output_router_logits) of one micro-batch: each layer's statistics
+// from its forward (empty for a dense layer; a forward that runs again overwrites its own), and the
+// gradient the head made of them for the layers' backward.
+struct MbBalance {
+  std::vector<std::vector<std::int64_t>> counts;  // per layer
+  std::vector<std::vector<float>> prob_sums;      // per layer
+  std::vector<float> grad;
+};
+
 struct RunLedger {
   // --- written by compute -----------------------------------------------------------------------
   Pos compute_pos;                                     // the next op to run; advanced only after an op is done
@@ -59,6 +68,7 @@ struct RunLedger {
   std::vector<StagingEntry> staging;                   // per gradient staging slot
   std::vector<RingEntry> ring;                         // boundaries on the host: per forward ring entry
   std::map<std::int64_t, std::vector<MbLoss>> losses;  // step -> the micro-batches done, in order
+  std::map<std::pair<std::int64_t, std::int64_t>, MbBalance> balance;  // (step, data micro-batch)
   // --- written by the collector -------------------------------------------------------------------
   std::vector<std::int64_t> accum_step;   // per stage: the step its accumulator holds
   std::vector<std::int64_t> accum_count;  // per stage: micro-batches of accum_step accumulated

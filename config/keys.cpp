@@ -112,6 +112,8 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(model, norm_topk_prob, "qwen3_moe: divide the top-k weights by their sum (mixtral always does)"),
       MT_KEY(model, decoder_sparse_step, "qwen3_moe: every N-th layer has experts, the others a dense MLP").at_least(1),
       MT_KEY(model, mlp_only_layers, "qwen3_moe: comma-separated layers (0-based) with a dense MLP; empty = none"),
+      MT_KEY(model, output_router_logits, "mixtral, qwen3_moe, gpt_oss: add the load-balancing loss, as transformers"),
+      MT_KEY(model, router_aux_loss_coef, "its weight; 0 = the family's default (0.001; gpt_oss 0.9)").non_negative(),
       MT_KEY(model, sliding_window,
              "attention window: gpt_oss's even layers (0 = 128); mistral, mixtral: every layer (0 = none)")
           .at_least(0),

@@ -80,6 +80,9 @@ struct ModelSection {              // [model]
   bool norm_topk_prob = false;             // qwen3_moe: renormalise the top-k weights (mixtral always does)
   std::int64_t decoder_sparse_step = 1;    // qwen3_moe: every step-th layer has experts
   std::string mlp_only_layers;             // qwen3_moe: comma-separated layers with a dense MLP ("0,5")
+  bool output_router_logits = false;       // MoE: add the load-balancing loss (transformers' aux loss)
+  double router_aux_loss_coef = 0.0;       // its coefficient; 0 = the family's default (mixtral 0.001, qwen3_moe
+                                           // 0.001, gpt_oss 0.9)
   std::int64_t sliding_window = 0;  // gpt_oss: the even layers' window (0 = 128); mistral, mixtral: every layer's
   std::int64_t vocab_size = 4096;
   std::int64_t max_position_embeddings = 1024;

@@ -153,10 +153,12 @@ class Backend {
                          std::int64_t seq, float* x_out);
   void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
                           const float* dx, float* grads);
+  // balance: the load-balancing loss's statistics (host arrays) and gradient (upload_floats' pointer).
   void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
-                     std::int64_t seq, float* saved, float* workspace);
+                     std::int64_t seq, float* saved, float* workspace, const MoeBalance* balance = nullptr);
   void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
-                      float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace);
+                      float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
+                      const MoeBalance* balance = nullptr);
   // The fused head; returns the loss read back to the host (once per call).
   LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
                                 const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
@@ -171,6 +173,9 @@ class Backend {
   // backend copies them into a device buffer of its own and returns that pointer (valid until the
   // next call with the same `slot`, 0..3: inputs and targets of the two micro-batches in flight).
   virtual const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) = 0;
+  // A few floats the stage operations read (the load-balancing gradient): the host pointer on the CPU
+  // backend, a copy in a device buffer of slot 0..1 elsewhere (valid until the next call with that slot).
+  virtual const float* upload_floats(const float* host, std::size_t n, int slot) = 0;
 
   // --- several devices of one node (device.gpus = N) ----------------------------------------------
   // Sums one stage's gradients across the node's devices, on the devices, called on device 0's

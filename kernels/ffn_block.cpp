@@ -193,7 +193,7 @@ std::int64_t* host_offsets(const ModelConfig& c) {
 }
 
 void moe_forward(Ops& ops, const ModelConfig& c, const void* params, const float* xn, std::int64_t n, float* saved,
-                 float* y) {
+                 float* y, const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size, E = c.num_experts, ff = c.moe_intermediate_size;
   MoeStrides st;
   const auto w = bind_moe(c, params, ops.precision(), &st);
@@ -203,6 +203,14 @@ void moe_forward(Ops& ops, const ModelConfig& c, const void* params, const float
   ops.linear_forward(xn, w[router], w[router_b], s.logits, n, d, E);
   ops.moe_route(s.logits, r, s.expert, s.weight);
   ops.moe_dispatch(s.expert, r, s.order, s.slot_pos, offsets);
+  if (balance && balance->counts)  // the choices per expert, from the grouping's host offsets
+    for (std::int64_t e = 0; e < E; ++e) balance->counts[e] += offsets[e + 1] - offsets[e];
+  if (balance && balance->prob_sums) {
+    thread_local std::vector<float> sums;
+    sums.resize(static_cast<std::size_t>(E));
+    ops.moe_balance_stats(s.logits, s.expert, s.weight, r, sums.data());
+    for (std::int64_t e = 0; e < E; ++e) balance->prob_sums[e] += sums[static_cast<std::size_t>(e)];
+  }
   ops.moe_gather(xn, s.order, r, d, s.xe);
   ops.grouped_linear_forward(s.xe, w[w1], st.matrix, w[b1], st.inner_b, s.gate, offsets, E, d, ff);
   ops.grouped_linear_forward(s.xe, w[w3], st.matrix, w[b3], st.inner_b, s.up, offsets, E, d, ff);
@@ -212,7 +220,7 @@ void moe_forward(Ops& ops, const ModelConfig& c, const void* params, const float
 }
 
 void moe_backward(Ops& ops, const ModelConfig& c, const void* params, float* grads, const float* xn, std::int64_t n,
-                  const float* saved, const float* dy, float* dxn, float* scratch) {
+                  const float* saved, const float* dy, float* dxn, float* scratch, const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size, E = c.num_experts, ff = c.moe_intermediate_size;
   MoeStrides st;
   const auto w = bind_moe(c, params, ops.precision(), &st);
@@ -229,7 +237,14 @@ void moe_backward(Ops& ops, const ModelConfig& c, const void* params, float* gra
                               ff);
   ops.grouped_linear_backward(sc.du, s.xe, w[w3], st.matrix, sc.dxe, true, g[w3], g[b3], st.inner_b, offsets, E, d, ff);
   ops.moe_gather_backward(sc.dxe, s.slot_pos, r, d, dxn, false);
+  // The load-balancing loss reaches the router through the logits (softmax_topk) or, for gpt-oss, through
+  // its scores, i.e. the weights (topk_softmax); moe_route_backward overwrites dlogits, so after it.
+  const bool balanced = balance && balance->grad;
+  if (balanced && r.kind == RouterKind::topk_softmax)
+    ops.moe_balance_backward(s.logits, s.expert, s.weight, balance->grad, r, nullptr, sc.dweight);
   ops.moe_route_backward(s.logits, s.expert, s.weight, sc.dweight, sc.dlogits, r);
+  if (balanced && r.kind == RouterKind::softmax_topk)
+    ops.moe_balance_backward(s.logits, s.expert, s.weight, balance->grad, r, sc.dlogits, nullptr);
   ops.linear_backward(sc.dlogits, xn, w[router], dxn, true, g[router], g[router_b], n, d, E);
 }
 
@@ -261,17 +276,17 @@ std::int64_t ffn_operand_elements(const ModelConfig& c, std::int64_t n) {
 }
 
 void ffn_forward(Ops& ops, const ModelConfig& c, const void* params, const float* xn, std::int64_t n, float* saved,
-                 float* y) {
+                 float* y, const MoeBalance* balance) {
   if (c.is_moe())
-    moe_forward(ops, c, params, xn, n, saved, y);
+    moe_forward(ops, c, params, xn, n, saved, y, balance);
   else
     dense_forward(ops, c, params, xn, n, saved, y);
 }
 
 void ffn_backward(Ops& ops, const ModelConfig& c, const void* params, float* grads, const float* xn, std::int64_t n,
-                  const float* saved, const float* dy, float* dxn, float* scratch) {
+                  const float* saved, const float* dy, float* dxn, float* scratch, const MoeBalance* balance) {
   if (c.is_moe())
-    moe_backward(ops, c, params, grads, xn, n, saved, dy, dxn, scratch);
+    moe_backward(ops, c, params, grads, xn, n, saved, dy, dxn, scratch, balance);
   else
     dense_backward(ops, c, params, grads, xn, n, saved, dy, dxn, scratch);
 }

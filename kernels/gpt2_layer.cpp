@@ -119,14 +119,15 @@ void forward_into(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, c
 }
 
 void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-             std::int64_t T, float* saved, float* /*scratch*/) {
+             std::int64_t T, float* saved, float* /*scratch*/, const MoeBalance* /*balance: no experts*/) {
   const Saved s = carve_saved(c, B * T, saved);
   forward_into(ops, c, bind(c, params, ops.precision()), x_in, x_out, B, T, s);
   if (x_out) ops.copy(s.x, x_in, static_cast<std::size_t>(B * T * c.hidden_size));
 }
 
 void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-              const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch) {
+              const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+              const MoeBalance* /*balance: no experts*/) {
   const std::int64_t N = B * T, d = c.hidden_size, ff = c.intermediate_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);

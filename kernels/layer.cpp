@@ -106,27 +106,32 @@ std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std
 }
 
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile) {
+                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile,
+                   const MoeBalance* balance) {
   refuse_mixed_layers(c);
+  if (balance && !c.is_moe()) balance = nullptr;  // a dense layer has no router
+  if (balance && balance->counts) std::fill(balance->counts, balance->counts + c.num_experts, 0);
+  if (balance && balance->prob_sums) std::fill(balance->prob_sums, balance->prob_sums + c.num_experts, 0.0f);
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
   check_pointers(params && x_in && x_out && workspace, "params, x_in, x_out and workspace must be non-null");
   check_pointers(x_in != x_out, "x_out must not alias x_in");
   const detail::LayerFamily& f = detail::layer_family(c);
   if (!saved && layer_runs_tiled(c, seq, seq_tile)) {  // kept intermediates are whole-sequence
     give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace);
-    f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace);
+    f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace, balance);
     return;
   }
   float* keep = saved ? saved : workspace;
   float* scratch = saved ? workspace : workspace + saved_n;
   give_operand_room(ops, f, c, batch, seq, scratch);
-  f.forward(ops, c, params, x_in, x_out, batch, seq, keep, scratch);
+  f.forward(ops, c, params, x_in, x_out, batch, seq, keep, scratch, balance);
 }
 
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
                     const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    std::int64_t seq_tile) {
+                    std::int64_t seq_tile, const MoeBalance* balance) {
   refuse_mixed_layers(c);
+  if (balance && (!c.is_moe() || !balance->grad)) balance = nullptr;
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
   check_pointers(params && dy && dx && grads && workspace, "params, dy, dx, grads and workspace must be non-null");
   check_pointers(saved || x_in, "recompute mode (saved == nullptr) needs the layer input x_in");
@@ -135,26 +140,26 @@ void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
   const detail::LayerFamily& f = detail::layer_family(c);
   if (recompute && layer_runs_tiled(c, seq, seq_tile)) {
     give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace);
-    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace);
+    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace, balance);
     return;
   }
   float* keep = recompute ? workspace : const_cast<float*>(saved);  // read-only when not recomputing
   float* scratch = recompute ? workspace + saved_n : workspace;
   give_operand_room(ops, f, c, batch, seq, scratch);
-  f.backward(ops, c, params, x_in, keep, recompute, dy, dx, grads, batch, seq, scratch);
+  f.backward(ops, c, params, x_in, keep, recompute, dy, dx, grads, batch, seq, scratch, balance);
 }
 
 void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
-                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx) {
+                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx, const MoeBalance* balance) {
   cpu::CpuOps ops(ctx.precision, ctx.threads);
-  layer_forward(ops, c, params, x_in, x_out, batch, seq, saved, workspace, ctx.seq_tile);
+  layer_forward(ops, c, params, x_in, x_out, batch, seq, saved, workspace, ctx.seq_tile, balance);
 }
 
 void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
                     float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    const ComputeCtx& ctx) {
+                    const ComputeCtx& ctx, const MoeBalance* balance) {
   cpu::CpuOps ops(ctx.precision, ctx.threads);
-  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, batch, seq, workspace, ctx.seq_tile);
+  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, batch, seq, workspace, ctx.seq_tile, balance);
 }
 
 }  // namespace mt

@@ -20,20 +20,24 @@ struct LayerFamily {
   std::size_t (*scratch_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
   OperandRoom (*operand_room)(const ModelConfig& c, std::int64_t B, std::int64_t T);
   // x_out == nullptr stops after the last activation (what a recomputing backward needs).
+  // balance (MoE layers; may be null): the forward adds its statistics into the zeroed host arrays, the
+  // backward adds the load-balancing gradient.
   void (*forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                  std::int64_t T, float* saved, float* scratch);
+                  std::int64_t T, float* saved, float* scratch, const MoeBalance* balance);
   // recompute: run the forward into `saved` first (from x_in); otherwise `saved` holds it and x_in is unused.
   void (*backward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-                   const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch);
+                   const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+                   const MoeBalance* balance);
   // Sequence tiles (long context; null: the family runs whole sequences only): the same layer over
   // `tile` tokens of one sequence at a time, recomputing in its backward; only what attention needs
   // over the whole sequence (keys, values and their gradients) is sequence-sized. Scratch includes
   // everything (there is no Saved); the operand room is operand_room(c, 1, tile).
   std::size_t (*tiled_scratch_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile);
   void (*tiled_forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                        std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch);
+                        std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, const MoeBalance* balance);
   void (*tiled_backward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy,
-                         float* dx, float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch);
+                         float* dx, float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch,
+                         const MoeBalance* balance);
 };
 
 extern const LayerFamily kLlamaLayer;  // llama_layer.cpp: Llama, Mistral, Qwen2, Qwen3

@@ -95,7 +95,8 @@ std::size_t scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T)
 // Up to the MLP activation, plus the down projection and the residual when x_out is non-null. The
 // tables come back from the ops (computed into the scratch, or the backend's cached ones).
 RopeTables forward_into(Ops& ops, const ModelConfig& c, const void* params, const Bound<const void*>& w, const float* x,
-                        float* x_out, std::int64_t B, std::int64_t T, const Saved& s, const Scratch& sc) {
+                        float* x_out, std::int64_t B, std::int64_t T, const Saved& s, const Scratch& sc,
+                        const MoeBalance* balance) {
   const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   ops.rmsnorm_forward(x, w[in_norm], s.xn1, s.rstd1, N, d, c.norm_eps);
@@ -116,21 +117,22 @@ RopeTables forward_into(Ops& ops, const ModelConfig& c, const void* params, cons
   ops.linear_forward(s.att, w[wo], w[bo], s.x1, N, qd, d);
   ops.add_into(s.x1, x, static_cast<std::size_t>(N * d));
   ops.rmsnorm_forward(s.x1, w[post_norm], s.xn2, s.rstd2, N, d, c.norm_eps);
-  ffn_forward(ops, c, params, s.xn2, N, s.ffn, x_out);
+  ffn_forward(ops, c, params, s.xn2, N, s.ffn, x_out, balance);
   if (x_out) ops.add_into(x_out, s.x1, static_cast<std::size_t>(N * d));
   return rope;
 }
 
 void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-             std::int64_t T, float* saved, float* scratch) {
+             std::int64_t T, float* saved, float* scratch, const MoeBalance* balance) {
   const Saved s = carve_saved(c, B * T, saved);
   forward_into(ops, c, params, bind(c, params, ops.precision()), x_in, x_out, B, T, s,
-               carve_scratch(c, B * T, T, scratch));
+               carve_scratch(c, B * T, T, scratch), balance);
   if (x_out) ops.copy(s.x, x_in, static_cast<std::size_t>(B * T * c.hidden_size));
 }
 
 void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-              const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch) {
+              const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+              const MoeBalance* balance) {
   const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
@@ -139,11 +141,11 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
   const Scratch sc = carve_scratch(c, N, T, scratch);
   const float* x = recompute ? x_in : s.x;
   const RopeTables rope = recompute
-                              ? forward_into(ops, c, params, w, x_in, nullptr, B, T, s, sc)  // once, no last projection
+                              ? forward_into(ops, c, params, w, x_in, nullptr, B, T, s, sc, nullptr)  // no last product
                               : ops.rope_tables(rope_params_of(c), T, hd, sc.cos_t, sc.sin_t);
   // MLP: y = x1 + down(h)
   ops.copy(sc.dx1, dy, static_cast<std::size_t>(N * d));
-  ffn_backward(ops, c, params, grads, s.xn2, N, s.ffn, dy, sc.dxn2, sc.ffn);
+  ffn_backward(ops, c, params, grads, s.xn2, N, s.ffn, dy, sc.dxn2, sc.ffn, balance);
   ops.rmsnorm_backward(s.x1, w[post_norm], s.rstd2, sc.dxn2, sc.dx1, g[post_norm], N, d, true);
   // Attention: x1 = x + o_proj(att)
   ops.linear_backward(sc.dx1, s.att, w[wo], sc.datt, false, g[wo], g[bo], N, qd, d);

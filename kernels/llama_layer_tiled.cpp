@@ -127,7 +127,8 @@ AttnShape tile_attention(const ModelConfig& c, const Tile& t) {
 // From tb.xn1 (and K, V complete up to the tile's end): q, attention, x1, n2 and the feed-forward block,
 // its output into y when non-null.
 void attention_and_mlp(Ops& ops, const ModelConfig& c, const void* params, const Bound<const void*>& w, const Whole& wh,
-                       const RopeTables& rope, const float* x_in, const Tile& t, const TileBufs& tb, float* y) {
+                       const RopeTables& rope, const float* x_in, const Tile& t, const TileBufs& tb, float* y,
+                       const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads;
   float* q_lin = c.qk_norm ? tb.q_raw : tb.q;
@@ -139,7 +140,7 @@ void attention_and_mlp(Ops& ops, const ModelConfig& c, const void* params, const
   ops.linear_forward(tb.att, w[wo], w[bo], tb.x1, t.n, qd, d);
   ops.add_into(tb.x1, x_in + t.r0 * d, static_cast<std::size_t>(t.n * d));
   ops.rmsnorm_forward(tb.x1, w[post_norm], tb.xn2, tb.rstd2, t.n, d, c.norm_eps);
-  ffn_forward(ops, c, params, tb.xn2, t.n, tb.ffn, y);
+  ffn_forward(ops, c, params, tb.xn2, t.n, tb.ffn, y, balance);
 }
 
 template <class F>
@@ -159,7 +160,7 @@ std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int6
 }
 
 void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, std::int64_t tile, float* scratch) {
+                   std::int64_t T, std::int64_t tile, float* scratch, const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Carved cv = carve(c, B, T, std::min(tile, T), scratch);
@@ -169,13 +170,14 @@ void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
       input_norm(ops, c, w, x_in, t, cv.t);
       keys_values(ops, c, w, cv.w, rope, t, cv.t);
       float* y = x_out + t.r0 * d;
-      attention_and_mlp(ops, c, params, w, cv.w, rope, x_in, t, cv.t, y);
+      attention_and_mlp(ops, c, params, w, cv.w, rope, x_in, t, cv.t, y, balance);  // statistics add tile by tile
       ops.add_into(y, cv.t.x1, static_cast<std::size_t>(t.n * d));
     });
 }
 
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
-                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch) {
+                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch,
+                    const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
@@ -194,11 +196,11 @@ void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
       const std::size_t nd = static_cast<std::size_t>(t.n * d);
       const RopeTables rope_t = at_positions(rope, t.t0, hd);
       input_norm(ops, c, w, x_in, t, tb);
-      attention_and_mlp(ops, c, params, w, wh, rope, x_in, t, tb, nullptr);
+      attention_and_mlp(ops, c, params, w, wh, rope, x_in, t, tb, nullptr, nullptr);
       // MLP: y = x1 + ffn(n2)
       const float* dyt = dy + t.r0 * d;
       ops.copy(tb.dx1, dyt, nd);
-      ffn_backward(ops, c, params, grads, tb.xn2, t.n, tb.ffn, dyt, tb.dxn2, tb.dffn);
+      ffn_backward(ops, c, params, grads, tb.xn2, t.n, tb.ffn, dyt, tb.dxn2, tb.dffn, balance);
       ops.rmsnorm_backward(tb.x1, w[post_norm], tb.rstd2, tb.dxn2, tb.dx1, g[post_norm], t.n, d, true);
       // Attention: x1 = x + o_proj(att)
       ops.linear_backward(tb.dx1, tb.att, w[wo], tb.datt, false, g[wo], g[bo], t.n, qd, d);

@@ -45,8 +45,9 @@ inline OperandRoom operand_room(const ModelConfig& c, std::int64_t B, std::int64
 // The tiled form (llama_layer_tiled.cpp).
 std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile);
 void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, std::int64_t tile, float* scratch);
+                   std::int64_t T, std::int64_t tile, float* scratch, const MoeBalance* balance);
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
-                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch);
+                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch,
+                    const MoeBalance* balance);
 
 }  // namespace mt::detail::llama

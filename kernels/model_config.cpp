@@ -184,6 +184,9 @@ void ModelConfig::validate() const {
   } else if (num_experts < 0) {
     fail("num_experts must be >= 0, got " + std::to_string(num_experts));
   }
+  if (output_router_logits && !is_moe()) fail("output_router_logits (the load-balancing loss) needs experts");
+  if (!(router_aux_loss_coef >= 0.0) || !std::isfinite(router_aux_loss_coef))
+    fail("router_aux_loss_coef must be >= 0 and finite");
   if (!(norm_eps > 0.0f)) fail("norm eps must be > 0");
   if (!(initializer_range > 0.0f)) fail("initializer_range must be > 0");
 }
@@ -219,6 +222,7 @@ ModelConfig ModelConfig::layer_config(std::int64_t layer) const {
   if (is_moe() && !layer_is_moe(layer)) {
     c.arch = Arch::qwen3;  // validate() admits mlp_only_layers for qwen3_moe only, and a dense one is qwen3
     c.num_experts = 0, c.num_experts_per_tok = 0, c.moe_intermediate_size = 0;
+    c.output_router_logits = false, c.router_aux_loss_coef = 0.0;  // no router here
   }
   return c;
 }

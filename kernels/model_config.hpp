@@ -77,7 +77,11 @@ struct ModelConfig {
   std::int64_t num_experts_per_tok = 0;    // top-k
   std::int64_t moe_intermediate_size = 0;  // an expert's width (Mixtral: intermediate_size)
   bool norm_topk_prob = true;
-  double router_aux_loss_coef = 0.0;  // kept for export; the load-balancing loss is not applied (refused when on)
+  // The load-balancing loss (transformers' output_router_logits, off in every hub config): coef times
+  // load_balancing_loss_func over all MoE layers' router outputs joins each micro-batch's loss
+  // (kernels/step_math.hpp says how, with several micro-batches).
+  bool output_router_logits = false;
+  double router_aux_loss_coef = 0.0;
   std::vector<std::int64_t> mlp_only_layers;  // Qwen3-MoE: layers with a dense MLP (sorted, no repeats)
   std::int64_t decoder_sparse_step = 1;       // Qwen3-MoE: every step-th layer has experts
 

@@ -76,6 +76,8 @@ inline constexpr const char* kOpNames[] = {"linear_forward",
                                            "moe_gather_backward",
                                            "moe_combine",
                                            "moe_combine_backward",
+                                           "moe_balance_stats",
+                                           "moe_balance_backward",
                                            "grouped_linear_forward",
                                            "grouped_linear_backward"};
 
@@ -247,6 +249,21 @@ class Ops {
   virtual void moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
                                     const RouteShape& s, std::int64_t d, float* dye, float* dweight) {
     unsupported("moe_combine_backward");
+  }
+  // The load-balancing loss (transformers' load_balancing_loss_func, ModelConfig::output_router_logits):
+  // with z the router output it takes a softmax of (the logits; gpt-oss: its scores, the k weights
+  // scattered into zeros) and p = softmax(z) per token, prob_sums_host[e] = sum over tokens of p_e (tokens
+  // in order; on the host: waits for the work before it).
+  virtual void moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight,
+                                 const RouteShape& s, float* prob_sums_host) {
+    unsupported("moe_balance_stats");
+  }
+  // Given grad[e] = d(objective)/d(p_e) (the same for every token, where the backend computes):
+  // dz = p * (grad - p . grad) per token, added into dlogits[N, E] (softmax_topk) or, through the scores,
+  // into dweight[N, k] at the chosen experts (topk_softmax).
+  virtual void moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight,
+                                    const float* grad, const RouteShape& s, float* dlogits, float* dweight) {
+    unsupported("moe_balance_backward");
   }
   // Grouped products: rows offsets[e] .. offsets[e + 1] (host values) of x through expert e's matrix
   // W + e * w_stride elements ([out, in]) and bias b + e * b_stride (b may be null); an expert without

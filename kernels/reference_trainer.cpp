@@ -50,20 +50,39 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
   const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq, S = L + 2;
   const ComputeCtx ctx = this->ctx();
   const bool keep = opt_.mode == ActivationMode::keep;
+  // The load-balancing loss: each MoE layer's statistics from its forward (step_math.hpp).
+  const bool balanced = c.output_router_logits;
+  std::vector<std::vector<std::int64_t>> counts;
+  std::vector<std::vector<float>> prob_sums;
   // Forward: stage 0, layers, and the head (which also runs its backward, fused).
   embedding_forward(c, weights(0), tokens, B, T, acts_[0].get(), ctx);
-  for (std::int64_t l = 0; l < L; ++l)
+  for (std::int64_t l = 0; l < L; ++l) {
+    MoeBalance stats;
+    if (balanced && c.layer_is_moe(l)) {
+      counts.emplace_back(static_cast<std::size_t>(c.num_experts));
+      prob_sums.emplace_back(static_cast<std::size_t>(c.num_experts));
+      stats.counts = counts.back().data();
+      stats.prob_sums = prob_sums.back().data();
+    }
     layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T,
-                  keep ? saved_[l].get() : nullptr, workspace_.get(), ctx);
+                  keep ? saved_[l].get() : nullptr, workspace_.get(), ctx, stats.counts ? &stats : nullptr);
+  }
   for (std::int64_t s = 0; s < S; ++s) cpu::zero(staging_[s].get(), layouts_[s].total_floats, opt_.threads);
   float* dx = grad_a_.get();
   float* dy = grad_b_.get();
-  const LossSum loss = head_forward_backward(c, weights(S - 1), weights(0), acts_[L].get(), targets, B, T, dy,
-                                             staging_[S - 1].get(), staging_[0].get(), workspace_.get(), ctx);
+  LossSum loss = head_forward_backward(c, weights(S - 1), weights(0), acts_[L].get(), targets, B, T, dy,
+                                       staging_[S - 1].get(), staging_[0].get(), workspace_.get(), ctx);
+  MoeBalanceTerm term;
+  if (balanced) {
+    term = moe_balance(counts, prob_sums, B * T, c.router_aux_loss_coef, loss.counted);
+    loss.loss_sum += term.loss_add;
+  }
   cpu::accumulate(grads(S - 1), staging_[S - 1].get(), layouts_[S - 1].total_floats, opt_.threads);
   for (std::int64_t l = L - 1; l >= 0; --l) {
+    MoeBalance grad;
+    if (balanced && c.layer_is_moe(l)) grad.grad = term.grad.data();
     layer_backward(c.layer_config(l), weights(l + 1), acts_[l].get(), keep ? saved_[l].get() : nullptr, dy, dx,
-                   staging_[l + 1].get(), B, T, workspace_.get(), ctx);
+                   staging_[l + 1].get(), B, T, workspace_.get(), ctx, grad.grad ? &grad : nullptr);
     cpu::accumulate(grads(l + 1), staging_[l + 1].get(), layouts_[l + 1].total_floats, opt_.threads);
     std::swap(dx, dy);
   }

@@ -44,6 +44,16 @@ namespace mt {
 using token_t = std::int32_t;
 inline constexpr token_t kIgnoreIndex = -100;  // targets equal to this are not counted
 
+// The load-balancing loss (ModelConfig::output_router_logits) exchanged with one MoE layer for one
+// micro-batch: the forward writes the layer's statistics into host arrays of num_experts (overwritten),
+// the backward reads the per-expert gradient the step computed from every layer's statistics
+// (step_math.hpp: moe_balance), where the backend computes. Null members: not wanted.
+struct MoeBalance {
+  std::int64_t* counts = nullptr;  // forward: the layer's choices per expert
+  float* prob_sums = nullptr;      // forward: sum over tokens of softmax(z)_e (ops.hpp: moe_balance_stats)
+  const float* grad = nullptr;     // backward: d(objective)/d(p_e), the same for every token and layer
+};
+
 struct ComputeCtx {
   int threads = 1;                        // OpenMP threads for every kernel, sgemm included (split on OpenMP's pool)
   std::int64_t head_chunk = 0;            // tokens per LM-head chunk; 0 = head_chunk_tokens(). Changes the bits of
@@ -110,7 +120,8 @@ bool layer_has_seq_tiles(const ModelConfig& c);
 // are written there for layer_backward; with saved == nullptr they live only in the workspace, which
 // must then be sized for ActivationMode::recompute.
 void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
-                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx);
+                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx,
+                   const MoeBalance* balance = nullptr);
 
 // dx = d(loss)/d(x_in) from dy = d(loss)/d(x_out); grads += d(loss)/d(params).
 // saved == nullptr: recompute the forward once from x_in (recompute mode, workspace sized for it);
@@ -118,7 +129,7 @@ void layer_forward(const ModelConfig& c, const void* params, const float* x_in, 
 // and may be nullptr).
 void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
                     float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    const ComputeCtx& ctx);
+                    const ComputeCtx& ctx, const MoeBalance* balance = nullptr);
 
 // ---- Stage L+1: head = final norm, LM head, softmax cross-entropy, fused and chunked over tokens ----
 // B x T x V logits are never materialised: head_chunk_tokens(c, batch, seq) rows at a time (a pure

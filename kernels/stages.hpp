@@ -16,11 +16,13 @@ void embedding_backward(Ops& ops, const ModelConfig& c, const token_t* tokens, s
                         const float* dx, float* grads);
 
 // seq_tile as ComputeCtx::seq_tile (0: whole sequences).
+// balance: the load-balancing loss's statistics out of the forward and gradient into the backward.
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile = 0);
+                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile = 0,
+                   const MoeBalance* balance = nullptr);
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
                     const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    std::int64_t seq_tile = 0);
+                    std::int64_t seq_tile = 0, const MoeBalance* balance = nullptr);
 
 // head_chunk as ComputeCtx::head_chunk (0: head_chunk_tokens()), seq_tile as ComputeCtx::seq_tile.
 LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,

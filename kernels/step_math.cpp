@@ -80,4 +80,29 @@ void adamw_stage_split_master(const ParamLayout& layout, bf16_t* high, std::uint
   }
 }
 
+MoeBalanceTerm moe_balance(const std::vector<std::vector<std::int64_t>>& counts,
+                           const std::vector<std::vector<float>>& prob_sums, std::int64_t tokens, double coef,
+                           std::int64_t counted) {
+  MoeBalanceTerm t;
+  if (counts.empty() || counts.size() != prob_sums.size() || tokens <= 0) return t;
+  const std::size_t E = counts[0].size();
+  const double R = static_cast<double>(counts.size()) * static_cast<double>(tokens);
+  std::vector<std::int64_t> C(E, 0);
+  std::vector<double> P(E, 0.0);
+  for (std::size_t l = 0; l < counts.size(); ++l)
+    for (std::size_t e = 0; e < E; ++e) {
+      C[e] += counts[l][e];
+      P[e] += static_cast<double>(prob_sums[l][e]);
+    }
+  double sum = 0.0;
+  for (std::size_t e = 0; e < E; ++e) sum += static_cast<double>(C[e]) / R * (P[e] / R);
+  t.aux = static_cast<double>(E) * sum;
+  t.loss_add = coef * static_cast<double>(counted) * t.aux;
+  t.grad.resize(E);
+  for (std::size_t e = 0; e < E; ++e)
+    t.grad[e] = static_cast<float>(coef * static_cast<double>(counted) * static_cast<double>(E) *
+                                   (static_cast<double>(C[e]) / R) / R);
+  return t;
+}
+
 }  // namespace mt

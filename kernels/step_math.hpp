@@ -25,6 +25,11 @@
 //   TensorSpec::weight_decay is true, the others get wd = 0; padding between tensors is not touched.
 //   counted == 0: norm = 0, clip = 1, grad_scale = 0 (moments decay, no gradient enters).
 // None of the `threads` arguments changes any bit.
+//
+// The load-balancing loss (ModelConfig::output_router_logits, MoE models): per micro-batch m, its MoE
+// layers' statistics give transformers' aux_m (moe_balance below); the micro-batch's loss becomes
+//   loss_sum_m + coef count_m aux_m     (so with one micro-batch: mean loss + coef aux, as transformers)
+// and each of its MoE layers' backward adds coef count_m d(aux_m)/d(router output) (MoeBalance::grad).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -60,6 +65,20 @@ struct StepScale {
 // stage_sumsq in stage order 0..L+1; combined left to right in double.
 StepScale compute_step_scale(const std::vector<double>& stage_sumsq, std::int64_t counted, float max_grad_norm,
                              double loss_sum = 0.0);
+
+// One micro-batch's load-balancing term from its MoE layers' statistics (MoeBalance, in layer order):
+// R = layers x tokens rows, f_e = (sum of counts_e) / R, P_e = (sum of prob_sums_e, in layer order, in
+// double) / R, aux = E sum_e f_e P_e; loss_add = coef counted aux (to add to the micro-batch's loss
+// sum); grad[e] = float(coef counted E f_e / R) (d(loss_add)/d(p_e) of every row; the choices are
+// constants, as transformers' one-hot).
+struct MoeBalanceTerm {
+  double aux = 0.0;
+  double loss_add = 0.0;
+  std::vector<float> grad;
+};
+MoeBalanceTerm moe_balance(const std::vector<std::vector<std::int64_t>>& counts,
+                           const std::vector<std::vector<float>>& prob_sums, std::int64_t tokens, double coef,
+                           std::int64_t counted);
 
 // AdamW over every tensor of one stage (each tensor's own make_adamw_step: wd from hyper when
 // TensorSpec::weight_decay, else 0). `step` is 1-based.

@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   const token_t* upload_tokens(const token_t* host_tokens, std::size_t, int) override { return host_tokens; }
+  const float* upload_floats(const float* host, std::size_t, int) override { return host; }
   Ops& ops() override { return ops_; }
   // Every CPU "device" is host memory: a plain host reduction, grads[0] += grads[d] for d = 1, 2, ...
   void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,

@@ -85,6 +85,7 @@ CudaBackend::~CudaBackend() {
   cudaDeviceSynchronize();
   pinned_.release_all();
   for (auto& s : slots_) cudaFree(s.device), cudaFree(s.unique), cudaFree(s.offsets), cudaFree(s.rows);
+  for (auto& s : float_slots_) cudaFree(s.device);
   ops_.reset();
   for (void* p : allocations_) cudaFree(p);
   for (void* p : mapped_) cudaFreeHost(p);
@@ -254,6 +255,22 @@ void CudaBackend::reduce_gradients(const std::vector<Backend*>& devices, const s
 }
 
 // ---------------- tokens ----------------
+const float* CudaBackend::upload_floats(const float* host, std::size_t n, int slot) {
+  if (slot < 0 || slot > 1) throw std::invalid_argument("CUDA upload_floats: slot must be 0..1");
+  select_device();
+  std::lock_guard<std::mutex> lock(token_mu_);
+  FloatSlot& s = float_slots_[slot];
+  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));  // queued work may still read the previous contents
+  if (n > s.capacity) {
+    MT_CUDA_CHECK(cudaFree(s.device));
+    s.device = nullptr;
+    MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.device), std::max<std::size_t>(n, 1) * sizeof(float)));
+    s.capacity = n;
+  }
+  if (n) MT_CUDA_CHECK(cudaMemcpy(s.device, host, n * sizeof(float), cudaMemcpyHostToDevice));
+  return s.device;
+}
+
 const token_t* CudaBackend::upload_tokens(const token_t* host_tokens, std::size_t n, int slot) {
   if (slot < 0 || slot > 3) throw std::invalid_argument("CUDA upload_tokens: slot must be 0..3");
   select_device();

@@ -72,6 +72,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
 
   const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) override;
+  const float* upload_floats(const float* host, std::size_t n, int slot) override;
   void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
                         std::size_t floats) override;
 
@@ -125,6 +126,11 @@ class CudaBackend final : public Backend {
   PinnedRanges pinned_;        // cudaHostRegister'ed host ranges
   std::mutex token_mu_;
   TokenSlot slots_[4];
+  struct FloatSlot {
+    float* device = nullptr;
+    std::size_t capacity = 0;
+  };
+  FloatSlot float_slots_[2];  // upload_floats' (the load-balancing gradient of the micro-batches in flight)
 #if MEGATRAIN_HAVE_NCCL                   // nccl_reduce.cu is built only with NCCL
   std::mutex reduce_mu_;                  // one reduction at a time (NCCL: one call order on every rank)
   std::unique_ptr<NcclReducer> reducer_;  // device 0's: made on its first reduce_gradients

@@ -185,4 +185,13 @@ void CpuOps::moe_combine_backward(const float* dy, const float* ye, const std::i
   cpu::moe_combine_backward(dy, ye, slot_pos, weight, s, d, dye, dweight, threads_);
 }
 
+void CpuOps::moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight,
+                               const RouteShape& s, float* prob_sums_host) {
+  cpu::moe_balance_stats(logits, expert, weight, s, prob_sums_host, threads_);
+}
+void CpuOps::moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight,
+                                  const float* grad, const RouteShape& s, float* dlogits, float* dweight) {
+  cpu::moe_balance_backward(logits, expert, weight, grad, s, dlogits, dweight, threads_);
+}
+
 }  // namespace mt::cpu

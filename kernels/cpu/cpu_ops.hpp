@@ -62,6 +62,10 @@ class CpuOps final : public Ops {
   void moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order, std::int32_t* slot_pos,
                     std::int64_t* offsets_host) override;
   void moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe) override;
+  void moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
+                         float* prob_sums_host) override;
+  void moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight, const float* grad,
+                            const RouteShape& s, float* dlogits, float* dweight) override;
   void moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
                            float* dx, bool add) override;
   void moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,

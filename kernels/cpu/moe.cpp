@@ -44,7 +44,58 @@ std::vector<float>& probabilities(std::int64_t E) {
   return p;
 }
 
+// The router output the load-balancing loss takes a softmax of (transformers' "router_logits"): the logits
+// themselves, or gpt-oss's router scores (the k weights scattered into zeros).
+const float* balance_input(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
+                           std::int64_t n, float* row) {
+  const std::int64_t E = s.experts, k = s.top_k;
+  if (s.kind == RouterKind::softmax_topk) return logits + n * E;
+  std::fill(row, row + E, 0.0f);
+  for (std::int64_t j = 0; j < k; ++j) row[expert[n * k + j]] = weight[n * k + j];
+  return row;
+}
+
 }  // namespace
+
+void moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
+                       float* prob_sums, int threads) {
+  const std::int64_t E = s.experts;
+  // Per expert, tokens in order: the sum's bits do not depend on the thread count.
+  std::vector<float> probs(static_cast<std::size_t>(s.tokens * E));
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> row(static_cast<std::size_t>(E));
+#pragma omp for schedule(static)
+    for (std::int64_t n = 0; n < s.tokens; ++n)
+      softmax_row(balance_input(logits, expert, weight, s, n, row.data()), E, probs.data() + n * E);
+  }
+  for (std::int64_t e = 0; e < E; ++e) prob_sums[e] = 0.0f;
+  for (std::int64_t n = 0; n < s.tokens; ++n)
+    for (std::int64_t e = 0; e < E; ++e) prob_sums[e] += probs[static_cast<std::size_t>(n * E + e)];
+}
+
+void moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight, const float* grad,
+                          const RouteShape& s, float* dlogits, float* dweight, int threads) {
+  const std::int64_t E = s.experts, k = s.top_k;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> row(static_cast<std::size_t>(E)), p(static_cast<std::size_t>(E));
+#pragma omp for schedule(static)
+    for (std::int64_t n = 0; n < s.tokens; ++n) {
+      softmax_row(balance_input(logits, expert, weight, s, n, row.data()), E, p.data());
+      float t = 0.0f;  // p . g, in expert order
+      for (std::int64_t e = 0; e < E; ++e) t += p[static_cast<std::size_t>(e)] * grad[e];
+      if (s.kind == RouterKind::softmax_topk) {
+        for (std::int64_t e = 0; e < E; ++e) dlogits[n * E + e] += p[static_cast<std::size_t>(e)] * (grad[e] - t);
+      } else {  // through the scores: only the chosen entries are the weights
+        for (std::int64_t j = 0; j < k; ++j) {
+          const std::int32_t e = expert[n * k + j];
+          dweight[n * k + j] += p[static_cast<std::size_t>(e)] * (grad[e] - t);
+        }
+      }
+    }
+  }
+}
 
 void moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight, int threads) {
   const std::int64_t E = s.experts, k = s.top_k;

@@ -132,5 +132,9 @@ void moe_combine(const float* ye, const std::int32_t* slot_pos, const float* wei
                  std::int64_t d, float* y, int threads);
 void moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
                           const RouteShape& s, std::int64_t d, float* dye, float* dweight, int threads);
+void moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
+                       float* prob_sums, int threads);
+void moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight, const float* grad,
+                          const RouteShape& s, float* dlogits, float* dweight, int threads);
 
 }  // namespace mt::cpu

@@ -348,6 +348,41 @@ void moe_route(const T* logits, const RouteShape& s, std::int32_t* expert, T* we
   }
 }
 
+// The load-balancing loss (transformers' load_balancing_loss_func without an attention mask) over the
+// router outputs z of `layers` MoE layers of N tokens each (z_l [N, E], the input its softmax takes:
+// the logits, or gpt-oss's scores): R = layers N rows, p = softmax(z), f_e = (rows choosing e among
+// their top k of p) / R, P_e = sum of p_e / R; loss = E sum_e f_e P_e. The choices count as constants
+// (a one-hot), so the gradient is d loss / d z_r = (E / R) p_r (f - p_r . f) with f as given; returned
+// via dz (added into, [layers N, E]) when non-null.
+template <class T>
+T load_balancing_loss(const std::vector<const T*>& z, i64 N, i64 E, i64 k, T* dz = nullptr) {
+  const i64 R = static_cast<i64>(z.size()) * N;
+  std::vector<T> p(static_cast<std::size_t>(R * E)), f(static_cast<std::size_t>(E), T(0)), P(f);
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(E));
+  for (std::size_t l = 0; l < z.size(); ++l)
+    for (i64 n = 0; n < N; ++n) {
+      const T* row = z[l] + n * E;
+      T* pr = p.data() + (static_cast<i64>(l) * N + n) * E;
+      T mx = row[0], sum = 0;
+      for (i64 e = 1; e < E; ++e) mx = std::max(mx, row[e]);
+      for (i64 e = 0; e < E; ++e) sum += (pr[e] = std::exp(row[e] - mx));
+      for (i64 e = 0; e < E; ++e) pr[e] /= sum, P[e] += pr[e] / T(R);
+      for (i64 e = 0; e < E; ++e) idx[e] = static_cast<std::int32_t>(e);
+      std::stable_sort(idx.begin(), idx.end(), [&](std::int32_t a, std::int32_t b) { return pr[a] > pr[b]; });
+      for (i64 j = 0; j < k; ++j) f[idx[j]] += T(1) / T(R);
+    }
+  T loss = 0;
+  for (i64 e = 0; e < E; ++e) loss += f[e] * P[e];
+  if (dz)
+    for (i64 r = 0; r < R; ++r) {
+      const T* pr = p.data() + r * E;
+      T t = 0;
+      for (i64 e = 0; e < E; ++e) t += pr[e] * f[e];
+      for (i64 e = 0; e < E; ++e) dz[r * E + e] += T(E) / T(R) * pr[e] * (f[e] - t);
+    }
+  return T(E) * loss;
+}
+
 // dlogits[N, E] (overwritten) from dweight, the choices held fixed: the chain rule through the full
 // softmax Jacobian, dp_a / dl_m = p_a (delta_am - p_m), and the renormalisation's quotient rule (the
 // fast kernels use the closed forms these reduce to).

@@ -81,6 +81,10 @@ class CudaOps final : public Ops {
   void moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order, std::int32_t* slot_pos,
                     std::int64_t* offsets_host) override;  // waits: the offsets come back to the host
   void moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe) override;
+  void moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
+                         float* prob_sums_host) override;  // waits: the sums come back to the host
+  void moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight, const float* grad,
+                            const RouteShape& s, float* dlogits, float* dweight) override;
   void moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
                            float* dx, bool add) override;
   void moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,
@@ -89,7 +93,7 @@ class CudaOps final : public Ops {
                             const RouteShape& s, std::int64_t d, float* dye, float* dweight) override;
 
  private:
-  enum Slot { bf16_operand, bf16_gradient, colsum_partial, attention_rowdot, moe_offsets, kSlots };
+  enum Slot { bf16_operand, bf16_gradient, colsum_partial, attention_rowdot, moe_offsets, moe_balance, kSlots };
   void* room(Slot s, std::size_t bytes);                        // at least `bytes` of slot s
   const void* rounded(Slot s, const float* x, std::int64_t n);  // RNE bf16 of x[0..n) in slot s
   bool bf16() const { return precision_ == Precision::bf16; }

@@ -189,6 +189,60 @@ void check_top_k(const RouteShape& s) {
     throw std::invalid_argument("cuda ops: moe_route supports top_k in [1, 32], got " + std::to_string(s.top_k));
 }
 
+// The load-balancing loss (ops.hpp): z per token is the logits or gpt-oss's scattered weights; one thread
+// a token writes softmax(z) (expert order, as the CPU), then one thread an expert sums its column over
+// tokens in order; the backward is one thread a token.
+__device__ float balance_z(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
+                           std::int64_t n, std::int64_t e) {
+  if (s.kind == RouterKind::softmax_topk) return logits[n * s.experts + e];
+  for (std::int64_t j = 0; j < s.top_k; ++j)
+    if (expert[n * s.top_k + j] == e) return weight[n * s.top_k + j];
+  return 0.0f;
+}
+
+__global__ void balance_probs_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ expert,
+                                     const float* __restrict__ weight, RouteShape s, float* __restrict__ probs) {
+  const std::int64_t n = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (n >= s.tokens) return;
+  const std::int64_t E = s.experts;
+  float m = balance_z(logits, expert, weight, s, n, 0), z = 0.0f;
+  for (std::int64_t e = 1; e < E; ++e) m = fmaxf(m, balance_z(logits, expert, weight, s, n, e));
+  float* p = probs + n * E;
+  for (std::int64_t e = 0; e < E; ++e) z += (p[e] = expf(balance_z(logits, expert, weight, s, n, e) - m));
+  for (std::int64_t e = 0; e < E; ++e) p[e] /= z;
+}
+
+__global__ void balance_colsum_kernel(const float* __restrict__ probs, std::int64_t tokens, std::int64_t E,
+                                      float* __restrict__ sums) {
+  const std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (e >= E) return;
+  float acc = 0.0f;
+  for (std::int64_t n = 0; n < tokens; ++n) acc += probs[n * E + e];
+  sums[e] = acc;
+}
+
+__global__ void balance_bwd_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ expert,
+                                   const float* __restrict__ weight, const float* __restrict__ grad, RouteShape s,
+                                   float* __restrict__ dlogits, float* __restrict__ dweight) {
+  const std::int64_t n = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (n >= s.tokens) return;
+  const std::int64_t E = s.experts, k = s.top_k;
+  float m = balance_z(logits, expert, weight, s, n, 0), z = 0.0f;
+  for (std::int64_t e = 1; e < E; ++e) m = fmaxf(m, balance_z(logits, expert, weight, s, n, e));
+  for (std::int64_t e = 0; e < E; ++e) z += expf(balance_z(logits, expert, weight, s, n, e) - m);
+  auto p = [&](std::int64_t e) { return expf(balance_z(logits, expert, weight, s, n, e) - m) / z; };
+  float t = 0.0f;
+  for (std::int64_t e = 0; e < E; ++e) t += p(e) * grad[e];
+  if (s.kind == RouterKind::softmax_topk) {
+    for (std::int64_t e = 0; e < E; ++e) dlogits[n * E + e] += p(e) * (grad[e] - t);
+  } else {
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int32_t e = expert[n * k + j];
+      dweight[n * k + j] += p(e) * (grad[e] - t);
+    }
+  }
+}
+
 }  // namespace
 
 void CudaOps::moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight) {
@@ -251,6 +305,32 @@ void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::
   const unsigned blocks = static_cast<unsigned>((P * 32 + kBlock - 1) / kBlock);
   combine_dweight_kernel<<<blocks, kBlock, 0, st_>>>(dy, ye, slot_pos, P, s.top_k, d, dweight);
   MT_CUDA_LAUNCH_CHECK("combine_dweight_kernel");
+}
+
+void CudaOps::moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight,
+                                const RouteShape& s, float* prob_sums_host) {
+  const std::int64_t E = s.experts;
+  const std::size_t probs_bytes = static_cast<std::size_t>(s.tokens * E) * sizeof(float);
+  auto* probs = static_cast<float*>(room(moe_balance, probs_bytes + static_cast<std::size_t>(E) * sizeof(float)));
+  float* sums = probs + s.tokens * E;
+  if (s.tokens > 0) {
+    balance_probs_kernel<<<grid_for(static_cast<std::size_t>(s.tokens), kBlock), kBlock, 0, st_>>>(logits, expert,
+                                                                                                    weight, s, probs);
+    MT_CUDA_LAUNCH_CHECK("balance_probs_kernel");
+  }
+  balance_colsum_kernel<<<grid_for(static_cast<std::size_t>(E), kBlock), kBlock, 0, st_>>>(probs, s.tokens, E, sums);
+  MT_CUDA_LAUNCH_CHECK("balance_colsum_kernel");
+  MT_CUDA_CHECK(cudaMemcpyAsync(prob_sums_host, sums, static_cast<std::size_t>(E) * sizeof(float),
+                                cudaMemcpyDeviceToHost, st_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the host sums the layers' statistics
+}
+
+void CudaOps::moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight,
+                                   const float* grad, const RouteShape& s, float* dlogits, float* dweight) {
+  if (s.tokens == 0) return;
+  balance_bwd_kernel<<<grid_for(static_cast<std::size_t>(s.tokens), kBlock), kBlock, 0, st_>>>(
+      logits, expert, weight, grad, s, dlogits, dweight);
+  MT_CUDA_LAUNCH_CHECK("balance_bwd_kernel");
 }
 
 }  // namespace mt::cuda

@@ -253,8 +253,7 @@ void parse_mixtral_experts(Fields& f, ModelConfig& c) {
   c.moe_intermediate_size = c.intermediate_size;
   c.norm_topk_prob = true;
   c.router_aux_loss_coef = f.number("router_aux_loss_coef", 0.001);
-  f.require_value("output_router_logits", false, false,
-                  "the load-balancing loss (router_aux_loss_coef) is not implemented yet; set it to false");
+  c.output_router_logits = f.boolean("output_router_logits", false);  // the load-balancing loss
   const double jitter = f.number("router_jitter_noise", 0.0);
   if (jitter != 0.0)
     f.fail("unsupported router_jitter_noise=" + std::to_string(jitter) +
@@ -282,8 +281,7 @@ void parse_qwen3_moe_experts(Fields& f, ModelConfig& c) {
   dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
   c.mlp_only_layers = dense;
   c.router_aux_loss_coef = f.number("router_aux_loss_coef", 0.001);
-  f.require_value("output_router_logits", false, false,
-                  "the load-balancing loss (router_aux_loss_coef) is not implemented yet; set it to false");
+  c.output_router_logits = f.boolean("output_router_logits", false);  // the load-balancing loss
 }
 
 // gpt-oss (transformers 4.55+ GptOssConfig's defaults): every layer a mixture of experts of width
@@ -328,8 +326,7 @@ void parse_gpt_oss(Fields& f, ModelConfig& c) {
       f.fail("layer_types[" + std::to_string(l) + "] is '" + t + "' (supported: sliding_attention, full_attention)");
   }
   c.router_aux_loss_coef = f.number("router_aux_loss_coef", 0.9);
-  f.require_value("output_router_logits", false, false,
-                  "the load-balancing loss (router_aux_loss_coef) is not implemented yet; set it to false");
+  c.output_router_logits = f.boolean("output_router_logits", false);  // the load-balancing loss
   f.ignore({"initial_context_length"});  // the openai reference code's; transformers does not read it
 }
 

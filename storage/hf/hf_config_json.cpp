@@ -154,7 +154,7 @@ json config_to_json(const ModelConfig& c, const json* base) {
       j["sliding_window"] = c.attention_window() > 0 ? json(c.sliding_window) : json(nullptr);
       j["num_local_experts"] = c.num_experts;
       j["num_experts_per_tok"] = c.num_experts_per_tok;
-      j["output_router_logits"] = false;
+      j["output_router_logits"] = c.output_router_logits;
       j["router_aux_loss_coef"] = c.router_aux_loss_coef;
       j["router_jitter_noise"] = 0.0;
       break;
@@ -169,7 +169,7 @@ json config_to_json(const ModelConfig& c, const json* base) {
       j["norm_topk_prob"] = c.norm_topk_prob;
       j["decoder_sparse_step"] = c.decoder_sparse_step;
       j["mlp_only_layers"] = c.mlp_only_layers;
-      j["output_router_logits"] = false;
+      j["output_router_logits"] = c.output_router_logits;
       j["router_aux_loss_coef"] = c.router_aux_loss_coef;
       break;
     case Arch::gpt_oss: {
@@ -189,7 +189,7 @@ json config_to_json(const ModelConfig& c, const json* base) {
         types.push_back(c.layer_slides(l) ? "sliding_attention" : "full_attention");
       j["layer_types"] = types;
       j["swiglu_limit"] = short_decimal(c.swiglu_limit);
-      j["output_router_logits"] = false;
+      j["output_router_logits"] = c.output_router_logits;
       j["router_aux_loss_coef"] = c.router_aux_loss_coef;
       break;
     }

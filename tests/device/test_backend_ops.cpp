@@ -699,6 +699,52 @@ void moe_cases(Ctx& c) {
     } else {
       c.v.close("dlogits " + tag, c.get(ddl, N * E), dlr, 1e-5);
     }
+    // the load-balancing loss's statistics and gradient, at the backend's choices and weights: z = the
+    // logits, or gpt-oss's scores (the weights scattered into zeros); p = softmax(z) per token
+    {
+      Vec z(N * E, 0.0), p(N * E);
+      for (i64 n = 0; n < N; ++n)
+        for (i64 e = 0; e < E; ++e)
+          if (r.kind == RouterKind::softmax_topk) z[n * E + e] = ls[n * E + e];
+      if (r.kind == RouterKind::topk_softmax)
+        for (i64 q = 0; q < P; ++q) z[(q / k) * E + experts[q]] = weight[q];
+      Vec sums(E, 0.0);
+      for (i64 n = 0; n < N; ++n) {
+        double mx = z[n * E], zs = 0;
+        for (i64 e = 1; e < E; ++e) mx = std::max(mx, z[n * E + e]);
+        for (i64 e = 0; e < E; ++e) zs += std::exp(z[n * E + e] - mx);
+        for (i64 e = 0; e < E; ++e) sums[e] += (p[n * E + e] = std::exp(z[n * E + e] - mx) / zs);
+      }
+      std::vector<float> got(E, -1.0f);
+      c.v.op = "moe_balance_stats";
+      c.ops.moe_balance_stats(dl, dexp, dwt, r, got.data());
+      c.v.close("probability sums " + tag, got, sums, 1e-5);
+      auto g = randn(E, 63);
+      const Vec gs(g.begin(), g.end());
+      float* dg = c.dev.upload(g);
+      auto base_l = randn(N * E, 64), base_w = randn(P, 65);  // added into
+      float* bl = c.dev.upload(base_l);
+      float* bw = c.dev.upload(base_w);
+      Vec want_l(base_l.begin(), base_l.end()), want_w(base_w.begin(), base_w.end());
+      for (i64 n = 0; n < N; ++n) {
+        double t = 0;
+        for (i64 e = 0; e < E; ++e) t += p[n * E + e] * gs[e];
+        if (r.kind == RouterKind::softmax_topk)
+          for (i64 e = 0; e < E; ++e) want_l[n * E + e] += p[n * E + e] * (gs[e] - t);
+        else
+          for (i64 j = 0; j < k; ++j) {
+            const i64 e = experts[n * k + j];
+            want_w[n * k + j] += p[n * E + e] * (gs[e] - t);
+          }
+      }
+      c.v.op = "moe_balance_backward";
+      const bool by_logits = r.kind == RouterKind::softmax_topk;
+      c.ops.moe_balance_backward(dl, dexp, dwt, dg, r, by_logits ? bl : nullptr, by_logits ? nullptr : bw);
+      if (by_logits)
+        c.v.close("dlogits added " + tag, c.get(bl, N * E), want_l, 1e-5);
+      else
+        c.v.close("dweight added " + tag, c.get(bw, P), want_w, 1e-5);
+    }
     // dispatch: a stable counting sort of the slots by expert
     std::vector<std::int64_t> off_ref(E + 1, 0), offsets(E + 1, -1);
     for (i64 q = 0; q < P; ++q) ++off_ref[experts[q] + 1];

@@ -71,7 +71,6 @@ targets = torch.from_numpy(np.fromfile(f"{out}/targets.bin", dtype=np.int32).ast
 cfg = json.load(open(f"{out}/model/config.json"))
 assert cfg["model_type"] == "gpt_oss" and cfg["architectures"] == ["GptOssForCausalLM"]
 assert cfg.get("attention_bias", True), "GptOssConfig forces attention_bias = True"
-assert not cfg.get("output_router_logits", False), "the router aux loss is not modelled"
 assert cfg.get("partial_rotary_factor", 1.0) == 1.0, "gpt-oss rotates whole heads"
 d, L = cfg["hidden_size"], cfg["num_hidden_layers"]
 H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -170,11 +169,28 @@ def attention(x, p, mask):
     return a.transpose(1, 2).reshape(B, T, H * hd) @ P[p + "o_proj.weight"].T + P[p + "o_proj.bias"]
 
 
+router_logits = []  # what GptOssForCausalLM records as router_logits: the router's scores (its output 0)
+
+
+def load_balancing_loss(gate_logits):
+    """transformers' load_balancing_loss_func without an attention mask: the router outputs of every MoE
+    layer concatenated, softmax, the top-k as a one-hot (no gradient), E * sum(tokens_per_expert *
+    router_prob_per_expert)."""
+    cat = torch.cat(gate_logits, dim=0)
+    routing_weights = torch.softmax(cat, dim=-1)
+    _, selected = torch.topk(routing_weights, k, dim=-1)
+    expert_mask = F.one_hot(selected, E)
+    tokens_per_expert = torch.mean(expert_mask.to(routing_weights.dtype), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * E
+
+
 def moe(x, p):
     flat = x.reshape(-1, d)
     logits = flat @ P[p + "router.weight"].T + P[p + "router.bias"]
     top, chosen = torch.topk(logits, k, dim=-1)
     w = torch.softmax(top, dim=1)
+    router_logits.append(torch.zeros_like(logits).scatter(1, chosen, w))
     gate_up_proj, gate_up_bias = P[p + "experts.gate_up_proj"], P[p + "experts.gate_up_proj_bias"]
     down_proj, down_bias = P[p + "experts.down_proj"], P[p + "experts.down_proj_bias"]
     y = torch.zeros_like(flat)
@@ -201,6 +217,8 @@ for i in range(L):
 head = embed if tied else P["lm_head.weight"]
 logits = rmsnorm(x, P["model.norm.weight"]) @ head.T
 loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-100)
+if cfg.get("output_router_logits", False):  # GptOssForCausalLM: loss += coef * aux (over the scores)
+    loss = loss + cfg["router_aux_loss_coef"] * load_balancing_loss(router_logits)
 loss.backward()
 logits.detach().numpy().astype(np.float32).tofile(f"{out}/logits.bin")
 with open(f"{out}/loss.txt", "w") as f:

@@ -30,8 +30,11 @@ targets = torch.from_numpy(np.fromfile(f"{out}/targets.bin", dtype=np.int32).ast
 
 model = MixtralForCausalLM.from_pretrained(f"{out}/model", torch_dtype=torch.float32, attn_implementation="eager")
 model.train()  # no dropout is configured; router_jitter_noise is 0
-logits = model(input_ids=tokens).logits
+out_model = model(input_ids=tokens)
+logits = out_model.logits
 loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-100)
+if model.config.output_router_logits:  # transformers' own load-balancing loss, as MixtralForCausalLM adds it
+    loss = loss + model.config.router_aux_loss_coef * out_model.aux_loss
 loss.backward()
 logits.detach().numpy().astype(np.float32).tofile(f"{out}/logits.bin")
 with open(f"{out}/loss.txt", "w") as f:

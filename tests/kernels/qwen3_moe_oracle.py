@@ -39,7 +39,7 @@ targets = torch.from_numpy(np.fromfile(f"{out}/targets.bin", dtype=np.int32).ast
 cfg = json.load(open(f"{out}/model/config.json"))
 assert cfg["model_type"] == "qwen3_moe" and cfg["architectures"] == ["Qwen3MoeForCausalLM"]
 assert not cfg.get("attention_bias", False) and not cfg.get("use_sliding_window", False)
-assert cfg.get("rope_scaling") is None and not cfg.get("output_router_logits", False)
+assert cfg.get("rope_scaling") is None
 d, L = cfg["hidden_size"], cfg["num_hidden_layers"]
 H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
 hd = cfg.get("head_dim") or d // H
@@ -81,9 +81,27 @@ def swiglu_mlp(x, p):
     return (F.silu(x @ P[p + "gate_proj.weight"].T) * (x @ P[p + "up_proj.weight"].T)) @ P[p + "down_proj.weight"].T
 
 
+router_logits = []  # every MoE layer's, for the load-balancing loss (output_router_logits)
+
+
+def load_balancing_loss(gate_logits):
+    """transformers' load_balancing_loss_func without an attention mask: the router outputs of every MoE
+    layer concatenated, softmax, the top-k as a one-hot (no gradient), E * sum(tokens_per_expert *
+    router_prob_per_expert)."""
+    cat = torch.cat(gate_logits, dim=0)
+    routing_weights = torch.softmax(cat, dim=-1)
+    _, selected = torch.topk(routing_weights, k, dim=-1)
+    expert_mask = F.one_hot(selected, E)
+    tokens_per_expert = torch.mean(expert_mask.to(routing_weights.dtype), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * E
+
+
 def sparse_block(x, p):
     flat = x.view(-1, d)
-    probs = torch.softmax(flat @ P[p + "gate.weight"].T, dim=-1)
+    gate_logits = flat @ P[p + "gate.weight"].T
+    router_logits.append(gate_logits)
+    probs = torch.softmax(gate_logits, dim=-1)
     w, chosen = torch.topk(probs, k, dim=-1)
     if cfg.get("norm_topk_prob", False):
         w = w / w.sum(dim=-1, keepdim=True)
@@ -105,6 +123,8 @@ for i in range(L):
 head = P["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else P["lm_head.weight"]
 logits = rmsnorm(x, P["model.norm.weight"]) @ head.T
 loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-100)
+if cfg.get("output_router_logits", False):  # Qwen3MoeForCausalLM: loss += coef * aux
+    loss = loss + cfg["router_aux_loss_coef"] * load_balancing_loss(router_logits)
 loss.backward()
 logits.detach().numpy().astype(np.float32).tofile(f"{out}/logits.bin")
 with open(f"{out}/loss.txt", "w") as f:

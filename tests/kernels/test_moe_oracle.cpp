@@ -188,9 +188,26 @@ void check_step_against(ModelConfig c, const char* oracle, int expected_tensors,
 }  // namespace
 
 TEST_CASE("mixtral: one step against transformers' MixtralForCausalLM, v5 fused experts load", "[moe][oracle]") {
-  const ModelConfig c = mt::test::tiny_mixtral();
+  ModelConfig c = mt::test::tiny_mixtral();
   // embedding; head norm, lm_head; a layer's 2 norms, q, k, v, o, router and 3 matrices an expert
   check_step_against(c, "hf_moe_oracle.py", 3 + 2 * (7 + 3 * static_cast<int>(c.num_experts)));
+}
+
+// The load-balancing loss (output_router_logits) as each family's transformers adds it: Mixtral's own
+// model computes it, the two written oracles follow load_balancing_loss_func (over gpt-oss's router
+// scores, as 4.56 records them). A coefficient large enough to move every gradient.
+TEST_CASE("the load-balancing loss of each family against its oracle (output_router_logits)", "[moe][oracle]") {
+  ModelConfig mixtral = mt::test::tiny_mixtral();
+  mixtral.output_router_logits = true, mixtral.router_aux_loss_coef = 0.5;
+  check_step_against(mixtral, "hf_moe_oracle.py", 3 + 2 * (7 + 3 * static_cast<int>(mixtral.num_experts)));
+  ModelConfig qwen = mt::test::tiny_qwen3_moe_mixed();
+  qwen.output_router_logits = true, qwen.router_aux_loss_coef = 0.5;
+  check_step_against(qwen, "qwen3_moe_oracle.py", 3 + 4 * (8 + 3) + 2 * (8 + 1 + 3 * static_cast<int>(qwen.num_experts)));
+  ModelConfig oss = mt::test::tiny_gpt_oss_alternating();
+  oss.swiglu_limit = 7.0f, oss.hidden_size = 32, oss.intermediate_size = oss.moe_intermediate_size = 32;
+  oss.output_router_logits = true, oss.router_aux_loss_coef = 0.9;
+  check_step_against(oss, "gpt_oss_oracle.py", 3 + 4 * (13 + 6 * static_cast<int>(oss.num_experts)), SecondForm::mxfp4,
+                     {}, 0.15);
 }
 
 TEST_CASE("qwen3_moe: one step against the PyTorch oracle from modeling_qwen3_moe, v5 fused experts load",

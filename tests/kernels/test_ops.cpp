@@ -131,6 +131,35 @@ TEST_CASE("reference attention with a sliding window and sinks matches finite di
   fd_check(sinks, ds, loss);
 }
 
+TEST_CASE("reference load-balancing loss: its gradient matches finite differences, its value transformers'",
+          "[ops][fd][moe]") {
+  // Three layers' router outputs of 5 tokens over 6 experts, top-2: the gradient with the choices held
+  // (transformers' one-hot has none) against central differences, which do not move a choice here.
+  const ref::i64 N = 5, E = 6, k = 2, L = 3;
+  std::vector<vector<double>> z;
+  for (int l = 0; l < L; ++l) z.push_back(mt::test::to_double(randn(N * E, 70 + l, 1.5)));
+  auto loss = [&] {
+    std::vector<const double*> zp;
+    for (const auto& v : z) zp.push_back(v.data());
+    return ref::load_balancing_loss(zp, N, E, k);
+  };
+  vector<double> dz(L * N * E, 0.0);
+  {
+    std::vector<const double*> zp;
+    for (const auto& v : z) zp.push_back(v.data());
+    ref::load_balancing_loss(zp, N, E, k, dz.data());
+  }
+  for (int l = 0; l < L; ++l) {
+    const vector<double> dl(dz.begin() + l * N * E, dz.begin() + (l + 1) * N * E);
+    fd_check(z[static_cast<std::size_t>(l)], dl, loss);
+  }
+  // Balanced routing by construction (every expert chosen equally, uniform probabilities): aux = k
+  // (E * sum_e (k / E) (1 / E)), the value transformers' docstring gives for a balanced router.
+  const vector<double> flat(N * E, 0.0);
+  std::vector<const double*> same(static_cast<std::size_t>(E), flat.data());
+  CHECK(ref::load_balancing_loss(same, N, E, k) == Approx(static_cast<double>(k)));
+}
+
 TEST_CASE("reference activations and cross-entropy match finite differences", "[ops][fd]") {
   const ref::i64 n = 20;
   auto g = mt::test::to_double(randn(n, 15, 2.0)), u = mt::test::to_double(randn(n, 16)),
