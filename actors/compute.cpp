@@ -256,8 +256,8 @@ void try_advance(self_ptr self) {
       case OpKind::head: {
         float* gh = open_staging(ctx, k_main, p, S - 1);
         float* g0 = is_tied ? open_staging(ctx, k_embed, p, 0) : nullptr;
-        LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L), targets,
-                                                B, T, ctx->dx[dxc], gh, g0, ws);
+        LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L), targets, B,
+                                                T, ctx->dx[dxc], gh, g0, ws);
         if (balanced) {  // the micro-batch's load-balancing term: its loss, and the layers' gradient
           MbBalance& mb = balance_of(ctx, p);
           std::vector<std::vector<std::int64_t>> counts;

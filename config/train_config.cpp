@@ -239,14 +239,14 @@ ModelConfig TrainConfig::model_config_from_keys() const {
                                                             "=mixtral, qwen3_moe or gpt_oss (got " + model.arch + ")");
   }
   if (model.output_router_logits && !m.is_moe())
-    throw ConfigError(key_of(*this, model.output_router_logits), "the load-balancing loss needs experts (" +
-                                                                     key_of(*this, model.num_experts) + ")");
+    throw ConfigError(key_of(*this, model.output_router_logits),
+                      "the load-balancing loss needs experts (" + key_of(*this, model.num_experts) + ")");
   if (model.router_aux_loss_coef != 0.0 && !m.is_moe())
     throw ConfigError(key_of(*this, model.router_aux_loss_coef), "is for models with experts");
   m.output_router_logits = model.output_router_logits;
   m.router_aux_loss_coef = model.router_aux_loss_coef > 0.0 ? model.router_aux_loss_coef
-                           : m.arch == Arch::gpt_oss         ? 0.9
-                                                             : 0.001;
+                           : m.arch == Arch::gpt_oss        ? 0.9
+                                                            : 0.001;
   if (!m.is_moe()) m.router_aux_loss_coef = 0.0;
   if (m.arch == Arch::gpt_oss) {  // GptOssConfig's own: biases, a 128-token window on the even layers, limit 7
     m.attention_bias = true;

@@ -130,7 +130,7 @@ class CudaBackend final : public Backend {
     float* device = nullptr;
     std::size_t capacity = 0;
   };
-  FloatSlot float_slots_[2];  // upload_floats' (the load-balancing gradient of the micro-batches in flight)
+  FloatSlot float_slots_[2];              // upload_floats' (the load-balancing gradient of the micro-batches in flight)
 #if MEGATRAIN_HAVE_NCCL                   // nccl_reduce.cu is built only with NCCL
   std::mutex reduce_mu_;                  // one reduction at a time (NCCL: one call order on every rank)
   std::unique_ptr<NcclReducer> reducer_;  // device 0's: made on its first reduce_gradients

@@ -315,13 +315,13 @@ void CudaOps::moe_balance_stats(const float* logits, const std::int32_t* expert,
   float* sums = probs + s.tokens * E;
   if (s.tokens > 0) {
     balance_probs_kernel<<<grid_for(static_cast<std::size_t>(s.tokens), kBlock), kBlock, 0, st_>>>(logits, expert,
-                                                                                                    weight, s, probs);
+                                                                                                   weight, s, probs);
     MT_CUDA_LAUNCH_CHECK("balance_probs_kernel");
   }
   balance_colsum_kernel<<<grid_for(static_cast<std::size_t>(E), kBlock), kBlock, 0, st_>>>(probs, s.tokens, E, sums);
   MT_CUDA_LAUNCH_CHECK("balance_colsum_kernel");
-  MT_CUDA_CHECK(cudaMemcpyAsync(prob_sums_host, sums, static_cast<std::size_t>(E) * sizeof(float),
-                                cudaMemcpyDeviceToHost, st_));
+  MT_CUDA_CHECK(
+      cudaMemcpyAsync(prob_sums_host, sums, static_cast<std::size_t>(E) * sizeof(float), cudaMemcpyDeviceToHost, st_));
   MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the host sums the layers' statistics
 }
 

@@ -37,6 +37,8 @@ struct Tiny {
   std::int64_t decoder_sparse_step = 1;  // qwen3_moe: every step-th layer has experts
   std::string mlp_only_layers;           // qwen3_moe: dense layers ("0,2")
   std::int64_t sliding_window = 0;       // gpt_oss: the even layers' window (0 = 128)
+  bool output_router_logits = false;     // MoE: the load-balancing loss
+  double router_aux_loss_coef = 0.0;     // its weight (0: the family's default)
 };
 
 inline TrainConfig tiny_config(const Tiny& t) {
@@ -53,6 +55,8 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.model.decoder_sparse_step = t.decoder_sparse_step;
   c.model.mlp_only_layers = t.mlp_only_layers;
   c.model.sliding_window = t.sliding_window;
+  c.model.output_router_logits = t.output_router_logits;
+  c.model.router_aux_loss_coef = t.router_aux_loss_coef;
   c.train.per_device_train_batch_size = t.batch;
   c.train.gradient_accumulation_steps = t.micro_batches;
   c.train.max_steps = t.steps;

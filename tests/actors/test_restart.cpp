@@ -122,6 +122,14 @@ TEST_CASE("restart: the MoE families continue bit-identically after a crash of c
     check_restart(t, Role::compute, 2, 0, 1, Phase::forward);
     check_restart(t, Role::optimizer, 3, -1, 2, Phase::optimize);
   }
+  // The load-balancing loss: a crash between a micro-batch's forward and its backward, and in the head.
+  Tiny lb = base();
+  lb.arch = Arch::mixtral;
+  lb.output_router_logits = true;
+  lb.router_aux_loss_coef = 0.3;
+  check_restart(lb, Role::compute, 3, 1, 2, Phase::backward);
+  check_restart(lb, Role::compute, 3, 0, lb.layers + 1, Phase::head);
+  check_restart(lb, Role::compute, 2, 1, 2, Phase::forward);
 }
 
 TEST_CASE("restart: gradient collector crash mid-step", "[actors][restart]") {

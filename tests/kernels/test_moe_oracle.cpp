@@ -202,7 +202,8 @@ TEST_CASE("the load-balancing loss of each family against its oracle (output_rou
   check_step_against(mixtral, "hf_moe_oracle.py", 3 + 2 * (7 + 3 * static_cast<int>(mixtral.num_experts)));
   ModelConfig qwen = mt::test::tiny_qwen3_moe_mixed();
   qwen.output_router_logits = true, qwen.router_aux_loss_coef = 0.5;
-  check_step_against(qwen, "qwen3_moe_oracle.py", 3 + 4 * (8 + 3) + 2 * (8 + 1 + 3 * static_cast<int>(qwen.num_experts)));
+  check_step_against(qwen, "qwen3_moe_oracle.py",
+                     3 + 4 * (8 + 3) + 2 * (8 + 1 + 3 * static_cast<int>(qwen.num_experts)));
   ModelConfig oss = mt::test::tiny_gpt_oss_alternating();
   oss.swiglu_limit = 7.0f, oss.hidden_size = 32, oss.intermediate_size = oss.moe_intermediate_size = 32;
   oss.output_router_logits = true, oss.router_aux_loss_coef = 0.9;
