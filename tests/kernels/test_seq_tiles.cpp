@@ -140,6 +140,54 @@ TEST_CASE("tiled bf16 layers agree with the whole-sequence bf16 layer", "[layers
   }
 }
 
+TEST_CASE("tiled MoE layers give the load-balancing statistics and gradient of the whole-sequence layer",
+          "[layers][tiles][moe]") {
+  for (ModelConfig c : {mt::test::tiny_mixtral(), mt::test::tiny_gpt_oss()}) {
+    INFO(arch_name(c.arch));
+    c.output_router_logits = true;
+    const std::int64_t B = 2, S = 9, N = B * S, d = c.hidden_size, E = c.num_experts;
+    const ParamLayout l = layer_layout(c, 0);
+    vector<float> p(l.total_floats);
+    init_stage_params(c, 1, 3, p.data());
+    const auto x = mt::test::randn(N * d, 31), dy = mt::test::randn(N * d, 32), g = mt::test::randn(E, 33);
+    struct Out {
+      vector<std::int64_t> counts;
+      vector<float> prob_sums, dx, grads;
+    };
+    auto run = [&](std::int64_t tile) {
+      ComputeCtx ctx{2};
+      ctx.seq_tile = tile;
+      Out o{vector<std::int64_t>(E, -1), vector<float>(E, -1.0f), vector<float>(N * d), vector<float>(p.size(), 0.0f)};
+      vector<float> y(N * d), ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, Precision::fp32, tile));
+      MoeBalance stats{o.counts.data(), o.prob_sums.data(), nullptr};
+      layer_forward(c, p.data(), x.data(), y.data(), B, S, nullptr, ws.data(), ctx, &stats);
+      MoeBalance grad{nullptr, nullptr, g.data()};
+      layer_backward(c, p.data(), x.data(), nullptr, dy.data(), o.dx.data(), o.grads.data(), B, S, ws.data(), ctx,
+                     &grad);
+      return o;
+    };
+    const Out whole = run(0), tiled = run(4);
+    CHECK(whole.counts == tiled.counts);
+    std::int64_t choices = 0;
+    for (auto n : whole.counts) choices += n;
+    CHECK(choices == N * c.num_experts_per_tok);
+    CHECK(rel_err(tiled.prob_sums, whole.prob_sums) < 1e-6);
+    double total = 0;
+    for (float v : whole.prob_sums) total += v;
+    CHECK(total == Approx(static_cast<double>(N)).epsilon(1e-5));  // each token's probabilities sum to 1
+    CHECK(rel_err(tiled.dx, whole.dx) < 1e-6);
+    CHECK(rel_err(tiled.grads, whole.grads) < 1e-6);
+    // The gradient is there: without it the router's gradient differs.
+    ComputeCtx ctx{2};
+    Out plain{{}, {}, vector<float>(N * d), vector<float>(p.size(), 0.0f)};
+    vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute));
+    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), plain.dx.data(), plain.grads.data(), B, S, ws.data(),
+                   ctx);
+    const TensorSpec& router = l.at(moe_router_tensor(c));
+    CHECK(rel_err(plain.grads.data() + router.offset, whole.grads.data() + router.offset, router.numel) > 1e-3);
+  }
+}
+
 TEST_CASE("tiled workspace: sequence-sized only in keys and values", "[layers][tiles]") {
   ModelConfig c = mt::test::tiny_llama();
   c.max_position_embeddings = 1 << 20;
