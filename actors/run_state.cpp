@@ -242,7 +242,10 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
 
 nlohmann::json load_hf_weights(const std::filesystem::path& dir, HostModel& host) {
   hf::HfModelReader reader(dir);
-  if (hf::config_to_json(reader.config()) != hf::config_to_json(host.config()))
+  ModelConfig theirs = reader.config();  // the load-balancing loss is a training switch, not the model's shape
+  theirs.output_router_logits = host.config().output_router_logits;
+  theirs.router_aux_loss_coef = host.config().router_aux_loss_coef;
+  if (hf::config_to_json(theirs) != hf::config_to_json(host.config()))
     throw std::runtime_error("model " + dir.string() + ": config.json does not match the host model");
   for (std::int64_t s = 0; s < host.num_stages(); ++s) {
     host.set_masters(s, [&](float* masters) { reader.read_stage(s, masters); });

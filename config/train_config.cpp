@@ -284,6 +284,20 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   return m;
 }
 
+ModelConfig TrainConfig::with_training_switches(ModelConfig m) const {
+  if (model.output_router_logits) {
+    if (!m.is_moe())
+      throw ConfigError(key_of(*this, model.output_router_logits),
+                        "the load-balancing loss needs a model with experts");
+    m.output_router_logits = true;
+  }
+  if (model.router_aux_loss_coef > 0.0) {
+    if (!m.is_moe()) throw ConfigError(key_of(*this, model.router_aux_loss_coef), "is for models with experts");
+    m.router_aux_loss_coef = model.router_aux_loss_coef;
+  }
+  return m;
+}
+
 void TrainConfig::check_vocab(const ModelConfig& m, std::int64_t tokenizer_vocab, std::int64_t max_token_id) {
   const TrainConfig names;  // key_of finds a key by its member's address in some config
   const std::string vocab_size = key_of(names, names.model.vocab_size);

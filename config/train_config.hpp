@@ -234,6 +234,10 @@ struct TrainConfig {
 
   // The model from the [model] keys (when model.config_file and model.model_name_or_path are empty).
   // Throws ConfigError for keys that do not make a valid ModelConfig.
+  // A config.json's model with the [model] keys that are training switches, not architecture, applied:
+  // model.output_router_logits=true turns the load-balancing loss on, model.router_aux_loss_coef > 0
+  // sets its weight (refused, naming the key, for a model without experts).
+  ModelConfig with_training_switches(ModelConfig m) const;
   ModelConfig model_config_from_keys() const;
   // The config the data has to match: throws ConfigError naming model.vocab_size / data.* when token
   // ids in the data (max_token_id, -1 = unknown) or the tokenizer's vocabulary (0 = unknown) exceed it.

@@ -10,8 +10,8 @@ bool same_layout_shape(const ModelConfig& a, const ModelConfig& b) {
          a.max_position_embeddings == b.max_position_embeddings && a.tie_word_embeddings == b.tie_word_embeddings &&
          a.attention_bias == b.attention_bias && a.qk_norm == b.qk_norm && a.num_experts == b.num_experts &&
          a.num_experts_per_tok == b.num_experts_per_tok && a.moe_intermediate_size == b.moe_intermediate_size &&
-         a.mlp_only_layers == b.mlp_only_layers && a.decoder_sparse_step == b.decoder_sparse_step &&
-         a.sliding_layers == b.sliding_layers;
+         a.mlp_only_layers == b.mlp_only_layers && a.decoder_sparse_step == b.decoder_sparse_step;
+  // sliding_layers changes no tensor: gpt-oss's alternating layers share one cached layout.
 }
 
 namespace {

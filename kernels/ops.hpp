@@ -251,9 +251,9 @@ class Ops {
     unsupported("moe_combine_backward");
   }
   // The load-balancing loss (transformers' load_balancing_loss_func, ModelConfig::output_router_logits):
-  // with z the router output it takes a softmax of (the logits; gpt-oss: its scores, the k weights
-  // scattered into zeros) and p = softmax(z) per token, prob_sums_host[e] = sum over tokens of p_e (tokens
-  // in order; on the host: waits for the work before it).
+  // z = the router logits, or gpt-oss's scores (the k weights scattered into zeros), p = softmax(z) per
+  // token; prob_sums_host[e] = sum over tokens of p_e, tokens in order (on the host: waits for the work
+  // before it).
   virtual void moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight,
                                  const RouteShape& s, float* prob_sums_host) {
     unsupported("moe_balance_stats");

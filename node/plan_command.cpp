@@ -77,6 +77,7 @@ int run_plan_command(const std::vector<std::string>& args) {
       model = hf::load_config(cfg.model.model_name_or_path);
     else
       model = cfg.model.config_file.empty() ? cfg.model_config_from_keys() : hf::load_config(cfg.model.config_file);
+    model = cfg.with_training_switches(model);
     model.validate();
     HardwareProfile hw;
     PlanExtras extras;

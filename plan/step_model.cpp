@@ -155,8 +155,12 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
   std::vector<float> p0, p1, ph;
   std::vector<bf16_t> h0, h1, hh;
   const void* embed = params_of(0, p0, h0);
-  // A layer with experts stands for every layer (a Qwen3-MoE dense layer is cheaper: an upper bound).
+  // A layer with experts and full attention stands for every layer (a Qwen3-MoE dense layer and a gpt-oss
+  // sliding layer are cheaper: an upper bound).
   std::int64_t measured = 0;
+  auto heaviest = [&](std::int64_t l) { return (!model.is_moe() || model.layer_is_moe(l)) && !model.layer_slides(l); };
+  while (measured + 1 < L && !heaviest(measured)) ++measured;
+  if (!heaviest(measured)) measured = 0;
   while (measured + 1 < L && model.is_moe() && !model.layer_is_moe(measured)) ++measured;
   const ModelConfig lm = model.layer_config(measured);
   const void* layer = params_of(measured + 1, p1, h1);

@@ -95,8 +95,10 @@ void clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_
     const __m256 va = _mm256_set1_ps(alpha), vl = _mm256_set1_ps(limit), one = _mm256_set1_ps(1.0f);
     const __m256 neg_l = _mm256_set1_ps(-limit);
     lanes<2, 1>({g, u}, {h}, b, e, [&](const __m256* a, __m256* r) {
-      const __m256 c = _mm256_min_ps(a[0], vl);
-      const __m256 uc = _mm256_max_ps(_mm256_min_ps(a[1], vl), neg_l);
+      // min_ps/max_ps return their second operand when either is NaN: the input goes second, so a NaN
+      // stays NaN (torch.clamp's, and the scalar path's).
+      const __m256 c = _mm256_min_ps(vl, a[0]);
+      const __m256 uc = _mm256_max_ps(neg_l, _mm256_min_ps(vl, a[1]));
       const __m256 glu = _mm256_mul_ps(c, sigmoid8(_mm256_mul_ps(va, c)));
       r[0] = _mm256_mul_ps(_mm256_add_ps(uc, one), glu);
     });
@@ -117,8 +119,8 @@ void clamped_swiglu_backward(const float* g, const float* u, const float* dh, fl
     const __m256 va = _mm256_set1_ps(alpha), vl = _mm256_set1_ps(limit), one = _mm256_set1_ps(1.0f);
     const __m256 neg_l = _mm256_set1_ps(-limit);
     lanes<3, 2>({g, u, dh}, {dg, du}, b, e, [&](const __m256* a, __m256* r) {
-      const __m256 c = _mm256_min_ps(a[0], vl);
-      const __m256 uc = _mm256_max_ps(_mm256_min_ps(a[1], vl), neg_l);
+      const __m256 c = _mm256_min_ps(vl, a[0]);  // NaN stays NaN, as in the forward
+      const __m256 uc = _mm256_max_ps(neg_l, _mm256_min_ps(vl, a[1]));
       const __m256 sig = sigmoid8(_mm256_mul_ps(va, c));
       // d(c sigmoid(alpha c)) / dc = sig (1 + alpha c (1 - sig))
       const __m256 dglu = _mm256_mul_ps(sig, _mm256_fmadd_ps(_mm256_mul_ps(va, c), _mm256_sub_ps(one, sig), one));

@@ -270,7 +270,7 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
       }
     }
   }
-  if (!sinks) return;
+  if (!sinks || !dsinks_acc) return;
   // d(sink_h) = sum over rows of p_sink * (0 - D): the sink's column has no value, so dP_sink = 0.
   const std::vector<float> sink = widen_sinks(sinks, a.q_heads, sinks_bf16);
 #pragma omp parallel for num_threads(threads) schedule(static) if (a.q_heads > 1 && a.batch * Q * hd > 4096)

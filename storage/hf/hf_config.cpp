@@ -225,8 +225,9 @@ void parse_rope_scaling(Fields& f, Arch arch, ModelConfig& c) {
 // (4.46 applies their window with flash-attention alone, and only above max_window_layers).
 void parse_sliding_window(Fields& f, ModelConfig& c, Arch arch) {
   if (arch == Arch::mistral || arch == Arch::mixtral) {
-    if (f.has("sliding_window")) {
-      const auto w = f.integer("sliding_window");
+    // transformers 4.46's MistralConfig defaults the window to 4096 (null: none); MixtralConfig to none.
+    if (f.has("sliding_window") || (arch == Arch::mistral && f.absent("sliding_window"))) {
+      const auto w = f.integer("sliding_window", 4096);
       if (w <= 0) f.fail("sliding_window must be > 0 or null, got " + std::to_string(w));
       if (w < c.max_position_embeddings) {
         c.sliding_window = w;
@@ -311,6 +312,9 @@ void parse_gpt_oss(Fields& f, ModelConfig& c) {
     f.fail("unsupported swiglu_limit=" + std::to_string(limit) +
            ": transformers' GptOssExperts fixes the clamp at 7.0 (set it to 7.0)");
   c.swiglu_limit = 7.0f;
+  // Absent: GptOssConfig's 128; null keeps None, which transformers' sliding mask cannot take.
+  if (!f.absent("sliding_window") && !f.has("sliding_window"))
+    f.fail("sliding_window is null: gpt-oss's sliding_attention layers need a window (transformers fails too)");
   c.sliding_window = f.integer("sliding_window", 128);
   if (c.sliding_window <= 0) f.fail("sliding_window must be > 0, got " + std::to_string(c.sliding_window));
   const std::vector<std::string> types = f.string_list("layer_types");

@@ -183,7 +183,8 @@ json config_to_json(const ModelConfig& c, const json* base) {
       j["num_local_experts"] = c.num_experts;
       j["num_experts_per_tok"] = c.num_experts_per_tok;
       j.erase("experts_per_token");
-      j["sliding_window"] = c.sliding_window;
+      j["sliding_window"] =
+          c.sliding_window > 0 ? c.sliding_window : 128;  // GptOssConfig's, unused without sliding layers
       json types = json::array();
       for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
         types.push_back(c.layer_slides(l) ? "sliding_attention" : "full_attention");

@@ -267,6 +267,19 @@ TEST_CASE("model keys: gpt_oss takes GptOssConfig's own parts, model.sliding_win
   c.model.sliding_window = 0;
   c.model.num_experts = 0;  // 0 = 8, as for the other families
   CHECK(c.model_config_from_keys().num_experts == 8);
+  // The load-balancing loss is a training switch: it applies over a config.json's model too.
+  ModelConfig file = c.model_config_from_keys();
+  file.output_router_logits = false;
+  c.model.output_router_logits = true;
+  c.model.router_aux_loss_coef = 0.25;
+  const ModelConfig switched = c.with_training_switches(file);
+  CHECK(switched.output_router_logits);
+  CHECK(switched.router_aux_loss_coef == 0.25);
+  TrainConfig dense;
+  dense.model.output_router_logits = true;
+  CHECK_THROWS_WITH(dense.with_training_switches(dense.model_config_from_keys()),
+                    Catch::Contains("model.output_router_logits"));
+  CHECK_THROWS_WITH(dense.model_config_from_keys(), Catch::Contains("model.output_router_logits"));
 }
 
 TEST_CASE("the vocabulary check names the key and both sizes", "[config]") {

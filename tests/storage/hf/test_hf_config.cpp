@@ -132,6 +132,11 @@ TEST_CASE("unsupported config fields and values are errors naming the field and 
   CHECK(parse_error(mistral).empty());
   CHECK(hf::parse_config(mistral).attention_window() == 0);
   CHECK(hf::config_to_json(hf::parse_config(mistral), nullptr)["sliding_window"].is_null());
+  mistral.erase("sliding_window");  // absent: MistralConfig's 4096 (null is none)
+  mistral["max_position_embeddings"] = 32768;
+  CHECK(hf::parse_config(mistral).attention_window() == 4096);
+  mistral["sliding_window"] = nullptr;
+  CHECK(hf::parse_config(mistral).attention_window() == 0);
 
   json qwen = llama_json();
   qwen["architectures"] = {"Qwen2ForCausalLM"};
@@ -505,6 +510,7 @@ TEST_CASE("gpt_oss: the hub's config.json parses, its fields round-trip, what tr
   odd["layer_types"][5] = "chunked_attention";
   CHECK_THAT(parse_error(odd), Catch::Contains("layer_types[5] is 'chunked_attention'"));
   CHECK_THAT(parse_error(with("sliding_window", 0)), Catch::Contains("sliding_window must be > 0"));
+  CHECK_THAT(parse_error(with("sliding_window", nullptr)), Catch::Contains("sliding_window is null"));
   CHECK_THAT(parse_error(with("quantization_config", {{"quant_method", "gptq"}, {"bits", 4}})),
              Catch::Contains("unsupported quantization 'gptq'"));
   json extra = gpt_oss_json();
