@@ -286,6 +286,7 @@ HostTileOptions host_tile_options(const TrainConfig& cfg) {
   o.params_in_tile = !cfg.train.offload_params;  // else the masters live with the moments (bf16: the copy streams)
   o.split_master = cfg.split_masters();          // bf16: the copy is the masters' high half (master_halves.hpp)
   o.grad_in_tile = !cfg.stage_gradients();       // else each gradient waits in its staging slot
+  o.convert_threads = std::max(1, cfg.thread_budget().optimizer);  // the optimizer's pool: the run's budget
   return o;
 }
 

@@ -15,7 +15,9 @@ namespace {
 // Threads for joining and splitting split masters. set_masters / read_masters run off the step
 // (initialisation, loading, export): every core. Leases serve the checkpointer and the checkpoint gate
 // beside a running step: one thread.
-int copy_threads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+int copy_threads(int configured) {
+  return configured > 0 ? configured : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
 constexpr int kLeaseThreads = 1;
 
 }  // namespace
@@ -30,7 +32,11 @@ std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& opti
 
 HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, HostPinningHook* pinning,
                      std::unique_ptr<MomentStore> moments)
-    : cfg_(cfg), pinning_(pinning), moments_(std::move(moments)), split_masters_(options.split_master) {
+    : cfg_(cfg),
+      pinning_(pinning),
+      moments_(std::move(moments)),
+      split_masters_(options.split_master),
+      convert_threads_(options.convert_threads) {
   cfg_.validate();
   if (options.moments_in_tile == (moments_ != nullptr))
     throw std::invalid_argument(options.moments_in_tile
@@ -105,7 +111,8 @@ void HostModel::set_masters(std::int64_t stage, const std::function<void(float*)
     std::vector<float> masters(t.floats(), 0.0f);
     fill(masters.data());
     moments_->reset(stage);
-    cpu::split_masters(masters.data(), t.master_high(), t.master_low(), t.adam_v(), t.floats(), copy_threads());
+    cpu::split_masters(masters.data(), t.master_high(), t.master_low(), t.adam_v(), t.floats(),
+                       copy_threads(convert_threads_));
     return;
   }
   if (masters_in_tiles()) {
@@ -123,7 +130,8 @@ void HostModel::read_masters(std::int64_t stage, const std::function<void(const 
   if (split_masters_) {
     HostTile& t = const_cast<HostModel*>(this)->tile(stage);
     std::vector<float> masters(t.floats());
-    cpu::join_masters(t.master_high(), t.master_low(), t.adam_v(), masters.data(), t.floats(), copy_threads());
+    cpu::join_masters(t.master_high(), t.master_low(), t.adam_v(), masters.data(), t.floats(),
+                      copy_threads(convert_threads_));
     read(masters.data());
     return;
   }

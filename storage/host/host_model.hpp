@@ -74,6 +74,7 @@ class HostModel {
   HostPinningHook* pinning_;
   std::unique_ptr<MomentStore> moments_;
   bool split_masters_;
+  int convert_threads_;  // HostTileOptions::convert_threads
 };
 
 // A stage's optimizer state under one lease, as plain fp32 arrays: the masters (the tile's params, or the

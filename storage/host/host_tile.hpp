@@ -58,6 +58,8 @@ struct HostTileOptions {
   bool grad_in_tile = true;
   // Zero every region at allocation (also commits the pages now rather than during the first step).
   bool zero_fill = true;
+  // Threads of HostModel's whole-stage conversions (splitting and joining split masters); 0 = every core.
+  int convert_threads = 0;
 };
 
 class HostTile {
