@@ -102,8 +102,16 @@ double model_flops_per_step(const ModelConfig& model, double tokens, double seq)
 LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_t seq,
                        double attention_backward_products) {
   const double B = static_cast<double>(batch), T = static_cast<double>(seq);
-  // One product over the causal pairs of every query head: 2 x head_dim FLOPs a pair.
-  const double product = 2.0 * static_cast<double>(model.q_dim()) * B * T * (T + 1.0) / 2.0;
+  // The causal pairs of a sequence, averaged over the layers: T (T + 1) / 2, or within a sliding window W
+  // (gpt-oss's, Mistral's) W (W + 1) / 2 + (T - W) W once T > W (the kernels skip the blocks outside it).
+  double pairs = 0;
+  for (std::int64_t l = 0; l < model.num_hidden_layers; ++l) {
+    const double W = model.layer_slides(l) ? static_cast<double>(model.sliding_window) : 0.0;
+    pairs += W > 0 && T > W ? W * (W + 1.0) / 2.0 + (T - W) * W : T * (T + 1.0) / 2.0;
+  }
+  pairs /= static_cast<double>(std::max<std::int64_t>(1, model.num_hidden_layers));
+  // One product over those pairs of every query head: 2 x head_dim FLOPs a pair.
+  const double product = 2.0 * static_cast<double>(model.q_dim()) * B * pairs;
   LayerFlops f;
   f.gemm_forward = 2.0 * matmul_params_of_layer(model) * B * T;
   f.attention_forward = kAttentionForwardProducts * product;

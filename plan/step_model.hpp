@@ -54,7 +54,7 @@ struct LayerFlops {
     return 2.0 * gemm_forward + attention_backward + (recompute ? forward() : 0.0);
   }
 };
-// causal pairs per sequence: T (T + 1) / 2.
+// causal pairs per sequence: T (T + 1) / 2 (within a sliding window fewer, averaged over the layers).
 LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_t seq,
                        double attention_backward_products = kCudaAttentionBackwardProducts);
 

@@ -101,3 +101,20 @@ TEST_CASE("moe plan: a micro-batch of enough tokens hides the transfer, a small 
   CHECK(d.cover.layer_bytes == Approx(small.cover.layer_bytes).epsilon(0.01));
   CHECK(small.cover.tokens_needed > 3.0 * d.cover.tokens_needed);
 }
+
+TEST_CASE("plan: attention FLOPs count the pairs inside sliding windows (gpt-oss, Mistral)", "[plan][moe]") {
+  TrainConfig cfg;
+  cfg.model.arch = "gpt_oss";
+  cfg.model.layers = 2;  // layer 0 slides, layer 1 sees everything
+  cfg.model.num_experts = 4;
+  cfg.model.sliding_window = 4;
+  ModelConfig m = cfg.model_config_from_keys();
+  const double full = 10.0 * 11.0 / 2.0, window = 4.0 * 5.0 / 2.0 + 6.0 * 4.0;  // T = 10
+  const double per_pair = 2.0 * static_cast<double>(m.q_dim()) * 3.0;           // batch 3
+  CHECK(plan::layer_flops(m, 3, 10).attention_forward ==
+        Approx(plan::kAttentionForwardProducts * per_pair * (full + window) / 2.0));
+  m.sliding_layers.clear();  // no sliding layer: every layer's causal pairs
+  CHECK(plan::layer_flops(m, 3, 10).attention_forward == Approx(plan::kAttentionForwardProducts * per_pair * full));
+  CHECK(plan::layer_flops(m, 3, 3).attention_forward ==  // shorter than the window: all pairs either way
+        Approx(plan::kAttentionForwardProducts * 2.0 * static_cast<double>(m.q_dim()) * 3.0 * 6.0));
+}
