@@ -252,8 +252,8 @@ class Ops {
   }
   // The load-balancing loss (transformers' load_balancing_loss_func, ModelConfig::output_router_logits):
   // z = the router logits, or gpt-oss's scores (the k weights scattered into zeros), p = softmax(z) per
-  // token; prob_sums_host[e] = sum over tokens of p_e, tokens in order (on the host: waits for the work
-  // before it).
+  // token; prob_sums_host[e] = sum over tokens of p_e: chunks of 256 tokens each summed in order, then
+  // the chunks in order, on every backend (on the host: waits for the work before it).
   virtual void moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight,
                                  const RouteShape& s, float* prob_sums_host) {
     unsupported("moe_balance_stats");

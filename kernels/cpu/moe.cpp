@@ -44,6 +44,9 @@ std::vector<float>& probabilities(std::int64_t E) {
   return p;
 }
 
+// Tokens per partial sum of the load-balancing statistics (the CUDA kernel uses the same chunks).
+constexpr std::int64_t kBalanceChunk = 256;
+
 // The router output the load-balancing loss takes a softmax of (transformers' "router_logits"): the logits
 // themselves, or gpt-oss's router scores (the k weights scattered into zeros).
 const float* balance_input(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
@@ -59,19 +62,25 @@ const float* balance_input(const float* logits, const std::int32_t* expert, cons
 
 void moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
                        float* prob_sums, int threads) {
-  const std::int64_t E = s.experts;
-  // Per expert, tokens in order: the sum's bits do not depend on the thread count.
-  std::vector<float> probs(static_cast<std::size_t>(s.tokens * E));
+  const std::int64_t E = s.experts, chunks = (s.tokens + kBalanceChunk - 1) / kBalanceChunk;
+  // Per expert: each chunk of kBalanceChunk tokens summed in token order, then the chunks in order (a
+  // fixed tree whatever the thread count; chunks x E floats, not tokens x E).
+  std::vector<float> partial(static_cast<std::size_t>(chunks * E), 0.0f);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> row(static_cast<std::size_t>(E));
+    std::vector<float> row(static_cast<std::size_t>(E)), p(static_cast<std::size_t>(E));
 #pragma omp for schedule(static)
-    for (std::int64_t n = 0; n < s.tokens; ++n)
-      softmax_row(balance_input(logits, expert, weight, s, n, row.data()), E, probs.data() + n * E);
+    for (std::int64_t ch = 0; ch < chunks; ++ch) {
+      float* acc = partial.data() + ch * E;
+      for (std::int64_t n = ch * kBalanceChunk; n < std::min(s.tokens, (ch + 1) * kBalanceChunk); ++n) {
+        softmax_row(balance_input(logits, expert, weight, s, n, row.data()), E, p.data());
+        for (std::int64_t e = 0; e < E; ++e) acc[e] += p[static_cast<std::size_t>(e)];
+      }
+    }
   }
   for (std::int64_t e = 0; e < E; ++e) prob_sums[e] = 0.0f;
-  for (std::int64_t n = 0; n < s.tokens; ++n)
-    for (std::int64_t e = 0; e < E; ++e) prob_sums[e] += probs[static_cast<std::size_t>(n * E + e)];
+  for (std::int64_t ch = 0; ch < chunks; ++ch)
+    for (std::int64_t e = 0; e < E; ++e) prob_sums[e] += partial[static_cast<std::size_t>(ch * E + e)];
 }
 
 void moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight, const float* grad,

@@ -189,9 +189,9 @@ void check_top_k(const RouteShape& s) {
     throw std::invalid_argument("cuda ops: moe_route supports top_k in [1, 32], got " + std::to_string(s.top_k));
 }
 
-// The load-balancing loss (ops.hpp): z per token is the logits or gpt-oss's scattered weights; one thread
-// a token writes softmax(z) (expert order, as the CPU), then one thread an expert sums its column over
-// tokens in order; the backward is one thread a token.
+// The load-balancing loss (ops.hpp): z per token is the logits or gpt-oss's scattered weights; the
+// statistics sum softmax(z) over chunks of tokens, then over the chunks (below); the backward is one
+// thread a token.
 __device__ float balance_z(const float* logits, const std::int32_t* expert, const float* weight, const RouteShape& s,
                            std::int64_t n, std::int64_t e) {
   if (s.kind == RouterKind::softmax_topk) return logits[n * s.experts + e];
@@ -200,24 +200,33 @@ __device__ float balance_z(const float* logits, const std::int32_t* expert, cons
   return 0.0f;
 }
 
-__global__ void balance_probs_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ expert,
-                                     const float* __restrict__ weight, RouteShape s, float* __restrict__ probs) {
-  const std::int64_t n = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (n >= s.tokens) return;
+// One thread a chunk of kBalanceChunk tokens: its softmax rows summed per expert in token order into
+// partial[chunk, E] (the CPU's chunks); then one thread an expert sums the chunks in order.
+constexpr std::int64_t kBalanceChunk = 256;
+
+__global__ void balance_partial_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ expert,
+                                       const float* __restrict__ weight, RouteShape s, float* __restrict__ partial) {
+  const std::int64_t ch = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  const std::int64_t chunks = (s.tokens + kBalanceChunk - 1) / kBalanceChunk;
+  if (ch >= chunks) return;
   const std::int64_t E = s.experts;
-  float m = balance_z(logits, expert, weight, s, n, 0), z = 0.0f;
-  for (std::int64_t e = 1; e < E; ++e) m = fmaxf(m, balance_z(logits, expert, weight, s, n, e));
-  float* p = probs + n * E;
-  for (std::int64_t e = 0; e < E; ++e) z += (p[e] = expf(balance_z(logits, expert, weight, s, n, e) - m));
-  for (std::int64_t e = 0; e < E; ++e) p[e] /= z;
+  float* acc = partial + ch * E;
+  for (std::int64_t e = 0; e < E; ++e) acc[e] = 0.0f;
+  const std::int64_t end = min(s.tokens, (ch + 1) * kBalanceChunk);
+  for (std::int64_t n = ch * kBalanceChunk; n < end; ++n) {
+    float m = balance_z(logits, expert, weight, s, n, 0), z = 0.0f;
+    for (std::int64_t e = 1; e < E; ++e) m = fmaxf(m, balance_z(logits, expert, weight, s, n, e));
+    for (std::int64_t e = 0; e < E; ++e) z += expf(balance_z(logits, expert, weight, s, n, e) - m);
+    for (std::int64_t e = 0; e < E; ++e) acc[e] += expf(balance_z(logits, expert, weight, s, n, e) - m) / z;
+  }
 }
 
-__global__ void balance_colsum_kernel(const float* __restrict__ probs, std::int64_t tokens, std::int64_t E,
+__global__ void balance_colsum_kernel(const float* __restrict__ partial, std::int64_t chunks, std::int64_t E,
                                       float* __restrict__ sums) {
   const std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (e >= E) return;
   float acc = 0.0f;
-  for (std::int64_t n = 0; n < tokens; ++n) acc += probs[n * E + e];
+  for (std::int64_t c = 0; c < chunks; ++c) acc += partial[c * E + e];
   sums[e] = acc;
 }
 
@@ -309,16 +318,15 @@ void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::
 
 void CudaOps::moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight,
                                 const RouteShape& s, float* prob_sums_host) {
-  const std::int64_t E = s.experts;
-  const std::size_t probs_bytes = static_cast<std::size_t>(s.tokens * E) * sizeof(float);
-  auto* probs = static_cast<float*>(room(moe_balance, probs_bytes + static_cast<std::size_t>(E) * sizeof(float)));
-  float* sums = probs + s.tokens * E;
-  if (s.tokens > 0) {
-    balance_probs_kernel<<<grid_for(static_cast<std::size_t>(s.tokens), kBlock), kBlock, 0, st_>>>(logits, expert,
-                                                                                                   weight, s, probs);
-    MT_CUDA_LAUNCH_CHECK("balance_probs_kernel");
+  const std::int64_t E = s.experts, chunks = (s.tokens + kBalanceChunk - 1) / kBalanceChunk;
+  auto* partial = static_cast<float*>(room(moe_balance, static_cast<std::size_t>((chunks + 1) * E) * sizeof(float)));
+  float* sums = partial + chunks * E;
+  if (chunks > 0) {
+    balance_partial_kernel<<<grid_for(static_cast<std::size_t>(chunks), kBlock), kBlock, 0, st_>>>(logits, expert,
+                                                                                                   weight, s, partial);
+    MT_CUDA_LAUNCH_CHECK("balance_partial_kernel");
   }
-  balance_colsum_kernel<<<grid_for(static_cast<std::size_t>(E), kBlock), kBlock, 0, st_>>>(probs, s.tokens, E, sums);
+  balance_colsum_kernel<<<grid_for(static_cast<std::size_t>(E), kBlock), kBlock, 0, st_>>>(partial, chunks, E, sums);
   MT_CUDA_LAUNCH_CHECK("balance_colsum_kernel");
   MT_CUDA_CHECK(
       cudaMemcpyAsync(prob_sums_host, sums, static_cast<std::size_t>(E) * sizeof(float), cudaMemcpyDeviceToHost, st_));
