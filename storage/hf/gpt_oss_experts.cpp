@@ -94,7 +94,7 @@ std::optional<ExpertSource> expert_source(const ModelConfig& c, const std::strin
 }
 
 void read_expert(const ModelConfig& c, const ExpertSource& s, const SafetensorsReader& file,
-                 const SafetensorsReader* scales_file, float* dst) {
+                 const SafetensorsReader* scales_file, float* dst, float* up_dst) {
   const auto d = static_cast<std::size_t>(c.hidden_size), ff = static_cast<std::size_t>(c.moe_intermediate_size);
   const auto e = static_cast<std::size_t>(s.expert);
   const bool gate_up = s.matrix != ExpertMatrix::down;
@@ -124,6 +124,9 @@ void read_expert(const ModelConfig& c, const ExpertSource& s, const SafetensorsR
   if (gate_up) {  // ours [ff, d]: row i = column 2i + parity of the file's [d, 2 ff]
     for (std::size_t k = 0; k < d; ++k)
       for (std::size_t i = 0; i < ff; ++i) dst[i * d + k] = slab[k * 2 * ff + 2 * i + parity];
+    if (up_dst && s.matrix == ExpertMatrix::gate)  // the odd columns of the same slab
+      for (std::size_t k = 0; k < d; ++k)
+        for (std::size_t i = 0; i < ff; ++i) up_dst[i * d + k] = slab[k * 2 * ff + 2 * i + 1];
   } else {  // ours [d, ff] = the file's [ff, d] transposed
     for (std::size_t i = 0; i < ff; ++i)
       for (std::size_t k = 0; k < d; ++k) dst[k * ff + i] = slab[i * d + k];

@@ -48,8 +48,11 @@ struct ExpertSource {
 std::optional<ExpertSource> expert_source(const ModelConfig& c, const std::string& prefix, const std::string& tensor,
                                           const std::function<bool(const std::string&)>& in_files);
 // Reads it into dst (the layout's shape); `scales_file` is the file holding s.scales (MXFP4 only).
+// up_dst (a fused gate matrix only): the same expert's up matrix too, from the one slab both live in.
 void read_expert(const ModelConfig& c, const ExpertSource& s, const SafetensorsReader& file,
-                 const SafetensorsReader* scales_file, float* dst);
+                 const SafetensorsReader* scales_file, float* dst, float* up_dst = nullptr);
+// Whether read_expert fills a second destination for this source (read_stage reads the pair once).
+inline bool reads_gate_and_up(const ExpertSource& s) { return !s.mxfp4 && !s.bias && s.matrix == ExpertMatrix::gate; }
 
 // MXFP4 rows: out[r * cols + j] for `rows` rows of `cols` values (cols a multiple of 32) from their
 // blocks (rows x cols / 2 bytes) and scales (rows x cols / 32 bytes).

@@ -200,10 +200,17 @@ const HfModelReader::Location& HfModelReader::locate(const std::string& name) co
 void HfModelReader::read_stage(std::int64_t stage, float* dst) const {
   const ParamLayout layout = stage_layout(config_, stage);
   std::memset(dst, 0, layout.total_floats * sizeof(float));
+  std::set<std::string> read_with_gate;  // gpt-oss's fused up matrices, filled from their gate's slab
   for (const auto& t : layout.tensors) {
     const HfTensorName hn = hf_tensor(config_, layout, t);
     const Location& loc = locate(hn.name);
-    if (loc.expert)
+    if (read_with_gate.count(t.name)) continue;
+    if (loc.expert && gpt_oss::reads_gate_and_up(*loc.expert)) {
+      const std::string up = moe_expert_tensor(config_, loc.expert->expert, ExpertMatrix::up);
+      gpt_oss::read_expert(config_, *loc.expert, *loc.file, loc.scales_file, dst + t.offset,
+                           dst + layout.at(up).offset);
+      read_with_gate.insert(up);
+    } else if (loc.expert)
       gpt_oss::read_expert(config_, *loc.expert, *loc.file, loc.scales_file, dst + t.offset);
     else if (loc.count > 0)
       loc.file->read_f32_range(loc.name_in_file, loc.fused_shape, loc.first, loc.count, dst + t.offset);
