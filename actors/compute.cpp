@@ -244,8 +244,8 @@ void try_advance(self_ptr self) {
           const auto E = static_cast<std::size_t>(c.num_experts), l = static_cast<std::size_t>(op.stage - 1);
           mb.counts.resize(static_cast<std::size_t>(L));
           mb.prob_sums.resize(static_cast<std::size_t>(L));
-          mb.counts[l].assign(E, 0);
-          mb.prob_sums[l].assign(E, 0.0f);
+          mb.counts[l].resize(E);  // layer_forward overwrites them
+          mb.prob_sums[l].resize(E);
           stats.counts = mb.counts[l].data();
           stats.prob_sums = mb.prob_sums[l].data();
         }
@@ -259,12 +259,8 @@ void try_advance(self_ptr self) {
         LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L), targets, B,
                                                 T, ctx->dx[dxc], gh, g0, ws);
         if (balanced) {  // the micro-batch's load-balancing term: its loss, and the layers' gradient
-          MbBalance& mb = balance_of(ctx, p);
-          std::vector<std::vector<std::int64_t>> counts;
-          std::vector<std::vector<float>> prob_sums;
-          for (std::size_t l = 0; l < mb.counts.size(); ++l)
-            if (!mb.counts[l].empty()) counts.push_back(mb.counts[l]), prob_sums.push_back(mb.prob_sums[l]);
-          const MoeBalanceTerm term = moe_balance(counts, prob_sums, B * T, c.router_aux_loss_coef, loss.counted);
+          MbBalance& mb = balance_of(ctx, p);  // per layer; a dense layer's slots stay empty
+          const MoeBalanceTerm term = moe_balance(mb.counts, mb.prob_sums, B * T, c.router_aux_loss_coef, loss.counted);
           loss.loss_sum += term.loss_add;
           mb.grad = term.grad;
           // Steps before the previous one are done: their statistics go.

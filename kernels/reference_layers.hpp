@@ -75,6 +75,13 @@ void expert_act(const ModelConfig& c, const T* g, const T* u, T* h, i64 n) {
   else
     swiglu(g, u, h, n);
 }
+template <class T>
+void expert_act_backward(const ModelConfig& c, const T* g, const T* u, const T* dh, T* dg, T* du, i64 n) {
+  if (c.is_gpt_oss())
+    clamped_swiglu_backward(g, u, dh, dg, du, n, T(ModelConfig::kGptOssSwigluAlpha), T(c.swiglu_limit));
+  else
+    swiglu_backward(g, u, dh, dg, du, n);
+}
 
 // The mixture-of-experts block on xn[N, d] (ffn_block.hpp's formula), token by token and choice by
 // choice: y[n] = sum_j weight[n, j] w2_e(silu(w1_e xn[n]) * w3_e xn[n]), e = expert[n, j].
@@ -131,11 +138,7 @@ void moe_ffn_backward(const ModelConfig& c, const ParamLayout& l, const T* p, co
       }
       linear_backward(h.data(), W(ExpertMatrix::down), dye.data(), dh.data(), G(ExpertMatrix::down),
                       GB(ExpertMatrix::down), 1, ff, d);
-      if (c.is_gpt_oss())
-        clamped_swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), ff,
-                                T(ModelConfig::kGptOssSwigluAlpha), T(c.swiglu_limit));
-      else
-        swiglu_backward(g.data(), u.data(), dh.data(), dg.data(), du.data(), ff);
+      expert_act_backward(c, g.data(), u.data(), dh.data(), dg.data(), du.data(), ff);
       linear_backward(xn + n * d, W(ExpertMatrix::gate), dg.data(), dxn + n * d, G(ExpertMatrix::gate),
                       GB(ExpertMatrix::gate), 1, d, ff);
       linear_backward(xn + n * d, W(ExpertMatrix::up), du.data(), dxn + n * d, G(ExpertMatrix::up),

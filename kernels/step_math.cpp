@@ -84,13 +84,16 @@ MoeBalanceTerm moe_balance(const std::vector<std::vector<std::int64_t>>& counts,
                            const std::vector<std::vector<float>>& prob_sums, std::int64_t tokens, double coef,
                            std::int64_t counted) {
   MoeBalanceTerm t;
-  if (counts.empty() || counts.size() != prob_sums.size() || tokens <= 0) return t;
-  const std::size_t E = counts[0].size();
-  const double R = static_cast<double>(counts.size()) * static_cast<double>(tokens);
+  if (counts.size() != prob_sums.size() || tokens <= 0) return t;
+  std::size_t E = 0, layers = 0;
+  for (const auto& l : counts)
+    if (!l.empty()) E = l.size(), ++layers;
+  if (layers == 0) return t;
+  const double R = static_cast<double>(layers) * static_cast<double>(tokens);
   std::vector<std::int64_t> C(E, 0);
   std::vector<double> P(E, 0.0);
   for (std::size_t l = 0; l < counts.size(); ++l)
-    for (std::size_t e = 0; e < E; ++e) {
+    for (std::size_t e = 0; e < counts[l].size(); ++e) {
       C[e] += counts[l][e];
       P[e] += static_cast<double>(prob_sums[l][e]);
     }

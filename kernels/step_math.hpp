@@ -66,14 +66,15 @@ struct StepScale {
 StepScale compute_step_scale(const std::vector<double>& stage_sumsq, std::int64_t counted, float max_grad_norm,
                              double loss_sum = 0.0);
 
-// One micro-batch's load-balancing term from its MoE layers' statistics (MoeBalance, in layer order):
+// One micro-batch's load-balancing term from its MoE layers' statistics (MoeBalance, in layer order; a
+// layer with empty vectors, a dense one, is skipped):
 // R = layers x tokens rows, f_e = (sum of counts_e) / R, P_e = (sum of prob_sums_e, in layer order, in
 // double) / R, aux = E sum_e f_e P_e; loss_add = coef counted aux (to add to the micro-batch's loss
 // sum); grad[e] = float(coef counted E f_e / R) (d(loss_add)/d(p_e) of every row; the choices are
 // constants, as transformers' one-hot).
 struct MoeBalanceTerm {
-  double aux = 0.0;
-  double loss_add = 0.0;
+  double aux = 0.0;       // transformers' aux_loss
+  double loss_add = 0.0;  // coef counted aux
   std::vector<float> grad;
 };
 MoeBalanceTerm moe_balance(const std::vector<std::vector<std::int64_t>>& counts,

@@ -102,9 +102,10 @@ inline std::int64_t first_key_block(std::int64_t pos0, std::int64_t window) {
   return first / kBlock * kBlock;
 }
 
-// Sink logits widened to fp32 (they arrive in the run's precision).
-std::vector<float> widen_sinks(const void* sinks, std::int64_t heads, bool bf16) {
-  std::vector<float> s(static_cast<std::size_t>(heads));
+// Sink logits widened to fp32 (they arrive in the run's precision), into the calling thread's room.
+const std::vector<float>& widen_sinks(const void* sinks, std::int64_t heads, bool bf16) {
+  thread_local std::vector<float> s;
+  s.resize(static_cast<std::size_t>(heads));
   for (std::int64_t h = 0; h < heads; ++h)
     s[static_cast<std::size_t>(h)] =
         bf16 ? bf16_to_float(static_cast<const bf16_t*>(sinks)[h]) : static_cast<const float*>(sinks)[h];
@@ -120,7 +121,7 @@ void attention_forward(const float* q, const float* k, const float* v, const voi
   const std::int64_t W = a.window;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.q_heads;
-  const std::vector<float> sink = sinks ? widen_sinks(sinks, a.q_heads, sinks_bf16) : std::vector<float>{};
+  const float* sink = sinks ? widen_sinks(sinks, a.q_heads, sinks_bf16).data() : nullptr;  // read by every thread
 #pragma omp parallel num_threads(threads) if (tasks > 1 && Q * T * hd > 4096)
   {
     // Per-thread tiles, kept across calls by the pool's threads (allocated once, not per call).
@@ -177,7 +178,7 @@ void attention_forward(const float* q, const float* k, const float* v, const voi
             float* o = out + (b * Q + q0 + i) * a.o_stride + h * hd;
             float mr = m[static_cast<std::size_t>(r)], lr = l[static_cast<std::size_t>(r)], corr = 1.0f;
             if (sinks) {  // the sink's column joins the row: rescale to the larger of its max and the sink
-              const float sh = sink[static_cast<std::size_t>(h)], mx = std::max(mr, sh);
+              const float sh = sink[h], mx = std::max(mr, sh);
               corr = std::exp(mr - mx);
               lr = lr * corr + std::exp(sh - mx);
               mr = mx;
@@ -250,8 +251,8 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
                 for (std::int64_t c = vis.lo; c < vis.hi; ++c) p[c] *= scale;
                 if (!vis.empty()) exp_shift(p + vis.lo, vis.hi - vis.lo, lb[i]);  // p = exp(s - lse)
                 for (std::int64_t c = vis.lo; c < vis.hi; ++c) dp[c] = p[c] * (dp[c] - Dj[i]) * scale;  // dS, scaled
-                std::fill(p, p + std::min(vis.lo, vis.hi), 0.0f);
-                std::fill(dp, dp + std::min(vis.lo, vis.hi), 0.0f);
+                std::fill(p, p + vis.lo, 0.0f);  // lo <= hi: visible() clamps it
+                std::fill(dp, dp + vis.lo, 0.0f);
                 std::fill(p + vis.hi, p + kn, 0.0f);
                 std::fill(dp + vis.hi, dp + kn, 0.0f);
               }
@@ -272,7 +273,7 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
   }
   if (!sinks || !dsinks_acc) return;
   // d(sink_h) = sum over rows of p_sink * (0 - D): the sink's column has no value, so dP_sink = 0.
-  const std::vector<float> sink = widen_sinks(sinks, a.q_heads, sinks_bf16);
+  const float* sink = widen_sinks(sinks, a.q_heads, sinks_bf16).data();
 #pragma omp parallel for num_threads(threads) schedule(static) if (a.q_heads > 1 && a.batch * Q * hd > 4096)
   for (std::int64_t h = 0; h < a.q_heads; ++h) {
     float acc = 0.0f;
@@ -280,7 +281,7 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
       for (std::int64_t i = 0; i < Q; ++i) {
         const std::int64_t row = (b * Q + i);
         const float D = simd::dot(dout + row * a.o_stride + h * hd, out + row * a.o_stride + h * hd, hd);
-        acc -= std::exp(sink[static_cast<std::size_t>(h)] - lse[(b * a.q_heads + h) * Q + i]) * D;
+        acc -= std::exp(sink[h] - lse[(b * a.q_heads + h) * Q + i]) * D;
       }
     dsinks_acc[h] += acc;
   }

@@ -43,6 +43,12 @@ std::vector<float>& probabilities(std::int64_t E) {
   if (p.size() < static_cast<std::size_t>(E)) p.resize(static_cast<std::size_t>(E));
   return p;
 }
+// ... and for the row the load-balancing loss takes a softmax of (gpt-oss's scattered scores).
+std::vector<float>& balance_row(std::int64_t E) {
+  thread_local std::vector<float> r;
+  if (r.size() < static_cast<std::size_t>(E)) r.resize(static_cast<std::size_t>(E));
+  return r;
+}
 
 // Tokens per partial sum of the load-balancing statistics (the CUDA kernel uses the same chunks).
 constexpr std::int64_t kBalanceChunk = 256;
@@ -65,10 +71,12 @@ void moe_balance_stats(const float* logits, const std::int32_t* expert, const fl
   const std::int64_t E = s.experts, chunks = (s.tokens + kBalanceChunk - 1) / kBalanceChunk;
   // Per expert: each chunk of kBalanceChunk tokens summed in token order, then the chunks in order (a
   // fixed tree whatever the thread count; chunks x E floats, not tokens x E).
-  std::vector<float> partial(static_cast<std::size_t>(chunks * E), 0.0f);
+  thread_local std::vector<float> partial;  // grown once per shape: nothing allocates in steady state
+  partial.assign(static_cast<std::size_t>(chunks * E), 0.0f);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> row(static_cast<std::size_t>(E)), p(static_cast<std::size_t>(E));
+    std::vector<float>& row = balance_row(E);
+    std::vector<float>& p = probabilities(E);
 #pragma omp for schedule(static)
     for (std::int64_t ch = 0; ch < chunks; ++ch) {
       float* acc = partial.data() + ch * E;
@@ -88,7 +96,8 @@ void moe_balance_backward(const float* logits, const std::int32_t* expert, const
   const std::int64_t E = s.experts, k = s.top_k;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> row(static_cast<std::size_t>(E)), p(static_cast<std::size_t>(E));
+    std::vector<float>& row = balance_row(E);
+    std::vector<float>& p = probabilities(E);
 #pragma omp for schedule(static)
     for (std::int64_t n = 0; n < s.tokens; ++n) {
       softmax_row(balance_input(logits, expert, weight, s, n, row.data()), E, p.data());
