@@ -14,10 +14,15 @@
 //
 // Several ranks (mpirun): reduce_across_ranks below, the sum in rank order of cluster/grad_reduce.hpp.
 //
-// Stage gradients (train.gradient_buffer=stage, collect_in_slot below): nothing is accumulated; the
-// first of two passes sums a stage's squares and frees the slot, the last hands the slot itself to the
-// optimizer, which frees it after the update.
+// Stage gradients (train.gradient_buffer=stage): with one micro-batch per step (collect_in_slot below)
+// nothing is accumulated; the first of two passes sums a stage's squares and frees the slot, the last
+// hands the slot itself to the optimizer, which frees it after the update. With several (layer-major,
+// collect_into_accumulator) a stage's micro-batches arrive back to back and are summed into one of the
+// two stage accumulators with the tile accumulator's bits; the first pass sums its squares and
+// releases it, the last hands it to the optimizer. Work that finds both accumulators taken waits
+// (in order) for the optimizer's AccumulatorFree.
 #include <cstring>
+#include <deque>
 #include <future>
 #include <map>
 #include <tuple>
@@ -41,6 +46,7 @@ struct collector_state {
   std::map<std::int64_t, double> offload_s;  // per step
   // Rounds not yet complete: (step, round, stage) -> each device's staging slot (-1: not in yet).
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<int>> pending;
+  std::deque<LayerGrads> waiting;  // stage gradients: work waiting for a stage accumulator, in arrival order
   static constexpr const char* name = "collector";
 };
 
@@ -78,6 +84,29 @@ void reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, float*
                         largest_stage_floats(ctx), what);
   self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
   if (mb + 1 == ctx->sched.micro_batches()) cluster::share_stage(*ctx->world, owner, accum, n, what);
+}
+
+// Adds the gradient in device slot `slot` into the host accumulator `acc` (first: zeroed first), with
+// the bits of cpu::accumulate: from the slot in one pass where the backend shares host memory, else
+// copied into the host buffer first. `slot_done` runs once the slot is no longer read.
+template <class SlotDone>
+void add_to_host(self_ptr self, Backend& device, float* slot, float* acc, std::size_t n, bool first,
+                 SlotDone slot_done) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  if (device.shares_host_memory()) {
+    device.accumulate_to_host(slot, acc, n, first, ctx->granted(ctx->collector_threads));
+    slot_done();
+    return;
+  }
+  if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(ctx));
+  std::promise<void> landed;
+  device.copy_async(LinkDirection::device_to_host, slot, st.host_buffer.get(), n * sizeof(float),
+                    [&landed] { landed.set_value(); });
+  landed.get_future().get();
+  slot_done();
+  if (first) std::memset(acc, 0, n * sizeof(float));
+  cpu::accumulate(acc, st.host_buffer.get(), n, ctx->granted(ctx->collector_threads));
 }
 
 // Tells the node the step's gradients are all collected once every stage's ledger count reaches `complete`.
@@ -134,6 +163,65 @@ void collect_in_slot(self_ptr self, const LayerGrads& m) {
   self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, sumsq, sums_only ? -1 : m.grad_slot});
 }
 
+// Stage gradients of several micro-batches (layer-major): adds the slot into the stage's accumulator.
+// False when it has to wait for a free accumulator (the optimizer's AccumulatorFree).
+bool collect_into_accumulator(self_ptr self, const LayerGrads& m) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  RunLedger& led = ctx->ledger;
+  const std::int64_t step = m.work.step, mb = m.work.micro_batch, stage = m.work.stage;
+  const std::size_t si = static_cast<std::size_t>(stage);
+  const std::int64_t M = ctx->data_micro_batches(), data_mb = ctx->data_local(mb);
+  const std::int64_t arrival = ctx->pass_of(mb) * M + data_mb;  // the stage's arrivals count every pass
+  auto free_slot = [&] { self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0}); };
+  fault_point(ctx->fault, Role::collector, step, ctx->work_micro_batch(mb), stage, Phase::collect);
+  const std::int64_t expected = led.accum_step[si] == step ? led.accum_count[si] : 0;
+  if (led.accum_step[si] > step || arrival < expected) {  // re-issued work, summed before a restart
+    free_slot();
+    return true;
+  }
+  if (arrival != expected)
+    throw std::logic_error("collector: stage " + std::to_string(stage) + " step " + std::to_string(step) +
+                           " got pass " + std::to_string(ctx->pass_of(mb)) + " micro-batch " + std::to_string(data_mb) +
+                           ", expected arrival " + std::to_string(expected));
+  StageAccumulators& accums = *ctx->stage_accums;
+  const int a = data_mb == 0 ? accums.claim(step, stage) : accums.held_by(step, stage);
+  if (a < 0) {
+    if (data_mb != 0) throw std::logic_error("collector: stage " + std::to_string(stage) + " lost its accumulator");
+    return false;
+  }
+  const auto t0 = Clock::now();
+  const ParamLayout& layout = ctx->layouts[si];
+  const std::size_t n = layout.total_floats;
+  float* acc = accums.data(a);
+  add_to_host(self, *ctx->backend, ctx->arena->grad_slot(m.grad_slot), acc, n, data_mb == 0, free_slot);
+  led.accum_step[si] = step;
+  led.accum_count[si] = arrival + 1;
+  const bool stage_done = data_mb + 1 == M;
+  const bool sums_only = !ctx->last_pass(mb);
+  if (stage_done && (ctx->passes == 1 || sums_only))
+    led.sumsq[si] = stage_grad_sumsq(layout, acc, ctx->granted(ctx->collector_threads));
+  const auto t1 = Clock::now();
+  st.offload_s[step] += seconds_between(t0, t1);
+  ctx->intervals.add(Role::collector, step, t0, t1);
+  ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, ctx->work_micro_batch(mb), stage, "collect");
+  if (!stage_done) return true;
+  if (sums_only) accums.release(a);  // the first pass brings only the sum
+  if (!sums_only) report_if_step_done(self, step, ctx->passes * M);
+  self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, led.sumsq[si], -1, sums_only ? -1 : a});
+  return true;
+}
+
+// Stage gradients of several micro-batches: the waiting work first, in order, then m (or m waits too).
+void collect_or_wait(self_ptr self, const LayerGrads* m) {
+  auto& st = self->state;
+  if (m != nullptr) st.waiting.push_back(*m);
+  while (!st.waiting.empty()) {
+    if (!collect_into_accumulator(self, st.waiting.front())) return;
+    st.waiting.pop_front();
+  }
+}
+
 void collect(self_ptr self, const LayerGrads& m) {
   auto& st = self->state;
   Context* ctx = st.ctx;
@@ -185,18 +273,10 @@ void collect(self_ptr self, const LayerGrads& m) {
     reduce_across_ranks(self, m, grads[0], tile.grad(), n);
   } else if (N == 1 && ctx->grads_in_place(mb)) {  // compute summed them into the tile already
     free_slot(0, slots[0]);
-  } else if (devices[0]->shares_host_memory()) {  // one pass straight from the slot, the same bits
-    devices[0]->accumulate_to_host(grads[0], tile.grad(), n, mb == 0, ctx->granted(ctx->collector_threads));
-    for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
   } else {
-    if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(ctx));
-    std::promise<void> landed;
-    devices[0]->copy_async(LinkDirection::device_to_host, grads[0], st.host_buffer.get(), n * sizeof(float),
-                           [&landed] { landed.set_value(); });
-    landed.get_future().get();
-    for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
-    if (mb == 0) std::memset(tile.grad(), 0, n * sizeof(float));
-    cpu::accumulate(tile.grad(), st.host_buffer.get(), n, ctx->granted(ctx->collector_threads));
+    add_to_host(self, *devices[0], grads[0], tile.grad(), n, mb == 0, [&] {
+      for (int d = 0; d < N; ++d) free_slot(d, slots[static_cast<std::size_t>(d)]);
+    });
   }
   led.accum_step[si] = step;
   led.accum_count[si] = mb + 1;
@@ -220,10 +300,17 @@ collector_actor::behavior_type collector_fn(self_ptr self, Context* ctx, std::ui
       [=](const LayerGrads& m) {
         const auto probe = probe_handler(self, monitor::ActorId::collector, "LayerGrads");
         if (m.epoch != self->state.epoch || !self->state.running) return;
-        if (ctx->stage_gradients)
+        if (ctx->stage_accums != nullptr)
+          collect_or_wait(self, &m);
+        else if (ctx->stage_gradients)
           collect_in_slot(self, m);
         else
           collect(self, m);
+      },
+      [=](const AccumulatorFree& m) {
+        const auto probe = probe_handler(self, monitor::ActorId::collector, "AccumulatorFree");
+        if (m.epoch != self->state.epoch || !self->state.running) return;
+        collect_or_wait(self, nullptr);
       },
       [=](const Peers& p) {
         const auto probe = probe_handler(self, monitor::ActorId::collector, "Peers");
@@ -239,6 +326,7 @@ collector_actor::behavior_type collector_fn(self_ptr self, Context* ctx, std::ui
         self->state.epoch = e;
         self->state.running = false;
         self->state.pending.clear();  // the node re-issues every full staging slot
+        self->state.waiting.clear();
         return ack_atom::value;
       },
   };

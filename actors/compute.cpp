@@ -183,8 +183,11 @@ void try_advance(self_ptr self) {
       slot[li] = it->second.slot;
     }
     auto weights = [&](int li) -> const void* { return ctx->arena->weights(slot[li]); };
-    // Boundaries on the host: the ring entry this op writes must have been copied out.
-    const std::int64_t written = on_host ? boundary_written(op) : -1;
+    // Boundaries on the host: the ring entry this op writes must have been copied out (layer-major the
+    // head's input has a buffer of its own per micro-batch).
+    const bool head_input_own = on_host && !ctx->head_inputs.empty();
+    std::int64_t written = on_host ? boundary_written(op) : -1;
+    if (written == L && head_input_own) written = -1;
     if (written >= 0 && !ring_entry_free(ctx, static_cast<std::size_t>(written) % ctx->ring.size())) {
       if (!st.waiting_since) st.waiting_since = Clock::now();
       return;
@@ -226,9 +229,22 @@ void try_advance(self_ptr self) {
     const std::size_t set = static_cast<std::size_t>(sched.activation_set(p.micro_batch));
     // Boundary i of this micro-batch as the forward and head see it.
     auto boundary = [&](std::int64_t i) {
+      if (i == L && head_input_own) return ctx->head_inputs[set];
       return on_host ? ctx->ring[static_cast<std::size_t>(i) % ctx->ring.size()]
                      : ctx->acts[set][static_cast<std::size_t>(i)];
     };
+    // d(loss)/d(boundary): the head writes it, each layer backward reads one buffer and writes the
+    // other, the embed backward reads it. One pair in turn (the ledger's dx_current), or layer-major a
+    // pair per micro-batch, the buffer fixed by the stage: the head writes buffer 0, layer i reads
+    // buffer (L - i) % 2.
+    const bool dx_per_set = !ctx->dx_sets.empty();
+    auto dx_buffer = [&](std::int64_t parity) {
+      return dx_per_set ? ctx->dx_sets[2 * set + static_cast<std::size_t>(parity & 1)]
+                        : ctx->dx[(dxc + parity) & 1];
+    };
+    std::int64_t dx_read = 0;  // the buffer the op reads (the head: writes)
+    if (dx_per_set && op.kind == OpKind::layer_backward) dx_read = L - op.stage;
+    if (dx_per_set && op.kind == OpKind::embed_backward) dx_read = L;
     auto saved = [&](std::int64_t layer) {
       const std::int64_t first_saved = keep ? 1 : L - ctx->plan.kept_layers + 1;  // kept_layers: the last ones
       return layer >= first_saved ? ctx->saved[set][static_cast<std::size_t>(layer - first_saved)] : nullptr;
@@ -257,7 +273,7 @@ void try_advance(self_ptr self) {
         float* gh = open_staging(ctx, k_main, p, S - 1);
         float* g0 = is_tied ? open_staging(ctx, k_embed, p, 0) : nullptr;
         LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L), targets, B,
-                                                T, ctx->dx[dxc], gh, g0, ws);
+                                                T, dx_buffer(dx_read), gh, g0, ws);
         if (balanced) {  // the micro-batch's load-balancing term: its loss, and the layers' gradient
           MbBalance& mb = balance_of(ctx, p);  // per layer; a dense layer's slots stay empty
           const MoeBalanceTerm term = moe_balance(mb.counts, mb.prob_sums, B * T, c.router_aux_loss_coef, loss.counted);
@@ -302,14 +318,14 @@ void try_advance(self_ptr self) {
             throw std::logic_error("compute: a layer backward before its micro-batch's head (load-balancing loss)");
           grad.grad = be.upload_floats(host.data(), host.size(), token_slot);
         }
-        be.layer_backward(c.layer_config(op.stage - 1), weights(0), x_in, saved(op.stage), ctx->dx[dxc],
-                          ctx->dx[1 - dxc], g, B, T, ws, grad.grad ? &grad : nullptr);
+        be.layer_backward(c.layer_config(op.stage - 1), weights(0), x_in, saved(op.stage), dx_buffer(dx_read),
+                          dx_buffer(dx_read + 1), g, B, T, ws, grad.grad ? &grad : nullptr);
         hand_over(self, k_main, p, op.stage, Phase::backward);
         break;
       }
       case OpKind::embed_backward: {
         float* g = is_tied ? staging_buffer(ctx, k_main, p, 0) : open_staging(ctx, k_main, p, 0);
-        be.embedding_backward(c, tokens, B, T, ctx->dx[dxc], g);
+        be.embedding_backward(c, tokens, B, T, dx_buffer(dx_read), g);
         hand_over(self, k_main, p, 0, Phase::backward);
         break;
       }

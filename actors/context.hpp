@@ -20,6 +20,7 @@
 #include "actors/checkpoint_gate.hpp"
 #include "actors/engine.hpp"
 #include "actors/schedule.hpp"
+#include "actors/stage_accumulators.hpp"
 #include "device/backend.hpp"
 #include "kernels/tile.hpp"
 #include "storage/host/host_boundaries.hpp"
@@ -117,14 +118,17 @@ struct Context {
   int rank = 0;
   int ranks = 1;
   cluster::World* world = nullptr;
-  // train.gradient_buffer=stage (one micro-batch per step, one device, one rank): no gradient accumulator
-  // in the tiles; each stage's gradient waits in its staging slot (or, over a link, the slot's landing
-  // buffer on the host) until the optimizer has used it. With clipping a step runs `passes` = 2
-  // passes over its micro-batch: the schedule's micro-batch p is pass p (the first only sums squares,
-  // the second updates each stage as its gradient completes, with the first pass's clip factor).
+  // train.gradient_buffer=stage (one device, one rank): no gradient accumulator in the tiles. With one
+  // micro-batch per step each stage's gradient waits in its staging slot (or, over a link, the slot's
+  // landing buffer on the host) until the optimizer has used it; with several (layer-major) they are
+  // summed into one of the two stage accumulators. With clipping a step runs `passes` = 2 passes over
+  // its micro-batches: schedule micro-batch p * M + m is pass p of data micro-batch m (the first pass
+  // only sums squares, the second updates each stage as its gradient completes, with the first
+  // pass's clip factor).
   bool stage_gradients = false;
   int passes = 1;
-  std::vector<AlignedFloats> grad_landing;  // stage gradients over a link: per staging slot (collector writes)
+  std::vector<AlignedFloats> grad_landing;  // one micro-batch over a link: per staging slot (collector writes)
+  StageAccumulators* stage_accums = nullptr;  // several micro-batches (the run's; made by run_pipeline)
   // A schedule micro-batch (one per pass and local micro-batch) -> its pass, and the local micro-batch
   // of data it runs (every pass runs the same data).
   std::int64_t data_micro_batches() const { return sched.micro_batches() / passes; }
@@ -203,6 +207,11 @@ struct Context {
   std::vector<float*> ring;
   std::vector<float*> act_slots;
   float* dx[2] = {nullptr, nullptr};
+  // Layer-major (MicroBatchOrder::layer_major): a dx pair per activation set, dx_sets[2 * set + k];
+  // with boundaries on the host also each set's boundary L (the head's input), which a second pass
+  // reads again.
+  std::vector<float*> dx_sets;
+  std::vector<float*> head_inputs;
   float* workspace = nullptr;
 
   // Micro-batch 0's gradients written in place: on a backend that shares host memory, with one device

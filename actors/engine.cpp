@@ -34,19 +34,24 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   p.boundaries_mapped = keep == KeepIntermediates::boundary_mapped;
   const std::int64_t L = model.num_hidden_layers;
   const std::size_t boundary = align_floats(p.hidden_floats);
-  std::size_t act = 2 * boundary;  // dx ping-pong
+  const bool layer_major = p.order == MicroBatchOrder::layer_major;
+  const std::size_t sets = static_cast<std::size_t>(p.activation_sets);
+  // dx ping-pong: one pair, or layer-major a pair per micro-batch (their backwards alternate op by op).
+  const std::size_t dx_buffers = layer_major ? 2 * sets : 2;
+  std::size_t act = dx_buffers * boundary;
   p.ring_entries = p.activation_slots = 0;
   p.host_boundary_bytes = 0;
-  if (p.boundaries_mapped) {  // all of it in host RAM: (L + 1) boundaries per set and the two dx
-    p.host_boundary_bytes =
-        (static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L + 1) + 2) * boundary * sizeof(float);
+  if (p.boundaries_mapped) {  // all of it in host RAM: (L + 1) boundaries per set and the dx buffers
+    p.host_boundary_bytes = (sets * static_cast<std::size_t>(L + 1) + dx_buffers) * boundary * sizeof(float);
     act = 0;
   } else if (p.boundaries_on_host) {
     // Independent of depth: a ring for the forward (3 entries: one read, one written, one still
-    // being copied out) and one input slot per weight slot for the backward.
+    // being copied out) and one input slot per weight slot for the backward. Layer-major the heads'
+    // inputs (boundary L) stay on the device per micro-batch: a second pass's heads read them again.
     p.ring_entries = 3;
     p.activation_slots = p.weight_slots;
     act += static_cast<std::size_t>(p.ring_entries + p.activation_slots) * boundary;
+    if (layer_major) act += sets * boundary;
     p.host_boundary_bytes =
         static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(L) * boundary * sizeof(float);
   } else {
@@ -196,13 +201,6 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   if (!auto_grad && cfg.device.grad_slots < 1) throw ConfigError("device.grad_slots", "must be >= 1, or auto");
   p.weight_slots = auto_weight ? 2 : static_cast<int>(cfg.device.weight_slots);
   p.grad_slots = auto_grad ? 1 : static_cast<int>(cfg.device.grad_slots);
-  const bool tied = model.tie_word_embeddings || model.is_gpt2();
-  if (tied && p.grad_slots < 2) {
-    p.notes.push_back("device.grad_slots raised from " + std::to_string(p.grad_slots) +
-                      " to 2: with tied embeddings the head's gradient of the embedding is staged until the "
-                      "embedding's backward");
-    p.grad_slots = 2;
-  }
   p.hidden_floats = static_cast<std::size_t>(p.batch * p.seq * model.hidden_size);
   p.order = cfg.micro_batch_order();
   p.stage_gradients = cfg.stage_gradients();
@@ -211,6 +209,23 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
       throw ConfigError("train.gradient_buffer",
                         "stage needs each stage's gradient complete after one backward: " + why);
     p.gradient_passes = cfg.stage_gradient_passes();
+    if (p.device_micro_batches > 1 && cfg.device.schedule != micro_batch_order_name(p.order))
+      p.notes.push_back("device.schedule=" + cfg.device.schedule + " gives way to layer_major: stage gradients of " +
+                        std::to_string(p.device_micro_batches) +
+                        " micro-batches need each stage's backward over every micro-batch back to back");
+  }
+  // Tied embeddings: the head's gradient of the embedding is staged until the embedding's backward of
+  // the same micro-batch (layer-major: every micro-batch's at once), and one more slot takes the rest.
+  const bool tied = model.tie_word_embeddings || model.is_gpt2();
+  const int tied_slots =
+      tied ? 1 + (p.order == MicroBatchOrder::layer_major ? static_cast<int>(p.device_micro_batches) : 1) : 0;
+  if (tied && p.grad_slots < tied_slots) {
+    p.notes.push_back("device.grad_slots raised from " + std::to_string(p.grad_slots) + " to " +
+                      std::to_string(tied_slots) +
+                      ": with tied embeddings the head's gradient of the embedding is staged until the "
+                      "embedding's backward" +
+                      (tied_slots > 2 ? " (layer-major: every micro-batch's)" : ""));
+    p.grad_slots = tied_slots;
   }
   p.activation_sets = activation_sets(p.order, p.device_micro_batches);  // a second pass replays the first's
   const KeepIntermediates keep = cfg.keep_intermediates();
@@ -361,8 +376,8 @@ void share_run(Context& c, Context& run, int d) {
 }
 
 // Carves c's arena's activation region (plan_engine sized it): boundaries (per activation set, or the
-// ring and activation slots when they live on the host), two dx buffers, kept intermediates; and the
-// workspace. Boundaries mapped: the boundaries and dx from `mapped` (host RAM) instead.
+// ring and activation slots when they live on the host, layer-major with the heads' inputs), two dx
+// buffers (layer-major two per set), kept intermediates; and the workspace. Boundaries mapped: the boundaries and dx from `mapped` (host RAM) instead.
 void carve_activations(Context& c, float* mapped) {
   DeviceArena& arena = *c.arena;
   const EnginePlan& plan = c.plan;
@@ -383,8 +398,14 @@ void carve_activations(Context& c, float* mapped) {
     for (auto& set : c.acts)
       for (std::int64_t i = 0; i <= L; ++i) set.push_back(take(plan.hidden_floats));
   }
-  c.dx[0] = take(plan.hidden_floats);
-  c.dx[1] = take(plan.hidden_floats);
+  if (plan.order == MicroBatchOrder::layer_major) {
+    if (plan.boundaries_on_host)
+      for (std::size_t k = 0; k < sets; ++k) c.head_inputs.push_back(take(plan.hidden_floats));
+    for (std::size_t k = 0; k < 2 * sets; ++k) c.dx_sets.push_back(take(plan.hidden_floats));
+  } else {
+    c.dx[0] = take(plan.hidden_floats);
+    c.dx[1] = take(plan.hidden_floats);
+  }
   // saved[set][j]: layer j + 1 in keep mode; kept layer L - kept_layers + 1 + j otherwise.
   const std::int64_t saved_layers = plan.mode == ActivationMode::keep ? L : plan.kept_layers;
   if (saved_layers > 0) {
@@ -513,9 +534,16 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->device_contexts.push_back(c);
   }
 
-  if (ctx->stage_gradients && !ctx->backend->shares_host_memory())  // where a slot's gradient lands on the host
+  // Stage gradients: where a slot's gradient lands on the host (one micro-batch per step), or the two
+  // accumulators several micro-batches are summed into.
+  std::optional<StageAccumulators> stage_accums;
+  if (ctx->stage_gradients && ctx->data_micro_batches() > 1) {
+    stage_accums.emplace(job.host->largest_stage_floats());
+    ctx->stage_accums = &*stage_accums;
+  } else if (ctx->stage_gradients && !ctx->backend->shares_host_memory()) {
     for (int k = 0; k < ctx->plan.grad_slots; ++k)
       ctx->grad_landing.push_back(make_aligned_floats(job.host->largest_stage_floats()));
+  }
   RunLedger& led = ctx->ledger;
   led.accum_step.assign(static_cast<std::size_t>(ctx->plan.stages), -1);
   led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);

@@ -6,6 +6,7 @@
 //   prefetcher --(copy engine)--CopyDone--> prefetcher --WeightsReady--> compute --SlotFree--> prefetcher
 //   boundaries on the host: compute --(copy engine)--BoundarySaved--> compute, prefetcher
 //   compute --LayerGrads--> collector --GradSlotFree--> compute
+//   optimizer --AccumulatorFree--> collector (stage gradients of several micro-batches)
 //   compute --LossReport--> optimizer, node
 //   collector --LayerGradsComplete--> optimizer --LayerUpdated(version)--> prefetcher
 //   compute/collector/optimizer --*StepDone--> node (timings; the node prints the progress line)
@@ -256,21 +257,37 @@ typename Inspector::result_type inspect(Inspector& f, LossReport& x) {
   return f(caf::meta::type_name("LossReport"), x.epoch, x.step, x.micro_batch, x.loss_sum, x.counted);
 }
 
-// collector -> optimizer: stage's gradient of `step` is complete; its sum of squares. grad_slot -1: it
-// is in the tile's accumulator (train.gradient_buffer=model), or it was not kept (stage, the first of
-// two passes: the sum is all it brings). grad_slot >= 0 (stage): it waits in that staging slot of
-// device 0 (over a link, in Context::grad_landing[grad_slot]); the optimizer frees the slot after the update.
+// collector -> optimizer: stage's gradient of `step` is complete; its sum of squares. grad_slot and
+// accumulator -1: it is in the tile's accumulator (train.gradient_buffer=model), or it was not kept
+// (stage, the first of two passes: the sum is all it brings). grad_slot >= 0 (stage, one micro-batch):
+// it waits in that staging slot of device 0 (over a link, in Context::grad_landing[grad_slot]); the
+// optimizer frees the slot after the update. accumulator >= 0 (stage, several micro-batches): it waits
+// in that one of Context::stage_accums, which the optimizer releases after the update. The
+// supervisor sends these too, to a respawned optimizer.
 struct LayerGradsComplete {
   std::uint64_t epoch = 0;
   std::int64_t step = 0;
   std::int64_t stage = 0;
   double sumsq = 0.0;
   std::int32_t grad_slot = -1;
+  std::int32_t accumulator = -1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LayerGradsComplete& x) {
-  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq, x.grad_slot);
+  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq, x.grad_slot,
+           x.accumulator);
+}
+
+// optimizer -> collector: a stage accumulator was released (Context::stage_accums); work waiting for
+// one may go on.
+struct AccumulatorFree {
+  std::uint64_t epoch = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AccumulatorFree& x) {
+  return f(caf::meta::type_name("AccumulatorFree"), x.epoch);
 }
 
 // ---- per-step reports to the node (timings for the progress line) ---------------------------------
@@ -488,8 +505,9 @@ using compute_actor =
                      caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>,
                      caf::reacts_to<PauseRequest>, caf::reacts_to<wake_atom>>;
 
-using collector_actor = caf::typed_actor<caf::reacts_to<LayerGrads>, caf::reacts_to<Peers>, caf::reacts_to<Resume>,
-                                         caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
+using collector_actor =
+    caf::typed_actor<caf::reacts_to<LayerGrads>, caf::reacts_to<AccumulatorFree>, caf::reacts_to<Peers>,
+                     caf::reacts_to<Resume>, caf::replies_to<reset_atom, std::uint64_t>::with<ack_atom>>;
 
 using optimizer_actor =
     caf::typed_actor<caf::reacts_to<LossReport>, caf::reacts_to<LayerGradsComplete>, caf::reacts_to<Peers>,

@@ -5,8 +5,9 @@
 //     the next step's forward of layer i overlaps the updates of the layers after it;
 //   - without clipping: updates each stage as soon as its gradients are complete (during backward).
 //   - with stage gradients (train.gradient_buffer=stage): each stage's gradient arrives in its staging
-//     slot (after the second pass's backward of it, with clipping: the first pass brought only the sums
-//     of squares) and is used and freed at once, in backward order.
+//     slot, or with several micro-batches in a stage accumulator (after the second pass's backward of
+//     it, with clipping: the first pass brought only the sums of squares) and is used and freed at
+//     once, in backward order.
 // Either way it needs the step's counted tokens (from the loss reports) to normalise the gradient.
 // A stage whose tile version already says "updated" is skipped, so re-issued work is harmless.
 #include <cstring>
@@ -28,7 +29,10 @@ struct optimizer_state {
   std::int64_t end_step = 0;
   std::map<std::int64_t, std::map<std::int64_t, MbLoss>> losses;  // step -> micro-batch -> loss
   std::map<std::int64_t, std::map<std::int64_t, double>> sumsq;   // step -> stage -> sum of squares
-  std::map<std::int64_t, std::map<std::int64_t, int>> in_slot;    // stage gradients: step -> stage -> its slot
+  struct Waiting {
+    int slot = -1, accumulator = -1;  // where the gradient waits (LayerGradsComplete)
+  };
+  std::map<std::int64_t, std::map<std::int64_t, Waiting>> in_slot;  // stage gradients: step -> stage -> where
   double busy_s = 0.0;
   double gate_wait_s = 0.0;   // this step's wait for the checkpointer
   std::int64_t decided = -1;  // the step whose checkpoint decision is made
@@ -130,6 +134,20 @@ void finish_step(self_ptr self, std::int64_t s, const StepScale& scale, const Ad
   ++st.step;
 }
 
+// Stage gradients: frees where a stage's gradient waited, once used (or updated before a restart).
+void give_back(self_ptr self, std::int64_t s, std::int64_t stage, int slot, int accumulator) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  if (accumulator >= 0) {
+    ctx->stage_accums->release(accumulator);
+    self->send(st.peers.collector, AccumulatorFree{st.epoch});
+  }
+  if (slot >= 0) {
+    const WorkId work{s, ctx->passes - 1, stage, static_cast<std::int32_t>(Phase::optimize)};
+    self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, work, slot, 0});
+  }
+}
+
 // Stage gradients: updates every stage of step s whose gradient waits in a slot, once the scale is
 // known (with clipping: every stage's sum of squares from the first pass), and frees the slot.
 // True when every stage of step s is updated.
@@ -148,12 +166,13 @@ bool update_from_slots(self_ptr self, std::int64_t s, const AdamWHyper& hyper, s
                      .grad_scale;
   auto& waiting = st.in_slot[s];
   for (auto it = waiting.begin(); it != waiting.end(); it = waiting.erase(it)) {
-    const auto [stage, slot] = *it;
-    const float* grad = ctx->backend->shares_host_memory() ? ctx->arena->grad_slot(slot)
-                                                           : ctx->grad_landing.at(static_cast<std::size_t>(slot)).get();
+    const std::int64_t stage = it->first;
+    const optimizer_state::Waiting w = it->second;
+    const float* grad = w.accumulator >= 0                   ? ctx->stage_accums->data(w.accumulator)
+                        : ctx->backend->shares_host_memory() ? ctx->arena->grad_slot(w.slot)
+                                                             : ctx->grad_landing.at(static_cast<std::size_t>(w.slot)).get();
     update_stage(self, s, stage, hyper, grad_scale, grad);  // skips a stage updated before a restart
-    const WorkId work{s, ctx->passes - 1, stage, static_cast<std::int32_t>(Phase::optimize)};
-    self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, work, slot, 0});
+    give_back(self, s, stage, w.slot, w.accumulator);
   }
   for (std::int64_t stage = 0; stage < S; ++stage)
     if (ctx->host->tile(stage).version() <= static_cast<std::uint64_t>(s)) return false;
@@ -212,14 +231,12 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
         auto& st = self->state;
         if (m.epoch != st.epoch) return;
         if (m.step < st.step) {  // a stage updated before a restart, its slot handed over again
-          if (m.grad_slot >= 0) {
-            const WorkId work{m.step, ctx->passes - 1, m.stage, static_cast<std::int32_t>(Phase::optimize)};
-            self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, work, m.grad_slot, 0});
-          }
+          give_back(self, m.step, m.stage, m.grad_slot, m.accumulator);
           return;
         }
         st.sumsq[m.step][m.stage] = m.sumsq;
-        if (m.grad_slot >= 0) st.in_slot[m.step][m.stage] = m.grad_slot;
+        if (m.grad_slot >= 0 || m.accumulator >= 0)
+          st.in_slot[m.step][m.stage] = optimizer_state::Waiting{m.grad_slot, m.accumulator};
         try_update(self);
       },
       [=](const Peers& p) {

@@ -62,6 +62,7 @@ Schedule Schedule::forward_only(const ModelConfig& c, std::int64_t micro_batches
 }
 
 int activation_sets(MicroBatchOrder order, std::int64_t micro_batches) {
+  if (order == MicroBatchOrder::layer_major) return static_cast<int>(micro_batches);
   return order == MicroBatchOrder::interleaved && micro_batches > 1 ? 2 : 1;
 }
 
@@ -69,21 +70,27 @@ Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchO
                    std::int64_t passes)
     : ops_(micro_batch_ops(c, boundaries_on_host)), micro_batches_(micro_batches), passes_(passes), kind_(order) {
   if (micro_batches < 1) throw std::invalid_argument("Schedule: micro_batches must be >= 1");
-  if (passes < 1 || (passes > 1 && micro_batches != 1))
-    throw std::invalid_argument("Schedule: replayed passes need one micro-batch per step");
+  if (passes < 1 || (passes > 1 && micro_batches != 1 && order != MicroBatchOrder::layer_major))
+    throw std::invalid_argument("Schedule: replayed passes need one micro-batch per step, or the layer-major order");
   const std::int64_t L = c.num_hidden_layers;
   const std::int64_t n = ops_per_micro_batch();
   const std::int64_t fwd = L + 2;  // ops 0..L+1: forward and head
   const std::int64_t bwd = n - fwd;
+  const std::int64_t M = micro_batches;
   auto forward = [&](std::int64_t m, std::int64_t j) { order_.emplace_back(m, j); };
   auto backward = [&](std::int64_t m, std::int64_t j) { order_.emplace_back(m, fwd + j); };
   in_flight_ = activation_sets(order, micro_batches);
-  if (in_flight_ == 1) {
-    for (std::int64_t m = 0; m < micro_batches; ++m)
+  if (order == MicroBatchOrder::layer_major) {
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t j = 0; j < fwd; ++j) forward(m, j);
+    for (std::int64_t j = 0; j < bwd; ++j)
+      for (std::int64_t m = 0; m < M; ++m) backward(m, j);
+  } else if (in_flight_ == 1) {
+    for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t j = 0; j < n; ++j) order_.emplace_back(m, j);
   } else {
     for (std::int64_t j = 0; j < fwd; ++j) forward(0, j);
-    for (std::int64_t m = 0; m + 1 < micro_batches; ++m) {
+    for (std::int64_t m = 0; m + 1 < M; ++m) {
       // bwd == fwd - 1: the head of m + 1 goes last, after the embed backward of m (it refills dx).
       for (std::int64_t j = 0; j < bwd; ++j) {
         backward(m, j);
@@ -91,10 +98,15 @@ Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchO
       }
       forward(m + 1, fwd - 1);
     }
-    for (std::int64_t j = 0; j < bwd; ++j) backward(micro_batches - 1, j);
+    for (std::int64_t j = 0; j < bwd; ++j) backward(M - 1, j);
   }
-  for (std::int64_t r = 1; r < passes; ++r)  // the replays: head, layer backwards, embed backward
-    for (std::int64_t j = fwd - 1; j < n; ++j) order_.emplace_back(r, j);
+  // The replays (micro-batch r * M + m is pass r of data micro-batch m): the heads, then the backward
+  // in the first pass's order (layer-major: a layer at a time over every micro-batch).
+  for (std::int64_t r = 1; r < passes; ++r) {
+    for (std::int64_t m = 0; m < M; ++m) forward(r * M + m, fwd - 1);
+    for (std::int64_t j = 0; j < bwd; ++j)
+      for (std::int64_t m = 0; m < M; ++m) backward(r * M + m, j);
+  }
   micro_batches_ = micro_batches * passes;
   index_.assign(static_cast<std::size_t>(micro_batches_ * n), -1);
   for (std::size_t i = 0; i < order_.size(); ++i)

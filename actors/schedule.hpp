@@ -11,21 +11,27 @@
 //                                    input boundary (boundary i-1) into an activation slot
 //   op 2L+2       embed backward     loads nothing (a scatter of dx into the embedding gradient)
 //
-// A step orders its micro-batches' ops in one of two ways (MicroBatchOrder):
+// A step orders its micro-batches' ops in one of three ways (MicroBatchOrder):
 //   sequential:  F(0) B(0) F(1) B(1) ...  (F = ops 0..L+1, B = ops L+2..2L+2)
 //   interleaved: F(0), then B(m) and F(m+1) alternating op by op (B first) for m = 0..M-2, with the
 //                head of m+1 after the embed backward of m, then B(M-1).
+//   layer_major: F(0) F(1) ... F(M-1), then each backward op j over every micro-batch in turn:
+//                B_j(0) B_j(1) ... B_j(M-1), for j = layer L .. layer 1, embed. Every micro-batch's
+//                activations are alive at once (M sets); a stage's gradient is complete when its
+//                backward ends, and each layer's backward loads its weights once (the others find
+//                the slot resident).
 // A forward op streams a layer for 1 unit of compute and a backward op for about 3, so alone a
 // forward is link-bound and a backward compute-bound; interleaved, each pair streams 2 layers for
 // about 4 units and link and compute stay busy together. Per stage, gradients still arrive in
 // micro-batch order, so the accumulation (and every result) is bit-identical to the sequential order.
 // Steps follow each other.
 //
-// Stage gradients with clipping (train.gradient_buffer=stage, passes = 2, one micro-batch): the step's
-// micro-batch runs again after its own embed backward, from the head on (ops L+1..2L+2): micro-batch 1
-// of the schedule is the second pass, and it replays the backward from the activations the first
-// pass's forward left (its activation set; a backward reads them and writes none), so the second pass
-// costs a head and a backward, not a forward too.
+// Stage gradients with clipping (train.gradient_buffer=stage, passes = 2; one micro-batch, or M
+// layer-major): the step's micro-batches run again after the last embed backward, from the head on
+// (ops L+1..2L+2): schedule micro-batch M + m is the second pass of data micro-batch m, its heads
+// first, then the backward in the first pass's order. It replays from the activations the first
+// pass's forward left (their activation sets; a backward reads them and writes none), so the second
+// pass costs the heads and a backward, not a forward too.
 //
 // An evaluation pass (forward_only) is one "step" of forward ops per micro-batch, sequential:
 //   op 0 embed forward, op 1..L layer forward, op L+1 head_loss (the head's loss only, no gradients).
@@ -62,7 +68,7 @@ std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host = 
 std::vector<Op> forward_only_ops(const ModelConfig& c);
 
 // Micro-batches whose activations are alive at once in a step of this order: 2 when interleaved with
-// more than one micro-batch, else 1. The engine sizes its activation sets with it.
+// more than one micro-batch, every one layer-major, else 1. The engine sizes its activation sets with it.
 int activation_sets(MicroBatchOrder order, std::int64_t micro_batches);
 
 // A point in the schedule: entry `index` of step `step`, which is op `op` of micro-batch
@@ -80,8 +86,8 @@ struct Pos {
 class Schedule {
  public:
   Schedule() = default;
-  // passes > 1 (needs micro_batches = 1): passes - 1 replays of the backward follow (see above);
-  // micro_batches() then counts every pass.
+  // passes > 1 (needs micro_batches = 1 or layer_major): passes - 1 replays of the heads and the
+  // backward follow (see above); micro_batches() then counts every pass.
   Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host,
            std::int64_t passes = 1);
   // An evaluation pass: forward_only_ops per micro-batch, in micro-batch order.
@@ -92,7 +98,7 @@ class Schedule {
   std::int64_t length() const { return static_cast<std::int64_t>(order_.size()); }  // ops per step
   std::int64_t micro_batches() const { return micro_batches_; }
   MicroBatchOrder order() const { return kind_; }
-  // Micro-batches whose activations are alive at once: 2 when interleaved with M > 1, else 1.
+  // Micro-batches whose activations are alive at once: activation_sets(order, M).
   int in_flight() const { return in_flight_; }
 
   Pos at(std::int64_t step, std::int64_t index) const;  // index in [0, length())

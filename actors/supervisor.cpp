@@ -201,11 +201,17 @@ void resume_all(self_ptr self) {
   std::vector<LayerGradsComplete> complete;
   for (std::int64_t s = 0; s < ctx->stages(); ++s) {
     const std::size_t si = static_cast<std::size_t>(s);
-    // Stage gradients: a stage's sum of squares is known after its first pass (its gradient, if kept,
-    // comes again with the re-issued slot); else after its accumulator holds every micro-batch.
-    const std::int64_t needed = ctx->stage_gradients ? 1 : ctx->sched.micro_batches();
-    if (led.accum_step[si] == opt_step && led.accum_count[si] >= needed)
-      complete.push_back(LayerGradsComplete{st.epoch, opt_step, s, led.sumsq[si]});
+    // A stage's sum of squares is known once its accumulator holds every micro-batch (stage gradients:
+    // of the first pass). Stage gradients keep the gradient of the last pass: one micro-batch's comes
+    // again with the re-issued slot; several micro-batches' waits in its stage accumulator, handed over
+    // here (unless the optimizer used and released it before the restart).
+    const std::int64_t M = ctx->data_micro_batches();
+    if (led.accum_step[si] == opt_step && led.accum_count[si] >= M) {
+      LayerGradsComplete c{st.epoch, opt_step, s, led.sumsq[si]};
+      if (ctx->stage_accums != nullptr && led.accum_count[si] == ctx->passes * M)
+        c.accumulator = ctx->stage_accums->held_by(opt_step, s);
+      complete.push_back(c);
+    }
   }
 
   const Peers peers = make_peers(self);

@@ -18,7 +18,8 @@ const KeepIntermediates kKeepIntermediates[5] = {KeepIntermediates::automatic, K
                                                  KeepIntermediates::all};
 const MasterWeights kMasterWeights[3] = {MasterWeights::automatic, MasterWeights::fp32, MasterWeights::split};
 const GradientBuffer kGradientBuffers[3] = {GradientBuffer::automatic, GradientBuffer::model, GradientBuffer::stage};
-const MicroBatchOrder kMicroBatchOrders[2] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential};
+const MicroBatchOrder kMicroBatchOrders[3] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential,
+                                             MicroBatchOrder::layer_major};
 
 namespace {
 
@@ -73,9 +74,10 @@ std::vector<KeyDesc> make_keys() {
           .one_of(names_of(kMasterWeights, master_weights_name)),
       MT_KEY(train, gradient_buffer,
              "where gradients wait for the optimizer: model (an fp32 accumulator per stage, 4 bytes/param) | stage "
-             "(only the staging slots; each stage updated when its gradient is complete; with max_grad_norm > 0 "
-             "forward and backward run twice, the first pass for the norm; needs gradient_accumulation_steps = 1, "
-             "one device, one rank) | auto (stage when max_grad_norm = 0 allows it, or when only it fits RAM)")
+             "(no accumulator kept all step; each stage updated when its gradient is complete; with max_grad_norm > 0 "
+             "the head and backward run twice, the first pass for the norm; several micro-batches run layer-major "
+             "with two stage accumulators; needs one device, one rank) | auto (stage when max_grad_norm = 0 and one "
+             "micro-batch per step allow it, or when only it fits RAM)")
           .one_of(names_of(kGradientBuffers, gradient_buffer_name)),
       MT_KEY(train, save_steps, "checkpoint every N steps; 0 = only at the end").at_least(0),
       MT_KEY(train, save_total_limit, "checkpoints to keep; 0 = all").at_least(0),
@@ -152,7 +154,8 @@ std::vector<KeyDesc> make_keys() {
           .one_of(names_of(kKeepIntermediates, keep_intermediates_name)),
       MT_KEY(device, copy_bandwidth_gbps, "copy engine limit per direction in GB/s; 0 = unlimited").non_negative(),
       MT_KEY(device, prefetch_depth, "stages streamed ahead; 0 = weight_slots - 1").at_least(0),
-      MT_KEY(device, schedule, "interleaved | sequential (order of a step's micro-batches)")
+      MT_KEY(device, schedule, "interleaved | sequential | layer_major (order of a step's micro-batches; layer_major: each forward and "
+                                   "head in turn, then the backward a layer at a time over every micro-batch)")
           .one_of(names_of(kMicroBatchOrders, micro_batch_order_name)),
       MT_KEY(device, gpus,
              "devices of this node (>= 1), each with its own arena and gradient_accumulation_steps micro-batches per "

@@ -79,6 +79,8 @@ const char* micro_batch_order_name(MicroBatchOrder o) {
       return "interleaved";
     case MicroBatchOrder::sequential:
       return "sequential";
+    case MicroBatchOrder::layer_major:
+      return "layer_major";
   }
   return "?";
 }
@@ -129,11 +131,8 @@ GradientBuffer TrainConfig::gradient_buffer() const {
 }
 
 std::string TrainConfig::stage_gradients_unsupported() const {
-  // A stage's gradient is complete when its backward ends only with one micro-batch per step: the
-  // micro-batch-major schedule adds every later micro-batch into an accumulator kept all step.
-  if (train.gradient_accumulation_steps != 1)
-    return key_of(*this, train.gradient_accumulation_steps) + " = " +
-           std::to_string(train.gradient_accumulation_steps) + " accumulates every stage over the step (needs 1)";
+  // Several micro-batches run layer-major (a stage's gradient is complete when its backward ends);
+  // several devices or ranks would sum across them into accumulators kept all step.
   if (device.gpus != 1) return key_of(*this, device.gpus) + " = " + std::to_string(device.gpus) + " (needs one device)";
   if (cluster.ranks != 1)
     return std::to_string(cluster.ranks) + " ranks (several ranks share gradients in accumulators)";
@@ -144,11 +143,12 @@ bool TrainConfig::stage_gradients() const {
   const GradientBuffer b = gradient_buffer();
   if (b == GradientBuffer::model) return false;
   if (b == GradientBuffer::stage) return true;
-  return train.max_grad_norm <= 0.0 && stage_gradients_unsupported().empty();
+  return train.max_grad_norm <= 0.0 && train.gradient_accumulation_steps == 1 && stage_gradients_unsupported().empty();
 }
 
 MicroBatchOrder TrainConfig::micro_batch_order() const {
-  return parse_choice(*this, device.schedule, kMicroBatchOrders, micro_batch_order_name);
+  const MicroBatchOrder o = parse_choice(*this, device.schedule, kMicroBatchOrders, micro_batch_order_name);
+  return stage_gradients() && train.gradient_accumulation_steps > 1 ? MicroBatchOrder::layer_major : o;
 }
 
 std::size_t TrainConfig::device_budget_bytes() const {

@@ -196,10 +196,15 @@ enum class GradientBuffer {
 // The order of a step's micro-batches. Each forward op streams one layer for little compute and each
 // backward op one layer for about 3x the compute, so a micro-batch's forward is link-bound and its
 // backward compute-bound; interleaving micro-batch m's backward op by op with m+1's forward keeps
-// both busy (two micro-batches' activations alive at once). Results are bit-identical either way.
+// both busy (two micro-batches' activations alive at once). layer_major runs every micro-batch's
+// forward and head in turn, then the backward a layer at a time, that layer's micro-batches back to
+// back: a stage's gradient is complete when its backward ends (what train.gradient_buffer=stage
+// needs with several micro-batches), and each layer's weights stream once per backward, for every
+// micro-batch's activations alive at once. Results are bit-identical in every order.
 enum class MicroBatchOrder {
   interleaved,  // forward of m+1 alternates with backward of m
   sequential,   // forward then backward of each micro-batch in turn
+  layer_major,  // forwards and heads in turn, then each layer's backward over every micro-batch
 };
 
 // How one thread budget is split. blas and optimizer are the compute-heavy pools and may run at the
@@ -252,11 +257,14 @@ struct TrainConfig {
   bool split_masters() const;
   GradientBuffer gradient_buffer() const;
   // train.gradient_buffer resolved: true when no gradient accumulator is kept per stage (auto: when it
-  // applies and costs no second pass: max_grad_norm = 0). stage_gradient_passes(): 2 with clipping.
+  // applies, costs no second pass (max_grad_norm = 0) and changes no schedule (one micro-batch per
+  // step); plan::without_accumulators_if_only_that_fits goes further when only it fits RAM).
+  // stage_gradient_passes(): 2 with clipping.
   bool stage_gradients() const;
   int stage_gradient_passes() const { return stage_gradients() && train.max_grad_norm > 0.0 ? 2 : 1; }
   // Why train.gradient_buffer=stage cannot apply to this run ("" when it can).
   std::string stage_gradients_unsupported() const;
+  // device.schedule resolved: layer_major whenever stage gradients run several micro-batches per step.
   MicroBatchOrder micro_batch_order() const;
   Precision precision() const { return train.bf16 ? Precision::bf16 : Precision::fp32; }
 

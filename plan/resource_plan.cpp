@@ -4,6 +4,7 @@
 #include <map>
 #include <sstream>
 
+#include "actors/stage_accumulators.hpp"
 #include "actors/tier_bytes.hpp"
 #include "plan/hardware.hpp"
 #include "storage/host/host_model.hpp"
@@ -132,7 +133,18 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                          static_cast<double>(e.host_boundary_bytes)});
       host += static_cast<double>(e.host_boundary_bytes);
     }
-    if (e.stage_gradients && !(cfg.device.backend == "cpu" && !x.device_is_gpu && cfg.device_shares_host_memory())) {
+    if (e.stage_gradients && e.device_micro_batches > 1) {
+      // Several micro-batches are summed into two stage accumulators (actors/stage_accumulators.hpp),
+      // over a link through one host buffer.
+      const bool link = !(cfg.device.backend == "cpu" && !x.device_is_gpu && cfg.device_shares_host_memory());
+      const double accums = (actors::StageAccumulators::kCount + (link ? 1 : 0)) * largest_stage_bytes(model);
+      p.bytes.push_back({"host RAM",
+                         "stage gradients of " + std::to_string(e.device_micro_batches) +
+                             " micro-batches: two stage accumulators" + (link ? " and a landing buffer" : ""),
+                         accums});
+      host += accums;
+    } else if (e.stage_gradients &&
+               !(cfg.device.backend == "cpu" && !x.device_is_gpu && cfg.device_shares_host_memory())) {
       // Over a link each staging slot's gradient lands in a host buffer of its own (Context::grad_landing).
       const double landing = static_cast<double>(e.grad_slots) * largest_stage_bytes(model);
       p.bytes.push_back({"host RAM",

@@ -242,10 +242,15 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   const bool in_place = mapped && cfg.device.gpus <= 1 && !stage_grads;
   // The collector: read staged + acc, write acc (nothing for an in-place micro-batch 0), and after
   // the last micro-batch the sum of squares reads the accumulator.
-  // Stage gradients: no accumulation, only the sum of squares read from the slot (once, in the first pass).
-  auto t_acc = [&](std::int64_t s, bool first, bool last) {
-    if (stage_grads) return first ? floats[s] * 4.0 / hw.host_mem : 0.0;
-    return floats[s] * ((in_place && first ? 0.0 : 12.0) + (last ? 4.0 : 0.0)) / hw.host_mem;
+  // Stage gradients: one micro-batch accumulates nothing, only the sum of squares read from the slot
+  // (once, in the first pass); several are summed into a stage accumulator, and the first pass's last
+  // reads it for the sum of squares. `mb`: the schedule micro-batch (pass * M + data micro-batch).
+  const std::int64_t M = plan.micro_batches;
+  auto t_acc = [&](std::int64_t s, std::int64_t mb) {
+    const bool first_pass = mb < M, data_last = mb % M + 1 == M;
+    if (stage_grads && M == 1) return first_pass ? floats[s] * 4.0 / hw.host_mem : 0.0;
+    if (stage_grads) return floats[s] * (12.0 + (first_pass && data_last ? 4.0 : 0.0)) / hw.host_mem;
+    return floats[s] * ((in_place && mb == 0 ? 0.0 : 12.0) + (mb + 1 == M * passes ? 4.0 : 0.0)) / hw.host_mem;
   };
   auto t_opt = [&](std::int64_t s) {
     // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter), + the bf16 copy; split masters
@@ -464,10 +469,9 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
       }
       if (grads) {
         const std::int64_t s = op.stage;
-        const bool first = pos.micro_batch == 0, last = pos.micro_batch + 1 == plan.micro_batches * passes;
         const double copied = mapped ? end : copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
-        const double acc = host_run(copied, t_acc(s, first, last), count);
-        if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, first, last);
+        const double acc = host_run(copied, t_acc(s, pos.micro_batch), count);
+        if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, pos.micro_batch);
         gslots[gslot] = acc;
         stage_done[static_cast<std::size_t>(s)] = std::max(stage_done[static_cast<std::size_t>(s)], acc);
         if (--remaining[static_cast<std::size_t>(s)] == 0 && !clip) {
@@ -477,7 +481,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
           order.push_back(s);
           read(s, k >= static_cast<std::size_t>(ahead) ? acquired[k - static_cast<std::size_t>(ahead)] : 0.0);
           update(s, acc);
-          if (stage_grads) gslots[gslot] = updated[static_cast<std::size_t>(s)];  // the slot held until then
+          if (stage_grads && M == 1) gslots[gslot] = updated[static_cast<std::size_t>(s)];  // the slot held until then
         }
       }
     }

@@ -191,6 +191,60 @@ TEST_CASE("stage gradients, one pass and two, equal the reference trainer, the t
   CHECK(static_cast<double>(host.host_bytes()) / static_cast<double>(floats) == Approx(12.0).epsilon(0.02));
 }
 
+// Stage gradients of several micro-batches run layer-major: a stage's micro-batches are summed into a
+// stage accumulator with the tile accumulator's bits, so one pass and two equal the reference trainer
+// (accumulators, micro-batch-major) bit for bit; tied embeddings stage every micro-batch's head
+// gradient of the embedding until its embed backward.
+TEST_CASE("stage gradients of several micro-batches, layer-major, equal the reference trainer",
+          "[actors][equivalence][stage_gradients]") {
+  for (Arch arch : {Arch::llama, Arch::gpt2})
+    for (double clip : {1.0, 0.0})
+      for (std::int64_t m : {2, 3}) {
+        Tiny t;
+        t.arch = arch;
+        t.max_grad_norm = clip;
+        t.micro_batches = m;
+        t.bf16 = m == 3;
+        t.gradient_buffer = "stage";
+        t.steps = 6;
+        INFO("arch " << arch_name(arch) << " clip " << clip << " M " << m);
+        const TrainConfig cfg = tiny_config(t);
+        const EnginePlan plan = plan_engine(cfg, cfg.model_config_from_keys());
+        CHECK(plan.order == MicroBatchOrder::layer_major);
+        CHECK(plan.activation_sets == m);
+        check_equivalence(t);
+      }
+  for (const char* keep : {"boundary_host", "all", "boundary_mapped"})
+    for (double link : {0.0, 1000.0}) {
+      Tiny t;
+      t.arch = std::string(keep) == "all" ? Arch::gpt2 : Arch::llama;
+      t.layers = 3;
+      t.keep = keep;
+      t.micro_batches = 2;
+      t.bandwidth_gbps = link;
+      t.gradient_buffer = "stage";
+      t.steps = 5;
+      INFO(keep << " link " << link);
+      check_equivalence(t);
+    }
+}
+
+// The layer-major order with the accumulators kept (device.schedule=layer_major): the same bits too.
+TEST_CASE("the layer-major order with gradient accumulators equals the reference trainer", "[actors][equivalence]") {
+  for (Arch arch : {Arch::llama, Arch::gpt2})
+    for (const char* keep : {"boundary", "boundary_host"}) {
+      Tiny t;
+      t.arch = arch;
+      t.keep = keep;
+      t.micro_batches = 3;
+      t.schedule = "layer_major";
+      t.gradient_buffer = "model";
+      t.steps = 5;
+      INFO(arch_name(arch) << " " << keep);
+      check_equivalence(t);
+    }
+}
+
 TEST_CASE("both micro-batch orders, with boundaries on the device or the host, equal the reference trainer",
           "[actors][equivalence]") {
   for (Arch arch : {Arch::llama, Arch::gpt2})

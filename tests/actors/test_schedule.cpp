@@ -1,4 +1,7 @@
 // The exact schedule the prefetcher and compute walk, and the fault hook's matching.
+#include <map>
+#include <set>
+
 #include <catch2/catch.hpp>
 
 #include "actors/fault.hpp"
@@ -81,6 +84,66 @@ TEST_CASE("schedule: a second pass replays the head and the backward only", "[ac
     CHECK(s.op(s.at(0, 9)).load_stage[1] == 0);  // the replay's backward streams the first pass's boundary
   }
   CHECK_THROWS_AS(Schedule(c, 2, MicroBatchOrder::sequential, false, 2), std::invalid_argument);
+  CHECK_THROWS_AS(Schedule(c, 2, MicroBatchOrder::interleaved, false, 2), std::invalid_argument);
+}
+
+// Layer-major (stage gradients of several micro-batches): every forward and head, then each backward
+// op over every micro-batch in micro-batch order, so a stage's last gradient of a pass comes before
+// any gradient of the next stage; a second pass replays the heads and that backward.
+TEST_CASE("schedule: layer-major order completes each stage's gradient before the next stage's",
+          "[actors][schedule][stage_gradients]") {
+  for (std::int64_t layers : {1, 3})
+    for (std::int64_t M : {1, 2, 3})
+      for (std::int64_t passes : {1, 2}) {
+        INFO("layers " << layers << " M " << M << " passes " << passes);
+        ModelConfig c;
+        c.num_hidden_layers = layers;
+        const Schedule s(c, M, MicroBatchOrder::layer_major, true, passes);
+        const std::int64_t n = s.ops_per_micro_batch(), fwd = layers + 2, bwd = n - fwd;
+        CHECK(s.in_flight() == M);
+        CHECK(s.micro_batches() == M * passes);
+        REQUIRE(s.length() == M * n + (passes - 1) * M * (bwd + 1));
+        for (std::int64_t m = 0; m < M; ++m) {
+          CHECK(s.activation_set(m) == m);
+          if (passes == 2) CHECK(s.activation_set(M + m) == m);  // the replay reads the first pass's set
+        }
+        std::map<std::int64_t, std::int64_t> next_op;  // schedule micro-batch -> its next op
+        std::set<std::int64_t> finished;               // stages whose gradient of this pass is complete
+        std::int64_t stage_open = -1, arrivals = 0, pass = 0;
+        Pos p = s.first(0);
+        for (std::int64_t i = 0; i < s.length(); ++i, p = s.next(p)) {
+          INFO("index " << i);
+          REQUIRE(s.index_of(p.micro_batch, p.op) == i);
+          const bool replay = p.micro_batch >= M;
+          auto it = next_op.find(p.micro_batch);
+          const std::int64_t expected = it != next_op.end() ? it->second : replay ? fwd - 1 : 0;
+          CHECK(p.op == expected);  // each micro-batch's ops in their own order
+          next_op[p.micro_batch] = p.op + 1;
+          const Op& op = s.op(p);
+          if (op.kind == OpKind::layer_forward || op.kind == OpKind::embed_forward) CHECK_FALSE(replay);
+          const bool grads = op.kind == OpKind::head || op.kind == OpKind::layer_backward ||
+                             op.kind == OpKind::embed_backward;
+          if (!grads) continue;
+          if (p.micro_batch / M != pass) {  // a new pass: every stage again
+            pass = p.micro_batch / M;
+            finished.clear();
+            stage_open = -1;
+          }
+          if (op.stage != stage_open) {  // the previous stage had all its micro-batches
+            if (stage_open >= 0) CHECK(arrivals == M);
+            CHECK(finished.count(op.stage) == 0);
+            finished.insert(op.stage);
+            stage_open = op.stage;
+            arrivals = 0;
+          }
+          CHECK(p.micro_batch % M == arrivals);  // micro-batch order within the stage: the accumulation order
+          ++arrivals;
+        }
+        CHECK(arrivals == M);
+        CHECK(finished.size() == static_cast<std::size_t>(layers + 2));
+        for (const auto& kv : next_op) CHECK(kv.second == n);
+        CHECK(p.step == 1);
+      }
 }
 
 // The interleaved order, checked by its properties rather than by a copy of the generator.
