@@ -185,3 +185,48 @@ TEST_CASE("restart: stage gradients, a crash of each actor in either pass", "[ac
   check_restart(one, Role::optimizer, 3, -1, 2, Phase::optimize);
   check_restart(one, Role::compute, 3, 0, 2, Phase::backward);
 }
+
+// Stage gradients of several micro-batches (layer-major, two stage accumulators): fault points count
+// pass p of data micro-batch m as micro-batch p * M + m. A crash while a stage is half summed, while
+// the optimizer holds an accumulator, or while work waits for one, continues bit-identically.
+TEST_CASE("restart: stage gradients of several micro-batches, a crash of each actor in either pass",
+          "[actors][restart][stage_gradients]") {
+  Tiny t = base();
+  t.micro_batches = 2;
+  t.gradient_buffer = "stage";
+  const std::int64_t M = t.micro_batches;
+  for (std::int64_t pass : {0, 1})
+    for (std::int64_t mb : {0, 1}) {
+      INFO("pass " << pass << " micro-batch " << mb);
+      const std::int64_t work = pass * M + mb;
+      check_restart(t, Role::compute, 3, work, 2, Phase::backward);
+      check_restart(t, Role::compute, 3, work, t.layers + 1, Phase::head);
+      check_restart(t, Role::collector, 3, work, 2, Phase::collect);
+      check_restart(t, Role::collector, 3, work, 0, Phase::collect);
+    }
+  check_restart(t, Role::prefetcher, 3, 1, 2, Phase::prefetch);
+  check_restart(t, Role::prefetcher, 3, M + 1, 1, Phase::prefetch);
+  check_restart(t, Role::compute, 3, 1, 1, Phase::forward);
+  check_restart(t, Role::optimizer, 3, -1, 2, Phase::optimize);
+  check_restart(t, Role::optimizer, 3, -1, 0, Phase::optimize);
+  check_restart(t, Role::loader, 3, 1, -1, Phase::data);
+  Tiny g = t;
+  g.arch = Arch::gpt2;  // tied embeddings: every micro-batch's embedding gradient staged until its embed backward
+  g.bf16 = true;
+  g.keep = "boundary_host";
+  check_restart(g, Role::compute, 2, M + 1, 0, Phase::backward);
+  check_restart(g, Role::compute, 2, M, g.layers + 1, Phase::head);
+  check_restart(g, Role::prefetcher, 2, M + 1, 2, Phase::prefetch_boundary);
+  check_restart(g, Role::collector, 2, 1, 0, Phase::collect);
+  check_restart(g, Role::optimizer, 2, -1, 1, Phase::optimize);
+  Tiny slow = t;  // over a link: each gradient lands in the collector's host buffer first
+  slow.bandwidth_gbps = 0.02;
+  check_restart(slow, Role::collector, 3, M + 1, 2, Phase::collect);
+  check_restart(slow, Role::optimizer, 3, -1, 2, Phase::optimize);
+  Tiny one = t;
+  one.max_grad_norm = 0.0;  // one pass
+  one.micro_batches = 3;
+  check_restart(one, Role::collector, 3, 2, 2, Phase::collect);
+  check_restart(one, Role::optimizer, 3, -1, 2, Phase::optimize);
+  check_restart(one, Role::compute, 3, 1, 2, Phase::backward);
+}
