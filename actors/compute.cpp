@@ -239,8 +239,7 @@ void try_advance(self_ptr self) {
     // buffer (L - i) % 2.
     const bool dx_per_set = !ctx->dx_sets.empty();
     auto dx_buffer = [&](std::int64_t parity) {
-      return dx_per_set ? ctx->dx_sets[2 * set + static_cast<std::size_t>(parity & 1)]
-                        : ctx->dx[(dxc + parity) & 1];
+      return dx_per_set ? ctx->dx_sets[2 * set + static_cast<std::size_t>(parity & 1)] : ctx->dx[(dxc + parity) & 1];
     };
     std::int64_t dx_read = 0;  // the buffer the op reads (the head: writes)
     if (dx_per_set && op.kind == OpKind::layer_backward) dx_read = L - op.stage;

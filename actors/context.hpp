@@ -127,7 +127,7 @@ struct Context {
   // pass's clip factor).
   bool stage_gradients = false;
   int passes = 1;
-  std::vector<AlignedFloats> grad_landing;  // one micro-batch over a link: per staging slot (collector writes)
+  std::vector<AlignedFloats> grad_landing;    // one micro-batch over a link: per staging slot (collector writes)
   StageAccumulators* stage_accums = nullptr;  // several micro-batches (the run's; made by run_pipeline)
   // A schedule micro-batch (one per pass and local micro-batch) -> its pass, and the local micro-batch
   // of data it runs (every pass runs the same data).

@@ -377,7 +377,8 @@ void share_run(Context& c, Context& run, int d) {
 
 // Carves c's arena's activation region (plan_engine sized it): boundaries (per activation set, or the
 // ring and activation slots when they live on the host, layer-major with the heads' inputs), two dx
-// buffers (layer-major two per set), kept intermediates; and the workspace. Boundaries mapped: the boundaries and dx from `mapped` (host RAM) instead.
+// buffers (layer-major two per set), kept intermediates; and the workspace. Boundaries mapped: the boundaries and dx
+// from `mapped` (host RAM) instead.
 void carve_activations(Context& c, float* mapped) {
   DeviceArena& arena = *c.arena;
   const EnginePlan& plan = c.plan;

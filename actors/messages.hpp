@@ -275,8 +275,7 @@ struct LayerGradsComplete {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LayerGradsComplete& x) {
-  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq, x.grad_slot,
-           x.accumulator);
+  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq, x.grad_slot, x.accumulator);
 }
 
 // optimizer -> collector: a stage accumulator was released (Context::stage_accums); work waiting for

@@ -168,9 +168,10 @@ bool update_from_slots(self_ptr self, std::int64_t s, const AdamWHyper& hyper, s
   for (auto it = waiting.begin(); it != waiting.end(); it = waiting.erase(it)) {
     const std::int64_t stage = it->first;
     const optimizer_state::Waiting w = it->second;
-    const float* grad = w.accumulator >= 0                   ? ctx->stage_accums->data(w.accumulator)
-                        : ctx->backend->shares_host_memory() ? ctx->arena->grad_slot(w.slot)
-                                                             : ctx->grad_landing.at(static_cast<std::size_t>(w.slot)).get();
+    const float* grad = w.accumulator >= 0 ? ctx->stage_accums->data(w.accumulator)
+                        : ctx->backend->shares_host_memory()
+                            ? ctx->arena->grad_slot(w.slot)
+                            : ctx->grad_landing.at(static_cast<std::size_t>(w.slot)).get();
     update_stage(self, s, stage, hyper, grad_scale, grad);  // skips a stage updated before a restart
     give_back(self, s, stage, w.slot, w.accumulator);
   }

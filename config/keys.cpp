@@ -19,7 +19,7 @@ const KeepIntermediates kKeepIntermediates[5] = {KeepIntermediates::automatic, K
 const MasterWeights kMasterWeights[3] = {MasterWeights::automatic, MasterWeights::fp32, MasterWeights::split};
 const GradientBuffer kGradientBuffers[3] = {GradientBuffer::automatic, GradientBuffer::model, GradientBuffer::stage};
 const MicroBatchOrder kMicroBatchOrders[3] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential,
-                                             MicroBatchOrder::layer_major};
+                                              MicroBatchOrder::layer_major};
 
 namespace {
 
@@ -154,8 +154,9 @@ std::vector<KeyDesc> make_keys() {
           .one_of(names_of(kKeepIntermediates, keep_intermediates_name)),
       MT_KEY(device, copy_bandwidth_gbps, "copy engine limit per direction in GB/s; 0 = unlimited").non_negative(),
       MT_KEY(device, prefetch_depth, "stages streamed ahead; 0 = weight_slots - 1").at_least(0),
-      MT_KEY(device, schedule, "interleaved | sequential | layer_major (order of a step's micro-batches; layer_major: each forward and "
-                                   "head in turn, then the backward a layer at a time over every micro-batch)")
+      MT_KEY(device, schedule,
+             "interleaved | sequential | layer_major (order of a step's micro-batches; layer_major: each forward and "
+             "head in turn, then the backward a layer at a time over every micro-batch)")
           .one_of(names_of(kMicroBatchOrders, micro_batch_order_name)),
       MT_KEY(device, gpus,
              "devices of this node (>= 1), each with its own arena and gradient_accumulation_steps micro-batches per "

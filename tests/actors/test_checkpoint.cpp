@@ -259,32 +259,37 @@ TEST_CASE("checkpoint: split and fp32 masters write the same files and resume ea
 
 TEST_CASE("checkpoint: stage gradients and accumulators write the same files and resume each other's checkpoints",
           "[actors][checkpoint][stage_gradients]") {
-  // Gradients are not part of a checkpoint: two passes with clipping (stage) and one (model) agree on disk.
-  Tiny t;
-  t.steps = 12;
-  t.bf16 = true;
-  Tiny staged = t, kept = t;
-  staged.gradient_buffer = "stage";
-  kept.gradient_buffer = "model";
-  const TrainConfig cs = tiny_config(staged), ck = tiny_config(kept);
-  const ModelConfig model = cs.model_config_from_keys();
-  const auto batches = tiny_batches(t, 64);
-  TempDir ds("stage"), dk("model");
-  const Run a = train(cs, model, batches, ds.path.string(), 0, 6);
-  const Run b = train(ck, model, batches, dk.path.string(), 0, 6);
-  REQUIRE(a.result.error.empty());
-  REQUIRE(b.result.error.empty());
-  CHECK_FALSE(a.host->tile(0).has_grad());
-  CHECK(b.host->tile(0).has_grad());
-  CHECK(checkpoint_file_difference(ds.path / "step-00000006", dk.path / "step-00000006", true) == "");
-  const Run a2 = train(cs, model, batches, ds.path.string(), 0, -1, dk.path / "step-00000006");
-  const Run b2 = train(ck, model, batches, dk.path.string(), 0, -1, ds.path / "step-00000006");
-  REQUIRE(a2.result.error.empty());
-  REQUIRE(b2.result.error.empty());
-  const RefRun ref = run_reference(cs, model, batches, 12);
-  CHECK(equals_reference(*a2.host, *ref.trainer));
-  CHECK(equals_reference(*b2.host, *ref.trainer));
-  CHECK(checkpoint_file_difference(ds.path / "step-00000012", dk.path / "step-00000012", true) == "");
+  // Gradients are not part of a checkpoint: two passes with clipping (stage) and one (model) agree on
+  // disk, with one micro-batch per step and with two (stage: layer-major).
+  for (std::int64_t m : {1, 2}) {
+    INFO("micro-batches " << m);
+    Tiny t;
+    t.steps = 12;
+    t.bf16 = true;
+    t.micro_batches = m;
+    Tiny staged = t, kept = t;
+    staged.gradient_buffer = "stage";
+    kept.gradient_buffer = "model";
+    const TrainConfig cs = tiny_config(staged), ck = tiny_config(kept);
+    const ModelConfig model = cs.model_config_from_keys();
+    const auto batches = tiny_batches(t, 64);
+    TempDir ds("stage"), dk("model");
+    const Run a = train(cs, model, batches, ds.path.string(), 0, 6);
+    const Run b = train(ck, model, batches, dk.path.string(), 0, 6);
+    REQUIRE(a.result.error.empty());
+    REQUIRE(b.result.error.empty());
+    CHECK_FALSE(a.host->tile(0).has_grad());
+    CHECK(b.host->tile(0).has_grad());
+    CHECK(checkpoint_file_difference(ds.path / "step-00000006", dk.path / "step-00000006", true) == "");
+    const Run a2 = train(cs, model, batches, ds.path.string(), 0, -1, dk.path / "step-00000006");
+    const Run b2 = train(ck, model, batches, dk.path.string(), 0, -1, ds.path / "step-00000006");
+    REQUIRE(a2.result.error.empty());
+    REQUIRE(b2.result.error.empty());
+    const RefRun ref = run_reference(cs, model, batches, 12);
+    CHECK(equals_reference(*a2.host, *ref.trainer));
+    CHECK(equals_reference(*b2.host, *ref.trainer));
+    CHECK(checkpoint_file_difference(ds.path / "step-00000012", dk.path / "step-00000012", true) == "");
+  }
 }
 
 TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate or is copied aside, results unchanged",

@@ -56,6 +56,7 @@ TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
     std::string compression;
     std::string gradient_buffer = "model";
     double link_gbps = 0.0;
+    std::int64_t micro_batches = 0;  // 0: 1 with stage gradients, else 2
   };
   const Case cases[] = {
       {"tiles", "boundary", false, false, "none"},
@@ -63,14 +64,16 @@ TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
       {"moments on the NVMe tier", "boundary", false, true, "none"},
       {"int8 moments on the NVMe tier", "all", false, true, "int8"},
       {"stage gradients, split masters", "boundary", true, false, "none", "stage"},
-      {"stage gradients over a link (landing buffers)", "boundary", false, false, "none", "stage", 100}};
+      {"stage gradients over a link (landing buffers)", "boundary", false, false, "none", "stage", 100},
+      {"stage gradients of two micro-batches (two accumulators)", "boundary_host", true, false, "none", "stage", 0, 2},
+      {"stage gradients of three micro-batches over a link", "boundary", false, false, "none", "stage", 100, 3}};
   for (const Case& c : cases) {
     SECTION(c.name) {
       TempDir dir("bytes");
       Tiny t;
       t.layers = 4;
       t.steps = 2;
-      t.micro_batches = c.gradient_buffer == "stage" ? 1 : 2;
+      t.micro_batches = c.micro_batches > 0 ? c.micro_batches : c.gradient_buffer == "stage" ? 1 : 2;
       t.keep = c.keep;
       t.bf16 = c.bf16;
       t.gradient_buffer = c.gradient_buffer;
@@ -91,11 +94,18 @@ TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
       CHECK(tier_total(p, "device") == static_cast<double>(r.result.arena.capacity_bytes));
       // Host: the tiles and the moment store (HostModel::host_bytes), the boundary store, and the CPU
       // backend's arena (host memory).
-      // Stage gradients over a link: a landing buffer per staging slot, each the largest stage.
-      const double landing = c.gradient_buffer == "stage" && c.link_gbps > 0
-                                 ? static_cast<double>(p.engine->grad_slots) *
-                                       static_cast<double>(r.host->largest_stage_floats()) * sizeof(float)
-                                 : 0.0;
+      // Stage gradients over a link: a landing buffer per staging slot, each the largest stage; of
+      // several micro-batches two stage accumulators and (over a link) the collector's host buffer.
+      const double largest = static_cast<double>(r.host->largest_stage_floats()) * sizeof(float);
+      double landing = 0.0;
+      if (c.gradient_buffer == "stage" && t.micro_batches > 1)
+        landing = (2.0 + (c.link_gbps > 0 ? 1.0 : 0.0)) * largest;
+      else if (c.gradient_buffer == "stage" && c.link_gbps > 0)
+        landing = static_cast<double>(p.engine->grad_slots) * largest;
+      if (t.micro_batches > 1 && c.gradient_buffer == "stage") {
+        CHECK(p.engine->order == MicroBatchOrder::layer_major);
+        CHECK(p.engine->activation_sets == t.micro_batches);
+      }
       const double host =
           static_cast<double>(r.host->host_bytes() + p.engine->host_boundary_bytes + r.result.arena.capacity_bytes) +
           landing;
@@ -205,6 +215,30 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan
     INFO(dropped.out);
     CHECK(dropped.code == 0);
     CHECK(dropped.out.find("train.gradient_buffer=auto: stage") != std::string::npos);
+    // Two micro-batches per step: the same choice, run layer-major, summed in two stage accumulators
+    // (the plan counts them: two of the largest stage, a layer here).
+    TrainConfig two = cfg;
+    two.train.gradient_accumulation_steps = 2;
+    TrainConfig two_staged = two;
+    two_staged.train.gradient_buffer = "stage";
+    const plan::ResourcePlan two_plan = plan::plan_resources(two_staged, model, {}, 0, "", 0, "");
+    std::size_t largest = 0;
+    for (std::int64_t st = 0; st < num_stages(model); ++st)
+      largest = std::max(largest, stage_layout(model, st).total_floats);
+    const double accumulators = 2.0 * static_cast<double>(largest) * 4.0;
+    bool listed = false;
+    for (const auto& b : two_plan.bytes)
+      if (b.what.find("two stage accumulators") != std::string::npos) listed = b.bytes == Approx(accumulators);
+    CHECK(listed);
+    const double two_with = plan::plan_resources(two, model, {}, 0, "", 0, "").host_peak_rss_bytes;
+    REQUIRE(two_with - two_plan.host_peak_rss_bytes > 100e6);
+    const mt::test::Outcome layer_major =
+        mt::test::run_node(line + " --train.gradient_accumulation_steps=2 --plan.host_ram_gb=" +
+                           std::to_string(0.5 * (two_with + two_plan.host_peak_rss_bytes) / 1073741824.0));
+    INFO(layer_major.out);
+    CHECK(layer_major.code == 0);
+    CHECK(layer_major.out.find("train.gradient_buffer=auto: stage") != std::string::npos);
+    CHECK(layer_major.out.find("gives way to layer_major") != std::string::npos);
   }
 
   // A model whose moments do not fit RAM but fit in files: the key named is train.offload_dir.

@@ -121,8 +121,8 @@ TEST_CASE("schedule: layer-major order completes each stage's gradient before th
           next_op[p.micro_batch] = p.op + 1;
           const Op& op = s.op(p);
           if (op.kind == OpKind::layer_forward || op.kind == OpKind::embed_forward) CHECK_FALSE(replay);
-          const bool grads = op.kind == OpKind::head || op.kind == OpKind::layer_backward ||
-                             op.kind == OpKind::embed_backward;
+          const bool grads =
+              op.kind == OpKind::head || op.kind == OpKind::layer_backward || op.kind == OpKind::embed_backward;
           if (!grads) continue;
           if (p.micro_batch / M != pass) {  // a new pass: every stage again
             pass = p.micro_batch / M;
