@@ -4,7 +4,8 @@
 // masters beside the bf16 copy, gradient accumulators; in fp32 runs the accumulators). Each
 // configuration runs in a child process of its own, the rounds interleaved so drift hits all alike; the
 // figure is the median step over the rounds, divided by the baseline's of the same round set. Every mode
-// must give the same losses bit for bit (a line says so, and the bench fails otherwise).
+// must give the same losses bit for bit (a line says so, and the bench fails otherwise). bf16 runs also
+// at two micro-batches per step (stage gradients then run layer-major with two stage accumulators).
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -53,33 +54,38 @@ int main(int argc, char** argv) {
     } else {
       modes = {{"accumulators (16 B/param)", "auto", "model"}, {"stage gradients (12 B/param)", "auto", "stage"}};
     }
-    for (double clip : {1.0, 0.0}) {
-      std::map<std::string, std::vector<double>> step;
-      std::map<std::string, std::uint64_t> bits;
-      for (int r = 0; r < rounds; ++r)
+    // bf16 also at two micro-batches per step: stage gradients then run layer-major, summed in two
+    // stage accumulators (the baseline runs the default interleaved order with accumulators).
+    for (std::int64_t micro_batches : bf16 ? std::vector<std::int64_t>{1, 2} : std::vector<std::int64_t>{1})
+      for (double clip : {1.0, 0.0}) {
+        std::map<std::string, std::vector<double>> step;
+        std::map<std::string, std::uint64_t> bits;
+        for (int r = 0; r < rounds; ++r)
+          for (const Mode& m : modes) {
+            const EngineStep e = measure_engine_step(precision, 2, steps, [&](TrainConfig& c) {
+              c.train.master_weights = m.master_weights;
+              c.train.gradient_buffer = m.gradient_buffer;
+              c.train.max_grad_norm = clip;
+              c.train.gradient_accumulation_steps = micro_batches;
+            });
+            step[m.name].push_back(e.step_s);
+            bits[m.name] = e.loss_bits;
+          }
+        const double base = median(step[modes[0].name]);
         for (const Mode& m : modes) {
-          const EngineStep e = measure_engine_step(precision, 2, steps, [&](TrainConfig& c) {
-            c.train.master_weights = m.master_weights;
-            c.train.gradient_buffer = m.gradient_buffer;
-            c.train.max_grad_norm = clip;
-          });
-          step[m.name].push_back(e.step_s);
-          bits[m.name] = e.loss_bits;
+          const double s = median(step[m.name]);
+          const bool same = bits[m.name] == bits[modes[0].name];
+          same_bits = same_bits && same;
+          std::printf("  %s, %lld micro-batch(es), max_grad_norm %.0f: %-46s step %.4f s  %.2fx of %s  losses %s\n",
+                      bf16 ? "bf16" : "fp32", static_cast<long long>(micro_batches), clip, m.name.c_str(), s, s / base,
+                      modes[0].name.c_str(), same ? "bit-identical" : "DIFFER");
+          if (&m == &modes[0]) continue;
+          const std::string metric =
+              std::string("demo_") + (bf16 ? "bf16_" : "fp32_") + (m.master_weights == "split" ? "split_" : "") +
+              m.gradient_buffer + (clip > 0 ? "_clip" : "_noclip") + (micro_batches > 1 ? "_ga2" : "") + "_step_ratio";
+          report.add({metric, s, "s", base, 0.0, "lower"});
         }
-      const double base = median(step[modes[0].name]);
-      for (const Mode& m : modes) {
-        const double s = median(step[m.name]);
-        const bool same = bits[m.name] == bits[modes[0].name];
-        same_bits = same_bits && same;
-        std::printf("  %s, max_grad_norm %.0f: %-46s step %.4f s  %.2fx of %s  losses %s\n", bf16 ? "bf16" : "fp32",
-                    clip, m.name.c_str(), s, s / base, modes[0].name.c_str(), same ? "bit-identical" : "DIFFER");
-        if (&m == &modes[0]) continue;
-        const std::string metric = std::string("demo_") + (bf16 ? "bf16_" : "fp32_") +
-                                   (m.master_weights == "split" ? "split_" : "") + m.gradient_buffer +
-                                   (clip > 0 ? "_clip" : "_noclip") + "_step_ratio";
-        report.add({metric, s, "s", base, 0.0, "lower"});
       }
-    }
   }
   std::printf("  every mode's losses bit-identical to the baseline's: %s\n", same_bits ? "yes" : "NO");
   report.print();
