@@ -10,11 +10,14 @@
 // A slot compute has freed keeps its contents until it is refilled ("resident"): when a later load
 // needs the same stage at the same version (the backward of the last layers of the forward, right
 // after the head, and the first layers of the next micro-batch after the backward), it is handed over
-// again without a copy. The slot refilled is the resident one needed again farthest ahead.
+// again without a copy. The slot refilled is the resident one needed again farthest ahead. A load of
+// a stage and version that a slot in flight holds (layer-major: a layer's backward over every
+// micro-batch) shares that slot; it is freed when its last holder frees it.
 //
 // Boundaries on the host: a layer backward's second load is its input boundary, streamed from the
 // host store into a free activation slot once the forward's copy of it has landed there (its stamp
 // names the micro-batch); activation slots are used once, never kept resident.
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <set>
@@ -33,10 +36,11 @@ struct prefetcher_state {
   int load = 0;  // its next load
   std::int64_t end_step = 0;
   struct Held {
-    Pos pos;  // the op it was filled for
+    Pos pos;  // the op it was filled for (or, once that op freed it, the earliest sharer)
     std::int64_t stage = 0;
     std::uint64_t version = 0;
-    bool filling = false;  // the copy is queued or running
+    bool filling = false;                      // the copy is queued or running
+    std::vector<std::pair<Pos, int>> sharers;  // later loads (op, load) of the same stage and version
   };
   struct Resident {
     std::int64_t stage = 0;
@@ -120,7 +124,7 @@ bool load_boundary(self_ptr self, const Op& op) {
               Phase::prefetch_boundary);
   submit_load(self, ctx->host_acts->data(set, b), ctx->act_slots[static_cast<std::size_t>(slot)],
               ctx->plan.hidden_floats * sizeof(float), slot);
-  st.act_in_flight[slot] = prefetcher_state::Held{st.pos, b, need, true};
+  st.act_in_flight[slot] = prefetcher_state::Held{st.pos, b, need, true, {}};
   ++st.load;
   return true;
 }
@@ -137,7 +141,10 @@ void pump(self_ptr self) {
       continue;
     }
     std::set<Pos> ops_in_flight;
-    for (const auto& kv : st.in_flight) ops_in_flight.insert(kv.second.pos);
+    for (const auto& kv : st.in_flight) {
+      ops_in_flight.insert(kv.second.pos);
+      for (const auto& sh : kv.second.sharers) ops_in_flight.insert(sh.first);
+    }
     for (const auto& kv : st.act_in_flight) ops_in_flight.insert(kv.second.pos);
     if (ops_in_flight.count(st.pos) == 0 && static_cast<int>(ops_in_flight.size()) >= depth + 1) return;
     if (op.load_kind[st.load] == LoadKind::boundary) {
@@ -165,8 +172,21 @@ void pump(self_ptr self) {
         if (st.in_flight.count(k) == 0) slot = k;
       if (slot < 0) return;  // SlotFree will wake us
       ctx->arena->map_slot(slot, stage, have, bytes, tile.stream_source());
-      st.in_flight[slot] = prefetcher_state::Held{st.pos, stage, have};
+      st.in_flight[slot] = prefetcher_state::Held{st.pos, stage, have, false, {}};
       self->send(st.peers.compute, WeightsReady{st.epoch, st.pos, st.load, stage, slot, have});
+      ++st.load;
+      continue;
+    }
+    // A slot compute still holds (or that is still filling) with exactly this stage and version: share
+    // it, no transfer (layer-major: each layer's backward over every micro-batch back to back).
+    int shared = -1;
+    for (const auto& kv : st.in_flight)
+      if (kv.second.stage == stage && kv.second.version == have) shared = kv.first;
+    if (shared >= 0) {
+      prefetcher_state::Held& h = st.in_flight[shared];
+      h.sharers.emplace_back(st.pos, st.load);
+      ctx->slot_reuses.fetch_add(1);
+      if (!h.filling) self->send(st.peers.compute, WeightsReady{st.epoch, st.pos, st.load, stage, shared, have});
       ++st.load;
       continue;
     }
@@ -179,7 +199,7 @@ void pump(self_ptr self) {
       ctx->arena->begin_fill_slot(hit, stage, have, bytes);
       ctx->arena->mark_ready(hit);
       ctx->slot_reuses.fetch_add(1);
-      st.in_flight[hit] = prefetcher_state::Held{st.pos, stage, have};
+      st.in_flight[hit] = prefetcher_state::Held{st.pos, stage, have, false, {}};
       self->send(st.peers.compute, WeightsReady{st.epoch, st.pos, st.load, stage, hit, have});
       ++st.load;
       continue;
@@ -195,7 +215,7 @@ void pump(self_ptr self) {
     // Queue the copy and go on: the link always has the next transfer queued behind this one. The
     // copy engine's worker reports completion with a CopyDone message.
     submit_load(self, tile.stream_source(), ctx->arena->weight_slot(slot), bytes, slot);
-    st.in_flight[slot] = prefetcher_state::Held{st.pos, stage, have, true};
+    st.in_flight[slot] = prefetcher_state::Held{st.pos, stage, have, true, {}};
     ++st.load;
   }
 }
@@ -220,6 +240,18 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
         }
         auto it = st.in_flight.find(m.slot);
         if (it != st.in_flight.end()) {
+          auto& sharers = it->second.sharers;
+          const std::pair<Pos, int> freed{m.pos, m.load};
+          if (!sharers.empty()) {  // other ops still hold the slot: only this holder goes
+            if (it->second.pos == m.pos) {
+              it->second.pos = sharers.front().first;
+              sharers.erase(sharers.begin());
+            } else {
+              sharers.erase(std::remove(sharers.begin(), sharers.end(), freed), sharers.end());
+            }
+            pump(self);
+            return;
+          }
           if (!ctx->backend->shares_host_memory())  // a mapped slot holds nothing of its own
             st.resident[m.slot] = prefetcher_state::Resident{it->second.stage, it->second.version};
           st.in_flight.erase(it);
@@ -239,6 +271,9 @@ prefetcher_actor::behavior_type prefetcher_fn(self_ptr self, Context* ctx, std::
         if (!boundary) ctx->arena->mark_ready(m.slot);
         self->send(st.peers.compute,
                    WeightsReady{st.epoch, m.pos, m.load, it->second.stage, m.slot, it->second.version});
+        for (const auto& sh : it->second.sharers)  // later loads of the same stage waited for this copy
+          self->send(st.peers.compute,
+                     WeightsReady{st.epoch, sh.first, sh.second, it->second.stage, m.slot, it->second.version});
       },
       [=](const LayerUpdated& m) {
         const auto probe = probe_handler(self, monitor::ActorId::prefetcher, "LayerUpdated");

@@ -76,6 +76,34 @@ TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]
   CHECK(host_bytes[2] - host_bytes[1] == 2 * (host_bytes[1] - host_bytes[0]));
 }
 
+// Layer-major: a layer's backward over every micro-batch loads its weights once; the later micro-batches
+// share the slot (or find it resident), so a step copies each layer at most M + 1 times (without the
+// sharing: up to 2M, as in the other orders).
+TEST_CASE("the layer-major order streams each layer once per backward", "[actors][memory]") {
+  Tiny t;
+  t.layers = 4;
+  t.micro_batches = 3;
+  t.steps = 2;
+  t.weight_slots = 3;
+  t.bandwidth_gbps = 1000.0;  // a link: every load is a copy or a reuse
+  t.gradient_buffer = "model";
+  for (int major = 0; major < 2; ++major) {
+    t.schedule = major ? "layer_major" : "interleaved";
+    INFO(t.schedule);
+    const TrainConfig cfg = tiny_config(t);
+    const ModelConfig model = cfg.model_config_from_keys();
+    const auto batches = tiny_batches(t, 8);
+    EngineRun eng = run_pipeline(cfg, model, batches);
+    REQUIRE(eng.result.error.empty());
+    const std::uint64_t M = 3, L = 4, steps = 2;
+    const std::uint64_t copies = eng.result.link.of(LinkDirection::host_to_device).copies;
+    CHECK(copies + static_cast<std::uint64_t>(eng.result.slot_reuses) == steps * M * (2 * L + 2));
+    if (major) CHECK(copies <= steps * (M * (L + 2) + L));  // forwards and heads, then one load per layer
+    RefRun ref = run_reference(cfg, model, batches, t.steps);
+    CHECK(equals_reference(*eng.host, *ref.trainer));
+  }
+}
+
 TEST_CASE("boundaries kept on the device grow with depth, offloaded they do not", "[actors][memory]") {
   Tiny t;
   t.micro_batches = 2;
