@@ -74,6 +74,10 @@ struct RunLedger {
   std::vector<std::int64_t> accum_step;   // per stage: the step its accumulator holds
   std::vector<std::int64_t> accum_count;  // per stage: micro-batches of accum_step accumulated
   std::vector<double> sumsq;              // per stage: sum of squares once complete
+  // --- written by the optimizer -------------------------------------------------------------------
+  // Several ranks: every rank's losses of a step, by global micro-batch, once gathered (a collective
+  // runs once per step on every rank, so a respawned optimizer takes them from here, not again).
+  std::map<std::int64_t, std::map<std::int64_t, MbLoss>> gathered_losses;
 };
 
 // Busy-interval recorder for overlap measurements (only when enabled).

@@ -19,6 +19,11 @@ struct RankLoss {  // one micro-batch's report, as the ranks exchange it (every 
 bool gather_rank_losses(Context& ctx, std::int64_t step, std::map<std::int64_t, MbLoss>& losses) {
   const auto all = static_cast<std::size_t>(ctx.micro_batches());
   if (losses.size() >= all) return true;
+  auto& gathered = ctx.ledger.gathered_losses;
+  if (auto it = gathered.find(step); it != gathered.end()) {  // gathered before this optimizer was respawned
+    losses = it->second;
+    return true;
+  }
   const auto local = static_cast<std::size_t>(ctx.sched.micro_batches());
   if (ctx.ranks <= 1 || ctx.world == nullptr || losses.size() < local) return false;
   std::vector<RankLoss> mine;
@@ -27,6 +32,9 @@ bool gather_rank_losses(Context& ctx, std::int64_t step, std::map<std::int64_t, 
   ctx.world->allgather(cluster::Channel::losses, mine.data(), mine.size() * sizeof(RankLoss), every.data(),
                        "the losses of step " + std::to_string(step));
   for (const RankLoss& l : every) losses[l.micro_batch] = MbLoss{l.loss_sum, l.counted};
+  // Steps before the previous one are done on every rank: their losses go.
+  while (!gathered.empty() && gathered.begin()->first < step - 1) gathered.erase(gathered.begin());
+  gathered[step] = losses;
   return losses.size() >= all;
 }
 

@@ -1,8 +1,8 @@
 // Several ranks (mpirun): the optimizer scales the gradient by the step's counted tokens and reports
 // the step's loss, both over every micro-batch of every rank, summed in global micro-batch order as one
 // rank sums them. This rank's compute reports only its own micro-batches; once they are all in, every
-// rank's are gathered (cluster/world.hpp, the losses channel: the optimizer's thread on every rank).
-// No CAF here.
+// rank's are gathered (cluster/world.hpp, the losses channel: the optimizer's thread on every rank),
+// once per step: the ledger keeps them for a respawned optimizer. No CAF here.
 #pragma once
 #include <cstdint>
 #include <map>

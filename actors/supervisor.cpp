@@ -313,13 +313,9 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
   auto* res = st.result;
   const int r = static_cast<int>(role);
   const std::string why = self->system().render(reason);
-  // Several ranks (mpirun): the other ranks' transfers do not survive this rank redoing work, so the
-  // run ends (and the job with it) rather than restarting the actor; restarts across ranks are to come.
-  if (st.ctx->ranks > 1) {
-    fail(self, actor_label(role, device) + " failed: " + why +
-                   " (in a job of several ranks a failed actor ends the run, it is not restarted)");
-    return;
-  }
+  // Several ranks (mpirun): restarted here like any other; the other ranks wait in their next
+  // collective with this rank. Each collective runs once: the collector's reductions are counted in
+  // the ledger before re-issued work is taken again, and the step's gathered losses are kept there.
   auto& probe = st.mon->board().probe(actor_id(role), device);
   probe.count_restart();
   probe.set_state(monitor::ActorState::restarting);

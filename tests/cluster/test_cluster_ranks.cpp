@@ -1,6 +1,7 @@
 // A job of several ranks (cluster/, `mpirun -np N megatrain train`), CPU backend, on loopback: N ranks
 // with M accumulation steps each export the same safetensors bytes as one rank with N x M (Llama and
-// GPT-2, fp32 and bf16, 2 and 3 ranks, M = 1 and 2); rank 0 alone writes the run directory; a rank
+// GPT-2, fp32 and bf16, 2 and 3 ranks, M = 1 and 2), also when rank 0's actors restart mid-job
+// (through its monitor); rank 0 alone writes the run directory; a rank
 // that dies (SIGKILL) or stops (SIGSTOP) ends the job within the collective timeout, named; a bad
 // [cluster] value is a clear error. mpirun runs as root here only with OpenMPI's allow-run-as-root flag,
 // which only the tests use.
@@ -208,6 +209,75 @@ TEST_CASE("a rank that stops answering (SIGSTOP) ends the job after the collecti
   CHECK(seconds < 3 + 10);
   CHECK(o.out.find("rank 0 of 2: no answer from rank 1 within 3 s (cluster.collective_timeout_s)") !=
         std::string::npos);
+}
+
+namespace {
+
+void require_venv() {
+  static const bool ok =
+      std::system((std::string(MEGATRAIN_VENV_PYTHON) + " -c 'import prometheus_client' 2>/dev/null").c_str()) == 0;
+  if (!ok) {  // reported as skipped (ctest's SKIP_RETURN_CODE 77), never as passed
+    std::fprintf(stderr, "venv with prometheus_client not found (tools/install-deps --test): skipped\n");
+    std::exit(77);
+  }
+}
+
+// A 2-rank job driven through rank 0's monitor by the monitor tests' client (`client_args`: its
+// subcommand and flags), against one rank with twice the accumulation steps: the exported bytes.
+void check_driven_job(const std::string& client_args, const std::string& node_extra) {
+  require_mpi();
+  require_venv();
+  TempDir dir("driven");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  // Long and slow enough for the client to act on (the link paced; the results do not depend on it).
+  const std::string longer = "--train.max_steps=200 --device.copy_bandwidth_gbps=0.004 ";
+  const Outcome one = sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer +
+                             "--monitor.enabled=false",
+                         dir.path / "one.log");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  const fs::path log = dir.path / "job.log";
+  const std::string cmd = "exec " + mpirun(2) + kBinary + " train " + kLlama + train_args(shard, dir.path / "job", 1) +
+                          longer + node_extra + " > " + log.string() + " 2>&1";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const Outcome client = sh(std::string(MEGATRAIN_VENV_PYTHON) + " " + MEGATRAIN_SOURCE_DIR +
+                                "/tests/actors/monitor/monitor_client.py " + client_args + " --out " +
+                                (dir.path / "job").string(),
+                            dir.path / "client.log");
+  int status = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t done = 0;
+  while ((done = ::waitpid(child, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(client.code == 0 ? 120 : 1))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+  }
+  const std::string job = slurp(log);
+  INFO(client.out << "\n--- job:\n" << job);
+  REQUIRE(client.code == 0);
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
+  const std::string b = slurp(dir.path / "job" / "hf" / "model.safetensors");
+  REQUIRE(!a.empty());
+  CHECK(a == b);
+}
+
+}  // namespace
+
+// An actor of one rank restarts there as in a job of one (the other rank waits in its next
+// collective: each collective runs once per rank, the ledger says which ran), with the same bits.
+TEST_CASE("each pipeline actor of rank 0 restarted on request mid-job: the bytes of 1 rank x 2", "[cluster]") {
+  check_driven_job("restart", "");
+}
+
+TEST_CASE("injected failures of rank 0's actors mid-job are restarted there: the bytes of 1 rank x 2", "[cluster]") {
+  check_driven_job("faults --count 4 --seed 7", "--monitor.allow_fault_injection=true --restart.max_restarts=100");
 }
 
 TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") {
