@@ -231,9 +231,9 @@ void check_driven_job(const std::string& client_args, const std::string& node_ex
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
   // Long and slow enough for the client to act on (the link paced; the results do not depend on it).
   const std::string longer = "--train.max_steps=200 --device.copy_bandwidth_gbps=0.004 ";
-  const Outcome one = sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer +
-                             "--monitor.enabled=false",
-                         dir.path / "one.log");
+  const Outcome one =
+      sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer + "--monitor.enabled=false",
+         dir.path / "one.log");
   INFO(one.out);
   REQUIRE(one.code == 0);
   const fs::path log = dir.path / "job.log";
@@ -244,10 +244,10 @@ void check_driven_job(const std::string& client_args, const std::string& node_ex
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  const Outcome client = sh(std::string(MEGATRAIN_VENV_PYTHON) + " " + MEGATRAIN_SOURCE_DIR +
-                                "/tests/actors/monitor/monitor_client.py " + client_args + " --out " +
-                                (dir.path / "job").string(),
-                            dir.path / "client.log");
+  const Outcome client =
+      sh(std::string(MEGATRAIN_VENV_PYTHON) + " " + MEGATRAIN_SOURCE_DIR + "/tests/actors/monitor/monitor_client.py " +
+             client_args + " --out " + (dir.path / "job").string(),
+         dir.path / "client.log");
   int status = 0;
   const auto t0 = std::chrono::steady_clock::now();
   pid_t done = 0;
