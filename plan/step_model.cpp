@@ -144,9 +144,12 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
   return t;
 }
 
-OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan) {
+namespace {
+
+// The op times at sequence length T (the plan's batch, mode and tiles).
+OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan, std::int64_t T) {
   const Precision prec = cfg.precision();
-  const std::int64_t B = plan.batch, T = plan.seq, L = model.num_hidden_layers;
+  const std::int64_t B = plan.batch, L = model.num_hidden_layers;
   ComputeCtx ctx;
   ctx.threads = std::max(1, plan.threads.blas);
   ctx.precision = prec;
@@ -206,10 +209,48 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
       },
       6);
   t.embed_backward = best_of([&] { embedding_backward(model, tokens.data(), B, T, dx.data(), g0.data(), ctx); }, 6);
-  t.source = "measured: the engine's stage kernels at this shape (" + std::to_string(ctx.threads) + " threads, " +
-             (prec == Precision::bf16 ? "bf16" : "fp32") + ", " +
+  t.source = std::to_string(ctx.threads) + " threads, " + (prec == Precision::bf16 ? "bf16" : "fp32") + ", " +
              (plan.mode == ActivationMode::keep ? "intermediates kept" : "recompute") +
-             (plan.seq_tile > 0 ? ", sequence tiles of " + std::to_string(plan.seq_tile) + " tokens" : "") + ")";
+             (plan.seq_tile > 0 ? ", sequence tiles of " + std::to_string(plan.seq_tile) + " tokens" : "");
+  return t;
+}
+
+double causal_pairs(std::int64_t T) { return static_cast<double>(T) * (static_cast<double>(T) + 1.0) / 2.0; }
+
+}  // namespace
+
+double extrapolate_layer_time(double t1, std::int64_t T1, double t2, std::int64_t T2, std::int64_t T) {
+  const double x1 = static_cast<double>(T1), x2 = static_cast<double>(T2);
+  const double p1 = causal_pairs(T1), p2 = causal_pairs(T2);
+  const double det = x1 * p2 - x2 * p1;
+  double a = (t1 * p2 - t2 * p1) / det, b = (x1 * t2 - x2 * t1) / det;
+  if (b < 0) b = 0, a = t2 / x2;  // noise: no measurable attention share
+  if (a < 0) a = 0, b = t2 / p2;  // noise: all of it attention
+  return a * static_cast<double>(T) + b * causal_pairs(T);
+}
+
+OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                         std::int64_t max_measured_tokens) {
+  const std::int64_t T = plan.seq;
+  if (T <= max_measured_tokens || max_measured_tokens < 2) {
+    OpTimes t = measure_at(cfg, model, plan, T);
+    t.source = "measured: the engine's stage kernels at this shape (" + t.source + ")";
+    return t;
+  }
+  const std::int64_t T2 = max_measured_tokens, T1 = max_measured_tokens / 2;
+  const OpTimes a = measure_at(cfg, model, plan, T1), b = measure_at(cfg, model, plan, T2);
+  auto layer = [&](double OpTimes::*op) { return extrapolate_layer_time(a.*op, T1, b.*op, T2, T); };
+  const double linear = static_cast<double>(T) / static_cast<double>(T2);
+  OpTimes t;
+  t.layer_forward = layer(&OpTimes::layer_forward);
+  t.layer_backward = layer(&OpTimes::layer_backward);
+  t.layer_backward_kept = layer(&OpTimes::layer_backward_kept);
+  t.head = b.head * linear;
+  t.embed_forward = b.embed_forward * linear;
+  t.embed_backward = b.embed_backward * linear;
+  t.source = "measured: the engine's stage kernels at " + std::to_string(T1) + " and " + std::to_string(T2) +
+             " tokens a sequence (" + b.source + "), extrapolated to " + std::to_string(T) +
+             ": per-token work linear, attention's causal pairs quadratic";
   return t;
 }
 

@@ -67,7 +67,15 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
                             const HardwareProfile& hw);
 // This machine (the CPU backend): the engine's own stage kernels timed once at the plan's shapes and
 // thread count (a layer's forward and backward in the plan's activation mode, the head, the embedding).
-OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan);
+// Sequences longer than `max_measured_tokens` (long context: minutes an op) are timed at half that
+// length and at that length instead, and each layer op's time fitted as a T + b P(T) (P: the causal
+// pairs of a full-attention layer, T (T + 1) / 2; everything but attention is per token) and evaluated
+// at the plan's length; the head and the embedding scale with T.
+inline constexpr std::int64_t kMaxMeasuredTokens = 8192;
+OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                         std::int64_t max_measured_tokens = kMaxMeasuredTokens);
+// The fit above: times t1 at T1 and t2 at T2 tokens to the time at T (a, b clamped at 0: noise).
+double extrapolate_layer_time(double t1, std::int64_t T1, double t2, std::int64_t T2, std::int64_t T);
 
 struct StepPrediction {
   double step_s = 0.0;    // mean step time over steps 2..steps (what the engine's StepRecord.step_s averages)

@@ -4,7 +4,9 @@
 // dominates. Datasheet profiles (config/hardware.ini, built in); nothing runs.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <string>
+#include <utility>
 
 #include "kernels/stage_api.hpp"
 #include "plan/hardware.hpp"
@@ -195,4 +197,46 @@ TEST_CASE("at long context the predicted step grows about quadratically in the s
     last = r;
   }
   CHECK(last > 3.8);  // at 512k -> 1M attention is over 95% of a layer's FLOPs
+}
+
+// `megatrain plan` on this machine at long context times the stages at two shorter lengths and fits
+// a T + b T (T + 1) / 2: exact on such data, clamped where noise would make a term negative.
+TEST_CASE("long sequences are timed at two shorter lengths and fitted, per token and per causal pair", "[plan]") {
+  auto time_of = [](double a, double b, std::int64_t T) {
+    return a * static_cast<double>(T) + b * static_cast<double>(T) * (static_cast<double>(T) + 1.0) / 2.0;
+  };
+  for (const auto& [a, b] : {std::pair{2e-5, 3e-9}, std::pair{1e-4, 0.0}, std::pair{0.0, 1e-8}}) {
+    INFO("a " << a << " b " << b);
+    const double t = plan::extrapolate_layer_time(time_of(a, b, 4096), 4096, time_of(a, b, 8192), 8192, 131072);
+    CHECK(t == Approx(time_of(a, b, 131072)).epsilon(1e-9));
+  }
+  // Noise that would make the quadratic term negative: linear from the longer length.
+  CHECK(plan::extrapolate_layer_time(1.0, 4096, 1.5, 8192, 32768) == Approx(1.5 * 4.0));
+  // ... or the linear one: all of it quadratic from the longer length.
+  const double p2 = 8192.0 * 8193.0 / 2.0, p = 32768.0 * 32769.0 / 2.0;
+  CHECK(plan::extrapolate_layer_time(0.1, 4096, 1.0, 8192, 32768) == Approx(p / p2));
+
+  // The engine's kernels on a small Llama at 1024 tokens, timed at 256 and 512 (kept tiny for CI).
+  TrainConfig cfg;
+  cfg.model.arch = "llama";
+  cfg.model.hidden_size = 64;
+  cfg.model.layers = 2;
+  cfg.model.heads = 4;
+  cfg.model.kv_heads = 4;
+  cfg.model.intermediate_size = 128;
+  cfg.model.vocab_size = 128;
+  cfg.model.max_position_embeddings = 1024;
+  cfg.data.seq_length = 1024;
+  cfg.train.per_device_train_batch_size = 1;
+  cfg.device.device_memory_mb = 64;
+  cfg.threads.total = 2;
+  const ModelConfig model = cfg.model_config_from_keys();
+  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::OpTimes fitted = plan::measure_op_times(cfg, model, ep, 512);
+  CHECK(fitted.source.find("at 256 and 512 tokens a sequence") != std::string::npos);
+  CHECK(fitted.source.find("extrapolated to 1024") != std::string::npos);
+  for (double v : {fitted.layer_forward, fitted.layer_backward, fitted.layer_backward_kept, fitted.head})
+    CHECK((v > 0 && std::isfinite(v)));
+  const plan::OpTimes direct = plan::measure_op_times(cfg, model, ep, 1024);
+  CHECK(direct.source.find("at this shape") != std::string::npos);
 }
