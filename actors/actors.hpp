@@ -7,6 +7,7 @@
 
 #include "actors/context.hpp"
 #include "actors/messages.hpp"
+#include "cluster/world.hpp"
 #include "monitor/monitor.hpp"
 
 namespace mt::actors {
@@ -32,6 +33,8 @@ node_actor spawn_run_controller(caf::actor_system& sys, Context* ctx, EngineResu
 inline caf::error exception_to_error(std::exception_ptr& x) {
   try {
     std::rethrow_exception(x);
+  } catch (const cluster::ClusterError& e) {  // another rank did not answer: no restart brings it back
+    return caf::make_error(caf::sec::request_timeout, std::string(e.what()));
   } catch (const std::exception& e) {
     return caf::make_error(caf::sec::runtime_error, std::string(e.what()));
   } catch (...) {

@@ -316,6 +316,12 @@ void on_crash(self_ptr self, Role role, int device, const caf::error& reason) {
   // Several ranks (mpirun): restarted here like any other; the other ranks wait in their next
   // collective with this rank. Each collective runs once: the collector's reductions are counted in
   // the ledger before re-issued work is taken again, and the step's gathered losses are kept there.
+  // A rank that did not answer within cluster.collective_timeout_s (cluster::ClusterError) is not this
+  // rank's to restart: the run ends, and with it the job.
+  if (st.ctx->ranks > 1 && reason == caf::sec::request_timeout) {
+    fail(self, actor_label(role, device) + " failed: " + why);
+    return;
+  }
   auto& probe = st.mon->board().probe(actor_id(role), device);
   probe.count_restart();
   probe.set_state(monitor::ActorState::restarting);
