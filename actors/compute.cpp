@@ -151,7 +151,11 @@ void try_advance(self_ptr self) {
   const bool keep = ctx->plan.mode == ActivationMode::keep;
   const bool on_host = ctx->host_acts != nullptr;
   const bool balanced = c.output_router_logits && !sched.is_forward_only();  // evaluation: the LM loss only
-  while (st.running && st.pos.step < st.end_step) {
+  while (st.running) {
+    // Several ranks: a stop every rank agreed on (Context::agreed_end; never inside a begun step).
+    const std::int64_t agreed = ctx->run->agreed_end.load();
+    if (agreed < st.end_step) st.end_step = std::max(agreed, st.pos.step + (st.pos.index != 0 ? 1 : 0));
+    if (st.pos.step >= st.end_step) break;
     const Pos p = st.pos;
     // Paused (a control request): hold before the step's first op until the node sends wake.
     if (p.index == 0 && st.pause != 0) {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -184,6 +185,13 @@ struct Context {
     const int g = run->threads_granted.load(std::memory_order_relaxed);
     return g > 0 && g < planned ? g : planned;
   }
+  // Several ranks: a stop (signal, /control/stop) is agreed, not taken alone. The run controller sets
+  // stop_wanted; each step's loss gather carries every rank's, and the first gather that finds one
+  // sets agreed_end = its step + 2 on every rank alike (no rank can have begun that step yet: it needs
+  // weights the next step's update publishes after that step's gather). Compute ends there, and the
+  // controller lowers every actor's end to it.
+  std::atomic<bool> stop_wanted{false};
+  std::atomic<std::int64_t> agreed_end{std::numeric_limits<std::int64_t>::max()};
   float max_grad_norm = 0.0f;
   bool serial = false;
   std::atomic<std::int64_t> slot_reuses{0};

@@ -12,6 +12,7 @@ struct RankLoss {  // one micro-batch's report, as the ranks exchange it (every 
   std::int64_t micro_batch = 0;
   double loss_sum = 0.0;
   std::int64_t counted = 0;
+  std::int64_t stop_wanted = 0;  // the sending rank was asked to stop (Context::stop_wanted)
 };
 
 }  // namespace
@@ -27,11 +28,21 @@ bool gather_rank_losses(Context& ctx, std::int64_t step, std::map<std::int64_t, 
   const auto local = static_cast<std::size_t>(ctx.sched.micro_batches());
   if (ctx.ranks <= 1 || ctx.world == nullptr || losses.size() < local) return false;
   std::vector<RankLoss> mine;
-  for (const auto& kv : losses) mine.push_back(RankLoss{kv.first, kv.second.loss_sum, kv.second.counted});
+  const std::int64_t stop = ctx.run->stop_wanted.load() ? 1 : 0;
+  for (const auto& kv : losses) mine.push_back(RankLoss{kv.first, kv.second.loss_sum, kv.second.counted, stop});
   std::vector<RankLoss> every(mine.size() * static_cast<std::size_t>(ctx.ranks));
   ctx.world->allgather(cluster::Channel::losses, mine.data(), mine.size() * sizeof(RankLoss), every.data(),
                        "the losses of step " + std::to_string(step));
-  for (const RankLoss& l : every) losses[l.micro_batch] = MbLoss{l.loss_sum, l.counted};
+  bool stop_agreed = false;
+  for (const RankLoss& l : every) {
+    losses[l.micro_batch] = MbLoss{l.loss_sum, l.counted};
+    stop_agreed = stop_agreed || l.stop_wanted != 0;
+  }
+  if (stop_agreed) {  // every rank saw the same records: the same end (Context::agreed_end)
+    std::int64_t end = ctx.run->agreed_end.load();
+    while (step + 2 < end && !ctx.run->agreed_end.compare_exchange_weak(end, step + 2)) {
+    }
+  }
   // Steps before the previous one are done on every rank: their losses go.
   while (!gathered.empty() && gathered.begin()->first < step - 1) gathered.erase(gathered.begin());
   gathered[step] = losses;

@@ -546,10 +546,17 @@ void poll_stop(self_ptr self) {
       st.last_checkpoint = Clock::now();
     }
   }
-  // The stop flag (SIGINT / SIGTERM, Python) likewise: polled here, then StopAt messages.
+  // The stop flag (SIGINT / SIGTERM, Python) likewise: polled here, then StopAt messages. Several
+  // ranks agree on the step first (Context::agreed_end), then ask for exactly it.
   const std::atomic<bool>* flag = st.ctx->job->stop;
-  if (((flag && flag->load()) || st.control_stop) && !st.stop_requested && !st.h.computes.empty()) {
+  const bool wanted = (flag && flag->load()) || st.control_stop;
+  const bool several = st.ctx->ranks > 1;
+  if (several && wanted) st.ctx->run->stop_wanted.store(true);
+  const std::int64_t agreed = st.ctx->run->agreed_end.load();
+  const bool go = several ? agreed < st.end_step : wanted;
+  if (go && !st.stop_requested && !st.h.computes.empty()) {
     st.stop_requested = true;
+    const std::int64_t ask = several ? agreed : st.next_report;
     // Every device's compute answers the end step it honours (never inside a step it has begun); the
     // run ends at the smallest: a device that had begun that step stops there too (its gradients of
     // it are never complete, so no update uses them). The supervisor lowers every device's end to it.
@@ -557,7 +564,7 @@ void poll_stop(self_ptr self) {
     auto answers = std::make_shared<int>(0);
     auto lowest = std::make_shared<std::int64_t>(st.end_step);
     for (int d = 0; d < N; ++d)
-      self->request(st.h.computes[static_cast<std::size_t>(d)], caf::infinite, StopAt{st.next_report})
+      self->request(st.h.computes[static_cast<std::size_t>(d)], caf::infinite, StopAt{ask})
           .then(
               [=](const StopAt& r) {
                 auto& s = self->state;

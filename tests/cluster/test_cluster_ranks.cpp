@@ -280,6 +280,65 @@ TEST_CASE("injected failures of rank 0's actors mid-job are restarted there: the
   check_driven_job("faults --count 4 --seed 7", "--monitor.allow_fault_injection=true --restart.max_restarts=100");
 }
 
+// A stop signal to one rank (SIGTERM to rank 1, then to rank 0): the ranks agree on the step in their
+// next loss gather, every rank stops after it, the job exits 0 with rank 0's final checkpoint, and a
+// resume on 2 ranks finishes with the bytes of an uninterrupted run.
+TEST_CASE("SIGTERM to one rank stops every rank after the same step, and the job resumes bit-exactly", "[cluster]") {
+  require_mpi();
+  for (int target : {1, 0}) {
+    INFO("SIGTERM to rank " << target);
+    TempDir dir("sigterm" + std::to_string(target));
+    const fs::path shard = mt::test::make_shard(dir.path, 8192);
+    const std::string longer = "--train.max_steps=100 --device.copy_bandwidth_gbps=0.004 ";
+    const Outcome one =
+        sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer + "--monitor.enabled=false",
+           dir.path / "one.log");
+    INFO(one.out);
+    REQUIRE(one.code == 0);
+    const std::string args = kLlama + train_args(shard, dir.path / "job", 1) + longer + "--monitor.enabled=false ";
+    const fs::path log = dir.path / "job.log";
+    const std::string cmd = mpirun(2) + "sh -c 'echo $$ > " + dir.path.string() + "/pid.$OMPI_COMM_WORLD_RANK; exec " +
+                            kBinary + " train " + args + "' > " + log.string() + " 2>&1";
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    const auto waited = std::chrono::steady_clock::now();
+    while (slurp(log).find("\nstep     5 ") == std::string::npos &&
+           std::chrono::steady_clock::now() - waited < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const pid_t rank = static_cast<pid_t>(std::stol("0" + slurp(dir.path / ("pid." + std::to_string(target)))));
+    REQUIRE(rank > 0);
+    ::kill(rank, SIGTERM);
+    int status = 0;
+    pid_t done = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while ((done = ::waitpid(child, &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (done == 0) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+    }
+    const std::string out = slurp(log);
+    INFO(out);
+    REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    CHECK(out.find("stopped by signal") != std::string::npos);
+    const std::size_t steps = count(slurp(dir.path / "job" / "train.jsonl"), "\n");
+    CHECK(steps < 100);
+    CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == 1);
+    const Outcome resumed =
+        sh(mpirun(2) + kBinary + " train " + args + "--train.resume_from_checkpoint=latest", dir.path / "resume.log");
+    INFO(resumed.out);
+    REQUIRE(resumed.code == 0);
+    CHECK(resumed.out.find("at step " + std::to_string(steps)) != std::string::npos);
+    const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
+    REQUIRE(!a.empty());
+    CHECK(a == slurp(dir.path / "job" / "hf" / "model.safetensors"));
+  }
+}
+
 TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") {
   // No MPI needed: the config is checked before any rank joins.
   TempDir dir("bad");
