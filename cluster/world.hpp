@@ -10,6 +10,7 @@
 // collector: gradients; the optimizer: losses; the node's thread: control), so messages of different
 // threads never match each other.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <stdexcept>
@@ -72,11 +73,16 @@ class World {
   // "rank R of N" for messages.
   std::string label() const;
 
+  // Bytes this rank has sent on `ch` so far (every transfer's payload, counted once it is done).
+  std::uint64_t bytes_sent(Channel ch) const { return sent_[static_cast<int>(ch)].load(); }
+
  protected:
   explicit World(double timeout_s) : timeout_s_(timeout_s) {}
+  void count_sent(Channel ch, std::size_t bytes) { sent_[static_cast<int>(ch)].fetch_add(bytes); }
 
  private:
   double timeout_s_;
+  std::atomic<std::uint64_t> sent_[kChannels] = {};
 };
 
 }  // namespace mt::cluster

@@ -71,6 +71,7 @@ class MpiWorld final : public World {
   void send(Channel ch, int peer, const void* data, std::size_t bytes, const std::string& what) override {
     Transfer t = post(ch, peer, const_cast<void*>(data), bytes, what, true);
     t.wait();
+    count_sent(ch, bytes);
   }
   void recv(Channel ch, int peer, void* data, std::size_t bytes, const std::string& what) override {
     Transfer t = post(ch, peer, data, bytes, what, false);

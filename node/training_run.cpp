@@ -468,6 +468,20 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
               secs > 0 ? tok / secs : 0.0, res.steps.empty() ? 0.0 : res.steps.back().loss,
               static_cast<double>(res.arena.peak_bytes) / (1 << 20),
               static_cast<double>(res.arena.budget_bytes) / (1 << 20), result_.train_jsonl.c_str()));
+  if (cfg_.cluster.ranks > 1 && hooks_.world != nullptr && !res.steps.empty()) {
+    // What this rank sent (cluster/grad_reduce.hpp: with one micro-batch per step every rank sends
+    // 2(N-1)/N of the model's fp32 gradient a step), against that gradient.
+    double gradient_bytes = 0;
+    for (std::int64_t s = 0; s < num_stages(model_); ++s)
+      gradient_bytes += static_cast<double>(stage_layout(model_, s).total_floats) * sizeof(float);
+    const auto steps = static_cast<double>(res.steps.size());
+    const auto sent = static_cast<double>(hooks_.world->bytes_sent(cluster::Channel::grads));
+    say_(MessageStream::out,
+         format("megatrain: rank %d sent %.0f bytes of gradients in %lld steps (%.4f x the model's fp32 gradient "
+                "a step), %llu bytes of losses",
+                rank_, sent, static_cast<long long>(res.steps.size()), sent / steps / gradient_bytes,
+                static_cast<unsigned long long>(hooks_.world->bytes_sent(cluster::Channel::losses))));
+  }
   if (res.device_arenas.size() > 1)
     for (std::size_t d = 0; d < res.device_arenas.size(); ++d)
       say_(MessageStream::out, format("megatrain: device %zu arena peak %.2f MiB of %.2f MiB budget", d,

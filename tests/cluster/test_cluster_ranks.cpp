@@ -107,6 +107,11 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
   CHECK(count(slurp(dir.path / "job" / "train.jsonl"), "\n") == 3);
   CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == 1);
   CHECK(slurp(dir.path / "job" / "train.jsonl").find("\"loss\"") != std::string::npos);
+  // What rank 0 sent: with 2 ranks x 1 micro-batch, 2(N-1)/N = once the model's fp32 gradient a step
+  // (its micro-batch of the stages rank 1 owns, and the sums of its own stages).
+  CHECK(job.out.find("megatrain: rank 0 sent ") != std::string::npos);
+  if (ranks == 2 && m == 1)
+    CHECK(job.out.find("in 3 steps (1.0000 x the model's fp32 gradient a step)") != std::string::npos);
 }
 
 }  // namespace
