@@ -44,6 +44,8 @@ class World {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // The ranks of this job on this host (they share its cores).
+  virtual int local_size() const { return 1; }
   double timeout_s() const { return timeout_s_; }
 
   // Point-to-point, blocking with the timeout. `what` says what the bytes are (in a timeout's error).

@@ -55,6 +55,12 @@ class MpiWorld final : public World {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm host = MPI_COMM_NULL;  // the ranks sharing this host's memory (and cores)
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) == MPI_SUCCESS &&
+        host != MPI_COMM_NULL) {
+      MPI_Comm_size(host, &local_size_);
+      MPI_Comm_free(&host);
+    }
     for (MPI_Comm& c : comms_) {
       MPI_Comm_dup(MPI_COMM_WORLD, &c);
       MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
@@ -67,6 +73,7 @@ class MpiWorld final : public World {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int local_size() const override { return local_size_; }
 
   void send(Channel ch, int peer, const void* data, std::size_t bytes, const std::string& what) override {
     Transfer t = post(ch, peer, const_cast<void*>(data), bytes, what, true);
@@ -132,7 +139,7 @@ class MpiWorld final : public World {
     return t;
   }
 
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_size_ = 1;
   MPI_Comm comms_[kChannels] = {};
 };
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -108,6 +109,16 @@ class TrainingRun {
       say_ = sink_;
     else
       say_ = [](MessageStream, const std::string&) {};
+    // Several ranks on one host share its cores: threads.total = auto gives each its share, not all of
+    // them (N ranks each spinning a team on every core would oversubscribe them N times over).
+    if (hooks.world != nullptr && cfg_.cluster.ranks > 1 && cfg_.threads.total == 0 && hooks.world->local_size() > 1) {
+      const int local = hooks.world->local_size();
+      const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+      cfg_.threads.total = std::max(1, hardware / local);
+      threads_note_ = "threads.total=auto: " + std::to_string(cfg_.threads.total) + " thread(s) per rank (" +
+                      std::to_string(local) + " ranks share this host's " + std::to_string(hardware) +
+                      " hardware threads)";
+    }
   }
 
   TrainingResult run(caf::actor_system_config* system_config);
@@ -126,7 +137,8 @@ class TrainingRun {
   bool choose_kernel_paths();
   EngineJob make_job();
 
-  TrainConfig cfg_;  // the caller's, with train.gradient_buffer=auto resolved by the fit check
+  TrainConfig cfg_;           // the caller's, with train.gradient_buffer=auto resolved by the fit check
+  std::string threads_note_;  // several ranks on one host: their share of its cores
   const TrainingHooks& hooks_;
   std::function<void(MessageStream, const std::string&)> sink_;  // where messages go
   int rank_ = 0;  // several ranks: this one (only rank 0 prints and writes into the run directory)
@@ -216,6 +228,7 @@ bool TrainingRun::check_model_and_data() {
   } catch (const std::exception& e) {
     return fail(e.what());
   }
+  if (!threads_note_.empty()) say_(MessageStream::err, "megatrain: note: " + threads_note_);
   for (const auto& n : plan_.notes) say_(MessageStream::err, "megatrain: note: " + n);
   return true;
 }

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -342,6 +343,29 @@ TEST_CASE("SIGTERM to one rank stops every rank after the same step, and the job
     REQUIRE(!a.empty());
     CHECK(a == slurp(dir.path / "job" / "hf" / "model.safetensors"));
   }
+}
+
+// Ranks on one host share its cores: threads.total = auto gives each rank its share (the results do
+// not depend on the thread count: the bytes of one rank x 2 at one thread).
+TEST_CASE("threads.total=auto gives each rank of a host its share of the cores", "[cluster]") {
+  require_mpi();
+  TempDir dir("threads");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const Outcome one = sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2), dir.path / "one.log");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  const Outcome job =
+      sh(mpirun(2) + kBinary + " train " + kLlama + train_args(shard, dir.path / "job", 1) + "--threads.total=0",
+         dir.path / "job.log");
+  INFO(job.out);
+  REQUIRE(job.code == 0);
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  CHECK(job.out.find("threads.total=auto: " + std::to_string(std::max(1, hardware / 2)) +
+                     " thread(s) per rank (2 ranks share this host's " + std::to_string(hardware) +
+                     " hardware threads)") != std::string::npos);
+  const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
+  REQUIRE(!a.empty());
+  CHECK(a == slurp(dir.path / "job" / "hf" / "model.safetensors"));
 }
 
 TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") {
