@@ -155,40 +155,59 @@ TEST_CASE("bf16: Llama on 2 ranks, GPT-2 on 3, without clipping on 2", "[cluster
 
 namespace {
 
-// Starts a long 2-rank job writing each rank's pid, waits for step 5, sends `sig` to rank 1 and
-// returns the job's outcome and the seconds from the signal to its end.
-Outcome signal_rank_one(int sig, const TempDir& dir, double& seconds) {
-  const fs::path shard = mt::test::make_shard(dir.path, 8192);
-  const std::string args =
-      kLlama + train_args(shard, dir.path / "job", 1) + "--train.max_steps=1000000 --cluster.collective_timeout_s=3";
-  const fs::path log = dir.path / "job.log";
-  const std::string cmd = mpirun(2) + "sh -c 'echo $$ > " + dir.path.string() + "/pid.$OMPI_COMM_WORLD_RANK; exec " +
-                          kBinary + " train " + args + "' > " + log.string() + " 2>&1";
+// Runs `cmd` with /bin/sh in a child process of its own, without waiting.
+pid_t start_shell(const std::string& cmd) {
   const pid_t child = ::fork();
   if (child == 0) {
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  const auto waited = std::chrono::steady_clock::now();
-  while (slurp(log).find("\nstep     5 ") == std::string::npos &&
-         std::chrono::steady_clock::now() - waited < std::chrono::seconds(60))
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const pid_t rank1 = static_cast<pid_t>(std::stol("0" + slurp(dir.path / "pid.1")));
-  REQUIRE(rank1 > 0);
-  const auto t0 = std::chrono::steady_clock::now();
-  ::kill(rank1, sig);
+  return child;
+}
+
+// Waits up to `limit` for `child`; past it (a hang) kills it and `also` (when > 0). Its exit code, -1
+// when a signal ended it.
+int wait_shell(pid_t child, std::chrono::seconds limit, pid_t also = 0) {
   int status = 0;
   pid_t done = 0;
-  while ((done = ::waitpid(child, &status, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((done = ::waitpid(child, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() - t0 < limit)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (done == 0) {  // a hang: end it, and fail below
-    ::kill(rank1, SIGKILL);
+  if (done == 0) {
+    if (also > 0) ::kill(also, SIGKILL);
     ::kill(child, SIGKILL);
     ::waitpid(child, &status, 0);
   }
-  return Outcome{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Starts a 2-rank job of `args` writing each rank's pid, waits for step 5, sends `sig` to rank `rank`
+// and returns the job's outcome and the seconds from the signal to its end.
+Outcome signal_rank(int rank, int sig, const TempDir& dir, const std::string& args, double& seconds) {
+  const fs::path log = dir.path / "job.log";
+  const pid_t child =
+      start_shell(mpirun(2) + "sh -c 'echo $$ > " + dir.path.string() + "/pid.$OMPI_COMM_WORLD_RANK; exec " + kBinary +
+                  " train " + args + "' > " + log.string() + " 2>&1");
+  const auto waited = std::chrono::steady_clock::now();
+  while (slurp(log).find("\nstep     5 ") == std::string::npos &&
+         std::chrono::steady_clock::now() - waited < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const pid_t target = static_cast<pid_t>(std::stol("0" + slurp(dir.path / ("pid." + std::to_string(rank)))));
+  REQUIRE(target > 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(target, sig);
+  const int code = wait_shell(child, std::chrono::seconds(60), target);
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Outcome{code, slurp(log)};
+}
+
+// signal_rank on a job that would run for ever, with a 3 s collective timeout.
+Outcome signal_rank_one(int sig, const TempDir& dir, double& seconds) {
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  return signal_rank(
+      1, sig, dir,
+      kLlama + train_args(shard, dir.path / "job", 1) + "--train.max_steps=1000000 --cluster.collective_timeout_s=3",
+      seconds);
 }
 
 }  // namespace
@@ -245,29 +264,16 @@ void check_driven_job(const std::string& client_args, const std::string& node_ex
   const fs::path log = dir.path / "job.log";
   const std::string cmd = "exec " + mpirun(2) + kBinary + " train " + kLlama + train_args(shard, dir.path / "job", 1) +
                           longer + node_extra + " > " + log.string() + " 2>&1";
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
+  const pid_t child = start_shell(cmd);
   const Outcome client =
       sh(std::string(MEGATRAIN_VENV_PYTHON) + " " + MEGATRAIN_SOURCE_DIR + "/tests/actors/monitor/monitor_client.py " +
              client_args + " --out " + (dir.path / "job").string(),
          dir.path / "client.log");
-  int status = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  pid_t done = 0;
-  while ((done = ::waitpid(child, &status, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(client.code == 0 ? 120 : 1))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (done == 0) {
-    ::kill(child, SIGKILL);
-    ::waitpid(child, &status, 0);
-  }
+  const int code = wait_shell(child, std::chrono::seconds(client.code == 0 ? 120 : 1));
   const std::string job = slurp(log);
   INFO(client.out << "\n--- job:\n" << job);
   REQUIRE(client.code == 0);
-  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  REQUIRE(code == 0);
   const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
   const std::string b = slurp(dir.path / "job" / "hf" / "model.safetensors");
   REQUIRE(!a.empty());
@@ -302,35 +308,11 @@ TEST_CASE("SIGTERM to one rank stops every rank after the same step, and the job
     INFO(one.out);
     REQUIRE(one.code == 0);
     const std::string args = kLlama + train_args(shard, dir.path / "job", 1) + longer + "--monitor.enabled=false ";
-    const fs::path log = dir.path / "job.log";
-    const std::string cmd = mpirun(2) + "sh -c 'echo $$ > " + dir.path.string() + "/pid.$OMPI_COMM_WORLD_RANK; exec " +
-                            kBinary + " train " + args + "' > " + log.string() + " 2>&1";
-    const pid_t child = ::fork();
-    if (child == 0) {
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    const auto waited = std::chrono::steady_clock::now();
-    while (slurp(log).find("\nstep     5 ") == std::string::npos &&
-           std::chrono::steady_clock::now() - waited < std::chrono::seconds(60))
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const pid_t rank = static_cast<pid_t>(std::stol("0" + slurp(dir.path / ("pid." + std::to_string(target)))));
-    REQUIRE(rank > 0);
-    ::kill(rank, SIGTERM);
-    int status = 0;
-    pid_t done = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    while ((done = ::waitpid(child, &status, WNOHANG)) == 0 &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (done == 0) {
-      ::kill(child, SIGKILL);
-      ::waitpid(child, &status, 0);
-    }
-    const std::string out = slurp(log);
-    INFO(out);
-    REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
-    CHECK(out.find("stopped by signal") != std::string::npos);
+    double seconds = 0;
+    const Outcome job = signal_rank(target, SIGTERM, dir, args, seconds);
+    INFO(job.out);
+    REQUIRE(job.code == 0);
+    CHECK(job.out.find("stopped by signal") != std::string::npos);
     const std::size_t steps = count(slurp(dir.path / "job" / "train.jsonl"), "\n");
     CHECK(steps < 100);
     CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == 1);
