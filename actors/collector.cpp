@@ -206,8 +206,10 @@ bool collect_into_accumulator(self_ptr self, const LayerGrads& m) {
   ctx->intervals.add(Role::collector, step, t0, t1);
   ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, ctx->work_micro_batch(mb), stage, "collect");
   if (!stage_done) return true;
-  if (sums_only) accums.release(a);  // the first pass brings only the sum
-  if (!sums_only) report_if_step_done(self, step, ctx->passes * M);
+  if (sums_only)
+    accums.release(a);  // the first pass brings only the sum
+  else
+    report_if_step_done(self, step, ctx->passes * M);
   self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, led.sumsq[si], -1, sums_only ? -1 : a});
   return true;
 }

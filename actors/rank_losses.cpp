@@ -38,11 +38,9 @@ bool gather_rank_losses(Context& ctx, std::int64_t step, std::map<std::int64_t, 
     losses[l.micro_batch] = MbLoss{l.loss_sum, l.counted};
     stop_agreed = stop_agreed || l.stop_wanted != 0;
   }
-  if (stop_agreed) {  // every rank saw the same records: the same end (Context::agreed_end)
-    std::int64_t end = ctx.run->agreed_end.load();
-    while (step + 2 < end && !ctx.run->agreed_end.compare_exchange_weak(end, step + 2)) {
-    }
-  }
+  // Every rank saw the same records: the same end (Context::agreed_end; written only here, on the
+  // optimizer's thread).
+  if (stop_agreed && step + 2 < ctx.run->agreed_end.load()) ctx.run->agreed_end.store(step + 2);
   // Steps before the previous one are done on every rank: their losses go.
   while (!gathered.empty() && gathered.begin()->first < step - 1) gathered.erase(gathered.begin());
   gathered[step] = losses;
