@@ -25,6 +25,7 @@
 #include <deque>
 #include <future>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -61,10 +62,14 @@ std::size_t largest_stage_floats(const Context* ctx) {
 // Several ranks (cluster/grad_reduce.hpp): this rank's gradient of the round, read from its slot (on a
 // link: copied to the host first), goes to the stage's owner, which adds every rank's in rank order into
 // its accumulator; after the last round the owner sends the sum to every rank, so each rank's tile then
-// holds the step's whole gradient (every rank runs the optimizer on it, in this version). Blocking
-// here keeps the transfers in (step, round, stage) order, the same on every rank; compute goes on
-// with the next backward into its other staging slots meanwhile.
-void reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, float* accum, std::size_t n) {
+// holds the step's whole gradient and every rank runs the optimizer on it. With the host state sharded
+// (cluster.shard_state) only the owner holds an accumulator: after the last round it sends the sum's
+// square norm alone, which this returns on every rank (the optimizer's clipping needs every stage's),
+// and the owner alone updates the stage. Blocking here keeps the transfers in (step, round, stage)
+// order, the same on every rank; compute goes on with the next backward into its other staging slots
+// meanwhile.
+std::optional<double> reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, HostTile& tile,
+                                          std::size_t n) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   const std::int64_t step = m.work.step, mb = m.work.micro_batch, stage = m.work.stage;
@@ -78,12 +83,24 @@ void reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, float*
     mine = st.host_buffer.get();
   }
   const int owner = cluster::stage_owner(stage, ctx->ranks);
+  const bool sharded = ctx->host->sharded();
+  float* accum = ctx->host->owns(stage) ? tile.grad() : nullptr;  // only the owner's is written
   const std::string what = "the gradients of stage " + std::to_string(stage) + ", step " + std::to_string(step) +
                            ", round " + std::to_string(mb) + " (owner rank " + std::to_string(owner) + ")";
   cluster::reduce_round(*ctx->world, owner, mine, accum, n, mb == 0, ctx->granted(ctx->collector_threads), st.scratch,
                         largest_stage_floats(ctx), what);
   self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
-  if (mb + 1 == ctx->sched.micro_batches()) cluster::share_stage(*ctx->world, owner, accum, n, what);
+  if (mb + 1 != ctx->sched.micro_batches()) return std::nullopt;
+  if (!sharded) {
+    cluster::share_stage(*ctx->world, owner, accum, n, what);
+    return std::nullopt;
+  }
+  double sumsq = accum != nullptr ? stage_grad_sumsq(ctx->layouts[static_cast<std::size_t>(stage)], accum,
+                                                     ctx->granted(ctx->collector_threads))
+                                  : 0.0;
+  cluster::share_from_owner(*ctx->world, cluster::Channel::grads, owner, &sumsq, sizeof sumsq,
+                            "the sum of squares of " + what);
+  return sumsq;
 }
 
 // Adds the gradient in device slot `slot` into the host accumulator `acc` (first: zeroed first), with
@@ -271,8 +288,9 @@ void collect(self_ptr self, const LayerGrads& m) {
   }
   if (N > 1) devices[0]->reduce_gradients(devices, grads, n);  // into device 0's slot, device order
   HostTile& tile = ctx->host->tile(stage);
+  std::optional<double> shared_sumsq;  // sharded: the owner's, after the last round
   if (ctx->ranks > 1) {
-    reduce_across_ranks(self, m, grads[0], tile.grad(), n);
+    shared_sumsq = reduce_across_ranks(self, m, grads[0], tile, n);
   } else if (N == 1 && ctx->grads_in_place(mb)) {  // compute summed them into the tile already
     free_slot(0, slots[0]);
   } else {
@@ -287,7 +305,8 @@ void collect(self_ptr self, const LayerGrads& m) {
   ctx->intervals.add(Role::collector, step, t0, t1);
   ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, mb, stage, "collect");
   if (mb + 1 == M) {
-    const double sumsq = stage_grad_sumsq(layout, tile.grad(), ctx->granted(ctx->collector_threads));
+    const double sumsq =
+        shared_sumsq ? *shared_sumsq : stage_grad_sumsq(layout, tile.grad(), ctx->granted(ctx->collector_threads));
     led.sumsq[si] = sumsq;
     report_if_step_done(self, step, M);
     self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, sumsq});

@@ -15,6 +15,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/monitor_publish.hpp"
+#include "cluster/grad_reduce.hpp"
 #include "cluster/world.hpp"
 #include "config/node_config.hpp"
 #include "kernels/cpu/bf16.hpp"
@@ -189,6 +190,10 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     throw ConfigError("device.gpus", "must be 1 in a job of several ranks (mpirun) in this version");
   if (p.ranks > 1 && cfg.device.backend != "cpu")
     throw ConfigError("device.backend", "a job of several ranks (mpirun) runs on the cpu backend in this version");
+  if (cfg.shards_host_state())
+    if (const std::string why = cfg.shard_state_unsupported(); !why.empty())
+      throw ConfigError("cluster.shard_state",
+                        "needs the moments fp32 in the host tiles and the masters beside them: " + why);
   p.micro_batches = p.ranks * p.devices * p.device_micro_batches;
   if (p.seq < 1) throw ConfigError("data.seq_length", "must be >= 1");
   if (p.seq > model.max_position_embeddings && !model.positions_extend_past_max())
@@ -291,6 +296,14 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   p.prefetch_depth = static_cast<int>(cfg.device.prefetch_depth > 0 ? cfg.device.prefetch_depth : p.weight_slots - 1);
   p.threads = cfg.thread_budget();
   return p;
+}
+
+OwnedStages host_owned_stages(const TrainConfig& cfg, const ModelConfig& model) {
+  if (!cfg.shards_host_state()) return {};
+  OwnedStages owned(static_cast<std::size_t>(num_stages(model)));
+  for (std::size_t s = 0; s < owned.size(); ++s)
+    owned[s] = cluster::stage_owner(static_cast<std::int64_t>(s), cfg.cluster.ranks) == cfg.cluster.rank ? 1 : 0;
+  return owned;
 }
 
 HostTileOptions host_tile_options(const TrainConfig& cfg) {
@@ -448,7 +461,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->passes = ctx->plan.gradient_passes;
   }
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
-    if (job.host->tile(s).has_grad() == ctx->plan.stage_gradients)
+    if (job.host->owns(s) && job.host->tile(s).has_grad() == ctx->plan.stage_gradients)
       throw std::invalid_argument(
           "run_engine: the host tiles' gradient regions do not match train.gradient_buffer (build the HostModel "
           "with host_tile_options)");
@@ -503,6 +516,17 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->ranks = ctx->plan.ranks;
     ctx->rank = job.world->rank();
     ctx->world = job.world;
+    // cluster.shard_state: the host model holds the state of this rank's stages only (host_owned_stages).
+    if (job.host->sharded() != job.cfg.shards_host_state())
+      throw std::invalid_argument(
+          "run_engine: the host model's sharding does not match cluster.shard_state (build "
+          "it with host_owned_stages)");
+    for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
+      if (job.host->owns(s) != (!job.host->sharded() || cluster::stage_owner(s, ctx->ranks) == ctx->rank))
+        throw std::invalid_argument("run_engine: the host model holds stage " + std::to_string(s) +
+                                    "'s state on the wrong rank");
+  } else if (!job.forward_only && job.host->sharded()) {
+    throw std::invalid_argument("run_engine: a sharded host model needs a job of several ranks");
   }
   std::vector<DeviceRig> rigs(static_cast<std::size_t>(ctx->devices));
   for (int d = 0; d < ctx->devices; ++d) {

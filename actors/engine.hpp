@@ -230,6 +230,9 @@ std::vector<EvalRecord> evaluations_from_json(const nlohmann::json& j);
 // optimizer writes and the prefetcher streams; with train.offload_dir or train.optimizer_compression
 // the moments live outside the tiles (moment_store_for).
 HostTileOptions host_tile_options(const TrainConfig& cfg);
+// The stages whose optimizer state this rank holds (cluster.shard_state with several ranks: stage s on
+// rank s mod N, cluster::stage_owner; else empty: every stage). Pass it to HostModel.
+OwnedStages host_owned_stages(const TrainConfig& cfg, const ModelConfig& model);
 // Where the run keeps its Adam moments: nullptr = in the tiles (the default), else a staged store
 // (storage/offload): compressed in RAM, or files in train.offload_dir. Pass it to HostModel with
 // host_tile_options(cfg).

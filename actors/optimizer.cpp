@@ -15,6 +15,8 @@
 
 #include "actors/actors.hpp"
 #include "actors/rank_losses.hpp"
+#include "cluster/grad_reduce.hpp"
+#include "kernels/cpu/bf16.hpp"
 #include "kernels/step_math.hpp"
 
 namespace mt::actors {
@@ -29,6 +31,10 @@ struct optimizer_state {
   std::int64_t end_step = 0;
   std::map<std::int64_t, std::map<std::int64_t, MbLoss>> losses;  // step -> micro-batch -> loss
   std::map<std::int64_t, std::map<std::int64_t, double>> sumsq;   // step -> stage -> sum of squares
+  // step -> stages in the order their gradients completed: without clipping they are updated in this
+  // order, the collector's, which is the same on every rank (with the state sharded, each update sends
+  // or receives the stage's weights, and every rank must make those transfers in the same order).
+  std::map<std::int64_t, std::vector<std::int64_t>> arrivals;
   struct Waiting {
     int slot = -1, accumulator = -1;  // where the gradient waits (LayerGradsComplete)
   };
@@ -78,6 +84,30 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   }
 }
 
+// The host state sharded (cluster.shard_state): the owner of a stage, after updating it, sends its new
+// fp32 masters to every other rank (cluster::share_from_owner, the weights channel); a rank that holds
+// the stage as a replica receives them into its tile in place of an update and makes the bf16 compute
+// copy from them as the fused update makes it (round to nearest even: the same bits). Every rank makes
+// these transfers in the same order: clipping updates in stage order, no clipping in the collector's.
+std::string weights_what(std::int64_t s, std::int64_t stage) {
+  return "the new weights of stage " + std::to_string(stage) + " after step " + std::to_string(s);
+}
+
+void send_stage(self_ptr self, std::int64_t s, std::int64_t stage, HostTile& tile) {
+  Context* ctx = self->state.ctx;
+  cluster::share_from_owner(*ctx->world, cluster::Channel::weights, cluster::stage_owner(stage, ctx->ranks),
+                            tile.params(), tile.region_bytes(), weights_what(s, stage));
+}
+
+void receive_stage(self_ptr self, std::int64_t s, std::int64_t stage, HostTile& tile) {
+  Context* ctx = self->state.ctx;
+  cluster::share_from_owner(*ctx->world, cluster::Channel::weights, cluster::stage_owner(stage, ctx->ranks),
+                            tile.params(), tile.region_bytes(), weights_what(s, stage));
+  if (tile.has_compute_copy())
+    cpu::to_bf16(tile.params(), static_cast<bf16_t*>(tile.compute_copy()), tile.floats(),
+                 ctx->granted(ctx->optimizer_threads));
+}
+
 // grad: the stage's gradient (the tile's accumulator, or its staging slot with stage gradients).
 void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamWHyper& hyper, float grad_scale,
                   const float* grad) {
@@ -95,7 +125,9 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
     copy_stage_state(state, snap);
   });
   const auto t0 = Clock::now();
-  if (tile.has_split_master()) {
+  if (!ctx->host->owns(stage)) {
+    receive_stage(self, s, stage, tile);
+  } else if (tile.has_split_master()) {
     // The masters as halves, in place: the copy the prefetcher streams is their high half.
     adamw_stage_split_master(ctx->layouts[static_cast<std::size_t>(stage)], tile.master_high(), tile.master_low(), grad,
                              tile.adam_m(), tile.adam_v(), hyper, s + 1, grad_scale,
@@ -119,6 +151,7 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
     self->send(p, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
   if (ctx->checkpointing)
     self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
+  if (ctx->host->sharded() && ctx->host->owns(stage)) send_stage(self, s, stage, tile);  // after: compute goes on
 }
 
 // Sends the step's report and moves to the next step.
@@ -130,6 +163,7 @@ void finish_step(self_ptr self, std::int64_t s, const StepScale& scale, const Ad
   st.gate_wait_s = 0.0;
   st.losses.erase(s);
   st.sumsq.erase(s);
+  st.arrivals.erase(s);
   st.in_slot.erase(s);
   ++st.step;
 }
@@ -180,6 +214,11 @@ bool update_from_slots(self_ptr self, std::int64_t s, const AdamWHyper& hyper, s
   return static_cast<std::int64_t>(sq.size()) == S;  // the norm the step reports
 }
 
+// The tile's gradient accumulator; null for a stage another rank owns (it sends the weights instead).
+const float* gradient_of(Context& ctx, std::int64_t stage) {
+  return ctx.host->owns(stage) ? ctx.host->tile(stage).grad() : nullptr;
+}
+
 void try_update(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
@@ -202,7 +241,8 @@ void try_update(self_ptr self) {
     } else if (ctx->max_grad_norm <= 0.0f) {
       const float grad_scale =
           compute_step_scale(std::vector<double>(static_cast<std::size_t>(S), 0.0), counted, 0.0f, loss_sum).grad_scale;
-      for (const auto& kv : sq) update_stage(self, s, kv.first, hyper, grad_scale, ctx->host->tile(kv.first).grad());
+      for (const std::int64_t stage : st.arrivals[s])  // the collector's order, the same on every rank
+        update_stage(self, s, stage, hyper, grad_scale, gradient_of(*ctx, stage));
     }
     if (static_cast<std::int64_t>(sq.size()) < S) return;
     std::vector<double> sumsq;
@@ -210,7 +250,7 @@ void try_update(self_ptr self) {
     const StepScale scale = compute_step_scale(sumsq, counted, ctx->max_grad_norm, loss_sum);
     if (ctx->max_grad_norm > 0.0f && !ctx->stage_gradients)
       for (std::int64_t stage = 0; stage < S; ++stage)
-        update_stage(self, s, stage, hyper, scale.grad_scale, ctx->host->tile(stage).grad());
+        update_stage(self, s, stage, hyper, scale.grad_scale, gradient_of(*ctx, stage));
     finish_step(self, s, scale, hyper, counted);
   }
 }
@@ -235,6 +275,7 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
           give_back(self, m.step, m.stage, m.grad_slot, m.accumulator);
           return;
         }
+        if (!st.sumsq[m.step].count(m.stage)) st.arrivals[m.step].push_back(m.stage);
         st.sumsq[m.step][m.stage] = m.sumsq;
         if (m.grad_slot >= 0 || m.accumulator >= 0)
           st.in_slot[m.step][m.stage] = optimizer_state::Waiting{m.grad_slot, m.accumulator};
@@ -252,6 +293,7 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
         st.end_step = r.end_step;
         st.losses.clear();
         st.sumsq.clear();
+        st.arrivals.clear();
         st.in_slot.clear();
         st.running = true;
         st.decided = -1;

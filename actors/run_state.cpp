@@ -214,7 +214,9 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
     HostTile& t = host.tile(s);
     if (t.version() > static_cast<std::uint64_t>(rp.step))
       throw std::logic_error("load_checkpoint: the host model is not freshly initialised");
-    if (moments) {
+    if (moments && !host.owns(s)) {
+      reader.read_stage(s, t.params());  // a stage another rank owns (cluster.shard_state): its masters only
+    } else if (moments) {
       if (t.has_grad()) std::memset(t.grad(), 0, t.region_bytes());
       // The tile's regions, or a staged stage written back (not read first: every value is replaced).
       StateLease state(host, s, MomentLease::Use::overwrite);

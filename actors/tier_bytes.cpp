@@ -21,7 +21,7 @@ offload::StagedMomentStoreOptions moment_store_options(const TrainConfig& cfg) {
 TierBytes tier_bytes(const TrainConfig& cfg, const ModelConfig& model) {
   TierBytes b;
   const HostTileOptions tiles = host_tile_options(cfg);
-  b.tiles = host_model_bytes(model, tiles);
+  b.tiles = host_model_bytes(model, tiles, host_owned_stages(cfg, model));  // this rank's (cluster.shard_state)
   if (tiles.moments_in_tile) return b;
   std::vector<std::size_t> floats;
   for (std::int64_t s = 0; s < num_stages(model); ++s) floats.push_back(stage_layout(model, s).total_floats);

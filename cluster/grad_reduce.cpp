@@ -36,13 +36,16 @@ void reduce_round(World& world, int owner, const float* mine, float* accum, std:
 }
 
 void share_stage(World& world, int owner, float* accum, std::size_t n, const std::string& what) {
-  const std::size_t bytes = n * sizeof(float);
+  share_from_owner(world, Channel::grads, owner, accum, n * sizeof(float), what);
+}
+
+void share_from_owner(World& world, Channel ch, int owner, void* data, std::size_t bytes, const std::string& what) {
   if (world.rank() != owner) {
-    world.recv(Channel::grads, owner, accum, bytes, what);
+    world.recv(ch, owner, data, bytes, what);
     return;
   }
   for (int r = 0; r < world.size(); ++r)
-    if (r != owner) world.send(Channel::grads, r, accum, bytes, what);
+    if (r != owner) world.send(ch, r, data, bytes, what);
 }
 
 }  // namespace mt::cluster

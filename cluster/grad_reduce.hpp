@@ -39,4 +39,10 @@ void reduce_round(World& world, int owner, const float* mine, float* accum, std:
 // After the last round: the owner's complete sum into every other rank's `accum`.
 void share_stage(World& world, int owner, float* accum, std::size_t n, const std::string& what);
 
+// The owner's `bytes` at `data` into every other rank's `data`, on channel `ch` (the owner sends to
+// each rank in rank order; the others receive). With the host state sharded (cluster.shard_state) the
+// owner shares a stage's sum of squares after its last round (8 bytes, instead of the whole sum) and,
+// after its update, the stage's new weights.
+void share_from_owner(World& world, Channel ch, int owner, void* data, std::size_t bytes, const std::string& what);
+
 }  // namespace mt::cluster

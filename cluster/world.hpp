@@ -23,8 +23,9 @@ class ClusterError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class Channel { control = 0, grads = 1, losses = 2 };
-constexpr int kChannels = 3;
+// weights: the optimizer's (cluster.shard_state), on the same thread as losses but counted apart.
+enum class Channel { control = 0, grads = 1, losses = 2, weights = 3 };
+constexpr int kChannels = 4;
 
 // True when this build has MPI (world_mpi.cpp), false for world_alone.cpp.
 bool built_with_mpi();

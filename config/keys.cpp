@@ -219,6 +219,9 @@ std::vector<KeyDesc> make_keys() {
           cluster, collective_timeout_s,
           "seconds a transfer with another rank may take before the run ends naming that rank (a rank died or hangs)")
           .positive(),
+      MT_KEY(cluster, shard_state,
+             "several ranks: each rank holds the gradient sums and Adam moments of its own stages only (stage "
+             "s on rank s mod N), updates them and sends the new weights to the others"),
   };
 }
 

@@ -122,12 +122,23 @@ bool TrainConfig::split_masters() const {
   const MasterWeights w = master_weights();
   if (w == MasterWeights::fp32) return false;
   if (w == MasterWeights::split) return true;
-  return train.bf16 && train.offload_dir.empty() && !train.offload_params &&
+  return train.bf16 && train.offload_dir.empty() && !train.offload_params && !shards_host_state() &&
          optimizer_compression() == OptimizerCompression::none;
 }
 
 GradientBuffer TrainConfig::gradient_buffer() const {
   return parse_choice(*this, train.gradient_buffer, kGradientBuffers, gradient_buffer_name);
+}
+
+std::string TrainConfig::shard_state_unsupported() const {
+  if (!train.offload_dir.empty()) return key_of(*this, train.offload_dir) + " is set (moments on the NVMe tier)";
+  if (optimizer_compression() != OptimizerCompression::none)
+    return key_of(*this, train.optimizer_compression) + " = " + train.optimizer_compression + " (compressed moments)";
+  if (train.offload_params) return key_of(*this, train.offload_params) + " = true (masters in the moment store)";
+  if (master_weights() == MasterWeights::split)
+    return key_of(*this, train.master_weights) +
+           " = split (a replica's masters would need the owner's moments; fp32 masters give the same bits)";
+  return "";
 }
 
 std::string TrainConfig::stage_gradients_unsupported() const {

@@ -163,6 +163,7 @@ struct PlanSection {              // [plan]
 struct ClusterSection {                 // [cluster]
   std::string mode = "auto";            // auto (join when an MPI launcher started us) | on (must) | off (run alone)
   double collective_timeout_s = 300.0;  // a transfer with another rank not done in this time ends the run
+  bool shard_state = false;             // each rank holds and updates only its stages' state (ZeRO-style)
   int rank = 0;                         // this process's rank (set by the node, not a key)
   int ranks = 1;                        // ranks in the job (set by the node, not a key)
 };
@@ -267,6 +268,11 @@ struct TrainConfig {
   // device.schedule resolved: layer_major whenever stage gradients run several micro-batches per step.
   MicroBatchOrder micro_batch_order() const;
   Precision precision() const { return train.bf16 ? Precision::bf16 : Precision::fp32; }
+  // cluster.shard_state in a job of several ranks: each rank holds the state of its own stages only.
+  bool shards_host_state() const { return cluster.shard_state && cluster.ranks > 1; }
+  // Why the host state cannot be sharded for this run ("" when it can): the moments must sit fp32 in
+  // the host tiles and the masters beside them (a replica holds the masters without the moments).
+  std::string shard_state_unsupported() const;
 
   // The device budget in bytes from device.device_memory_mb or device.max_vram_gb, and the key=value
   // text that set it ("device.device_memory_mb=64") for error messages.

@@ -134,6 +134,7 @@ class TrainingRun {
   bool check_model_and_data();
   bool load_starting_weights();
   bool open_logs();
+  bool report_host_bytes_per_rank();
   bool choose_kernel_paths();
   EngineJob make_job();
 
@@ -229,6 +230,11 @@ bool TrainingRun::check_model_and_data() {
     return fail(e.what());
   }
   if (!threads_note_.empty()) say_(MessageStream::err, "megatrain: note: " + threads_note_);
+  if (cfg_.shards_host_state() && rank_ == 0)
+    say_(MessageStream::err,
+         "megatrain: warning: cluster.shard_state=true: each rank holds the moments of its own stages and this "
+         "version writes no checkpoints of such a run (no resume); the final weights are exported as usual "
+         "(train.export_hf_dir)");
   for (const auto& n : plan_.notes) say_(MessageStream::err, "megatrain: note: " + n);
   return true;
 }
@@ -238,7 +244,8 @@ bool TrainingRun::load_starting_weights() {
   resuming_ = !cfg_.train.resume_from_checkpoint.empty();
   try {
     pinning_ = host_pinning_for(cfg_, plan_);  // null on the CPU backend
-    host_ = std::make_unique<HostModel>(model_, host_tile_options(cfg_), pinning_.get(), std::move(moments_));
+    host_ = std::make_unique<HostModel>(model_, host_tile_options(cfg_), pinning_.get(), std::move(moments_),
+                                        host_owned_stages(cfg_, model_));
     if (hooks_.initial_weights) {
       hf_config_ = hooks_.initial_weights(*host_);
     } else if (!cfg_.model.model_name_or_path.empty()) {
@@ -321,6 +328,30 @@ bool TrainingRun::choose_kernel_paths() {
   return true;
 }
 
+// Several ranks: every rank's host bytes (the tiles and the moment store), gathered on the control
+// channel and said by rank 0 beside what one rank would hold unsharded (cluster.shard_state).
+bool TrainingRun::report_host_bytes_per_rank() {
+  if (cfg_.cluster.ranks <= 1 || hooks_.world == nullptr) return true;
+  const std::uint64_t mine = host_->host_bytes();
+  std::vector<std::uint64_t> every(static_cast<std::size_t>(cfg_.cluster.ranks));
+  try {
+    hooks_.world->allgather(cluster::Channel::control, &mine, sizeof mine, every.data(), "every rank's host bytes");
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  if (rank_ > 0) return true;
+  std::string line = "megatrain: host tiles per rank (" +
+                     std::string(cfg_.shards_host_state() ? "the state sharded: cluster.shard_state" : "unsharded") +
+                     "):";
+  for (std::size_t r = 0; r < every.size(); ++r)
+    line +=
+        format(" rank %zu %.4f MiB%s", r, static_cast<double>(every[r]) / (1 << 20), r + 1 < every.size() ? "," : "");
+  const std::size_t whole = host_model_bytes(model_, host_tile_options(cfg_)) + host_->moments().ram_bytes();
+  line += format("; one rank unsharded %.4f MiB", static_cast<double>(whole) / (1 << 20));
+  say_(MessageStream::out, line);
+  return true;
+}
+
 EngineJob TrainingRun::make_job() {
   EngineJob job;
   job.kernel_choices = kernel_choices_;
@@ -335,7 +366,9 @@ EngineJob TrainingRun::make_job() {
   job.stop = hooks_.stop != nullptr ? hooks_.stop : &g_stop;
   job.first_step = result_.first_step;
   if (cfg_.train.stop_after_steps > 0) job.stop_after = cfg_.train.stop_after_steps;
-  job.checkpoint.root = rank_ == 0 ? cfg_.train.output_dir : "";
+  // With the host state sharded no rank holds every stage's moments, and writing each rank's part
+  // into one checkpoint is not built yet: such a run writes no checkpoints (said once, at the start).
+  job.checkpoint.root = rank_ == 0 && !cfg_.shards_host_state() ? cfg_.train.output_dir : "";
   job.checkpoint.save_steps = cfg_.train.save_steps;
   job.checkpoint.keep_last = static_cast<int>(cfg_.train.save_total_limit);
   job.checkpoint.save_minutes = cfg_.train.save_minutes;
@@ -420,6 +453,7 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
               static_cast<double>(host_->host_bytes() + plan_.host_boundary_bytes) / (1 << 20),
               static_cast<double>(plan_.arena.total_bytes) / (1 << 20),
               static_cast<double>(plan_.arena.budget_bytes) / (1 << 20), plan_.weight_slots));
+  if (!report_host_bytes_per_rank()) return result_;
   if (plan_.ranks > 1)
     say_(MessageStream::out,
          format("megatrain: %d ranks (MPI): each runs %lld micro-batch(es) per step, gradients summed in rank order",
@@ -488,11 +522,14 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
     for (std::int64_t s = 0; s < num_stages(model_); ++s)
       gradient_bytes += static_cast<double>(stage_layout(model_, s).total_floats) * sizeof(float);
     const auto steps = static_cast<double>(res.steps.size());
-    const auto sent = static_cast<double>(hooks_.world->bytes_sent(cluster::Channel::grads));
+    // With the host state sharded the owners' sums go out as new weights (the weights channel) instead.
+    const auto sent = static_cast<double>(hooks_.world->bytes_sent(cluster::Channel::grads) +
+                                          hooks_.world->bytes_sent(cluster::Channel::weights));
     say_(MessageStream::out,
-         format("megatrain: rank %d sent %.0f bytes of gradients in %lld steps (%.4f x the model's fp32 gradient "
+         format("megatrain: rank %d sent %.0f bytes of gradients%s in %lld steps (%.4f x the model's fp32 gradient "
                 "a step), %llu bytes of losses",
-                rank_, sent, static_cast<long long>(res.steps.size()), sent / steps / gradient_bytes,
+                rank_, sent, cfg_.shards_host_state() ? " and new weights" : "",
+                static_cast<long long>(res.steps.size()), sent / steps / gradient_bytes,
                 static_cast<unsigned long long>(hooks_.world->bytes_sent(cluster::Channel::losses))));
   }
   if (res.device_arenas.size() > 1)

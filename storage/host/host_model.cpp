@@ -22,22 +22,47 @@ constexpr int kLeaseThreads = 1;
 
 }  // namespace
 
-std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& options) {
+HostTileOptions replica_tile_options(const HostTileOptions& options) {
+  if (options.split_master)
+    throw std::invalid_argument(
+        "HostModel: a stage owned by another rank cannot hold split masters (their rounding bits live in the "
+        "moments): use fp32 masters");
+  if (!options.params_in_tile)
+    throw std::invalid_argument("HostModel: a stage owned by another rank needs its masters in the tile");
+  HostTileOptions o = options;
+  o.grad_in_tile = false;
+  o.moments_in_tile = false;
+  return o;
+}
+
+std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& options, const OwnedStages& owned) {
   cfg.validate();
   std::size_t total = 0;
-  for (std::int64_t s = 0; s < num_stages(cfg); ++s)
-    total += HostTile::allocation_bytes(stage_layout(cfg, s).total_floats, options);
+  for (std::int64_t s = 0; s < num_stages(cfg); ++s) {
+    const bool here = owned.empty() || owned.at(static_cast<std::size_t>(s)) != 0;
+    total +=
+        HostTile::allocation_bytes(stage_layout(cfg, s).total_floats, here ? options : replica_tile_options(options));
+  }
   return total;
 }
 
 HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, HostPinningHook* pinning,
-                     std::unique_ptr<MomentStore> moments)
+                     std::unique_ptr<MomentStore> moments, OwnedStages owned)
     : cfg_(cfg),
       pinning_(pinning),
       moments_(std::move(moments)),
       split_masters_(options.split_master),
-      convert_threads_(options.convert_threads) {
+      convert_threads_(options.convert_threads),
+      owned_(std::move(owned)) {
   cfg_.validate();
+  if (!owned_.empty()) {
+    if (static_cast<std::int64_t>(owned_.size()) != mt::num_stages(cfg_))
+      throw std::invalid_argument("HostModel: owned stages name " + std::to_string(owned_.size()) +
+                                  " stages, the model has " + std::to_string(mt::num_stages(cfg_)));
+    if (moments_ != nullptr || !options.moments_in_tile)
+      throw std::invalid_argument("HostModel: sharded stages need the moments in the tiles");
+  }
+  const HostTileOptions replica = owned_.empty() ? options : replica_tile_options(options);
   if (options.moments_in_tile == (moments_ != nullptr))
     throw std::invalid_argument(options.moments_in_tile
                                     ? "HostModel: a moment store was given but the tiles hold the moments"
@@ -52,7 +77,7 @@ HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, Hos
   tiles_.reserve(static_cast<std::size_t>(stages));
   for (std::int64_t s = 0; s < stages; ++s) {
     layouts_.push_back(stage_layout(cfg_, s));
-    tiles_.push_back(std::make_unique<HostTile>(s, layouts_.back().total_floats, options));
+    tiles_.push_back(std::make_unique<HostTile>(s, layouts_.back().total_floats, owns(s) ? options : replica));
     if (pinning_) pinning_->pin(tiles_.back()->data(), tiles_.back()->bytes());
   }
 }
@@ -95,10 +120,14 @@ std::int64_t HostModel::largest_stage() const {
 
 MomentView TileMomentStore::acquire(std::int64_t stage) {
   HostTile& t = host_.tile(stage);
+  if (!host_.owns(stage))
+    throw std::logic_error("stage " + std::to_string(stage) +
+                           "'s moments are held by the rank that owns it (cluster.shard_state), not here");
   return MomentView{t.adam_m(), t.adam_v()};
 }
 
 void TileMomentStore::reset(std::int64_t stage) {
+  if (!host_.owns(stage)) return;  // a replica holds no moments
   HostTile& t = host_.tile(stage);
   std::memset(t.adam_m(), 0, t.region_bytes());
   std::memset(t.adam_v(), 0, t.region_bytes());

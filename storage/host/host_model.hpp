@@ -24,18 +24,30 @@ class HostPinningHook {
   virtual void unpin(void* /*data*/, std::size_t /*bytes*/) {}
 };
 
+// Which stages' optimizer state (gradient accumulator, moments) this process holds: every stage (empty),
+// or, in a job of several ranks with the host state sharded (cluster.shard_state), the stages this rank
+// owns. A stage held elsewhere is a replica here: its tile holds only what compute streams and export
+// reads (the fp32 masters and the compute copy), and its owner sends each update's new weights.
+using OwnedStages = std::vector<char>;
+
+// The tile options of a stage another rank owns: no gradient, no moments (throws std::invalid_argument
+// for options a replica cannot take: split masters, whose tie bits live in the moments; masters in a store).
+HostTileOptions replica_tile_options(const HostTileOptions& options);
+
 // Host bytes a model's tiles need with these options, before allocating anything (reports, checks);
 // a MomentStore outside the tiles reports its own (MomentStore::ram_bytes).
-std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& options = {});
+std::size_t host_model_bytes(const ModelConfig& cfg, const HostTileOptions& options = {},
+                             const OwnedStages& owned = {});
 
 class HostModel {
  public:
   // Allocates every tile (and pins each one through `pinning` when given; the hook must outlive the
   // model). Throws std::invalid_argument for an invalid config, std::runtime_error when memory is short.
   // The moments live in the tiles (options.moments_in_tile, `moments` null) or in `moments` (then
-  // options.moments_in_tile must be false).
+  // options.moments_in_tile must be false). `owned`: the stages whose state this process holds (empty:
+  // all; else one entry per stage, and the moments must be in the tiles).
   explicit HostModel(const ModelConfig& cfg, const HostTileOptions& options = {}, HostPinningHook* pinning = nullptr,
-                     std::unique_ptr<MomentStore> moments = nullptr);
+                     std::unique_ptr<MomentStore> moments = nullptr, OwnedStages owned = {});
   ~HostModel();
   HostModel(const HostModel&) = delete;
   HostModel& operator=(const HostModel&) = delete;
@@ -45,6 +57,9 @@ class HostModel {
   HostTile& tile(std::int64_t stage);  // throws std::out_of_range
   const HostTile& tile(std::int64_t stage) const;
   const ParamLayout& layout(std::int64_t stage) const;  // names and offsets inside each region
+  // This process holds stage s's optimizer state (false: a replica, owned by another rank).
+  bool owns(std::int64_t stage) const { return owned_.empty() || owned_.at(static_cast<std::size_t>(stage)) != 0; }
+  bool sharded() const { return !owned_.empty(); }
 
   // Every stage's AdamW moments: the tiles' regions, or a store outside them (compressed, NVMe).
   // With train.offload_params the store holds the fp32 masters too (moments().holds_masters()).
@@ -75,6 +90,7 @@ class HostModel {
   std::unique_ptr<MomentStore> moments_;
   bool split_masters_;
   int convert_threads_;  // HostTileOptions::convert_threads
+  OwnedStages owned_;    // empty: every stage
 };
 
 // A stage's optimizer state under one lease, as plain fp32 arrays: the masters (the tile's params, or the

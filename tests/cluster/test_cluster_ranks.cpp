@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cluster/world.hpp"
@@ -85,6 +86,34 @@ std::size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// Rank 0's line of every rank's host tiles: unsharded each rank holds what one rank holds; sharded,
+// each holds its own stages' whole state and only the masters (and the bf16 copy) of the others':
+// `replica` of a stage's bytes (fp32: 4 of 16 bytes a parameter; bf16: 6 of 18).
+void check_host_bytes_per_rank(const std::string& out, int ranks, bool sharded, double replica) {
+  const std::size_t at = out.find("megatrain: host tiles per rank (");
+  REQUIRE(at != std::string::npos);
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  INFO(line);
+  CHECK(line.find(sharded ? "(the state sharded: cluster.shard_state)" : "(unsharded)") != std::string::npos);
+  const std::size_t u = line.find("one rank unsharded ");
+  REQUIRE(u != std::string::npos);
+  const double whole = std::stod(line.substr(u + 19));
+  double sum = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string tag = " rank " + std::to_string(r) + " ";
+    const std::size_t p = line.find(tag);
+    REQUIRE(p != std::string::npos);
+    const double mib = std::stod(line.substr(p + tag.size()));
+    if (sharded)
+      CHECK(mib < whole);
+    else
+      CHECK(mib == Approx(whole).epsilon(0.01));
+    sum += mib;
+  }
+  // Sharded, the ranks together hold the whole state once plus (N - 1) more copies of the masters.
+  if (sharded) CHECK(sum == Approx(whole * (1.0 + replica * (ranks - 1))).epsilon(0.02));
+}
+
 // N ranks x M against one rank x N*M: the exported bytes, and what rank 0 alone wrote.
 void check_ranks_equal_accumulation(const std::string& model, const std::string& extra, int ranks, int m) {
   TempDir dir("eq");
@@ -106,13 +135,20 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
   // final checkpoint (the other ranks would double them).
   CHECK(count(job.out, "\nstep ") == 3);
   CHECK(count(slurp(dir.path / "job" / "train.jsonl"), "\n") == 3);
-  CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == 1);
+  // With the host state sharded this version writes no checkpoint, and says so.
+  const bool sharded = extra.find("--cluster.shard_state=true") != std::string::npos;
+  CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == (sharded ? 0 : 1));
+  CHECK((job.out.find("cluster.shard_state=true: each rank holds the moments") != std::string::npos) == sharded);
   CHECK(slurp(dir.path / "job" / "train.jsonl").find("\"loss\"") != std::string::npos);
+  const bool bf16 = extra.find("--train.bf16=true") != std::string::npos;
+  check_host_bytes_per_rank(job.out, ranks, sharded, bf16 ? 6.0 / 18.0 : 4.0 / 16.0);
   // What rank 0 sent: with 2 ranks x 1 micro-batch, 2(N-1)/N = once the model's fp32 gradient a step
   // (its micro-batch of the stages rank 1 owns, and the sums of its own stages).
   CHECK(job.out.find("megatrain: rank 0 sent ") != std::string::npos);
+  // Sharded: the same, in new weights instead of sums, plus each owned stage's sum of squares (8 bytes).
   if (ranks == 2 && m == 1)
-    CHECK(job.out.find("in 3 steps (1.0000 x the model's fp32 gradient a step)") != std::string::npos);
+    CHECK(job.out.find(sharded ? " in 3 steps (1.000" : " in 3 steps (1.0000 x the model's fp32 gradient a step)") !=
+          std::string::npos);
 }
 
 }  // namespace
@@ -348,6 +384,44 @@ TEST_CASE("threads.total=auto gives each rank of a host its share of the cores",
   const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
   REQUIRE(!a.empty());
   CHECK(a == slurp(dir.path / "job" / "hf" / "model.safetensors"));
+}
+
+// cluster.shard_state: each rank holds and updates only its own stages (stage s on rank s mod N), the
+// owner sends the new weights; the same bits as one rank with N x M (clipping's global norm from every
+// owner's sum of squares; without clipping the updates in the collector's order on every rank).
+TEST_CASE("the host state sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf16, the bytes of 1 rank x N*M",
+          "[cluster]") {
+  require_mpi();
+  const std::string shard = "--cluster.shard_state=true ";
+  check_ranks_equal_accumulation(kLlama, shard, 2, 1);
+  check_ranks_equal_accumulation(kLlama, shard, 3, 1);
+  check_ranks_equal_accumulation(kLlama, shard + "--train.max_grad_norm=0 ", 2, 2);
+  check_ranks_equal_accumulation(kGpt2, shard, 2, 1);
+  check_ranks_equal_accumulation(kGpt2, shard + "--train.bf16=true ", 3, 1);
+  check_ranks_equal_accumulation(kLlama, shard + "--train.bf16=true --train.max_grad_norm=0 ", 2, 1);
+}
+
+TEST_CASE("the host state sharded: actors of rank 0 restarted mid-job keep the bits", "[cluster]") {
+  check_driven_job("faults --count 4 --seed 7",
+                   "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100");
+}
+
+TEST_CASE("cluster.shard_state refuses moments it cannot shard, naming the key", "[cluster]") {
+  require_mpi();
+  TempDir dir("shardbad");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--train.optimizer_compression=int8", "train.optimizer_compression"},
+      {"--train.bf16=true --train.master_weights=split", "train.master_weights"}};
+  for (const auto& [args, key] : bad) {
+    INFO(args);
+    const Outcome o = sh(mpirun(2) + kBinary + " train " + kLlama + train_args(shard, dir.path / "run", 1) +
+                             "--cluster.shard_state=true " + args,
+                         dir.path / "bad.log");
+    CHECK(o.code != 0);
+    CHECK(o.out.find("cluster.shard_state") != std::string::npos);
+    CHECK(o.out.find(key) != std::string::npos);
+  }
 }
 
 TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") {

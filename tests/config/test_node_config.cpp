@@ -134,14 +134,15 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "plan.disk_gb",
                         "plan.enforce",
                         "cluster.mode",
-                        "cluster.collective_timeout_s"}) {
+                        "cluster.collective_timeout_s",
+                        "cluster.shard_state"}) {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
   // model: 15 + num_experts, num_experts_per_tok + 4 qwen3_moe keys + sliding_window + 2 load-balancing keys; train: 24
   // + eval_steps, eval_max_batches + 3 offload keys + tf32 + save_snapshot_mib + master_weights; device: 9 + gpus
-  // + seq_tile; threads: 5 + adapt_to_load; plan: 5; cluster: 2
-  CHECK(keys.size() == 33 + 24 + 4 + 11 + 6 + 3 + 8 + 4 + 5 + 2);
+  // + seq_tile; threads: 5 + adapt_to_load; plan: 5; cluster: 3
+  CHECK(keys.size() == 33 + 24 + 4 + 11 + 6 + 3 + 8 + 4 + 5 + 3);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
@@ -313,5 +314,5 @@ TEST_CASE("the CAF options are the key table's, in its order, and every boolean 
     CHECK_THAT(b.load({"--" + k.qualified() + "=maybe"}).error,
                Catch::Contains(k.qualified() + " takes true or false, got 'maybe'"));
   }
-  CHECK(booleans == 10);
+  CHECK(booleans == 11);
 }

@@ -244,3 +244,39 @@ TEST_CASE("a host model rejects an invalid model config", "[host_model]") {
   bad.hidden_size = 0;
   CHECK_THROWS_WITH(HostModel(bad), Catch::Contains("hidden_size"));
 }
+
+// cluster.shard_state: a rank holds the whole state of the stages it owns and only the masters (and
+// the compute copy) of the others, whose moments are refused by name rather than read.
+TEST_CASE("a sharded host model holds gradients and moments of its own stages only", "[host_model]") {
+  const ModelConfig cfg = test::tiny_model(4);
+  const OwnedStages owned = {1, 0, 1, 0, 1, 0};
+  HostTileOptions options;
+  options.compute_bytes_per_param = 2;
+  HostModel model(cfg, options, nullptr, nullptr, owned);
+  CHECK(model.sharded());
+  std::size_t sum = 0;
+  for (std::int64_t s = 0; s < model.num_stages(); ++s) {
+    INFO("stage " << s);
+    const HostTile& t = model.tile(s);
+    const bool own = owned[static_cast<std::size_t>(s)] != 0;
+    CHECK(model.owns(s) == own);
+    CHECK(t.has_params());
+    CHECK(t.has_compute_copy());
+    CHECK(t.has_grad() == own);
+    CHECK(t.has_moments() == own);
+    sum += t.bytes();
+  }
+  CHECK(host_model_bytes(cfg, options, owned) == sum);
+  CHECK(model.host_bytes() == sum);
+  CHECK(sum < host_model_bytes(cfg, options));
+  // A replica's masters are set and read like any; its moments are not there to lease.
+  model.set_masters(1, [](float* m) { m[0] = 3.0f; });
+  model.read_masters(1, [](const float* m) { CHECK(m[0] == 3.0f); });
+  CHECK_THROWS_WITH(StateLease(model, 1), Catch::Contains("held by the rank that owns it"));
+  CHECK_NOTHROW(StateLease(model, 2));
+  // What a replica cannot be, and an ownership of another shape.
+  HostTileOptions split = options;
+  split.split_master = true;
+  CHECK_THROWS_WITH(HostModel(cfg, split, nullptr, nullptr, owned), Catch::Contains("split masters"));
+  CHECK_THROWS_WITH(HostModel(cfg, options, nullptr, nullptr, OwnedStages{1, 0}), Catch::Contains("6"));
+}
