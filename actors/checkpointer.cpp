@@ -31,13 +31,15 @@
 
 #include "actors/actors.hpp"
 #include "actors/run_state.hpp"
+#include "cluster/grad_reduce.hpp"
 #include "storage/checkpoint/checkpoint_writer.hpp"
 
 namespace mt::actors {
 namespace {
 
 struct PendingCheckpoint {
-  std::unique_ptr<ckpt::CheckpointWriter> writer;
+  std::unique_ptr<ckpt::CheckpointWriter> writer;  // null on a rank that only sends its part
+  std::uint64_t part_bytes = 0;                    // such a rank: the moments it sent
   // The data loader's cursor before the checkpoint's first batch (CheckpointGate::data_cursor): the
   // loader keeps a bounded history, and with copy on write the last stage may be written steps later.
   nlohmann::json data_cursor;
@@ -53,20 +55,103 @@ struct checkpointer_state {
   std::int64_t last_done = -1;
   CheckpointDone last_done_msg;
   bool niced = false;
+  AlignedFloats peer_m, peer_v;  // the host state sharded, rank 0: an owner's moments of one stage
   static constexpr const char* name = "checkpointer";
 };
 
 using self_ptr = checkpointer_actor::stateful_pointer<checkpointer_state>;
+
+// The host state sharded (cluster.shard_state; Context::shard_world): rank 0 writes every checkpoint,
+// every stage in stage order as always; a stage another rank owns is written from rank 0's replica of
+// its masters and the moments its owner's checkpointer sends on the checkpoint channel. An owner (a
+// rank > 0: state_part) writes nothing: for each of its stages at version v, in stage order, it sends
+// m and v to rank 0 (from its tile, or the copy its optimizer set aside) and marks the stage written in
+// its own gate, so its optimizer waits for that send as it would for a write. Both walk the stages in
+// stage order, so the transfers pair up; rank 0 holds one stage's moments at a time.
+int owner_of(const Context* ctx, std::int64_t stage) { return cluster::stage_owner(stage, ctx->shard_world->size()); }
+
+std::string moments_what(std::int64_t v, std::int64_t stage) {
+  return "the moments of stage " + std::to_string(stage) + " for the checkpoint of step " + std::to_string(v);
+}
+
+// Rank 0: the owner's m and v of `stage` into the receive buffers.
+void receive_moments(self_ptr self, std::int64_t v, std::int64_t stage) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  if (!st.peer_m) {
+    st.peer_m = make_aligned_floats(ctx->host->largest_stage_floats());
+    st.peer_v = make_aligned_floats(ctx->host->largest_stage_floats());
+  }
+  const std::size_t bytes = ctx->host->tile(stage).region_bytes();
+  const std::string what = moments_what(v, stage);
+  ctx->shard_world->recv(cluster::Channel::checkpoint, owner_of(ctx, stage), st.peer_m.get(), bytes, what);
+  ctx->shard_world->recv(cluster::Channel::checkpoint, owner_of(ctx, stage), st.peer_v.get(), bytes, what);
+}
+
+// Rank 0, a checkpoint given up (disk full): the owners still send the moments of every stage not yet
+// written; take them (and drop them) so the channel stays paired. Their tiles reach v without rank 0.
+void drain_parts(self_ptr self, std::int64_t v, PendingCheckpoint& p) {
+  Context* ctx = self->state.ctx;
+  if (ctx->shard_world == nullptr || ctx->state_part()) return;
+  for (std::int64_t s = 0; s < ctx->stages(); ++s)
+    if (!p.written[static_cast<std::size_t>(s)] && !ctx->host->owns(s)) {
+      receive_moments(self, v, s);
+      p.written[static_cast<std::size_t>(s)] = 1;
+    }
+}
 
 void fail(self_ptr self, std::int64_t v, const std::string& why) {
   auto& st = self->state;
   auto it = st.pending.find(v);
   if (it != st.pending.end()) {
     if (it->second.writer) it->second.writer->abort();
+    st.ctx->gate.close(v);  // the optimizer goes on while the owners' parts are taken
+    drain_parts(self, v, it->second);
     st.pending.erase(it);
   }
   st.ctx->gate.close(v);
   self->send(st.peers.node, CheckpointFailed{v, why});
+}
+
+// An owner's part of checkpoint v is sent (rank 0 publishes the checkpoint): done here.
+void finish_part(self_ptr self, std::int64_t v) {
+  auto& st = self->state;
+  auto it = st.pending.find(v);
+  CheckpointDone done{v, "", seconds_between(it->second.t0, Clock::now()), it->second.part_bytes};
+  st.pending.erase(it);
+  st.ctx->gate.close(v);
+  st.last_done = v;
+  st.last_done_msg = done;
+  self->send(st.peers.node, done);
+}
+
+// An owner (rank > 0): its stage's moments at version v to rank 0. Its failures end the run (rank 0
+// would otherwise wait for the moments): a ClusterError, or a broken gate.
+void send_part_stage(self_ptr self, std::int64_t v, std::int64_t stage, PendingCheckpoint& p) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  const std::size_t bytes = ctx->host->tile(stage).region_bytes();
+  const std::string what = moments_what(v, stage);
+  auto send = [&](const float* m, const float* vv) {
+    ctx->shard_world->send(cluster::Channel::checkpoint, 0, m, bytes, what);
+    ctx->shard_world->send(cluster::Channel::checkpoint, 0, vv, bytes, what);
+  };
+  if (const StageSnapshot* copy = ctx->gate.begin_write(v, stage)) {
+    send(copy->m.get(), copy->v.get());
+  } else {
+    HostTile& t = ctx->host->tile(stage);
+    if (t.version() != static_cast<std::uint64_t>(v))
+      throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
+                             ", not " + std::to_string(v) + " (version gate broken)");
+    const StateLease state(*ctx->host, stage);
+    send(state.m(), state.v());
+  }
+  p.part_bytes += 2 * bytes;
+  p.written[static_cast<std::size_t>(stage)] = 1;
+  ctx->gate.mark_written(v, stage);
+  ctx->monitor->board().probe(monitor::ActorId::checkpointer).unit(v, -1, stage, "checkpoint send");
+  if (--p.remaining > 0) return;
+  finish_part(self, v);
 }
 
 void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
@@ -76,14 +161,29 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
   if (it == st.pending.end() || it->second.written[static_cast<std::size_t>(stage)]) return;
   PendingCheckpoint& p = it->second;
   const CheckpointJob& cj = ctx->job->checkpoint;
+  if (ctx->state_part()) {
+    send_part_stage(self, v, stage, p);
+    return;
+  }
   try {
     if (cj.stall_step == v && cj.stall_stage == stage && cj.stall_seconds > 0)
       std::this_thread::sleep_for(std::chrono::duration<double>(cj.stall_seconds));
     // The optimizer needed the tile first and copied version v aside; else the tile itself (the optimizer
     // now waits for this stage's write). A copy here too would free the optimizer of that wait, but it
     // measured worse on 2 busy cores: the copy's CPU and memory traffic cost compute more than the wait.
+    const bool own = ctx->host->owns(stage);
+    if (!own) receive_moments(self, v, stage);  // before anything can fail: the owner is sending them
+    const float* peer_m = own ? nullptr : st.peer_m.get();
+    const float* peer_v = own ? nullptr : st.peer_v.get();
     if (const StageSnapshot* copy = ctx->gate.begin_write(v, stage)) {
-      p.writer->write_stage(stage, ckpt::StageState{copy->master.get(), copy->m.get(), copy->v.get()});
+      p.writer->write_stage(
+          stage, ckpt::StageState{copy->master.get(), own ? copy->m.get() : peer_m, own ? copy->v.get() : peer_v});
+    } else if (!own) {
+      const HostTile& t = ctx->host->tile(stage);
+      if (t.version() != static_cast<std::uint64_t>(v))
+        throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
+                               ", not " + std::to_string(v) + " (version gate broken)");
+      p.writer->write_stage(stage, ckpt::StageState{t.params(), peer_m, peer_v});
     } else {
       HostTile& t = ctx->host->tile(stage);
       if (t.version() != static_cast<std::uint64_t>(v))
@@ -108,6 +208,8 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     st.last_done = v;
     st.last_done_msg = done;
     self->send(st.peers.node, done);
+  } catch (const cluster::ClusterError&) {
+    throw;  // a rank that does not answer ends the run (the supervisor's rule), not just this checkpoint
   } catch (const std::exception& e) {
     fail(self, v, e.what());
   }
@@ -126,7 +228,7 @@ void write_due(self_ptr self, std::int64_t v) {
     return ctx->host->tile(s).version() == static_cast<std::uint64_t>(v) || ctx->gate.has_snapshot(v, s);
   };
   if (!st.pending.count(v)) return;
-  if (ctx->job->checkpoint.write_after_step)
+  if (ctx->job->checkpoint.write_after_step && !ctx->state_part())  // an owner sends as soon as it can
     for (std::int64_t s = 0; s < ctx->stages(); ++s)
       if (!at_v(s)) return;
   for (std::int64_t s = 0; s < ctx->stages(); ++s) {
@@ -160,6 +262,20 @@ void begin(self_ptr self, std::int64_t v) {
   p.t0 = Clock::now();
   p.written.assign(static_cast<std::size_t>(ctx->stages()), 0);
   p.remaining = ctx->stages();
+  if (ctx->state_part()) {  // an owner: its own stages only; the others are rank 0's to write
+    for (std::int64_t s = 0; s < ctx->stages(); ++s)
+      if (!ctx->host->owns(s)) {
+        p.written[static_cast<std::size_t>(s)] = 1;
+        --p.remaining;
+        ctx->gate.mark_written(v, s);
+      }
+    st.pending.emplace(v, std::move(p));
+    if (st.pending.at(v).remaining == 0)
+      finish_part(self, v);
+    else
+      write_due(self, v);
+    return;
+  }
   try {
     const CheckpointJob& cj = ctx->job->checkpoint;
     ckpt::CheckpointWriterOptions o;

@@ -22,6 +22,7 @@
 #include "actors/engine.hpp"
 #include "actors/schedule.hpp"
 #include "actors/stage_accumulators.hpp"
+#include "cluster/world.hpp"
 #include "device/backend.hpp"
 #include "kernels/tile.hpp"
 #include "storage/host/host_boundaries.hpp"
@@ -192,6 +193,12 @@ struct Context {
   // controller lowers every actor's end to it.
   std::atomic<bool> stop_wanted{false};
   std::atomic<std::int64_t> agreed_end{std::numeric_limits<std::int64_t>::max()};
+  // The same for a checkpoint request (SIGUSR1, the monitor, train.save_minutes on rank 0) with the
+  // host state sharded: every rank's checkpointer takes part in each checkpoint, so every rank must
+  // decide it at the same step. The optimizer sets checkpoint_wanted; the gather that carries it sets
+  // checkpoint_agreed_step = its step on every rank, and each optimizer's decision of that step takes it.
+  std::atomic<bool> checkpoint_wanted{false};
+  std::atomic<std::int64_t> checkpoint_agreed_step{-1};
   float max_grad_norm = 0.0f;
   bool serial = false;
   std::atomic<std::int64_t> slot_reuses{0};
@@ -199,7 +206,13 @@ struct Context {
                                                        // loads served by a resident slot (no copy)
   std::chrono::steady_clock::time_point t0;
   // Checkpoints.
-  bool checkpointing = false;     // job->checkpoint.root is set
+  bool checkpointing = false;  // job->checkpoint.root is set
+  // The host state sharded (cluster.shard_state): the ranks whose checkpointers write each checkpoint
+  // together (rank 0 writes every stage, receiving the moments of the stages it does not own from their
+  // owners on the checkpoint channel); set for evaluation passes too, which checkpoint as well. Null:
+  // this process holds every stage's state.
+  cluster::World* shard_world = nullptr;
+  bool state_part() const { return shard_world != nullptr && shard_world->rank() > 0; }
   std::int64_t cfg_end_step = 0;  // the run's planned end (before any stop request)
   CheckpointGate gate;
 

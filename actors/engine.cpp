@@ -385,6 +385,7 @@ void share_run(Context& c, Context& run, int d) {
   c.passes = run.passes;
   c.serial = run.serial;
   c.checkpointing = run.checkpointing;
+  c.shard_world = run.shard_world;
   c.monitor = run.monitor;
 }
 
@@ -496,6 +497,10 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
       job.stop_after >= 0 ? std::clamp(job.stop_after, job.first_step, ctx->cfg_end_step) : ctx->cfg_end_step;
   if (job.forward_only) ctx->end_step = job.first_step + 1;  // one pass over the evaluation batches
   ctx->checkpointing = !job.checkpoint.root.empty();
+  if (job.host->sharded()) {  // every rank's checkpointer takes part, in training and evaluation passes
+    if (job.world == nullptr) throw std::invalid_argument("run_engine: a sharded host model needs its world");
+    ctx->shard_world = job.world;
+  }
   ctx->gate.set_snapshot_budget(job.checkpoint.snapshot_budget_bytes);
   const ThreadBudget& tb = ctx->plan.threads;
   ctx->optimizer_threads = std::max(1, tb.optimizer);

@@ -63,7 +63,11 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   const CheckpointJob& cj = ctx->job->checkpoint;
   if (v == cj.deferred_step) return;  // the evaluation pass after this step writes it (a request waits)
   bool due = (cj.save_steps > 0 && v % cj.save_steps == 0) || (cj.at_end && v == ctx->cfg_end_step);
-  if (st.checkpoint_requested) {
+  // With the host state sharded a request is taken at the step every rank agreed on (rank_losses.hpp).
+  const bool take_request =
+      ctx->shard_world != nullptr ? ctx->run->checkpoint_agreed_step.load() == s : st.checkpoint_requested;
+  if (ctx->shard_world != nullptr && take_request) due = true;
+  if (take_request && st.checkpoint_requested) {
     st.checkpoint_requested = false;
     due = true;
     // The controller reports the request took effect at step v; the supervisor stops asking again.
@@ -120,7 +124,14 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   // Version gate: a checkpoint of version s may not have written this tile yet; then its state is
   // copied aside for it (within the budget) or the update waits (checkpoint_gate.hpp).
   const std::size_t floats = ctx->layouts[static_cast<std::size_t>(stage)].total_floats;
-  st.gate_wait_s += ctx->gate.before_update(s, stage, floats, 3, [&](StageSnapshot& snap) {
+  // A stage another rank owns (cluster.shard_state): only its masters here; the owner's checkpointer
+  // sends its moments.
+  const bool own = ctx->host->owns(stage);
+  st.gate_wait_s += ctx->gate.before_update(s, stage, floats, own ? 3 : 1, [&](StageSnapshot& snap) {
+    if (!own) {
+      std::memcpy(snap.master.get(), tile.params(), tile.region_bytes());
+      return;
+    }
     const StateLease state(*ctx->host, stage);
     copy_stage_state(state, snap);
   });
@@ -301,6 +312,7 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
       [=](const CheckpointRequest&) {
         const auto probe = probe_handler(self, monitor::ActorId::optimizer, "CheckpointRequest");
         self->state.checkpoint_requested = true;
+        if (ctx->shard_world != nullptr) ctx->run->checkpoint_wanted.store(true);  // to the next loss gather
       },
       [=](reset_atom, std::uint64_t e) {
         const auto probe = probe_handler(self, monitor::ActorId::optimizer, "reset");

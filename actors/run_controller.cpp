@@ -332,7 +332,9 @@ void budget_final_checkpoint(self_ptr self) {
     hi = std::max(hi, ctx->host->tile(s).version());
   }
   const auto v = static_cast<std::int64_t>(lo);
-  if (ctx->checkpointing && lo == hi && v > ctx->first_step) {
+  // With the host state sharded a checkpoint needs every rank's part, and this rank is ending alone.
+  const bool checkpointing = ctx->checkpointing && ctx->shard_world == nullptr;
+  if (checkpointing && lo == hi && v > ctx->first_step) {
     st.end_step = v;
     st.final_step = v;
     self->send(st.supervisor, Progress{st.next_report, v});  // a Resume after this one ends at v too
@@ -340,10 +342,10 @@ void budget_final_checkpoint(self_ptr self) {
     self->send(st.h.checkpointer, CheckpointNow{v});
     return;
   }
-  if (ctx->checkpointing && lo != hi && Clock::now() < st.budget_deadline) return;  // a step is being applied
-  fail(self, st.budget_error + (ctx->checkpointing ? " (no final checkpoint: the tiles did not reach one version; "
-                                                     "the last published checkpoint is the one to resume from)"
-                                                   : ""));
+  if (checkpointing && lo != hi && Clock::now() < st.budget_deadline) return;  // a step is being applied
+  fail(self, st.budget_error + (checkpointing ? " (no final checkpoint: the tiles did not reach one version; "
+                                                "the last published checkpoint is the one to resume from)"
+                                              : ""));
 }
 
 // Asks the optimizer, through the supervisor, for a checkpoint at its next decision (CheckpointTaken
@@ -383,6 +385,10 @@ void handle_control(self_ptr self, const monitor::ControlRequest& c) {
   if (c.action == "checkpoint") {
     if (!ctx->checkpointing) {
       failed("checkpoints are off (no train.output_dir)");
+    } else if (st.paused && ctx->shard_world != nullptr) {
+      failed(
+          "with the host state sharded (cluster.shard_state) every rank takes part in a checkpoint, "
+          "decided between steps: lift the pause and ask again");
     } else if (st.paused) {
       // Every stage holds the paused step's version and nothing updates them: write it now (the gate
       // keeps the optimizer off each stage until it is written, should the run resume first).

@@ -23,9 +23,10 @@ class ClusterError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// weights: the optimizer's (cluster.shard_state), on the same thread as losses but counted apart.
-enum class Channel { control = 0, grads = 1, losses = 2, weights = 3 };
-constexpr int kChannels = 4;
+// weights: the optimizer's (cluster.shard_state), on the same thread as losses but counted apart;
+// checkpoint: the checkpointers' (the owners' moments to rank 0, cluster.shard_state).
+enum class Channel { control = 0, grads = 1, losses = 2, weights = 3, checkpoint = 4 };
+constexpr int kChannels = 5;
 
 // True when this build has MPI (world_mpi.cpp), false for world_alone.cpp.
 bool built_with_mpi();

@@ -230,11 +230,7 @@ bool TrainingRun::check_model_and_data() {
     return fail(e.what());
   }
   if (!threads_note_.empty()) say_(MessageStream::err, "megatrain: note: " + threads_note_);
-  if (cfg_.shards_host_state() && rank_ == 0)
-    say_(MessageStream::err,
-         "megatrain: warning: cluster.shard_state=true: each rank holds the moments of its own stages and this "
-         "version writes no checkpoints of such a run (no resume); the final weights are exported as usual "
-         "(train.export_hf_dir)");
+
   for (const auto& n : plan_.notes) say_(MessageStream::err, "megatrain: note: " + n);
   return true;
 }
@@ -366,12 +362,13 @@ EngineJob TrainingRun::make_job() {
   job.stop = hooks_.stop != nullptr ? hooks_.stop : &g_stop;
   job.first_step = result_.first_step;
   if (cfg_.train.stop_after_steps > 0) job.stop_after = cfg_.train.stop_after_steps;
-  // With the host state sharded no rank holds every stage's moments, and writing each rank's part
-  // into one checkpoint is not built yet: such a run writes no checkpoints (said once, at the start).
-  job.checkpoint.root = rank_ == 0 && !cfg_.shards_host_state() ? cfg_.train.output_dir : "";
+  // With the host state sharded every rank's checkpointer takes part (the owners send their stages'
+  // moments to rank 0, which alone writes into the run directory).
+  job.checkpoint.root = rank_ == 0 || cfg_.shards_host_state() ? cfg_.train.output_dir : "";
   job.checkpoint.save_steps = cfg_.train.save_steps;
   job.checkpoint.keep_last = static_cast<int>(cfg_.train.save_total_limit);
-  job.checkpoint.save_minutes = cfg_.train.save_minutes;
+  // Rank 0's timer alone asks (with the host state sharded every rank takes part in what it asks).
+  job.checkpoint.save_minutes = rank_ == 0 ? cfg_.train.save_minutes : 0.0;
   job.checkpoint.snapshot_budget_bytes = static_cast<std::uint64_t>(cfg_.train.save_snapshot_mib) << 20;
   job.checkpoint.request = &g_checkpoint;
   job.checkpoint.hf_config_json = hf_config_;

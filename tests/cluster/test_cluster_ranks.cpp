@@ -114,8 +114,25 @@ void check_host_bytes_per_rank(const std::string& out, int ranks, bool sharded, 
   if (sharded) CHECK(sum == Approx(whole * (1.0 + replica * (ranks - 1))).epsilon(0.02));
 }
 
+// Two checkpoints of the same state: every HDF5 shard the same bytes (the manifests differ in their
+// time and run config).
+void check_same_shards(const fs::path& a, const fs::path& b) {
+  INFO(a << " against " << b);
+  std::size_t shards = 0;
+  REQUIRE(fs::is_directory(a));
+  for (const auto& e : fs::directory_iterator(a)) {
+    if (e.path().extension() != ".h5") continue;
+    ++shards;
+    const std::string mine = slurp(e.path());
+    REQUIRE(!mine.empty());
+    CHECK(mine == slurp(b / e.path().filename()));
+  }
+  CHECK(shards > 0);
+}
+
 // N ranks x M against one rank x N*M: the exported bytes, and what rank 0 alone wrote.
-void check_ranks_equal_accumulation(const std::string& model, const std::string& extra, int ranks, int m) {
+void check_ranks_equal_accumulation(const std::string& model, const std::string& extra, int ranks, int m,
+                                    int checkpoints = 1) {
   TempDir dir("eq");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
   const Outcome one =
@@ -134,12 +151,14 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
   // Rank 0 alone prints and writes: one progress line per step, one train.jsonl row per step, one
   // final checkpoint (the other ranks would double them).
   CHECK(count(job.out, "\nstep ") == 3);
-  CHECK(count(slurp(dir.path / "job" / "train.jsonl"), "\n") == 3);
-  // With the host state sharded this version writes no checkpoint, and says so.
-  const bool sharded = extra.find("--cluster.shard_state=true") != std::string::npos;
-  CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == (sharded ? 0 : 1));
-  CHECK((job.out.find("cluster.shard_state=true: each rank holds the moments") != std::string::npos) == sharded);
+  const std::string rows = slurp(dir.path / "job" / "train.jsonl");
+  CHECK(count(rows, "\n") - count(rows, "\"eval_loss\"") == 3);  // evaluation rows apart
+  CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == static_cast<std::size_t>(checkpoints));
   CHECK(slurp(dir.path / "job" / "train.jsonl").find("\"loss\"") != std::string::npos);
+  // The final checkpoint holds the same state as one rank's, so its shards are the same bytes; with the
+  // host state sharded rank 0 wrote the other ranks' moments as their owners sent them.
+  const bool sharded = extra.find("--cluster.shard_state=true") != std::string::npos;
+  check_same_shards(dir.path / "one" / "step-00000003", dir.path / "job" / "step-00000003");
   const bool bf16 = extra.find("--train.bf16=true") != std::string::npos;
   check_host_bytes_per_rank(job.out, ranks, sharded, bf16 ? 6.0 / 18.0 : 4.0 / 16.0);
   // What rank 0 sent: with 2 ranks x 1 micro-batch, 2(N-1)/N = once the model's fp32 gradient a step
@@ -399,6 +418,13 @@ TEST_CASE("the host state sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf16
   check_ranks_equal_accumulation(kGpt2, shard, 2, 1);
   check_ranks_equal_accumulation(kGpt2, shard + "--train.bf16=true ", 3, 1);
   check_ranks_equal_accumulation(kLlama, shard + "--train.bf16=true --train.max_grad_norm=0 ", 2, 1);
+  // Checkpoints every 2 steps and the final one written by the evaluation pass after step 3 (every rank
+  // evaluates alone; the checkpointers of every rank still take part).
+  TempDir dir("shardeval");
+  const fs::path held_out = mt::test::make_shard(dir.path, 4096);
+  check_ranks_equal_accumulation(
+      kLlama, shard + "--train.save_steps=2 --train.eval_steps=2 --data.validation_files=" + held_out.string() + " ", 2,
+      1, 2);
 }
 
 TEST_CASE("the host state sharded: actors of rank 0 restarted mid-job keep the bits", "[cluster]") {
@@ -471,4 +497,78 @@ TEST_CASE("a 2-rank checkpoint resumes on 1 rank and back on 2, bit-exactly (the
   REQUIRE(!wa.empty());
   CHECK(wa == slurp(dir.path / "b" / "hf" / "model.safetensors"));
   CHECK(count(slurp(dir.path / "b" / "train.jsonl"), "\n") == 4);
+}
+
+// cluster.shard_state: a checkpoint holds every stage's whole state (rank 0 writes the owners' moments
+// as they send them), so a resume re-shards on load: any N with the same N x M continues bit-exactly.
+TEST_CASE("the host state sharded: a checkpoint resumes on 1, 2 and 3 ranks (the same N x M), bit-exactly",
+          "[cluster]") {
+  require_mpi();
+  TempDir dir("shardresume");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const std::string four = "--train.max_steps=4 --cluster.shard_state=true ";
+  const Outcome a = sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "a", 6) + four, dir.path / "a.log");
+  INFO(a.out);
+  REQUIRE(a.code == 0);
+  // Step 1 on 1 rank x 6, step 2 on 2 ranks x 3, step 3 on 3 ranks x 2, step 4 on 1 rank x 6.
+  struct Part {
+    int ranks;
+    int accumulation;
+    int stop_after;
+  };
+  for (const Part& p : {Part{1, 6, 1}, Part{2, 3, 2}, Part{3, 2, 3}, Part{1, 6, 4}}) {
+    INFO(p.ranks << " rank(s) x " << p.accumulation << " to step " << p.stop_after);
+    const std::string launch = p.ranks > 1 ? mpirun(p.ranks) : "";
+    const Outcome o = sh(launch + kBinary + " train " + kLlama + train_args(shard, dir.path / "b", p.accumulation) +
+                             four + "--train.stop_after_steps=" + std::to_string(p.stop_after) +
+                             (p.stop_after > 1 ? " --train.resume_from_checkpoint=latest" : ""),
+                         dir.path / "b.log");
+    INFO(o.out);
+    REQUIRE(o.code == 0);
+    if (p.stop_after > 1) CHECK(o.out.find("at step " + std::to_string(p.stop_after - 1)) != std::string::npos);
+  }
+  const std::string wa = slurp(dir.path / "a" / "hf" / "model.safetensors");
+  REQUIRE(!wa.empty());
+  CHECK(wa == slurp(dir.path / "b" / "hf" / "model.safetensors"));
+  check_same_shards(dir.path / "a" / "step-00000004", dir.path / "b" / "step-00000004");
+  CHECK(count(slurp(dir.path / "b" / "train.jsonl"), "\n") == 4);
+}
+
+// A checkpoint request reaches one rank (SIGUSR1 to rank 1) and is taken by every rank at the step
+// they agree on in the loss gather; a stop signal to rank 0 ends the job with a final checkpoint of
+// every rank's part, and a resume finishes with the bytes of an uninterrupted run.
+TEST_CASE("the host state sharded: SIGUSR1 to rank 1 checkpoints the job; SIGTERM to rank 0 stops it, resumable",
+          "[cluster]") {
+  require_mpi();
+  TempDir dir("shardsignal");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const std::string longer = "--train.max_steps=100 --device.copy_bandwidth_gbps=0.004 --monitor.enabled=false ";
+  const Outcome one =
+      sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer, dir.path / "one.log");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  const std::string args = kLlama + train_args(shard, dir.path / "job", 1) + longer + "--cluster.shard_state=true ";
+  double seconds = 0;
+  {
+    const Outcome job = signal_rank(1, SIGUSR1, dir, args, seconds);
+    INFO(job.out);
+    REQUIRE(job.code == 0);
+    const std::string events = slurp(dir.path / "job" / "events.jsonl");
+    CHECK(count(events, "checkpoint_saved") == 2);  // the request's and the final one
+    CHECK(slurp(dir.path / "one" / "hf" / "model.safetensors") == slurp(dir.path / "job" / "hf" / "model.safetensors"));
+  }
+  for (const char* done : {"job", "job.log", "pid.0", "pid.1"}) fs::remove_all(dir.path / done);
+  const Outcome job = signal_rank(0, SIGTERM, dir, args, seconds);
+  INFO(job.out);
+  REQUIRE(job.code == 0);
+  CHECK(job.out.find("stopped by signal") != std::string::npos);
+  const std::size_t steps = count(slurp(dir.path / "job" / "train.jsonl"), "\n");
+  CHECK(steps < 100);
+  CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == 1);
+  const Outcome resumed =
+      sh(mpirun(2) + kBinary + " train " + args + "--train.resume_from_checkpoint=latest", dir.path / "resume.log");
+  INFO(resumed.out);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.out.find("at step " + std::to_string(steps)) != std::string::npos);
+  CHECK(slurp(dir.path / "one" / "hf" / "model.safetensors") == slurp(dir.path / "job" / "hf" / "model.safetensors"));
 }
