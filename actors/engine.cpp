@@ -169,6 +169,14 @@ BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   return o;
 }
 
+void check_cluster_runs(const TrainConfig& cfg) {
+  if (cfg.cluster.ranks <= 1) return;
+  if (cfg.device.gpus > 1)
+    throw ConfigError("device.gpus", "must be 1 in a job of several ranks (mpirun) in this version");
+  if (cfg.device.backend != "cpu")
+    throw ConfigError("device.backend", "a job of several ranks (mpirun) runs on the cpu backend in this version");
+}
+
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   model.validate();
   try {
@@ -186,10 +194,6 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   if (cfg.device.gpus < 1) throw ConfigError("device.gpus", "must be >= 1");
   p.devices = static_cast<int>(cfg.device.gpus);
   p.ranks = cfg.cluster.ranks;
-  if (p.ranks > 1 && p.devices > 1)
-    throw ConfigError("device.gpus", "must be 1 in a job of several ranks (mpirun) in this version");
-  if (p.ranks > 1 && cfg.device.backend != "cpu")
-    throw ConfigError("device.backend", "a job of several ranks (mpirun) runs on the cpu backend in this version");
   if (cfg.shards_host_state())
     if (const std::string why = cfg.shard_state_unsupported(); !why.empty())
       throw ConfigError("cluster.shard_state",
@@ -299,7 +303,9 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
 }
 
 OwnedStages host_owned_stages(const TrainConfig& cfg, const ModelConfig& model) {
-  if (!cfg.shards_host_state()) return {};
+  // A configuration that cannot be sharded holds every stage (plan_engine refuses it for a run; the
+  // planner's table of state modes shows it so).
+  if (!cfg.shards_host_state() || !cfg.shard_state_unsupported().empty()) return {};
   OwnedStages owned(static_cast<std::size_t>(num_stages(model)));
   for (std::size_t s = 0; s < owned.size(); ++s)
     owned[s] = cluster::stage_owner(static_cast<std::int64_t>(s), cfg.cluster.ranks) == cfg.cluster.rank ? 1 : 0;
@@ -447,6 +453,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   ctx->job = &job;
   ctx->cfg = &job.cfg;
   ctx->model = &job.model;
+  check_cluster_runs(job.cfg);
   ctx->plan = plan_engine(job.cfg, job.model);
   ctx->host = job.host;
   ctx->data = job.data;

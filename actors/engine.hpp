@@ -80,6 +80,10 @@ struct EnginePlan {
 };
 
 inline constexpr std::int64_t kMinAutoSeqTile = 128;  // smaller tiles cost GEMM efficiency and save little
+// What a job of several ranks cannot run yet (several devices per rank, a backend other than cpu):
+// ConfigError naming the key. `train` and run_engine check it; plan_engine plans such a job anyway
+// (`megatrain plan --plan.ranks=N` for a GPU profile).
+void check_cluster_runs(const TrainConfig& cfg);
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
 // What the run asks of its backend (kind, precision, threads, link), from the config and the plan.
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan);

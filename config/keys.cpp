@@ -210,6 +210,10 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(plan, disk_gb, "free disk for train.offload_dir (GiB); 0 = statvfs (this) or the profile's")
           .non_negative(),
       MT_KEY(plan, enforce, "train refuses a run whose plan does not fit host RAM or disk; false = warn only"),
+      MT_KEY(plan, ranks,
+             "megatrain plan: plan one rank of a job of N ranks (mpirun; with cluster.shard_state the rank "
+             "holding the most)")
+          .at_least(1),
       // [cluster]
       MT_KEY(cluster, mode,
              "auto: join the job when started by mpirun / srun (one rank per process) | on: refuse to run without "

@@ -156,6 +156,7 @@ struct PlanSection {              // [plan]
   double host_ram_gb = 0.0;       // host RAM to plan for, GiB; 0 = MemAvailable (this) or the profile's
   double disk_gb = 0.0;           // free disk for train.offload_dir, GiB; 0 = statvfs (this) or the profile's
   bool enforce = true;            // train: refuse a run whose plan does not fit host RAM or disk
+  std::int64_t ranks = 1;         // megatrain plan: plan one rank of a job of this many ranks
 };
 
 // A job of several ranks (`mpirun -np N megatrain train ...`; cluster/world.hpp): every rank reads the

@@ -55,6 +55,39 @@ void print_profile(const HardwareProfile& hw, double measure_s) {
   std::printf("\n");
 }
 
+// plan.ranks = N: a job of N ranks, each with the config's micro-batches. Every rank holds the same
+// host tiles unless the state is sharded (cluster.shard_state: stage s's state on rank s mod N, the
+// others' masters only); then the rank holding the most is planned, and every rank's bytes are listed.
+void plan_one_rank_of(TrainConfig& cfg, const ModelConfig& model, bool gpu) {
+  cfg.cluster.ranks = static_cast<int>(cfg.plan.ranks);
+  const HostTileOptions tiles = actors::host_tile_options(cfg);
+  std::vector<double> bytes;
+  int largest = 0;
+  for (int r = 0; r < cfg.cluster.ranks; ++r) {
+    cfg.cluster.rank = r;
+    bytes.push_back(static_cast<double>(host_model_bytes(model, tiles, actors::host_owned_stages(cfg, model))));
+    if (bytes.back() > bytes[static_cast<std::size_t>(largest)]) largest = r;
+  }
+  cfg.cluster.rank = largest;
+  std::printf("cluster: %d ranks (plan.ranks), %s; host tiles per rank:", cfg.cluster.ranks,
+              cfg.shards_host_state() ? "the host state sharded (cluster.shard_state)"
+                                      : "every rank holds the whole state (cluster.shard_state=false)");
+  const std::size_t shown = std::min<std::size_t>(bytes.size(), 8);
+  for (std::size_t r = 0; r < shown; ++r) std::printf(" %zu: %s", r, gib(bytes[r]).c_str());
+  if (shown < bytes.size()) std::printf(" ...");
+  std::printf("; unsharded %s; planned below: rank %d (the most), its share of the step\n",
+              gib(static_cast<double>(host_model_bytes(model, tiles))).c_str(), largest);
+  if (const std::string why = cfg.shards_host_state() ? cfg.shard_state_unsupported() : ""; !why.empty())
+    std::printf("note: cluster.shard_state cannot apply: %s\n", why.c_str());
+  TrainConfig as_run = cfg;
+  if (gpu) as_run.device.backend = "cuda";  // the profile is planned as the CUDA backend runs it
+  try {
+    actors::check_cluster_runs(as_run);
+  } catch (const ConfigError& e) {
+    std::printf("note: train would refuse this job today: %s\n", e.what());
+  }
+}
+
 }  // namespace
 
 int run_plan_command(const std::vector<std::string>& args) {
@@ -141,6 +174,7 @@ int run_plan_command(const std::vector<std::string>& args) {
                 static_cast<long long>(cfg.train.per_device_train_batch_size),
                 static_cast<long long>(cfg.data.seq_length), tokens, cfg.train.bf16 ? "bf16 compute" : "fp32 compute");
     print_profile(hw, measure_s);
+    if (cfg.plan.ranks > 1) plan_one_rank_of(cfg, model, extras.device_is_gpu);
     auto plan_of = [&](const TrainConfig& c) {
       return plan_resources(c, model, extras, host_limit, host_source, disk_limit, disk_source, device_limit);
     };

@@ -262,7 +262,10 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   // updated from its slot as its last pass completes.
   const bool stage_grads = plan.stage_gradients;
   const std::int64_t passes = plan.gradient_passes;
-  const actors::Schedule sched(model, plan.micro_batches, plan.order, plan.boundaries_on_host, passes);
+  // Several ranks: each runs its own share of the step's micro-batches (the reduction between ranks is
+  // not modelled here); the step's tokens are every rank's.
+  const std::int64_t rank_micro_batches = plan.micro_batches / std::max(1, plan.ranks);
+  const actors::Schedule sched(model, rank_micro_batches, plan.order, plan.boundaries_on_host, passes);
   const std::int64_t S = plan.stages;
   std::vector<double> floats(static_cast<std::size_t>(S));
   for (std::int64_t s = 0; s < S; ++s) floats[s] = static_cast<double>(stage_layout(model, s).total_floats);
@@ -286,7 +289,7 @@ StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, co
   // Stage gradients: one micro-batch accumulates nothing, only the sum of squares read from the slot
   // (once, in the first pass); several are summed into a stage accumulator, and the first pass's last
   // reads it for the sum of squares. `mb`: the schedule micro-batch (pass * M + data micro-batch).
-  const std::int64_t M = plan.micro_batches;
+  const std::int64_t M = rank_micro_batches;
   auto t_acc = [&](std::int64_t s, std::int64_t mb) {
     const bool first_pass = mb < M, data_last = mb % M + 1 == M;
     if (stage_grads && M == 1) return first_pass ? floats[s] * 4.0 / hw.host_mem : 0.0;

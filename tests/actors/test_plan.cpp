@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/tier_bytes.hpp"
 #include "node/training_run.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"
@@ -457,4 +458,49 @@ TEST_CASE("plan: gpt-oss-120b from its hub config.json fits the h200 profile at 
   const double tokens = std::stod(cover.substr(so + 5));
   CHECK(tokens > 1e5);
   CHECK(tokens < 1e6);
+}
+
+// A job of several ranks with the host state sharded (cluster.shard_state): the plan counts this rank's
+// tiles as the engine allocates them, and `megatrain plan --plan.ranks=N` lists every rank's and plans
+// the largest, also for a GPU profile the cluster cannot run yet (said, with the key).
+TEST_CASE("plan: a sharded rank's host tiles as the engine allocates them, plan.ranks lists every rank", "[plan]") {
+  TrainConfig cfg;
+  cfg.model.layers = 3;
+  cfg.model.hidden_size = 64;
+  cfg.model.intermediate_size = 128;
+  cfg.model.heads = 4;
+  cfg.model.kv_heads = 2;
+  cfg.model.vocab_size = 256;
+  cfg.cluster.ranks = 2;
+  cfg.cluster.shard_state = true;
+  const ModelConfig model = cfg.model_config_from_keys();
+  std::size_t sum = 0;
+  for (int r = 0; r < 2; ++r) {
+    cfg.cluster.rank = r;
+    HostModel host(model, host_tile_options(cfg), nullptr, nullptr, host_owned_stages(cfg, model));
+    CHECK(tier_bytes(cfg, model).tiles == host.host_bytes());
+    sum += host.host_bytes();
+  }
+  const std::size_t whole = host_model_bytes(model, host_tile_options(cfg));
+  CHECK(sum < 2 * whole);
+  CHECK(sum > whole);
+
+  const fs::path log = fs::temp_directory_path() / ("mt_plan_ranks_" + std::to_string(::getpid()) + ".log");
+  const std::string cmd = std::string(MEGATRAIN_BINARY) +
+                          " plan --model.layers=6 --model.hidden_size=256 --model.intermediate_size=512"
+                          " --model.heads=4 --model.kv_heads=2 --model.vocab_size=1024 --plan.hardware=h200"
+                          " --train.bf16=true --plan.ranks=4 --cluster.shard_state=true > " +
+                          log.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string out = mt::test::slurp(log);
+  fs::remove(log);
+  INFO(out);
+  REQUIRE(WIFEXITED(rc));
+  CHECK(WEXITSTATUS(rc) == 0);
+  CHECK(out.find("cluster: 4 ranks (plan.ranks), the host state sharded (cluster.shard_state); host tiles per "
+                 "rank: 0: ") != std::string::npos);
+  CHECK(out.find("planned below: rank ") != std::string::npos);
+  CHECK(out.find("for the 3 other ranks'") != std::string::npos);
+  CHECK(out.find("note: train would refuse this job today: device.backend") != std::string::npos);
+  CHECK(out.find("predicted step") != std::string::npos);
 }

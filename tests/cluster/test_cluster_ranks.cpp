@@ -537,7 +537,7 @@ TEST_CASE("the host state sharded: a checkpoint resumes on 1, 2 and 3 ranks (the
 // A checkpoint request reaches one rank (SIGUSR1 to rank 1) and is taken by every rank at the step
 // they agree on in the loss gather; a stop signal to rank 0 ends the job with a final checkpoint of
 // every rank's part, and a resume finishes with the bytes of an uninterrupted run.
-TEST_CASE("the host state sharded: SIGUSR1 to rank 1 checkpoints the job; SIGTERM to rank 0 stops it, resumable",
+TEST_CASE("the host state sharded: SIGUSR1 to rank 1 checkpoints the job, SIGTERM to rank 0 stops it resumably",
           "[cluster]") {
   require_mpi();
   TempDir dir("shardsignal");

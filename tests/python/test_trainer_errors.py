@@ -144,7 +144,7 @@ assert not torch.equal(trained.model.norm.weight, model().model.norm.weight)
 
 # Ctrl-C during a run: the step in progress finishes, a final checkpoint is written, train() returns;
 # resuming from it ends where an uninterrupted run ends, bit for bit.
-STEPS = 4
+STEPS = 8  # long enough that a stop at step 1 lands before the end on a loaded machine
 
 
 def run(out, stop_at=None, resume=None, m=None):
