@@ -45,6 +45,13 @@ struct collector_state {
   AlignedFloats host_buffer;                 // receives one stage's gradients over a link (made on first use)
   std::vector<AlignedFloats> scratch;        // several ranks: the owner's receive buffer per rank
   std::map<std::int64_t, double> offload_s;  // per step
+  // Several ranks, per step: seconds in transfers with other ranks; the latest hand-over by compute;
+  // when the last transfer ended (CollectorStepDone::reduce_s, reduce_tail_s).
+  struct Reduction {
+    double seconds = 0.0;
+    std::int64_t last_handed_ns = 0, last_done_ns = 0;
+  };
+  std::map<std::int64_t, Reduction> reductions;
   // Rounds not yet complete: (step, round, stage) -> each device's staging slot (-1: not in yet).
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<int>> pending;
   std::deque<LayerGrads> waiting;  // stage gradients: work waiting for a stage accumulator, in arrival order
@@ -132,8 +139,13 @@ void report_if_step_done(self_ptr self, std::int64_t step, std::int64_t complete
   const RunLedger& led = st.ctx->ledger;
   for (std::size_t s = 0; s < led.accum_step.size(); ++s)
     if (led.accum_step[s] != step || led.accum_count[s] != complete) return;
-  self->send(st.peers.node, CollectorStepDone{step, st.offload_s[step]});
+  const collector_state::Reduction r = st.reductions[step];
+  const double tail = r.last_handed_ns > 0 && r.last_done_ns > r.last_handed_ns
+                          ? static_cast<double>(r.last_done_ns - r.last_handed_ns) * 1e-9
+                          : 0.0;
+  self->send(st.peers.node, CollectorStepDone{step, st.offload_s[step], r.seconds, std::min(tail, r.seconds)});
   st.offload_s.erase(step);
+  st.reductions.erase(step);
 }
 
 // Stage gradients: the slot's gradient as the host sees it (over a link, copied into the slot's landing
@@ -290,7 +302,13 @@ void collect(self_ptr self, const LayerGrads& m) {
   HostTile& tile = ctx->host->tile(stage);
   std::optional<double> shared_sumsq;  // sharded: the owner's, after the last round
   if (ctx->ranks > 1) {
+    const auto r0 = Clock::now();
     shared_sumsq = reduce_across_ranks(self, m, grads[0], tile, n);
+    const auto r1 = Clock::now();
+    collector_state::Reduction& r = st.reductions[step];
+    r.seconds += seconds_between(r0, r1);
+    r.last_handed_ns = std::max(r.last_handed_ns, m.handed_ns);
+    r.last_done_ns = r1.time_since_epoch().count();
   } else if (N == 1 && ctx->grads_in_place(mb)) {  // compute summed them into the tile already
     free_slot(0, slots[0]);
   } else {

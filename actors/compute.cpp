@@ -86,7 +86,7 @@ void hand_over(self_ptr self, int k, const Pos& p, std::int64_t stage, Phase pha
   ctx->ledger.staging[static_cast<std::size_t>(k)].state = StagingEntry::State::full;
   self->send(self->state.peers.collector,
              LayerGrads{self->state.epoch, WorkId{p.step, p.micro_batch, stage, static_cast<std::int32_t>(phase)}, k,
-                        ctx->device});
+                        ctx->device, Clock::now().time_since_epoch().count()});
 }
 
 // train.gradient_buffer=stage with clipping: the second pass recomputes the first pass's forward and

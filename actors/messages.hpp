@@ -221,11 +221,12 @@ struct LayerGrads {
   WorkId work;
   std::int32_t grad_slot = 0;
   std::int32_t device = 0;
+  std::int64_t handed_ns = 0;  // steady clock when compute handed the slot over (0: re-issued after a restart)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LayerGrads& x) {
-  return f(caf::meta::type_name("LayerGrads"), x.epoch, x.work, x.grad_slot, x.device);
+  return f(caf::meta::type_name("LayerGrads"), x.epoch, x.work, x.grad_slot, x.device, x.handed_ns);
 }
 
 // collector -> compute (of `device`): staging slot `grad_slot` has been copied to the host (or summed
@@ -307,11 +308,15 @@ typename Inspector::result_type inspect(Inspector& f, ComputeStepDone& x) {
 struct CollectorStepDone {
   std::int64_t step = 0;
   double offload_s = 0.0;
+  // Several ranks: the step's time in transfers with other ranks (reduce_s), and the part of it after
+  // compute handed over the step's last gradient (reduce_tail_s: nothing of the backward left to hide it).
+  double reduce_s = 0.0;
+  double reduce_tail_s = 0.0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CollectorStepDone& x) {
-  return f(caf::meta::type_name("CollectorStepDone"), x.step, x.offload_s);
+  return f(caf::meta::type_name("CollectorStepDone"), x.step, x.offload_s, x.reduce_s, x.reduce_tail_s);
 }
 
 // optimizer -> node: every stage of `step` is updated (tile versions step + 1).

@@ -16,8 +16,8 @@ std::string model_description(const TrainConfig& cfg, const ModelConfig& model) 
 }
 
 nlohmann::json step_record_json(const StepRecord& r) {
-  return {{"step", r.step},
-          {"loss", r.loss},
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
           {"lr", r.lr},
           {"grad_norm", r.grad_norm},
           {"clip", r.clip},
@@ -32,6 +32,11 @@ nlohmann::json step_record_json(const StepRecord& r) {
           {"restarts", r.restarts},
           {"compute_threads", r.compute_threads},
           {"others_cores", r.others_cores}};
+  if (r.reduce_s > 0) {  // several ranks: the reduction's time, and what the backward did not hide
+    j["reduce_s"] = r.reduce_s;
+    j["reduce_tail_s"] = r.reduce_tail_s;
+  }
+  return j;
 }
 
 void publish_step(Context& ctx, const StepRecord& r) {

@@ -26,6 +26,7 @@ struct StepReports {
   ComputeStepDone c;
   OptimizerStepDone o;
   double offload_s = 0.0;
+  double reduce_s = 0.0, reduce_tail_s = 0.0;
 };
 
 struct run_controller_state {
@@ -296,6 +297,8 @@ void emit_ready_steps(self_ptr self) {
     rec.wait_weights_s = r.c.wait_weights_s;
     rec.compute_s = r.c.compute_s;
     rec.offload_s = r.offload_s;
+    rec.reduce_s = r.reduce_s;
+    rec.reduce_tail_s = r.reduce_tail_s;
     rec.optimizer_s = r.o.optimizer_s;
     rec.checkpoint_wait_s = r.o.checkpoint_wait_s;
     rec.restarts = st.restarts;
@@ -589,6 +592,13 @@ void poll_stop(self_ptr self) {
   self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
 }
 
+void record_collector(self_ptr self, const CollectorStepDone& m) {
+  StepReports& r = self->state.reports[m.step];
+  r.offload_s = m.offload_s;
+  r.reduce_s = m.reduce_s;
+  r.reduce_tail_s = m.reduce_tail_s;
+}
+
 void on_compute_done(self_ptr self, const ComputeStepDone& m) {
   const auto probe = probe_handler(self, monitor::ActorId::node, "ComputeStepDone");
   // Every device's compute reports the step; the record shows the slowest device's times.
@@ -615,7 +625,7 @@ node_actor::behavior_type ended(self_ptr self) {
       [](const LossReport&) {},
       [](const LayerUpdated&) {},
       [=](const ComputeStepDone& m) { on_compute_done(self, m); },
-      [=](const CollectorStepDone& m) { self->state.reports[m.step].offload_s = m.offload_s; },
+      [=](const CollectorStepDone& m) { record_collector(self, m); },
       [=](const OptimizerStepDone& m) { on_optimizer_done(self, m); },
       [](tick_atom) {},
       [=](const CheckpointDone& m) {
@@ -640,7 +650,7 @@ node_actor::behavior_type running(self_ptr self) {
       },
       [=](const LayerUpdated&) {},
       [=](const ComputeStepDone& m) { on_compute_done(self, m); },
-      [=](const CollectorStepDone& m) { self->state.reports[m.step].offload_s = m.offload_s; },
+      [=](const CollectorStepDone& m) { record_collector(self, m); },
       [=](const OptimizerStepDone& m) { on_optimizer_done(self, m); },
       [=](tick_atom) {
         const auto probe = probe_handler(self, monitor::ActorId::node, "tick");

@@ -1,5 +1,7 @@
 #include "node/training_run.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdarg>
@@ -529,6 +531,30 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
                 rank_, sent, cfg_.shards_host_state() ? " and new weights" : "",
                 static_cast<long long>(res.steps.size()), sent / steps / gradient_bytes,
                 static_cast<unsigned long long>(hooks_.world->bytes_sent(cluster::Channel::losses))));
+    // The reduction as rank 0's collector timed it: its transfers with the other ranks, and the part after
+    // compute handed over each step's last gradient (nothing of the backward left to hide it behind).
+    double reduce = 0, tail = 0;
+    for (const auto& r : res.steps) reduce += r.reduce_s, tail += r.reduce_tail_s;
+    if (reduce > 0)
+      say_(MessageStream::out,
+           format("megatrain: rank %d's reduction: %.4f s a step, %.4f s of it after the step's last gradient: "
+                  "%.3f of it hidden behind the backward",
+                  rank_, reduce / steps, tail / steps, 1.0 - tail / reduce));
+    // Every rank's peak resident memory (getrusage), said by rank 0: what sharding the host state saves.
+    rusage usage{};
+    ::getrusage(RUSAGE_SELF, &usage);
+    const std::uint64_t peak = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
+    std::vector<std::uint64_t> peaks(static_cast<std::size_t>(cfg_.cluster.ranks));
+    try {
+      hooks_.world->allgather(cluster::Channel::control, &peak, sizeof peak, peaks.data(), "every rank's peak memory");
+    } catch (const std::exception& e) {
+      fail(e.what());
+      return result_;
+    }
+    std::string line = "megatrain: peak resident memory per rank:";
+    for (std::size_t r = 0; r < peaks.size(); ++r)
+      line += format(" rank %zu %.1f MiB%s", r, static_cast<double>(peaks[r]) / (1 << 20), r + 1 < peaks.size() ? "," : "");
+    say_(MessageStream::out, line);
   }
   if (res.device_arenas.size() > 1)
     for (std::size_t d = 0; d < res.device_arenas.size(); ++d)
