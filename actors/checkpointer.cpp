@@ -55,7 +55,8 @@ struct checkpointer_state {
   std::int64_t last_done = -1;
   CheckpointDone last_done_msg;
   bool niced = false;
-  AlignedFloats peer_m, peer_v;  // the host state sharded, rank 0: an owner's moments of one stage
+  // The host state sharded, rank 0: an owner's masters (a bf16 replica holds none) and moments of one stage.
+  AlignedFloats peer_master, peer_m, peer_v;
   static constexpr const char* name = "checkpointer";
 };
 
@@ -74,18 +75,26 @@ std::string moments_what(std::int64_t v, std::int64_t stage) {
   return "the moments of stage " + std::to_string(stage) + " for the checkpoint of step " + std::to_string(v);
 }
 
-// Rank 0: the owner's m and v of `stage` into the receive buffers.
+// The owner sends the stage's masters too when rank 0's replica holds none: with bf16 (a compute
+// copy), on the owner and on rank 0 alike.
+bool sends_masters(const Context* ctx, std::int64_t stage) { return ctx->host->tile(stage).has_compute_copy(); }
+
+// Rank 0: the owner's (masters and) m and v of `stage` into the receive buffers.
 void receive_moments(self_ptr self, std::int64_t v, std::int64_t stage) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   if (!st.peer_m) {
+    st.peer_master = make_aligned_floats(ctx->host->largest_stage_floats());
     st.peer_m = make_aligned_floats(ctx->host->largest_stage_floats());
     st.peer_v = make_aligned_floats(ctx->host->largest_stage_floats());
   }
   const std::size_t bytes = ctx->host->tile(stage).region_bytes();
   const std::string what = moments_what(v, stage);
-  ctx->shard_world->recv(cluster::Channel::checkpoint, owner_of(ctx, stage), st.peer_m.get(), bytes, what);
-  ctx->shard_world->recv(cluster::Channel::checkpoint, owner_of(ctx, stage), st.peer_v.get(), bytes, what);
+  const int owner = owner_of(ctx, stage);
+  if (sends_masters(ctx, stage))
+    ctx->shard_world->recv(cluster::Channel::checkpoint, owner, st.peer_master.get(), bytes, what);
+  ctx->shard_world->recv(cluster::Channel::checkpoint, owner, st.peer_m.get(), bytes, what);
+  ctx->shard_world->recv(cluster::Channel::checkpoint, owner, st.peer_v.get(), bytes, what);
 }
 
 // Rank 0, a checkpoint given up (disk full): the owners still send the moments of every stage not yet
@@ -132,19 +141,20 @@ void send_part_stage(self_ptr self, std::int64_t v, std::int64_t stage, PendingC
   Context* ctx = st.ctx;
   const std::size_t bytes = ctx->host->tile(stage).region_bytes();
   const std::string what = moments_what(v, stage);
-  auto send = [&](const float* m, const float* vv) {
+  auto send = [&](const float* master, const float* m, const float* vv) {
+    if (sends_masters(ctx, stage)) ctx->shard_world->send(cluster::Channel::checkpoint, 0, master, bytes, what);
     ctx->shard_world->send(cluster::Channel::checkpoint, 0, m, bytes, what);
     ctx->shard_world->send(cluster::Channel::checkpoint, 0, vv, bytes, what);
   };
   if (const StageSnapshot* copy = ctx->gate.begin_write(v, stage)) {
-    send(copy->m.get(), copy->v.get());
+    send(copy->master.get(), copy->m.get(), copy->v.get());
   } else {
     HostTile& t = ctx->host->tile(stage);
     if (t.version() != static_cast<std::uint64_t>(v))
       throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
                              ", not " + std::to_string(v) + " (version gate broken)");
     const StateLease state(*ctx->host, stage);
-    send(state.m(), state.v());
+    send(state.master(), state.m(), state.v());
   }
   p.part_bytes += 2 * bytes;
   p.written[static_cast<std::size_t>(stage)] = 1;
@@ -178,6 +188,8 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     if (const StageSnapshot* copy = ctx->gate.begin_write(v, stage)) {
       p.writer->write_stage(
           stage, ckpt::StageState{copy->master.get(), own ? copy->m.get() : peer_m, own ? copy->v.get() : peer_v});
+    } else if (!own && sends_masters(ctx, stage)) {  // a bf16 replica: everything came from the owner
+      p.writer->write_stage(stage, ckpt::StageState{st.peer_master.get(), peer_m, peer_v});
     } else if (!own) {
       const HostTile& t = ctx->host->tile(stage);
       if (t.version() != static_cast<std::uint64_t>(v))
@@ -225,7 +237,10 @@ void write_due(self_ptr self, std::int64_t v) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   auto at_v = [&](std::int64_t s) {
-    return ctx->host->tile(s).version() == static_cast<std::uint64_t>(v) || ctx->gate.has_snapshot(v, s);
+    const std::uint64_t version = ctx->host->tile(s).version();
+    // A bf16 replica (nothing of it is written: its owner sends it all) need not wait at v.
+    if (!ctx->host->holds_masters(s)) return version >= static_cast<std::uint64_t>(v);
+    return version == static_cast<std::uint64_t>(v) || ctx->gate.has_snapshot(v, s);
   };
   if (!st.pending.count(v)) return;
   if (ctx->job->checkpoint.write_after_step && !ctx->state_part())  // an owner sends as soon as it can

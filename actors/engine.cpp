@@ -493,6 +493,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   // Split masters need nothing: the copy is their high half.
   if (bf16 && !job.host->split_masters())
     for (std::int64_t s = 0; s < ctx->plan.stages; ++s) {
+      if (!job.host->holds_masters(s)) continue;  // a replica's copy is all it holds (set with it)
       HostTile& t = job.host->tile(s);
       job.host->read_masters(s, [&](const float* masters) {
         cpu::to_bf16(masters, static_cast<bf16_t*>(t.compute_copy()), t.floats(), std::max(1, ctx->plan.threads.blas));

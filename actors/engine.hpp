@@ -101,8 +101,8 @@ struct StepRecord {
   double wait_weights_s = 0.0;     // compute idle, waiting for a weight slot to be filled
   double compute_s = 0.0;          // compute busy (forward, head, backward)
   double offload_s = 0.0;          // collector: device-to-host copies and accumulation
-  double reduce_s = 0.0;       // several ranks: the collector's time in transfers with other ranks
-  double reduce_tail_s = 0.0;  // ... of it, after compute handed over the step's last gradient (not hidden)
+  double reduce_s = 0.0;           // several ranks: the collector's time in transfers with other ranks
+  double reduce_tail_s = 0.0;      // ... of it, after compute handed over the step's last gradient (not hidden)
   double optimizer_s = 0.0;        // optimizer busy (norm + AdamW of the step)
   double checkpoint_wait_s = 0.0;  // optimizer waited for the checkpointer (version gate) in this step
   std::int64_t restarts = 0;       // actor restarts so far

@@ -18,20 +18,20 @@ std::string model_description(const TrainConfig& cfg, const ModelConfig& model) 
 nlohmann::json step_record_json(const StepRecord& r) {
   nlohmann::json j = {{"step", r.step},
                       {"loss", r.loss},
-          {"lr", r.lr},
-          {"grad_norm", r.grad_norm},
-          {"clip", r.clip},
-          {"tokens", r.tokens},
-          {"tokens_per_s", r.tokens_per_s},
-          {"step_s", r.step_s},
-          {"wait_weights_s", r.wait_weights_s},
-          {"compute_s", r.compute_s},
-          {"offload_s", r.offload_s},
-          {"optimizer_s", r.optimizer_s},
-          {"checkpoint_wait_s", r.checkpoint_wait_s},
-          {"restarts", r.restarts},
-          {"compute_threads", r.compute_threads},
-          {"others_cores", r.others_cores}};
+                      {"lr", r.lr},
+                      {"grad_norm", r.grad_norm},
+                      {"clip", r.clip},
+                      {"tokens", r.tokens},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"step_s", r.step_s},
+                      {"wait_weights_s", r.wait_weights_s},
+                      {"compute_s", r.compute_s},
+                      {"offload_s", r.offload_s},
+                      {"optimizer_s", r.optimizer_s},
+                      {"checkpoint_wait_s", r.checkpoint_wait_s},
+                      {"restarts", r.restarts},
+                      {"compute_threads", r.compute_threads},
+                      {"others_cores", r.others_cores}};
   if (r.reduce_s > 0) {  // several ranks: the reduction's time, and what the backward did not hide
     j["reduce_s"] = r.reduce_s;
     j["reduce_tail_s"] = r.reduce_tail_s;

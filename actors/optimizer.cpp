@@ -16,7 +16,6 @@
 #include "actors/actors.hpp"
 #include "actors/rank_losses.hpp"
 #include "cluster/grad_reduce.hpp"
-#include "kernels/cpu/bf16.hpp"
 #include "kernels/step_math.hpp"
 
 namespace mt::actors {
@@ -88,28 +87,29 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
   }
 }
 
-// The host state sharded (cluster.shard_state): the owner of a stage, after updating it, sends its new
-// fp32 masters to every other rank (cluster::share_from_owner, the weights channel); a rank that holds
-// the stage as a replica receives them into its tile in place of an update and makes the bf16 compute
-// copy from them as the fused update makes it (round to nearest even: the same bits). Every rank makes
-// these transfers in the same order: clipping updates in stage order, no clipping in the collector's.
+// The host state sharded (cluster.shard_state): the owner of a stage, after updating it, sends what
+// compute streams, its new fp32 masters or with bf16 its new bf16 copy (the fused update's, so the same
+// bits), to every other rank (cluster::share_from_owner, the weights channel); a rank that holds the
+// stage as a replica receives it into its tile in place of an update. Every rank makes these transfers
+// in the same order: clipping updates in stage order, no clipping in the collector's.
 std::string weights_what(std::int64_t s, std::int64_t stage) {
   return "the new weights of stage " + std::to_string(stage) + " after step " + std::to_string(s);
 }
 
+// What compute streams, on the owner and on every replica alike: the bf16 copy, else the fp32 masters.
+void share_stream_copy(Context* ctx, std::int64_t s, std::int64_t stage, HostTile& tile) {
+  void* data = tile.has_compute_copy() ? tile.compute_copy() : tile.params();
+  const std::size_t bytes = tile.has_compute_copy() ? tile.compute_copy_bytes() : tile.region_bytes();
+  cluster::share_from_owner(*ctx->world, cluster::Channel::weights, cluster::stage_owner(stage, ctx->ranks), data,
+                            bytes, weights_what(s, stage));
+}
+
 void send_stage(self_ptr self, std::int64_t s, std::int64_t stage, HostTile& tile) {
-  Context* ctx = self->state.ctx;
-  cluster::share_from_owner(*ctx->world, cluster::Channel::weights, cluster::stage_owner(stage, ctx->ranks),
-                            tile.params(), tile.region_bytes(), weights_what(s, stage));
+  share_stream_copy(self->state.ctx, s, stage, tile);
 }
 
 void receive_stage(self_ptr self, std::int64_t s, std::int64_t stage, HostTile& tile) {
-  Context* ctx = self->state.ctx;
-  cluster::share_from_owner(*ctx->world, cluster::Channel::weights, cluster::stage_owner(stage, ctx->ranks),
-                            tile.params(), tile.region_bytes(), weights_what(s, stage));
-  if (tile.has_compute_copy())
-    cpu::to_bf16(tile.params(), static_cast<bf16_t*>(tile.compute_copy()), tile.floats(),
-                 ctx->granted(ctx->optimizer_threads));
+  share_stream_copy(self->state.ctx, s, stage, tile);
 }
 
 // grad: the stage's gradient (the tile's accumulator, or its staging slot with stage gradients).
@@ -127,14 +127,16 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   // A stage another rank owns (cluster.shard_state): only its masters here; the owner's checkpointer
   // sends its moments.
   const bool own = ctx->host->owns(stage);
-  st.gate_wait_s += ctx->gate.before_update(s, stage, floats, own ? 3 : 1, [&](StageSnapshot& snap) {
-    if (!own) {
-      std::memcpy(snap.master.get(), tile.params(), tile.region_bytes());
-      return;
-    }
-    const StateLease state(*ctx->host, stage);
-    copy_stage_state(state, snap);
-  });
+  // A bf16 replica holds nothing a checkpoint writes (the owner sends masters and moments): no gate.
+  if (own || ctx->host->holds_masters(stage))
+    st.gate_wait_s += ctx->gate.before_update(s, stage, floats, own ? 3 : 1, [&](StageSnapshot& snap) {
+      if (!own) {
+        std::memcpy(snap.master.get(), tile.params(), tile.region_bytes());
+        return;
+      }
+      const StateLease state(*ctx->host, stage);
+      copy_stage_state(state, snap);
+    });
   const auto t0 = Clock::now();
   if (!ctx->host->owns(stage)) {
     receive_stage(self, s, stage, tile);

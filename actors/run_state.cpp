@@ -214,8 +214,8 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
     HostTile& t = host.tile(s);
     if (t.version() > static_cast<std::uint64_t>(rp.step))
       throw std::logic_error("load_checkpoint: the host model is not freshly initialised");
-    if (moments && !host.owns(s)) {
-      reader.read_stage(s, t.params());  // a stage another rank owns (cluster.shard_state): its masters only
+    if (moments && !host.owns(s)) {  // a stage another rank owns (cluster.shard_state): its masters only
+      host.set_masters(s, [&](float* masters) { reader.read_stage(s, masters); });  // (bf16: rounded)
     } else if (moments) {
       if (t.has_grad()) std::memset(t.grad(), 0, t.region_bytes());
       // The tile's regions, or a staged stage written back (not read first: every value is replaced).
@@ -255,7 +255,8 @@ nlohmann::json load_hf_weights(const std::filesystem::path& dir, HostModel& host
   return reader.config_json();
 }
 
-void export_hf(const std::filesystem::path& dir, const HostModel& host, const std::string& base_config_json) {
+void export_hf(const std::filesystem::path& dir, const HostModel& host, const std::string& base_config_json,
+               const FetchMasters& fetch) {
   hf::HfExportOptions o;
   nlohmann::json base;
   if (!base_config_json.empty()) {
@@ -268,9 +269,15 @@ void export_hf(const std::filesystem::path& dir, const HostModel& host, const st
   hf::write_hf_model(
       dir, host.config(),
       [&](std::int64_t s) -> const float* {
-        if (host.masters_in_tiles()) return host.tile(s).params();
+        if (host.masters_in_tiles() && host.holds_masters(s)) return host.tile(s).params();
         if (s != staged_stage) {
-          host.read_masters(s, [&](const float* m) { staged.assign(m, m + host.tile(s).floats()); });
+          if (host.holds_masters(s)) {
+            host.read_masters(s, [&](const float* m) { staged.assign(m, m + host.tile(s).floats()); });
+          } else {
+            if (!fetch) throw std::logic_error("export_hf: stage " + std::to_string(s) + "'s masters are elsewhere");
+            staged.resize(host.tile(s).floats());
+            fetch(s, staged.data());
+          }
           staged_stage = s;
         }
         return staged.data();

@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,10 @@ ResumePoint load_checkpoint(const std::filesystem::path& path, bool fallback_pre
 nlohmann::json load_hf_weights(const std::filesystem::path& dir, HostModel& host);
 
 // Writes the tiles' params as a Hugging Face model directory (one stage at a time, from the tiles).
-void export_hf(const std::filesystem::path& dir, const HostModel& host, const std::string& base_config_json);
+// `fetch(stage, into)`: the fp32 masters of a stage this process does not hold (a bf16 replica under
+// cluster.shard_state: its owner sends them), into a buffer of the stage's floats.
+using FetchMasters = std::function<void(std::int64_t stage, float* into)>;
+void export_hf(const std::filesystem::path& dir, const HostModel& host, const std::string& base_config_json,
+               const FetchMasters& fetch = nullptr);
 
 }  // namespace mt::actors

@@ -20,6 +20,7 @@
 
 #include "actors/monitor_publish.hpp"
 #include "actors/run_state.hpp"
+#include "cluster/grad_reduce.hpp"
 #include "cluster/world.hpp"
 #include "config/keys.hpp"
 #include "config/node_config.hpp"
@@ -137,6 +138,7 @@ class TrainingRun {
   bool load_starting_weights();
   bool open_logs();
   bool report_host_bytes_per_rank();
+  bool export_final_weights(const EngineResult& res);
   bool choose_kernel_paths();
   EngineJob make_job();
 
@@ -327,6 +329,62 @@ bool TrainingRun::choose_kernel_paths() {
   return true;
 }
 
+// train.export_hf_dir: rank 0 writes the final weights. With the host state sharded under bf16 the
+// other stages' fp32 masters live on their owners: rank 0 asks for each as it writes it (the stage's
+// number on the control channel; -1 ends), and every other rank serves those requests meanwhile, so
+// rank 0 holds one stage's masters at a time beyond its own.
+bool TrainingRun::export_final_weights(const EngineResult& res) {
+  if (cfg_.train.export_hf_dir.empty()) return true;
+  cluster::World* world = cfg_.shards_host_state() ? hooks_.world : nullptr;
+  bool every_held = true;
+  for (std::int64_t s = 0; s < host_->num_stages(); ++s) every_held = every_held && host_->holds_masters(s);
+  // Whether any rank needs the others' masters is the same on every rank (the same config).
+  const bool gather = world != nullptr && cfg_.precision() == Precision::bf16;
+  if (rank_ > 0) {
+    if (!gather) return true;
+    try {
+      for (;;) {
+        std::int64_t stage = -1;
+        world->recv(cluster::Channel::control, 0, &stage, sizeof stage, "rank 0's request for masters to export");
+        if (stage < 0) return true;
+        host_->read_masters(stage, [&](const float* m) {
+          world->send(cluster::Channel::control, 0, m, host_->tile(stage).region_bytes(),
+                      "the masters of stage " + std::to_string(stage) + " for the export");
+        });
+      }
+    } catch (const std::exception& e) {
+      return fail(std::string("serving the export: ") + e.what());
+    }
+  }
+  FetchMasters fetch;
+  if (gather && !every_held)
+    fetch = [&](std::int64_t stage, float* into) {
+      const int owner = cluster::stage_owner(stage, world->size());
+      world->send(cluster::Channel::control, owner, &stage, sizeof stage, "a request for masters to export");
+      world->recv(cluster::Channel::control, owner, into, host_->tile(stage).region_bytes(),
+                  "the masters of stage " + std::to_string(stage) + " for the export");
+    };
+  std::string error;
+  try {
+    export_hf(cfg_.train.export_hf_dir, *host_, hf_config_, fetch);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (gather)  // every other rank stops serving, also after a failed export
+    for (int r = 1; r < world->size(); ++r) {
+      const std::int64_t done = -1;
+      try {
+        world->send(cluster::Channel::control, r, &done, sizeof done, "the end of the export");
+      } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+      }
+    }
+  if (!error.empty()) return fail("export to " + cfg_.train.export_hf_dir + " failed: " + error);
+  say_(MessageStream::out, format("megatrain: exported the final weights (step %lld) to %s",
+                                  static_cast<long long>(res.steps_done), cfg_.train.export_hf_dir.c_str()));
+  return true;
+}
+
 // Several ranks: every rank's host bytes (the tiles and the moment store), gathered on the control
 // channel and said by rank 0 beside what one rank would hold unsharded (cluster.shard_state).
 bool TrainingRun::report_host_bytes_per_rank() {
@@ -483,16 +541,7 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
     fail("training failed: " + res.error);
     return result_;
   }
-  if (!cfg_.train.export_hf_dir.empty() && rank_ == 0) {
-    try {
-      export_hf(cfg_.train.export_hf_dir, *host_, hf_config_);
-      say_(MessageStream::out, format("megatrain: exported the final weights (step %lld) to %s",
-                                      static_cast<long long>(res.steps_done), cfg_.train.export_hf_dir.c_str()));
-    } catch (const std::exception& e) {
-      fail("export to " + cfg_.train.export_hf_dir + " failed: " + e.what());
-      return result_;
-    }
-  }
+  if (!export_final_weights(res)) return result_;
   if (hooks_.on_finished) {
     try {
       hooks_.on_finished(*host_, hf_config_);
@@ -553,7 +602,8 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
     }
     std::string line = "megatrain: peak resident memory per rank:";
     for (std::size_t r = 0; r < peaks.size(); ++r)
-      line += format(" rank %zu %.1f MiB%s", r, static_cast<double>(peaks[r]) / (1 << 20), r + 1 < peaks.size() ? "," : "");
+      line +=
+          format(" rank %zu %.1f MiB%s", r, static_cast<double>(peaks[r]) / (1 << 20), r + 1 < peaks.size() ? "," : "");
     say_(MessageStream::out, line);
   }
   if (res.device_arenas.size() > 1)

@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "kernels/cpu/bf16.hpp"
 #include "kernels/master_halves.hpp"
 
 namespace mt {
@@ -32,6 +33,8 @@ HostTileOptions replica_tile_options(const HostTileOptions& options) {
   HostTileOptions o = options;
   o.grad_in_tile = false;
   o.moments_in_tile = false;
+  // With a compute copy (bf16) that copy is all compute streams: the fp32 masters stay with the owner.
+  if (o.compute_bytes_per_param > 0) o.params_in_tile = false;
   return o;
 }
 
@@ -135,6 +138,12 @@ void TileMomentStore::reset(std::int64_t stage) {
 
 void HostModel::set_masters(std::int64_t stage, const std::function<void(float*)>& fill) {
   HostTile& t = tile(stage);
+  if (!owns(stage) && !t.has_params()) {  // a replica of the compute copy alone: the masters rounded
+    std::vector<float> masters(t.floats(), 0.0f);
+    fill(masters.data());
+    set_compute_copy(stage, masters.data());
+    return;
+  }
   if (t.has_grad()) std::memset(t.grad(), 0, t.region_bytes());
   if (split_masters_) {
     std::vector<float> masters(t.floats(), 0.0f);
@@ -155,7 +164,15 @@ void HostModel::set_masters(std::int64_t stage, const std::function<void(float*)
   std::memset(lease.v(), 0, t.region_bytes());
 }
 
+void HostModel::set_compute_copy(std::int64_t stage, const float* masters) {
+  HostTile& t = tile(stage);
+  cpu::to_bf16(masters, static_cast<bf16_t*>(t.compute_copy()), t.floats(), copy_threads(convert_threads_));
+}
+
 void HostModel::read_masters(std::int64_t stage, const std::function<void(const float*)>& read) const {
+  if (!holds_masters(stage))
+    throw std::logic_error("stage " + std::to_string(stage) +
+                           "'s fp32 masters are held by the rank that owns it (cluster.shard_state), not here");
   if (split_masters_) {
     HostTile& t = const_cast<HostModel*>(this)->tile(stage);
     std::vector<float> masters(t.floats());

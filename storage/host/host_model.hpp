@@ -26,12 +26,13 @@ class HostPinningHook {
 
 // Which stages' optimizer state (gradient accumulator, moments) this process holds: every stage (empty),
 // or, in a job of several ranks with the host state sharded (cluster.shard_state), the stages this rank
-// owns. A stage held elsewhere is a replica here: its tile holds only what compute streams and export
-// reads (the fp32 masters and the compute copy), and its owner sends each update's new weights.
+// owns. A stage held elsewhere is a replica here: its tile holds only what compute streams (the fp32
+// masters; with bf16 the compute copy alone), and its owner sends each update's new weights.
 using OwnedStages = std::vector<char>;
 
-// The tile options of a stage another rank owns: no gradient, no moments (throws std::invalid_argument
-// for options a replica cannot take: split masters, whose tie bits live in the moments; masters in a store).
+// The tile options of a stage another rank owns: no gradient, no moments, and with a compute copy no
+// masters either (throws std::invalid_argument for options a replica cannot take: split masters, whose
+// tie bits live in the moments; masters in a store).
 HostTileOptions replica_tile_options(const HostTileOptions& options);
 
 // Host bytes a model's tiles need with these options, before allocating anything (reports, checks);
@@ -60,6 +61,11 @@ class HostModel {
   // This process holds stage s's optimizer state (false: a replica, owned by another rank).
   bool owns(std::int64_t stage) const { return owned_.empty() || owned_.at(static_cast<std::size_t>(stage)) != 0; }
   bool sharded() const { return !owned_.empty(); }
+  // This process holds stage s's fp32 masters: an owned stage, or a replica without a compute copy
+  // (fp32 compute streams the masters). A bf16 replica holds the compute copy alone.
+  bool holds_masters(std::int64_t stage) const { return owns(stage) || tile(stage).has_params(); }
+  // Rounds `masters` (the stage's floats) into its bf16 compute copy, as the fused update rounds them.
+  void set_compute_copy(std::int64_t stage, const float* masters);
 
   // Every stage's AdamW moments: the tiles' regions, or a store outside them (compressed, NVMe).
   // With train.offload_params the store holds the fp32 masters too (moments().holds_masters()).

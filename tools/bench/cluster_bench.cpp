@@ -63,12 +63,12 @@ fs::path write_shard(const fs::path& dir, std::size_t tokens) {
 }
 
 struct Run {
-  std::string out;              // the job's stdout and stderr
-  double step_s = 0;            // median step time (steps 3..)
-  double peak_rss = 0;          // bytes: the one rank's (wait4) or the largest rank's (the node's line)
-  std::vector<double> rank_rss;   // bytes per rank (several ranks)
+  std::string out;                 // the job's stdout and stderr
+  double step_s = 0;               // median step time (steps 3..)
+  double peak_rss = 0;             // bytes: the one rank's (wait4) or the largest rank's (the node's line)
+  std::vector<double> rank_rss;    // bytes per rank (several ranks)
   std::vector<double> rank_tiles;  // host tile bytes per rank (several ranks)
-  double whole_tiles = 0;         // one rank's tiles unsharded (several ranks)
+  double whole_tiles = 0;          // one rank's tiles unsharded (several ranks)
   double hidden = -1, bytes_ratio = -1;
 };
 
@@ -83,8 +83,8 @@ Run train(int ranks, bool sharded, const fs::path& shard, const fs::path& dir, i
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path log = dir / "job.log";
-  const std::string args = " train --config-file=" + kSource + "/config/demo.ini --data.train_files=" +
-                           shard.string() + " '--data.validation_files=\"\"' '--data.tokenizer_file=\"\"'" +
+  const std::string args = " train --config-file=" + kSource + "/config/demo.ini --data.train_files=" + shard.string() +
+                           " '--data.validation_files=\"\"' '--data.tokenizer_file=\"\"'" +
                            " --train.max_steps=" + std::to_string(steps) +
                            " --threads.total=" + std::to_string(threads) +
                            " --train.gradient_accumulation_steps=" + std::to_string(accumulation) +
@@ -212,14 +212,14 @@ int main(int argc, char** argv) {
     report.add({"cluster_reduction_hidden_fraction_sharded", two_s.hidden, "fraction", 0.0, 0.8});
     report.add({"cluster_bytes_per_step", two.bytes_ratio, "model gradients", 1.0, 0.0, "lower"});
     report.add({"cluster_bytes_per_step_sharded", two_s.bytes_ratio, "model gradients", 1.0, 0.0, "lower"});
-    report.add({"cluster_rank_rss_unsharded_2", two.peak_rss / 1048576.0, "MiB", one.peak_rss / 1048576.0, 0.0,
-                "lower"});
+    report.add(
+        {"cluster_rank_rss_unsharded_2", two.peak_rss / 1048576.0, "MiB", one.peak_rss / 1048576.0, 0.0, "lower"});
     report.add({"cluster_rank_rss_sharded_2", two_s.peak_rss / 1048576.0, "MiB", predicted_rss(one, two_s) / 1048576.0,
                 1.10, "lower"});
     report.add({"cluster_rank_rss_sharded_3", three_s.peak_rss / 1048576.0, "MiB",
                 predicted_rss(one, three_s) / 1048576.0, 1.10, "lower"});
-    report.add({"cluster_rank_rss_unsharded_3", three.peak_rss / 1048576.0, "MiB", one.peak_rss / 1048576.0, 0.0,
-                "lower"});
+    report.add(
+        {"cluster_rank_rss_unsharded_3", three.peak_rss / 1048576.0, "MiB", one.peak_rss / 1048576.0, 0.0, "lower"});
     if (rank0_gib > 0) report.add({"cluster_plan_120b_4x512gb_rank_tiles", rank0_gib, "GiB", 512.0, 1.0, "lower"});
     report.print();
   } catch (const std::exception& e) {

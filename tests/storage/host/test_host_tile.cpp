@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/bf16.hpp"
 #include "kernels/param_layout.hpp"
 #include "storage/host/host_model.hpp"
 #include "tiny_model.hpp"
@@ -260,7 +261,8 @@ TEST_CASE("a sharded host model holds gradients and moments of its own stages on
     const HostTile& t = model.tile(s);
     const bool own = owned[static_cast<std::size_t>(s)] != 0;
     CHECK(model.owns(s) == own);
-    CHECK(t.has_params());
+    CHECK(t.has_params() == own);  // a bf16 replica holds the compute copy alone
+    CHECK(model.holds_masters(s) == own);
     CHECK(t.has_compute_copy());
     CHECK(t.has_grad() == own);
     CHECK(t.has_moments() == own);
@@ -269,10 +271,19 @@ TEST_CASE("a sharded host model holds gradients and moments of its own stages on
   CHECK(host_model_bytes(cfg, options, owned) == sum);
   CHECK(model.host_bytes() == sum);
   CHECK(sum < host_model_bytes(cfg, options));
-  // A replica's masters are set and read like any; its moments are not there to lease.
-  model.set_masters(1, [](float* m) { m[0] = 3.0f; });
-  model.read_masters(1, [](const float* m) { CHECK(m[0] == 3.0f); });
+  // A replica's masters set are rounded into its copy; they cannot be read back, its moments not leased.
+  model.set_masters(1, [](float* m) { m[0] = 3.0f, m[1] = 1.0f + 1.0f / 512; });
+  const auto* copy = static_cast<const bf16_t*>(model.tile(1).compute_copy());
+  CHECK(cpu::bf16_to_float(copy[0]) == 3.0f);
+  CHECK(cpu::bf16_to_float(copy[1]) == 1.0f);  // round to nearest even
+  CHECK_THROWS_WITH(model.read_masters(1, [](const float*) {}), Catch::Contains("held by the rank that owns it"));
   CHECK_THROWS_WITH(StateLease(model, 1), Catch::Contains("held by the rank that owns it"));
+  // fp32 compute: a replica holds the masters it streams.
+  HostModel fp32(cfg, HostTileOptions{}, nullptr, nullptr, owned);
+  CHECK(fp32.tile(1).has_params());
+  CHECK(fp32.holds_masters(1));
+  fp32.set_masters(1, [](float* m) { m[0] = 3.0f; });
+  fp32.read_masters(1, [](const float* m) { CHECK(m[0] == 3.0f); });
   CHECK_NOTHROW(StateLease(model, 2));
   // What a replica cannot be, and an ownership of another shape.
   HostTileOptions split = options;
