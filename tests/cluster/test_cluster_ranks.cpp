@@ -349,6 +349,31 @@ TEST_CASE("injected failures of rank 0's actors mid-job are restarted there: the
   check_driven_job("faults --count 4 --seed 7", "--monitor.allow_fault_injection=true --restart.max_restarts=100");
 }
 
+namespace {
+
+// SIGTERM to rank `target` of a 2-rank job of `args` (writing dir/job) at step 5: the job exits 0 with
+// one final checkpoint, and a 2-rank resume from it finishes with the bytes of dir/one's export.
+void stop_rank_and_resume(int target, const TempDir& dir, const std::string& args) {
+  double seconds = 0;
+  const Outcome job = signal_rank(target, SIGTERM, dir, args, seconds);
+  INFO(job.out);
+  REQUIRE(job.code == 0);
+  CHECK(job.out.find("stopped by signal") != std::string::npos);
+  const std::size_t steps = count(slurp(dir.path / "job" / "train.jsonl"), "\n");
+  CHECK(steps < 100);
+  CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == 1);
+  const Outcome resumed =
+      sh(mpirun(2) + kBinary + " train " + args + "--train.resume_from_checkpoint=latest", dir.path / "resume.log");
+  INFO(resumed.out);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.out.find("at step " + std::to_string(steps)) != std::string::npos);
+  const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
+  REQUIRE(!a.empty());
+  CHECK(a == slurp(dir.path / "job" / "hf" / "model.safetensors"));
+}
+
+}  // namespace
+
 // A stop signal to one rank (SIGTERM to rank 1, then to rank 0): the ranks agree on the step in their
 // next loss gather, every rank stops after it, the job exits 0 with rank 0's final checkpoint, and a
 // resume on 2 ranks finishes with the bytes of an uninterrupted run.
@@ -364,23 +389,8 @@ TEST_CASE("SIGTERM to one rank stops every rank after the same step, and the job
            dir.path / "one.log");
     INFO(one.out);
     REQUIRE(one.code == 0);
-    const std::string args = kLlama + train_args(shard, dir.path / "job", 1) + longer + "--monitor.enabled=false ";
-    double seconds = 0;
-    const Outcome job = signal_rank(target, SIGTERM, dir, args, seconds);
-    INFO(job.out);
-    REQUIRE(job.code == 0);
-    CHECK(job.out.find("stopped by signal") != std::string::npos);
-    const std::size_t steps = count(slurp(dir.path / "job" / "train.jsonl"), "\n");
-    CHECK(steps < 100);
-    CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == 1);
-    const Outcome resumed =
-        sh(mpirun(2) + kBinary + " train " + args + "--train.resume_from_checkpoint=latest", dir.path / "resume.log");
-    INFO(resumed.out);
-    REQUIRE(resumed.code == 0);
-    CHECK(resumed.out.find("at step " + std::to_string(steps)) != std::string::npos);
-    const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
-    REQUIRE(!a.empty());
-    CHECK(a == slurp(dir.path / "job" / "hf" / "model.safetensors"));
+    stop_rank_and_resume(target, dir,
+                         kLlama + train_args(shard, dir.path / "job", 1) + longer + "--monitor.enabled=false ");
   }
 }
 
@@ -576,17 +586,5 @@ TEST_CASE("the host state sharded: SIGUSR1 to rank 1 checkpoints the job, SIGTER
     CHECK(slurp(dir.path / "one" / "hf" / "model.safetensors") == slurp(dir.path / "job" / "hf" / "model.safetensors"));
   }
   for (const char* done : {"job", "job.log", "pid.0", "pid.1"}) fs::remove_all(dir.path / done);
-  const Outcome job = signal_rank(0, SIGTERM, dir, args, seconds);
-  INFO(job.out);
-  REQUIRE(job.code == 0);
-  CHECK(job.out.find("stopped by signal") != std::string::npos);
-  const std::size_t steps = count(slurp(dir.path / "job" / "train.jsonl"), "\n");
-  CHECK(steps < 100);
-  CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == 1);
-  const Outcome resumed =
-      sh(mpirun(2) + kBinary + " train " + args + "--train.resume_from_checkpoint=latest", dir.path / "resume.log");
-  INFO(resumed.out);
-  REQUIRE(resumed.code == 0);
-  CHECK(resumed.out.find("at step " + std::to_string(steps)) != std::string::npos);
-  CHECK(slurp(dir.path / "one" / "hf" / "model.safetensors") == slurp(dir.path / "job" / "hf" / "model.safetensors"));
+  stop_rank_and_resume(0, dir, args);
 }

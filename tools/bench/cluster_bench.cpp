@@ -32,6 +32,7 @@
 
 #include "tools/bench/bench_report.hpp"
 #include "tools/bench/gemm_ceiling.hpp"
+#include "tools/bench/token_shard.hpp"
 
 namespace fs = std::filesystem;
 
@@ -40,27 +41,6 @@ namespace {
 const std::string kBinary = MEGATRAIN_BINARY;
 const std::string kMpiexec = MEGATRAIN_MPIEXEC;
 const std::string kSource = MEGATRAIN_SOURCE_DIR;
-
-// An llm.c token shard of `tokens` pseudo-random ids below the demo's vocabulary (4096).
-fs::path write_shard(const fs::path& dir, std::size_t tokens) {
-  fs::create_directories(dir);
-  const fs::path p = dir / "train_000000.bin";
-  std::vector<std::int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<std::int32_t>(tokens);
-  std::vector<std::uint16_t> t(tokens);
-  std::uint64_t x = 88172645463325252ull;
-  for (auto& v : t) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    v = static_cast<std::uint16_t>((x >> 20) % 4096);
-  }
-  std::ofstream out(p, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-  if (!out) throw std::runtime_error("cluster benchmark: cannot write " + p.string());
-  return p;
-}
 
 struct Run {
   std::string out;                 // the job's stdout and stderr
@@ -166,7 +146,7 @@ int main(int argc, char** argv) {
   std::printf("  CPU: %s\n  ISA: %s\n", mt::bench::cpu_model().c_str(), mt::bench::cpu_isa_flags().c_str());
   try {
     const fs::path dir = fs::temp_directory_path() / ("mt_bench_cluster_" + std::to_string(getpid()));
-    const fs::path shard = write_shard(dir, 1 << 20);
+    const fs::path shard = mt::bench::write_token_shard(dir, 1 << 20);
     const Run one = train(1, false, shard, dir / "one", steps);
     describe("1 rank", one);
     // The same tokens as 2 ranks x 1 in one process: on one core, and on both.

@@ -29,6 +29,7 @@
 
 #include "tools/bench/bench_report.hpp"
 #include "tools/bench/gemm_ceiling.hpp"
+#include "tools/bench/token_shard.hpp"
 #include "tools/top/monitor_client.hpp"
 
 namespace fs = std::filesystem;
@@ -38,27 +39,6 @@ namespace {
 
 constexpr int kWarmupSteps = 4;  // left out of each run's step times: first allocations, page faults
 constexpr double kScrapeHz = 10.0;
-
-// A token shard (llm.c format, uint16) of reproducible random tokens below the demo vocabulary (4096).
-fs::path write_shard(const fs::path& dir, std::size_t tokens) {
-  fs::create_directories(dir);
-  const fs::path p = dir / "train_000000.bin";
-  std::vector<std::int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<std::int32_t>(tokens);
-  std::vector<std::uint16_t> t(tokens);
-  std::uint64_t x = 12345;
-  for (auto& v : t) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    v = static_cast<std::uint16_t>((x >> 33) % 4096);
-  }
-  std::ofstream out(p, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.size() * 2));
-  if (!out) throw std::runtime_error("cannot write " + p.string());
-  return p;
-}
 
 pid_t start_node(const std::vector<std::string>& args, const fs::path& log) {
   const pid_t pid = ::fork();
@@ -185,7 +165,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   int rc = 0;
   try {
-    const fs::path shard = write_shard(work, 1 << 17);
+    const fs::path shard = mt::bench::write_token_shard(work, 1 << 17);
     const std::vector<std::string> base = {MEGATRAIN_BINARY,
                                            "train",
                                            "--config-file=" + std::string(MEGATRAIN_SOURCE_DIR) + "/config/demo.ini",
