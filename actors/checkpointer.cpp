@@ -84,10 +84,11 @@ void receive_moments(self_ptr self, std::int64_t v, std::int64_t stage) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   if (!st.peer_m) {
-    st.peer_master = make_aligned_floats(ctx->host->largest_stage_floats());
     st.peer_m = make_aligned_floats(ctx->host->largest_stage_floats());
     st.peer_v = make_aligned_floats(ctx->host->largest_stage_floats());
   }
+  if (!st.peer_master && sends_masters(ctx, stage))  // bf16 only: an fp32 replica holds its masters
+    st.peer_master = make_aligned_floats(ctx->host->largest_stage_floats());
   const std::size_t bytes = ctx->host->tile(stage).region_bytes();
   const std::string what = moments_what(v, stage);
   const int owner = owner_of(ctx, stage);
