@@ -30,10 +30,6 @@ struct optimizer_state {
   std::int64_t end_step = 0;
   std::map<std::int64_t, std::map<std::int64_t, MbLoss>> losses;  // step -> micro-batch -> loss
   std::map<std::int64_t, std::map<std::int64_t, double>> sumsq;   // step -> stage -> sum of squares
-  // step -> stages in the order their gradients completed: without clipping they are updated in this
-  // order, the collector's, which is the same on every rank (with the state sharded, each update sends
-  // or receives the stage's weights, and every rank must make those transfers in the same order).
-  std::map<std::int64_t, std::vector<std::int64_t>> arrivals;
   struct Waiting {
     int slot = -1, accumulator = -1;  // where the gradient waits (LayerGradsComplete)
   };
@@ -91,7 +87,7 @@ void decide_checkpoint(self_ptr self, std::int64_t s) {
 // compute streams, its new fp32 masters or with bf16 its new bf16 copy (the fused update's, so the same
 // bits), to every other rank (cluster::share_from_owner, the weights channel); a rank that holds the
 // stage as a replica receives it into its tile in place of an update. Every rank makes these transfers
-// in the same order: clipping updates in stage order, no clipping in the collector's.
+// in the same order: clipping updates in stage order, no clipping in backward order.
 std::string weights_what(std::int64_t s, std::int64_t stage) {
   return "the new weights of stage " + std::to_string(stage) + " after step " + std::to_string(s);
 }
@@ -102,14 +98,6 @@ void share_stream_copy(Context* ctx, std::int64_t s, std::int64_t stage, HostTil
   const std::size_t bytes = tile.has_compute_copy() ? tile.compute_copy_bytes() : tile.region_bytes();
   cluster::share_from_owner(*ctx->world, cluster::Channel::weights, cluster::stage_owner(stage, ctx->ranks), data,
                             bytes, weights_what(s, stage));
-}
-
-void send_stage(self_ptr self, std::int64_t s, std::int64_t stage, HostTile& tile) {
-  share_stream_copy(self->state.ctx, s, stage, tile);
-}
-
-void receive_stage(self_ptr self, std::int64_t s, std::int64_t stage, HostTile& tile) {
-  share_stream_copy(self->state.ctx, s, stage, tile);
 }
 
 // grad: the stage's gradient (the tile's accumulator, or its staging slot with stage gradients).
@@ -124,10 +112,10 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
   // Version gate: a checkpoint of version s may not have written this tile yet; then its state is
   // copied aside for it (within the budget) or the update waits (checkpoint_gate.hpp).
   const std::size_t floats = ctx->layouts[static_cast<std::size_t>(stage)].total_floats;
-  // A stage another rank owns (cluster.shard_state): only its masters here; the owner's checkpointer
-  // sends its moments.
+  // A stage another rank owns (cluster.shard_state): an fp32 replica's masters are written from here
+  // (copied aside: the owner's checkpointer sends the moments); a bf16 replica holds nothing a
+  // checkpoint writes (the owner sends masters and moments): no gate.
   const bool own = ctx->host->owns(stage);
-  // A bf16 replica holds nothing a checkpoint writes (the owner sends masters and moments): no gate.
   if (own || ctx->host->holds_masters(stage))
     st.gate_wait_s += ctx->gate.before_update(s, stage, floats, own ? 3 : 1, [&](StageSnapshot& snap) {
       if (!own) {
@@ -139,7 +127,7 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
     });
   const auto t0 = Clock::now();
   if (!ctx->host->owns(stage)) {
-    receive_stage(self, s, stage, tile);
+    share_stream_copy(ctx, s, stage, tile);  // the owner's new weights
   } else if (tile.has_split_master()) {
     // The masters as halves, in place: the copy the prefetcher streams is their high half.
     adamw_stage_split_master(ctx->layouts[static_cast<std::size_t>(stage)], tile.master_high(), tile.master_low(), grad,
@@ -164,7 +152,7 @@ void update_stage(self_ptr self, std::int64_t s, std::int64_t stage, const AdamW
     self->send(p, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
   if (ctx->checkpointing)
     self->send(st.peers.checkpointer, LayerUpdated{st.epoch, s, stage, static_cast<std::uint64_t>(s + 1)});
-  if (ctx->host->sharded() && ctx->host->owns(stage)) send_stage(self, s, stage, tile);  // after: compute goes on
+  if (ctx->host->sharded() && ctx->host->owns(stage)) share_stream_copy(ctx, s, stage, tile);  // after: compute goes on
 }
 
 // Sends the step's report and moves to the next step.
@@ -176,7 +164,6 @@ void finish_step(self_ptr self, std::int64_t s, const StepScale& scale, const Ad
   st.gate_wait_s = 0.0;
   st.losses.erase(s);
   st.sumsq.erase(s);
-  st.arrivals.erase(s);
   st.in_slot.erase(s);
   ++st.step;
 }
@@ -254,7 +241,10 @@ void try_update(self_ptr self) {
     } else if (ctx->max_grad_norm <= 0.0f) {
       const float grad_scale =
           compute_step_scale(std::vector<double>(static_cast<std::size_t>(S), 0.0), counted, 0.0f, loss_sum).grad_scale;
-      for (const std::int64_t stage : st.arrivals[s])  // the collector's order, the same on every rank
+      // In backward order, each stage once every stage after it is done: the order the collector
+      // completes them in, and with the host state sharded the order of the weights' transfers, the same
+      // on every rank also after a restart (the supervisor hands complete stages over in stage order).
+      for (std::int64_t stage = S - 1; stage >= 0 && sq.count(stage); --stage)
         update_stage(self, s, stage, hyper, grad_scale, gradient_of(*ctx, stage));
     }
     if (static_cast<std::int64_t>(sq.size()) < S) return;
@@ -288,7 +278,6 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
           give_back(self, m.step, m.stage, m.grad_slot, m.accumulator);
           return;
         }
-        if (!st.sumsq[m.step].count(m.stage)) st.arrivals[m.step].push_back(m.stage);
         st.sumsq[m.step][m.stage] = m.sumsq;
         if (m.grad_slot >= 0 || m.accumulator >= 0)
           st.in_slot[m.step][m.stage] = optimizer_state::Waiting{m.grad_slot, m.accumulator};
@@ -306,7 +295,6 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
         st.end_step = r.end_step;
         st.losses.clear();
         st.sumsq.clear();
-        st.arrivals.clear();
         st.in_slot.clear();
         st.running = true;
         st.decided = -1;

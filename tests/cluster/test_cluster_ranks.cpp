@@ -306,13 +306,14 @@ void require_venv() {
 
 // A 2-rank job driven through rank 0's monitor by the monitor tests' client (`client_args`: its
 // subcommand and flags), against one rank with twice the accumulation steps: the exported bytes.
-void check_driven_job(const std::string& client_args, const std::string& node_extra) {
+void check_driven_job(const std::string& client_args, const std::string& node_extra,
+                      const std::string& both_extra = "") {
   require_mpi();
   require_venv();
   TempDir dir("driven");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
   // Long and slow enough for the client to act on (the link paced; the results do not depend on it).
-  const std::string longer = "--train.max_steps=200 --device.copy_bandwidth_gbps=0.004 ";
+  const std::string longer = "--train.max_steps=200 --device.copy_bandwidth_gbps=0.004 " + both_extra;
   const Outcome one =
       sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer + "--monitor.enabled=false",
          dir.path / "one.log");
@@ -442,6 +443,11 @@ TEST_CASE("the host state sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf16
 TEST_CASE("the host state sharded: actors of rank 0 restarted mid-job keep the bits", "[cluster]") {
   check_driven_job("faults --count 4 --seed 7",
                    "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100");
+  // Without clipping each stage is updated (its weights sent) as it completes: in backward order on
+  // every rank, also when a respawned optimizer is handed the complete stages again.
+  check_driven_job("faults --count 4 --seed 11",
+                   "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100",
+                   "--train.max_grad_norm=0 ");
 }
 
 TEST_CASE("cluster.shard_state refuses moments it cannot shard, naming the key", "[cluster]") {
