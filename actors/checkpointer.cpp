@@ -39,7 +39,7 @@ namespace {
 
 struct PendingCheckpoint {
   std::unique_ptr<ckpt::CheckpointWriter> writer;  // null on a rank that only sends its part
-  std::uint64_t part_bytes = 0;                    // such a rank: the moments it sent
+  std::uint64_t part_bytes = 0;                    // such a rank: the bytes it sent
   // The data loader's cursor before the checkpoint's first batch (CheckpointGate::data_cursor): the
   // loader keeps a bounded history, and with copy on write the last stage may be written steps later.
   nlohmann::json data_cursor;
@@ -62,25 +62,33 @@ struct checkpointer_state {
 
 using self_ptr = checkpointer_actor::stateful_pointer<checkpointer_state>;
 
+// A stage written (or sent) from its tile must hold version v: the version gate keeps the optimizer off it.
+void require_version(const HostTile& t, std::int64_t stage, std::int64_t v) {
+  if (t.version() != static_cast<std::uint64_t>(v))
+    throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
+                           ", not " + std::to_string(v) + " (version gate broken)");
+}
+
 // The host state sharded (cluster.shard_state; Context::shard_world): rank 0 writes every checkpoint,
-// every stage in stage order as always; a stage another rank owns is written from rank 0's replica of
-// its masters and the moments its owner's checkpointer sends on the checkpoint channel. An owner (a
-// rank > 0: state_part) writes nothing: for each of its stages at version v, in stage order, it sends
-// m and v to rank 0 (from its tile, or the copy its optimizer set aside) and marks the stage written in
-// its own gate, so its optimizer waits for that send as it would for a write. Both walk the stages in
-// stage order, so the transfers pair up; rank 0 holds one stage's moments at a time.
+// every stage in stage order as always; a stage another rank owns is written from what its owner's
+// checkpointer sends on the checkpoint channel (m and v, and with bf16, whose replicas hold no masters,
+// the masters first) beside rank 0's replica of its masters (fp32). An owner (a rank > 0: state_part)
+// writes nothing: for each of its stages at version v, in stage order, it sends them to rank 0 (from
+// its tile, or the copy its optimizer set aside) and marks the stage written in its own gate, so its
+// optimizer waits for that send as it would for a write. Both walk the stages in stage order, so the
+// transfers pair up; rank 0 holds one stage's state at a time beyond its tiles.
 int owner_of(const Context* ctx, std::int64_t stage) { return cluster::stage_owner(stage, ctx->shard_world->size()); }
 
-std::string moments_what(std::int64_t v, std::int64_t stage) {
-  return "the moments of stage " + std::to_string(stage) + " for the checkpoint of step " + std::to_string(v);
+std::string part_what(std::int64_t v, std::int64_t stage) {
+  return "the state of stage " + std::to_string(stage) + " for the checkpoint of step " + std::to_string(v);
 }
 
 // The owner sends the stage's masters too when rank 0's replica holds none: with bf16 (a compute
 // copy), on the owner and on rank 0 alike.
 bool sends_masters(const Context* ctx, std::int64_t stage) { return ctx->host->tile(stage).has_compute_copy(); }
 
-// Rank 0: the owner's (masters and) m and v of `stage` into the receive buffers.
-void receive_moments(self_ptr self, std::int64_t v, std::int64_t stage) {
+// Rank 0: the owner's part of `stage` (masters with bf16, m and v) into the receive buffers.
+void receive_part(self_ptr self, std::int64_t v, std::int64_t stage) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   if (!st.peer_m) {
@@ -90,7 +98,7 @@ void receive_moments(self_ptr self, std::int64_t v, std::int64_t stage) {
   if (!st.peer_master && sends_masters(ctx, stage))  // bf16 only: an fp32 replica holds its masters
     st.peer_master = make_aligned_floats(ctx->host->largest_stage_floats());
   const std::size_t bytes = ctx->host->tile(stage).region_bytes();
-  const std::string what = moments_what(v, stage);
+  const std::string what = part_what(v, stage);
   const int owner = owner_of(ctx, stage);
   if (sends_masters(ctx, stage))
     ctx->shard_world->recv(cluster::Channel::checkpoint, owner, st.peer_master.get(), bytes, what);
@@ -98,28 +106,27 @@ void receive_moments(self_ptr self, std::int64_t v, std::int64_t stage) {
   ctx->shard_world->recv(cluster::Channel::checkpoint, owner, st.peer_v.get(), bytes, what);
 }
 
-// Rank 0, a checkpoint given up (disk full): the owners still send the moments of every stage not yet
+// Rank 0, a checkpoint given up (disk full): the owners still send their part of every stage not yet
 // written; take them (and drop them) so the channel stays paired. Their tiles reach v without rank 0.
 void drain_parts(self_ptr self, std::int64_t v, PendingCheckpoint& p) {
   Context* ctx = self->state.ctx;
   if (ctx->shard_world == nullptr || ctx->state_part()) return;
   for (std::int64_t s = 0; s < ctx->stages(); ++s)
     if (!p.written[static_cast<std::size_t>(s)] && !ctx->host->owns(s)) {
-      receive_moments(self, v, s);
+      receive_part(self, v, s);
       p.written[static_cast<std::size_t>(s)] = 1;
     }
 }
 
 void fail(self_ptr self, std::int64_t v, const std::string& why) {
   auto& st = self->state;
+  st.ctx->gate.close(v);  // the optimizer goes on (also while the owners' parts are taken)
   auto it = st.pending.find(v);
   if (it != st.pending.end()) {
     if (it->second.writer) it->second.writer->abort();
-    st.ctx->gate.close(v);  // the optimizer goes on while the owners' parts are taken
     drain_parts(self, v, it->second);
     st.pending.erase(it);
   }
-  st.ctx->gate.close(v);
   self->send(st.peers.node, CheckpointFailed{v, why});
 }
 
@@ -141,23 +148,22 @@ void send_part_stage(self_ptr self, std::int64_t v, std::int64_t stage, PendingC
   auto& st = self->state;
   Context* ctx = st.ctx;
   const std::size_t bytes = ctx->host->tile(stage).region_bytes();
-  const std::string what = moments_what(v, stage);
+  const std::string what = part_what(v, stage);
   auto send = [&](const float* master, const float* m, const float* vv) {
-    if (sends_masters(ctx, stage)) ctx->shard_world->send(cluster::Channel::checkpoint, 0, master, bytes, what);
-    ctx->shard_world->send(cluster::Channel::checkpoint, 0, m, bytes, what);
-    ctx->shard_world->send(cluster::Channel::checkpoint, 0, vv, bytes, what);
+    for (const float* state : {sends_masters(ctx, stage) ? master : nullptr, m, vv})
+      if (state != nullptr) {
+        ctx->shard_world->send(cluster::Channel::checkpoint, 0, state, bytes, what);
+        p.part_bytes += bytes;
+      }
   };
   if (const StageSnapshot* copy = ctx->gate.begin_write(v, stage)) {
     send(copy->master.get(), copy->m.get(), copy->v.get());
   } else {
     HostTile& t = ctx->host->tile(stage);
-    if (t.version() != static_cast<std::uint64_t>(v))
-      throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
-                             ", not " + std::to_string(v) + " (version gate broken)");
+    require_version(t, stage, v);
     const StateLease state(*ctx->host, stage);
     send(state.master(), state.m(), state.v());
   }
-  p.part_bytes += 2 * bytes;
   p.written[static_cast<std::size_t>(stage)] = 1;
   ctx->gate.mark_written(v, stage);
   ctx->monitor->board().probe(monitor::ActorId::checkpointer).unit(v, -1, stage, "checkpoint send");
@@ -183,7 +189,7 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     // now waits for this stage's write). A copy here too would free the optimizer of that wait, but it
     // measured worse on 2 busy cores: the copy's CPU and memory traffic cost compute more than the wait.
     const bool own = ctx->host->owns(stage);
-    if (!own) receive_moments(self, v, stage);  // before anything can fail: the owner is sending them
+    if (!own) receive_part(self, v, stage);  // before anything can fail: the owner is sending them
     const float* peer_m = own ? nullptr : st.peer_m.get();
     const float* peer_v = own ? nullptr : st.peer_v.get();
     if (const StageSnapshot* copy = ctx->gate.begin_write(v, stage)) {
@@ -193,15 +199,11 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
       p.writer->write_stage(stage, ckpt::StageState{st.peer_master.get(), peer_m, peer_v});
     } else if (!own) {
       const HostTile& t = ctx->host->tile(stage);
-      if (t.version() != static_cast<std::uint64_t>(v))
-        throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
-                               ", not " + std::to_string(v) + " (version gate broken)");
+      require_version(t, stage, v);
       p.writer->write_stage(stage, ckpt::StageState{t.params(), peer_m, peer_v});
     } else {
       HostTile& t = ctx->host->tile(stage);
-      if (t.version() != static_cast<std::uint64_t>(v))
-        throw std::logic_error("stage " + std::to_string(stage) + " is at version " + std::to_string(t.version()) +
-                               ", not " + std::to_string(v) + " (version gate broken)");
+      require_version(t, stage, v);
       // The moments (and masters) through the store: the tile's regions, or one staged stage read
       // from the tier.
       StateLease state(*ctx->host, stage);

@@ -529,15 +529,12 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->ranks = ctx->plan.ranks;
     ctx->rank = job.world->rank();
     ctx->world = job.world;
-    // cluster.shard_state: the host model holds the state of this rank's stages only (host_owned_stages).
-    if (job.host->sharded() != job.cfg.shards_host_state())
-      throw std::invalid_argument(
-          "run_engine: the host model's sharding does not match cluster.shard_state (build "
-          "it with host_owned_stages)");
+    // cluster.shard_state: the host model holds the state of this rank's stages only.
+    const OwnedStages expected = host_owned_stages(job.cfg, job.model);
     for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
-      if (job.host->owns(s) != (!job.host->sharded() || cluster::stage_owner(s, ctx->ranks) == ctx->rank))
+      if (job.host->owns(s) != (expected.empty() || expected[static_cast<std::size_t>(s)] != 0))
         throw std::invalid_argument("run_engine: the host model holds stage " + std::to_string(s) +
-                                    "'s state on the wrong rank");
+                                    "'s state where cluster.shard_state does not (build it with host_owned_stages)");
   } else if (!job.forward_only && job.host->sharded()) {
     throw std::invalid_argument("run_engine: a sharded host model needs a job of several ranks");
   }

@@ -56,8 +56,9 @@ void print_profile(const HardwareProfile& hw, double measure_s) {
 }
 
 // plan.ranks = N: a job of N ranks, each with the config's micro-batches. Every rank holds the same
-// host tiles unless the state is sharded (cluster.shard_state: stage s's state on rank s mod N, the
-// others' masters only); then the rank holding the most is planned, and every rank's bytes are listed.
+// host tiles unless the state is sharded (cluster.shard_state: stage s's state on rank s mod N, of the
+// others only what compute streams); then the rank holding the most is planned, and every rank's bytes
+// are listed.
 void plan_one_rank_of(TrainConfig& cfg, const ModelConfig& model, bool gpu) {
   cfg.cluster.ranks = static_cast<int>(cfg.plan.ranks);
   const HostTileOptions tiles = actors::host_tile_options(cfg);

@@ -139,6 +139,8 @@ class TrainingRun {
   bool open_logs();
   bool report_host_bytes_per_rank();
   bool export_final_weights(const EngineResult& res);
+  bool report_cluster_end(const EngineResult& res);
+  bool gather_per_rank(std::uint64_t mine, const std::string& what, std::vector<std::uint64_t>& every);
   bool choose_kernel_paths();
   EngineJob make_job();
 
@@ -329,6 +331,65 @@ bool TrainingRun::choose_kernel_paths() {
   return true;
 }
 
+// Several ranks: every rank's `mine` into `every` (in rank order, on the control channel); false (the
+// run failed, said) when a rank does not answer.
+bool TrainingRun::gather_per_rank(std::uint64_t mine, const std::string& what, std::vector<std::uint64_t>& every) {
+  every.assign(static_cast<std::size_t>(cfg_.cluster.ranks), 0);
+  try {
+    hooks_.world->allgather(cluster::Channel::control, &mine, sizeof mine, every.data(), what);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  return true;
+}
+
+// " rank 0 1.2 MiB, rank 1 3.4 MiB" for bytes per rank.
+std::string per_rank_mib(const std::vector<std::uint64_t>& bytes, int decimals) {
+  std::string line;
+  for (std::size_t r = 0; r < bytes.size(); ++r)
+    line += format(" rank %zu %.*f MiB%s", r, decimals, static_cast<double>(bytes[r]) / (1 << 20),
+                   r + 1 < bytes.size() ? "," : "");
+  return line;
+}
+
+// The end of a job of several ranks: what this rank sent, its reduction's hidden share, and every
+// rank's peak memory (a collective: every rank calls it).
+bool TrainingRun::report_cluster_end(const EngineResult& res) {
+  if (cfg_.cluster.ranks <= 1 || hooks_.world == nullptr || res.steps.empty()) return true;
+  // What this rank sent (cluster/grad_reduce.hpp: with one micro-batch per step every rank sends
+  // 2(N-1)/N of the model's fp32 gradient a step), against that gradient.
+  double gradient_bytes = 0;
+  for (std::int64_t s = 0; s < num_stages(model_); ++s)
+    gradient_bytes += static_cast<double>(stage_layout(model_, s).total_floats) * sizeof(float);
+  const auto steps = static_cast<double>(res.steps.size());
+  // With the host state sharded the owners' sums go out as new weights (the weights channel) instead.
+  const auto sent = static_cast<double>(hooks_.world->bytes_sent(cluster::Channel::grads) +
+                                        hooks_.world->bytes_sent(cluster::Channel::weights));
+  say_(MessageStream::out,
+       format("megatrain: rank %d sent %.0f bytes of gradients%s in %lld steps (%.4f x the model's fp32 gradient "
+              "a step), %llu bytes of losses",
+              rank_, sent, cfg_.shards_host_state() ? " and new weights" : "", static_cast<long long>(res.steps.size()),
+              sent / steps / gradient_bytes,
+              static_cast<unsigned long long>(hooks_.world->bytes_sent(cluster::Channel::losses))));
+  // The reduction as rank 0's collector timed it: its transfers with the other ranks, and the part after
+  // compute handed over each step's last gradient (nothing of the backward left to hide it behind).
+  double reduce = 0, tail = 0;
+  for (const auto& r : res.steps) reduce += r.reduce_s, tail += r.reduce_tail_s;
+  if (reduce > 0)
+    say_(MessageStream::out,
+         format("megatrain: rank %d's reduction: %.4f s a step, %.4f s of it after the step's last gradient: "
+                "%.3f of it hidden behind the backward",
+                rank_, reduce / steps, tail / steps, 1.0 - tail / reduce));
+  // Every rank's peak resident memory (getrusage), said by rank 0: what sharding the host state saves.
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  std::vector<std::uint64_t> peaks;
+  if (!gather_per_rank(static_cast<std::uint64_t>(usage.ru_maxrss) * 1024, "every rank's peak memory", peaks))
+    return false;
+  say_(MessageStream::out, "megatrain: peak resident memory per rank:" + per_rank_mib(peaks, 1));
+  return true;
+}
+
 // train.export_hf_dir: rank 0 writes the final weights. With the host state sharded under bf16 the
 // other stages' fp32 masters live on their owners: rank 0 asks for each as it writes it (the stage's
 // number on the control channel; -1 ends), and every other rank serves those requests meanwhile, so
@@ -336,8 +397,6 @@ bool TrainingRun::choose_kernel_paths() {
 bool TrainingRun::export_final_weights(const EngineResult& res) {
   if (cfg_.train.export_hf_dir.empty()) return true;
   cluster::World* world = cfg_.shards_host_state() ? hooks_.world : nullptr;
-  bool every_held = true;
-  for (std::int64_t s = 0; s < host_->num_stages(); ++s) every_held = every_held && host_->holds_masters(s);
   // Whether any rank needs the others' masters is the same on every rank (the same config).
   const bool gather = world != nullptr && cfg_.precision() == Precision::bf16;
   if (rank_ > 0) {
@@ -356,8 +415,8 @@ bool TrainingRun::export_final_weights(const EngineResult& res) {
       return fail(std::string("serving the export: ") + e.what());
     }
   }
-  FetchMasters fetch;
-  if (gather && !every_held)
+  FetchMasters fetch;  // called only for a stage this rank holds no masters of
+  if (gather)
     fetch = [&](std::int64_t stage, float* into) {
       const int owner = cluster::stage_owner(stage, world->size());
       world->send(cluster::Channel::control, owner, &stage, sizeof stage, "a request for masters to export");
@@ -389,23 +448,14 @@ bool TrainingRun::export_final_weights(const EngineResult& res) {
 // channel and said by rank 0 beside what one rank would hold unsharded (cluster.shard_state).
 bool TrainingRun::report_host_bytes_per_rank() {
   if (cfg_.cluster.ranks <= 1 || hooks_.world == nullptr) return true;
-  const std::uint64_t mine = host_->host_bytes();
-  std::vector<std::uint64_t> every(static_cast<std::size_t>(cfg_.cluster.ranks));
-  try {
-    hooks_.world->allgather(cluster::Channel::control, &mine, sizeof mine, every.data(), "every rank's host bytes");
-  } catch (const std::exception& e) {
-    return fail(e.what());
-  }
+  std::vector<std::uint64_t> every;
+  if (!gather_per_rank(host_->host_bytes(), "every rank's host bytes", every)) return false;
   if (rank_ > 0) return true;
-  std::string line = "megatrain: host tiles per rank (" +
-                     std::string(cfg_.shards_host_state() ? "the state sharded: cluster.shard_state" : "unsharded") +
-                     "):";
-  for (std::size_t r = 0; r < every.size(); ++r)
-    line +=
-        format(" rank %zu %.4f MiB%s", r, static_cast<double>(every[r]) / (1 << 20), r + 1 < every.size() ? "," : "");
   const std::size_t whole = host_model_bytes(model_, host_tile_options(cfg_)) + host_->moments().ram_bytes();
-  line += format("; one rank unsharded %.4f MiB", static_cast<double>(whole) / (1 << 20));
-  say_(MessageStream::out, line);
+  say_(MessageStream::out,
+       "megatrain: host tiles per rank (" +
+           std::string(cfg_.shards_host_state() ? "the state sharded: cluster.shard_state" : "unsharded") + "):" +
+           per_rank_mib(every, 4) + format("; one rank unsharded %.4f MiB", static_cast<double>(whole) / (1 << 20)));
   return true;
 }
 
@@ -564,48 +614,8 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
               secs > 0 ? tok / secs : 0.0, res.steps.empty() ? 0.0 : res.steps.back().loss,
               static_cast<double>(res.arena.peak_bytes) / (1 << 20),
               static_cast<double>(res.arena.budget_bytes) / (1 << 20), result_.train_jsonl.c_str()));
-  if (cfg_.cluster.ranks > 1 && hooks_.world != nullptr && !res.steps.empty()) {
-    // What this rank sent (cluster/grad_reduce.hpp: with one micro-batch per step every rank sends
-    // 2(N-1)/N of the model's fp32 gradient a step), against that gradient.
-    double gradient_bytes = 0;
-    for (std::int64_t s = 0; s < num_stages(model_); ++s)
-      gradient_bytes += static_cast<double>(stage_layout(model_, s).total_floats) * sizeof(float);
-    const auto steps = static_cast<double>(res.steps.size());
-    // With the host state sharded the owners' sums go out as new weights (the weights channel) instead.
-    const auto sent = static_cast<double>(hooks_.world->bytes_sent(cluster::Channel::grads) +
-                                          hooks_.world->bytes_sent(cluster::Channel::weights));
-    say_(MessageStream::out,
-         format("megatrain: rank %d sent %.0f bytes of gradients%s in %lld steps (%.4f x the model's fp32 gradient "
-                "a step), %llu bytes of losses",
-                rank_, sent, cfg_.shards_host_state() ? " and new weights" : "",
-                static_cast<long long>(res.steps.size()), sent / steps / gradient_bytes,
-                static_cast<unsigned long long>(hooks_.world->bytes_sent(cluster::Channel::losses))));
-    // The reduction as rank 0's collector timed it: its transfers with the other ranks, and the part after
-    // compute handed over each step's last gradient (nothing of the backward left to hide it behind).
-    double reduce = 0, tail = 0;
-    for (const auto& r : res.steps) reduce += r.reduce_s, tail += r.reduce_tail_s;
-    if (reduce > 0)
-      say_(MessageStream::out,
-           format("megatrain: rank %d's reduction: %.4f s a step, %.4f s of it after the step's last gradient: "
-                  "%.3f of it hidden behind the backward",
-                  rank_, reduce / steps, tail / steps, 1.0 - tail / reduce));
-    // Every rank's peak resident memory (getrusage), said by rank 0: what sharding the host state saves.
-    rusage usage{};
-    ::getrusage(RUSAGE_SELF, &usage);
-    const std::uint64_t peak = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
-    std::vector<std::uint64_t> peaks(static_cast<std::size_t>(cfg_.cluster.ranks));
-    try {
-      hooks_.world->allgather(cluster::Channel::control, &peak, sizeof peak, peaks.data(), "every rank's peak memory");
-    } catch (const std::exception& e) {
-      fail(e.what());
-      return result_;
-    }
-    std::string line = "megatrain: peak resident memory per rank:";
-    for (std::size_t r = 0; r < peaks.size(); ++r)
-      line +=
-          format(" rank %zu %.1f MiB%s", r, static_cast<double>(peaks[r]) / (1 << 20), r + 1 < peaks.size() ? "," : "");
-    say_(MessageStream::out, line);
-  }
+  if (!report_cluster_end(res)) return result_;
+
   if (res.device_arenas.size() > 1)
     for (std::size_t d = 0; d < res.device_arenas.size(); ++d)
       say_(MessageStream::out, format("megatrain: device %zu arena peak %.2f MiB of %.2f MiB budget", d,

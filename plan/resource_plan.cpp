@@ -107,8 +107,8 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     std::snprintf(b, sizeof b, " (%.0f bytes/parameter)",
                   static_cast<double>(HostTile::allocation_bytes(kFloats, tiles)) / kFloats);
     tiles_what += b;
-    if (!actors::host_owned_stages(cfg, model)
-             .empty()) {  // cluster.shard_state: this rank's stages whole, the others' masters only
+    // cluster.shard_state: this rank's stages whole, of the others only what compute streams.
+    if (!actors::host_owned_stages(cfg, model).empty()) {
       std::snprintf(b, sizeof b, " for rank %d's stages, %.0f for the %d other ranks'", cfg.cluster.rank,
                     static_cast<double>(HostTile::allocation_bytes(kFloats, replica_tile_options(tiles))) / kFloats,
                     cfg.cluster.ranks - 1);

@@ -64,8 +64,6 @@ class HostModel {
   // This process holds stage s's fp32 masters: an owned stage, or a replica without a compute copy
   // (fp32 compute streams the masters). A bf16 replica holds the compute copy alone.
   bool holds_masters(std::int64_t stage) const { return owns(stage) || tile(stage).has_params(); }
-  // Rounds `masters` (the stage's floats) into its bf16 compute copy, as the fused update rounds them.
-  void set_compute_copy(std::int64_t stage, const float* masters);
 
   // Every stage's AdamW moments: the tiles' regions, or a store outside them (compressed, NVMe).
   // With train.offload_params the store holds the fp32 masters too (moments().holds_masters()).
@@ -97,6 +95,9 @@ class HostModel {
   bool split_masters_;
   int convert_threads_;  // HostTileOptions::convert_threads
   OwnedStages owned_;    // empty: every stage
+
+  // Rounds `masters` (the stage's floats) into its bf16 compute copy, as the fused update rounds them.
+  void set_compute_copy(std::int64_t stage, const float* masters);
 };
 
 // A stage's optimizer state under one lease, as plain fp32 arrays: the masters (the tile's params, or the
