@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs `mpirun -np N COMMAND...` with every rank in a network namespace of its own, so the job's traffic
+# really crosses interfaces: N namespaces, each with one end of a veth pair and an address of its own,
+# the other ends on a bridge in this namespace (which holds the launcher). mpirun starts one daemon per
+# namespace through an rsh agent that enters it (as ssh would reach another host), and MPI is told to
+# use TCP on the bridge's subnet only (no shared memory between ranks, no loopback).
+#
+#   MPIEXEC=/usr/bin/mpirun tests/cluster/netns_ranks.sh N COMMAND...
+#
+# After the job it prints, per rank, the bytes its veth carried ("netns: rank R sent S bytes, received
+# B bytes over veth ..."), tears everything down (also on failure or a signal) and exits with mpirun's
+# status. Exit 77 (skipped) before anything starts when this machine cannot create network namespaces
+# (no root, no CAP_NET_ADMIN, no `ip`). For tests only: mpirun runs with allow-run-as-root.
+set -uo pipefail
+
+if [ $# -lt 2 ]; then
+  echo "usage: MPIEXEC=mpirun $0 N COMMAND..." >&2
+  exit 2
+fi
+ranks=$1
+shift
+mpiexec=${MPIEXEC:-mpirun}
+
+tag="mt$$"
+# A /24 of its own per job (10.213.X.0), unlikely to meet this machine's routes.
+net="10.213.$(($$ % 250)).0"
+prefix=${net%.0}
+bridge="${tag}br"
+work=$(mktemp -d "/tmp/${tag}.XXXXXX")
+
+teardown() {
+  for ((r = 0; r < ranks; ++r)); do ip netns del "${tag}r$r" 2>/dev/null; done
+  ip link del "$bridge" 2>/dev/null
+  rm -rf "$work"
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+skip() {
+  echo "netns_ranks: cannot create network namespaces here ($1): skipped" >&2
+  exit 77
+}
+
+command -v ip > /dev/null || skip "no ip command (iproute2)"
+ip netns add "${tag}probe" 2> /dev/null || skip "ip netns add failed: needs root / CAP_NET_ADMIN"
+ip netns del "${tag}probe"
+ip link add "$bridge" type bridge 2> /dev/null || skip "no bridge interfaces"
+ip addr add "$prefix.254/24" dev "$bridge"
+ip link set "$bridge" up
+
+hosts=""
+for ((r = 0; r < ranks; ++r)); do
+  ns="${tag}r$r"
+  ip netns add "$ns" || exit 1
+  ip link add "${tag}v$r" type veth peer name "${tag}p$r" || exit 1
+  ip link set "${tag}p$r" netns "$ns"
+  ip link set "${tag}v$r" master "$bridge"
+  ip link set "${tag}v$r" up
+  ip -n "$ns" addr add "$prefix.$((r + 1))/24" dev "${tag}p$r"
+  ip -n "$ns" link set "${tag}p$r" up
+  ip -n "$ns" link set lo up
+  hosts="${hosts:+$hosts,}$ns"
+done
+
+# mpirun's rsh agent: "agent HOST COMMAND..." runs COMMAND in HOST's namespace (HOST is its name).
+cat > "$work/agent" << 'EOF'
+#!/bin/sh
+host=$1
+shift
+exec ip netns exec "$host" sh -c "$*"
+EOF
+chmod +x "$work/agent"
+
+echo "netns_ranks: $ranks ranks in namespaces $hosts on $net/24 (bridge $bridge)"
+"$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" -H "$hosts" \
+  --mca plm_rsh_agent "$work/agent" --mca oob_tcp_if_include "$net/24" \
+  --mca btl tcp,self --mca btl_tcp_if_include "$net/24" "$@"
+rc=$?
+
+# The bridge's end of rank r's pair: what it transmits the rank received, and the other way round.
+for ((r = 0; r < ranks; ++r)); do
+  stats="/sys/class/net/${tag}v$r/statistics"
+  echo "netns: rank $r sent $(cat "$stats/rx_bytes") bytes, received $(cat "$stats/tx_bytes") bytes over veth" \
+    "${tag}p$r ($prefix.$((r + 1)))"
+done
+exit $rc
