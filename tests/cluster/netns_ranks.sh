@@ -4,6 +4,7 @@
 # the other ends on a bridge in this namespace (which holds the launcher). mpirun starts one daemon per
 # namespace through an rsh agent that enters it (as ssh would reach another host), and MPI is told to
 # use TCP on the bridge's subnet only (no shared memory between ranks, no loopback).
+# The ranks start in this directory (the namespaces share the file system).
 #
 #   MPIEXEC=/usr/bin/mpirun tests/cluster/netns_ranks.sh N COMMAND...
 #
@@ -62,6 +63,18 @@ for ((r = 0; r < ranks; ++r)); do
   hosts="${hosts:+$hosts,}$ns"
 done
 
+# A veth's carrier comes up a moment after `link set up`: a daemon started before it cannot call back.
+for ((tries = 0; tries < 100; ++tries)); do
+  ready=1
+  for ((r = 0; r < ranks; ++r)); do
+    [ "$(cat "/sys/class/net/${tag}v$r/operstate")" = up ] || ready=0
+    [ "$(ip netns exec "${tag}r$r" cat "/sys/class/net/${tag}p$r/operstate")" = up ] || ready=0
+  done
+  [ $ready = 1 ] && break
+  sleep 0.05
+done
+[ $ready = 1 ] || { echo "netns_ranks: the veth pairs did not come up" >&2; exit 1; }
+
 # mpirun's rsh agent: "agent HOST COMMAND..." runs COMMAND in HOST's namespace (HOST is its name).
 cat > "$work/agent" << 'EOF'
 #!/bin/sh
@@ -72,7 +85,7 @@ EOF
 chmod +x "$work/agent"
 
 echo "netns_ranks: $ranks ranks in namespaces $hosts on $net/24 (bridge $bridge)"
-"$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" -H "$hosts" \
+"$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" -H "$hosts" --wdir "$PWD" \
   --mca plm_rsh_agent "$work/agent" --mca oob_tcp_if_include "$net/24" \
   --mca btl tcp,self --mca btl_tcp_if_include "$net/24" "$@"
 rc=$?

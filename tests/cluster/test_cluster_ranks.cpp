@@ -1,10 +1,9 @@
-// A job of several ranks (cluster/, `mpirun -np N megatrain train`), CPU backend, on loopback: N ranks
-// with M accumulation steps each export the same safetensors bytes as one rank with N x M (Llama and
-// GPT-2, fp32 and bf16, 2 and 3 ranks, M = 1 and 2), also when rank 0's actors restart mid-job
-// (through its monitor); rank 0 alone writes the run directory; a rank
-// that dies (SIGKILL) or stops (SIGSTOP) ends the job within the collective timeout, named; a bad
-// [cluster] value is a clear error. mpirun runs as root here only with OpenMPI's allow-run-as-root flag,
-// which only the tests use.
+// A job of several ranks (cluster/, `mpirun -np N megatrain train`), CPU backend, on loopback (and in network
+// namespaces of their own, netns_ranks.sh): N ranks with M accumulation steps each export the same safetensors bytes as
+// one rank with N x M (Llama and GPT-2, fp32 and bf16, 2 and 3 ranks, M = 1 and 2), also when rank 0's actors restart
+// mid-job (through its monitor); rank 0 alone writes the run directory; a rank that dies (SIGKILL) or stops (SIGSTOP)
+// ends the job within the collective timeout, named; a bad [cluster] value is a clear error. mpirun runs as root here
+// only with OpenMPI's allow-run-as-root flag, which only the tests use.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -593,4 +592,50 @@ TEST_CASE("the host state sharded: SIGUSR1 to rank 1 checkpoints the job, SIGTER
   }
   for (const char* done : {"job", "job.log", "pid.0", "pid.1"}) fs::remove_all(dir.path / done);
   stop_rank_and_resume(0, dir, args);
+}
+
+// Every rank in a network namespace of its own (tests/cluster/netns_ranks.sh: veth pairs on a bridge,
+// MPI on TCP over them, no shared memory), so the job's bytes really cross interfaces: the same bits as
+// one rank with N x M, and each rank's veth carried at least what rank 0 says it sent. Skipped (77)
+// where this machine cannot create network namespaces (no root or CAP_NET_ADMIN).
+void check_across_namespaces(const std::string& model, const std::string& extra, int ranks) {
+  TempDir dir("netns");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const Outcome one =
+      sh(kBinary + " train " + model + extra + train_args(shard, dir.path / "one", ranks), dir.path / "one.log");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  const Outcome job =
+      sh("MPIEXEC=" + kMpiexec + " " + std::string(MEGATRAIN_NETNS_RANKS) + " " + std::to_string(ranks) + " " +
+             kBinary + " train " + model + extra + train_args(shard, dir.path / "job", 1),
+         dir.path / "job.log");
+  INFO(job.out);
+  if (job.code == 77) {
+    std::fprintf(stderr, "%s", job.out.c_str());
+    std::exit(77);  // no network namespaces here: skipped, never passed
+  }
+  REQUIRE(job.code == 0);
+  CHECK(job.out.find(std::to_string(ranks) + " ranks (MPI)") != std::string::npos);
+  const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
+  REQUIRE(!a.empty());
+  CHECK(a == slurp(dir.path / "job" / "hf" / "model.safetensors"));
+  // What rank 0 sent of gradients (or new weights) went over its veth, framing on top.
+  const std::size_t at = job.out.find("megatrain: rank 0 sent ");
+  REQUIRE(at != std::string::npos);
+  const double sent = std::stod(job.out.substr(at + 23));
+  CHECK(sent > 0);
+  for (int r = 0; r < ranks; ++r) {
+    const std::string tag = "netns: rank " + std::to_string(r) + " sent ";
+    const std::size_t p = job.out.find(tag);
+    REQUIRE(p != std::string::npos);
+    const double veth = std::stod(job.out.substr(p + tag.size()));
+    if (r == 0) CHECK(veth >= sent);
+    CHECK(veth > 0);
+  }
+}
+
+TEST_CASE("ranks in network namespaces of their own (veth, TCP): 2 ranks fp32, 3 ranks bf16 sharded", "[cluster]") {
+  require_mpi();
+  check_across_namespaces(kLlama, "", 2);
+  check_across_namespaces(kGpt2, "--train.bf16=true --cluster.shard_state=true ", 3);
 }
