@@ -199,6 +199,9 @@ struct Context {
   // checkpoint_agreed_step = its step on every rank, and each optimizer's decision of that step takes it.
   std::atomic<bool> checkpoint_wanted{false};
   std::atomic<std::int64_t> checkpoint_agreed_step{-1};
+  // Several ranks: each actor's busy seconds at the last loss gather (its share of the step, in the
+  // status every rank gathers; written only on the optimizer's thread).
+  double busy_at_gather[8] = {};  // by monitor::ActorId (rank_losses.cpp checks the size)
   float max_grad_norm = 0.0f;
   bool serial = false;
   std::atomic<std::int64_t> slot_reuses{0};

@@ -662,7 +662,8 @@ void append(EngineResult& total, EngineResult&& part) {
 // (the actors publish to it); the endpoint is served when monitor.enabled.
 std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
   const EnginePlan plan = plan_engine(job.cfg, job.model);  // throws on bad input before anything listens
-  auto mon = std::make_unique<monitor::Monitor>(job.cfg.monitor, job.cfg.train.output_dir);
+  auto mon = std::make_unique<monitor::Monitor>(job.cfg.monitor,
+                                                job.monitor_dir.empty() ? job.cfg.train.output_dir : job.monitor_dir);
   monitor::RunInfo info;
   info.model = model_description(job.cfg, job.model);
   info.arch = arch_name(job.model.arch);
@@ -686,7 +687,7 @@ std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
   });
   // The events a person looks for after the fact go to log.events_jsonl too (the node binary writes
   // the checkpoint events there itself).
-  if (job.cfg.monitor.enabled) {
+  if (job.cfg.monitor.enabled && job.monitor_dir.empty()) {  // rank 0's run directory only
     const std::filesystem::path events = job.cfg.events_jsonl_path();
     std::error_code ec;
     if (events.has_parent_path()) std::filesystem::create_directories(events.parent_path(), ec);

@@ -206,6 +206,9 @@ struct EngineJob {
   // The job's ranks (mpirun), when cfg.cluster.ranks > 1: every rank runs this job on its own
   // micro-batches and the collector sums each stage's gradients across them. null = alone.
   cluster::World* world = nullptr;
+  // Where the monitor writes monitor.json, its token and audit log; empty = cfg.train.output_dir. A
+  // rank other than 0 serves its own monitor from <output_dir>/rank-R (the run directory is rank 0's).
+  std::string monitor_dir;
 };
 
 struct EngineResult {

@@ -87,6 +87,20 @@ void publish_live(Context& ctx, double paused_s, double restart_s) {
     f.paused_s = paused_s;
     f.restart_s = restart_s;
   });
+  // Several ranks: this rank's own entry of "ranks" live (what it waits for now), between gathers.
+  if (ctx.world != nullptr && ctx.ranks > 1) {
+    const auto t = ctx.world->last_transfer();
+    ctx.monitor->board().set_rank_live(ctx.world->rank(), t ? transfer_json(*t) : nlohmann::json(nullptr));
+  }
+}
+
+nlohmann::json transfer_json(const cluster::TransferView& t) {
+  return {{"channel", cluster::channel_name(t.channel)},
+          {"peer", t.peer},
+          {"what", t.what},
+          {"sending", t.sending},
+          {"done", t.done},
+          {"seconds", t.seconds}};
 }
 
 nlohmann::json actors_json(const monitor::StatusBoard& board) { return board.status_json()["actors"]; }

@@ -31,6 +31,9 @@ void publish_step(Context& ctx, const StepRecord& r);
 // The tick's figures: link bytes, arena use, wall time and the time lost to pauses and restarts.
 void publish_live(Context& ctx, double paused_s, double restart_s);
 
+// A transfer with another rank as /status "ranks" shows it: {channel, peer, what, sending, done, seconds}.
+nlohmann::json transfer_json(const cluster::TransferView& t);
+
 // Every actor's state (as /status lists them), for the watchdog's dump.
 nlohmann::json actors_json(const monitor::StatusBoard& board);
 

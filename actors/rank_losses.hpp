@@ -2,7 +2,9 @@
 // the step's loss, both over every micro-batch of every rank, summed in global micro-batch order as one
 // rank sums them. This rank's compute reports only its own micro-batches; once they are all in, every
 // rank's are gathered (cluster/world.hpp, the losses channel: the optimizer's thread on every rank),
-// once per step: the ledger keeps them for a respawned optimizer. No CAF here.
+// once per step: the ledger keeps them for a respawned optimizer. Each rank's record carries its status
+// too (step, busiest actor, last transfer it waited for): every rank's monitor shows every rank's
+// (/status "ranks"). No CAF here.
 #pragma once
 #include <cstdint>
 #include <map>

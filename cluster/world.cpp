@@ -1,5 +1,6 @@
 // What every World does the same whatever its transport: the launcher check, the gather and the
 // broadcast built on point-to-point transfers (so a timeout names the rank that did not answer).
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,63 @@ bool launched_by_mpi_launcher() {
     if (v != nullptr && *v != 0) return true;
   }
   return false;
+}
+
+namespace {
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+const char* channel_name(Channel ch) {
+  switch (ch) {
+    case Channel::control:
+      return "control";
+    case Channel::grads:
+      return "grads";
+    case Channel::losses:
+      return "losses";
+    case Channel::weights:
+      return "weights";
+    case Channel::checkpoint:
+      return "checkpoint";
+  }
+  return "?";
+}
+
+void World::begin_wait(Channel ch, int peer, const std::string& what, bool sending) const {
+  const std::lock_guard<std::mutex> lock(waits_mutex_);
+  waits_[static_cast<int>(ch)] = Wait{peer, what, sending, steady_ns(), 0};
+}
+
+void World::end_wait(Channel ch) const {
+  const std::lock_guard<std::mutex> lock(waits_mutex_);
+  waits_[static_cast<int>(ch)].end_ns = steady_ns();
+}
+
+std::optional<TransferView> World::last_transfer() const {
+  const std::int64_t now = steady_ns();
+  const std::lock_guard<std::mutex> lock(waits_mutex_);
+  int waiting = -1, finished = -1;
+  for (int c = 0; c < kChannels; ++c) {
+    const Wait& w = waits_[c];
+    if (w.start_ns == 0) continue;
+    if (w.end_ns == 0) {
+      if (waiting < 0 || w.start_ns < waits_[waiting].start_ns) waiting = c;
+    } else if (finished < 0 || w.end_ns > waits_[finished].end_ns) {
+      finished = c;
+    }
+  }
+  const int c = waiting >= 0 ? waiting : finished;
+  if (c < 0) return std::nullopt;
+  const Wait& w = waits_[c];
+  return TransferView{static_cast<Channel>(c),
+                      w.peer,
+                      w.what,
+                      w.sending,
+                      w.end_ns != 0,
+                      static_cast<double>((w.end_ns != 0 ? w.end_ns : now) - w.start_ns) * 1e-9};
 }
 
 std::string World::label() const { return "rank " + std::to_string(rank()) + " of " + std::to_string(size()); }

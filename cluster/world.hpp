@@ -12,7 +12,10 @@
 #pragma once
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -27,6 +30,17 @@ class ClusterError : public std::runtime_error {
 // checkpoint: the checkpointers' (the owners' moments to rank 0, cluster.shard_state).
 enum class Channel { control = 0, grads = 1, losses = 2, weights = 3, checkpoint = 4 };
 constexpr int kChannels = 5;
+const char* channel_name(Channel ch);  // "grads", "losses", ...
+
+// A transfer this rank waited for (the monitor's "last collective"): with whom, what, how long.
+struct TransferView {
+  Channel channel = Channel::control;
+  int peer = -1;
+  std::string what;
+  bool sending = false;
+  bool done = true;      // false: still waiting for it
+  double seconds = 0.0;  // waited so far (in progress) or in all (done)
+};
 
 // True when this build has MPI (world_mpi.cpp), false for world_alone.cpp.
 bool built_with_mpi();
@@ -80,13 +94,29 @@ class World {
   // Bytes this rank has sent on `ch` so far (every transfer's payload, counted once it is done).
   std::uint64_t bytes_sent(Channel ch) const { return sent_[static_cast<int>(ch)].load(); }
 
+  // What this rank waited for last, over every channel: the transfer it has been waiting for longest
+  // if any is in progress (a hung or slow peer is named by what its peers wait for), else the one
+  // that finished last; nullopt before the first. Any thread may ask (the monitor's tick).
+  std::optional<TransferView> last_transfer() const;
+
  protected:
   explicit World(double timeout_s) : timeout_s_(timeout_s) {}
   void count_sent(Channel ch, std::size_t bytes) { sent_[static_cast<int>(ch)].fetch_add(bytes); }
+  // A transport's wait for one transfer begins / ends (a wait that throws stays "in progress").
+  void begin_wait(Channel ch, int peer, const std::string& what, bool sending) const;
+  void end_wait(Channel ch) const;
 
  private:
   double timeout_s_;
   std::atomic<std::uint64_t> sent_[kChannels] = {};
+  struct Wait {  // one channel's current or last wait (steady-clock ns; end 0 = in progress)
+    int peer = -1;
+    std::string what;
+    bool sending = false;
+    std::int64_t start_ns = 0, end_ns = 0;
+  };
+  mutable std::mutex waits_mutex_;  // a transfer's wait is long beside this lock
+  mutable Wait waits_[kChannels];
 };
 
 }  // namespace mt::cluster

@@ -34,7 +34,9 @@ class MpiWorld;
 // The requests of one transfer with one peer and what it is, waited for with the world's timeout.
 struct Transfer {
   const MpiWorld* world = nullptr;
+  Channel channel = Channel::control;
   int peer = 0;
+  bool sending = false;
   std::string what;
   std::vector<MPI_Request> requests;
   void wait();
@@ -109,6 +111,9 @@ class MpiWorld final : public World {
     std::_Exit(code);
   }
 
+  void begin(const Transfer& t) const { begin_wait(t.channel, t.peer, t.what, t.sending); }
+  void end(const Transfer& t) const { end_wait(t.channel); }
+
   void check(int rc, const Transfer& t) const {
     if (rc != MPI_SUCCESS)
       throw ClusterError(label() + ": MPI failed with rank " + std::to_string(t.peer) + " (" + t.what +
@@ -119,7 +124,7 @@ class MpiWorld final : public World {
   Transfer post(Channel ch, int peer, void* data, std::size_t bytes, const std::string& what, bool sending) {
     if (peer < 0 || peer >= size_ || peer == rank_)
       throw ClusterError(label() + ": no transfer with rank " + std::to_string(peer) + " (" + what + ")");
-    Transfer t{this, peer, what, {}};
+    Transfer t{this, ch, peer, sending, what, {}};
     MPI_Comm comm = comms_[static_cast<int>(ch)];
     auto* p = static_cast<unsigned char*>(data);
     // One message per chunk, in order on the same tag: MPI does not let messages of one sender, tag and
@@ -150,10 +155,14 @@ void Transfer::wait() {
   const auto start = Clock::now();
   const auto limit = std::chrono::duration<double>(world->timeout_s());
   auto pause = std::chrono::microseconds(2);
+  world->begin(*this);
   for (;;) {
     int done = 0;
     world->check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), *this);
-    if (done) return;
+    if (done) {
+      world->end(*this);
+      return;
+    }
     if (Clock::now() - start > limit) {
       // The requests stay posted (their buffers must outlive them): the caller's error ends the
       // process, and MPI_Abort the job.

@@ -229,9 +229,29 @@ std::vector<std::pair<std::string, const ActorProbe*>> StatusBoard::named_probes
   return out;
 }
 
+void StatusBoard::set_ranks(nlohmann::json ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ranks_ = std::move(ranks);
+}
+
+void StatusBoard::set_rank_live(int rank, nlohmann::json last_collective) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  own_rank_ = rank;
+  own_live_ = std::move(last_collective);
+}
+
 nlohmann::json StatusBoard::status_json() const {
   const RunInfo info = run_info();
   const RunFigures f = figures();
+  nlohmann::json ranks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ranks = ranks_;
+    if (own_rank_ >= 0 && own_rank_ < static_cast<int>(ranks.size())) {
+      ranks[static_cast<std::size_t>(own_rank_)]["last_collective"] = own_live_;
+      ranks[static_cast<std::size_t>(own_rank_)]["live"] = true;
+    }
+  }
   nlohmann::json run{{"model", info.model},
                      {"arch", info.arch},
                      {"params", info.params},
@@ -291,6 +311,7 @@ nlohmann::json StatusBoard::status_json() const {
           {"host_resident_bytes", host_resident_bytes()},
           {"actors", actors},
           {"last_checkpoint", last_ckpt},
+          {"ranks", ranks},
           {"last_error", f.last_error}};
 }
 

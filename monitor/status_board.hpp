@@ -176,6 +176,12 @@ class StatusBoard {
   std::vector<ControlRequest> take_controls();
   void put_back_controls(std::vector<ControlRequest> rs);  // the node could not do them yet (front)
 
+  // A job of several ranks: every rank's status as the last loss gather carried it (a JSON array by
+  // rank: step, slowest_actor, slowest_busy_s, last_collective, updated_unix), and this rank's own
+  // last transfer live (set each tick), shown in its entry with "live": true. /status "ranks".
+  void set_ranks(nlohmann::json ranks);
+  void set_rank_live(int rank, nlohmann::json last_collective);
+
   // /status as JSON.
   nlohmann::json status_json() const;
 
@@ -186,6 +192,9 @@ class StatusBoard {
   RunInfo info_;
   RunFigures figures_;
   std::deque<nlohmann::json> history_;
+  nlohmann::json ranks_ = nlohmann::json::array();
+  int own_rank_ = -1;
+  nlohmann::json own_live_;
   std::mutex control_mutex_;
   std::deque<ControlRequest> controls_;
   std::atomic<std::int64_t> control_seq_{0};

@@ -465,8 +465,12 @@ EngineJob TrainingRun::make_job() {
   job.cfg = cfg_;
   job.world = cfg_.cluster.ranks > 1 ? hooks_.world : nullptr;
   // Ranks other than 0 write nothing into the run directory: no checkpoints (rank 0's hold the same
-  // state), no monitor files (its endpoint, on rank 0, shows the job; per-rank monitors are to come).
-  if (rank_ > 0) job.cfg.monitor.enabled = false;
+  // state). Each serves its own monitor, its files in <output_dir>/rank-R and, with a fixed
+  // monitor.port, on port + R (ranks may share a host).
+  if (rank_ > 0) {
+    job.monitor_dir = (std::filesystem::path(cfg_.train.output_dir) / ("rank-" + std::to_string(rank_))).string();
+    if (job.cfg.monitor.port != 0) job.cfg.monitor.port += rank_;
+  }
   job.model = model_;
   job.data = data_;
   job.host = host_.get();

@@ -345,6 +345,12 @@ TEST_CASE("each pipeline actor of rank 0 restarted on request mid-job: the bytes
   check_driven_job("restart", "");
 }
 
+// Every rank serves its monitor (rank R's files in <output_dir>/rank-R), and each /status lists every
+// rank's step, busiest actor and last collective, its own live.
+TEST_CASE("every rank serves its monitor, and each /status lists every rank", "[cluster]") {
+  check_driven_job("ranks --count 2", "");
+}
+
 TEST_CASE("injected failures of rank 0's actors mid-job are restarted there: the bytes of 1 rank x 2", "[cluster]") {
   check_driven_job("faults --count 4 --seed 7", "--monitor.allow_fault_injection=true --restart.max_restarts=100");
 }

@@ -135,6 +135,48 @@ std::string format_event(const std::string& type, const std::string& data) {
   return s + step;
 }
 
+namespace {
+
+// A job of several ranks: each rank's step, busiest actor over its last step and the last transfer it
+// waited for; a rank behind the others, or a wait of stuck_after_s or more, is named.
+void render_ranks(const SnapshotInput& in, std::vector<std::string>& out) {
+  const nlohmann::json ranks = in.status.value("ranks", nlohmann::json::array());
+  if (!ranks.is_array() || ranks.size() < 2) return;
+  double newest = -1;
+  for (const auto& r : ranks) newest = std::max(newest, num(r, "step"));
+  out.emplace_back();
+  out.push_back("rank  step    slowest actor (busy)    last collective");
+  std::vector<std::string> named;
+  for (const auto& r : ranks) {
+    const std::string rank = str(r, "rank");
+    const nlohmann::json t = r.value("last_collective", nlohmann::json());
+    std::string last = "none yet";
+    bool waiting_long = false;
+    if (t.is_object()) {
+      const bool done = t.value("done", true);
+      const double secs = num(t, "seconds");
+      const std::string dir = t.value("sending", false) ? "to" : "from";
+      last = (done ? "took " : "WAITING ") + fmt(done ? "%.3f" : "%.1f", secs) + " s " + dir + " rank " +
+             str(t, "peer") + " (" + str(t, "channel") + "): " + str(t, "what");
+      waiting_long = !done && secs >= in.stuck_after_s;
+      if (waiting_long)
+        named.push_back("rank " + rank + " waits " + fmt("%.0f", secs) + " s for rank " + str(t, "peer") + ": " +
+                        str(t, "what"));
+    }
+    const bool behind = num(r, "step") < newest;
+    if (behind) named.push_back("rank " + rank + " is behind: step " + str(r, "step") + " of " + fmt("%.0f", newest));
+    char line[96];
+    std::snprintf(line, sizeof line, "%-5s %-7s %-23s ", (rank + (r.value("live", false) ? "*" : "")).c_str(),
+                  str(r, "step").c_str(),
+                  (str(r, "slowest_actor") + " " + fmt("%.2f", num(r, "slowest_busy_s")) + " s").c_str());
+    const std::string row = line + last;
+    out.push_back(waiting_long || behind ? colour(in.colour, "33", row) : row);
+  }
+  for (const auto& x : named) out.push_back(colour(in.colour, "1;31", "RANKS: " + x));
+}
+
+}  // namespace
+
 std::vector<std::string> render_snapshot(const SnapshotInput& in) {
   const nlohmann::json& s = in.status;
   const nlohmann::json run = s.value("run", nlohmann::json::object());
@@ -206,6 +248,7 @@ std::vector<std::string> render_snapshot(const SnapshotInput& in) {
                                                  : row);
   }
   for (const auto& x : stuck) out.push_back(colour(in.colour, "1;31", "STUCK: " + x));
+  render_ranks(in, out);
   if (!in.events.empty()) {
     out.emplace_back();
     out.push_back("last events:");

@@ -1,6 +1,7 @@
 // What megatrain-top shows, as plain text lines: the run, step progress, loss and tokens/s sparklines,
 // link rates, every actor (state, busy share, mailbox, restarts, handler and for how long), the last
-// events. The live view and --once print the same lines; the live view adds colour.
+// events; in a job of several ranks every rank's step, busiest actor and last collective (a rank
+// behind or waiting long named). The live view and --once print the same lines; the live view adds colour.
 #pragma once
 #include <deque>
 #include <map>

@@ -12,6 +12,7 @@ or prints what is wrong and exits 1:
             (took_effect) while the run continues; then lets the run finish
   faults    injects --count random faults (/control/fault) at random moments; then lets the run finish
   budget    injects faults into --actor until the node stops (restart budget spent)
+  ranks     a job of --count ranks: every rank serves a monitor, each /status lists every rank
   watchdog  waits for the watchdog's warning, dump and restart events; then lets the run finish
   evaluation  a run evaluating every --every steps: /status between the first and second evaluation
             (training again) says every actor is running, and names the model its [model] keys define
@@ -530,9 +531,36 @@ def cmd_evaluation(node, args):
     print(f"evaluation: at step {st['step']} every actor running; model {model!r}")
 
 
+def check_ranks_entry(st, ranks, who):
+    rs = st["ranks"]
+    check(len(rs) == ranks, f"{who}: /status ranks {rs}")
+    for r, e in enumerate(rs):
+        check(e["rank"] == r and e["step"] >= 2, f"{who}: rank {r} entry {e}")
+        check(e["slowest_actor"] in PIPELINE + ["loader", "checkpointer"], f"{who}: rank {r} slowest {e}")
+        lc = e["last_collective"]
+        check(lc is not None and lc["channel"] in ("grads", "losses", "weights", "checkpoint", "control")
+              and 0 <= lc["peer"] < ranks and lc["peer"] != r and lc["seconds"] >= 0, f"{who}: rank {r} {lc}")
+    live = [e["rank"] for e in rs if e.get("live")]
+    return live
+
+
+def cmd_ranks(node, args):
+    # Every rank serves its monitor (rank R's files in <out>/rank-R), and each /status lists every rank.
+    wait_steps(node, 3)
+    check(check_ranks_entry(node.get_json("/status"), args.count, "rank 0") == [0], "rank 0: its own entry live")
+    for r in range(1, args.count):
+        other = Node(os.path.join(node.out, f"rank-{r}"))
+        check(other.port != node.port, f"rank {r} serves on rank 0's port")
+        st = other.get_json("/status")
+        check(check_ranks_entry(st, args.count, f"rank {r}") == [r], f"rank {r}: its own entry live")
+        check(st["run"]["pid"] != node.disc["pid"], f"rank {r}: the pid of rank 0")
+    print(f"ranks: {args.count} monitors, each /status lists every rank")
+    node.wait_exit()
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["api", "restart", "faults", "budget", "watchdog", "evaluation"])
+    p.add_argument("command", choices=["api", "restart", "faults", "budget", "watchdog", "evaluation", "ranks"])
     p.add_argument("--out", required=True, help="the node's train.output_dir")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--count", type=int, default=6)
@@ -544,7 +572,7 @@ def main():
     try:
         node = Node(args.out)
         {"api": cmd_api, "restart": cmd_restart, "faults": cmd_faults, "budget": cmd_budget,
-         "watchdog": cmd_watchdog, "evaluation": cmd_evaluation}[args.command](node, args)
+         "watchdog": cmd_watchdog, "evaluation": cmd_evaluation, "ranks": cmd_ranks}[args.command](node, args)
     except Failed as e:
         print(f"monitor_client {args.command}: FAILED: {e}", file=sys.stderr)
         return 1

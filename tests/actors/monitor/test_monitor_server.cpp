@@ -307,3 +307,22 @@ TEST_CASE("monitor board: /status carries the run's kernel choices", "[monitor]"
   CHECK(run["kernel_choices"]["bf16_gemm"]["path"] == "onednn");
   CHECK(run["kernel_choices"]["bf16_gemm"]["source"] == "probe");
 }
+
+TEST_CASE("monitor board: /status ranks, the gathered entries with this rank's own live", "[monitor]") {
+  StatusBoard board;
+  CHECK(board.status_json()["ranks"] == nlohmann::json::array());  // alone: none
+  board.set_ranks(nlohmann::json::array({{{"rank", 0}, {"step", 4}, {"last_collective", nullptr}},
+                                         {{"rank", 1}, {"step", 4}, {"last_collective", {{"done", true}}}}}));
+  board.set_rank_live(0, {{"channel", "grads"}, {"peer", 1}, {"done", false}, {"seconds", 7.5}});
+  const nlohmann::json ranks = board.status_json()["ranks"];
+  REQUIRE(ranks.size() == 2);
+  CHECK(ranks[0]["live"] == true);
+  CHECK(ranks[0]["last_collective"]["peer"] == 1);
+  CHECK(ranks[0]["last_collective"]["done"] == false);
+  CHECK(ranks[1].contains("live") == false);  // another rank's: as its last gather carried it
+  CHECK(ranks[1]["last_collective"]["done"] == true);
+  // The next gather replaces the entries; the live view stays this rank's.
+  board.set_ranks(nlohmann::json::array({{{"rank", 0}, {"step", 5}}, {{"rank", 1}, {"step", 5}}}));
+  CHECK(board.status_json()["ranks"][0]["step"] == 5);
+  CHECK(board.status_json()["ranks"][0]["last_collective"]["seconds"] == 7.5);
+}
