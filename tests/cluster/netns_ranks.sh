@@ -4,7 +4,9 @@
 # the other ends on a bridge in this namespace (which holds the launcher). mpirun starts one daemon per
 # namespace through an rsh agent that enters it (as ssh would reach another host), and MPI is told to
 # use TCP on the bridge's subnet only (no shared memory between ranks, no loopback).
-# The ranks start in this directory (the namespaces share the file system).
+# The ranks start in this directory (the namespaces share the file system). The daemons do not share
+# their hwloc topology through shared memory (rtc_hwloc_vmhole none): one segfaulted writing it while
+# another job's mpirun ran on the same host, under ctest -j2.
 #
 #   MPIEXEC=/usr/bin/mpirun tests/cluster/netns_ranks.sh N COMMAND...
 #
@@ -86,7 +88,7 @@ chmod +x "$work/agent"
 
 echo "netns_ranks: $ranks ranks in namespaces $hosts on $net/24 (bridge $bridge)"
 "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" -H "$hosts" --wdir "$PWD" \
-  --mca plm_rsh_agent "$work/agent" --mca oob_tcp_if_include "$net/24" \
+  --mca plm_rsh_agent "$work/agent" --mca oob_tcp_if_include "$net/24" --mca rtc_hwloc_vmhole none \
   --mca btl tcp,self --mca btl_tcp_if_include "$net/24" "$@"
 rc=$?
 

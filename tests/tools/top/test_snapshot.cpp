@@ -25,7 +25,7 @@ nlohmann::json transfer(int peer, bool done, double seconds) {
 
 }  // namespace
 
-TEST_CASE("megatrain-top: every rank's step, busiest actor and last collective; a hang and a straggler named",
+TEST_CASE("megatrain-top: every rank's step and busiest actor and last collective - a hang and a straggler named",
           "[tools][monitor]") {
   const std::string quiet = render(nlohmann::json::array({{{"rank", 0},
                                                            {"step", 12},
