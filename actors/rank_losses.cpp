@@ -1,6 +1,5 @@
 #include "actors/rank_losses.hpp"
 
-#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -41,14 +40,13 @@ RankStatus my_status(Context& ctx, std::int64_t step) {
   st.unix_s = monitor::unix_seconds();
   const monitor::StatusBoard& board = ctx.monitor->board();
   const std::int64_t now = monitor::steady_ns();
-  double most = -1.0;
+  st.slowest_busy_s = -1.0;
   for (int a = 0; a < monitor::kActorCount; ++a) {
     if (static_cast<monitor::ActorId>(a) == monitor::ActorId::node) continue;
     const double busy = board.probe(static_cast<monitor::ActorId>(a)).view(now).busy_s;
     const double over_step = busy - ctx.busy_at_gather[a];
     ctx.busy_at_gather[a] = busy;
-    if (over_step > most) {
-      most = over_step;
+    if (over_step > st.slowest_busy_s) {
       st.slowest_actor = a;
       st.slowest_busy_s = over_step;
     }
