@@ -78,11 +78,19 @@ done
 [ $ready = 1 ] || { echo "netns_ranks: the veth pairs did not come up" >&2; exit 1; }
 
 # mpirun's rsh agent: "agent HOST COMMAND..." runs COMMAND in HOST's namespace (HOST is its name).
-cat > "$work/agent" << 'EOF'
+# Each namespace's daemon (and its rank) keeps its session directory under a temporary directory of its
+# own: they all share this host's /tmp and host name, so in /tmp/ompi.HOST.UID they would make and
+# remove one tree together with every other Open MPI job on the host, and one daemon's mkdir lost that
+# race under ctest -j2 ("A call to mkdir was unable to create the desired directory ... File exists",
+# orte_init failed, mpirun exit 213).
+cat > "$work/agent" << EOF
 #!/bin/sh
-host=$1
+host=\$1
 shift
-exec ip netns exec "$host" sh -c "$*"
+mkdir -p "$work/session-\$host" || exit 1
+OMPI_MCA_orte_tmpdir_base="$work/session-\$host"
+export OMPI_MCA_orte_tmpdir_base
+exec ip netns exec "\$host" sh -c "\$*"
 EOF
 chmod +x "$work/agent"
 
