@@ -19,6 +19,10 @@
 // p/m/v per step never stalls training, and memory stays at the tiles alone. The optimizer's wait at
 // the gate is measured (StepRecord::checkpoint_wait_s, bench metric checkpoint_stall).
 //
+// The host state sharded (cluster.shard_state), two ways (CheckpointJob::owners_write, from
+// cluster.checkpoint_writers): each rank writes the stages it owns into one shared temporary directory and
+// rank 0 publishes the checkpoint once every rank's part is durable (owners: below, "parts"), or rank 0
+// writes every stage, the owners sending it their state (rank0: "the state sent to rank 0").
 // Detached (its own thread): HDF5 writes and fsyncs block. Any failure (disk full, I/O error) aborts
 // that checkpoint only: the temporary directory is removed, the gate released, CheckpointFailed goes to
 // the node (progress line / events log), the previous checkpoints stay intact, training continues.
@@ -27,11 +31,14 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <set>
 #include <thread>
 
 #include "actors/actors.hpp"
 #include "actors/run_state.hpp"
 #include "cluster/grad_reduce.hpp"
+#include "storage/checkpoint/checkpoint_dir.hpp"
 #include "storage/checkpoint/checkpoint_writer.hpp"
 
 namespace mt::actors {
@@ -55,6 +62,9 @@ struct checkpointer_state {
   std::int64_t last_done = -1;
   CheckpointDone last_done_msg;
   bool niced = false;
+  // Owners write (CheckpointJob::owners_write), a rank > 0: the checkpoints whose part (or failure) it
+  // has told rank 0 of; exactly one message per checkpoint, whatever happens.
+  std::set<std::int64_t> parts_reported;
   // The host state sharded, rank 0: an owner's masters (a bf16 replica holds none) and moments of one stage.
   AlignedFloats peer_master, peer_m, peer_v;
   static constexpr const char* name = "checkpointer";
@@ -87,6 +97,60 @@ std::string part_what(std::int64_t v, std::int64_t stage) {
 // copy), on the owner and on rank 0 alike.
 bool sends_masters(const Context* ctx, std::int64_t stage) { return ctx->host->tile(stage).has_compute_copy(); }
 
+// --- Owners write (CheckpointJob::owners_write) ---------------------------------------------------------
+// Every rank writes the stages it owns (masters and moments, through the same lease as one rank) with a
+// CheckpointWriter of its own into one temporary directory every rank agrees on, its files named apart
+// ("shard-rankR-NNNNN.h5"). When its last stage is written, an owner closes and fsyncs its shards and
+// sends rank 0 their description (CheckpointWriter::close_part, as JSON on the checkpoint channel), or
+// the reason it failed; rank 0, its own stages written, takes every rank's message in rank order, adds
+// the parts to its manifest and publishes (a failure anywhere: the whole directory goes, nothing is
+// published). One message per rank per checkpoint, so the channel stays paired.
+bool owners_write(const Context* ctx) { return ctx->shard_world != nullptr && ctx->job->checkpoint.owners_write; }
+
+// This rank sends its stages' state to rank 0, which writes them (rank0 writes).
+bool sends_state(const Context* ctx) { return ctx->state_part() && !owners_write(ctx); }
+
+std::string shared_temp_name(const Context* ctx, std::int64_t v) {
+  // ".tmp-<step dir>-<pid>-<n>": rank 0's pid, so the stale-directory sweep keeps it while rank 0 runs.
+  return std::string(ckpt::kTempPrefix) + ckpt::step_dir_name(v) + "-" + ctx->job->checkpoint.shared_tag + "-ranks";
+}
+
+std::string part_message_what(std::int64_t v, int rank) {
+  return "rank " + std::to_string(rank) + "'s part of the checkpoint of step " + std::to_string(v);
+}
+
+// An owner (rank > 0): its part of checkpoint v, or why it has none, to rank 0 (once).
+void report_part(self_ptr self, std::int64_t v, const nlohmann::json& message) {
+  auto& st = self->state;
+  if (!st.parts_reported.insert(v).second) return;
+  const int rank = st.ctx->shard_world->rank();
+  st.ctx->shard_world->send_text(cluster::Channel::checkpoint, 0, message.dump(), part_message_what(v, rank));
+}
+
+// Rank 0: every other rank's message about checkpoint v, in rank order.
+std::vector<nlohmann::json> receive_part_messages(self_ptr self, std::int64_t v) {
+  cluster::World& world = *self->state.ctx->shard_world;
+  std::vector<nlohmann::json> parts;
+  for (int r = 1; r < world.size(); ++r) {
+    const std::string text = world.recv_text(cluster::Channel::checkpoint, r, part_message_what(v, r));
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded()) j = nlohmann::json{{"error", "its message is not JSON"}};
+    parts.push_back(std::move(j));
+  }
+  return parts;
+}
+
+// Rank 0, its own stages written: every part into its manifest; throws naming the first rank that failed.
+void add_parts(self_ptr self, std::int64_t v, ckpt::CheckpointWriter& writer) {
+  const std::vector<nlohmann::json> parts = receive_part_messages(self, v);
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    if (parts[i].contains("error"))
+      throw ckpt::CheckpointError("rank " + std::to_string(i + 1) +
+                                  " could not write its part: " + parts[i]["error"].dump());
+  for (const auto& part : parts) writer.add_part(part);
+}
+
+// --- The state sent to rank 0 (rank0 writes) ---------------------------------------------------------------
 // Rank 0: the owner's part of `stage` (masters with bf16, m and v) into the receive buffers.
 void receive_part(self_ptr self, std::int64_t v, std::int64_t stage) {
   auto& st = self->state;
@@ -118,14 +182,23 @@ void drain_parts(self_ptr self, std::int64_t v, PendingCheckpoint& p) {
     }
 }
 
-void fail(self_ptr self, std::int64_t v, const std::string& why) {
+// `parts_taken`: rank 0 (owners write) already has every rank's message about v.
+void fail(self_ptr self, std::int64_t v, const std::string& why, bool parts_taken = false) {
   auto& st = self->state;
-  st.ctx->gate.close(v);  // the optimizer goes on (also while the owners' parts are taken)
+  Context* ctx = st.ctx;
+  ctx->gate.close(v);  // the optimizer goes on (also while the owners' parts are taken)
   auto it = st.pending.find(v);
   if (it != st.pending.end()) {
     if (it->second.writer) it->second.writer->abort();
     drain_parts(self, v, it->second);
     st.pending.erase(it);
+  }
+  if (owners_write(ctx) && ctx->state_part()) {
+    report_part(self, v, nlohmann::json{{"error", why}});
+  } else if (owners_write(ctx)) {
+    if (!parts_taken) receive_part_messages(self, v);  // the owners write on until their message: wait for it
+    std::error_code ec;                                // then clear up what they wrote
+    std::filesystem::remove_all(std::filesystem::path(ctx->job->checkpoint.root) / shared_temp_name(ctx, v), ec);
   }
   self->send(st.peers.node, CheckpointFailed{v, why});
 }
@@ -171,6 +244,42 @@ void send_part_stage(self_ptr self, std::int64_t v, std::int64_t stage, PendingC
   finish_part(self, v);
 }
 
+// Every stage of checkpoint v this rank writes is written: publish it (rank 0; with owners writing, once
+// every rank's part is in), or hand this rank's part to rank 0 (an owner).
+void complete(self_ptr self, std::int64_t v) {
+  auto& st = self->state;
+  Context* ctx = st.ctx;
+  PendingCheckpoint& p = st.pending.at(v);
+  bool parts_taken = false;
+  try {
+    if (owners_write(ctx) && ctx->state_part()) {  // an owner's stages are durable: hand them to rank 0
+      const nlohmann::json part = p.writer->close_part();
+      report_part(self, v, part);
+      p.part_bytes = p.writer->bytes_written();
+      finish_part(self, v);
+      return;
+    }
+    if (owners_write(ctx)) {
+      parts_taken = true;  // taken even when one of them is a failure (add_parts throws)
+      add_parts(self, v, *p.writer);
+    }
+    const nlohmann::json run = make_run_state(*ctx->cfg, p.data_cursor, v, ctx->micro_batches(), *ctx->host,
+                                              evaluations_json(*ctx->evaluations));
+    const std::uint64_t bytes = p.writer->bytes_written();
+    const auto dir = p.writer->finalize(run);
+    CheckpointDone done{v, dir.string(), seconds_between(p.t0, Clock::now()), bytes};
+    st.pending.erase(v);
+    ctx->gate.close(v);
+    st.last_done = v;
+    st.last_done_msg = done;
+    self->send(st.peers.node, done);
+  } catch (const cluster::ClusterError&) {
+    throw;  // a rank that does not answer ends the run (the supervisor's rule), not just this checkpoint
+  } catch (const std::exception& e) {
+    fail(self, v, e.what(), parts_taken);
+  }
+}
+
 void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
   auto& st = self->state;
   Context* ctx = st.ctx;
@@ -178,7 +287,7 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
   if (it == st.pending.end() || it->second.written[static_cast<std::size_t>(stage)]) return;
   PendingCheckpoint& p = it->second;
   const CheckpointJob& cj = ctx->job->checkpoint;
-  if (ctx->state_part()) {
+  if (sends_state(ctx)) {
     send_part_stage(self, v, stage, p);
     return;
   }
@@ -213,16 +322,7 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     ctx->gate.mark_written(v, stage);
     ctx->monitor->board().probe(monitor::ActorId::checkpointer).unit(v, -1, stage, "checkpoint write");
     if (--p.remaining > 0) return;
-    const nlohmann::json run = make_run_state(*ctx->cfg, p.data_cursor, v, ctx->micro_batches(), *ctx->host,
-                                              evaluations_json(*ctx->evaluations));
-    const std::uint64_t bytes = p.writer->bytes_written();
-    const auto dir = p.writer->finalize(run);
-    CheckpointDone done{v, dir.string(), seconds_between(p.t0, Clock::now()), bytes};
-    st.pending.erase(it);
-    ctx->gate.close(v);
-    st.last_done = v;
-    st.last_done_msg = done;
-    self->send(st.peers.node, done);
+    complete(self, v);
   } catch (const cluster::ClusterError&) {
     throw;  // a rank that does not answer ends the run (the supervisor's rule), not just this checkpoint
   } catch (const std::exception& e) {
@@ -246,9 +346,11 @@ void write_due(self_ptr self, std::int64_t v) {
     return version == static_cast<std::uint64_t>(v) || ctx->gate.has_snapshot(v, s);
   };
   if (!st.pending.count(v)) return;
-  if (ctx->job->checkpoint.write_after_step && !ctx->state_part())  // an owner sends as soon as it can
-    for (std::int64_t s = 0; s < ctx->stages(); ++s)
-      if (!at_v(s)) return;
+  if (ctx->job->checkpoint.write_after_step && !sends_state(ctx)) {  // an owner sends as soon as it can
+    const std::vector<char>& written = st.pending.at(v).written;
+    for (std::int64_t s = 0; s < ctx->stages(); ++s)  // (a stage another rank writes may be past v)
+      if (!written[static_cast<std::size_t>(s)] && !at_v(s)) return;
+  }
   for (std::int64_t s = 0; s < ctx->stages(); ++s) {
     auto it = st.pending.find(v);
     if (it == st.pending.end()) return;  // published, or failed
@@ -280,13 +382,14 @@ void begin(self_ptr self, std::int64_t v) {
   p.t0 = Clock::now();
   p.written.assign(static_cast<std::size_t>(ctx->stages()), 0);
   p.remaining = ctx->stages();
-  if (ctx->state_part()) {  // an owner: its own stages only; the others are rank 0's to write
+  if (ctx->shard_world != nullptr && (ctx->state_part() || owners_write(ctx)))  // this rank's stages only
     for (std::int64_t s = 0; s < ctx->stages(); ++s)
       if (!ctx->host->owns(s)) {
         p.written[static_cast<std::size_t>(s)] = 1;
         --p.remaining;
         ctx->gate.mark_written(v, s);
       }
+  if (sends_state(ctx)) {  // rank0 writes: an owner sends its stages to rank 0
     st.pending.emplace(v, std::move(p));
     if (st.pending.at(v).remaining == 0)
       finish_part(self, v);
@@ -299,6 +402,13 @@ void begin(self_ptr self, std::int64_t v) {
     ckpt::CheckpointWriterOptions o;
     o.keep_last = cj.keep_last;
     if (!cj.hf_config_json.empty()) o.hf_config = nlohmann::json::parse(cj.hf_config_json);
+    if (owners_write(ctx)) {  // one directory, every rank's files; rank 0 publishes
+      o.temp_name = shared_temp_name(ctx, v);
+      if (ctx->state_part()) {
+        o.part = true;
+        o.shard_prefix = "shard-rank" + std::to_string(ctx->shard_world->rank()) + "-";
+      }
+    }
     p.writer = std::make_unique<ckpt::CheckpointWriter>(cj.root, v, *ctx->model, o);
     p.data_cursor = ctx->gate.data_cursor(v);      // taken when the optimizer decided the checkpoint
     if (p.data_cursor.is_null() && ctx->run_data)  // decided elsewhere (the end of the run), or not kept
@@ -309,6 +419,10 @@ void begin(self_ptr self, std::int64_t v) {
     return;
   }
   st.pending.emplace(v, std::move(p));
+  if (st.pending.at(v).remaining == 0) {  // owners write: a rank that owns no stage has only its message
+    complete(self, v);
+    return;
+  }
   write_due(self, v);  // stages already at version v (the final checkpoint; after an optimizer restart)
 }
 

@@ -147,6 +147,12 @@ struct CheckpointJob {
   // evaluation in its run state) rather than the same checkpoint twice. -1 = none.
   std::int64_t deferred_step = -1;
   std::string hf_config_json;  // config.json the model came from (kept in the manifest), "" = none
+  // The host state sharded (cluster.shard_state) with cluster.checkpoint_writers resolved to owners:
+  // every rank writes its own stages into one temporary directory under `root` (which every rank sees)
+  // named with `shared_tag` (rank 0's pid), and rank 0 publishes the checkpoint once every part is
+  // durable. false: rank 0 writes every stage (the owners send their state).
+  bool owners_write = false;
+  std::string shared_tag;
   // Test-only: sleep `stall_seconds` before writing stage `stall_stage` of checkpoint `stall_step`
   // (kill -9 during a checkpoint write; stall measurements). -1 = off.
   std::int64_t stall_step = -1, stall_stage = -1;

@@ -90,20 +90,27 @@ void World::allgather(Channel ch, const void* mine, std::size_t bytes, void* all
     if (p) p->wait();
 }
 
+void World::send_text(Channel ch, int peer, const std::string& text, const std::string& what) {
+  const std::uint64_t n = text.size();
+  send(ch, peer, &n, sizeof n, what);
+  send(ch, peer, text.data(), text.size(), what);
+}
+
+std::string World::recv_text(Channel ch, int peer, const std::string& what) {
+  std::uint64_t n = 0;
+  recv(ch, peer, &n, sizeof n, what);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  recv(ch, peer, text.data(), text.size(), what);
+  return text;
+}
+
 void World::broadcast(Channel ch, int root, std::string& text, const std::string& what) {
   if (rank() == root) {
-    const std::uint64_t n = text.size();
-    for (int r = 0; r < size(); ++r) {
-      if (r == root) continue;
-      send(ch, r, &n, sizeof n, what);
-      send(ch, r, text.data(), text.size(), what);
-    }
+    for (int r = 0; r < size(); ++r)
+      if (r != root) send_text(ch, r, text, what);
     return;
   }
-  std::uint64_t n = 0;
-  recv(ch, root, &n, sizeof n, what);
-  text.assign(static_cast<std::size_t>(n), '\0');
-  recv(ch, root, text.data(), text.size(), what);
+  text = recv_text(ch, root, what);
 }
 
 }  // namespace mt::cluster

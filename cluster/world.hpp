@@ -83,6 +83,9 @@ class World {
   void allgather(Channel ch, const void* mine, std::size_t bytes, void* all, const std::string& what);
   // Rank `root`'s text to every rank.
   void broadcast(Channel ch, int root, std::string& text, const std::string& what);
+  // A text of any length to one peer (its length first, then its bytes), and its receipt.
+  void send_text(Channel ch, int peer, const std::string& text, const std::string& what);
+  std::string recv_text(Channel ch, int peer, const std::string& what);
 
   // Ends every rank of the job at once with `code` (after this rank failed: its peers would otherwise
   // wait for it until their timeout).

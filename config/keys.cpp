@@ -226,6 +226,12 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(cluster, shard_state,
              "several ranks: each rank holds the gradient sums and Adam moments of its own stages only (stage "
              "s on rank s mod N), updates them and sends the new weights to the others"),
+      MT_KEY(cluster, checkpoint_writers,
+             "with cluster.shard_state, who writes a checkpoint's stages: owners (each rank its own, into one "
+             "checkpoint directory that every rank must see) | rank0 (the owners send their state to rank 0, "
+             "which writes it all: no shared file system) | auto (owners when every rank sees rank 0's "
+             "train.output_dir, else rank0)")
+          .one_of({"auto", "owners", "rank0"}),
   };
 }
 

@@ -234,7 +234,7 @@ ModelConfig TrainConfig::model_config_from_keys() const {
   m.max_position_embeddings = model.max_position_embeddings;
   m.rope_theta = static_cast<float>(model.rope_theta);
   m.norm_eps = static_cast<float>(model.norm_eps);
-  m.tie_word_embeddings = model.tie_word_embeddings;
+  m.tie_word_embeddings = model.tie_word_embeddings || m.arch == Arch::gpt2;  // GPT-2's LM head is always wte
   m.initializer_range = static_cast<float>(model.initializer_range);
   if (m.arch == Arch::qwen2) m.attention_bias = true;
   if (m.arch == Arch::qwen3) m.qk_norm = true;

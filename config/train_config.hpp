@@ -165,8 +165,12 @@ struct ClusterSection {                 // [cluster]
   std::string mode = "auto";            // auto (join when an MPI launcher started us) | on (must) | off (run alone)
   double collective_timeout_s = 300.0;  // a transfer with another rank not done in this time ends the run
   bool shard_state = false;             // each rank holds and updates only its stages' state (ZeRO-style)
-  int rank = 0;                         // this process's rank (set by the node, not a key)
-  int ranks = 1;                        // ranks in the job (set by the node, not a key)
+  // With shard_state, who writes a checkpoint's stages: auto (owners when every rank sees rank 0's
+  // train.output_dir, else rank0) | owners (each rank its own stages, into one shared directory) |
+  // rank0 (the owners send their state to rank 0, which writes it all: no shared file system needed).
+  std::string checkpoint_writers = "auto";
+  int rank = 0;   // this process's rank (set by the node, not a key)
+  int ranks = 1;  // ranks in the job (set by the node, not a key)
 };
 
 enum class LrSchedule { constant, linear, cosine };

@@ -1,6 +1,7 @@
 #include "node/training_run.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -138,6 +140,7 @@ class TrainingRun {
   bool load_starting_weights();
   bool open_logs();
   bool report_host_bytes_per_rank();
+  bool choose_checkpoint_writers();
   bool export_final_weights(const EngineResult& res);
   bool report_cluster_end(const EngineResult& res);
   bool gather_per_rank(std::uint64_t mine, const std::string& what, std::vector<std::uint64_t>& every);
@@ -164,6 +167,8 @@ class TrainingRun {
   bool resuming_ = false;
   nlohmann::json resumed_run_state_ = nlohmann::json::object();  // the checkpoint's run state (resuming)
   nlohmann::json kernel_choices_ = nlohmann::json::object();
+  bool owners_write_ = false;  // cluster.checkpoint_writers resolved: every rank writes its own stages
+  std::string shared_tag_;     // rank 0's pid: names the checkpoints' shared temporary directories
   std::ofstream jsonl_, events_;
 };
 
@@ -459,6 +464,62 @@ bool TrainingRun::report_host_bytes_per_rank() {
   return true;
 }
 
+// The host state sharded: who writes the checkpoints (cluster.checkpoint_writers). Owners need one
+// directory every rank sees (a shared file system across hosts): rank 0 writes a token file into
+// train.output_dir, every rank looks for it, and the answers are gathered, so every rank decides alike.
+bool TrainingRun::choose_checkpoint_writers() {
+  const std::string& want = cfg_.cluster.checkpoint_writers;
+  if (!cfg_.shards_host_state() || hooks_.world == nullptr || want == "rank0") return true;
+  cluster::World& world = *hooks_.world;
+  namespace fs = std::filesystem;
+  const fs::path dir(cfg_.train.output_dir);
+  std::string token = std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}());
+  const fs::path probe = dir / (".ranks-see-" + token);
+  std::uint64_t seen = 1;
+  try {
+    if (rank_ == 0) {
+      std::ofstream out(probe);
+      out << token;
+      if (!out.flush()) throw std::runtime_error("cannot write " + probe.string() + " (train.output_dir)");
+    }
+    world.broadcast(cluster::Channel::control, 0, token, "rank 0's token in train.output_dir");
+    if (rank_ > 0) {
+      std::ifstream in(dir / (".ranks-see-" + token));
+      std::string read;
+      seen = (in >> read) && read == token ? 1 : 0;
+    }
+  } catch (const cluster::ClusterError& e) {
+    return fail(e.what());
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+  std::vector<std::uint64_t> every;
+  const bool gathered = gather_per_rank(seen, "whether every rank sees train.output_dir", every);
+  if (rank_ == 0) {
+    std::error_code ec;
+    fs::remove(probe, ec);
+  }
+  if (!gathered) return false;
+  std::string blind;
+  for (std::size_t r = 0; r < every.size(); ++r)
+    if (every[r] == 0) blind += (blind.empty() ? "" : ", ") + std::to_string(r);
+  if (blind.empty()) {
+    owners_write_ = true;
+    shared_tag_ = token.substr(0, token.find('-'));
+    say_(MessageStream::out, "megatrain: checkpoints: every rank writes the stages it owns into " + dir.string() +
+                                 " (cluster.checkpoint_writers=" + want + "), rank 0 publishes them");
+    return true;
+  }
+  const std::string why = "rank(s) " + blind + " do not see rank 0's train.output_dir " + dir.string() +
+                          " (not one file system shared by every rank)";
+  if (want == "owners")
+    return fail("cluster.checkpoint_writers=owners needs a checkpoint directory every rank sees: " + why +
+                "; share it, or set cluster.checkpoint_writers=rank0");
+  say_(MessageStream::out, "megatrain: note: checkpoints: rank 0 writes every stage, the owners send it their state (" +
+                               why + "; cluster.checkpoint_writers=auto)");
+  return true;
+}
+
 EngineJob TrainingRun::make_job() {
   EngineJob job;
   job.kernel_choices = kernel_choices_;
@@ -477,8 +538,9 @@ EngineJob TrainingRun::make_job() {
   job.stop = hooks_.stop != nullptr ? hooks_.stop : &g_stop;
   job.first_step = result_.first_step;
   if (cfg_.train.stop_after_steps > 0) job.stop_after = cfg_.train.stop_after_steps;
-  // With the host state sharded every rank's checkpointer takes part (the owners send their stages'
-  // moments to rank 0, which alone writes into the run directory).
+  // With the host state sharded every rank's checkpointer takes part: each writes its own stages into
+  // the checkpoint's shared temporary directory (owners_write), or sends their state to rank 0, which
+  // alone writes into the run directory (cluster.checkpoint_writers=rank0).
   job.checkpoint.root = rank_ == 0 || cfg_.shards_host_state() ? cfg_.train.output_dir : "";
   job.checkpoint.save_steps = cfg_.train.save_steps;
   job.checkpoint.keep_last = static_cast<int>(cfg_.train.save_total_limit);
@@ -487,6 +549,8 @@ EngineJob TrainingRun::make_job() {
   job.checkpoint.snapshot_budget_bytes = static_cast<std::uint64_t>(cfg_.train.save_snapshot_mib) << 20;
   job.checkpoint.request = &g_checkpoint;
   job.checkpoint.hf_config_json = hf_config_;
+  job.checkpoint.owners_write = owners_write_;
+  job.checkpoint.shared_tag = shared_tag_;
   parse_stall(job.checkpoint);
   job.on_checkpoint = [this](const CheckpointEvent& ev) {
     if (ev.ok)
@@ -565,7 +629,7 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
               static_cast<double>(host_->host_bytes() + plan_.host_boundary_bytes) / (1 << 20),
               static_cast<double>(plan_.arena.total_bytes) / (1 << 20),
               static_cast<double>(plan_.arena.budget_bytes) / (1 << 20), plan_.weight_slots));
-  if (!report_host_bytes_per_rank()) return result_;
+  if (!report_host_bytes_per_rank() || !choose_checkpoint_writers()) return result_;
   if (plan_.ranks > 1)
     say_(MessageStream::out,
          format("megatrain: %d ranks (MPI): each runs %lld micro-batch(es) per step, gradients summed in rank order",

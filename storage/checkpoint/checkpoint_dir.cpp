@@ -22,10 +22,10 @@ std::string step_dir_name(std::int64_t step) {
   return buf;
 }
 
-std::string shard_file_name(std::size_t shard) {
+std::string shard_file_name(std::size_t shard, const std::string& prefix) {
   char buf[40];
-  std::snprintf(buf, sizeof buf, "shard-%05zu.h5", shard);
-  return buf;
+  std::snprintf(buf, sizeof buf, "%05zu.h5", shard);
+  return prefix + buf;
 }
 
 std::string stage_group_name(std::int64_t stage) {

@@ -17,9 +17,9 @@ inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr const char* kLatestFile = "latest";
 inline constexpr const char* kTempPrefix = ".tmp-";
 
-std::string step_dir_name(std::int64_t step);      // "step-00000100"
-std::string shard_file_name(std::size_t shard);    // "shard-00000.h5"
-std::string stage_group_name(std::int64_t stage);  // "stage_00000"
+std::string step_dir_name(std::int64_t step);                                          // "step-00000100"
+std::string shard_file_name(std::size_t shard, const std::string& prefix = "shard-");  // "shard-00000.h5"
+std::string stage_group_name(std::int64_t stage);                                      // "stage_00000"
 // The step of a "step-N" directory name; nullopt for any other name.
 std::optional<std::int64_t> parse_step_dir_name(const std::string& name);
 

@@ -92,9 +92,17 @@ CheckpointWriter::CheckpointWriter(fs::path root, std::int64_t step, ModelConfig
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw CheckpointError(root_.string() + ": cannot create checkpoint root: " + ec.message());
-  temp_dir_ = root_ / (std::string(kTempPrefix) + step_dir_name(step_) + "-" + std::to_string(::getpid()) + "-" +
-                       std::to_string(g_writer_counter++));
-  fs::create_directory(temp_dir_, ec);
+  if (options_.temp_name.empty()) {
+    temp_dir_ = root_ / (std::string(kTempPrefix) + step_dir_name(step_) + "-" + std::to_string(::getpid()) + "-" +
+                         std::to_string(g_writer_counter++));
+    fs::create_directory(temp_dir_, ec);
+  } else {  // shared with the checkpoint's other writers: whoever comes first makes it
+    if (options_.temp_name.rfind(kTempPrefix, 0) != 0 || options_.temp_name.find('/') != std::string::npos)
+      throw CheckpointError("checkpoint: a shared temporary directory name must start with " +
+                            std::string(kTempPrefix) + " and name no subdirectory, got '" + options_.temp_name + "'");
+    temp_dir_ = root_ / options_.temp_name;
+    fs::create_directories(temp_dir_, ec);
+  }
   if (ec) throw CheckpointError(temp_dir_.string() + ": cannot create: " + ec.message());
 }
 
@@ -112,7 +120,12 @@ void CheckpointWriter::abort() {
   shard_.reset();
   if (!published_) {
     std::error_code ec;
-    fs::remove_all(temp_dir_, ec);
+    if (options_.part) {  // the directory is the publishing writer's: only this writer's files go
+      for (const auto& e : fs::directory_iterator(temp_dir_, ec))
+        if (e.path().filename().string().rfind(options_.shard_prefix, 0) == 0) fs::remove(e.path(), ec);
+    } else {
+      fs::remove_all(temp_dir_, ec);
+    }
     failed_ = true;
   }
 }
@@ -129,7 +142,7 @@ std::uint64_t CheckpointWriter::direct_bytes() const {
 
 void CheckpointWriter::open_shard_locked() {
   auto s = std::make_unique<Shard>();
-  s->name = shard_file_name(shards_.size());
+  s->name = shard_file_name(shards_.size(), options_.shard_prefix);
   s->path = temp_dir_ / s->name;
   h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   // v1.8+ object headers carry checksums; datasets from 64 KiB up start on 4 KiB boundaries, so their
@@ -252,9 +265,71 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
   }
 }
 
+json CheckpointWriter::close_part() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  h5::quiet_errors();
+  if (!options_.part) throw CheckpointError(temp_dir_.string() + ": close_part on the publishing writer");
+  if (published_ || failed_)
+    throw CheckpointError(temp_dir_.string() + ": close_part after close_part, abort or a failure");
+  try {
+    close_shard_locked();
+    hf::fsync_directory(temp_dir_);  // this writer's file names are durable too
+  } catch (const hf::HfError& e) {
+    failed_ = true;
+    throw CheckpointError(e.what());
+  } catch (const CheckpointError&) {
+    failed_ = true;
+    throw;
+  }
+  published_ = true;  // handed over: the publishing writer owns the files now
+  json part{{"states", state_names_}, {"stages", json::array()}, {"shards", shards_}, {"bytes", bytes_written_}};
+  for (const auto& [stage, entry] : stages_) part["stages"].push_back(entry);
+  return part;
+}
+
+void CheckpointWriter::add_part(const json& part) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (options_.part || published_ || failed_)
+    throw CheckpointError(temp_dir_.string() + ": add_part needs the publishing writer before finalize");
+  h5::quiet_errors();
+  try {
+    close_shard_locked();  // this writer's stages come first in the manifest's shards, then each part's
+    const auto names = part.at("states").get<std::vector<std::string>>();
+    if (!part.at("stages").empty()) {
+      if (state_names_.empty()) state_names_ = names;
+      if (names != state_names_)
+        throw CheckpointError(temp_dir_.string() + ": a part saves other buffers than this checkpoint's stages");
+    }
+    for (const auto& entry : part.at("stages")) {
+      const auto stage = entry.at("stage").get<std::int64_t>();
+      if (stage < 0 || stage >= num_stages(config_) || stages_.count(stage))
+        throw CheckpointError(temp_dir_.string() + ": a part's stage " + std::to_string(stage) +
+                              " is out of range or written twice");
+      stages_[stage] = entry;
+    }
+    for (const auto& shard : part.at("shards")) {
+      const auto file = shard.at("file").get<std::string>();
+      for (const auto& mine : shards_)
+        if (mine.at("file").get<std::string>() == file)
+          throw CheckpointError(temp_dir_.string() + ": two parts name the shard " + file);
+      if (!fs::is_regular_file(temp_dir_ / file))
+        throw CheckpointError((temp_dir_ / file).string() + ": a part's shard is not in the checkpoint's directory");
+      shards_.push_back(shard);
+    }
+    bytes_written_ += part.at("bytes").get<std::uint64_t>();
+  } catch (const json::exception& e) {
+    failed_ = true;
+    throw CheckpointError(temp_dir_.string() + ": a part's description is malformed: " + e.what());
+  } catch (const CheckpointError&) {
+    failed_ = true;
+    throw;
+  }
+}
+
 fs::path CheckpointWriter::finalize(const json& run_state) {
   std::lock_guard<std::mutex> lock(mutex_);
   h5::quiet_errors();
+  if (options_.part) throw CheckpointError(temp_dir_.string() + ": a part writer does not publish (close_part)");
   if (published_ || failed_)
     throw CheckpointError(temp_dir_.string() + ": finalize after finalize, abort or a failure");
   // A missing stage is the caller's mistake, not a failure: it may still write it and finalize again.

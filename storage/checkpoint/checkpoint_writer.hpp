@@ -54,6 +54,14 @@ struct CheckpointWriterOptions {  // NOLINT(bugprone-exception-escape)
   // Datasets' page-aligned bytes with O_DIRECT where the file system takes it (dataset_data_writer.hpp);
   // false: everything through the page cache. The files are the same bytes either way.
   bool direct_io = true;
+  // Several writers of one checkpoint (a job of several ranks, each writing the stages it owns into a
+  // shared directory): `temp_name` is the temporary directory every writer of the checkpoint agrees on
+  // (made if absent; "" = one of this writer's own, ".tmp-step-N-PID-K"), `shard_prefix` names this
+  // writer's files apart from the others' ("shard-" gives "shard-00000.h5"), and `part` says this writer
+  // publishes nothing: close_part() hands its stages and shards to the writer that does (add_part).
+  std::string temp_name;
+  std::string shard_prefix = "shard-";
+  bool part = false;
 };
 
 class CheckpointWriter {
@@ -71,7 +79,15 @@ class CheckpointWriter {
   // Returns the published directory ROOT/step-N.
   std::filesystem::path finalize(const nlohmann::json& run_state = nlohmann::json::object());
 
-  // Gives up: removes the temporary directory. Safe to call more than once.
+  // A part writer (options.part): closes and fsyncs its shards and returns what the publishing writer's
+  // manifest needs of them ({"states", "stages", "shards", "bytes"}); it writes nothing after.
+  nlohmann::json close_part();
+  // The publishing writer: takes another writer's close_part() into this checkpoint's manifest. Throws
+  // CheckpointError on a stage written twice, a shard named twice or a different set of buffers.
+  void add_part(const nlohmann::json& part);
+
+  // Gives up: removes the temporary directory (a part writer: only its own files). Safe to call more
+  // than once.
   void abort();
 
   std::int64_t step() const { return step_; }

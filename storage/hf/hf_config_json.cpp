@@ -95,7 +95,7 @@ json config_to_json(const ModelConfig& c, const json* base) {
   j["model_type"] = arch_name(c.arch);
   j["vocab_size"] = c.vocab_size;
   j["initializer_range"] = short_decimal(c.initializer_range);
-  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["tie_word_embeddings"] = c.tie_word_embeddings || c.is_gpt2();  // GPT-2's LM head is always wte
   if (!j.contains("torch_dtype")) j["torch_dtype"] = "float32";
   j.erase("quantization_config");  // the export's weights are never quantized (gpt-oss's MXFP4 is read, not written)
   if (c.is_gpt2()) {

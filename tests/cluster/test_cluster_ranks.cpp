@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include "cluster/world.hpp"
+#include "kernels/param_layout.hpp"
+#include "storage/checkpoint/checkpoint_reader.hpp"
 #include "tests/actors/node_binary_fixture.hpp"
 
 namespace fs = std::filesystem;
@@ -114,8 +117,38 @@ void check_host_bytes_per_rank(const std::string& out, int ranks, bool sharded, 
 }
 
 // Two checkpoints of the same state: every HDF5 shard the same bytes (the manifests differ in their
-// time and run config).
+// time and run config). When `b` was written by the owners of its stages (several writers, each its
+// own files: cluster.checkpoint_writers=owners), its files are laid out otherwise: then every stage's
+// params and moments, read back and verified, are the same bits.
+void check_same_stages(const fs::path& a, const fs::path& b) {
+  INFO(a << " against " << b);
+  const mt::ckpt::CheckpointReader ra(a), rb(b);  // every shard verified against its manifest
+  const mt::ModelConfig& c = ra.model_config();
+  REQUIRE(rb.manifest()["stages"].size() == ra.manifest()["stages"].size());
+  for (std::int64_t s = 0; s < mt::num_stages(c); ++s) {
+    const std::size_t n = mt::stage_layout(c, s).total_floats;
+    for (const std::string state : {"params", "exp_avg", "exp_avg_sq"}) {
+      std::vector<float> x(n), y(n);
+      ra.read_stage_state(s, state, x.data());
+      rb.read_stage_state(s, state, y.data());
+      INFO("stage " << s << " " << state);
+      CHECK(std::memcmp(x.data(), y.data(), n * sizeof(float)) == 0);
+    }
+  }
+}
+
+// Files of `dir` whose names start with `prefix`.
+std::size_t files_named(const fs::path& dir, const std::string& prefix) {
+  std::size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename().string().rfind(prefix, 0) == 0;
+  return n;
+}
+
 void check_same_shards(const fs::path& a, const fs::path& b) {
+  if (files_named(b, "shard-rank") > 0) {
+    check_same_stages(a, b);
+    return;
+  }
   INFO(a << " against " << b);
   std::size_t shards = 0;
   REQUIRE(fs::is_directory(a));
@@ -155,10 +188,21 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
   CHECK(count(slurp(dir.path / "job" / "events.jsonl"), "checkpoint_saved") == static_cast<std::size_t>(checkpoints));
   CHECK(slurp(dir.path / "job" / "train.jsonl").find("\"loss\"") != std::string::npos);
   // The final checkpoint holds the same state as one rank's, so its shards are the same bytes; with the
-  // host state sharded rank 0 wrote the other ranks' moments as their owners sent them.
+  // host state sharded every rank wrote its own stages into it (the same state, other files), or with
+  // cluster.checkpoint_writers=rank0 rank 0 wrote the other ranks' moments as their owners sent them.
   const bool sharded = extra.find("--cluster.shard_state=true") != std::string::npos;
   const bool bf16 = extra.find("--train.bf16=true") != std::string::npos;
-  check_same_shards(dir.path / "one" / "step-00000003", dir.path / "job" / "step-00000003");
+  const bool rank0_writes = extra.find("--cluster.checkpoint_writers=rank0") != std::string::npos;
+  const fs::path final_checkpoint = dir.path / "job" / "step-00000003";
+  check_same_shards(dir.path / "one" / "step-00000003", final_checkpoint);
+  if (sharded) {
+    CHECK((job.out.find("megatrain: checkpoints: every rank writes the stages it owns") != std::string::npos) ==
+          !rank0_writes);
+    for (int r = 1; r < ranks; ++r)  // rank r's own files, or none
+      CHECK((files_named(final_checkpoint, "shard-rank" + std::to_string(r) + "-") > 0) == !rank0_writes);
+  }
+  for (const auto& e : fs::directory_iterator(dir.path / "job"))  // no temporary directory left behind
+    CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
   check_host_bytes_per_rank(job.out, ranks, sharded, bf16 ? 2.0 / 18.0 : 4.0 / 16.0);
   // What rank 0 sent: with 2 ranks x 1 micro-batch, 2(N-1)/N = once the model's fp32 gradient a step
   // (its micro-batch of the stages rank 1 owns, and the sums of its own stages).
@@ -436,6 +480,9 @@ TEST_CASE("the host state sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf16
   check_ranks_equal_accumulation(kGpt2, shard, 2, 1);
   check_ranks_equal_accumulation(kGpt2, shard + "--train.bf16=true ", 3, 1);
   check_ranks_equal_accumulation(kLlama, shard + "--train.bf16=true --train.max_grad_norm=0 ", 2, 1);
+  // rank 0 writes every stage (the owners send their state): the very files one rank writes.
+  check_ranks_equal_accumulation(kLlama, shard + "--cluster.checkpoint_writers=rank0 ", 3, 1);
+  check_ranks_equal_accumulation(kGpt2, shard + "--train.bf16=true --cluster.checkpoint_writers=rank0 ", 3, 1);
   // Checkpoints every 2 steps and the final one written by the evaluation pass after step 3 (every rank
   // evaluates alone; the checkpointers of every rank still take part).
   TempDir dir("shardeval");
@@ -453,6 +500,50 @@ TEST_CASE("the host state sharded: actors of rank 0 restarted mid-job keep the b
   check_driven_job("faults --count 4 --seed 11",
                    "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100",
                    "--train.max_grad_norm=0 ");
+}
+
+// cluster.checkpoint_writers: owners need one checkpoint directory every rank sees. Rank 1 gets a
+// train.output_dir of its own (a tmpfs mounted over it in a mount namespace of its own, as on a host
+// without the shared file system): auto falls back to rank 0 writing every stage (the same files as one
+// rank's), owners refuses to start, naming the key and the rank. Skipped where mount namespaces cannot
+// be made (no root).
+TEST_CASE("cluster.checkpoint_writers: a rank that does not see train.output_dir", "[cluster]") {
+  require_mpi();
+  if (std::system("unshare -m true > /dev/null 2>&1") != 0) {
+    std::fprintf(stderr, "cannot make a mount namespace here (unshare -m): skipped\n");
+    std::exit(77);
+  }
+  TempDir dir("blind");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const Outcome one = sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2), dir.path / "one.log");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  for (const std::string writers : {"auto", "owners"}) {
+    const fs::path out = dir.path / ("job-" + writers);
+    fs::create_directories(out);
+    const std::string train = kBinary + " train " + kLlama + train_args(shard, out, 1) +
+                              "--cluster.shard_state=true --cluster.checkpoint_writers=" + writers;
+    // Rank 1 runs in a mount namespace of its own with an empty tmpfs over the run directory.
+    const std::string rank1 = "unshare -m sh -c 'mount -t tmpfs tmpfs " + out.string() + " && exec " + train + "'";
+    const Outcome job = sh(mpirun(2) + "sh -c \"if [ \\$OMPI_COMM_WORLD_RANK = 1 ]; then exec " + rank1 +
+                               "; else exec " + train + "; fi\"",
+                           dir.path / ("job-" + writers + ".log"));
+    INFO(job.out);
+    if (writers == "auto") {
+      REQUIRE(job.code == 0);
+      CHECK(job.out.find("megatrain: note: checkpoints: rank 0 writes every stage") != std::string::npos);
+      CHECK(job.out.find("rank(s) 1 do not see rank 0's train.output_dir") != std::string::npos);
+      CHECK(slurp(dir.path / "one" / "hf" / "model.safetensors") == slurp(out / "hf" / "model.safetensors"));
+      check_same_shards(dir.path / "one" / "step-00000003", out / "step-00000003");
+      CHECK(files_named(out / "step-00000003", "shard-rank") == 0);
+    } else {
+      CHECK(job.code != 0);
+      CHECK(job.out.find("cluster.checkpoint_writers=owners needs a checkpoint directory every rank sees") !=
+            std::string::npos);
+      CHECK(job.out.find("rank(s) 1") != std::string::npos);
+      CHECK(!fs::exists(out / "step-00000003"));
+    }
+  }
 }
 
 TEST_CASE("cluster.shard_state refuses moments it cannot shard, naming the key", "[cluster]") {

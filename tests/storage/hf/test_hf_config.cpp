@@ -185,6 +185,23 @@ TEST_CASE("config_to_json writes what parse_config reads back and keeps the base
     CHECK(back.qk_norm == c.qk_norm);
     CHECK(back.tie_word_embeddings == c.tie_word_embeddings);
   }
+  // GPT-2's LM head is always wte, whatever the flag says (a model made from keys, where it defaults to
+  // false): the config written says tied, so transformers and megatrain-ckpt read it back (a checkpoint
+  // manifest that said false could not be read, and transformers would add an untied lm_head).
+  ModelConfig g;
+  g.arch = Arch::gpt2;
+  g.vocab_size = 64;
+  g.hidden_size = 32;
+  g.num_hidden_layers = 2;
+  g.num_attention_heads = 4;
+  g.num_key_value_heads = 4;
+  g.head_dim = 8;
+  g.intermediate_size = 128;
+  g.max_position_embeddings = 64;
+  g.tie_word_embeddings = false;
+  const json j = hf::config_to_json(g, nullptr);
+  CHECK(j["tie_word_embeddings"] == true);
+  CHECK(hf::parse_config(j).tie_word_embeddings);
 }
 
 namespace {
