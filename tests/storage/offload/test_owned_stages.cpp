@@ -138,8 +138,8 @@ TEST_CASE("the read-ahead follows the rank's own stages in the optimizer's order
     CHECK(sorted(store.staged_stages()) == std::vector<std::int64_t>{4, 7, 10, 16});
   }
   CHECK(store.stats().loads == loads + 1);
-  CHECK(acquire(7) == std::vector<std::int64_t>{1, 4, 7, 16});  // 4 read ahead still there; 1 next
-  CHECK(acquire(4) == std::vector<std::int64_t>{1, 4, 7, 16});  // 1 and, wrapping, 16 are staged
+  CHECK(acquire(7) == std::vector<std::int64_t>{1, 4, 7, 16});   // 4 read ahead still there; 1 next
+  CHECK(acquire(4) == std::vector<std::int64_t>{1, 4, 7, 16});   // 1 and, wrapping, 16 are staged
   CHECK(acquire(1) == std::vector<std::int64_t>{1, 4, 13, 16});  // the next step's first two: 16, 13
   CHECK(update(16) == std::vector<std::int64_t>{1, 10, 13, 16});
   store.flush();
