@@ -234,7 +234,9 @@ void send_part_stage(self_ptr self, std::int64_t v, std::int64_t stage, PendingC
   } else {
     HostTile& t = ctx->host->tile(stage);
     require_version(t, stage, v);
-    const StateLease state(*ctx->host, stage);
+    // Through the store, as rank 0 writes its own stages: the tile's regions, or one stage of the
+    // owner's store (compressed, or read back from its files), beside the optimizer's read-ahead.
+    const StateLease state(*ctx->host, stage, MomentLease::Use::read);
     send(state.master(), state.m(), state.v());
   }
   p.written[static_cast<std::size_t>(stage)] = 1;
@@ -314,8 +316,8 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
       HostTile& t = ctx->host->tile(stage);
       require_version(t, stage, v);
       // The moments (and masters) through the store: the tile's regions, or one staged stage read
-      // from the tier.
-      StateLease state(*ctx->host, stage);
+      // from the tier (a reader beside the optimizer: its read-ahead stays with the optimizer).
+      StateLease state(*ctx->host, stage, MomentLease::Use::read);
       p.writer->write_stage(stage, ckpt::StageState{state.master(), state.m(), state.v()});
     }
     p.written[static_cast<std::size_t>(stage)] = 1;

@@ -196,8 +196,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   p.ranks = cfg.cluster.ranks;
   if (cfg.shards_host_state())
     if (const std::string why = cfg.shard_state_unsupported(); !why.empty())
-      throw ConfigError("cluster.shard_state",
-                        "needs the moments fp32 in the host tiles and the masters beside them: " + why);
+      throw ConfigError("cluster.shard_state", "cannot shard this run's host state: " + why);
   p.micro_batches = p.ranks * p.devices * p.device_micro_batches;
   if (p.seq < 1) throw ConfigError("data.seq_length", "must be >= 1");
   if (p.seq > model.max_position_embeddings && !model.positions_extend_past_max())
@@ -326,11 +325,9 @@ HostTileOptions host_tile_options(const TrainConfig& cfg) {
 
 std::unique_ptr<MomentStore> moment_store_for(const TrainConfig& cfg, const ModelConfig& model) {
   if (host_tile_options(cfg).moments_in_tile) return nullptr;
-  const offload::StagedMomentStoreOptions o = moment_store_options(cfg);  // tier_bytes.hpp
-  std::vector<std::size_t> floats;
-  for (std::int64_t s = 0; s < num_stages(model); ++s) floats.push_back(stage_layout(model, s).total_floats);
+  const offload::StagedMomentStoreOptions o = moment_store_options(cfg, model);  // tier_bytes.hpp
   try {
-    return std::make_unique<offload::StagedMomentStore>(std::move(floats), o);
+    return std::make_unique<offload::StagedMomentStore>(stage_floats(model), o);
   } catch (const MomentStoreError& e) {
     throw ConfigError("train.offload_dir", e.what());
   }

@@ -249,8 +249,9 @@ HostTileOptions host_tile_options(const TrainConfig& cfg);
 // rank s mod N, cluster::stage_owner; else empty: every stage). Pass it to HostModel.
 OwnedStages host_owned_stages(const TrainConfig& cfg, const ModelConfig& model);
 // Where the run keeps its Adam moments: nullptr = in the tiles (the default), else a staged store
-// (storage/offload): compressed in RAM, or files in train.offload_dir. Pass it to HostModel with
-// host_tile_options(cfg).
+// (storage/offload): compressed in RAM, or files in train.offload_dir; with the host state sharded it
+// holds this rank's own stages only (moment_store_options). Pass it to HostModel with
+// host_tile_options(cfg) and host_owned_stages(cfg, model).
 std::unique_ptr<MomentStore> moment_store_for(const TrainConfig& cfg, const ModelConfig& model);
 
 // Deterministic initialisation of every tile's params (init_stage_params per stage, the reference

@@ -131,10 +131,8 @@ GradientBuffer TrainConfig::gradient_buffer() const {
 }
 
 std::string TrainConfig::shard_state_unsupported() const {
-  if (!train.offload_dir.empty()) return key_of(*this, train.offload_dir) + " is set (moments on the NVMe tier)";
-  if (optimizer_compression() != OptimizerCompression::none)
-    return key_of(*this, train.optimizer_compression) + " = " + train.optimizer_compression + " (compressed moments)";
-  if (train.offload_params) return key_of(*this, train.offload_params) + " = true (masters in the moment store)";
+  // The moment store (offload_dir, optimizer_compression, offload_params) shards: each owner's store
+  // holds its own stages (actors::moment_store_for). Split masters do not.
   if (master_weights() == MasterWeights::split)
     return key_of(*this, train.master_weights) +
            " = split (a replica's masters would need the owner's moments; fp32 masters give the same bits)";

@@ -275,8 +275,9 @@ struct TrainConfig {
   Precision precision() const { return train.bf16 ? Precision::bf16 : Precision::fp32; }
   // cluster.shard_state in a job of several ranks: each rank holds the state of its own stages only.
   bool shards_host_state() const { return cluster.shard_state && cluster.ranks > 1; }
-  // Why the host state cannot be sharded for this run ("" when it can): the moments must sit fp32 in
-  // the host tiles and the masters beside them (a replica holds the masters without the moments).
+  // Why the host state cannot be sharded for this run ("" when it can), naming the key: split masters
+  // (a replica would need the owner's moments for their rounding bits). The moment store shards (each
+  // owner holds its own stages' moments, and with offload_params their masters, compressed or on the tier).
   std::string shard_state_unsupported() const;
 
   // The device budget in bytes from device.device_memory_mb or device.max_vram_gb, and the key=value

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "actors/tier_bytes.hpp"
 #include "config/node_config.hpp"
 #include "kernels/param_layout.hpp"
 #include "node/kernel_choice.hpp"
@@ -55,29 +56,37 @@ void print_profile(const HardwareProfile& hw, double measure_s) {
   std::printf("\n");
 }
 
+// A rank's host RAM by the engine's sizing: its tiles and its moment store (slots, encodings in RAM).
+double host_ram_of(const actors::TierBytes& b) { return static_cast<double>(b.tiles + b.staging + b.ram_encodings); }
+
 // plan.ranks = N: a job of N ranks, each with the config's micro-batches. Every rank holds the same
 // host tiles unless the state is sharded (cluster.shard_state: stage s's state on rank s mod N, of the
-// others only what compute streams); then the rank holding the most is planned, and every rank's bytes
-// are listed.
+// others only what compute streams; a moment store, and its files, for its own stages only); then the
+// rank holding the most host RAM is planned, and every rank's bytes are listed.
 void plan_one_rank_of(TrainConfig& cfg, const ModelConfig& model, bool gpu) {
   cfg.cluster.ranks = static_cast<int>(cfg.plan.ranks);
-  const HostTileOptions tiles = actors::host_tile_options(cfg);
-  std::vector<double> bytes;
+  std::vector<actors::TierBytes> bytes;
   int largest = 0;
   for (int r = 0; r < cfg.cluster.ranks; ++r) {
     cfg.cluster.rank = r;
-    bytes.push_back(static_cast<double>(host_model_bytes(model, tiles, actors::host_owned_stages(cfg, model))));
-    if (bytes.back() > bytes[static_cast<std::size_t>(largest)]) largest = r;
+    bytes.push_back(actors::tier_bytes(cfg, model));
+    if (host_ram_of(bytes.back()) > host_ram_of(bytes[static_cast<std::size_t>(largest)])) largest = r;
   }
   cfg.cluster.rank = largest;
-  std::printf("cluster: %d ranks (plan.ranks), %s; host tiles per rank:", cfg.cluster.ranks,
+  std::printf("cluster: %d ranks (plan.ranks), %s; host tiles%s per rank:", cfg.cluster.ranks,
               cfg.shards_host_state() ? "the host state sharded (cluster.shard_state)"
-                                      : "every rank holds the whole state (cluster.shard_state=false)");
+                                      : "every rank holds the whole state (cluster.shard_state=false)",
+              bytes[0].staging > 0 ? " and moment store" : "");
   const std::size_t shown = std::min<std::size_t>(bytes.size(), 8);
-  for (std::size_t r = 0; r < shown; ++r) std::printf(" %zu: %s", r, gib(bytes[r]).c_str());
+  for (std::size_t r = 0; r < shown; ++r) {
+    std::printf(" %zu: %s", r, gib(host_ram_of(bytes[r])).c_str());
+    if (bytes[r].disk > 0) std::printf(" (files %s)", gib(static_cast<double>(bytes[r].disk)).c_str());
+  }
   if (shown < bytes.size()) std::printf(" ...");
-  std::printf("; unsharded %s; planned below: rank %d (the most), its share of the step\n",
-              gib(static_cast<double>(host_model_bytes(model, tiles))).c_str(), largest);
+  const actors::TierBytes whole = actors::tier_bytes_of_every_stage(cfg, model);
+  std::printf("; unsharded %s", gib(host_ram_of(whole)).c_str());
+  if (whole.disk > 0) std::printf(" (files %s)", gib(static_cast<double>(whole.disk)).c_str());
+  std::printf("; planned below: rank %d (the most), its share of the step\n", largest);
   if (const std::string why = cfg.shards_host_state() ? cfg.shard_state_unsupported() : ""; !why.empty())
     std::printf("note: cluster.shard_state cannot apply: %s\n", why.c_str());
   TrainConfig as_run = cfg;

@@ -22,6 +22,7 @@
 
 #include "actors/monitor_publish.hpp"
 #include "actors/run_state.hpp"
+#include "actors/tier_bytes.hpp"
 #include "cluster/grad_reduce.hpp"
 #include "cluster/world.hpp"
 #include "config/keys.hpp"
@@ -450,17 +451,29 @@ bool TrainingRun::export_final_weights(const EngineResult& res) {
 }
 
 // Several ranks: every rank's host bytes (the tiles and the moment store), gathered on the control
-// channel and said by rank 0 beside what one rank would hold unsharded (cluster.shard_state).
+// channel and said by rank 0 beside what one rank would hold unsharded (cluster.shard_state); with a
+// moment store also its part of them and its files on the tier, each rank's for its own stages.
 bool TrainingRun::report_host_bytes_per_rank() {
   if (cfg_.cluster.ranks <= 1 || hooks_.world == nullptr) return true;
-  std::vector<std::uint64_t> every;
+  std::vector<std::uint64_t> every, store_ram, store_disk;
   if (!gather_per_rank(host_->host_bytes(), "every rank's host bytes", every)) return false;
+  const bool store = !host_tile_options(cfg_).moments_in_tile;
+  if (store && (!gather_per_rank(host_->moments().ram_bytes(), "every rank's moment store bytes", store_ram) ||
+                !gather_per_rank(host_->moments().disk_bytes(), "every rank's offload file bytes", store_disk)))
+    return false;
   if (rank_ > 0) return true;
-  const std::size_t whole = host_model_bytes(model_, host_tile_options(cfg_)) + host_->moments().ram_bytes();
+  const TierBytes whole = tier_bytes_of_every_stage(cfg_, model_);  // the store's encodings in RAM at their bound
+  const auto mib = [](std::size_t b) { return static_cast<double>(b) / (1 << 20); };
   say_(MessageStream::out,
        "megatrain: host tiles per rank (" +
-           std::string(cfg_.shards_host_state() ? "the state sharded: cluster.shard_state" : "unsharded") + "):" +
-           per_rank_mib(every, 4) + format("; one rank unsharded %.4f MiB", static_cast<double>(whole) / (1 << 20)));
+           std::string(cfg_.shards_host_state() ? "the state sharded: cluster.shard_state" : "unsharded") +
+           "):" + per_rank_mib(every, 4) +
+           format("; one rank unsharded %.4f MiB", mib(whole.tiles + whole.staging + whole.ram_encodings)));
+  if (store)
+    say_(MessageStream::out, "megatrain: moment store per rank (rank 0's: " + host_->moments().describe() + "): RAM" +
+                                 per_rank_mib(store_ram, 4) + "; files" + per_rank_mib(store_disk, 4) +
+                                 format("; one rank unsharded: RAM %.4f MiB, files %.4f MiB",
+                                        mib(whole.staging + whole.ram_encodings), mib(whole.disk)));
   return true;
 }
 

@@ -117,14 +117,18 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
   }
   const double staging = static_cast<double>(tb.staging + tb.ram_encodings);
   const double disk = static_cast<double>(tb.disk);
+  // cluster.shard_state: a rank's moment store holds its own stages only (tier_bytes counts those).
+  const std::string own_stages =
+      actors::host_owned_stages(cfg, model).empty() ? "" : " of rank " + std::to_string(cfg.cluster.rank) + "'s stages";
   p.bytes.push_back({"host RAM", tiles_what, host_tiles});
   if (staging > 0)
     p.bytes.push_back({"host RAM",
                        cfg.train.offload_dir.empty()
-                           ? std::string("Adam moments, ") + optimizer_compression_name(cfg.optimizer_compression()) +
+                           ? std::string("Adam moments") + own_stages + ", " +
+                                 optimizer_compression_name(cfg.optimizer_compression()) +
                                  " in RAM (staging slots + every stage's encoding at its bound)"
                            : std::string(masters_on_tier ? "fp32 master and " : "") + "Adam moment staging slots (" +
-                                 std::to_string(cfg.train.offload_staging_stages) + ")",
+                                 std::to_string(cfg.train.offload_staging_stages) + ")" + own_stages,
                        staging});
   double host = host_tiles + staging;
   if (p.engine) {
@@ -170,10 +174,10 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     }
   }
   if (disk > 0)
-    p.bytes.push_back(
-        {"disk",
-         std::string(masters_on_tier ? "fp32 master and " : "") + "Adam moment files in " + cfg.train.offload_dir,
-         disk});
+    p.bytes.push_back({"disk",
+                       std::string(masters_on_tier ? "fp32 master and " : "") + "Adam moment files" + own_stages +
+                           " in " + cfg.train.offload_dir,
+                       disk});
   p.host_bytes = host;
   p.host_peak_rss_bytes = host + process_baseline_bytes();
   p.disk_bytes = disk;

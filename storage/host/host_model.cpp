@@ -28,8 +28,10 @@ HostTileOptions replica_tile_options(const HostTileOptions& options) {
     throw std::invalid_argument(
         "HostModel: a stage owned by another rank cannot hold split masters (their rounding bits live in the "
         "moments): use fp32 masters");
-  if (!options.params_in_tile)
-    throw std::invalid_argument("HostModel: a stage owned by another rank needs its masters in the tile");
+  // fp32 compute streams the masters: a replica holds them whatever the owner does with its own (with
+  // train.offload_params, bf16 only, the replica streams the compute copy and the masters stay away).
+  if (!options.params_in_tile && options.compute_bytes_per_param == 0)
+    throw std::invalid_argument("HostModel: a stage owned by another rank needs its masters in the tile (fp32)");
   HostTileOptions o = options;
   o.grad_in_tile = false;
   o.moments_in_tile = false;
@@ -62,8 +64,6 @@ HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, Hos
     if (static_cast<std::int64_t>(owned_.size()) != mt::num_stages(cfg_))
       throw std::invalid_argument("HostModel: owned stages name " + std::to_string(owned_.size()) +
                                   " stages, the model has " + std::to_string(mt::num_stages(cfg_)));
-    if (moments_ != nullptr || !options.moments_in_tile)
-      throw std::invalid_argument("HostModel: sharded stages need the moments in the tiles");
   }
   const HostTileOptions replica = owned_.empty() ? options : replica_tile_options(options);
   if (options.moments_in_tile == (moments_ != nullptr))
@@ -71,6 +71,12 @@ HostModel::HostModel(const ModelConfig& cfg, const HostTileOptions& options, Hos
                                     ? "HostModel: a moment store was given but the tiles hold the moments"
                                     : "HostModel: the tiles hold no moments and no moment store was given");
   if (!moments_) moments_ = std::make_unique<TileMomentStore>(*this);
+  // Sharded, a store outside the tiles holds this rank's own stages and no other (moment_store_for).
+  for (std::int64_t s = 0; s < mt::num_stages(cfg_); ++s)
+    if (moments_->holds(s) != owns(s))
+      throw std::invalid_argument("HostModel: the moment store " + std::string(owns(s) ? "lacks" : "holds") +
+                                  " stage " + std::to_string(s) +
+                                  (owns(s) ? ", which this rank owns" : ", which another rank owns"));
   if (options.params_in_tile == moments_->holds_masters())
     throw std::invalid_argument(options.params_in_tile
                                     ? "HostModel: the moment store holds the masters but the tiles hold them too"
@@ -185,7 +191,7 @@ void HostModel::read_masters(std::int64_t stage, const std::function<void(const 
     read(tile(stage).params());
     return;
   }
-  MomentLease lease(*moments_, stage);
+  MomentLease lease(*moments_, stage, MomentLease::Use::read);
   read(lease.master());
 }
 
@@ -199,7 +205,7 @@ StateLease::StateLease(HostModel& host, std::int64_t stage, MomentLease::Use use
   split_v_.resize(tile_.floats());
   master_ = split_master_.data();
   v_ = split_v_.data();
-  if (use == MomentLease::Use::update) {
+  if (use != MomentLease::Use::overwrite) {
     cpu::join_masters(tile_.master_high(), tile_.master_low(), tile_.adam_v(), master_, tile_.floats(), kLeaseThreads);
     cpu::plain_vs(tile_.adam_v(), v_, tile_.floats(), kLeaseThreads);
   }

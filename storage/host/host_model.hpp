@@ -32,7 +32,7 @@ using OwnedStages = std::vector<char>;
 
 // The tile options of a stage another rank owns: no gradient, no moments, and with a compute copy no
 // masters either (throws std::invalid_argument for options a replica cannot take: split masters, whose
-// tie bits live in the moments; masters in a store).
+// tie bits live in the moments; fp32 masters in a store).
 HostTileOptions replica_tile_options(const HostTileOptions& options);
 
 // Host bytes a model's tiles need with these options, before allocating anything (reports, checks);
@@ -46,7 +46,7 @@ class HostModel {
   // model). Throws std::invalid_argument for an invalid config, std::runtime_error when memory is short.
   // The moments live in the tiles (options.moments_in_tile, `moments` null) or in `moments` (then
   // options.moments_in_tile must be false). `owned`: the stages whose state this process holds (empty:
-  // all; else one entry per stage, and the moments must be in the tiles).
+  // all; else one entry per stage, and a store must hold exactly those: MomentStore::holds).
   explicit HostModel(const ModelConfig& cfg, const HostTileOptions& options = {}, HostPinningHook* pinning = nullptr,
                      std::unique_ptr<MomentStore> moments = nullptr, OwnedStages owned = {});
   ~HostModel();
@@ -133,6 +133,7 @@ class TileMomentStore final : public MomentStore {
   void reset(std::int64_t stage) override;
   std::size_t ram_bytes() const override { return 0; }
   std::string describe() const override { return "in the host tiles"; }
+  bool holds(std::int64_t stage) const override { return host_.owns(stage); }
 
  private:
   HostModel& host_;

@@ -34,6 +34,9 @@ class MomentStore {
   // As acquire, for a caller that overwrites every value (loading a checkpoint, benchmarks): the
   // current moments need not be read, so the contents are unspecified. Release it modified.
   virtual MomentView acquire_to_overwrite(std::int64_t stage) { return acquire(stage); }
+  // As acquire, for a reader beside the optimizer's cycle (the checkpointer, an export): a store that
+  // reads ahead in the optimizer's order keeps reading ahead from where the optimizer is, not from here.
+  virtual MomentView acquire_to_read(std::int64_t stage) { return acquire(stage); }
   // Ends a lease; `modified`: m / v were changed and must be kept (written back). Never throws: a
   // failed write-behind keeps the data in RAM and is reported by the next acquire or flush.
   virtual void release(std::int64_t stage, bool modified) noexcept = 0;
@@ -53,17 +56,19 @@ class MomentStore {
   virtual std::string failure() const { return ""; }
   // Bytes of the files this store keeps on the NVMe tier (0 in RAM), for reports and the planner.
   virtual std::size_t disk_bytes() const { return 0; }
+  // True when this store holds stage s's moments; false for a stage another rank owns
+  // (cluster.shard_state), which has nothing here.
+  virtual bool holds(std::int64_t /*stage*/) const { return true; }
 };
 
 // A lease as a scope: released (unmodified unless mark_modified()) when it ends.
 class MomentLease {
  public:
-  enum class Use { update, overwrite };
+  // update: the optimizer's (acquire); overwrite: every value replaced (acquire_to_overwrite); read: a
+  // reader beside the optimizer's cycle (acquire_to_read).
+  enum class Use { update, overwrite, read };
   MomentLease(MomentStore& store, std::int64_t stage, Use use = Use::update)
-      : store_(&store),
-        stage_(stage),
-        view_(use == Use::overwrite ? store.acquire_to_overwrite(stage) : store.acquire(stage)),
-        modified_(use == Use::overwrite) {}
+      : store_(&store), stage_(stage), view_(acquire(store, stage, use)), modified_(use == Use::overwrite) {}
   ~MomentLease() {
     if (store_) store_->release(stage_, modified_);
   }
@@ -75,6 +80,11 @@ class MomentLease {
   void mark_modified() { modified_ = true; }
 
  private:
+  static MomentView acquire(MomentStore& store, std::int64_t stage, Use use) {
+    if (use == Use::overwrite) return store.acquire_to_overwrite(stage);
+    return use == Use::read ? store.acquire_to_read(stage) : store.acquire(stage);
+  }
+
   MomentStore* store_;
   std::int64_t stage_;
   MomentView view_;

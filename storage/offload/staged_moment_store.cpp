@@ -21,41 +21,64 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 constexpr int kWorkers = 2;  // one load and one store in flight at once
 
 // A directory of its own under `dir` for this store's files: two stores (two runs, a test's two
-// engines) never share files, and the destructor removes exactly what it made.
-std::string make_files_dir(const std::string& dir) {
+// engines, two ranks of a job on one host or on one shared file system) never share files, and the
+// destructor removes exactly what it made.
+std::string make_files_dir(const std::string& dir, int rank) {
   static std::atomic<int> counter{0};
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw MomentStoreError("train.offload_dir " + dir + ": cannot create: " + ec.message());
+  const std::string of_rank = rank >= 0 ? "rank" + std::to_string(rank) + "-" : "";
   const fs::path p =
-      fs::path(dir) / ("megatrain-moments-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+      fs::path(dir) / ("megatrain-moments-" + of_rank + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   fs::create_directory(p, ec);
   if (ec) throw MomentStoreError("train.offload_dir " + dir + ": cannot create " + p.string() + ": " + ec.message());
   return p.string();
 }
 
+// The stages a store holds, in its visit order: `visit_order`, or every stage in stage order.
+std::vector<std::int64_t> held_stages(std::size_t stages, const std::vector<std::int64_t>& visit_order) {
+  std::vector<std::int64_t> held = visit_order;
+  if (held.empty())
+    for (std::size_t s = 0; s < stages; ++s) held.push_back(static_cast<std::int64_t>(s));
+  std::vector<char> seen(stages, 0);
+  for (std::int64_t s : held) {
+    if (s < 0 || static_cast<std::size_t>(s) >= stages || seen[static_cast<std::size_t>(s)])
+      throw std::invalid_argument("StagedMomentStore: visit order names stage " + std::to_string(s) +
+                                  " twice or outside the model's " + std::to_string(stages) + " stages");
+    seen[static_cast<std::size_t>(s)] = 1;
+  }
+  return held;
+}
+
 }  // namespace
 
 StagedMomentStore::StagedMomentStore(std::vector<std::size_t> stage_floats, const StagedMomentStoreOptions& options)
-    : floats_(std::move(stage_floats)), o_(options) {
-  if (floats_.empty()) throw std::invalid_argument("StagedMomentStore: no stages");
+    : stages_(held_stages(stage_floats.size(), options.visit_order)), o_(options) {
+  if (stages_.empty()) throw std::invalid_argument("StagedMomentStore: no stages");
   if (o_.staging_stages < 3)
     throw std::invalid_argument(
         "offload staging: at least 3 stages (one in use, one "
         "being written, one read ahead)");
+  index_.assign(stage_floats.size(), -1);
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    index_[static_cast<std::size_t>(stages_[i])] = static_cast<std::int64_t>(i);
+    floats_.push_back(stage_floats[static_cast<std::size_t>(stages_[i])]);
+  }
   max_floats_ = *std::max_element(floats_.begin(), floats_.end());
   const std::size_t S = floats_.size();
   fresh_.assign(S, 1);
   generation_.assign(S, 0);
   std::size_t encoded_bytes = round_up(encoded_bound(o_.codec, max_floats_) + master_bytes(max_floats_), kDirectAlign);
   if (!o_.dir.empty()) {
-    files_dir_ = make_files_dir(o_.dir);
+    files_dir_ = make_files_dir(o_.dir, o_.rank);
     io_ = std::make_unique<IoPool>(o_.io_threads, o_.io_chunk_bytes);
     char name[48];
-    for (std::size_t s = 0; s < S; ++s) {
-      std::snprintf(name, sizeof(name), o_.with_masters ? "stage-%05zu.state" : "stage-%05zu.moments", s);
-      files_.push_back(std::make_unique<StageFile>((fs::path(files_dir_) / name).string(), static_cast<std::int64_t>(s),
-                                                   encoded_bound(o_.codec, floats_[s]) + master_bytes(floats_[s]),
+    for (std::size_t i = 0; i < S; ++i) {  // named by the model's stage
+      const auto stage = static_cast<long long>(stages_[i]);
+      std::snprintf(name, sizeof(name), o_.with_masters ? "stage-%05lld.state" : "stage-%05lld.moments", stage);
+      files_.push_back(std::make_unique<StageFile>((fs::path(files_dir_) / name).string(), stages_[i],
+                                                   encoded_bound(o_.codec, floats_[i]) + master_bytes(floats_[i]),
                                                    o_.direct_io));
       header_bytes_ = std::max(header_bytes_, files_.back()->header_bytes());
     }
@@ -102,8 +125,12 @@ std::string StagedMomentStore::describe() const {
                           ? "in RAM"
                           : "in files under " + files_dir_ + (files_[0]->direct() ? " (O_DIRECT, " : " (page cache, ") +
                                 std::to_string(o_.io_threads) + " I/O threads)";
+  const std::string held = stages_.size() < index_.size()
+                               ? "; this rank's " + std::to_string(stages_.size()) + " of the model's " +
+                                     std::to_string(index_.size()) + " stages"
+                               : "";
   return std::string(moment_codec_name(o_.codec)) + (o_.with_masters ? " moments and fp32 masters " : " moments ") +
-         where + ", " + std::to_string(o_.staging_stages) + " staging stages";
+         where + ", " + std::to_string(o_.staging_stages) + " staging stages" + held;
 }
 
 std::string StagedMomentStore::failure() const {
@@ -123,9 +150,12 @@ StagedMomentStore::Footprint StagedMomentStore::footprint(const std::vector<std:
   if (stage_floats.empty()) return f;
   const std::size_t arrays = o.with_masters ? 3 : 2;
   const auto master = [&](std::size_t n) { return o.with_masters ? n * sizeof(float) : 0; };
-  const std::size_t max_floats = *std::max_element(stage_floats.begin(), stage_floats.end());
+  std::vector<std::size_t> held;  // the stages this store would hold (visit_order)
+  for (std::int64_t s : held_stages(stage_floats.size(), o.visit_order))
+    held.push_back(stage_floats[static_cast<std::size_t>(s)]);
+  const std::size_t max_floats = *std::max_element(held.begin(), held.end());
   std::size_t header = 0;
-  for (std::size_t n : stage_floats) {
+  for (std::size_t n : held) {
     const std::size_t payload = encoded_bound(o.codec, n) + master(n);
     const std::size_t h = StageFile::header_bytes_for(payload);
     header = std::max(header, h);
@@ -156,20 +186,44 @@ MomentStoreStats StagedMomentStore::stats() const {
 }
 
 std::string StagedMomentStore::file_path(std::int64_t stage) const {
-  return files_.empty() ? std::string() : files_.at(static_cast<std::size_t>(stage))->path();
+  return files_.empty() ? std::string() : files_.at(static_cast<std::size_t>(index_of(stage)))->path();
 }
 
-StagedMomentStore::Slot* StagedMomentStore::find(std::int64_t stage) {
+bool StagedMomentStore::holds(std::int64_t stage) const {
+  return stage >= 0 && static_cast<std::size_t>(stage) < index_.size() && index_[static_cast<std::size_t>(stage)] >= 0;
+}
+
+std::int64_t StagedMomentStore::index_of(std::int64_t stage) const {
+  if (!holds(stage))
+    throw std::out_of_range("moment store: stage " + std::to_string(stage) +
+                            (stage >= 0 && static_cast<std::size_t>(stage) < index_.size()
+                                 ? " is not held here (another rank owns it: cluster.shard_state)"
+                                 : " out of range"));
+  return index_[static_cast<std::size_t>(stage)];
+}
+
+std::vector<std::int64_t> StagedMomentStore::staged_stages() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::int64_t> out;
+  for (const auto& s : slots_)
+    if (s->state != SlotState::empty) out.push_back(stages_[static_cast<std::size_t>(s->stage)]);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+StagedMomentStore::Slot* StagedMomentStore::find(std::int64_t index) {
   for (auto& s : slots_)
-    if (s->stage == stage) return s.get();
+    if (s->stage == index) return s.get();
   return nullptr;
 }
 
-bool StagedMomentStore::in_window(std::int64_t stage) const {
+// Whether `index` is one of the next `staging_stages - 2` stages of the visit order after the
+// optimizer's position (what the read-ahead loads or keeps).
+bool StagedMomentStore::in_window(std::int64_t index) const {
   const auto S = static_cast<std::int64_t>(floats_.size());
   const std::int64_t depth = o_.staging_stages - 2;
   if (position_ < 0) return false;
-  const std::int64_t ahead = ((direction_ * (stage - position_)) % S + S) % S;
+  const std::int64_t ahead = ((index - position_) % S + S) % S;
   return ahead >= 1 && ahead <= depth;
 }
 
@@ -200,21 +254,25 @@ void StagedMomentStore::prefetch() {
   const auto S = static_cast<std::int64_t>(floats_.size());
   if (position_ < 0 || !read_ahead_) return;
   for (std::int64_t k = 1; k <= std::min<std::int64_t>(o_.staging_stages - 2, S - 1); ++k) {
-    const std::int64_t stage = ((position_ + direction_ * k) % S + S) % S;
-    if (find(stage)) continue;
+    const std::int64_t index = (position_ + k) % S;
+    if (find(index)) continue;
     Slot* v = pick_victim(true);
     if (!v) return;
-    start_load(v, stage);
+    start_load(v, index);
   }
 }
 
-MomentView StagedMomentStore::acquire(std::int64_t stage) { return acquire_impl(stage, false); }
+MomentView StagedMomentStore::acquire(std::int64_t stage) { return acquire_impl(stage, Acquirer::optimizer); }
 
-MomentView StagedMomentStore::acquire_to_overwrite(std::int64_t stage) { return acquire_impl(stage, true); }
+MomentView StagedMomentStore::acquire_to_overwrite(std::int64_t stage) {
+  return acquire_impl(stage, Acquirer::overwrite);
+}
 
-MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
-  if (stage < 0 || stage >= static_cast<std::int64_t>(floats_.size()))
-    throw std::out_of_range("moment store: stage " + std::to_string(stage) + " out of range");
+MomentView StagedMomentStore::acquire_to_read(std::int64_t stage) { return acquire_impl(stage, Acquirer::reader); }
+
+MomentView StagedMomentStore::acquire_impl(std::int64_t global_stage, Acquirer who) {
+  const std::int64_t stage = index_of(global_stage);  // from here on: the index in the visit order
+  const bool overwrite = who == Acquirer::overwrite;
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   bool hit = true;
@@ -225,15 +283,16 @@ MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
       s->state = SlotState::leased;
       ++s->leases;
       s->last_use = ++clock_;
-      // The visit order: forward (0..S-1, with clipping) unless this acquire stepped one stage back
-      // (the optimizer without clipping updates stages as the backward completes them).
-      const auto S = static_cast<std::int64_t>(floats_.size());
-      if (position_ >= 0 && stage != position_) direction_ = stage == (position_ + S - 1) % S ? -1 : 1;
-      position_ = stage;
-      // A caller that overwrites stages (loading a checkpoint, initialising) overwrites the next ones
-      // too: reading them ahead would only delay it (each overwrite would wait for a useless read).
-      read_ahead_ = !overwrite;
-      prefetch();
+      // The read-ahead follows the optimizer (and an overwriting caller) through the visit order; a
+      // reader beside it (the checkpointer) leaves it where the optimizer is, so what is read ahead
+      // stays what the optimizer acquires next.
+      if (who != Acquirer::reader) {
+        position_ = stage;
+        // A caller that overwrites stages (loading a checkpoint, initialising) overwrites the next ones
+        // too: reading them ahead would only delay it (each overwrite would wait for a useless read).
+        read_ahead_ = !overwrite;
+        prefetch();
+      }
       if (hit) ++stats_.hits;
       stats_.acquire_wait_s += since(t0);
       const std::size_t n = floats_[static_cast<std::size_t>(stage)];
@@ -248,7 +307,10 @@ MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
       throw MomentStoreError(e);
     }
     if (!s) {
-      if (Slot* v = pick_victim(false)) {
+      // A reader takes a slot outside the read-ahead window when there is one.
+      Slot* v = who == Acquirer::reader ? pick_victim(true) : nullptr;
+      if (!v) v = pick_victim(false);
+      if (v) {
         if (overwrite) {  // nothing to read: the slot is the stage's from now on
           v->stage = stage;
           v->state = SlotState::ready;
@@ -267,9 +329,10 @@ MomentView StagedMomentStore::acquire_impl(std::int64_t stage, bool overwrite) {
   }
 }
 
-void StagedMomentStore::release(std::int64_t stage, bool modified) noexcept {
+void StagedMomentStore::release(std::int64_t global_stage, bool modified) noexcept {
+  if (!holds(global_stage)) return;  // never acquired
   std::lock_guard<std::mutex> lock(mutex_);
-  Slot* s = find(stage);
+  Slot* s = find(index_[static_cast<std::size_t>(global_stage)]);
   if (!s || s->state != SlotState::leased) return;  // not leased: nothing to do (a bug, but never lose data)
   s->dirty = s->dirty || modified;
   if (--s->leases > 0) return;
@@ -291,7 +354,9 @@ void StagedMomentStore::flush() {
   if (!failed_.empty()) throw MomentStoreError(failed_);
 }
 
-void StagedMomentStore::reset(std::int64_t stage) {
+void StagedMomentStore::reset(std::int64_t global_stage) {
+  if (!holds(global_stage)) return;  // a stage another rank owns: nothing of it here
+  const std::int64_t stage = index_of(global_stage);
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] {
     Slot* s = find(stage);
@@ -412,7 +477,7 @@ void StagedMomentStore::load(Slot& s, std::int64_t stage, std::uint64_t generati
       decode_moments(o_.codec, enc + mb, bytes - mb, n, mo, mo + n);
     }
   } catch (const std::exception& e) {
-    throw MomentStoreError("moments of stage " + std::to_string(stage) + " (" +
+    throw MomentStoreError("moments of stage " + std::to_string(stages_[static_cast<std::size_t>(stage)]) + " (" +
                            (files_.empty() ? std::string("in RAM") : files_[static_cast<std::size_t>(stage)]->path()) +
                            "): " + e.what());
   }

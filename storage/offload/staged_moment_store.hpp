@@ -3,8 +3,9 @@
 // fp32 m and v plus its encoded form.
 //
 // The optimizer visits the stages in a known cyclic order (0..S-1 every step with clipping, S-1..0
-// without), so after it acquires stage s the store starts loading the next `staging_stages - 2`
-// stages in that order into free slots (read ahead),
+// without; with the host state sharded, this rank's own stages in that order), given as
+// StagedMomentStoreOptions::visit_order, so after it acquires stage s the store starts loading the
+// next `staging_stages - 2` stages in that order into free slots (read ahead),
 // and a released, modified stage is encoded and written by a worker while the optimizer updates the
 // next one (write behind). A slot that still holds a stage serves it again without I/O (small models
 // whose stages all fit the slots do no reads at all). RAM use is bounded: slots x (largest stage's
@@ -44,6 +45,14 @@ struct StagedMomentStoreOptions {
   // stage's encoding is the master's fp32 bytes followed by the codec's m and v (masters are never
   // compressed lossily).
   bool with_masters = false;
+  // The stages this store holds, in the order the optimizer visits them each step (the order repeats
+  // every step): reads run ahead in it. Empty: every stage, in stage order. With the host state sharded
+  // (cluster.shard_state) only this rank's own stages: no other stage has a slot, a file or an encoding
+  // here, and acquiring one throws std::out_of_range.
+  std::vector<std::int64_t> visit_order;
+  // A job of several ranks: this rank, named in the files' directory (megatrain-moments-rank<R>-<pid>-<n>),
+  // so ranks sharing a host or a file system never share files. -1: a process alone.
+  int rank = -1;
 };
 
 // Counters since construction (benchmarks, reports).
@@ -65,12 +74,14 @@ class StagedMomentStore final : public MomentStore {
 
   MomentView acquire(std::int64_t stage) override;
   MomentView acquire_to_overwrite(std::int64_t stage) override;
+  MomentView acquire_to_read(std::int64_t stage) override;
   void release(std::int64_t stage, bool modified) noexcept override;
   void flush() override;
   void reset(std::int64_t stage) override;
   std::size_t ram_bytes() const override;
   std::string describe() const override;
   bool holds_masters() const override { return o_.with_masters; }
+  bool holds(std::int64_t stage) const override;
   std::size_t disk_bytes() const override;
   std::string failure() const override;
   // RAM and NVMe bytes a store with these options would hold, before it exists (the planner, `train`'s
@@ -89,11 +100,18 @@ class StagedMomentStore final : public MomentStore {
   const std::string& files_dir() const { return files_dir_; }
   // Drops every slot that is not in use (tests: make the next acquire read the file).
   void evict_all();
+  // The stages in a slot now, being loaded, held, leased or written (tests: what was read ahead).
+  std::vector<std::int64_t> staged_stages() const;
 
  private:
   enum class SlotState { empty, loading, ready, leased, writing };
+  // Who acquires: the optimizer (the read-ahead follows it), a caller overwriting every value, or a
+  // reader beside the optimizer (the read-ahead stays with the optimizer).
+  enum class Acquirer { optimizer, overwrite, reader };
+  // Slots, files and counters are indexed by the stage's place in the visit order (its `index`); the
+  // stage numbers of the model appear only at the interface, in file names and in messages.
   struct Slot {
-    std::int64_t stage = -1;
+    std::int64_t stage = -1;  // the index of the stage it holds
     SlotState state = SlotState::empty;
     int leases = 0;
     bool dirty = false;     // a lease modified it: write when the last lease ends
@@ -109,10 +127,11 @@ class StagedMomentStore final : public MomentStore {
     bool store;
   };
 
-  MomentView acquire_impl(std::int64_t stage, bool overwrite);
-  Slot* find(std::int64_t stage);
+  MomentView acquire_impl(std::int64_t stage, Acquirer who);
+  std::int64_t index_of(std::int64_t stage) const;  // throws std::out_of_range for a stage not held here
+  Slot* find(std::int64_t index);
   Slot* pick_victim(bool for_prefetch);
-  bool in_window(std::int64_t stage) const;
+  bool in_window(std::int64_t index) const;
   void start_load(Slot* s, std::int64_t stage);
   void prefetch();
   void worker();
@@ -123,7 +142,9 @@ class StagedMomentStore final : public MomentStore {
   std::size_t arrays() const { return o_.with_masters ? 3 : 2; }  // fp32 arrays per stage
   std::size_t master_bytes(std::size_t n) const { return o_.with_masters ? n * sizeof(float) : 0; }
 
-  std::vector<std::size_t> floats_;
+  std::vector<std::int64_t> stages_;  // index -> the model's stage (the visit order)
+  std::vector<std::int64_t> index_;   // the model's stage -> index, -1 when not held here
+  std::vector<std::size_t> floats_;   // per index
   std::size_t max_floats_ = 0;
   StagedMomentStoreOptions o_;
   std::string files_dir_;
@@ -137,8 +158,7 @@ class StagedMomentStore final : public MomentStore {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<char> fresh_;                // per stage: moments are zero, nothing stored
   std::vector<std::uint64_t> generation_;  // per stage: writes made
-  std::int64_t position_ = -1;             // the stage acquired last (read ahead from there)
-  std::int64_t direction_ = 1;             // the visit order: +1 forward, -1 backward
+  std::int64_t position_ = -1;             // the index the optimizer acquired last (read ahead from there)
   bool read_ahead_ = true;                 // false while the caller overwrites (no use reading ahead)
   std::uint64_t clock_ = 0;
   std::string failed_;      // sticky write failure

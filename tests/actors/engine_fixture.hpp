@@ -170,17 +170,23 @@ struct EngineRun {
   EngineResult result;
 };
 
+// A job of `cfg` over `host`, reading `data` (both must outlive the run).
+inline EngineJob engine_job(const TrainConfig& cfg, const ModelConfig& model, BatchSource& data, HostModel& host) {
+  EngineJob job;
+  job.cfg = cfg;
+  job.model = model;
+  job.data = &data;
+  job.host = &host;
+  return job;
+}
+
 inline EngineRun run_pipeline(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
                               FaultPlan* fault = nullptr) {
   EngineRun r;
   r.host = std::make_unique<HostModel>(model, host_tile_options(cfg), nullptr, moment_store_for(cfg, model));
   init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
   VectorBatchSource source(batches);
-  EngineJob job;
-  job.cfg = cfg;
-  job.model = model;
-  job.data = &source;
-  job.host = r.host.get();
+  EngineJob job = engine_job(cfg, model, source, *r.host);
   job.fault = fault;
   r.result = run_engine(std::move(job));
   return r;

@@ -32,6 +32,19 @@ using mt::test::TempDir;
 
 namespace {
 
+// What `megatrain plan ARGS` prints; the plan must fit (exit 0).
+std::string plan_output(const std::string& args) {
+  const fs::path log = fs::temp_directory_path() / ("mt_plan_output_" + std::to_string(::getpid()) + ".log");
+  const int rc =
+      std::system((std::string(MEGATRAIN_BINARY) + " plan " + args + " > " + log.string() + " 2>&1").c_str());
+  const std::string out = mt::test::slurp(log);
+  fs::remove(log);
+  INFO(out);
+  REQUIRE(WIFEXITED(rc));
+  CHECK(WEXITSTATUS(rc) == 0);
+  return out;
+}
+
 double tier_total(const plan::ResourcePlan& p, const std::string& tier) {
   double total = 0;
   for (const auto& b : p.bytes)
@@ -427,16 +440,9 @@ TEST_CASE("plan: gpt-oss-120b from its hub config.json fits the h200 profile at 
   cfg["layer_types"] = types;
   TempDir dir("plan_gpt_oss");
   std::ofstream(dir.path / "config.json") << cfg.dump(2);
-  const fs::path log = fs::temp_directory_path() / ("mt_plan_gpt_oss_" + std::to_string(::getpid()) + ".log");
-  const std::string cmd = std::string(MEGATRAIN_BINARY) +
-                          " plan --model.config_file=" + (dir.path / "config.json").string() +
-                          " --plan.hardware=h200 --train.bf16=true > " + log.string() + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  const std::string out = mt::test::slurp(log);
-  fs::remove(log);
+  const std::string out = plan_output("--model.config_file=" + (dir.path / "config.json").string() +
+                                      " --plan.hardware=h200 --train.bf16=true");
   INFO(out);
-  REQUIRE(WIFEXITED(rc));
-  CHECK(WEXITSTATUS(rc) == 0);
   CHECK(out.find("gpt_oss, 36 layers, 116.829B parameters") != std::string::npos);
   CHECK(out.find("fits: yes") != std::string::npos);
   CHECK(out.find("predicted step") != std::string::npos);
@@ -463,9 +469,12 @@ TEST_CASE("plan: gpt-oss-120b from its hub config.json fits the h200 profile at 
 // A job of several ranks with the host state sharded (cluster.shard_state): the plan counts this rank's
 // tiles as the engine allocates them, and `megatrain plan --plan.ranks=N` lists every rank's and plans
 // the largest, also for a GPU profile the cluster cannot run yet (said, with the key).
-TEST_CASE("plan: a sharded rank's host tiles as the engine allocates them, plan.ranks lists every rank", "[plan]") {
+namespace {
+
+// A small Llama of `layers` layers on 2 ranks with the host state sharded.
+TrainConfig sharded_on_two_ranks(std::int64_t layers) {
   TrainConfig cfg;
-  cfg.model.layers = 3;
+  cfg.model.layers = layers;
   cfg.model.hidden_size = 64;
   cfg.model.intermediate_size = 128;
   cfg.model.heads = 4;
@@ -473,6 +482,21 @@ TEST_CASE("plan: a sharded rank's host tiles as the engine allocates them, plan.
   cfg.model.vocab_size = 256;
   cfg.cluster.ranks = 2;
   cfg.cluster.shard_state = true;
+  return cfg;
+}
+
+// What `megatrain plan` prints for a small Llama with these extra arguments; it must fit (exit 0).
+std::string plan_of_small_llama(const std::string& args) {
+  return plan_output(
+      "--model.layers=6 --model.hidden_size=256 --model.intermediate_size=512 --model.heads=4 --model.kv_heads=2"
+      " --model.vocab_size=1024 --plan.hardware=h200 " +
+      args);
+}
+
+}  // namespace
+
+TEST_CASE("plan: a sharded rank's host tiles as the engine allocates them, plan.ranks lists every rank", "[plan]") {
+  TrainConfig cfg = sharded_on_two_ranks(3);
   const ModelConfig model = cfg.model_config_from_keys();
   std::size_t sum = 0;
   for (int r = 0; r < 2; ++r) {
@@ -485,22 +509,50 @@ TEST_CASE("plan: a sharded rank's host tiles as the engine allocates them, plan.
   CHECK(sum < 2 * whole);
   CHECK(sum > whole);
 
-  const fs::path log = fs::temp_directory_path() / ("mt_plan_ranks_" + std::to_string(::getpid()) + ".log");
-  const std::string cmd = std::string(MEGATRAIN_BINARY) +
-                          " plan --model.layers=6 --model.hidden_size=256 --model.intermediate_size=512"
-                          " --model.heads=4 --model.kv_heads=2 --model.vocab_size=1024 --plan.hardware=h200"
-                          " --train.bf16=true --plan.ranks=4 --cluster.shard_state=true > " +
-                          log.string() + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  const std::string out = mt::test::slurp(log);
-  fs::remove(log);
+  const std::string out = plan_of_small_llama("--train.bf16=true --plan.ranks=4 --cluster.shard_state=true");
   INFO(out);
-  REQUIRE(WIFEXITED(rc));
-  CHECK(WEXITSTATUS(rc) == 0);
   CHECK(out.find("cluster: 4 ranks (plan.ranks), the host state sharded (cluster.shard_state); host tiles per "
                  "rank: 0: ") != std::string::npos);
   CHECK(out.find("planned below: rank ") != std::string::npos);
   CHECK(out.find("for the 3 other ranks'") != std::string::npos);
   CHECK(out.find("note: train would refuse this job today: device.backend") != std::string::npos);
   CHECK(out.find("predicted step") != std::string::npos);
+}
+
+// The moment store sharded (cluster.shard_state with train.offload_dir, offload_params, a codec): the
+// plan counts this rank's store, its slots and its own stages' files, as each rank's engine allocates
+// them (the store's own accounting); the ranks' files add up to one unsharded store's; `megatrain plan
+// --plan.ranks=N` lists every rank's files and plans the rank with the most host RAM.
+TEST_CASE("plan: a sharded rank's moment store and files as the engine allocates them", "[plan]") {
+  TempDir dir("plan_shard_tier");
+  TrainConfig cfg = sharded_on_two_ranks(5);  // 7 stages: 4 on rank 0, 3 on rank 1
+  cfg.train.bf16 = true;
+  cfg.train.offload_dir = dir.path.string();
+  cfg.train.offload_params = true;
+  cfg.train.optimizer_compression = "lossless";
+  cfg.train.offload_staging_stages = 3;
+  const ModelConfig model = cfg.model_config_from_keys();
+  std::size_t files = 0;
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    cfg.cluster.rank = r;
+    HostModel host(model, host_tile_options(cfg), nullptr, moment_store_for(cfg, model), host_owned_stages(cfg, model));
+    init_host_model(host, 1);
+    const TierBytes tb = tier_bytes(cfg, model);
+    CHECK(tb.tiles + tb.staging == host.host_bytes());
+    CHECK(tb.staging == host.moments().ram_bytes());
+    CHECK(tb.disk == host.moments().disk_bytes());
+    for (std::int64_t s = 0; s < host.num_stages(); ++s) CHECK(host.moments().holds(s) == (s % 2 == r));
+    files += tb.disk;
+  }
+  CHECK(tier_bytes_of_every_stage(cfg, model).disk == files);
+
+  const std::string out =
+      plan_of_small_llama("--train.bf16=true --train.offload_params=true --train.offload_dir=" + dir.path.string() +
+                          " --plan.ranks=3 --cluster.shard_state=true");
+  INFO(out);
+  CHECK(out.find("host tiles and moment store per rank: 0: ") != std::string::npos);
+  CHECK(out.find(" 2: ") != std::string::npos);
+  CHECK(out.find("(files ") != std::string::npos);
+  CHECK(out.find("fp32 master and Adam moment files of rank ") != std::string::npos);
 }

@@ -1,9 +1,10 @@
 // A job of several ranks (cluster/, `mpirun -np N megatrain train`), CPU backend, on loopback (and in network
 // namespaces of their own, netns_ranks.sh): N ranks with M accumulation steps each export the same safetensors bytes as
 // one rank with N x M (Llama and GPT-2, fp32 and bf16, 2 and 3 ranks, M = 1 and 2), also when rank 0's actors restart
-// mid-job (through its monitor); rank 0 alone writes the run directory; a rank that dies (SIGKILL) or stops (SIGSTOP)
-// ends the job within the collective timeout, named; a bad [cluster] value is a clear error. mpirun runs as root here
-// only with OpenMPI's allow-run-as-root flag, which only the tests use.
+// mid-job (through its monitor), and with the host state sharded (cluster.shard_state), also with the moments (and
+// masters) in each owner's moment store: on the NVMe tier, compressed; rank 0 alone writes the run directory; a rank
+// that dies (SIGKILL) or stops (SIGSTOP) ends the job within the collective timeout, named; a bad [cluster] value is a
+// clear error. mpirun runs as root here only with OpenMPI's allow-run-as-root flag, which only the tests use.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -66,9 +67,12 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-const std::string kLlama =
-    "--model.arch=llama --model.hidden_size=32 --model.layers=2 --model.heads=4 --model.kv_heads=2 "
-    "--model.intermediate_size=64 --model.vocab_size=64 --model.max_position_embeddings=64 ";
+std::string llama(int layers) {
+  return "--model.arch=llama --model.hidden_size=32 --model.layers=" + std::to_string(layers) +
+         " --model.heads=4 --model.kv_heads=2 --model.intermediate_size=64 --model.vocab_size=64"
+         " --model.max_position_embeddings=64 ";
+}
+const std::string kLlama = llama(2);
 const std::string kGpt2 =
     "--model.arch=gpt2 --model.hidden_size=32 --model.layers=2 --model.heads=4 --model.intermediate_size=128 "
     "--model.vocab_size=64 --model.max_position_embeddings=64 ";
@@ -114,6 +118,37 @@ void check_host_bytes_per_rank(const std::string& out, int ranks, bool sharded, 
   }
   // Sharded, the ranks together hold the whole state once plus (N - 1) more copies of the masters.
   if (sharded) CHECK(sum == Approx(whole * (1.0 + replica * (ranks - 1))).epsilon(0.02));
+}
+
+// A value in MiB after `tag` in `line`, searched from `from`.
+double mib_after(const std::string& line, const std::string& tag, std::size_t from = 0) {
+  const std::size_t p = line.find(tag, from);
+  REQUIRE(p != std::string::npos);
+  return std::stod(line.substr(p + tag.size()));
+}
+
+// Rank 0's line of every rank's moment store (its staging RAM and its files), each rank's for its own
+// stages: sharded, the ranks' files together are one unsharded store's, each rank's a part of them;
+// every rank has its own slots.
+void check_store_bytes_per_rank(const std::string& out, int ranks, bool files) {
+  const std::size_t at = out.find("megatrain: moment store per rank (rank 0's: ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  INFO(line);
+  if (files) CHECK(line.find("/megatrain-moments-rank0-") != std::string::npos);  // the rank's own directory
+  const std::size_t ram_at = line.find("): RAM "), files_at = line.find("; files ");
+  REQUIRE(ram_at != std::string::npos);
+  REQUIRE(files_at != std::string::npos);
+  const double whole_files = mib_after(line, ", files ", line.find("one rank unsharded"));
+  double sum = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string tag = " rank " + std::to_string(r) + " ";
+    CHECK(mib_after(line, tag, ram_at) > 0);  // its staging slots
+    const double mine = mib_after(line, tag, files_at);
+    CHECK((files ? mine > 0 && mine < whole_files : mine == 0));
+    sum += mine;
+  }
+  CHECK(sum == Approx(whole_files).margin(0.0001 * ranks));
 }
 
 // Two checkpoints of the same state: every HDF5 shard the same bytes (the manifests differ in their
@@ -193,6 +228,7 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
   const bool sharded = extra.find("--cluster.shard_state=true") != std::string::npos;
   const bool bf16 = extra.find("--train.bf16=true") != std::string::npos;
   const bool rank0_writes = extra.find("--cluster.checkpoint_writers=rank0") != std::string::npos;
+  const bool on_tier = extra.find("--train.offload_dir=") != std::string::npos;
   const fs::path final_checkpoint = dir.path / "job" / "step-00000003";
   check_same_shards(dir.path / "one" / "step-00000003", final_checkpoint);
   if (sharded) {
@@ -203,7 +239,11 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
   }
   for (const auto& e : fs::directory_iterator(dir.path / "job"))  // no temporary directory left behind
     CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
-  check_host_bytes_per_rank(job.out, ranks, sharded, bf16 ? 2.0 / 18.0 : 4.0 / 16.0);
+  // The moments in the tiles: each rank's tiles; in a moment store: its slots and files.
+  if (on_tier || extra.find("--train.optimizer_compression=") != std::string::npos)
+    check_store_bytes_per_rank(job.out, ranks, on_tier);
+  else
+    check_host_bytes_per_rank(job.out, ranks, sharded, bf16 ? 2.0 / 18.0 : 4.0 / 16.0);
   // What rank 0 sent: with 2 ranks x 1 micro-batch, 2(N-1)/N = once the model's fp32 gradient a step
   // (its micro-batch of the stages rank 1 owns, and the sums of its own stages).
   CHECK(job.out.find("megatrain: rank 0 sent ") != std::string::npos);
@@ -349,21 +389,22 @@ void require_venv() {
 
 // A 2-rank job driven through rank 0's monitor by the monitor tests' client (`client_args`: its
 // subcommand and flags), against one rank with twice the accumulation steps: the exported bytes.
-void check_driven_job(const std::string& client_args, const std::string& node_extra,
-                      const std::string& both_extra = "") {
+void check_driven_job(const std::string& client_args, const std::string& node_extra, const std::string& both_extra = "",
+                      const std::string& model = kLlama, int steps = 200) {
   require_mpi();
   require_venv();
   TempDir dir("driven");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
   // Long and slow enough for the client to act on (the link paced; the results do not depend on it).
-  const std::string longer = "--train.max_steps=200 --device.copy_bandwidth_gbps=0.004 " + both_extra;
+  const std::string longer =
+      "--train.max_steps=" + std::to_string(steps) + " --device.copy_bandwidth_gbps=0.004 " + both_extra;
   const Outcome one =
-      sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer + "--monitor.enabled=false",
+      sh(kBinary + " train " + model + train_args(shard, dir.path / "one", 2) + longer + "--monitor.enabled=false",
          dir.path / "one.log");
   INFO(one.out);
   REQUIRE(one.code == 0);
   const fs::path log = dir.path / "job.log";
-  const std::string cmd = "exec " + mpirun(2) + kBinary + " train " + kLlama + train_args(shard, dir.path / "job", 1) +
+  const std::string cmd = "exec " + mpirun(2) + kBinary + " train " + model + train_args(shard, dir.path / "job", 1) +
                           longer + node_extra + " > " + log.string() + " 2>&1";
   const pid_t child = start_shell(cmd);
   const Outcome client =
@@ -546,12 +587,45 @@ TEST_CASE("cluster.checkpoint_writers: a rank that does not see train.output_dir
   }
 }
 
-TEST_CASE("cluster.shard_state refuses moments it cannot shard, naming the key", "[cluster]") {
+namespace {
+
+// The moment store under one offload_dir (storage/offload): with the host state sharded each rank holds
+// its own stages in a directory of its own. 3 staging slots for more stages than that (llama(8): 10
+// stages, 4 or 5 on rank 0), so every step reads moments back from the files.
+std::string on_tier(const TempDir& tier) {
+  return "--train.offload_staging_stages=3 --train.offload_io_threads=1 --train.offload_dir=" + tier.path.string() +
+         " ";
+}
+
+}  // namespace
+
+// The moments (and with train.offload_params the masters) in each owner's moment store, fp32 or
+// compressed, in RAM or in its files: the bits and checkpoint shards of one rank with N x M and the same
+// settings (int8 is lossy but deterministic), with the store's updates in stage order (clipping) and in
+// backward order (no clipping) alike.
+TEST_CASE("the host state sharded with the moment store: files or compression or masters give 1 rank's bytes",
+          "[cluster]") {
+  require_mpi();
+  TempDir tier("tier");
+  const std::string shard = "--cluster.shard_state=true ";
+  const std::string deep = llama(8);
+  check_ranks_equal_accumulation(deep, shard + on_tier(tier), 2, 1);
+  check_ranks_equal_accumulation(deep, shard + on_tier(tier) + "--train.bf16=true --train.max_grad_norm=0 ", 3, 1);
+  check_ranks_equal_accumulation(
+      deep, shard + on_tier(tier) + "--train.bf16=true --train.offload_params=true --train.optimizer_compression=int8 ",
+      3, 1);
+  check_ranks_equal_accumulation(
+      deep, shard + "--train.offload_staging_stages=3 --train.optimizer_compression=lossless --train.max_grad_norm=0 ",
+      2, 2);
+  CHECK(fs::is_empty(tier.path));  // every rank removed its own files
+}
+
+TEST_CASE("cluster.shard_state refuses masters it cannot shard, naming the key", "[cluster]") {
   require_mpi();
   TempDir dir("shardbad");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  // Split masters: a replica would need the owner's moments for their rounding bits.
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"--train.optimizer_compression=int8", "train.optimizer_compression"},
       {"--train.bf16=true --train.master_weights=split", "train.master_weights"}};
   for (const auto& [args, key] : bad) {
     INFO(args);
@@ -616,44 +690,66 @@ TEST_CASE("a 2-rank checkpoint resumes on 1 rank and back on 2, bit-exactly (the
 // cluster.shard_state: a checkpoint holds every stage's whole state (rank 0 writes the owners' moments
 // as they send them), so a resume re-shards on load: any N with the same N x M continues bit-exactly.
 namespace {
-void check_sharded_resume(const std::string& precision);
+// One part of a run resumed across jobs: `ranks` x `accumulation` micro-batches up to step `stop_after`.
+struct Part {
+  int ranks;
+  int accumulation;
+  int stop_after;
+};
+void check_sharded_resume(const std::string& model, const std::string& settings, const std::vector<Part>& parts);
 }  // namespace
 
 TEST_CASE("the host state sharded: a checkpoint resumes on 1, 2 and 3 ranks (the same N x M), bit-exactly",
           "[cluster]") {
   require_mpi();
   // bf16: a replica holds the bf16 copy alone, so the owners send the masters too (checkpoint, export).
+  // Step 1 on 1 rank x 6, step 2 on 2 ranks x 3, step 3 on 3 ranks x 2, step 4 on 1 rank x 6.
   for (const std::string precision : {"", "--train.bf16=true "}) {
     INFO(precision);
-    check_sharded_resume(precision);
+    check_sharded_resume(kLlama, precision, {Part{1, 6, 1}, Part{2, 3, 2}, Part{3, 2, 3}, Part{1, 6, 4}});
   }
+}
+
+// The masters and moments on the tier (lossless): each rank loads its own stages into its store.
+TEST_CASE("the host state sharded with the moment store on the tier: a checkpoint resumes on 2 then 3 then 1 ranks",
+          "[cluster]") {
+  require_mpi();
+  TempDir tier("resumetier");
+  check_sharded_resume(
+      llama(8), on_tier(tier) + "--train.bf16=true --train.offload_params=true --train.optimizer_compression=lossless ",
+      {Part{2, 3, 2}, Part{3, 2, 3}, Part{1, 6, 4}});
+}
+
+// Faults injected into rank 0's optimizer, whose moments and masters are on the tier (4 own stages
+// through 3 slots): each restart re-acquires its stages from the store, the bits stay one rank's.
+TEST_CASE("the host state sharded with the moment store on the tier: rank 0's optimizer fails and restarts",
+          "[cluster]") {
+  TempDir tier("faulttier");
+  check_driven_job("faults --count 3 --seed 5 --actors optimizer",
+                   "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100",
+                   on_tier(tier) + "--train.bf16=true --train.offload_params=true ", llama(5), 80);
 }
 
 namespace {
 
-void check_sharded_resume(const std::string& precision) {
+void check_sharded_resume(const std::string& model, const std::string& settings, const std::vector<Part>& parts) {
   TempDir dir("shardresume");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
-  const std::string four = "--train.max_steps=4 --cluster.shard_state=true " + precision;
-  const Outcome a = sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "a", 6) + four, dir.path / "a.log");
+  const std::string four = "--train.max_steps=4 --cluster.shard_state=true " + settings;
+  const Outcome a = sh(kBinary + " train " + model + train_args(shard, dir.path / "a", 6) + four, dir.path / "a.log");
   INFO(a.out);
   REQUIRE(a.code == 0);
-  // Step 1 on 1 rank x 6, step 2 on 2 ranks x 3, step 3 on 3 ranks x 2, step 4 on 1 rank x 6.
-  struct Part {
-    int ranks;
-    int accumulation;
-    int stop_after;
-  };
-  for (const Part& p : {Part{1, 6, 1}, Part{2, 3, 2}, Part{3, 2, 3}, Part{1, 6, 4}}) {
+  for (const Part& p : parts) {
     INFO(p.ranks << " rank(s) x " << p.accumulation << " to step " << p.stop_after);
     const std::string launch = p.ranks > 1 ? mpirun(p.ranks) : "";
-    const Outcome o = sh(launch + kBinary + " train " + kLlama + train_args(shard, dir.path / "b", p.accumulation) +
+    const bool resume = &p != &parts.front();
+    const Outcome o = sh(launch + kBinary + " train " + model + train_args(shard, dir.path / "b", p.accumulation) +
                              four + "--train.stop_after_steps=" + std::to_string(p.stop_after) +
-                             (p.stop_after > 1 ? " --train.resume_from_checkpoint=latest" : ""),
+                             (resume ? " --train.resume_from_checkpoint=latest" : ""),
                          dir.path / "b.log");
     INFO(o.out);
     REQUIRE(o.code == 0);
-    if (p.stop_after > 1) CHECK(o.out.find("at step " + std::to_string(p.stop_after - 1)) != std::string::npos);
+    if (resume) CHECK(o.out.find("at step " + std::to_string((&p - 1)->stop_after)) != std::string::npos);
   }
   const std::string wa = slurp(dir.path / "a" / "hf" / "model.safetensors");
   REQUIRE(!wa.empty());

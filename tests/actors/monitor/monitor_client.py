@@ -10,7 +10,8 @@ or prints what is wrong and exits 1:
             client) while the run keeps stepping; at the end /history equals train.jsonl
   restart   restarts each pipeline actor through /control/restart, one after another, each confirmed
             (took_effect) while the run continues; then lets the run finish
-  faults    injects --count random faults (/control/fault) at random moments; then lets the run finish
+  faults    injects --count random faults (/control/fault) at random moments into random --actors (default
+            every pipeline actor); then lets the run finish
   budget    injects faults into --actor until the node stops (restart budget spent)
   ranks     a job of --count ranks: every rank serves a monitor, each /status lists every rank
   watchdog  waits for the watchdog's warning, dump and restart events; then lets the run finish
@@ -445,8 +446,10 @@ def cmd_faults(node, args):
     rng = random.Random(args.seed)
     wait_steps(node, 2)
     done = []
+    actors = args.actors.split(",")
+    check(all(a in PIPELINE for a in actors), f"--actors {args.actors}: not all pipeline actors")
     for _ in range(args.count):
-        actor = rng.choice(PIPELINE)
+        actor = rng.choice(actors)
         time.sleep(rng.uniform(0.0, 0.3))
         if not node.alive():
             break
@@ -565,6 +568,7 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--count", type=int, default=6)
     p.add_argument("--actor", default="compute")
+    p.add_argument("--actors", default=",".join(PIPELINE), help="faults: the actors to choose from")
     p.add_argument("--backoff", type=float, default=0.0, help="budget: the node's restart.backoff_s")
     p.add_argument("--every", type=int, default=4, help="evaluation: the node's train.eval_steps")
     p.add_argument("--model", default="", help="evaluation: the run.model /status must show")
