@@ -60,8 +60,10 @@ class World {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The ranks of this job on this host (they share its cores).
+  // The ranks of this job on this host (they share its cores), and this rank's place among them (0 ..
+  // local_size - 1, in rank order): a rank's GPU is its local rank on the host.
   virtual int local_size() const { return 1; }
+  virtual int local_rank() const { return 0; }
   double timeout_s() const { return timeout_s_; }
 
   // Point-to-point, blocking with the timeout. `what` says what the bytes are (in a timeout's error).

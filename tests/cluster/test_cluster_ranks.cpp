@@ -23,35 +23,19 @@
 
 #include "cluster/world.hpp"
 #include "tests/actors/node_binary_fixture.hpp"
+#include "tests/cluster/mpi_launch.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kBinary = MEGATRAIN_BINARY;
-const std::string kMpiexec = MEGATRAIN_MPIEXEC;
-
-void require_mpi() {
-  if (!mt::cluster::built_with_mpi() || kMpiexec.empty() || kMpiexec.find("NOTFOUND") != std::string::npos) {
-    std::fprintf(stderr, "built without MPI or no mpirun found (tools/install-deps installs OpenMPI): skipped\n");
-    std::exit(77);  // ctest's SKIP_RETURN_CODE: reported as skipped, never as passed
-  }
-}
-
-// The launcher's flags for this machine: root in CI containers, more ranks than cores, no CMA
-// single-copy (ptrace is often not allowed in containers).
-std::string mpirun(int ranks) {
-  return kMpiexec + " --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none -np " +
-         std::to_string(ranks) + " ";
-}
-
+using mt::test::kMpiexec;
+using mt::test::mpirun;
 using mt::test::Outcome;
+using mt::test::require_mpi;
+using mt::test::sh;
 using mt::test::slurp;
-
-Outcome sh(const std::string& cmd, const fs::path& log) {
-  const int rc = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
-  return Outcome{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(log)};
-}
 
 struct TempDir {
   fs::path path;
