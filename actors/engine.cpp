@@ -16,6 +16,7 @@
 #include "actors/actors.hpp"
 #include "actors/monitor_publish.hpp"
 #include "cluster/grad_reduce.hpp"
+#include "cluster/host_grad_transport.hpp"
 #include "cluster/world.hpp"
 #include "config/node_config.hpp"
 #include "kernels/cpu/bf16.hpp"
@@ -569,6 +570,14 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->device_contexts.push_back(c);
   }
 
+  // Several ranks: the transport of each round's gradients to their owners (device/grad_transport.hpp),
+  // MPI over host copies. Declared after the rigs: a device transport would go before its backend.
+  std::unique_ptr<GradTransport> grad_transport;
+  if (ctx->ranks > 1) {
+    grad_transport = std::make_unique<cluster::HostGradTransport>(*ctx->world, job.host->largest_stage_floats());
+    ctx->grad_transport = grad_transport.get();
+  }
+
   // Stage gradients: where a slot's gradient lands on the host (one micro-batch per step), or the two
   // accumulators several micro-batches are summed into.
   std::optional<StageAccumulators> stage_accums;
@@ -609,6 +618,10 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     if (result.error.empty()) result.error = e.what();
   }
   for (DeviceRig& rig : rigs) rig.backend->wait_link_idle();
+  if (grad_transport) {
+    result.grad_transport = grad_transport->name();
+    result.grad_transport_bytes = grad_transport->bytes_sent();
+  }
   result.arena = rigs[0].arena->usage();
   for (std::size_t d = 0; d < rigs.size(); ++d) {
     Context* c = ctx->device_contexts[d];

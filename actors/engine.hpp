@@ -229,6 +229,10 @@ struct EngineResult {
   double checkpoint_wait_s = 0.0;             // total time the optimizer waited on the version gate
   std::uint64_t checkpoint_copied_bytes = 0;  // stages it copied aside instead (copy on write)
   std::vector<EvalRecord> evaluations;        // this run's evaluations, in step order
+  // Several ranks: the transport of the rounds' gradients ("mpi", "nccl": device/grad_transport.hpp) and
+  // the bytes it sent itself (NCCL's; MPI's are the World's, counted per channel).
+  std::string grad_transport;
+  std::uint64_t grad_transport_bytes = 0;
 };
 
 // The evaluation records as a checkpoint's run state keeps them, and back.

@@ -100,13 +100,14 @@ class World {
   // if any is in progress (a hung or slow peer is named by what its peers wait for), else the one
   // that finished last; nullopt before the first. Any thread may ask (the monitor's tick).
   std::optional<TransferView> last_transfer() const;
+  // A wait for one transfer begins / ends (a wait that throws stays "in progress"): the World's own, and
+  // a device transport's (device/grad_transport.hpp), so last_transfer shows those too.
+  void begin_wait(Channel ch, int peer, const std::string& what, bool sending) const;
+  void end_wait(Channel ch) const;
 
  protected:
   explicit World(double timeout_s) : timeout_s_(timeout_s) {}
   void count_sent(Channel ch, std::size_t bytes) { sent_[static_cast<int>(ch)].fetch_add(bytes); }
-  // A transport's wait for one transfer begins / ends (a wait that throws stays "in progress").
-  void begin_wait(Channel ch, int peer, const std::string& what, bool sending) const;
-  void end_wait(Channel ch) const;
 
  private:
   double timeout_s_;

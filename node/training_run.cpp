@@ -363,8 +363,9 @@ bool TrainingRun::report_cluster_end(const EngineResult& res) {
     gradient_bytes += static_cast<double>(stage_layout(model_, s).total_floats) * sizeof(float);
   const auto steps = static_cast<double>(res.steps.size());
   // With the host state sharded the owners' sums go out as new weights (the weights channel) instead.
+  // Over NCCL the rounds' gradients bypass the World: the transport counts them (EngineResult).
   const auto sent = static_cast<double>(hooks_.world->bytes_sent(cluster::Channel::grads) +
-                                        hooks_.world->bytes_sent(cluster::Channel::weights));
+                                        hooks_.world->bytes_sent(cluster::Channel::weights) + res.grad_transport_bytes);
   say_(MessageStream::out,
        format("megatrain: rank %d sent %.0f bytes of gradients%s in %lld steps (%.4f x the model's fp32 gradient "
               "a step), %llu bytes of losses",
