@@ -80,8 +80,8 @@ struct EnginePlan {
 };
 
 inline constexpr std::int64_t kMinAutoSeqTile = 128;  // smaller tiles cost GEMM efficiency and save little
-// What a job of several ranks cannot run yet (several devices per rank, a backend other than cpu):
-// ConfigError naming the key. `train` and run_engine check it; plan_engine plans such a job anyway
+// What a job of several ranks cannot run yet (several devices per rank): ConfigError naming the key. `train` and
+// run_engine check it; plan_engine plans such a job anyway
 // (`megatrain plan --plan.ranks=N` for a GPU profile).
 void check_cluster_runs(const TrainConfig& cfg);
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);

@@ -226,6 +226,12 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(cluster, shard_state,
              "several ranks: each rank holds the gradient sums and Adam moments of its own stages only (stage "
              "s on rank s mod N), updates them and sends the new weights to the others"),
+      MT_KEY(cluster, gpu_transport,
+             "several ranks on device.backend=cuda: how each round's gradients reach their stage's owner: nccl (GPU "
+             "to GPU, builds with NCCL; one GPU per rank: a rank's GPU is its rank on its host) | mpi (copied to the "
+             "host, sent over MPI) | auto (nccl when built with it); the owner adds them on the host in rank order "
+             "either way, so both give the same bits")
+          .one_of({"auto", "nccl", "mpi"}),
   };
 }
 

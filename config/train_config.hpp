@@ -165,8 +165,11 @@ struct ClusterSection {                 // [cluster]
   std::string mode = "auto";            // auto (join when an MPI launcher started us) | on (must) | off (run alone)
   double collective_timeout_s = 300.0;  // a transfer with another rank not done in this time ends the run
   bool shard_state = false;             // each rank holds and updates only its stages' state (ZeRO-style)
+  std::string gpu_transport = "auto";   // cuda: the gradients to their owners: auto | nccl | mpi
   int rank = 0;                         // this process's rank (set by the node, not a key)
   int ranks = 1;                        // ranks in the job (set by the node, not a key)
+  int local_rank = 0;                   // its rank among the job's ranks on its host: its GPU (set by the node)
+  int local_ranks = 1;                  // the job's ranks on this host (set by the node, not a key)
 };
 
 enum class LrSchedule { constant, linear, cosine };
@@ -274,6 +277,10 @@ struct TrainConfig {
   // Why the host state cannot be sharded for this run ("" when it can): the moments must sit fp32 in
   // the host tiles and the masters beside them (a replica holds the masters without the moments).
   std::string shard_state_unsupported() const;
+  // How a job of several ranks moves each round's gradients to their owners (cluster.gpu_transport
+  // resolved; device/grad_transport.hpp): "nccl" (the cuda backend in a build with NCCL, unless the key
+  // says mpi) or "mpi" (the cpu backend always: its device memory is host memory).
+  std::string rank_grad_transport() const;
 
   // The device budget in bytes from device.device_memory_mb or device.max_vram_gb, and the key=value
   // text that set it ("device.device_memory_mb=64") for error messages.

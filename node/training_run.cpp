@@ -569,8 +569,9 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
   if (!report_host_bytes_per_rank()) return result_;
   if (plan_.ranks > 1)
     say_(MessageStream::out,
-         format("megatrain: %d ranks (MPI): each runs %lld micro-batch(es) per step, gradients summed in rank order",
-                plan_.ranks, static_cast<long long>(plan_.device_micro_batches)));
+         format("megatrain: %d ranks (MPI): each runs %lld micro-batch(es) per step, gradients summed in rank order%s",
+                plan_.ranks, static_cast<long long>(plan_.device_micro_batches),
+                cfg_.rank_grad_transport() == "nccl" ? ", sent GPU to GPU over NCCL (cluster.gpu_transport)" : ""));
   if (plan_.devices > 1)  // device memory is per device: the arena above on each
     say_(MessageStream::out,
          format("megatrain: device.gpus = %d: one arena per device, %lld micro-batch(es) per device per step",
