@@ -15,7 +15,7 @@ int gpu_of(const BackendOptions& options, int visible) {
 }
 
 std::string gpu_choice(const BackendOptions& options, int visible) {
-  const std::string gpu = "GPU " + std::to_string(gpu_of(options, visible));
+  std::string gpu = "GPU " + std::to_string(gpu_of(options, visible));
   if (options.host_rank < 0) return gpu;
   return gpu + " (rank " + std::to_string(options.host_rank) + " of the job's " + std::to_string(options.host_ranks) +
          " ranks on this host, modulo the " + std::to_string(visible) + " GPU(s) visible to it)";

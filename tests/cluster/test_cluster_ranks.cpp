@@ -473,6 +473,29 @@ TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") 
   const Outcome on = sh(base + "--cluster.mode=on", dir.path / "on.log");
   CHECK(on.code == 1);
   CHECK(on.out.find("cluster.mode=on") != std::string::npos);
+  const Outcome g = sh(base + "--cluster.gpu_transport=gloo", dir.path / "g.log");
+  CHECK(g.code == 1);
+  CHECK(g.out.find("cluster.gpu_transport: 'gloo' is not one of: auto, nccl, mpi") != std::string::npos);
+  const Outcome n = sh(base + "--cluster.gpu_transport=nccl", dir.path / "n.log");  // the cpu backend
+  CHECK(n.code == 1);
+  CHECK(n.out.find("cluster.gpu_transport: nccl") != std::string::npos);
+  CHECK(!fs::exists(dir.path / "run" / "train.jsonl"));
+}
+
+TEST_CASE("2 ranks on the cuda backend without a GPU are refused before anything runs (device.backend)", "[cluster]") {
+  require_mpi();
+  // A machine with GPUs runs such a job instead (tools/gpu-check's ranks stage).
+  if (std::system("nvidia-smi -L > /dev/null 2>&1") == 0) return;
+  TempDir dir("nogpu");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const Outcome o =
+      sh(mpirun(2) + kBinary + " train " + kLlama + train_args(shard, dir.path / "run", 1) + "--device.backend=cuda",
+         dir.path / "o.log");
+  INFO(o.out);
+  CHECK(o.code != 0);
+  // No cuda backend in this build, or no GPU: said by every rank, before any transfer or NCCL call.
+  CHECK(o.out.find("device.backend: ") != std::string::npos);
+  CHECK(o.out.find("NCCL") == std::string::npos);
   CHECK(!fs::exists(dir.path / "run" / "train.jsonl"));
 }
 
