@@ -43,7 +43,6 @@ struct collector_state {
   bool running = false;
   PeerHandles peers;
   AlignedFloats host_buffer;                 // receives one stage's gradients over a link (made on first use)
-  std::vector<AlignedFloats> scratch;        // several ranks: the owner's receive buffer per rank
   std::map<std::int64_t, double> offload_s;  // per step
   // Several ranks, per step: seconds in transfers with other ranks; the latest hand-over by compute;
   // when the last transfer ended (CollectorStepDone::reduce_s, reduce_tail_s).
@@ -66,36 +65,47 @@ std::size_t largest_stage_floats(const Context* ctx) {
   return largest;
 }
 
-// Several ranks (cluster/grad_reduce.hpp): this rank's gradient of the round, read from its slot (on a
-// link: copied to the host first), goes to the stage's owner, which adds every rank's in rank order into
-// its accumulator; after the last round the owner sends the sum to every rank, so each rank's tile then
-// holds the step's whole gradient and every rank runs the optimizer on it. With the host state sharded
-// (cluster.shard_state) only the owner holds an accumulator: after the last round it sends the sum's
-// square norm alone, which this returns on every rank (the optimizer's clipping needs every stage's),
-// and the owner alone updates the stage. Blocking here keeps the transfers in (step, round, stage)
-// order, the same on every rank; compute goes on with the next backward into its other staging slots
-// meanwhile.
+// Copies `n` floats of the gradient in device slot `slot` into the collector's host buffer over the
+// backend's link (made on first use, the largest stage's size) and returns it once they landed.
+const float* copy_to_host_buffer(self_ptr self, Backend& device, const float* slot, std::size_t n) {
+  auto& st = self->state;
+  if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(st.ctx));
+  std::promise<void> landed;
+  device.copy_async(LinkDirection::device_to_host, slot, st.host_buffer.get(), n * sizeof(float),
+                    [&landed] { landed.set_value(); });
+  landed.get_future().get();
+  return st.host_buffer.get();
+}
+
+// Several ranks (cluster/grad_reduce.hpp): this rank's gradient of the round goes from its slot to the
+// stage's owner over the run's transport (device/grad_transport.hpp: MPI from a host copy, or NCCL
+// straight from the device slot, when this rank needs no host copy unless it is the owner), and the
+// owner adds every rank's in rank order into its accumulator; after the last round the owner sends the
+// sum to every rank, so each rank's tile then holds the step's whole gradient and every rank runs the
+// optimizer on it. With the host state sharded (cluster.shard_state) only the owner holds an
+// accumulator: after the last round it sends the sum's square norm alone, which this returns on every
+// rank (the optimizer's clipping needs every stage's), and the owner alone updates the stage. Blocking
+// here keeps the transfers in (step, round, stage) order, the same on every rank; compute goes on with
+// the next backward into its other staging slots meanwhile.
 std::optional<double> reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, HostTile& tile,
                                           std::size_t n) {
   auto& st = self->state;
   Context* ctx = st.ctx;
   const std::int64_t step = m.work.step, mb = m.work.micro_batch, stage = m.work.stage;
-  const float* mine = slot;
-  if (!ctx->backend->shares_host_memory()) {
-    if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(ctx));
-    std::promise<void> landed;
-    ctx->backend->copy_async(LinkDirection::device_to_host, slot, st.host_buffer.get(), n * sizeof(float),
-                             [&landed] { landed.set_value(); });
-    landed.get_future().get();
-    mine = st.host_buffer.get();
-  }
   const int owner = cluster::stage_owner(stage, ctx->ranks);
+  GradTransport& transport = *ctx->grad_transport;
+  RoundGradient mine{slot, nullptr};
+  if (ctx->backend->shares_host_memory()) {
+    mine.host = slot;
+  } else if (owner == ctx->rank || !transport.sends_from_device()) {
+    mine.host = copy_to_host_buffer(self, *ctx->backend, slot, n);
+  }
   const bool sharded = ctx->host->sharded();
   float* accum = ctx->host->owns(stage) ? tile.grad() : nullptr;  // only the owner's is written
   const std::string what = "the gradients of stage " + std::to_string(stage) + ", step " + std::to_string(step) +
                            ", round " + std::to_string(mb) + " (owner rank " + std::to_string(owner) + ")";
-  cluster::reduce_round(*ctx->world, owner, mine, accum, n, mb == 0, ctx->granted(ctx->collector_threads), st.scratch,
-                        largest_stage_floats(ctx), what);
+  cluster::reduce_round(*ctx->world, transport, owner, mine, accum, n, mb == 0, ctx->granted(ctx->collector_threads),
+                        what);
   self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
   if (mb + 1 != ctx->sched.micro_batches()) return std::nullopt;
   if (!sharded) {
@@ -123,14 +133,10 @@ void add_to_host(self_ptr self, Backend& device, float* slot, float* acc, std::s
     slot_done();
     return;
   }
-  if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(ctx));
-  std::promise<void> landed;
-  device.copy_async(LinkDirection::device_to_host, slot, st.host_buffer.get(), n * sizeof(float),
-                    [&landed] { landed.set_value(); });
-  landed.get_future().get();
+  const float* landed = copy_to_host_buffer(self, device, slot, n);
   slot_done();
   if (first) std::memset(acc, 0, n * sizeof(float));
-  cpu::accumulate(acc, st.host_buffer.get(), n, ctx->granted(ctx->collector_threads));
+  cpu::accumulate(acc, landed, n, ctx->granted(ctx->collector_threads));
 }
 
 // Tells the node the step's gradients are all collected once every stage's ledger count reaches `complete`.

@@ -24,6 +24,7 @@
 #include "actors/stage_accumulators.hpp"
 #include "cluster/world.hpp"
 #include "device/backend.hpp"
+#include "device/grad_transport.hpp"
 #include "kernels/tile.hpp"
 #include "storage/host/host_boundaries.hpp"
 
@@ -120,10 +121,13 @@ struct Context {
   Context* run = this;                    // device 0's context (the run's shared state: gate, ...)
   std::vector<Context*> device_contexts;  // the run's context only: every device's, [0] = this
   // Several ranks (mpirun; cluster/grad_reduce.hpp): rank r's pipeline runs local micro-batches m of
-  // global index m * ranks + r (one device per rank); `world` carries the transfers (null: alone).
+  // global index m * ranks + r (one device per rank); `world` carries the transfers (null: alone), and
+  // `grad_transport` the gradients to their owners (MPI from host copies, or NCCL from the devices;
+  // made by run_pipeline, outliving every actor).
   int rank = 0;
   int ranks = 1;
   cluster::World* world = nullptr;
+  GradTransport* grad_transport = nullptr;
   // train.gradient_buffer=stage (one device, one rank): no gradient accumulator in the tiles. With one
   // micro-batch per step each stage's gradient waits in its staging slot (or, over a link, the slot's
   // landing buffer on the host) until the optimizer has used it; with several (layer-major) they are

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <type_traits>
 
 #include <unistd.h>
 
@@ -15,7 +16,9 @@
 
 #include "actors/actors.hpp"
 #include "actors/monitor_publish.hpp"
+#include "cluster/bootstrap_id.hpp"
 #include "cluster/grad_reduce.hpp"
+#include "cluster/host_grad_transport.hpp"
 #include "cluster/world.hpp"
 #include "config/node_config.hpp"
 #include "kernels/cpu/bf16.hpp"
@@ -166,15 +169,36 @@ BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   o.seq_tile = plan.seq_tile;
   o.cuda_tf32 = cfg.train.tf32;
   o.devices = static_cast<int>(cfg.device.gpus);
+  if (cfg.cluster.ranks > 1) {  // one GPU per rank: its place among the ranks of its host
+    o.host_rank = cfg.cluster.local_rank;
+    o.host_ranks = cfg.cluster.local_ranks;
+    if (cfg.rank_grad_transport() == "nccl") o.rank_transport_ranks = cfg.cluster.ranks;
+  }
   return o;
 }
+
+namespace {
+
+// Several ranks: the transport of each round's gradients to their owners (device/grad_transport.hpp).
+// NCCL between the GPUs where cluster.gpu_transport resolves to it: rank 0's id goes to every rank on the
+// gradients channel (cluster/bootstrap_id.hpp; no actor uses the channel yet, and every rank makes its
+// pipelines in the same order), then every rank makes its end. Else MPI over host copies.
+std::unique_ptr<GradTransport> make_grad_transport(const TrainConfig& cfg, Backend& backend, cluster::World& world,
+                                                   std::size_t largest_stage_floats) {
+  static_assert(std::is_same_v<RankLinkId, cluster::BootstrapId>, "NCCL's id is the bootstrap's blob");
+  if (cfg.rank_grad_transport() != "nccl")
+    return std::make_unique<cluster::HostGradTransport>(world, largest_stage_floats);
+  const RankLinkId id = cluster::share_bootstrap_id(
+      world, cluster::Channel::grads, [&] { return backend.new_rank_link_id(); }, "the ranks' NCCL communicator id");
+  return backend.make_rank_transport(id, world.rank(), world.size(), world.timeout_s());
+}
+
+}  // namespace
 
 void check_cluster_runs(const TrainConfig& cfg) {
   if (cfg.cluster.ranks <= 1) return;
   if (cfg.device.gpus > 1)
     throw ConfigError("device.gpus", "must be 1 in a job of several ranks (mpirun) in this version");
-  if (cfg.device.backend != "cpu")
-    throw ConfigError("device.backend", "a job of several ranks (mpirun) runs on the cpu backend in this version");
 }
 
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
@@ -566,6 +590,13 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->device_contexts.push_back(c);
   }
 
+  // Declared after the rigs: a device transport goes before its backend.
+  std::unique_ptr<GradTransport> grad_transport;
+  if (ctx->ranks > 1) {
+    grad_transport = make_grad_transport(job.cfg, *ctx->backend, *ctx->world, job.host->largest_stage_floats());
+    ctx->grad_transport = grad_transport.get();
+  }
+
   // Stage gradients: where a slot's gradient lands on the host (one micro-batch per step), or the two
   // accumulators several micro-batches are summed into.
   std::optional<StageAccumulators> stage_accums;
@@ -606,6 +637,10 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     if (result.error.empty()) result.error = e.what();
   }
   for (DeviceRig& rig : rigs) rig.backend->wait_link_idle();
+  if (grad_transport) {
+    result.grad_transport = grad_transport->name();
+    result.grad_transport_bytes = grad_transport->bytes_sent();
+  }
   result.arena = rigs[0].arena->usage();
   for (std::size_t d = 0; d < rigs.size(); ++d) {
     Context* c = ctx->device_contexts[d];

@@ -80,8 +80,8 @@ struct EnginePlan {
 };
 
 inline constexpr std::int64_t kMinAutoSeqTile = 128;  // smaller tiles cost GEMM efficiency and save little
-// What a job of several ranks cannot run yet (several devices per rank, a backend other than cpu):
-// ConfigError naming the key. `train` and run_engine check it; plan_engine plans such a job anyway
+// What a job of several ranks cannot run yet (several devices per rank): ConfigError naming the key. `train` and
+// run_engine check it; plan_engine plans such a job anyway
 // (`megatrain plan --plan.ranks=N` for a GPU profile).
 void check_cluster_runs(const TrainConfig& cfg);
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
@@ -235,6 +235,10 @@ struct EngineResult {
   double checkpoint_wait_s = 0.0;             // total time the optimizer waited on the version gate
   std::uint64_t checkpoint_copied_bytes = 0;  // stages it copied aside instead (copy on write)
   std::vector<EvalRecord> evaluations;        // this run's evaluations, in step order
+  // Several ranks: the transport of the rounds' gradients ("mpi", "nccl": device/grad_transport.hpp) and
+  // the bytes it sent itself (NCCL's; MPI's are the World's, counted per channel).
+  std::string grad_transport;
+  std::uint64_t grad_transport_bytes = 0;
 };
 
 // The evaluation records as a checkpoint's run state keeps them, and back.

@@ -2,36 +2,47 @@
 
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 
 #include "kernels/step_math.hpp"
 
 namespace mt::cluster {
 
-void reduce_round(World& world, int owner, const float* mine, float* accum, std::size_t n, bool first, int threads,
-                  std::vector<AlignedFloats>& scratch, std::size_t scratch_floats, const std::string& what) {
+namespace {
+
+void reduce_round_in_rank_order(World& world, GradTransport& transport, int owner, const RoundGradient& mine,
+                                float* accum, std::size_t n, bool first, int threads, const std::string& what) {
   const int R = world.size(), me = world.rank();
-  const std::size_t bytes = n * sizeof(float);
+  // The transport's waits are shown as the World's own (World::last_transfer: the monitor's "waits for").
   if (me != owner) {
-    world.send(Channel::grads, owner, mine, bytes, what);
+    world.begin_wait(Channel::grads, owner, what, true);
+    transport.send(owner, mine, n, what);
+    world.end_wait(Channel::grads);
     return;
   }
+  if (mine.host == nullptr && n > 0) throw std::logic_error("reduce_round: the owner's gradient has no host copy");
   // Every other rank's receive is posted at once; each is added in rank order as soon as it landed.
-  scratch.resize(static_cast<std::size_t>(R));
-  std::vector<std::unique_ptr<World::PendingRecv>> pending(static_cast<std::size_t>(R));
+  const std::unique_ptr<GradTransport::Arrivals> arrivals = transport.receive(n, what);
+  if (first) std::memset(accum, 0, n * sizeof(float));  // the collector's zeroed accumulator for micro-batch 0
   for (int r = 0; r < R; ++r) {
-    if (r == me) continue;
-    AlignedFloats& buf = scratch[static_cast<std::size_t>(r)];
-    if (!buf) buf = make_aligned_floats(scratch_floats);
-    pending[static_cast<std::size_t>(r)] = world.start_recv(Channel::grads, r, buf.get(), bytes, what);
-  }
-  if (first) std::memset(accum, 0, bytes);  // the collector's zeroed accumulator for micro-batch 0
-  for (int r = 0; r < R; ++r) {
-    const float* g = mine;
+    const float* g = mine.host;
     if (r != me) {
-      pending[static_cast<std::size_t>(r)]->wait();
-      g = scratch[static_cast<std::size_t>(r)].get();
+      world.begin_wait(Channel::grads, r, what, false);
+      g = arrivals->wait(r);
+      world.end_wait(Channel::grads);
     }
     cpu::accumulate(accum, g, n, threads);
+  }
+}
+
+}  // namespace
+
+void reduce_round(World& world, GradTransport& transport, int owner, const RoundGradient& mine, float* accum,
+                  std::size_t n, bool first, int threads, const std::string& what) {
+  try {
+    reduce_round_in_rank_order(world, transport, owner, mine, accum, n, first, threads, what);
+  } catch (const GradTransportError& e) {  // a device transport's timeout or failure ends the run as MPI's does
+    throw ClusterError(e.what());
   }
 }
 

@@ -19,10 +19,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "cluster/world.hpp"
-#include "kernels/tile.hpp"
+#include "device/grad_transport.hpp"
 
 namespace mt::cluster {
 
@@ -30,11 +29,13 @@ namespace mt::cluster {
 inline int stage_owner(std::int64_t stage, int ranks) { return static_cast<int>(stage % ranks); }
 
 // One round of one stage on every rank, called by every rank in the same order of (step, round, stage).
-// `mine`: this rank's gradient of its micro-batch of the round (host memory, n floats). `accum`: the
-// stage's fp32 accumulator (the host tile's gradient); only the owner's is written (zeroed first when
-// `first`, the step's round 0). `scratch` holds the owner's receive buffers, grown on first use.
-void reduce_round(World& world, int owner, const float* mine, float* accum, std::size_t n, bool first, int threads,
-                  std::vector<AlignedFloats>& scratch, std::size_t scratch_floats, const std::string& what);
+// `mine`: this rank's gradient of its micro-batch of the round (n floats). `transport` carries it to the
+// owner (device/grad_transport.hpp: MPI from host memory, or NCCL from the device); the owner adds every
+// rank's in rank order into `accum`, the stage's fp32 accumulator (the host tile's gradient), zeroed
+// first when `first` (the step's round 0), on the host: the same code and the same bits whatever the
+// transport. Only the owner's `accum` is written (others may pass null).
+void reduce_round(World& world, GradTransport& transport, int owner, const RoundGradient& mine, float* accum,
+                  std::size_t n, bool first, int threads, const std::string& what);
 
 // After the last round: the owner's complete sum into every other rank's `accum`.
 void share_stage(World& world, int owner, float* accum, std::size_t n, const std::string& what);

@@ -60,8 +60,10 @@ class World {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The ranks of this job on this host (they share its cores).
+  // The ranks of this job on this host (they share its cores), and this rank's place among them (0 ..
+  // local_size - 1, in rank order): a rank's GPU is its local rank on the host.
   virtual int local_size() const { return 1; }
+  virtual int local_rank() const { return 0; }
   double timeout_s() const { return timeout_s_; }
 
   // Point-to-point, blocking with the timeout. `what` says what the bytes are (in a timeout's error).
@@ -101,13 +103,14 @@ class World {
   // if any is in progress (a hung or slow peer is named by what its peers wait for), else the one
   // that finished last; nullopt before the first. Any thread may ask (the monitor's tick).
   std::optional<TransferView> last_transfer() const;
+  // A wait for one transfer begins / ends (a wait that throws stays "in progress"): the World's own, and
+  // a device transport's (device/grad_transport.hpp), so last_transfer shows those too.
+  void begin_wait(Channel ch, int peer, const std::string& what, bool sending) const;
+  void end_wait(Channel ch) const;
 
  protected:
   explicit World(double timeout_s) : timeout_s_(timeout_s) {}
   void count_sent(Channel ch, std::size_t bytes) { sent_[static_cast<int>(ch)].fetch_add(bytes); }
-  // A transport's wait for one transfer begins / ends (a wait that throws stays "in progress").
-  void begin_wait(Channel ch, int peer, const std::string& what, bool sending) const;
-  void end_wait(Channel ch) const;
 
  private:
   double timeout_s_;

@@ -61,6 +61,7 @@ class MpiWorld final : public World {
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host) == MPI_SUCCESS &&
         host != MPI_COMM_NULL) {
       MPI_Comm_size(host, &local_size_);
+      MPI_Comm_rank(host, &local_rank_);  // key 0: the host's ranks keep their world order
       MPI_Comm_free(&host);
     }
     for (MPI_Comm& c : comms_) {
@@ -76,6 +77,7 @@ class MpiWorld final : public World {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_size() const override { return local_size_; }
+  int local_rank() const override { return local_rank_; }
 
   void send(Channel ch, int peer, const void* data, std::size_t bytes, const std::string& what) override {
     Transfer t = post(ch, peer, const_cast<void*>(data), bytes, what, true);
@@ -144,7 +146,7 @@ class MpiWorld final : public World {
     return t;
   }
 
-  int rank_ = 0, size_ = 1, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_size_ = 1, local_rank_ = 0;
   MPI_Comm comms_[kChannels] = {};
 };
 

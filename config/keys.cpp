@@ -232,6 +232,12 @@ std::vector<KeyDesc> make_keys() {
              "which writes it all: no shared file system) | auto (owners when every rank sees rank 0's "
              "train.output_dir, else rank0)")
           .one_of({"auto", "owners", "rank0"}),
+      MT_KEY(cluster, gpu_transport,
+             "several ranks on device.backend=cuda: how each round's gradients reach their stage's owner: nccl (GPU "
+             "to GPU, builds with NCCL; one GPU per rank: a rank's GPU is its rank on its host) | mpi (copied to the "
+             "host, sent over MPI) | auto (nccl when built with it); the owner adds them on the host in rank order "
+             "either way, so both give the same bits")
+          .one_of({"auto", "nccl", "mpi"}),
   };
 }
 

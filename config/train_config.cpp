@@ -139,6 +139,13 @@ std::string TrainConfig::shard_state_unsupported() const {
   return "";
 }
 
+std::string TrainConfig::rank_grad_transport() const {
+#if MEGATRAIN_HAVE_NCCL
+  if (device.backend == "cuda" && cluster.gpu_transport != "mpi") return "nccl";
+#endif
+  return "mpi";
+}
+
 std::string TrainConfig::stage_gradients_unsupported() const {
   // Several micro-batches run layer-major (a stage's gradient is complete when its backward ends);
   // several devices or ranks would sum across them into accumulators kept all step.

@@ -169,8 +169,11 @@ struct ClusterSection {                 // [cluster]
   // train.output_dir, else rank0) | owners (each rank its own stages, into one shared directory) |
   // rank0 (the owners send their state to rank 0, which writes it all: no shared file system needed).
   std::string checkpoint_writers = "auto";
-  int rank = 0;   // this process's rank (set by the node, not a key)
-  int ranks = 1;  // ranks in the job (set by the node, not a key)
+  std::string gpu_transport = "auto";   // cuda: the gradients to their owners: auto | nccl | mpi
+  int rank = 0;                         // this process's rank (set by the node, not a key)
+  int ranks = 1;                        // ranks in the job (set by the node, not a key)
+  int local_rank = 0;                   // its rank among the job's ranks on its host: its GPU (set by the node)
+  int local_ranks = 1;                  // the job's ranks on this host (set by the node, not a key)
 };
 
 enum class LrSchedule { constant, linear, cosine };
@@ -279,6 +282,10 @@ struct TrainConfig {
   // (a replica would need the owner's moments for their rounding bits). The moment store shards (each
   // owner holds its own stages' moments, and with offload_params their masters, compressed or on the tier).
   std::string shard_state_unsupported() const;
+  // How a job of several ranks moves each round's gradients to their owners (cluster.gpu_transport
+  // resolved; device/grad_transport.hpp): "nccl" (the cuda backend in a build with NCCL, unless the key
+  // says mpi) or "mpi" (the cpu backend always: its device memory is host memory).
+  std::string rank_grad_transport() const;
 
   // The device budget in bytes from device.device_memory_mb or device.max_vram_gb, and the key=value
   // text that set it ("device.device_memory_mb=64") for error messages.

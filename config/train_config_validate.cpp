@@ -122,6 +122,18 @@ void device_values(const TrainConfig& c) {
 #endif
 }
 
+void cluster_values(const TrainConfig& c) {
+  const std::string key = key_of(c, c.cluster.gpu_transport);
+  if (c.cluster.gpu_transport != "nccl") return;
+#if !MEGATRAIN_HAVE_NCCL
+  throw ConfigError(key, "nccl: this build has no NCCL (configured without CUDA or without NCCL); use auto or mpi");
+#endif
+  if (c.device.backend != "cuda")
+    throw ConfigError(key, "nccl moves the GPUs' gradients and needs " + key_of(c, c.device.backend) + "=cuda (" +
+                               key_of(c, c.device.backend) + "=" + c.device.backend +
+                               " sends its ranks' gradients over MPI); use auto or mpi");
+}
+
 void thread_values(const TrainConfig& c) {
   // Each pool may use the whole budget (they take turns: the optimizer's bursts are short), not more.
   const ThreadBudget b = c.thread_budget();
@@ -173,6 +185,7 @@ void TrainConfig::validate_values() const {
   gradient_buffer_values(*this);
   model_values(*this);
   device_values(*this);
+  cluster_values(*this);
   thread_values(*this);
   max_restarts_of("loader");  // parses restart.per_actor, throws naming it
 }

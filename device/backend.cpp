@@ -9,6 +9,18 @@
 
 namespace mt {
 
+int gpu_of(const BackendOptions& options, int visible) {
+  if (options.host_rank < 0) return options.device_index;
+  return visible > 0 ? options.host_rank % visible : 0;
+}
+
+std::string gpu_choice(const BackendOptions& options, int visible) {
+  std::string gpu = "GPU " + std::to_string(gpu_of(options, visible));
+  if (options.host_rank < 0) return gpu;
+  return gpu + " (rank " + std::to_string(options.host_rank) + " of the job's " + std::to_string(options.host_ranks) +
+         " ranks on this host, modulo the " + std::to_string(visible) + " GPU(s) visible to it)";
+}
+
 void check_backend_available(const BackendOptions& options) {
   if (options.devices < 1)
     throw BackendUnavailable("must be >= 1, got " + std::to_string(options.devices), "device.gpus");
@@ -19,9 +31,9 @@ void check_backend_available(const BackendOptions& options) {
   if (probe.count == 0)
     throw BackendUnavailable("cuda needs a usable GPU and this machine has none (" + probe.reason +
                              "); use device.backend=cpu");
-  if (options.device_index < 0 || options.device_index >= probe.count)
-    throw BackendUnavailable("cuda: GPU " + std::to_string(options.device_index) + " does not exist (" +
-                             std::to_string(probe.count) + " found)");
+  if (const int gpu = gpu_of(options, probe.count); gpu < 0 || gpu >= probe.count)
+    throw BackendUnavailable("cuda: GPU " + std::to_string(gpu) + " does not exist (" + std::to_string(probe.count) +
+                             " found)");
 #if !MEGATRAIN_HAVE_NCCL
   if (options.devices > 1)
     throw BackendUnavailable(std::to_string(options.devices) +
@@ -48,6 +60,19 @@ void Backend::accumulate_to_host(const float*, float*, std::size_t, bool, int) {
 void Backend::reduce_gradients(const std::vector<Backend*>&, const std::vector<float*>&, std::size_t) {
   throw std::logic_error(std::string("the ") + name() +
                          " backend has no cross-device gradient reduction: device.gpus must be 1 with it");
+}
+
+namespace {
+[[noreturn]] void no_rank_transport(const char* backend) {
+  throw std::logic_error(std::string("the ") + backend +
+                         " backend moves no gradients between the ranks' devices: its ranks send host copies over MPI");
+}
+}  // namespace
+
+RankLinkId Backend::new_rank_link_id() { no_rank_transport(name()); }
+
+std::unique_ptr<GradTransport> Backend::make_rank_transport(const RankLinkId&, int, int, double) {
+  no_rank_transport(name());
 }
 
 void Backend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,

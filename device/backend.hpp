@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "device/grad_transport.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/ops.hpp"
 #include "kernels/precision.hpp"
@@ -66,8 +67,23 @@ struct BackendOptions {
   std::int64_t seq_tile = 0;      // ComputeCtx::seq_tile: sequence tiles (long context), 0 = whole sequences
   int device_index = 0;           // CUDA: which GPU
   int devices = 1;                // device.gpus: devices 0..devices-1 must exist (check_backend_available)
-  bool cuda_tf32 = false;         // CUDA, fp32 runs: let cuBLASLt use TF32 tensor cores (10-bit mantissa inputs)
+  // Several ranks (mpirun), one GPU each: this rank's place among the job's ranks on its host
+  // (cluster.local_rank) and their number; the GPU is then host_rank mod the visible GPUs (gpu_of), not
+  // device_index. -1: not a rank of a job.
+  int host_rank = -1;
+  int host_ranks = 1;
+  // The job's ranks when their gradients move between the GPUs (NCCL, cluster.gpu_transport; 0: not):
+  // the arena's fit check leaves room for the transport's scratch and NCCL's buffers.
+  int rank_transport_ranks = 0;
+  bool cuda_tf32 = false;  // CUDA, fp32 runs: let cuBLASLt use TF32 tensor cores (10-bit mantissa inputs)
 };
+
+// The GPU a backend of these options drives among the `visible` GPUs: device_index, or for a rank of a
+// job (host_rank >= 0) host_rank mod visible, so the ranks of a host take GPUs 0, 1, ... in rank order
+// (and a launcher that shows each rank one GPU gives GPU 0 everywhere, each its own). gpu_choice says
+// which and why, for errors ("GPU 1 (rank 1 of the job's 2 ranks on this host; 2 GPUs visible)").
+int gpu_of(const BackendOptions& options, int visible);
+std::string gpu_choice(const BackendOptions& options, int visible);
 
 // A backend cannot run here (no such backend in this build, no usable device, fewer devices than
 // device.gpus); nothing has been allocated. what() is "<key>: <reason>", the key being the config key to
@@ -189,6 +205,18 @@ class Backend {
   // README). The default: this backend cannot (device.gpus must stay 1).
   virtual void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
                                 std::size_t floats);
+
+  // --- several ranks (mpirun), one device each ---------------------------------------------------
+  // A transport that moves the ranks' gradients between their devices (device/grad_transport.hpp): the
+  // CUDA backend's over NCCL in builds with NCCL (cuda/nccl_rank_transport.hpp). The default throws
+  // std::logic_error (the ranks then send host copies over MPI: cluster/host_grad_transport.hpp).
+  // new_rank_link_id: rank 0's half of the bootstrap, a new communicator id (ncclGetUniqueId), which
+  // cluster/bootstrap_id.hpp gives every rank. make_rank_transport: this rank's end of it, from that id
+  // as every rank holds it; a collective (every rank makes its own at the same point). timeout_s bounds
+  // every wait (cluster.collective_timeout_s).
+  virtual RankLinkId new_rank_link_id();
+  virtual std::unique_ptr<GradTransport> make_rank_transport(const RankLinkId& id, int rank, int ranks,
+                                                             double timeout_s);
 
  protected:
   // Around every stage operation: make this backend's device current; then wait for the stage's work

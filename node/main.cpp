@@ -61,6 +61,8 @@ int train(int argc, char** argv) {
   if (world) {
     node.values.cluster.rank = world->rank();
     node.values.cluster.ranks = world->size();
+    node.values.cluster.local_rank = world->local_rank();
+    node.values.cluster.local_ranks = world->local_size();
     hooks.world = world.get();
   }
   const int status = mt::actors::run_training(node.values, hooks, &node).exit_status;

@@ -91,6 +91,8 @@ void plan_one_rank_of(TrainConfig& cfg, const ModelConfig& model, bool gpu) {
     std::printf("note: cluster.shard_state cannot apply: %s\n", why.c_str());
   TrainConfig as_run = cfg;
   if (gpu) as_run.device.backend = "cuda";  // the profile is planned as the CUDA backend runs it
+  std::printf("cluster: each round's gradients go to their stage's owner over %s (cluster.gpu_transport)\n",
+              as_run.rank_grad_transport() == "nccl" ? "NCCL, GPU to GPU" : "MPI, from host copies");
   try {
     actors::check_cluster_runs(as_run);
   } catch (const ConfigError& e) {

@@ -369,8 +369,9 @@ bool TrainingRun::report_cluster_end(const EngineResult& res) {
     gradient_bytes += static_cast<double>(stage_layout(model_, s).total_floats) * sizeof(float);
   const auto steps = static_cast<double>(res.steps.size());
   // With the host state sharded the owners' sums go out as new weights (the weights channel) instead.
+  // Over NCCL the rounds' gradients bypass the World: the transport counts them (EngineResult).
   const auto sent = static_cast<double>(hooks_.world->bytes_sent(cluster::Channel::grads) +
-                                        hooks_.world->bytes_sent(cluster::Channel::weights));
+                                        hooks_.world->bytes_sent(cluster::Channel::weights) + res.grad_transport_bytes);
   say_(MessageStream::out,
        format("megatrain: rank %d sent %.0f bytes of gradients%s in %lld steps (%.4f x the model's fp32 gradient "
               "a step), %llu bytes of losses",
@@ -645,8 +646,9 @@ TrainingResult TrainingRun::run(caf::actor_system_config* system_config) {
   if (!report_host_bytes_per_rank() || !choose_checkpoint_writers()) return result_;
   if (plan_.ranks > 1)
     say_(MessageStream::out,
-         format("megatrain: %d ranks (MPI): each runs %lld micro-batch(es) per step, gradients summed in rank order",
-                plan_.ranks, static_cast<long long>(plan_.device_micro_batches)));
+         format("megatrain: %d ranks (MPI): each runs %lld micro-batch(es) per step, gradients summed in rank order%s",
+                plan_.ranks, static_cast<long long>(plan_.device_micro_batches),
+                cfg_.rank_grad_transport() == "nccl" ? ", sent GPU to GPU over NCCL (cluster.gpu_transport)" : ""));
   if (plan_.devices > 1)  // device memory is per device: the arena above on each
     say_(MessageStream::out,
          format("megatrain: device.gpus = %d: one arena per device, %lld micro-batch(es) per device per step",

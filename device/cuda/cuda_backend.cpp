@@ -10,6 +10,10 @@
 
 #include "device/cuda/cuda_backend.hpp"
 #include "device/cuda/cuda_backend_impl.hpp"
+#if MEGATRAIN_HAVE_NCCL
+#include "device/cuda/nccl_rank_transport.hpp"
+#endif
+#include "device/cuda/rank_transfer.hpp"
 #include "device/cuda/reduce_plan.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/plan.hpp"
@@ -35,7 +39,6 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
 
 CudaBackend::CudaBackend(const BackendOptions& options)
     : options_(options),
-      device_(options.device_index),
       pinned_(
           [this](void* p, std::size_t n) {
             select_device();
@@ -50,6 +53,8 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   if (e != cudaSuccess || count == 0)
     throw BackendUnavailable(std::string("cuda needs a usable GPU and this machine has none (") +
                              (e != cudaSuccess ? cudaGetErrorName(e) : "no device") + "); use device.backend=cpu");
+  device_ = gpu_of(options_, count);
+  device_choice_ = gpu_choice(options_, count);
   if (device_ < 0 || device_ >= count)
     throw BackendUnavailable("cuda: GPU " + std::to_string(device_) + " does not exist (" + std::to_string(count) +
                              " found)");
@@ -129,8 +134,11 @@ std::byte* CudaBackend::allocate_device(std::size_t bytes) {
   std::size_t free_b = 0, total_b = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   // Several GPUs: the reduction's scratch (device 0) and NCCL's buffers live beside the arena too.
-  check_arena_fits(bytes, free_b, total_b, device_,
-                   kDeviceReserveBytes + reduce_reserve_bytes(options_.devices, device_));
+  // Several ranks over NCCL: its scratch (every rank owns stages) and NCCL's buffers, on every rank's GPU.
+  check_arena_fits(
+      bytes, free_b, total_b, device_,
+      kDeviceReserveBytes + reduce_reserve_bytes(options_.devices, device_) +
+          (options_.rank_transport_ranks > 1 ? rank_transport_reserve_bytes(options_.rank_transport_ranks) : 0));
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess)
@@ -251,6 +259,26 @@ void CudaBackend::reduce_gradients(const std::vector<Backend*>& devices, const s
   throw std::logic_error(
       "CUDA reduce_gradients: this build has no NCCL (configured without it), so device.gpus must be 1 with "
       "device.backend=cuda");
+#endif
+}
+
+// ---------------- several ranks ----------------
+RankLinkId CudaBackend::new_rank_link_id() {
+#if MEGATRAIN_HAVE_NCCL
+  return new_nccl_id();
+#else
+  return Backend::new_rank_link_id();
+#endif
+}
+
+std::unique_ptr<GradTransport> CudaBackend::make_rank_transport(const RankLinkId& id, int rank, int ranks,
+                                                                double timeout_s) {
+#if MEGATRAIN_HAVE_NCCL
+  RankTransportOptions o;
+  o.rank = rank, o.ranks = ranks, o.gpu = device_, o.gpu_choice = device_choice_, o.timeout_s = timeout_s;
+  return std::make_unique<NcclRankTransport>(id, o, stage_done_);
+#else
+  return Backend::make_rank_transport(id, rank, ranks, timeout_s);
 #endif
 }
 

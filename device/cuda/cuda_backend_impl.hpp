@@ -12,6 +12,8 @@
 //   - device-to-host: its own stream; every copy first waits (on the device) for an event recorded on
 //     the compute stream at submission, so it reads what the compute work submitted before it wrote
 //     (rule 2) without blocking the host.
+//   - several ranks over NCCL (make_rank_transport): the NcclRankTransport's own stream; a send waits
+//     for stage_done_ (as below), the owner's receives write only the transport's own buffers.
 //   - several GPUs (reduce_gradients, on device 0's backend): the NcclReducer's own stream per GPU.
 //     Each GPU's part starts after that backend's stage_done_ event (recorded at the end of every stage
 //     operation: the buffers' writers), never after an event recorded on a compute stream at call time,
@@ -75,6 +77,9 @@ class CudaBackend final : public Backend {
   const float* upload_floats(const float* host, std::size_t n, int slot) override;
   void reduce_gradients(const std::vector<Backend*>& devices, const std::vector<float*>& grads,
                         std::size_t floats) override;
+  RankLinkId new_rank_link_id() override;
+  std::unique_ptr<GradTransport> make_rank_transport(const RankLinkId& id, int rank, int ranks,
+                                                     double timeout_s) override;
 
   Ops& ops() override;  // on the compute stream, this backend's device selected
 
@@ -113,7 +118,8 @@ class CudaBackend final : public Backend {
   TokenRows token_rows(const token_t* device_tokens, std::int64_t n);
 
   BackendOptions options_;
-  int device_ = 0;
+  int device_ = 0;             // gpu_of(options_, the visible GPUs)
+  std::string device_choice_;  // gpu_choice: which GPU and why, for errors
   std::string device_name_;
   int sm_major_ = 0, sm_minor_ = 0;
   cudaStream_t compute_ = nullptr;

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "device/cuda/nccl_check.hpp"
 #include "device/cuda/nccl_reduce.hpp"
 #include "device/cuda/reduce_plan.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -16,9 +17,7 @@ namespace {
 // error and its last message (often the actual cause: a topology or memory problem).
 void nccl_check(ncclResult_t r, const char* call, const std::string& where) {
   if (r == ncclSuccess) return;
-  const char* last = ncclGetLastError(nullptr);
-  throw std::runtime_error(std::string("NCCL: ") + call + " on " + where + " failed: " + ncclGetErrorString(r) +
-                           (last && *last ? std::string(" (") + last + ")" : std::string()));
+  throw std::runtime_error(std::string("NCCL: ") + call + " on " + where + " failed: " + nccl_error_text(r));
 }
 #define MT_NCCL_CHECK(call, where) nccl_check((call), #call, (where))
 

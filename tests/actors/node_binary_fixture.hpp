@@ -27,6 +27,7 @@ inline std::string slurp(const fs::path& p) {
   return s.str();
 }
 
+#ifdef MEGATRAIN_BINARY  // the tests that run the node binary (others use the helpers below alone)
 // Runs `megatrain train ARGS` with optional environment assignments in front ("VAR=x").
 inline Outcome run_node(const std::string& args, const std::string& env = "") {
   const fs::path log = fs::temp_directory_path() / ("mt_node_" + std::to_string(::getpid()) + ".log");
@@ -38,6 +39,7 @@ inline Outcome run_node(const std::string& args, const std::string& env = "") {
   fs::remove(log);
   return o;
 }
+#endif
 
 // A small llm.c token shard (uint16 tokens), written by hand as the format specifies, of a repeating
 // pattern the model can learn.

@@ -27,35 +27,19 @@
 #include "kernels/param_layout.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
 #include "tests/actors/node_binary_fixture.hpp"
+#include "tests/cluster/mpi_launch.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kBinary = MEGATRAIN_BINARY;
-const std::string kMpiexec = MEGATRAIN_MPIEXEC;
-
-void require_mpi() {
-  if (!mt::cluster::built_with_mpi() || kMpiexec.empty() || kMpiexec.find("NOTFOUND") != std::string::npos) {
-    std::fprintf(stderr, "built without MPI or no mpirun found (tools/install-deps installs OpenMPI): skipped\n");
-    std::exit(77);  // ctest's SKIP_RETURN_CODE: reported as skipped, never as passed
-  }
-}
-
-// The launcher's flags for this machine: root in CI containers, more ranks than cores, no CMA
-// single-copy (ptrace is often not allowed in containers).
-std::string mpirun(int ranks) {
-  return kMpiexec + " --allow-run-as-root --oversubscribe --mca btl_vader_single_copy_mechanism none -np " +
-         std::to_string(ranks) + " ";
-}
-
+using mt::test::kMpiexec;
+using mt::test::mpirun;
 using mt::test::Outcome;
+using mt::test::require_mpi;
+using mt::test::sh;
 using mt::test::slurp;
-
-Outcome sh(const std::string& cmd, const fs::path& log) {
-  const int rc = std::system((cmd + " > " + log.string() + " 2>&1").c_str());
-  return Outcome{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(log)};
-}
 
 struct TempDir {
   fs::path path;
@@ -654,6 +638,29 @@ TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") 
   const Outcome on = sh(base + "--cluster.mode=on", dir.path / "on.log");
   CHECK(on.code == 1);
   CHECK(on.out.find("cluster.mode=on") != std::string::npos);
+  const Outcome g = sh(base + "--cluster.gpu_transport=gloo", dir.path / "g.log");
+  CHECK(g.code == 1);
+  CHECK(g.out.find("cluster.gpu_transport: 'gloo' is not one of: auto, nccl, mpi") != std::string::npos);
+  const Outcome n = sh(base + "--cluster.gpu_transport=nccl", dir.path / "n.log");  // the cpu backend
+  CHECK(n.code == 1);
+  CHECK(n.out.find("cluster.gpu_transport: nccl") != std::string::npos);
+  CHECK(!fs::exists(dir.path / "run" / "train.jsonl"));
+}
+
+TEST_CASE("2 ranks on the cuda backend without a GPU are refused before anything runs (device.backend)", "[cluster]") {
+  require_mpi();
+  // A machine with GPUs runs such a job instead (tools/gpu-check's ranks stage).
+  if (std::system("nvidia-smi -L > /dev/null 2>&1") == 0) return;
+  TempDir dir("nogpu");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const Outcome o =
+      sh(mpirun(2) + kBinary + " train " + kLlama + train_args(shard, dir.path / "run", 1) + "--device.backend=cuda",
+         dir.path / "o.log");
+  INFO(o.out);
+  CHECK(o.code != 0);
+  // No cuda backend in this build, or no GPU: said by every rank, before any transfer or NCCL call.
+  CHECK(o.out.find("device.backend: ") != std::string::npos);
+  CHECK(o.out.find("NCCL") == std::string::npos);
   CHECK(!fs::exists(dir.path / "run" / "train.jsonl"));
 }
 

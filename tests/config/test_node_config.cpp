@@ -136,14 +136,16 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
                         "plan.ranks",
                         "cluster.mode",
                         "cluster.collective_timeout_s",
-                        "cluster.shard_state"}) {
+                        "cluster.shard_state",
+                        "cluster.gpu_transport",
+                        "cluster.checkpoint_writers"}) {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
   // model: 15 + num_experts, num_experts_per_tok + 4 qwen3_moe keys + sliding_window + 2 load-balancing keys; train: 24
   // + eval_steps, eval_max_batches + 3 offload keys + tf32 + save_snapshot_mib + master_weights; device: 9 + gpus
-  // + seq_tile; threads: 5 + adapt_to_load; plan: 6; cluster: 3
-  CHECK(keys.size() == 33 + 24 + 4 + 11 + 6 + 3 + 8 + 4 + 6 + 4);
+  // + seq_tile; threads: 5 + adapt_to_load; plan: 6; cluster: 5
+  CHECK(keys.size() == 33 + 24 + 4 + 11 + 6 + 3 + 8 + 4 + 6 + 5);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {

@@ -156,6 +156,41 @@ TEST_CASE("device.gpus > 1 with device.backend = cuda: refused without NCCL in t
   CHECK(error_of(c).empty());
 }
 
+// How a job's ranks move their gradients (device/grad_transport.hpp): the key's value alone, then what
+// the backend and the build allow; its resolution for the engine.
+TEST_CASE("cluster.gpu_transport: auto | nccl | mpi, nccl only on the cuda backend of a build with NCCL", "[config]") {
+  test::TempDir dir;
+  TrainConfig c = valid_config(dir);
+  CHECK(c.cluster.gpu_transport == "auto");
+  CHECK(c.rank_grad_transport() == "mpi");  // the cpu backend's device memory is host memory
+  c.cluster.gpu_transport = "gloo";
+  CHECK_THAT(error_of(c), Catch::StartsWith("cluster.gpu_transport: 'gloo' is not one of: auto, nccl, mpi"));
+  c.cluster.gpu_transport = "nccl";
+#if MEGATRAIN_HAVE_NCCL
+  CHECK_THAT(error_of(c), Catch::StartsWith("cluster.gpu_transport: nccl moves the GPUs' gradients and needs "
+                                            "device.backend=cuda (device.backend=cpu sends its ranks' gradients "
+                                            "over MPI); use auto or mpi"));
+#else
+  CHECK_THAT(error_of(c), Catch::StartsWith("cluster.gpu_transport: nccl: this build has no NCCL"));
+#endif
+  c.cluster.gpu_transport = "mpi";
+  CHECK(error_of(c).empty());
+  c.device.backend = "cuda";
+  CHECK(error_of(c).empty());
+  CHECK(c.rank_grad_transport() == "mpi");  // asked for: host copies over MPI on the GPUs too
+  for (const char* value : {"auto", "nccl"}) {
+    c.cluster.gpu_transport = value;
+    INFO(value);
+#if MEGATRAIN_HAVE_NCCL
+    CHECK(error_of(c).empty());
+    CHECK(c.rank_grad_transport() == "nccl");
+#else
+    CHECK(c.rank_grad_transport() == "mpi");
+    if (std::string(value) == "auto") CHECK(error_of(c).empty());
+#endif
+  }
+}
+
 TEST_CASE("missing files are reported with the key and the path", "[config]") {
   test::TempDir dir;
   struct Case {
