@@ -169,11 +169,11 @@ struct ClusterSection {                 // [cluster]
   // train.output_dir, else rank0) | owners (each rank its own stages, into one shared directory) |
   // rank0 (the owners send their state to rank 0, which writes it all: no shared file system needed).
   std::string checkpoint_writers = "auto";
-  std::string gpu_transport = "auto";   // cuda: the gradients to their owners: auto | nccl | mpi
-  int rank = 0;                         // this process's rank (set by the node, not a key)
-  int ranks = 1;                        // ranks in the job (set by the node, not a key)
-  int local_rank = 0;                   // its rank among the job's ranks on its host: its GPU (set by the node)
-  int local_ranks = 1;                  // the job's ranks on this host (set by the node, not a key)
+  std::string gpu_transport = "auto";  // cuda: the gradients to their owners: auto | nccl | mpi
+  int rank = 0;                        // this process's rank (set by the node, not a key)
+  int ranks = 1;                       // ranks in the job (set by the node, not a key)
+  int local_rank = 0;                  // its rank among the job's ranks on its host: its GPU (set by the node)
+  int local_ranks = 1;                 // the job's ranks on this host (set by the node, not a key)
 };
 
 enum class LrSchedule { constant, linear, cosine };
