@@ -220,6 +220,20 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
           !rank0_writes);
     for (int r = 1; r < ranks; ++r)  // rank r's own files, or none
       CHECK((files_named(final_checkpoint, "shard-rank" + std::to_string(r) + "-") > 0) == !rank0_writes);
+    // megatrain-ckpt reads a checkpoint several ranks wrote as any other: it verifies, and its export is
+    // the bytes of the export of one rank's checkpoint.
+    const std::string tool = MEGATRAIN_CKPT_TOOL;
+    const Outcome verify = sh(tool + " verify " + final_checkpoint.string(), dir.path / "verify.log");
+    INFO(verify.out);
+    CHECK(verify.code == 0);
+    for (const char* which : {"one", "job"}) {
+      const Outcome exported = sh(tool + " export " + (dir.path / which / "step-00000003").string() + " " +
+                                      (dir.path / (std::string("export-") + which)).string(),
+                                  dir.path / "export.log");
+      INFO(exported.out);
+      CHECK(exported.code == 0);
+    }
+    CHECK(slurp(dir.path / "export-one" / "model.safetensors") == slurp(dir.path / "export-job" / "model.safetensors"));
   }
   for (const auto& e : fs::directory_iterator(dir.path / "job"))  // no temporary directory left behind
     CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
