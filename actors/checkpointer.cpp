@@ -40,6 +40,7 @@
 #include "cluster/grad_reduce.hpp"
 #include "storage/checkpoint/checkpoint_dir.hpp"
 #include "storage/checkpoint/checkpoint_writer.hpp"
+#include "storage/hf/file_util.hpp"
 
 namespace mt::actors {
 namespace {
@@ -100,11 +101,14 @@ bool sends_masters(const Context* ctx, std::int64_t stage) { return ctx->host->t
 // --- Owners write (CheckpointJob::owners_write) ---------------------------------------------------------
 // Every rank writes the stages it owns (masters and moments, through the same lease as one rank) with a
 // CheckpointWriter of its own into one temporary directory every rank agrees on, its files named apart
-// ("shard-rankR-NNNNN.h5"). When its last stage is written, an owner closes and fsyncs its shards and
-// sends rank 0 their description (CheckpointWriter::close_part, as JSON on the checkpoint channel), or
-// the reason it failed; rank 0, its own stages written, takes every rank's message in rank order, adds
-// the parts to its manifest and publishes (a failure anywhere: the whole directory goes, nothing is
-// published). One message per rank per checkpoint, so the channel stays paired.
+// ("shard-rankR-NNNNN.h5"). An owner tells rank 0 of each stage it has written ({"stage": s}) and, when
+// its last one is written, closes and fsyncs its shards, writes their description (CheckpointWriter::
+// close_part) beside them as part-rankR.json and tells rank 0 ({"part": that file}), or why it failed
+// ({"error": ...}). Rank 0, its own stages written, reads every rank's notes in rank order up to its last
+// one, adds the parts to its manifest and publishes (a failure anywhere: the whole directory goes, nothing
+// is published). So each wait is for one stage's write (cluster.collective_timeout_s bounds a stage, not
+// a rank's whole part), the notes are a few bytes (sent at once, whatever rank 0 is doing), and each
+// owner ends every checkpoint with exactly one last note, so the channel stays paired.
 bool owners_write(const Context* ctx) { return ctx->shard_world != nullptr && ctx->job->checkpoint.owners_write; }
 
 // This rank sends its stages' state to rank 0, which writes them (rank0 writes).
@@ -119,35 +123,45 @@ std::string part_message_what(std::int64_t v, int rank) {
   return "rank " + std::to_string(rank) + "'s part of the checkpoint of step " + std::to_string(v);
 }
 
-// An owner (rank > 0): its part of checkpoint v, or why it has none, to rank 0 (once).
-void report_part(self_ptr self, std::int64_t v, const nlohmann::json& message) {
-  auto& st = self->state;
-  if (!st.parts_reported.insert(v).second) return;
-  const int rank = st.ctx->shard_world->rank();
-  st.ctx->shard_world->send_text(cluster::Channel::checkpoint, 0, message.dump(), part_message_what(v, rank));
+void note_to_rank0(self_ptr self, std::int64_t v, const nlohmann::json& note) {
+  cluster::World& world = *self->state.ctx->shard_world;
+  world.send_text(cluster::Channel::checkpoint, 0, note.dump(), part_message_what(v, world.rank()));
 }
 
-// Rank 0: every other rank's message about checkpoint v, in rank order.
+// An owner (rank > 0): the last note of checkpoint v, its part or why it has none (once).
+void report_part(self_ptr self, std::int64_t v, const nlohmann::json& note) {
+  if (self->state.parts_reported.insert(v).second) note_to_rank0(self, v, note);
+}
+
+// Rank 0: every other rank's last note about checkpoint v, in rank order (the stage notes before it are
+// each rank's progress: each keeps the wait within the timeout).
 std::vector<nlohmann::json> receive_part_messages(self_ptr self, std::int64_t v) {
   cluster::World& world = *self->state.ctx->shard_world;
-  std::vector<nlohmann::json> parts;
-  for (int r = 1; r < world.size(); ++r) {
-    const std::string text = world.recv_text(cluster::Channel::checkpoint, r, part_message_what(v, r));
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded()) j = nlohmann::json{{"error", "its message is not JSON"}};
-    parts.push_back(std::move(j));
-  }
-  return parts;
+  std::vector<nlohmann::json> last;
+  for (int r = 1; r < world.size(); ++r)
+    for (;;) {
+      const std::string text = world.recv_text(cluster::Channel::checkpoint, r, part_message_what(v, r));
+      nlohmann::json note = nlohmann::json::parse(text, nullptr, false);
+      if (note.is_discarded() || !note.is_object()) note = nlohmann::json{{"error", "its note is not a JSON object"}};
+      if (note.contains("stage")) continue;
+      last.push_back(std::move(note));
+      break;
+    }
+  return last;
 }
 
 // Rank 0, its own stages written: every part into its manifest; throws naming the first rank that failed.
 void add_parts(self_ptr self, std::int64_t v, ckpt::CheckpointWriter& writer) {
-  const std::vector<nlohmann::json> parts = receive_part_messages(self, v);
-  for (std::size_t i = 0; i < parts.size(); ++i)
-    if (parts[i].contains("error"))
+  const std::vector<nlohmann::json> notes = receive_part_messages(self, v);
+  for (std::size_t i = 0; i < notes.size(); ++i)
+    if (!notes[i].contains("part"))
       throw ckpt::CheckpointError("rank " + std::to_string(i + 1) +
-                                  " could not write its part: " + parts[i]["error"].dump());
-  for (const auto& part : parts) writer.add_part(part);
+                                  " could not write its part: " + notes[i].value("error", notes[i].dump()));
+  for (const auto& note : notes) {
+    const std::filesystem::path file = writer.temp_dir() / note["part"].get<std::string>();
+    writer.add_part(hf::read_json_file(file));
+    std::filesystem::remove(file);  // described in the manifest now
+  }
 }
 
 // --- The state sent to rank 0 (rank0 writes) ---------------------------------------------------------------
@@ -255,8 +269,9 @@ void complete(self_ptr self, std::int64_t v) {
   bool parts_taken = false;
   try {
     if (owners_write(ctx) && ctx->state_part()) {  // an owner's stages are durable: hand them to rank 0
-      const nlohmann::json part = p.writer->close_part();
-      report_part(self, v, part);
+      const std::string name = "part-rank" + std::to_string(ctx->shard_world->rank()) + ".json";
+      hf::write_text_atomically(p.writer->temp_dir() / name, p.writer->close_part().dump());
+      report_part(self, v, nlohmann::json{{"part", name}});
       p.part_bytes = p.writer->bytes_written();
       finish_part(self, v);
       return;
@@ -323,6 +338,7 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
     p.written[static_cast<std::size_t>(stage)] = 1;
     ctx->gate.mark_written(v, stage);
     ctx->monitor->board().probe(monitor::ActorId::checkpointer).unit(v, -1, stage, "checkpoint write");
+    if (owners_write(ctx) && ctx->state_part()) note_to_rank0(self, v, nlohmann::json{{"stage", stage}});
     if (--p.remaining > 0) return;
     complete(self, v);
   } catch (const cluster::ClusterError&) {

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <string>
 
 #include "storage/checkpoint/checkpoint_error.hpp"
 #include "storage/hf/file_util.hpp"
@@ -82,6 +83,21 @@ void write_latest(const fs::path& root, const std::string& dir_name) {
   }
 }
 
+namespace {
+
+// A writer that still runs. A zombie (exited, not yet reaped: a container whose first process reaps no
+// orphans keeps them for ever) has stopped writing.
+bool writer_runs(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: take kill's word
+  const auto paren = line.rfind(')');          // "pid (comm) S ...": the name may hold spaces and parentheses
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
+
+}  // namespace
+
 void remove_stale_temp_dirs(const fs::path& root) {
   if (!fs::is_directory(root)) return;
   for (const auto& e : fs::directory_iterator(root)) {
@@ -93,7 +109,7 @@ void remove_stale_temp_dirs(const fs::path& root) {
     if (before == std::string::npos) continue;
     const long pid = std::strtol(name.c_str() + before + 1, nullptr, 10);
     if (pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // its writer still runs
+    if (writer_runs(static_cast<pid_t>(pid))) continue;
     std::error_code ec;
     fs::remove_all(e.path(), ec);
   }

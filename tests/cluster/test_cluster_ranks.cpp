@@ -319,15 +319,19 @@ int wait_shell(pid_t child, std::chrono::seconds limit, pid_t also = 0) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-// Starts a 2-rank job of `args` writing each rank's pid, waits for step 5, sends `sig` to rank `rank`
-// and returns the job's outcome and the seconds from the signal to its end.
-Outcome signal_rank(int rank, int sig, const TempDir& dir, const std::string& args, double& seconds) {
+// Starts a 2-rank job of `args` writing each rank's pid (`env`: variables for every rank), waits for
+// step `at_step`, sends `sig` to rank `rank` and returns the job's outcome and the seconds from the
+// signal to its end.
+Outcome signal_rank(int rank, int sig, const TempDir& dir, const std::string& args, double& seconds, int at_step = 5,
+                    const std::string& env = "") {
   const fs::path log = dir.path / "job.log";
   const pid_t child =
-      start_shell(mpirun(2) + "sh -c 'echo $$ > " + dir.path.string() + "/pid.$OMPI_COMM_WORLD_RANK; exec " + kBinary +
-                  " train " + args + "' > " + log.string() + " 2>&1");
+      start_shell(env + " " + mpirun(2) + "sh -c 'echo $$ > " + dir.path.string() +
+                  "/pid.$OMPI_COMM_WORLD_RANK; exec " + kBinary + " train " + args + "' > " + log.string() + " 2>&1");
+  char step_line[32];
+  std::snprintf(step_line, sizeof step_line, "\nstep %5d ", at_step);
   const auto waited = std::chrono::steady_clock::now();
-  while (slurp(log).find("\nstep     5 ") == std::string::npos &&
+  while (slurp(log).find(step_line) == std::string::npos &&
          std::chrono::steady_clock::now() - waited < std::chrono::seconds(60))
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const pid_t target = static_cast<pid_t>(std::stol("0" + slurp(dir.path / ("pid." + std::to_string(rank)))));
@@ -359,6 +363,49 @@ TEST_CASE("a rank killed with SIGKILL mid-run ends the job at once, non-zero, na
   CHECK(o.code != 0);
   CHECK(seconds < 3 + 10);  // within the collective timeout (3 s) and the launcher's teardown
   CHECK(o.out.find("rank 1") != std::string::npos);
+}
+
+// The host state sharded, each rank writing its own stages into the checkpoints: rank 1 killed (SIGKILL)
+// while its part of the checkpoint of step 8 is being written (held back by the test's stall). The job
+// ends non-zero; the newest published checkpoint (step 4) is whole and verifies; nothing of the one in
+// progress is published; a relaunch resumes from step 4, removes the dead job's temporary directory, and
+// ends with the bytes of an uninterrupted run (one rank x 2).
+TEST_CASE("the host state sharded: a rank killed mid-checkpoint, the job relaunched from the last one", "[cluster]") {
+  require_mpi();
+  TempDir dir("killckpt");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const std::string run =
+      "--train.max_steps=20 --train.save_steps=4 --device.copy_bandwidth_gbps=0.004 "
+      "--monitor.enabled=false --cluster.collective_timeout_s=20 ";
+  const Outcome one =
+      sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + run, dir.path / "one.log");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  const std::string args = kLlama + train_args(shard, dir.path / "job", 1) + run + "--cluster.shard_state=true ";
+  double seconds = 0;
+  // Stage 1 is rank 1's (stage s on rank s mod 2): its write of checkpoint 8 waits 60 s.
+  const Outcome killed = signal_rank(1, SIGKILL, dir, args, seconds, 10, "MEGATRAIN_TEST_CKPT_STALL=8:1:60");
+  INFO(killed.out);
+  CHECK(killed.code != 0);
+  CHECK(killed.out.find("checkpoint step 4 saved") != std::string::npos);
+  CHECK(killed.out.find("checkpoint step 8 saved") == std::string::npos);
+  const fs::path root = dir.path / "job";
+  CHECK(slurp(root / "latest") == "step-00000004\n");
+  CHECK(!fs::exists(root / "step-00000008"));
+  const Outcome verify =
+      sh(std::string(MEGATRAIN_CKPT_TOOL) + " verify " + (root / "step-00000004").string(), dir.path / "verify.log");
+  INFO(verify.out);
+  CHECK(verify.code == 0);
+  const Outcome resumed =
+      sh(mpirun(2) + kBinary + " train " + args + "--train.resume_from_checkpoint=latest", dir.path / "resume.log");
+  INFO(resumed.out);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.out.find("at step 4") != std::string::npos);
+  CHECK(slurp(dir.path / "one" / "hf" / "model.safetensors") == slurp(root / "hf" / "model.safetensors"));
+  for (const auto& e : fs::directory_iterator(root)) {  // the dead job's temporary directory is gone
+    INFO(e.path());
+    CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
+  }
 }
 
 TEST_CASE("a rank that stops answering (SIGSTOP) ends the job after the collective timeout, named", "[cluster]") {

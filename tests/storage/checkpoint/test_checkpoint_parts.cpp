@@ -1,6 +1,9 @@
 // One checkpoint written by several writers into a shared directory (a job of several ranks, each
 // writing the stages it owns): part writers hand their shards to the publishing writer, whose manifest
 // lists them all; the checkpoint reads back bit for bit, and failures leave nothing published.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -127,4 +130,24 @@ TEST_CASE("a shared temporary name must be a .tmp- name in the root") {
   CHECK_THROWS_WITH(CheckpointWriter(tmp.path(), 5, c, o), Catch::Contains("must start with .tmp-"));
   o.temp_name = ".tmp-a/b";
   CHECK_THROWS_AS(CheckpointWriter(tmp.path(), 5, c, o), CheckpointError);
+}
+
+// A temporary directory outlives its writer when the writer is killed. The sweep removes it once the
+// writer is gone, also when the writer is a zombie nobody reaps (a container whose first process reaps no
+// orphans: kill(pid, 0) still succeeds there), and keeps a running writer's.
+TEST_CASE("stale temporary directories go, also a zombie writer's, and a running writer's stay") {
+  test::TempDir tmp;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  for (int i = 0; i < 500 && !fs::exists("/proc/" + std::to_string(child) + "/stat"); ++i) ::usleep(1000);
+  ::usleep(50'000);  // the child has exited and is not reaped: a zombie
+  const fs::path zombie = tmp / (".tmp-step-00000008-" + std::to_string(child) + "-ranks");
+  const fs::path running = tmp / (".tmp-step-00000009-" + std::to_string(::getpid()) + "-0");
+  fs::create_directory(zombie);
+  fs::create_directory(running);
+  remove_stale_temp_dirs(tmp.path());
+  CHECK_FALSE(fs::exists(zombie));
+  CHECK(fs::exists(running));
+  ::waitpid(child, nullptr, 0);
 }
