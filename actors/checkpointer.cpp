@@ -311,6 +311,8 @@ void write_stage(self_ptr self, std::int64_t v, std::int64_t stage) {
   try {
     if (cj.stall_step == v && cj.stall_stage == stage && cj.stall_seconds > 0)
       std::this_thread::sleep_for(std::chrono::duration<double>(cj.stall_seconds));
+    if (cj.fail_step == v && cj.fail_stage == stage)
+      throw ckpt::CheckpointError("stage " + std::to_string(stage) + ": a failure injected by the test");
     // The optimizer needed the tile first and copied version v aside; else the tile itself (the optimizer
     // now waits for this stage's write). A copy here too would free the optimizer of that wait, but it
     // measured worse on 2 busy cores: the copy's CPU and memory traffic cost compute more than the wait.

@@ -157,6 +157,8 @@ struct CheckpointJob {
   // (kill -9 during a checkpoint write; stall measurements). -1 = off.
   std::int64_t stall_step = -1, stall_stage = -1;
   double stall_seconds = 0.0;
+  // Test-only: the write of stage `fail_stage` of checkpoint `fail_step` fails (as a full disk would).
+  std::int64_t fail_step = -1, fail_stage = -1;
 };
 
 // A checkpoint published or failed (EngineJob::on_checkpoint, EngineResult::checkpoints).

@@ -72,15 +72,21 @@ void ignore_file_size_signal() {
 
 // Test-only: MEGATRAIN_TEST_CKPT_STALL=STEP:STAGE:SECONDS sleeps inside the write of that stage of that
 // checkpoint (kill -9 during a checkpoint write).
+// MEGATRAIN_TEST_CKPT_FAIL=STEP:STAGE fails the write of that stage of that checkpoint (a full disk on
+// one rank of several).
 void parse_stall(CheckpointJob& cj) {
-  const char* e = std::getenv("MEGATRAIN_TEST_CKPT_STALL");
-  if (e == nullptr || *e == 0) return;
   long long step = -1, stage = -1;
   double secs = 0;
-  if (std::sscanf(e, "%lld:%lld:%lf", &step, &stage, &secs) == 3) {
+  const char* e = std::getenv("MEGATRAIN_TEST_CKPT_STALL");
+  if (e != nullptr && std::sscanf(e, "%lld:%lld:%lf", &step, &stage, &secs) == 3) {
     cj.stall_step = step;
     cj.stall_stage = stage;
     cj.stall_seconds = secs;
+  }
+  const char* f = std::getenv("MEGATRAIN_TEST_CKPT_FAIL");
+  if (f != nullptr && std::sscanf(f, "%lld:%lld", &step, &stage) == 2) {
+    cj.fail_step = step;
+    cj.fail_stage = stage;
   }
 }
 

@@ -408,6 +408,49 @@ TEST_CASE("the host state sharded: a rank killed mid-checkpoint, the job relaunc
   }
 }
 
+// Each rank writing its own stages: one rank's write of its part of the checkpoint of step 2 fails (an
+// injected failure, as a full disk would): rank 1's (then rank 0 takes the other ranks' notes and fails
+// the checkpoint, naming rank 1 and why) or rank 0's own (it still takes every other rank's notes, then
+// clears the directory). Nothing of that checkpoint is published or left behind; training goes on, the
+// checkpoint of step 4 is published whole (the stages of one rank x 2's), the export is one rank x 2's.
+TEST_CASE("the host state sharded: a rank that cannot write its part fails the checkpoint, training goes on",
+          "[cluster]") {
+  require_mpi();
+  TempDir dir("partfail");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const std::string run = "--train.max_steps=4 --train.save_steps=2 --monitor.enabled=false ";
+  const Outcome one =
+      sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + run, dir.path / "one.log");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  for (const int failing : {1, 0}) {  // stage s is rank s mod 2's: it fails its own stage
+    INFO("rank " << failing << " fails");
+    const fs::path out = dir.path / ("job" + std::to_string(failing));
+    const std::string train =
+        kBinary + " train " + kLlama + train_args(shard, out, 1) + run + "--cluster.shard_state=true";
+    const std::string fail = std::to_string(failing);
+    const Outcome job = sh(mpirun(2) + "sh -c \"if [ \\$OMPI_COMM_WORLD_RANK = " + fail +
+                               " ]; then export MEGATRAIN_TEST_CKPT_FAIL=2:" + fail + "; fi; exec " + train + "\"",
+                           dir.path / "job.log");
+    INFO(job.out);
+    REQUIRE(job.code == 0);
+    CHECK(job.out.find("megatrain: checkpoints: every rank writes the stages it owns") != std::string::npos);
+    CHECK(job.out.find("checkpoint step 2 FAILED") != std::string::npos);
+    CHECK(job.out.find((failing == 1 ? "rank 1 could not write its part: " : "") + std::string("stage ") + fail +
+                       ": a failure injected by the test") != std::string::npos);
+    CHECK(job.out.find("checkpoint step 4 saved") != std::string::npos);
+    CHECK(count(job.out, "\nstep ") == 4);
+    CHECK(slurp(dir.path / "one" / "hf" / "model.safetensors") == slurp(out / "hf" / "model.safetensors"));
+    check_same_shards(dir.path / "one" / "step-00000004", out / "step-00000004");
+    for (const auto& e : fs::directory_iterator(out)) {  // step 2's: nothing published, nothing left
+      INFO(e.path());
+      const std::string name = e.path().filename().string();
+      CHECK(name.rfind(".tmp-", 0) != 0);
+      CHECK(name != "step-00000002");
+    }
+  }
+}
+
 TEST_CASE("a rank that stops answering (SIGSTOP) ends the job after the collective timeout, named", "[cluster]") {
   require_mpi();
   TempDir dir("stop");
