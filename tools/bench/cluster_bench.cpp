@@ -11,8 +11,9 @@
 // not after the step's last gradient, as the node reports it; target >= 0.8); cluster_bytes_per_step
 // (what rank 0 sends a step against 2(N-1)/N of the model's fp32 gradient); cluster_rank_rss_sharded_N
 // (the largest rank's peak RSS against one rank's less the tiles it does not hold: the unsharded part
-// plus 1/N of the sharded state; target within 10%); the planner's host tiles per rank for a 120B
-// Llama on 4 ranks of one H200 and 512 GB each.
+// plus 1/N of the sharded state; target within 10%); the planner's host RAM per rank for a 120B
+// Llama on 4 ranks of one H200 and 512 GB each, the moments in the tiles (_rank_tiles) and on each
+// rank's NVMe tier with the masters (_rank_ram_tier).
 // Usage: bench_cluster [steps=12]
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -162,24 +163,35 @@ int main(int argc, char** argv) {
     describe("3 ranks, unsharded (memory)", three);
     const Run three_s = train(3, true, shard, dir / "three_sharded", steps);
     describe("3 ranks, sharded (memory)", three_s);
-    // The planner: a 120B Llama (the plan bench's shape) on 4 ranks of one H200 and 512 GB each.
-    const fs::path plan_log = dir / "plan.log";
-    const std::string plan = kBinary +
-                             " plan --model.hidden_size=10240 --model.layers=108 --model.heads=80 --model.kv_heads=8"
-                             " --model.intermediate_size=28672 --model.vocab_size=32000"
-                             " --model.max_position_embeddings=4096 --train.per_device_train_batch_size=4"
-                             " --data.seq_length=2048 --plan.hardware=h200 --train.bf16=true --plan.ranks=4"
-                             " --plan.host_ram_gb=512 --cluster.shard_state=true > " +
-                             plan_log.string() + " 2>&1";
-    (void)std::system(plan.c_str());
-    std::ifstream pin(plan_log);
-    std::stringstream pss;
-    pss << pin.rdbuf();
-    const std::string planned = pss.str();
-    const std::size_t at = planned.find("cluster: 4 ranks");
-    const std::string line = at == std::string::npos ? "" : planned.substr(at, planned.find('\n', at) - at);
-    std::printf("  planner, 120B on 4 x (H200, 512 GB), sharded: %s\n", line.c_str());
-    const double rank0_gib = after(line, " 0: ");
+    // The planner: a 120B Llama (the plan bench's shape) on 4 ranks of one H200 and 512 GB each, the
+    // moments in the tiles, and on each rank's NVMe tier with the masters (train.offload_params).
+    auto plan_120b = [&](const std::string& extra, const char* what) {
+      const fs::path plan_log = dir / "plan.log";
+      const std::string plan = kBinary +
+                               " plan --model.hidden_size=10240 --model.layers=108 --model.heads=80 --model.kv_heads=8"
+                               " --model.intermediate_size=28672 --model.vocab_size=32000"
+                               " --model.max_position_embeddings=4096 --train.per_device_train_batch_size=4"
+                               " --data.seq_length=2048 --plan.hardware=h200 --train.bf16=true --plan.ranks=4"
+                               " --plan.host_ram_gb=512 --cluster.shard_state=true " +
+                               extra + " > " + plan_log.string() + " 2>&1";
+      (void)std::system(plan.c_str());
+      std::ifstream pin(plan_log);
+      std::stringstream pss;
+      pss << pin.rdbuf();
+      const std::string planned = pss.str();
+      const std::size_t at = planned.find("cluster: 4 ranks");
+      const std::string line = at == std::string::npos ? "" : planned.substr(at, planned.find('\n', at) - at);
+      const std::size_t fit = planned.find("\nfits: ");
+      const std::string fits =
+          fit == std::string::npos ? "?" : planned.substr(fit + 7, planned.find('\n', fit + 1) - fit - 7);
+      std::printf("  planner, 120B on 4 x (H200, 512 GB), sharded, %s: fits: %s; %s\n", what, fits.c_str(),
+                  line.c_str());
+      return after(line, " 0: ");
+    };
+    const double rank0_gib = plan_120b("", "moments in the tiles");
+    const double rank0_tier_gib =
+        plan_120b("--train.offload_dir=" + (dir / "nvme").string() + " --train.offload_params=true",
+                  "masters and moments on each rank's NVMe tier");
     fs::remove_all(dir);
 
     mt::bench::Report report("cluster");
@@ -201,6 +213,8 @@ int main(int argc, char** argv) {
     report.add(
         {"cluster_rank_rss_unsharded_3", three.peak_rss / 1048576.0, "MiB", one.peak_rss / 1048576.0, 0.0, "lower"});
     if (rank0_gib > 0) report.add({"cluster_plan_120b_4x512gb_rank_tiles", rank0_gib, "GiB", 512.0, 1.0, "lower"});
+    if (rank0_tier_gib > 0)
+      report.add({"cluster_plan_120b_4x512gb_rank_ram_tier", rank0_tier_gib, "GiB", 512.0, 1.0, "lower"});
     report.print();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
