@@ -266,6 +266,32 @@ TEST_CASE("2 ranks x 1 micro-batch export the bytes of 1 rank x 2 (Llama, fp32),
   CHECK(slurp(dir.path / "a" / "hf" / "model.safetensors") != slurp(dir.path / "b" / "hf" / "model.safetensors"));
 }
 
+// The issue's own command: the demo config (the 15.7M Llama of tools/demo) on 2 ranks x 1 exports the
+// bytes of one `megatrain train` with gradient_accumulation_steps=2 (a few steps on a token shard of the
+// test's own, the demo's data aside).
+TEST_CASE("mpirun -np 2 on config/demo.ini exports the bytes of one process with 2 accumulation steps", "[cluster]") {
+  require_mpi();
+  TempDir dir("demo");
+  const fs::path shard = mt::test::make_shard(dir.path, 16384);
+  auto args = [&](const char* out, int accumulation) {
+    return " train --config-file=" MEGATRAIN_SOURCE_DIR "/config/demo.ini --data.train_files=" + shard.string() +
+           " '--data.validation_files=\"\"' '--data.tokenizer_file=\"\"' --train.max_steps=3 --monitor.enabled=false"
+           " --train.gradient_accumulation_steps=" +
+           std::to_string(accumulation) + " --train.output_dir=" + (dir.path / out).string() +
+           " --train.export_hf_dir=" + (dir.path / out / "hf").string();
+  };
+  const Outcome one = sh(kBinary + args("one", 2), dir.path / "one.log");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  const Outcome job = sh(mpirun(2) + kBinary + args("job", 1), dir.path / "job.log");
+  INFO(job.out);
+  REQUIRE(job.code == 0);
+  CHECK(job.out.find("2 ranks (MPI)") != std::string::npos);
+  const std::string a = slurp(dir.path / "one" / "hf" / "model.safetensors");
+  REQUIRE(a.size() > 60'000'000);  // 15.7M fp32 parameters
+  CHECK(a == slurp(dir.path / "job" / "hf" / "model.safetensors"));
+}
+
 TEST_CASE("3 ranks x 1 equal 1 rank x 3 (Llama, fp32)", "[cluster]") {
   require_mpi();
   check_ranks_equal_accumulation(kLlama, "", 3, 1);

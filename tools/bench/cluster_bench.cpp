@@ -182,8 +182,9 @@ int main(int argc, char** argv) {
       const std::size_t at = planned.find("cluster: 4 ranks");
       const std::string line = at == std::string::npos ? "" : planned.substr(at, planned.find('\n', at) - at);
       const std::size_t fit = planned.find("\nfits: ");
-      const std::string fits =
-          fit == std::string::npos ? "?" : planned.substr(fit + 7, planned.find('\n', fit + 1) - fit - 7);
+      const std::string fits = fit != std::string::npos ? planned.substr(fit + 7, planned.find('\n', fit + 1) - fit - 7)
+                               : planned.find("DOES NOT FIT") != std::string::npos ? "no"
+                                                                                   : "?";
       std::printf("  planner, 120B on 4 x (H200, 512 GB), sharded, %s: fits: %s; %s\n", what, fits.c_str(),
                   line.c_str());
       return after(line, " 0: ");
