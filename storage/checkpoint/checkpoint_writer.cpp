@@ -265,22 +265,31 @@ void CheckpointWriter::write_stage(std::int64_t stage, const StageState& state) 
   }
 }
 
-json CheckpointWriter::close_part() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  h5::quiet_errors();
-  if (!options_.part) throw CheckpointError(temp_dir_.string() + ": close_part on the publishing writer");
-  if (published_ || failed_)
-    throw CheckpointError(temp_dir_.string() + ": close_part after close_part, abort or a failure");
+void CheckpointWriter::failing_on_error(const std::function<void()>& body) {
   try {
-    close_shard_locked();
-    hf::fsync_directory(temp_dir_);  // this writer's file names are durable too
+    body();
   } catch (const hf::HfError& e) {
     failed_ = true;
     throw CheckpointError(e.what());
   } catch (const CheckpointError&) {
     failed_ = true;
     throw;
+  } catch (const std::exception& e) {
+    failed_ = true;
+    throw CheckpointError(temp_dir_.string() + ": " + e.what());
   }
+}
+
+json CheckpointWriter::close_part() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  h5::quiet_errors();
+  if (!options_.part) throw CheckpointError(temp_dir_.string() + ": close_part on the publishing writer");
+  if (published_ || failed_)
+    throw CheckpointError(temp_dir_.string() + ": close_part after close_part, abort or a failure");
+  failing_on_error([&] {
+    close_shard_locked();
+    hf::fsync_directory(temp_dir_);  // this writer's file names are durable too
+  });
   published_ = true;  // handed over: the publishing writer owns the files now
   json part{{"states", state_names_}, {"stages", json::array()}, {"shards", shards_}, {"bytes", bytes_written_}};
   for (const auto& [stage, entry] : stages_) part["stages"].push_back(entry);
@@ -337,7 +346,7 @@ fs::path CheckpointWriter::finalize(const json& run_state) {
     if (!stages_.count(s))
       throw CheckpointError(temp_dir_.string() + ": finalize before stage " + std::to_string(s) + " was written");
   fs::path target = root_ / step_dir_name(step_);
-  try {
+  failing_on_error([&] {
     close_shard_locked();
 
     json manifest;
@@ -377,16 +386,7 @@ fs::path CheckpointWriter::finalize(const json& run_state) {
     }
     hf::fsync_directory(root_);
     write_latest(root_, target.filename().string());
-  } catch (const hf::HfError& e) {
-    failed_ = true;
-    throw CheckpointError(e.what());
-  } catch (const CheckpointError&) {
-    failed_ = true;
-    throw;
-  } catch (const std::exception& e) {
-    failed_ = true;
-    throw CheckpointError(temp_dir_.string() + ": " + e.what());
-  }
+  });
   apply_retention(root_, options_.keep_last);
   remove_stale_temp_dirs(root_);
   return target;

@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -99,6 +100,8 @@ class CheckpointWriter {
   struct Shard;
   void open_shard_locked();
   void close_shard_locked();
+  // Runs `body`; any error marks this writer failed and leaves as a CheckpointError.
+  void failing_on_error(const std::function<void()>& body);
 
   std::filesystem::path root_;
   std::int64_t step_;
