@@ -218,9 +218,6 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   if (cfg.device.gpus < 1) throw ConfigError("device.gpus", "must be >= 1");
   p.devices = static_cast<int>(cfg.device.gpus);
   p.ranks = cfg.cluster.ranks;
-  if (cfg.shards_host_state())
-    if (const std::string why = cfg.shard_state_unsupported(); !why.empty())
-      throw ConfigError("cluster.shard_state", "cannot shard this run's host state: " + why);
   p.micro_batches = p.ranks * p.devices * p.device_micro_batches;
   if (p.seq < 1) throw ConfigError("data.seq_length", "must be >= 1");
   if (p.seq > model.max_position_embeddings && !model.positions_extend_past_max())
@@ -326,9 +323,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
 }
 
 OwnedStages host_owned_stages(const TrainConfig& cfg, const ModelConfig& model) {
-  // A configuration that cannot be sharded holds every stage (plan_engine refuses it for a run; the
-  // planner's table of state modes shows it so).
-  if (!cfg.shards_host_state() || !cfg.shard_state_unsupported().empty()) return {};
+  if (!cfg.shards_host_state()) return {};
   OwnedStages owned(static_cast<std::size_t>(num_stages(model)));
   for (std::size_t s = 0; s < owned.size(); ++s)
     owned[s] = cluster::stage_owner(static_cast<std::int64_t>(s), cfg.cluster.ranks) == cfg.cluster.rank ? 1 : 0;

@@ -122,21 +122,12 @@ bool TrainConfig::split_masters() const {
   const MasterWeights w = master_weights();
   if (w == MasterWeights::fp32) return false;
   if (w == MasterWeights::split) return true;
-  return train.bf16 && train.offload_dir.empty() && !train.offload_params && !shards_host_state() &&
+  return train.bf16 && train.offload_dir.empty() && !train.offload_params &&
          optimizer_compression() == OptimizerCompression::none;
 }
 
 GradientBuffer TrainConfig::gradient_buffer() const {
   return parse_choice(*this, train.gradient_buffer, kGradientBuffers, gradient_buffer_name);
-}
-
-std::string TrainConfig::shard_state_unsupported() const {
-  // The moment store (offload_dir, optimizer_compression, offload_params) shards: each owner's store
-  // holds its own stages (actors::moment_store_for). Split masters do not.
-  if (master_weights() == MasterWeights::split)
-    return key_of(*this, train.master_weights) +
-           " = split (a replica's masters would need the owner's moments; fp32 masters give the same bits)";
-  return "";
 }
 
 std::string TrainConfig::rank_grad_transport() const {

@@ -278,10 +278,6 @@ struct TrainConfig {
   Precision precision() const { return train.bf16 ? Precision::bf16 : Precision::fp32; }
   // cluster.shard_state in a job of several ranks: each rank holds the state of its own stages only.
   bool shards_host_state() const { return cluster.shard_state && cluster.ranks > 1; }
-  // Why the host state cannot be sharded for this run ("" when it can), naming the key: split masters
-  // (a replica would need the owner's moments for their rounding bits). The moment store shards (each
-  // owner holds its own stages' moments, and with offload_params their masters, compressed or on the tier).
-  std::string shard_state_unsupported() const;
   // How a job of several ranks moves each round's gradients to their owners (cluster.gpu_transport
   // resolved; device/grad_transport.hpp): "nccl" (the cuda backend in a build with NCCL, unless the key
   // says mpi) or "mpi" (the cpu backend always: its device memory is host memory).

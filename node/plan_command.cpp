@@ -87,8 +87,6 @@ void plan_one_rank_of(TrainConfig& cfg, const ModelConfig& model, bool gpu) {
   std::printf("; unsharded %s", gib(host_ram_of(whole)).c_str());
   if (whole.disk > 0) std::printf(" (files %s)", gib(static_cast<double>(whole.disk)).c_str());
   std::printf("; planned below: rank %d (the most), its share of the step\n", largest);
-  if (const std::string why = cfg.shards_host_state() ? cfg.shard_state_unsupported() : ""; !why.empty())
-    std::printf("note: cluster.shard_state cannot apply: %s\n", why.c_str());
   TrainConfig as_run = cfg;
   if (gpu) as_run.device.backend = "cuda";  // the profile is planned as the CUDA backend runs it
   std::printf("cluster: each round's gradients go to their stage's owner over %s (cluster.gpu_transport)\n",

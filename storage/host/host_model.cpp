@@ -24,10 +24,6 @@ constexpr int kLeaseThreads = 1;
 }  // namespace
 
 HostTileOptions replica_tile_options(const HostTileOptions& options) {
-  if (options.split_master)
-    throw std::invalid_argument(
-        "HostModel: a stage owned by another rank cannot hold split masters (their rounding bits live in the "
-        "moments): use fp32 masters");
   // fp32 compute streams the masters: a replica holds them whatever the owner does with its own (with
   // train.offload_params, bf16 only, the replica streams the compute copy and the masters stay away).
   if (!options.params_in_tile && options.compute_bytes_per_param == 0)
@@ -35,8 +31,11 @@ HostTileOptions replica_tile_options(const HostTileOptions& options) {
   HostTileOptions o = options;
   o.grad_in_tile = false;
   o.moments_in_tile = false;
-  // With a compute copy (bf16) that copy is all compute streams: the fp32 masters stay with the owner.
+  // With a compute copy (bf16) that copy is all compute streams: the fp32 masters stay with the owner,
+  // also split ones (their high halves are the copy the owner sends; the low halves and the tie bits in
+  // v stay with it).
   if (o.compute_bytes_per_param > 0) o.params_in_tile = false;
+  o.split_master = false;
   return o;
 }
 

@@ -31,8 +31,8 @@ class HostPinningHook {
 using OwnedStages = std::vector<char>;
 
 // The tile options of a stage another rank owns: no gradient, no moments, and with a compute copy no
-// masters either (throws std::invalid_argument for options a replica cannot take: split masters, whose
-// tie bits live in the moments; fp32 masters in a store).
+// masters either, split or not: the owner sends the copy, which split masters' high halves are (throws
+// std::invalid_argument for fp32 compute with the masters in a store: a replica would stream nothing).
 HostTileOptions replica_tile_options(const HostTileOptions& options);
 
 // Host bytes a model's tiles need with these options, before allocating anything (reports, checks);
