@@ -285,9 +285,27 @@ TEST_CASE("a sharded host model holds gradients and moments of its own stages on
   fp32.set_masters(1, [](float* m) { m[0] = 3.0f; });
   fp32.read_masters(1, [](const float* m) { CHECK(m[0] == 3.0f); });
   CHECK_NOTHROW(StateLease(model, 2));
-  // What a replica cannot be, and an ownership of another shape.
+  // Split masters: the owner holds the halves (the copy is their high half), a replica the copy alone;
+  // the owner's masters go in and come out exact, a replica's are rounded into its copy.
   HostTileOptions split = options;
   split.split_master = true;
-  CHECK_THROWS_WITH(HostModel(cfg, split, nullptr, nullptr, owned), Catch::Contains("split masters"));
+  HostModel halves(cfg, split, nullptr, nullptr, owned);
+  CHECK(halves.tile(0).has_split_master());
+  CHECK(halves.tile(1).has_compute_copy());
+  CHECK_FALSE(halves.tile(1).has_split_master());
+  CHECK_FALSE(halves.tile(1).has_params());
+  CHECK_FALSE(halves.holds_masters(1));
+  CHECK(host_model_bytes(cfg, split, owned) == halves.host_bytes());
+  const float exact = 1.0f + 1.0f / 4096;  // not a bf16 value: the low half holds the rest
+  for (const std::int64_t s : {std::int64_t{0}, std::int64_t{1}})
+    halves.set_masters(s, [&](float* m) { m[0] = exact; });
+  halves.read_masters(0, [&](const float* m) { CHECK(m[0] == exact); });
+  CHECK(cpu::bf16_to_float(static_cast<const bf16_t*>(halves.tile(0).compute_copy())[0]) == 1.0f);
+  CHECK(cpu::bf16_to_float(static_cast<const bf16_t*>(halves.tile(1).compute_copy())[0]) == 1.0f);
+  // What a replica cannot be (fp32 compute with the masters in a store: it would stream nothing), and an
+  // ownership of another shape.
+  HostTileOptions nothing = HostTileOptions{};
+  nothing.params_in_tile = false;
+  CHECK_THROWS_WITH(replica_tile_options(nothing), Catch::Contains("needs its masters in the tile"));
   CHECK_THROWS_WITH(HostModel(cfg, options, nullptr, nullptr, OwnedStages{1, 0}), Catch::Contains("6"));
 }
