@@ -335,7 +335,7 @@ void try_advance(self_ptr self) {
     }
     const auto t1 = Clock::now();
     st.step_compute += seconds_between(t0, t1);
-    ctx->intervals.add(Role::compute, p.step, t0, t1);
+    ctx->intervals.add(Role::compute, p.step, t0, t1, static_cast<int>(op.phase()));
     ctx->monitor->board()
         .probe(monitor::ActorId::compute, ctx->device)
         .unit(p.step, ctx->work_micro_batch(p.micro_batch), op.stage, phase_name(op.phase()));

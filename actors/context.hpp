@@ -91,12 +91,12 @@ class IntervalLog {
     t0_ = t0;
   }
   bool enabled() const { return enabled_; }
-  void add(Role r, std::int64_t step, std::chrono::steady_clock::time_point a,
-           std::chrono::steady_clock::time_point b) {
+  void add(Role r, std::int64_t step, std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b,
+           int phase = -1) {
     if (!enabled_) return;
     std::lock_guard<std::mutex> lock(mutex_);
     log_.push_back(BusyInterval{r, step, std::chrono::duration<double>(a - t0_).count(),
-                                std::chrono::duration<double>(b - t0_).count()});
+                                std::chrono::duration<double>(b - t0_).count(), phase});
   }
   std::vector<BusyInterval> take() {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -176,6 +176,7 @@ struct BusyInterval {
   Role role = Role::compute;
   std::int64_t step = 0;
   double t0 = 0.0, t1 = 0.0;  // seconds since the engine started
+  int phase = -1;             // compute: the op's Phase (forward, head, backward); -1 for the others
 };
 
 struct EngineJob {
