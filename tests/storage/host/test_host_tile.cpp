@@ -285,9 +285,14 @@ TEST_CASE("a sharded host model holds gradients and moments of its own stages on
   fp32.set_masters(1, [](float* m) { m[0] = 3.0f; });
   fp32.read_masters(1, [](const float* m) { CHECK(m[0] == 3.0f); });
   CHECK_NOTHROW(StateLease(model, 2));
-  // What a replica cannot be, and an ownership of another shape.
+  // Split masters: the owner holds the halves, a replica the bf16 copy (their high halves) alone.
   HostTileOptions split = options;
   split.split_master = true;
-  CHECK_THROWS_WITH(HostModel(cfg, split, nullptr, nullptr, owned), Catch::Contains("split masters"));
+  HostModel halves(cfg, split, nullptr, nullptr, owned);
+  CHECK(halves.tile(0).has_split_master());
+  CHECK_FALSE(halves.tile(1).has_split_master());
+  CHECK_FALSE(halves.holds_masters(1));
+  CHECK(halves.tile(1).has_compute_copy());
+  // An ownership of another shape.
   CHECK_THROWS_WITH(HostModel(cfg, options, nullptr, nullptr, OwnedStages{1, 0}), Catch::Contains("6"));
 }
