@@ -186,16 +186,24 @@ void resume_all(self_ptr self) {
         staged.push_back(LayerGrads{
             st.epoch, WorkId{e.step, e.micro_batch, e.stage, static_cast<std::int32_t>(Phase::backward)}, k, d});
     }
+    // The ledger keeps them by local micro-batch of data; the optimizer by the step's global index
+    // (with several ranks this rank's are m * ranks + rank).
+    const Context* dc = ctx->device_context(d);
     for (const auto& kv : dl.losses)
       if (kv.first >= opt_step)
         for (std::size_t mb = 0; mb < kv.second.size(); ++mb)
-          losses.push_back(LossReport{st.epoch, kv.first, static_cast<std::int64_t>(mb) * N + d, kv.second[mb].loss_sum,
-                                      kv.second[mb].counted});
+          losses.push_back(LossReport{st.epoch, kv.first, dc->global_micro_batch(static_cast<std::int64_t>(mb)),
+                                      kv.second[mb].loss_sum, kv.second[mb].counted});
   }
-  std::sort(staged.begin(), staged.end(), [](const LayerGrads& a, const LayerGrads& b) {
+  // In the order compute handed them over (the schedule's: layer-major a stage's micro-batches come
+  // back to back), so the collector takes them, and with several ranks makes its transfers, in the
+  // order every rank makes them.
+  const Schedule& sched = ctx->sched;
+  std::sort(staged.begin(), staged.end(), [&sched](const LayerGrads& a, const LayerGrads& b) {
     if (a.work.step != b.work.step) return a.work.step < b.work.step;
-    if (a.work.micro_batch != b.work.micro_batch) return a.work.micro_batch < b.work.micro_batch;
-    if (a.work.stage != b.work.stage) return a.work.stage > b.work.stage;
+    const std::int64_t ia = sched.gradient_index(a.work.micro_batch, a.work.stage);
+    const std::int64_t ib = sched.gradient_index(b.work.micro_batch, b.work.stage);
+    if (ia != ib) return ia < ib;
     return a.device < b.device;
   });
   std::vector<LayerGradsComplete> complete;
