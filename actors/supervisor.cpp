@@ -211,13 +211,16 @@ void resume_all(self_ptr self) {
     const std::size_t si = static_cast<std::size_t>(s);
     // A stage's sum of squares is known once its accumulator holds every micro-batch (stage gradients:
     // of the first pass). Stage gradients keep the gradient of the last pass: one micro-batch's comes
-    // again with the re-issued slot; several micro-batches' waits in its stage accumulator, handed over
-    // here (unless the optimizer used and released it before the restart).
+    // again with the re-issued slot; several micro-batches' (or several ranks') waits in its stage
+    // accumulator, handed over here (unless the optimizer used and released it before the restart); a
+    // stage another rank owns is complete there (this rank's optimizer receives its new weights).
     const std::int64_t M = ctx->data_micro_batches();
     if (led.accum_step[si] == opt_step && led.accum_count[si] >= M) {
       LayerGradsComplete c{st.epoch, opt_step, s, led.sumsq[si]};
-      if (ctx->stage_accums != nullptr && led.accum_count[si] == ctx->passes * M)
+      if (ctx->stage_accums != nullptr && led.accum_count[si] == ctx->passes * M) {
         c.accumulator = ctx->stage_accums->held_by(opt_step, s);
+        c.owned_elsewhere = !ctx->host->owns(s);
+      }
       complete.push_back(c);
     }
   }
