@@ -100,6 +100,7 @@ bool gather_rank_losses(Context& ctx, std::int64_t step, std::map<std::int64_t, 
   if (ctx.ranks <= 1 || ctx.world == nullptr || losses.size() < local) return false;
   const RankStatus status = my_status(ctx, step);  // before the gather: the transfer it waited for last
   std::vector<RankLoss> mine;
+  mine.reserve(losses.size());
   const std::int64_t stop = ctx.run->stop_wanted.load() ? 1 : 0;
   const std::int64_t checkpoint = ctx.run->checkpoint_wanted.exchange(false) ? 1 : 0;  // carried once
   for (const auto& kv : losses)

@@ -172,6 +172,7 @@ void resume_all(self_ptr self) {
   const std::int64_t opt_step = optimizer_step(ctx);
   const Resume r{st.epoch, led.compute_pos, opt_step, st.end_step};
   std::vector<Resume> device_resume;  // each device continues from its own compute position
+  device_resume.reserve(static_cast<std::size_t>(N));
   for (int d = 0; d < N; ++d)
     device_resume.push_back(Resume{st.epoch, ctx->device_context(d)->ledger.compute_pos, opt_step, st.end_step});
   // Staged gradients the collector has not (or not known to have) taken, in schedule order, and the
