@@ -20,7 +20,10 @@
 // collect_into_accumulator) a stage's micro-batches arrive back to back and are summed into one of the
 // two stage accumulators with the tile accumulator's bits; the first pass sums its squares and
 // releases it, the last hands it to the optimizer. Work that finds both accumulators taken waits
-// (in order) for the optimizer's AccumulatorFree.
+// (in order) for the optimizer's AccumulatorFree. Several ranks (the host state sharded) always sum
+// into the accumulators, at each stage's owner alone, every rank's round in rank order (the bits of one
+// rank's accumulation); a rank that does not own the stage sends its slot's gradient and frees it at
+// once (stage_accumulator_for says why the owner's wait cannot deadlock the ranks).
 #include <cstring>
 #include <deque>
 #include <future>
@@ -77,47 +80,92 @@ const float* copy_to_host_buffer(self_ptr self, Backend& device, const float* sl
   return st.host_buffer.get();
 }
 
-// Several ranks (cluster/grad_reduce.hpp): this rank's gradient of the round goes from its slot to the
-// stage's owner over the run's transport (device/grad_transport.hpp: MPI from a host copy, or NCCL
-// straight from the device slot, when this rank needs no host copy unless it is the owner), and the
-// owner adds every rank's in rank order into its accumulator; after the last round the owner sends the
-// sum to every rank, so each rank's tile then holds the step's whole gradient and every rank runs the
-// optimizer on it. With the host state sharded (cluster.shard_state) only the owner holds an
-// accumulator: after the last round it sends the sum's square norm alone, which this returns on every
-// rank (the optimizer's clipping needs every stage's), and the owner alone updates the stage. Blocking
-// here keeps the transfers in (step, round, stage) order, the same on every rank; compute goes on with
-// the next backward into its other staging slots meanwhile.
-std::optional<double> reduce_across_ranks(self_ptr self, const LayerGrads& m, float* slot, HostTile& tile,
-                                          std::size_t n) {
+// Several ranks: what a transfer of stage `stage`'s gradients of `round` carries, in errors and in
+// the monitor's "waits for" (a replayed pass, stage gradients with clipping, says so).
+std::string round_what(const Context& ctx, std::int64_t step, std::int64_t local, std::int64_t stage, int owner) {
+  const std::string pass = ctx.passes > 1 ? " of pass " + std::to_string(ctx.pass_of(local) + 1) : "";
+  return "the gradients of stage " + std::to_string(stage) + ", step " + std::to_string(step) + ", round " +
+         std::to_string(ctx.data_local(local)) + pass + " (owner rank " + std::to_string(owner) + ")";
+}
+
+// Several ranks: this rank's gradient of a round as the transport takes it (device/grad_transport.hpp:
+// MPI from a host copy, or NCCL straight from the device slot, when this rank needs no host copy
+// unless it is the owner, which adds its own on the host).
+RoundGradient round_gradient(self_ptr self, float* slot, std::size_t n, int owner) {
+  Context* ctx = self->state.ctx;
+  RoundGradient mine{slot, nullptr};
+  if (ctx->backend->shares_host_memory())
+    mine.host = slot;
+  else if (owner == ctx->rank || !ctx->grad_transport->sends_from_device())
+    mine.host = copy_to_host_buffer(self, *ctx->backend, slot, n);
+  return mine;
+}
+
+// Runs `transfers` (m's transfers with other ranks) and counts their time as the step's reduction
+// (CollectorStepDone::reduce_s, reduce_tail_s).
+template <class Transfers>
+auto timed_reduction(self_ptr self, const LayerGrads& m, Transfers transfers) {
+  const auto r0 = Clock::now();
+  auto result = transfers();
+  const auto r1 = Clock::now();
+  collector_state::Reduction& r = self->state.reductions[m.work.step];
+  r.seconds += seconds_between(r0, r1);
+  r.last_handed_ns = std::max(r.last_handed_ns, m.handed_ns);
+  r.last_done_ns = r1.time_since_epoch().count();
+  return result;
+}
+
+// One round of a stage on every rank (cluster::reduce_round): this rank's gradient in device slot
+// `m.grad_slot` goes to the stage's owner, which adds every rank's in rank order into `accum` (zeroed
+// first when `first`; only the owner's is written, others pass null); then the slot is freed. Blocking
+// here keeps the transfers in the order the collector takes its work, the same on every rank; compute
+// goes on with the next backward into its other staging slots meanwhile.
+void reduce_round_of(self_ptr self, const LayerGrads& m, float* accum, std::size_t n, bool first) {
   auto& st = self->state;
   Context* ctx = st.ctx;
-  const std::int64_t step = m.work.step, mb = m.work.micro_batch, stage = m.work.stage;
+  const std::int64_t stage = m.work.stage;
   const int owner = cluster::stage_owner(stage, ctx->ranks);
-  GradTransport& transport = *ctx->grad_transport;
-  RoundGradient mine{slot, nullptr};
-  if (ctx->backend->shares_host_memory()) {
-    mine.host = slot;
-  } else if (owner == ctx->rank || !transport.sends_from_device()) {
-    mine.host = copy_to_host_buffer(self, *ctx->backend, slot, n);
-  }
-  const bool sharded = ctx->host->sharded();
-  float* accum = ctx->host->owns(stage) ? tile.grad() : nullptr;  // only the owner's is written
-  const std::string what = "the gradients of stage " + std::to_string(stage) + ", step " + std::to_string(step) +
-                           ", round " + std::to_string(mb) + " (owner rank " + std::to_string(owner) + ")";
-  cluster::reduce_round(*ctx->world, transport, owner, mine, accum, n, mb == 0, ctx->granted(ctx->collector_threads),
-                        what);
+  const RoundGradient mine = round_gradient(self, ctx->arena->grad_slot(m.grad_slot), n, owner);
+  cluster::reduce_round(*ctx->world, *ctx->grad_transport, owner, mine, accum, n, first,
+                        ctx->granted(ctx->collector_threads),
+                        round_what(*ctx, m.work.step, m.work.micro_batch, stage, owner));
   self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
-  if (mb + 1 != ctx->sched.micro_batches()) return std::nullopt;
-  if (!sharded) {
-    cluster::share_stage(*ctx->world, owner, accum, n, what);
-    return std::nullopt;
-  }
+}
+
+// A stage's sum of squares once its sum is complete: of `accum` where this rank holds it; with the host
+// state sharded its owner's, sent to every rank (8 bytes, cluster::share_from_owner on the gradients
+// channel), so every rank's optimizer has every stage's for the clipping norm.
+double stage_sumsq(self_ptr self, const LayerGrads& m, const float* accum) {
+  Context* ctx = self->state.ctx;
+  const std::int64_t stage = m.work.stage;
   double sumsq = accum != nullptr ? stage_grad_sumsq(ctx->layouts[static_cast<std::size_t>(stage)], accum,
                                                      ctx->granted(ctx->collector_threads))
                                   : 0.0;
-  cluster::share_from_owner(*ctx->world, cluster::Channel::grads, owner, &sumsq, sizeof sumsq,
-                            "the sum of squares of " + what);
+  if (ctx->ranks > 1 && ctx->host->sharded()) {
+    const int owner = cluster::stage_owner(stage, ctx->ranks);
+    cluster::share_from_owner(
+        *ctx->world, cluster::Channel::grads, owner, &sumsq, sizeof sumsq,
+        "the sum of squares of " + round_what(*ctx, m.work.step, m.work.micro_batch, stage, owner));
+  }
   return sumsq;
+}
+
+// Several ranks, gradient accumulators (cluster/grad_reduce.hpp): the round goes to the stage's owner,
+// which adds every rank's in rank order into its tile's accumulator; after the last round the owner
+// sends the sum to every rank, so each rank's tile then holds the step's whole gradient and every rank
+// runs the optimizer on it. With the host state sharded (cluster.shard_state) only the owner holds an
+// accumulator: after the last round it sends the sum's square norm alone, which this returns on every
+// rank, and the owner alone updates the stage.
+std::optional<double> reduce_across_ranks(self_ptr self, const LayerGrads& m, HostTile& tile, std::size_t n) {
+  Context* ctx = self->state.ctx;
+  const std::int64_t mb = m.work.micro_batch, stage = m.work.stage;
+  float* accum = ctx->host->owns(stage) ? tile.grad() : nullptr;  // only the owner's is written
+  reduce_round_of(self, m, accum, n, mb == 0);
+  if (mb + 1 != ctx->sched.micro_batches()) return std::nullopt;
+  if (ctx->host->sharded()) return stage_sumsq(self, m, accum);
+  const int owner = cluster::stage_owner(stage, ctx->ranks);
+  cluster::share_stage(*ctx->world, owner, accum, n, round_what(*ctx, m.work.step, mb, stage, owner));
+  return std::nullopt;
 }
 
 // Adds the gradient in device slot `slot` into the host accumulator `acc` (first: zeroed first), with
@@ -198,8 +246,33 @@ void collect_in_slot(self_ptr self, const LayerGrads& m) {
   self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, sumsq, sums_only ? -1 : m.grad_slot});
 }
 
-// Stage gradients of several micro-batches (layer-major): adds the slot into the stage's accumulator.
-// False when it has to wait for a free accumulator (the optimizer's AccumulatorFree).
+// Stage gradients into a stage accumulator: the accumulator the stage's round `data_mb` adds into,
+// claimed at its first round of a pass; -1 when both are taken (the work waits for AccumulatorFree).
+//
+// Several ranks: only the stage's owner claims one, before its part of the round's transfer; every
+// other rank sends its gradient at once and holds no accumulator for the stage. Why the owner's wait
+// cannot deadlock the ranks, whose collectors wait in that round's transfer for it meanwhile: a first
+// pass's accumulator is released as soon as its sum of squares is taken, so only last-pass stages hold
+// one, and only once every rank's every round of them is summed (the collector claims at a stage's
+// first round and the rounds of a stage come back to back). Their update, which releases them, needs
+// nothing from the round waited on: the step's loss gather (every rank reported its losses at its heads,
+// before any gradient of the step), and, in backward order, the new weights of the stages completed
+// before them, updated by their owners under the same conditions; the transfers of the optimizers (and
+// the checkpointers behind the version gate) pair up on their own channels in the same order on every
+// rank. So the owner's optimizer frees an accumulator, and by induction over the collector's order
+// (the same on every rank) every wait ends. A non-owner never waits for an accumulator, so no rank
+// stops in front of a transfer that another rank's owner is already inside.
+int stage_accumulator_for(Context* ctx, std::int64_t step, std::int64_t stage, std::int64_t data_mb) {
+  StageAccumulators& accums = *ctx->stage_accums;
+  const int a = data_mb == 0 ? accums.claim(step, stage) : accums.held_by(step, stage);
+  if (a < 0 && data_mb != 0)
+    throw std::logic_error("collector: stage " + std::to_string(stage) + " lost its accumulator");
+  return a;
+}
+
+// Stage gradients of several micro-batches (layer-major), or of several ranks: adds the slot into the
+// stage's accumulator (with several ranks: every rank's round, in rank order, at the stage's owner; the
+// others send theirs). False when it has to wait for a free accumulator (the optimizer's AccumulatorFree).
 bool collect_into_accumulator(self_ptr self, const LayerGrads& m) {
   auto& st = self->state;
   Context* ctx = st.ctx;
@@ -210,8 +283,10 @@ bool collect_into_accumulator(self_ptr self, const LayerGrads& m) {
   const std::int64_t arrival = ctx->pass_of(mb) * M + data_mb;  // the stage's arrivals count every pass
   auto free_slot = [&] { self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0}); };
   fault_point(ctx->fault, Role::collector, step, ctx->work_micro_batch(mb), stage, Phase::collect);
+  // Re-issued work, summed (and with several ranks sent) before a restart: every round's transfer ran
+  // once on every rank, and the ledger counts it here only after it ran.
   const std::int64_t expected = led.accum_step[si] == step ? led.accum_count[si] : 0;
-  if (led.accum_step[si] > step || arrival < expected) {  // re-issued work, summed before a restart
+  if (led.accum_step[si] > step || arrival < expected) {
     free_slot();
     return true;
   }
@@ -219,33 +294,41 @@ bool collect_into_accumulator(self_ptr self, const LayerGrads& m) {
     throw std::logic_error("collector: stage " + std::to_string(stage) + " step " + std::to_string(step) +
                            " got pass " + std::to_string(ctx->pass_of(mb)) + " micro-batch " + std::to_string(data_mb) +
                            ", expected arrival " + std::to_string(expected));
-  StageAccumulators& accums = *ctx->stage_accums;
-  const int a = data_mb == 0 ? accums.claim(step, stage) : accums.held_by(step, stage);
-  if (a < 0) {
-    if (data_mb != 0) throw std::logic_error("collector: stage " + std::to_string(stage) + " lost its accumulator");
-    return false;
-  }
+  const bool sums_here = ctx->host->owns(stage);  // one rank: every stage; sharded: its owner alone
+  const int a = sums_here ? stage_accumulator_for(ctx, step, stage, data_mb) : -1;
+  if (sums_here && a < 0) return false;
   const auto t0 = Clock::now();
-  const ParamLayout& layout = ctx->layouts[si];
-  const std::size_t n = layout.total_floats;
-  float* acc = accums.data(a);
-  add_to_host(self, *ctx->backend, ctx->arena->grad_slot(m.grad_slot), acc, n, data_mb == 0, free_slot);
-  led.accum_step[si] = step;
-  led.accum_count[si] = arrival + 1;
+  const std::size_t n = ctx->layouts[si].total_floats;
+  float* acc = a >= 0 ? ctx->stage_accums->data(a) : nullptr;
   const bool stage_done = data_mb + 1 == M;
   const bool sums_only = !ctx->last_pass(mb);
-  if (stage_done && (ctx->passes == 1 || sums_only))
-    led.sumsq[si] = stage_grad_sumsq(layout, acc, ctx->granted(ctx->collector_threads));
+  const bool takes_sumsq = stage_done && (ctx->passes == 1 || sums_only);
+  double sumsq = led.sumsq[si];
+  if (ctx->ranks > 1) {
+    sumsq = timed_reduction(self, m, [&] {
+      reduce_round_of(self, m, acc, n, data_mb == 0);
+      return takes_sumsq ? stage_sumsq(self, m, acc) : sumsq;
+    });
+  } else {
+    add_to_host(self, *ctx->backend, ctx->arena->grad_slot(m.grad_slot), acc, n, data_mb == 0, free_slot);
+    if (takes_sumsq) sumsq = stage_sumsq(self, m, acc);
+  }
+  led.sumsq[si] = sumsq;
+  led.accum_step[si] = step;
+  led.accum_count[si] = arrival + 1;
   const auto t1 = Clock::now();
   st.offload_s[step] += seconds_between(t0, t1);
   ctx->intervals.add(Role::collector, step, t0, t1);
   ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, ctx->work_micro_batch(mb), stage, "collect");
   if (!stage_done) return true;
-  if (sums_only)
-    accums.release(a);  // the first pass brings only the sum
-  else
+  if (sums_only) {
+    if (a >= 0) ctx->stage_accums->release(a);  // the first pass brings only the sum
+  } else {
     report_if_step_done(self, step, ctx->passes * M);
-  self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, led.sumsq[si], -1, sums_only ? -1 : a});
+  }
+  LayerGradsComplete done{st.epoch, step, stage, sumsq, -1, sums_only ? -1 : a};
+  done.owned_elsewhere = !sums_only && !sums_here;  // this rank receives the owner's new weights
+  self->send(st.peers.optimizer, done);
   return true;
 }
 
@@ -308,13 +391,7 @@ void collect(self_ptr self, const LayerGrads& m) {
   HostTile& tile = ctx->host->tile(stage);
   std::optional<double> shared_sumsq;  // sharded: the owner's, after the last round
   if (ctx->ranks > 1) {
-    const auto r0 = Clock::now();
-    shared_sumsq = reduce_across_ranks(self, m, grads[0], tile, n);
-    const auto r1 = Clock::now();
-    collector_state::Reduction& r = st.reductions[step];
-    r.seconds += seconds_between(r0, r1);
-    r.last_handed_ns = std::max(r.last_handed_ns, m.handed_ns);
-    r.last_done_ns = r1.time_since_epoch().count();
+    shared_sumsq = timed_reduction(self, m, [&] { return reduce_across_ranks(self, m, tile, n); });
   } else if (N == 1 && ctx->grads_in_place(mb)) {  // compute summed them into the tile already
     free_slot(0, slots[0]);
   } else {

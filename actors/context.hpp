@@ -128,17 +128,18 @@ struct Context {
   int ranks = 1;
   cluster::World* world = nullptr;
   GradTransport* grad_transport = nullptr;
-  // train.gradient_buffer=stage (one device, one rank): no gradient accumulator in the tiles. With one
+  // train.gradient_buffer=stage (one device): no gradient accumulator in the tiles. With one
   // micro-batch per step each stage's gradient waits in its staging slot (or, over a link, the slot's
-  // landing buffer on the host) until the optimizer has used it; with several (layer-major) they are
-  // summed into one of the two stage accumulators. With clipping a step runs `passes` = 2 passes over
+  // landing buffer on the host) until the optimizer has used it; with several (layer-major), or with
+  // several ranks (the host state sharded: at each stage's owner, every rank's round in rank order),
+  // they are summed into one of the two stage accumulators. With clipping a step runs `passes` = 2 passes over
   // its micro-batches: schedule micro-batch p * M + m is pass p of data micro-batch m (the first pass
   // only sums squares, the second updates each stage as its gradient completes, with the first
   // pass's clip factor).
   bool stage_gradients = false;
   int passes = 1;
   std::vector<AlignedFloats> grad_landing;    // one micro-batch over a link: per staging slot (collector writes)
-  StageAccumulators* stage_accums = nullptr;  // several micro-batches (the run's; made by run_pipeline)
+  StageAccumulators* stage_accums = nullptr;  // several micro-batches or ranks (the run's; made by run_pipeline)
   // A schedule micro-batch (one per pass and local micro-batch) -> its pass, and the local micro-batch
   // of data it runs (every pass runs the same data).
   std::int64_t data_micro_batches() const { return sched.micro_batches() / passes; }

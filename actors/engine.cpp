@@ -330,6 +330,15 @@ OwnedStages host_owned_stages(const TrainConfig& cfg, const ModelConfig& model) 
   return owned;
 }
 
+std::size_t stage_accumulator_floats(const TrainConfig& cfg, const ModelConfig& model) {
+  const OwnedStages owned = host_owned_stages(cfg, model);
+  std::size_t largest = 0;
+  for (std::int64_t s = 0; s < num_stages(model); ++s)
+    if (owned.empty() || owned[static_cast<std::size_t>(s)] != 0)
+      largest = std::max(largest, stage_layout(model, s).total_floats);
+  return largest;
+}
+
 HostTileOptions host_tile_options(const TrainConfig& cfg) {
   HostTileOptions o;
   o.compute_bytes_per_param = cfg.precision() == Precision::bf16 ? sizeof(bf16_t) : 0;
@@ -593,10 +602,11 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   }
 
   // Stage gradients: where a slot's gradient lands on the host (one micro-batch per step), or the two
-  // accumulators several micro-batches are summed into.
+  // accumulators several micro-batches (or every rank's rounds, at the stage's owner) are summed into:
+  // a rank holds none for the stages it does not own.
   std::optional<StageAccumulators> stage_accums;
-  if (ctx->stage_gradients && ctx->data_micro_batches() > 1) {
-    stage_accums.emplace(job.host->largest_stage_floats());
+  if (ctx->stage_gradients && sums_into_stage_accumulators(ctx->plan)) {
+    stage_accums.emplace(stage_accumulator_floats(job.cfg, job.model));
     ctx->stage_accums = &*stage_accums;
   } else if (ctx->stage_gradients && !ctx->backend->shares_host_memory()) {
     for (int k = 0; k < ctx->plan.grad_slots; ++k)

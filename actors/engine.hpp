@@ -255,6 +255,13 @@ HostTileOptions host_tile_options(const TrainConfig& cfg);
 // The stages whose optimizer state this rank holds (cluster.shard_state with several ranks: stage s on
 // rank s mod N, cluster::stage_owner; else empty: every stage). Pass it to HostModel.
 OwnedStages host_owned_stages(const TrainConfig& cfg, const ModelConfig& model);
+// train.gradient_buffer=stage summing into the two stage accumulators (actors/stage_accumulators.hpp):
+// with several micro-batches a step, or several ranks (each stage's owner sums every rank's rounds).
+inline bool sums_into_stage_accumulators(const EnginePlan& p) {
+  return p.stage_gradients && (p.device_micro_batches > 1 || p.ranks > 1);
+}
+// Each stage accumulator's floats: the largest stage this rank owns (host_owned_stages; 0 when it owns none).
+std::size_t stage_accumulator_floats(const TrainConfig& cfg, const ModelConfig& model);
 // Where the run keeps its Adam moments: nullptr = in the tiles (the default), else a staged store
 // (storage/offload): compressed in RAM, or files in train.offload_dir; with the host state sharded it
 // holds this rank's own stages only (moment_store_options). Pass it to HostModel with

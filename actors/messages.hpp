@@ -6,7 +6,7 @@
 //   prefetcher --(copy engine)--CopyDone--> prefetcher --WeightsReady--> compute --SlotFree--> prefetcher
 //   boundaries on the host: compute --(copy engine)--BoundarySaved--> compute, prefetcher
 //   compute --LayerGrads--> collector --GradSlotFree--> compute
-//   optimizer --AccumulatorFree--> collector (stage gradients of several micro-batches)
+//   optimizer --AccumulatorFree--> collector (stage gradients of several micro-batches, or of several ranks)
 //   compute --LossReport--> optimizer, node
 //   collector --LayerGradsComplete--> optimizer --LayerUpdated(version)--> prefetcher
 //   compute/collector/optimizer --*StepDone--> node (timings; the node prints the progress line)
@@ -262,7 +262,7 @@ typename Inspector::result_type inspect(Inspector& f, LossReport& x) {
 // accumulator -1: it is in the tile's accumulator (train.gradient_buffer=model), or it was not kept
 // (stage, the first of two passes: the sum is all it brings). grad_slot >= 0 (stage, one micro-batch):
 // it waits in that staging slot of device 0 (over a link, in Context::grad_landing[grad_slot]); the
-// optimizer frees the slot after the update. accumulator >= 0 (stage, several micro-batches): it waits
+// optimizer frees the slot after the update. accumulator >= 0 (stage, several micro-batches or ranks): it waits
 // in that one of Context::stage_accums, which the optimizer releases after the update. The
 // supervisor sends these too, to a respawned optimizer.
 struct LayerGradsComplete {
@@ -272,11 +272,15 @@ struct LayerGradsComplete {
   double sumsq = 0.0;
   std::int32_t grad_slot = -1;
   std::int32_t accumulator = -1;
+  // Stage gradients across sharded ranks: the stage's last pass is summed, by its owner, another rank;
+  // this rank's optimizer receives the new weights in its turn (the stage holds no slot or accumulator here).
+  bool owned_elsewhere = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LayerGradsComplete& x) {
-  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq, x.grad_slot, x.accumulator);
+  return f(caf::meta::type_name("LayerGradsComplete"), x.epoch, x.step, x.stage, x.sumsq, x.grad_slot, x.accumulator,
+           x.owned_elsewhere);
 }
 
 // optimizer -> collector: a stage accumulator was released (Context::stage_accums); work waiting for

@@ -5,9 +5,10 @@
 //     the next step's forward of layer i overlaps the updates of the layers after it;
 //   - without clipping: updates each stage as soon as its gradients are complete (during backward).
 //   - with stage gradients (train.gradient_buffer=stage): each stage's gradient arrives in its staging
-//     slot, or with several micro-batches in a stage accumulator (after the second pass's backward of
-//     it, with clipping: the first pass brought only the sums of squares) and is used and freed at
-//     once, in backward order.
+//     slot, or with several micro-batches (or ranks) in a stage accumulator (after the second pass's
+//     backward of it, with clipping: the first pass brought only the sums of squares) and is used and
+//     freed at once, in backward order; with the host state sharded a stage another rank owns arrives
+//     as complete there, and its new weights are received in the same turn.
 // Either way it needs the step's counted tokens (from the loss reports) to normalise the gradient.
 // A stage whose tile version already says "updated" is skipped, so re-issued work is harmless.
 #include <cstring>
@@ -182,9 +183,21 @@ void give_back(self_ptr self, std::int64_t s, std::int64_t stage, int slot, int 
   }
 }
 
-// Stage gradients: updates every stage of step s whose gradient waits in a slot, once the scale is
-// known (with clipping: every stage's sum of squares from the first pass), and frees the slot.
-// True when every stage of step s is updated.
+// Stage gradients: where stage's gradient waits for its update (null: another rank owns the stage and
+// sends its new weights).
+const float* waiting_gradient(const Context& ctx, const optimizer_state::Waiting& w) {
+  if (w.accumulator >= 0) return ctx.stage_accums->data(w.accumulator);
+  if (w.slot < 0) return nullptr;
+  return ctx.backend->shares_host_memory() ? ctx.arena->grad_slot(w.slot)
+                                           : ctx.grad_landing.at(static_cast<std::size_t>(w.slot)).get();
+}
+
+// Stage gradients: updates the stages of step s whose gradient waits (in a slot, an accumulator, or
+// with the host state sharded at its owner), once the scale is known (with clipping: every stage's
+// sum of squares from the first pass), and frees where it waited. In backward order, each stage once
+// every stage after it is done: the order the collector completes them in, and with several ranks the
+// order of the new weights' transfers, the same on every rank also after a restart (whatever order the
+// supervisor hands complete stages over in). True when every stage of step s is updated.
 bool update_from_slots(self_ptr self, std::int64_t s, const AdamWHyper& hyper, std::int64_t counted, double loss_sum) {
   auto& st = self->state;
   Context* ctx = st.ctx;
@@ -199,18 +212,17 @@ bool update_from_slots(self_ptr self, std::int64_t s, const AdamWHyper& hyper, s
                : compute_step_scale(std::vector<double>(static_cast<std::size_t>(S), 0.0), counted, 0.0f, loss_sum)
                      .grad_scale;
   auto& waiting = st.in_slot[s];
-  for (auto it = waiting.begin(); it != waiting.end(); it = waiting.erase(it)) {
-    const std::int64_t stage = it->first;
+  for (std::int64_t stage = S - 1; stage >= 0; --stage) {
+    const auto it = waiting.find(stage);
+    if (it == waiting.end()) {
+      if (ctx->host->tile(stage).version() > static_cast<std::uint64_t>(s)) continue;  // updated before a restart
+      return false;
+    }
     const optimizer_state::Waiting w = it->second;
-    const float* grad = w.accumulator >= 0 ? ctx->stage_accums->data(w.accumulator)
-                        : ctx->backend->shares_host_memory()
-                            ? ctx->arena->grad_slot(w.slot)
-                            : ctx->grad_landing.at(static_cast<std::size_t>(w.slot)).get();
-    update_stage(self, s, stage, hyper, grad_scale, grad);  // skips a stage updated before a restart
+    update_stage(self, s, stage, hyper, grad_scale, waiting_gradient(*ctx, w));  // skips one updated before
     give_back(self, s, stage, w.slot, w.accumulator);
+    waiting.erase(it);
   }
-  for (std::int64_t stage = 0; stage < S; ++stage)
-    if (ctx->host->tile(stage).version() <= static_cast<std::uint64_t>(s)) return false;
   return static_cast<std::int64_t>(sq.size()) == S;  // the norm the step reports
 }
 
@@ -279,7 +291,7 @@ optimizer_actor::behavior_type optimizer_fn(self_ptr self, Context* ctx, std::ui
           return;
         }
         st.sumsq[m.step][m.stage] = m.sumsq;
-        if (m.grad_slot >= 0 || m.accumulator >= 0)
+        if (m.grad_slot >= 0 || m.accumulator >= 0 || m.owned_elsewhere)
           st.in_slot[m.step][m.stage] = optimizer_state::Waiting{m.grad_slot, m.accumulator};
         try_update(self);
       },

@@ -95,10 +95,12 @@ bool gather_rank_losses(Context& ctx, std::int64_t step, std::map<std::int64_t, 
     losses = it->second;
     return true;
   }
-  const auto local = static_cast<std::size_t>(ctx.sched.micro_batches());
+  // This rank's micro-batches of data (stage gradients with clipping replay them: one loss each).
+  const auto local = static_cast<std::size_t>(ctx.data_micro_batches());
   if (ctx.ranks <= 1 || ctx.world == nullptr || losses.size() < local) return false;
   const RankStatus status = my_status(ctx, step);  // before the gather: the transfer it waited for last
   std::vector<RankLoss> mine;
+  mine.reserve(losses.size());
   const std::int64_t stop = ctx.run->stop_wanted.load() ? 1 : 0;
   const std::int64_t checkpoint = ctx.run->checkpoint_wanted.exchange(false) ? 1 : 0;  // carried once
   for (const auto& kv : losses)

@@ -129,4 +129,13 @@ std::int64_t Schedule::index_of(std::int64_t micro_batch, std::int64_t op) const
   return index_[static_cast<std::size_t>(micro_batch * ops_per_micro_batch() + op)];
 }
 
+std::int64_t Schedule::gradient_index(std::int64_t micro_batch, std::int64_t stage) const {
+  for (std::size_t j = 0; j < ops_.size(); ++j) {
+    const OpKind k = ops_[j].kind;
+    const bool hands_over = k == OpKind::head || k == OpKind::layer_backward || k == OpKind::embed_backward;
+    if (hands_over && ops_[j].stage == stage) return index_of(micro_batch, static_cast<std::int64_t>(j));
+  }
+  throw std::out_of_range("Schedule: no op hands over the gradient of stage " + std::to_string(stage));
+}
+
 }  // namespace mt::actors

@@ -107,6 +107,10 @@ class Schedule {
   // Index within a step of op `op` of micro-batch `micro_batch` (-1: a replay does not run that op).
   std::int64_t index_of(std::int64_t micro_batch, std::int64_t op) const;
   const Op& op(const Pos& p) const { return ops_[static_cast<std::size_t>(p.op)]; }
+  // Where a step's gradient of `stage` from micro-batch `micro_batch` is complete and goes to the
+  // collector: the index of its head (stage L + 1), layer backward or embed backward (stage 0). The
+  // collector gets a step's gradients in this order; a restart re-issues staged ones in it.
+  std::int64_t gradient_index(std::int64_t micro_batch, std::int64_t stage) const;
   bool is_forward_only() const { return forward_only_; }
   // Which of the in-flight activation sets micro-batch `micro_batch` uses (a replay: its first pass's).
   int activation_set(std::int64_t micro_batch) const {

@@ -1,4 +1,5 @@
-// Stage gradients of several micro-batches (train.gradient_buffer=stage, layer-major): a stage's
+// Stage gradients of several micro-batches (train.gradient_buffer=stage, layer-major), or of several
+// ranks (the host state sharded: a stage's owner sums every rank's rounds in rank order): a stage's
 // micro-batches are summed into one of two host accumulators, exactly as the tile's accumulator
 // would be (zeroed, then each micro-batch added in order), and the optimizer updates from it once the
 // stage is complete. Two suffice: the stage being summed, and the one before it in the optimizer.

@@ -172,6 +172,7 @@ void resume_all(self_ptr self) {
   const std::int64_t opt_step = optimizer_step(ctx);
   const Resume r{st.epoch, led.compute_pos, opt_step, st.end_step};
   std::vector<Resume> device_resume;  // each device continues from its own compute position
+  device_resume.reserve(static_cast<std::size_t>(N));
   for (int d = 0; d < N; ++d)
     device_resume.push_back(Resume{st.epoch, ctx->device_context(d)->ledger.compute_pos, opt_step, st.end_step});
   // Staged gradients the collector has not (or not known to have) taken, in schedule order, and the
@@ -186,16 +187,24 @@ void resume_all(self_ptr self) {
         staged.push_back(LayerGrads{
             st.epoch, WorkId{e.step, e.micro_batch, e.stage, static_cast<std::int32_t>(Phase::backward)}, k, d});
     }
+    // The ledger keeps them by local micro-batch of data; the optimizer by the step's global index
+    // (with several ranks this rank's are m * ranks + rank).
+    const Context* dc = ctx->device_context(d);
     for (const auto& kv : dl.losses)
       if (kv.first >= opt_step)
         for (std::size_t mb = 0; mb < kv.second.size(); ++mb)
-          losses.push_back(LossReport{st.epoch, kv.first, static_cast<std::int64_t>(mb) * N + d, kv.second[mb].loss_sum,
-                                      kv.second[mb].counted});
+          losses.push_back(LossReport{st.epoch, kv.first, dc->global_micro_batch(static_cast<std::int64_t>(mb)),
+                                      kv.second[mb].loss_sum, kv.second[mb].counted});
   }
-  std::sort(staged.begin(), staged.end(), [](const LayerGrads& a, const LayerGrads& b) {
+  // In the order compute handed them over (the schedule's: layer-major a stage's micro-batches come
+  // back to back), so the collector takes them, and with several ranks makes its transfers, in the
+  // order every rank makes them.
+  const Schedule& sched = ctx->sched;
+  std::sort(staged.begin(), staged.end(), [&sched](const LayerGrads& a, const LayerGrads& b) {
     if (a.work.step != b.work.step) return a.work.step < b.work.step;
-    if (a.work.micro_batch != b.work.micro_batch) return a.work.micro_batch < b.work.micro_batch;
-    if (a.work.stage != b.work.stage) return a.work.stage > b.work.stage;
+    const std::int64_t ia = sched.gradient_index(a.work.micro_batch, a.work.stage);
+    const std::int64_t ib = sched.gradient_index(b.work.micro_batch, b.work.stage);
+    if (ia != ib) return ia < ib;
     return a.device < b.device;
   });
   std::vector<LayerGradsComplete> complete;
@@ -203,13 +212,16 @@ void resume_all(self_ptr self) {
     const std::size_t si = static_cast<std::size_t>(s);
     // A stage's sum of squares is known once its accumulator holds every micro-batch (stage gradients:
     // of the first pass). Stage gradients keep the gradient of the last pass: one micro-batch's comes
-    // again with the re-issued slot; several micro-batches' waits in its stage accumulator, handed over
-    // here (unless the optimizer used and released it before the restart).
+    // again with the re-issued slot; several micro-batches' (or several ranks') waits in its stage
+    // accumulator, handed over here (unless the optimizer used and released it before the restart); a
+    // stage another rank owns is complete there (this rank's optimizer receives its new weights).
     const std::int64_t M = ctx->data_micro_batches();
     if (led.accum_step[si] == opt_step && led.accum_count[si] >= M) {
       LayerGradsComplete c{st.epoch, opt_step, s, led.sumsq[si]};
-      if (ctx->stage_accums != nullptr && led.accum_count[si] == ctx->passes * M)
+      if (ctx->stage_accums != nullptr && led.accum_count[si] == ctx->passes * M) {
         c.accumulator = ctx->stage_accums->held_by(opt_step, s);
+        c.owned_elsewhere = !ctx->host->owns(s);
+      }
       complete.push_back(c);
     }
   }

@@ -76,7 +76,8 @@ std::vector<KeyDesc> make_keys() {
              "where gradients wait for the optimizer: model (an fp32 accumulator per stage, 4 bytes/param) | stage "
              "(no accumulator kept all step; each stage updated when its gradient is complete; with max_grad_norm > 0 "
              "the head and backward run twice, the first pass for the norm; several micro-batches run layer-major "
-             "with two stage accumulators; needs one device, one rank) | auto (stage when max_grad_norm = 0 and one "
+             "with two stage accumulators; needs one device, and several ranks need cluster.shard_state, each stage's "
+             "owner summing its rounds into its accumulators) | auto (stage when max_grad_norm = 0 and one "
              "micro-batch per step allow it, or when only it fits RAM)")
           .one_of(names_of(kGradientBuffers, gradient_buffer_name)),
       MT_KEY(train, save_steps, "checkpoint every N steps; 0 = only at the end").at_least(0),
@@ -225,7 +226,8 @@ std::vector<KeyDesc> make_keys() {
           .positive(),
       MT_KEY(cluster, shard_state,
              "several ranks: each rank holds the gradient sums and Adam moments of its own stages only (stage "
-             "s on rank s mod N), updates them and sends the new weights to the others"),
+             "s on rank s mod N), updates them and sends the new weights to the others; with "
+             "train.gradient_buffer=stage a rank holds no gradient of the others' stages"),
       MT_KEY(cluster, checkpoint_writers,
              "with cluster.shard_state, who writes a checkpoint's stages: owners (each rank its own, into one "
              "checkpoint directory that every rank must see) | rank0 (the owners send their state to rank 0, "

@@ -139,10 +139,13 @@ std::string TrainConfig::rank_grad_transport() const {
 
 std::string TrainConfig::stage_gradients_unsupported() const {
   // Several micro-batches run layer-major (a stage's gradient is complete when its backward ends);
-  // several devices or ranks would sum across them into accumulators kept all step.
+  // several devices would sum across them into accumulators kept all step. Several ranks sum each
+  // stage's rounds into its owner's stage accumulators, which needs the state sharded: unsharded, every
+  // rank would keep every stage's summed gradient all step (what the accumulators already cost).
   if (device.gpus != 1) return key_of(*this, device.gpus) + " = " + std::to_string(device.gpus) + " (needs one device)";
-  if (cluster.ranks != 1)
-    return std::to_string(cluster.ranks) + " ranks (several ranks share gradients in accumulators)";
+  if (cluster.ranks > 1 && !cluster.shard_state)
+    return std::to_string(cluster.ranks) + " ranks need " + key_of(*this, cluster.shard_state) +
+           " = true (the owner of each stage sums its rounds; unsharded, every rank would hold every stage's sum)";
   return "";
 }
 

@@ -271,7 +271,8 @@ struct TrainConfig {
   // stage_gradient_passes(): 2 with clipping.
   bool stage_gradients() const;
   int stage_gradient_passes() const { return stage_gradients() && train.max_grad_norm > 0.0 ? 2 : 1; }
-  // Why train.gradient_buffer=stage cannot apply to this run ("" when it can).
+  // Why train.gradient_buffer=stage cannot apply to this run ("" when it can): several devices, or
+  // several ranks without cluster.shard_state.
   std::string stage_gradients_unsupported() const;
   // device.schedule resolved: layer_major whenever stage gradients run several micro-batches per step.
   MicroBatchOrder micro_batch_order() const;

@@ -203,9 +203,10 @@ int run_plan_command(const std::vector<std::string>& args) {
       const StepPrediction sp = predict_step(cfg, model, *rp.engine, hw, ops, extras);
       std::fputs(describe_step(sp, ops).c_str(), stdout);
       std::fputs(describe_transfer_cover(transfer_cover(cfg, model, *rp.engine, hw, ops), model).c_str(), stdout);
-      std::fputs(
-          describe_state_modes(state_modes(cfg, model, extras, hw, ops, host_limit, disk_limit, device_limit)).c_str(),
-          stdout);
+      std::fputs(describe_state_modes(state_modes(cfg, model, extras, hw, ops, host_limit, disk_limit, device_limit),
+                                      cfg.shards_host_state() ? cfg.cluster.rank : -1)
+                     .c_str(),
+                 stdout);
     } else {
       std::printf("no step time: the device budget does not fit (see above)\n");
     }

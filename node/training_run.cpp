@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -144,6 +145,7 @@ class TrainingRun {
     return false;
   }
   bool check_model_and_data();
+  bool drop_accumulators_if_only_that_fits();
   bool load_starting_weights();
   bool open_logs();
   bool report_host_bytes_per_rank();
@@ -194,12 +196,7 @@ bool TrainingRun::check_model_and_data() {
     check_cluster_runs(cfg_);
     plan_ = plan_engine(cfg_, model_);
     // Host RAM and disk against the plan (plan): refused only when it genuinely cannot fit.
-    if (const auto staged = plan::without_accumulators_if_only_that_fits(
-            cfg_, [&](const TrainConfig& c) { return plan::check_run_fits(c, model_).empty(); })) {
-      cfg_ = *staged;
-      plan_ = plan_engine(cfg_, model_);
-      say_(MessageStream::out, std::string("megatrain: ") + plan::kDroppedAccumulatorsNote);
-    }
+    if (!drop_accumulators_if_only_that_fits()) return false;
     if (const std::string fit = plan::check_run_fits(cfg_, model_); !fit.empty()) {
       if (cfg_.plan.enforce)
         throw std::runtime_error(fit + " (`megatrain plan` prints the whole plan; --plan.enforce=false starts anyway)");
@@ -251,6 +248,27 @@ bool TrainingRun::check_model_and_data() {
   if (!threads_note_.empty()) say_(MessageStream::err, "megatrain: note: " + threads_note_);
 
   for (const auto& n : plan_.notes) say_(MessageStream::err, "megatrain: note: " + n);
+  return true;
+}
+
+// train.gradient_buffer=auto: stage gradients when only they fit host RAM (plan). Several ranks decide
+// alike, as their collectors must (their transfers pair up): each rank holds other stages and may see
+// another host's RAM, so the accumulators go on every rank when they do not fit one.
+bool TrainingRun::drop_accumulators_if_only_that_fits() {
+  std::optional<TrainConfig> staged = plan::without_accumulators_if_only_that_fits(
+      cfg_, [&](const TrainConfig& c) { return plan::check_run_fits(c, model_).empty(); });
+  if (cfg_.cluster.ranks > 1 && hooks_.world != nullptr && plan::may_drop_accumulators(cfg_)) {
+    std::vector<std::uint64_t> wanted;
+    if (!gather_per_rank(staged ? 1 : 0, "every rank's train.gradient_buffer", wanted)) return false;
+    if (!staged && std::find(wanted.begin(), wanted.end(), 1) != wanted.end()) {
+      staged = cfg_;
+      staged->train.gradient_buffer = "stage";
+    }
+  }
+  if (!staged) return true;
+  cfg_ = *staged;
+  plan_ = plan_engine(cfg_, model_);
+  say_(MessageStream::out, std::string("megatrain: ") + plan::kDroppedAccumulatorsNote);
   return true;
 }
 

@@ -144,15 +144,20 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                          static_cast<double>(e.host_boundary_bytes)});
       host += static_cast<double>(e.host_boundary_bytes);
     }
-    if (e.stage_gradients && e.device_micro_batches > 1) {
-      // Several micro-batches are summed into two stage accumulators (actors/stage_accumulators.hpp),
-      // over a link through one host buffer.
+    if (actors::sums_into_stage_accumulators(e)) {
+      // Several micro-batches (or ranks) are summed into two stage accumulators
+      // (actors/stage_accumulators.hpp), each the largest stage this rank owns, over a link through one
+      // host buffer (the largest stage).
       const bool link = !(cfg.device.backend == "cpu" && !x.device_is_gpu && cfg.device_shares_host_memory());
-      const double accums = (actors::StageAccumulators::kCount + (link ? 1 : 0)) * largest_stage_bytes(model);
-      p.bytes.push_back({"host RAM",
-                         "stage gradients of " + std::to_string(e.device_micro_batches) +
-                             " micro-batches: two stage accumulators" + (link ? " and a landing buffer" : ""),
-                         accums});
+      const double accums = actors::StageAccumulators::kCount *
+                                static_cast<double>(actors::stage_accumulator_floats(cfg, model)) * sizeof(float) +
+                            (link ? largest_stage_bytes(model) : 0.0);
+      const std::string what = e.ranks > 1 ? "stage gradients of " + std::to_string(e.ranks) +
+                                                 " ranks: two stage accumulators of rank " +
+                                                 std::to_string(cfg.cluster.rank) + "'s stages"
+                                           : "stage gradients of " + std::to_string(e.device_micro_batches) +
+                                                 " micro-batches: two stage accumulators";
+      p.bytes.push_back({"host RAM", what + (link ? " and a landing buffer" : ""), accums});
       host += accums;
     } else if (e.stage_gradients &&
                !(cfg.device.backend == "cpu" && !x.device_is_gpu && cfg.device_shares_host_memory())) {
@@ -198,8 +203,11 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
   if (tiles.grad_in_tile)
     p.homes.push_back("fp32 gradient accumulators: host RAM (the tiles; train.gradient_buffer=model)");
   else
-    p.homes.push_back(std::string("fp32 gradients: only in the staging slots until each stage's update "
-                                  "(train.gradient_buffer=stage") +
+    p.homes.push_back(std::string(cfg.shards_host_state()
+                                      ? "fp32 gradients: each round sent from its staging slot to the stage's owner, "
+                                        "summed there into a stage accumulator until its update "
+                                      : "fp32 gradients: only in the staging slots until each stage's update ") +
+                      "(train.gradient_buffer=stage" +
                       (cfg.stage_gradient_passes() == 2
                            ? "; with clipping every step runs forward and backward twice, the first pass for the norm)"
                            : "; one pass: no clipping)"));

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "actors/engine.hpp"
+#include "actors/tier_bytes.hpp"
+#include "kernels/param_layout.hpp"
 #include "storage/host/host_tile.hpp"
 
 namespace mt::plan {
@@ -28,6 +30,16 @@ std::vector<ModeKeys> candidate_modes(const TrainConfig& cfg) {
   return r;
 }
 
+// The tiles' bytes per parameter: of a stage's tile (a large aligned one); with the host state
+// sharded this rank's tiles over the model's parameters, its own stages whole and the others' replicas
+// (split masters and stage gradients: 2 + 10/N, about).
+double tile_bytes_per_param(const TrainConfig& c, const ModelConfig& model) {
+  if (c.shards_host_state())
+    return static_cast<double>(actors::tier_bytes(c, model).tiles) / static_cast<double>(total_param_count(model));
+  constexpr std::size_t kFloats = std::size_t{1} << 20;
+  return static_cast<double>(HostTile::allocation_bytes(kFloats, actors::host_tile_options(c))) / kFloats;
+}
+
 }  // namespace
 
 std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
@@ -51,9 +63,7 @@ std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& mo
     m.configured = c.split_masters() == cfg.split_masters() && c.stage_gradients() == cfg.stage_gradients() &&
                    c.optimizer_compression() == cfg.optimizer_compression() &&
                    c.train.offload_dir.empty() == cfg.train.offload_dir.empty() && !cfg.train.offload_params;
-    constexpr std::size_t kFloats = std::size_t{1} << 20;
-    m.tile_bytes_per_param =
-        static_cast<double>(HostTile::allocation_bytes(kFloats, actors::host_tile_options(c))) / kFloats;
+    m.tile_bytes_per_param = tile_bytes_per_param(c, model);
     if (!k.offload_dir.empty() || k.compression != "none")
       m.tile_bytes_per_param += k.compression == "int8" ? 2.0 : 0.0;
     const ResourcePlan rp =
@@ -67,8 +77,10 @@ std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& mo
   return out;
 }
 
-std::string describe_state_modes(const std::vector<StateMode>& modes) {
-  std::string s = "state modes (host bytes per parameter in the tiles, host RAM in all, the predicted step):\n";
+std::string describe_state_modes(const std::vector<StateMode>& modes, int sharded_rank) {
+  std::string s = "state modes (host bytes per parameter in the tiles" +
+                  (sharded_rank >= 0 ? " of rank " + std::to_string(sharded_rank) + ", the host state sharded" : "") +
+                  ", host RAM in all, the predicted step):\n";
   for (const StateMode& m : modes) {
     char line[512];
     std::snprintf(line, sizeof line, "  %s %-52s %4.1f B/param  %10s%s  %-13s %s  [%s]\n", m.configured ? "*" : " ",
@@ -82,11 +94,14 @@ std::string describe_state_modes(const std::vector<StateMode>& modes) {
   return s;
 }
 
+bool may_drop_accumulators(const TrainConfig& cfg) {
+  return cfg.gradient_buffer() == GradientBuffer::automatic && !cfg.stage_gradients() &&
+         cfg.stage_gradients_unsupported().empty();
+}
+
 std::optional<TrainConfig> without_accumulators_if_only_that_fits(const TrainConfig& cfg,
                                                                   const std::function<bool(const TrainConfig&)>& fits) {
-  if (cfg.gradient_buffer() != GradientBuffer::automatic || cfg.stage_gradients() ||
-      !cfg.stage_gradients_unsupported().empty() || fits(cfg))
-    return std::nullopt;
+  if (!may_drop_accumulators(cfg) || fits(cfg)) return std::nullopt;
   TrainConfig staged = cfg;
   staged.train.gradient_buffer = "stage";
   if (!fits(staged)) return std::nullopt;

@@ -33,8 +33,12 @@ struct StateMode {
 std::vector<StateMode> state_modes(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
                                    const HardwareProfile& hw, const OpTimes& ops, double host_limit, double disk_limit,
                                    double device_limit);
-std::string describe_state_modes(const std::vector<StateMode>& modes);
+// sharded_rank >= 0: the modes of that rank of a job with the host state sharded (its tiles' bytes).
+std::string describe_state_modes(const std::vector<StateMode>& modes, int sharded_rank = -1);
 
+// Whether train.gradient_buffer=auto may still drop `cfg`'s gradient accumulators (auto kept them,
+// and stage gradients can run it).
+bool may_drop_accumulators(const TrainConfig& cfg);
 // train.gradient_buffer=auto picks the fastest mode that fits: when `cfg` (accumulators kept) does not
 // fit and the same run without them does (`fits` decides), that config; else nullopt. The two give the
 // same bits. `train` runs with it, and `megatrain plan` plans it.

@@ -558,3 +558,56 @@ TEST_CASE("plan: a sharded rank's moment store and files as the engine allocates
   CHECK(out.find("(files ") != std::string::npos);
   CHECK(out.find("fp32 master and Adam moment files of rank ") != std::string::npos);
 }
+
+// Stage gradients with the host state sharded (train.gradient_buffer=stage, cluster.shard_state): a
+// rank's tiles hold no gradient (split masters: 12 bytes a parameter of its own stages, the bf16 copy of
+// the others'), as the engine allocates them, and two stage accumulators of its largest own stage; the
+// state modes of `megatrain plan --plan.ranks=N` show the planned rank's bytes (about 2 + 10/N a
+// parameter) and auto's pick of stage gradients for a sharded run without clipping at one micro-batch.
+TEST_CASE("plan: stage gradients sharded, each rank's tiles and accumulators, the state modes per rank", "[plan]") {
+  TrainConfig cfg = sharded_on_two_ranks(3);
+  cfg.train.bf16 = true;
+  cfg.train.gradient_buffer = "stage";
+  const ModelConfig model = cfg.model_config_from_keys();
+  const std::size_t whole = host_model_bytes(model, host_tile_options(cfg));
+  const double params = static_cast<double>(total_param_count(model));
+  std::size_t sum = 0;
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    cfg.cluster.rank = r;
+    HostModel host(model, host_tile_options(cfg), nullptr, nullptr, host_owned_stages(cfg, model));
+    CHECK(tier_bytes(cfg, model).tiles == host.host_bytes());
+    for (std::int64_t s = 0; s < host.num_stages(); ++s) CHECK_FALSE(host.tile(s).has_grad());
+    std::size_t largest_own = 0;
+    for (std::int64_t s = r; s < num_stages(model); s += 2)
+      largest_own = std::max(largest_own, stage_layout(model, s).total_floats);
+    CHECK(stage_accumulator_floats(cfg, model) == largest_own);
+    const plan::ResourcePlan p = plan::plan_resources(cfg, model, {}, 0, "", 0, "");
+    REQUIRE(p.engine);
+    CHECK(sums_into_stage_accumulators(*p.engine));
+    bool counted = false;
+    for (const auto& b : p.bytes)
+      if (b.what.find("two stage accumulators of rank " + std::to_string(r) + "'s stages") != std::string::npos)
+        counted = b.bytes == Approx(2.0 * static_cast<double>(largest_own) * sizeof(float));
+    CHECK(counted);
+    sum += host.host_bytes();
+  }
+  // The ranks hold the model's 12 bytes a parameter once, plus the 2 of the bf16 copy on the other rank.
+  CHECK(static_cast<double>(whole) / params == Approx(12.0).epsilon(0.02));
+  CHECK(static_cast<double>(sum) == Approx(static_cast<double>(whole) + 2.0 * params).epsilon(0.02));
+
+  const std::string out =
+      plan_of_small_llama("--train.bf16=true --train.max_grad_norm=0 --plan.ranks=4 --cluster.shard_state=true");
+  INFO(out);
+  CHECK(out.find("state modes (host bytes per parameter in the tiles of rank ") != std::string::npos);
+  const std::size_t at = out.find("* split masters, stage gradients (1 pass)");  // auto's pick, as one rank's
+  REQUIRE(at != std::string::npos);
+  const std::string row = out.substr(at, out.find('\n', at) - at);
+  const std::size_t unit = row.find(" B/param");
+  REQUIRE(unit != std::string::npos);
+  const double per_param = std::stod(row.substr(row.rfind(' ', unit - 1) + 1));
+  CHECK(per_param > 2.0);
+  CHECK(per_param < 12.0 / 2);  // 2 + 10/4 on average; the planned rank holds the most
+  CHECK(out.find("two stage accumulators of rank ") != std::string::npos);
+  CHECK(out.find("summed there into a stage accumulator") != std::string::npos);
+}

@@ -124,6 +124,8 @@ TEST_CASE("schedule: layer-major order completes each stage's gradient before th
           const bool grads =
               op.kind == OpKind::head || op.kind == OpKind::layer_backward || op.kind == OpKind::embed_backward;
           if (!grads) continue;
+          // Where the collector gets this gradient (a restart re-issues staged ones in that order).
+          CHECK(s.gradient_index(p.micro_batch, op.stage) == i);
           if (p.micro_batch / M != pass) {  // a new pass: every stage again
             pass = p.micro_batch / M;
             finished.clear();

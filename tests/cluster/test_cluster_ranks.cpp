@@ -104,6 +104,15 @@ void check_host_bytes_per_rank(const std::string& out, int ranks, bool sharded, 
   if (sharded) CHECK(sum == Approx(whole * (1.0 + replica * (ranks - 1))).epsilon(0.02));
 }
 
+// What a replica of a stage holds against its owner, per parameter: fp32, the masters (4 bytes) of
+// master, m, v and the gradient accumulator (16); bf16, the bf16 copy (2) of split masters' 4 (or fp32
+// masters and the copy, 6), m, v and the accumulator. Stage gradients keep no accumulator in the tiles.
+double replica_share(bool bf16, bool split_masters, bool stage_gradients) {
+  const double masters = !bf16 ? 4.0 : split_masters ? 4.0 : 6.0;
+  const double owned = masters + 8.0 + (stage_gradients ? 0.0 : 4.0);
+  return (bf16 ? 2.0 : 4.0) / owned;
+}
+
 // A value in MiB after `tag` in `line`, searched from `from`.
 double mib_after(const std::string& line, const std::string& tag, std::size_t from = 0) {
   const std::size_t p = line.find(tag, from);
@@ -211,6 +220,11 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
   // cluster.checkpoint_writers=rank0 rank 0 wrote the other ranks' moments as their owners sent them.
   const bool sharded = extra.find("--cluster.shard_state=true") != std::string::npos;
   const bool bf16 = extra.find("--train.bf16=true") != std::string::npos;
+  const bool clipping = extra.find("--train.max_grad_norm=0 ") == std::string::npos;
+  // train.gradient_buffer=stage, or auto's choice of it for a sharded job without clipping at M = 1.
+  const bool stage =
+      extra.find("--train.gradient_buffer=stage") != std::string::npos ||
+      (sharded && !clipping && m == 1 && extra.find("--train.gradient_buffer=model") == std::string::npos);
   const bool rank0_writes = extra.find("--cluster.checkpoint_writers=rank0") != std::string::npos;
   const bool on_tier = extra.find("--train.offload_dir=") != std::string::npos;
   const fs::path final_checkpoint = dir.path / "job" / "step-00000003";
@@ -241,18 +255,15 @@ void check_ranks_equal_accumulation(const std::string& model, const std::string&
   if (on_tier || extra.find("--train.optimizer_compression=") != std::string::npos)
     check_store_bytes_per_rank(job.out, ranks, on_tier);
   else
-    // bf16: split masters (auto), 16 bytes a parameter owned and the 2 of the copy a replica; with fp32
-    // masters 18 and 2; fp32: 16 and the 4 of the masters.
-    check_host_bytes_per_rank(job.out, ranks, sharded,
-                              !bf16                                                            ? 4.0 / 16.0
-                              : extra.find("--train.master_weights=fp32") != std::string::npos ? 2.0 / 18.0
-                                                                                               : 2.0 / 16.0);
+    check_host_bytes_per_rank(
+        job.out, ranks, sharded,
+        replica_share(bf16, extra.find("--train.master_weights=fp32") == std::string::npos, stage));
   // What rank 0 sent: with 2 ranks x 1 micro-batch, 2(N-1)/N = once the model's fp32 gradient a step
   // (its micro-batch of the stages rank 1 owns, and the sums of its own stages).
   CHECK(job.out.find("megatrain: rank 0 sent ") != std::string::npos);
   // Sharded: the same, in new weights instead of sums (with bf16 the bf16 copy: half of it), plus each
-  // owned stage's sum of squares (8 bytes).
-  if (ranks == 2 && m == 1)
+  // owned stage's sum of squares (8 bytes). (Stage gradients with clipping send the gradients of both passes.)
+  if (ranks == 2 && m == 1 && !(stage && clipping))
     CHECK(job.out.find(!sharded ? " in 3 steps (1.0000 x the model's fp32 gradient a step)"
                        : bf16   ? " in 3 steps (0.750"
                                 : " in 3 steps (1.000") != std::string::npos);
@@ -763,8 +774,49 @@ TEST_CASE("the host state sharded with split masters: the bytes of one rank with
     REQUIRE(job.code == 0);
     CHECK(slurp(dir.path / "one" / "hf" / "model.safetensors") == slurp(dir.path / "job" / "hf" / "model.safetensors"));
     check_same_stages(dir.path / "one" / "step-00000003", dir.path / "job" / "step-00000003");
-    check_host_bytes_per_rank(job.out, 2, true, 2.0 / 16.0);  // split: 16 bytes a parameter owned, 2 a replica
+    // split: 16 bytes a parameter owned, 2 a replica; without clipping auto drops the accumulators (12).
+    check_host_bytes_per_rank(job.out, 2, true,
+                              replica_share(true, true, extra.find("--train.max_grad_norm=0") != std::string::npos));
   }
+}
+
+// Stage gradients sharded (train.gradient_buffer=stage with cluster.shard_state): each stage's owner
+// sums every rank's rounds, in rank order, into one of its two stage accumulators (with clipping over
+// two passes, the first for the norm); the other ranks send theirs and keep no gradient of the stage. A
+// rank then holds 12 bytes a parameter of its own stages (split masters: m, v and the two halves) and
+// the replica's of the others'. The bits of one rank with N x M and stage gradients (itself tested equal
+// to the accumulators' bits), also over a modelled link (host copies before the transfers).
+TEST_CASE("stage gradients sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf16, M = 1 and 2", "[cluster]") {
+  require_mpi();
+  const std::string stage = "--cluster.shard_state=true --train.gradient_buffer=stage ";
+  check_ranks_equal_accumulation(kLlama, stage, 2, 1);
+  check_ranks_equal_accumulation(kLlama, stage + "--train.max_grad_norm=0 ", 3, 2);
+  check_ranks_equal_accumulation(kLlama, stage + "--train.bf16=true ", 3, 1);
+  check_ranks_equal_accumulation(kLlama, stage + "--train.bf16=true --train.max_grad_norm=0 ", 2, 2);
+  check_ranks_equal_accumulation(kGpt2, stage, 2, 2);
+  check_ranks_equal_accumulation(kGpt2, stage + "--train.bf16=true --train.max_grad_norm=0 ", 3, 1);
+  check_ranks_equal_accumulation(kLlama, stage + "--device.copy_bandwidth_gbps=5 ", 2, 2);
+  // Unsharded ranks would each hold every stage's sum all step: refused, naming the key.
+  TempDir dir("stage_unsharded");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  const Outcome o = sh(mpirun(2) + kBinary + " train " + kLlama + train_args(shard, dir.path / "run", 1) +
+                           "--train.gradient_buffer=stage",
+                       dir.path / "o.log");
+  INFO(o.out);
+  CHECK(o.code != 0);
+  CHECK(o.out.find("train.gradient_buffer: stage needs") != std::string::npos);
+  CHECK(o.out.find("2 ranks need cluster.shard_state = true") != std::string::npos);
+}
+
+// Injected failures of rank 0's actors with stage gradients sharded, with clipping (every transfer of
+// two passes) and without (each stage updated, its weights sent, as it completes): each round's
+// transfer runs once on every rank, the owner's accumulators survive the restarts.
+TEST_CASE("stage gradients sharded: actors of rank 0 failing mid-job keep the bits", "[cluster]") {
+  const std::string faults =
+      "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100 ";
+  check_driven_job("faults --count 4 --seed 3", faults, "--train.gradient_buffer=stage ", kGpt2, 80);
+  check_driven_job("faults --count 4 --seed 13", faults, "--train.gradient_buffer=stage --train.max_grad_norm=0 ",
+                   kLlama, 80);
 }
 
 TEST_CASE("a bad [cluster] value is a clear error naming the key", "[cluster]") {
@@ -911,6 +963,14 @@ void check_sharded_resume(const std::string& model, const std::string& settings,
 }
 
 }  // namespace
+
+// Stage gradients sharded, resumed across rank counts (checkpoints hold no gradient): 2 x 3 -> 3 x 2 ->
+// 1 x 6 ranks x micro-batches, with clipping, in bf16 with split masters.
+TEST_CASE("stage gradients sharded: a checkpoint resumes on 3 then 1 ranks, bit-exactly", "[cluster]") {
+  require_mpi();
+  check_sharded_resume(kLlama, "--train.bf16=true --train.gradient_buffer=stage ",
+                       {Part{2, 3, 2}, Part{3, 2, 3}, Part{1, 6, 4}});
+}
 
 // A checkpoint request reaches one rank (SIGUSR1 to rank 1) and is taken by every rank at the step
 // they agree on in the loss gather; a stop signal to rank 0 ends the job with a final checkpoint of

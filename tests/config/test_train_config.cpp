@@ -90,6 +90,9 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
        [](TrainConfig& c) { c.train.gradient_buffer = "none"; }},
       {"train.gradient_buffer: stage needs each stage's gradient complete after one backward: device.gpus = 2",
        [](TrainConfig& c) { c.train.gradient_buffer = "stage", c.device.gpus = 2; }},
+      {"train.gradient_buffer: stage needs each stage's gradient complete after one backward: 2 ranks need "
+       "cluster.shard_state = true",
+       [](TrainConfig& c) { c.train.gradient_buffer = "stage", c.cluster.ranks = 2; }},
       {"train.tf32: needs device.backend = cuda", [](TrainConfig& c) { c.train.tf32 = true; }},
       {"train.tf32: applies to fp32 compute",
        [](TrainConfig& c) { c.train.tf32 = true, c.train.bf16 = true, c.device.backend = "cuda"; }},
@@ -469,7 +472,21 @@ TEST_CASE("train.gradient_buffer=auto drops the accumulators only where that cos
   c.train.gradient_accumulation_steps = 1;
   CHECK(c.micro_batch_order() == MicroBatchOrder::interleaved);
   c.cluster.ranks = 2;
+  CHECK_FALSE(c.stage_gradients());  // unsharded ranks: every rank would hold every stage's sum
+  CHECK(c.stage_gradients_unsupported().find("cluster.shard_state") != std::string::npos);
+  c.cluster.shard_state = true;  // each stage's owner sums its rounds: the same rule as one rank
+  CHECK(c.stage_gradients_unsupported().empty());
+  CHECK(c.stage_gradients());
+  c.train.gradient_accumulation_steps = 2;
   CHECK_FALSE(c.stage_gradients());
+  c.train.gradient_buffer = "stage";
+  CHECK(c.micro_batch_order() == MicroBatchOrder::layer_major);
+  c.train.gradient_buffer = "auto";
+  c.train.gradient_accumulation_steps = 1;
+  c.train.max_grad_norm = 1.0;
+  CHECK_FALSE(c.stage_gradients());
+  c.train.max_grad_norm = 0.0;
+  c.cluster.shard_state = false;
   c.cluster.ranks = 1;
   c.train.gradient_buffer = "stage";
   c.train.max_grad_norm = 1.0;
