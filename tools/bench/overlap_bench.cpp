@@ -290,11 +290,17 @@ int main(int argc, char** argv) {
       // and with clipping every stage's waits for the whole backward), so it takes at least its bytes'
       // time or its compute, whichever is longer; the backward begins once the forward ends (one
       // micro-batch: the head needs the last boundary) and takes at least its own compute or the time of
-      // what it streams. step >= max(forward compute, forward bytes / link) + max(backward compute,
-      // backward bytes / link), compute measured alone (the non-overlapped run).
+      // what it streams; and with clipping no stage is updated before every gradient is in, the last one
+      // being stage 0's, made by the backward's last op: its copy out of the device lies between the two.
+      // step >= max(forward compute, forward bytes / link) + max(backward compute, backward bytes / link)
+      // + stage 0's gradient bytes / link, compute measured alone (the non-overlapped run).
       const double backward_bytes = std::max(0.0, dp.h2d_bytes - forward_bytes);
-      const double physical =
-          std::max(ds.forward_s, forward_bytes / dbw) + std::max(ds.compute_s - ds.forward_s, backward_bytes / dbw);
+      const double last_gradient =
+          demo.train.max_grad_norm > 0
+              ? static_cast<double>(stage_layout(demo_model, 0).total_floats * sizeof(float)) / dbw
+              : 0.0;
+      const double physical = std::max(ds.forward_s, forward_bytes / dbw) +
+                              std::max(ds.compute_s - ds.forward_s, backward_bytes / dbw) + last_gradient;
       std::printf(
           "    %s: step %.3f s, compute alone %.3f s (forward %.3f s), transfer %.3f s (forward %.3f s), waiting for "
           "weights %.3f s -> %.3f x; the physical bound of this configuration %.3f s = %.3f x, the step %.3f x it\n",
