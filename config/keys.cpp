@@ -173,7 +173,11 @@ std::vector<KeyDesc> make_keys() {
              "of the budget on the cpu backend, the whole budget with a GPU")
           .at_least(0)
           .at_most(1024),
-      MT_KEY(threads, copy, "copy engine workers (1 or 2); 0 = derived").at_least(0).at_most(2),
+      MT_KEY(threads, copy,
+             "copy engine workers (1 or 2: one per direction); 0 = derived: 2 with 4 or more threads or a paced link "
+             "(device.copy_bandwidth_gbps), else 1")
+          .at_least(0)
+          .at_most(2),
       MT_KEY(threads, scheduler, "CAF scheduler threads; 0 = derived").at_least(0).at_most(1024),
       MT_KEY(threads, adapt_to_load,
              "run fewer host threads while other processes take this run's cores (measured each step from "

@@ -22,8 +22,12 @@ ThreadBudget TrainConfig::thread_budget(int hardware_threads) const {
   // step's compute about 6 x tokens FLOPs a parameter (30 ns at 512 tokens on one core).
   const int optimizer_default = device.backend == "cpu" ? std::max(1, (b.total + 7) / 8) : b.total;
   b.optimizer = threads.optimizer > 0 ? static_cast<int>(threads.optimizer) : optimizer_default;
-  // One copy worker per direction (full duplex) once there are cores to spare; one otherwise.
-  b.copy = threads.copy > 0 ? static_cast<int>(threads.copy) : (b.total >= 4 ? 2 : 1);
+  // One copy worker per direction (full duplex) once there are cores to spare, or over a paced link
+  // (device.copy_bandwidth_gbps: it models a full-duplex one, a PCIe link, and its workers mostly sleep
+  // for the pacing, so a second one costs no core); one otherwise. With one worker a paced link is half
+  // duplex: the demo's backward streamed each layer in 37 ms behind the gradients going out instead of
+  // 18.7 ms, and was bound by the link, not by its compute (tools/bench/run overlap).
+  b.copy = threads.copy > 0 ? static_cast<int>(threads.copy) : (b.total >= 4 || device.copy_bandwidth_gbps > 0 ? 2 : 1);
   // Actors mostly wait on mailboxes and blocking work runs on detached actors: a small scheduler.
   b.scheduler = threads.scheduler > 0 ? static_cast<int>(threads.scheduler) : (b.total >= 8 ? 2 : 1);
   return b;

@@ -376,6 +376,13 @@ TEST_CASE("the thread budget is split explicitly", "[config][threads]") {
   c.threads = ThreadsSection{1, 0, 0, 0, 0};
   b = c.thread_budget(8);  // one thread: each pool gets one and they share it
   CHECK((b.blas == 1 && b.optimizer == 1 && b.copy == 1 && b.scheduler == 1));
+  // A paced link models a full-duplex one: a copy worker per direction, also on 2 cores (they sleep for
+  // the pacing); threads.copy still decides.
+  c.threads = ThreadsSection{};
+  c.device.copy_bandwidth_gbps = 0.5;
+  CHECK(c.thread_budget(2).copy == 2);
+  c.threads.copy = 1;
+  CHECK(c.thread_budget(2).copy == 1);
 }
 
 TEST_CASE("enum keys parse to their values", "[config]") {
