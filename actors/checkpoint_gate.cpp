@@ -164,10 +164,14 @@ double CheckpointGate::before_update(std::int64_t v, std::int64_t stage, std::si
     StageState* st = find(v, stage);
     if (released_ || !st || *st == StageState::written || *st == StageState::copied) break;
     if (*st == StageState::pending && copy_aside(lock, v, stage, floats, states, copy)) break;
-    if (!t0) t0 = Clock::now();
+    if (!t0) {
+      t0 = Clock::now();
+      if (writer_urgency_) writer_urgency_(true);
+    }
     cv_.wait(lock);  // being copied or written, or the budget is spent: until copied, written or freed
   }
   if (!t0) return 0.0;
+  if (writer_urgency_) writer_urgency_(false);
   const double w = std::chrono::duration<double>(Clock::now() - *t0).count();
   waited_s_ += w;
   return w;

@@ -35,6 +35,10 @@ void copy_stage_state(const StateLease& state, StageSnapshot& snap);
 class CheckpointGate {
  public:
   void set_snapshot_budget(std::uint64_t bytes) { budget_bytes_ = bytes; }
+  // The writer runs at a lower priority than training (the checkpointer: nice 10); while the optimizer
+  // waits for it, it is on the critical path: `urgent(true)` when such a wait begins, `urgent(false)`
+  // when it ends (priority inheritance by hand). Set once, before the writes begin.
+  void set_writer_urgency(std::function<void(bool)> urgent) { writer_urgency_ = std::move(urgent); }
 
   // Registers checkpoint v (every stage pending). False when it is already registered.
   bool open(std::int64_t v, std::int64_t stages);
@@ -90,6 +94,7 @@ class CheckpointGate {
   std::uint64_t copied_bytes_ = 0;
   bool released_ = false;
   double waited_s_ = 0.0;
+  std::function<void(bool)> writer_urgency_;
 };
 
 }  // namespace mt::actors

@@ -386,7 +386,12 @@ void write_due(self_ptr self, std::int64_t v) {
 void lower_priority(self_ptr self) {
   if (self->state.niced) return;
   self->state.niced = true;
-  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  ::setpriority(PRIO_PROCESS, tid, 10);
+  // While the optimizer waits for a stage this thread is writing, the write is on the critical path: back
+  // to training's priority until the wait ends (raising a priority again needs CAP_SYS_NICE or a
+  // RLIMIT_NICE that allows it; without either the write stays at nice 10).
+  self->state.ctx->gate.set_writer_urgency([tid](bool urgent) { ::setpriority(PRIO_PROCESS, tid, urgent ? 0 : 10); });
 }
 
 void begin(self_ptr self, std::int64_t v) {

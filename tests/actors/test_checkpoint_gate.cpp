@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "actors/checkpoint_gate.hpp"
 
@@ -121,6 +122,36 @@ TEST_CASE("gate: a stage being written is waited for even with a budget") {
   CHECK(g.before_update(4, 0, kFloats, 3, c.fn()) > 0.05);
   writer.join();
   CHECK(c.calls == 0);
+}
+
+// While the optimizer waits for the stage being written, the writer is on the critical path: the gate
+// says so (the checkpointer then runs at training's priority), and says when the wait is over. No wait,
+// no call.
+TEST_CASE("gate: the writer is told it is urgent while the optimizer waits for it, and when it is not") {
+  CheckpointGate g;
+  std::vector<bool> calls;
+  std::atomic<int> urgent{0};
+  g.set_writer_urgency([&](bool u) {
+    calls.push_back(u);
+    urgent += u ? 1 : -1;
+  });
+  REQUIRE(g.open(4, 2));
+  Copier c;
+  g.mark_written(4, 0);
+  CHECK(g.before_update(4, 0, kFloats, 3, c.fn()) == 0.0);
+  CHECK(calls.empty());
+  REQUIRE(g.begin_write(4, 1) == nullptr);
+  std::atomic<bool> seen_urgent{false};
+  std::thread writer([&] {
+    while (urgent.load() == 0) std::this_thread::sleep_for(1ms);  // the optimizer waits for this write
+    seen_urgent = true;
+    g.mark_written(4, 1);
+  });
+  CHECK(g.before_update(4, 1, kFloats, 3, c.fn()) > 0.0);
+  writer.join();
+  CHECK(seen_urgent);
+  CHECK(calls == std::vector<bool>{true, false});
+  CHECK(urgent == 0);
 }
 
 TEST_CASE("gate: the checkpointer waits for a copy in progress and writes it") {
