@@ -133,6 +133,7 @@ bool CheckpointGate::copy_aside(std::unique_lock<std::mutex>& lock, std::int64_t
   }
   held_bytes_ += need;
   lock.unlock();
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     copy(*snap);
   } catch (...) {
@@ -143,6 +144,7 @@ bool CheckpointGate::copy_aside(std::unique_lock<std::mutex>& lock, std::int64_t
     throw;
   }
   lock.lock();
+  copy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   StageState* again = find(v, stage);
   if (again && *again == StageState::copying) {
     *again = StageState::copied;
@@ -185,6 +187,11 @@ double CheckpointGate::waited_s() const {
 std::uint64_t CheckpointGate::copied_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return copied_bytes_;
+}
+
+double CheckpointGate::copy_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return copy_s_;
 }
 
 }  // namespace mt::actors

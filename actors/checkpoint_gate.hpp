@@ -69,6 +69,7 @@ class CheckpointGate {
 
   double waited_s() const;
   std::uint64_t copied_bytes() const;
+  double copy_seconds() const;  // the copiers' time copying stages aside (copied_bytes)
 
  private:
   enum class StageState : char { pending, writing, copying, copied, written };
@@ -92,6 +93,7 @@ class CheckpointGate {
   std::uint64_t budget_bytes_ = 0;
   std::uint64_t held_bytes_ = 0;  // copies in use and being made
   std::uint64_t copied_bytes_ = 0;
+  double copy_s_ = 0.0;
   bool released_ = false;
   double waited_s_ = 0.0;
   std::function<void(bool)> writer_urgency_;

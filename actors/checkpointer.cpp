@@ -28,6 +28,7 @@
 // the node (progress line / events log), the previous checkpoints stay intact, training continues.
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -54,6 +55,7 @@ struct PendingCheckpoint {
   std::vector<char> written;
   std::int64_t remaining = 0;
   Clock::time_point t0;
+  double cpu0 = 0.0;  // the thread's CPU clock at CheckpointNow
 };
 
 struct checkpointer_state {
@@ -72,6 +74,14 @@ struct checkpointer_state {
 };
 
 using self_ptr = checkpointer_actor::stateful_pointer<checkpointer_state>;
+
+// This thread's CPU time (a detached actor: one thread), so CheckpointDone can say what a checkpoint
+// took from training's cores: its checksums, copies and system calls, not its waits for the disk.
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 // A stage written (or sent) from its tile must hold version v: the version gate keeps the optimizer off it.
 void require_version(const HostTile& t, std::int64_t stage, std::int64_t v) {
@@ -221,7 +231,8 @@ void fail(self_ptr self, std::int64_t v, const std::string& why, bool parts_take
 void finish_part(self_ptr self, std::int64_t v) {
   auto& st = self->state;
   auto it = st.pending.find(v);
-  CheckpointDone done{v, "", seconds_between(it->second.t0, Clock::now()), it->second.part_bytes};
+  CheckpointDone done{v, "", seconds_between(it->second.t0, Clock::now()), it->second.part_bytes,
+                      thread_cpu_seconds() - it->second.cpu0};
   st.pending.erase(it);
   st.ctx->gate.close(v);
   st.last_done = v;
@@ -284,7 +295,7 @@ void complete(self_ptr self, std::int64_t v) {
                                               evaluations_json(*ctx->evaluations));
     const std::uint64_t bytes = p.writer->bytes_written();
     const auto dir = p.writer->finalize(run);
-    CheckpointDone done{v, dir.string(), seconds_between(p.t0, Clock::now()), bytes};
+    CheckpointDone done{v, dir.string(), seconds_between(p.t0, Clock::now()), bytes, thread_cpu_seconds() - p.cpu0};
     st.pending.erase(v);
     ctx->gate.close(v);
     st.last_done = v;
@@ -405,6 +416,7 @@ void begin(self_ptr self, std::int64_t v) {
   if (st.pending.count(v)) return;
   PendingCheckpoint p;
   p.t0 = Clock::now();
+  p.cpu0 = thread_cpu_seconds();
   p.written.assign(static_cast<std::size_t>(ctx->stages()), 0);
   p.remaining = ctx->stages();
   if (ctx->shard_world != nullptr && (ctx->state_part() || owners_write(ctx)))  // this rank's stages only

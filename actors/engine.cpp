@@ -660,6 +660,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
               [](const BusyInterval& x, const BusyInterval& y) { return x.t0 < y.t0; });
   result.checkpoint_wait_s = ctx->gate.waited_s();
   result.checkpoint_copied_bytes = ctx->gate.copied_bytes();
+  result.checkpoint_copy_s = ctx->gate.copy_seconds();
   std::uint64_t v = ~std::uint64_t{0};
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) v = std::min(v, job.host->tile(s).version());
   result.steps_done = static_cast<std::int64_t>(v);

@@ -169,6 +169,7 @@ struct CheckpointEvent {
   std::string error;     // why it failed (!ok); names the file
   double seconds = 0.0;  // CheckpointNow to publish
   std::uint64_t bytes = 0;
+  double cpu_seconds = 0.0;  // the checkpointer thread's CPU time for it (CheckpointDone::cpu_seconds)
 };
 
 // A busy interval of one actor, for overlap measurements (recorded when EngineJob::record_intervals).
@@ -237,6 +238,7 @@ struct EngineResult {
   std::vector<CheckpointEvent> checkpoints;
   double checkpoint_wait_s = 0.0;             // total time the optimizer waited on the version gate
   std::uint64_t checkpoint_copied_bytes = 0;  // stages it copied aside instead (copy on write)
+  double checkpoint_copy_s = 0.0;             // the optimizer's time copying them
   std::vector<EvalRecord> evaluations;        // this run's evaluations, in step order
   // Several ranks: the transport of the rounds' gradients ("mpi", "nccl": device/grad_transport.hpp) and
   // the bytes it sent itself (NCCL's; MPI's are the World's, counted per channel).

@@ -471,17 +471,20 @@ typename Inspector::result_type inspect(Inspector& f, CheckpointNow& x) {
 }
 
 // checkpointer -> node: checkpoint `step` is published at `path` (atomic rename, `latest` updated,
-// retention applied). seconds: from CheckpointNow to publish; bytes: data bytes written.
+// retention applied). seconds: from CheckpointNow to publish; bytes: data bytes written; cpu_seconds:
+// the checkpointer thread's CPU time meanwhile (checksums, copies, system calls: what it took from
+// training on busy cores).
 struct CheckpointDone {
   std::int64_t step = 0;
   std::string path;
   double seconds = 0.0;
   std::uint64_t bytes = 0;
+  double cpu_seconds = 0.0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CheckpointDone& x) {
-  return f(caf::meta::type_name("CheckpointDone"), x.step, x.path, x.seconds, x.bytes);
+  return f(caf::meta::type_name("CheckpointDone"), x.step, x.path, x.seconds, x.bytes, x.cpu_seconds);
 }
 
 // checkpointer -> node: checkpoint `step` could not be written (disk full, I/O error: `error` names

@@ -629,7 +629,7 @@ node_actor::behavior_type ended(self_ptr self) {
       [=](const OptimizerStepDone& m) { on_optimizer_done(self, m); },
       [](tick_atom) {},
       [=](const CheckpointDone& m) {
-        on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes});
+        on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes, m.cpu_seconds});
       },
       [=](const CheckpointFailed& m) {
         on_checkpoint(self, CheckpointEvent{m.step, false, "", m.error, 0.0, 0});
@@ -658,7 +658,7 @@ node_actor::behavior_type running(self_ptr self) {
       },
       [=](const CheckpointDone& m) {
         const auto probe = probe_handler(self, monitor::ActorId::node, "CheckpointDone");
-        on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes});
+        on_checkpoint(self, CheckpointEvent{m.step, true, m.path, "", m.seconds, m.bytes, m.cpu_seconds});
       },
       [=](const CheckpointFailed& m) {
         const auto probe = probe_handler(self, monitor::ActorId::node, "CheckpointFailed");

@@ -314,16 +314,22 @@ TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate or is 
     if (copy) {
       // Stage 0 (at least) was copied aside: the optimizer did not wait out the slow write.
       CHECK(r.result.checkpoint_copied_bytes > 0);
+      CHECK(r.result.checkpoint_copy_s > 0.0);
       CHECK(r.result.checkpoint_wait_s < 0.25);
     } else {
       CHECK(r.result.checkpoint_wait_s > 0.05);
       CHECK(r.result.checkpoint_copied_bytes == 0);
+      CHECK(r.result.checkpoint_copy_s == 0.0);
     }
     const RefRun ref = run_reference(cfg, model, batches, 8);
     CHECK(equals_reference(*r.host, *ref.trainer));
     REQUIRE(r.events.size() == 2);
     CHECK(r.events[0].ok);
     CHECK(r.events[0].step == 4);
+    // The writer's own CPU time: some (checksums, system calls), and not the 0.3 s it slept in the
+    // stall (one thread's CPU clock, not the process's and not the wall clock).
+    CHECK(r.events[0].cpu_seconds > 0.0);
+    CHECK(r.events[0].cpu_seconds < r.events[0].seconds - 0.25);
     // Both ways write exactly version 4 and 8.
     const Run plain = train(cfg, model, batches, (dir.path / "plain").string(), 4);
     CHECK(same_checkpoint_stage(dir.path / "step-00000004", dir.path / "plain" / "step-00000004", model));

@@ -83,6 +83,7 @@ TEST_CASE("gate: within the budget the optimizer copies the stage and the checkp
   g.mark_written(8, 2);
   CHECK_FALSE(g.has_snapshot(8, 2));
   CHECK(g.copied_bytes() == kStageBytes);
+  CHECK(g.copy_seconds() > 0.0);
 
   SECTION("the budget holds one stage: the next copy waits until the first is written") {
     g.close(8);
