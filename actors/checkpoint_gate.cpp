@@ -13,6 +13,11 @@ void copy_stage_state(const StateLease& state, StageSnapshot& snap) {
   if (snap.v) std::memcpy(snap.v.get(), state.v(), bytes);
 }
 
+void CheckpointGate::set_writer_urgency(std::function<void(bool)> urgent) {
+  std::lock_guard<std::mutex> lock(mutex_);  // the optimizer may be in before_update, calling it
+  writer_urgency_ = std::move(urgent);
+}
+
 bool CheckpointGate::open(std::int64_t v, std::int64_t stages) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (open_.count(v)) return false;

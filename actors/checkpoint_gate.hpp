@@ -35,10 +35,11 @@ void copy_stage_state(const StateLease& state, StageSnapshot& snap);
 class CheckpointGate {
  public:
   void set_snapshot_budget(std::uint64_t bytes) { budget_bytes_ = bytes; }
-  // The writer runs at a lower priority than training (the checkpointer: nice 10); while the optimizer
+  // The writer runs at a lower priority than training (the checkpointer: nice + 10); while the optimizer
   // waits for it, it is on the critical path: `urgent(true)` when such a wait begins, `urgent(false)`
-  // when it ends (priority inheritance by hand). Set once, before the writes begin.
-  void set_writer_urgency(std::function<void(bool)> urgent) { writer_urgency_ = std::move(urgent); }
+  // when it ends (priority inheritance by hand). Called under the gate's lock; an empty function (the
+  // writer's thread is gone) stops the calls.
+  void set_writer_urgency(std::function<void(bool)> urgent);
 
   // Registers checkpoint v (every stage pending). False when it is already registered.
   bool open(std::int64_t v, std::int64_t stages);
@@ -69,7 +70,7 @@ class CheckpointGate {
 
   double waited_s() const;
   std::uint64_t copied_bytes() const;
-  double copy_seconds() const;  // the copiers' time copying stages aside (copied_bytes)
+  double copy_seconds() const;  // the copiers' time copying stages aside (wall time, kept copies or not)
 
  private:
   enum class StageState : char { pending, writing, copying, copied, written };

@@ -31,8 +31,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -392,17 +396,29 @@ void write_due(self_ptr self, std::int64_t v) {
 }
 
 // The checkpointer's thread yields the CPU to training: on a small machine (2 cores) its checksums,
-// HDF5 copies and writeback calls otherwise take time from compute. Nice 10 leaves it the idle cycles
-// and a small share; the version gate gives it a whole step per stage, so it still keeps up.
+// HDF5 copies and writeback calls otherwise take time from compute. Nice + 10 (relative to the process's
+// own) leaves it the idle cycles and a small share; the version gate gives it a whole step per stage, so
+// it still keeps up.
 void lower_priority(self_ptr self) {
   if (self->state.niced) return;
   self->state.niced = true;
   const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
-  ::setpriority(PRIO_PROCESS, tid, 10);
+  errno = 0;
+  const int base = ::getpriority(PRIO_PROCESS, tid);
+  if (base == -1 && errno != 0) return;
+  const int low = std::min(base + 10, 19);
+  ::setpriority(PRIO_PROCESS, tid, low);
   // While the optimizer waits for a stage this thread is writing, the write is on the critical path: back
-  // to training's priority until the wait ends (raising a priority again needs CAP_SYS_NICE or a
-  // RLIMIT_NICE that allows it; without either the write stays at nice 10).
-  self->state.ctx->gate.set_writer_urgency([tid](bool urgent) { ::setpriority(PRIO_PROCESS, tid, urgent ? 0 : 10); });
+  // to training's priority until the wait ends. Raising a priority again needs CAP_SYS_NICE or a
+  // RLIMIT_NICE that allows it; without either the write stays low, and after one refusal no more tries.
+  auto may_raise = std::make_shared<std::atomic<bool>>(true);
+  self->state.ctx->gate.set_writer_urgency([tid, base, low, may_raise](bool urgent) {
+    if (!may_raise->load()) return;
+    if (::setpriority(PRIO_PROCESS, tid, urgent ? base : low) != 0 && urgent) may_raise->store(false);
+  });
+  // The gate outlives this actor (it is the run's): no call may reach this thread's id once it is gone.
+  Context* ctx = self->state.ctx;
+  self->attach_functor([ctx] { ctx->gate.set_writer_urgency({}); });
 }
 
 void begin(self_ptr self, std::int64_t v) {

@@ -167,8 +167,11 @@ void on_checkpoint(self_ptr self, const CheckpointEvent& ev) {
       f.checkpoint_seconds += ev.seconds;
       f.last_checkpoint = monitor::CheckpointFigures{ev.step, ev.path, ev.bytes, ev.seconds};
     });
-    st.mon->events().append("checkpoint_saved",
-                            {{"step", ev.step}, {"path", ev.path}, {"bytes", ev.bytes}, {"seconds", ev.seconds}});
+    st.mon->events().append("checkpoint_saved", {{"step", ev.step},
+                                                 {"path", ev.path},
+                                                 {"bytes", ev.bytes},
+                                                 {"seconds", ev.seconds},
+                                                 {"cpu_seconds", ev.cpu_seconds}});
   } else {
     st.mon->events().append("checkpoint_failed", {{"step", ev.step}, {"error", ev.error}});
   }

@@ -604,6 +604,7 @@ EngineJob TrainingRun::make_job() {
       j["path"] = ev.path;
       j["bytes"] = ev.bytes;
       j["seconds"] = ev.seconds;
+      j["cpu_seconds"] = ev.cpu_seconds;  // what it took from training's cores (the writer thread's CPU)
     } else {
       j["error"] = ev.error;
     }

@@ -27,9 +27,11 @@ namespace mt::cpu {
 namespace {
 
 // Key blocks twice as wide as query blocks: each block product does twice the work per call (at long
-// context 1.3x the kernel's rate at 64 x 64, measured), and no causal pair more is computed, since a
-// query block's last key block ends at its own last row (kn). A row still meets its keys in the same
-// blocks (aligned to position 0, ending at the row) however the query rows are blocked or tiled.
+// context 1.3x the kernel's rate at 64 x 64, measured). Causal attention computes no pair more, since a
+// query block's last key block is cut at the block's own last row (kn). Sliding windows do: key blocks
+// before a window are skipped whole, so up to 127 masked keys a row are computed (63 before). A row meets
+// its keys in blocks aligned to position 0, the last one cut at its query block's end: the same blocks
+// whether the rows are tiled or not, as long as tiles start on a query block boundary of the whole sequence.
 constexpr std::int64_t kQueryBlock = 64;
 constexpr std::int64_t kKeyBlock = 128;
 // Query blocks that walk the keys together: each key/value block is loaded once for kGroup query blocks

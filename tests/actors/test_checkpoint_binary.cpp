@@ -236,7 +236,12 @@ TEST_CASE("megatrain train: SIGTERM writes a final checkpoint and exits 0, SIGUS
   }
   CHECK(stopping);
   REQUIRE(events.size() >= 2);
-  for (const auto& e : events) CHECK(e["event"] == "checkpoint_saved");
+  for (const auto& e : events) {
+    CHECK(e["event"] == "checkpoint_saved");
+    // The writer's CPU time: some, and never more than the checkpoint's wall time (one thread's clock).
+    CHECK(e["cpu_seconds"].get<double>() > 0.0);
+    CHECK(e["cpu_seconds"].get<double>() <= e["seconds"].get<double>());
+  }
   const std::int64_t done = static_cast<std::int64_t>(lines());
   const auto r = mt::ckpt::CheckpointReader::open(out);
   CHECK(r.step() == done);

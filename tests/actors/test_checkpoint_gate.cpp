@@ -144,8 +144,10 @@ TEST_CASE("gate: the writer is told it is urgent while the optimizer waits for i
   REQUIRE(g.begin_write(4, 1) == nullptr);
   std::atomic<bool> seen_urgent{false};
   std::thread writer([&] {
-    while (urgent.load() == 0) std::this_thread::sleep_for(1ms);  // the optimizer waits for this write
-    seen_urgent = true;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;  // never called: fail, do not hang
+    while (urgent.load() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(1ms);  // the optimizer waits for this write
+    seen_urgent = urgent.load() != 0;
     g.mark_written(4, 1);
   });
   CHECK(g.before_update(4, 1, kFloats, 3, c.fn()) > 0.0);
@@ -153,6 +155,17 @@ TEST_CASE("gate: the writer is told it is urgent while the optimizer waits for i
   CHECK(seen_urgent);
   CHECK(calls == std::vector<bool>{true, false});
   CHECK(urgent == 0);
+  // Cleared (the writer's thread is gone): a wait calls nothing.
+  g.set_writer_urgency({});
+  REQUIRE(g.open(8, 1));
+  std::thread late([&] {
+    std::this_thread::sleep_for(50ms);
+    g.mark_written(8, 0);
+  });
+  REQUIRE(g.begin_write(8, 0) == nullptr);
+  CHECK(g.before_update(8, 0, kFloats, 3, c.fn()) > 0.0);
+  late.join();
+  CHECK(calls.size() == 2);
 }
 
 TEST_CASE("gate: the checkpointer waits for a copy in progress and writes it") {

@@ -331,44 +331,60 @@ TEST_CASE("fast attention (tiled, online softmax) matches the reference", "[ops]
 TEST_CASE("fast attention: a row's output, log-sum-exp and dq do not depend on how the query rows are tiled",
           "[ops][fast]") {
   // Sequence tiles (q_start) whose length is a multiple of the 64-row query block (as device.seq_tile=auto
-  // picks them: powers of two from 128) give the whole sequence's bits: a row meets its keys in the same
-  // 128-wide key blocks, aligned to position 0, even where its query block ends inside one. Other lengths
-  // block the rows differently, and the block products' row tails may round apart: within 1e-6 there.
-  // 300 tokens: two full key blocks and a ragged third; plain causal and a window across a block's edge.
+  // picks them: powers of two from 128) give the whole sequence's bits for out, lse and dq: a row meets its
+  // keys in the same 128-wide key blocks, aligned to position 0, and its query block ends where the whole
+  // sequence's does. Other lengths end query blocks elsewhere (a row's last key block is cut at its query
+  // block's end), and the block products may round apart: within 1e-6 there. dk, dv and the sinks'
+  // gradient are sums over every query row, added tile by tile (add_kv_grads): within 1e-6 always.
+  // 300 tokens: two full key blocks and a ragged third; plain causal, then a window across a block's
+  // edge with sinks.
   const std::int64_t S = 300, Hq = 4, Hkv = 2, hd = 16, qs = Hq * hd, kvs = Hkv * hd, os = Hq * hd;
   auto q = randn(S * qs, 60), k = randn(S * kvs, 61), v = randn(S * kvs, 62), dout = randn(S * os, 63);
+  const auto sink_logits = randn(Hq, 64, 2.0);
   for (const std::int64_t window : {std::int64_t{0}, std::int64_t{150}}) {
+    const float* sinks = window > 0 ? sink_logits.data() : nullptr;
     cpu::AttnShape whole{1, S, Hq, Hkv, hd, qs, kvs, os};
     whole.window = window;
-    vector<float> o(S * os), lse(Hq * S), dq(S * qs), dk(S * kvs), dv(S * kvs);
-    cpu::attention_forward(q.data(), k.data(), v.data(), nullptr, false, o.data(), lse.data(), whole, 2);
-    cpu::attention_backward(q.data(), k.data(), v.data(), nullptr, false, o.data(), lse.data(), dout.data(), dq.data(),
-                            dk.data(), dv.data(), nullptr, whole, 2);
+    vector<float> o(S * os), lse(Hq * S), dq(S * qs), dk(S * kvs), dv(S * kvs), ds(Hq, 0.0f);
+    cpu::attention_forward(q.data(), k.data(), v.data(), sinks, false, o.data(), lse.data(), whole, 2);
+    cpu::attention_backward(q.data(), k.data(), v.data(), sinks, false, o.data(), lse.data(), dout.data(), dq.data(),
+                            dk.data(), dv.data(), sinks ? ds.data() : nullptr, whole, 2);
     for (const std::int64_t tile : {64, 128, 192, 37, 100}) {
       INFO("window " << window << ", tiles of " << tile);
       std::int64_t differing = 0;
-      vector<float> o_tiled, o_whole;
+      vector<float> o_t, lse_t, lse_w, dq_t, dk_t(S * kvs, 0.0f), dv_t(S * kvs, 0.0f), ds_t(Hq, 0.0f);
       for (std::int64_t t0 = 0; t0 < S; t0 += tile) {
         const std::int64_t n = std::min(tile, S - t0);
         cpu::AttnShape a = whole;
         a.seq = t0 + n;  // the tile's queries against the keys up to its end
         a.q_start = t0;
-        a.add_kv_grads = true;
-        vector<float> ot(n * os), lt(Hq * n), dqt(n * qs), dkt(S * kvs), dvt(S * kvs);
-        cpu::attention_forward(q.data() + t0 * qs, k.data(), v.data(), nullptr, false, ot.data(), lt.data(), a, 2);
-        cpu::attention_backward(q.data() + t0 * qs, k.data(), v.data(), nullptr, false, ot.data(), lt.data(),
-                                dout.data() + t0 * os, dqt.data(), dkt.data(), dvt.data(), nullptr, a, 2);
+        a.add_kv_grads = t0 > 0;
+        vector<float> ot(n * os), lt(Hq * n), dqt(n * qs);
+        cpu::attention_forward(q.data() + t0 * qs, k.data(), v.data(), sinks, false, ot.data(), lt.data(), a, 2);
+        cpu::attention_backward(q.data() + t0 * qs, k.data(), v.data(), sinks, false, ot.data(), lt.data(),
+                                dout.data() + t0 * os, dqt.data(), dk_t.data(), dv_t.data(),
+                                sinks ? ds_t.data() : nullptr, a, 2);
         differing += std::memcmp(ot.data(), o.data() + t0 * os, ot.size() * 4) != 0;
-        o_tiled.insert(o_tiled.end(), ot.begin(), ot.end());
-        o_whole.insert(o_whole.end(), o.begin() + t0 * os, o.begin() + (t0 + n) * os);
         differing += std::memcmp(dqt.data(), dq.data() + t0 * qs, dqt.size() * 4) != 0;
         for (std::int64_t h = 0; h < Hq; ++h)
           differing += std::memcmp(lt.data() + h * n, lse.data() + h * S + t0, static_cast<std::size_t>(n) * 4) != 0;
+        o_t.insert(o_t.end(), ot.begin(), ot.end());
+        dq_t.insert(dq_t.end(), dqt.begin(), dqt.end());
+        for (std::int64_t h = 0; h < Hq; ++h) {
+          lse_t.insert(lse_t.end(), lt.begin() + h * n, lt.begin() + (h + 1) * n);
+          lse_w.insert(lse_w.end(), lse.begin() + h * S + t0, lse.begin() + h * S + t0 + n);
+        }
       }
-      if (tile % 64 == 0)
+      if (tile % 64 == 0) {
         CHECK(differing == 0);
-      else
-        CHECK(rel_err(o_tiled, o_whole) < 1e-6);
+      } else {
+        CHECK(rel_err(o_t, o) < 1e-6);
+        CHECK(rel_err(lse_t, lse_w) < 1e-6);
+        CHECK(rel_err(dq_t, dq) < 1e-6);
+      }
+      CHECK(rel_err(dk_t, dk) < 1e-6);
+      CHECK(rel_err(dv_t, dv) < 1e-6);
+      if (sinks) CHECK(rel_err(ds_t, ds) < 1e-6);
     }
   }
 }

@@ -34,8 +34,9 @@ namespace {
 struct RunTimes {
   std::vector<double> step_s;  // measured steps (3 .. steps-1)
   double gate_wait_s = 0.0;
-  double writer_cpu_s = 0.0;  // the checkpointer's CPU time over every checkpoint
-  double copy_s = 0.0;        // the optimizer's copies aside
+  double writer_cpu_s = 0.0;  // the checkpointer's CPU time over every checkpoint written
+  double copy_s = 0.0;        // the optimizer's copies aside, for those checkpoints
+  int written = 0;            // checkpoints written (the one at the last step too)
   bool ok = false;
 };
 
@@ -73,14 +74,20 @@ RunTimes one_run(const std::filesystem::path& dir, int steps, int every, bool im
   for (const auto& e : events)
     std::printf("checkpoint step %lld: %s, %.1f MiB in %.2fs, writer CPU %.3fs\n", static_cast<long long>(e.step),
                 e.ok ? "ok" : e.error.c_str(), static_cast<double>(e.bytes) / (1 << 20), e.seconds, e.cpu_seconds);
-  double writer_cpu = 0.0;
-  for (const auto& e : events) writer_cpu += e.cpu_seconds;
+  double writer_cpu = 0.0;  // over every checkpoint the run wrote (the last one's too: the copies count it)
+  int written = 0;
+  for (const auto& e : events)
+    if (e.ok) {
+      writer_cpu += e.cpu_seconds;
+      ++written;
+    }
   for (const auto& s : r.steps)
     if (s.step > 2 && s.step < steps)
       t.step_s.push_back(s.step_s);  // warm-up; the last step's checkpoint runs past the end
   t.gate_wait_s = r.checkpoint_wait_s;
   t.writer_cpu_s = writer_cpu;
   t.copy_s = r.checkpoint_copy_s;
+  t.written = written;
   t.ok = !t.step_s.empty();
   return t;
 }
@@ -112,14 +119,16 @@ bool one_round(const std::filesystem::path& dir, int steps, int every, bool imme
   const double stall = (sum(ckpt.step_s) - sum(control.step_s)) / checkpoints;
   fraction = stall / step;
   const int cores = usable_cores();
-  const double cpu = (ckpt.writer_cpu_s + ckpt.copy_s) / checkpoints;
+  // Per checkpoint, over all the run wrote: the one at the last step is written (and may be copied
+  // aside) though its steps are not measured.
+  const double cpu = (ckpt.writer_cpu_s + ckpt.copy_s) / std::max(1, ckpt.written);
   floor = cpu / cores / step;
   std::printf(
       "%d steps, checkpoint every %d: control run %.3fs (median step %.3fs), checkpointed run %.3fs, stall per "
       "checkpoint %.3fs (%.1f%% of a step), optimizer gate wait %.3fs total; per checkpoint writer CPU %.3fs + "
       "copies aside %.3fs over %d cores: floor %.1f%% of a step\n",
       steps, every, sum(control.step_s), step, sum(ckpt.step_s), stall, 100.0 * fraction, ckpt.gate_wait_s,
-      ckpt.writer_cpu_s / checkpoints, ckpt.copy_s / checkpoints, cores, 100.0 * floor);
+      ckpt.writer_cpu_s / std::max(1, ckpt.written), ckpt.copy_s / std::max(1, ckpt.written), cores, 100.0 * floor);
   return true;
 }
 
