@@ -71,23 +71,18 @@ RunTimes one_run(const std::filesystem::path& dir, int steps, int every, bool im
     std::fprintf(stderr, "checkpoint_stall: %s\n", r.error.c_str());
     return t;
   }
-  for (const auto& e : events)
+  for (const auto& e : events) {
     std::printf("checkpoint step %lld: %s, %.1f MiB in %.2fs, writer CPU %.3fs\n", static_cast<long long>(e.step),
                 e.ok ? "ok" : e.error.c_str(), static_cast<double>(e.bytes) / (1 << 20), e.seconds, e.cpu_seconds);
-  double writer_cpu = 0.0;  // over every checkpoint the run wrote (the last one's too: the copies count it)
-  int written = 0;
-  for (const auto& e : events)
-    if (e.ok) {
-      writer_cpu += e.cpu_seconds;
-      ++written;
-    }
+    if (!e.ok) continue;
+    t.writer_cpu_s += e.cpu_seconds;  // every checkpoint the run wrote (also one whose steps are not measured)
+    ++t.written;
+  }
   for (const auto& s : r.steps)
     if (s.step > 2 && s.step < steps)
       t.step_s.push_back(s.step_s);  // warm-up; the last step's checkpoint runs past the end
   t.gate_wait_s = r.checkpoint_wait_s;
-  t.writer_cpu_s = writer_cpu;
   t.copy_s = r.checkpoint_copy_s;
-  t.written = written;
   t.ok = !t.step_s.empty();
   return t;
 }
