@@ -30,28 +30,42 @@ BoundTensors<P, kDenseTensors> bind_dense(const ModelConfig& c, P base, Precisio
   return bind_tensors(off, base, p);
 }
 
+// Kept: the two products' outputs. h = silu(gate) * up is not kept: the forward makes it in scratch for
+// the down product, and the backward makes it again (one elementwise pass, the same bits) where dg will
+// go, which frees n x ff floats of every kept layer.
 struct DenseSaved {
-  float *gate, *up, *h;
+  float *gate, *up;
 };
 DenseSaved carve_dense(const ModelConfig& c, std::int64_t n, float* base, std::size_t* used = nullptr) {
   Carver cv(base);
   const std::int64_t ff = c.intermediate_size;
-  DenseSaved s{cv.take(n * ff), cv.take(n * ff), cv.take(n * ff)};
+  DenseSaved s{cv.take(n * ff), cv.take(n * ff)};
   if (used) *used = cv.used();
   return s;
 }
-// The backward's dh, dg, du: the same shapes as the saved activations.
-DenseSaved carve_dense_scratch(const ModelConfig& c, std::int64_t n, float* base) { return carve_dense(c, n, base); }
+// The backward's dh, dg, du (h first, in dg's place), and the forward's h (in dh's place).
+struct DenseScratch {
+  float *dh, *dg, *du;
+};
+DenseScratch carve_dense_scratch(const ModelConfig& c, std::int64_t n, float* base, std::size_t* used = nullptr) {
+  Carver cv(base);
+  const std::int64_t ff = c.intermediate_size;
+  DenseScratch s{cv.take(n * ff), cv.take(n * ff), cv.take(n * ff)};
+  if (used) *used = cv.used();
+  return s;
+}
 
 void dense_forward(Ops& ops, const ModelConfig& c, const void* params, const float* xn, std::int64_t n, float* saved,
-                   float* y) {
+                   float* y, float* scratch) {
   const std::int64_t d = c.hidden_size, ff = c.intermediate_size;
   const auto w = bind_dense(c, params, ops.precision());
   const DenseSaved s = carve_dense(c, n, saved);
   ops.linear_forward(xn, w[wg], nullptr, s.gate, n, d, ff);
   ops.linear_forward(xn, w[wu], nullptr, s.up, n, d, ff);
-  ops.swiglu_forward(s.gate, s.up, s.h, static_cast<std::size_t>(n * ff));
-  if (y) ops.linear_forward(s.h, w[wd], nullptr, y, n, ff, d);
+  if (!y) return;  // a recomputing backward makes h itself
+  float* h = carve_dense_scratch(c, n, scratch).dh;
+  ops.swiglu_forward(s.gate, s.up, h, static_cast<std::size_t>(n * ff));
+  ops.linear_forward(h, w[wd], nullptr, y, n, ff, d);
 }
 
 void dense_backward(Ops& ops, const ModelConfig& c, const void* params, float* grads, const float* xn, std::int64_t n,
@@ -60,11 +74,13 @@ void dense_backward(Ops& ops, const ModelConfig& c, const void* params, float* g
   const auto w = bind_dense(c, params, ops.precision());
   const auto g = bind_dense(c, grads, Precision::fp32);
   const DenseSaved s = carve_dense(c, n, const_cast<float*>(saved));
-  const DenseSaved ds = carve_dense_scratch(c, n, scratch);  // dh, dg, du
-  ops.linear_backward(dy, s.h, w[wd], ds.h, false, g[wd], nullptr, n, ff, d);
-  ops.swiglu_backward(s.gate, s.up, ds.h, ds.gate, ds.up, static_cast<std::size_t>(n * ff));
-  ops.linear_backward(ds.gate, xn, w[wg], dxn, false, g[wg], nullptr, n, d, ff);
-  ops.linear_backward(ds.up, xn, w[wu], dxn, true, g[wu], nullptr, n, d, ff);
+  const DenseScratch ds = carve_dense_scratch(c, n, scratch);
+  float* h = ds.dg;  // h until swiglu_backward overwrites it with dg
+  ops.swiglu_forward(s.gate, s.up, h, static_cast<std::size_t>(n * ff));
+  ops.linear_backward(dy, h, w[wd], ds.dh, false, g[wd], nullptr, n, ff, d);
+  ops.swiglu_backward(s.gate, s.up, ds.dh, ds.dg, ds.du, static_cast<std::size_t>(n * ff));
+  ops.linear_backward(ds.dg, xn, w[wg], dxn, false, g[wg], nullptr, n, d, ff);
+  ops.linear_backward(ds.du, xn, w[wu], dxn, true, g[wu], nullptr, n, d, ff);
 }
 
 // ---- the mixture of experts ----
@@ -264,7 +280,7 @@ std::size_t ffn_scratch_floats(const ModelConfig& c, std::int64_t n) {
   if (c.is_moe())
     carve_moe_scratch(c, n, nullptr, &used);
   else
-    carve_dense(c, n, nullptr, &used);
+    carve_dense_scratch(c, n, nullptr, &used);
   return used;
 }
 
@@ -276,11 +292,11 @@ std::int64_t ffn_operand_elements(const ModelConfig& c, std::int64_t n) {
 }
 
 void ffn_forward(Ops& ops, const ModelConfig& c, const void* params, const float* xn, std::int64_t n, float* saved,
-                 float* y, const MoeBalance* balance) {
+                 float* y, float* scratch, const MoeBalance* balance) {
   if (c.is_moe())
     moe_forward(ops, c, params, xn, n, saved, y, balance);
   else
-    dense_forward(ops, c, params, xn, n, saved, y);
+    dense_forward(ops, c, params, xn, n, saved, y, scratch);
 }
 
 void ffn_backward(Ops& ops, const ModelConfig& c, const void* params, float* grads, const float* xn, std::int64_t n,

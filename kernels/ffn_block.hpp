@@ -26,11 +26,13 @@ std::size_t ffn_scratch_floats(const ModelConfig& c, std::int64_t n);
 std::int64_t ffn_operand_elements(const ModelConfig& c, std::int64_t n);
 
 // From xn[n, d]: the activations into `saved`, and with y non-null y[n, d] = block(xn) (overwritten).
-// Without y the dense block stops before its last product (a recomputing backward starts from there);
-// the experts compute theirs anyway (the combine's backward reads them).
+// Without y the dense block stops before its activation and last product (a recomputing backward starts
+// from there); the experts compute theirs anyway (the combine's backward reads them).
+// scratch (ffn_scratch_floats, free during the forward): where the dense block's activation is made for
+// its last product.
 // balance (experts only; may be null): the load-balancing statistics added into its host arrays.
 void ffn_forward(Ops& ops, const ModelConfig& c, const void* params, const float* xn, std::int64_t n, float* saved,
-                 float* y, const MoeBalance* balance = nullptr);
+                 float* y, float* scratch, const MoeBalance* balance = nullptr);
 // dxn[n, d] (overwritten) from dy[n, d]; the block's weight gradients added into `grads` (the layer's
 // gradient buffer). `saved` is what ffn_forward wrote for this xn.
 // balance->grad (experts only; may be null): the load-balancing loss's gradient joins the router's.

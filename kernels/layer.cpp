@@ -133,8 +133,8 @@ void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
   refuse_mixed_layers(c);
   if (balance && (!c.is_moe() || !balance->grad)) balance = nullptr;
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
-  check_pointers(params && dy && dx && grads && workspace, "params, dy, dx, grads and workspace must be non-null");
-  check_pointers(saved || x_in, "recompute mode (saved == nullptr) needs the layer input x_in");
+  check_pointers(params && x_in && dy && dx && grads && workspace,
+                 "params, x_in, dy, dx, grads and workspace must be non-null");
   check_pointers(dx != dy, "dx must not alias dy");
   const bool recompute = saved == nullptr;
   const detail::LayerFamily& f = detail::layer_family(c);

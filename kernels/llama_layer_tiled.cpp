@@ -140,7 +140,7 @@ void attention_and_mlp(Ops& ops, const ModelConfig& c, const void* params, const
   ops.linear_forward(tb.att, w[wo], w[bo], tb.x1, t.n, qd, d);
   ops.add_into(tb.x1, x_in + t.r0 * d, static_cast<std::size_t>(t.n * d));
   ops.rmsnorm_forward(tb.x1, w[post_norm], tb.xn2, tb.rstd2, t.n, d, c.norm_eps);
-  ffn_forward(ops, c, params, tb.xn2, t.n, tb.ffn, y, balance);
+  ffn_forward(ops, c, params, tb.xn2, t.n, tb.ffn, y, tb.dffn, balance);  // the MLP phase's scratch: free here
 }
 
 template <class F>

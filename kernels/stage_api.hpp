@@ -125,8 +125,8 @@ void layer_forward(const ModelConfig& c, const void* params, const float* x_in, 
 
 // dx = d(loss)/d(x_in) from dy = d(loss)/d(x_out); grads += d(loss)/d(params).
 // saved == nullptr: recompute the forward once from x_in (recompute mode, workspace sized for it);
-// otherwise saved holds what layer_forward wrote for this same x_in and params (x_in is then unused
-// and may be nullptr).
+// otherwise saved holds what layer_forward wrote for this same x_in and params. x_in is needed either
+// way: a kept layer's intermediates leave out what is cheap to make again from it (its norm's output).
 void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
                     float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
                     const ComputeCtx& ctx, const MoeBalance* balance = nullptr);

@@ -144,7 +144,7 @@ TEST_CASE("bf16 layers against the fp32 path, both activation modes", "[bf16][st
     vector<float> saved(layer_saved_floats(c, B, T)), y_k(N * d), dx_k(N * d), g_k(l.total_floats, 0.0f);
     vector<float> ws_k(layer_workspace_floats(c, B, T, ActivationMode::keep, Precision::bf16));
     layer_forward(c, pb.data(), x.data(), y_k.data(), B, T, saved.data(), ws_k.data(), bctx);
-    layer_backward(c, pb.data(), nullptr, saved.data(), dy.data(), dx_k.data(), g_k.data(), B, T, ws_k.data(), bctx);
+    layer_backward(c, pb.data(), x.data(), saved.data(), dy.data(), dx_k.data(), g_k.data(), B, T, ws_k.data(), bctx);
     CHECK(std::memcmp(y_k.data(), y.data(), y.size() * 4) == 0);  // keep == recompute, bit for bit
     CHECK(std::memcmp(dx_k.data(), dx.data(), dx.size() * 4) == 0);
     CHECK(std::memcmp(g_k.data(), g.data(), g.size() * 4) == 0);

@@ -76,8 +76,11 @@ TEST_CASE("fast layers match the fp64 reference in both activation modes", "[lay
     vector<float> saved(layer_saved_floats(c, B, S));
     vector<float> ws_keep(layer_workspace_floats(c, B, S, ActivationMode::keep));
     layer_forward(c, p.data(), x.data(), y_keep.data(), B, S, saved.data(), ws_keep.data(), ctx);
-    layer_backward(c, p.data(), nullptr, saved.data(), dy.data(), dx_keep.data(), g_keep.data(), B, S, ws_keep.data(),
+    const vector<float> saved_after_forward = saved;
+    layer_backward(c, p.data(), x.data(), saved.data(), dy.data(), dx_keep.data(), g_keep.data(), B, S, ws_keep.data(),
                    ctx);
+    // The backward makes what the forward did not keep in its own scratch: the kept buffer is read only.
+    CHECK(std::memcmp(saved.data(), saved_after_forward.data(), saved.size() * 4) == 0);
     CHECK(rel_err(y_keep, yr) < 1e-5);
     CHECK(rel_err(dx_keep, dxr) < 1e-5);
     for (const auto& t : l.tensors) {
@@ -98,6 +101,30 @@ TEST_CASE("fast layers match the fp64 reference in both activation modes", "[lay
     for (std::size_t i = 0; i < g_keep.size(); ++i) twice[i] = 2.0f * g_keep[i];
     CHECK(rel_err(g_re, twice) < 1e-6);
   }
+}
+
+TEST_CASE("a kept Llama layer keeps no copy of its input, its norms' outputs or its MLP activation", "[layers][keep]") {
+  // The demo model's shape: what the budget's kept layers cost (llama_layer.cpp, ffn_block.cpp).
+  ModelConfig c = mt::test::tiny_llama();
+  c.hidden_size = 384;
+  c.num_attention_heads = 6;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.intermediate_size = 1024;
+  c.max_position_embeddings = 256;
+  const std::int64_t B = 4, S = 128, N = B * S, d = 384, qd = 384, kd = 128, ff = 1024;
+  // rstd1, q, k, v, attention out, lse, x1, rstd2, gate, up.
+  const std::size_t want = static_cast<std::size_t>(N + N * qd + 2 * N * kd + N * qd + N * 6 + N * d + N + 2 * N * ff);
+  CHECK(layer_saved_floats(c, B, S) == want);
+  // Its backward needs the layer input again, then.
+  vector<float> x(N * d, 0.5f), dy(N * d, 0.25f), dx(N * d);
+  vector<float> p(layer_layout(c, 0).total_floats, 0.01f), g(p.size()), saved(want);
+  vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::keep));
+  const ComputeCtx ctx{1};
+  layer_forward(c, p.data(), x.data(), dx.data(), B, S, saved.data(), ws.data(), ctx);
+  CHECK_THROWS_WITH(
+      layer_backward(c, p.data(), nullptr, saved.data(), dy.data(), dx.data(), g.data(), B, S, ws.data(), ctx),
+      Catch::Contains("x_in"));
 }
 
 TEST_CASE("head: chunked fused loss and gradients match the fp64 reference", "[layers][head]") {
