@@ -103,7 +103,12 @@ TEST_CASE("fast layers match the fp64 reference in both activation modes", "[lay
   }
 }
 
-TEST_CASE("a kept Llama layer keeps no copy of its input, its norms' outputs or its MLP activation", "[layers][keep]") {
+TEST_CASE("a kept layer keeps no copy of its input, its norms' outputs or its MLP activation", "[layers][keep]") {
+  {  // GPT-2: mean and rstd of both norms, c_attn's output, attention out, lse, x1, c_fc's output.
+    const ModelConfig c = mt::test::tiny_gpt2();
+    const std::int64_t B = 2, S = 8, N = B * S, d = 16, ff = 64;
+    CHECK(layer_saved_floats(c, B, S) == static_cast<std::size_t>(4 * N + 3 * N * d + N * d + N * 4 + N * d + N * ff));
+  }
   // The demo model's shape: what the budget's kept layers cost (llama_layer.cpp, ffn_block.cpp).
   ModelConfig c = mt::test::tiny_llama();
   c.hidden_size = 384;
