@@ -1,10 +1,20 @@
 #include "actors/checkpoint_gate.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 #include <optional>
 
 namespace mt::actors {
+
+PageAlignedFloats page_aligned_floats(std::size_t n) {
+  constexpr std::size_t kPage = 4096;
+  const std::size_t bytes = (n * sizeof(float) + kPage - 1) / kPage * kPage;  // aligned_alloc wants a multiple
+  auto* p = static_cast<float*>(std::aligned_alloc(kPage, std::max(bytes, kPage)));
+  if (!p) throw std::bad_alloc();
+  return PageAlignedFloats(p);
+}
 
 void copy_stage_state(const StateLease& state, StageSnapshot& snap) {
   const std::size_t bytes = snap.floats * sizeof(float);
@@ -130,10 +140,10 @@ bool CheckpointGate::copy_aside(std::unique_lock<std::mutex>& lock, std::int64_t
   if (!snap) {
     snap = std::make_unique<StageSnapshot>();
     snap->floats = floats;
-    snap->master.reset(new float[floats]);
+    snap->master = page_aligned_floats(floats);
     if (states == 3) {
-      snap->m.reset(new float[floats]);
-      snap->v.reset(new float[floats]);
+      snap->m = page_aligned_floats(floats);
+      snap->v = page_aligned_floats(floats);
     }
   }
   held_bytes_ += need;

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -23,10 +24,17 @@
 
 namespace mt::actors {
 
-// A stage's state copied aside before the optimizer updated it: `floats` per state.
+// A stage's state copied aside before the optimizer updated it: `floats` per state. Page-aligned: the
+// checkpoint writer writes aligned memory straight to disk (O_DIRECT), and a copy from malloc (16 bytes
+// past a page) went through the page cache, a second copy of every byte on the writer's CPU.
+struct FreeFloats {
+  void operator()(float* p) const { std::free(p); }
+};
+using PageAlignedFloats = std::unique_ptr<float[], FreeFloats>;
+PageAlignedFloats page_aligned_floats(std::size_t n);  // throws std::bad_alloc
 struct StageSnapshot {
   std::size_t floats = 0;
-  std::unique_ptr<float[]> master, m, v;  // m, v null when the checkpoint saves no moments
+  PageAlignedFloats master, m, v;  // m, v null when the checkpoint saves no moments
 };
 
 // Copies a stage's masters, m and v (through a lease on them) into a snapshot of the stage's size.

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,9 @@ TEST_CASE("gate: within the budget the optimizer copies the stage and the checkp
   CHECK(s->floats == kFloats);
   CHECK(s->master[kFloats - 1] == 2.5f);
   CHECK(s->v[0] == 2.5f);
+  // Page-aligned, so the writer writes the copy straight to disk (O_DIRECT), not through the page cache.
+  for (const float* state : {s->master.get(), s->m.get(), s->v.get()})
+    CHECK(reinterpret_cast<std::uintptr_t>(state) % 4096 == 0);
   // A second update of the same stage (a re-issued one) neither copies nor waits again.
   CHECK(g.before_update(8, 2, kFloats, 3, c.fn()) == 0.0);
   CHECK(c.calls == 1);
