@@ -139,7 +139,6 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
   const Saved s = carve_saved(c, N, saved);
   const Scratch sc = carve_scratch(c, N, scratch);
   if (recompute) forward_into(ops, c, w, x_in, nullptr, B, T, s, sc);  // no activation, no last product
-  const float* x = x_in;
   // MLP
   ops.copy(sc.dx1, dy, static_cast<std::size_t>(N * d));
   if (!recompute)  // else just made
@@ -154,10 +153,11 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
   ops.linear_backward(sc.dx1, s.att, w[proj_w], sc.datt, false, g[proj_w], g[proj_b], N, d, d);
   ops.attention_backward(s.qkv, s.qkv + d, s.qkv + 2 * d, nullptr, s.att, s.lse, sc.datt, sc.dqkv, sc.dqkv + d,
                          sc.dqkv + 2 * d, nullptr, attn_shape(c, B, T));
-  ops.layernorm_forward(x, w[ln1_w], w[ln1_b], sc.xn1, sc.mean, sc.rstd, N, d, c.norm_eps);  // the MLP's wrote over it
+  ops.layernorm_forward(x_in, w[ln1_w], w[ln1_b], sc.xn1, sc.mean, sc.rstd, N, d,
+                        c.norm_eps);  // the MLP's wrote over it
   ops.linear_backward(sc.dqkv, sc.xn1, w[attn_w], sc.dxn1, false, g[attn_w], g[attn_b], N, d, 3 * d);
   ops.copy(dx, sc.dx1, static_cast<std::size_t>(N * d));
-  ops.layernorm_backward(x, w[ln1_w], s.mean1, s.rstd1, sc.dxn1, dx, g[ln1_w], g[ln1_b], N, d, true);
+  ops.layernorm_backward(x_in, w[ln1_w], s.mean1, s.rstd1, sc.dxn1, dx, g[ln1_w], g[ln1_b], N, d, true);
 }
 
 }  // namespace

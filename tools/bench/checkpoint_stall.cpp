@@ -116,14 +116,15 @@ bool one_round(const std::filesystem::path& dir, int steps, int every, bool imme
   const int cores = usable_cores();
   // Per checkpoint, over all the run wrote: the one at the last step is written (and may be copied
   // aside) though its steps are not measured.
-  const double cpu = (ckpt.writer_cpu_s + ckpt.copy_s) / std::max(1, ckpt.written);
+  const int written = std::max(1, ckpt.written);
+  const double cpu = (ckpt.writer_cpu_s + ckpt.copy_s) / written;
   floor = cpu / cores / step;
   std::printf(
       "%d steps, checkpoint every %d: control run %.3fs (median step %.3fs), checkpointed run %.3fs, stall per "
       "checkpoint %.3fs (%.1f%% of a step), optimizer gate wait %.3fs total; per checkpoint writer CPU %.3fs + "
       "copies aside %.3fs over %d cores: floor %.1f%% of a step\n",
       steps, every, sum(control.step_s), step, sum(ckpt.step_s), stall, 100.0 * fraction, ckpt.gate_wait_s,
-      ckpt.writer_cpu_s / std::max(1, ckpt.written), ckpt.copy_s / std::max(1, ckpt.written), cores, 100.0 * floor);
+      ckpt.writer_cpu_s / written, ckpt.copy_s / written, cores, 100.0 * floor);
   return true;
 }
 
