@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "actors/engine.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/ops_bf16.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
 #include "storage/hf/hf_config.hpp"
@@ -150,9 +151,11 @@ nlohmann::json make_run_state(const TrainConfig& cfg, const nlohmann::json& data
       {"model_name_or_path", cfg.model.model_name_or_path},
       {"evaluations", evaluations},
   };
-  // The path the bf16 products ran on (fixed for the process by now): a resume keeps it, and so its bits.
+  // The path the bf16 products ran on (fixed for the process by now) and the attention's products: a
+  // resume keeps them, and so its bits.
   if (cfg.precision() == Precision::bf16 && cfg.device.backend == "cpu")
-    run["kernel_choices"] = {{"bf16_gemm", cpu::bf16_gemm_name(cpu::bf16_gemm_path())}};
+    run["kernel_choices"] = {{"bf16_gemm", cpu::bf16_gemm_name(cpu::bf16_gemm_path())},
+                             {"bf16_attention", cpu::attn_products_name(cpu::bf16_attention_products())}};
   return run;
 }
 

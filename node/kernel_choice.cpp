@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "kernels/cpu/bf16_pairs.hpp"
 #include "kernels/cpu/cpu_info.hpp"
 #include "kernels/stage_api.hpp"
 
@@ -30,9 +31,15 @@ std::string fmt(const char* f, double a, double b = 0.0) {
 }
 
 nlohmann::json entry_json(const KernelCacheEntry& e) {
-  return {{"cpu", e.key.cpu},         {"isa", e.key.isa},         {"onednn", e.key.onednn},
-          {"threads", e.key.threads}, {"shapes", e.key.shapes},   {"bf16_gemm", cpu::bf16_gemm_name(e.bf16_gemm)},
-          {"onednn_s", e.onednn_s},   {"widened_s", e.widened_s}, {"probed_unix", e.probed_unix}};
+  nlohmann::json j{{"cpu", e.key.cpu},         {"isa", e.key.isa},       {"onednn", e.key.onednn},
+                   {"threads", e.key.threads}, {"shapes", e.key.shapes}, {"probed_unix", e.probed_unix}};
+  if (e.bf16_gemm)
+    j.update({{"bf16_gemm", cpu::bf16_gemm_name(*e.bf16_gemm)}, {"onednn_s", e.onednn_s}, {"widened_s", e.widened_s}});
+  if (e.bf16_attention)
+    j.update({{"bf16_attention", cpu::attn_products_name(*e.bf16_attention)},
+              {"attention_fp32_s", e.attention_fp32_s},
+              {"attention_pairs_s", e.attention_pairs_s}});
+  return j;
 }
 
 KernelCacheEntry entry_from_json(const nlohmann::json& j) {
@@ -42,11 +49,21 @@ KernelCacheEntry entry_from_json(const nlohmann::json& j) {
   e.key.onednn = j.at("onednn").get<std::string>();
   e.key.threads = j.at("threads").get<int>();
   e.key.shapes = j.at("shapes").get<std::string>();
-  const auto p = cpu::parse_bf16_gemm(j.at("bf16_gemm").get<std::string>());
-  if (!p) throw std::runtime_error("an entry's bf16_gemm is " + j.at("bf16_gemm").dump() + ", not onednn or widened");
-  e.bf16_gemm = *p;
-  e.onednn_s = j.value("onednn_s", 0.0);
-  e.widened_s = j.value("widened_s", 0.0);
+  if (j.contains("bf16_gemm")) {
+    const auto p = cpu::parse_bf16_gemm(j.at("bf16_gemm").get<std::string>());
+    if (!p) throw std::runtime_error("an entry's bf16_gemm is " + j.at("bf16_gemm").dump() + ", not onednn or widened");
+    e.bf16_gemm = *p;
+    e.onednn_s = j.value("onednn_s", 0.0);
+    e.widened_s = j.value("widened_s", 0.0);
+  }
+  if (j.contains("bf16_attention")) {
+    const auto p = cpu::parse_attn_products(j.at("bf16_attention").get<std::string>());
+    if (!p)
+      throw std::runtime_error("an entry's bf16_attention is " + j.at("bf16_attention").dump() + ", not pairs or fp32");
+    e.bf16_attention = *p;
+    e.attention_fp32_s = j.value("attention_fp32_s", 0.0);
+    e.attention_pairs_s = j.value("attention_pairs_s", 0.0);
+  }
   e.probed_unix = j.value("probed_unix", 0.0);
   return e;
 }
@@ -90,14 +107,219 @@ std::string probe_words(const cpu::Bf16Probe& p) {
   return s;
 }
 
+std::string attention_probe_words(const cpu::AttnProbe& p) {
+  std::string s = "probe: bf16 pairs at " + fmt("%.2fx", p.pairs_speedup()) + " fp32's speed on an attention of " +
+                  std::to_string(p.shape.q_heads) + " heads (" + std::to_string(p.shape.kv_heads) + " kv, head_dim " +
+                  std::to_string(p.shape.head_dim) + ") over " + std::to_string(p.shape.seq) + " positions at " +
+                  std::to_string(p.threads) + " thread" + (p.threads == 1 ? "" : "s") + ", " +
+                  fmt("%.0f ms", 1e3 * p.wall_s);
+  if (p.choice == cpu::AttnProducts::fp32) s += "; pairs need " + fmt("%.2fx", cpu::kBf16PairsMargin);
+  return s;
+}
+
+// A recorded choice's name: a string (the run state's form) or an object's "path" (the kernel_choice
+// event's form, which rank 0 sends the other ranks).
+std::optional<std::string> recorded_name(const nlohmann::json& ck, const char* key, std::string& shown) {
+  if (!ck.is_object() || !ck.contains(key)) return std::nullopt;
+  const auto& v = ck[key];
+  shown = v.dump();
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("path") && v["path"].is_string()) return v["path"].get<std::string>();
+  return std::string();
+}
+
 std::optional<cpu::Bf16Gemm> checkpoint_path(const nlohmann::json& ck, std::vector<std::string>& notes) {
-  if (!ck.is_object() || !ck.contains("bf16_gemm")) return std::nullopt;
-  const auto& v = ck["bf16_gemm"];
-  const auto p = v.is_string() ? cpu::parse_bf16_gemm(v.get<std::string>()) : std::nullopt;
+  std::string shown;
+  const auto name = recorded_name(ck, "bf16_gemm", shown);
+  if (!name) return std::nullopt;
+  const auto p = cpu::parse_bf16_gemm(*name);
   if (!p)
-    notes.push_back("the checkpoint's kernel_choices.bf16_gemm is " + v.dump() +
+    notes.push_back("the checkpoint's kernel_choices.bf16_gemm is " + shown +
                     ", not onednn or widened: ignored (the path is measured again)");
   return p;
+}
+
+std::optional<cpu::AttnProducts> checkpoint_attention(const nlohmann::json& ck, std::vector<std::string>& notes) {
+  std::string shown;
+  const auto name = recorded_name(ck, "bf16_attention", shown);
+  // A checkpoint that records the products' path but not this was written before the pair products
+  // existed: its attention ran on fp32.
+  if (!name) return ck.is_object() && ck.contains("bf16_gemm") ? std::optional(cpu::AttnProducts::fp32) : std::nullopt;
+  const auto p = cpu::parse_attn_products(*name);
+  if (!p)
+    notes.push_back("the checkpoint's kernel_choices.bf16_attention is " + shown +
+                    ", not pairs or fp32: ignored (the attention's products are measured again)");
+  return p;
+}
+
+// The cache's entry for the run's key, read once and only when a choice gets that far.
+class CacheLookup {
+ public:
+  CacheLookup(const KernelChoiceInputs& in, std::vector<std::string>& notes) : in_(in), notes_(notes) {}
+  const std::optional<KernelCacheEntry>& entry() {
+    if (!read_ && !in_.cache_file.empty()) {
+      std::string warning;
+      hit_ = read_kernel_cache(in_.cache_file, in_.key, warning);
+      if (!warning.empty()) notes_.push_back(warning);
+    }
+    read_ = true;
+    return hit_;
+  }
+
+ private:
+  const KernelChoiceInputs& in_;
+  std::vector<std::string>& notes_;
+  bool read_ = false;
+  std::optional<KernelCacheEntry> hit_;
+};
+
+void decide_gemm(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
+  using cpu::Bf16Gemm;
+  const std::optional<Bf16Gemm> recorded = checkpoint_path(in.checkpoint, c.notes);
+  // A kept path that is not the checkpoint's changes the continued run's bits: say so.
+  auto differs_from_checkpoint = [&](const char* why) {
+    if (recorded && *recorded != c.bf16_gemm)
+      c.notes.push_back(std::string("the checkpoint's run computed its bf16 products on the ") +
+                        cpu::bf16_gemm_name(*recorded) + " path; " + why + " " + cpu::bf16_gemm_name(c.bf16_gemm) +
+                        ", so the continued run's bits differ from an uninterrupted one");
+  };
+  if (in.forced) {
+    c.source = "forced";
+    c.bf16_gemm = *in.forced == Bf16Gemm::onednn && !in.onednn_available ? Bf16Gemm::widened : *in.forced;
+    c.detail = c.bf16_gemm == *in.forced ? "forced by MEGATRAIN_BF16_GEMM"
+                                         : "MEGATRAIN_BF16_GEMM=onednn, but oneDNN has no bf16 kernels on this CPU";
+    differs_from_checkpoint("MEGATRAIN_BF16_GEMM forces");
+    return;
+  }
+  if (in.process) {
+    c.source = "process";
+    c.bf16_gemm = *in.process;
+    c.detail = "fixed by an earlier run in this process";
+    differs_from_checkpoint("this process already runs");
+    return;
+  }
+  if (recorded) {
+    c.source = "checkpoint";
+    if (*recorded == Bf16Gemm::onednn && !in.onednn_available) {
+      c.bf16_gemm = Bf16Gemm::widened;
+      c.detail = "the checkpoint's run used onednn, which this CPU cannot run: oneDNN has no bf16 kernels here";
+      c.notes.push_back(
+          "the checkpoint's run computed its bf16 products with oneDNN's bf16 matmul, which this CPU cannot run "
+          "(no oneDNN bf16 kernels); continuing on the widened path, so the continued run's bits differ from an "
+          "uninterrupted one");
+    } else {
+      c.bf16_gemm = *recorded;
+      c.detail = "from the checkpoint";
+    }
+    return;
+  }
+  if (!in.onednn_available) {
+    c.source = "unavailable";
+    c.bf16_gemm = Bf16Gemm::widened;
+    c.detail = "oneDNN has no bf16 kernels on this CPU";
+    return;
+  }
+  if (const auto& hit = cache.entry(); hit && hit->bf16_gemm) {
+    c.source = "cache";
+    c.bf16_gemm = *hit->bf16_gemm;
+    c.cache_file = in.cache_file.string();
+    c.detail = "measured earlier on this machine: oneDNN at " +
+               fmt("%.2fx", hit->onednn_s > 0 ? hit->widened_s / hit->onednn_s : 0.0) +
+               " the widened path's speed; cached in " + c.cache_file;
+    return;
+  }
+  if (!in.probe) throw std::logic_error("decide_kernel_choice: no probe to run");
+  c.source = "probe";
+  c.probe = in.probe();
+  c.bf16_gemm = c.probe->choice;
+  c.detail = probe_words(*c.probe);
+}
+
+void decide_attention(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
+  using cpu::AttnProducts;
+  const std::optional<AttnProducts> recorded = checkpoint_attention(in.checkpoint, c.notes);
+  const auto name = [](AttnProducts p) { return std::string(cpu::attn_products_name(p)); };
+  if (in.attention_forced) {
+    c.attention_source = "forced";
+    const bool cannot = *in.attention_forced == AttnProducts::bf16_pairs && !in.pairs_available;
+    c.attention = cannot ? AttnProducts::fp32 : *in.attention_forced;
+    c.attention_detail = cannot ? "MEGATRAIN_BF16_ATTENTION=pairs, but this CPU has no AVX512-BF16"
+                                : "forced by MEGATRAIN_BF16_ATTENTION";
+    if (recorded && *recorded != c.attention)
+      c.notes.push_back("the checkpoint's run computed its attention on " + name(*recorded) +
+                        " products; MEGATRAIN_BF16_ATTENTION forces " + name(c.attention) +
+                        ", so the continued run's bits differ from an uninterrupted one");
+    return;
+  }
+  if (recorded) {
+    c.attention_source = "checkpoint";
+    if (*recorded == AttnProducts::bf16_pairs && !in.pairs_available) {
+      c.attention = AttnProducts::fp32;
+      c.attention_detail = "the checkpoint's run used pairs, which this CPU cannot run: no AVX512-BF16 here";
+      c.notes.push_back(
+          "the checkpoint's run computed its attention on bf16 pair products, which this CPU cannot run (no "
+          "AVX512-BF16); continuing on fp32 products, so the continued run's bits differ from an uninterrupted one");
+    } else {
+      c.attention = *recorded;
+      c.attention_detail = "from the checkpoint";
+    }
+    return;
+  }
+  if (!in.pairs_available) {
+    c.attention_source = "unavailable";
+    c.attention = AttnProducts::fp32;
+    c.attention_detail = "no AVX512-BF16 on this CPU";
+    return;
+  }
+  if (const auto& hit = cache.entry(); hit && hit->bf16_attention) {
+    c.attention_source = "cache";
+    c.attention = *hit->bf16_attention;
+    c.cache_file = in.cache_file.string();
+    c.attention_detail =
+        "measured earlier on this machine: bf16 pairs at " +
+        fmt("%.2fx", hit->attention_pairs_s > 0 ? hit->attention_fp32_s / hit->attention_pairs_s : 0.0) +
+        " fp32's speed; cached in " + c.cache_file;
+    return;
+  }
+  if (!in.attention_probe) throw std::logic_error("decide_kernel_choice: no attention probe to run");
+  c.attention_source = "probe";
+  c.attention_probe = in.attention_probe();
+  c.attention = c.attention_probe->choice;
+  c.attention_detail = attention_probe_words(*c.attention_probe);
+}
+
+// What was probed, added to the key's entry (its other choice kept), and said in the probed details.
+void cache_probed(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
+  if (!c.probe && !c.attention_probe) return;
+  auto append = [&](const std::string& words) {
+    if (c.probe) c.detail += words;
+    if (c.attention_probe) c.attention_detail += words;
+  };
+  if (in.cache_file.empty()) {
+    append("; not cached: neither XDG_CACHE_HOME nor HOME is set");
+    return;
+  }
+  KernelCacheEntry e = cache.entry().value_or(KernelCacheEntry{});
+  e.key = in.key;
+  if (c.probe) {
+    e.bf16_gemm = c.bf16_gemm;
+    e.onednn_s = c.probe->onednn_s;
+    e.widened_s = c.probe->widened_s;
+  }
+  if (c.attention_probe) {
+    e.bf16_attention = c.attention;
+    e.attention_fp32_s = c.attention_probe->fp32_s;
+    e.attention_pairs_s = c.attention_probe->pairs_s;
+  }
+  e.probed_unix = in.now_unix ? in.now_unix() : unix_now();
+  std::string warning;
+  if (write_kernel_cache(in.cache_file, e, warning)) {
+    c.cache_file = in.cache_file.string();
+    append("; cached in " + c.cache_file);
+  } else {
+    c.notes.push_back(warning);
+    append("; not cached");
+  }
 }
 
 }  // namespace
@@ -163,6 +385,10 @@ std::string KernelChoice::line() const {
   return std::string("bf16 products: ") + cpu::bf16_gemm_name(bf16_gemm) + " (" + detail + ")";
 }
 
+std::string KernelChoice::attention_line() const {
+  return std::string("attention products: ") + cpu::attn_products_name(attention) + " (" + attention_detail + ")";
+}
+
 nlohmann::json KernelChoice::json() const {
   if (!applies) return nlohmann::json::object();
   nlohmann::json g{{"path", cpu::bf16_gemm_name(bf16_gemm)}, {"source", source}, {"detail", detail}};
@@ -172,93 +398,26 @@ nlohmann::json KernelChoice::json() const {
                   {"products", probe->products},        {"rounds", probe->rounds},
                   {"threads", probe->threads},          {"wall_s", probe->wall_s}};
   if (!cache_file.empty()) g["cache_file"] = cache_file;
-  return {{"bf16_gemm", g}};
+  nlohmann::json a{
+      {"path", cpu::attn_products_name(attention)}, {"source", attention_source}, {"detail", attention_detail}};
+  if (attention_probe)
+    a["probe"] = {{"fp32_s", attention_probe->fp32_s},
+                  {"pairs_s", attention_probe->pairs_s},
+                  {"speedup", attention_probe->pairs_speedup()},
+                  {"seq", attention_probe->shape.seq},
+                  {"rounds", attention_probe->rounds},
+                  {"threads", attention_probe->threads},
+                  {"wall_s", attention_probe->wall_s}};
+  return {{"bf16_gemm", g}, {"bf16_attention", a}};
 }
 
 KernelChoice decide_kernel_choice(const KernelChoiceInputs& in) {
-  using cpu::Bf16Gemm;
   KernelChoice c;
   c.applies = true;
-  const std::optional<Bf16Gemm> recorded = checkpoint_path(in.checkpoint, c.notes);
-  // A kept path that is not the checkpoint's changes the continued run's bits: say so.
-  auto differs_from_checkpoint = [&](const char* why) {
-    if (recorded && *recorded != c.bf16_gemm)
-      c.notes.push_back(std::string("the checkpoint's run computed its bf16 products on the ") +
-                        cpu::bf16_gemm_name(*recorded) + " path; " + why + " " + cpu::bf16_gemm_name(c.bf16_gemm) +
-                        ", so the continued run's bits differ from an uninterrupted one");
-  };
-  if (in.forced) {
-    c.source = "forced";
-    c.bf16_gemm = *in.forced == Bf16Gemm::onednn && !in.onednn_available ? Bf16Gemm::widened : *in.forced;
-    c.detail = c.bf16_gemm == *in.forced ? "forced by MEGATRAIN_BF16_GEMM"
-                                         : "MEGATRAIN_BF16_GEMM=onednn, but oneDNN has no bf16 kernels on this CPU";
-    differs_from_checkpoint("MEGATRAIN_BF16_GEMM forces");
-    return c;
-  }
-  if (in.process) {
-    c.source = "process";
-    c.bf16_gemm = *in.process;
-    c.detail = "fixed by an earlier run in this process";
-    differs_from_checkpoint("this process already runs");
-    return c;
-  }
-  if (recorded) {
-    c.source = "checkpoint";
-    if (*recorded == Bf16Gemm::onednn && !in.onednn_available) {
-      c.bf16_gemm = Bf16Gemm::widened;
-      c.detail = "the checkpoint's run used onednn, which this CPU cannot run: oneDNN has no bf16 kernels here";
-      c.notes.push_back(
-          "the checkpoint's run computed its bf16 products with oneDNN's bf16 matmul, which this CPU cannot run "
-          "(no oneDNN bf16 kernels); continuing on the widened path, so the continued run's bits differ from an "
-          "uninterrupted one");
-    } else {
-      c.bf16_gemm = *recorded;
-      c.detail = "from the checkpoint";
-    }
-    return c;
-  }
-  if (!in.onednn_available) {
-    c.source = "unavailable";
-    c.bf16_gemm = Bf16Gemm::widened;
-    c.detail = "oneDNN has no bf16 kernels on this CPU";
-    return c;
-  }
-  if (!in.cache_file.empty()) {
-    std::string warning;
-    if (const auto hit = read_kernel_cache(in.cache_file, in.key, warning)) {
-      c.source = "cache";
-      c.bf16_gemm = hit->bf16_gemm;
-      c.cache_file = in.cache_file.string();
-      c.detail = "measured earlier on this machine: oneDNN at " +
-                 fmt("%.2fx", hit->onednn_s > 0 ? hit->widened_s / hit->onednn_s : 0.0) +
-                 " the widened path's speed; cached in " + c.cache_file;
-      return c;
-    }
-    if (!warning.empty()) c.notes.push_back(warning);
-  }
-  if (!in.probe) throw std::logic_error("decide_kernel_choice: no probe to run");
-  c.source = "probe";
-  c.probe = in.probe();
-  c.bf16_gemm = c.probe->choice;
-  c.detail = probe_words(*c.probe);
-  if (in.cache_file.empty()) {
-    c.detail += "; not cached: neither XDG_CACHE_HOME nor HOME is set";
-    return c;
-  }
-  KernelCacheEntry e;
-  e.key = in.key;
-  e.bf16_gemm = c.bf16_gemm;
-  e.onednn_s = c.probe->onednn_s;
-  e.widened_s = c.probe->widened_s;
-  e.probed_unix = in.now_unix ? in.now_unix() : unix_now();
-  std::string warning;
-  if (write_kernel_cache(in.cache_file, e, warning)) {
-    c.cache_file = in.cache_file.string();
-    c.detail += "; cached in " + c.cache_file;
-  } else {
-    c.notes.push_back(warning);
-    c.detail += "; not cached";
-  }
+  CacheLookup cache(in, c.notes);
+  decide_gemm(in, c, cache);
+  decide_attention(in, c, cache);
+  cache_probed(in, c, cache);
   return c;
 }
 
@@ -278,7 +437,20 @@ std::vector<cpu::Bf16ProbeShape> bf16_probe_shapes(const ModelConfig& m, std::in
   return s;
 }
 
-KernelCacheKey kernel_cache_key(int threads, const std::vector<cpu::Bf16ProbeShape>& shapes) {
+AttnShape attention_probe_shape(const ModelConfig& m, std::int64_t seq) {
+  AttnShape a;
+  a.batch = 1;
+  a.seq = std::max<std::int64_t>(1, std::min<std::int64_t>(seq, 1024));
+  a.q_heads = m.num_attention_heads;
+  a.kv_heads = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.num_attention_heads;
+  a.head_dim = m.head_dim;
+  a.q_stride = a.o_stride = a.q_heads * a.head_dim;
+  a.kv_stride = a.kv_heads * a.head_dim;
+  return a;
+}
+
+KernelCacheKey kernel_cache_key(int threads, const std::vector<cpu::Bf16ProbeShape>& shapes,
+                                const AttnShape& attention) {
   KernelCacheKey k;
   k.cpu = cpu::cpu_model();
   k.isa = cpu::cpu_isa_flags() + " ";
@@ -288,6 +460,9 @@ KernelCacheKey kernel_cache_key(int threads, const std::vector<cpu::Bf16ProbeSha
   for (const auto& s : shapes)
     k.shapes += (k.shapes.empty() ? "" : ", ") + std::to_string(s.rows) + "x" + std::to_string(s.in) + "x" +
                 std::to_string(s.out);
+  k.shapes += (k.shapes.empty() ? "" : ", ") + std::string("attention ") + std::to_string(attention.q_heads) + "x" +
+              std::to_string(attention.kv_heads) + "x" + std::to_string(attention.head_dim) + " at " +
+              std::to_string(attention.seq);
   return k;
 }
 
@@ -303,14 +478,24 @@ KernelChoice choose_kernels(const TrainConfig& cfg, const ModelConfig& model, co
   const int threads = std::max(1, plan.threads.blas);
   const std::int64_t rows = plan.batch * plan.seq;
   const auto shapes = bf16_probe_shapes(model, rows, head_chunk_tokens(model, plan.batch, plan.seq));
-  in.key = kernel_cache_key(threads, shapes);
+  in.attention_forced = cpu::bf16_attention_forced();
+  in.pairs_available = cpu::bf16_pairs_available();
+  const AttnShape attention = attention_probe_shape(model, plan.seq);
+  in.key = kernel_cache_key(threads, shapes, attention);
   in.probe = [&] { return cpu::probe_bf16_gemm(shapes, threads); };
+  in.attention_probe = [&] { return cpu::probe_bf16_attention(attention, threads); };
   KernelChoice c = decide_kernel_choice(in);
   const cpu::Bf16Gemm got = cpu::set_bf16_gemm_path(c.bf16_gemm);
   if (got != c.bf16_gemm) {  // not expected: the decision saw what the kernels see
     c.notes.push_back(std::string("the bf16 products run on the ") + cpu::bf16_gemm_name(got) + " path, not " +
                       cpu::bf16_gemm_name(c.bf16_gemm));
     c.bf16_gemm = got;
+  }
+  const cpu::AttnProducts products = cpu::set_bf16_attention_products(c.attention);
+  if (products != c.attention) {
+    c.notes.push_back(std::string("the attention runs on ") + cpu::attn_products_name(products) + " products, not " +
+                      cpu::attn_products_name(c.attention));
+    c.attention = products;
   }
   return c;
 }

@@ -348,11 +348,12 @@ bool TrainingRun::choose_kernel_paths() {
       world->broadcast(cluster::Channel::control, 0, text, "rank 0's kernel choice");
     }
   } catch (const std::exception& e) {
-    return fail(std::string("choosing the bf16 products' path: ") + e.what());
+    return fail(std::string("choosing the bf16 kernels: ") + e.what());
   }
   if (!c.applies) return true;
   for (const auto& n : c.notes) say_(MessageStream::err, "megatrain: warning: " + n);
   say_(MessageStream::out, "megatrain: " + c.line());
+  say_(MessageStream::out, "megatrain: " + c.attention_line());
   kernel_choices_ = c.json();
   nlohmann::json ev{{"event", "kernel_choice"}, {"t", monitor::unix_seconds()}, {"step", result_.first_step}};
   ev.update(kernel_choices_);

@@ -12,12 +12,20 @@
 // each row masks its keys outside [p - window + 1, p]. Sinks (gpt-oss): one logit per head joins each
 // row's softmax at the end of the forward; the saved lse includes it, so the backward's probabilities
 // are exact as they are, and d(sink) is summed in a pass of its own (per head, batch and rows in order).
+// Block products (AttnProducts): fp32 sgemm on the operands as they are, or, in a bf16 run where they
+// measure faster, bf16 pairs (bf16_pairs.hpp: q, k, v, the probabilities and dS rounded to bf16, fp32
+// accumulation, as torch.autocast's attention rounds them); the softmax and its statistics stay fp32.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/cpu/bf16_pairs.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "kernels/profile.hpp"
@@ -119,16 +127,165 @@ const std::vector<float>& widen_sinks(const void* sinks, std::int64_t heads, boo
   return s;
 }
 
-}  // namespace
+// ---- The block products, on fp32 operands or on bf16 pairs ----
+// The loops below are written once over a Blocks policy: per task (a head, or a kv head in the backward)
+// head() sees the keys and values, per group of query blocks query_block() sees each block's rows, then
+// each (query block, key block) pair calls scores() and, after the softmax, add_values() (forward) or
+// grads() (backward). Fp32Blocks makes the single-threaded sgemm calls on the operands as they are;
+// PairBlocks rounds them to bf16 pairs once (keys and values per task, queries per block, probabilities
+// and dS per pair of blocks) and runs bf16_pair_gemm. Its backward adds dk and dv into transposed
+// per-task accumulators ([head_dim, keys]: the products then reduce along the query rows, which both
+// operands hold as pairs) and adds them into dk, dv at the task's end.
 
-void attention_forward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16, float* out,
-                       float* lse, const AttnShape& a, int threads) {
-  prof::Scope prof_scope(prof::attention);
+struct Fp32Blocks {
+  const AttnShape& a;
+  const float *kb = nullptr, *vb = nullptr;
+  float *dkb = nullptr, *dvb = nullptr;
+
+  Fp32Blocks(const AttnShape& shape, bool /*backward*/) : a(shape) {}
+  void head(const float* k_head, const float* v_head, float* dk_head, float* dv_head, std::int64_t, std::int64_t) {
+    kb = k_head, vb = v_head, dkb = dk_head, dvb = dv_head;
+  }
+  void query_block(std::int64_t, const float*, const float*, std::int64_t) {}
+  // S[qn, kn] (ld kKeyBlock) = Q K^T over the key block at k0; dP likewise from dout and V (backward).
+  void scores(std::int64_t, const float* qb, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* S) {
+    mm(false, true, qn, kn, a.head_dim, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S, kKeyBlock);
+  }
+  void dscores(std::int64_t, const float* dob, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* dP) {
+    mm(false, true, qn, kn, a.head_dim, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP, kKeyBlock);
+  }
+  // O[qn, head_dim] += P V
+  void add_values(std::int64_t, std::int64_t qn, std::int64_t k0, std::int64_t kn, const float* P, float* O) {
+    mm(false, false, qn, a.head_dim, kn, P, kKeyBlock, vb + k0 * a.kv_stride, a.kv_stride, true, O, a.head_dim);
+  }
+  // dv += P^T dout, dq += dS K, dk += dS^T q
+  void grads(std::int64_t, const float* qb, const float* dob, std::int64_t qn, std::int64_t k0, std::int64_t kn,
+             const float* P, const float* dS, float* dQ) {
+    const std::int64_t hd = a.head_dim;
+    mm(true, false, kn, hd, qn, P, kKeyBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride, a.kv_stride);
+    mm(false, false, qn, hd, kn, dS, kKeyBlock, kb + k0 * a.kv_stride, a.kv_stride, true, dQ, hd);
+    mm(true, false, kn, hd, qn, dS, kKeyBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride, a.kv_stride);
+  }
+  void end_head() {}
+};
+
+struct PairBlocks {
+  // The calling thread's rooms, kept across calls (the pool's threads run every call).
+  struct Rooms {
+    std::vector<pair_t> k_t, v_t, k_pairs, v_pairs;  // per task: keys and values packed as each product reads them
+    std::vector<pair_t> q_rows, do_rows, q_cols, do_cols;  // per query block: kGroup blocks
+    std::vector<pair_t> p_rows, p_cols, ds_rows, ds_cols;  // per pair of blocks
+    std::vector<float> dk_t, dv_t;                         // [head_dim, keys] accumulators (backward)
+  };
+  const AttnShape& a;
+  const std::int64_t hd, hd2;  // head_dim and its pairs
+  static constexpr std::int64_t kQ2 = kQueryBlock / 2, kK2 = kKeyBlock / 2;
+  Rooms& r;
+  std::int64_t k_lo = 0, keys = 0;
+  float *dkb = nullptr, *dvb = nullptr;
+
+  PairBlocks(const AttnShape& shape, bool backward)
+      : a(shape), hd(shape.head_dim), hd2((shape.head_dim + 1) / 2), r(rooms()) {
+    r.q_rows.resize(static_cast<std::size_t>(kGroup * kQueryBlock * hd2));
+    r.p_rows.resize(static_cast<std::size_t>(kQueryBlock * kK2));
+    if (!backward) return;
+    r.do_rows.resize(r.q_rows.size());
+    r.q_cols.resize(static_cast<std::size_t>(kGroup * hd * kQ2));
+    r.do_cols.resize(r.q_cols.size());
+    r.p_cols.resize(static_cast<std::size_t>(kQ2 * kKeyBlock));
+    r.ds_rows.resize(r.p_rows.size());
+    r.ds_cols.resize(r.p_cols.size());
+  }
+  static Rooms& rooms() {
+    thread_local Rooms rooms;
+    return rooms;
+  }
+  // Keys [k_lo, k_hi) of this task, k_lo on a key block's start. Forward: K^T by key blocks (each block's
+  // hd2 x kKeyBlock words together) and V as pairs of rows; backward adds V^T by blocks and K as pairs of
+  // rows, and zeroes the dk, dv accumulators.
+  void head(const float* k_head, const float* v_head, float* dk_head, float* dv_head, std::int64_t lo,
+            std::int64_t hi) {
+    k_lo = lo, keys = hi - lo, dkb = dk_head, dvb = dv_head;
+    const std::int64_t blocks = (keys + kKeyBlock - 1) / kKeyBlock, pairs = (keys + 1) / 2;
+    auto by_blocks = [&](const float* x, std::vector<pair_t>& out) {
+      out.resize(static_cast<std::size_t>(blocks * hd2 * kKeyBlock));
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::int64_t t0 = lo + b * kKeyBlock, n = std::min(kKeyBlock, hi - t0);
+        pack_row_pairs_transposed(x + t0 * a.kv_stride, a.kv_stride, n, hd, out.data() + b * hd2 * kKeyBlock,
+                                  kKeyBlock);
+      }
+    };
+    auto row_pairs = [&](const float* x, std::vector<pair_t>& out) {
+      out.resize(static_cast<std::size_t>(pairs * hd));
+      pack_column_pairs(x + lo * a.kv_stride, a.kv_stride, keys, hd, out.data(), hd);
+    };
+    by_blocks(k_head, r.k_t);
+    if (!dk_head) {
+      row_pairs(v_head, r.v_pairs);
+      return;
+    }
+    by_blocks(v_head, r.v_t);
+    row_pairs(k_head, r.k_pairs);
+    r.dk_t.assign(static_cast<std::size_t>(hd * keys), 0.0f);
+    r.dv_t.assign(static_cast<std::size_t>(hd * keys), 0.0f);
+  }
+  // Query block j of the group: its rows as pairs (the scores' A operand) and, in the backward, q and dout
+  // transposed into pairs of query rows (dk's and dv's A operands).
+  void query_block(std::int64_t j, const float* qb, const float* dob, std::int64_t qn) {
+    pack_row_pairs(qb, a.q_stride, qn, hd, r.q_rows.data() + j * kQueryBlock * hd2, hd2);
+    if (!dob) return;
+    pack_row_pairs(dob, a.o_stride, qn, hd, r.do_rows.data() + j * kQueryBlock * hd2, hd2);
+    pack_column_pairs_transposed(qb, a.q_stride, qn, hd, r.q_cols.data() + j * hd * kQ2, kQ2);
+    pack_column_pairs_transposed(dob, a.o_stride, qn, hd, r.do_cols.data() + j * hd * kQ2, kQ2);
+  }
+  const pair_t* key_block(const std::vector<pair_t>& by_blocks, std::int64_t k0) const {
+    return by_blocks.data() + (k0 - k_lo) / kKeyBlock * hd2 * kKeyBlock;
+  }
+  void scores(std::int64_t j, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* S) {
+    bf16_pair_gemm(qn, kn, hd2, r.q_rows.data() + j * kQueryBlock * hd2, hd2, key_block(r.k_t, k0), kKeyBlock, false, S,
+                   kKeyBlock);
+  }
+  void dscores(std::int64_t j, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* dP) {
+    bf16_pair_gemm(qn, kn, hd2, r.do_rows.data() + j * kQueryBlock * hd2, hd2, key_block(r.v_t, k0), kKeyBlock, false,
+                   dP, kKeyBlock);
+  }
+  void add_values(std::int64_t, std::int64_t qn, std::int64_t k0, std::int64_t kn, const float* P, float* O) {
+    pack_row_pairs(P, kKeyBlock, qn, kn, r.p_rows.data(), kK2);
+    bf16_pair_gemm(qn, hd, (kn + 1) / 2, r.p_rows.data(), kK2, r.v_pairs.data() + (k0 - k_lo) / 2 * hd, hd, true, O,
+                   hd);
+  }
+  void grads(std::int64_t j, const float*, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn,
+             const float* P, const float* dS, float* dQ) {
+    const std::int64_t qn2 = (qn + 1) / 2, kn2 = (kn + 1) / 2, col = k0 - k_lo;
+    pack_column_pairs(P, kKeyBlock, qn, kn, r.p_cols.data(), kKeyBlock);  // dv^T += dout^T P
+    bf16_pair_gemm(hd, kn, qn2, r.do_cols.data() + j * hd * kQ2, kQ2, r.p_cols.data(), kKeyBlock, true,
+                   r.dv_t.data() + col, keys);
+    pack_row_pairs(dS, kKeyBlock, qn, kn, r.ds_rows.data(), kK2);  // dq += dS K
+    bf16_pair_gemm(qn, hd, kn2, r.ds_rows.data(), kK2, r.k_pairs.data() + col / 2 * hd, hd, true, dQ, hd);
+    pack_column_pairs(dS, kKeyBlock, qn, kn, r.ds_cols.data(), kKeyBlock);  // dk^T += q^T dS
+    bf16_pair_gemm(hd, kn, qn2, r.q_cols.data() + j * hd * kQ2, kQ2, r.ds_cols.data(), kKeyBlock, true,
+                   r.dk_t.data() + col, keys);
+  }
+  void end_head() {
+    if (!dkb) return;  // the forward's task
+    for (std::int64_t t = 0; t < keys; ++t) {
+      float* dk = dkb + (k_lo + t) * a.kv_stride;
+      float* dv = dvb + (k_lo + t) * a.kv_stride;
+      for (std::int64_t c = 0; c < hd; ++c) {
+        dk[c] += r.dk_t[static_cast<std::size_t>(c * keys + t)];
+        dv[c] += r.dv_t[static_cast<std::size_t>(c * keys + t)];
+      }
+    }
+  }
+};
+
+template <class Blocks>
+void forward_tasks(const float* q, const float* k, const float* v, const float* sink, float* out, float* lse,
+                   const AttnShape& a, int threads) {
   const std::int64_t T = a.seq, Q = a.q_rows(), q_start = a.q_start, hd = a.head_dim, group = a.q_heads / a.kv_heads;
   const std::int64_t W = a.window;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.q_heads;
-  const float* sink = sinks ? widen_sinks(sinks, a.q_heads, sinks_bf16).data() : nullptr;  // read by every thread
 #pragma omp parallel num_threads(threads) if (tasks > 1 && Q * T * hd > 4096)
   {
     // Per-thread tiles, kept across calls by the pool's threads (allocated once, not per call).
@@ -137,27 +294,31 @@ void attention_forward(const float* q, const float* k, const float* v, const voi
     O.resize(static_cast<std::size_t>(kGroup * kQueryBlock * hd));
     m.resize(kGroup * kQueryBlock);
     l.resize(kGroup * kQueryBlock);
+    Blocks blocks_of(a, false);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / a.q_heads, h = task % a.q_heads, kvh = h / group;
-      const float* kb = k + b * T * a.kv_stride + kvh * hd;
-      const float* vb = v + b * T * a.kv_stride + kvh * hd;
+      blocks_of.head(k + b * T * a.kv_stride + kvh * hd, v + b * T * a.kv_stride + kvh * hd, nullptr, nullptr,
+                     first_key_block(q_start, W), T);
       for (std::int64_t g0 = 0; g0 < Q; g0 += kGroup * kQueryBlock) {  // g0: the group's first query row
         const std::int64_t blocks = std::min<std::int64_t>(kGroup, (Q - g0 + kQueryBlock - 1) / kQueryBlock);
         const std::int64_t g_end = q_start + std::min(Q, g0 + kGroup * kQueryBlock);  // the group's last position + 1
         std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
         std::fill(l.begin(), l.end(), 0.0f);
         std::fill(O.begin(), O.end(), 0.0f);
+        for (std::int64_t j = 0; j < blocks; ++j) {
+          const std::int64_t q0 = g0 + j * kQueryBlock;
+          blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, nullptr, std::min(kQueryBlock, Q - q0));
+        }
         for (std::int64_t k0 = first_key_block(q_start + g0, W); k0 < g_end; k0 += kKeyBlock) {
           for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
             const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0), pos0 = q_start + q0;
             if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W)) continue;
             const std::int64_t kn = std::min(kKeyBlock, pos0 + qn - k0);
-            const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
             float* Oj = O.data() + j * kQueryBlock * hd;
             float* mj = m.data() + j * kQueryBlock;
             float* lj = l.data() + j * kQueryBlock;
-            mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S.data(), kKeyBlock);
+            blocks_of.scores(j, q + (b * Q + q0) * a.q_stride + h * hd, qn, k0, kn, S.data());
             for (std::int64_t i = 0; i < qn; ++i) {
               float* s = S.data() + i * kKeyBlock;
               const Visible vis = visible(pos0 + i, k0, kn, W);
@@ -175,7 +336,7 @@ void attention_forward(const float* q, const float* k, const float* v, const voi
               simd::scale(corr, Oj + i * hd, hd);
               mj[i] = mx;
             }
-            mm(false, false, qn, hd, kn, S.data(), kKeyBlock, vb + k0 * a.kv_stride, a.kv_stride, true, Oj, hd);
+            blocks_of.add_values(j, qn, k0, kn, S.data(), Oj);
           }
         }
         for (std::int64_t j = 0; j < blocks; ++j) {
@@ -184,7 +345,7 @@ void attention_forward(const float* q, const float* k, const float* v, const voi
             const std::int64_t r = j * kQueryBlock + i;
             float* o = out + (b * Q + q0 + i) * a.o_stride + h * hd;
             float mr = m[static_cast<std::size_t>(r)], lr = l[static_cast<std::size_t>(r)], corr = 1.0f;
-            if (sinks) {  // the sink's column joins the row: rescale to the larger of its max and the sink
+            if (sink) {  // the sink's column joins the row: rescale to the larger of its max and the sink
               const float sh = sink[h], mx = std::max(mr, sh);
               corr = std::exp(mr - mx);
               lr = lr * corr + std::exp(sh - mx);
@@ -196,14 +357,14 @@ void attention_forward(const float* q, const float* k, const float* v, const voi
           }
         }
       }
+      blocks_of.end_head();
     }
   }
 }
 
-void attention_backward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16,
-                        const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
-                        float* dsinks_acc, const AttnShape& a, int threads) {
-  prof::Scope prof_scope(prof::attention);
+template <class Blocks>
+void backward_tasks(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                    const float* dout, float* dq, float* dk, float* dv, const AttnShape& a, int threads) {
   const std::int64_t T = a.seq, Q = a.q_rows(), q_start = a.q_start, hd = a.head_dim, group = a.q_heads / a.kv_heads;
   const std::int64_t W = a.window;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -215,11 +376,10 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
     dP.resize(kQueryBlock * kKeyBlock);
     dQ.resize(static_cast<std::size_t>(kGroup * kQueryBlock * hd));
     D.resize(kGroup * kQueryBlock);
+    Blocks blocks_of(a, true);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / a.kv_heads, kvh = task % a.kv_heads;
-      const float* kb = k + b * T * a.kv_stride + kvh * hd;
-      const float* vb = v + b * T * a.kv_stride + kvh * hd;
       float* dkb = dk + b * T * a.kv_stride + kvh * hd;
       float* dvb = dv + b * T * a.kv_stride + kvh * hd;
       if (!a.add_kv_grads)
@@ -227,6 +387,8 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
           std::fill_n(dkb + t * a.kv_stride, hd, 0.0f);
           std::fill_n(dvb + t * a.kv_stride, hd, 0.0f);
         }
+      blocks_of.head(k + b * T * a.kv_stride + kvh * hd, v + b * T * a.kv_stride + kvh * hd, dkb, dvb,
+                     first_key_block(q_start, W), T);
       for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (std::int64_t g0 = 0; g0 < Q; g0 += kGroup * kQueryBlock) {  // g0: the group's first query row
           const std::int64_t blocks = std::min<std::int64_t>(kGroup, (Q - g0 + kQueryBlock - 1) / kQueryBlock);
@@ -237,6 +399,7 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
             for (std::int64_t i = 0; i < qn; ++i)
               D[static_cast<std::size_t>(j * kQueryBlock + i)] =
                   simd::dot(dob + i * a.o_stride, out + (b * Q + q0 + i) * a.o_stride + h * hd, hd);
+            blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, dob, qn);
           }
           std::fill(dQ.begin(), dQ.end(), 0.0f);
           for (std::int64_t k0 = first_key_block(q_start + g0, W); k0 < g_end; k0 += kKeyBlock) {
@@ -248,10 +411,8 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
               const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
               const float* lb = lse + (b * a.q_heads + h) * Q + q0;
               const float* Dj = D.data() + j * kQueryBlock;
-              mm(false, true, qn, kn, hd, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, P.data(),
-                 kKeyBlock);
-              mm(false, true, qn, kn, hd, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP.data(),
-                 kKeyBlock);
+              blocks_of.scores(j, qb, qn, k0, kn, P.data());
+              blocks_of.dscores(j, dob, qn, k0, kn, dP.data());
               for (std::int64_t i = 0; i < qn; ++i) {
                 float* p = P.data() + i * kKeyBlock;
                 float* dp = dP.data() + i * kKeyBlock;
@@ -264,12 +425,7 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
                 std::fill(p + vis.hi, p + kn, 0.0f);
                 std::fill(dp + vis.hi, dp + kn, 0.0f);
               }
-              mm(true, false, kn, hd, qn, P.data(), kKeyBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride,
-                 a.kv_stride);
-              mm(false, false, qn, hd, kn, dP.data(), kKeyBlock, kb + k0 * a.kv_stride, a.kv_stride, true,
-                 dQ.data() + j * kQueryBlock * hd, hd);
-              mm(true, false, kn, hd, qn, dP.data(), kKeyBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride,
-                 a.kv_stride);
+              blocks_of.grads(j, qb, dob, qn, k0, kn, P.data(), dP.data(), dQ.data() + j * kQueryBlock * hd);
             }
           }
           for (std::int64_t j = 0; j < blocks; ++j) {
@@ -279,8 +435,40 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
           }
         }
       }
+      blocks_of.end_head();
     }
   }
+}
+
+// The bf16 pair path needs AVX512-BF16; a request for it elsewhere is a caller's error.
+bool use_pairs(AttnProducts products) {
+  if (products == AttnProducts::fp32) return false;
+  if (!bf16_pairs_available())
+    throw std::logic_error("attention: bf16 pair products were asked for on a CPU without AVX512-BF16");
+  return true;
+}
+
+}  // namespace
+
+void attention_forward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16, float* out,
+                       float* lse, const AttnShape& a, int threads, AttnProducts products) {
+  prof::Scope prof_scope(prof::attention);
+  const float* sink = sinks ? widen_sinks(sinks, a.q_heads, sinks_bf16).data() : nullptr;  // read by every thread
+  if (use_pairs(products))
+    forward_tasks<PairBlocks>(q, k, v, sink, out, lse, a, threads);
+  else
+    forward_tasks<Fp32Blocks>(q, k, v, sink, out, lse, a, threads);
+}
+
+void attention_backward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16,
+                        const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                        float* dsinks_acc, const AttnShape& a, int threads, AttnProducts products) {
+  prof::Scope prof_scope(prof::attention);
+  const std::int64_t Q = a.q_rows(), hd = a.head_dim;
+  if (use_pairs(products))
+    backward_tasks<PairBlocks>(q, k, v, out, lse, dout, dq, dk, dv, a, threads);
+  else
+    backward_tasks<Fp32Blocks>(q, k, v, out, lse, dout, dq, dk, dv, a, threads);
   if (!sinks || !dsinks_acc) return;
   // d(sink_h) = sum over rows of p_sink * (0 - D): the sink's column has no value, so dP_sink = 0.
   const float* sink = widen_sinks(sinks, a.q_heads, sinks_bf16).data();
@@ -295,6 +483,96 @@ void attention_backward(const float* q, const float* k, const float* v, const vo
       }
     dsinks_acc[h] += acc;
   }
+}
+
+namespace {
+std::atomic<int> g_bf16_attention{static_cast<int>(AttnProducts::fp32)};
+}  // namespace
+
+const char* attn_products_name(AttnProducts p) { return p == AttnProducts::bf16_pairs ? "pairs" : "fp32"; }
+
+std::optional<AttnProducts> parse_attn_products(const std::string& name) {
+  if (name == "pairs") return AttnProducts::bf16_pairs;
+  if (name == "fp32") return AttnProducts::fp32;
+  return std::nullopt;
+}
+
+std::optional<AttnProducts> bf16_attention_forced() {
+  static const std::optional<AttnProducts> forced = []() -> std::optional<AttnProducts> {
+    const char* e = std::getenv("MEGATRAIN_BF16_ATTENTION");
+    if (e == nullptr || *e == 0) return std::nullopt;
+    const auto p = parse_attn_products(e);
+    if (!p)
+      throw std::invalid_argument(std::string("MEGATRAIN_BF16_ATTENTION=") + e + ": expected pairs or fp32 (or unset)");
+    return p;
+  }();
+  return forced;
+}
+
+AttnProducts bf16_attention_products() {
+  if (const auto f = bf16_attention_forced())
+    return *f == AttnProducts::bf16_pairs && !bf16_pairs_available() ? AttnProducts::fp32 : *f;
+  return static_cast<AttnProducts>(g_bf16_attention.load(std::memory_order_acquire));
+}
+
+AttnProducts set_bf16_attention_products(AttnProducts p) {
+  if (p == AttnProducts::bf16_pairs && !bf16_pairs_available()) p = AttnProducts::fp32;
+  g_bf16_attention.store(static_cast<int>(p), std::memory_order_release);
+  return bf16_attention_products();
+}
+
+AttnProbe probe_bf16_attention(const AttnShape& shape, int threads, double budget_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  AttnProbe r;
+  r.threads = std::max(1, threads);
+  r.pairs_available = bf16_pairs_available();
+  AttnShape a = shape;
+  a.batch = 1;
+  a.seq = std::clamp<std::int64_t>(a.seq, 1, 1024);
+  a.q_start = 0;
+  a.add_kv_grads = false;
+  a.q_stride = a.o_stride = a.q_heads * a.head_dim;
+  a.kv_stride = a.kv_heads * a.head_dim;
+  r.shape = a;
+  // Operands: small values of a fixed pattern (timing only; never checked).
+  auto filled = [](std::int64_t n, std::uint32_t seed) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) {
+      seed = seed * 1664525u + 1013904223u;
+      x = static_cast<float>(seed >> 9) * (1.0f / 8388608.0f) - 0.5f;
+    }
+    return v;
+  };
+  const std::int64_t T = a.seq;
+  const auto q = filled(T * a.q_stride, 1), k = filled(T * a.kv_stride, 2), v = filled(T * a.kv_stride, 3),
+             dout = filled(T * a.o_stride, 4);
+  std::vector<float> out(q.size()), lse(static_cast<std::size_t>(T * a.q_heads)), dq(q.size()), dk(k.size()),
+      dv(v.size());
+  auto seconds = [&](AttnProducts p) {
+    const auto s = Clock::now();
+    attention_forward(q.data(), k.data(), v.data(), nullptr, false, out.data(), lse.data(), a, r.threads, p);
+    attention_backward(q.data(), k.data(), v.data(), nullptr, false, out.data(), lse.data(), dout.data(), dq.data(),
+                       dk.data(), dv.data(), nullptr, a, r.threads, p);
+    return std::chrono::duration<double>(Clock::now() - s).count();
+  };
+  seconds(AttnProducts::fp32);  // warm-up: the threads' rooms
+  if (r.pairs_available) seconds(AttnProducts::bf16_pairs);
+  r.fp32_s = r.pairs_s = 1e300;
+  constexpr int kMaxRounds = 5;
+  while (r.rounds < kMaxRounds &&
+         (r.rounds == 0 || std::chrono::duration<double>(Clock::now() - t0).count() < budget_s)) {
+    const bool pairs_first = r.pairs_available && r.rounds % 2 == 1;  // a drifting machine favours neither
+    if (pairs_first) r.pairs_s = std::min(r.pairs_s, seconds(AttnProducts::bf16_pairs));
+    r.fp32_s = std::min(r.fp32_s, seconds(AttnProducts::fp32));
+    if (r.pairs_available && !pairs_first) r.pairs_s = std::min(r.pairs_s, seconds(AttnProducts::bf16_pairs));
+    ++r.rounds;
+  }
+  if (!r.pairs_available) r.pairs_s = 0.0;
+  r.choice =
+      r.pairs_available && r.fp32_s >= kBf16PairsMargin * r.pairs_s ? AttnProducts::bf16_pairs : AttnProducts::fp32;
+  r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
 }
 
 }  // namespace mt::cpu

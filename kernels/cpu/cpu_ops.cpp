@@ -95,15 +95,24 @@ void CpuOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int6
   cpu::rope_apply(x, rows, seq, heads, head_dim, row_stride, t.cos, t.sin, inverse, threads_);
 }
 
+bool CpuOps::pair_attention() const {
+  return bf16() && cpu::bf16_attention_products() == cpu::AttnProducts::bf16_pairs;
+}
+
+namespace {
+cpu::AttnProducts attn_products(bool pairs) { return pairs ? cpu::AttnProducts::bf16_pairs : cpu::AttnProducts::fp32; }
+}  // namespace
+
 void CpuOps::attention_forward(const float* q, const float* k, const float* v, const void* sinks, float* out,
                                float* lse, const AttnShape& s) {
-  cpu::attention_forward(q, k, v, sinks, bf16(), out, lse, s, threads_);
+  cpu::attention_forward(q, k, v, sinks, bf16(), out, lse, s, threads_, attn_products(pair_attention()));
 }
 
 void CpuOps::attention_backward(const float* q, const float* k, const float* v, const void* sinks, const float* out,
                                 const float* lse, const float* dout, float* dq, float* dk, float* dv, float* dsinks_acc,
                                 const AttnShape& s) {
-  cpu::attention_backward(q, k, v, sinks, bf16(), out, lse, dout, dq, dk, dv, dsinks_acc, s, threads_);
+  cpu::attention_backward(q, k, v, sinks, bf16(), out, lse, dout, dq, dk, dv, dsinks_acc, s, threads_,
+                          attn_products(pair_attention()));
 }
 
 void CpuOps::swiglu_forward(const float* g, const float* u, float* h, std::size_t n) {

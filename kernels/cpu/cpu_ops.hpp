@@ -75,6 +75,9 @@ class CpuOps final : public Ops {
 
  private:
   bool bf16() const { return precision_ == Precision::bf16; }
+  // Whether the attention's block products run on bf16 pairs: a bf16 run's choice
+  // (cpu::bf16_attention_products); fp32 otherwise.
+  bool pair_attention() const;
   // A norm weight or bias as fp32: the pointer itself in fp32, widened into vector slot `slot` in bf16.
   const float* widened(const void* w, std::int64_t n, int slot) const;
   void need_room(const char* op, std::int64_t have, std::int64_t need) const;

@@ -8,6 +8,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "kernels/op_shapes.hpp"  // RopeParams, AttnShape: the op seam's shapes
 
@@ -79,13 +81,41 @@ void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t head
 // out[token, h*hd + i]; lse[(b*q_heads + h)*seq + t] = log-sum-exp of the scaled scores (for backward),
 // the sink's logit included. sinks: null, or q_heads logits (bf16_t when sinks_bf16, else float); the
 // sliding window is s.window (ops.hpp says both).
+// products: how the block products run (attention.cpp): fp32, or bf16 pairs (AVX512-BF16 only; a logic
+// error elsewhere).
+enum class AttnProducts { fp32, bf16_pairs };
+const char* attn_products_name(AttnProducts p);                            // "fp32" | "pairs"
+std::optional<AttnProducts> parse_attn_products(const std::string& name);  // nullopt for anything else
+
+// The products a bf16 run's attention takes on the CPU backend: the run sets them before its first step
+// (node/kernel_choice.hpp measures which is faster); fp32 until then. MEGATRAIN_BF16_ATTENTION=pairs|fp32
+// forces them over any setting (read once; another value throws std::invalid_argument naming the
+// variable); pairs on a CPU without AVX512-BF16 run fp32. set_ returns what is in effect.
+AttnProducts bf16_attention_products();
+AttnProducts set_bf16_attention_products(AttnProducts p);
+std::optional<AttnProducts> bf16_attention_forced();
+
+// What probe_bf16_attention measured: the forward + backward of one attention on each path (best of its
+// rounds, the paths alternating), and the faster one (pairs need kBf16PairsMargin).
+struct AttnProbe {
+  AttnShape shape;
+  int threads = 1, rounds = 0;
+  bool pairs_available = false;  // false: only fp32 was timed
+  double fp32_s = 0.0, pairs_s = 0.0, wall_s = 0.0;
+  AttnProducts choice = AttnProducts::fp32;
+  double pairs_speedup() const { return pairs_available && pairs_s > 0 ? fp32_s / pairs_s : 0.0; }
+};
+inline constexpr double kBf16PairsMargin = 1.10;
+// The run's heads at `seq` positions (batch 1; cut to 1024 so the probe stays near its budget), `threads`
+// threads, rounds while under budget_s (at least 1, at most 5). Fixes nothing.
+AttnProbe probe_bf16_attention(const AttnShape& shape, int threads, double budget_s = 0.1);
 void attention_forward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16, float* out,
-                       float* lse, const AttnShape& s, int threads);
+                       float* lse, const AttnShape& s, int threads, AttnProducts products = AttnProducts::fp32);
 // dq, dk, dv overwritten (same strides as q, k, v); dsinks_acc += (with sinks). Parallel over (batch, kv
 // head), the sinks over heads: deterministic.
 void attention_backward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16,
                         const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
-                        float* dsinks_acc, const AttnShape& s, int threads);
+                        float* dsinks_acc, const AttnShape& s, int threads, AttnProducts products = AttnProducts::fp32);
 
 // ---- Activations ----
 // SwiGLU: h = silu(g) * u over n elements.

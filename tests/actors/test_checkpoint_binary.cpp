@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/run_state.hpp"
+#include "kernels/cpu/bf16_pairs.hpp"
 #include "kernels/cpu/ops_bf16.hpp"
 #include "kernels/param_layout.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
@@ -335,15 +336,16 @@ TEST_CASE("megatrain train: evaluation every eval_steps, in the run state, once 
   CHECK(same_checkpoints(dir.path / "a" / "step-00000008", dir.path / "b" / "step-00000008"));
 }
 
-// The bf16 products' path is part of the run state (node/kernel_choice.hpp): a resume takes the
-// checkpoint's path, not the cache's, and continues bit for bit; a fresh run takes the cache's; the other
-// path gives other bits (so the comparison can fail); a CPU that cannot run the recorded path says so.
-TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's GEMM path, bit for bit",
+// The bf16 products' path and the attention's products are part of the run state
+// (node/kernel_choice.hpp): a resume takes the checkpoint's choices, not the cache's, and continues bit for bit; a
+// fresh run takes the cache's; the other path gives other bits (so the comparison can fail); a CPU that cannot run the
+// recorded path says so.
+TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's kernel choices, bit for bit",
           "[actors][checkpoint][node][bf16]") {
   TempDir dir("bf16path");
   const fs::path shard = make_shard(dir.path, 8192);
   const fs::path cache = dir.path / "cache";
-  const std::string env = "env -u MEGATRAIN_BF16_GEMM XDG_CACHE_HOME=" + cache.string();
+  const std::string env = "env -u MEGATRAIN_BF16_GEMM -u MEGATRAIN_BF16_ATTENTION XDG_CACHE_HOME=" + cache.string();
   const std::string bf16 = " --train.bf16=true --train.max_steps=12";
   const bool onednn = mt::cpu::bf16_gemm_onednn_available();
   // b: 6 steps with the path measured (and cached), then resumed to 12.
@@ -355,12 +357,20 @@ TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's GEMM path, bit 
   const std::string p = rs6["kernel_choices"]["bf16_gemm"].get<std::string>();
   const std::string q = p == "onednn" ? "widened" : "onednn";
   CHECK_THAT(b1.out, Catch::Contains("bf16 products: " + p + (onednn ? " (probe: " : " (oneDNN has no bf16 kernels")));
-  if (onednn) {  // the cache now says p: make it say q, which the resume must not follow
+  // The attention's products too (pairs only where the CPU has AVX512-BF16).
+  const bool pairs = mt::cpu::bf16_pairs_available();
+  const std::string at = rs6["kernel_choices"]["bf16_attention"].get<std::string>();
+  CHECK_THAT(b1.out, Catch::Contains("attention products: " + at + (pairs ? " (probe: " : " (no AVX512-BF16")));
+  if (onednn) {  // the cache now says p (and at): make it say q (and the other), which the resume must not follow
     const fs::path file = cache / "megatrain" / "kernel_choices.json";
     auto j = nlohmann::json::parse(slurp(file));
     REQUIRE(j["entries"].size() == 1);
     CHECK(j["entries"][0]["bf16_gemm"] == p);
     j["entries"][0]["bf16_gemm"] = q;
+    if (pairs) {
+      CHECK(j["entries"][0]["bf16_attention"] == at);
+      j["entries"][0]["bf16_attention"] = at == "pairs" ? "fp32" : "pairs";
+    }
     std::ofstream(file) << j.dump();
   }
   const Outcome b2 =
@@ -368,8 +378,10 @@ TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's GEMM path, bit 
   INFO(b2.out);
   REQUIRE(b2.code == 0);
   CHECK_THAT(b2.out, Catch::Contains("bf16 products: " + p + " (from the checkpoint)"));
-  // a: 12 steps uninterrupted on p.
-  const Outcome a = mt::test::run_node(tiny_args(dir.path / "a", shard) + bf16, env + " MEGATRAIN_BF16_GEMM=" + p);
+  CHECK_THAT(b2.out, Catch::Contains("attention products: " + at + " (from the checkpoint)"));
+  // a: 12 steps uninterrupted on p (and at).
+  const Outcome a = mt::test::run_node(tiny_args(dir.path / "a", shard) + bf16,
+                                       env + " MEGATRAIN_BF16_GEMM=" + p + " MEGATRAIN_BF16_ATTENTION=" + at);
   INFO(a.out);
   REQUIRE(a.code == 0);
   CHECK_THAT(a.out, Catch::Contains("bf16 products: " + p + " (forced by MEGATRAIN_BF16_GEMM)"));
@@ -383,12 +395,14 @@ TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's GEMM path, bit 
   }
   CHECK(same_checkpoints(dir.path / "a" / "step-00000012", dir.path / "b" / "step-00000012"));
   CHECK(mt::ckpt::CheckpointReader::open(dir.path / "b").run_state()["kernel_choices"]["bf16_gemm"] == p);
+  CHECK(mt::ckpt::CheckpointReader::open(dir.path / "b").run_state()["kernel_choices"]["bf16_attention"] == at);
   // Logged: events.jsonl has the choice of each run.
   int logged = 0;
   for (const auto& e : jsonl(dir.path / "b" / "events.jsonl"))
     if (e["event"] == "kernel_choice") {
       ++logged;
       CHECK(e["bf16_gemm"]["path"] == p);
+      CHECK(e["bf16_attention"]["path"] == at);
     }
   CHECK(logged == 2);
   if (!onednn) return;
@@ -399,7 +413,8 @@ TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's GEMM path, bit 
   REQUIRE(c.code == 0);
   CHECK_THAT(c.out, Catch::Contains("bf16 products: " + q + " (measured earlier on this machine"));
   // The other path's bits differ: the bit-for-bit comparison above can fail.
-  const Outcome d = mt::test::run_node(tiny_args(dir.path / "d", shard) + bf16, env + " MEGATRAIN_BF16_GEMM=" + q);
+  const Outcome d = mt::test::run_node(tiny_args(dir.path / "d", shard) + bf16,
+                                       env + " MEGATRAIN_BF16_GEMM=" + q + " MEGATRAIN_BF16_ATTENTION=" + at);
   REQUIRE(d.code == 0);
   CHECK_FALSE(same_checkpoints(dir.path / "a" / "step-00000012", dir.path / "d" / "step-00000012"));
   // A checkpoint recorded on onednn, resumed where oneDNN has no bf16 kernels (held to AVX2): said, and

@@ -5,6 +5,8 @@
 // through a modelled link (weights and gradients copied, as on a GPU) as well as mapped (the CPU).
 #include <catch2/catch.hpp>
 
+#include "kernels/cpu/bf16_pairs.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "tests/actors/engine_fixture.hpp"
 
 using namespace mt;
@@ -121,6 +123,33 @@ TEST_CASE("bf16: pipelined engine equals the reference trainer bit for bit", "[a
         t.steps = 8;
         check_equivalence(t);
       }
+}
+
+// The attention's two block products (fp32, bf16 pairs where the CPU has AVX512-BF16): each keeps the
+// engine and the reference trainer bit-identical, and the two give different runs (the setting is used).
+TEST_CASE("bf16: the engine equals the reference trainer on either attention product", "[actors][equivalence][bf16]") {
+  const cpu::AttnProducts before = cpu::bf16_attention_products();
+  std::vector<cpu::AttnProducts> products{cpu::AttnProducts::fp32};
+  if (cpu::bf16_pairs_available() && !cpu::bf16_attention_forced()) products.push_back(cpu::AttnProducts::bf16_pairs);
+  std::vector<double> first_losses;
+  for (const cpu::AttnProducts p : products)
+    for (Arch arch : {Arch::llama, Arch::gpt2}) {
+      INFO("attention products " << cpu::attn_products_name(p));
+      REQUIRE(cpu::set_bf16_attention_products(p) == p);
+      Tiny t;
+      t.bf16 = true;
+      t.arch = arch;
+      t.micro_batches = 2;
+      check_equivalence(t);
+      if (arch != Arch::llama) continue;
+      const TrainConfig cfg = tiny_config(t);
+      const RefRun ref = run_reference(cfg, cfg.model_config_from_keys(), tiny_batches(t, 16), t.steps);
+      if (first_losses.empty())
+        first_losses = ref.losses;
+      else
+        CHECK(ref.losses != first_losses);
+    }
+  cpu::set_bf16_attention_products(before);
 }
 
 TEST_CASE("bf16: split and fp32 masters both equal the reference trainer, the split tiles 2 bytes/param smaller",

@@ -10,10 +10,12 @@
 #include <optional>
 #include <string>
 
+#include "kernels/cpu/bf16_pairs.hpp"
 #include "node/kernel_choice.hpp"
 #include "tests/actors/run_dir_fixture.hpp"
 
 namespace fs = std::filesystem;
+using mt::cpu::AttnProducts;
 using mt::cpu::Bf16Gemm;
 using namespace mt::actors;
 
@@ -44,10 +46,26 @@ void write_text(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
 }
 
-// A probe that counts its calls and returns a fixed verdict.
+// Probes that count their calls and return fixed verdicts.
 struct FakeProbe {
-  int calls = 0;
+  int calls = 0, attention_calls = 0;
   Bf16Gemm choice = Bf16Gemm::onednn;
+  AttnProducts attention = AttnProducts::bf16_pairs;
+  std::function<mt::cpu::AttnProbe()> attention_fn() {
+    return [this] {
+      ++attention_calls;
+      mt::cpu::AttnProbe p;
+      p.shape.q_heads = 6, p.shape.kv_heads = 2, p.shape.head_dim = 64, p.shape.seq = 512;
+      p.threads = 2;
+      p.rounds = 3;
+      p.pairs_available = true;
+      p.fp32_s = 0.016;
+      p.pairs_s = attention == AttnProducts::bf16_pairs ? 0.010 : 0.020;
+      p.wall_s = 0.09;
+      p.choice = attention;
+      return p;
+    };
+  }
   std::function<mt::cpu::Bf16Probe()> fn() {
     return [this] {
       ++calls;
@@ -72,6 +90,7 @@ KernelChoiceInputs inputs(const fs::path& cache, FakeProbe& probe) {
   in.cache_file = cache;
   in.key = key();
   in.probe = probe.fn();
+  in.attention_probe = probe.attention_fn();
   in.now_unix = [] { return 1.7e9; };
   return in;
 }
@@ -344,10 +363,135 @@ TEST_CASE("kernel choice: the probe's shapes are the run's linear layers", "[act
   gpt2.arch = mt::Arch::gpt2;
   CHECK(bf16_probe_shapes(gpt2, 64, 0)[0].out == 3 * 384);
   CHECK(bf16_probe_shapes(gpt2, 64, 0).size() == 4);
-  const KernelCacheKey k = kernel_cache_key(3, s);
+  const mt::AttnShape a = attention_probe_shape(llama, 4096);  // cut to 1024 positions
+  CHECK((a.q_heads == 6 && a.kv_heads == 2 && a.head_dim == 64 && a.seq == 1024 && a.batch == 1));
+  CHECK((a.q_stride == 384 && a.kv_stride == 128 && a.o_stride == 384));
+  CHECK(attention_probe_shape(llama, 100).seq == 100);
+  const KernelCacheKey k = kernel_cache_key(3, s, a);
   CHECK(k.threads == 3);
-  CHECK(k.shapes == "512x384x384, 512x384x384, 512x384x1024, 512x1024x384, 512x384x4096");
+  CHECK(k.shapes == "512x384x384, 512x384x384, 512x384x1024, 512x1024x384, 512x384x4096, attention 6x2x64 at 1024");
   CHECK_FALSE(k.cpu.empty());
   CHECK_THAT(k.isa, Catch::Contains("onednn:"));
   CHECK(k.onednn == mt::cpu::onednn_version());
+}
+
+TEST_CASE("kernel choice: the attention's products, forced, the checkpoint, the cache, the probe",
+          "[actors][kernel_choice]") {
+  mt::test::TempDir dir("kattn");
+  const fs::path file = dir.path / "kernel_choices.json";
+  FakeProbe probe;
+  auto with_pairs = [&] {
+    KernelChoiceInputs in = inputs(file, probe);
+    in.pairs_available = true;
+    return in;
+  };
+
+  SECTION("nothing known: both probed, one entry cached with both, then both from the cache") {
+    const KernelChoice c = decide_kernel_choice(with_pairs());
+    CHECK((probe.calls == 1 && probe.attention_calls == 1));
+    CHECK(c.attention == AttnProducts::bf16_pairs);
+    CHECK(c.attention_source == "probe");
+    CHECK_THAT(c.attention_line(),
+               Catch::StartsWith("attention products: pairs (probe: bf16 pairs at 1.60x fp32's speed") &&
+                   Catch::Contains("cached in " + file.string()));
+    CHECK_THAT(c.line(), Catch::Contains("cached in " + file.string()));
+    CHECK(c.json()["bf16_attention"]["path"] == "pairs");
+    CHECK(c.json()["bf16_attention"]["probe"]["speedup"].get<double>() == Approx(1.6));
+    std::string w;
+    const auto e = read_kernel_cache(file, key(), w);
+    REQUIRE(e);
+    CHECK(e->bf16_gemm == Bf16Gemm::onednn);
+    CHECK(e->bf16_attention == AttnProducts::bf16_pairs);
+    CHECK(e->attention_fp32_s == 0.016);
+    const KernelChoice again = decide_kernel_choice(with_pairs());
+    CHECK((probe.calls == 1 && probe.attention_calls == 1));
+    CHECK(again.attention_source == "cache");
+    CHECK(again.attention == AttnProducts::bf16_pairs);
+  }
+  SECTION("an entry cached before the attention was chosen: only the attention is probed, and added") {
+    std::string w;
+    REQUIRE(write_kernel_cache(file, entry(key(), Bf16Gemm::widened), w));
+    probe.attention = AttnProducts::fp32;
+    const KernelChoice c = decide_kernel_choice(with_pairs());
+    CHECK((probe.calls == 0 && probe.attention_calls == 1));
+    CHECK(c.source == "cache");
+    CHECK(c.attention == AttnProducts::fp32);
+    CHECK_THAT(c.attention_detail, Catch::Contains("pairs need 1.10x"));
+    const auto e = read_kernel_cache(file, key(), w);
+    REQUIRE(e);
+    CHECK(e->bf16_gemm == Bf16Gemm::widened);  // kept
+    CHECK(e->bf16_attention == AttnProducts::fp32);
+  }
+  SECTION("no AVX512-BF16: fp32, nothing probed for it") {
+    const KernelChoice c = decide_kernel_choice(inputs(file, probe));
+    CHECK(c.attention == AttnProducts::fp32);
+    CHECK(c.attention_source == "unavailable");
+    CHECK(probe.attention_calls == 0);
+    std::string w;
+    CHECK_FALSE(read_kernel_cache(file, key(), w)->bf16_attention);
+  }
+  SECTION("the checkpoint's choice wins over the cache and the probe; an older checkpoint ran fp32") {
+    KernelChoiceInputs in = with_pairs();
+    in.checkpoint = {{"bf16_gemm", "onednn"}, {"bf16_attention", "pairs"}};
+    KernelChoice c = decide_kernel_choice(in);
+    CHECK((c.attention_source == "checkpoint" && c.attention == AttnProducts::bf16_pairs));
+    in.checkpoint = {{"bf16_gemm", "onednn"}};  // written before the pair products existed
+    c = decide_kernel_choice(in);
+    CHECK((c.attention_source == "checkpoint" && c.attention == AttnProducts::fp32));
+    CHECK((probe.calls == 0 && probe.attention_calls == 0));
+    // The event's form (what rank 0 sends the other ranks) reads the same.
+    in.checkpoint = {{"bf16_gemm", {{"path", "widened"}, {"source", "probe"}}},
+                     {"bf16_attention", {{"path", "pairs"}, {"source", "probe"}}}};
+    c = decide_kernel_choice(in);
+    CHECK((c.source == "checkpoint" && c.bf16_gemm == Bf16Gemm::widened));
+    CHECK((c.attention_source == "checkpoint" && c.attention == AttnProducts::bf16_pairs));
+    CHECK(c.notes.empty());
+    // Pairs recorded on a CPU without them: said, and fp32.
+    in.pairs_available = false;
+    c = decide_kernel_choice(in);
+    CHECK(c.attention == AttnProducts::fp32);
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("continuing on fp32 products"));
+    // A malformed record: said, and measured again.
+    in.pairs_available = true;
+    in.checkpoint = {{"bf16_gemm", "onednn"}, {"bf16_attention", "fast"}};
+    c = decide_kernel_choice(in);
+    CHECK(c.attention_source == "probe");
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("kernel_choices.bf16_attention is \"fast\""));
+  }
+  SECTION("MEGATRAIN_BF16_ATTENTION wins over everything, and says what it changes") {
+    KernelChoiceInputs in = with_pairs();
+    in.attention_forced = AttnProducts::fp32;
+    in.checkpoint = {{"bf16_gemm", "onednn"}, {"bf16_attention", "pairs"}};
+    KernelChoice c = decide_kernel_choice(in);
+    CHECK((c.attention_source == "forced" && c.attention == AttnProducts::fp32));
+    CHECK(c.attention_line() == "attention products: fp32 (forced by MEGATRAIN_BF16_ATTENTION)");
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("bits differ"));
+    in.attention_forced = AttnProducts::bf16_pairs;
+    in.pairs_available = false;
+    in.checkpoint = nullptr;
+    c = decide_kernel_choice(in);
+    CHECK(c.attention == AttnProducts::fp32);
+    CHECK_THAT(c.attention_detail, Catch::Contains("no AVX512-BF16"));
+    CHECK(probe.attention_calls == 0);
+  }
+}
+
+TEST_CASE("kernel choice: the attention's probe measures both products and picks by the margin",
+          "[actors][kernel_choice]") {
+  mt::AttnShape a;
+  a.batch = 1, a.seq = 256, a.q_heads = 4, a.kv_heads = 2, a.head_dim = 32;
+  const mt::cpu::AttnProbe p = mt::cpu::probe_bf16_attention(a, 2, 0.05);
+  CHECK(p.shape.seq == 256);
+  CHECK(p.rounds >= 1);
+  CHECK(p.fp32_s > 0);
+  CHECK(p.pairs_available == mt::cpu::bf16_pairs_available());
+  if (p.pairs_available) {
+    CHECK(p.pairs_s > 0);
+    CHECK((p.choice == AttnProducts::bf16_pairs) == (p.fp32_s >= mt::cpu::kBf16PairsMargin * p.pairs_s));
+  } else {
+    CHECK(p.choice == AttnProducts::fp32);
+  }
 }

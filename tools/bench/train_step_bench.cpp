@@ -185,6 +185,11 @@ static int run(int argc, char** argv) {
     std::printf(
         "  bf16 products: %s\n",
         mt::bench::choose_bf16_path({{rows, d, 3 * d}, {rows, d, d}, {rows, d, ff}, {rows, ff, d}}, threads).c_str());
+    mt::AttnShape heads;
+    heads.seq = *std::max_element(seqs.begin(), seqs.end());
+    heads.q_heads = heads.kv_heads = c.num_attention_heads;
+    heads.head_dim = c.head_dim;
+    std::printf("  attention products: %s\n", mt::bench::choose_bf16_attention(heads, threads).c_str());
   }
   for (const std::int64_t T : seqs) {
     const double tokens = static_cast<double>(B * T);
