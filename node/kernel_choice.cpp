@@ -300,6 +300,12 @@ void cache_probed(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& ca
     return;
   }
   KernelCacheEntry e = cache.entry().value_or(KernelCacheEntry{});
+  // Every entry carries the products' path (earlier versions of this file's reader require it): without
+  // it measured (forced), nothing is cached, as before the attention's choice existed.
+  if (!c.probe && !e.bf16_gemm) {
+    append("; not cached: the products' path was not measured");
+    return;
+  }
   e.key = in.key;
   if (c.probe) {
     e.bf16_gemm = c.bf16_gemm;
@@ -400,6 +406,7 @@ nlohmann::json KernelChoice::json() const {
   if (!cache_file.empty()) g["cache_file"] = cache_file;
   nlohmann::json a{
       {"path", cpu::attn_products_name(attention)}, {"source", attention_source}, {"detail", attention_detail}};
+  if (!cache_file.empty() && (attention_source == "cache" || attention_probe)) a["cache_file"] = cache_file;
   if (attention_probe)
     a["probe"] = {{"fp32_s", attention_probe->fp32_s},
                   {"pairs_s", attention_probe->pairs_s},

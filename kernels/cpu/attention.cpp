@@ -15,6 +15,9 @@
 // Block products (AttnProducts): fp32 sgemm on the operands as they are, or, in a bf16 run where they
 // measure faster, bf16 pairs (bf16_pairs.hpp: q, k, v, the probabilities and dS rounded to bf16, fp32
 // accumulation, as torch.autocast's attention rounds them); the softmax and its statistics stay fp32.
+// The pair path also holds, per thread and for the call, the task's keys and values packed (4 x T x
+// head_dim bf16 in the backward) and dk, dv transposed (2 x T x head_dim fp32): 128 MiB a thread at 128k
+// positions and head_dim 64, freed at the call's end when above kKeptRoomBytes.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -184,6 +187,16 @@ struct PairBlocks {
   std::int64_t k_lo = 0, keys = 0;
   float *dkb = nullptr, *dvb = nullptr;
 
+  // Rooms above this are freed when the call ends: at long context they are the keys' size, and the
+  // fp32 path keeps nothing of that size between calls either.
+  static constexpr std::size_t kKeptRoomBytes = std::size_t{16} << 20;
+  ~PairBlocks() {
+    const std::size_t words = r.k_t.capacity() + r.v_t.capacity() + r.k_pairs.capacity() + r.v_pairs.capacity() +
+                              r.dk_t.capacity() + r.dv_t.capacity();
+    if (4 * words > kKeptRoomBytes) r = Rooms{};
+  }
+  PairBlocks(const PairBlocks&) = delete;
+  PairBlocks& operator=(const PairBlocks&) = delete;
   PairBlocks(const AttnShape& shape, bool backward)
       : a(shape), hd(shape.head_dim), hd2((shape.head_dim + 1) / 2), r(rooms()) {
     r.q_rows.resize(static_cast<std::size_t>(kGroup * kQueryBlock * hd2));
@@ -529,7 +542,10 @@ AttnProbe probe_bf16_attention(const AttnShape& shape, int threads, double budge
   r.pairs_available = bf16_pairs_available();
   AttnShape a = shape;
   a.batch = 1;
-  a.seq = std::clamp<std::int64_t>(a.seq, 1, 1024);
+  // Up to 1024 positions, fewer for wide models: one forward + backward at most ~5 GFLOP (7 T^2 q_dim).
+  const double q_dim = static_cast<double>(std::max<std::int64_t>(1, a.q_heads * a.head_dim));
+  const auto fit = static_cast<std::int64_t>(std::sqrt(5e9 / (7.0 * q_dim))) / kQueryBlock * kQueryBlock;
+  a.seq = std::clamp<std::int64_t>(a.seq, 1, std::clamp<std::int64_t>(fit, kQueryBlock, 1024));
   a.q_start = 0;
   a.add_kv_grads = false;
   a.q_stride = a.o_stride = a.q_heads * a.head_dim;

@@ -106,8 +106,9 @@ struct AttnProbe {
   double pairs_speedup() const { return pairs_available && pairs_s > 0 ? fp32_s / pairs_s : 0.0; }
 };
 inline constexpr double kBf16PairsMargin = 1.10;
-// The run's heads at `seq` positions (batch 1; cut to 1024 so the probe stays near its budget), `threads`
-// threads, rounds while under budget_s (at least 1, at most 5). Fixes nothing.
+// The run's heads at `seq` positions (batch 1; cut to 1024, and to ~5 GFLOP a forward + backward for wide
+// models, so the probe stays near its budget), `threads` threads, one untimed warm-up of each path, then
+// rounds while under budget_s (at least 1, at most 5). Fixes nothing.
 AttnProbe probe_bf16_attention(const AttnShape& shape, int threads, double budget_s = 0.1);
 void attention_forward(const float* q, const float* k, const float* v, const void* sinks, bool sinks_bf16, float* out,
                        float* lse, const AttnShape& s, int threads, AttnProducts products = AttnProducts::fp32);

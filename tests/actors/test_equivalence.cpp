@@ -129,7 +129,9 @@ TEST_CASE("bf16: pipelined engine equals the reference trainer bit for bit", "[a
 // engine and the reference trainer bit-identical, and the two give different runs (the setting is used).
 TEST_CASE("bf16: the engine equals the reference trainer on either attention product", "[actors][equivalence][bf16]") {
   const cpu::AttnProducts before = cpu::bf16_attention_products();
-  std::vector<cpu::AttnProducts> products{cpu::AttnProducts::fp32};
+  // MEGATRAIN_BF16_ATTENTION wins over a setting: then only the forced products run.
+  std::vector<cpu::AttnProducts> products{cpu::bf16_attention_forced() ? cpu::bf16_attention_products()
+                                                                       : cpu::AttnProducts::fp32};
   if (cpu::bf16_pairs_available() && !cpu::bf16_attention_forced()) products.push_back(cpu::AttnProducts::bf16_pairs);
   std::vector<double> first_losses;
   for (const cpu::AttnProducts p : products)

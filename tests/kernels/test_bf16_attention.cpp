@@ -151,6 +151,46 @@ TEST_CASE("attention on bf16 pairs matches the fp64 reference on the same bf16 o
     CHECK(std::memcmp(dq.data(), dq1.data(), dq.size() * 4) == 0);
     CHECK(std::memcmp(dk.data(), dk1.data(), dk.size() * 4) == 0);
     CHECK(std::memcmp(dv.data(), dv1.data(), dv.size() * 4) == 0);
+    CHECK(std::memcmp(ds.data(), ds1.data(), ds.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("attention on bf16 pairs at odd edges: odd head_dim, odd rows, a tile past a window", "[ops][bf16][pairs]") {
+  require_pairs();
+  // head_dim 15 pads every row's last pair; queries from position 201 (odd) end query and key blocks on
+  // odd counts; a window of 50 starts the keys at block 128, not 0; two sequences.
+  const std::int64_t B = 2, S = 300, q0 = 201, Q = S - q0, Hq = 4, Hkv = 2, hd = 15, qs = Hq * hd, kvs = Hkv * hd,
+                     os = Hq * hd;
+  const auto q = randn(B * Q * qs, 70), k = randn(B * S * kvs, 71), v = randn(B * S * kvs, 72),
+             dout = randn(B * Q * os, 73);
+  const auto qd = mt::test::to_double(rounded(q)), kd = mt::test::to_double(rounded(k)),
+             vd = mt::test::to_double(rounded(v)), dod = mt::test::to_double(dout);
+  for (const std::int64_t window : {std::int64_t{0}, std::int64_t{50}}) {
+    INFO("window " << window);
+    cpu::AttnShape a{B, S, Hq, Hkv, hd, qs, kvs, os};
+    a.q_start = q0;
+    a.window = window;
+    vector<float> o(B * Q * os), lse(B * Hq * Q), dq(q.size()), dk(k.size()), dv(v.size());
+    cpu::attention_forward(q.data(), k.data(), v.data(), nullptr, false, o.data(), lse.data(), a, 2,
+                           cpu::AttnProducts::bf16_pairs);
+    cpu::attention_backward(q.data(), k.data(), v.data(), nullptr, false, o.data(), lse.data(), dout.data(), dq.data(),
+                            dk.data(), dv.data(), nullptr, a, 2, cpu::AttnProducts::bf16_pairs);
+    vector<double> orf(o.size()), dqr(q.size()), dkr(k.size()), dvr(v.size());
+    ref::attention(qd.data(), kd.data(), vd.data(), orf.data(), B, S, Hq, Hkv, hd, qs, kvs, os, q0, window);
+    ref::attention_backward(qd.data(), kd.data(), vd.data(), dod.data(), dqr.data(), dkr.data(), dvr.data(), B, S, Hq,
+                            Hkv, hd, qs, kvs, os, q0, window);
+    CHECK(rel_err(o, orf) < 3e-3);
+    CHECK(rel_err(dq, dqr) < 8e-3);
+    CHECK(rel_err(dk, dkr) < 8e-3);
+    CHECK(rel_err(dv, dvr) < 6e-3);
+    if (window > 0) {  // keys before every query's window get no gradient
+      bool untouched = true;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 0; t < q0 - window + 1; ++t)
+          for (std::int64_t c = 0; c < Hkv * hd; ++c)
+            untouched = untouched && dk[(b * S + t) * kvs + c] == 0.0f && dv[(b * S + t) * kvs + c] == 0.0f;
+      CHECK(untouched);
+    }
   }
 }
 
