@@ -59,12 +59,19 @@ std::string pad(std::string s, std::size_t w) {
   return s;
 }
 
-// " (products onednn)": the bf16 GEMM path the run measured or took (/status run.kernel_choices), "" if none.
-std::string bf16_gemm(const nlohmann::json& run) {
+// " (products onednn, attention pairs)": the bf16 kernel choices the run measured or took (/status
+// run.kernel_choices), "" if none.
+std::string kernel_choices(const nlohmann::json& run) {
   const auto k = run.value("kernel_choices", nlohmann::json::object());
-  if (!k.is_object() || !k.contains("bf16_gemm") || !k["bf16_gemm"].is_object()) return "";
-  const std::string path = str(k["bf16_gemm"], "path");
-  return path.empty() ? "" : " (products " + path + ")";
+  if (!k.is_object()) return "";
+  std::string words;
+  for (const auto& [key, name] :
+       {std::pair<const char*, const char*>{"bf16_gemm", "products"}, {"bf16_attention", "attention"}}) {
+    if (!k.contains(key) || !k[key].is_object()) continue;
+    const std::string path = str(k[key], "path");
+    if (!path.empty()) words += (words.empty() ? "" : ", ") + std::string(name) + " " + path;
+  }
+  return words.empty() ? "" : " (" + words + ")";
 }
 
 std::string colour(bool on, const char* code, const std::string& s) {
@@ -191,7 +198,7 @@ std::vector<std::string> render_snapshot(const SnapshotInput& in) {
   out.push_back("run: " + model + (names_arch ? "" : " (" + arch + ")") + ", " + str(run, "layers") + " layers, " +
                 fmt("%.2fM", num(run, "params") / 1e6) + " params, " + str(run, "batch") + " x " + str(run, "seq") +
                 " x " + str(run, "micro_batches") + " tokens/step, " + str(run, "backend") +
-                (run.value("bf16", false) ? " bf16" : " fp32") + bf16_gemm(run) + ", " + str(run, "output_dir"));
+                (run.value("bf16", false) ? " bf16" : " fp32") + kernel_choices(run) + ", " + str(run, "output_dir"));
 
   const double step = num(s, "step"), max_steps = num(run, "max_steps");
   std::string progress = "step " + fmt("%.0f", step) + " / " + fmt("%.0f", max_steps);

@@ -64,3 +64,24 @@ TEST_CASE("megatrain-top: every rank's step and busiest actor and last collectiv
   // One rank (or an older node): no ranks table.
   CHECK_THAT(render(nlohmann::json::array()), !Catch::Contains("slowest actor"));
 }
+
+TEST_CASE("megatrain-top: a bf16 run's header names its kernel choices", "[tools][monitor]") {
+  mt::monitor_client::SnapshotInput in;
+  in.status = {{"state", "running"},
+               {"step", 3},
+               {"run",
+                {{"model", "llama"},
+                 {"arch", "llama"},
+                 {"bf16", true},
+                 {"kernel_choices",
+                  {{"bf16_gemm", {{"path", "onednn"}, {"source", "probe"}}},
+                   {"bf16_attention", {{"path", "pairs"}, {"source", "cache"}}}}}}}};
+  std::string text;
+  for (const auto& line : mt::monitor_client::render_snapshot(in)) text += line + "\n";
+  CHECK_THAT(text, Catch::Contains(" bf16 (products onednn, attention pairs), "));
+  in.status["run"]["kernel_choices"] = nlohmann::json::object();  // an fp32 run: none made
+  text.clear();
+  for (const auto& line : mt::monitor_client::render_snapshot(in)) text += line + "\n";
+  CHECK_THAT(text, Catch::Contains(" bf16, "));
+  CHECK_THAT(text, !Catch::Contains("(products"));
+}
