@@ -53,6 +53,13 @@ struct ModelShape {
 // The demo (config/demo.ini's model) and a Llama of about 100M parameters (96M with the demo's vocabulary).
 const ModelShape kModels[] = {{"demo", 384, 8, 6, 2, 1024, 4096}, {"100m", 768, 12, 12, 4, 2560, 4096}};
 
+// The model of that name, or null.
+const ModelShape* model_named(const std::string& name) {
+  for (const auto& s : kModels)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
 struct RunResult {
   bool ok = false;
   double step_s = 0, tokens_per_s = 0, loss = 0;
@@ -201,15 +208,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  for (const std::string& name : models)
+    if (!model_named(name)) {
+      std::fprintf(stderr, "bench_long_context: no model '%s' (demo, 100m)\n", name.c_str());
+      return 2;
+    }
   const int threads = static_cast<int>(std::thread::hardware_concurrency());
   std::printf("long context: batch 1, device.device_memory_mb=%lld, %s, %d threads, every device key auto\n",
               static_cast<long long>(budget_mb), bf16 ? "bf16" : "fp32", threads);
   std::printf("  CPU: %s, %d cores\n  ISA: %s\n", mt::bench::cpu_model().c_str(), threads,
               mt::bench::cpu_isa_flags().c_str());
   if (bf16 && !models.empty()) {  // as a run would choose them (the first model's shapes; forked children inherit)
-    const ModelShape* m = &kModels[0];
-    for (const auto& s : kModels)
-      if (models[0] == s.name) m = &s;
+    const ModelShape* m = model_named(models[0]);
     const std::int64_t rows = 1024, hd = m->hidden / m->heads;
     std::printf("  bf16 products: %s\n",
                 mt::bench::choose_bf16_path(
@@ -222,13 +232,7 @@ int main(int argc, char** argv) {
   mt::bench::Report report("long_context");
   // Each model at each length (the 100M model at 32k is about a quarter of an hour on 2 cores).
   for (const std::string& name : models) {
-    const ModelShape* m = nullptr;
-    for (const auto& s : kModels)
-      if (name == s.name) m = &s;
-    if (!m) {
-      std::fprintf(stderr, "bench_long_context: no model '%s' (demo, 100m)\n", name.c_str());
-      return 2;
-    }
+    const ModelShape* m = model_named(name);
     std::vector<double> xs, ys;
     for (std::int64_t T : lengths) {
       const std::int64_t n = steps > 0 ? steps : (T <= 4096 ? 2 : 1);
