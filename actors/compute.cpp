@@ -269,7 +269,7 @@ void try_advance(self_ptr self) {
           stats.prob_sums = mb.prob_sums[l].data();
         }
         be.layer_forward(c.layer_config(op.stage - 1), weights(0), boundary(op.stage - 1), boundary(op.stage), B, T,
-                         saved(op.stage), ws, stats.counts ? &stats : nullptr);
+                         saved(op.stage), ws, stats.counts ? &stats : nullptr, ctx->sequence);
         break;
       }
       case OpKind::head: {
@@ -322,7 +322,7 @@ void try_advance(self_ptr self) {
           grad.grad = be.upload_floats(host.data(), host.size(), token_slot);
         }
         be.layer_backward(c.layer_config(op.stage - 1), weights(0), x_in, saved(op.stage), dx_buffer(dx_read),
-                          dx_buffer(dx_read + 1), g, B, T, ws, grad.grad ? &grad : nullptr);
+                          dx_buffer(dx_read + 1), g, B, T, ws, grad.grad ? &grad : nullptr, ctx->sequence);
         hand_over(self, k_main, p, op.stage, Phase::backward);
         break;
       }

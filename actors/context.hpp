@@ -246,6 +246,9 @@ struct Context {
   std::vector<float*> dx_sets;
   std::vector<float*> head_inputs;
   float* workspace = nullptr;
+  // EnginePlan::sequence_mapped: the tiled layers' sequence-sized buffers (keys, values, their gradients)
+  // in mapped host memory after the boundaries; null: in the workspace.
+  float* sequence = nullptr;
 
   // Micro-batch 0's gradients written in place: on a backend that shares host memory, with one device
   // and one rank (several ranks send every micro-batch's gradient from its slot),

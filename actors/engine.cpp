@@ -24,6 +24,7 @@
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "monitor/monitor.hpp"
+#include "storage/host/aligned_buffer.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 
 namespace mt::actors {
@@ -73,8 +74,13 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
            align_floats(p.saved_floats);
   }
   const Precision prec = cfg.precision();
-  p.workspace_floats = std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec, p.seq_tile),
-                                head_workspace_floats(model, p.batch, p.seq, 0, prec, p.seq_tile));
+  p.sequence_mapped = p.sequence_mapped && p.boundaries_mapped && p.seq_tile > 0;
+  p.sequence_floats = p.sequence_mapped ? layer_sequence_floats(model, p.batch, p.seq, p.seq_tile) : 0;
+  p.host_boundary_bytes += align_floats(p.sequence_floats) * sizeof(float);
+  p.workspace_floats =
+      std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec, p.seq_tile,
+                                      p.sequence_mapped ? SequenceBuffers::apart : SequenceBuffers::in_workspace),
+               head_workspace_floats(model, p.batch, p.seq, 0, prec, p.seq_tile));
   ArenaRequest req;
   req.budget_bytes = cfg.device_budget_bytes();
   req.budget_name = cfg.device_budget_name();
@@ -276,41 +282,82 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     modes = {keep};
   }
   const std::vector<std::int64_t> tiles = seq_tile_candidates(cfg, model, p.seq);
+  // Last, when nothing above fits (device.attention_kv=auto, on a device sharing host memory: across a
+  // link every tile would read them there), or only (host): boundaries mapped with the tiled layers' keys
+  // and values mapped too (the arena then holds the weight and gradient slots and one tile's work).
+  const bool kv_host = cfg.device.attention_kv == "host";
+  const bool keep_maps = keep == KeepIntermediates::automatic || keep == KeepIntermediates::boundary_mapped;
+  if (kv_host && !keep_maps)
+    throw ConfigError("device.attention_kv", std::string("host maps them beside the boundaries: it needs "
+                                                         "device.keep_intermediates=boundary_mapped or auto, not ") +
+                                                 cfg.device.keep_intermediates);
+  if (kv_host && tiles.back() == 0)
+    throw ConfigError("device.attention_kv",
+                      "host needs sequence tiles (device.seq_tile below data.seq_length=" + std::to_string(p.seq) +
+                          (tiles_possible ? ")" : "; GPT-2 layers run whole sequences)"));
+  const bool may_map_sequence = tiles.back() > 0 && keep_maps &&
+                                (kv_host || (cfg.device.attention_kv == "auto" && cfg.device_shares_host_memory()));
   std::optional<EnginePlan> chosen;
   std::optional<ArenaBudgetError> last_error;
-  for (std::int64_t tile : tiles) {
-    for (KeepIntermediates k : modes) {
-      if (tile > 0 && k == KeepIntermediates::all) continue;  // keep mode is whole-sequence
-      EnginePlan trial = p;
-      trial.seq_tile = tile;
-      const ArenaRequest req = size_activations(trial, cfg, model, k);
-      try {
-        trial.arena = plan_arena(model, req);
-      } catch (const ArenaBudgetError& e) {
-        if (!last_error) last_error = e;  // the whole-sequence error says most; tiles are appended below
-        continue;
+  for (bool map_sequence : {false, true}) {
+    if (!map_sequence && kv_host) continue;
+    if (map_sequence && (chosen || !may_map_sequence)) break;
+    for (std::int64_t tile : tiles) {
+      for (KeepIntermediates k : modes) {
+        if (tile > 0 && k == KeepIntermediates::all) continue;  // keep mode is whole-sequence
+        if (map_sequence && (tile == 0 || k != KeepIntermediates::boundary_mapped)) continue;
+        EnginePlan trial = p;
+        trial.seq_tile = tile;
+        trial.sequence_mapped = map_sequence;
+        const ArenaRequest req = size_activations(trial, cfg, model, k);
+        try {
+          trial.arena = plan_arena(model, req);
+        } catch (const ArenaBudgetError& e) {
+          if (!last_error) last_error = e;  // the whole-sequence error says most; tiles are appended below
+          continue;
+        }
+        if (keep == KeepIntermediates::automatic)
+          trial.notes.push_back(std::string("device.keep_intermediates=auto chose ") + keep_intermediates_name(k) +
+                                (k == KeepIntermediates::all ? " (every intermediate fits the budget)"
+                                 : kv_host ? " (device.attention_kv=host maps keys and values beside the boundaries)"
+                                           : " (keeping more does not fit the budget)"));
+        if (map_sequence)
+          trial.notes.push_back("attention's keys, values and their gradients (" +
+                                format_bytes(trial.sequence_floats * sizeof(float)) + ") are mapped in host RAM too (" +
+                                (kv_host ? "device.attention_kv=host"
+                                         : "device.attention_kv=auto: the budget holds them at no sequence tile") +
+                                ")");
+        chosen = std::move(trial);
+        break;
       }
-      if (keep == KeepIntermediates::automatic)
-        trial.notes.push_back(std::string("device.keep_intermediates=auto chose ") + keep_intermediates_name(k) +
-                              (k == KeepIntermediates::all ? " (every intermediate fits the budget)"
-                                                           : " (keeping more does not fit the budget)"));
-      chosen = std::move(trial);
-      break;
+      if (chosen) break;
     }
-    if (chosen) break;
   }
+  if (!chosen && !last_error)  // no trial at all: keep mode runs whole sequences only
+    throw ConfigError("device.keep_intermediates",
+                      "all keeps whole-sequence intermediates: it cannot run in "
+                      "sequence tiles (device.seq_tile=" +
+                          std::to_string(cfg.device.seq_tile) + " below data.seq_length)");
+  if (!chosen && kv_host)
+    throw ArenaBudgetError(std::string(last_error->what()) + "; nor does it fit in sequence tiles down to " +
+                           "device.seq_tile=" + std::to_string(tiles.back()) +
+                           " tokens with the boundaries and attention's keys and values in host RAM "
+                           "(device.attention_kv=host): raise the budget or lower data.seq_length");
   if (!chosen) {
     std::string msg = last_error->what();
     if (tiles.size() > 1)
       msg += "; nor does it fit in sequence tiles down to device.seq_tile=" + std::to_string(tiles.back()) +
-             " tokens (what device.seq_tile=auto tries): raise the budget or lower data.seq_length";
+             " tokens (what device.seq_tile=auto tries" +
+             (may_map_sequence ? ", with the boundaries and attention's keys and values in host RAM" : "") +
+             "): raise the budget or lower data.seq_length";
     throw ArenaBudgetError(msg);
   }
   p = std::move(*chosen);
   if (p.seq_tile > 0)
     p.notes.push_back("sequence tiles of " + std::to_string(p.seq_tile) + " tokens (device.seq_tile=" +
                       (cfg.device.seq_tile > 0 ? std::to_string(cfg.device.seq_tile)
-                                               : std::string("auto: the whole sequence does not fit the budget")) +
+                       : kv_host ? std::string("auto: the largest that fits with keys and values in host RAM")
+                                 : std::string("auto: the whole sequence does not fit the budget")) +
                       "): layers and the head run a tile at a time; attention's keys and values are sequence-sized");
   const bool auto_layers = keep == KeepIntermediates::automatic;
   if (auto_grad || auto_weight || auto_layers) grow_into_budget(p, cfg, model, auto_grad, auto_weight, auto_layers);
@@ -459,6 +506,7 @@ void carve_activations(Context& c, float* mapped) {
     for (auto& set : c.saved)
       for (std::int64_t i = 0; i < saved_layers; ++i) set.push_back(take(plan.saved_floats));
   }
+  if (plan.sequence_mapped) c.sequence = take(plan.sequence_floats);
   if (!plan.boundaries_mapped) arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
   c.workspace = reinterpret_cast<float*>(arena.workspace());
   arena.claim(ArenaRegionKind::workspace, 0, plan.workspace_floats * sizeof(float));

@@ -65,7 +65,13 @@ struct EnginePlan {
   // device.keep_intermediates=boundary_mapped: every boundary and both dx buffers in host RAM, used in
   // place by a backend sharing host memory (the compute sees them as boundaries on the device).
   bool boundaries_mapped = false;
-  std::size_t saved_floats = 0;  // keep mode, or kept_layers > 0: one layer's intermediates
+  // Boundaries mapped and sequence tiles, when even the smallest tile's keys and values do not fit the
+  // budget: the tiled layers' sequence-sized buffers (layer_sequence_floats: keys, values, their
+  // gradients, the RoPE tables) are mapped in host RAM after the boundaries, and the workspace holds one
+  // tile. The arena then bounds nothing sequence-sized; host RAM does. Results do not change.
+  bool sequence_mapped = false;
+  std::size_t sequence_floats = 0;  // sequence_mapped: those buffers (also in host_boundary_bytes)
+  std::size_t saved_floats = 0;     // keep mode, or kept_layers > 0: one layer's intermediates
   // Recompute mode with the boundaries on the device: the last kept_layers layers keep their
   // intermediates anyway (device.keep_intermediates=auto spends budget left over on them), so their
   // backward recomputes nothing. The results do not change (the recomputation is the same forward).

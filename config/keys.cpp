@@ -151,6 +151,12 @@ std::vector<KeyDesc> make_keys() {
              "largest power of two below data.seq_length (down to 128) that fits")
           .takes_auto()
           .at_least(1),
+      MT_KEY(device, attention_kv,
+             "auto | device | host: where sequence tiles keep attention's sequence-sized keys, values and their "
+             "gradients; auto = on the device unless no tile fits the budget with them there and the device "
+             "shares host memory, host = mapped in host RAM beside the boundaries (with keep_intermediates auto "
+             "or boundary_mapped)")
+          .one_of({"auto", "device", "host"}),
       MT_KEY(device, keep_intermediates, "auto | boundary | boundary_host | boundary_mapped | all")
           .one_of(names_of(kKeepIntermediates, keep_intermediates_name)),
       MT_KEY(device, copy_bandwidth_gbps, "copy engine limit per direction in GB/s; 0 = unlimited").non_negative(),

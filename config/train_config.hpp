@@ -111,6 +111,7 @@ struct DeviceSection {                      // [device]
   std::string schedule = "interleaved";     // interleaved | sequential (see MicroBatchOrder)
   std::int64_t gpus = 1;                    // devices of this node on one schedule (each its own micro-batches)
   std::int64_t seq_tile = 0;                // tokens per sequence tile (long context); 0 = auto (see plan_engine)
+  std::string attention_kv = "auto";        // auto | device | host: where tiles keep attention's keys and values
 };
 
 struct ThreadsSection {        // [threads]; 0 = derived from total (see ThreadBudget)

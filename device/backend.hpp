@@ -170,11 +170,14 @@ class Backend {
   void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
                           const float* dx, float* grads);
   // balance: the load-balancing loss's statistics (host arrays) and gradient (upload_floats' pointer).
+  // sequence: in sequence tiles, the layer's sequence-sized buffers when kept out of the workspace (device
+  // memory or mapped host memory: kernels/stages.hpp).
   void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
-                     std::int64_t seq, float* saved, float* workspace, const MoeBalance* balance = nullptr);
+                     std::int64_t seq, float* saved, float* workspace, const MoeBalance* balance = nullptr,
+                     float* sequence = nullptr);
   void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
                       float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                      const MoeBalance* balance = nullptr);
+                      const MoeBalance* balance = nullptr, float* sequence = nullptr);
   // The fused head; returns the loss read back to the host (once per call).
   LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
                                 const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,

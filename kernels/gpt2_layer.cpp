@@ -164,6 +164,6 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
 
 // No tiled form: GPT-2's learned position table bounds its context (n_positions, 1024 on the hub).
 const LayerFamily kGpt2Layer{"gpt2",   saved_floats, scratch_floats, operand_room, forward,
-                             backward, nullptr,      nullptr,        nullptr};
+                             backward, nullptr,      nullptr,        nullptr,      nullptr};
 
 }  // namespace mt::detail

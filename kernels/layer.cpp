@@ -28,10 +28,17 @@ void give_operand_room(Ops& ops, const detail::LayerFamily& f, const ModelConfig
   ops.use_operand_room(scratch + f.scratch_floats(c, batch, seq), f.operand_room(c, batch, seq));
 }
 
+// The tiled form's scratch in the workspace: all of it, or without the sequence-sized part kept apart.
+std::size_t tiled_workspace_scratch(const detail::LayerFamily& f, const ModelConfig& c, std::int64_t batch,
+                                    std::int64_t seq, std::int64_t seq_tile, bool apart) {
+  return f.tiled_scratch_floats(c, batch, seq, seq_tile) - (apart ? f.tiled_sequence_floats(c, batch, seq) : 0);
+}
+
 // The same for the tiled form: the room after its scratch, for one tile's rows.
 void give_tiled_operand_room(Ops& ops, const detail::LayerFamily& f, const ModelConfig& c, std::int64_t batch,
-                             std::int64_t seq, std::int64_t seq_tile, float* workspace) {
-  ops.use_operand_room(workspace + f.tiled_scratch_floats(c, batch, seq, seq_tile), f.operand_room(c, 1, seq_tile));
+                             std::int64_t seq, std::int64_t seq_tile, float* workspace, bool apart) {
+  ops.use_operand_room(workspace + tiled_workspace_scratch(f, c, batch, seq, seq_tile, apart),
+                       f.operand_room(c, 1, seq_tile));
 }
 
 // A layer computes with its own layer's config (ModelConfig::layer_config): a dense layer's offsets and
@@ -80,17 +87,26 @@ bool layer_runs_tiled(const ModelConfig& c, std::int64_t seq, std::int64_t seq_t
 }
 
 std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode,
-                                   Precision precision, std::int64_t seq_tile) {
+                                   Precision precision, std::int64_t seq_tile, SequenceBuffers sequence) {
   if (c.layers_differ())
-    return largest_over_layer_kinds(
-        c, [&](const ModelConfig& lc) { return layer_workspace_floats(lc, batch, seq, mode, precision, seq_tile); });
+    return largest_over_layer_kinds(c, [&](const ModelConfig& lc) {
+      return layer_workspace_floats(lc, batch, seq, mode, precision, seq_tile, sequence);
+    });
   const std::size_t saved = layer_saved_floats(c, batch, seq);
   const detail::LayerFamily& f = detail::layer_family(c);
   if (mode == ActivationMode::recompute && layer_runs_tiled(c, seq, seq_tile))
-    return f.tiled_scratch_floats(c, batch, seq, seq_tile) +
+    return tiled_workspace_scratch(f, c, batch, seq, seq_tile, sequence == SequenceBuffers::apart) +
            operand_room_floats(precision, f.operand_room(c, 1, seq_tile));
   return f.scratch_floats(c, batch, seq) + (mode == ActivationMode::recompute ? saved : 0) +
          operand_room_floats(precision, f.operand_room(c, batch, seq));
+}
+
+std::size_t layer_sequence_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile) {
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  if (!layer_runs_tiled(c, seq, seq_tile)) return 0;
+  return largest_over_layer_kinds(
+      c, [&](const ModelConfig& lc) { return detail::layer_family(lc).tiled_sequence_floats(lc, batch, seq); });
 }
 
 std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std::int64_t batch, std::int64_t seq,
@@ -107,7 +123,7 @@ std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std
 
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
                    std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile,
-                   const MoeBalance* balance) {
+                   const MoeBalance* balance, float* sequence) {
   refuse_mixed_layers(c);
   if (balance && !c.is_moe()) balance = nullptr;  // a dense layer has no router
   if (balance && balance->counts) std::fill(balance->counts, balance->counts + c.num_experts, 0);
@@ -117,8 +133,8 @@ void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
   check_pointers(x_in != x_out, "x_out must not alias x_in");
   const detail::LayerFamily& f = detail::layer_family(c);
   if (!saved && layer_runs_tiled(c, seq, seq_tile)) {  // kept intermediates are whole-sequence
-    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace);
-    f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace, balance);
+    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace, sequence != nullptr);
+    f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace, sequence, balance);
     return;
   }
   float* keep = saved ? saved : workspace;
@@ -129,7 +145,7 @@ void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
 
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
                     const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    std::int64_t seq_tile, const MoeBalance* balance) {
+                    std::int64_t seq_tile, const MoeBalance* balance, float* sequence) {
   refuse_mixed_layers(c);
   if (balance && (!c.is_moe() || !balance->grad)) balance = nullptr;
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
@@ -139,8 +155,8 @@ void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
   const bool recompute = saved == nullptr;
   const detail::LayerFamily& f = detail::layer_family(c);
   if (recompute && layer_runs_tiled(c, seq, seq_tile)) {
-    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace);
-    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace, balance);
+    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace, sequence != nullptr);
+    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace, sequence, balance);
     return;
   }
   float* keep = recompute ? workspace : const_cast<float*>(saved);  // read-only when not recomputing

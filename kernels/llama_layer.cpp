@@ -182,6 +182,7 @@ const LayerFamily kLlamaLayer{"llama",
                               forward,
                               backward,
                               llama::tiled_scratch_floats,
+                              llama::tiled_sequence_floats,
                               llama::tiled_forward,
                               llama::tiled_backward};
 

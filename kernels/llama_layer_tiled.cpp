@@ -44,12 +44,10 @@ struct Carved {
   std::size_t used = 0;
 };
 
-Carved carve(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t n, float* base) {
-  Carver cv(base);
-  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
-  const std::int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  Carved r{};
-  Whole& w = r.w;
+// The sequence-sized buffers, from `cv`.
+Whole carve_whole(const ModelConfig& c, std::int64_t B, std::int64_t T, Carver& cv) {
+  const std::int64_t N = B * T, kd = c.kv_dim(), Hkv = c.num_key_value_heads;
+  Whole w{};
   w.K = cv.take(N * kd);
   w.V = cv.take(N * kd);
   w.dK = cv.take(N * kd);
@@ -60,6 +58,21 @@ Carved carve(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t 
   }
   w.cos_t = cv.take(T * c.head_dim / 2);
   w.sin_t = cv.take(T * c.head_dim / 2);
+  return w;
+}
+
+// The sequence-sized buffers from `sequence` when non-null (kept apart, e.g. in host RAM), else from the
+// start of `base`; then one tile's buffers from `base`. `used`: the floats taken from base.
+Carved carve(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t n, float* base, float* sequence) {
+  Carver cv(base);
+  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), Hq = c.num_attention_heads;
+  Carved r{};
+  if (sequence) {
+    Carver apart(sequence);
+    r.w = carve_whole(c, B, T, apart);
+  } else {
+    r.w = carve_whole(c, B, T, cv);
+  }
   TileBufs& t = r.t;
   t.xn1 = cv.take(n * d);
   t.rstd1 = cv.take(n);
@@ -156,14 +169,20 @@ void for_tiles(std::int64_t T, std::int64_t tile, std::int64_t b, bool reverse, 
 }  // namespace
 
 std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile) {
-  return carve(c, B, T, std::min(tile, T), nullptr).used;
+  return carve(c, B, T, std::min(tile, T), nullptr, nullptr).used;
+}
+
+std::size_t tiled_sequence_floats(const ModelConfig& c, std::int64_t B, std::int64_t T) {
+  Carver cv(nullptr);
+  carve_whole(c, B, T, cv);
+  return cv.used();
 }
 
 void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, std::int64_t tile, float* scratch, const MoeBalance* balance) {
+                   std::int64_t T, std::int64_t tile, float* scratch, float* sequence, const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
-  const Carved cv = carve(c, B, T, std::min(tile, T), scratch);
+  const Carved cv = carve(c, B, T, std::min(tile, T), scratch, sequence);
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, c.head_dim, cv.w.cos_t, cv.w.sin_t);
   for (std::int64_t b = 0; b < B; ++b)
     for_tiles(T, tile, b, false, [&](const Tile& t, bool) {
@@ -176,13 +195,13 @@ void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
 }
 
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
-                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch,
+                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, float* sequence,
                     const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
-  const Carved cv = carve(c, B, T, std::min(tile, T), scratch);
+  const Carved cv = carve(c, B, T, std::min(tile, T), scratch, sequence);
   const Whole& wh = cv.w;
   const TileBufs& tb = cv.t;
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, hd, wh.cos_t, wh.sin_t);

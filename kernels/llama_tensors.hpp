@@ -42,12 +42,14 @@ inline OperandRoom operand_room(const ModelConfig& c, std::int64_t B, std::int64
   return {widest, widest, std::max(c.hidden_size, c.head_dim)};
 }
 
-// The tiled form (llama_layer_tiled.cpp).
+// The tiled form (llama_layer_tiled.cpp). sequence: where the sequence-sized buffers go (null: at the
+// start of scratch, tiled_scratch_floats in all; else tiled_sequence_floats there, the rest in scratch).
 std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile);
+std::size_t tiled_sequence_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
 void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, std::int64_t tile, float* scratch, const MoeBalance* balance);
+                   std::int64_t T, std::int64_t tile, float* scratch, float* sequence, const MoeBalance* balance);
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
-                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch,
+                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, float* sequence,
                     const MoeBalance* balance);
 
 }  // namespace mt::detail::llama

@@ -109,8 +109,16 @@ std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::in
 // the keys, values and their gradients of the whole micro-batch (4 x batch x seq x kv_dim, Qwen3's k norm
 // adds its input and statistics), the RoPE tables (seq x head_dim) and one tile's activations; keep
 // mode always runs whole sequences (its saved buffer is whole-sequence anyway).
+// SequenceBuffers::apart leaves the sequence-sized part out (layer_sequence_floats): the caller keeps
+// it elsewhere (the engine, in host RAM when nothing else fits the device budget) and passes it to the
+// layer calls of stages.hpp.
+enum class SequenceBuffers { in_workspace, apart };
 std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode,
-                                   Precision precision = Precision::fp32, std::int64_t seq_tile = 0);
+                                   Precision precision = Precision::fp32, std::int64_t seq_tile = 0,
+                                   SequenceBuffers sequence = SequenceBuffers::in_workspace);
+// The sequence-sized part of a tiled layer's workspace: keys, values and their gradients, Qwen3's k-norm
+// input and statistics, the RoPE tables. 0 when the layer does not run tiled (seq_tile 0 or >= seq).
+std::size_t layer_sequence_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile);
 // Whether a recomputing layer of this shape runs in sequence tiles (throws for a family without them).
 bool layer_runs_tiled(const ModelConfig& c, std::int64_t seq, std::int64_t seq_tile);
 // Whether the model's layer family has a sequence-tiled form (GPT-2 has none: its positions bound it).

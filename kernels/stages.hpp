@@ -17,12 +17,15 @@ void embedding_backward(Ops& ops, const ModelConfig& c, const token_t* tokens, s
 
 // seq_tile as ComputeCtx::seq_tile (0: whole sequences).
 // balance: the load-balancing loss's statistics out of the forward and gradient into the backward.
+// sequence: in sequence tiles, where the sequence-sized buffers are (layer_sequence_floats, e.g. in host
+// RAM); the workspace is then sized with SequenceBuffers::apart. Null: in the workspace. Ignored when the
+// layer does not run tiled. Where they are never changes the results.
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
                    std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile = 0,
-                   const MoeBalance* balance = nullptr);
+                   const MoeBalance* balance = nullptr, float* sequence = nullptr);
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
                     const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    std::int64_t seq_tile = 0, const MoeBalance* balance = nullptr);
+                    std::int64_t seq_tile = 0, const MoeBalance* balance = nullptr, float* sequence = nullptr);
 
 // head_chunk as ComputeCtx::head_chunk (0: head_chunk_tokens()), seq_tile as ComputeCtx::seq_tile.
 LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,

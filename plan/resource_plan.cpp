@@ -59,7 +59,10 @@ void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const Mode
                          gib(static_cast<double>(a.grad_slot_bytes)) + " (fp32, staged for the device-to-host copy)",
                      taken[ArenaRegionKind::grad_slot]});
   std::string ws;
-  if (e.seq_tile > 0)
+  if (e.seq_tile > 0 && e.sequence_mapped)
+    ws = "workspace: one layer in sequence tiles of " + std::to_string(e.seq_tile) +
+         " tokens: one tile's activations (keys, values and their gradients are mapped in host RAM)";
+  else if (e.seq_tile > 0)
     ws = "workspace: one layer in sequence tiles of " + std::to_string(e.seq_tile) +
          " tokens: keys, values and their gradients of the whole micro-batch (4 x " + std::to_string(e.batch) + " x " +
          std::to_string(e.seq) + " x kv_dim " + std::to_string(model.kv_dim()) + " fp32 = " + gib(seq_part) +
@@ -136,13 +139,23 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     p.device_bytes = static_cast<double>(e.arena.total_bytes);
     add_device_regions(p, e, model);
     if (e.host_boundary_bytes > 0) {
+      // Each device has its own (the engine allocates them per device).
+      const double devices = static_cast<double>(e.devices);
+      const std::string each = e.devices > 1 ? ", each of " + std::to_string(e.devices) + " devices" : "";
+      const double sequence = static_cast<double>(align_floats(e.sequence_floats) * sizeof(float));
       p.bytes.push_back({"host RAM",
-                         e.boundaries_mapped
-                             ? "layer boundaries and the backward's two dx buffers, used in place by the device "
-                               "(keep_intermediates=boundary_mapped)"
-                             : "layer boundaries (keep_intermediates=boundary_host)",
-                         static_cast<double>(e.host_boundary_bytes)});
-      host += static_cast<double>(e.host_boundary_bytes);
+                         (e.boundaries_mapped ? "layer boundaries and the backward's two dx buffers, used in place by "
+                                                "the device (keep_intermediates=boundary_mapped"
+                                              : "layer boundaries (keep_intermediates=boundary_host") +
+                             each + ")",
+                         devices * (static_cast<double>(e.host_boundary_bytes) - sequence)});
+      if (e.sequence_mapped)
+        p.bytes.push_back({"host RAM",
+                           "attention's keys, values and their gradients over the whole micro-batch, and the RoPE "
+                           "tables, used in place by the device (device.attention_kv" +
+                               each + ")",
+                           devices * sequence});
+      host += devices * static_cast<double>(e.host_boundary_bytes);
     }
     if (actors::sums_into_stage_accumulators(e)) {
       // Several micro-batches (or ranks) are summed into two stage accumulators
@@ -233,7 +246,9 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                                            " tokens of one sequence through each layer and the "
                                            "head (device.seq_tile" +
                                            (cfg.device.seq_tile > 0 ? "" : "=auto: the whole sequence does not fit") +
-                                           "); only attention's keys and values and their gradients are sequence-sized"
+                                           "); only attention's keys and values and their gradients are "
+                                           "sequence-sized" +
+                                           (e.sequence_mapped ? ", in host RAM" : ", on the device")
                                      : "sequence: whole sequences of " + std::to_string(e.seq) +
                                            " tokens through each layer (device.seq_tile" +
                                            (cfg.device.seq_tile > 0 ? "" : "=auto: they fit the budget") + ")");
@@ -279,6 +294,12 @@ std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, cons
   const std::vector<KeepIntermediates> modes{KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped};
   for (KeepIntermediates k : modes) {
     c.device.keep_intermediates = keep_intermediates_name(k);
+    // Mapped boundaries in tiles: attention's keys and values mapped too (the least device memory).
+    // As auto maps them, on a device sharing host memory only (across a link every tile would read them
+    // there), or where the config asks for it.
+    const bool may_map = cfg.device_shares_host_memory() || cfg.device.attention_kv == "host";
+    c.device.attention_kv =
+        k == KeepIntermediates::boundary_mapped && c.device.seq_tile > 0 && may_map ? "host" : "device";
     try {
       actors::EnginePlan e = actors::plan_engine(c, model);
       if (!best || e.arena.total_bytes < best->arena.total_bytes) best = std::move(e);
@@ -334,12 +355,15 @@ ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, co
         const std::string settings =
             "device.seq_tile=" + std::to_string(least->seq_tile) +
             " device.keep_intermediates=" + (least->boundaries_mapped ? "boundary_mapped" : "boundary_host") +
+            (least->sequence_mapped ? " device.attention_kv=host" : "") +
             " device.weight_slots=2 device.grad_slots=1: workspace " +
             gib(static_cast<double>(least->workspace_floats) * 4.0);
         if (p.least_device_bytes <= budget) {
           // The budget holds the least plan: what the config fixed beyond it is the key to change.
           if (cfg.device.seq_tile > 0 && cfg.device.seq_tile != least->seq_tile)
             m.key = "device.seq_tile";
+          else if (least->sequence_mapped && cfg.device.attention_kv == "device")
+            m.key = "device.attention_kv";
           else if (cfg.device.weight_slots > 2)
             m.key = "device.weight_slots";
           else if (cfg.device.grad_slots > 1)
@@ -408,6 +432,19 @@ ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, co
       c2.train.optimizer_compression = "int8";
       try_change("train.optimizer_compression", "train.optimizer_compression=int8 (moments ~2 bytes/parameter, lossy)",
                  c2, x);
+    }
+    if (p.engine && p.engine->host_boundary_bytes > 0) {
+      // The activations in host RAM grow linearly in the sequence: the longest that fits beside the rest.
+      const double acts = static_cast<double>(p.engine->devices) * static_cast<double>(p.engine->host_boundary_bytes);
+      const double rest = p.host_peak_rss_bytes - acts;
+      if (rest < host_limit) {
+        const auto longest =
+            static_cast<long long>(static_cast<double>(cfg.data.seq_length) * (host_limit - rest) / acts);
+        options.emplace_back("data.seq_length", "data.seq_length of about " + std::to_string(longest) +
+                                                    " tokens or fewer fits (the activations in host RAM, " + gib(acts) +
+                                                    ", grow linearly in it)");
+        if (m.key.empty()) m.key = "data.seq_length";
+      }
     }
     if (m.key.empty()) m.key = "plan.host_ram_gb";
     why << "; fix: " << m.key;

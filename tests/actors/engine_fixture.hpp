@@ -33,6 +33,7 @@ struct Tiny {
   std::string gradient_buffer = "auto";  // train.gradient_buffer (auto: stage without clipping at M = 1)
   std::size_t budget_bytes = 0;          // device budget (device.max_vram_gb); 0 = device_memory_mb 64
   std::int64_t seq_tile = 0;             // device.seq_tile; 0 = auto
+  std::string attention_kv = "auto";     // device.attention_kv
   std::int64_t max_positions = 64;
   std::int64_t decoder_sparse_step = 1;  // qwen3_moe: every step-th layer has experts
   std::string mlp_only_layers;           // qwen3_moe: dense layers ("0,2")
@@ -76,6 +77,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.device.grad_slots = 2;
   c.device.keep_intermediates = t.keep;
   c.device.seq_tile = t.seq_tile;
+  c.device.attention_kv = t.attention_kv;
   c.device.schedule = t.schedule;
   c.device.copy_bandwidth_gbps = t.bandwidth_gbps;
   c.monitor.enabled = false;  // engine-level tests: no endpoint (tests/actors/monitor/ test it)

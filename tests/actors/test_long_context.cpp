@@ -2,7 +2,8 @@
 // (device.keep_intermediates=boundary_mapped). The pipelined engine equals the reference trainer bit for
 // bit with the same tiles, with boundaries on the device, on the host and mapped, in fp32 and bf16; a
 // sequence whose whole-sequence layer does not fit the budget trains in the tiles auto picks; one that
-// does not fit even in tiles is refused before start, naming the key.
+// does not fit even in tiles is refused before start, naming the key; keys and values the budget holds at
+// no tile are mapped in host RAM beside the boundaries, with the same bits.
 #include <catch2/catch.hpp>
 
 #include "tests/actors/engine_fixture.hpp"
@@ -78,6 +79,99 @@ TEST_CASE("a sequence too long for the budget untiled trains in the tiles auto p
   CHECK(plan_engine(tiny_config(t), model).seq_tile == 0);
 }
 
+TEST_CASE("keys and values the budget holds at no tile are mapped in host RAM, with the same bits",
+          "[actors][long_context][memory]") {
+  Tiny t;
+  t.batch = 1;
+  t.seq = 512;
+  t.max_positions = 512;
+  t.steps = 3;
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const std::size_t sequence_bytes = layer_sequence_floats(model, t.batch, t.seq, 128) * sizeof(float);
+  REQUIRE(sequence_bytes > 0);
+  for (bool bf16 : {false, true}) {
+    INFO((bf16 ? "bf16" : "fp32"));
+    t.bf16 = bf16;
+    t.keep = "boundary_mapped";
+    t.seq_tile = 128;  // the smallest tile auto tries
+    t.budget_bytes = 0;
+    const EnginePlan in_arena = plan_engine(tiny_config(t), model);
+    REQUIRE_FALSE(in_arena.sequence_mapped);
+    t.keep = "auto";
+    t.seq_tile = 0;
+    t.budget_bytes = in_arena.arena.total_bytes - sequence_bytes / 2;  // no tile holds them
+    const EnginePlan plan = plan_engine(tiny_config(t), model);
+    CHECK(plan.boundaries_mapped);
+    CHECK(plan.sequence_mapped);
+    CHECK(plan.seq_tile > 0);
+    CHECK(plan.arena.total_bytes <= t.budget_bytes);
+    CHECK(plan.sequence_floats == layer_sequence_floats(model, t.batch, t.seq, plan.seq_tile));
+    CHECK(plan.host_boundary_bytes >= plan.sequence_floats * sizeof(float));
+    bool noted = false;
+    for (const auto& n : plan.notes) noted = noted || n.find("mapped in host RAM too") != std::string::npos;
+    CHECK(noted);
+    check_equivalence(t, plan.seq_tile);
+    // Not while anything else fits: with the budget of keys and values in the arena they stay there.
+    t.budget_bytes = in_arena.arena.total_bytes + 4096;
+    CHECK_FALSE(plan_engine(tiny_config(t), model).sequence_mapped);
+    // Nor with the boundaries kept elsewhere by name: that run is refused, naming the budget.
+    t.budget_bytes = in_arena.arena.total_bytes - sequence_bytes / 2;
+    t.keep = "boundary_host";
+    CHECK_THROWS_WITH(plan_engine(tiny_config(t), model), Catch::Contains("device.max_vram_gb"));
+  }
+}
+
+TEST_CASE("device.attention_kv: host maps keys and values by name, device never, and a link only by name",
+          "[actors][long_context][memory]") {
+  Tiny t;
+  t.seq = 48;
+  t.seq_tile = 20;
+  t.steps = 4;
+  t.keep = "auto";
+  t.attention_kv = "host";
+  const ModelConfig model = tiny_config(t).model_config_from_keys();
+  const EnginePlan host = plan_engine(tiny_config(t), model);
+  CHECK(host.sequence_mapped);
+  CHECK(host.boundaries_mapped);  // keep_intermediates=auto gives way to the mapping it needs
+  CHECK(host.sequence_floats == layer_sequence_floats(model, t.batch, t.seq, 20));
+  t.attention_kv = "device";
+  const EnginePlan device = plan_engine(tiny_config(t), model);
+  CHECK_FALSE(device.sequence_mapped);
+  CHECK(device.arena.total_bytes > host.arena.total_bytes);
+  // Across a link (a GPU reading mapped pinned memory): only by name, and the same bits.
+  t.attention_kv = "host";
+  t.bandwidth_gbps = 16.0;
+  REQUIRE(plan_engine(tiny_config(t), model).sequence_mapped);
+  check_equivalence(t, 20);
+  // Auto across a link never maps them: with a budget no tile fits otherwise, the run is refused.
+  t.keep = "boundary_mapped";
+  t.attention_kv = "device";
+  const EnginePlan linked = plan_engine(tiny_config(t), model);
+  t.attention_kv = "auto";
+  t.budget_bytes = linked.arena.total_bytes - layer_sequence_floats(model, t.batch, t.seq, 20) * sizeof(float) / 2;
+  CHECK_THROWS_WITH(plan_engine(tiny_config(t), model), Catch::Contains("device.max_vram_gb"));
+  t.attention_kv = "host";
+  CHECK(plan_engine(tiny_config(t), model).sequence_mapped);
+  t.budget_bytes = 64 * 1024;  // not even the slots: refused, saying what was tried
+  CHECK_THROWS_WITH(plan_engine(tiny_config(t), model),
+                    Catch::Contains("device.max_vram_gb") && Catch::Contains("(device.attention_kv=host)"));
+  // What host cannot do is refused by name.
+  t.budget_bytes = 0;
+  t.bandwidth_gbps = 0.0;
+  t.keep = "boundary_host";
+  CHECK_THROWS_WITH(plan_engine(tiny_config(t), model),
+                    Catch::Contains("device.attention_kv") && Catch::Contains("boundary_mapped or auto"));
+  t.keep = "auto";
+  t.seq_tile = 48;  // whole sequences: nothing to map
+  CHECK_THROWS_WITH(plan_engine(tiny_config(t), model),
+                    Catch::Contains("device.attention_kv") && Catch::Contains("needs sequence tiles"));
+  t.seq_tile = 0;
+  t.seq = 96;  // auto tiles go down to 128 tokens: none below 96
+  t.max_positions = 96;
+  CHECK_THROWS_WITH(plan_engine(tiny_config(t), tiny_config(t).model_config_from_keys()),
+                    Catch::Contains("needs sequence tiles"));
+}
+
 TEST_CASE("a sequence that does not fit even in tiles is refused before start, naming the key",
           "[actors][long_context][errors]") {
   Tiny t;
@@ -113,6 +207,16 @@ TEST_CASE("boundaries mapped: nothing of them in the arena, with or without a li
   t.bandwidth_gbps = 0.0;
   t.keep = "auto";
   CHECK_FALSE(plan_engine(tiny_config(t), model).boundaries_mapped);
+}
+
+TEST_CASE("keep_intermediates=all in sequence tiles is refused by name", "[actors][long_context][errors]") {
+  Tiny t;
+  t.seq = 32;
+  t.seq_tile = 8;
+  t.keep = "all";  // whole-sequence intermediates
+  const TrainConfig cfg = tiny_config(t);
+  CHECK_THROWS_WITH(plan_engine(cfg, cfg.model_config_from_keys()),
+                    Catch::Contains("device.keep_intermediates") && Catch::Contains("device.seq_tile=8"));
 }
 
 TEST_CASE("device.seq_tile on GPT-2 is refused by name", "[actors][long_context][errors]") {

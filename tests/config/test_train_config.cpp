@@ -118,6 +118,8 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"device.grad_slots: must be >= 0", [](TrainConfig& c) { c.device.grad_slots = -1; }},
       {"device.keep_intermediates: 'some' is not one of: auto, boundary, boundary_host, boundary_mapped, all",
        [](TrainConfig& c) { c.device.keep_intermediates = "some"; }},
+      {"device.attention_kv: 'disk' is not one of: auto, device, host",
+       [](TrainConfig& c) { c.device.attention_kv = "disk"; }},
       {"device.copy_bandwidth_gbps: must be a finite number >= 0",
        [](TrainConfig& c) { c.device.copy_bandwidth_gbps = -1; }},
       {"device.prefetch_depth: must be <= 1, got 2",

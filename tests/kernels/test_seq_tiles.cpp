@@ -1,16 +1,20 @@
 // Sequence tiles (long context, ComputeCtx::seq_tile): the tiled layer against the fp64 references
 // (themselves checked against finite differences in test_layers.cpp, which also checks the tiled head)
 // and against the untiled fast path, in fp32 and bf16; tile sizes that do not divide the sequence, one tile short of
-// it, and tiles of one token; thread-count independence; and what the workspace sizes promise.
+// it, and tiles of one token; thread-count independence; the sequence-sized buffers kept apart from the
+// workspace (as the engine maps them in host RAM) giving the same bits; and what the workspace sizes promise.
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/reference_layers.hpp"
 #include "kernels/stage_api.hpp"
+#include "kernels/stages.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 #include "tests/kernels/model_configs.hpp"
 
@@ -188,6 +192,39 @@ TEST_CASE("tiled MoE layers give the load-balancing statistics and gradient of t
   }
 }
 
+TEST_CASE("tiled layers with the sequence-sized buffers apart give the same bits", "[layers][tiles]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const ModelConfig& c : tiled_families()) {
+    INFO(arch_name(c.arch) << (c.qk_norm ? " qk_norm" : ""));
+    const std::int64_t B = 2, S = 45, N = B * S, d = c.hidden_size, tile = 16;
+    const ParamLayout l = layer_layout(c, 0);
+    const auto pd = mt::test::random_stage_params(l, 41);
+    const auto x = mt::test::randn<float>(N * d, 42), dy = mt::test::randn<float>(N * d, 43);
+    const vector<float> p(pd.begin(), pd.end());
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      INFO((prec == Precision::bf16 ? "bf16" : "fp32"));
+      const LayerRun in_workspace = run_layer(c, p, x, dy, B, S, tile, prec, 2);
+      vector<bf16_t> p16(p.size());
+      cpu::to_bf16(p.data(), p16.data(), p.size(), 1);
+      const void* w = prec == Precision::bf16 ? static_cast<const void*>(p16.data()) : p.data();
+      // Both regions start as NaN: the layer must write every float it reads.
+      vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, tile, SequenceBuffers::apart),
+                       nan);
+      vector<float> sequence(layer_sequence_floats(c, B, S, tile), nan);
+      REQUIRE(ws.size() + sequence.size() ==
+              layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, tile, SequenceBuffers::in_workspace));
+      cpu::CpuOps ops(prec, 2);
+      LayerRun apart{vector<float>(N * d), vector<float>(N * d), vector<float>(p.size(), 0.0f)};
+      layer_forward(ops, c, w, x.data(), apart.y.data(), B, S, nullptr, ws.data(), tile, nullptr, sequence.data());
+      layer_backward(ops, c, w, x.data(), nullptr, dy.data(), apart.dx.data(), apart.g.data(), B, S, ws.data(), tile,
+                     nullptr, sequence.data());
+      CHECK(same_bits(apart.y, in_workspace.y));
+      CHECK(same_bits(apart.dx, in_workspace.dx));
+      CHECK(same_bits(apart.g, in_workspace.g));
+    }
+  }
+}
+
 TEST_CASE("tiled workspace: sequence-sized only in keys and values", "[layers][tiles]") {
   ModelConfig c = mt::test::tiny_llama();
   c.max_position_embeddings = 1 << 20;
@@ -203,6 +240,19 @@ TEST_CASE("tiled workspace: sequence-sized only in keys and values", "[layers][t
   const std::size_t tiled2 = layer_workspace_floats(c, 1, 2 * T, ActivationMode::recompute, Precision::fp32, tile);
   CHECK(tiled2 - tiled >= per_token * T);
   CHECK(tiled2 - tiled < per_token * T + 1024);
+  // Kept apart, the sequence-sized part is exactly that, and what stays in the workspace is one tile's.
+  const std::size_t sequence = layer_sequence_floats(c, 1, T, tile);
+  CHECK(sequence >= per_token * T);
+  CHECK(sequence < per_token * T + 1024);
+  const auto apart = [&](std::int64_t t) {
+    return layer_workspace_floats(c, 1, t, ActivationMode::recompute, Precision::fp32, tile, SequenceBuffers::apart);
+  };
+  CHECK(apart(T) + sequence == tiled);
+  CHECK(apart(2 * T) == apart(T));
+  CHECK(layer_sequence_floats(c, 1, T, 0) == 0);  // whole sequences: nothing apart
+  CHECK(layer_sequence_floats(c, 1, T, T) == 0);
+  CHECK(layer_workspace_floats(c, 1, T, ActivationMode::recompute, Precision::fp32, 0, SequenceBuffers::apart) ==
+        whole);
   // Keep mode runs whole sequences: its workspace ignores the tile.
   CHECK(layer_workspace_floats(c, 1, T, ActivationMode::keep, Precision::fp32, tile) ==
         layer_workspace_floats(c, 1, T, ActivationMode::keep));

@@ -1,7 +1,8 @@
 // The planner at long context: the published point (a Llama-2-7B shape at 512k tokens on a GH200, bf16)
 // fits in sequence tiles, the device rows explain the arena, a length that cannot fit even in tiles is
-// refused naming a key, and the step model's time grows quadratically in the sequence once attention
-// dominates. Datasheet profiles (config/hardware.ini, built in); nothing runs.
+// refused naming a key (the device's, or with keys and values mapped in host RAM the sequence length),
+// and the step model's time grows quadratically in the sequence once attention dominates. Datasheet
+// profiles (config/hardware.ini, built in); nothing runs.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -147,19 +148,46 @@ TEST_CASE("across a link the plan fits exactly when its least plan fits, and nam
 
 TEST_CASE("a length that cannot fit even in the smallest tiles is refused naming the key", "[plan]") {
   // 2M tokens: the sequence's keys, values and their gradients alone (4 x T x 4096 fp32 = 128 GiB) are
-  // more than a GH200's memory, whatever holds the boundaries.
-  TrainConfig cfg = llama7b(2097152);
+  // more than a GH200's memory. Across a link they stay on the device, whatever holds the boundaries.
   const plan::HardwareProfile hw = profile("gh200");
+  {
+    TrainConfig cfg = llama7b(2097152);
+    const plan::ResourcePlan p = plan_on(cfg, hw, false);
+    INFO(plan::describe_resources(p));
+    CHECK_FALSE(p.fits());
+    CHECK_FALSE(p.engine);
+    const plan::Misfit* m = misfit_of(p, "device");
+    REQUIRE(m != nullptr);
+    CHECK(m->key == "device.max_vram_gb");
+    CHECK(m->need > hw.device_memory_bytes);
+    CHECK(m->message.find("data.seq_length") != std::string::npos);
+    CHECK(m->message.find("device.seq_tile=" + std::to_string(actors::kMinAutoSeqTile)) != std::string::npos);
+  }
+  // On a device sharing host memory they are mapped in host RAM with the boundaries (device.attention_kv=
+  // auto): the device fits, and host RAM (1 TiB of boundaries against 480 GB) is refused naming the
+  // sequence length, with a length that fits.
+  TrainConfig cfg = llama7b(2097152);
   const plan::ResourcePlan p = plan_on(cfg, hw, true);
-  INFO(plan::describe_resources(p));
+  const std::string text = plan::describe_resources(p);
+  INFO(text);
   CHECK_FALSE(p.fits());
-  CHECK_FALSE(p.engine);
-  const plan::Misfit* m = misfit_of(p, "device");
+  REQUIRE(p.engine);
+  CHECK(p.engine->sequence_mapped);
+  CHECK(misfit_of(p, "device") == nullptr);
+  CHECK(text.find("attention's keys, values and their gradients") != std::string::npos);
+  const plan::Misfit* m = misfit_of(p, "host RAM");
   REQUIRE(m != nullptr);
-  CHECK(m->key == "device.max_vram_gb");
-  CHECK(m->need > hw.device_memory_bytes);
-  CHECK(m->message.find("data.seq_length") != std::string::npos);
-  CHECK(m->message.find("device.seq_tile=" + std::to_string(actors::kMinAutoSeqTile)) != std::string::npos);
+  CHECK(m->key == "data.seq_length");
+  const std::string about = "data.seq_length of about ";
+  const std::size_t at = m->message.find(about);
+  REQUIRE(at != std::string::npos);
+  const std::int64_t longest = std::stoll(m->message.substr(at + about.size()));
+  CHECK(longest > 262144);
+  CHECK(longest < 2097152);
+  TrainConfig shorter = llama7b(longest / 1024 * 1024);
+  const plan::ResourcePlan q = plan_on(shorter, hw, true);
+  INFO(plan::describe_resources(q));
+  CHECK(q.fits());
 }
 
 TEST_CASE("attention FLOPs count the causal pairs, and tiles change no FLOPs", "[plan]") {

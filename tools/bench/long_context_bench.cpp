@@ -65,7 +65,7 @@ struct RunResult {
   double step_s = 0, tokens_per_s = 0, loss = 0;
   double arena_bytes = 0, arena_peak = 0, budget = 0, rss_bytes = 0, host_boundary_bytes = 0;
   long long seq_tile = 0;
-  char keep[24] = {};
+  char keep[48] = {};
   long long params = 0;
 };
 
@@ -116,6 +116,7 @@ RunResult run_here(const ModelShape& m, std::int64_t T, std::int64_t budget_mb, 
   out.host_boundary_bytes = static_cast<double>(plan.host_boundary_bytes);
   out.seq_tile = plan.seq_tile;
   const char* keep = plan.mode == ActivationMode::keep ? "all"
+                     : plan.sequence_mapped            ? "boundary_mapped + attention_kv host"
                      : plan.boundaries_mapped          ? "boundary_mapped"
                      : plan.boundaries_on_host         ? "boundary_host"
                                                        : "boundary";
@@ -244,7 +245,7 @@ int main(int argc, char** argv) {
       }
       std::printf(
           "  %-5s T=%-7lld %.1fM params: %s, seq_tile %lld | step %.1f s, %.0f tokens/s | arena %.0f MiB "
-          "(peak %.0f of %.0f) | host boundaries %.0f MiB | peak RSS %.0f MiB | loss %.4f\n",
+          "(peak %.0f of %.0f) | host activations %.0f MiB | peak RSS %.0f MiB | loss %.4f\n",
           m->name, static_cast<long long>(T), static_cast<double>(r->params) / 1e6, r->keep, r->seq_tile, r->step_s,
           r->tokens_per_s, r->arena_bytes / 1048576.0, r->arena_peak / 1048576.0, r->budget / 1048576.0,
           r->host_boundary_bytes / 1048576.0, r->rss_bytes / 1048576.0, r->loss);
