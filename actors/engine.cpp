@@ -299,9 +299,12 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
                                 (kv_host || (cfg.device.attention_kv == "auto" && cfg.device_shares_host_memory()));
   std::optional<EnginePlan> chosen;
   std::optional<ArenaBudgetError> last_error;
-  for (bool map_sequence : {false, true}) {
-    if (!map_sequence && kv_host) continue;
-    if (map_sequence && (chosen || !may_map_sequence)) break;
+  // The passes: keys and values on the device, then (when allowed) mapped; host: mapped only.
+  std::vector<bool> passes;
+  if (!kv_host) passes.push_back(false);
+  if (may_map_sequence) passes.push_back(true);
+  for (bool map_sequence : passes) {
+    if (chosen) break;
     for (std::int64_t tile : tiles) {
       for (KeepIntermediates k : modes) {
         if (tile > 0 && k == KeepIntermediates::all) continue;  // keep mode is whole-sequence
