@@ -1,6 +1,7 @@
 // The engine entry points: planning (every check before anything starts), initialisation, and the run
 // itself (allocate the arena and the copy engine, build the shared context, spawn the node, wait).
 #include "actors/engine.hpp"
+#include "actors/stage_accumulators.hpp"
 #include "actors/tier_bytes.hpp"
 #include "actors/tier_failure.hpp"
 
@@ -34,9 +35,11 @@ namespace {
 // Sizes the activations for keep mode `keep` (not automatic): sets p's mode, boundary placement and
 // activation sizes, and returns the arena request for p.
 ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, KeepIntermediates keep) {
-  p.mode = keep == KeepIntermediates::all ? ActivationMode::keep : ActivationMode::recompute;
+  const bool mapped = keep == KeepIntermediates::boundary_mapped || keep == KeepIntermediates::all_mapped;
+  p.mode = keep == KeepIntermediates::all || keep == KeepIntermediates::all_mapped ? ActivationMode::keep
+                                                                                   : ActivationMode::recompute;
   p.boundaries_on_host = keep == KeepIntermediates::boundary_host;
-  p.boundaries_mapped = keep == KeepIntermediates::boundary_mapped;
+  p.boundaries_mapped = mapped;
   const std::int64_t L = model.num_hidden_layers;
   const std::size_t boundary = align_floats(p.hidden_floats);
   const bool layer_major = p.order == MicroBatchOrder::layer_major;
@@ -70,8 +73,12 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   const std::int64_t saved_layers = p.mode == ActivationMode::keep ? L : p.kept_layers;
   if (saved_layers > 0) {
     p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
-    act += static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(saved_layers) *
-           align_floats(p.saved_floats);
+    const std::size_t saved = static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(saved_layers) *
+                              align_floats(p.saved_floats);
+    if (p.boundaries_mapped)  // all_mapped: after the boundaries and dx in host RAM (carve_activations)
+      p.host_boundary_bytes += saved * sizeof(float);
+    else
+      act += saved;
   }
   const Precision prec = cfg.precision();
   p.sequence_mapped = p.sequence_mapped && p.boundaries_mapped && p.seq_tile > 0;
@@ -104,10 +111,7 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
 void grow_into_budget(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model, bool grad, bool weight,
                       bool layers) {
   constexpr int kAutoSlots = 4;
-  const KeepIntermediates keep = p.mode == ActivationMode::keep ? KeepIntermediates::all
-                                 : p.boundaries_mapped          ? KeepIntermediates::boundary_mapped
-                                 : p.boundaries_on_host         ? KeepIntermediates::boundary_host
-                                                                : KeepIntermediates::boundary;
+  const KeepIntermediates keep = planned_keep(p);
   auto fits = [&](EnginePlan& trial) {
     const ArenaRequest req = size_activations(trial, cfg, model, keep);
     if (arena_bytes_needed(model, req) > req.budget_bytes) return false;
@@ -164,6 +168,14 @@ std::vector<std::int64_t> seq_tile_candidates(const TrainConfig& cfg, const Mode
 }
 
 }  // namespace
+
+KeepIntermediates planned_keep(const EnginePlan& p) {
+  if (p.mode == ActivationMode::keep)
+    return p.boundaries_mapped ? KeepIntermediates::all_mapped : KeepIntermediates::all;
+  return p.boundaries_mapped    ? KeepIntermediates::boundary_mapped
+         : p.boundaries_on_host ? KeepIntermediates::boundary_host
+                                : KeepIntermediates::boundary;
+}
 
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   BackendOptions o;
@@ -269,18 +281,36 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     throw ConfigError("device.seq_tile",
                       "GPT-2 layers run whole sequences (their learned positions bound the "
                       "context); use auto or a value >= data.seq_length");
-  // The modes to try, fastest first: every intermediate kept (no recomputation), the boundaries on the
-  // device, offloaded to the host (device memory flat in depth); each with whole sequences, then (auto)
-  // sequence tiles from the largest.
+  // The modes to try, fastest first: every intermediate kept (no recomputation) on the device, or where
+  // the device's memory is the host's, in host RAM; the boundaries on the device, offloaded to the host
+  // (device memory flat in depth); each with whole sequences, then (auto) sequence tiles from the largest.
   // boundary_mapped last under auto: the arena no longer bounds activations then, only host RAM does
   // (and on a GPU the kernels read them across the link).
   std::vector<KeepIntermediates> modes;
   if (keep == KeepIntermediates::automatic) {
-    modes = {KeepIntermediates::all, KeepIntermediates::boundary, KeepIntermediates::boundary_host,
-             KeepIntermediates::boundary_mapped};
+    modes = {KeepIntermediates::all};
+    if (cfg.device_shares_host_memory()) modes.push_back(KeepIntermediates::all_mapped);
+    for (KeepIntermediates k :
+         {KeepIntermediates::boundary, KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped})
+      modes.push_back(k);
   } else {
     modes = {keep};
   }
+  // all_mapped under auto spends host RAM to save the recomputation: only while what the run holds in
+  // host RAM (the tiles, staging, encodings, stage accumulators, and per device the arena, host memory
+  // here, and the mapped block) stays within half the host RAM (TrainConfig::host_ram_bytes), the other
+  // half left to what the fit check does not count (the data, checkpoint snapshots, the page cache). A
+  // run it would crowd recomputes as before.
+  const double host_ram = cfg.host_ram_bytes();
+  auto crowds_host_ram = [&](const EnginePlan& trial, const ArenaRequest& req) {
+    const TierBytes tb = tier_bytes(cfg, model);
+    double need = static_cast<double>(tb.tiles + tb.staging + tb.ram_encodings) +
+                  static_cast<double>(trial.devices) *
+                      static_cast<double>(arena_bytes_needed(model, req) + trial.host_boundary_bytes);
+    if (sums_into_stage_accumulators(trial))
+      need += StageAccumulators::kCount * static_cast<double>(stage_accumulator_floats(cfg, model) * sizeof(float));
+    return host_ram <= 0 || need > 0.5 * host_ram;
+  };
   const std::vector<std::int64_t> tiles = seq_tile_candidates(cfg, model, p.seq);
   // Last, when nothing above fits (device.attention_kv=auto, on a device sharing host memory: across a
   // link every tile would read them there), or only (host): boundaries mapped with the tiled layers' keys
@@ -307,12 +337,15 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     if (chosen) break;
     for (std::int64_t tile : tiles) {
       for (KeepIntermediates k : modes) {
-        if (tile > 0 && k == KeepIntermediates::all) continue;  // keep mode is whole-sequence
+        const bool keeps_all = k == KeepIntermediates::all || k == KeepIntermediates::all_mapped;
+        if (tile > 0 && keeps_all) continue;  // keep mode is whole-sequence
         if (map_sequence && (tile == 0 || k != KeepIntermediates::boundary_mapped)) continue;
         EnginePlan trial = p;
         trial.seq_tile = tile;
         trial.sequence_mapped = map_sequence;
         const ArenaRequest req = size_activations(trial, cfg, model, k);
+        if (k == KeepIntermediates::all_mapped && keep == KeepIntermediates::automatic && crowds_host_ram(trial, req))
+          continue;
         try {
           trial.arena = plan_arena(model, req);
         } catch (const ArenaBudgetError& e) {
@@ -322,6 +355,10 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
         if (keep == KeepIntermediates::automatic)
           trial.notes.push_back(std::string("device.keep_intermediates=auto chose ") + keep_intermediates_name(k) +
                                 (k == KeepIntermediates::all ? " (every intermediate fits the budget)"
+                                 : k == KeepIntermediates::all_mapped
+                                     ? " (the device shares host memory: every intermediate is kept there, " +
+                                           format_bytes(trial.host_boundary_bytes) +
+                                           " with the boundaries, and nothing is recomputed)"
                                  : kv_host ? " (device.attention_kv=host maps keys and values beside the boundaries)"
                                            : " (keeping more does not fit the budget)"));
         if (map_sequence)
@@ -337,10 +374,10 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     }
   }
   if (!chosen && !last_error)  // no trial at all: keep mode runs whole sequences only
-    throw ConfigError("device.keep_intermediates",
-                      "all keeps whole-sequence intermediates: it cannot run in "
-                      "sequence tiles (device.seq_tile=" +
-                          std::to_string(cfg.device.seq_tile) + " below data.seq_length)");
+    throw ConfigError("device.keep_intermediates", cfg.device.keep_intermediates +
+                                                       " keeps whole-sequence intermediates: it cannot run in "
+                                                       "sequence tiles (device.seq_tile=" +
+                                                       std::to_string(cfg.device.seq_tile) + " below data.seq_length)");
   if (!chosen && kv_host)
     throw ArenaBudgetError(std::string(last_error->what()) + "; nor does it fit in sequence tiles down to " +
                            "device.seq_tile=" + std::to_string(tiles.back()) +
@@ -473,7 +510,8 @@ void share_run(Context& c, Context& run, int d) {
 // Carves c's arena's activation region (plan_engine sized it): boundaries (per activation set, or the
 // ring and activation slots when they live on the host, layer-major with the heads' inputs), two dx
 // buffers (layer-major two per set), kept intermediates; and the workspace. Boundaries mapped: the boundaries and dx
-// from `mapped` (host RAM) instead.
+// (all_mapped: and the kept intermediates; attention_kv mapped: and the sequence-sized buffers) from
+// `mapped` (host RAM) instead, which must be exactly plan.host_boundary_bytes.
 void carve_activations(Context& c, float* mapped) {
   DeviceArena& arena = *c.arena;
   const EnginePlan& plan = c.plan;
@@ -510,7 +548,11 @@ void carve_activations(Context& c, float* mapped) {
       for (std::int64_t i = 0; i < saved_layers; ++i) set.push_back(take(plan.saved_floats));
   }
   if (plan.sequence_mapped) c.sequence = take(plan.sequence_floats);
-  if (!plan.boundaries_mapped) arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
+  if (!plan.boundaries_mapped)
+    arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
+  else if (off * sizeof(float) != plan.host_boundary_bytes)  // no arena checks this block: its size must be exact
+    throw std::logic_error("carve_activations: the mapped block holds " + std::to_string(plan.host_boundary_bytes) +
+                           " bytes, its buffers take " + std::to_string(off * sizeof(float)));
   c.workspace = reinterpret_cast<float*>(arena.workspace());
   arena.claim(ArenaRegionKind::workspace, 0, plan.workspace_floats * sizeof(float));
 }
@@ -806,6 +848,9 @@ EngineResult run_with_evaluation(caf::actor_system& sys, EngineJob& job, monitor
 EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   if (job.host == nullptr || job.data == nullptr)
     throw std::invalid_argument("run_engine: host model and data source are required");
+  // Every pipeline of the run plans against the same host RAM (the node pinned it before allocating;
+  // a caller that did not counts its allocated tiles twice, which only errs towards recomputing).
+  job.cfg.pin_host_ram();
   const std::unique_ptr<monitor::Monitor> mon = start_monitor(job);
   EngineResult result = job.eval_data == nullptr || job.eval_batches <= 0 ? run_pipeline(sys, job, *mon)
                                                                           : run_with_evaluation(sys, job, *mon);

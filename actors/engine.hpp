@@ -57,13 +57,16 @@ struct EnginePlan {
   int gradient_passes = 1;
   std::size_t hidden_floats = 0;  // one boundary activation: batch * seq * hidden_size
   MicroBatchOrder order = MicroBatchOrder::interleaved;
-  int activation_sets = 1;              // micro-batches whose activations are alive at once
-  bool boundaries_on_host = false;      // device.keep_intermediates=boundary_host
-  int ring_entries = 0;                 // boundaries on the host: forward ring entries on the device
-  int activation_slots = 0;             // boundaries on the host: backward input slots on the device
-  std::size_t host_boundary_bytes = 0;  // boundaries on the host (or mapped): the host store (grows with depth)
-  // device.keep_intermediates=boundary_mapped: every boundary and both dx buffers in host RAM, used in
-  // place by a backend sharing host memory (the compute sees them as boundaries on the device).
+  int activation_sets = 1;          // micro-batches whose activations are alive at once
+  bool boundaries_on_host = false;  // device.keep_intermediates=boundary_host
+  int ring_entries = 0;             // boundaries on the host: forward ring entries on the device
+  int activation_slots = 0;         // boundaries on the host: backward input slots on the device
+  // Boundaries on the host (or mapped): the host store (grows with depth); mapped, everything in the
+  // mapped block (with all_mapped the kept intermediates, with sequence_mapped the keys and values).
+  std::size_t host_boundary_bytes = 0;
+  // device.keep_intermediates=boundary_mapped (or all_mapped, with mode keep): every boundary and both
+  // dx buffers (all_mapped: and every layer's intermediates) in host RAM, used in place by the stage
+  // operations (the compute sees them as if on the device).
   bool boundaries_mapped = false;
   // Boundaries mapped and sequence tiles, when even the smallest tile's keys and values do not fit the
   // budget: the tiled layers' sequence-sized buffers (layer_sequence_floats: keys, values, their
@@ -91,6 +94,8 @@ inline constexpr std::int64_t kMinAutoSeqTile = 128;  // smaller tiles cost GEMM
 // (`megatrain plan --plan.ranks=N` for a GPU profile).
 void check_cluster_runs(const TrainConfig& cfg);
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
+// The keep_intermediates mode a plan runs (never automatic): what auto chose, or what was asked.
+KeepIntermediates planned_keep(const EnginePlan& p);
 // What the run asks of its backend (kind, precision, threads, link), from the config and the plan.
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan);
 

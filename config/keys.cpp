@@ -13,9 +13,9 @@ namespace mt {
 const LrSchedule kLrSchedules[3] = {LrSchedule::constant, LrSchedule::linear, LrSchedule::cosine};
 const OptimizerCompression kOptimizerCompressions[3] = {OptimizerCompression::none, OptimizerCompression::lossless,
                                                         OptimizerCompression::int8};
-const KeepIntermediates kKeepIntermediates[5] = {KeepIntermediates::automatic, KeepIntermediates::boundary,
+const KeepIntermediates kKeepIntermediates[6] = {KeepIntermediates::automatic,     KeepIntermediates::boundary,
                                                  KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped,
-                                                 KeepIntermediates::all};
+                                                 KeepIntermediates::all,           KeepIntermediates::all_mapped};
 const MasterWeights kMasterWeights[3] = {MasterWeights::automatic, MasterWeights::fp32, MasterWeights::split};
 const GradientBuffer kGradientBuffers[3] = {GradientBuffer::automatic, GradientBuffer::model, GradientBuffer::stage};
 const MicroBatchOrder kMicroBatchOrders[3] = {MicroBatchOrder::interleaved, MicroBatchOrder::sequential,
@@ -157,7 +157,11 @@ std::vector<KeyDesc> make_keys() {
              "shares host memory, host = mapped in host RAM beside the boundaries (with keep_intermediates auto "
              "or boundary_mapped)")
           .one_of({"auto", "device", "host"}),
-      MT_KEY(device, keep_intermediates, "auto | boundary | boundary_host | boundary_mapped | all")
+      MT_KEY(device, keep_intermediates,
+             "auto | boundary | boundary_host | boundary_mapped | all | all_mapped: what the backward keeps of "
+             "the forward; all_mapped = every intermediate in host RAM, used in place (no recomputation); auto = "
+             "the first that fits of all, all_mapped (on a device sharing host memory, within half the host "
+             "RAM), boundary, boundary_host, boundary_mapped")
           .one_of(names_of(kKeepIntermediates, keep_intermediates_name)),
       MT_KEY(device, copy_bandwidth_gbps, "copy engine limit per direction in GB/s; 0 = unlimited").non_negative(),
       MT_KEY(device, prefetch_depth, "stages streamed ahead; 0 = weight_slots - 1").at_least(0),

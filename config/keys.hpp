@@ -71,7 +71,7 @@ extern const LrSchedule kLrSchedules[3];
 extern const OptimizerCompression kOptimizerCompressions[3];
 extern const MasterWeights kMasterWeights[3];
 extern const GradientBuffer kGradientBuffers[3];
-extern const KeepIntermediates kKeepIntermediates[5];
+extern const KeepIntermediates kKeepIntermediates[6];
 extern const MicroBatchOrder kMicroBatchOrders[3];
 
 // Every key, in section order ([train] [model] [data] [device] [threads] [log] [monitor] [restart] [plan] [cluster]).

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "config/host_ram.hpp"
 #include "config/keys.hpp"
 
 namespace mt {
@@ -31,6 +32,8 @@ const char* keep_intermediates_name(KeepIntermediates k) {
       return "all";
     case KeepIntermediates::boundary_mapped:
       return "boundary_mapped";
+    case KeepIntermediates::all_mapped:
+      return "all_mapped";
     case KeepIntermediates::automatic:
       return "auto";
   }
@@ -104,6 +107,15 @@ Enum parse_choice(const TrainConfig& config, const std::string& value, const Enu
 
 LrSchedule TrainConfig::lr_schedule() const {
   return parse_choice(*this, train.lr_scheduler_type, kLrSchedules, lr_schedule_name);
+}
+
+double TrainConfig::host_ram_bytes() const {
+  if (plan.host_ram_gb > 0) return plan.host_ram_gb * 1073741824.0;
+  return plan.host_ram_read_bytes > 0 ? plan.host_ram_read_bytes : mem_available_bytes();
+}
+
+void TrainConfig::pin_host_ram() {
+  if (plan.host_ram_gb <= 0 && plan.host_ram_read_bytes <= 0) plan.host_ram_read_bytes = mem_available_bytes();
 }
 
 KeepIntermediates TrainConfig::keep_intermediates() const {

@@ -105,7 +105,7 @@ struct DeviceSection {                      // [device]
   std::int64_t device_memory_mb = 1024;     // device budget in MiB (the CPU arena); 0 = use max_vram_gb
   std::int64_t weight_slots = 0;            // K >= 2 streamed weight slots; 0 = auto (see plan_engine)
   std::int64_t grad_slots = 0;              // gradient staging slots; 0 = auto
-  std::string keep_intermediates = "auto";  // auto | boundary | boundary_host | all (see KeepIntermediates)
+  std::string keep_intermediates = "auto";  // auto | boundary | boundary_host | boundary_mapped | all | all_mapped
   double copy_bandwidth_gbps = 0.0;         // copy engine limit per direction, GB/s (1e9); 0 = unlimited
   std::int64_t prefetch_depth = 0;          // stages streamed ahead; 0 = weight_slots - 1
   std::string schedule = "interleaved";     // interleaved | sequential (see MicroBatchOrder)
@@ -155,9 +155,12 @@ struct PlanSection {              // [plan]
   std::string hardware = "this";  // this (measured now) | a section of the hardware file (h200, h100, gh200, a100)
   std::string hardware_file;      // hardware profiles (INI); "" = the built-in copy of config/hardware.ini
   double host_ram_gb = 0.0;       // host RAM to plan for, GiB; 0 = MemAvailable (this) or the profile's
-  double disk_gb = 0.0;           // free disk for train.offload_dir, GiB; 0 = statvfs (this) or the profile's
-  bool enforce = true;            // train: refuse a run whose plan does not fit host RAM or disk
-  std::int64_t ranks = 1;         // megatrain plan: plan one rank of a job of this many ranks
+  // Not a key: MemAvailable as the run read it once before allocating (TrainConfig::pin_host_ram), or
+  // the profile's RAM a planner plans for, so every plan of the run sees the same host RAM. 0 = unread.
+  double host_ram_read_bytes = 0.0;
+  double disk_gb = 0.0;    // free disk for train.offload_dir, GiB; 0 = statvfs (this) or the profile's
+  bool enforce = true;     // train: refuse a run whose plan does not fit host RAM or disk
+  std::int64_t ranks = 1;  // megatrain plan: plan one rank of a job of this many ranks
 };
 
 // A job of several ranks (`mpirun -np N megatrain train ...`; cluster/world.hpp): every rank reads the
@@ -187,7 +190,14 @@ enum class KeepIntermediates {
   // of them on the device, no copies (long context: the arena holds weights, gradients and one layer's
   // work).
   boundary_mapped,
-  automatic,  // "auto": the first of all, boundary, boundary_host (then boundary_mapped) whose arena fits
+  // Every intermediate of every layer kept (no recomputation), in host RAM with the boundaries and dx,
+  // read and written in place as boundary_mapped's are: the arena holds the slots and one layer's
+  // workspace. Where the device's memory is the host's (the CPU backend without a modelled link) this
+  // costs what keeping them in the arena costs, and host RAM is what bounds it.
+  all_mapped,
+  // "auto": the first of all, all_mapped (a device sharing host memory, the mapped bytes within half
+  // the host RAM: TrainConfig::host_ram_bytes), boundary, boundary_host (then boundary_mapped) that fits
+  automatic,
 };
 enum class OptimizerCompression { none, lossless, int8 };
 // How a bf16 run holds its fp32 masters (kernels/master_halves.hpp). Both are exact: the same bits.
@@ -294,6 +304,14 @@ struct TrainConfig {
   // into slots rather than copied and gradients are summed straight from them (CpuBackend's
   // shares_host_memory for this config's backend_options; the auto slot budget and the planner use it).
   bool device_shares_host_memory() const { return device.backend == "cpu" && copy_bandwidth_bytes_per_s() <= 0; }
+  // The host RAM a run is planned against: plan.host_ram_gb, else MemAvailable as pin_host_ram read it
+  // (or now, when unpinned); and the name of where it came from, for messages.
+  double host_ram_bytes() const;
+  // Reads MemAvailable once into plan.host_ram_read_bytes (when neither it nor plan.host_ram_gb is set):
+  // a run calls it before it allocates its host state, so that state is not counted out of the RAM
+  // and every later plan of the run (the engine plans again per pipeline) chooses alike.
+  void pin_host_ram();
+  std::string host_ram_source() const { return plan.host_ram_gb > 0 ? "plan.host_ram_gb" : "MemAvailable"; }
   std::int64_t prefetch_depth() const;
 
   // Learning rate for optimizer step `step` (0-based: the first update uses step 0), as Hugging Face's

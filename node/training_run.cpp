@@ -194,6 +194,7 @@ bool TrainingRun::check_model_and_data() {
       model_ = cfg_.model_config_from_keys();
     model_ = cfg_.with_training_switches(model_);  // the load-balancing loss over a config.json's model
     check_cluster_runs(cfg_);
+    cfg_.pin_host_ram();  // before the host state is allocated: every plan of the run sees the same RAM
     plan_ = plan_engine(cfg_, model_);
     // Host RAM and disk against the plan (plan): refused only when it genuinely cannot fit.
     if (!drop_accumulators_if_only_that_fits()) return false;

@@ -17,6 +17,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "config/host_ram.hpp"
 #include "kernels/adamw.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -227,16 +228,6 @@ HardwareProfile load_hardware_profile(const std::string& key, const std::string&
     throw std::invalid_argument("plan.hardware: no profile '" + key + "' in " + source + " (have: " + names + ")");
   }
   return it->second;
-}
-
-double mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024.0;
-  return 0.0;
 }
 
 double process_status_bytes(const std::string& field) {

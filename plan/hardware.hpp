@@ -58,8 +58,6 @@ struct MeasureOptions {
 // a checksum per block), and the free space.
 HardwareProfile measure_this_machine(const MeasureOptions& options);
 
-// MemAvailable from /proc/meminfo, bytes (0 when unknown).
-double mem_available_bytes();
 // A memory field of this process's /proc/self/status ("VmRSS": resident now, "VmHWM": its peak), in
 // bytes (0 when unknown).
 double process_status_bytes(const std::string& field);

@@ -78,7 +78,9 @@ void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const Mode
   std::snprintf(b, sizeof b, "activations: %.1f x a layer boundary (%s: %lld x %lld x hidden %lld fp32)%s",
                 boundary > 0 ? act / boundary : 0.0, gib(boundary).c_str(), static_cast<long long>(e.batch),
                 static_cast<long long>(e.seq), static_cast<long long>(model.hidden_size),
-                e.boundaries_mapped    ? ": none, the boundaries are mapped in host RAM"
+                e.boundaries_mapped && e.mode == ActivationMode::keep
+                    ? ": none, the boundaries and every layer's intermediates are mapped in host RAM"
+                : e.boundaries_mapped  ? ": none, the boundaries are mapped in host RAM"
                 : e.boundaries_on_host ? ": the backward's dx, the forward ring and the backward's input slots"
                 : e.mode == ActivationMode::keep ? ": boundaries, dx and every layer's intermediates"
                 : e.kept_layers > 0              ? ": boundaries, dx and the kept layers' intermediates"
@@ -143,12 +145,16 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
       const double devices = static_cast<double>(e.devices);
       const std::string each = e.devices > 1 ? ", each of " + std::to_string(e.devices) + " devices" : "";
       const double sequence = static_cast<double>(align_floats(e.sequence_floats) * sizeof(float));
-      p.bytes.push_back({"host RAM",
-                         (e.boundaries_mapped ? "layer boundaries and the backward's two dx buffers, used in place by "
-                                                "the device (keep_intermediates=boundary_mapped"
-                                              : "layer boundaries (keep_intermediates=boundary_host") +
-                             each + ")",
-                         devices * (static_cast<double>(e.host_boundary_bytes) - sequence)});
+      p.bytes.push_back(
+          {"host RAM",
+           (e.boundaries_mapped && e.mode == ActivationMode::keep
+                ? "layer boundaries, the backward's two dx buffers and every layer's intermediates, used "
+                  "in place by the device (keep_intermediates=all_mapped"
+            : e.boundaries_mapped ? "layer boundaries and the backward's two dx buffers, used in place by "
+                                    "the device (keep_intermediates=boundary_mapped"
+                                  : "layer boundaries (keep_intermediates=boundary_host") +
+               each + ")",
+           devices * (static_cast<double>(e.host_boundary_bytes) - sequence)});
       if (e.sequence_mapped)
         p.bytes.push_back({"host RAM",
                            "attention's keys, values and their gradients over the whole micro-batch, and the RoPE "
@@ -233,7 +239,9 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     p.homes.push_back("weights in flight: device, " + std::to_string(e.weight_slots) + " slots (prefetch depth " +
                       std::to_string(e.prefetch_depth) + ")");
     p.homes.push_back(std::string("activations: ") +
-                      (e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
+                      (e.mode == ActivationMode::keep && e.boundaries_mapped
+                           ? "host RAM, used in place (mapped), every intermediate kept (no recomputation)"
+                       : e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
                        : e.boundaries_mapped
                            ? "layer boundaries and dx in host RAM, used in place (mapped), recomputed once in backward"
                        : e.boundaries_on_host ? "layer boundaries in host RAM, recomputed once in backward"
@@ -317,9 +325,13 @@ void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw) {
   cfg.device.copy_bandwidth_gbps = hw.link_h2d / 1e9;
 }
 
-ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x, double host_limit,
+ResourcePlan plan_resources(const TrainConfig& asked, const ModelConfig& model, const PlanExtras& x, double host_limit,
                             const std::string& host_source, double disk_limit, const std::string& disk_source,
                             double device_limit) {
+  // The engine's own choices that weigh host RAM (auto's all_mapped) weigh the RAM planned for, not
+  // this machine's.
+  TrainConfig cfg = asked;
+  if (cfg.plan.host_ram_gb <= 0 && host_limit > 0) cfg.plan.host_ram_read_bytes = host_limit;
   std::string device_error, device_key;
   bool budget_error = false;
   ResourcePlan p = plan_once(cfg, model, x, &device_error, &device_key, &budget_error);
@@ -506,8 +518,8 @@ std::string describe_resources(const ResourcePlan& p) {
 }
 
 std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras) {
-  const double host = cfg.plan.host_ram_gb > 0 ? cfg.plan.host_ram_gb * 1073741824.0 : mem_available_bytes();
-  const std::string host_source = cfg.plan.host_ram_gb > 0 ? "plan.host_ram_gb" : "MemAvailable";
+  const double host = cfg.host_ram_bytes();
+  const std::string host_source = cfg.host_ram_source();
   double disk = 0;
   std::string disk_source;
   if (!cfg.train.offload_dir.empty()) {

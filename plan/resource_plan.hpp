@@ -72,6 +72,7 @@ void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw);
 
 // Plans `cfg` for `model`. host_limit / disk_limit: bytes the run may use (0 = unchecked), with the
 // source of each figure for messages; device_limit: the device's memory (0 = only the config budget).
+// Unless plan.host_ram_gb is set, the engine's own choices that weigh host RAM see host_limit.
 ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
                             double host_limit, const std::string& host_limit_source, double disk_limit,
                             const std::string& disk_limit_source, double device_limit = 0.0);

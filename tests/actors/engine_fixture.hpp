@@ -34,6 +34,7 @@ struct Tiny {
   std::size_t budget_bytes = 0;          // device budget (device.max_vram_gb); 0 = device_memory_mb 64
   std::int64_t seq_tile = 0;             // device.seq_tile; 0 = auto
   std::string attention_kv = "auto";     // device.attention_kv
+  double host_ram_gb = 0.0;              // plan.host_ram_gb: the host RAM auto's all_mapped may use half of
   std::int64_t max_positions = 64;
   std::int64_t decoder_sparse_step = 1;  // qwen3_moe: every step-th layer has experts
   std::string mlp_only_layers;           // qwen3_moe: dense layers ("0,2")
@@ -78,6 +79,7 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.device.keep_intermediates = t.keep;
   c.device.seq_tile = t.seq_tile;
   c.device.attention_kv = t.attention_kv;
+  c.plan.host_ram_gb = t.host_ram_gb;
   c.device.schedule = t.schedule;
   c.device.copy_bandwidth_gbps = t.bandwidth_gbps;
   c.monitor.enabled = false;  // engine-level tests: no endpoint (tests/actors/monitor/ test it)
@@ -91,8 +93,10 @@ inline TrainConfig tiny_config(const Tiny& t) {
 
 // t with keep_intermediates = auto and a device budget that holds the boundary plan plus room for
 // `layers` layers' intermediates, and no more: auto then keeps the last `layers` layers
-// (EnginePlan::kept_layers) and recomputes the others.
+// (EnginePlan::kept_layers) and recomputes the others. Its host RAM (plan.host_ram_gb, 1 KiB) is too
+// small for auto to keep every intermediate mapped there (all_mapped) instead.
 inline Tiny with_kept_layers(Tiny t, std::int64_t layers) {
+  t.host_ram_gb = 1.0 / (1024 * 1024);
   const ModelConfig model = tiny_config(t).model_config_from_keys();
   t.keep = "boundary";
   const std::size_t boundary = plan_engine(tiny_config(t), model).arena.total_bytes;
@@ -147,7 +151,10 @@ inline RefRun run_reference(const TrainConfig& cfg, const ModelConfig& model, co
   o.hyper = cfg.adamw_at(0);
   o.max_grad_norm = static_cast<float>(cfg.train.max_grad_norm);
   o.seed = static_cast<std::uint64_t>(cfg.train.seed);
-  o.mode = cfg.device.keep_intermediates == "all" ? ActivationMode::keep : ActivationMode::recompute;
+  // The named keep modes run the reference in keep mode too; auto's choices are checked against recompute.
+  o.mode = cfg.device.keep_intermediates == "all" || cfg.device.keep_intermediates == "all_mapped"
+               ? ActivationMode::keep
+               : ActivationMode::recompute;
   o.threads = 1;
   o.precision = cfg.precision();
   o.seq_tile = plan_engine(cfg, model).seq_tile;  // the engine's sequence tiles (long context), if any

@@ -245,7 +245,7 @@ TEST_CASE("stage gradients of several micro-batches, layer-major, equal the refe
         CHECK(plan.activation_sets == m);
         check_equivalence(t);
       }
-  for (const char* keep : {"boundary_host", "all", "boundary_mapped"})
+  for (const char* keep : {"boundary_host", "all", "boundary_mapped", "all_mapped"})
     for (double link : {0.0, 1000.0}) {
       Tiny t;
       t.arch = std::string(keep) == "all" ? Arch::gpt2 : Arch::llama;
@@ -345,6 +345,27 @@ TEST_CASE("auto keeps the last layers' intermediates with the budget left over, 
     t.keep = "boundary";
     CHECK(plan_engine(tiny_config(t), model).kept_layers == 0);
   }
+}
+
+// With host RAM to spare on a device sharing it, auto keeps every intermediate mapped there
+// (all_mapped) instead of the last layers in the budget: nothing recomputed, same bits.
+TEST_CASE("auto keeps every intermediate in host RAM on a device sharing it, same bits", "[actors][equivalence]") {
+  for (Arch arch : {Arch::llama, Arch::gpt2})
+    for (bool bf16 : {false, true}) {
+      Tiny t;
+      t.arch = arch;
+      t.layers = 4;
+      t.bf16 = bf16;
+      t.micro_batches = bf16 ? 1 : 2;
+      t.steps = 6;
+      t = with_kept_layers(t, 1);  // the budget keeps one layer; host RAM (below) keeps them all
+      t.host_ram_gb = 64;
+      const ModelConfig model = tiny_config(t).model_config_from_keys();
+      const EnginePlan plan = plan_engine(tiny_config(t), model);
+      INFO("arch " << arch_name(arch) << " bf16 " << bf16 << ": " << plan.arena.describe());
+      CHECK(planned_keep(plan) == KeepIntermediates::all_mapped);
+      check_equivalence(t);
+    }
 }
 
 // Mixtral's experts through the engine (8 experts, top-2, from the [model] keys): fp32 and bf16, kept

@@ -2,8 +2,11 @@
 // staging, workspace and a fixed few boundary buffers (layer boundaries offloaded to the host); the
 // measured peak arena use stays within the budget and is the same for 12, 24 and 48 layers, while host
 // memory grows linearly. A budget 64 bytes smaller is rejected before anything starts.
+#include <algorithm>
+
 #include <catch2/catch.hpp>
 
+#include "actors/tier_bytes.hpp"
 #include "storage/host/host_boundaries.hpp"
 #include "tests/actors/engine_fixture.hpp"
 
@@ -163,6 +166,7 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     REQUIRE(host > mapped);
     cfg.device.keep_intermediates = "auto";
     cfg.device.device_memory_mb = 0;
+    cfg.plan.host_ram_gb = 1.0 / (1024 * 1024);  // 1 KiB: no room for all_mapped (its own section below)
     auto plan_at = [&](std::size_t budget) {
       cfg.device.max_vram_gb = static_cast<double>(budget) / (1024.0 * 1024.0 * 1024.0);
       return plan_engine(cfg, deep_model);
@@ -191,6 +195,69 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     CHECK(p.boundaries_mapped);
     CHECK(p.arena.total_bytes == mapped);
     CHECK_THROWS_WITH(plan_at(mapped - 1024), Catch::Contains("device.max_vram_gb"));
+  }
+  SECTION("auto keeps every intermediate mapped in host RAM where the device shares it and half the RAM holds it") {
+    Tiny deep;
+    deep.layers = 8;
+    deep.micro_batches = 2;
+    cfg = tiny_config(deep);
+    const ModelConfig deep_model = cfg.model_config_from_keys();
+    auto plan_as = [&](const char* keep) {
+      TrainConfig c = cfg;
+      c.device.keep_intermediates = keep;
+      return plan_engine(c, deep_model);
+    };
+    const EnginePlan all = plan_as("all"), boundary = plan_as("boundary"), mapped = plan_as("boundary_mapped");
+    const EnginePlan all_mapped = plan_as("all_mapped");
+    // Named: keep mode, the boundaries mapped, and the intermediates with them in host RAM, not the arena.
+    CHECK(all_mapped.mode == ActivationMode::keep);
+    CHECK(all_mapped.boundaries_mapped);
+    CHECK(all_mapped.kept_layers == 0);
+    CHECK(planned_keep(all_mapped) == KeepIntermediates::all_mapped);
+    CHECK(all_mapped.host_boundary_bytes ==
+          mapped.host_boundary_bytes + static_cast<std::size_t>(all.activation_sets * deep.layers) *
+                                           align_floats(all.saved_floats) * sizeof(float));
+    CHECK(all_mapped.arena.total_bytes < boundary.arena.total_bytes);
+    CHECK(all_mapped.arena.total_bytes < all.arena.total_bytes);
+    CHECK(all_mapped.workspace_floats == all.workspace_floats);
+
+    cfg.device.keep_intermediates = "auto";
+    cfg.device.device_memory_mb = 0;
+    cfg.device.max_vram_gb = static_cast<double>(all.arena.total_bytes - 1024) / (1024.0 * 1024.0 * 1024.0);
+    cfg.plan.host_ram_gb = 64;  // room
+    EnginePlan p = plan_engine(cfg, deep_model);
+    CHECK(planned_keep(p) == KeepIntermediates::all_mapped);
+    CHECK(p.host_boundary_bytes == all_mapped.host_boundary_bytes);
+    CHECK(std::any_of(p.notes.begin(), p.notes.end(), [](const std::string& n) {
+      return n.find("chose all_mapped (the device shares host memory") != std::string::npos;
+    }));
+    // Where every intermediate fits the arena, it stays there.
+    cfg.device.max_vram_gb = static_cast<double>(all.arena.total_bytes) / (1024.0 * 1024.0 * 1024.0);
+    CHECK(planned_keep(plan_engine(cfg, deep_model)) == KeepIntermediates::all);
+    cfg.device.max_vram_gb = static_cast<double>(all.arena.total_bytes - 1024) / (1024.0 * 1024.0 * 1024.0);
+    // The host state, the arena (host memory here) and the mapped block just over half the host RAM:
+    // the layers are recomputed.
+    const TierBytes tb = tier_bytes(cfg, deep_model);
+    const double need =
+        static_cast<double>(tb.tiles + tb.staging + tb.ram_encodings + p.arena.total_bytes + p.host_boundary_bytes);
+    cfg.plan.host_ram_gb = 2 * need / 1073741824.0 * 0.999;
+    p = plan_engine(cfg, deep_model);
+    CHECK(p.mode == ActivationMode::recompute);
+    CHECK(p.kept_layers > 0);
+    cfg.plan.host_ram_gb = 2 * need / 1073741824.0 * 1.001;
+    CHECK(planned_keep(plan_engine(cfg, deep_model)) == KeepIntermediates::all_mapped);
+    // Across a link the kernels would read them over it: auto does not map them; the name still does.
+    cfg.plan.host_ram_gb = 64;
+    cfg.device.copy_bandwidth_gbps = 1000;
+    p = plan_engine(cfg, deep_model);
+    CHECK(p.mode == ActivationMode::recompute);
+    CHECK_FALSE(p.boundaries_mapped);
+    cfg.device.keep_intermediates = "all_mapped";
+    CHECK(planned_keep(plan_engine(cfg, deep_model)) == KeepIntermediates::all_mapped);
+    // It keeps whole-sequence intermediates: a sequence tile is refused by name.
+    cfg.device.seq_tile = 4;
+    CHECK_THROWS_WITH(plan_engine(cfg, deep_model), Catch::Contains("device.keep_intermediates") &&
+                                                        Catch::Contains("all_mapped keeps whole-sequence"));
   }
   SECTION("keeping every intermediate costs memory") {
     cfg.device.keep_intermediates = "all";

@@ -80,7 +80,9 @@ TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
       {"stage gradients, split masters", "boundary", true, false, "none", "stage"},
       {"stage gradients over a link (landing buffers)", "boundary", false, false, "none", "stage", 100},
       {"stage gradients of two micro-batches (two accumulators)", "boundary_host", true, false, "none", "stage", 0, 2},
-      {"stage gradients of three micro-batches over a link", "boundary", false, false, "none", "stage", 100, 3}};
+      {"stage gradients of three micro-batches over a link", "boundary", false, false, "none", "stage", 100, 3},
+      {"every intermediate mapped in host RAM", "all_mapped", true, false, "none"},
+      {"every intermediate mapped, two activation sets", "all_mapped", false, false, "none", "stage", 0, 2}};
   for (const Case& c : cases) {
     SECTION(c.name) {
       TempDir dir("bytes");
@@ -127,6 +129,7 @@ TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
       CHECK(tier_total(p, "host RAM") == host);
       CHECK(p.host_bytes == host);
       if (c.keep == "boundary_host") CHECK(p.engine->host_boundary_bytes > 0);
+      if (c.keep == "all_mapped") CHECK(p.engine->host_boundary_bytes > p.engine->saved_floats * sizeof(float));
       // Disk: the offload files as they are after the run.
       if (c.offload) {
         const auto& store = dynamic_cast<offload::StagedMomentStore&>(r.host->moments());
@@ -137,6 +140,30 @@ TEST_CASE("plan: bytes per tier equal what the engine allocates", "[plan]") {
       }
     }
   }
+}
+
+// auto's all_mapped weighs the host RAM planned for (host_limit), not this machine's.
+TEST_CASE("plan: auto keeps every intermediate mapped only in the host RAM planned for", "[plan]") {
+  Tiny t;
+  t.layers = 4;
+  t.keep = "auto";
+  t.budget_bytes = 0;
+  TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  cfg.device.keep_intermediates = "all";
+  const std::size_t all = plan_engine(cfg, model).arena.total_bytes;
+  cfg.device.keep_intermediates = "auto";
+  cfg.device.device_memory_mb = 0;
+  cfg.device.max_vram_gb = static_cast<double>(all - 1024) / 1073741824.0;  // all does not fit the arena
+  const plan::ResourcePlan roomy = plan::plan_resources(cfg, model, {}, 64.0 * 1073741824.0, "test", 0, "");
+  REQUIRE(roomy.engine.has_value());
+  CHECK(planned_keep(*roomy.engine) == KeepIntermediates::all_mapped);
+  CHECK(roomy.fits());
+  // A host whose half does not hold the host state with the mapped block: recomputed.
+  const plan::ResourcePlan tight = plan::plan_resources(cfg, model, {}, 1.5 * roomy.host_bytes, "test", 0, "");
+  REQUIRE(tight.engine.has_value());
+  CHECK(tight.engine->mode == ActivationMode::recompute);
+  CHECK(tight.engine->host_boundary_bytes == 0);
 }
 
 TEST_CASE("plan: predicted peak resident memory is within 10% of the measured peak RSS", "[plan]") {

@@ -3,6 +3,7 @@
 #include <functional>
 #include <string>
 
+#include "config/host_ram.hpp"
 #include "config/train_config.hpp"
 #include "kernels/param_layout.hpp"
 #include "temp_dir.hpp"
@@ -116,7 +117,8 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"device.device_memory_mb: must be >= 0", [](TrainConfig& c) { c.device.device_memory_mb = -64; }},
       {"device.weight_slots: must be >= 2, got 1", [](TrainConfig& c) { c.device.weight_slots = 1; }},
       {"device.grad_slots: must be >= 0", [](TrainConfig& c) { c.device.grad_slots = -1; }},
-      {"device.keep_intermediates: 'some' is not one of: auto, boundary, boundary_host, boundary_mapped, all",
+      {"device.keep_intermediates: 'some' is not one of: auto, boundary, boundary_host, boundary_mapped, all, "
+       "all_mapped",
        [](TrainConfig& c) { c.device.keep_intermediates = "some"; }},
       {"device.attention_kv: 'disk' is not one of: auto, device, host",
        [](TrainConfig& c) { c.device.attention_kv = "disk"; }},
@@ -394,6 +396,24 @@ TEST_CASE("enum keys parse to their values", "[config]") {
   CHECK(c.optimizer_compression() == OptimizerCompression::none);
   c.device.keep_intermediates = "boundary_host";
   CHECK(c.keep_intermediates() == KeepIntermediates::boundary_host);
+  c.device.keep_intermediates = "all_mapped";
+  CHECK(c.keep_intermediates() == KeepIntermediates::all_mapped);
+  // The host RAM a run is planned against: the key, else MemAvailable.
+  CHECK(c.host_ram_source() == "MemAvailable");
+  CHECK(c.host_ram_bytes() > 0);  // this machine's, which changes from one read to the next
+  CHECK(mem_available_bytes() > 0);
+  // Pinned once: every later plan of the run sees the same figure, however MemAvailable moves.
+  c.pin_host_ram();
+  REQUIRE(c.plan.host_ram_read_bytes > 0);
+  const double pinned = c.plan.host_ram_read_bytes;
+  CHECK(c.host_ram_bytes() == pinned);
+  CHECK(c.host_ram_source() == "MemAvailable");
+  c.plan.host_ram_read_bytes = 12345;
+  c.pin_host_ram();  // a second pin keeps the first reading
+  CHECK(c.host_ram_bytes() == 12345);
+  c.plan.host_ram_gb = 2;  // the key wins over any reading
+  CHECK(c.host_ram_source() == "plan.host_ram_gb");
+  CHECK(c.host_ram_bytes() == 2.0 * 1073741824.0);
   CHECK(c.micro_batch_order() == MicroBatchOrder::interleaved);
   c.device.schedule = "sequential";
   CHECK(c.micro_batch_order() == MicroBatchOrder::sequential);

@@ -22,8 +22,9 @@ TrainConfig demo_config(Precision precision, int threads, int steps) {
   TrainConfig c = demo_train_config(steps);
   c.train.bf16 = precision == Precision::bf16;
   // The demo's device keys as config/demo.ini sets them: slots and keep-intermediates "auto" (at the
-  // 64 MiB budget, fp32: 2 weight and 2 gradient slots, boundaries kept, every layer recomputed but
-  // the last).
+  // 64 MiB budget on the CPU backend with host RAM to spare: every intermediate kept in host RAM,
+  // all_mapped, and 4 weight and 4 gradient slots; without it, the last 3 layers kept and the others
+  // recomputed).
   c.device.weight_slots = 0;
   c.device.grad_slots = 0;
   c.device.keep_intermediates = "auto";
@@ -82,7 +83,7 @@ EngineStep measure_engine_step_here(Precision precision, int threads, int steps,
   e.weight_slots = static_cast<int>(plan.weight_slots);
   e.grad_slots = static_cast<int>(plan.grad_slots);
   e.kept_layers = static_cast<long long>(plan.kept_layers);
-  e.keep = plan.mode == ActivationMode::keep ? "all" : (plan.boundaries_on_host ? "boundary_host" : "boundary");
+  e.keep = keep_intermediates_name(actors::planned_keep(plan));
   e.loss_bits = 1469598103934665603ull;
   for (const auto& s : r.steps) {
     std::uint64_t bits = 0;

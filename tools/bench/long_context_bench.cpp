@@ -115,12 +115,8 @@ RunResult run_here(const ModelShape& m, std::int64_t T, std::int64_t budget_mb, 
   out.budget = static_cast<double>(plan.arena.budget_bytes);
   out.host_boundary_bytes = static_cast<double>(plan.host_boundary_bytes);
   out.seq_tile = plan.seq_tile;
-  const char* keep = plan.mode == ActivationMode::keep ? "all"
-                     : plan.sequence_mapped            ? "boundary_mapped + attention_kv host"
-                     : plan.boundaries_mapped          ? "boundary_mapped"
-                     : plan.boundaries_on_host         ? "boundary_host"
-                                                       : "boundary";
-  std::snprintf(out.keep, sizeof out.keep, "%s", keep);
+  std::snprintf(out.keep, sizeof out.keep, "%s%s", keep_intermediates_name(actors::planned_keep(plan)),
+                plan.sequence_mapped ? " + attention_kv host" : "");
   out.params = static_cast<long long>(total_param_count(model));
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

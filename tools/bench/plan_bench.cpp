@@ -136,11 +136,8 @@ void published(const char* what, const char* reported, const std::string& profil
     const std::string tile =
         e.seq_tile > 0 ? "sequence tiles of " + std::to_string(e.seq_tile) + " tokens" : std::string("whole sequences");
     std::printf("  planner: keep_intermediates %s, %s, %d weight slots; step %.2f s, %.0f tokens/s, %.0f TFLOP/s\n",
-                e.mode == ActivationMode::keep ? "all"
-                : e.boundaries_mapped          ? "boundary_mapped"
-                : e.boundaries_on_host         ? "boundary_host"
-                                               : "boundary",
-                tile.c_str(), e.weight_slots, sp.step_s, sp.tokens / sp.step_s, sp.tflops());
+                keep_intermediates_name(actors::planned_keep(e)), tile.c_str(), e.weight_slots, sp.step_s,
+                sp.tokens / sp.step_s, sp.tflops());
     std::printf("    busy: compute %.2f s, link in %.2f s, out %.2f s, optimizer %.2f s, NVMe %.2f s\n", sp.compute_s,
                 sp.h2d_s, sp.d2h_s, sp.optimizer_s, sp.nvme_s);
     if (ops.attention_forward > 0)
