@@ -252,6 +252,9 @@ void try_advance(self_ptr self) {
       const std::int64_t first_saved = keep ? 1 : L - ctx->plan.kept_layers + 1;  // kept_layers: the last ones
       return layer >= first_saved ? ctx->saved[set][static_cast<std::size_t>(layer - first_saved)] : nullptr;
     };
+    auto kept_attention = [&](std::int64_t layer) -> float* {
+      return ctx->kept_attention.empty() ? nullptr : ctx->kept_attention[set][static_cast<std::size_t>(layer - 1)];
+    };
     switch (op.kind) {
       case OpKind::embed_forward:
         be.embedding_forward(c, weights(0), tokens, B, T, boundary(0));
@@ -269,7 +272,7 @@ void try_advance(self_ptr self) {
           stats.prob_sums = mb.prob_sums[l].data();
         }
         be.layer_forward(c.layer_config(op.stage - 1), weights(0), boundary(op.stage - 1), boundary(op.stage), B, T,
-                         saved(op.stage), ws, stats.counts ? &stats : nullptr, ctx->sequence);
+                         saved(op.stage), ws, stats.counts ? &stats : nullptr, ctx->sequence, kept_attention(op.stage));
         break;
       }
       case OpKind::head: {
@@ -322,7 +325,8 @@ void try_advance(self_ptr self) {
           grad.grad = be.upload_floats(host.data(), host.size(), token_slot);
         }
         be.layer_backward(c.layer_config(op.stage - 1), weights(0), x_in, saved(op.stage), dx_buffer(dx_read),
-                          dx_buffer(dx_read + 1), g, B, T, ws, grad.grad ? &grad : nullptr, ctx->sequence);
+                          dx_buffer(dx_read + 1), g, B, T, ws, grad.grad ? &grad : nullptr, ctx->sequence,
+                          kept_attention(op.stage));
         hand_over(self, k_main, p, op.stage, Phase::backward);
         break;
       }

@@ -249,6 +249,9 @@ struct Context {
   // EnginePlan::sequence_mapped: the tiled layers' sequence-sized buffers (keys, values, their gradients)
   // in mapped host memory after the boundaries; null: in the workspace.
   float* sequence = nullptr;
+  // EnginePlan::attention_kept: each layer's attention output and log-sum-exp, kept_attention[set][layer
+  // - 1], in mapped host memory after those; empty: the tiled backward runs the attention forward again.
+  std::vector<std::vector<float*>> kept_attention;
 
   // Micro-batch 0's gradients written in place: on a backend that shares host memory, with one device
   // and one rank (several ranks send every micro-batch's gradient from its slot),

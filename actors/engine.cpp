@@ -84,6 +84,9 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   p.sequence_mapped = p.sequence_mapped && p.boundaries_mapped && p.seq_tile > 0;
   p.sequence_floats = p.sequence_mapped ? layer_sequence_floats(model, p.batch, p.seq, p.seq_tile) : 0;
   p.host_boundary_bytes += align_floats(p.sequence_floats) * sizeof(float);
+  p.attention_kept = p.attention_kept && p.boundaries_mapped && p.seq_tile > 0;
+  p.attention_floats = p.attention_kept ? layer_attention_floats(model, p.batch, p.seq, p.seq_tile) : 0;
+  p.host_boundary_bytes += sets * static_cast<std::size_t>(L) * align_floats(p.attention_floats) * sizeof(float);
   p.workspace_floats =
       std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec, p.seq_tile,
                                       p.sequence_mapped ? SequenceBuffers::apart : SequenceBuffers::in_workspace),
@@ -393,6 +396,23 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     throw ArenaBudgetError(msg);
   }
   p = std::move(*chosen);
+  // Tiles with the boundaries mapped where the device shares host memory: keep each layer's attention
+  // output and log-sum-exp there too when half the host RAM holds them (the arena does not change). As
+  // for all_mapped, the guard is weighed before grow_into_budget adds slots to the arena (host memory
+  // here too): a few layers' weights, small beside what it weighs.
+  if (p.boundaries_mapped && p.seq_tile > 0 && cfg.device_shares_host_memory()) {
+    EnginePlan trial = p;
+    trial.attention_kept = true;
+    const ArenaRequest req = size_activations(trial, cfg, model, KeepIntermediates::boundary_mapped);
+    if (!crowds_host_ram(trial, req)) {
+      trial.arena = plan_arena(model, req);
+      trial.notes.push_back("each layer's attention output and log-sum-exp (" +
+                            format_bytes(trial.attention_floats * sizeof(float)) +
+                            " a layer) are kept in host RAM too: the tiled backward does not run the attention "
+                            "forward again");
+      p = std::move(trial);
+    }
+  }
   if (p.seq_tile > 0)
     p.notes.push_back("sequence tiles of " + std::to_string(p.seq_tile) + " tokens (device.seq_tile=" +
                       (cfg.device.seq_tile > 0 ? std::to_string(cfg.device.seq_tile)
@@ -507,6 +527,15 @@ void share_run(Context& c, Context& run, int d) {
   c.monitor = run.monitor;
 }
 
+// An evaluation pass runs no backward: nothing reads kept attention outputs, so none are kept.
+void drop_kept_attention(EnginePlan& p, const ModelConfig& model) {
+  if (!p.attention_kept) return;
+  p.host_boundary_bytes -= static_cast<std::size_t>(p.activation_sets * model.num_hidden_layers) *
+                           align_floats(p.attention_floats) * sizeof(float);
+  p.attention_kept = false;
+  p.attention_floats = 0;
+}
+
 // Carves c's arena's activation region (plan_engine sized it): boundaries (per activation set, or the
 // ring and activation slots when they live on the host, layer-major with the heads' inputs), two dx
 // buffers (layer-major two per set), kept intermediates; and the workspace. Boundaries mapped: the boundaries and dx
@@ -548,6 +577,11 @@ void carve_activations(Context& c, float* mapped) {
       for (std::int64_t i = 0; i < saved_layers; ++i) set.push_back(take(plan.saved_floats));
   }
   if (plan.sequence_mapped) c.sequence = take(plan.sequence_floats);
+  if (plan.attention_kept) {
+    c.kept_attention.resize(sets);
+    for (auto& set : c.kept_attention)
+      for (std::int64_t i = 0; i < L; ++i) set.push_back(take(plan.attention_floats));
+  }
   if (!plan.boundaries_mapped)
     arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
   else if (off * sizeof(float) != plan.host_boundary_bytes)  // no arena checks this block: its size must be exact
@@ -573,6 +607,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   ctx->model = &job.model;
   check_cluster_runs(job.cfg);
   ctx->plan = plan_engine(job.cfg, job.model);
+  if (job.forward_only) drop_kept_attention(ctx->plan, job.model);  // no backward reads it
   ctx->host = job.host;
   ctx->data = job.data;
   ctx->run_data = job.run_data != nullptr ? job.run_data : job.data;

@@ -62,7 +62,8 @@ struct EnginePlan {
   int ring_entries = 0;             // boundaries on the host: forward ring entries on the device
   int activation_slots = 0;         // boundaries on the host: backward input slots on the device
   // Boundaries on the host (or mapped): the host store (grows with depth); mapped, everything in the
-  // mapped block (with all_mapped the kept intermediates, with sequence_mapped the keys and values).
+  // mapped block (with all_mapped the kept intermediates, with sequence_mapped the keys and values, with
+  // attention_kept every layer's attention output and log-sum-exp).
   std::size_t host_boundary_bytes = 0;
   // device.keep_intermediates=boundary_mapped (or all_mapped, with mode keep): every boundary and both
   // dx buffers (all_mapped: and every layer's intermediates) in host RAM, used in place by the stage
@@ -74,7 +75,14 @@ struct EnginePlan {
   // tile. The arena then bounds nothing sequence-sized; host RAM does. Results do not change.
   bool sequence_mapped = false;
   std::size_t sequence_floats = 0;  // sequence_mapped: those buffers (also in host_boundary_bytes)
-  std::size_t saved_floats = 0;     // keep mode, or kept_layers > 0: one layer's intermediates
+  // Sequence tiles with the boundaries mapped (by auto or by name), on a device sharing host memory, while
+  // half the host RAM holds it (as all_mapped's guard), and not in a forward-only (evaluation) pipeline:
+  // every layer's attention output and log-sum-exp
+  // (layer_attention_floats per layer and activation set) in the mapped block after the rest, so the
+  // tiled backward does not run the attention forward again. Results do not change.
+  bool attention_kept = false;
+  std::size_t attention_floats = 0;  // attention_kept: one layer's (all of them also in host_boundary_bytes)
+  std::size_t saved_floats = 0;      // keep mode, or kept_layers > 0: one layer's intermediates
   // Recompute mode with the boundaries on the device: the last kept_layers layers keep their
   // intermediates anyway (device.keep_intermediates=auto spends budget left over on them), so their
   // backward recomputes nothing. The results do not change (the recomputation is the same forward).

@@ -97,18 +97,19 @@ void Backend::embedding_backward(const ModelConfig& c, const token_t* tokens, st
 
 void Backend::layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
                             std::int64_t batch, std::int64_t seq, float* saved, float* workspace,
-                            const MoeBalance* balance, float* sequence) {
+                            const MoeBalance* balance, float* sequence, float* attention) {
   begin_stage();
-  mt::layer_forward(ops(), c, weights, x_in, x_out, batch, seq, saved, workspace, seq_tile_, balance, sequence);
+  mt::layer_forward(ops(), c, weights, x_in, x_out, batch, seq, saved, workspace, seq_tile_, balance, sequence,
+                    attention);
   end_stage();
 }
 
 void Backend::layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
                              const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
-                             float* workspace, const MoeBalance* balance, float* sequence) {
+                             float* workspace, const MoeBalance* balance, float* sequence, const float* attention) {
   begin_stage();
-  mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, batch, seq, workspace, seq_tile_, balance,
-                     sequence);
+  mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, batch, seq, workspace, seq_tile_, balance, sequence,
+                     attention);
   end_stage();
 }
 

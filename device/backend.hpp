@@ -171,13 +171,14 @@ class Backend {
                           const float* dx, float* grads);
   // balance: the load-balancing loss's statistics (host arrays) and gradient (upload_floats' pointer).
   // sequence: in sequence tiles, the layer's sequence-sized buffers when kept out of the workspace (device
-  // memory or mapped host memory: kernels/stages.hpp).
+  // memory or mapped host memory: kernels/stages.hpp); attention: the layer's kept attention output and
+  // log-sum-exp in sequence tiles (the same).
   void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
                      std::int64_t seq, float* saved, float* workspace, const MoeBalance* balance = nullptr,
-                     float* sequence = nullptr);
+                     float* sequence = nullptr, float* attention = nullptr);
   void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
                       float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                      const MoeBalance* balance = nullptr, float* sequence = nullptr);
+                      const MoeBalance* balance = nullptr, float* sequence = nullptr, const float* attention = nullptr);
   // The fused head; returns the loss read back to the host (once per call).
   LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
                                 const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,

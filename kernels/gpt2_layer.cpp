@@ -163,7 +163,7 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
 }  // namespace
 
 // No tiled form: GPT-2's learned position table bounds its context (n_positions, 1024 on the hub).
-const LayerFamily kGpt2Layer{"gpt2",   saved_floats, scratch_floats, operand_room, forward,
-                             backward, nullptr,      nullptr,        nullptr,      nullptr};
+const LayerFamily kGpt2Layer{"gpt2",  saved_floats, scratch_floats, operand_room, forward, backward,
+                             nullptr, nullptr,      nullptr,        nullptr,      nullptr};
 
 }  // namespace mt::detail

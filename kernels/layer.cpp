@@ -109,6 +109,14 @@ std::size_t layer_sequence_floats(const ModelConfig& c, std::int64_t batch, std:
       c, [&](const ModelConfig& lc) { return detail::layer_family(lc).tiled_sequence_floats(lc, batch, seq); });
 }
 
+std::size_t layer_attention_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile) {
+  c.validate();
+  validate_batch_shape(c, batch, seq);
+  if (!layer_runs_tiled(c, seq, seq_tile)) return 0;
+  return largest_over_layer_kinds(
+      c, [&](const ModelConfig& lc) { return detail::layer_family(lc).tiled_attention_floats(lc, batch, seq); });
+}
+
 std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std::int64_t batch, std::int64_t seq,
                                    ActivationMode mode, Precision precision, std::int64_t seq_tile) {
   c.validate();
@@ -123,7 +131,7 @@ std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std
 
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
                    std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile,
-                   const MoeBalance* balance, float* sequence) {
+                   const MoeBalance* balance, float* sequence, float* attention) {
   refuse_mixed_layers(c);
   if (balance && !c.is_moe()) balance = nullptr;  // a dense layer has no router
   if (balance && balance->counts) std::fill(balance->counts, balance->counts + c.num_experts, 0);
@@ -134,7 +142,7 @@ void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
   const detail::LayerFamily& f = detail::layer_family(c);
   if (!saved && layer_runs_tiled(c, seq, seq_tile)) {  // kept intermediates are whole-sequence
     give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace, sequence != nullptr);
-    f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace, sequence, balance);
+    f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace, sequence, attention, balance);
     return;
   }
   float* keep = saved ? saved : workspace;
@@ -145,7 +153,7 @@ void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
 
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
                     const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    std::int64_t seq_tile, const MoeBalance* balance, float* sequence) {
+                    std::int64_t seq_tile, const MoeBalance* balance, float* sequence, const float* attention) {
   refuse_mixed_layers(c);
   if (balance && (!c.is_moe() || !balance->grad)) balance = nullptr;
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
@@ -156,7 +164,8 @@ void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
   const detail::LayerFamily& f = detail::layer_family(c);
   if (recompute && layer_runs_tiled(c, seq, seq_tile)) {
     give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace, sequence != nullptr);
-    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace, sequence, balance);
+    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace, sequence, attention,
+                     balance);
     return;
   }
   float* keep = recompute ? workspace : const_cast<float*>(saved);  // read-only when not recomputing

@@ -33,14 +33,17 @@ struct LayerFamily {
   // over the whole sequence (keys, values and their gradients) is sequence-sized. Scratch includes
   // everything (there is no Saved); the operand room is operand_room(c, 1, tile). The sequence-sized part
   // (tiled_sequence_floats, at scratch's start) goes to `sequence` instead when that is non-null.
+  // `attention` (non-null): the forward writes each tile's attention output and log-sum-exp there
+  // (tiled_attention_floats) and the backward reads them instead of recomputing the attention forward.
   std::size_t (*tiled_scratch_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile);
   std::size_t (*tiled_sequence_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
+  std::size_t (*tiled_attention_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
   void (*tiled_forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
                         std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, float* sequence,
-                        const MoeBalance* balance);
+                        float* attention, const MoeBalance* balance);
   void (*tiled_backward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy,
                          float* dx, float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch,
-                         float* sequence, const MoeBalance* balance);
+                         float* sequence, const float* attention, const MoeBalance* balance);
 };
 
 extern const LayerFamily kLlamaLayer;  // llama_layer.cpp: Llama, Mistral, Qwen2, Qwen3

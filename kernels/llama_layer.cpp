@@ -183,6 +183,7 @@ const LayerFamily kLlamaLayer{"llama",
                               backward,
                               llama::tiled_scratch_floats,
                               llama::tiled_sequence_floats,
+                              llama::tiled_attention_floats,
                               llama::tiled_forward,
                               llama::tiled_backward};
 

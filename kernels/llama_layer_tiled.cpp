@@ -7,15 +7,20 @@
 // Forward, per sequence, tiles in order: n1 = rmsnorm(x), q, k, v (k and v into the sequence's K, V),
 // q/k norms, RoPE at the tile's positions, attention against K, V up to the tile's end, o_proj and the
 // residual, then the MLP and its residual into x_out.
-// Backward (always recomputing, no Saved):
+// Backward (recomputing, no Saved; the attention output read from `attention` when given):
 //   1. per sequence, tiles in order: K and V again (n1, the k and v products, k norm, RoPE);
-//   2. per sequence, tiles from the last to the first: recompute the tile's n1, q, attention, x1, n2 and
-//      MLP activations; MLP backward; o_proj backward; attention backward, adding into the sequence's
-//      dK, dV (the last tile, run first, overwrites them); then the tile's keys have seen every query
-//      that reads them (all are at or after it), so its dK, dV rows are final: RoPE and k-norm
-//      backward, the q/k/v products' backward and the input norm's, into the tile's rows of dx.
+//   2. per sequence, tiles from the last to the first: recompute the tile's n1, q, attention (unless
+//      kept: below), x1, n2 and MLP activations; MLP backward; o_proj backward; attention backward,
+//      adding into the sequence's dK, dV (the last tile, run first, overwrites them); then the tile's
+//      keys have seen every query that reads them (all are at or after it), so its dK, dV rows are
+//      final: RoPE and k-norm backward, the q/k/v products' backward and the input norm's, into the
+//      tile's rows of dx.
 // Weight gradients add tile by tile in that fixed order: the bits depend on the tile size (the
 // engine and the reference trainer use the same), never on threads.
+// With `attention` the forward also writes each tile's attention output and log-sum-exp there, and
+// step 2 reads them instead of running the attention forward again (at long context 2 of the 9 block
+// products a layer's attention costs a step on the CPU kernel, 2 of 11 on the CUDA one); the same ops on
+// the same inputs, so the same bits.
 #include <algorithm>
 
 #include "kernels/llama_tensors.hpp"
@@ -137,11 +142,11 @@ AttnShape tile_attention(const ModelConfig& c, const Tile& t) {
   return a;
 }
 
-// From tb.xn1 (and K, V complete up to the tile's end): q, attention, x1, n2 and the feed-forward block,
-// its output into y when non-null.
+// From tb.xn1 (and K, V complete up to the tile's end): q, attention (unless attention_done: tb.att and
+// tb.lse hold it), x1, n2 and the feed-forward block, its output into y when non-null.
 void attention_and_mlp(Ops& ops, const ModelConfig& c, const void* params, const Bound<const void*>& w, const Whole& wh,
                        const RopeTables& rope, const float* x_in, const Tile& t, const TileBufs& tb, float* y,
-                       const MoeBalance* balance) {
+                       const MoeBalance* balance, bool attention_done) {
   const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads;
   float* q_lin = c.qk_norm ? tb.q_raw : tb.q;
@@ -149,11 +154,24 @@ void attention_and_mlp(Ops& ops, const ModelConfig& c, const void* params, const
   if (c.qk_norm) ops.rmsnorm_forward(tb.q_raw, w[q_norm], tb.q, tb.rstd_q, t.n * Hq, hd, c.norm_eps);
   ops.rope_apply(tb.q, t.n, t.n, Hq, hd, qd, at_positions(rope, t.t0, hd), false);
   const std::int64_t seq0 = t.r0 - t.t0;  // the sequence's first row
-  ops.attention_forward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, w[sinks], tb.att, tb.lse, tile_attention(c, t));
+  if (!attention_done)
+    ops.attention_forward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, w[sinks], tb.att, tb.lse, tile_attention(c, t));
   ops.linear_forward(tb.att, w[wo], w[bo], tb.x1, t.n, qd, d);
   ops.add_into(tb.x1, x_in + t.r0 * d, static_cast<std::size_t>(t.n * d));
   ops.rmsnorm_forward(tb.x1, w[post_norm], tb.xn2, tb.rstd2, t.n, d, c.norm_eps);
   ffn_forward(ops, c, params, tb.xn2, t.n, tb.ffn, y, tb.dffn, balance);  // the MLP phase's scratch: free here
+}
+
+// The tile's buffers with its attention output and log-sum-exp in `attention` (the whole micro-batch's:
+// [B * T, q_dim] outputs, then each tile's [heads, n] log-sum-exp at row r0) when that is non-null.
+TileBufs with_attention(const ModelConfig& c, std::int64_t B, std::int64_t T, const TileBufs& tb, const Tile& t,
+                        const float* attention) {
+  if (!attention) return tb;
+  TileBufs r = tb;
+  float* a = const_cast<float*>(attention);  // the forward writes it; the backward only reads (attention_done)
+  r.att = a + t.r0 * c.q_dim();
+  r.lse = a + B * T * c.q_dim() + t.r0 * c.num_attention_heads;
+  return r;
 }
 
 template <class F>
@@ -178,44 +196,50 @@ std::size_t tiled_sequence_floats(const ModelConfig& c, std::int64_t B, std::int
   return cv.used();
 }
 
+std::size_t tiled_attention_floats(const ModelConfig& c, std::int64_t B, std::int64_t T) {
+  return static_cast<std::size_t>(B * T * (c.q_dim() + c.num_attention_heads));
+}
+
 void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, std::int64_t tile, float* scratch, float* sequence, const MoeBalance* balance) {
+                   std::int64_t T, std::int64_t tile, float* scratch, float* sequence, float* attention,
+                   const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Carved cv = carve(c, B, T, std::min(tile, T), scratch, sequence);
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, c.head_dim, cv.w.cos_t, cv.w.sin_t);
   for (std::int64_t b = 0; b < B; ++b)
     for_tiles(T, tile, b, false, [&](const Tile& t, bool) {
-      input_norm(ops, c, w, x_in, t, cv.t);
-      keys_values(ops, c, w, cv.w, rope, t, cv.t);
+      const TileBufs tb = with_attention(c, B, T, cv.t, t, attention);
+      input_norm(ops, c, w, x_in, t, tb);
+      keys_values(ops, c, w, cv.w, rope, t, tb);
       float* y = x_out + t.r0 * d;
-      attention_and_mlp(ops, c, params, w, cv.w, rope, x_in, t, cv.t, y, balance);  // statistics add tile by tile
-      ops.add_into(y, cv.t.x1, static_cast<std::size_t>(t.n * d));
+      attention_and_mlp(ops, c, params, w, cv.w, rope, x_in, t, tb, y, balance, false);  // statistics add tile by tile
+      ops.add_into(y, tb.x1, static_cast<std::size_t>(t.n * d));
     });
 }
 
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
                     float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, float* sequence,
-                    const MoeBalance* balance) {
+                    const float* attention, const MoeBalance* balance) {
   const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
   const Carved cv = carve(c, B, T, std::min(tile, T), scratch, sequence);
   const Whole& wh = cv.w;
-  const TileBufs& tb = cv.t;
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, hd, wh.cos_t, wh.sin_t);
   for (std::int64_t b = 0; b < B; ++b) {
     for_tiles(T, tile, b, false, [&](const Tile& t, bool) {  // 1. the sequence's keys and values
-      input_norm(ops, c, w, x_in, t, tb);
-      keys_values(ops, c, w, wh, rope, t, tb);
+      input_norm(ops, c, w, x_in, t, cv.t);
+      keys_values(ops, c, w, wh, rope, t, cv.t);
     });
     const std::int64_t seq0 = b * T;
     for_tiles(T, tile, b, true, [&](const Tile& t, bool first) {  // 2. tiles from the last
+      const TileBufs tb = with_attention(c, B, T, cv.t, t, attention);
       const std::size_t nd = static_cast<std::size_t>(t.n * d);
       const RopeTables rope_t = at_positions(rope, t.t0, hd);
       input_norm(ops, c, w, x_in, t, tb);
-      attention_and_mlp(ops, c, params, w, wh, rope, x_in, t, tb, nullptr, nullptr);
+      attention_and_mlp(ops, c, params, w, wh, rope, x_in, t, tb, nullptr, nullptr, attention != nullptr);
       // MLP: y = x1 + ffn(n2)
       const float* dyt = dy + t.r0 * d;
       ops.copy(tb.dx1, dyt, nd);

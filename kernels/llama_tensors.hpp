@@ -46,10 +46,13 @@ inline OperandRoom operand_room(const ModelConfig& c, std::int64_t B, std::int64
 // start of scratch, tiled_scratch_floats in all; else tiled_sequence_floats there, the rest in scratch).
 std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile);
 std::size_t tiled_sequence_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
+// attention (non-null): every tile's attention output then log-sum-exp, B x T x (q_dim + heads) floats.
+std::size_t tiled_attention_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
 void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, std::int64_t tile, float* scratch, float* sequence, const MoeBalance* balance);
+                   std::int64_t T, std::int64_t tile, float* scratch, float* sequence, float* attention,
+                   const MoeBalance* balance);
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
                     float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, float* sequence,
-                    const MoeBalance* balance);
+                    const float* attention, const MoeBalance* balance);
 
 }  // namespace mt::detail::llama

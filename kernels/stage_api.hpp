@@ -119,6 +119,10 @@ std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std
 // The sequence-sized part of a tiled layer's workspace: keys, values and their gradients, Qwen3's k-norm
 // input and statistics, the RoPE tables. 0 when the layer does not run tiled (seq_tile 0 or >= seq).
 std::size_t layer_sequence_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile);
+// A tiled layer's attention output and log-sum-exp over the whole micro-batch (batch x seq x (q_dim +
+// heads)): given to layer_forward to write and layer_backward to read (stages.hpp), the backward does not
+// run the attention forward again. 0 when the layer does not run tiled.
+std::size_t layer_attention_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile);
 // Whether a recomputing layer of this shape runs in sequence tiles (throws for a family without them).
 bool layer_runs_tiled(const ModelConfig& c, std::int64_t seq, std::int64_t seq_tile);
 // Whether the model's layer family has a sequence-tiled form (GPT-2 has none: its positions bound it).

@@ -20,12 +20,16 @@ void embedding_backward(Ops& ops, const ModelConfig& c, const token_t* tokens, s
 // sequence: in sequence tiles, where the sequence-sized buffers are (layer_sequence_floats, e.g. in host
 // RAM); the workspace is then sized with SequenceBuffers::apart. Null: in the workspace. Ignored when the
 // layer does not run tiled. Where they are never changes the results.
+// attention: in sequence tiles, layer_attention_floats that the forward fills with the layer's attention
+// output and log-sum-exp and the backward of the same micro-batch reads, so it does not run the attention
+// forward again (null: it does). The same bits either way. Ignored when the layer does not run tiled.
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
                    std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile = 0,
-                   const MoeBalance* balance = nullptr, float* sequence = nullptr);
+                   const MoeBalance* balance = nullptr, float* sequence = nullptr, float* attention = nullptr);
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
                     const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    std::int64_t seq_tile = 0, const MoeBalance* balance = nullptr, float* sequence = nullptr);
+                    std::int64_t seq_tile = 0, const MoeBalance* balance = nullptr, float* sequence = nullptr,
+                    const float* attention = nullptr);
 
 // head_chunk as ComputeCtx::head_chunk (0: head_chunk_tokens()), seq_tile as ComputeCtx::seq_tile.
 LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,

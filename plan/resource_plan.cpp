@@ -145,6 +145,9 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
       const double devices = static_cast<double>(e.devices);
       const std::string each = e.devices > 1 ? ", each of " + std::to_string(e.devices) + " devices" : "";
       const double sequence = static_cast<double>(align_floats(e.sequence_floats) * sizeof(float));
+      const double attention =
+          static_cast<double>(static_cast<std::size_t>(e.activation_sets * model.num_hidden_layers) *
+                              align_floats(e.attention_floats) * sizeof(float));
       p.bytes.push_back(
           {"host RAM",
            (e.boundaries_mapped && e.mode == ActivationMode::keep
@@ -154,13 +157,19 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                                     "the device (keep_intermediates=boundary_mapped"
                                   : "layer boundaries (keep_intermediates=boundary_host") +
                each + ")",
-           devices * (static_cast<double>(e.host_boundary_bytes) - sequence)});
+           devices * (static_cast<double>(e.host_boundary_bytes) - sequence - attention)});
       if (e.sequence_mapped)
         p.bytes.push_back({"host RAM",
                            "attention's keys, values and their gradients over the whole micro-batch, and the RoPE "
                            "tables, used in place by the device (device.attention_kv" +
                                each + ")",
                            devices * sequence});
+      if (e.attention_kept)
+        p.bytes.push_back({"host RAM",
+                           "every layer's attention output and log-sum-exp, so the tiled backward does not run the "
+                           "attention forward again" +
+                               each,
+                           devices * attention});
       host += devices * static_cast<double>(e.host_boundary_bytes);
     }
     if (actors::sums_into_stage_accumulators(e)) {
@@ -238,18 +247,19 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     const actors::EnginePlan& e = *p.engine;
     p.homes.push_back("weights in flight: device, " + std::to_string(e.weight_slots) + " slots (prefetch depth " +
                       std::to_string(e.prefetch_depth) + ")");
-    p.homes.push_back(std::string("activations: ") +
-                      (e.mode == ActivationMode::keep && e.boundaries_mapped
-                           ? "host RAM, used in place (mapped), every intermediate kept (no recomputation)"
-                       : e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
-                       : e.boundaries_mapped
-                           ? "layer boundaries and dx in host RAM, used in place (mapped), recomputed once in backward"
-                       : e.boundaries_on_host ? "layer boundaries in host RAM, recomputed once in backward"
-                       : e.kept_layers > 0
-                           ? "layer boundaries on the device, recomputed once in backward except the last " +
-                                 std::to_string(e.kept_layers) + " layer(s), whose intermediates are kept"
-                           : "layer boundaries on the device, recomputed once in backward") +
-                      ", " + std::to_string(e.activation_sets) + " activation set(s)");
+    p.homes.push_back(
+        std::string("activations: ") +
+        (e.mode == ActivationMode::keep && e.boundaries_mapped
+             ? "host RAM, used in place (mapped), every intermediate kept (no recomputation)"
+         : e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
+         : e.boundaries_mapped
+             ? "layer boundaries and dx in host RAM, used in place (mapped), recomputed once in backward"
+         : e.boundaries_on_host ? "layer boundaries in host RAM, recomputed once in backward"
+         : e.kept_layers > 0    ? "layer boundaries on the device, recomputed once in backward except the last " +
+                                   std::to_string(e.kept_layers) + " layer(s), whose intermediates are kept"
+                             : "layer boundaries on the device, recomputed once in backward") +
+        (e.attention_kept ? " (but the attention forward: each layer's output is kept in host RAM)" : "") + ", " +
+        std::to_string(e.activation_sets) + " activation set(s)");
     p.homes.push_back(e.seq_tile > 0 ? "sequence: tiles of " + std::to_string(e.seq_tile) +
                                            " tokens of one sequence through each layer and the "
                                            "head (device.seq_tile" +

@@ -12,8 +12,10 @@
 
 #include "actors/schedule.hpp"
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/stage_api.hpp"
+#include "kernels/stages.hpp"
 #include "plan/resource_plan.hpp"
 
 namespace mt::plan {
@@ -128,10 +130,13 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
   const bool recompute = plan.mode == ActivationMode::recompute;
   OpTimes t;
   t.layer_forward = f.forward() / rate;
-  t.layer_backward = f.backward(recompute) / rate;
+  // EnginePlan::attention_kept: the recomputation leaves the attention forward out.
+  const double recomputed = recompute ? (plan.attention_kept ? f.gemm_forward : f.forward()) : 0.0;
+  t.layer_backward = (f.backward(false) + recomputed) / rate;
   t.layer_backward_kept = f.backward(false) / rate;
   t.attention_forward = f.attention_forward / rate;
-  t.attention_backward = (f.attention_backward + (recompute ? f.attention_forward : 0.0)) / rate;
+  t.attention_backward =
+      (f.attention_backward + (recompute && !plan.attention_kept ? f.attention_forward : 0.0)) / rate;
   t.head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size) * tokens / rate;
   // The embedding is a gather and a scatter: memory-bound, hidden_size floats per token each way.
   const double rows = tokens * static_cast<double>(model.hidden_size) * 8.0;
@@ -189,8 +194,28 @@ OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const actor
   OpTimes t;
   t.embed_forward = best_of([&] { embedding_forward(model, embed, tokens.data(), B, T, x.data(), ctx); }, 6);
   t.layer_forward = best_of([&] { layer_forward(lm, layer, x.data(), y.data(), B, T, sv, ws.data(), ctx); }, 6);
-  t.layer_backward = best_of(
-      [&] { layer_backward(lm, layer, x.data(), sv, dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx); }, 6);
+  // EnginePlan::attention_kept: the tiled backward reads the forward's attention output and log-sum-exp.
+  // Timed so in tiles even where this T fits the plan's one tile (the shorter length the long-context
+  // extrapolation measures), so both lengths time the backward the engine runs.
+  const std::int64_t kept_tile = !plan.attention_kept                     ? 0
+                                 : layer_runs_tiled(lm, T, plan.seq_tile) ? plan.seq_tile
+                                                                          : std::max<std::int64_t>(64, T / 2 / 64 * 64);
+  if (kept_tile > 0 && layer_runs_tiled(lm, T, kept_tile)) {
+    cpu::CpuOps ops(prec, ctx.threads);
+    std::vector<float> att(layer_attention_floats(lm, B, T, kept_tile));
+    std::vector<float> tiled_ws(layer_workspace_floats(lm, B, T, ActivationMode::recompute, prec, kept_tile));
+    mt::layer_forward(ops, lm, layer, x.data(), y.data(), B, T, nullptr, tiled_ws.data(), kept_tile, nullptr, nullptr,
+                      att.data());
+    t.layer_backward = best_of(
+        [&] {
+          mt::layer_backward(ops, lm, layer, x.data(), nullptr, dy.data(), dx.data(), g1.data(), B, T, tiled_ws.data(),
+                             kept_tile, nullptr, nullptr, att.data());
+        },
+        6);
+  } else {
+    t.layer_backward = best_of(
+        [&] { layer_backward(lm, layer, x.data(), sv, dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx); }, 6);
+  }
   if (plan.mode == ActivationMode::recompute && plan.kept_layers > 0) {  // a kept layer: forward saves, no recompute
     std::vector<float> kept(layer_saved_floats(model, B, T));
     layer_forward(lm, layer, x.data(), y.data(), B, T, kept.data(), ws.data(), ctx);
@@ -210,7 +235,9 @@ OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const actor
       6);
   t.embed_backward = best_of([&] { embedding_backward(model, tokens.data(), B, T, dx.data(), g0.data(), ctx); }, 6);
   t.source = std::to_string(ctx.threads) + " threads, " + (prec == Precision::bf16 ? "bf16" : "fp32") + ", " +
-             (plan.mode == ActivationMode::keep ? "intermediates kept" : "recompute") +
+             (plan.mode == ActivationMode::keep ? "intermediates kept"
+              : plan.attention_kept             ? "recompute, attention output kept"
+                                                : "recompute") +
              (plan.seq_tile > 0 ? ", sequence tiles of " + std::to_string(plan.seq_tile) + " tokens" : "");
   return t;
 }

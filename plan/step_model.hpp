@@ -49,7 +49,8 @@ struct LayerFlops {
   // A layer's backward: the GEMMs' two products per forward one, attention's backward kernel, and with
   // recomputation one forward more. Sequence tiles change none of it: the tiled backward recomputes the
   // forward once too (pass 1 the keys and values of every tile, pass 2 each tile's queries, attention,
-  // output projection and MLP), and causal attention over tiles meets the same pairs.
+  // output projection and MLP; less the attention forward with EnginePlan::attention_kept, which
+  // op_times_from_flops leaves out), and causal attention over tiles meets the same pairs.
   double backward(bool recompute) const {
     return 2.0 * gemm_forward + attention_backward + (recompute ? forward() : 0.0);
   }
@@ -59,7 +60,8 @@ LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_
                        double attention_backward_products = kCudaAttentionBackwardProducts);
 
 // From FLOPs (layer_flops with the CUDA kernel's products: datasheet profiles are GPUs) at the profile's
-// rate x achievable_fraction: a layer's forward and backward (recomputing the forward in recompute mode),
+// rate x achievable_fraction: a layer's forward and backward (recomputing the forward in recompute mode,
+// less its attention with EnginePlan::attention_kept),
 // the head 6 x vocab x hidden per token. Attention runs at the same rate: an assumption (this engine's
 // CUDA attention kernel does fp32 dot products on CUDA cores, not tensor cores; its rate on a GPU is not
 // measured yet), which weighs most at long context, where attention is most of a layer's FLOPs.

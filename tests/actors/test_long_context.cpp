@@ -79,6 +79,45 @@ TEST_CASE("a sequence too long for the budget untiled trains in the tiles auto p
   CHECK(plan_engine(tiny_config(t), model).seq_tile == 0);
 }
 
+TEST_CASE("in tiles with the boundaries mapped each layer's attention output is kept in host RAM, same bits",
+          "[actors][long_context][memory]") {
+  for (std::int64_t m : {1, 2, 3}) {
+    Tiny t;
+    t.seq = 48;
+    t.seq_tile = 20;
+    t.keep = "boundary_mapped";
+    t.micro_batches = m;
+    // M=2 layer-major (stage gradients: a set per micro-batch); M=3 interleaved (one micro-batch's forward
+    // writes one set while another's backward reads the other).
+    t.gradient_buffer = m == 2 ? "stage" : m == 3 ? "model" : "auto";
+    t.steps = 5;
+    t.host_ram_gb = 64;
+    const ModelConfig model = tiny_config(t).model_config_from_keys();
+    const EnginePlan kept = plan_engine(tiny_config(t), model);
+    INFO("M=" << m << " sets " << kept.activation_sets);
+    REQUIRE(kept.attention_kept);
+    CHECK(kept.attention_floats == layer_attention_floats(model, t.batch, t.seq, 20));
+    CHECK(kept.attention_floats == static_cast<std::size_t>(t.batch * t.seq * (model.q_dim() + t.heads)));
+    bool noted = false;
+    for (const auto& n : kept.notes) noted = noted || n.find("attention output and log-sum-exp") != std::string::npos;
+    CHECK(noted);
+    check_equivalence(t, 20);
+    // Without half the host RAM for them, the backward runs the attention forward again: the same bits.
+    t.host_ram_gb = 1.0 / (1024 * 1024);
+    const EnginePlan recomputed = plan_engine(tiny_config(t), model);
+    CHECK_FALSE(recomputed.attention_kept);
+    CHECK(kept.host_boundary_bytes - recomputed.host_boundary_bytes ==
+          static_cast<std::size_t>(kept.activation_sets * t.layers) * align_floats(kept.attention_floats) *
+              sizeof(float));
+    CHECK(kept.arena.total_bytes == recomputed.arena.total_bytes);
+    check_equivalence(t, 20);
+    // Across a link each tile would write and read them over it: not kept.
+    t.host_ram_gb = 64;
+    t.bandwidth_gbps = 16.0;
+    CHECK_FALSE(plan_engine(tiny_config(t), model).attention_kept);
+  }
+}
+
 TEST_CASE("keys and values the budget holds at no tile are mapped in host RAM, with the same bits",
           "[actors][long_context][memory]") {
   Tiny t;

@@ -5,6 +5,7 @@
 // workspace (as the engine maps them in host RAM) giving the same bits; and what the workspace sizes promise.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -27,6 +28,28 @@ namespace {
 
 struct LayerRun {
   vector<float> y, dx, g;
+};
+
+// One layer's inputs for the tiled runs that place their buffers apart: 2 sequences of 45 tokens in
+// tiles of 16 (a short last tile), random parameters (fp32, and rounded to bf16), x and dy.
+struct TiledInputs {
+  static constexpr std::int64_t B = 2, S = 45, N = B * S, tile = 16;
+  vector<float> p, x, dy;
+  vector<bf16_t> p16;
+  explicit TiledInputs(const ModelConfig& c) {
+    const auto pd = mt::test::random_stage_params(layer_layout(c, 0), 41);
+    p.assign(pd.begin(), pd.end());
+    x = mt::test::randn<float>(N * c.hidden_size, 42);
+    dy = mt::test::randn<float>(N * c.hidden_size, 43);
+    p16.resize(p.size());
+    cpu::to_bf16(p.data(), p16.data(), p.size(), 1);
+  }
+  const void* weights(Precision prec) const {
+    return prec == Precision::bf16 ? static_cast<const void*>(p16.data()) : p.data();
+  }
+  LayerRun empty_run(const ModelConfig& c) const {
+    return {vector<float>(N * c.hidden_size), vector<float>(N * c.hidden_size), vector<float>(p.size(), 0.0f)};
+  }
 };
 
 // Forward then recomputing backward of one layer with the fast stages at `prec`, `seq_tile`, `threads`.
@@ -194,19 +217,15 @@ TEST_CASE("tiled MoE layers give the load-balancing statistics and gradient of t
 
 TEST_CASE("tiled layers with the sequence-sized buffers apart give the same bits", "[layers][tiles]") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  constexpr std::int64_t B = TiledInputs::B, S = TiledInputs::S, tile = TiledInputs::tile;
   for (const ModelConfig& c : tiled_families()) {
     INFO(arch_name(c.arch) << (c.qk_norm ? " qk_norm" : ""));
-    const std::int64_t B = 2, S = 45, N = B * S, d = c.hidden_size, tile = 16;
-    const ParamLayout l = layer_layout(c, 0);
-    const auto pd = mt::test::random_stage_params(l, 41);
-    const auto x = mt::test::randn<float>(N * d, 42), dy = mt::test::randn<float>(N * d, 43);
-    const vector<float> p(pd.begin(), pd.end());
+    const TiledInputs in(c);
+    const vector<float>&x = in.x, &dy = in.dy;
     for (Precision prec : {Precision::fp32, Precision::bf16}) {
       INFO((prec == Precision::bf16 ? "bf16" : "fp32"));
-      const LayerRun in_workspace = run_layer(c, p, x, dy, B, S, tile, prec, 2);
-      vector<bf16_t> p16(p.size());
-      cpu::to_bf16(p.data(), p16.data(), p.size(), 1);
-      const void* w = prec == Precision::bf16 ? static_cast<const void*>(p16.data()) : p.data();
+      const LayerRun in_workspace = run_layer(c, in.p, x, dy, B, S, tile, prec, 2);
+      const void* w = in.weights(prec);
       // Both regions start as NaN: the layer must write every float it reads.
       vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, tile, SequenceBuffers::apart),
                        nan);
@@ -214,13 +233,49 @@ TEST_CASE("tiled layers with the sequence-sized buffers apart give the same bits
       REQUIRE(ws.size() + sequence.size() ==
               layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, tile, SequenceBuffers::in_workspace));
       cpu::CpuOps ops(prec, 2);
-      LayerRun apart{vector<float>(N * d), vector<float>(N * d), vector<float>(p.size(), 0.0f)};
+      LayerRun apart = in.empty_run(c);
       layer_forward(ops, c, w, x.data(), apart.y.data(), B, S, nullptr, ws.data(), tile, nullptr, sequence.data());
       layer_backward(ops, c, w, x.data(), nullptr, dy.data(), apart.dx.data(), apart.g.data(), B, S, ws.data(), tile,
                      nullptr, sequence.data());
       CHECK(same_bits(apart.y, in_workspace.y));
       CHECK(same_bits(apart.dx, in_workspace.dx));
       CHECK(same_bits(apart.g, in_workspace.g));
+    }
+  }
+}
+
+TEST_CASE("tiled layers with their attention output kept give the same bits, and the backward reads it",
+          "[layers][tiles]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  constexpr std::int64_t B = TiledInputs::B, S = TiledInputs::S, N = TiledInputs::N, tile = TiledInputs::tile;
+  for (const ModelConfig& c : tiled_families()) {
+    INFO(arch_name(c.arch) << (c.qk_norm ? " qk_norm" : ""));
+    const TiledInputs in(c);
+    const vector<float>&x = in.x, &dy = in.dy;
+    REQUIRE(layer_attention_floats(c, B, S, tile) == static_cast<std::size_t>(N * (c.q_dim() + c.num_attention_heads)));
+    CHECK(layer_attention_floats(c, B, S, 0) == 0);  // whole sequences: nothing to keep apart
+    for (Precision prec : {Precision::fp32, Precision::bf16}) {
+      INFO((prec == Precision::bf16 ? "bf16" : "fp32"));
+      const LayerRun recomputed = run_layer(c, in.p, x, dy, B, S, tile, prec, 2);
+      const void* w = in.weights(prec);
+      vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, tile), nan);
+      vector<float> attention(layer_attention_floats(c, B, S, tile), nan);  // the forward must fill all of it
+      cpu::CpuOps ops(prec, 2);
+      LayerRun kept = in.empty_run(c);
+      layer_forward(ops, c, w, x.data(), kept.y.data(), B, S, nullptr, ws.data(), tile, nullptr, nullptr,
+                    attention.data());
+      for (float a : attention) REQUIRE(std::isfinite(a));
+      layer_backward(ops, c, w, x.data(), nullptr, dy.data(), kept.dx.data(), kept.g.data(), B, S, ws.data(), tile,
+                     nullptr, nullptr, attention.data());
+      CHECK(same_bits(kept.y, recomputed.y));
+      CHECK(same_bits(kept.dx, recomputed.dx));
+      CHECK(same_bits(kept.g, recomputed.g));
+      // The backward reads what was kept (it does not recompute it): scaled, the gradients change.
+      for (float& a : attention) a *= 2.0f;
+      LayerRun altered = in.empty_run(c);
+      layer_backward(ops, c, w, x.data(), nullptr, dy.data(), altered.dx.data(), altered.g.data(), B, S, ws.data(),
+                     tile, nullptr, nullptr, attention.data());
+      CHECK_FALSE(same_bits(altered.g, recomputed.g));
     }
   }
 }

@@ -8,7 +8,7 @@
 // Then checkpoint_stall (checkpoint_stall.cpp): the extra step time an asynchronous checkpoint costs
 // the engine on the demo model, as a fraction of a step.
 // Usage: bench_checkpoint [--dir DIR] [--gib N] [--stall-steps N] [--stall-every K] [--stall-rounds R]
-//                         [--stall-immediate 0|1] [--stall-snapshot-mib N]
+//                         [--stall-immediate 0|1] [--stall-snapshot-mib N] [--stall-host-ram-gb X]
 //   (default: the temp directory, 1 GiB, 16 steps checkpointing every 4, median of 5 rounds (each a control run and a
 //   checkpointed run);
 //   --stall-steps 0 skips it)
@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   fs::path base = fs::temp_directory_path();
   double gib = 1.0;
   int stall_steps = 16, stall_every = 4, stall_rounds = 5, stall_immediate = 0, stall_snapshot_mib = -1;
+  double stall_host_ram_gb = 0.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--dir"))
       base = argv[i + 1];
@@ -113,6 +114,8 @@ int main(int argc, char** argv) {
       stall_immediate = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--stall-snapshot-mib"))
       stall_snapshot_mib = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--stall-host-ram-gb"))
+      stall_host_ram_gb = std::atof(argv[i + 1]);
   }
   const fs::path dir = base / ("mt-bench-checkpoint-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -164,7 +167,7 @@ int main(int argc, char** argv) {
     report.add({"disk_direct_write_bandwidth", disk_direct / 1e9, "GB/s", 0});
     if (stall_steps > 0 &&
         mt::bench::measure_checkpoint_stall(report, dir, stall_steps, std::max(1, stall_every), stall_rounds,
-                                            stall_immediate != 0, stall_snapshot_mib) != 0)
+                                            stall_immediate != 0, stall_snapshot_mib, stall_host_ram_gb) != 0)
       throw std::runtime_error("checkpoint_stall measurement failed");
     fs::remove_all(dir);
     report.print();

@@ -41,10 +41,12 @@ struct RunTimes {
 };
 
 // One engine run; checkpoints every `every` steps when every > 0.
-RunTimes one_run(const std::filesystem::path& dir, int steps, int every, bool immediate, int snapshot_mib) {
+RunTimes one_run(const std::filesystem::path& dir, int steps, int every, bool immediate, int snapshot_mib,
+                 double host_ram_gb) {
   using namespace mt::actors;
   TrainConfig c = mt::bench::demo_train_config(steps);
   c.train.warmup_steps = 2;
+  c.plan.host_ram_gb = host_ram_gb;
   const ModelConfig model = c.model_config_from_keys();
   const std::vector<data::Batch> batches = mt::bench::random_batches(c, 8, 0x1234567);
   HostModel host(model);
@@ -104,9 +106,9 @@ int usable_cores() {
 // One round: a control run and a checkpointed run; returns the stall and its CPU floor (see the top) as
 // fractions of a control step.
 bool one_round(const std::filesystem::path& dir, int steps, int every, bool immediate, int snapshot_mib,
-               double& fraction, double& floor) {
-  const RunTimes control = one_run(dir, steps, 0, immediate, snapshot_mib);
-  const RunTimes ckpt = one_run(dir, steps, every, immediate, snapshot_mib);
+               double host_ram_gb, double& fraction, double& floor) {
+  const RunTimes control = one_run(dir, steps, 0, immediate, snapshot_mib, host_ram_gb);
+  const RunTimes ckpt = one_run(dir, steps, every, immediate, snapshot_mib, host_ram_gb);
   int checkpoints = 0;
   for (int v = every; v < steps; v += every) ++checkpoints;
   if (!control.ok || !ckpt.ok || checkpoints == 0) return false;
@@ -131,11 +133,11 @@ bool one_round(const std::filesystem::path& dir, int steps, int every, bool imme
 }  // namespace
 
 int measure_checkpoint_stall(Report& report, const std::filesystem::path& dir, int steps, int every, int rounds,
-                             bool immediate, int snapshot_mib) {
+                             bool immediate, int snapshot_mib, double host_ram_gb) {
   std::vector<double> fractions, floors;
   for (int i = 0; i < std::max(1, rounds); ++i) {
     double x = 0, f = 0;
-    if (!one_round(dir, steps, every, immediate, snapshot_mib, x, f)) return 1;
+    if (!one_round(dir, steps, every, immediate, snapshot_mib, host_ram_gb, x, f)) return 1;
     fractions.push_back(x);
     floors.push_back(f);
   }

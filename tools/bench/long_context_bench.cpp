@@ -65,7 +65,7 @@ struct RunResult {
   double step_s = 0, tokens_per_s = 0, loss = 0;
   double arena_bytes = 0, arena_peak = 0, budget = 0, rss_bytes = 0, host_boundary_bytes = 0;
   long long seq_tile = 0;
-  char keep[48] = {};
+  char keep[80] = {};
   long long params = 0;
 };
 
@@ -115,8 +115,8 @@ RunResult run_here(const ModelShape& m, std::int64_t T, std::int64_t budget_mb, 
   out.budget = static_cast<double>(plan.arena.budget_bytes);
   out.host_boundary_bytes = static_cast<double>(plan.host_boundary_bytes);
   out.seq_tile = plan.seq_tile;
-  std::snprintf(out.keep, sizeof out.keep, "%s%s", keep_intermediates_name(actors::planned_keep(plan)),
-                plan.sequence_mapped ? " + attention_kv host" : "");
+  std::snprintf(out.keep, sizeof out.keep, "%s%s%s", keep_intermediates_name(actors::planned_keep(plan)),
+                plan.sequence_mapped ? " + attention_kv host" : "", plan.attention_kept ? " + attention kept" : "");
   out.params = static_cast<long long>(total_param_count(model));
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
