@@ -86,7 +86,7 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   p.host_boundary_bytes += align_floats(p.sequence_floats) * sizeof(float);
   p.attention_kept = p.attention_kept && p.boundaries_mapped && p.seq_tile > 0;
   p.attention_floats = p.attention_kept ? layer_attention_floats(model, p.batch, p.seq, p.seq_tile) : 0;
-  p.host_boundary_bytes += sets * static_cast<std::size_t>(L) * align_floats(p.attention_floats) * sizeof(float);
+  p.host_boundary_bytes += kept_attention_bytes(p, model);
   p.workspace_floats =
       std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec, p.seq_tile,
                                       p.sequence_mapped ? SequenceBuffers::apart : SequenceBuffers::in_workspace),
@@ -178,6 +178,12 @@ KeepIntermediates planned_keep(const EnginePlan& p) {
   return p.boundaries_mapped    ? KeepIntermediates::boundary_mapped
          : p.boundaries_on_host ? KeepIntermediates::boundary_host
                                 : KeepIntermediates::boundary;
+}
+
+std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model) {
+  if (!p.attention_kept) return 0;
+  return static_cast<std::size_t>(p.activation_sets * model.num_hidden_layers) * align_floats(p.attention_floats) *
+         sizeof(float);
 }
 
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
@@ -304,8 +310,8 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   // here, and the mapped block) stays within half the host RAM (TrainConfig::host_ram_bytes), the other
   // half left to what the fit check does not count (the data, checkpoint snapshots, the page cache). A
   // run it would crowd recomputes as before.
-  const double host_ram = cfg.host_ram_bytes();
   auto crowds_host_ram = [&](const EnginePlan& trial, const ArenaRequest& req) {
+    const double host_ram = cfg.host_ram_bytes();  // read here: most plans never weigh it
     const TierBytes tb = tier_bytes(cfg, model);
     double need = static_cast<double>(tb.tiles + tb.staging + tb.ram_encodings) +
                   static_cast<double>(trial.devices) *
@@ -530,8 +536,7 @@ void share_run(Context& c, Context& run, int d) {
 // An evaluation pass runs no backward: nothing reads kept attention outputs, so none are kept.
 void drop_kept_attention(EnginePlan& p, const ModelConfig& model) {
   if (!p.attention_kept) return;
-  p.host_boundary_bytes -= static_cast<std::size_t>(p.activation_sets * model.num_hidden_layers) *
-                           align_floats(p.attention_floats) * sizeof(float);
+  p.host_boundary_bytes -= kept_attention_bytes(p, model);
   p.attention_kept = false;
   p.attention_floats = 0;
 }

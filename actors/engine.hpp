@@ -104,6 +104,9 @@ void check_cluster_runs(const TrainConfig& cfg);
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
 // The keep_intermediates mode a plan runs (never automatic): what auto chose, or what was asked.
 KeepIntermediates planned_keep(const EnginePlan& p);
+// EnginePlan::attention_kept: the bytes of every layer's kept attention output in each activation set
+// (part of host_boundary_bytes); 0 when none is kept.
+std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model);
 // What the run asks of its backend (kind, precision, threads, link), from the config and the plan.
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan);
 

@@ -101,20 +101,28 @@ std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std
          operand_room_floats(precision, f.operand_room(c, batch, seq));
 }
 
-std::size_t layer_sequence_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile) {
+namespace {
+
+// A part of a tiled layer that its caller may keep apart (LayerFamily::tiled_sequence_floats,
+// tiled_attention_floats): the largest over the model's layer kinds; 0 when the layer does not run tiled.
+using TiledPart = std::size_t (*detail::LayerFamily::*)(const ModelConfig&, std::int64_t, std::int64_t);
+std::size_t tiled_part_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile,
+                              TiledPart part) {
   c.validate();
   validate_batch_shape(c, batch, seq);
   if (!layer_runs_tiled(c, seq, seq_tile)) return 0;
   return largest_over_layer_kinds(
-      c, [&](const ModelConfig& lc) { return detail::layer_family(lc).tiled_sequence_floats(lc, batch, seq); });
+      c, [&](const ModelConfig& lc) { return (detail::layer_family(lc).*part)(lc, batch, seq); });
+}
+
+}  // namespace
+
+std::size_t layer_sequence_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile) {
+  return tiled_part_floats(c, batch, seq, seq_tile, &detail::LayerFamily::tiled_sequence_floats);
 }
 
 std::size_t layer_attention_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile) {
-  c.validate();
-  validate_batch_shape(c, batch, seq);
-  if (!layer_runs_tiled(c, seq, seq_tile)) return 0;
-  return largest_over_layer_kinds(
-      c, [&](const ModelConfig& lc) { return detail::layer_family(lc).tiled_attention_floats(lc, batch, seq); });
+  return tiled_part_floats(c, batch, seq, seq_tile, &detail::LayerFamily::tiled_attention_floats);
 }
 
 std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std::int64_t batch, std::int64_t seq,

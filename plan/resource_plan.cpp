@@ -145,9 +145,7 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
       const double devices = static_cast<double>(e.devices);
       const std::string each = e.devices > 1 ? ", each of " + std::to_string(e.devices) + " devices" : "";
       const double sequence = static_cast<double>(align_floats(e.sequence_floats) * sizeof(float));
-      const double attention =
-          static_cast<double>(static_cast<std::size_t>(e.activation_sets * model.num_hidden_layers) *
-                              align_floats(e.attention_floats) * sizeof(float));
+      const double attention = static_cast<double>(actors::kept_attention_bytes(e, model));
       p.bytes.push_back(
           {"host RAM",
            (e.boundaries_mapped && e.mode == ActivationMode::keep

@@ -130,9 +130,7 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
   const bool recompute = plan.mode == ActivationMode::recompute;
   OpTimes t;
   t.layer_forward = f.forward() / rate;
-  // EnginePlan::attention_kept: the recomputation leaves the attention forward out.
-  const double recomputed = recompute ? (plan.attention_kept ? f.gemm_forward : f.forward()) : 0.0;
-  t.layer_backward = (f.backward(false) + recomputed) / rate;
+  t.layer_backward = f.backward(recompute, plan.attention_kept) / rate;
   t.layer_backward_kept = f.backward(false) / rate;
   t.attention_forward = f.attention_forward / rate;
   t.attention_backward =

@@ -49,10 +49,10 @@ struct LayerFlops {
   // A layer's backward: the GEMMs' two products per forward one, attention's backward kernel, and with
   // recomputation one forward more. Sequence tiles change none of it: the tiled backward recomputes the
   // forward once too (pass 1 the keys and values of every tile, pass 2 each tile's queries, attention,
-  // output projection and MLP; less the attention forward with EnginePlan::attention_kept, which
-  // op_times_from_flops leaves out), and causal attention over tiles meets the same pairs.
-  double backward(bool recompute) const {
-    return 2.0 * gemm_forward + attention_backward + (recompute ? forward() : 0.0);
+  // output projection and MLP; less the attention forward when its output is kept:
+  // EnginePlan::attention_kept), and causal attention over tiles meets the same pairs.
+  double backward(bool recompute, bool attention_kept = false) const {
+    return 2.0 * gemm_forward + attention_backward + (recompute ? (attention_kept ? gemm_forward : forward()) : 0.0);
   }
 };
 // causal pairs per sequence: T (T + 1) / 2 (within a sliding window fewer, averaged over the layers).

@@ -127,6 +127,29 @@ TEST_CASE("boundaries kept on the device grow with depth, offloaded they do not"
   CHECK(offloaded[0] < device_kept[0]);
 }
 
+namespace {
+
+// 8 layers (deep enough that offloading the boundaries saves device memory), 2 micro-batches: its config
+// and model, and its plan with keep_intermediates set to `keep`.
+struct DeepModel {
+  Tiny t;
+  TrainConfig cfg;
+  ModelConfig model;
+  DeepModel() {
+    t.layers = 8;
+    t.micro_batches = 2;
+    cfg = tiny_config(t);
+    model = cfg.model_config_from_keys();
+  }
+  EnginePlan plan(const char* keep) const {
+    TrainConfig c = cfg;
+    c.device.keep_intermediates = keep;
+    return plan_engine(c, model);
+  }
+};
+
+}  // namespace
+
 TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][memory]") {
   Tiny t;
   TrainConfig cfg = tiny_config(t);
@@ -149,16 +172,10 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     CHECK(moment_store_for(cfg, model) == nullptr);  // in the tiles
   }
   SECTION("auto keeps as much as fits the budget") {
-    Tiny deep;
-    deep.layers = 8;  // deep enough that offloading the boundaries saves device memory
-    deep.micro_batches = 2;
-    cfg = tiny_config(deep);
-    const ModelConfig deep_model = cfg.model_config_from_keys();
-    auto need = [&](const char* keep) {
-      TrainConfig c = cfg;
-      c.device.keep_intermediates = keep;
-      return plan_engine(c, deep_model).arena.total_bytes;
-    };
+    const DeepModel deep;
+    cfg = deep.cfg;
+    const ModelConfig& deep_model = deep.model;
+    auto need = [&](const char* keep) { return deep.plan(keep).arena.total_bytes; };
     const std::size_t all = need("all"), boundary = need("boundary"), host = need("boundary_host");
     const std::size_t mapped = need("boundary_mapped");
     REQUIRE(all > boundary);
@@ -178,7 +195,7 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     CHECK(p.mode == ActivationMode::recompute);
     CHECK_FALSE(p.boundaries_on_host);
     // The budget left over keeps the last layers' intermediates: here all but one layer's.
-    CHECK(p.kept_layers == deep.layers - 1);
+    CHECK(p.kept_layers == deep.t.layers - 1);
     CHECK(p.arena.total_bytes <= all - 1024);
     CHECK(p.arena.total_bytes > boundary);
     p = plan_at(boundary);  // no room left: every layer recomputed
@@ -197,25 +214,18 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     CHECK_THROWS_WITH(plan_at(mapped - 1024), Catch::Contains("device.max_vram_gb"));
   }
   SECTION("auto keeps every intermediate mapped in host RAM where the device shares it and half the RAM holds it") {
-    Tiny deep;
-    deep.layers = 8;
-    deep.micro_batches = 2;
-    cfg = tiny_config(deep);
-    const ModelConfig deep_model = cfg.model_config_from_keys();
-    auto plan_as = [&](const char* keep) {
-      TrainConfig c = cfg;
-      c.device.keep_intermediates = keep;
-      return plan_engine(c, deep_model);
-    };
-    const EnginePlan all = plan_as("all"), boundary = plan_as("boundary"), mapped = plan_as("boundary_mapped");
-    const EnginePlan all_mapped = plan_as("all_mapped");
+    const DeepModel deep;
+    cfg = deep.cfg;
+    const ModelConfig& deep_model = deep.model;
+    const EnginePlan all = deep.plan("all"), boundary = deep.plan("boundary"), mapped = deep.plan("boundary_mapped");
+    const EnginePlan all_mapped = deep.plan("all_mapped");
     // Named: keep mode, the boundaries mapped, and the intermediates with them in host RAM, not the arena.
     CHECK(all_mapped.mode == ActivationMode::keep);
     CHECK(all_mapped.boundaries_mapped);
     CHECK(all_mapped.kept_layers == 0);
     CHECK(planned_keep(all_mapped) == KeepIntermediates::all_mapped);
     CHECK(all_mapped.host_boundary_bytes ==
-          mapped.host_boundary_bytes + static_cast<std::size_t>(all.activation_sets * deep.layers) *
+          mapped.host_boundary_bytes + static_cast<std::size_t>(all.activation_sets * deep.t.layers) *
                                            align_floats(all.saved_floats) * sizeof(float));
     CHECK(all_mapped.arena.total_bytes < boundary.arena.total_bytes);
     CHECK(all_mapped.arena.total_bytes < all.arena.total_bytes);
