@@ -31,6 +31,7 @@
 #include "data/loader.hpp"
 #include "data/shard.hpp"
 #include "data/tokenizer.hpp"
+#include "kernels/cpu/cpu_info.hpp"
 #include "monitor/status_board.hpp"
 #include "node/host_pinning.hpp"
 #include "node/kernel_choice.hpp"
@@ -334,6 +335,7 @@ bool TrainingRun::open_logs() {
 bool TrainingRun::choose_kernel_paths() {
   KernelChoice c;
   try {
+    cpu::avx512_allowed();  // a malformed MEGATRAIN_MAX_CPU_ISA is refused here, before any kernel runs
     nlohmann::json state = resumed_run_state_;
     cluster::World* world = cfg_.cluster.ranks > 1 ? hooks_.world : nullptr;
     // Several ranks take rank 0's choice (as a resume takes the checkpoint's): every rank must run the

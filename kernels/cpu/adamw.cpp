@@ -4,6 +4,7 @@
 #include "kernels/adamw.hpp"
 
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/cpu/cpu_info.hpp"
 #include "kernels/master_halves.hpp"
 
 #include <algorithm>
@@ -257,8 +258,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void adamw_halves_range_avx
 }
 
 bool cpu_has_avx512_halves() {
-  static const bool has =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  static const bool has = avx512_allowed() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
   return has;
 }
 #pragma GCC diagnostic pop

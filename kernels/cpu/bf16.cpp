@@ -1,5 +1,6 @@
 // fp32 <-> bf16 arrays (see bf16.hpp for the rounding contract).
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/cpu/cpu_info.hpp"
 
 #include <algorithm>
 
@@ -69,8 +70,8 @@ void split(std::size_t n, int threads, F&& f) {
 
 bool cpu_has_avx512_bf16() {
 #ifdef MT_BF16_X86
-  static const bool has =
-      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  static const bool has = avx512_allowed() && __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   return has;
 #else
   return false;

@@ -1,8 +1,11 @@
 #include "kernels/cpu/cpu_info.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -41,7 +44,20 @@ std::string cpu_isa_flags() {
   for (const char* w :
        {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"})
     if (std::find(present.begin(), present.end(), w) != present.end()) out += (out.empty() ? "" : " ") + std::string(w);
-  return out.empty() ? "(none of avx2/avx512/amx)" : out;
+  if (out.empty()) out = "(none of avx2/avx512/amx)";
+  return avx512_allowed() ? out : out + " held:avx2";
+}
+
+bool avx512_allowed() {
+  static const bool allowed = [] {
+    const char* e = std::getenv("MEGATRAIN_MAX_CPU_ISA");
+    std::string v = e ? e : "";
+    std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (v.empty() || v == "avx512") return true;
+    if (v == "avx2") return false;
+    throw std::invalid_argument("MEGATRAIN_MAX_CPU_ISA=" + v + ": expected avx2 or avx512 (or unset)");
+  }();
+  return allowed;
 }
 
 }  // namespace mt::cpu

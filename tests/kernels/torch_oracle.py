@@ -12,7 +12,10 @@ usage: torch_oracle.py DIR    (DIR/config.json, params.bin, tokens.bin, targets.
 With "autocast": true in config.json the forward runs under torch.autocast("cpu", dtype=torch.bfloat16)
 (fp32 master parameters, bf16 matrix products; the logits are cast to fp32 before the loss, as Hugging
 Face's causal LMs do), and the AdamW step uses torch's own gradients (grads_in.bin is not read): the
-comparison is of the whole bf16 training step.
+comparison is of the whole bf16 training step. The same weights and tokens also run without autocast
+in the reference precision (fp64; fp32 with "sdpa", where an fp64 attention over T x T scores would
+not fit the test's memory): exact_logits.bin, exact_loss.txt, exact_grads.bin, the answer both bf16
+sides are judged against (bf16 rounding is ~2^-9, fp32's ~2^-24).
 """
 import json
 import math
@@ -100,7 +103,7 @@ def gelu_new(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
-def forward():
+def forward(P, dtype=torch.float32):
     if gpt2:
         x = P["transformer.wte.weight"][tokens] + P["transformer.wpe.weight"][torch.arange(T)]
         for i in range(cfg["num_hidden_layers"]):
@@ -114,7 +117,7 @@ def forward():
             x = x + F.linear(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
         h = F.layer_norm(x, (d,), P["transformer.ln_f.weight"], P["transformer.ln_f.bias"], eps)
         return F.linear(h, P["transformer.wte.weight"])
-    cos, sin = rope_cos_sin()
+    cos, sin = (t.to(dtype) for t in rope_cos_sin())
     x = P["model.embed_tokens.weight"][tokens]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -137,13 +140,29 @@ def forward():
     return F.linear(h, lm)
 
 
+def write_exact():
+    """The step's answer in the reference precision, for judging both bf16 sides."""
+    dtype = torch.float32 if cfg.get("sdpa", False) else torch.float64
+    P_ref = {n: p.detach().to(dtype).requires_grad_() for n, p in P.items()}
+    logits_ref = forward(P_ref, dtype)
+    loss_ref = F.cross_entropy(logits_ref.view(-1, V), targets.view(-1), ignore_index=-100)
+    loss_ref.backward()
+    logits_ref.detach().numpy().astype(np.float32).tofile(f"{out_dir}/exact_logits.bin")
+    with open(f"{out_dir}/exact_loss.txt", "w") as f:
+        f.write(repr(loss_ref.item()) + " " + str(dtype).replace("torch.", ""))
+    names = [t["name"] for t in cfg["tensors"]]
+    np.concatenate([P_ref[n].grad.numpy().ravel() for n in names]).astype(np.float32).tofile(
+        f"{out_dir}/exact_grads.bin")
+
+
 autocast = cfg.get("autocast", False)
 if autocast:
+    write_exact()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = forward()
+        logits = forward(P)
     logits = logits.float()
 else:
-    logits = forward()
+    logits = forward(P)
 loss = F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
 loss.backward()
 logits.detach().numpy().astype(np.float32).tofile(f"{out_dir}/logits.bin")
