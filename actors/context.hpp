@@ -269,7 +269,6 @@ struct Context {
   std::uint64_t boundary_stamp(std::int64_t step, std::int64_t micro_batch) const {
     return static_cast<std::uint64_t>(step * sched.micro_batches() + data_local(micro_batch)) + 1;
   }
-  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };
 
 }  // namespace mt::actors

@@ -1,5 +1,7 @@
 #include "actors/monitor_publish.hpp"
 
+#include <chrono>
+
 namespace mt::actors {
 
 void publish_pipeline_start(Context& ctx) {
@@ -76,16 +78,25 @@ void publish_step(Context& ctx, const StepRecord& r) {
 void publish_live(Context& ctx, double paused_s, double restart_s) {
   const LinkStats link = ctx.backend->link_stats();
   const ArenaUsage arena = ctx.arena->usage();
-  const double wall = ctx.now();
+  // Each pipeline segment (training between evaluations) has its own clock and controller; the run's
+  // figures span them all.
+  const std::int64_t segment = ctx.t0.time_since_epoch().count();
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
   ctx.monitor->board().update([&](monitor::RunFigures& f) {
     f.h2d_bytes = std::max<std::uint64_t>(f.h2d_bytes, link.of(LinkDirection::host_to_device).bytes);
     f.d2h_bytes = std::max<std::uint64_t>(f.d2h_bytes, link.of(LinkDirection::device_to_host).bytes);
     f.arena_in_use = arena.in_use_bytes;
     f.arena_peak = arena.peak_bytes;
     f.arena_budget = arena.budget_bytes;
-    f.wall_s = wall;
-    f.paused_s = paused_s;
-    f.restart_s = restart_s;
+    if (f.segment_started != segment) {
+      if (f.run_started == 0) f.run_started = segment;
+      f.segment_started = segment;
+      f.paused_before_s = f.paused_s;
+      f.restart_before_s = f.restart_s;
+    }
+    f.wall_s = std::chrono::duration<double>(now - std::chrono::steady_clock::duration(f.run_started)).count();
+    f.paused_s = f.paused_before_s + paused_s;
+    f.restart_s = f.restart_before_s + restart_s;
   });
   // Several ranks: this rank's own entry of "ranks" live (what it waits for now), between gathers.
   if (ctx.world != nullptr && ctx.ranks > 1) {

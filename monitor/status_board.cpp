@@ -295,6 +295,7 @@ nlohmann::json StatusBoard::status_json() const {
           {"grad_norm", f.grad_norm},
           {"tokens_per_s", f.tokens_per_s},
           {"eta_s", f.eta_s()},
+          {"wall_s", f.wall_s},
           {"goodput", f.goodput()},
           {"link",
            {{"h2d_bytes", f.h2d_bytes},

@@ -122,7 +122,11 @@ struct RunFigures {
   double checkpoint_seconds = 0.0;
   std::optional<CheckpointFigures> last_checkpoint;
   // Goodput: wall time since the start, minus time paused, waiting for checkpoints and restarting.
+  // All four are the run's: wall_s counts from the first training segment's start (evaluations between
+  // segments included), and each segment's pause and restart seconds add to those of the ones before.
   double wall_s = 0.0, paused_s = 0.0, checkpoint_wait_s = 0.0, restart_s = 0.0;
+  std::int64_t run_started = 0, segment_started = 0;     // steady-clock ticks; 0 = no segment yet
+  double paused_before_s = 0.0, restart_before_s = 0.0;  // the segments' before this one
   std::string last_error;
   double goodput() const;
   double eta_s() const;  // 0 when unknown

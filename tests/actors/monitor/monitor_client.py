@@ -519,13 +519,23 @@ def cmd_evaluation(node, args):
     # (it ends at step 2*every): its actors are working, whatever the pass before them left on the board.
     first, last = args.every + 1, 2 * args.every - 2
     deadline = time.time() + 60
+    seen_training = None  # when /status first showed a step: the run's clock had started before
     while True:
+        asked = time.monotonic()
         st = node.get_json("/status")
         check(st["step"] <= last, f"/status jumped from before step {first} to step {st['step']}")
+        if seen_training is None and st["step"] >= 1:
+            seen_training = asked
         if st["step"] >= first:
             break
         check(time.time() < deadline, f"no progress to step {first}")
         time.sleep(0.01)
+    # The run's figures span the evaluation: its wall clock runs from the first segment, not this one
+    # (the ETA and goodput divide by it).
+    if seen_training is not None and seen_training < asked:
+        check(st["wall_s"] + 0.05 >= asked - seen_training,
+              f"/status wall_s {st['wall_s']:.3f} s at step {st['step']}, but the run trained "
+              f"{asked - seen_training:.3f} s ago: the clock restarted with the segment")
     states = {a["name"]: a["state"] for a in st["actors"]}
     check(all(s == "running" for s in states.values()), f"step {st['step']}, after an evaluation: {states}")
     model = st["run"]["model"]

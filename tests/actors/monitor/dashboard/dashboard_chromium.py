@@ -290,7 +290,8 @@ def main():
             logged = {}
             for line in open(jsonl):
                 r = json.loads(line)
-                logged[r["step"]] = r["loss"]
+                if "loss" in r:  # eval records carry val_loss instead
+                    logged[r["step"]] = r["loss"]
             plotted = st["points"]["loss"]
             missing = [s for s, _ in plotted if s not in logged]
             wrong = [(s, v, logged[s]) for s, v in plotted if s in logged and logged[s] != v]
