@@ -57,7 +57,6 @@ class DeviceArena {
   std::byte* workspace() { return region_data(ArenaRegionKind::workspace); }
   std::byte* activations() { return region_data(ArenaRegionKind::activations); }
   int weight_slot_count() const { return plan_.weight_slots; }
-  int grad_slot_count() const { return plan_.grad_slots; }
 
   // --- use accounting ------------------------------------------------------------------------------
   // Sets the bytes in use of one region (replacing its previous claim). Throws std::length_error naming

@@ -168,10 +168,6 @@ ParamLayout stage_layout(const ModelConfig& c, std::int64_t stage) {
   return layer_layout(c, stage - 1);
 }
 
-std::string embedding_weight_name(const ModelConfig& c) {
-  return c.is_gpt2() ? "transformer.wte.weight" : "model.embed_tokens.weight";
-}
-
 std::int64_t total_param_count(const ModelConfig& c) {
   std::int64_t n = 0;
   for (std::int64_t s = 0; s < num_stages(c); ++s) n += static_cast<std::int64_t>(stage_layout(c, s).param_count());

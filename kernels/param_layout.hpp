@@ -67,9 +67,6 @@ std::string moe_expert_tensor(const ModelConfig& c, std::int64_t expert, ExpertM
 std::string moe_router_bias_tensor(const ModelConfig& c);
 std::string moe_expert_bias_tensor(const ModelConfig& c, std::int64_t expert, ExpertMatrix m);
 
-// The embedding matrix's full name ("model.embed_tokens.weight" / "transformer.wte.weight"); with tied
-// embeddings the head computes with it and its gradient flows back into stage 0.
-std::string embedding_weight_name(const ModelConfig& c);
 std::int64_t total_param_count(const ModelConfig& c);
 // Parameters one token computes with: all of them for a dense model; with experts, a layer's router,
 // attention and norms plus num_experts_per_tok of its num_experts experts (what FLOPs scale with, while

@@ -18,12 +18,6 @@ const char* actor_name(ActorId a) {
   return names[static_cast<int>(a)];
 }
 
-std::optional<ActorId> parse_actor(const std::string& name) {
-  for (int i = 0; i < kActorCount; ++i)
-    if (name == actor_name(static_cast<ActorId>(i))) return static_cast<ActorId>(i);
-  return std::nullopt;
-}
-
 const char* actor_state_name(ActorState s) {
   switch (s) {
     case ActorState::running:

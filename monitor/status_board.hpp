@@ -22,7 +22,6 @@ namespace mt::monitor {
 enum class ActorId : int { loader, prefetcher, compute, collector, optimizer, checkpointer, node };
 inline constexpr int kActorCount = 7;
 const char* actor_name(ActorId a);
-std::optional<ActorId> parse_actor(const std::string& name);
 
 enum class ActorState : int { running, restarting, stopped };
 const char* actor_state_name(ActorState s);

@@ -326,8 +326,6 @@ std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, cons
   return best;
 }
 
-namespace {}  // namespace
-
 void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw) {
   cfg.device.backend = "cpu";
   cfg.device.copy_bandwidth_gbps = hw.link_h2d / 1e9;

@@ -21,10 +21,6 @@ void sleep_until_seconds(double t) {
 
 }  // namespace
 
-const char* copy_direction_name(CopyDirection d) {
-  return d == CopyDirection::host_to_device ? "host_to_device" : "device_to_host";
-}
-
 CopyEngine::CopyEngine(const CopyEngineOptions& options) : options_(options) {
   if (options_.workers < 1 || options_.workers > 2)
     throw std::invalid_argument("copy engine: workers must be 1 or 2, got " + std::to_string(options_.workers));

@@ -25,7 +25,6 @@
 namespace mt {
 
 enum class CopyDirection { host_to_device = 0, device_to_host = 1 };
-const char* copy_direction_name(CopyDirection d);
 
 struct CopyJob {
   CopyDirection direction = CopyDirection::host_to_device;

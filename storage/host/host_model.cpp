@@ -222,8 +222,4 @@ void StateLease::mark_modified() {
   cpu::plain_vs(v_, v_, tile_.floats(), kLeaseThreads);  // the lease keeps reading plain values
 }
 
-void HostModel::abort_all_waits() {
-  for (auto& t : tiles_) t->abort_waits();
-}
-
 }  // namespace mt

@@ -83,9 +83,6 @@ class HostModel {
   std::size_t largest_stage_floats() const;  // what a device weight slot must hold
   std::int64_t largest_stage() const;
 
-  // abort_waits() on every tile (engine shutdown).
-  void abort_all_waits();
-
  private:
   ModelConfig cfg_;
   std::vector<ParamLayout> layouts_;
