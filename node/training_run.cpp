@@ -72,26 +72,6 @@ void ignore_file_size_signal() {
   sigaction(SIGXFSZ, &si, nullptr);
 }
 
-// Test-only: MEGATRAIN_TEST_CKPT_STALL=STEP:STAGE:SECONDS sleeps inside the write of that stage of that
-// checkpoint (kill -9 during a checkpoint write).
-// MEGATRAIN_TEST_CKPT_FAIL=STEP:STAGE fails the write of that stage of that checkpoint (a full disk on
-// one rank of several).
-void parse_stall(CheckpointJob& cj) {
-  long long step = -1, stage = -1;
-  double secs = 0;
-  const char* e = std::getenv("MEGATRAIN_TEST_CKPT_STALL");
-  if (e != nullptr && std::sscanf(e, "%lld:%lld:%lf", &step, &stage, &secs) == 3) {
-    cj.stall_step = step;
-    cj.stall_stage = stage;
-    cj.stall_seconds = secs;
-  }
-  const char* f = std::getenv("MEGATRAIN_TEST_CKPT_FAIL");
-  if (f != nullptr && std::sscanf(f, "%lld:%lld", &step, &stage) == 2) {
-    cj.fail_step = step;
-    cj.fail_stage = stage;
-  }
-}
-
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string format(const char* fmt, ...) {
   char buffer[1024];
@@ -593,7 +573,7 @@ EngineJob TrainingRun::make_job() {
   job.checkpoint.hf_config_json = hf_config_;
   job.checkpoint.owners_write = owners_write_;
   job.checkpoint.shared_tag = shared_tag_;
-  parse_stall(job.checkpoint);
+  if (hooks_.checkpoint_job) hooks_.checkpoint_job(job.checkpoint);
   job.on_checkpoint = [this](const CheckpointEvent& ev) {
     if (ev.ok)
       say_(MessageStream::out,

@@ -48,7 +48,10 @@ struct TrainingHooks {
   std::function<void(const HostModel&, const std::string& hf_config)> on_finished;
   // The job's ranks (the node binary under mpirun: cluster/world.hpp), with cfg.cluster.rank / ranks
   // set from it; null = alone. Rank 0 alone prints progress, writes the logs, checkpoints and the export.
-  cluster::World* world = nullptr;
+  cluster::World* world =
+      nullptr;  // Adjusts the checkpointer's job before the run starts: a test harness plants write stalls and
+  // failures there (tests/actors/node_with_faults.cpp); the binary and the Python module set none.
+  std::function<void(CheckpointJob&)> checkpoint_job;
 };
 
 struct TrainingResult {

@@ -1,10 +1,10 @@
 // megatrain-top and megatrain-ctl against a real node: `megatrain train` on a tiny model with the
 // monitor on (any free port), attached by output_dir and by HOST:PORT. `megatrain-top --once` prints
-// every actor, and flags the checkpointer STUCK while its write of step 100 is held for 4 s (the
-// node's test hook MEGATRAIN_TEST_CKPT_STALL); `megatrain-ctl checkpoint --wait` returns once the checkpoint is
-// durable, and megatrain-ckpt (an independent reader) verifies every checksum of it; pause and resume take effect;
-// refused requests exit non-zero with the node's reason; stop --wait returns when the node has stopped
-// (exit 0, monitor.json removed).
+// every actor, and flags the checkpointer STUCK while its write of step 100 is held for 4 s
+// (MEGATRAIN_TEST_CKPT_STALL of the test node megatrain-with-faults); `megatrain-ctl checkpoint --wait`
+// returns once the checkpoint is durable, and megatrain-ckpt (an independent reader) verifies every
+// checksum of it; pause and resume take effect; refused requests exit non-zero with the node's reason;
+// stop --wait returns when the node has stopped (exit 0, monitor.json removed).
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>

@@ -10,7 +10,7 @@ the page's checkpoint control (the token as the page keeps it, in sessionStorage
 `control` event saying the checkpoint is durable, keeps a screenshot, and stops the node with
 POST /control/stop (clean exit, monitor.json removed).
 
-  dashboard_chromium.py --node BUILD/node/megatrain --work DIR [--screenshot FILE]
+  dashboard_chromium.py --node BUILD/tests/actors/megatrain-with-faults --work DIR [--screenshot FILE]
   dashboard_chromium.py --attach OUTPUT_DIR [--screenshot FILE]     (a node that is already running)
 
 Exit 0: passed; 1: failed (says what); 77: chromium is not installed (ctest counts it as skipped).
@@ -47,7 +47,7 @@ def make_shard(path, tokens):
         f.write(struct.pack("<%dH" % tokens, *[(i * 7 + i // 13) % 61 for i in range(tokens)]))
 
 
-STALL_STEP, STALL_S = 100, 6  # the node's test hook holds the write of step 100's checkpoint this long
+STALL_STEP, STALL_S = 100, 6  # megatrain-with-faults holds the write of step 100's checkpoint this long
 
 
 def start_node(binary, work):
