@@ -67,7 +67,7 @@ class NodeConfig : public caf::actor_system_config {
   bool check_files = true;                 // false: load() validates values only (no filesystem access)
   TrainConfig values;                      // filled by load()
   std::string config_file;                 // the INI file read ("" when none)
-  std::string program = "megatrain-node";  // argv[0] once load(argc, argv) ran (for --help)
+  std::string program = "megatrain train";  // argv[0] once load(argc, argv) ran (for --help)
 };
 
 }  // namespace mt
