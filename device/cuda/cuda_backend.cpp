@@ -295,7 +295,11 @@ const float* CudaBackend::upload_floats(const float* host, std::size_t n, int sl
     MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.device), std::max<std::size_t>(n, 1) * sizeof(float)));
     s.capacity = n;
   }
-  if (n) MT_CUDA_CHECK(cudaMemcpy(s.device, host, n * sizeof(float), cudaMemcpyHostToDevice));
+  // Copied on the compute stream that reads it, from a host copy kept until the next upload to this
+  // slot (which waits for compute first): a plain cudaMemcpy from pageable memory may return before the
+  // bytes landed, and it is not ordered with the non-blocking compute stream.
+  s.host.assign(host, host + n);
+  if (n) MT_CUDA_CHECK(cudaMemcpyAsync(s.device, s.host.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
   return s.device;
 }
 
@@ -318,7 +322,8 @@ const token_t* CudaBackend::upload_tokens(const token_t* host_tokens, std::size_
   }
   s.host.assign(host_tokens, host_tokens + n);
   s.csr_ready = false;
-  if (n) MT_CUDA_CHECK(cudaMemcpy(s.device, s.host.data(), n * sizeof(token_t), cudaMemcpyHostToDevice));
+  // On the compute stream that reads it; `s.host` stays until the next upload, which waits for compute.
+  if (n) MT_CUDA_CHECK(cudaMemcpyAsync(s.device, s.host.data(), n * sizeof(token_t), cudaMemcpyHostToDevice, compute_));
   return s.device;
 }
 
@@ -330,31 +335,40 @@ CudaBackend::TokenSlot& CudaBackend::slot_of(const token_t* device_tokens, const
 }
 
 // Counting sort of the positions by token id: for each distinct token, its rows in ascending order.
+// The lists are copied on the compute stream (the embedding's backward, next on it, reads them) from
+// host vectors the slot keeps until it is rebuilt, after compute drained.
 void CudaBackend::build_token_rows(TokenSlot& s) {
   if (s.csr_ready) return;
+  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));  // queued work may still read the old lists
   const std::size_t n = s.host.size();
-  std::vector<std::int32_t> order(n);
+  std::vector<std::int32_t>& order = s.host_rows;
+  order.resize(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return s.host[a] < s.host[b]; });
-  std::vector<std::int32_t> unique, offsets;
+  s.host_unique.clear(), s.host_offsets.clear();
   for (std::size_t k = 0; k < n; ++k)
     if (k == 0 || s.host[order[k]] != s.host[order[k - 1]]) {
-      unique.push_back(s.host[order[k]]);
-      offsets.push_back(static_cast<std::int32_t>(k));
+      s.host_unique.push_back(s.host[order[k]]);
+      s.host_offsets.push_back(static_cast<std::int32_t>(k));
     }
-  offsets.push_back(static_cast<std::int32_t>(n));
-  cudaFree(s.unique), cudaFree(s.offsets), cudaFree(s.rows);
+  s.host_offsets.push_back(static_cast<std::int32_t>(n));
+  MT_CUDA_CHECK(cudaFree(s.unique));
+  MT_CUDA_CHECK(cudaFree(s.offsets));
+  MT_CUDA_CHECK(cudaFree(s.rows));
   s.unique = s.offsets = s.rows = nullptr;
   const std::size_t cap = std::max<std::size_t>(n, 1) + 1;
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.unique), cap * sizeof(std::int32_t)));
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.offsets), cap * sizeof(std::int32_t)));
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.rows), cap * sizeof(std::int32_t)));
-  if (n) {
-    MT_CUDA_CHECK(cudaMemcpy(s.unique, unique.data(), unique.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-    MT_CUDA_CHECK(cudaMemcpy(s.offsets, offsets.data(), offsets.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-    MT_CUDA_CHECK(cudaMemcpy(s.rows, order.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-  }
-  s.n_unique = static_cast<std::int64_t>(unique.size());
+  const auto up = [this](std::int32_t* dst, const std::vector<std::int32_t>& src) {
+    if (!src.empty())
+      MT_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, compute_));
+  };
+  up(s.unique, s.host_unique);
+  up(s.offsets, s.host_offsets);
+  up(s.rows, order);
+  s.n_unique = static_cast<std::int64_t>(s.host_unique.size());
   s.csr_ready = true;
 }
 

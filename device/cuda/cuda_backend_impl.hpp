@@ -109,6 +109,7 @@ class CudaBackend final : public Backend {
     std::size_t capacity = 0;
     bool csr_ready = false;  // the per-token row lists below match `host`
     std::int32_t *unique = nullptr, *offsets = nullptr, *rows = nullptr;
+    std::vector<std::int32_t> host_unique, host_offsets, host_rows;  // the sources of their copies
     std::int64_t n_unique = 0;
   };
   void select_device() const;
@@ -133,6 +134,7 @@ class CudaBackend final : public Backend {
   std::mutex token_mu_;
   TokenSlot slots_[4];
   struct FloatSlot {
+    std::vector<float> host;  // the source of the last upload's copy
     float* device = nullptr;
     std::size_t capacity = 0;
   };

@@ -109,6 +109,7 @@ class CudaOps final : public Ops {
     RopeParams p;
     std::int64_t seq = 0, head_dim = 0;
     float *cos = nullptr, *sin = nullptr;
+    std::vector<float> host_cos, host_sin;  // the sources of the tables' copies
   } rope_;
   double* loss_device_ = nullptr;  // [sum, count]
   double* loss_host_ = nullptr;    // pinned

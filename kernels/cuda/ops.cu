@@ -485,15 +485,16 @@ RopeTables CudaOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int6
   const bool same = r.cos && r.seq == seq && r.head_dim == head_dim && r.p == p;
   if (!same) {
     const std::size_t n = static_cast<std::size_t>(seq * (head_dim / 2));
-    std::vector<float> cos_t(n), sin_t(n);
-    cpu::rope_table(p, seq, head_dim, cos_t.data(), sin_t.data());
-    MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the old tables may still be read
+    MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the old tables (and their host sources) may still be read
+    r.host_cos.resize(n), r.host_sin.resize(n);
+    cpu::rope_table(p, seq, head_dim, r.host_cos.data(), r.host_sin.data());
     cudaFree(r.cos), cudaFree(r.sin);
     r.cos = r.sin = nullptr;
     MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.cos), std::max<std::size_t>(n, 1) * sizeof(float)));
     MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.sin), std::max<std::size_t>(n, 1) * sizeof(float)));
-    MT_CUDA_CHECK(cudaMemcpy(r.cos, cos_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    MT_CUDA_CHECK(cudaMemcpy(r.sin, sin_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    // On the stream whose kernels read them, from host tables kept until the next rebuild (after a sync).
+    MT_CUDA_CHECK(cudaMemcpyAsync(r.cos, r.host_cos.data(), n * sizeof(float), cudaMemcpyHostToDevice, st_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(r.sin, r.host_sin.data(), n * sizeof(float), cudaMemcpyHostToDevice, st_));
     r.p = p, r.seq = seq, r.head_dim = head_dim;
   }
   return {r.cos, r.sin};
