@@ -429,6 +429,8 @@ const void* CudaOps::rounded(Slot s, const float* x, std::int64_t n) {
 }
 
 // ---------------- products ----------------
+void CudaOps::round_bf16(const float* x, bf16_t* y, std::size_t n) { to_bf16(x, y, n, st_); }
+
 void CudaOps::linear_forward(const float* x, const void* W, const void* b, float* y, std::int64_t N, std::int64_t in,
                              std::int64_t out) {
   gemm_.linear_forward(bf16() ? rounded(bf16_operand, x, N * in) : x, W, y, N, in, out, bf16(), st_);
