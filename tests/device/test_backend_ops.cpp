@@ -204,7 +204,7 @@ void linear_cases(Ctx& c) {
 // left out of the product: a GEMM may flush them, which is no fault of the rounding.
 void operand_rounding_case(Ctx& c) {
   std::vector<float> x = {
-      1.0f, INFINITY, -INFINITY, 3.4e38f, 1.00390625f, 1.01171875f, std::numeric_limits<float>::quiet_NaN(),
+      1.0f, INFINITY,  -INFINITY, 3.4e38f, 1.00390625f, 1.01171875f, std::numeric_limits<float>::quiet_NaN(),
       0.1f, -65504.3f, -0.0f};
   for (const std::uint32_t bits : {0x7f800001u, 0xffc12345u, 0x00000001u, 0x807fffffu}) {  // sNaN, -qNaN, denormals
     float f;
