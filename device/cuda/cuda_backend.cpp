@@ -21,18 +21,6 @@
 
 namespace mt::cuda {
 
-namespace {
-
-// A failure on a poller thread cannot be thrown to anyone: it ends the process with the call's name.
-void poller_check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "megatrain: CUDA copy completion: %s failed: %s (%s)\n", what, cudaGetErrorName(e),
-               cudaGetErrorString(e));
-  std::abort();
-}
-
-}  // namespace
-
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
@@ -160,6 +148,7 @@ void CudaBackend::copy_async(LinkDirection dir, const void* src, void* dst, std:
   select_device();
   Direction& d = dirs_[static_cast<int>(dir)];
   CopyEvents e;
+  e.dir = dir, e.bytes = bytes, e.src = src, e.dst = dst;
   std::lock_guard<std::mutex> lock(d.submit);
   MT_CUDA_CHECK(cudaEventCreate(&e.start));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&e.end, cudaEventBlockingSync));
@@ -179,13 +168,35 @@ void CudaBackend::copy_async(LinkDirection dir, const void* src, void* dst, std:
   d.done->push(e, bytes, std::move(on_done));
 }
 
+// A failure on a poller thread cannot be thrown to anyone: it ends the process, naming the call, the
+// copy and the stage operation compute began last (a kernel's fault surfaces at any later wait, this
+// one included; CUDA_LAUNCH_BLOCKING=1 pins it on its kernel).
+void CudaBackend::copy_failed(const CopyEvents& e, cudaError_t err, const char* what) const {
+  FaultContext stage;
+  {
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    stage = last_stage_;
+  }
+  const std::string where = describe_fault(stage);
+  std::fprintf(stderr,
+               "megatrain: CUDA copy completion on GPU %d: %s failed: %s (%s); the copy: %s, %zu bytes, %p -> %p; "
+               "compute's last stage operation%s\n",
+               device_, what, cudaGetErrorName(err), cudaGetErrorString(err),
+               e.dir == LinkDirection::host_to_device ? "host to device" : "device to host", e.bytes, e.src, e.dst,
+               where.empty() ? ": none yet" : where.c_str());
+  std::abort();
+}
+
 double CudaBackend::wait_copy(CopyEvents& e) const {
-  poller_check(cudaSetDevice(device_), "cudaSetDevice");
-  poller_check(cudaEventSynchronize(e.end), "cudaEventSynchronize on a copy's end event");
+  const auto check = [&](cudaError_t err, const char* what) {
+    if (err != cudaSuccess) copy_failed(e, err, what);
+  };
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  check(cudaEventSynchronize(e.end), "cudaEventSynchronize on a copy's end event");
   float ms = 0.0f;
-  poller_check(cudaEventElapsedTime(&ms, e.start, e.end), "cudaEventElapsedTime");
-  poller_check(cudaEventDestroy(e.start), "cudaEventDestroy");
-  poller_check(cudaEventDestroy(e.end), "cudaEventDestroy");
+  check(cudaEventElapsedTime(&ms, e.start, e.end), "cudaEventElapsedTime");
+  check(cudaEventDestroy(e.start), "cudaEventDestroy");
+  check(cudaEventDestroy(e.end), "cudaEventDestroy");
   return ms * 1e-3;
 }
 
@@ -215,10 +226,28 @@ void CudaBackend::synchronize() {
   MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 
+void CudaBackend::begin_stage(const char* stage) {
+  select_device();
+  FaultContext& c = fault_context();
+  c = FaultContext{};
+  c.stage = stage, c.device = device_;
+  c.step = position_.step, c.micro_batch = position_.micro_batch, c.layer = position_.layer;
+  std::lock_guard<std::mutex> lock(stage_mu_);
+  last_stage_ = c;
+}
+
 void CudaBackend::end_stage() {
   MT_CUDA_CHECK(cudaGetLastError());
   MT_CUDA_CHECK(cudaEventRecord(stage_done_, compute_));
   MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  fault_context() = FaultContext{};
+}
+
+void CudaBackend::abandon_stage() noexcept {
+  // The caller may free or rewrite the stage's buffers once the exception reaches it: let the queued
+  // kernels finish (or fail) first. Errors were, or will be, reported by the call that threw.
+  if (cudaSetDevice(device_) == cudaSuccess) cudaStreamSynchronize(compute_);
+  fault_context() = FaultContext{};
 }
 
 // ---------------- several GPUs ----------------

@@ -86,6 +86,7 @@ void Gemm::matmul(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
   const Key key{ta, tb, m, n, k, lda, ldb, ldc, bf16, beta != 0.0f, align};
   Plan& p = plan_for(key);
   const float alpha = 1.0f;
+  note_kernel(p.gemm_ex ? "cublasGemmEx" : "cublasLtMatmul");
   if (p.gemm_ex) {
     std::lock_guard<std::mutex> lock(mu_);  // the handle's stream is per call
     const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;

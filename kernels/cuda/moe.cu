@@ -255,6 +255,7 @@ __global__ void balance_bwd_kernel(const float* __restrict__ logits, const std::
 }  // namespace
 
 void CudaOps::moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight) {
+  note_op("moe_route");
   check_top_k(s);
   if (s.tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>((s.tokens + kBlock - 1) / kBlock);
@@ -264,6 +265,7 @@ void CudaOps::moe_route(const float* logits, const RouteShape& s, std::int32_t* 
 
 void CudaOps::moe_route_backward(const float* logits, const std::int32_t* expert, const float* weight,
                                  const float* dweight, float* dlogits, const RouteShape& s) {
+  note_op("moe_route_backward");
   check_top_k(s);
   if (s.tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>((s.tokens + kBlock - 1) / kBlock);
@@ -273,6 +275,7 @@ void CudaOps::moe_route_backward(const float* logits, const std::int32_t* expert
 
 void CudaOps::moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order, std::int32_t* slot_pos,
                            std::int64_t* offsets_host) {
+  note_op("moe_dispatch");
   const std::size_t bytes = static_cast<std::size_t>(s.experts + 1) * sizeof(std::int64_t);
   auto* offsets = static_cast<std::int64_t*>(room(moe_offsets, bytes));
   dispatch_kernel<<<1, 1024, 0, st_>>>(expert, s, order, slot_pos, offsets);
@@ -282,6 +285,7 @@ void CudaOps::moe_dispatch(const std::int32_t* expert, const RouteShape& s, std:
 }
 
 void CudaOps::moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe) {
+  note_op("moe_gather");
   const std::size_t n = static_cast<std::size_t>(s.choices() * d);
   if (n == 0) return;
   gather_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, order, s.choices(), s.top_k, d, xe);
@@ -290,6 +294,7 @@ void CudaOps::moe_gather(const float* x, const std::int32_t* order, const RouteS
 
 void CudaOps::moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
                                   float* dx, bool add) {
+  note_op("moe_gather_backward");
   const std::size_t n = static_cast<std::size_t>(s.tokens * d);
   if (n == 0) return;
   gather_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(dxe, slot_pos, s.tokens, s.top_k, d, dx, add);
@@ -298,6 +303,7 @@ void CudaOps::moe_gather_backward(const float* dxe, const std::int32_t* slot_pos
 
 void CudaOps::moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,
                           std::int64_t d, float* y) {
+  note_op("moe_combine");
   const std::size_t n = static_cast<std::size_t>(s.tokens * d);
   if (n == 0) return;
   combine_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(ye, slot_pos, weight, s.tokens, s.top_k, d, y);
@@ -306,6 +312,7 @@ void CudaOps::moe_combine(const float* ye, const std::int32_t* slot_pos, const f
 
 void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
                                    const RouteShape& s, std::int64_t d, float* dye, float* dweight) {
+  note_op("moe_combine_backward");
   const std::int64_t P = s.choices();
   const std::size_t n = static_cast<std::size_t>(P * d);
   if (n == 0) return;
@@ -318,6 +325,7 @@ void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::
 
 void CudaOps::moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight,
                                 const RouteShape& s, float* prob_sums_host) {
+  note_op("moe_balance_stats");
   const std::int64_t E = s.experts, chunks = (s.tokens + kBalanceChunk - 1) / kBalanceChunk;
   auto* partial = static_cast<float*>(room(moe_balance, static_cast<std::size_t>((chunks + 1) * E) * sizeof(float)));
   float* sums = partial + chunks * E;
@@ -335,6 +343,7 @@ void CudaOps::moe_balance_stats(const float* logits, const std::int32_t* expert,
 
 void CudaOps::moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight,
                                    const float* grad, const RouteShape& s, float* dlogits, float* dweight) {
+  note_op("moe_balance_backward");
   if (s.tokens == 0) return;
   balance_bwd_kernel<<<grid_for(static_cast<std::size_t>(s.tokens), kBlock), kBlock, 0, st_>>>(
       logits, expert, weight, grad, s, dlogits, dweight);

@@ -433,6 +433,7 @@ void CudaOps::round_bf16(const float* x, bf16_t* y, std::size_t n) { to_bf16(x, 
 
 void CudaOps::linear_forward(const float* x, const void* W, const void* b, float* y, std::int64_t N, std::int64_t in,
                              std::int64_t out) {
+  note_op("linear_forward");
   gemm_.linear_forward(bf16() ? rounded(bf16_operand, x, N * in) : x, W, y, N, in, out, bf16(), st_);
   const std::size_t n = static_cast<std::size_t>(N * out);
   if (!b || n == 0) return;
@@ -442,6 +443,7 @@ void CudaOps::linear_forward(const float* x, const void* W, const void* b, float
 
 void CudaOps::linear_backward(const float* dy, const float* x, const void* W, float* dx, bool add, float* dW_acc,
                               float* db_acc, std::int64_t N, std::int64_t in, std::int64_t out) {
+  note_op("linear_backward");
   const void* g = bf16() ? rounded(bf16_gradient, dy, N * out) : dy;
   if (dx) gemm_.linear_backward_input(g, W, dx, N, in, out, add, bf16(), st_);
   gemm_.linear_backward_weight(g, bf16() ? rounded(bf16_operand, x, N * in) : x, dW_acc, N, in, out, bf16(), st_);
@@ -451,12 +453,14 @@ void CudaOps::linear_backward(const float* dy, const float* x, const void* W, fl
 // ---------------- norms ----------------
 void CudaOps::rmsnorm_forward(const float* x, const void* w, float* y, float* rstd, std::int64_t N, std::int64_t D,
                               float eps) {
+  note_op("rmsnorm_forward");
   rmsnorm_fwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), y, rstd, N, D, eps);
   MT_CUDA_LAUNCH_CHECK("rmsnorm_fwd_kernel");
 }
 
 void CudaOps::rmsnorm_backward(const float* x, const void* w, const float* rstd, const float* dy, float* dx,
                                float* dw_acc, std::int64_t N, std::int64_t D, bool add) {
+  note_op("rmsnorm_backward");
   rmsnorm_bwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), rstd, dy, dx, N, D, add);
   MT_CUDA_LAUNCH_CHECK("rmsnorm_bwd_kernel");
   if (dw_acc) colsum(RmsWeightTerm{dy, x, rstd, D}, N, D, dw_acc, partial(N, D), st_);
@@ -464,12 +468,14 @@ void CudaOps::rmsnorm_backward(const float* x, const void* w, const float* rstd,
 
 void CudaOps::layernorm_forward(const float* x, const void* w, const void* b, float* y, float* mean, float* rstd,
                                 std::int64_t N, std::int64_t D, float eps) {
+  note_op("layernorm_forward");
   layernorm_fwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, b, bf16(), y, mean, rstd, N, D, eps);
   MT_CUDA_LAUNCH_CHECK("layernorm_fwd_kernel");
 }
 
 void CudaOps::layernorm_backward(const float* x, const void* w, const float* mean, const float* rstd, const float* dy,
                                  float* dx, float* dw_acc, float* db_acc, std::int64_t N, std::int64_t D, bool add) {
+  note_op("layernorm_backward");
   layernorm_bwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), mean, rstd, dy, dx, N, D, add);
   MT_CUDA_LAUNCH_CHECK("layernorm_bwd_kernel");
   // Both sums reuse the partials: stream order keeps the second partial pass after the first finish pass.
@@ -482,6 +488,7 @@ void CudaOps::layernorm_backward(const float* x, const void* w, const float* mea
 // The CPU's own tables (cpu::rope_table), uploaded once per shape and params: both backends rotate by
 // the same fp32 angles and scale by the same attention factor, every rope_scaling type included.
 RopeTables CudaOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float*, float*) {
+  note_op("rope_tables");
   CachedRope& r = rope_;
   // Every field (RopeParams::operator==) and the length: dynamic scaling's tables depend on seq.
   const bool same = r.cos && r.seq == seq && r.head_dim == head_dim && r.p == p;
@@ -504,6 +511,7 @@ RopeTables CudaOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int6
 
 void CudaOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
                          std::int64_t row_stride, const RopeTables& t, bool inverse) {
+  note_op("rope_apply");
   const std::int64_t half = head_dim / 2;
   const std::size_t n = static_cast<std::size_t>(rows * heads * half);
   if (n == 0) return;
@@ -514,12 +522,14 @@ void CudaOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int
 
 // ---------------- activations, moves ----------------
 void CudaOps::swiglu_forward(const float* g, const float* u, float* h, std::size_t n) {
+  note_op("swiglu_forward");
   if (n == 0) return;
   swiglu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, h, n);
   MT_CUDA_LAUNCH_CHECK("swiglu_fwd_kernel");
 }
 
 void CudaOps::swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n) {
+  note_op("swiglu_backward");
   if (n == 0) return;
   swiglu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, dh, dg, du, n);
   MT_CUDA_LAUNCH_CHECK("swiglu_bwd_kernel");
@@ -527,6 +537,7 @@ void CudaOps::swiglu_backward(const float* g, const float* u, const float* dh, f
 
 void CudaOps::clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha,
                                      float limit) {
+  note_op("clamped_swiglu_forward");
   if (n == 0) return;
   clamped_swiglu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, h, n, alpha, limit);
   MT_CUDA_LAUNCH_CHECK("clamped_swiglu_fwd_kernel");
@@ -534,40 +545,47 @@ void CudaOps::clamped_swiglu_forward(const float* g, const float* u, float* h, s
 
 void CudaOps::clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du,
                                       std::size_t n, float alpha, float limit) {
+  note_op("clamped_swiglu_backward");
   if (n == 0) return;
   clamped_swiglu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, dh, dg, du, n, alpha, limit);
   MT_CUDA_LAUNCH_CHECK("clamped_swiglu_bwd_kernel");
 }
 
 void CudaOps::gelu_forward(const float* x, float* y, std::size_t n) {
+  note_op("gelu_forward");
   if (n == 0) return;
   gelu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, y, n);
   MT_CUDA_LAUNCH_CHECK("gelu_fwd_kernel");
 }
 
 void CudaOps::gelu_backward(const float* x, const float* dy, float* dx, std::size_t n) {
+  note_op("gelu_backward");
   if (n == 0) return;
   gelu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, dy, dx, n);
   MT_CUDA_LAUNCH_CHECK("gelu_bwd_kernel");
 }
 
 void CudaOps::add_into(float* y, const float* x, std::size_t n) {
+  note_op("add_into");
   if (n == 0) return;
   add_into_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(y, x, n);
   MT_CUDA_LAUNCH_CHECK("add_into_kernel");
 }
 
 void CudaOps::copy(float* dst, const float* src, std::size_t n) {
+  note_op("copy");
   if (n) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, st_));
 }
 
 void CudaOps::fill_zero(float* dst, std::size_t n) {
+  note_op("fill_zero");
   if (n) MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), st_));
 }
 
 // ---------------- embedding ----------------
 void CudaOps::embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N,
                                 std::int64_t seq, std::int64_t d, float* x_out) {
+  note_op("embedding_forward");
   const std::size_t n = static_cast<std::size_t>(N * d);
   if (n == 0) return;
   embedding_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(wte, wpe, bf16(), tokens, N, seq, d, x_out);
@@ -578,6 +596,7 @@ void CudaOps::embedding_forward(const void* wte, const void* wpe, const token_t*
 // uploaded ids), so every row sums in the CPU's order; dwpe[t] += sum over b of dx[b * seq + t].
 void CudaOps::embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq,
                                  std::int64_t d, float* dwte_acc, float* dwpe_acc) {
+  note_op("embedding_backward");
   if (!token_rows_) throw std::logic_error("cuda ops: embedding_backward needs the backend's token rows");
   const TokenRows r = token_rows_(tokens, N);
   if (r.n_unique > 0) {
@@ -595,12 +614,14 @@ void CudaOps::embedding_backward(const token_t* tokens, const float* dx, std::in
 // ---------------- the loss ----------------
 void CudaOps::cross_entropy_rows(float* logits, const token_t* targets, float* row_loss, std::int64_t rows,
                                  std::int64_t V, bool want_grad) {
+  note_op("cross_entropy_rows");
   if (rows == 0) return;
   cross_entropy_kernel<<<static_cast<unsigned>(rows), 512, 0, st_>>>(logits, targets, row_loss, V, want_grad);
   MT_CUDA_LAUNCH_CHECK("cross_entropy_kernel");
 }
 
 LossSum CudaOps::loss_sum(const float* row_loss, const token_t* targets, std::int64_t N) {
+  note_op("loss_sum");
   loss_sum_kernel<<<1, 1024, 0, st_>>>(row_loss, targets, N, loss_device_);  // one block: row order fixed
   MT_CUDA_LAUNCH_CHECK("loss_sum_kernel");
   MT_CUDA_CHECK(cudaMemcpyAsync(loss_host_, loss_device_, 2 * sizeof(double), cudaMemcpyDeviceToHost, st_));

@@ -2,8 +2,11 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "kernels/cuda/fault_context.hpp"
 #include "kernels/cuda/plan.hpp"
 
 using namespace mt::cuda;
@@ -137,4 +140,27 @@ TEST_CASE("attention sequence tiles: grids and causal bounds under q_start", "[c
       REQUIRE(wrong == 0);
     }
   }
+}
+
+TEST_CASE("a CUDA failure names the stage, layer, step, op and last kernel", "[cuda][plan]") {
+  FaultContext c;
+  CHECK(describe_fault(c).empty());  // outside a stage operation: the call alone says it
+  c.stage = "layer_backward", c.layer = 3, c.step = 12, c.micro_batch = 1, c.device = 0;
+  CHECK(describe_fault(c) == " (in layer_backward of layer 3, step 12, micro-batch 1, on GPU 0)");
+  c.op = "attention_backward", c.kernel = "attn_dq_kernel";
+  CHECK(describe_fault(c) ==
+        " (in layer_backward of layer 3, step 12, micro-batch 1, on GPU 0; op attention_backward, last kernel "
+        "attn_dq_kernel)");
+  FaultContext head;
+  head.stage = "head_forward_backward", head.step = 0, head.kernel = "cublasLtMatmul";
+  CHECK(describe_fault(head) == " (in head_forward_backward, step 0; last kernel cublasLtMatmul)");
+  // per thread; an op starts its kernel part afresh
+  fault_context() = c;
+  note_op("linear_forward");
+  CHECK(fault_context().op == std::string("linear_forward"));
+  CHECK(fault_context().kernel == nullptr);
+  note_kernel("to_bf16_kernel");
+  std::thread([] { CHECK(fault_context().stage == nullptr); }).join();
+  CHECK(describe_fault(fault_context()).find("op linear_forward, last kernel to_bf16_kernel") != std::string::npos);
+  fault_context() = FaultContext{};
 }
