@@ -204,6 +204,10 @@ BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
   return o;
 }
 
+cuda::ScratchPlan cuda_ops_scratch(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan) {
+  return cuda::cuda_scratch_plan(model, plan.batch, plan.seq, plan.seq_tile, 0, cfg.precision());
+}
+
 namespace {
 
 // Several ranks: the transport of each round's gradients to their owners (device/grad_transport.hpp).
@@ -707,6 +711,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     }
     BackendOptions o = backend_options(job.cfg, ctx->plan);
     o.device_index = d;
+    if (o.kind == "cuda") o.cuda_scratch = cuda_ops_scratch(job.cfg, job.model, ctx->plan);
     rig.backend = make_backend(o);
     rig.arena =
         std::make_unique<DeviceArena>(ctx->plan.arena, rig.backend->allocate_device(ctx->plan.arena.total_bytes));

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "device/grad_transport.hpp"
+#include "kernels/cuda/scratch_plan.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/ops.hpp"
 #include "kernels/precision.hpp"
@@ -76,6 +77,9 @@ struct BackendOptions {
   // the arena's fit check leaves room for the transport's scratch and NCCL's buffers.
   int rank_transport_ranks = 0;
   bool cuda_tf32 = false;  // CUDA, fp32 runs: let cuBLASLt use TF32 tensor cores (10-bit mantissa inputs)
+  // CUDA: its ops' scratch for the run's shapes (cuda::cuda_scratch_plan), allocated when the backend is
+  // made, before the arena; empty: grown on first need (the op test, the checks).
+  cuda::ScratchPlan cuda_scratch;
 };
 
 // The GPU a backend of these options drives among the `visible` GPUs: device_index, or for a rank of a

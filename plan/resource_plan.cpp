@@ -40,6 +40,23 @@ double largest_stage_bytes(const ModelConfig& model) {
 
 // The arena's regions as device rows, each the space it takes up to the next region (the rows sum to the
 // arena's total), and what sizes each: at long context the workspace is the sequence-sized part.
+// A GPU holds, beside each arena, its ops' scratch for the run's shapes (allocated when the backend is
+// made) and the backend's fixed reserve (the context, cuBLASLt, token buffers).
+void add_cuda_side(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& e) {
+  const cuda::ScratchPlan s = actors::cuda_ops_scratch(cfg, model, e);
+  std::string parts;
+  for (int i = 0; i < cuda::kSlots; ++i)
+    if (s.bytes[i] > 0)
+      parts += (parts.empty() ? "" : ", ") + std::string(cuda::scratch_slot_name(i)) + " " +
+               gib(static_cast<double>(s.bytes[i]));
+  p.bytes.push_back({"device", "beside the arena: the CUDA ops' scratch for these shapes (" +
+                                   (parts.empty() ? std::string("none") : parts) + "), allocated at start",
+                     static_cast<double>(s.total())});
+  p.bytes.push_back({"device", "beside the arena: the CUDA backend's reserve (context, cuBLASLt, token buffers)",
+                     static_cast<double>(cuda::kDeviceReserveBytes)});
+  p.device_side_bytes = static_cast<double>(s.total() + cuda::kDeviceReserveBytes);
+}
+
 void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const ModelConfig& model) {
   const ArenaPlan& a = e.arena;
   std::map<ArenaRegionKind, double> taken;
@@ -140,6 +157,7 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     const actors::EnginePlan& e = *p.engine;
     p.device_bytes = static_cast<double>(e.arena.total_bytes);
     add_device_regions(p, e, model);
+    if (cfg.device.backend == "cuda" || x.device_is_gpu) add_cuda_side(p, cfg, model, e);
     if (e.host_boundary_bytes > 0) {
       // Each device has its own (the engine allocates them per device).
       const double devices = static_cast<double>(e.devices);
@@ -353,6 +371,12 @@ ResourcePlan plan_resources(const TrainConfig& asked, const ModelConfig& model, 
                          cfg.device_budget_name().substr(0, cfg.device_budget_name().find('=')),
                          cfg.device_budget_name() + " asks for more than the device's " + gib(device_limit) +
                              ": lower it to at most " + gib(device_limit)});
+  } else if (device_limit > 0 && p.engine && p.device_bytes + p.device_side_bytes > device_limit) {
+    const std::string key = cfg.device_budget_name().substr(0, cfg.device_budget_name().find('='));
+    p.misfits.push_back({"device", p.device_bytes + p.device_side_bytes, device_limit, key,
+                         "the arena (" + gib(p.device_bytes) + ") with the CUDA ops' scratch and the backend's reserve (" +
+                             gib(p.device_side_bytes) + ") is more than the device's " + gib(device_limit) + ": lower " +
+                             key + " by " + gib(p.device_bytes + p.device_side_bytes - device_limit)});
   }
   if (!device_error.empty()) {
     Misfit m{"device", 0, budget, device_key, device_error};

@@ -43,6 +43,7 @@ struct ResourcePlan {
   std::vector<std::string> homes;  // "fp32 master weights: host RAM (the tiles)"
   std::vector<Misfit> misfits;
   double device_bytes = 0.0;         // the arena (per device)
+  double device_side_bytes = 0.0;    // a GPU's beside each arena: the ops' scratch and the backend's reserve
   double host_bytes = 0.0;           // what the engine allocates in host RAM (tiles, staging, boundaries, CPU arena)
   double host_peak_rss_bytes = 0.0;  // host_bytes + the process's own (predicted peak resident memory)
   double disk_bytes = 0.0;           // offload files

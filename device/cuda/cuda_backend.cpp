@@ -63,6 +63,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   seq_tile_ = options_.seq_tile;
   ops_ = std::make_unique<CudaOps>(*gemm_, compute_, options_.precision,
                                    [this](const token_t* t, std::int64_t n) { return token_rows(t, n); });
+  if (!options_.cuda_scratch.empty()) reserve_scratch();
   for (auto& d : dirs_)
     d.done = std::make_unique<CompletionQueue<CopyEvents>>([this](CopyEvents& ev) { return wait_copy(ev); });
 }
@@ -89,6 +90,17 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::select_device() const { MT_CUDA_CHECK(cudaSetDevice(device_)); }
+
+void CudaBackend::reserve_scratch() {
+  try {
+    ops_->reserve(options_.cuda_scratch);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("CUDA: the ops' scratch for this run's shapes (" +
+                             std::to_string(options_.cuda_scratch.total()) + " bytes on GPU " +
+                             std::to_string(device_) + ") cannot be allocated: " + e.what() +
+                             "; lower the batch or the sequence length, or set device.seq_tile");
+  }
+}
 
 std::string CudaBackend::describe() const {
   return "cuda backend: GPU " + std::to_string(device_) + " " + device_name_ + " (sm_" + std::to_string(sm_major_) +
@@ -123,10 +135,12 @@ std::byte* CudaBackend::allocate_device(std::size_t bytes) {
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   // Several GPUs: the reduction's scratch (device 0) and NCCL's buffers live beside the arena too.
   // Several ranks over NCCL: its scratch (every rank owns stages) and NCCL's buffers, on every rank's GPU.
+  // The ops' scratch was allocated with the backend: free_b no longer holds it.
   check_arena_fits(
       bytes, free_b, total_b, device_,
       kDeviceReserveBytes + reduce_reserve_bytes(options_.devices, device_) +
-          (options_.rank_transport_ranks > 1 ? rank_transport_reserve_bytes(options_.rank_transport_ranks) : 0));
+          (options_.rank_transport_ranks > 1 ? rank_transport_reserve_bytes(options_.rank_transport_ranks) : 0),
+      options_.cuda_scratch.total());
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess)

@@ -440,7 +440,7 @@ void CudaOps::attention_backward(const float* q, const float* k, const float* v,
   check_attention_shape(a);
   check_window(a);
   const std::int64_t rows = a.batch * a.q_heads * a.q_rows();
-  auto* rowdot = static_cast<float*>(room(attention_rowdot, static_cast<std::size_t>(rows) * sizeof(float)));
+  auto* rowdot = static_cast<float*>(room(attention_rowdot, rowdot_bytes(a)));
   attn_rowdot_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st_>>>(out, dout, rowdot, a);
   MT_CUDA_LAUNCH_CHECK("attn_rowdot_kernel");
   if (sinks && dsinks_acc) {

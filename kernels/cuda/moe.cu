@@ -215,8 +215,6 @@ __device__ float balance_z(const float* logits, const std::int32_t* expert, cons
 
 // One thread a chunk of kBalanceChunk tokens: its softmax rows summed per expert in token order into
 // partial[chunk, E] (the CPU's chunks); then one thread an expert sums the chunks in order.
-constexpr std::int64_t kBalanceChunk = 256;
-
 __global__ void balance_partial_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ expert,
                                        const float* __restrict__ weight, RouteShape s, float* __restrict__ partial) {
   const std::int64_t ch = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
@@ -350,7 +348,7 @@ void CudaOps::moe_balance_stats(const float* logits, const std::int32_t* expert,
                                 const RouteShape& s, float* prob_sums_host) {
   note_op("moe_balance_stats");
   const std::int64_t E = s.experts, chunks = (s.tokens + kBalanceChunk - 1) / kBalanceChunk;
-  auto* partial = static_cast<float*>(room(moe_balance, static_cast<std::size_t>((chunks + 1) * E) * sizeof(float)));
+  auto* partial = static_cast<float*>(room(moe_balance, balance_bytes(s)));
   float* sums = partial + chunks * E;
   if (chunks > 0) {
     balance_partial_kernel<<<grid_for(static_cast<std::size_t>(chunks), kBlock), kBlock, 0, st_>>>(logits, expert,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -406,8 +407,20 @@ CudaOps::~CudaOps() {
   cudaFreeHost(loss_host_);
 }
 
+void CudaOps::reserve(const ScratchPlan& plan) {
+  for (int s = 0; s < kSlots; ++s)
+    if (plan.bytes[s] > 0) room(static_cast<Slot>(s), plan.bytes[s]);
+  reserved_ = true;
+}
+
 void* CudaOps::room(Slot s, std::size_t bytes) {
   if (bytes > slot_bytes_[s]) {
+    if (reserved_) {  // the plan missed a take: say so once per slot, and carry on (the run is not wrong)
+      std::fprintf(stderr,
+                   "megatrain: warning: the CUDA ops' %s need %zu bytes, %zu planned (cuda_scratch_plan); "
+                   "allocating inside the step\n",
+                   scratch_slot_name(s), bytes, slot_bytes_[s]);
+    }
     MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // queued kernels may still read the old buffer
     MT_CUDA_CHECK(cudaFree(slots_[s]));
     slots_[s] = nullptr;
@@ -419,11 +432,11 @@ void* CudaOps::room(Slot s, std::size_t bytes) {
 }
 
 float* CudaOps::partial(std::int64_t rows, std::int64_t cols) {
-  return static_cast<float*>(room(colsum_partial, colsum_scratch_floats(rows, cols) * sizeof(float)));
+  return static_cast<float*>(room(colsum_partial, colsum_bytes(rows, cols)));
 }
 
 const void* CudaOps::rounded(Slot s, const float* x, std::int64_t n) {
-  auto* b = static_cast<bf16_t*>(room(s, static_cast<std::size_t>(n) * sizeof(bf16_t)));
+  auto* b = static_cast<bf16_t*>(room(s, bf16_operand_bytes(n)));
   to_bf16(x, b, static_cast<std::size_t>(n), st_);
   return b;
 }
