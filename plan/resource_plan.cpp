@@ -49,8 +49,9 @@ void add_cuda_side(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& m
     if (s.bytes[i] > 0)
       parts += (parts.empty() ? "" : ", ") + std::string(cuda::scratch_slot_name(i)) + " " +
                gib(static_cast<double>(s.bytes[i]));
-  p.bytes.push_back({"device", "beside the arena: the CUDA ops' scratch for these shapes (" +
-                                   (parts.empty() ? std::string("none") : parts) + "), allocated at start",
+  p.bytes.push_back({"device",
+                     "beside the arena: the CUDA ops' scratch for these shapes (" +
+                         (parts.empty() ? std::string("none") : parts) + "), allocated at start",
                      static_cast<double>(s.total())});
   p.bytes.push_back({"device", "beside the arena: the CUDA backend's reserve (context, cuBLASLt, token buffers)",
                      static_cast<double>(cuda::kDeviceReserveBytes)});
@@ -374,9 +375,10 @@ ResourcePlan plan_resources(const TrainConfig& asked, const ModelConfig& model, 
   } else if (device_limit > 0 && p.engine && p.device_bytes + p.device_side_bytes > device_limit) {
     const std::string key = cfg.device_budget_name().substr(0, cfg.device_budget_name().find('='));
     p.misfits.push_back({"device", p.device_bytes + p.device_side_bytes, device_limit, key,
-                         "the arena (" + gib(p.device_bytes) + ") with the CUDA ops' scratch and the backend's reserve (" +
-                             gib(p.device_side_bytes) + ") is more than the device's " + gib(device_limit) + ": lower " +
-                             key + " by " + gib(p.device_bytes + p.device_side_bytes - device_limit)});
+                         "the arena (" + gib(p.device_bytes) +
+                             ") with the CUDA ops' scratch and the backend's reserve (" + gib(p.device_side_bytes) +
+                             ") is more than the device's " + gib(device_limit) + ": lower " + key + " by " +
+                             gib(p.device_bytes + p.device_side_bytes - device_limit)});
   }
   if (!device_error.empty()) {
     Misfit m{"device", 0, budget, device_key, device_error};

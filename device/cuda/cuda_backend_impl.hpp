@@ -119,7 +119,7 @@ class CudaBackend final : public Backend {
     std::int64_t n_unique = 0;
   };
   void select_device() const;
-  void reserve_scratch();  // options_.cuda_scratch, naming what to change when it does not fit
+  void reserve_scratch();                 // options_.cuda_scratch, naming what to change when it does not fit
   double wait_copy(CopyEvents& e) const;  // on a poller thread
   [[noreturn]] void copy_failed(const CopyEvents& e, cudaError_t err, const char* what) const;
   TokenSlot& slot_of(const token_t* device_tokens, const char* what);
