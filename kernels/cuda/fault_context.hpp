@@ -24,10 +24,16 @@ inline FaultContext& fault_context() {
 }
 
 // " (in layer_backward of layer 3, step 12, micro-batch 1, on GPU 0; op attention_backward, last kernel
-// attn_dq_kernel)", or "" outside any stage operation. Asynchronous faults surface at a later call than
-// the kernel that caused it: run with CUDA_LAUNCH_BLOCKING=1 to make the last kernel the culprit.
+// attn_dq_kernel)"; an op called outside a stage operation (the op test) " (op ..., last kernel ...)";
+// "" when nothing is known. Asynchronous faults surface at a later call than the kernel that caused it:
+// run with CUDA_LAUNCH_BLOCKING=1 to make the last kernel the culprit.
 inline std::string describe_fault(const FaultContext& c) {
-  if (!c.stage) return "";
+  if (!c.stage) {
+    if (!c.op && !c.kernel) return "";
+    std::string s = c.op ? std::string(" (op ") + c.op : std::string(" (");
+    if (c.kernel) s += std::string(c.op ? ", " : "") + "last kernel " + c.kernel;
+    return s + ")";
+  }
   std::string s = std::string(" (in ") + c.stage;
   if (c.layer >= 0) s += " of layer " + std::to_string(c.layer);
   if (c.step >= 0) s += ", step " + std::to_string(c.step);

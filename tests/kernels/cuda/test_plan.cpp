@@ -150,7 +150,12 @@ TEST_CASE("attention sequence tiles: grids and causal bounds under q_start", "[c
 
 TEST_CASE("a CUDA failure names the stage, layer, step, op and last kernel", "[cuda][plan]") {
   FaultContext c;
-  CHECK(describe_fault(c).empty());  // outside a stage operation: the call alone says it
+  CHECK(describe_fault(c).empty());  // nothing known: the call alone says it
+  c.op = "rope_apply";
+  CHECK(describe_fault(c) == " (op rope_apply)");  // an op called directly (the op test)
+  c.kernel = "rope_kernel";
+  CHECK(describe_fault(c) == " (op rope_apply, last kernel rope_kernel)");
+  c = FaultContext{};
   c.stage = "layer_backward", c.layer = 3, c.step = 12, c.micro_batch = 1, c.device = 0;
   CHECK(describe_fault(c) == " (in layer_backward of layer 3, step 12, micro-batch 1, on GPU 0)");
   c.op = "attention_backward", c.kernel = "attn_dq_kernel";
