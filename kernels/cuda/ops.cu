@@ -415,7 +415,7 @@ void CudaOps::reserve(const ScratchPlan& plan) {
 
 void* CudaOps::room(Slot s, std::size_t bytes) {
   if (bytes > slot_bytes_[s]) {
-    if (reserved_) {  // the plan missed a take: say so once per slot, and carry on (the run is not wrong)
+    if (reserved_) {  // the plan missed a take: say so at each growth, and carry on (the run is not wrong)
       std::fprintf(stderr,
                    "megatrain: warning: the CUDA ops' %s need %zu bytes, %zu planned (cuda_scratch_plan); "
                    "allocating inside the step\n",
