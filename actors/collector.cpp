@@ -45,7 +45,7 @@ struct collector_state {
   std::uint64_t epoch = 0;
   bool running = false;
   PeerHandles peers;
-  AlignedFloats host_buffer;                 // receives one stage's gradients over a link (made on first use)
+  AlignedFloats host_buffer;                 // without the engine's Context::link_buffer: made on first use
   std::map<std::int64_t, double> offload_s;  // per step
   // Several ranks, per step: seconds in transfers with other ranks; the latest hand-over by compute;
   // when the last transfer ended (CollectorStepDone::reduce_s, reduce_tail_s).
@@ -69,15 +69,19 @@ std::size_t largest_stage_floats(const Context* ctx) {
 }
 
 // Copies `n` floats of the gradient in device slot `slot` into the collector's host buffer over the
-// backend's link (made on first use, the largest stage's size) and returns it once they landed.
+// backend's link (the engine's pinned Context::link_buffer, else one made on first use, the largest
+// stage's size) and returns it once they landed.
 const float* copy_to_host_buffer(self_ptr self, Backend& device, const float* slot, std::size_t n) {
   auto& st = self->state;
-  if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(st.ctx));
+  float* buffer = st.ctx->link_buffer.get();
+  if (!buffer) {
+    if (!st.host_buffer) st.host_buffer = make_aligned_floats(largest_stage_floats(st.ctx));
+    buffer = st.host_buffer.get();
+  }
   std::promise<void> landed;
-  device.copy_async(LinkDirection::device_to_host, slot, st.host_buffer.get(), n * sizeof(float),
-                    [&landed] { landed.set_value(); });
+  device.copy_async(LinkDirection::device_to_host, slot, buffer, n * sizeof(float), [&landed] { landed.set_value(); });
   landed.get_future().get();
-  return st.host_buffer.get();
+  return buffer;
 }
 
 // Several ranks: what a transfer of stage `stage`'s gradients of `round` carries, in errors and in

@@ -223,6 +223,8 @@ void try_advance(self_ptr self) {
     fault_point(ctx->fault, Role::compute, p.step, ctx->work_micro_batch(p.micro_batch), op.stage, op.phase());
     const auto t0 = Clock::now();
     Backend& be = *ctx->backend;
+    const bool layer_op = op.kind == OpKind::layer_forward || op.kind == OpKind::layer_backward;
+    be.set_position(p.step, p.micro_batch, layer_op ? op.stage - 1 : -1);  // named by a failure's message
     const int token_slot = sched.activation_set(p.micro_batch) % 2;
     const token_t* tokens = be.upload_tokens(batch.inputs.data(), batch.inputs.size(), token_slot);
     const token_t* targets = op.kind == OpKind::head || op.kind == OpKind::head_loss

@@ -138,7 +138,8 @@ struct Context {
   // pass's clip factor).
   bool stage_gradients = false;
   int passes = 1;
-  std::vector<AlignedFloats> grad_landing;    // one micro-batch over a link: per staging slot (collector writes)
+  std::vector<AlignedFloats> grad_landing;  // one micro-batch over a link: per staging slot (collector writes)
+  AlignedFloats link_buffer;  // else over a link: the collector's landing for one stage (the engine pins it)
   StageAccumulators* stage_accums = nullptr;  // several micro-batches or ranks (the run's; made by run_pipeline)
   // A schedule micro-batch (one per pass and local micro-batch) -> its pass, and the local micro-batch
   // of data it runs (every pass runs the same data).

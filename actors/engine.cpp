@@ -22,6 +22,7 @@
 #include "cluster/host_grad_transport.hpp"
 #include "cluster/world.hpp"
 #include "config/node_config.hpp"
+#include "device/host_registration.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "monitor/monitor.hpp"
@@ -202,6 +203,10 @@ BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan) {
     if (cfg.rank_grad_transport() == "nccl") o.rank_transport_ranks = cfg.cluster.ranks;
   }
   return o;
+}
+
+cuda::ScratchPlan cuda_ops_scratch(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan) {
+  return cuda::cuda_scratch_plan(model, plan.batch, plan.seq, plan.seq_tile, 0, cfg.precision());
 }
 
 namespace {
@@ -497,6 +502,7 @@ struct DeviceRig {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<DeviceArena> arena;
   std::optional<HostBoundaries> host_acts;
+  std::vector<HostRegistration> pins;  // host_acts, pinned for this device's copies (released first)
   std::unique_ptr<Context> own;
 };
 
@@ -707,6 +713,7 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     }
     BackendOptions o = backend_options(job.cfg, ctx->plan);
     o.device_index = d;
+    if (o.kind == "cuda") o.cuda_scratch = cuda_ops_scratch(job.cfg, job.model, ctx->plan);
     rig.backend = make_backend(o);
     rig.arena =
         std::make_unique<DeviceArena>(ctx->plan.arena, rig.backend->allocate_device(ctx->plan.arena.total_bytes));
@@ -715,6 +722,8 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     if (ctx->plan.boundaries_on_host) {
       rig.host_acts.emplace(ctx->plan.activation_sets, job.model.num_hidden_layers, ctx->plan.hidden_floats);
       c->host_acts = &*rig.host_acts;
+      rig.pins.emplace_back(*rig.backend, rig.host_acts->base(), rig.host_acts->bytes(),
+                            "the layer boundaries in host RAM (device.keep_intermediates=boundary_host)");
     }
     float* mapped = ctx->plan.boundaries_mapped
                         ? reinterpret_cast<float*>(rig.backend->allocate_mapped_host(ctx->plan.host_boundary_bytes))
@@ -745,6 +754,17 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     for (int k = 0; k < ctx->plan.grad_slots; ++k)
       ctx->grad_landing.push_back(make_aligned_floats(job.host->largest_stage_floats()));
   }
+  // Every other gradient over a link lands in the collector's buffer (one stage at a time).
+  if (!job.forward_only && !ctx->backend->shares_host_memory() && ctx->grad_landing.empty())
+    ctx->link_buffer = make_aligned_floats(job.host->largest_stage_floats());
+  // Pinned for the device-to-host copies (device 0's backend registers them for every GPU); released
+  // before the rigs' backends and the context's buffers.
+  std::vector<HostRegistration> landing_pins;
+  const std::size_t stage_bytes = job.host->largest_stage_floats() * sizeof(float);
+  for (const AlignedFloats& l : ctx->grad_landing)
+    landing_pins.emplace_back(*ctx->backend, l.get(), stage_bytes, "a stage gradient landing buffer");
+  if (ctx->link_buffer)
+    landing_pins.emplace_back(*ctx->backend, ctx->link_buffer.get(), stage_bytes, "the collector's gradient buffer");
   RunLedger& led = ctx->ledger;
   led.accum_step.assign(static_cast<std::size_t>(ctx->plan.stages), -1);
   led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);

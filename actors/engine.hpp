@@ -109,6 +109,9 @@ KeepIntermediates planned_keep(const EnginePlan& p);
 std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model);
 // What the run asks of its backend (kind, precision, threads, link), from the config and the plan.
 BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan);
+// The CUDA ops' scratch a run of this plan takes beside the arena (BackendOptions::cuda_scratch): its
+// micro-batch shape, sequence tiles and precision. The planner counts it on a GPU.
+cuda::ScratchPlan cuda_ops_scratch(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan);
 
 // One line of progress: what `megatrain train` prints and writes as JSONL.
 struct StepRecord {

@@ -1,5 +1,7 @@
 #include "device/backend.hpp"
 
+#include <exception>
+
 #include "device/cpu/cpu_backend.hpp"
 #include "kernels/stages.hpp"
 #if MEGATRAIN_HAVE_CUDA
@@ -62,6 +64,22 @@ void Backend::reduce_gradients(const std::vector<Backend*>&, const std::vector<f
                          " backend has no cross-device gradient reduction: device.gpus must be 1 with it");
 }
 
+// A stage operation's begin and end; on an exception, abandon_stage (its queued work finishes first).
+class Backend::StageScope {
+ public:
+  StageScope(Backend& b, const char* stage) : b_(b) { b_.begin_stage(stage); }
+  ~StageScope() {
+    if (std::uncaught_exceptions() > exceptions_) b_.abandon_stage();
+  }
+  StageScope(const StageScope&) = delete;
+  StageScope& operator=(const StageScope&) = delete;
+  void end() { b_.end_stage(); }
+
+ private:
+  Backend& b_;
+  int exceptions_ = std::uncaught_exceptions();
+};
+
 namespace {
 [[noreturn]] void no_rank_transport(const char* backend) {
   throw std::logic_error(std::string("the ") + backend +
@@ -77,53 +95,53 @@ std::unique_ptr<GradTransport> Backend::make_rank_transport(const RankLinkId&, i
 
 void Backend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
                                 std::int64_t seq, float* x_out) {
-  begin_stage();
+  StageScope scope(*this, __func__);
   c.validate();
   validate_batch_shape(c, batch, seq);
   check_ids(c, tokens, batch * seq, false, "embedding_forward");
   mt::embedding_forward(ops(), c, weights, tokens, batch, seq, x_out);
-  end_stage();
+  scope.end();
 }
 
 void Backend::embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
                                  const float* dx, float* grads) {
-  begin_stage();
+  StageScope scope(*this, __func__);
   c.validate();
   validate_batch_shape(c, batch, seq);
   check_ids(c, tokens, batch * seq, false, "embedding_backward");
   mt::embedding_backward(ops(), c, tokens, batch, seq, dx, grads);
-  end_stage();
+  scope.end();
 }
 
 void Backend::layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
                             std::int64_t batch, std::int64_t seq, float* saved, float* workspace,
                             const MoeBalance* balance, float* sequence, float* attention) {
-  begin_stage();
+  StageScope scope(*this, __func__);
   mt::layer_forward(ops(), c, weights, x_in, x_out, batch, seq, saved, workspace, seq_tile_, balance, sequence,
                     attention);
-  end_stage();
+  scope.end();
 }
 
 void Backend::layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
                              const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
                              float* workspace, const MoeBalance* balance, float* sequence, const float* attention) {
-  begin_stage();
+  StageScope scope(*this, __func__);
   mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, batch, seq, workspace, seq_tile_, balance, sequence,
                      attention);
-  end_stage();
+  scope.end();
 }
 
 LossSum Backend::head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
                                        const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                                        float* dx, float* head_grads, float* embed_grads, float* workspace) {
-  begin_stage();
+  StageScope scope(*this, __func__);
   c.validate();
   validate_batch_shape(c, batch, seq);
   if (!targets) throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
   check_ids(c, targets, batch * seq, true, "head_forward_backward");
   const LossSum loss = mt::head_forward_backward(ops(), c, head_weights, embed_weights, x_in, targets, batch, seq, dx,
                                                  head_grads, embed_grads, workspace, head_chunk_, seq_tile_);
-  end_stage();
+  scope.end();
   return loss;
 }
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "device/grad_transport.hpp"
+#include "kernels/cuda/scratch_plan.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/ops.hpp"
 #include "kernels/precision.hpp"
@@ -76,6 +77,9 @@ struct BackendOptions {
   // the arena's fit check leaves room for the transport's scratch and NCCL's buffers.
   int rank_transport_ranks = 0;
   bool cuda_tf32 = false;  // CUDA, fp32 runs: let cuBLASLt use TF32 tensor cores (10-bit mantissa inputs)
+  // CUDA: its ops' scratch for the run's shapes (cuda::cuda_scratch_plan), allocated when the backend is
+  // made, before the arena; empty: grown on first need (the op test, the checks).
+  cuda::ScratchPlan cuda_scratch;
 };
 
 // The GPU a backend of these options drives among the `visible` GPUs: device_index, or for a rank of a
@@ -184,6 +188,12 @@ class Backend {
                                 const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
                                 float* dx, float* head_grads, float* embed_grads, float* workspace);
 
+  // Where the next stage operations run in the schedule (the compute actor sets it before each):
+  // failure messages name it. layer: the decoder layer, -1 for the embedding and head.
+  void set_position(std::int64_t step, std::int64_t micro_batch, std::int64_t layer) {
+    position_ = {step, micro_batch, layer};
+  }
+
   // The backend's op set, on its compute queue (rules 1-4 as for the stage operations; its ops may
   // return before they ran, loss_sum waits). The stage operations above run the stages over it; the op
   // test (tests/device/test_backend_ops.cpp) calls it directly on buffers from allocate_device.
@@ -223,10 +233,19 @@ class Backend {
                                                              double timeout_s);
 
  protected:
-  // Around every stage operation: make this backend's device current; then wait for the stage's work
-  // (rule 3) and surface asynchronous errors. The CPU backend's compute is synchronous: nothing to do.
-  virtual void begin_stage() {}
+  struct Position {
+    std::int64_t step = -1, micro_batch = -1, layer = -1;
+  };
+  // Around every stage operation (`stage`: its name): make this backend's device current; then wait for
+  // the stage's work (rule 3) and surface asynchronous errors. The CPU backend's compute is synchronous:
+  // nothing to do. abandon_stage replaces end_stage when the stage throws: the caller may reuse the
+  // buffers the stage's queued work still reads as soon as the exception reaches it, so it waits for
+  // that work first (best effort: it must not throw while unwinding).
+  virtual void begin_stage(const char* /*stage*/) {}
   virtual void end_stage() {}
+  virtual void abandon_stage() noexcept {}
+  Position position_;  // set_position's
+  class StageScope;
   // Throws std::invalid_argument unless ids[0..n) (what upload_tokens returned) are token ids of the
   // model (targets: or -100), read where the host can (a GPU backend keeps a host copy of each upload).
   virtual void check_ids(const ModelConfig& c, const token_t* ids, std::int64_t n, bool targets, const char* what) = 0;

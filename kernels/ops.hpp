@@ -79,7 +79,8 @@ inline constexpr const char* kOpNames[] = {"linear_forward",
                                            "moe_balance_stats",
                                            "moe_balance_backward",
                                            "grouped_linear_forward",
-                                           "grouped_linear_backward"};
+                                           "grouped_linear_backward",
+                                           "round_bf16"};
 
 class UnsupportedOp : public std::logic_error {
  public:
@@ -114,6 +115,10 @@ class Ops {
                                float* db_acc, std::int64_t N, std::int64_t in, std::int64_t out) {
     unsupported("linear_backward");
   }
+  // y[0..n) = the bf16 operand a bf16 product reads of x[0..n) (RNE, NaN quieted), by the conversion the
+  // products use: its own op so that the op test checks the rounding bit for bit where it happens (a
+  // product's output cannot show it: a GPU's arithmetic returns its canonical NaN, not the operand's).
+  virtual void round_bf16(const float* x, bf16_t* y, std::size_t n) { unsupported("round_bf16"); }
 
   // ---- norms over rows of D (w, b in the run's precision; dw_acc may be null) ----
   virtual void rmsnorm_forward(const float* x, const void* w, float* y, float* rstd, std::int64_t N, std::int64_t D,

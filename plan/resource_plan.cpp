@@ -40,6 +40,44 @@ double largest_stage_bytes(const ModelConfig& model) {
 
 // The arena's regions as device rows, each the space it takes up to the next region (the rows sum to the
 // arena's total), and what sizes each: at long context the workspace is the sequence-sized part.
+// A GPU holds, beside each arena, its ops' scratch for the run's shapes (allocated when the backend is
+// made) and the backend's fixed reserve (the context, cuBLASLt, token buffers).
+void add_cuda_side(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& e) {
+  const cuda::ScratchPlan s = actors::cuda_ops_scratch(cfg, model, e);
+  std::string parts;
+  for (int i = 0; i < cuda::kSlots; ++i)
+    if (s.bytes[i] > 0)
+      parts += (parts.empty() ? "" : ", ") + std::string(cuda::scratch_slot_name(i)) + " " +
+               gib(static_cast<double>(s.bytes[i]));
+  p.bytes.push_back({"device",
+                     "beside the arena: the CUDA ops' scratch for these shapes (" +
+                         (parts.empty() ? std::string("none") : parts) + "), allocated at start",
+                     static_cast<double>(s.total())});
+  p.bytes.push_back({"device", "beside the arena: the CUDA backend's reserve (context, cuBLASLt, token buffers)",
+                     static_cast<double>(cuda::kDeviceReserveBytes)});
+  p.device_side_bytes = static_cast<double>(s.total() + cuda::kDeviceReserveBytes);
+}
+
+// A GPU's copies need page-locked host memory (else they are staged through pageable memory, block the
+// thread and serialise with compute): the node pins the tiles, the engine the host boundaries (mapped
+// ones are allocated pinned) and every gradient landing buffer, each at its exact size. Counts them in
+// p.pinned_bytes and adds the row of the collector's buffer where no other row counts it; returns
+// that row's bytes.
+double add_pinned(ResourcePlan& p, const ModelConfig& model, const actors::EnginePlan& e, double host_tiles) {
+  const double stage = largest_stage_bytes(model);
+  double landing = 0.0, added = 0.0;
+  if (actors::sums_into_stage_accumulators(e)) {
+    landing = stage;  // counted with the accumulators
+  } else if (e.stage_gradients) {
+    landing = static_cast<double>(e.grad_slots) * stage;  // counted above
+  } else {
+    landing = added = stage;
+    p.bytes.push_back({"host RAM", "the collector's gradient buffer (one stage, over the link)", stage});
+  }
+  p.pinned_bytes = host_tiles + static_cast<double>(e.devices) * static_cast<double>(e.host_boundary_bytes) + landing;
+  return added;
+}
+
 void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const ModelConfig& model) {
   const ArenaPlan& a = e.arena;
   std::map<ArenaRegionKind, double> taken;
@@ -140,6 +178,8 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
     const actors::EnginePlan& e = *p.engine;
     p.device_bytes = static_cast<double>(e.arena.total_bytes);
     add_device_regions(p, e, model);
+    const bool gpu = cfg.device.backend == "cuda" || x.device_is_gpu;
+    if (gpu) add_cuda_side(p, cfg, model, e);
     if (e.host_boundary_bytes > 0) {
       // Each device has its own (the engine allocates them per device).
       const double devices = static_cast<double>(e.devices);
@@ -194,6 +234,7 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
                          landing});
       host += landing;
     }
+    if (gpu) host += add_pinned(p, model, e, host_tiles);
     if (cfg.device.backend == "cpu" && !x.device_is_gpu) {
       const double arenas = static_cast<double>(cfg.device.gpus) * p.device_bytes;
       p.bytes.push_back({"host RAM",
@@ -351,6 +392,13 @@ ResourcePlan plan_resources(const TrainConfig& asked, const ModelConfig& model, 
                          cfg.device_budget_name().substr(0, cfg.device_budget_name().find('=')),
                          cfg.device_budget_name() + " asks for more than the device's " + gib(device_limit) +
                              ": lower it to at most " + gib(device_limit)});
+  } else if (device_limit > 0 && p.engine && p.device_bytes + p.device_side_bytes > device_limit) {
+    const std::string key = cfg.device_budget_name().substr(0, cfg.device_budget_name().find('='));
+    p.misfits.push_back({"device", p.device_bytes + p.device_side_bytes, device_limit, key,
+                         "the arena (" + gib(p.device_bytes) +
+                             ") with the CUDA ops' scratch and the backend's reserve (" + gib(p.device_side_bytes) +
+                             ") is more than the device's " + gib(device_limit) + ": lower " + key + " by " +
+                             gib(p.device_bytes + p.device_side_bytes - device_limit)});
   }
   if (!device_error.empty()) {
     Misfit m{"device", 0, budget, device_key, device_error};
@@ -509,6 +557,10 @@ std::string describe_resources(const ResourcePlan& p) {
     if (std::string(tier) == "disk" && p.disk_limit > 0)
       out << " of " << gib(p.disk_limit) << " (" << p.disk_limit_source << ")";
     out << "\n";
+    if (std::string(tier) == "host RAM" && p.pinned_bytes > 0)
+      out << "    (" << gib(p.pinned_bytes)
+          << " of it pinned for the GPU's copies: the tiles, host boundaries and gradient landing buffers, each at "
+             "its exact size)\n";
     for (const auto& b : p.bytes)
       if (b.tier == tier) out << "    " << gib(b.bytes) << "  " << b.what << "\n";
   }

@@ -43,7 +43,9 @@ struct ResourcePlan {
   std::vector<std::string> homes;  // "fp32 master weights: host RAM (the tiles)"
   std::vector<Misfit> misfits;
   double device_bytes = 0.0;         // the arena (per device)
+  double device_side_bytes = 0.0;    // a GPU's beside each arena: the ops' scratch and the backend's reserve
   double host_bytes = 0.0;           // what the engine allocates in host RAM (tiles, staging, boundaries, CPU arena)
+  double pinned_bytes = 0.0;         // a GPU's: the part of host_bytes page-locked for its copies (exact sizes)
   double host_peak_rss_bytes = 0.0;  // host_bytes + the process's own (predicted peak resident memory)
   double disk_bytes = 0.0;           // offload files
   // The device does not fit the budget: the least arena this run could take (least_device_plan).

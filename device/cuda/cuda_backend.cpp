@@ -21,18 +21,6 @@
 
 namespace mt::cuda {
 
-namespace {
-
-// A failure on a poller thread cannot be thrown to anyone: it ends the process with the call's name.
-void poller_check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "megatrain: CUDA copy completion: %s failed: %s (%s)\n", what, cudaGetErrorName(e),
-               cudaGetErrorString(e));
-  std::abort();
-}
-
-}  // namespace
-
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
@@ -75,6 +63,7 @@ CudaBackend::CudaBackend(const BackendOptions& options)
   seq_tile_ = options_.seq_tile;
   ops_ = std::make_unique<CudaOps>(*gemm_, compute_, options_.precision,
                                    [this](const token_t* t, std::int64_t n) { return token_rows(t, n); });
+  if (!options_.cuda_scratch.empty()) reserve_scratch();
   for (auto& d : dirs_)
     d.done = std::make_unique<CompletionQueue<CopyEvents>>([this](CopyEvents& ev) { return wait_copy(ev); });
 }
@@ -101,6 +90,17 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::select_device() const { MT_CUDA_CHECK(cudaSetDevice(device_)); }
+
+void CudaBackend::reserve_scratch() {
+  try {
+    ops_->reserve(options_.cuda_scratch);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("CUDA: the ops' scratch for this run's shapes (" +
+                             std::to_string(options_.cuda_scratch.total()) + " bytes on GPU " +
+                             std::to_string(device_) + ") cannot be allocated: " + e.what() +
+                             "; lower the batch or the sequence length, or set device.seq_tile");
+  }
+}
 
 std::string CudaBackend::describe() const {
   return "cuda backend: GPU " + std::to_string(device_) + " " + device_name_ + " (sm_" + std::to_string(sm_major_) +
@@ -135,10 +135,12 @@ std::byte* CudaBackend::allocate_device(std::size_t bytes) {
   MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   // Several GPUs: the reduction's scratch (device 0) and NCCL's buffers live beside the arena too.
   // Several ranks over NCCL: its scratch (every rank owns stages) and NCCL's buffers, on every rank's GPU.
+  // The ops' scratch was allocated with the backend: free_b no longer holds it.
   check_arena_fits(
       bytes, free_b, total_b, device_,
       kDeviceReserveBytes + reduce_reserve_bytes(options_.devices, device_) +
-          (options_.rank_transport_ranks > 1 ? rank_transport_reserve_bytes(options_.rank_transport_ranks) : 0));
+          (options_.rank_transport_ranks > 1 ? rank_transport_reserve_bytes(options_.rank_transport_ranks) : 0),
+      options_.cuda_scratch.total());
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess)
@@ -160,6 +162,7 @@ void CudaBackend::copy_async(LinkDirection dir, const void* src, void* dst, std:
   select_device();
   Direction& d = dirs_[static_cast<int>(dir)];
   CopyEvents e;
+  e.dir = dir, e.bytes = bytes, e.src = src, e.dst = dst;
   std::lock_guard<std::mutex> lock(d.submit);
   MT_CUDA_CHECK(cudaEventCreate(&e.start));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&e.end, cudaEventBlockingSync));
@@ -179,13 +182,35 @@ void CudaBackend::copy_async(LinkDirection dir, const void* src, void* dst, std:
   d.done->push(e, bytes, std::move(on_done));
 }
 
+// A failure on a poller thread cannot be thrown to anyone: it ends the process, naming the call, the
+// copy and the stage operation compute began last (a kernel's fault surfaces at any later wait, this
+// one included; CUDA_LAUNCH_BLOCKING=1 pins it on its kernel).
+void CudaBackend::copy_failed(const CopyEvents& e, cudaError_t err, const char* what) const {
+  FaultContext stage;
+  {
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    stage = last_stage_;
+  }
+  const std::string where = describe_fault(stage);
+  std::fprintf(stderr,
+               "megatrain: CUDA copy completion on GPU %d: %s failed: %s (%s); the copy: %s, %zu bytes, %p -> %p; "
+               "compute's last stage operation%s\n",
+               device_, what, cudaGetErrorName(err), cudaGetErrorString(err),
+               e.dir == LinkDirection::host_to_device ? "host to device" : "device to host", e.bytes, e.src, e.dst,
+               where.empty() ? ": none yet" : where.c_str());
+  std::abort();
+}
+
 double CudaBackend::wait_copy(CopyEvents& e) const {
-  poller_check(cudaSetDevice(device_), "cudaSetDevice");
-  poller_check(cudaEventSynchronize(e.end), "cudaEventSynchronize on a copy's end event");
+  const auto check = [&](cudaError_t err, const char* what) {
+    if (err != cudaSuccess) copy_failed(e, err, what);
+  };
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  check(cudaEventSynchronize(e.end), "cudaEventSynchronize on a copy's end event");
   float ms = 0.0f;
-  poller_check(cudaEventElapsedTime(&ms, e.start, e.end), "cudaEventElapsedTime");
-  poller_check(cudaEventDestroy(e.start), "cudaEventDestroy");
-  poller_check(cudaEventDestroy(e.end), "cudaEventDestroy");
+  check(cudaEventElapsedTime(&ms, e.start, e.end), "cudaEventElapsedTime");
+  check(cudaEventDestroy(e.start), "cudaEventDestroy");
+  check(cudaEventDestroy(e.end), "cudaEventDestroy");
   return ms * 1e-3;
 }
 
@@ -215,10 +240,28 @@ void CudaBackend::synchronize() {
   MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 
+void CudaBackend::begin_stage(const char* stage) {
+  select_device();
+  FaultContext& c = fault_context();
+  c = FaultContext{};
+  c.stage = stage, c.device = device_;
+  c.step = position_.step, c.micro_batch = position_.micro_batch, c.layer = position_.layer;
+  std::lock_guard<std::mutex> lock(stage_mu_);
+  last_stage_ = c;
+}
+
 void CudaBackend::end_stage() {
   MT_CUDA_CHECK(cudaGetLastError());
   MT_CUDA_CHECK(cudaEventRecord(stage_done_, compute_));
   MT_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  fault_context() = FaultContext{};
+}
+
+void CudaBackend::abandon_stage() noexcept {
+  // The caller may free or rewrite the stage's buffers once the exception reaches it: let the queued
+  // kernels finish (or fail) first. Errors were, or will be, reported by the call that threw.
+  if (cudaSetDevice(device_) == cudaSuccess) cudaStreamSynchronize(compute_);
+  fault_context() = FaultContext{};
 }
 
 // ---------------- several GPUs ----------------
@@ -295,7 +338,11 @@ const float* CudaBackend::upload_floats(const float* host, std::size_t n, int sl
     MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.device), std::max<std::size_t>(n, 1) * sizeof(float)));
     s.capacity = n;
   }
-  if (n) MT_CUDA_CHECK(cudaMemcpy(s.device, host, n * sizeof(float), cudaMemcpyHostToDevice));
+  // Copied on the compute stream that reads it, from a host copy kept until the next upload to this
+  // slot (which waits for compute first): a plain cudaMemcpy from pageable memory may return before the
+  // bytes landed, and it is not ordered with the non-blocking compute stream.
+  s.host.assign(host, host + n);
+  if (n) MT_CUDA_CHECK(cudaMemcpyAsync(s.device, s.host.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute_));
   return s.device;
 }
 
@@ -318,7 +365,8 @@ const token_t* CudaBackend::upload_tokens(const token_t* host_tokens, std::size_
   }
   s.host.assign(host_tokens, host_tokens + n);
   s.csr_ready = false;
-  if (n) MT_CUDA_CHECK(cudaMemcpy(s.device, s.host.data(), n * sizeof(token_t), cudaMemcpyHostToDevice));
+  // On the compute stream that reads it; `s.host` stays until the next upload, which waits for compute.
+  if (n) MT_CUDA_CHECK(cudaMemcpyAsync(s.device, s.host.data(), n * sizeof(token_t), cudaMemcpyHostToDevice, compute_));
   return s.device;
 }
 
@@ -330,31 +378,40 @@ CudaBackend::TokenSlot& CudaBackend::slot_of(const token_t* device_tokens, const
 }
 
 // Counting sort of the positions by token id: for each distinct token, its rows in ascending order.
+// The lists are copied on the compute stream (the embedding's backward, next on it, reads them) from
+// host vectors the slot keeps until it is rebuilt, after compute drained.
 void CudaBackend::build_token_rows(TokenSlot& s) {
   if (s.csr_ready) return;
+  MT_CUDA_CHECK(cudaStreamSynchronize(compute_));  // queued work may still read the old lists
   const std::size_t n = s.host.size();
-  std::vector<std::int32_t> order(n);
+  std::vector<std::int32_t>& order = s.host_rows;
+  order.resize(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) { return s.host[a] < s.host[b]; });
-  std::vector<std::int32_t> unique, offsets;
+  s.host_unique.clear(), s.host_offsets.clear();
   for (std::size_t k = 0; k < n; ++k)
     if (k == 0 || s.host[order[k]] != s.host[order[k - 1]]) {
-      unique.push_back(s.host[order[k]]);
-      offsets.push_back(static_cast<std::int32_t>(k));
+      s.host_unique.push_back(s.host[order[k]]);
+      s.host_offsets.push_back(static_cast<std::int32_t>(k));
     }
-  offsets.push_back(static_cast<std::int32_t>(n));
-  cudaFree(s.unique), cudaFree(s.offsets), cudaFree(s.rows);
+  s.host_offsets.push_back(static_cast<std::int32_t>(n));
+  MT_CUDA_CHECK(cudaFree(s.unique));
+  MT_CUDA_CHECK(cudaFree(s.offsets));
+  MT_CUDA_CHECK(cudaFree(s.rows));
   s.unique = s.offsets = s.rows = nullptr;
   const std::size_t cap = std::max<std::size_t>(n, 1) + 1;
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.unique), cap * sizeof(std::int32_t)));
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.offsets), cap * sizeof(std::int32_t)));
   MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.rows), cap * sizeof(std::int32_t)));
-  if (n) {
-    MT_CUDA_CHECK(cudaMemcpy(s.unique, unique.data(), unique.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-    MT_CUDA_CHECK(cudaMemcpy(s.offsets, offsets.data(), offsets.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-    MT_CUDA_CHECK(cudaMemcpy(s.rows, order.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice));
-  }
-  s.n_unique = static_cast<std::int64_t>(unique.size());
+  const auto up = [this](std::int32_t* dst, const std::vector<std::int32_t>& src) {
+    if (!src.empty())
+      MT_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, compute_));
+  };
+  up(s.unique, s.host_unique);
+  up(s.offsets, s.host_offsets);
+  up(s.rows, order);
+  s.n_unique = static_cast<std::int64_t>(s.host_unique.size());
   s.csr_ready = true;
 }
 

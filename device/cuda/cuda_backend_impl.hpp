@@ -46,6 +46,7 @@
 #include "device/cuda/nccl_reduce.hpp"
 #include "device/cuda/pinned_ranges.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/fault_context.hpp"
 #include "kernels/cuda/gemm.hpp"
 
 namespace mt::cuda {
@@ -89,14 +90,19 @@ class CudaBackend final : public Backend {
   int device() const { return device_; }
 
  protected:
-  void begin_stage() override { select_device(); }
-  void end_stage() override;  // synchronises compute (rule 3) and surfaces asynchronous errors
+  void begin_stage(const char* stage) override;  // selects the device, sets the thread's fault context
+  void end_stage() override;                     // synchronises compute (rule 3) and surfaces asynchronous errors
+  void abandon_stage() noexcept override;
   // On the host copy of the upload.
   void check_ids(const ModelConfig& c, const token_t* ids, std::int64_t n, bool targets, const char* what) override;
 
  private:
-  struct CopyEvents {  // a copy's start and end on its stream (timing) ...
+  struct CopyEvents {  // a copy's start and end on its stream (timing), and what it was (errors) ...
     cudaEvent_t start = nullptr, end = nullptr;
+    LinkDirection dir = LinkDirection::host_to_device;
+    std::size_t bytes = 0;
+    const void* src = nullptr;
+    void* dst = nullptr;
   };
   struct Direction {
     cudaStream_t stream = nullptr;
@@ -109,10 +115,13 @@ class CudaBackend final : public Backend {
     std::size_t capacity = 0;
     bool csr_ready = false;  // the per-token row lists below match `host`
     std::int32_t *unique = nullptr, *offsets = nullptr, *rows = nullptr;
+    std::vector<std::int32_t> host_unique, host_offsets, host_rows;  // the sources of their copies
     std::int64_t n_unique = 0;
   };
   void select_device() const;
+  void reserve_scratch();                 // options_.cuda_scratch, naming what to change when it does not fit
   double wait_copy(CopyEvents& e) const;  // on a poller thread
+  [[noreturn]] void copy_failed(const CopyEvents& e, cudaError_t err, const char* what) const;
   TokenSlot& slot_of(const token_t* device_tokens, const char* what);
   void build_token_rows(TokenSlot& s);
   TokenRows token_rows(const token_t* device_tokens, std::int64_t n);
@@ -124,6 +133,8 @@ class CudaBackend final : public Backend {
   int sm_major_ = 0, sm_minor_ = 0;
   cudaStream_t compute_ = nullptr;
   cudaEvent_t stage_done_ = nullptr;  // recorded on compute_ at the end of every stage operation
+  mutable std::mutex stage_mu_;
+  FaultContext last_stage_;  // the stage operation begun last (a poller's failure names it)
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<CudaOps> ops_;  // the stages' ops, on compute_
   Direction dirs_[2];
@@ -133,6 +144,7 @@ class CudaBackend final : public Backend {
   std::mutex token_mu_;
   TokenSlot slots_[4];
   struct FloatSlot {
+    std::vector<float> host;  // the source of the last upload's copy
     float* device = nullptr;
     std::size_t capacity = 0;
   };

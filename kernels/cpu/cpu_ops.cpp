@@ -37,6 +37,8 @@ const float* CpuOps::widened(const void* w, std::int64_t n, int slot) const {
   return dst;
 }
 
+void CpuOps::round_bf16(const float* x, bf16_t* y, std::size_t n) { to_bf16(x, y, n, threads_); }
+
 void CpuOps::linear_forward(const float* x, const void* W, const void* b, float* y, std::int64_t N, std::int64_t in,
                             std::int64_t out) {
   if (!bf16()) {

@@ -21,6 +21,7 @@ class CpuOps final : public Ops {
                       std::int64_t out) override;
   void linear_backward(const float* dy, const float* x, const void* W, float* dx, bool add, float* dW_acc,
                        float* db_acc, std::int64_t N, std::int64_t in, std::int64_t out) override;
+  void round_bf16(const float* x, bf16_t* y, std::size_t n) override;
   void rmsnorm_forward(const float* x, const void* w, float* y, float* rstd, std::int64_t N, std::int64_t D,
                        float eps) override;
   void rmsnorm_backward(const float* x, const void* w, const float* rstd, const float* dy, float* dx, float* dw_acc,

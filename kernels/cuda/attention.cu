@@ -414,6 +414,7 @@ void check_window(const AttnShape& a) {
 // out and lse[(b * q_heads + h) * q_rows + i] as cpu::attention_forward
 void CudaOps::attention_forward(const float* q, const float* k, const float* v, const void* sinks, float* out,
                                 float* lse, const AttnShape& a) {
+  note_op("attention_forward");
   check_attention_shape(a);
   check_window(a);
   switch (attention_path(a.head_dim)) {
@@ -435,10 +436,11 @@ void CudaOps::attention_forward(const float* q, const float* k, const float* v, 
 void CudaOps::attention_backward(const float* q, const float* k, const float* v, const void* sinks, const float* out,
                                  const float* lse, const float* dout, float* dq, float* dk, float* dv,
                                  float* dsinks_acc, const AttnShape& a) {
+  note_op("attention_backward");
   check_attention_shape(a);
   check_window(a);
   const std::int64_t rows = a.batch * a.q_heads * a.q_rows();
-  auto* rowdot = static_cast<float*>(room(attention_rowdot, static_cast<std::size_t>(rows) * sizeof(float)));
+  auto* rowdot = static_cast<float*>(room(attention_rowdot, rowdot_bytes(a)));
   attn_rowdot_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st_>>>(out, dout, rowdot, a);
   MT_CUDA_LAUNCH_CHECK("attn_rowdot_kernel");
   if (sinks && dsinks_acc) {

@@ -1,9 +1,10 @@
 // The CUDA backend's ops: the CUDA kernels (ops.cu, attention.cu) and cuBLASLt products (gemm.hpp),
 // enqueued on one stream in call order; each op returns at once except loss_sum, which waits for the stream. The
 // scratch the kernels need beside the stage's workspace (bf16 operand copies, column-sum partials,
-// attention row dots) and the RoPE tables are this object's own device buffers, grown on first need
-// (after the stream drained, so no queued kernel reads a freed buffer) and kept: a run's shapes are
-// fixed, so the steady state allocates nothing. The stage's operand room is not used.
+// attention row dots) and the RoPE tables are this object's own device buffers: the scratch reserved at
+// start from the run's shapes (reserve, scratch_plan.hpp) or, without a plan (the op test), grown on
+// first need (after the stream drained, so no queued kernel reads a freed buffer) and kept. The
+// stage's operand room is not used.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/scratch_plan.hpp"
 #include "kernels/ops.hpp"
 
 namespace mt::cuda {
@@ -39,6 +41,7 @@ class CudaOps final : public Ops {
                       std::int64_t out) override;
   void linear_backward(const float* dy, const float* x, const void* W, float* dx, bool add, float* dW_acc,
                        float* db_acc, std::int64_t N, std::int64_t in, std::int64_t out) override;
+  void round_bf16(const float* x, bf16_t* y, std::size_t n) override;
   void rmsnorm_forward(const float* x, const void* w, float* y, float* rstd, std::int64_t N, std::int64_t D,
                        float eps) override;
   void rmsnorm_backward(const float* x, const void* w, const float* rstd, const float* dy, float* dx, float* dw_acc,
@@ -92,8 +95,11 @@ class CudaOps final : public Ops {
   void moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
                             const RouteShape& s, std::int64_t d, float* dye, float* dweight) override;
 
+  // Allocates the scratch of a run's shapes now (cuda_scratch_plan), so no op allocates inside a step.
+  void reserve(const ScratchPlan& plan);
+
  private:
-  enum Slot { bf16_operand, bf16_gradient, colsum_partial, attention_rowdot, moe_offsets, moe_balance, kSlots };
+  using Slot = ScratchSlot;
   void* room(Slot s, std::size_t bytes);                        // at least `bytes` of slot s
   const void* rounded(Slot s, const float* x, std::int64_t n);  // RNE bf16 of x[0..n) in slot s
   bool bf16() const { return precision_ == Precision::bf16; }
@@ -105,10 +111,12 @@ class CudaOps final : public Ops {
   TokenRowsLookup token_rows_;
   void* slots_[kSlots] = {};
   std::size_t slot_bytes_[kSlots] = {};
+  bool reserved_ = false;  // reserve() ran: a larger take is a planning error (warned once, then grown)
   struct CachedRope {
     RopeParams p;
     std::int64_t seq = 0, head_dim = 0;
     float *cos = nullptr, *sin = nullptr;
+    std::vector<float> host_cos, host_sin;  // the sources of the tables' copies
   } rope_;
   double* loss_device_ = nullptr;  // [sum, count]
   double* loss_host_ = nullptr;    // pinned

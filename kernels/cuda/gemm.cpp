@@ -12,6 +12,15 @@ struct Gemm::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool gemm_ex = false;  // no cuBLASLt algorithm: cublasGemmEx
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(desc);
+  }
 };
 
 int pointer_alignment(const void* p) {
@@ -21,7 +30,8 @@ int pointer_alignment(const void* p) {
   return align;
 }
 
-Gemm::Gemm(bool allow_tf32, std::size_t workspace_bytes) : tf32_(allow_tf32), workspace_bytes_(workspace_bytes) {
+Gemm::Gemm(bool allow_tf32, std::size_t workspace_bytes, std::size_t max_plans)
+    : tf32_(allow_tf32), workspace_bytes_(workspace_bytes), plans_(max_plans) {
   MT_CUBLAS_CHECK(cublasLtCreate(&handle_));
   MT_CUBLAS_CHECK(cublasCreate(&fallback_));
   MT_CUBLAS_CHECK(cublasSetMathMode(fallback_, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
@@ -29,24 +39,17 @@ Gemm::Gemm(bool allow_tf32, std::size_t workspace_bytes) : tf32_(allow_tf32), wo
 }
 
 Gemm::~Gemm() {
-  for (auto& [key, p] : plans_) {
-    cublasLtMatrixLayoutDestroy(p->a);
-    cublasLtMatrixLayoutDestroy(p->b);
-    cublasLtMatrixLayoutDestroy(p->c);
-    cublasLtMatmulDescDestroy(p->desc);
-    delete p;
-  }
+  plans_.clear();  // the plans' descriptors before the handle
   cudaFree(workspace_);
   cublasDestroy(fallback_);
   cublasLtDestroy(handle_);
 }
 
-Gemm::Plan& Gemm::plan_for(const Key& key) {
+std::shared_ptr<const Gemm::Plan> Gemm::plan_for(const Key& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
+  if (const auto* found = plans_.find(key)) return *found;
   const auto [ta, tb, m, n, k, lda, ldb, ldc, bf16, accumulate, align] = key;
-  auto* p = new Plan;
+  auto p = std::make_shared<Plan>();
   const cublasComputeType_t compute = bf16 || !tf32_ ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
   MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -74,8 +77,7 @@ Gemm::Plan& Gemm::plan_for(const Key& key) {
     p->gemm_ex = true;  // no cuBLASLt algorithm for these types / alignments: cublasGemmEx runs it
   else
     p->algo = result.algo;
-  plans_.emplace(key, p);
-  return *p;
+  return plans_.insert(key, std::move(p));
 }
 
 void Gemm::matmul(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const void* A, std::int64_t lda,
@@ -84,8 +86,10 @@ void Gemm::matmul(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
   if (k == 0) throw std::invalid_argument("Gemm::matmul: k == 0");
   const int align = std::min({pointer_alignment(A), pointer_alignment(B), pointer_alignment(C)});
   const Key key{ta, tb, m, n, k, lda, ldb, ldc, bf16, beta != 0.0f, align};
-  Plan& p = plan_for(key);
+  const std::shared_ptr<const Plan> plan = plan_for(key);
+  const Plan& p = *plan;
   const float alpha = 1.0f;
+  note_kernel(p.gemm_ex ? "cublasGemmEx" : "cublasLtMatmul");
   if (p.gemm_ex) {
     std::lock_guard<std::mutex> lock(mu_);  // the handle's stream is per call
     const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -103,7 +107,7 @@ void Gemm::matmul(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
 
 std::size_t Gemm::fallback_plans() const {
   std::size_t n = 0;
-  for (const auto& kv : plans_) n += kv.second->gemm_ex;
+  plans_.for_each([&](const Key&, const std::shared_ptr<const Plan>& p) { n += p->gemm_ex; });
   return n;
 }
 

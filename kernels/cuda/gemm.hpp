@@ -2,7 +2,9 @@
 // kernels (cpu/ops.hpp): W is [out, in] as torch.nn.Linear. fp32 operands multiply in fp32 (or TF32
 // when allowed); bf16 operands accumulate in fp32 into fp32 outputs. Each shape's plan (descriptors and
 // the heuristic's algorithm) is chosen once and reused, so a shape always runs the same algorithm and
-// its results are the same bits run after run.
+// its results are the same bits run after run. The plans are kept in a bounded LRU cache (a mixture
+// of experts makes a new shape for nearly every expert of every step); a shape whose plan was dropped
+// gets it again from the heuristic, which answers the same shape on the same GPU the same way.
 #pragma once
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -10,16 +12,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+
+#include "kernels/cuda/lru_cache.hpp"
 
 namespace mt::cuda {
 
 class Gemm {
  public:
-  Gemm(bool allow_tf32, std::size_t workspace_bytes = std::size_t{32} << 20);
+  static constexpr std::size_t kMaxPlans = 1024;  // a plan is a few hundred host bytes
+  Gemm(bool allow_tf32, std::size_t workspace_bytes = std::size_t{32} << 20, std::size_t max_plans = kMaxPlans);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -40,6 +45,7 @@ class Gemm {
 
   bool tf32() const { return tf32_; }
   std::size_t plans() const { return plans_.size(); }
+  std::size_t dropped_plans() const { return plans_.evictions(); }
   // Products cuBLASLt's heuristic had no algorithm for (odd leading dimensions of bf16 operands, say),
   // run by cublasGemmEx instead: same types, same accumulation.
   std::size_t fallback_plans() const;
@@ -48,7 +54,7 @@ class Gemm {
   struct Plan;
   using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                          bool, bool, int>;
-  Plan& plan_for(const Key& key);
+  std::shared_ptr<const Plan> plan_for(const Key& key);  // shared: a dropped plan lives until its call ends
 
   bool tf32_;
   cublasLtHandle_t handle_ = nullptr;
@@ -56,7 +62,7 @@ class Gemm {
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_;
   std::mutex mu_;
-  std::map<Key, Plan*> plans_;
+  LruCache<Key, std::shared_ptr<const Plan>> plans_;
 };
 
 // The largest power of two (up to 256) dividing the address: what cuBLASLt may assume about alignment.

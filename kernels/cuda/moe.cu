@@ -1,10 +1,10 @@
 // CudaOps' mixture-of-experts ops (contracts in kernels/ops.hpp, CPU kernels in kernels/cpu/moe.cpp):
 // the router's choice per token (one thread a token; k <= 32), its backward, the grouping of the
-// choices by expert (one block: counts, a prefix sum, then each expert's rows in slot order, so the
-// grouping is the CPU's, stable and atomic-free), and the gathers and combines (one thread an output
-// element; a token's k choices summed in j order; dweight one warp a choice, lanes reduced in a fixed
-// tree). Deterministic: every output has one owner. The grouped products are Ops' default, one cuBLASLt
-// product per expert with rows (the offsets come back to the host in moe_dispatch, which waits).
+// choices by expert (moe_plan.hpp: per-chunk counts, their prefix sums, then each chunk's rows of each
+// expert in slot order, so the grouping is the CPU's, stable and atomic-free), and the gathers and combines (one thread
+// an output element; a token's k choices summed in j order; dweight one warp a choice, lanes reduced in a fixed tree).
+// Deterministic: every output has one owner. The grouped products are Ops' default, one cuBLASLt product per expert
+// with rows (the offsets come back to the host in moe_dispatch, which waits).
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/moe_plan.hpp"
 
 namespace mt::cuda {
 namespace {
@@ -90,31 +91,43 @@ __global__ void route_bwd_kernel(const float* __restrict__ logits, const std::in
   }
 }
 
-// One block: counts per expert (thread t counts experts t, t + blockDim, ...: each count has one owner),
-// the prefix sum on thread 0, then each expert's rows in slot order.
-__global__ void dispatch_kernel(const std::int32_t* __restrict__ expert, RouteShape s, std::int32_t* __restrict__ order,
-                                std::int32_t* __restrict__ slot_pos, std::int64_t* __restrict__ offsets) {
-  const std::int64_t E = s.experts, P = s.tokens * s.top_k;
-  for (std::int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    std::int64_t count = 0;
-    for (std::int64_t q = 0; q < P; ++q) count += expert[q] == e;
-    offsets[e + 1] = count;
-  }
+// The grouping by expert in three launches (moe_plan.hpp): a block a chunk of choices (its ids in shared
+// memory), one thread an expert in each.
+__device__ std::int64_t load_chunk(const std::int32_t* __restrict__ expert, std::int64_t P, std::int32_t* ids) {
+  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kDispatchChunk;
+  const std::int64_t n = min(kDispatchChunk, P - q0);
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) ids[i] = expert[q0 + i];
   __syncthreads();
-  if (threadIdx.x == 0) {
-    offsets[0] = 0;
-    for (std::int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
-  }
+  return n;
+}
+
+__global__ void dispatch_count_kernel(const std::int32_t* __restrict__ expert, std::int64_t P, std::int64_t E,
+                                      std::int64_t* __restrict__ counts) {
+  __shared__ std::int32_t ids[kDispatchChunk];
+  const std::int64_t n = load_chunk(expert, P, ids);
+  for (std::int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    counts[static_cast<std::int64_t>(blockIdx.x) * E + e] = dispatch_count(ids, n, e);
+}
+
+__global__ void dispatch_scan_kernel(std::int64_t chunks, std::int64_t E, std::int64_t* __restrict__ offsets,
+                                     std::int64_t* __restrict__ counts) {
+  for (std::int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    offsets[e + 1] = dispatch_column_prefix(counts, chunks, E, e);
   __syncthreads();
-  for (std::int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    std::int64_t p = offsets[e];
-    for (std::int64_t q = 0; q < P; ++q)
-      if (expert[q] == e) {
-        order[p] = static_cast<std::int32_t>(q);
-        slot_pos[q] = static_cast<std::int32_t>(p);
-        ++p;
-      }
-  }
+  if (threadIdx.x == 0) dispatch_offsets(offsets, E);
+  __syncthreads();
+  for (std::int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    for (std::int64_t c = 0; c < chunks; ++c) counts[c * E + e] += offsets[e];
+}
+
+__global__ void dispatch_place_kernel(const std::int32_t* __restrict__ expert, std::int64_t P, std::int64_t E,
+                                      const std::int64_t* __restrict__ first, std::int32_t* __restrict__ order,
+                                      std::int32_t* __restrict__ slot_pos) {
+  __shared__ std::int32_t ids[kDispatchChunk];
+  const std::int64_t n = load_chunk(expert, P, ids);
+  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kDispatchChunk;
+  for (std::int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    dispatch_place(ids, n, q0, e, first[static_cast<std::int64_t>(blockIdx.x) * E + e], order, slot_pos);
 }
 
 __global__ void gather_kernel(const float* __restrict__ x, const std::int32_t* __restrict__ order, std::int64_t P,
@@ -202,8 +215,6 @@ __device__ float balance_z(const float* logits, const std::int32_t* expert, cons
 
 // One thread a chunk of kBalanceChunk tokens: its softmax rows summed per expert in token order into
 // partial[chunk, E] (the CPU's chunks); then one thread an expert sums the chunks in order.
-constexpr std::int64_t kBalanceChunk = 256;
-
 __global__ void balance_partial_kernel(const float* __restrict__ logits, const std::int32_t* __restrict__ expert,
                                        const float* __restrict__ weight, RouteShape s, float* __restrict__ partial) {
   const std::int64_t ch = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
@@ -255,6 +266,7 @@ __global__ void balance_bwd_kernel(const float* __restrict__ logits, const std::
 }  // namespace
 
 void CudaOps::moe_route(const float* logits, const RouteShape& s, std::int32_t* expert, float* weight) {
+  note_op("moe_route");
   check_top_k(s);
   if (s.tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>((s.tokens + kBlock - 1) / kBlock);
@@ -264,6 +276,7 @@ void CudaOps::moe_route(const float* logits, const RouteShape& s, std::int32_t* 
 
 void CudaOps::moe_route_backward(const float* logits, const std::int32_t* expert, const float* weight,
                                  const float* dweight, float* dlogits, const RouteShape& s) {
+  note_op("moe_route_backward");
   check_top_k(s);
   if (s.tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>((s.tokens + kBlock - 1) / kBlock);
@@ -273,15 +286,27 @@ void CudaOps::moe_route_backward(const float* logits, const std::int32_t* expert
 
 void CudaOps::moe_dispatch(const std::int32_t* expert, const RouteShape& s, std::int32_t* order, std::int32_t* slot_pos,
                            std::int64_t* offsets_host) {
-  const std::size_t bytes = static_cast<std::size_t>(s.experts + 1) * sizeof(std::int64_t);
-  auto* offsets = static_cast<std::int64_t*>(room(moe_offsets, bytes));
-  dispatch_kernel<<<1, 1024, 0, st_>>>(expert, s, order, slot_pos, offsets);
-  MT_CUDA_LAUNCH_CHECK("dispatch_kernel");
+  note_op("moe_dispatch");
+  const std::int64_t P = s.choices(), E = s.experts, chunks = dispatch_chunks(P);
+  const std::size_t bytes = static_cast<std::size_t>(E + 1) * sizeof(std::int64_t);
+  auto* offsets = static_cast<std::int64_t*>(room(moe_offsets, dispatch_scratch_bytes(P, E)));
+  std::int64_t* counts = offsets + E + 1;
+  if (chunks > 0) {
+    dispatch_count_kernel<<<static_cast<unsigned>(chunks), kBlock, 0, st_>>>(expert, P, E, counts);
+    MT_CUDA_LAUNCH_CHECK("dispatch_count_kernel");
+  }
+  dispatch_scan_kernel<<<1, 1024, 0, st_>>>(chunks, E, offsets, counts);
+  MT_CUDA_LAUNCH_CHECK("dispatch_scan_kernel");
+  if (chunks > 0) {
+    dispatch_place_kernel<<<static_cast<unsigned>(chunks), kBlock, 0, st_>>>(expert, P, E, counts, order, slot_pos);
+    MT_CUDA_LAUNCH_CHECK("dispatch_place_kernel");
+  }
   MT_CUDA_CHECK(cudaMemcpyAsync(offsets_host, offsets, bytes, cudaMemcpyDeviceToHost, st_));
   MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the grouped products need the shapes on the host
 }
 
 void CudaOps::moe_gather(const float* x, const std::int32_t* order, const RouteShape& s, std::int64_t d, float* xe) {
+  note_op("moe_gather");
   const std::size_t n = static_cast<std::size_t>(s.choices() * d);
   if (n == 0) return;
   gather_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, order, s.choices(), s.top_k, d, xe);
@@ -290,6 +315,7 @@ void CudaOps::moe_gather(const float* x, const std::int32_t* order, const RouteS
 
 void CudaOps::moe_gather_backward(const float* dxe, const std::int32_t* slot_pos, const RouteShape& s, std::int64_t d,
                                   float* dx, bool add) {
+  note_op("moe_gather_backward");
   const std::size_t n = static_cast<std::size_t>(s.tokens * d);
   if (n == 0) return;
   gather_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(dxe, slot_pos, s.tokens, s.top_k, d, dx, add);
@@ -298,6 +324,7 @@ void CudaOps::moe_gather_backward(const float* dxe, const std::int32_t* slot_pos
 
 void CudaOps::moe_combine(const float* ye, const std::int32_t* slot_pos, const float* weight, const RouteShape& s,
                           std::int64_t d, float* y) {
+  note_op("moe_combine");
   const std::size_t n = static_cast<std::size_t>(s.tokens * d);
   if (n == 0) return;
   combine_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(ye, slot_pos, weight, s.tokens, s.top_k, d, y);
@@ -306,6 +333,7 @@ void CudaOps::moe_combine(const float* ye, const std::int32_t* slot_pos, const f
 
 void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::int32_t* slot_pos, const float* weight,
                                    const RouteShape& s, std::int64_t d, float* dye, float* dweight) {
+  note_op("moe_combine_backward");
   const std::int64_t P = s.choices();
   const std::size_t n = static_cast<std::size_t>(P * d);
   if (n == 0) return;
@@ -318,8 +346,9 @@ void CudaOps::moe_combine_backward(const float* dy, const float* ye, const std::
 
 void CudaOps::moe_balance_stats(const float* logits, const std::int32_t* expert, const float* weight,
                                 const RouteShape& s, float* prob_sums_host) {
+  note_op("moe_balance_stats");
   const std::int64_t E = s.experts, chunks = (s.tokens + kBalanceChunk - 1) / kBalanceChunk;
-  auto* partial = static_cast<float*>(room(moe_balance, static_cast<std::size_t>((chunks + 1) * E) * sizeof(float)));
+  auto* partial = static_cast<float*>(room(moe_balance, balance_bytes(s)));
   float* sums = partial + chunks * E;
   if (chunks > 0) {
     balance_partial_kernel<<<grid_for(static_cast<std::size_t>(chunks), kBlock), kBlock, 0, st_>>>(logits, expert,
@@ -335,6 +364,7 @@ void CudaOps::moe_balance_stats(const float* logits, const std::int32_t* expert,
 
 void CudaOps::moe_balance_backward(const float* logits, const std::int32_t* expert, const float* weight,
                                    const float* grad, const RouteShape& s, float* dlogits, float* dweight) {
+  note_op("moe_balance_backward");
   if (s.tokens == 0) return;
   balance_bwd_kernel<<<grid_for(static_cast<std::size_t>(s.tokens), kBlock), kBlock, 0, st_>>>(
       logits, expert, weight, grad, s, dlogits, dweight);

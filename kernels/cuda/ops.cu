@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -406,8 +407,20 @@ CudaOps::~CudaOps() {
   cudaFreeHost(loss_host_);
 }
 
+void CudaOps::reserve(const ScratchPlan& plan) {
+  for (int s = 0; s < kSlots; ++s)
+    if (plan.bytes[s] > 0) room(static_cast<Slot>(s), plan.bytes[s]);
+  reserved_ = true;
+}
+
 void* CudaOps::room(Slot s, std::size_t bytes) {
   if (bytes > slot_bytes_[s]) {
+    if (reserved_) {  // the plan missed a take: say so at each growth, and carry on (the run is not wrong)
+      std::fprintf(stderr,
+                   "megatrain: warning: the CUDA ops' %s need %zu bytes, %zu planned (cuda_scratch_plan); "
+                   "allocating inside the step\n",
+                   scratch_slot_name(s), bytes, slot_bytes_[s]);
+    }
     MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // queued kernels may still read the old buffer
     MT_CUDA_CHECK(cudaFree(slots_[s]));
     slots_[s] = nullptr;
@@ -419,18 +432,21 @@ void* CudaOps::room(Slot s, std::size_t bytes) {
 }
 
 float* CudaOps::partial(std::int64_t rows, std::int64_t cols) {
-  return static_cast<float*>(room(colsum_partial, colsum_scratch_floats(rows, cols) * sizeof(float)));
+  return static_cast<float*>(room(colsum_partial, colsum_bytes(rows, cols)));
 }
 
 const void* CudaOps::rounded(Slot s, const float* x, std::int64_t n) {
-  auto* b = static_cast<bf16_t*>(room(s, static_cast<std::size_t>(n) * sizeof(bf16_t)));
+  auto* b = static_cast<bf16_t*>(room(s, bf16_operand_bytes(n)));
   to_bf16(x, b, static_cast<std::size_t>(n), st_);
   return b;
 }
 
 // ---------------- products ----------------
+void CudaOps::round_bf16(const float* x, bf16_t* y, std::size_t n) { to_bf16(x, y, n, st_); }
+
 void CudaOps::linear_forward(const float* x, const void* W, const void* b, float* y, std::int64_t N, std::int64_t in,
                              std::int64_t out) {
+  note_op("linear_forward");
   gemm_.linear_forward(bf16() ? rounded(bf16_operand, x, N * in) : x, W, y, N, in, out, bf16(), st_);
   const std::size_t n = static_cast<std::size_t>(N * out);
   if (!b || n == 0) return;
@@ -440,6 +456,7 @@ void CudaOps::linear_forward(const float* x, const void* W, const void* b, float
 
 void CudaOps::linear_backward(const float* dy, const float* x, const void* W, float* dx, bool add, float* dW_acc,
                               float* db_acc, std::int64_t N, std::int64_t in, std::int64_t out) {
+  note_op("linear_backward");
   const void* g = bf16() ? rounded(bf16_gradient, dy, N * out) : dy;
   if (dx) gemm_.linear_backward_input(g, W, dx, N, in, out, add, bf16(), st_);
   gemm_.linear_backward_weight(g, bf16() ? rounded(bf16_operand, x, N * in) : x, dW_acc, N, in, out, bf16(), st_);
@@ -449,12 +466,14 @@ void CudaOps::linear_backward(const float* dy, const float* x, const void* W, fl
 // ---------------- norms ----------------
 void CudaOps::rmsnorm_forward(const float* x, const void* w, float* y, float* rstd, std::int64_t N, std::int64_t D,
                               float eps) {
+  note_op("rmsnorm_forward");
   rmsnorm_fwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), y, rstd, N, D, eps);
   MT_CUDA_LAUNCH_CHECK("rmsnorm_fwd_kernel");
 }
 
 void CudaOps::rmsnorm_backward(const float* x, const void* w, const float* rstd, const float* dy, float* dx,
                                float* dw_acc, std::int64_t N, std::int64_t D, bool add) {
+  note_op("rmsnorm_backward");
   rmsnorm_bwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), rstd, dy, dx, N, D, add);
   MT_CUDA_LAUNCH_CHECK("rmsnorm_bwd_kernel");
   if (dw_acc) colsum(RmsWeightTerm{dy, x, rstd, D}, N, D, dw_acc, partial(N, D), st_);
@@ -462,12 +481,14 @@ void CudaOps::rmsnorm_backward(const float* x, const void* w, const float* rstd,
 
 void CudaOps::layernorm_forward(const float* x, const void* w, const void* b, float* y, float* mean, float* rstd,
                                 std::int64_t N, std::int64_t D, float eps) {
+  note_op("layernorm_forward");
   layernorm_fwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, b, bf16(), y, mean, rstd, N, D, eps);
   MT_CUDA_LAUNCH_CHECK("layernorm_fwd_kernel");
 }
 
 void CudaOps::layernorm_backward(const float* x, const void* w, const float* mean, const float* rstd, const float* dy,
                                  float* dx, float* dw_acc, float* db_acc, std::int64_t N, std::int64_t D, bool add) {
+  note_op("layernorm_backward");
   layernorm_bwd_kernel<<<row_grid(N), kBlock, 0, st_>>>(x, w, bf16(), mean, rstd, dy, dx, N, D, add);
   MT_CUDA_LAUNCH_CHECK("layernorm_bwd_kernel");
   // Both sums reuse the partials: stream order keeps the second partial pass after the first finish pass.
@@ -480,20 +501,22 @@ void CudaOps::layernorm_backward(const float* x, const void* w, const float* mea
 // The CPU's own tables (cpu::rope_table), uploaded once per shape and params: both backends rotate by
 // the same fp32 angles and scale by the same attention factor, every rope_scaling type included.
 RopeTables CudaOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float*, float*) {
+  note_op("rope_tables");
   CachedRope& r = rope_;
   // Every field (RopeParams::operator==) and the length: dynamic scaling's tables depend on seq.
   const bool same = r.cos && r.seq == seq && r.head_dim == head_dim && r.p == p;
   if (!same) {
     const std::size_t n = static_cast<std::size_t>(seq * (head_dim / 2));
-    std::vector<float> cos_t(n), sin_t(n);
-    cpu::rope_table(p, seq, head_dim, cos_t.data(), sin_t.data());
-    MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the old tables may still be read
+    MT_CUDA_CHECK(cudaStreamSynchronize(st_));  // the old tables (and their host sources) may still be read
+    r.host_cos.resize(n), r.host_sin.resize(n);
+    cpu::rope_table(p, seq, head_dim, r.host_cos.data(), r.host_sin.data());
     cudaFree(r.cos), cudaFree(r.sin);
     r.cos = r.sin = nullptr;
     MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.cos), std::max<std::size_t>(n, 1) * sizeof(float)));
     MT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&r.sin), std::max<std::size_t>(n, 1) * sizeof(float)));
-    MT_CUDA_CHECK(cudaMemcpy(r.cos, cos_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    MT_CUDA_CHECK(cudaMemcpy(r.sin, sin_t.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    // On the stream whose kernels read them, from host tables kept until the next rebuild (after a sync).
+    MT_CUDA_CHECK(cudaMemcpyAsync(r.cos, r.host_cos.data(), n * sizeof(float), cudaMemcpyHostToDevice, st_));
+    MT_CUDA_CHECK(cudaMemcpyAsync(r.sin, r.host_sin.data(), n * sizeof(float), cudaMemcpyHostToDevice, st_));
     r.p = p, r.seq = seq, r.head_dim = head_dim;
   }
   return {r.cos, r.sin};
@@ -501,6 +524,7 @@ RopeTables CudaOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int6
 
 void CudaOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
                          std::int64_t row_stride, const RopeTables& t, bool inverse) {
+  note_op("rope_apply");
   const std::int64_t half = head_dim / 2;
   const std::size_t n = static_cast<std::size_t>(rows * heads * half);
   if (n == 0) return;
@@ -511,12 +535,14 @@ void CudaOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int
 
 // ---------------- activations, moves ----------------
 void CudaOps::swiglu_forward(const float* g, const float* u, float* h, std::size_t n) {
+  note_op("swiglu_forward");
   if (n == 0) return;
   swiglu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, h, n);
   MT_CUDA_LAUNCH_CHECK("swiglu_fwd_kernel");
 }
 
 void CudaOps::swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du, std::size_t n) {
+  note_op("swiglu_backward");
   if (n == 0) return;
   swiglu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, dh, dg, du, n);
   MT_CUDA_LAUNCH_CHECK("swiglu_bwd_kernel");
@@ -524,6 +550,7 @@ void CudaOps::swiglu_backward(const float* g, const float* u, const float* dh, f
 
 void CudaOps::clamped_swiglu_forward(const float* g, const float* u, float* h, std::size_t n, float alpha,
                                      float limit) {
+  note_op("clamped_swiglu_forward");
   if (n == 0) return;
   clamped_swiglu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, h, n, alpha, limit);
   MT_CUDA_LAUNCH_CHECK("clamped_swiglu_fwd_kernel");
@@ -531,40 +558,47 @@ void CudaOps::clamped_swiglu_forward(const float* g, const float* u, float* h, s
 
 void CudaOps::clamped_swiglu_backward(const float* g, const float* u, const float* dh, float* dg, float* du,
                                       std::size_t n, float alpha, float limit) {
+  note_op("clamped_swiglu_backward");
   if (n == 0) return;
   clamped_swiglu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(g, u, dh, dg, du, n, alpha, limit);
   MT_CUDA_LAUNCH_CHECK("clamped_swiglu_bwd_kernel");
 }
 
 void CudaOps::gelu_forward(const float* x, float* y, std::size_t n) {
+  note_op("gelu_forward");
   if (n == 0) return;
   gelu_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, y, n);
   MT_CUDA_LAUNCH_CHECK("gelu_fwd_kernel");
 }
 
 void CudaOps::gelu_backward(const float* x, const float* dy, float* dx, std::size_t n) {
+  note_op("gelu_backward");
   if (n == 0) return;
   gelu_bwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, dy, dx, n);
   MT_CUDA_LAUNCH_CHECK("gelu_bwd_kernel");
 }
 
 void CudaOps::add_into(float* y, const float* x, std::size_t n) {
+  note_op("add_into");
   if (n == 0) return;
   add_into_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(y, x, n);
   MT_CUDA_LAUNCH_CHECK("add_into_kernel");
 }
 
 void CudaOps::copy(float* dst, const float* src, std::size_t n) {
+  note_op("copy");
   if (n) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, st_));
 }
 
 void CudaOps::fill_zero(float* dst, std::size_t n) {
+  note_op("fill_zero");
   if (n) MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), st_));
 }
 
 // ---------------- embedding ----------------
 void CudaOps::embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N,
                                 std::int64_t seq, std::int64_t d, float* x_out) {
+  note_op("embedding_forward");
   const std::size_t n = static_cast<std::size_t>(N * d);
   if (n == 0) return;
   embedding_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(wte, wpe, bf16(), tokens, N, seq, d, x_out);
@@ -575,6 +609,7 @@ void CudaOps::embedding_forward(const void* wte, const void* wpe, const token_t*
 // uploaded ids), so every row sums in the CPU's order; dwpe[t] += sum over b of dx[b * seq + t].
 void CudaOps::embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq,
                                  std::int64_t d, float* dwte_acc, float* dwpe_acc) {
+  note_op("embedding_backward");
   if (!token_rows_) throw std::logic_error("cuda ops: embedding_backward needs the backend's token rows");
   const TokenRows r = token_rows_(tokens, N);
   if (r.n_unique > 0) {
@@ -592,12 +627,14 @@ void CudaOps::embedding_backward(const token_t* tokens, const float* dx, std::in
 // ---------------- the loss ----------------
 void CudaOps::cross_entropy_rows(float* logits, const token_t* targets, float* row_loss, std::int64_t rows,
                                  std::int64_t V, bool want_grad) {
+  note_op("cross_entropy_rows");
   if (rows == 0) return;
   cross_entropy_kernel<<<static_cast<unsigned>(rows), 512, 0, st_>>>(logits, targets, row_loss, V, want_grad);
   MT_CUDA_LAUNCH_CHECK("cross_entropy_kernel");
 }
 
 LossSum CudaOps::loss_sum(const float* row_loss, const token_t* targets, std::int64_t N) {
+  note_op("loss_sum");
   loss_sum_kernel<<<1, 1024, 0, st_>>>(row_loss, targets, N, loss_device_);  // one block: row order fixed
   MT_CUDA_LAUNCH_CHECK("loss_sum_kernel");
   MT_CUDA_CHECK(cudaMemcpyAsync(loss_host_, loss_device_, 2 * sizeof(double), cudaMemcpyDeviceToHost, st_));

@@ -19,22 +19,25 @@
 
 namespace mt::cuda {
 
-// Device memory the backend needs beside the arena: the CUDA context's own use after cudaMemGetInfo,
-// cuBLASLt's workspace, the backend's scratch (bf16 operand copies, column-sum partials, the attention
-// backward's row sums) and the token buffers. A fixed reserve keeps the check a pure function.
+// Device memory the backend needs beside the arena that is not allocated when the arena is: the CUDA
+// context's own use after cudaMemGetInfo, cuBLAS's lazy allocations, the token buffers and RoPE tables,
+// and the ops' scratch of a run without a scratch plan. A fixed reserve keeps the check a pure function.
+// The ops' scratch of a planned run (scratch_plan.hpp) is allocated before the arena, outside it.
 inline constexpr std::size_t kDeviceReserveBytes = std::size_t{1536} << 20;  // 1.5 GiB
 
 // Throws std::runtime_error naming the keys that size the arena when `arena_bytes` + the reserve does
-// not fit in `free_bytes` (what cudaMemGetInfo reported for `gpu`).
+// not fit in `free_bytes` (what cudaMemGetInfo reported for `gpu`); scratch_bytes: the ops' scratch
+// already allocated (named in the message only, free_bytes is net of it).
 inline void check_arena_fits(std::size_t arena_bytes, std::size_t free_bytes, std::size_t total_bytes, int gpu,
-                             std::size_t reserve = kDeviceReserveBytes) {
+                             std::size_t reserve = kDeviceReserveBytes, std::size_t scratch_bytes = 0) {
   if (arena_bytes <= free_bytes && free_bytes - arena_bytes >= reserve) return;
   const auto gib = [](std::size_t b) { return std::to_string(static_cast<double>(b) / (1 << 30)).substr(0, 6); };
   throw std::runtime_error("the device arena of " + gib(arena_bytes) + " GiB does not fit on GPU " +
                            std::to_string(gpu) + ": " + gib(free_bytes) + " GiB free of " + gib(total_bytes) +
-                           " GiB, and the backend keeps " + gib(reserve) +
-                           " GiB for cuBLASLt and its scratch; lower device.max_vram_gb (or "
-                           "device.device_memory_mb), the batch, or the sequence length");
+                           " GiB, and the backend keeps " + gib(reserve) + " GiB for the CUDA context and cuBLASLt" +
+                           (scratch_bytes ? " (its ops' scratch, " + gib(scratch_bytes) + " GiB, already taken)" : "") +
+                           "; lower device.max_vram_gb (or device.device_memory_mb), the batch, or the sequence "
+                           "length");
 }
 
 // Deterministic column sums (norm weight and bias gradients): rows are cut into `splits` fixed ranges

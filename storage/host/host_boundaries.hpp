@@ -29,6 +29,7 @@ class HostBoundaries {
   std::int64_t boundaries() const { return boundaries_; }
   std::size_t floats() const { return floats_; }
   std::size_t bytes() const { return buffer_.bytes(); }
+  void* base() { return buffer_.data(); }  // the whole store, `bytes()` long (to pin it for the link)
 
   // Throws std::out_of_range naming the entry when (set, boundary) is outside the store.
   float* data(int set, std::int64_t boundary);

@@ -196,29 +196,49 @@ void linear_cases(Ctx& c) {
   }
 }
 
-// The rounding of a bf16 product's operand (RNE ties, NaN quieted, infinities kept, overflow to inf), bit
-// for bit: with in = out = 1 and W = 1 the product is the rounded operand itself (bf16 runs only).
-// Denormals are left out: a GEMM may flush them, which is no fault of the rounding.
+// The rounding of a bf16 product's operand (RNE ties, NaN quieted, infinities kept, overflow to inf),
+// checked bit for bit where it happens: round_bf16, the conversion the products use, against the host's
+// (integer arithmetic on both). Then, in bf16 runs, the product with in = out = 1 and W = 1: the rounded
+// operand itself, bit for bit where it is a nonzero number; where it is NaN, NaN (a GPU's product returns
+// its canonical NaN, 0x7FFFFFFF on NVIDIA, not the operand's payload); a zero by value. Denormals are
+// left out of the product: a GEMM may flush them, which is no fault of the rounding.
 void operand_rounding_case(Ctx& c) {
-  if (!c.bf16()) return;
   std::vector<float> x = {
-      1.0f, INFINITY, -INFINITY, 3.4e38f, 1.00390625f, 1.01171875f, std::numeric_limits<float>::quiet_NaN(),
-      0.1f, -65504.3f};
-  std::uint32_t snan = 0x7f800001u;  // a signalling NaN: quieted, never turned into infinity
-  float f;
-  std::memcpy(&f, &snan, 4);
-  x.push_back(f);
-  const i64 N = static_cast<i64>(x.size());
+      1.0f, INFINITY,  -INFINITY, 3.4e38f, 1.00390625f, 1.01171875f, std::numeric_limits<float>::quiet_NaN(),
+      0.1f, -65504.3f, -0.0f};
+  for (const std::uint32_t bits : {0x7f800001u, 0xffc12345u, 0x00000001u, 0x807fffffu}) {  // sNaN, -qNaN, denormals
+    float f;
+    std::memcpy(&f, &bits, 4);
+    x.push_back(f);
+  }
+  std::vector<bf16_t> expect(x.size());
+  cpu::to_bf16(x.data(), expect.data(), x.size(), 1, cpu::Bf16Path::portable);
   c.operand_room();
   float* dx = c.dev.upload(x);
-  float* y = c.dev.alloc<float>(x.size());
-  c.v.op = "linear_forward";
-  c.ops.linear_forward(dx, c.weight(std::vector<float>{1.0f}), nullptr, y, N, 1, 1);
-  std::vector<bf16_t> b(x.size());
-  cpu::to_bf16(x.data(), b.data(), x.size(), 1, cpu::Bf16Path::portable);
-  std::vector<float> expect(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) expect[i] = cpu::bf16_to_float(b[i]);
-  c.v.bit_equal("operand rounding: ties, NaN, inf, overflow (in=out=1, W=1)", c.get(y, x.size()), expect);
+  auto* db = c.dev.alloc<bf16_t>(x.size());
+  c.v.op = "round_bf16";
+  c.ops.round_bf16(dx, db, x.size());
+  c.v.bit_equal("ties, NaN payloads, -0, denormals, inf, overflow", c.dev.download(db, x.size()), expect);
+  if (c.bf16()) {
+    const std::size_t products = x.size() - 2;  // not the denormals (the last two)
+    const i64 N = static_cast<i64>(products);
+    float* y = c.dev.alloc<float>(products);
+    c.v.op = "linear_forward";
+    c.ops.linear_forward(dx, c.weight(std::vector<float>{1.0f}), nullptr, y, N, 1, 1);
+    const std::vector<float> got = c.get(y, products);
+    std::vector<float> want(products), got_numbers(products);
+    std::size_t nan_mismatch = 0;
+    for (std::size_t i = 0; i < products; ++i) {
+      want[i] = cpu::bf16_to_float(expect[i]);
+      const bool nan = std::isnan(want[i]);
+      nan_mismatch += nan != std::isnan(got[i]);
+      // NaN is checked as NaN below; a zero's sign is the sum's (one that starts from +0 turns -0 into +0)
+      got_numbers[i] = nan || (want[i] == 0.0f && got[i] == 0.0f) ? want[i] : got[i];
+    }
+    c.v.bit_equal("x * 1 = the rounded operand where a number, zeros by value", got_numbers, want);
+    c.v.fact("x * 1 is NaN exactly where the rounded operand is NaN (" + std::to_string(nan_mismatch) + " differ)",
+             nan_mismatch == 0);
+  }
   c.dev.reset();
 }
 

@@ -101,8 +101,11 @@ TEST_CASE("7B at 512k tokens on a GH200 (bf16) fits in sequence tiles with its b
   CHECK(p.device_bytes <= static_cast<double>(cfg.device_budget_bytes()));
   CHECK(p.device_bytes <= hw.device_memory_bytes);
   CHECK(p.host_peak_rss_bytes <= hw.host_ram_bytes);
-  // The device rows are the arena, region by region; the workspace holds the sequence's K, V, dK, dV.
-  CHECK(tier_total(p, "device") == p.device_bytes);
+  // The device rows are the arena, region by region, and beside it the CUDA ops' scratch and the
+  // backend's reserve; the workspace holds the sequence's K, V, dK, dV.
+  CHECK(p.device_side_bytes > 0);
+  CHECK(tier_total(p, "device") == p.device_bytes + p.device_side_bytes);
+  CHECK(p.device_bytes + p.device_side_bytes <= hw.device_memory_bytes);
   const ModelConfig model = cfg.model_config_from_keys();
   bool workspace_row = false;
   for (const auto& b : p.bytes)
@@ -267,4 +270,25 @@ TEST_CASE("long sequences are timed at two shorter lengths and fitted, per token
     CHECK((v > 0 && std::isfinite(v)));
   const plan::OpTimes direct = plan::measure_op_times(cfg, model, ep, 1024);
   CHECK(direct.source.find("at this shape") != std::string::npos);
+}
+
+TEST_CASE("on a GPU the plan counts the pinned host memory: tiles, host boundaries, landing buffers", "[plan]") {
+  TrainConfig cfg = llama7b(32768);
+  cfg.device.keep_intermediates = "boundary_host";
+  const plan::HardwareProfile hw = profile("h200");
+  const plan::ResourcePlan p = plan_on(cfg, hw, false);
+  INFO(plan::describe_resources(p));
+  REQUIRE(p.engine);
+  const actors::EnginePlan& e = *p.engine;
+  REQUIRE(e.host_boundary_bytes > 0);
+  double tiles = 0, collector = 0;
+  for (const auto& b : p.bytes) {
+    if (b.tier == "host RAM" && b.what.rfind("host tiles", 0) == 0) tiles += b.bytes;
+    if (b.tier == "host RAM" && b.what.find("collector's gradient buffer") != std::string::npos) collector += b.bytes;
+  }
+  CHECK(tiles > 0);
+  CHECK(collector > 0);  // the one stage's buffer every gradient lands in over the link
+  CHECK(p.pinned_bytes == tiles + static_cast<double>(e.host_boundary_bytes) + collector);
+  CHECK(p.pinned_bytes <= p.host_bytes);
+  CHECK(plan::describe_resources(p).find("pinned for the GPU's copies") != std::string::npos);
 }

@@ -54,7 +54,10 @@ void check_rounds(Job& job, GradTransport& nccl, std::size_t n, const std::strin
     std::vector<float> over_nccl(n), over_mpi(n), in_order(n, 0.0f);
     for (int round = 0; round < 2; ++round) {
       const std::vector<float> mine = gradient_of(me, round, n);
+      // The transport's non-blocking stream does not wait for the legacy stream, and a pageable copy may
+      // return before its bytes land: drain the device before the send reads them.
       MT_CUDA_CHECK(cudaMemcpy(dev, mine.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      MT_CUDA_CHECK(cudaDeviceSynchronize());
       const std::string what = tag + " round " + std::to_string(round) + " to rank " + std::to_string(owner);
       // A non-owner passes no host copy: the NCCL transport must send from the device.
       const RoundGradient g{dev, me == owner ? mine.data() : nullptr};

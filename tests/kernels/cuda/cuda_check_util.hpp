@@ -36,8 +36,12 @@ struct DevBuf {
   ~DevBuf() { cudaFree(ptr); }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
+  // A pageable cudaMemcpy may return before its bytes land and is not ordered with the backends'
+  // non-blocking streams: the device is drained before (queued readers) and after (the copy itself).
   void upload(const std::vector<T>& host) {
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
     MT_CUDA_CHECK(cudaMemcpy(ptr, host.data(), std::min(n, host.size()) * sizeof(T), cudaMemcpyHostToDevice));
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> out(n);

@@ -2,8 +2,17 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/fault_context.hpp"
+#include "kernels/cuda/lru_cache.hpp"
+#include "kernels/cuda/moe_plan.hpp"
 #include "kernels/cuda/plan.hpp"
 
 using namespace mt::cuda;
@@ -137,4 +146,101 @@ TEST_CASE("attention sequence tiles: grids and causal bounds under q_start", "[c
       REQUIRE(wrong == 0);
     }
   }
+}
+
+TEST_CASE("a CUDA failure names the stage, layer, step, op and last kernel", "[cuda][plan]") {
+  FaultContext c;
+  CHECK(describe_fault(c).empty());  // nothing known: the call alone says it
+  c.op = "rope_apply";
+  CHECK(describe_fault(c) == " (op rope_apply)");  // an op called directly (the op test)
+  c.kernel = "rope_kernel";
+  CHECK(describe_fault(c) == " (op rope_apply, last kernel rope_kernel)");
+  c = FaultContext{};
+  c.stage = "layer_backward", c.layer = 3, c.step = 12, c.micro_batch = 1, c.device = 0;
+  CHECK(describe_fault(c) == " (in layer_backward of layer 3, step 12, micro-batch 1, on GPU 0)");
+  c.op = "attention_backward", c.kernel = "attn_dq_kernel";
+  CHECK(describe_fault(c) ==
+        " (in layer_backward of layer 3, step 12, micro-batch 1, on GPU 0; op attention_backward, last kernel "
+        "attn_dq_kernel)");
+  FaultContext head;
+  head.stage = "head_forward_backward", head.step = 0, head.kernel = "cublasLtMatmul";
+  CHECK(describe_fault(head) == " (in head_forward_backward, step 0; last kernel cublasLtMatmul)");
+  // per thread; an op starts its kernel part afresh
+  fault_context() = c;
+  note_op("linear_forward");
+  CHECK(fault_context().op == std::string("linear_forward"));
+  CHECK(fault_context().kernel == nullptr);
+  note_kernel("to_bf16_kernel");
+  std::thread([] { CHECK(fault_context().stage == nullptr); }).join();
+  CHECK(describe_fault(fault_context()).find("op linear_forward, last kernel to_bf16_kernel") != std::string::npos);
+  fault_context() = FaultContext{};
+}
+
+// The three dispatch launches run serially here (every block, every expert thread, in any order: each
+// output has one owner) and must give the CPU's grouping, bit for bit.
+TEST_CASE("the multi-block MoE dispatch groups the choices as the CPU does", "[cuda][plan][moe]") {
+  std::mt19937 rng(7);
+  for (const auto& [P, E] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {0, 8}, {1, 4}, {1023, 8}, {1024, 8}, {1025, 3}, {5000, 128}, {3 * 1024 + 17, 1500}}) {
+    std::vector<std::int32_t> expert(static_cast<std::size_t>(P));
+    for (auto& e : expert) e = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(E));
+    if (P > 100) std::fill(expert.begin() + 10, expert.begin() + 90, 1);  // a popular expert
+    const std::int64_t chunks = dispatch_chunks(P);
+    std::vector<std::int64_t> scratch(dispatch_scratch_bytes(P, E) / sizeof(std::int64_t), -1);
+    std::int64_t* offsets = scratch.data();
+    std::int64_t* counts = offsets + E + 1;
+    const auto chunk = [&](std::int64_t c) {
+      return std::pair{expert.data() + c * kDispatchChunk, std::min(kDispatchChunk, P - c * kDispatchChunk)};
+    };
+    for (std::int64_t c = chunks - 1; c >= 0; --c)  // blocks in any order
+      for (std::int64_t e = 0; e < E; ++e) counts[c * E + e] = dispatch_count(chunk(c).first, chunk(c).second, e);
+    for (std::int64_t e = E - 1; e >= 0; --e) offsets[e + 1] = dispatch_column_prefix(counts, chunks, E, e);
+    dispatch_offsets(offsets, E);
+    for (std::int64_t e = 0; e < E; ++e)
+      for (std::int64_t c = 0; c < chunks; ++c) counts[c * E + e] += offsets[e];
+    std::vector<std::int32_t> order(expert.size(), -1), slot_pos(expert.size(), -1);
+    for (std::int64_t c = chunks - 1; c >= 0; --c)
+      for (std::int64_t e = E - 1; e >= 0; --e)
+        dispatch_place(chunk(c).first, chunk(c).second, c * kDispatchChunk, e, counts[c * E + e], order.data(),
+                       slot_pos.data());
+    mt::RouteShape s;
+    s.tokens = P, s.top_k = 1, s.experts = E;
+    std::vector<std::int32_t> order_ref(expert.size()), pos_ref(expert.size());
+    std::vector<std::int64_t> off_ref(static_cast<std::size_t>(E + 1));
+    mt::cpu::moe_dispatch(expert.data(), s, order_ref.data(), pos_ref.data(), off_ref.data());
+    INFO("P " << P << " E " << E);
+    CHECK(std::vector<std::int64_t>(offsets, offsets + E + 1) == off_ref);
+    CHECK(order == order_ref);
+    CHECK(slot_pos == pos_ref);
+  }
+  CHECK(dispatch_scratch_bytes(0, 8) == 9 * sizeof(std::int64_t));
+  CHECK(dispatch_scratch_bytes(2049, 8) == (9 + 3 * 8) * sizeof(std::int64_t));
+}
+
+TEST_CASE("the plan cache keeps at most its capacity, dropping the least recently used", "[cuda][plan]") {
+  CHECK_THROWS(LruCache<int, int>(0));
+  LruCache<int, std::shared_ptr<int>> cache(3);
+  std::weak_ptr<int> first;
+  for (int k = 0; k < 3; ++k) {
+    auto v = std::make_shared<int>(10 * k);
+    if (k == 0) first = v;
+    cache.insert(k, std::move(v));
+  }
+  REQUIRE(cache.find(0) != nullptr);  // 0 is now the most recently used: 1 goes first
+  cache.insert(3, std::make_shared<int>(30));
+  CHECK(cache.size() == 3);
+  CHECK(cache.find(1) == nullptr);
+  CHECK(**cache.find(0) == 0);
+  CHECK(cache.evictions() == 1);
+  // A shape per expert per step (a mixture of experts): the cache stays bounded, the values released.
+  for (int k = 100; k < 5100; ++k) {
+    if (!cache.find(k % 1000 + 100)) cache.insert(k % 1000 + 100, std::make_shared<int>(k));
+    CHECK(cache.size() <= 3);
+  }
+  CHECK(first.expired());  // an entry dropped releases what it held
+  std::size_t seen = 0;
+  cache.for_each([&](int, const std::shared_ptr<int>&) { ++seen; });
+  CHECK(seen == 3);
+  cache.clear();
+  CHECK(cache.size() == 0);
 }
