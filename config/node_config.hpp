@@ -64,9 +64,9 @@ class NodeConfig : public caf::actor_system_config {
   // Every key of the six sections as "section.key", in registration order (docs and tests).
   std::vector<std::string> registered_keys() const;
 
-  bool check_files = true;                 // false: load() validates values only (no filesystem access)
-  TrainConfig values;                      // filled by load()
-  std::string config_file;                 // the INI file read ("" when none)
+  bool check_files = true;                  // false: load() validates values only (no filesystem access)
+  TrainConfig values;                       // filled by load()
+  std::string config_file;                  // the INI file read ("" when none)
   std::string program = "megatrain train";  // argv[0] once load(argc, argv) ran (for --help)
 };
 
