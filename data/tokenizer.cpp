@@ -521,7 +521,8 @@ struct Tokenizer::Impl {
       for (std::size_t i = 0; i < p["processors"].size(); ++i) {
         const json& x = p["processors"][i];
         const std::string xw = where + ".processors[" + std::to_string(i) + "]";
-        if (x.is_object() && x.value("type", "") != "ByteLevel" && ++templates > 1)
+        const std::string xt = x.is_object() ? x.value("type", "") : "";
+        if ((xt == "TemplateProcessing" || xt == "BertProcessing" || xt == "RobertaProcessing") && ++templates > 1)
           throw DataError(xw + ": a second template post-processor (one per Sequence)");
         load_post_processor(x, xw, true);
       }

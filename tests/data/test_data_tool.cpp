@@ -303,7 +303,7 @@ TEST_CASE("train-tokenizer, encode, decode and extract-austen commands", "[tool]
   CHECK(out == "Emma Woodhouse<|endoftext|>\n");
 }
 
-TEST_CASE("encode and shards wrap each document in the tokenizer's template; --no-add-special-tokens leaves it out",
+TEST_CASE("encode and shards wrap each document in the tokenizer's template, --no-add-special-tokens leaves it out",
           "[tool]") {
   TempDir d;
   const uint32_t bos = 151669, eot = 151643;
