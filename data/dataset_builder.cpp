@@ -81,11 +81,12 @@ uint64_t mix(uint64_t x) {
 }
 
 struct Item {
-  std::size_t file = 0;   // index into the inputs
-  std::size_t doc = 0;    // document number in the whole run
-  bool ends_doc = true;   // the end-of-text token follows this item
-  std::string_view text;  // a plain-text piece or a JSONL line
-  std::size_t line = 0;   // JSONL line number
+  std::size_t file = 0;    // index into the inputs
+  std::size_t doc = 0;     // document number in the whole run
+  bool starts_doc = true;  // the template's leading ids come before this item
+  bool ends_doc = true;    // the template's trailing ids and the end-of-text token follow this item
+  std::string_view text;   // a plain-text piece or a JSONL line
+  std::size_t line = 0;    // JSONL line number
 };
 
 struct Result {
@@ -251,6 +252,15 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
     throw DataError("megatrain-data: vocabulary of " + std::to_string(tok.vocab_size()) +
                     " does not fit uint16 tokens");
   const bool masked = o.format == InputFormat::Instruct;
+  const auto& affixes = tok.single_affixes();
+  if (o.add_special_tokens && !affixes)
+    throw DataError(tok.source() + ": post_processor's single template does not hold the text once: " +
+                    "documents cannot be wrapped in it (add_special_tokens off leaves it out)");
+  static const std::vector<uint32_t> kNoIds;
+  const std::vector<uint32_t>& before = o.add_special_tokens ? affixes->before : kNoIds;
+  const std::vector<uint32_t>& after = o.add_special_tokens ? affixes->after : kNoIds;
+  // A template that ends documents with the end-of-text token (e.g. "$A <|endoftext|>") already separates them.
+  const bool eot_after = after.empty() || after.back() != *eot;
   const int threads = std::max(1, o.threads);
   if (o.shard_tokens == 0 || o.shard_tokens > uint64_t(INT32_MAX))
     throw DataError("megatrain-data: shard_tokens must be in [1, 2^31)");
@@ -311,8 +321,10 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
   // Encodes one item (runs on the workers).
   auto work = [&](const std::string& file, const Item& it, Result& r) {
     try {
+      if (it.starts_doc) r.ids = before;
       if (o.format == InputFormat::Text) {
         tok.encode(it.text, r.ids);
+        if (it.ends_doc) r.ids.insert(r.ids.end(), after.begin(), after.end());
         return;
       }
       const std::string where = file + ":" + std::to_string(it.line);
@@ -330,6 +342,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
         const std::string text = get_string(rec, o.text_field, where, true);
         if (text.empty()) r.empty_doc = true;
         tok.encode(text, r.ids);
+        r.ids.insert(r.ids.end(), after.begin(), after.end());
         return;
       }
       std::string instruction, input, output;
@@ -353,6 +366,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
       tok.encode(prompt, r.ids);
       r.mask.assign(r.ids.size(), 0);
       tok.encode(response, r.ids);
+      r.ids.insert(r.ids.end(), after.begin(), after.end());
       r.mask.resize(r.ids.size(), 1);
     } catch (const std::exception& e) {
       r.error = e.what();
@@ -400,7 +414,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
           ++sum.documents;
           ++(&s == &splits[1] ? sum.val_documents : sum.train_documents);
         }
-        if (items[i].ends_doc) {
+        if (items[i].ends_doc && eot_after) {
           r.ids.push_back(*eot);
           if (masked) r.mask.push_back(1);
         }
@@ -467,7 +481,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
           if (!buf.empty()) {
             const auto pieces = split_for_parallel(tok, buf, o.chunk_bytes);
             for (std::size_t i = 0; i < pieces.size(); ++i)
-              items.push_back({fi, doc, eof && i + 1 == pieces.size(), pieces[i], 0});
+              items.push_back({fi, doc, !any && i == 0, eof && i + 1 == pieces.size(), pieces[i], 0});
             any = true;
           }
           const std::size_t nls = std::size_t(std::count(buf.begin(), buf.end(), '\n'));
@@ -481,7 +495,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
             ++line;
             std::string_view l(buf.data() + pos, e - pos);
             if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-            if (l.find_first_not_of(" \t") != std::string_view::npos) items.push_back({fi, doc++, true, l, line});
+            if (l.find_first_not_of(" \t") != std::string_view::npos) items.push_back({fi, doc++, true, true, l, line});
             pos = e + 1;
           }
         }
@@ -500,6 +514,8 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
     meta["tokenizer"] = tok.source();
     meta["vocab_size"] = tok.vocab_size();
     meta["eot_id"] = *eot;
+    meta["add_special_tokens"] = o.add_special_tokens;
+    meta["template"] = {{"before", before}, {"after", after}, {"eot_appended", eot_after}};
     meta["token_bytes"] = width;
     meta["format"] = o.format == InputFormat::Text ? "text" : o.format == InputFormat::Jsonl ? "jsonl" : "instruct";
     meta["loss_mask"] = masked;

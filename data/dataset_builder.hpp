@@ -3,7 +3,9 @@
 // Inputs: plain text files (each file one document), JSONL with a text field (each line one document),
 // or instruction records in JSONL (alpaca-style instruction/input/output, or prompt/response) rendered
 // with a template; for those the prompt's tokens are masked out of the loss (a `.mask` beside each shard).
-// Each document is encoded, followed by the end-of-text token, and goes to the train or the validation
+// Each document is encoded as Hugging Face's tokenizer(text) encodes it (the tokenizer's post-processor
+// template adds its BOS/EOS; add_special_tokens = false leaves them out), followed by the end-of-text token
+// unless the template already ends with it, and goes to the train or the validation
 // split by a seeded hash of its number. Documents are encoded on `threads` workers (large plain-text
 // documents are cut where the tokenizer provably splits anyway, so the ids are those of the whole text);
 // the output is the same for any thread count. Shards are written atomically (temporary name + rename);
@@ -39,6 +41,10 @@ struct BuildOptions {
   InputFormat format = InputFormat::Text;
   std::string text_field = "text";  // JSONL
   InstructTemplate instruct = InstructTemplate::alpaca();
+  // The tokenizer's post-processor template around each document (Llama-3's <|begin_of_text|>, Mistral's
+  // <s>), as HF's add_special_tokens=True; false: the document's ids alone. Its tokens before an
+  // instruction record's prompt are masked with the prompt, those after the response are trained on.
+  bool add_special_tokens = true;
   double val_fraction = 0.0;  // share of documents that go to validation
   uint64_t seed = 1337;       // of the split
   uint64_t shard_tokens = 100'000'000;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <queue>
 #include <sstream>
 #include <unordered_map>
@@ -350,6 +351,14 @@ struct Tokenizer::Impl {
   std::array<std::vector<uint32_t>, 256> added_by_first;  // indices into `added`, longest first
   std::array<bool, 256> added_first{};
   std::optional<uint32_t> eot;
+  // Post-processor templates; a piece is the text $A (seq 0), $B (seq 1) or special ids (seq -1).
+  struct Piece {
+    int seq;
+    std::vector<uint32_t> ids;
+  };
+  using Template = std::vector<Piece>;
+  Template single{{0, {}}}, pair{{0, {}}, {1, {}}};  // HF's default: the texts in order, nothing added
+  std::optional<Affixes> affixes = Affixes{};
 
   // ---- construction helpers ----
   void set_token(uint32_t id, std::string bytes, bool model = true) {
@@ -423,6 +432,128 @@ struct Tokenizer::Impl {
           eot = t.id;
           break;
         }
+  }
+
+  // ---- post-processor ----
+  uint32_t checked_id(const json& v, const std::string& where) const {
+    if (!v.is_number_unsigned()) throw DataError(where + ": not a token id");
+    const uint64_t id = v.get<uint64_t>();
+    if (id >= id_present.size() || !id_present[id])
+      throw DataError(where + ": id " + std::to_string(id) + " is not in the vocabulary");
+    return uint32_t(id);
+  }
+
+  // `field` of a TemplateProcessing: {"SpecialToken": {"id": key}} pieces (the ids of special_tokens[key])
+  // and {"Sequence": {"id": "A" or "B"}} pieces; type ids do not change the ids.
+  Template parse_template(const json& p, const std::string& field,
+                          const std::map<std::string, std::vector<uint32_t>>& specials,
+                          const std::string& where) const {
+    const std::string at = where + "." + field;
+    if (!p.contains(field) || !p[field].is_array()) throw DataError(at + " is missing (a list of template pieces)");
+    Template t;
+    for (std::size_t i = 0; i < p[field].size(); ++i) {
+      const json& piece = p[field][i];
+      const std::string pw = at + "[" + std::to_string(i) + "]";
+      if (piece.is_object() && piece.contains("SpecialToken")) {
+        const std::string key = piece["SpecialToken"].at("id").get<std::string>();
+        const auto f = specials.find(key);
+        if (f == specials.end())
+          throw DataError(pw + ": special token '" + key + "' is not in " + where.substr(where.rfind(": ") + 2) +
+                          ".special_tokens");
+        t.push_back({-1, f->second});
+      } else if (piece.is_object() && piece.contains("Sequence")) {
+        const std::string id = piece["Sequence"].at("id").get<std::string>();
+        if (id != "A" && id != "B") throw DataError(pw + ": sequence '" + id + "' is neither A nor B");
+        if (id == "B" && field == "single") throw DataError(pw + ": a single template has no sequence B");
+        t.push_back({id == "A" ? 0 : 1, {}});
+      } else {
+        throw DataError(pw + ": neither a SpecialToken nor a Sequence piece");
+      }
+    }
+    return t;
+  }
+
+  void set_template_processing(const json& p, const std::string& where) {
+    std::map<std::string, std::vector<uint32_t>> specials;
+    if (!p.contains("special_tokens") || !p["special_tokens"].is_object())
+      throw DataError(where + ".special_tokens is missing (an object of token -> {\"ids\": [...]})");
+    const json& st = p["special_tokens"];
+    for (auto it = st.begin(); it != st.end(); ++it) {
+      const std::string sw = where + ".special_tokens['" + it.key() + "'].ids";
+      if (!it.value().is_object() || !it.value().contains("ids") || !it.value()["ids"].is_array())
+        throw DataError(sw + " is missing (a list of ids)");
+      auto& ids = specials[it.key()];
+      for (const auto& x : it.value()["ids"]) ids.push_back(checked_id(x, sw));
+    }
+    single = parse_template(p, "single", specials, where);
+    pair = parse_template(p, "pair", specials, where);
+  }
+
+  // BertProcessing: [CLS] $A [SEP], and [CLS] $A [SEP] $B [SEP]; RobertaProcessing doubles the middle [SEP].
+  void set_bert(const json& p, bool roberta, const std::string& where) {
+    auto token = [&](const char* k) {
+      if (!p.contains(k) || !p[k].is_array() || p[k].size() != 2)
+        throw DataError(where + "." + k + " is missing (a [token, id] pair)");
+      return std::vector<uint32_t>{checked_id(p[k][1], where + "." + k)};
+    };
+    const auto cls = token("cls"), sep = token("sep");
+    single = {{-1, cls}, {0, {}}, {-1, sep}};
+    pair = {{-1, cls}, {0, {}}, {-1, sep}};
+    if (roberta) pair.push_back({-1, sep});
+    pair.push_back({1, {}});
+    pair.push_back({-1, sep});
+  }
+
+  // ByteLevel post-processors change offsets only; HF runs a Sequence's processors in order, and a second
+  // template would see one merged text (HF's own encode then fails), so a Sequence holds one at most.
+  void load_post_processor(const json& p, const std::string& where, bool nested = false) {
+    if (p.is_null()) return;
+    const std::string t = p.is_object() && p.contains("type") ? p["type"].get<std::string>() : "";
+    if (t == "ByteLevel") return;
+    if (t == "TemplateProcessing") {
+      set_template_processing(p, where);
+    } else if (t == "BertProcessing" || t == "RobertaProcessing") {
+      set_bert(p, t == "RobertaProcessing", where);
+    } else if (t == "Sequence" && !nested) {
+      if (!p.contains("processors") || !p["processors"].is_array())
+        throw DataError(where + ".processors is missing (a list of post-processors)");
+      int templates = 0;
+      for (std::size_t i = 0; i < p["processors"].size(); ++i) {
+        const json& x = p["processors"][i];
+        const std::string xw = where + ".processors[" + std::to_string(i) + "]";
+        const std::string xt = x.is_object() ? x.value("type", "") : "";
+        if ((xt == "TemplateProcessing" || xt == "BertProcessing" || xt == "RobertaProcessing") && ++templates > 1)
+          throw DataError(xw + ": a second template post-processor (one per Sequence)");
+        load_post_processor(x, xw, true);
+      }
+    } else {
+      throw DataError(where + ": unsupported type '" + t +
+                      "' (supported: TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence)");
+    }
+  }
+
+  // The ids around the text of the single template, when the text occurs in it once.
+  void finish_template() {
+    Affixes a;
+    int texts = 0;
+    for (const Piece& p : single) {
+      auto& side = texts ? a.after : a.before;
+      side.insert(side.end(), p.ids.begin(), p.ids.end());
+      texts += p.seq == 0;
+    }
+    affixes.reset();
+    if (texts == 1) affixes = std::move(a);
+  }
+
+  void encode_template(const Template& t, std::string_view a, std::string_view b, bool add_special, bool allow_special,
+                       std::vector<uint32_t>& out) const {
+    for (const Piece& p : t) {
+      if (p.seq < 0) {
+        if (add_special) out.insert(out.end(), p.ids.begin(), p.ids.end());
+      } else {
+        encode(p.seq == 0 ? a : b, out, allow_special);
+      }
+    }
   }
 
   // ---- encoding ----
@@ -798,6 +929,8 @@ Tokenizer Tokenizer::from_hf_json_text(const std::string& text, const std::strin
         m->add_added(std::move(t));
       }
     }
+    if (j.contains("post_processor")) m->load_post_processor(j["post_processor"], name + ": post_processor");
+    m->finish_template();
   } catch (const json::exception& e) {
     throw DataError(name + ": malformed tokenizer.json: " + e.what());
   }
@@ -866,6 +999,24 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool allow_specia
   impl_->encode(text, out, allow_special);
   return out;
 }
+
+std::vector<uint32_t> Tokenizer::encode_single(std::string_view text, bool add_special_tokens,
+                                               bool allow_special) const {
+  std::vector<uint32_t> out;
+  out.reserve(text.size() / 3 + 8);
+  impl_->encode_template(impl_->single, text, {}, add_special_tokens, allow_special, out);
+  return out;
+}
+
+std::vector<uint32_t> Tokenizer::encode_pair(std::string_view a, std::string_view b, bool add_special_tokens,
+                                             bool allow_special) const {
+  std::vector<uint32_t> out;
+  out.reserve((a.size() + b.size()) / 3 + 8);
+  impl_->encode_template(impl_->pair, a, b, add_special_tokens, allow_special, out);
+  return out;
+}
+
+const std::optional<Tokenizer::Affixes>& Tokenizer::single_affixes() const { return impl_->affixes; }
 
 std::string Tokenizer::decode(const uint32_t* ids, std::size_t n, bool skip_special) const {
   const Impl& m = *impl_;

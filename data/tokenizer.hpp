@@ -13,6 +13,11 @@
 // Input must be valid UTF-8 (DataError with the byte offset otherwise). decode() returns the exact bytes
 // of the tokens (so decode(encode(x)) == x whenever normalization leaves x unchanged).
 //
+// encode() gives the ids of the text alone. encode_single() / encode_pair() are HF's tokenizer(text) and
+// tokenizer(a, b): the tokenizer.json `post_processor` template (TemplateProcessing, BertProcessing,
+// RobertaProcessing, or a Sequence holding one of them beside ByteLevel) adds its special tokens, such as
+// Llama-3's <|begin_of_text|> or Mistral's <s> in front, unless add_special_tokens is false.
+//
 // encode() is const and thread-safe; each thread keeps its own word cache.
 #pragma once
 #include <cstddef>
@@ -53,6 +58,20 @@ class Tokenizer {
   // (HF's encode_special_tokens); non-special added tokens are always matched, as in HF.
   void encode(std::string_view text, std::vector<uint32_t>& out, bool allow_special = true) const;
   std::vector<uint32_t> encode(std::string_view text, bool allow_special = true) const;
+  // HF's tokenizer(text): encode() placed in the post-processor's single template. add_special_tokens =
+  // false is HF's add_special_tokens=False (the template adds no token: the ids of encode()).
+  std::vector<uint32_t> encode_single(std::string_view text, bool add_special_tokens = true,
+                                      bool allow_special = true) const;
+  // HF's tokenizer(a, b): both texts placed in the pair template (without a post-processor: a's ids, then b's).
+  std::vector<uint32_t> encode_pair(std::string_view a, std::string_view b, bool add_special_tokens = true,
+                                    bool allow_special = true) const;
+  // The single template as the ids it puts before and after the text (both empty without a post-processor),
+  // for callers that encode a text in parts, like the shard builder; nullopt when the template does not
+  // hold the text exactly once.
+  struct Affixes {
+    std::vector<uint32_t> before, after;
+  };
+  const std::optional<Affixes>& single_affixes() const;
   // Exact bytes of the tokens; DataError on an id outside the vocabulary.
   std::string decode(const uint32_t* ids, std::size_t n, bool skip_special = false) const;
   std::string decode(const std::vector<uint32_t>& ids, bool skip_special = false) const;

@@ -1,8 +1,8 @@
 """Shared by the fixture generator and the test-time comparisons: how Hugging Face `tokenizers` (the
 oracle, test-only) is set up for each vocabulary. GPT-2 comes as encoder.json + vocab.bpe with a
 ByteLevel pre-tokenizer/decoder and <|endoftext|> as a special token (what GPT-2 is); any other
-tokenizer is a tokenizer.json loaded as is. Ids are taken with add_special_tokens=False, so post-processor
-templates play no part."""
+tokenizer is a tokenizer.json loaded as is. Ids are taken with add_special_tokens=False (the text's ids
+alone) unless a caller asks for the post-processor's template."""
 import os
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
@@ -25,5 +25,5 @@ def load(spec):
     return Tokenizer.from_file(spec)
 
 
-def encode(tok, text):
-    return tok.encode(text, add_special_tokens=False).ids
+def encode(tok, text, pair=None, add_special_tokens=False):
+    return tok.encode(text, pair, add_special_tokens=add_special_tokens).ids

@@ -35,6 +35,34 @@ std::vector<uint32_t> read_all_shards(const std::string& dir, const std::string&
   return all;
 }
 
+// Qwen3's tokenizer.json with <|begin_of_text|> added (id 151669) and a post-processor whose single
+// template is `single` (template pieces, "$A" for the text): a real vocabulary with a Llama-3- or OLMo-style
+// template, written without Python.
+std::string qwen3_with_template(const TempDir& d, const std::string& name, const std::vector<std::string>& single) {
+  static const nlohmann::json base = nlohmann::json::parse(slurp(shared("qwen3-tokenizer/tokenizer.json")));
+  nlohmann::json j = base;
+  j["added_tokens"].push_back({{"id", 151669},
+                               {"content", "<|begin_of_text|>"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
+                               {"special", true}});
+  nlohmann::json pieces = nlohmann::json::array(), specials = nlohmann::json::object();
+  for (const auto& p : single) {
+    if (p == "$A") {
+      pieces.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+      continue;
+    }
+    pieces.push_back({{"SpecialToken", {{"id", p}, {"type_id", 0}}}});
+    specials[p] = {{"id", p}, {"ids", {p == "<|begin_of_text|>" ? 151669 : 151643}}, {"tokens", {p}}};
+  }
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"}, {"single", pieces}, {"pair", pieces}, {"special_tokens", specials}};
+  spit(d / name, j.dump());
+  return d / name;
+}
+
 std::string ls(const std::string& dir) {
   std::string out;
   run("ls '" + dir + "'", &out);
@@ -273,4 +301,110 @@ TEST_CASE("train-tokenizer, encode, decode and extract-austen commands", "[tool]
   CHECK(ids.substr(ids.rfind(' ') + 1) == "999");
   REQUIRE(run(kTool + " decode --tokenizer " + (d / "tok.json") + " " + ids, &out) == 0);
   CHECK(out == "Emma Woodhouse<|endoftext|>\n");
+}
+
+TEST_CASE("encode and shards wrap each document in the tokenizer's template, --no-add-special-tokens leaves it out",
+          "[tool]") {
+  TempDir d;
+  const uint32_t bos = 151669, eot = 151643;
+  const std::string llama = qwen3_with_template(d, "llama.json", {"<|begin_of_text|>", "$A"});
+  const Tokenizer tok = Tokenizer::load(llama);
+  REQUIRE(tok.eot_id() == eot);
+  std::string out;
+  auto line = [](const std::vector<uint32_t>& ids) {
+    std::string s;
+    for (uint32_t x : ids) s += (s.empty() ? "" : " ") + std::to_string(x);
+    return s + "\n";
+  };
+  const auto hello = tok.encode("Hello world");
+  REQUIRE(run(kTool + " encode --tokenizer " + llama + " 'Hello world'", &out) == 0);
+  std::vector<uint32_t> want{bos};
+  want.insert(want.end(), hello.begin(), hello.end());
+  CHECK(out == line(want));
+  REQUIRE(run(kTool + " encode --tokenizer " + llama + " --no-add-special-tokens 'Hello world'", &out) == 0);
+  CHECK(out == line(hello));
+  // Text documents cut into pieces for two threads: the template wraps the whole document, once.
+  const std::string a = shared("corpus/austen.txt"), m = shared("corpus/mobydick.txt");
+  const auto ia = tok.encode(slurp(a)), im = tok.encode(slurp(m));
+  for (const bool on : {true, false}) {
+    const std::string dir = d / (on ? "on" : "off");
+    const int rc = run(kTool + " shards --tokenizer " + llama + " --out " + dir +
+                           " --threads 2 --chunk-bytes 50000 --no-progress " + (on ? "" : "--no-add-special-tokens ") +
+                           a + " " + m,
+                       &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    want.clear();
+    for (const auto* ids : {&ia, &im}) {
+      if (on) want.push_back(bos);
+      want.insert(want.end(), ids->begin(), ids->end());
+      want.push_back(eot);
+    }
+    CHECK(read_all_shards(dir, "train") == want);
+    const auto meta = nlohmann::json::parse(slurp(dir + "/dataset.json"));
+    CHECK(meta["add_special_tokens"] == on);
+    CHECK(meta["template"]["before"] == (on ? nlohmann::json{bos} : nlohmann::json::array()));
+  }
+}
+
+TEST_CASE("a template that ends documents with the end-of-text token is not followed by a second one", "[tool]") {
+  TempDir d;
+  const uint32_t eot = 151643;
+  const std::string olmo = qwen3_with_template(d, "olmo.json", {"$A", "<|endoftext|>"});
+  const Tokenizer tok = Tokenizer::load(olmo);
+  spit(d / "docs.jsonl", "{\"text\": \"First document.\"}\n{\"text\": \"\"}\n{\"text\": \"Third.\"}\n");
+  BuildOptions o;
+  o.inputs = {d / "docs.jsonl"};
+  o.out_dir = d / "o";
+  o.format = InputFormat::Jsonl;
+  build_shards(tok, o);
+  std::vector<uint32_t> want;
+  for (const char* t : {"First document.", "", "Third."}) {
+    const auto ids = tok.encode(t);
+    want.insert(want.end(), ids.begin(), ids.end());
+    want.push_back(eot);
+  }
+  CHECK(read_all_shards(d / "o", "train") == want);
+  CHECK(nlohmann::json::parse(slurp(d / "o/dataset.json"))["template"]["eot_appended"] == false);
+  // Without the template the separator is appended as before: the same ids here.
+  o.add_special_tokens = false;
+  o.out_dir = d / "off";
+  build_shards(tok, o);
+  CHECK(read_all_shards(d / "off", "train") == want);
+}
+
+TEST_CASE("instruction records: the template's leading ids are masked with the prompt", "[tool]") {
+  TempDir d;
+  const std::string llama = qwen3_with_template(d, "llama.json", {"<|begin_of_text|>", "$A"});
+  const Tokenizer tok = Tokenizer::load(llama);
+  spit(d / "sft.jsonl", R"({"prompt": "Who wrote Emma?", "response": "Jane Austen."})"
+                        "\n");
+  BuildOptions o;
+  o.inputs = {d / "sft.jsonl"};
+  o.out_dir = d / "o";
+  o.format = InputFormat::Instruct;
+  o.instruct = InstructTemplate::plain();
+  build_shards(tok, o);
+  const TokenShard s = TokenShard::open(d / "o/train_000000.bin");
+  REQUIRE(s.has_mask());
+  const auto p = tok.encode("Who wrote Emma?\n"), r = tok.encode("Jane Austen.");
+  REQUIRE(s.size() == 1 + p.size() + r.size() + 1);
+  CHECK(s[0] == 151669u);
+  CHECK(s.mask(0) == 0);
+  CHECK(s.mask(p.size()) == 0);
+  CHECK(s.mask(p.size() + 1) == 1);
+  CHECK(s[s.size() - 1] == 151643u);
+  CHECK(s.mask(s.size() - 1) == 1);
+}
+
+TEST_CASE("a template the shards cannot wrap documents in is an error, unless switched off", "[tool][errors]") {
+  TempDir d;
+  const Tokenizer tok = Tokenizer::load(qwen3_with_template(d, "twice.json", {"$A", "<|endoftext|>", "$A"}));
+  spit(d / "a.txt", "Some text.");
+  BuildOptions o;
+  o.inputs = {d / "a.txt"};
+  o.out_dir = d / "o";
+  CHECK_THROWS_WITH(build_shards(tok, o), Catch::Contains("twice.json: post_processor's single template"));
+  o.add_special_tokens = false;
+  CHECK(build_shards(tok, o).tokens == tok.encode("Some text.").size() + 1);
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -60,19 +61,52 @@ void check_against_fixtures(const Tokenizer& tok, const std::string& name, bool 
   }
 }
 
-// Our ids for a whole file, compared at test time by HF tokenizers in the test venv.
-void check_full_corpus(const Tokenizer& tok, const std::string& spec, const std::string& corpus) {
+// Our ids against HF tokenizers' for the text of `text_file` (hf_compare.py in the test venv); `args`:
+// --pair FILE (tokenizer(a, b)), --add-special-tokens (the post-processor's template).
+void check_hf(const std::vector<uint32_t>& ids, const std::string& spec, const std::string& text_file,
+              const std::string& args = "") {
   TempDir dir;
-  const std::string text = slurp(shared("corpus/" + corpus + ".txt"));
-  const auto ids = tok.encode(text);
-  CHECK(tok.decode(ids) == text);
   spit(dir / "ids.bin", std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 4));
   std::string out;
   const int rc = run(std::string(MEGATRAIN_VENV_PYTHON) + " " + source("tests/data/hf_compare.py") + " '" + spec +
-                         "' '" + shared("corpus/" + corpus + ".txt") + "' '" + (dir / "ids.bin") + "'",
+                         "' '" + text_file + "' '" + (dir / "ids.bin") + "' " + args,
                      &out);
   INFO(out);
   CHECK(rc == 0);
+}
+
+// Our ids for a whole file, compared at test time by HF tokenizers in the test venv.
+void check_full_corpus(const Tokenizer& tok, const std::string& spec, const std::string& corpus) {
+  const std::string text = slurp(shared("corpus/" + corpus + ".txt"));
+  const auto ids = tok.encode(text);
+  CHECK(tok.decode(ids) == text);
+  check_hf(ids, spec, shared("corpus/" + corpus + ".txt"));
+}
+
+// Exits 77, ctest's SKIP, when the test venv or its `tokenizers` is missing: the oracle is absent, so the
+// test reports skipped, never passed.
+void require_hf_tokenizers() {
+  static const bool ok =
+      std::system((std::string(MEGATRAIN_VENV_PYTHON) + " -c 'import tokenizers' 2>/dev/null").c_str()) == 0;
+  if (ok) return;
+  std::fprintf(stderr, "venv with tokenizers not found at %s (tools/install-deps --test): skipped\n",
+               MEGATRAIN_VENV_PYTHON);
+  std::exit(77);
+}
+
+// Llama-3-, Mistral-, OLMo-, BERT- and RoBERTa-style tokenizer.json files: GPT-2's vocabulary with each
+// family's post-processor, written by HF tokenizers (make_template_tokenizers.py).
+std::string template_tokenizer(const std::string& style) {
+  static const TempDir dir;
+  static const std::string made = [] {
+    std::string out;
+    const int rc = run(std::string(MEGATRAIN_VENV_PYTHON) + " " + source("tests/data/make_template_tokenizers.py") +
+                           " '" + shared("gpt2-bpe") + "' '" + dir.path + "'",
+                       &out);
+    if (rc != 0) throw std::runtime_error("make_template_tokenizers.py failed: " + out);
+    return dir.path;
+  }();
+  return made + "/" + style + ".json";
 }
 
 }  // namespace
@@ -93,6 +127,57 @@ TEST_CASE("full corpora match HF tokenizers run now (test venv)", "[tokenizer][h
     check_full_corpus(gpt2(), shared("gpt2-bpe"), c);
     check_full_corpus(qwen3(), shared("qwen3-tokenizer/tokenizer.json"), c);
   }
+}
+
+TEST_CASE("post-processor templates give HF's tokenizer(text) ids, and tokenizer(a, b) ids for pairs",
+          "[tokenizer][hf]") {
+  require_hf_tokenizers();
+  TempDir d;
+  const std::string a = d / "a.txt", b = d / "b.txt", empty = d / "empty.txt";
+  spit(a, corpus_prefix("austen", 200000));
+  spit(b, corpus_prefix("mobydick", 50000));
+  spit(empty, "");
+  const std::string ta = slurp(a), tb = slurp(b);
+  // What each style puts around one text: HF checks the ids, these name the tokens.
+  const std::vector<std::tuple<std::string, std::string, std::string>> styles{
+      {"llama3-style", "<|begin_of_text|>", ""}, {"mistral-style", "<s>", ""},  {"mistral-eos", "<s>", "</s>"},
+      {"olmo-style", "", "<|endoftext|>"},       {"bert-style", "<s>", "</s>"}, {"roberta-style", "<s>", "</s>"}};
+  for (const auto& [style, bos, eos] : styles) {
+    INFO(style);
+    const std::string spec = template_tokenizer(style);
+    const Tokenizer tok = Tokenizer::from_hf_json(spec);
+    const auto plain = tok.encode(ta);
+    const auto single = tok.encode_single(ta);
+    REQUIRE(tok.single_affixes());
+    std::vector<uint32_t> want;
+    if (!bos.empty()) want.push_back(*tok.token_to_id(bos));
+    want.insert(want.end(), plain.begin(), plain.end());
+    if (!eos.empty()) want.push_back(*tok.token_to_id(eos));
+    CHECK(single == want);
+    check_hf(single, spec, a, "--add-special-tokens");
+    check_hf(tok.encode_single(""), spec, empty, "--add-special-tokens");
+    check_hf(tok.encode_pair(ta, tb), spec, a, "--pair '" + b + "' --add-special-tokens");
+    // The off switch: HF's add_special_tokens=False, the text's ids alone.
+    CHECK(tok.encode_single(ta, false) == plain);
+    check_hf(tok.encode_single(ta, false), spec, a);
+    check_hf(tok.encode_pair(ta, tb, false), spec, a, "--pair '" + b + "'");
+  }
+}
+
+TEST_CASE("Qwen3's post-processor (ByteLevel) adds nothing, as in HF", "[tokenizer][hf]") {
+  REQUIRE(qwen3().single_affixes());
+  CHECK(qwen3().single_affixes()->before.empty());
+  CHECK(qwen3().single_affixes()->after.empty());
+  CHECK(gpt2().encode_single("a b") == gpt2().encode("a b"));
+  require_hf_tokenizers();
+  TempDir d;
+  spit(d / "a.txt", corpus_prefix("mobydick", 200000));
+  spit(d / "b.txt", "<|im_start|>user\nhi<|im_end|>");
+  const std::string ta = slurp(d / "a.txt"), tb = slurp(d / "b.txt");
+  const std::string spec = shared("qwen3-tokenizer/tokenizer.json");
+  CHECK(qwen3().encode_single(ta) == qwen3().encode(ta));
+  check_hf(qwen3().encode_single(ta), spec, d / "a.txt", "--add-special-tokens");
+  check_hf(qwen3().encode_pair(ta, tb), spec, d / "a.txt", "--pair '" + (d / "b.txt") + "' --add-special-tokens");
 }
 
 TEST_CASE("very long words (letter, digit and space runs) match HF and stay fast", "[tokenizer][hf]") {
@@ -181,4 +266,54 @@ TEST_CASE("malformed or unsupported tokenizer.json is a clear error", "[tokenize
   TempDir empty;
   CHECK_THROWS_WITH(Tokenizer::load(empty.path), Catch::Contains("neither tokenizer.json nor encoder.json"));
   CHECK(Tokenizer::load(shared("qwen3-tokenizer")).vocab_size() == qwen3().vocab_size());
+}
+
+TEST_CASE("a bad post_processor is a clear error naming the field", "[tokenizer][errors]") {
+  auto with = [](const std::string& pp) {
+    return R"({"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]},
+      "added_tokens":[{"id":3,"content":"<s>","special":true}],"post_processor":)" +
+           pp + "}";
+  };
+  auto tmpl = [](const std::string& single, const std::string& specials = R"({"<s>":{"id":"<s>","ids":[3]}})") {
+    return R"({"type":"TemplateProcessing","single":)" + single +
+           R"(,"pair":[{"Sequence":{"id":"B","type_id":1}},{"Sequence":{"id":"A","type_id":0}}],"special_tokens":)" +
+           specials + "}";
+  };
+  const std::string bos_a = R"([{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}])";
+  const Tokenizer ok = Tokenizer::from_hf_json_text(with(tmpl(bos_a)), "ok.json");
+  CHECK(ok.encode_single("ab") == std::vector<uint32_t>{3, 2});
+  CHECK(ok.encode_single("ab", false) == std::vector<uint32_t>{2});
+  CHECK(ok.encode_pair("ab", "a") == std::vector<uint32_t>{0, 2});  // the pair template's order, as in HF
+  CHECK(ok.single_affixes()->before == std::vector<uint32_t>{3});
+  const Tokenizer two =
+      Tokenizer::from_hf_json_text(with(tmpl(bos_a, R"({"<s>":{"id":"<s>","ids":[3,1]}})")), "2.json");
+  CHECK(two.encode_single("ab") == std::vector<uint32_t>{3, 1, 2});  // a special token may stand for several ids
+  const Tokenizer twice = Tokenizer::from_hf_json_text(
+      with(tmpl(R"([{"Sequence":{"id":"A","type_id":0}},{"Sequence":{"id":"A","type_id":0}}])")), "twice.json");
+  CHECK(twice.encode_single("ab") == std::vector<uint32_t>{2, 2});
+  CHECK(!twice.single_affixes());
+  auto err = [&](const std::string& pp) {
+    try {
+      Tokenizer::from_hf_json_text(with(pp), "t.json");
+    } catch (const DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(err(tmpl(R"([{"SpecialToken":{"id":"<|begin_of_text|>","type_id":0}}])")),
+             Catch::Equals("t.json: post_processor.single[0]: special token '<|begin_of_text|>' is not in "
+                           "post_processor.special_tokens"));
+  CHECK_THAT(err(R"({"type":"Foo"})"), Catch::StartsWith("t.json: post_processor: unsupported type 'Foo'"));
+  CHECK_THAT(err(R"({"type":"Sequence","processors":[)" + tmpl(bos_a) + R"(,{"type":"Foo"}]})"),
+             Catch::StartsWith("t.json: post_processor.processors[1]: unsupported type 'Foo'"));
+  CHECK_THAT(err(R"({"type":"Sequence","processors":[)" + tmpl(bos_a) + "," + tmpl(bos_a) + "]}"),
+             Catch::StartsWith("t.json: post_processor.processors[1]: a second template post-processor"));
+  CHECK_THAT(err(tmpl(bos_a, R"({"<s>":{"id":"<s>","ids":[99]}})")),
+             Catch::Equals("t.json: post_processor.special_tokens['<s>'].ids: id 99 is not in the vocabulary"));
+  CHECK_THAT(err(tmpl(R"([{"Sequence":{"id":"B","type_id":0}}])")),
+             Catch::Equals("t.json: post_processor.single[0]: a single template has no sequence B"));
+  CHECK_THAT(err(R"({"type":"TemplateProcessing","single":[],"special_tokens":{}})"),
+             Catch::StartsWith("t.json: post_processor.pair is missing"));
+  CHECK_THAT(err(R"({"type":"BertProcessing","sep":["</s>",7],"cls":["<s>",3]})"),
+             Catch::Equals("t.json: post_processor.sep: id 7 is not in the vocabulary"));
 }

@@ -3,7 +3,7 @@
 //   megatrain-data train-tokenizer --out tokenizer.json [--vocab-size N] [--special TOKEN]... [--pattern P] FILES...
 //   megatrain-data shards --tokenizer PATH --out DIR [options] FILES...
 //   megatrain-data inspect [--tokenizer PATH] [--format F] [--show N] SHARDS...
-//   megatrain-data encode --tokenizer PATH [--no-special] [TEXT]      (stdin when no TEXT)
+//   megatrain-data encode --tokenizer PATH [--no-special] [--no-add-special-tokens] [TEXT]   (stdin when no TEXT)
 //   megatrain-data decode --tokenizer PATH IDS...
 // Errors print one line naming the file and line or offset, and exit 1; usage errors exit 2.
 #include <algorithm>
@@ -56,6 +56,8 @@ commands:
       --template T        instruct template: alpaca (default), plain, or a JSON file with
                           "prompt", "prompt_no_input", "response" ({instruction} {input} {prompt}
                           {output} {response} placeholders)
+      --no-add-special-tokens   leave out the tokenizer's post-processor template (the BOS/EOS that
+                          Hugging Face's tokenizer(text) adds by default, e.g. Llama-3's <|begin_of_text|>)
       --val-fraction F    share of documents for validation (default 0)
       --seed S            of the train/validation split (default 1337)
       --shard-tokens N    tokens per shard (default 100000000)
@@ -67,8 +69,10 @@ commands:
       --tokenizer PATH    also decode the first tokens
       --format F          auto (default), llmc, nanogpt, megatron
       --show N            tokens to show (default 16)
-  encode            print the ids of TEXT (or of standard input)
-      --tokenizer PATH, --no-special (special tokens as plain text)
+  encode            print the ids of TEXT (or of standard input) as Hugging Face's tokenizer(text) gives them
+      --tokenizer PATH
+      --no-special        special tokens in the text as plain text
+      --no-add-special-tokens   without the post-processor's BOS/EOS (add_special_tokens=False)
   decode            print the text of IDS
       --tokenizer PATH
 )";
@@ -257,7 +261,7 @@ int cmd_train_tokenizer(int argc, char** argv) {
 }
 
 int cmd_shards(int argc, char** argv) {
-  const Args a = parse(argc, argv, 2, {"progress", "no-progress"},
+  const Args a = parse(argc, argv, 2, {"progress", "no-progress", "no-add-special-tokens"},
                        {"tokenizer", "out", "format", "text-field", "template", "val-fraction", "seed", "shard-tokens",
                         "token-bytes", "threads", "prefix", "chunk-bytes"});
   if (!a.has("tokenizer")) usage_error("shards needs --tokenizer PATH");
@@ -277,6 +281,7 @@ int cmd_shards(int argc, char** argv) {
   else
     usage_error("--format must be text, jsonl or instruct, not '" + fmt + "'");
   o.text_field = a.get("text-field", "text");
+  o.add_special_tokens = !a.has("no-add-special-tokens");
   if (a.has("template")) o.instruct = InstructTemplate::load(a.get("template"));
   const std::string vf = a.get("val-fraction", "0");
   char* end = nullptr;
@@ -365,7 +370,7 @@ int cmd_inspect(int argc, char** argv) {
 }
 
 int cmd_encode(int argc, char** argv) {
-  const Args a = parse(argc, argv, 2, {"no-special"}, {"tokenizer"});
+  const Args a = parse(argc, argv, 2, {"no-special", "no-add-special-tokens"}, {"tokenizer"});
   if (!a.has("tokenizer")) usage_error("encode needs --tokenizer PATH");
   const Tokenizer tok = Tokenizer::load(a.get("tokenizer"));
   std::string text;
@@ -376,7 +381,7 @@ int cmd_encode(int argc, char** argv) {
   } else {
     for (std::size_t i = 0; i < a.pos.size(); ++i) text += (i ? " " : "") + a.pos[i];
   }
-  const auto ids = tok.encode(text, !a.has("no-special"));
+  const auto ids = tok.encode_single(text, !a.has("no-add-special-tokens"), !a.has("no-special"));
   std::string out;
   for (std::size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
   std::printf("%s\n", out.c_str());
