@@ -259,8 +259,9 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
   static const std::vector<uint32_t> kNoIds;
   const std::vector<uint32_t>& before = o.add_special_tokens ? affixes->before : kNoIds;
   const std::vector<uint32_t>& after = o.add_special_tokens ? affixes->after : kNoIds;
-  // A template that ends documents with the end-of-text token (e.g. "$A <|endoftext|>") already separates them.
-  const bool eot_after = after.empty() || after.back() != *eot;
+  // A template that ends documents with the end-of-text token (e.g. "$A <|endoftext|>"), or begins them
+  // with it, already separates them: no second separator.
+  const bool eot_after = (after.empty() || after.back() != *eot) && (before.empty() || before.front() != *eot);
   const int threads = std::max(1, o.threads);
   if (o.shard_tokens == 0 || o.shard_tokens > uint64_t(INT32_MAX))
     throw DataError("megatrain-data: shard_tokens must be in [1, 2^31)");

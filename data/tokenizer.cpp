@@ -423,9 +423,12 @@ struct Tokenizer::Impl {
     for (auto& v : added_by_first)
       std::stable_sort(v.begin(), v.end(),
                        [&](uint32_t x, uint32_t y) { return added[x].content.size() > added[y].content.size(); });
+    // The documents' separator: the family's end-of-text token where there is one (GPT-2 and Qwen,
+    // Llama-3, Llama-2 and Mistral, Gemma), else the first special token.
     eot.reset();
-    for (const auto& t : added)
-      if (t.content == "<|endoftext|>") eot = t.id;
+    for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
+      for (const auto& t : added)
+        if (!eot && t.content == name) eot = t.id;
     if (!eot)
       for (const auto& t : added)
         if (t.special) {

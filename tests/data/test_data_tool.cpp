@@ -373,6 +373,48 @@ TEST_CASE("a template that ends documents with the end-of-text token is not foll
   CHECK(read_all_shards(d / "off", "train") == want);
 }
 
+TEST_CASE("a template that begins documents with the end-of-text token is not preceded by a second one", "[tool]") {
+  TempDir d;
+  const uint32_t eot = 151643;
+  const std::string bos_eot = qwen3_with_template(d, "bos_eot.json", {"<|endoftext|>", "$A"});
+  const Tokenizer tok = Tokenizer::load(bos_eot);
+  spit(d / "docs.jsonl", "{\"text\": \"First document.\"}\n{\"text\": \"Second.\"}\n");
+  BuildOptions o;
+  o.inputs = {d / "docs.jsonl"};
+  o.out_dir = d / "o";
+  o.format = InputFormat::Jsonl;
+  build_shards(tok, o);
+  std::vector<uint32_t> want;
+  for (const char* t : {"First document.", "Second."}) {
+    want.push_back(eot);
+    const auto ids = tok.encode(t);
+    want.insert(want.end(), ids.begin(), ids.end());
+  }
+  CHECK(read_all_shards(d / "o", "train") == want);
+  CHECK(nlohmann::json::parse(slurp(d / "o/dataset.json"))["template"]["eot_appended"] == false);
+}
+
+TEST_CASE("the separator is the family's end-of-text token, not the first special token", "[tool]") {
+  TempDir d;
+  nlohmann::json j = nlohmann::json::parse(slurp(shared("qwen3-tokenizer/tokenizer.json")));
+  // Llama-3's and Mistral's names in place of Qwen's <|endoftext|>, after a begin-of-text token.
+  for (const char* name : {"<|end_of_text|>", "</s>"}) {
+    nlohmann::json k = j;
+    for (auto& t : k["added_tokens"])
+      if (t["content"] == "<|endoftext|>") t["content"] = name;
+    k["added_tokens"].insert(k["added_tokens"].begin(), nlohmann::json::object({{"id", 151669},
+                                                                                {"content", "<|begin_of_text|>"},
+                                                                                {"single_word", false},
+                                                                                {"lstrip", false},
+                                                                                {"rstrip", false},
+                                                                                {"normalized", false},
+                                                                                {"special", true}}));
+    spit(d / "t.json", k.dump());
+    INFO(name);
+    CHECK(Tokenizer::load(std::string(d / "t.json")).eot_id() == std::optional<uint32_t>(151643));
+  }
+}
+
 TEST_CASE("instruction records: the template's leading ids are masked with the prompt", "[tool]") {
   TempDir d;
   const std::string llama = qwen3_with_template(d, "llama.json", {"<|begin_of_text|>", "$A"});
