@@ -374,9 +374,11 @@ Fp32Probe probe_fp32_gemm(const std::vector<LinearShape>& shapes, int threads, d
     for (Fp32Gemm lib : {Fp32Gemm::onednn, Fp32Gemm::openblas}) seconds(lib, r.shapes[i / 3], static_cast<int>(i % 3));
   r.warmup_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<double> best_d(n, 1e300), best_b(n, 1e300);
-  constexpr int kMaxRounds = 5;
+  // At least two rounds: each library then went first once on every product, and a best of two is
+  // what keeps a moment of another process's work from deciding.
+  constexpr int kMinRounds = 2, kMaxRounds = 5;
   while (r.rounds < kMaxRounds &&
-         (r.rounds == 0 || std::chrono::duration<double>(Clock::now() - t0).count() < budget_s)) {
+         (r.rounds < kMinRounds || std::chrono::duration<double>(Clock::now() - t0).count() < budget_s)) {
     for (std::size_t i = 0; i < n; ++i) {
       // Alternate which library goes first, so a drifting machine favours neither.
       const bool openblas_first = (static_cast<std::size_t>(r.rounds) + i) % 2 == 1;

@@ -97,7 +97,7 @@ struct Fp32Probe {
 inline constexpr double kFp32OpenblasMargin = 1.10;
 // Times the three products of each shape on both libraries, split as the linear products split them, at
 // `threads` threads (one untimed warm-up each), alternating the libraries in rounds while under
-// `budget_s` (at least 1 round, at most 5), and picks per product by kFp32OpenblasMargin. Rows are cut
+// `budget_s` (at least 2 rounds, at most 5), and picks per product by kFp32OpenblasMargin. Rows are cut
 // to 0.25 GFLOP a product (multiples of 64, at least 64), out to 8M weight elements. Fixes nothing.
 Fp32Probe probe_fp32_gemm(const std::vector<LinearShape>& shapes, int threads, double budget_s = 0.2);
 
