@@ -249,33 +249,75 @@ namespace {
 // them keep up to that many threads busy.
 constexpr std::int64_t kMinTile = 128, kMaxTiles = 16, kTileAlign = 16;
 
+// C[M, N] = op(A) op(B) + beta C, row-major: one product's operands.
+struct Gemm {
+  bool ta, tb;
+  std::int64_t M, N, K;
+  const float* A;
+  std::int64_t lda;
+  const float* B;
+  std::int64_t ldb;
+  float beta;
+  float* C;
+  std::int64_t ldc;
+  double flops() const { return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K); }
+  bool split_m() const { return M >= N; }
+  std::int64_t extent() const { return split_m() ? M : N; }
+  std::int64_t tile() const {
+    const std::int64_t per = std::max(kMinTile, (extent() + kMaxTiles - 1) / kMaxTiles);
+    return (per + kTileAlign - 1) / kTileAlign * kTileAlign;
+  }
+  std::int64_t tiles() const { return (extent() + tile() - 1) / tile(); }
+};
+
+// Tile t of g: one single-threaded library call.
+void run_tile(Fp32Gemm lib, const Gemm& g, std::int64_t t) {
+  const std::int64_t tile = g.tile(), lo = t * tile, hi = std::min(g.extent(), lo + tile);
+  const std::int64_t m0 = g.split_m() ? lo : 0, m1 = g.split_m() ? hi : g.M;
+  const std::int64_t n0 = g.split_m() ? 0 : lo, n1 = g.split_m() ? g.N : hi;
+  if (m1 <= m0 || n1 <= n0) return;
+  const float* a = g.ta ? g.A + m0 : g.A + m0 * g.lda;  // row m of op(A)
+  const float* b = g.tb ? g.B + n0 * g.ldb : g.B + n0;  // column n of op(B)
+  sgemm_on(lib, g.ta, g.tb, m1 - m0, n1 - n0, g.K, a, g.lda, b, g.ldb, g.beta, g.C + m0 * g.ldc + n0, g.ldc);
+}
+
 void gemm(Fp32Gemm lib, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A,
           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc, int threads) {
-  auto call = [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-    if (m1 <= m0 || n1 <= n0) return;
-    const float* a = ta ? A + m0 : A + m0 * lda;  // row m of op(A)
-    const float* b = tb ? B + n0 * ldb : B + n0;  // column n of op(B)
-    sgemm_on(lib, ta, tb, m1 - m0, n1 - n0, K, a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
-  };
-  const bool split_m = M >= N;
-  const std::int64_t extent = split_m ? M : N;
-  const std::int64_t per = std::max(kMinTile, (extent + kMaxTiles - 1) / kMaxTiles);
-  const std::int64_t tile = (per + kTileAlign - 1) / kTileAlign * kTileAlign;
-  const std::int64_t tiles = (extent + tile - 1) / tile;
-  auto run_tile = [&](std::int64_t t) {
-    const std::int64_t lo = t * tile, hi = std::min(extent, lo + tile);
-    if (split_m)
-      call(lo, hi, 0, N);
-    else
-      call(0, M, lo, hi);
-  };
-  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  if (threads <= 1 || tiles <= 1 || flops < 4e6) {
-    for (std::int64_t t = 0; t < tiles; ++t) run_tile(t);
+  const Gemm g{ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc};
+  const std::int64_t tiles = g.tiles();
+  if (threads <= 1 || tiles <= 1 || g.flops() < 4e6) {
+    for (std::int64_t t = 0; t < tiles; ++t) run_tile(lib, g, t);
     return;
   }
 #pragma omp parallel for num_threads(static_cast <int>(std::min <std::int64_t>(threads, tiles))) schedule(dynamic, 1)
-  for (std::int64_t t = 0; t < tiles; ++t) run_tile(t);
+  for (std::int64_t t = 0; t < tiles; ++t) run_tile(lib, g, t);
+}
+
+// Independent products in one parallel region over all their tiles: each tile the same call as gemm()
+// makes, so the same bits, with one fork-join for all of them and no thread idle while one product's
+// last tiles finish (a mixture's experts: a few tiles each). The task list is the calling thread's,
+// grown once.
+void gemm_batch(Fp32Gemm lib, const std::vector<Gemm>& gs, int threads) {
+  thread_local std::vector<std::pair<std::size_t, std::int64_t>> mine;
+  auto& tasks = mine;  // the pool's threads read the caller's list, not their own thread_local
+  tasks.clear();
+  double flops = 0;
+  for (std::size_t i = 0; i < gs.size(); ++i) {
+    if (gs[i].M <= 0 || gs[i].N <= 0) continue;
+    for (std::int64_t t = 0; t < gs[i].tiles(); ++t) tasks.emplace_back(i, t);
+    flops += gs[i].flops();
+  }
+  const auto n = static_cast<std::int64_t>(tasks.size());
+  auto run = [&](std::int64_t k) {
+    const auto& [i, t] = tasks[static_cast<std::size_t>(k)];
+    run_tile(lib, gs[i], t);
+  };
+  if (threads <= 1 || n <= 1 || flops < 4e6) {
+    for (std::int64_t k = 0; k < n; ++k) run(k);
+    return;
+  }
+#pragma omp parallel for num_threads(static_cast <int>(std::min <std::int64_t>(threads, n))) schedule(dynamic, 1)
+  for (std::int64_t k = 0; k < n; ++k) run(k);
 }
 
 // The three products of a linear layer on one library (the probe runs them on both).
@@ -334,6 +376,53 @@ void linear_backward_weight(const float* dy, const float* x, float* dW_acc, floa
   prof::Scope prof_scope(prof::matmul);
   backward_weight_on(library(LinearProduct::backward_weight), dy, x, dW_acc, N, in, out, threads);
   if (dbias_acc) colsum_add(dy, dbias_acc, N, out, threads);
+}
+
+void grouped_linear_forward(const float* x, const float* W, std::int64_t w_stride, const float* bias,
+                            std::int64_t b_stride, float* y, const std::int64_t* offsets, std::int64_t experts,
+                            std::int64_t in, std::int64_t out, int threads) {
+  prof::Scope prof_scope(prof::matmul);
+  thread_local std::vector<Gemm> gs;
+  gs.clear();
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows <= 0) continue;
+    float* ye = y + r0 * out;
+    if (bias) {  // as linear_forward: start from the broadcast bias, beta = 1
+      const float* be = bias + e * b_stride;
+      for (std::int64_t r = 0; r < rows; ++r) std::copy(be, be + out, ye + r * out);
+    }
+    gs.push_back({false, true, rows, out, in, x + r0 * in, in, W + e * w_stride, in, bias ? 1.0f : 0.0f, ye, out});
+  }
+  gemm_batch(library(LinearProduct::forward), gs, threads);
+}
+
+void grouped_linear_backward(const float* dy, const float* x, const float* W, std::int64_t w_stride, float* dx,
+                             bool add, float* dW_acc, float* db_acc, std::int64_t b_stride, const std::int64_t* offsets,
+                             std::int64_t experts, std::int64_t in, std::int64_t out, int threads) {
+  prof::Scope prof_scope(prof::matmul);
+  thread_local std::vector<Gemm> gs;
+  if (dx) {
+    gs.clear();
+    for (std::int64_t e = 0; e < experts; ++e) {
+      const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+      if (rows > 0)
+        gs.push_back({false, false, rows, in, out, dy + r0 * out, out, W + e * w_stride, in, add ? 1.0f : 0.0f,
+                      dx + r0 * in, in});
+    }
+    gemm_batch(library(LinearProduct::backward_input), gs, threads);
+  }
+  gs.clear();
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows > 0)
+      gs.push_back({true, false, out, in, rows, dy + r0 * out, out, x + r0 * in, in, 1.0f, dW_acc + e * w_stride, in});
+  }
+  gemm_batch(library(LinearProduct::backward_weight), gs, threads);
+  if (db_acc)
+    for (std::int64_t e = 0; e < experts; ++e)
+      if (offsets[e + 1] > offsets[e])
+        colsum_add(dy + offsets[e] * out, db_acc + e * b_stride, offsets[e + 1] - offsets[e], out, threads);
 }
 
 Fp32Probe probe_fp32_gemm(const std::vector<LinearShape>& shapes, int threads, double budget_s) {

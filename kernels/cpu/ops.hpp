@@ -117,6 +117,16 @@ void linear_backward_input(const float* dy, const float* W, float* dx, std::int6
 // dW_acc[out, in] += dy^T x ; dbias_acc[out] += column sums of dy (when non-null)
 void linear_backward_weight(const float* dy, const float* x, float* dW_acc, float* dbias_acc, std::int64_t N,
                             std::int64_t in, std::int64_t out, int threads);
+// The grouped products of a mixture's experts (ops.hpp's grouped_linear_*, fp32): rows offsets[e] ..
+// offsets[e + 1] through expert e's W + e * w_stride ([out, in]) and bias + e * b_stride (bias, dx and
+// db_acc may be null). The bits of one linear product per expert, in one parallel region over every
+// expert's tiles (matmul.cpp).
+void grouped_linear_forward(const float* x, const float* W, std::int64_t w_stride, const float* bias,
+                            std::int64_t b_stride, float* y, const std::int64_t* offsets, std::int64_t experts,
+                            std::int64_t in, std::int64_t out, int threads);
+void grouped_linear_backward(const float* dy, const float* x, const float* W, std::int64_t w_stride, float* dx,
+                             bool add, float* dW_acc, float* db_acc, std::int64_t b_stride, const std::int64_t* offsets,
+                             std::int64_t experts, std::int64_t in, std::int64_t out, int threads);
 // db_acc[D] += sum over rows of dy[N, D], rows in order per column.
 void colsum_add(const float* dy, float* db_acc, std::int64_t N, std::int64_t D, int threads);
 
