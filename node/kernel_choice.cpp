@@ -582,8 +582,14 @@ std::vector<cpu::Bf16ProbeShape> bf16_probe_shapes(const ModelConfig& m, std::in
     s.push_back({rows, d, m.q_dim()});  // q (k and v are the same shape, narrower)
     s.push_back({rows, m.q_dim(), d});  // attention output
   }
-  s.push_back({rows, d, ff});  // MLP up (and Llama's gate)
-  s.push_back({rows, ff, d});  // MLP down
+  if (m.is_moe()) {  // one expert's products: its share of the rows, its width
+    const std::int64_t expert_rows = std::max<std::int64_t>(1, rows * m.num_experts_per_tok / m.num_experts);
+    s.push_back({expert_rows, d, m.moe_intermediate_size});
+    s.push_back({expert_rows, m.moe_intermediate_size, d});
+  } else {
+    s.push_back({rows, d, ff});  // MLP up (and Llama's gate)
+    s.push_back({rows, ff, d});  // MLP down
+  }
   if (head_rows > 0) s.push_back({head_rows, d, m.vocab_size});
   return s;
 }

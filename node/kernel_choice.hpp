@@ -132,8 +132,8 @@ struct KernelChoiceInputs {
 // The decision, in the order of the file comment; no process state touched but through in.fix_fp32.
 KernelChoice decide_kernel_choice(const KernelChoiceInputs& in);
 
-// The linear products of one layer of `model` at `rows` tokens (attention and MLP projections), and the
-// LM head's at `head_rows`.
+// The linear products of one layer of `model` at `rows` tokens (attention and MLP projections; with
+// experts, one expert's at its share of the rows), and the LM head's at `head_rows`.
 std::vector<cpu::Bf16ProbeShape> bf16_probe_shapes(const ModelConfig& model, std::int64_t rows, std::int64_t head_rows);
 // The attention the probe times: the run's heads at its sequence length (batch 1, plain causal).
 AttnShape attention_probe_shape(const ModelConfig& model, std::int64_t seq);

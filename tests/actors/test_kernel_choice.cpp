@@ -392,6 +392,14 @@ TEST_CASE("kernel choice: the probe's shapes are the run's linear layers", "[act
   gpt2.arch = mt::Arch::gpt2;
   CHECK(bf16_probe_shapes(gpt2, 64, 0)[0].out == 3 * 384);
   CHECK(bf16_probe_shapes(gpt2, 64, 0).size() == 4);
+  mt::ModelConfig mixtral = llama;  // 8 experts of width 512, top-2: an expert's share of 512 rows is 128
+  mixtral.num_experts = 8;
+  mixtral.num_experts_per_tok = 2;
+  mixtral.moe_intermediate_size = 512;
+  const auto m = bf16_probe_shapes(mixtral, 512, 0);
+  REQUIRE(m.size() == 4);
+  CHECK((m[2].rows == 128 && m[2].in == 384 && m[2].out == 512));
+  CHECK((m[3].rows == 128 && m[3].in == 512 && m[3].out == 384));
   const mt::AttnShape a = attention_probe_shape(llama, 4096);  // cut to 1024 positions
   CHECK((a.q_heads == 6 && a.kv_heads == 2 && a.head_dim == 64 && a.seq == 1024 && a.batch == 1));
   CHECK((a.q_stride == 384 && a.kv_stride == 128 && a.o_stride == 384));
