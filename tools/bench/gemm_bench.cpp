@@ -22,7 +22,7 @@
 // gemm_ours_vs_best), ours in bf16 against the best bf16 rate (gemm_ours_bf16_vs_best), and one core's
 // fp32 FMA and vdpbf16ps peaks (isa_peak.hpp: why bf16 cannot beat fp32 without AMX on some CPUs).
 //
-// usage: bench_gemm [threads=all] [tokens=1024] [reps=3]
+// usage: bench_gemm [threads=all] [tokens=1024] [rounds=3]
 #include <omp.h>
 
 #include <algorithm>
