@@ -43,13 +43,43 @@ void read_per_product(const nlohmann::json& j, const char* key, double (&v)[cpu:
                : 0.0;
 }
 
-// {"forward": "onednn", "backward_input": ..., "backward_weight": ...}: the run state's, the cache's and
-// (with more fields) the event's form.
+// {"forward": "onednn", "backward_input": ..., "backward_weight": ..., and where a layer shape differs
+// "shapes": [{"product", "in", "out", "lib"}]}: the run state's, the cache's and (with more fields) the
+// event's form.
 nlohmann::json fp32_json(const cpu::Fp32GemmChoice& c) {
   nlohmann::json j = nlohmann::json::object();
   for (int i = 0; i < cpu::kLinearProducts; ++i)
     j[cpu::linear_product_name(static_cast<cpu::LinearProduct>(i))] = cpu::fp32_gemm_name(c.lib[i]);
+  for (const auto& s : c.shapes)
+    j["shapes"].push_back({{"product", cpu::linear_product_name(s.product)},
+                           {"in", s.in},
+                           {"out", s.out},
+                           {"lib", cpu::fp32_gemm_name(s.lib)}});
   return j;
+}
+
+std::optional<cpu::LinearProduct> parse_product(const std::string& name) {
+  for (int i = 0; i < cpu::kLinearProducts; ++i)
+    if (name == cpu::linear_product_name(static_cast<cpu::LinearProduct>(i))) return static_cast<cpu::LinearProduct>(i);
+  return std::nullopt;
+}
+
+// The "shapes" of that form into c; false when one is malformed.
+bool parse_fp32_shapes(const nlohmann::json& j, cpu::Fp32GemmChoice& c) {
+  const auto it = j.find("shapes");
+  if (it == j.end()) return true;
+  if (!it->is_array()) return false;
+  for (const auto& e : *it) {
+    if (!e.is_object() || !e.value("product", nlohmann::json()).is_string() ||
+        !e.value("in", nlohmann::json()).is_number_integer() || !e.value("out", nlohmann::json()).is_number_integer() ||
+        !e.value("lib", nlohmann::json()).is_string())
+      return false;
+    const auto product = parse_product(e["product"].get<std::string>());
+    const auto lib = cpu::parse_fp32_gemm(e["lib"].get<std::string>());
+    if (!product || !lib) return false;
+    c.shapes.push_back({*product, e["in"].get<std::int64_t>(), e["out"].get<std::int64_t>(), *lib});
+  }
+  return true;
 }
 
 // That form, or one library's name for all three; nullopt for anything else.
@@ -67,6 +97,7 @@ std::optional<cpu::Fp32GemmChoice> parse_fp32_choice(const nlohmann::json& j) {
     if (!g) return std::nullopt;
     c.lib[i] = *g;
   }
+  if (!parse_fp32_shapes(j, c)) return std::nullopt;
   return c;
 }
 

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <omp.h>
@@ -108,22 +109,10 @@ void sgemm_on(Fp32Gemm lib, bool ta, bool tb, std::int64_t M, std::int64_t N, st
   }
 }
 
-// -1 until fixed (set_fp32_gemm_choice or the first product), then the choice packed one bit a product
-// (1 = OpenBLAS); products read it lock-free.
-std::atomic<int> g_choice{-1};
+// Null until fixed (set_fp32_gemm_choice or the first product), then the choice, never freed (it is
+// fixed once per process); products read it lock-free.
+std::atomic<const Fp32GemmChoice*> g_choice{nullptr};
 std::mutex g_choice_mu;
-
-int pack(const Fp32GemmChoice& c) {
-  int bits = 0;
-  for (int i = 0; i < kLinearProducts; ++i) bits |= (c.lib[i] == Fp32Gemm::openblas ? 1 : 0) << i;
-  return bits;
-}
-
-Fp32GemmChoice unpack(int bits) {
-  Fp32GemmChoice c;
-  for (int i = 0; i < kLinearProducts; ++i) c.lib[i] = (bits >> i & 1) != 0 ? Fp32Gemm::openblas : Fp32Gemm::onednn;
-  return c;
-}
 
 // What a request becomes here: the forced library wins.
 Fp32GemmChoice effective(const Fp32GemmChoice& want) {
@@ -131,17 +120,18 @@ Fp32GemmChoice effective(const Fp32GemmChoice& want) {
   return forced ? Fp32GemmChoice::all(*forced) : want;
 }
 
-int fix(const Fp32GemmChoice& want) {
+const Fp32GemmChoice& fix(const Fp32GemmChoice& want) {
   std::lock_guard<std::mutex> lock(g_choice_mu);
-  if (g_choice.load() < 0) g_choice.store(pack(effective(want)));
-  return g_choice.load();
+  if (g_choice.load() == nullptr) g_choice.store(new Fp32GemmChoice(effective(want)));
+  return *g_choice.load();
 }
 
-Fp32Gemm library(LinearProduct p) {
-  int bits = g_choice.load(std::memory_order_acquire);
-  if (bits < 0) bits = fix(Fp32GemmChoice{});
-  return unpack(bits)[p];
+const Fp32GemmChoice& fixed_choice() {
+  const Fp32GemmChoice* c = g_choice.load(std::memory_order_acquire);
+  return c != nullptr ? *c : fix(Fp32GemmChoice{});
 }
+
+Fp32Gemm library(LinearProduct p, std::int64_t in, std::int64_t out) { return fixed_choice().of(p, in, out); }
 
 }  // namespace
 
@@ -164,7 +154,15 @@ std::optional<Fp32Gemm> parse_fp32_gemm(const std::string& name) {
   return std::nullopt;
 }
 
-bool Fp32GemmChoice::operator==(const Fp32GemmChoice& o) const { return std::equal(lib, lib + kLinearProducts, o.lib); }
+Fp32Gemm Fp32GemmChoice::of(LinearProduct p, std::int64_t in, std::int64_t out) const {
+  for (const Shape& s : shapes)
+    if (s.product == p && s.in == in && s.out == out) return s.lib;
+  return (*this)[p];
+}
+
+bool Fp32GemmChoice::operator==(const Fp32GemmChoice& o) const {
+  return std::equal(lib, lib + kLinearProducts, o.lib) && shapes == o.shapes;
+}
 
 Fp32GemmChoice Fp32GemmChoice::all(Fp32Gemm g) {
   Fp32GemmChoice c;
@@ -173,10 +171,17 @@ Fp32GemmChoice Fp32GemmChoice::all(Fp32Gemm g) {
 }
 
 std::string Fp32GemmChoice::str() const {
-  if (*this == all(lib[0])) return fp32_gemm_name(lib[0]);
   std::string s;
-  for (int i = 0; i < kLinearProducts; ++i)
-    s += std::string(i ? ", " : "") + linear_product_name(static_cast<LinearProduct>(i)) + " " + fp32_gemm_name(lib[i]);
+  if (std::count(lib, lib + kLinearProducts, lib[0]) == kLinearProducts) {
+    s = fp32_gemm_name(lib[0]);
+  } else {
+    for (int i = 0; i < kLinearProducts; ++i)
+      s += std::string(i ? ", " : "") + linear_product_name(static_cast<LinearProduct>(i)) + " " +
+           fp32_gemm_name(lib[i]);
+  }
+  for (const Shape& sh : shapes)
+    s += std::string("; ") + linear_product_name(sh.product) + " " + std::to_string(sh.out) + "x" +
+         std::to_string(sh.in) + " " + fp32_gemm_name(sh.lib);
   return s;
 }
 
@@ -193,14 +198,14 @@ std::optional<Fp32Gemm> fp32_gemm_forced() {
 }
 
 Fp32GemmChoice fp32_gemm_choice() {
-  const int bits = g_choice.load(std::memory_order_acquire);
-  return bits >= 0 ? unpack(bits) : effective(Fp32GemmChoice{});
+  const Fp32GemmChoice* c = g_choice.load(std::memory_order_acquire);
+  return c != nullptr ? *c : effective(Fp32GemmChoice{});
 }
 
-bool fp32_gemm_fixed() { return g_choice.load(std::memory_order_acquire) >= 0; }
+bool fp32_gemm_fixed() { return g_choice.load(std::memory_order_acquire) != nullptr; }
 
 Fp32GemmChoice set_fp32_gemm_choice(const Fp32GemmChoice& c) {
-  const Fp32GemmChoice want = effective(c), have = unpack(fix(want));
+  const Fp32GemmChoice want = effective(c), have = fix(want);
   if (have != want)
     throw std::logic_error("set_fp32_gemm_choice: this process's fp32 products already run on " + have.str() +
                            "; they cannot switch to " + want.str() + " (the choice is fixed once per process)");
@@ -215,18 +220,21 @@ std::string openblas_version() {
 
 const char* gemm_backend_name() {
   static std::mutex mu;
-  static std::map<int, std::string> names;  // one per choice; the strings never move
+  static std::map<std::string, std::string> names;  // one per choice; the strings never move
   const Fp32GemmChoice c = fp32_gemm_choice();
   std::lock_guard<std::mutex> lock(mu);
-  std::string& name = names[pack(c)];
+  std::string& name = names[c.str()];
   if (name.empty()) {
-    if (c == Fp32GemmChoice::all(c.lib[0])) {
+    if (std::count(c.lib, c.lib + kLinearProducts, c.lib[0]) == kLinearProducts) {
       name = library_words(c.lib[0]);
     } else {
       for (int i = 0; i < kLinearProducts; ++i)
         name += std::string(i ? ", " : "") + linear_product_name(static_cast<LinearProduct>(i)) + " " +
                 library_words(c.lib[i]);
     }
+    for (const auto& sh : c.shapes)
+      name += std::string("; ") + linear_product_name(sh.product) + " " + std::to_string(sh.out) + "x" +
+              std::to_string(sh.in) + " " + library_words(sh.lib);
   }
   return name.c_str();
 }
@@ -336,19 +344,44 @@ void backward_weight_on(Fp32Gemm lib, const float* dy, const float* x, float* dW
   gemm(lib, true, false, out, in, N, dy, out, x, in, 1.0f, dW_acc, in, threads);
 }
 
-// The probe's shapes: rows cut to 0.25 GFLOP a product, out to 8M weight elements; empty ones dropped.
-std::vector<LinearShape> bounded(const std::vector<LinearShape>& shapes) {
+// A probe's shape: rows cut to 0.25 GFLOP a product, out to 8M weight elements.
+LinearShape bounded(LinearShape s) {
   constexpr double kMaxFlops = 2.5e8;
   constexpr std::int64_t kMaxWeight = std::int64_t{1} << 23;
-  std::vector<LinearShape> out;
-  for (LinearShape s : shapes) {
-    if (s.rows <= 0 || s.in <= 0 || s.out <= 0) continue;
-    if (s.in * s.out > kMaxWeight) s.out = std::max<std::int64_t>(64, kMaxWeight / s.in / 64 * 64);
-    const auto fit = static_cast<std::int64_t>(kMaxFlops / (2.0 * static_cast<double>(s.in * s.out)));
-    if (s.rows > fit) s.rows = std::max<std::int64_t>(64, fit / 64 * 64);
-    out.push_back(s);
+  if (s.in * s.out > kMaxWeight) s.out = std::max<std::int64_t>(64, kMaxWeight / s.in / 64 * 64);
+  const auto fit = static_cast<std::int64_t>(kMaxFlops / (2.0 * static_cast<double>(s.in * s.out)));
+  if (s.rows > fit) s.rows = std::max<std::int64_t>(64, fit / 64 * 64);
+  return s;
+}
+
+Fp32Gemm pick(double onednn_s, double openblas_s) {
+  return openblas_s > 0 && onednn_s >= kFp32OpenblasMargin * openblas_s ? Fp32Gemm::openblas : Fp32Gemm::onednn;
+}
+
+// The probe's choice from each product's best times (layers[i / 3], product i % 3): per product by the
+// sums over the layers, then each layer shape (duplicates summed) listed where its own sums pick the
+// other library.
+Fp32GemmChoice probed_choice(const std::vector<LinearShape>& layers, const std::vector<double>& onednn,
+                             const std::vector<double>& openblas) {
+  Fp32GemmChoice c;
+  double sum_d[kLinearProducts] = {}, sum_b[kLinearProducts] = {};
+  std::map<std::tuple<int, std::int64_t, std::int64_t>, std::pair<double, double>> per_shape;
+  for (std::size_t i = 0; i < onednn.size(); ++i) {
+    const int p = static_cast<int>(i % 3);
+    const LinearShape& l = layers[i / 3];
+    sum_d[p] += onednn[i];
+    sum_b[p] += openblas[i];
+    auto& t = per_shape[{p, l.in, l.out}];
+    t.first += onednn[i];
+    t.second += openblas[i];
   }
-  return out;
+  for (int p = 0; p < kLinearProducts; ++p) c.lib[p] = pick(sum_d[p], sum_b[p]);
+  for (const auto& [key, t] : per_shape) {
+    const auto [p, in, out] = key;
+    const Fp32Gemm lib = pick(t.first, t.second);
+    if (lib != c.lib[p]) c.shapes.push_back({static_cast<LinearProduct>(p), in, out, lib});
+  }
+  return c;
 }
 
 }  // namespace
@@ -362,19 +395,19 @@ void linear_forward(const float* x, const float* W, const float* bias, float* y,
     for (std::int64_t r = 0; r < N; ++r) std::copy(bias, bias + out, y + r * out);
     beta = 1.0f;
   }
-  forward_on(library(LinearProduct::forward), x, W, y, N, in, out, beta, threads);
+  forward_on(library(LinearProduct::forward, in, out), x, W, y, N, in, out, beta, threads);
 }
 
 void linear_backward_input(const float* dy, const float* W, float* dx, std::int64_t N, std::int64_t in,
                            std::int64_t out, bool add, int threads) {
   prof::Scope prof_scope(prof::matmul);
-  backward_input_on(library(LinearProduct::backward_input), dy, W, dx, N, in, out, add, threads);
+  backward_input_on(library(LinearProduct::backward_input, in, out), dy, W, dx, N, in, out, add, threads);
 }
 
 void linear_backward_weight(const float* dy, const float* x, float* dW_acc, float* dbias_acc, std::int64_t N,
                             std::int64_t in, std::int64_t out, int threads) {
   prof::Scope prof_scope(prof::matmul);
-  backward_weight_on(library(LinearProduct::backward_weight), dy, x, dW_acc, N, in, out, threads);
+  backward_weight_on(library(LinearProduct::backward_weight, in, out), dy, x, dW_acc, N, in, out, threads);
   if (dbias_acc) colsum_add(dy, dbias_acc, N, out, threads);
 }
 
@@ -394,7 +427,7 @@ void grouped_linear_forward(const float* x, const float* W, std::int64_t w_strid
     }
     gs.push_back({false, true, rows, out, in, x + r0 * in, in, W + e * w_stride, in, bias ? 1.0f : 0.0f, ye, out});
   }
-  gemm_batch(library(LinearProduct::forward), gs, threads);
+  gemm_batch(library(LinearProduct::forward, in, out), gs, threads);
 }
 
 void grouped_linear_backward(const float* dy, const float* x, const float* W, std::int64_t w_stride, float* dx,
@@ -410,7 +443,7 @@ void grouped_linear_backward(const float* dy, const float* x, const float* W, st
         gs.push_back({false, false, rows, in, out, dy + r0 * out, out, W + e * w_stride, in, add ? 1.0f : 0.0f,
                       dx + r0 * in, in});
     }
-    gemm_batch(library(LinearProduct::backward_input), gs, threads);
+    gemm_batch(library(LinearProduct::backward_input, in, out), gs, threads);
   }
   gs.clear();
   for (std::int64_t e = 0; e < experts; ++e) {
@@ -418,7 +451,7 @@ void grouped_linear_backward(const float* dy, const float* x, const float* W, st
     if (rows > 0)
       gs.push_back({true, false, out, in, rows, dy + r0 * out, out, x + r0 * in, in, 1.0f, dW_acc + e * w_stride, in});
   }
-  gemm_batch(library(LinearProduct::backward_weight), gs, threads);
+  gemm_batch(library(LinearProduct::backward_weight, in, out), gs, threads);
   if (db_acc)
     for (std::int64_t e = 0; e < experts; ++e)
       if (offsets[e + 1] > offsets[e])
@@ -430,7 +463,12 @@ Fp32Probe probe_fp32_gemm(const std::vector<LinearShape>& shapes, int threads, d
   const auto t0 = Clock::now();
   Fp32Probe r;
   r.threads = std::max(1, threads);
-  r.shapes = bounded(shapes);
+  std::vector<LinearShape> layers;  // as given (the choice names them), r.shapes as timed
+  for (const LinearShape& s : shapes)
+    if (s.rows > 0 && s.in > 0 && s.out > 0) {
+      layers.push_back(s);
+      r.shapes.push_back(bounded(s));
+    }
   std::size_t max_x = 0, max_w = 0, max_y = 0;
   for (const LinearShape& s : r.shapes) {
     max_x = std::max(max_x, static_cast<std::size_t>(s.rows * s.in));
@@ -483,9 +521,7 @@ Fp32Probe probe_fp32_gemm(const std::vector<LinearShape>& shapes, int threads, d
     r.onednn_s[i % 3] += best_d[i];
     r.openblas_s[i % 3] += best_b[i];
   }
-  for (int p = 0; p < kLinearProducts; ++p)
-    r.choice.lib[p] =
-        n > 0 && r.onednn_s[p] >= kFp32OpenblasMargin * r.openblas_s[p] ? Fp32Gemm::openblas : Fp32Gemm::onednn;
+  r.choice = probed_choice(layers, best_d, best_b);
   r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }

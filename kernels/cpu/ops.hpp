@@ -44,15 +44,26 @@ enum class Fp32Gemm { onednn, openblas };
 const char* fp32_gemm_name(Fp32Gemm g);                            // "onednn" | "openblas"
 std::optional<Fp32Gemm> parse_fp32_gemm(const std::string& name);  // nullopt for anything else
 
-// The library of each of the three products.
+// The library of each of the three products, and of single layer shapes where it differs (one library
+// need not be the fastest on every shape of a product: the probe measures each of a run's layers).
 struct Fp32GemmChoice {
   Fp32Gemm lib[kLinearProducts] = {Fp32Gemm::onednn, Fp32Gemm::onednn, Fp32Gemm::onednn};
+  struct Shape {  // product p of a layer with weights [out, in] runs on lib
+    LinearProduct product = LinearProduct::forward;
+    std::int64_t in = 0, out = 0;
+    Fp32Gemm lib = Fp32Gemm::onednn;
+    bool operator==(const Shape& o) const { return product == o.product && in == o.in && out == o.out && lib == o.lib; }
+  };
+  std::vector<Shape> shapes;
   Fp32Gemm operator[](LinearProduct p) const { return lib[static_cast<int>(p)]; }
   Fp32Gemm& operator[](LinearProduct p) { return lib[static_cast<int>(p)]; }
+  // Product p of a layer [out, in]: its shape's library when listed, else the product's.
+  Fp32Gemm of(LinearProduct p, std::int64_t in, std::int64_t out) const;
   bool operator==(const Fp32GemmChoice& o) const;
   bool operator!=(const Fp32GemmChoice& o) const { return !(*this == o); }
   static Fp32GemmChoice all(Fp32Gemm g);
-  // "onednn" when the three agree, else "forward onednn, backward_input onednn, backward_weight openblas".
+  // "onednn" when the three agree, else "forward onednn, backward_input onednn, backward_weight openblas";
+  // then each listed shape, e.g. "; forward 256x1024 openblas" (the weights' [out, in]).
   std::string str() const;
 };
 
@@ -85,7 +96,7 @@ struct Fp32Probe {
   int threads = 1, rounds = 0;
   double onednn_s[kLinearProducts] = {}, openblas_s[kLinearProducts] = {};
   double warmup_s = 0.0, wall_s = 0.0;
-  Fp32GemmChoice choice;
+  Fp32GemmChoice choice;  // per product by its sum over the shapes; a shape listed where it differs
   // onednn_s / openblas_s for one product (> 1: OpenBLAS faster)
   double openblas_speedup(LinearProduct p) const {
     const int i = static_cast<int>(p);
@@ -97,7 +108,8 @@ struct Fp32Probe {
 inline constexpr double kFp32OpenblasMargin = 1.10;
 // Times the three products of each shape on both libraries, split as the linear products split them, at
 // `threads` threads (one untimed warm-up each), alternating the libraries in rounds while under
-// `budget_s` (at least 2 rounds, at most 5), and picks per product by kFp32OpenblasMargin. Rows are cut
+// `budget_s` (at least 2 rounds, at most 5), and picks per product by kFp32OpenblasMargin, then per
+// shape where a shape's own times pick the other library by the same margin. Rows are cut
 // to 0.25 GFLOP a product (multiples of 64, at least 64), out to 8M weight elements. Fixes nothing.
 Fp32Probe probe_fp32_gemm(const std::vector<LinearShape>& shapes, int threads, double budget_s = 0.2);
 

@@ -591,6 +591,26 @@ TEST_CASE("kernel choice: the fp32 products' libraries, forced, this process, th
     CHECK(read_kernel_cache(file, key(), w)->fp32_gemm == weight_on_openblas());
     CHECK(read_kernel_cache(file, key(), w)->bf16_gemm == Bf16Gemm::onednn);
   }
+  SECTION("layer shapes on the other library: probed, cached and recorded with the choice") {
+    probe.fp32.shapes.push_back({LinearProduct::forward, 384, 1024, Fp32Gemm::openblas});
+    const KernelChoice c = decide_kernel_choice(fp32_only());
+    CHECK_THAT(c.fp32_line(), Catch::StartsWith("fp32 products: forward onednn, backward_input onednn, "
+                                                "backward_weight openblas; forward 1024x384 openblas (probe: "));
+    const nlohmann::json j = c.json()["fp32_gemm"];
+    REQUIRE(j["shapes"].size() == 1);
+    CHECK(j["shapes"][0] == nlohmann::json{{"product", "forward"}, {"in", 384}, {"out", 1024}, {"lib", "openblas"}});
+    const KernelChoice again = decide_kernel_choice(fp32_only());
+    CHECK((again.fp32_source == "cache" && again.fp32_gemm == probe.fp32));
+    KernelChoiceInputs in = fp32_only();
+    in.resuming = true;
+    in.checkpoint = {{"fp32_gemm", j}};  // the event's form, as a rank or a run state carries it
+    const KernelChoice r = decide_kernel_choice(in);
+    CHECK((r.fp32_source == "checkpoint" && r.fp32_gemm == probe.fp32));
+    in.checkpoint["fp32_gemm"]["shapes"][0]["lib"] = "mkl";  // malformed: said, and taken as never recorded
+    const KernelChoice m = decide_kernel_choice(in);
+    CHECK(m.fp32_source == "cache");
+    CHECK_FALSE(m.notes.empty());
+  }
   SECTION("the choice is fixed before the bf16 probe runs (its widened path runs on it)") {
     KernelChoiceInputs in = inputs(file, probe);
     std::vector<std::string> order;

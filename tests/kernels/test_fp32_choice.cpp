@@ -6,9 +6,14 @@
 // MEGATRAIN_FP32_GEMM=openblas (the same CMakeLists.txt).
 #include <catch2/catch.hpp>
 
+#include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/ops.hpp"
 
@@ -45,6 +50,45 @@ TEST_CASE("fp32 GEMM probe: both libraries timed per product, the choice by the 
     const bool by_margin = p.onednn_s[i] >= cpu::kFp32OpenblasMargin * p.openblas_s[i];
     CHECK((p.choice[product] == Fp32Gemm::openblas) == by_margin);
   }
+  // A shape is listed only where it differs from its product's library, and only the layers given.
+  for (const auto& s : p.choice.shapes) {
+    CHECK(s.lib != p.choice[s.product]);
+    CHECK(((s.in == 256 && s.out == 512) || (s.in == 512 && s.out == 256)));
+  }
+}
+
+TEST_CASE("fp32 GEMM choice: a listed shape runs on its own library", "[fp32][choice]") {
+  REQUIRE_FALSE(cpu::fp32_gemm_forced());
+  REQUIRE_FALSE(cpu::fp32_gemm_fixed());
+  // One tile each (at most 128 rows and columns): the product is one library call, whose bits the test
+  // computes with each library directly. K = 700 sums in a different order on each.
+  const std::int64_t N = 96, in = 700, out = 120;
+  std::vector<float> x(N * in), w(out * in), y(N * out), blas(N * out), dnnl(N * out);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 997.0f - 0.5f;
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>((i * 104729) % 1000) / 991.0f - 0.5f;
+  // On one thread, as the products call it: OpenBLAS's own threads (its default here) sum this product
+  // in another order.
+  openblas_set_num_threads(1);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, blas.data(),
+              out);
+  REQUIRE(dnnl_sgemm('N', 'T', N, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, dnnl.data(), out) == dnnl_success);
+  REQUIRE(std::memcmp(blas.data(), dnnl.data(), blas.size() * 4) != 0);  // else the check below sees nothing
+  Fp32GemmChoice c;  // oneDNN, but OpenBLAS for the forward product of layers [120, 700]
+  c.shapes.push_back({LinearProduct::forward, in, out, Fp32Gemm::openblas});
+  CHECK(c.of(LinearProduct::forward, in, out) == Fp32Gemm::openblas);
+  CHECK(c.of(LinearProduct::forward, out, in) == Fp32Gemm::onednn);
+  CHECK(c.of(LinearProduct::backward_weight, in, out) == Fp32Gemm::onednn);
+  CHECK(c.str() == "onednn; forward 120x700 openblas");
+  REQUIRE(cpu::set_fp32_gemm_choice(c) == c);
+  CHECK_THAT(std::string(cpu::gemm_backend_name()),
+             Catch::StartsWith("oneDNN ") && Catch::Contains("; forward 120x700 OpenBLAS sgemm (core "));
+  cpu::linear_forward(x.data(), w.data(), nullptr, y.data(), N, in, out, 2);
+  CHECK(std::memcmp(y.data(), blas.data(), y.size() * 4) == 0);
+  // Another shape of the same product: oneDNN (the first 110 of the 120 outputs).
+  std::vector<float> y2(N * 110), d2(N * 110);
+  REQUIRE(dnnl_sgemm('N', 'T', N, 110, in, 1.0f, x.data(), in, w.data(), in, 0.0f, d2.data(), 110) == dnnl_success);
+  cpu::linear_forward(x.data(), w.data(), nullptr, y2.data(), N, in, 110, 2);
+  CHECK(std::memcmp(y2.data(), d2.data(), y2.size() * 4) == 0);
 }
 
 TEST_CASE("fp32 GEMM probe: products are bounded on large layers", "[fp32][choice]") {
@@ -94,6 +138,10 @@ TEST_CASE("fp32 GEMM names", "[fp32][choice]") {
   CHECK_FALSE(cpu::parse_fp32_gemm(""));
   CHECK(Fp32GemmChoice::all(Fp32Gemm::openblas).str() == "openblas");
   CHECK(mixed().str() == "forward onednn, backward_input onednn, backward_weight openblas");
+  Fp32GemmChoice shaped = mixed();
+  shaped.shapes.push_back({LinearProduct::forward, 256, 1024, Fp32Gemm::openblas});
+  CHECK(shaped.str() == "forward onednn, backward_input onednn, backward_weight openblas; forward 1024x256 openblas");
+  CHECK(shaped != mixed());
   CHECK_THAT(cpu::openblas_version(), Catch::StartsWith("OpenBLAS ") && Catch::Contains(", core "));
 }
 
