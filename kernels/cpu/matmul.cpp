@@ -359,8 +359,8 @@ Fp32Gemm pick(double onednn_s, double openblas_s) {
 }
 
 // The probe's choice from each product's best times (layers[i / 3], product i % 3): per product by the
-// sums over the layers, then each layer shape (duplicates summed) listed where its own sums pick the
-// other library.
+// sums over the layers, then each layer shape (duplicates summed) listed where its own sums favour the
+// other library by kFp32ShapeMargin.
 Fp32GemmChoice probed_choice(const std::vector<LinearShape>& layers, const std::vector<double>& onednn,
                              const std::vector<double>& openblas) {
   Fp32GemmChoice c;
@@ -378,8 +378,11 @@ Fp32GemmChoice probed_choice(const std::vector<LinearShape>& layers, const std::
   for (int p = 0; p < kLinearProducts; ++p) c.lib[p] = pick(sum_d[p], sum_b[p]);
   for (const auto& [key, t] : per_shape) {
     const auto [p, in, out] = key;
-    const Fp32Gemm lib = pick(t.first, t.second);
-    if (lib != c.lib[p]) c.shapes.push_back({static_cast<LinearProduct>(p), in, out, lib});
+    // A shape leaves its product's library only for one measured clearly faster on it.
+    const bool to_openblas = c.lib[p] == Fp32Gemm::onednn && t.first >= kFp32ShapeMargin * t.second;
+    const bool to_onednn = c.lib[p] == Fp32Gemm::openblas && t.second >= kFp32ShapeMargin * t.first;
+    if (to_openblas || to_onednn)
+      c.shapes.push_back({static_cast<LinearProduct>(p), in, out, to_openblas ? Fp32Gemm::openblas : Fp32Gemm::onednn});
   }
   return c;
 }

@@ -106,10 +106,13 @@ struct Fp32Probe {
 // OpenBLAS is chosen for a product when oneDNN takes at least this much longer on it; within the margin
 // oneDNN stays (noise must not flip the choice, and oneDNN is what runs without a probe).
 inline constexpr double kFp32OpenblasMargin = 1.10;
+// A layer shape runs on the other library than its product's when that one took at most 1/this of the
+// time on it: a wider margin, since one shape's times are fewer and noisier than a product's sum.
+inline constexpr double kFp32ShapeMargin = 1.25;
 // Times the three products of each shape on both libraries, split as the linear products split them, at
 // `threads` threads (one untimed warm-up each), alternating the libraries in rounds while under
 // `budget_s` (at least 2 rounds, at most 5), and picks per product by kFp32OpenblasMargin, then per
-// shape where a shape's own times pick the other library by the same margin. Rows are cut
+// shape where a shape's own times favour the other library by kFp32ShapeMargin. Rows are cut
 // to 0.25 GFLOP a product (multiples of 64, at least 64), out to 8M weight elements. Fixes nothing.
 Fp32Probe probe_fp32_gemm(const std::vector<LinearShape>& shapes, int threads, double budget_s = 0.2);
 
