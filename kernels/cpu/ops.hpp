@@ -108,7 +108,7 @@ struct Fp32Probe {
 inline constexpr double kFp32OpenblasMargin = 1.10;
 // A layer shape runs on the other library than its product's when that one took at most 1/this of the
 // time on it: a wider margin, since one shape's times are fewer and noisier than a product's sum.
-inline constexpr double kFp32ShapeMargin = 1.25;
+inline constexpr double kFp32ShapeMargin = 1.5;
 // Times the three products of each shape on both libraries, split as the linear products split them, at
 // `threads` threads (one untimed warm-up each), alternating the libraries in rounds while under
 // `budget_s` (at least 2 rounds, at most 5), and picks per product by kFp32OpenblasMargin, then per
