@@ -152,11 +152,23 @@ nlohmann::json make_run_state(const TrainConfig& cfg, const nlohmann::json& data
       {"model_name_or_path", cfg.model.model_name_or_path},
       {"evaluations", evaluations},
   };
-  // The path the bf16 products ran on (fixed for the process by now) and the attention's products: a
-  // resume keeps them, and so its bits.
-  if (cfg.precision() == Precision::bf16 && cfg.device.backend == "cpu")
-    run["kernel_choices"] = {{"bf16_gemm", cpu::bf16_gemm_name(cpu::bf16_gemm_path())},
-                             {"bf16_attention", cpu::attn_products_name(cpu::bf16_attention_products())}};
+  // The fp32 products' libraries and the path the bf16 products ran on (fixed for the process by now)
+  // and the attention's products: a resume keeps them, and so its bits.
+  if (cfg.device.backend == "cpu") {
+    nlohmann::json fp32 = nlohmann::json::object();
+    const cpu::Fp32GemmChoice c = cpu::fp32_gemm_choice();
+    for (int i = 0; i < cpu::kLinearProducts; ++i)
+      fp32[cpu::linear_product_name(static_cast<cpu::LinearProduct>(i))] = cpu::fp32_gemm_name(c.lib[i]);
+    for (const auto& sh : c.shapes)  // the layer shapes whose library differs (node/kernel_choice.cpp reads them)
+      fp32["shapes"].push_back({{"product", cpu::linear_product_name(sh.product)},
+                                {"in", sh.in},
+                                {"out", sh.out},
+                                {"lib", cpu::fp32_gemm_name(sh.lib)}});
+    run["kernel_choices"] = {{"fp32_gemm", fp32}};
+    if (cfg.precision() == Precision::bf16)
+      run["kernel_choices"].update({{"bf16_gemm", cpu::bf16_gemm_name(cpu::bf16_gemm_path())},
+                                    {"bf16_attention", cpu::attn_products_name(cpu::bf16_attention_products())}});
+  }
   return run;
 }
 

@@ -15,10 +15,14 @@
 //   model_name_or_path   where the starting weights came from ("" = random init)
 //   evaluations          [{step, loss, perplexity, tokens, batches, seconds}]: the run's evaluations so
 //                        far (train.eval_steps), oldest first
-//   kernel_choices       {bf16_gemm: "onednn" | "widened", bf16_attention: "pairs" | "fp32"}: bf16 runs on
-//                        the CPU backend only, the path their bf16 products ran on and the attention's
-//                        block products; a resume takes them (node/kernel_choice.hpp), older checkpoints
-//                        lack them (bf16_attention: before the pair products existed, an fp32 attention)
+//   kernel_choices       {fp32_gemm: {forward, backward_input, backward_weight: "onednn" | "openblas",
+//                        shapes: [{product, in, out, lib}] where a layer shape's library differs},
+//                        bf16_gemm: "onednn" | "widened", bf16_attention: "pairs" | "fp32"}: runs on the
+//                        CPU backend only (the bf16 keys: bf16 runs), the library of each fp32 product,
+//                        the path the bf16 products ran on and the attention's block products; a resume
+//                        takes them (node/kernel_choice.hpp), older checkpoints lack them (fp32_gemm:
+//                        before the fp32 choice existed, oneDNN; bf16_attention: before the pair
+//                        products existed, an fp32 attention)
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -30,9 +30,85 @@ std::string fmt(const char* f, double a, double b = 0.0) {
   return buf;
 }
 
+nlohmann::json per_product(const double (&v)[cpu::kLinearProducts]) {
+  return nlohmann::json(std::vector<double>(v, v + cpu::kLinearProducts));
+}
+
+// Times per product, as written by per_product (0 where missing).
+void read_per_product(const nlohmann::json& j, const char* key, double (&v)[cpu::kLinearProducts]) {
+  const auto it = j.find(key);
+  for (int i = 0; i < cpu::kLinearProducts; ++i)
+    v[i] = it != j.end() && it->is_array() && it->size() > static_cast<std::size_t>(i) && (*it)[i].is_number()
+               ? (*it)[i].get<double>()
+               : 0.0;
+}
+
+// {"forward": "onednn", "backward_input": ..., "backward_weight": ..., and where a layer shape differs
+// "shapes": [{"product", "in", "out", "lib"}]}: the run state's, the cache's and (with more fields) the
+// event's form.
+nlohmann::json fp32_json(const cpu::Fp32GemmChoice& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int i = 0; i < cpu::kLinearProducts; ++i)
+    j[cpu::linear_product_name(static_cast<cpu::LinearProduct>(i))] = cpu::fp32_gemm_name(c.lib[i]);
+  for (const auto& s : c.shapes)
+    j["shapes"].push_back({{"product", cpu::linear_product_name(s.product)},
+                           {"in", s.in},
+                           {"out", s.out},
+                           {"lib", cpu::fp32_gemm_name(s.lib)}});
+  return j;
+}
+
+std::optional<cpu::LinearProduct> parse_product(const std::string& name) {
+  for (int i = 0; i < cpu::kLinearProducts; ++i)
+    if (name == cpu::linear_product_name(static_cast<cpu::LinearProduct>(i))) return static_cast<cpu::LinearProduct>(i);
+  return std::nullopt;
+}
+
+// The "shapes" of that form into c; false when one is malformed.
+bool parse_fp32_shapes(const nlohmann::json& j, cpu::Fp32GemmChoice& c) {
+  const auto it = j.find("shapes");
+  if (it == j.end()) return true;
+  if (!it->is_array()) return false;
+  for (const auto& e : *it) {
+    if (!e.is_object() || !e.value("product", nlohmann::json()).is_string() ||
+        !e.value("in", nlohmann::json()).is_number_integer() || !e.value("out", nlohmann::json()).is_number_integer() ||
+        !e.value("lib", nlohmann::json()).is_string())
+      return false;
+    const auto product = parse_product(e["product"].get<std::string>());
+    const auto lib = cpu::parse_fp32_gemm(e["lib"].get<std::string>());
+    if (!product || !lib) return false;
+    c.shapes.push_back({*product, e["in"].get<std::int64_t>(), e["out"].get<std::int64_t>(), *lib});
+  }
+  return true;
+}
+
+// That form, or one library's name for all three; nullopt for anything else.
+std::optional<cpu::Fp32GemmChoice> parse_fp32_choice(const nlohmann::json& j) {
+  if (j.is_string()) {
+    const auto g = cpu::parse_fp32_gemm(j.get<std::string>());
+    return g ? std::optional(cpu::Fp32GemmChoice::all(*g)) : std::nullopt;
+  }
+  if (!j.is_object()) return std::nullopt;
+  cpu::Fp32GemmChoice c;
+  for (int i = 0; i < cpu::kLinearProducts; ++i) {
+    const auto it = j.find(cpu::linear_product_name(static_cast<cpu::LinearProduct>(i)));
+    if (it == j.end() || !it->is_string()) return std::nullopt;
+    const auto g = cpu::parse_fp32_gemm(it->get<std::string>());
+    if (!g) return std::nullopt;
+    c.lib[i] = *g;
+  }
+  if (!parse_fp32_shapes(j, c)) return std::nullopt;
+  return c;
+}
+
 nlohmann::json entry_json(const KernelCacheEntry& e) {
-  nlohmann::json j{{"cpu", e.key.cpu},         {"isa", e.key.isa},       {"onednn", e.key.onednn},
-                   {"threads", e.key.threads}, {"shapes", e.key.shapes}, {"probed_unix", e.probed_unix}};
+  nlohmann::json j{
+      {"cpu", e.key.cpu},         {"isa", e.key.isa},       {"onednn", e.key.onednn},      {"blas", e.key.blas},
+      {"threads", e.key.threads}, {"shapes", e.key.shapes}, {"probed_unix", e.probed_unix}};
+  if (e.fp32_gemm)
+    j.update({{"fp32_gemm", fp32_json(*e.fp32_gemm)},
+              {"fp32_onednn_s", per_product(e.fp32_onednn_s)},
+              {"fp32_openblas_s", per_product(e.fp32_openblas_s)}});
   if (e.bf16_gemm)
     j.update({{"bf16_gemm", cpu::bf16_gemm_name(*e.bf16_gemm)}, {"onednn_s", e.onednn_s}, {"widened_s", e.widened_s}});
   if (e.bf16_attention)
@@ -47,8 +123,17 @@ KernelCacheEntry entry_from_json(const nlohmann::json& j) {
   e.key.cpu = j.at("cpu").get<std::string>();
   e.key.isa = j.at("isa").get<std::string>();
   e.key.onednn = j.at("onednn").get<std::string>();
+  e.key.blas = j.value("blas", "");
   e.key.threads = j.at("threads").get<int>();
   e.key.shapes = j.at("shapes").get<std::string>();
+  if (j.contains("fp32_gemm")) {
+    const auto c = parse_fp32_choice(j.at("fp32_gemm"));
+    if (!c)
+      throw std::runtime_error("an entry's fp32_gemm is " + j.at("fp32_gemm").dump() + ", not onednn or openblas");
+    e.fp32_gemm = *c;
+    read_per_product(j, "fp32_onednn_s", e.fp32_onednn_s);
+    read_per_product(j, "fp32_openblas_s", e.fp32_openblas_s);
+  }
   if (j.contains("bf16_gemm")) {
     const auto p = cpu::parse_bf16_gemm(j.at("bf16_gemm").get<std::string>());
     if (!p) throw std::runtime_error("an entry's bf16_gemm is " + j.at("bf16_gemm").dump() + ", not onednn or widened");
@@ -173,6 +258,72 @@ class CacheLookup {
   std::optional<KernelCacheEntry> hit_;
 };
 
+std::string fp32_probe_words(const cpu::Fp32Probe& p) {
+  std::string s = "probe: OpenBLAS at";
+  for (int i = 0; i < cpu::kLinearProducts; ++i) {
+    const auto product = static_cast<cpu::LinearProduct>(i);
+    s += std::string(i ? "," : "") + " " + fmt("%.2fx", p.openblas_speedup(product)) + " " +
+         cpu::linear_product_name(product);
+  }
+  return s + " of oneDNN's speed on " + std::to_string(p.shapes.size()) + " shapes at " + std::to_string(p.threads) +
+         " thread" + (p.threads == 1 ? "" : "s") + ", " + fmt("%.0f ms", 1e3 * p.wall_s) + "; OpenBLAS needs " +
+         fmt("%.2fx", cpu::kFp32OpenblasMargin);
+}
+
+std::optional<cpu::Fp32GemmChoice> checkpoint_fp32(const nlohmann::json& ck, std::vector<std::string>& notes) {
+  if (!ck.is_object() || !ck.contains("fp32_gemm")) return std::nullopt;
+  const auto c = parse_fp32_choice(ck["fp32_gemm"]);
+  if (!c)
+    notes.push_back("the checkpoint's kernel_choices.fp32_gemm is " + ck["fp32_gemm"].dump() +
+                    ", not onednn or openblas per product: ignored (the libraries are measured again)");
+  return c;
+}
+
+void decide_fp32(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
+  std::optional<cpu::Fp32GemmChoice> recorded = checkpoint_fp32(in.checkpoint, c.notes);
+  // A resumed run state without the choice was written before it existed: those runs ran oneDNN.
+  const bool predates = !recorded && in.resuming && !(in.checkpoint.is_object() && in.checkpoint.contains("fp32_gemm"));
+  if (predates) recorded = cpu::Fp32GemmChoice{};
+  auto differs_from_checkpoint = [&](const char* why) {
+    if (recorded && *recorded != c.fp32_gemm)
+      c.notes.push_back("the checkpoint's run computed its fp32 products on " + recorded->str() + "; " + why + " " +
+                        c.fp32_gemm.str() + ", so the continued run's bits differ from an uninterrupted one");
+  };
+  if (in.fp32_forced) {
+    c.fp32_source = "forced";
+    c.fp32_gemm = cpu::Fp32GemmChoice::all(*in.fp32_forced);
+    c.fp32_detail = "forced by MEGATRAIN_FP32_GEMM";
+    differs_from_checkpoint("MEGATRAIN_FP32_GEMM forces");
+    return;
+  }
+  if (in.fp32_process) {
+    c.fp32_source = "process";
+    c.fp32_gemm = *in.fp32_process;
+    c.fp32_detail = "fixed earlier in this process";
+    differs_from_checkpoint("this process already runs");
+    return;
+  }
+  if (recorded) {
+    c.fp32_source = "checkpoint";
+    c.fp32_gemm = *recorded;
+    c.fp32_detail =
+        predates ? "from the checkpoint, written before the fp32 choice existed: oneDNN" : "from the checkpoint";
+    return;
+  }
+  if (const auto& hit = cache.entry(); hit && hit->fp32_gemm) {
+    c.fp32_source = "cache";
+    c.fp32_gemm = *hit->fp32_gemm;
+    c.cache_file = in.cache_file.string();
+    c.fp32_detail = "measured earlier on this machine; cached in " + c.cache_file;
+    return;
+  }
+  if (!in.fp32_probe) throw std::logic_error("decide_kernel_choice: no fp32 probe to run");
+  c.fp32_source = "probe";
+  c.fp32_probe = in.fp32_probe();
+  c.fp32_gemm = c.fp32_probe->choice;
+  c.fp32_detail = fp32_probe_words(*c.fp32_probe);
+}
+
 void decide_gemm(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
   using cpu::Bf16Gemm;
   const std::optional<Bf16Gemm> recorded = checkpoint_path(in.checkpoint, c.notes);
@@ -288,10 +439,11 @@ void decide_attention(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup
   c.attention_detail = attention_probe_words(*c.attention_probe);
 }
 
-// What was probed, added to the key's entry (its other choice kept), and said in the probed details.
+// What was probed, added to the key's entry (its other choices kept), and said in the probed details.
 void cache_probed(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
-  if (!c.probe && !c.attention_probe) return;
+  if (!c.fp32_probe && !c.probe && !c.attention_probe) return;
   auto append = [&](const std::string& words) {
+    if (c.fp32_probe) c.fp32_detail += words;
     if (c.probe) c.detail += words;
     if (c.attention_probe) c.attention_detail += words;
   };
@@ -300,13 +452,12 @@ void cache_probed(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& ca
     return;
   }
   KernelCacheEntry e = cache.entry().value_or(KernelCacheEntry{});
-  // Every entry carries the products' path (earlier versions of this file's reader require it): without
-  // it measured (forced), nothing is cached, as before the attention's choice existed.
-  if (!c.probe && !e.bf16_gemm) {
-    append("; not cached: the products' path was not measured");
-    return;
-  }
   e.key = in.key;
+  if (c.fp32_probe) {
+    e.fp32_gemm = c.fp32_gemm;
+    std::copy(c.fp32_probe->onednn_s, c.fp32_probe->onednn_s + cpu::kLinearProducts, e.fp32_onednn_s);
+    std::copy(c.fp32_probe->openblas_s, c.fp32_probe->openblas_s + cpu::kLinearProducts, e.fp32_openblas_s);
+  }
   if (c.probe) {
     e.bf16_gemm = c.bf16_gemm;
     e.onednn_s = c.probe->onednn_s;
@@ -387,6 +538,8 @@ bool write_kernel_cache(const fs::path& file, const KernelCacheEntry& entry, std
   return true;
 }
 
+std::string KernelChoice::fp32_line() const { return "fp32 products: " + fp32_gemm.str() + " (" + fp32_detail + ")"; }
+
 std::string KernelChoice::line() const {
   return std::string("bf16 products: ") + cpu::bf16_gemm_name(bf16_gemm) + " (" + detail + ")";
 }
@@ -397,6 +550,17 @@ std::string KernelChoice::attention_line() const {
 
 nlohmann::json KernelChoice::json() const {
   if (!applies) return nlohmann::json::object();
+  nlohmann::json f = fp32_json(fp32_gemm);
+  f.update({{"path", fp32_gemm.str()}, {"source", fp32_source}, {"detail", fp32_detail}});
+  if (fp32_probe)
+    f["probe"] = {{"onednn_s", per_product(fp32_probe->onednn_s)},
+                  {"openblas_s", per_product(fp32_probe->openblas_s)},
+                  {"shapes", fp32_probe->shapes.size()},
+                  {"rounds", fp32_probe->rounds},
+                  {"threads", fp32_probe->threads},
+                  {"wall_s", fp32_probe->wall_s}};
+  if (!cache_file.empty() && (fp32_source == "cache" || fp32_probe)) f["cache_file"] = cache_file;
+  if (!bf16) return {{"fp32_gemm", f}};
   nlohmann::json g{{"path", cpu::bf16_gemm_name(bf16_gemm)}, {"source", source}, {"detail", detail}};
   if (probe)
     g["probe"] = {{"onednn_s", probe->onednn_s},        {"widened_s", probe->widened_s},
@@ -415,15 +579,26 @@ nlohmann::json KernelChoice::json() const {
                   {"rounds", attention_probe->rounds},
                   {"threads", attention_probe->threads},
                   {"wall_s", attention_probe->wall_s}};
-  return {{"bf16_gemm", g}, {"bf16_attention", a}};
+  return {{"fp32_gemm", f}, {"bf16_gemm", g}, {"bf16_attention", a}};
 }
 
 KernelChoice decide_kernel_choice(const KernelChoiceInputs& in) {
   KernelChoice c;
   c.applies = true;
+  c.bf16 = in.bf16;
   CacheLookup cache(in, c.notes);
-  decide_gemm(in, c, cache);
-  decide_attention(in, c, cache);
+  if (in.fp32) {
+    decide_fp32(in, c, cache);
+    const cpu::Fp32GemmChoice got = in.fix_fp32 ? in.fix_fp32(c.fp32_gemm) : c.fp32_gemm;
+    if (got != c.fp32_gemm) {  // not expected: the decision saw what the kernels see
+      c.notes.push_back("the fp32 products run on " + got.str() + ", not " + c.fp32_gemm.str());
+      c.fp32_gemm = got;
+    }
+  }
+  if (in.bf16) {
+    decide_gemm(in, c, cache);
+    decide_attention(in, c, cache);
+  }
   cache_probed(in, c, cache);
   return c;
 }
@@ -438,8 +613,14 @@ std::vector<cpu::Bf16ProbeShape> bf16_probe_shapes(const ModelConfig& m, std::in
     s.push_back({rows, d, m.q_dim()});  // q (k and v are the same shape, narrower)
     s.push_back({rows, m.q_dim(), d});  // attention output
   }
-  s.push_back({rows, d, ff});  // MLP up (and Llama's gate)
-  s.push_back({rows, ff, d});  // MLP down
+  if (m.is_moe()) {  // one expert's products: its share of the rows, its width
+    const std::int64_t expert_rows = std::max<std::int64_t>(1, rows * m.num_experts_per_tok / m.num_experts);
+    s.push_back({expert_rows, d, m.moe_intermediate_size});
+    s.push_back({expert_rows, m.moe_intermediate_size, d});
+  } else {
+    s.push_back({rows, d, ff});  // MLP up (and Llama's gate)
+    s.push_back({rows, ff, d});  // MLP down
+  }
   if (head_rows > 0) s.push_back({head_rows, d, m.vocab_size});
   return s;
 }
@@ -463,6 +644,7 @@ KernelCacheKey kernel_cache_key(int threads, const std::vector<cpu::Bf16ProbeSha
   k.isa = cpu::cpu_isa_flags() + " ";
   k.isa += "onednn:" + cpu::onednn_isa();
   k.onednn = cpu::onednn_version();
+  k.blas = cpu::openblas_version();
   k.threads = threads;
   for (const auto& s : shapes)
     k.shapes += (k.shapes.empty() ? "" : ", ") + std::to_string(s.rows) + "x" + std::to_string(s.in) + "x" +
@@ -473,27 +655,11 @@ KernelCacheKey kernel_cache_key(int threads, const std::vector<cpu::Bf16ProbeSha
   return k;
 }
 
-KernelChoice choose_kernels(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
-                            const nlohmann::json& run_state) {
-  if (cfg.precision() != Precision::bf16 || cfg.device.backend != "cpu") return {};
-  KernelChoiceInputs in;
-  in.forced = cpu::bf16_gemm_forced();
-  if (cpu::bf16_gemm_fixed()) in.process = cpu::bf16_gemm_path();
-  if (run_state.is_object() && run_state.contains("kernel_choices")) in.checkpoint = run_state["kernel_choices"];
-  in.onednn_available = cpu::bf16_gemm_onednn_available();
-  in.cache_file = kernel_cache_file();
-  const int threads = std::max(1, plan.threads.blas);
-  const std::int64_t rows = plan.batch * plan.seq;
-  const auto shapes = bf16_probe_shapes(model, rows, head_chunk_tokens(model, plan.batch, plan.seq));
-  in.attention_forced = cpu::bf16_attention_forced();
-  in.pairs_available = cpu::bf16_pairs_available();
-  const AttnShape attention = attention_probe_shape(model, plan.seq);
-  in.key = kernel_cache_key(threads, shapes, attention);
-  in.probe = [&] { return cpu::probe_bf16_gemm(shapes, threads); };
-  in.attention_probe = [&] { return cpu::probe_bf16_attention(attention, threads); };
-  KernelChoice c = decide_kernel_choice(in);
+namespace {
+
+void set_bf16(KernelChoice& c) {
   const cpu::Bf16Gemm got = cpu::set_bf16_gemm_path(c.bf16_gemm);
-  if (got != c.bf16_gemm) {  // not expected: the decision saw what the kernels see
+  if (got != c.bf16_gemm) {
     c.notes.push_back(std::string("the bf16 products run on the ") + cpu::bf16_gemm_name(got) + " path, not " +
                       cpu::bf16_gemm_name(c.bf16_gemm));
     c.bf16_gemm = got;
@@ -504,6 +670,40 @@ KernelChoice choose_kernels(const TrainConfig& cfg, const ModelConfig& model, co
                       cpu::attn_products_name(c.attention));
     c.attention = products;
   }
+}
+
+}  // namespace
+
+KernelChoice choose_kernels(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
+                            const nlohmann::json& run_state) {
+  if (cfg.device.backend != "cpu") return {};
+  KernelChoiceInputs in;
+  in.bf16 = cfg.precision() == Precision::bf16;
+  in.fp32_forced = cpu::fp32_gemm_forced();
+  if (cpu::fp32_gemm_fixed()) in.fp32_process = cpu::fp32_gemm_choice();
+  if (in.bf16) {
+    in.forced = cpu::bf16_gemm_forced();
+    if (cpu::bf16_gemm_fixed()) in.process = cpu::bf16_gemm_path();
+  }
+  if (run_state.is_object()) {
+    if (run_state.contains("kernel_choices")) in.checkpoint = run_state["kernel_choices"];
+    in.resuming = run_state.size() > (run_state.contains("kernel_choices") ? 1u : 0u);
+  }
+  in.onednn_available = cpu::bf16_gemm_onednn_available();
+  in.cache_file = kernel_cache_file();
+  const int threads = std::max(1, plan.threads.blas);
+  const std::int64_t rows = plan.batch * plan.seq;
+  const auto shapes = bf16_probe_shapes(model, rows, head_chunk_tokens(model, plan.batch, plan.seq));
+  in.attention_forced = cpu::bf16_attention_forced();
+  in.pairs_available = cpu::bf16_pairs_available();
+  const AttnShape attention = attention_probe_shape(model, plan.seq);
+  in.key = kernel_cache_key(threads, shapes, attention);
+  in.fp32_probe = [&] { return cpu::probe_fp32_gemm(shapes, threads); };
+  in.probe = [&] { return cpu::probe_bf16_gemm(shapes, threads); };
+  in.attention_probe = [&] { return cpu::probe_bf16_attention(attention, threads); };
+  in.fix_fp32 = [](const cpu::Fp32GemmChoice& want) { return cpu::set_fp32_gemm_choice(want); };
+  KernelChoice c = decide_kernel_choice(in);
+  if (c.bf16) set_bf16(c);
   return c;
 }
 

@@ -128,13 +128,14 @@ int run_plan_command(const std::vector<std::string>& args) {
     std::string host_source, disk_source;
     std::string kernel_note;
     if (cfg.plan.hardware == "this") {
-      // The bf16 products' path and the attention's products `train` would take here (the cache, else the
-      // probes), set before anything runs a product, so the machine's figures and the op times come from
-      // the kernels the run uses.
+      // The fp32 products' libraries, the bf16 products' path and the attention's products `train` would
+      // take here (the cache, else the probes), set before anything runs a product, so the machine's figures and the op
+      // times come from the kernels the run uses.
       try {
         const actors::KernelChoice kc =
             actors::choose_kernels(cfg, model, actors::plan_engine(cfg, model), nlohmann::json::object());
-        if (kc.applies) kernel_note = kc.line() + "\nnote: " + kc.attention_line();
+        if (kc.applies) kernel_note = kc.fp32_line();
+        if (kc.bf16) kernel_note += "\nnote: " + kc.line() + "\nnote: " + kc.attention_line();
       } catch (const ConfigError&) {
         // a device budget that does not fit: the plan below reports it
       }

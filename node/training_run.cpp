@@ -311,7 +311,7 @@ bool TrainingRun::open_logs() {
   return true;
 }
 
-// The bf16 products' path, before the first product (node/kernel_choice.hpp), said once and logged.
+// The products' libraries and paths, before the first product (node/kernel_choice.hpp), said once and logged.
 bool TrainingRun::choose_kernel_paths() {
   KernelChoice c;
   try {
@@ -331,12 +331,15 @@ bool TrainingRun::choose_kernel_paths() {
       world->broadcast(cluster::Channel::control, 0, text, "rank 0's kernel choice");
     }
   } catch (const std::exception& e) {
-    return fail(std::string("choosing the bf16 kernels: ") + e.what());
+    return fail(std::string("choosing the kernels: ") + e.what());
   }
   if (!c.applies) return true;
   for (const auto& n : c.notes) say_(MessageStream::err, "megatrain: warning: " + n);
-  say_(MessageStream::out, "megatrain: " + c.line());
-  say_(MessageStream::out, "megatrain: " + c.attention_line());
+  say_(MessageStream::out, "megatrain: " + c.fp32_line());
+  if (c.bf16) {
+    say_(MessageStream::out, "megatrain: " + c.line());
+    say_(MessageStream::out, "megatrain: " + c.attention_line());
+  }
   kernel_choices_ = c.json();
   nlohmann::json ev{{"event", "kernel_choice"}, {"t", monitor::unix_seconds()}, {"step", result_.first_step}};
   ev.update(kernel_choices_);

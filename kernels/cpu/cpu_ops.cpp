@@ -66,6 +66,29 @@ void CpuOps::linear_backward(const float* dy, const float* x, const void* W, flo
   if (db_acc) colsum_add(dy, db_acc, N, out, threads_);  // bias gradients from the fp32 dy
 }
 
+void CpuOps::grouped_linear_forward(const float* x, const void* W, std::int64_t w_stride, const void* b,
+                                    std::int64_t b_stride, float* y, const std::int64_t* offsets, std::int64_t experts,
+                                    std::int64_t in, std::int64_t out) {
+  if (bf16()) {
+    Ops::grouped_linear_forward(x, W, w_stride, b, b_stride, y, offsets, experts, in, out);
+    return;
+  }
+  cpu::grouped_linear_forward(x, static_cast<const float*>(W), w_stride, static_cast<const float*>(b), b_stride, y,
+                              offsets, experts, in, out, threads_);
+}
+
+void CpuOps::grouped_linear_backward(const float* dy, const float* x, const void* W, std::int64_t w_stride, float* dx,
+                                     bool add, float* dW_acc, float* db_acc, std::int64_t b_stride,
+                                     const std::int64_t* offsets, std::int64_t experts, std::int64_t in,
+                                     std::int64_t out) {
+  if (bf16()) {
+    Ops::grouped_linear_backward(dy, x, W, w_stride, dx, add, dW_acc, db_acc, b_stride, offsets, experts, in, out);
+    return;
+  }
+  cpu::grouped_linear_backward(dy, x, static_cast<const float*>(W), w_stride, dx, add, dW_acc, db_acc, b_stride,
+                               offsets, experts, in, out, threads_);
+}
+
 void CpuOps::rmsnorm_forward(const float* x, const void* w, float* y, float* rstd, std::int64_t N, std::int64_t D,
                              float eps) {
   cpu::rmsnorm_forward(x, widened(w, D, 0), y, rstd, N, D, eps, threads_);

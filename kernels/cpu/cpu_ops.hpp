@@ -22,6 +22,14 @@ class CpuOps final : public Ops {
   void linear_backward(const float* dy, const float* x, const void* W, float* dx, bool add, float* dW_acc,
                        float* db_acc, std::int64_t N, std::int64_t in, std::int64_t out) override;
   void round_bf16(const float* x, bf16_t* y, std::size_t n) override;
+  // fp32: every expert's tiles in one parallel region (cpu::grouped_linear_*); bf16: one product each.
+  void grouped_linear_forward(const float* x, const void* W, std::int64_t w_stride, const void* b,
+                              std::int64_t b_stride, float* y, const std::int64_t* offsets, std::int64_t experts,
+                              std::int64_t in, std::int64_t out) override;
+  void grouped_linear_backward(const float* dy, const float* x, const void* W, std::int64_t w_stride, float* dx,
+                               bool add, float* dW_acc, float* db_acc, std::int64_t b_stride,
+                               const std::int64_t* offsets, std::int64_t experts, std::int64_t in,
+                               std::int64_t out) override;
   void rmsnorm_forward(const float* x, const void* w, float* y, float* rstd, std::int64_t N, std::int64_t D,
                        float eps) override;
   void rmsnorm_backward(const float* x, const void* w, const float* rstd, const float* dy, float* dx, float* dw_acc,

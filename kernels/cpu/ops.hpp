@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/op_shapes.hpp"  // RopeParams, AttnShape: the op seam's shapes
 
@@ -21,8 +22,6 @@ using mt::RopeParams;
 using mt::RouterKind;
 using mt::RouteShape;
 
-// OpenBLAS's own pool: set once per distinct value (cheap when unchanged).
-void set_blas_threads(int threads);
 // Ends the calling thread's OpenMP worker pool. libgomp keeps a thread's workers for its next parallel
 // region, and once the workers of all pools outnumber the cores it stops spin-waiting in every team:
 // each parallel region then wakes its workers from a futex. Measured here (2 cores, libgomp 12): a
@@ -33,11 +32,95 @@ void set_blas_threads(int threads);
 // the benchmarks) before compute's team starts.
 void release_thread_pool();
 
-// ---- matmul (oneDNN sgemm, or OpenBLAS with MEGATRAIN_GEMM=openblas; see matmul.cpp) ----
-// The GEMM library in use and what it dispatched to, e.g. "oneDNN 2.6.3 sgemm (avx512_core_amx)".
+// ---- matmul (oneDNN sgemm or OpenBLAS sgemm per product, chosen by measurement; see matmul.cpp) ----
+// The three products of a linear layer, by orientation: forward y = x W^T (NT), backward-input
+// dx = dy W (NN), backward-weight dW += dy^T x (TN).
+enum class LinearProduct { forward, backward_input, backward_weight };
+inline constexpr int kLinearProducts = 3;
+const char* linear_product_name(LinearProduct p);  // "forward" | "backward_input" | "backward_weight"
+
+// The fp32 products' library.
+enum class Fp32Gemm { onednn, openblas };
+const char* fp32_gemm_name(Fp32Gemm g);                            // "onednn" | "openblas"
+std::optional<Fp32Gemm> parse_fp32_gemm(const std::string& name);  // nullopt for anything else
+
+// The library of each of the three products, and of single layer shapes where it differs (one library
+// need not be the fastest on every shape of a product: the probe measures each of a run's layers).
+struct Fp32GemmChoice {
+  Fp32Gemm lib[kLinearProducts] = {Fp32Gemm::onednn, Fp32Gemm::onednn, Fp32Gemm::onednn};
+  struct Shape {  // product p of a layer with weights [out, in] runs on lib
+    LinearProduct product = LinearProduct::forward;
+    std::int64_t in = 0, out = 0;
+    Fp32Gemm lib = Fp32Gemm::onednn;
+    bool operator==(const Shape& o) const { return product == o.product && in == o.in && out == o.out && lib == o.lib; }
+  };
+  std::vector<Shape> shapes;
+  Fp32Gemm operator[](LinearProduct p) const { return lib[static_cast<int>(p)]; }
+  Fp32Gemm& operator[](LinearProduct p) { return lib[static_cast<int>(p)]; }
+  // Product p of a layer [out, in]: its shape's library when listed, else the product's.
+  Fp32Gemm of(LinearProduct p, std::int64_t in, std::int64_t out) const;
+  bool operator==(const Fp32GemmChoice& o) const;
+  bool operator!=(const Fp32GemmChoice& o) const { return !(*this == o); }
+  static Fp32GemmChoice all(Fp32Gemm g);
+  // "onednn" when the three agree, else "forward onednn, backward_input onednn, backward_weight openblas";
+  // then each listed shape, e.g. "; forward 256x1024 openblas" (the weights' [out, in]).
+  std::string str() const;
+};
+
+// The library MEGATRAIN_FP32_GEMM forces for all three products ("onednn" or "openblas"; read once),
+// nullopt when unset. Any other value throws std::invalid_argument naming the variable.
+std::optional<Fp32Gemm> fp32_gemm_forced();
+// What the products run (or will run, when none has yet): set, else forced, else oneDNN for all three
+// (the default of library callers and tests, which never probe).
+Fp32GemmChoice fp32_gemm_choice();
+// Whether the choice is fixed for this process: set_fp32_gemm_choice was called or a product ran.
+bool fp32_gemm_fixed();
+// Fixes the choice for the rest of the process and returns the one in effect (the forced library when
+// MEGATRAIN_FP32_GEMM is set). Asking again for the choice in effect is a no-op; asking for another once
+// fixed throws std::logic_error (a run's products must not change library under it).
+Fp32GemmChoice set_fp32_gemm_choice(const Fp32GemmChoice& c);
+// OpenBLAS's build and the core its kernels were picked for, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH
+// NO_AFFINITY Zen MAX_THREADS=64, core Zen" (OPENBLAS_CORETYPE, read when the library loads, changes the
+// core): with the CPU, what a measured choice is keyed by.
+std::string openblas_version();
+
+// One linear layer of a run, for the probes: `rows` tokens, weights [out, in].
+struct LinearShape {
+  std::int64_t rows = 0, in = 0, out = 0;
+};
+
+// What probe_fp32_gemm measured: per product and library, the sum over the probed shapes of each
+// product's best time.
+struct Fp32Probe {
+  std::vector<LinearShape> shapes;  // as timed (rows and out capped, as probe_bf16_gemm caps them)
+  int threads = 1, rounds = 0;
+  double onednn_s[kLinearProducts] = {}, openblas_s[kLinearProducts] = {};
+  double warmup_s = 0.0, wall_s = 0.0;
+  Fp32GemmChoice choice;  // per product by its sum over the shapes; a shape listed where it differs
+  // onednn_s / openblas_s for one product (> 1: OpenBLAS faster)
+  double openblas_speedup(LinearProduct p) const {
+    const int i = static_cast<int>(p);
+    return openblas_s[i] > 0 ? onednn_s[i] / openblas_s[i] : 0.0;
+  }
+};
+// OpenBLAS is chosen for a product when oneDNN takes at least this much longer on it; within the margin
+// oneDNN stays (noise must not flip the choice, and oneDNN is what runs without a probe).
+inline constexpr double kFp32OpenblasMargin = 1.10;
+// A layer shape runs on the other library than its product's when that one took at most 1/this of the
+// time on it: a wider margin, since one shape's times are fewer and noisier than a product's sum.
+inline constexpr double kFp32ShapeMargin = 1.5;
+// Times the three products of each shape on both libraries, split as the linear products split them, at
+// `threads` threads (one untimed warm-up each), alternating the libraries in rounds while under
+// `budget_s` (at least 2 rounds, at most 5), and picks per product by kFp32OpenblasMargin, then per
+// shape where a shape's own times favour the other library by kFp32ShapeMargin. Rows are cut
+// to 0.25 GFLOP a product (multiples of 64, at least 64), out to 8M weight elements. Fixes nothing.
+Fp32Probe probe_fp32_gemm(const std::vector<LinearShape>& shapes, int threads, double budget_s = 0.2);
+
+// The GEMM library of each product and what it dispatched to, e.g. "oneDNN 2.6.3 sgemm (avx512_core_amx)",
+// or per product when they differ.
 const char* gemm_backend_name();
 // C[M, N] = op(A) op(B) + beta C, row-major, on the calling thread only (for kernels that split work
-// themselves, e.g. attention's tiles); the same library as the linear products.
+// themselves, e.g. attention's tiles): oneDNN's sgemm, whatever the linear products' choice.
 void sgemm_serial(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
                   const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc);
 // y[N, out] = x[N, in] W^T (+ bias)
@@ -49,6 +132,16 @@ void linear_backward_input(const float* dy, const float* W, float* dx, std::int6
 // dW_acc[out, in] += dy^T x ; dbias_acc[out] += column sums of dy (when non-null)
 void linear_backward_weight(const float* dy, const float* x, float* dW_acc, float* dbias_acc, std::int64_t N,
                             std::int64_t in, std::int64_t out, int threads);
+// The grouped products of a mixture's experts (ops.hpp's grouped_linear_*, fp32): rows offsets[e] ..
+// offsets[e + 1] through expert e's W + e * w_stride ([out, in]) and bias + e * b_stride (bias, dx and
+// db_acc may be null). The bits of one linear product per expert, in one parallel region over every
+// expert's tiles (matmul.cpp).
+void grouped_linear_forward(const float* x, const float* W, std::int64_t w_stride, const float* bias,
+                            std::int64_t b_stride, float* y, const std::int64_t* offsets, std::int64_t experts,
+                            std::int64_t in, std::int64_t out, int threads);
+void grouped_linear_backward(const float* dy, const float* x, const float* W, std::int64_t w_stride, float* dx,
+                             bool add, float* dW_acc, float* db_acc, std::int64_t b_stride, const std::int64_t* offsets,
+                             std::int64_t experts, std::int64_t in, std::int64_t out, int threads);
 // db_acc[D] += sum over rows of dy[N, D], rows in order per column.
 void colsum_add(const float* dy, float* db_acc, std::int64_t N, std::int64_t D, int threads);
 

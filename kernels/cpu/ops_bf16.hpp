@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/cpu/bf16.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "kernels/precision.hpp"
 
 namespace mt::cpu {
@@ -71,10 +72,8 @@ bool bf16_gemm_fixed();
 // (a run's products must not change path under it).
 Bf16Gemm set_bf16_gemm_path(Bf16Gemm p);
 
-// One linear layer of a run, for the probe: `rows` tokens, weights [out, in].
-struct Bf16ProbeShape {
-  std::int64_t rows = 0, in = 0, out = 0;
-};
+// One linear layer of a run, for the probe (ops.hpp).
+using Bf16ProbeShape = LinearShape;
 
 // What probe_bf16_gemm measured: per path, the sum over the probed products of each product's best time.
 struct Bf16Probe {

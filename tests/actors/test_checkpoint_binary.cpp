@@ -429,3 +429,63 @@ TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's kernel choices,
                                        "cannot run") &&
                            Catch::Contains("continuing on the widened path") && Catch::Contains("step    14 | loss"));
 }
+
+// The fp32 products' libraries are part of the run state too: a resume takes the checkpoint's, not the
+// cache's, and continues bit for bit; a fresh run takes the cache's; the other libraries give other bits.
+TEST_CASE("megatrain train: an fp32 resume keeps the checkpoint's GEMM libraries, bit for bit",
+          "[actors][checkpoint][node]") {
+  TempDir dir("fp32gemm");
+  const fs::path shard = make_shard(dir.path, 8192);
+  const fs::path cache = dir.path / "cache", file = cache / "megatrain" / "kernel_choices.json";
+  const std::string env = "env -u MEGATRAIN_FP32_GEMM XDG_CACHE_HOME=" + cache.string();
+  const std::string steps = " --train.max_steps=12";
+  // b: 6 steps with the libraries measured (and cached), then resumed to 12.
+  const Outcome b1 = mt::test::run_node(tiny_args(dir.path / "b", shard) + steps + " --train.stop_after_steps=6", env);
+  INFO(b1.out);
+  REQUIRE(b1.code == 0);
+  const nlohmann::json chosen =
+      mt::ckpt::CheckpointReader::open(dir.path / "b").run_state()["kernel_choices"]["fp32_gemm"];
+  REQUIRE(chosen.is_object());
+  CHECK_THAT(b1.out, Catch::Contains("fp32 products: ") && Catch::Contains(" (probe: OpenBLAS at "));
+  // The cache says what b measured; make it say the opposite for every product, which the resume must not follow.
+  auto j = nlohmann::json::parse(slurp(file));
+  REQUIRE(j["entries"].size() == 1);
+  CHECK(j["entries"][0]["fp32_gemm"] == chosen);
+  nlohmann::json flipped = chosen;
+  flipped.erase("shapes");  // the products alone, each on the other library
+  for (auto& [product, lib] : flipped.items()) lib = lib == "onednn" ? "openblas" : "onednn";
+  j["entries"][0]["fp32_gemm"] = flipped;
+  std::ofstream(file) << j.dump();
+  const Outcome b2 =
+      mt::test::run_node(tiny_args(dir.path / "b", shard) + steps + " --train.resume_from_checkpoint=latest", env);
+  INFO(b2.out);
+  REQUIRE(b2.code == 0);
+  CHECK_THAT(b2.out, Catch::Contains("(from the checkpoint)"));
+  CHECK(mt::ckpt::CheckpointReader::open(dir.path / "b").run_state()["kernel_choices"]["fp32_gemm"] == chosen);
+  // c: a fresh run takes the cache's (flipped) libraries without probing; its bits differ from b's.
+  const Outcome c = mt::test::run_node(tiny_args(dir.path / "c", shard) + steps, env);
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  CHECK_THAT(c.out, Catch::Contains("(measured earlier on this machine"));
+  CHECK(mt::ckpt::CheckpointReader::open(dir.path / "c").run_state()["kernel_choices"]["fp32_gemm"] == flipped);
+  CHECK_FALSE(same_checkpoints(dir.path / "b" / "step-00000012", dir.path / "c" / "step-00000012"));
+  // a: 12 steps uninterrupted on b's libraries (the cache put back): the same bits as the resumed b.
+  j["entries"][0]["fp32_gemm"] = chosen;
+  std::ofstream(file) << j.dump();
+  const Outcome a = mt::test::run_node(tiny_args(dir.path / "a", shard) + steps, env);
+  INFO(a.out);
+  REQUIRE(a.code == 0);
+  const auto ra = jsonl(dir.path / "a" / "train.jsonl");
+  const auto rb = jsonl(dir.path / "b" / "train.jsonl");
+  REQUIRE(ra.size() == 12);
+  REQUIRE(rb.size() == 12);
+  for (std::size_t i = 0; i < 12; ++i) CHECK(rb[i]["loss"].get<double>() == ra[i]["loss"].get<double>());
+  CHECK(same_checkpoints(dir.path / "a" / "step-00000012", dir.path / "b" / "step-00000012"));
+  int logged = 0;
+  for (const auto& e : jsonl(dir.path / "b" / "events.jsonl"))
+    if (e["event"] == "kernel_choice") {
+      ++logged;
+      CHECK(e["fp32_gemm"]["backward_weight"] == chosen["backward_weight"]);
+    }
+  CHECK(logged == 2);
+}

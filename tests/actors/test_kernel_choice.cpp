@@ -17,6 +17,9 @@
 namespace fs = std::filesystem;
 using mt::cpu::AttnProducts;
 using mt::cpu::Bf16Gemm;
+using mt::cpu::Fp32Gemm;
+using mt::cpu::Fp32GemmChoice;
+using mt::cpu::LinearProduct;
 using namespace mt::actors;
 
 namespace {
@@ -26,6 +29,7 @@ KernelCacheKey key(int threads = 2, const std::string& shapes = "512x384x384") {
   k.cpu = "Test CPU (family 25 model 17)";
   k.isa = "avx2 avx512f avx512_bf16 onednn:avx512_core_bf16";
   k.onednn = "2.6.3";
+  k.blas = "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64, core Zen";
   k.threads = threads;
   k.shapes = shapes;
   return k;
@@ -48,7 +52,24 @@ void write_text(const fs::path& p, const std::string& text) {
 
 // Probes that count their calls and return fixed verdicts.
 struct FakeProbe {
-  int calls = 0, attention_calls = 0;
+  int calls = 0, attention_calls = 0, fp32_calls = 0;
+  mt::cpu::Fp32GemmChoice fp32;  // oneDNN for all three unless a test says otherwise
+  std::function<mt::cpu::Fp32Probe()> fp32_fn() {
+    return [this] {
+      ++fp32_calls;
+      mt::cpu::Fp32Probe p;
+      p.shapes = {{512, 384, 384}};
+      p.threads = 2;
+      p.rounds = 2;
+      for (int i = 0; i < mt::cpu::kLinearProducts; ++i) {
+        p.onednn_s[i] = 0.010;
+        p.openblas_s[i] = fp32.lib[i] == Fp32Gemm::openblas ? 0.005 : 0.012;
+      }
+      p.wall_s = 0.07;
+      p.choice = fp32;
+      return p;
+    };
+  }
   Bf16Gemm choice = Bf16Gemm::onednn;
   AttnProducts attention = AttnProducts::bf16_pairs;
   std::function<mt::cpu::AttnProbe()> attention_fn() {
@@ -89,6 +110,7 @@ KernelChoiceInputs inputs(const fs::path& cache, FakeProbe& probe) {
   in.onednn_available = true;
   in.cache_file = cache;
   in.key = key();
+  in.fp32_probe = probe.fp32_fn();
   in.probe = probe.fn();
   in.attention_probe = probe.attention_fn();
   in.now_unix = [] { return 1.7e9; };
@@ -149,6 +171,9 @@ TEST_CASE("kernel choice cache: entries round-trip, keyed by every field", "[act
   CHECK_FALSE(read_kernel_cache(file, k, warning));
   k = key();
   k.isa = "avx2";
+  CHECK_FALSE(read_kernel_cache(file, k, warning));
+  k = key();
+  k.blas = "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64, core Haswell";  // OPENBLAS_CORETYPE
   CHECK_FALSE(read_kernel_cache(file, k, warning));
   CHECK(warning.empty());
   // Rewriting a key replaces its entry, keeping the others.
@@ -316,7 +341,11 @@ TEST_CASE("kernel choice: forced, then this process, the checkpoint, the cache, 
     CHECK(c.bf16_gemm == Bf16Gemm::widened);
     CHECK(c.source == "unavailable");
     CHECK(probe.calls == 0);
-    CHECK_FALSE(fs::exists(file));
+    std::string w;
+    const auto e = read_kernel_cache(file, key(), w);  // the fp32 choice alone
+    REQUIRE(e);
+    CHECK(e->fp32_gemm);
+    CHECK_FALSE(e->bf16_gemm);
   }
   SECTION("no cache directory: probed every time, said") {
     KernelChoiceInputs in = inputs("", probe);
@@ -363,6 +392,14 @@ TEST_CASE("kernel choice: the probe's shapes are the run's linear layers", "[act
   gpt2.arch = mt::Arch::gpt2;
   CHECK(bf16_probe_shapes(gpt2, 64, 0)[0].out == 3 * 384);
   CHECK(bf16_probe_shapes(gpt2, 64, 0).size() == 4);
+  mt::ModelConfig mixtral = llama;  // 8 experts of width 512, top-2: an expert's share of 512 rows is 128
+  mixtral.num_experts = 8;
+  mixtral.num_experts_per_tok = 2;
+  mixtral.moe_intermediate_size = 512;
+  const auto m = bf16_probe_shapes(mixtral, 512, 0);
+  REQUIRE(m.size() == 4);
+  CHECK((m[2].rows == 128 && m[2].in == 384 && m[2].out == 512));
+  CHECK((m[3].rows == 128 && m[3].in == 512 && m[3].out == 384));
   const mt::AttnShape a = attention_probe_shape(llama, 4096);  // cut to 1024 positions
   CHECK((a.q_heads == 6 && a.kv_heads == 2 && a.head_dim == 64 && a.seq == 1024 && a.batch == 1));
   CHECK((a.q_stride == 384 && a.kv_stride == 128 && a.o_stride == 384));
@@ -494,4 +531,200 @@ TEST_CASE("kernel choice: the attention's probe measures both products and picks
   } else {
     CHECK(p.choice == AttnProducts::fp32);
   }
+}
+
+namespace {
+
+Fp32GemmChoice weight_on_openblas() {
+  Fp32GemmChoice c;
+  c[LinearProduct::backward_weight] = Fp32Gemm::openblas;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("kernel choice: the fp32 products' libraries, forced, this process, the checkpoint, the cache, the probe",
+          "[actors][kernel_choice]") {
+  mt::test::TempDir dir("kfp32");
+  const fs::path file = dir.path / "kernel_choices.json";
+  FakeProbe probe;
+  probe.fp32 = weight_on_openblas();
+  auto fp32_only = [&] {
+    KernelChoiceInputs in = inputs(file, probe);
+    in.bf16 = false;
+    return in;
+  };
+
+  SECTION("an fp32 run, nothing known: probed, cached, then from the cache; nothing of bf16 chosen") {
+    const KernelChoice c = decide_kernel_choice(fp32_only());
+    CHECK((probe.fp32_calls == 1 && probe.calls == 0 && probe.attention_calls == 0));
+    CHECK(c.applies);
+    CHECK_FALSE(c.bf16);
+    CHECK(c.fp32_source == "probe");
+    CHECK(c.fp32_gemm == weight_on_openblas());
+    CHECK_THAT(c.fp32_line(), Catch::StartsWith("fp32 products: forward onednn, backward_input onednn, "
+                                                "backward_weight openblas (probe: OpenBLAS at 0.83x forward, 0.83x "
+                                                "backward_input, 2.00x backward_weight of oneDNN's speed") &&
+                                  Catch::Contains("OpenBLAS needs 1.10x") &&
+                                  Catch::Contains("cached in " + file.string()));
+    const nlohmann::json j = c.json();
+    CHECK_FALSE(j.contains("bf16_gemm"));
+    CHECK(j["fp32_gemm"]["backward_weight"] == "openblas");
+    CHECK(j["fp32_gemm"]["forward"] == "onednn");
+    CHECK(j["fp32_gemm"]["source"] == "probe");
+    CHECK(j["fp32_gemm"]["probe"]["openblas_s"][2].get<double>() == 0.005);
+    std::string w;
+    const auto e = read_kernel_cache(file, key(), w);
+    REQUIRE(e);
+    CHECK(e->fp32_gemm == weight_on_openblas());
+    CHECK(e->fp32_onednn_s[2] == 0.010);
+    CHECK(e->fp32_openblas_s[2] == 0.005);
+    CHECK_FALSE(e->bf16_gemm);
+    const KernelChoice again = decide_kernel_choice(fp32_only());
+    CHECK(probe.fp32_calls == 1);
+    CHECK(again.fp32_source == "cache");
+    CHECK(again.fp32_gemm == weight_on_openblas());
+    // A bf16 run of the same model then adds its own choices to the entry, the fp32 one from the cache.
+    const KernelChoice b = decide_kernel_choice(inputs(file, probe));
+    CHECK((probe.fp32_calls == 1 && probe.calls == 1));
+    CHECK(b.fp32_source == "cache");
+    CHECK(read_kernel_cache(file, key(), w)->fp32_gemm == weight_on_openblas());
+    CHECK(read_kernel_cache(file, key(), w)->bf16_gemm == Bf16Gemm::onednn);
+  }
+  SECTION("layer shapes on the other library: probed, cached and recorded with the choice") {
+    probe.fp32.shapes.push_back({LinearProduct::forward, 384, 1024, Fp32Gemm::openblas});
+    const KernelChoice c = decide_kernel_choice(fp32_only());
+    CHECK_THAT(c.fp32_line(), Catch::StartsWith("fp32 products: forward onednn, backward_input onednn, "
+                                                "backward_weight openblas; forward 1024x384 openblas (probe: "));
+    const nlohmann::json j = c.json()["fp32_gemm"];
+    REQUIRE(j["shapes"].size() == 1);
+    CHECK(j["shapes"][0] == nlohmann::json{{"product", "forward"}, {"in", 384}, {"out", 1024}, {"lib", "openblas"}});
+    const KernelChoice again = decide_kernel_choice(fp32_only());
+    CHECK((again.fp32_source == "cache" && again.fp32_gemm == probe.fp32));
+    KernelChoiceInputs in = fp32_only();
+    in.resuming = true;
+    in.checkpoint = {{"fp32_gemm", j}};  // the event's form, as a rank or a run state carries it
+    const KernelChoice r = decide_kernel_choice(in);
+    CHECK((r.fp32_source == "checkpoint" && r.fp32_gemm == probe.fp32));
+    in.checkpoint["fp32_gemm"]["shapes"][0]["lib"] = "mkl";  // malformed: said, and taken as never recorded
+    const KernelChoice m = decide_kernel_choice(in);
+    CHECK(m.fp32_source == "cache");
+    CHECK_FALSE(m.notes.empty());
+  }
+  SECTION("the choice is fixed before the bf16 probe runs (its widened path runs on it)") {
+    KernelChoiceInputs in = inputs(file, probe);
+    std::vector<std::string> order;
+    in.fix_fp32 = [&](const Fp32GemmChoice& c) {
+      order.push_back("fix " + c.str());
+      return c;
+    };
+    auto bf16_probe = probe.fn();
+    in.probe = [&] {
+      order.push_back("bf16 probe");
+      return bf16_probe();
+    };
+    decide_kernel_choice(in);
+    REQUIRE(order.size() == 2);
+    CHECK(order[0] == "fix forward onednn, backward_input onednn, backward_weight openblas");
+    CHECK(order[1] == "bf16 probe");
+  }
+  SECTION("what the process fixes is what is said") {
+    KernelChoiceInputs in = fp32_only();
+    in.fix_fp32 = [](const Fp32GemmChoice&) { return Fp32GemmChoice::all(Fp32Gemm::onednn); };
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.fp32_gemm == Fp32GemmChoice::all(Fp32Gemm::onednn));
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("the fp32 products run on onednn"));
+  }
+  SECTION("the checkpoint's choice wins over the cache and the probe, in either recorded form") {
+    KernelChoiceInputs in = fp32_only();
+    in.resuming = true;
+    in.checkpoint = {
+        {"fp32_gemm", {{"forward", "openblas"}, {"backward_input", "onednn"}, {"backward_weight", "onednn"}}}};
+    KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.fp32_source == "checkpoint");
+    CHECK(c.fp32_gemm[LinearProduct::forward] == Fp32Gemm::openblas);
+    CHECK(c.fp32_gemm[LinearProduct::backward_weight] == Fp32Gemm::onednn);
+    CHECK(c.fp32_line() ==
+          "fp32 products: forward openblas, backward_input onednn, backward_weight onednn (from the checkpoint)");
+    // The event's form (what rank 0 sends the other ranks, not a resume) reads the same.
+    in.resuming = false;
+    in.checkpoint = {{"fp32_gemm",
+                      {{"path", "openblas"},
+                       {"forward", "openblas"},
+                       {"backward_input", "openblas"},
+                       {"backward_weight", "openblas"},
+                       {"source", "probe"}}}};
+    c = decide_kernel_choice(in);
+    CHECK((c.fp32_source == "checkpoint" && c.fp32_gemm == Fp32GemmChoice::all(Fp32Gemm::openblas)));
+    CHECK(c.notes.empty());
+    CHECK(probe.fp32_calls == 0);
+  }
+  SECTION("a checkpoint written before the choice existed ran oneDNN, and keeps it") {
+    std::string w;
+    KernelCacheEntry e;
+    e.key = key();
+    e.fp32_gemm = weight_on_openblas();
+    REQUIRE(write_kernel_cache(file, e, w));
+    KernelChoiceInputs in = fp32_only();
+    in.resuming = true;  // an fp32 run state: no kernel_choices at all
+    KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.fp32_source == "checkpoint");
+    CHECK(c.fp32_gemm == Fp32GemmChoice::all(Fp32Gemm::onednn));
+    CHECK_THAT(c.fp32_detail, Catch::Contains("written before the fp32 choice existed"));
+    in = inputs(file, probe);  // a bf16 run state: the bf16 path, no fp32_gemm
+    in.resuming = true;
+    in.checkpoint = {{"bf16_gemm", "widened"}};
+    c = decide_kernel_choice(in);
+    CHECK((c.fp32_source == "checkpoint" && c.fp32_gemm == Fp32GemmChoice::all(Fp32Gemm::onednn)));
+    CHECK((c.source == "checkpoint" && c.bf16_gemm == Bf16Gemm::widened));
+    CHECK(probe.fp32_calls == 0);
+  }
+  SECTION("a malformed record: said, and measured again") {
+    KernelChoiceInputs in = fp32_only();
+    in.checkpoint = {{"fp32_gemm", {{"forward", "mkl"}}}};
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.fp32_source == "probe");
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("kernel_choices.fp32_gemm is"));
+  }
+  SECTION("MEGATRAIN_FP32_GEMM wins over everything, and says what it changes") {
+    KernelChoiceInputs in = fp32_only();
+    in.fp32_forced = Fp32Gemm::onednn;
+    in.fp32_process = weight_on_openblas();
+    in.resuming = true;
+    in.checkpoint = {{"fp32_gemm", "openblas"}};
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK(c.fp32_source == "forced");
+    CHECK(c.fp32_line() == "fp32 products: onednn (forced by MEGATRAIN_FP32_GEMM)");
+    REQUIRE(c.notes.size() == 1);
+    CHECK_THAT(c.notes[0], Catch::Contains("the checkpoint's run computed its fp32 products on openblas") &&
+                               Catch::Contains("bits differ"));
+    CHECK(probe.fp32_calls == 0);
+    CHECK_FALSE(fs::exists(file));  // nothing measured, nothing cached
+  }
+  SECTION("a choice fixed earlier in this process stays") {
+    KernelChoiceInputs in = fp32_only();
+    in.fp32_process = Fp32GemmChoice::all(Fp32Gemm::onednn);
+    const KernelChoice c = decide_kernel_choice(in);
+    CHECK((c.fp32_source == "process" && c.fp32_gemm == Fp32GemmChoice::all(Fp32Gemm::onednn)));
+    CHECK(c.notes.empty());
+    CHECK(probe.fp32_calls == 0);
+  }
+}
+
+TEST_CASE("kernel choice cache: an entry written before OpenBLAS was in the key never matches",
+          "[actors][kernel_choice]") {
+  mt::test::TempDir dir("kold");
+  const fs::path file = dir.path / "kernel_choices.json";
+  write_text(file, "{\"format\": \"megatrain-kernel-choices\", \"format_version\": 1, \"entries\": [{\"cpu\": \"" +
+                       key().cpu + "\", \"isa\": \"" + key().isa +
+                       "\", \"onednn\": \"2.6.3\", \"threads\": 2, \"shapes\": \"" + key().shapes +
+                       "\", \"bf16_gemm\": \"widened\"}]}");
+  std::string w;
+  KernelCacheKey old = key();
+  old.blas = "";
+  REQUIRE(read_kernel_cache(file, old, w));  // read, keyed by an empty blas
+  CHECK(w.empty());
+  CHECK_FALSE(read_kernel_cache(file, key(), w));
 }

@@ -200,3 +200,29 @@ TEST_CASE("the best is taken over what ran, failures stay in the table and out o
         "\"torch_compile_s_pypi_2thr_bf16_sdpa_compile_t64\",\"ratio\":null,\"target\":null,\"unit\":\"s\","
         "\"value\":88.5}\n");
 }
+
+TEST_CASE("the sweep's eager configurations: ordered by the interpreter's probe, the far slower cut",
+          "[bench][torch_peer]") {
+  mt::bench::TorchInterpreter in = config(true, true, TorchCompile::eager).interp;
+  std::vector<std::string> notes;
+  auto names = [&](const mt::bench::TorchInterpreter& i) {
+    std::string s;
+    for (const auto& c : mt::bench::eager_configs(i, {1, 2}, 4.0, notes)) s += (s.empty() ? "" : " ") + c.name();
+    return s;
+  };
+  // No probe: the old order, bf16 and SDPA first.
+  CHECK(names(in) ==
+        "pypi_2thr_bf16_sdpa pypi_2thr_bf16_masked pypi_2thr_fp32_sdpa pypi_2thr_fp32_masked "
+        "pypi_1thr_bf16_sdpa pypi_1thr_bf16_masked pypi_1thr_fp32_sdpa pypi_1thr_fp32_masked");
+  // fp32 faster, masked faster, within the cut: both kept, the faster first.
+  in.probe_fp32_s = 0.1, in.probe_bf16_s = 0.2, in.probe_masked_s = 0.01, in.probe_sdpa_s = 0.02;
+  CHECK(names(in) ==
+        "pypi_2thr_fp32_masked pypi_2thr_fp32_sdpa pypi_2thr_bf16_masked pypi_2thr_bf16_sdpa "
+        "pypi_1thr_fp32_masked pypi_1thr_fp32_sdpa pypi_1thr_bf16_masked pypi_1thr_bf16_sdpa");
+  CHECK(notes.empty());
+  // bf16 without native support: 60x fp32, never run, said.
+  in.probe_bf16_s = 6.0;
+  CHECK(names(in) == "pypi_2thr_fp32_masked pypi_2thr_fp32_sdpa pypi_1thr_fp32_masked pypi_1thr_fp32_sdpa");
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Catch::Contains("pypi: bf16 not run (its probe took 60"));
+}

@@ -41,3 +41,20 @@ TEST_CASE("the peer script's failed compile comes back as such", "[bench][torch_
   }
   unsetenv("CXX");
 }
+
+// Each interpreter found is probed (train_step_torch.py --probe): its fp32 and attention times, and bf16
+// and SDPA where its torch has them.
+TEST_CASE("the peer script's probe times each precision and attention the interpreter has", "[bench][torch_peer]") {
+  std::vector<std::string> notes;
+  mt::bench::TorchPeerOptions opt;
+  opt.threads = 1;
+  const std::vector<mt::bench::TorchInterpreter> found = mt::bench::torch_interpreters(notes, opt);
+  if (found.empty()) std::exit(77);
+  for (const mt::bench::TorchInterpreter& in : found) {
+    CAPTURE(in.python, in.torch_version);
+    CHECK(in.probe_fp32_s > 0);
+    CHECK(in.probe_masked_s > 0);
+    CHECK((in.probe_bf16_s > 0) == in.autocast_bf16);
+    CHECK((in.probe_sdpa_s > 0) == in.sdpa);
+  }
+}

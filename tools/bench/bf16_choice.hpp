@@ -2,7 +2,8 @@
 // bench's own shapes at its thread count (cpu::probe_bf16_gemm, as node/kernel_choice.hpp does, without
 // the cache), unless MEGATRAIN_BF16_GEMM forces one (the old rule, for a before/after: =widened on a CPU
 // without AMX). Call before the first bf16 product: the path is fixed once per process. The attention's
-// products are chosen the same way (choose_bf16_attention; MEGATRAIN_BF16_ATTENTION forces them).
+// products are chosen the same way (choose_bf16_attention; MEGATRAIN_BF16_ATTENTION forces them), and so
+// are the fp32 products' libraries (choose_fp32_gemm, before any product; MEGATRAIN_FP32_GEMM forces them).
 #pragma once
 #include <cstdio>
 #include <string>
@@ -13,6 +14,22 @@
 #include "kernels/cpu/ops_bf16.hpp"
 
 namespace mt::bench {
+
+// Fixes the fp32 products' library per product and returns how it was chosen, in words.
+inline std::string choose_fp32_gemm(const std::vector<cpu::LinearShape>& shapes, int threads) {
+  if (const auto f = cpu::fp32_gemm_forced())
+    return cpu::set_fp32_gemm_choice(cpu::Fp32GemmChoice::all(*f)).str() + " (forced by MEGATRAIN_FP32_GEMM)";
+  const cpu::Fp32Probe p = cpu::probe_fp32_gemm(shapes, threads);
+  cpu::set_fp32_gemm_choice(p.choice);
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                " (probe: OpenBLAS at %.2fx forward, %.2fx backward_input, %.2fx backward_weight of oneDNN's speed on "
+                "%zu shapes at %d threads, %d rounds, %.0f ms; OpenBLAS needs %.2fx)",
+                p.openblas_speedup(cpu::LinearProduct::forward), p.openblas_speedup(cpu::LinearProduct::backward_input),
+                p.openblas_speedup(cpu::LinearProduct::backward_weight), p.shapes.size(), p.threads, p.rounds,
+                1e3 * p.wall_s, cpu::kFp32OpenblasMargin);
+  return p.choice.str() + buf;
+}
 
 // Fixes the path and returns how it was chosen, in words.
 inline std::string choose_bf16_path(const std::vector<cpu::Bf16ProbeShape>& shapes, int threads) {

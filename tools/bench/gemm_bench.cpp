@@ -12,7 +12,8 @@
 //   bf16_widened_sgemm  bf16 inputs widened to fp32 (exact), then dnnl_sgemm; widening included
 //   openblas_<core>     OpenBLAS with the core that fits the CPU's features forced (OPENBLAS_CORETYPE,
 //                       in a child process: the library reads it only when it loads)
-//   ours                kernels/cpu linear_forward / linear_backward_input / linear_backward_weight
+//   ours                kernels/cpu linear_forward / linear_backward_input / linear_backward_weight, on
+//                       the library per product a run would measure here (MEGATRAIN_FP32_GEMM forces one)
 //   ours_bf16           their bf16 versions (ops_bf16.hpp), on the operands rounded to bf16, on the path a
 //                       run would measure here (bf16_choice.hpp; MEGATRAIN_BF16_GEMM forces one)
 // Figures: gemm_fp32_best (the in-process fp32 libraries, the ceiling bench_train_step uses) and
@@ -21,7 +22,7 @@
 // gemm_ours_vs_best), ours in bf16 against the best bf16 rate (gemm_ours_bf16_vs_best), and one core's
 // fp32 FMA and vdpbf16ps peaks (isa_peak.hpp: why bf16 cannot beat fp32 without AMX on some CPUs).
 //
-// usage: bench_gemm [threads=all] [tokens=1024] [reps=3]
+// usage: bench_gemm [threads=all] [tokens=1024] [rounds=3]
 #include <omp.h>
 
 #include <algorithm>
@@ -146,12 +147,16 @@ static int run(int argc, char** argv) {
   for (const std::int64_t d : {768, 256})
     for (const auto& io : {std::pair{d, d}, std::pair{d, 3 * d}, std::pair{d, 4 * d}, std::pair{4 * d, d}})
       layers.push_back({tokens, io.first, io.second});
+  // ours runs the fp32 libraries a run would measure here, on the same layers (first: the bf16 probe's
+  // widened path runs on them).
+  const std::string fp32_choice = mt::bench::choose_fp32_gemm(layers, threads);
   const std::string bf16_path = mt::bench::choose_bf16_path(layers, threads);
   std::printf(
-      "gemm: %s\n  ISA: %s\n  OpenBLAS core: %s (%s)\n  our GEMM: %s\n  our bf16 GEMM: %s\n  our bf16 path: %s\n",
+      "gemm: %s\n  ISA: %s\n  OpenBLAS core: %s (%s)\n  our fp32 libraries: %s\n  our GEMM: %s\n  our bf16 GEMM: "
+      "%s\n  our bf16 path: %s\n",
       mt::bench::cpu_model().c_str(), isa.c_str(), mt::bench::openblas_core().c_str(),
-      env_core && *env_core ? "OPENBLAS_CORETYPE set" : "as detected", mt::cpu::gemm_backend_name(),
-      mt::cpu::linear_bf16_impl_name(tokens, 768, 768), bf16_path.c_str());
+      env_core && *env_core ? "OPENBLAS_CORETYPE set" : "as detected", fp32_choice.c_str(),
+      mt::cpu::gemm_backend_name(), mt::cpu::linear_bf16_impl_name(tokens, 768, 768), bf16_path.c_str());
   const char* core = fitting_openblas_core(isa);
   std::vector<std::vector<double>> forced;
   if (core) {
@@ -164,9 +169,11 @@ static int run(int argc, char** argv) {
   mt::bench::Report report("gemm");
   // What the units can do at all: a bf16 GEMM without AMX runs on one of these two instructions.
   const mt::bench::IsaPeaks peak = mt::bench::isa_peaks(5);
-  std::printf("  one core's peak: fp32 FMA %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s (%.2fx FMA)\n", peak.fma_fp32 / 1e9,
-              peak.dpbf16 / 1e9, peak.fma_fp32 > 0 ? peak.dpbf16 / peak.fma_fp32 : 0.0);
+  std::printf("  one core's peak: fp32 FMA %.1f GFLOP/s (%s; zmm %.1f, ymm %.1f), vdpbf16ps %.1f GFLOP/s (%.2fx FMA)\n",
+              peak.fma_fp32 / 1e9, *peak.fma_isa ? peak.fma_isa : "no FMA measured", peak.fma_avx512 / 1e9,
+              peak.fma_avx2 / 1e9, peak.dpbf16 / 1e9, peak.fma_fp32 > 0 ? peak.dpbf16 / peak.fma_fp32 : 0.0);
   report.add({"gemm_core_peak_fp32_fma", peak.fma_fp32, "FLOP/s", 0});
+  report.add({"gemm_core_peak_fp32_fma_ymm", peak.fma_avx2, "FLOP/s", peak.fma_fp32});
   report.add({"gemm_core_peak_bf16_dpbf16", peak.dpbf16, "FLOP/s", peak.fma_fp32});
   constexpr int kLibs = static_cast<int>(GemmLib::kNum);
   for (std::size_t ti = 0; ti < counts.size(); ++ti) {
@@ -179,10 +186,15 @@ static int run(int argc, char** argv) {
     double ours16_sum_t = 0, best16_sum_t = 0;
     for (std::size_t si = 0; si < uniq.size(); ++si) {
       const GemmShape& s = uniq[si];
-      double r[kLibs];
-      for (int l = 0; l < kLibs; ++l) r[l] = mt::bench::gemm_rate(static_cast<GemmLib>(l), s, t, reps);
-      const double ours = ours_rate(s, t, reps), f = forced.empty() ? 0 : forced[ti][si];
-      const double ours16 = ours_bf16_rate(s, t, reps);
+      double r[kLibs] = {}, ours = 0, ours16 = 0;
+      // Rounds that time every candidate once each (after its warm-up), each keeping its best: a busy
+      // moment of a shared machine then hits them alike, not one candidate's whole series.
+      for (int round = 0; round < reps; ++round) {
+        for (int l = 0; l < kLibs; ++l) r[l] = std::max(r[l], mt::bench::gemm_rate(static_cast<GemmLib>(l), s, t, 1));
+        ours = std::max(ours, ours_rate(s, t, 1));
+        ours16 = std::max(ours16, ours_bf16_rate(s, t, 1));
+      }
+      const double f = forced.empty() ? 0 : forced[ti][si];
       // The in-process fp32 libraries (the ceiling the train-step bench uses too), and the bf16 candidates.
       double fp32 = 0, bf16 = 0;
       for (int l = 0; l < kLibs; ++l) {

@@ -106,6 +106,11 @@ int main(int argc, char** argv) {
   std::printf("moe: mixture-of-experts training on the CPU backend, %d threads\n", threads);
   std::printf("  CPU: %s\n  ISA: %s\n", cpu_model().c_str(), cpu_isa_flags().c_str());
   std::printf(
+      "  fp32 products: %s\n",
+      choose_fp32_gemm({{tokens, d, 3 * d}, {tokens, d, d}, {mean_rows, d, kExpertWidth}, {mean_rows, kExpertWidth, d}},
+                       threads)
+          .c_str());
+  std::printf(
       "  bf16 products: %s\n",
       choose_bf16_path({{tokens, d, 3 * d}, {tokens, d, d}, {mean_rows, d, kExpertWidth}, {mean_rows, kExpertWidth, d}},
                        threads)

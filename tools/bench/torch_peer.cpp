@@ -65,33 +65,67 @@ std::string last_lines(const std::string& out, int n) {  // the end of a failed 
   return r.empty() ? "no output" : r;
 }
 
-// Every configuration, the likeliest fastest first (most threads, bf16, SDPA) so that the cut-off for
-// the rest (TorchPeerOptions::cutoff) is tight from the start.
-std::vector<TorchPeerConfig> configs(const TorchInterpreter& in, const std::vector<int>& threads,
+// Two ways of one choice (bf16 or fp32, SDPA or masked) as the probe measured them: `first` true for
+// the first way. Both, the faster first (the first way when unmeasured), or the one alone when the other
+// took `cut` x its time (said in `notes` when given) or does not exist here.
+std::vector<bool> by_probe(bool has_first, double first_s, double second_s, double cut, const std::string& what,
+                           const char* first, const char* second, std::vector<std::string>* notes) {
+  if (!has_first) return {false};
+  auto cut_note = [&](const char* slow, double ratio) {
+    if (notes)
+      notes->push_back(what + ": " + slow + " not run (its probe took " + std::to_string(ratio).substr(0, 4) +
+                       "x the other's)");
+  };
+  if (first_s > 0 && second_s > 0) {
+    if (first_s > cut * second_s) {
+      cut_note(first, first_s / second_s);
+      return {false};
+    }
+    if (second_s > cut * first_s) {
+      cut_note(second, second_s / first_s);
+      return {true};
+    }
+    if (second_s < first_s) return {false, true};
+  }
+  return {true, false};
+}
+
+std::vector<bool> precisions(const TorchInterpreter& in, double cut, std::vector<std::string>* notes) {
+  return by_probe(in.autocast_bf16, in.probe_bf16_s, in.probe_fp32_s, cut, in.label, "bf16", "fp32", notes);
+}
+
+std::vector<bool> attentions(const TorchInterpreter& in, double cut, std::vector<std::string>* notes) {
+  return by_probe(in.sdpa, in.probe_sdpa_s, in.probe_masked_s, cut, in.label, "sdpa", "masked", notes);
+}
+
+// Every configuration, the likeliest fastest first (most threads, then the precision and attention the
+// interpreter's probe measured faster) so that the cut-off for the rest (TorchPeerOptions::cutoff) is
+// tight from the start.
+std::vector<TorchPeerConfig> configs(const TorchInterpreter& in, const std::vector<int>& threads, double cut,
                                      std::vector<std::string>& notes) {
   std::vector<TorchPeerConfig> cs;
+  const std::vector<bool> precision = precisions(in, cut, &notes), attention = attentions(in, cut, &notes);
+  const bool runs_bf16 = std::find(precision.begin(), precision.end(), true) != precision.end();
   for (auto t = threads.rbegin(); t != threads.rend(); ++t)
-    for (bool bf16 : {true, false}) {
-      if (bf16 && !in.autocast_bf16) continue;
+    for (bool bf16 : precision) {
       // Debian's torch 1.13 runs fp32 GEMMs through a slow BLAS path on these CPUs (bf16 goes through
       // oneDNN): at 4 x 64 its fp32 step took 24.7 s on 1 thread and 15.0 s on 2, its bf16 4.3 s and
       // 3.1 s. So its fp32 runs only at the most threads, under the cut-off (where it cannot be the
       // best it costs one cut step), and not on 1 thread, which is slower still.
-      if (in.slow && !bf16 && in.autocast_bf16 && *t != threads.back()) {
+      if (in.slow && !bf16 && runs_bf16 && *t != threads.back()) {
         notes.push_back(in.label + "_" + std::to_string(*t) + "thr_fp32_masked: not run (torch " + in.torch_version +
                         "'s fp32 is slower than its bf16 and on 1 thread slower than on " +
                         std::to_string(threads.back()) + ")");
         continue;
       }
-      if (in.sdpa) cs.push_back({in, *t, bf16, true});
-      cs.push_back({in, *t, bf16, false});
+      for (bool sdpa : attention) cs.push_back({in, *t, bf16, sdpa});
     }
   return cs;
 }
 
-// The default-mode compiled configurations of an interpreter at one thread count: every precision and
-// attention it has, in the eager order (bf16 and SDPA first).
-std::vector<TorchPeerConfig> compiled_configs(const TorchInterpreter& in, int threads,
+// The default-mode compiled configurations of an interpreter at one thread count: the precisions and
+// attentions its eager sweep ran, in the same order.
+std::vector<TorchPeerConfig> compiled_configs(const TorchInterpreter& in, int threads, double cut,
                                               std::vector<std::string>& notes) {
   std::vector<TorchPeerConfig> cs;
   if (!in.compile) {
@@ -99,11 +133,8 @@ std::vector<TorchPeerConfig> compiled_configs(const TorchInterpreter& in, int th
                     " has no torch.compile (torch >= 2.0): no compiled configurations");
     return cs;
   }
-  for (bool bf16 : {true, false}) {
-    if (bf16 && !in.autocast_bf16) continue;
-    for (bool sdpa : {true, false})
-      if (!sdpa || in.sdpa) cs.push_back({in, threads, bf16, sdpa, TorchCompile::default_mode});
-  }
+  for (bool bf16 : precisions(in, cut, nullptr))
+    for (bool sdpa : attentions(in, cut, nullptr)) cs.push_back({in, threads, bf16, sdpa, TorchCompile::default_mode});
   notes.push_back(in.label + ": compiled at " + std::to_string(threads) +
                   " thread(s) only, where its eager step was fastest (each cold compile takes about a minute)");
   return cs;
@@ -154,7 +185,16 @@ std::vector<TorchInterpreter> torch_interpreters(std::vector<std::string>& notes
       notes.push_back(label + " (" + python + "): no usable torch: " + last_lines(c.out, 2));
       return;
     }
-    found.push_back({label, python, ver, sdpa != 0, bf16 != 0, compile != 0, slow});
+    TorchInterpreter in{label, python, ver, sdpa != 0, bf16 != 0, compile != 0, slow};
+    const Child p = run_child(quote(python) + " " + quote(script()) + " --probe " + std::to_string(opt.threads), 120);
+    const auto pat = p.out.find("torch_probe ");
+    if (p.status != 0 || pat == std::string::npos ||
+        std::sscanf(p.out.c_str() + pat, "torch_probe fp32 %lf bf16 %lf masked %lf sdpa %lf", &in.probe_fp32_s,
+                    &in.probe_bf16_s, &in.probe_masked_s, &in.probe_sdpa_s) != 4) {
+      in.probe_fp32_s = in.probe_bf16_s = in.probe_masked_s = in.probe_sdpa_s = 0;
+      notes.push_back(label + ": the probe failed (" + last_lines(p.out, 1) + "): every configuration run");
+    }
+    found.push_back(in);
   };
   if (opt.include_debian) probe("debian", MEGATRAIN_PYTHON, true);
   if (opt.include_venv) {
@@ -269,6 +309,11 @@ void print_progress(const TorchPeerRun& r, std::int64_t seq) {
 
 }  // namespace
 
+std::vector<TorchPeerConfig> eager_configs(const TorchInterpreter& in, const std::vector<int>& threads,
+                                           double probe_cut, std::vector<std::string>& notes) {
+  return configs(in, threads, probe_cut, notes);
+}
+
 TorchPeerSweep torch_peer_sweep(std::int64_t batch, std::int64_t seq, const TorchPeerOptions& opt) {
   TorchPeerSweep s;
   s.batch = batch;
@@ -293,7 +338,7 @@ TorchPeerSweep torch_peer_sweep(std::int64_t batch, std::int64_t seq, const Torc
   if (opt.threads > 1) threads.push_back(opt.threads);
   // Eager, every interpreter first: the warm-up cut-off compares warm-up steps without a compile in them.
   for (const TorchInterpreter& in : s.interpreters) {
-    for (const TorchPeerConfig& c : configs(in, threads, s.notes)) {
+    for (const TorchPeerConfig& c : configs(in, threads, opt.probe_cut, s.notes)) {
       const TorchPeerRun* best = s.best_run();
       TorchPeerLimits lim;
       // One timed step where steps are long (Debian's): best-of-2 would double minutes of runtime.
@@ -329,7 +374,7 @@ TorchPeerSweep torch_peer_sweep(std::int64_t batch, std::int64_t seq, const Torc
         thr = r.config.threads;
         thr_s = r.seconds;
       }
-    std::vector<TorchPeerConfig> cs = compiled_configs(in, thr, s.notes);
+    std::vector<TorchPeerConfig> cs = compiled_configs(in, thr, opt.probe_cut, s.notes);
     const TorchPeerRun* fastest = nullptr;
     std::vector<TorchPeerRun> done;
     for (const TorchPeerConfig& c : cs) done.push_back(compiled(c, opt.compile_budget_s));

@@ -33,6 +33,10 @@ struct TorchInterpreter {
   bool autocast_bf16 = false;  // has torch.autocast("cpu", dtype=torch.bfloat16)
   bool compile = false;        // has torch.compile (torch >= 2.0)
   bool slow = false;           // Debian's: only the plausible-best configurations are run
+  // Its probe (train_step_torch.py --probe at the sweep's thread count): one MLP block's forward +
+  // backward in fp32 and under autocast bf16, one attention masked and through SDPA, in seconds (0: not
+  // measured, or not in this torch). The sweep orders and cuts configurations by it.
+  double probe_fp32_s = 0, probe_bf16_s = 0, probe_masked_s = 0, probe_sdpa_s = 0;
 };
 
 // How the model runs: eagerly, or torch.compile'd (Inductor) in default mode or max-autotune.
@@ -98,6 +102,9 @@ struct TorchPeerOptions {
   bool autotune = true;
   double compile_budget_s = 300;
   double autotune_budget_s = 420;
+  // A precision or attention whose probe took this many times the other's is not run: it cannot be the
+  // best (autocast bf16 on a CPU without native bf16 ran 60x fp32's step). Within it the faster goes first.
+  double probe_cut = 4.0;
   bool include_debian = true;
   bool include_venv = true;
   bool progress = true;  // print one line per configuration to stdout as it finishes
@@ -113,7 +120,8 @@ struct TorchPeerSweep {
 };
 
 // The interpreters available: MEGATRAIN_PYTHON (Debian's torch) and <repo>/.venv-bench/bin/python3
-// when present; an absent or broken one adds a line to `notes` (saying to run setup-torch-peer).
+// when present, each probed at opt.threads; an absent or broken one adds a line to `notes` (saying to
+// run setup-torch-peer).
 std::vector<TorchInterpreter> torch_interpreters(std::vector<std::string>& notes, const TorchPeerOptions& opt = {});
 
 // Runs one configuration of train_step_torch.py at batch x seq under `limits` (a compiled one with an
@@ -127,11 +135,18 @@ TorchPeerRun parse_torch_peer(const TorchPeerConfig& config, int status, const s
                               const TorchPeerLimits& limits);
 
 // Every configuration of every interpreter at batch x seq, and the best: the eager ones first, PyPI's
-// torch (1 and opt.threads threads x bf16/fp32 x SDPA/masked), then Debian's (bf16 at both thread
-// counts, fp32 at opt.threads only, one timed step), each under the cut-off; then the compiled ones
-// (TorchPeerOptions::compile). Never throws for a failed configuration or interpreter: it is recorded
+// torch (1 and opt.threads threads x bf16/fp32 x SDPA/masked), then Debian's (fp32 at opt.threads only
+// where bf16 runs, one timed step), each under the cut-off, in the order the interpreter's probe
+// measured fastest and without what it measured far slower (TorchPeerOptions::probe_cut); then the
+// compiled ones (TorchPeerOptions::compile). Never throws for a failed configuration or interpreter: it is recorded
 // and the sweep goes on.
 TorchPeerSweep torch_peer_sweep(std::int64_t batch, std::int64_t seq, const TorchPeerOptions& opt = {});
+
+// The eager configurations the sweep runs for one interpreter at `threads` (ascending), in its order:
+// the most threads first, then the precision and attention the interpreter's probe measured faster;
+// without one that took probe_cut x the other's (a line in `notes` for each left out).
+std::vector<TorchPeerConfig> eager_configs(const TorchInterpreter& in, const std::vector<int>& threads,
+                                           double probe_cut, std::vector<std::string>& notes);
 
 // The index of the fastest ok run (-1 when none ran): failed and stopped ones never count.
 int fastest_run(const std::vector<TorchPeerRun>& runs);

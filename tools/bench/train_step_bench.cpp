@@ -176,6 +176,14 @@ static int run(int argc, char** argv) {
   mt::bench::Report report("train-step");
   std::printf("train-step: GPT-2 124M shape (%.1fM params), batch %lld, %d threads, best of %d steps after 1 warm-up\n",
               params / 1e6, static_cast<long long>(B), threads, reps);
+  {
+    // The fp32 products' libraries a run of this model would measure here, at the longest sequence.
+    const std::int64_t rows = B * *std::max_element(seqs.begin(), seqs.end());
+    const std::int64_t d = c.hidden_size, ff = c.intermediate_size;
+    std::printf(
+        "  fp32 products: %s\n",
+        mt::bench::choose_fp32_gemm({{rows, d, 3 * d}, {rows, d, d}, {rows, d, ff}, {rows, ff, d}}, threads).c_str());
+  }
   std::printf("  CPU: %s\n  ISA: %s\n  GEMM: %s (OpenBLAS core %s)\n", mt::bench::cpu_model().c_str(),
               mt::bench::cpu_isa_flags().c_str(), mt::cpu::gemm_backend_name(), mt::bench::openblas_core().c_str());
   if (bf16) {

@@ -7,6 +7,11 @@ ones, and the CPU seconds of that step.
 usage: train_step_torch.py THREADS BATCH SEQ REPS [--bf16] [--sdpa] [--compile MODE] [--warmup N]
                            [--stop-above S [W]]
        train_step_torch.py --info      prints `torch_version V sdpa 0|1 autocast_bf16 0|1 compile 0|1`
+       train_step_torch.py --probe THREADS   prints `torch_probe fp32 S bf16 S masked S sdpa S`: the
+            best of a few forward + backward passes of one MLP block of the model (256 tokens) in fp32
+            and under autocast bf16, and of one layer's attention (256 tokens) explicit and through SDPA
+            (0 where this torch lacks it), about a second in all: what the sweep orders and cuts its
+            configurations by (a CPU without native bf16 ran autocast's steps 60x slower than fp32)
 
   --bf16    forward and loss under torch.autocast("cpu", dtype=torch.bfloat16); the weights, gradients
             and AdamW stay fp32 (autocast's mixed precision, as a PyTorch user would train)
@@ -39,9 +44,10 @@ import time
 
 # The thread count is the script's to decide: Debian's torch calls a pthread OpenBLAS that sizes its own
 # pool from the environment, not from torch.set_num_threads, so set every pool before torch loads.
-if len(sys.argv) > 1 and sys.argv[1].isdigit():
+THREADS_ARG = sys.argv[2] if sys.argv[1:2] == ["--probe"] and len(sys.argv) > 2 else (sys.argv[1:2] or [""])[0]
+if THREADS_ARG.isdigit():
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = sys.argv[1]
+        os.environ[var] = THREADS_ARG
 
 import torch
 import torch.nn as nn
@@ -58,6 +64,54 @@ if sys.argv[1:] == ["--info"]:
         f"compile {int(HAS_COMPILE)}",
         flush=True,
     )
+    sys.exit(0)
+
+
+
+def probe_seconds(fn, reps=3):
+    fn()  # warm-up: first-touch memory, oneDNN primitives
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def probe():
+    torch.set_num_threads(int(sys.argv[2]))
+    torch.manual_seed(0)
+    d, ff, heads, n = 768, 3072, 12, 256
+    up, down = nn.Linear(d, ff), nn.Linear(ff, d)
+    x = torch.randn(n, d, requires_grad=True)
+
+    def mlp(bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = down(F.gelu(up(x), approximate="tanh")).float().sum()
+        y.backward()
+
+    q, k, v = (torch.randn(1, heads, n, d // heads, requires_grad=True) for _ in range(3))
+    mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
+
+    def attention(sdpa):
+        if sdpa:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            s = (q @ k.transpose(-1, -2)).masked_fill(mask, float("-inf")) / math.sqrt(d // heads)
+            a = torch.softmax(s, dim=-1) @ v
+        a.sum().backward()
+
+    fp32 = probe_seconds(lambda: mlp(False))
+    bf16 = probe_seconds(lambda: mlp(True)) if HAS_AUTOCAST_BF16 else 0.0
+    masked = probe_seconds(lambda: attention(False))
+    sdpa = probe_seconds(lambda: attention(True)) if HAS_SDPA else 0.0
+    print(f"torch_probe fp32 {fp32} bf16 {bf16} masked {masked} sdpa {sdpa}", flush=True)
+
+
+if sys.argv[1:2] == ["--probe"]:
+    if len(sys.argv) != 3 or not sys.argv[2].isdigit():
+        sys.exit("usage: train_step_torch.py --probe THREADS")
+    probe()
     sys.exit(0)
 
 ap = argparse.ArgumentParser(
