@@ -9,13 +9,38 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <new>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace mt::bench {
+
+// Operands 64-byte aligned, as the engine's tiles and arena hold them: a library can run at another
+// speed on malloc's 16-byte alignment (oneDNN's AVX2 sgemm runs faster on it, for one), and the
+// benches measure what a run gets.
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    if (void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes)) return static_cast<T*>(p);
+    throw std::bad_alloc();
+  }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const Aligned64<U>&) const {
+    return true;
+  }
+};
+template <class T>
+using AlignedVector = std::vector<T, Aligned64<T>>;
 
 // Seconds of the fastest of `reps` runs of `fn`, after `warmup` unmeasured runs.
 inline double best_seconds(const std::function<void()>& fn, int reps, int warmup = 1) {

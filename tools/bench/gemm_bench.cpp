@@ -49,8 +49,8 @@ using mt::bench::GemmShape;
 
 // Our linear products on the shape's orientation: NT = forward, NN = backward input, TN = backward weight.
 double ours_rate(const GemmShape& s, int threads, int reps) {
-  std::vector<float> a(static_cast<std::size_t>(s.m * s.k), 0.01f), b(static_cast<std::size_t>(s.k * s.n), 0.02f),
-      c(static_cast<std::size_t>(s.m * s.n), 0.0f);
+  mt::bench::AlignedVector<float> a(static_cast<std::size_t>(s.m * s.k), 0.01f),
+      b(static_cast<std::size_t>(s.k * s.n), 0.02f), c(static_cast<std::size_t>(s.m * s.n), 0.0f);
   std::function<void()> fn;
   if (!s.ta && s.tb)  // y[m, n] = x[m, k] W[n, k]^T
     fn = [&] { mt::cpu::linear_forward(a.data(), b.data(), nullptr, c.data(), s.m, s.k, s.n, threads); };
@@ -66,7 +66,7 @@ double ours_rate(const GemmShape& s, int threads, int reps) {
 // The same with bf16 operands (ops_bf16.hpp).
 double ours_bf16_rate(const GemmShape& s, int threads, int reps) {
   using mt::bf16_t;
-  std::vector<bf16_t> a(static_cast<std::size_t>(s.m * s.k)), b(static_cast<std::size_t>(s.k * s.n));
+  mt::bench::AlignedVector<bf16_t> a(static_cast<std::size_t>(s.m * s.k)), b(static_cast<std::size_t>(s.k * s.n));
   std::vector<float> af(a.size(), 0.01f), bf(b.size(), 0.02f), c(static_cast<std::size_t>(s.m * s.n), 0.0f);
   mt::cpu::to_bf16(af.data(), a.data(), a.size(), 1);
   mt::cpu::to_bf16(bf.data(), b.data(), b.size(), 1);

@@ -115,7 +115,7 @@ double gemm_rate(GemmLib lib, const GemmShape& s, int threads, int reps, double*
   ThreadScope scope(threads);
   // Operands in their stored layout: op(A) is [m, k], op(B) is [k, n].
   const std::int64_t lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
-  std::vector<float> a(static_cast<std::size_t>(s.m * s.k)), b(static_cast<std::size_t>(s.k * s.n)),
+  mt::bench::AlignedVector<float> a(static_cast<std::size_t>(s.m * s.k)), b(static_cast<std::size_t>(s.k * s.n)),
       c(static_cast<std::size_t>(s.m * s.n));
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.02f * static_cast<float>(i % 89) - 0.8f;
