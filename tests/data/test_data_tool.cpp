@@ -347,30 +347,41 @@ TEST_CASE("encode and shards wrap each document in the tokenizer's template, --n
   }
 }
 
+namespace {
+
+// JSONL records `jsonl` made into shards under d/out (the template on or off); the train split's ids.
+std::vector<uint32_t> shard_jsonl(const Tokenizer& tok, const TempDir& d, const std::string& jsonl,
+                                  const std::string& out, bool add_special_tokens) {
+  spit(d / (out + ".jsonl"), jsonl);
+  BuildOptions o;
+  o.inputs = {d / (out + ".jsonl")};
+  o.out_dir = d / out;
+  o.format = InputFormat::Jsonl;
+  o.add_special_tokens = add_special_tokens;
+  build_shards(tok, o);
+  return read_all_shards(d / out, "train");
+}
+
+}  // namespace
+
 TEST_CASE("a template that ends documents with the end-of-text token is not followed by a second one", "[tool]") {
   TempDir d;
   const uint32_t eot = 151643;
   const std::string olmo = qwen3_with_template(d, "olmo.json", {"$A", "<|endoftext|>"});
   const Tokenizer tok = Tokenizer::load(olmo);
-  spit(d / "docs.jsonl", "{\"text\": \"First document.\"}\n{\"text\": \"\"}\n{\"text\": \"Third.\"}\n");
-  BuildOptions o;
-  o.inputs = {d / "docs.jsonl"};
-  o.out_dir = d / "o";
-  o.format = InputFormat::Jsonl;
-  build_shards(tok, o);
+  const std::vector<uint32_t> got =
+      shard_jsonl(tok, d, "{\"text\": \"First document.\"}\n{\"text\": \"\"}\n{\"text\": \"Third.\"}\n", "o", true);
   std::vector<uint32_t> want;
   for (const char* t : {"First document.", "", "Third."}) {
     const auto ids = tok.encode(t);
     want.insert(want.end(), ids.begin(), ids.end());
     want.push_back(eot);
   }
-  CHECK(read_all_shards(d / "o", "train") == want);
+  CHECK(got == want);
   CHECK(nlohmann::json::parse(slurp(d / "o/dataset.json"))["template"]["eot_appended"] == false);
   // Without the template the separator is appended as before: the same ids here.
-  o.add_special_tokens = false;
-  o.out_dir = d / "off";
-  build_shards(tok, o);
-  CHECK(read_all_shards(d / "off", "train") == want);
+  CHECK(shard_jsonl(tok, d, "{\"text\": \"First document.\"}\n{\"text\": \"\"}\n{\"text\": \"Third.\"}\n", "off",
+                    false) == want);
 }
 
 TEST_CASE("a template that begins documents with the end-of-text token is not preceded by a second one", "[tool]") {
@@ -378,19 +389,15 @@ TEST_CASE("a template that begins documents with the end-of-text token is not pr
   const uint32_t eot = 151643;
   const std::string bos_eot = qwen3_with_template(d, "bos_eot.json", {"<|endoftext|>", "$A"});
   const Tokenizer tok = Tokenizer::load(bos_eot);
-  spit(d / "docs.jsonl", "{\"text\": \"First document.\"}\n{\"text\": \"Second.\"}\n");
-  BuildOptions o;
-  o.inputs = {d / "docs.jsonl"};
-  o.out_dir = d / "o";
-  o.format = InputFormat::Jsonl;
-  build_shards(tok, o);
+  const std::vector<uint32_t> got =
+      shard_jsonl(tok, d, "{\"text\": \"First document.\"}\n{\"text\": \"Second.\"}\n", "o", true);
   std::vector<uint32_t> want;
   for (const char* t : {"First document.", "Second."}) {
     want.push_back(eot);
     const auto ids = tok.encode(t);
     want.insert(want.end(), ids.begin(), ids.end());
   }
-  CHECK(read_all_shards(d / "o", "train") == want);
+  CHECK(got == want);
   CHECK(nlohmann::json::parse(slurp(d / "o/dataset.json"))["template"]["eot_appended"] == false);
 }
 
