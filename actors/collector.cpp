@@ -131,7 +131,7 @@ void reduce_round_of(self_ptr self, const LayerGrads& m, float* accum, std::size
   const int owner = cluster::stage_owner(stage, ctx->ranks);
   const RoundGradient mine = round_gradient(self, ctx->arena->grad_slot(m.grad_slot), n, owner);
   cluster::reduce_round(*ctx->world, *ctx->grad_transport, owner, mine, accum, n, first,
-                        ctx->granted(ctx->collector_threads),
+                        ctx->granted(ctx->optimizer_threads),
                         round_what(*ctx, m.work.step, m.work.micro_batch, stage, owner));
   self->send(st.peers.computes.at(0), GradSlotFree{st.epoch, m.work, m.grad_slot, 0});
 }
@@ -143,7 +143,7 @@ double stage_sumsq(self_ptr self, const LayerGrads& m, const float* accum) {
   Context* ctx = self->state.ctx;
   const std::int64_t stage = m.work.stage;
   double sumsq = accum != nullptr ? stage_grad_sumsq(ctx->layouts[static_cast<std::size_t>(stage)], accum,
-                                                     ctx->granted(ctx->collector_threads))
+                                                     ctx->granted(ctx->optimizer_threads))
                                   : 0.0;
   if (ctx->ranks > 1 && ctx->host->sharded()) {
     const int owner = cluster::stage_owner(stage, ctx->ranks);
@@ -181,14 +181,14 @@ void add_to_host(self_ptr self, Backend& device, float* slot, float* acc, std::s
   auto& st = self->state;
   Context* ctx = st.ctx;
   if (device.shares_host_memory()) {
-    device.accumulate_to_host(slot, acc, n, first, ctx->granted(ctx->collector_threads));
+    device.accumulate_to_host(slot, acc, n, first, ctx->granted(ctx->optimizer_threads));
     slot_done();
     return;
   }
   const float* landed = copy_to_host_buffer(self, device, slot, n);
   slot_done();
   if (first) std::memset(acc, 0, n * sizeof(float));
-  cpu::accumulate(acc, landed, n, ctx->granted(ctx->collector_threads));
+  cpu::accumulate(acc, landed, n, ctx->granted(ctx->optimizer_threads));
 }
 
 // Tells the node the step's gradients are all collected once every stage's ledger count reaches `complete`.
@@ -236,7 +236,7 @@ void collect_in_slot(self_ptr self, const LayerGrads& m) {
   }
   double sumsq = led.sumsq[si];  // the first pass's, when there were two
   if (ctx->passes == 1 || sums_only)
-    sumsq = stage_grad_sumsq(ctx->layouts[si], g, ctx->granted(ctx->collector_threads));
+    sumsq = stage_grad_sumsq(ctx->layouts[si], g, ctx->granted(ctx->optimizer_threads));
   led.sumsq[si] = sumsq;
   led.accum_step[si] = step;
   led.accum_count[si] = ctx->pass_of(mb) + 1;
@@ -411,7 +411,7 @@ void collect(self_ptr self, const LayerGrads& m) {
   ctx->monitor->board().probe(monitor::ActorId::collector).unit(step, mb, stage, "collect");
   if (mb + 1 == M) {
     const double sumsq =
-        shared_sumsq ? *shared_sumsq : stage_grad_sumsq(layout, tile.grad(), ctx->granted(ctx->collector_threads));
+        shared_sumsq ? *shared_sumsq : stage_grad_sumsq(layout, tile.grad(), ctx->granted(ctx->optimizer_threads));
     led.sumsq[si] = sumsq;
     report_if_step_done(self, step, M);
     self->send(st.peers.optimizer, LayerGradsComplete{st.epoch, step, stage, sumsq});

@@ -182,8 +182,7 @@ struct Context {
   std::vector<ParamLayout> layouts;  // per stage
   std::int64_t first_step = 0;
   std::int64_t end_step = 0;  // exclusive; lowered by a stop request
-  int optimizer_threads = 1;
-  int collector_threads = 1;
+  int optimizer_threads = 1;  // the optimizer's team, and the collector's (config/thread_budget.cpp)
   // Host threads granted now (threads.adapt_to_load): fewer while other processes take this run's
   // cores (the run controller measures, device/cpu/core_share.hpp); 0 = as planned. Compute and the
   // optimizer apply it between units of work; results do not depend on it.

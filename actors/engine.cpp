@@ -529,7 +529,6 @@ void share_run(Context& c, Context& run, int d) {
   c.end_step = run.end_step;
   c.cfg_end_step = run.cfg_end_step;
   c.optimizer_threads = run.optimizer_threads;
-  c.collector_threads = run.collector_threads;
   c.max_grad_norm = run.max_grad_norm;
   c.stage_gradients = run.stage_gradients;
   c.passes = run.passes;
@@ -676,7 +675,6 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   ctx->gate.set_snapshot_budget(job.checkpoint.snapshot_budget_bytes);
   const ThreadBudget& tb = ctx->plan.threads;
   ctx->optimizer_threads = std::max(1, tb.optimizer);
-  ctx->collector_threads = std::max(1, tb.optimizer);
   ctx->max_grad_norm = static_cast<float>(job.cfg.train.max_grad_norm);
   ctx->serial = job.serial_schedule;
 

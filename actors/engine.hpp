@@ -161,8 +161,7 @@ struct CheckpointJob {
   double save_minutes = 0.0;    // also every T minutes of wall clock; 0 = off
   // true (default): once every stage of the due step is updated (the optimizer's burst is over),
   // write them in stage order while compute runs the next step; false: write stage s as soon as it
-  // is updated (competes with the optimizer for the cores: measured 4-12% of a step on the demo model
-  // on 2 cores, against 0-6% deferred; tools/bench/run checkpoint --stall-immediate 1).
+  // is updated (competes with the optimizer for the cores; tools/bench/README.md, "checkpoint").
   bool write_after_step = true;
   // Host RAM for copies of stages the optimizer must update before this checkpoint wrote them (copy on
   // write, checkpoint_gate.hpp; train.save_snapshot_mib); 0 = the optimizer waits for the disk.

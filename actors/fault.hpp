@@ -1,5 +1,6 @@
-// The test-only fault hook: makes one pipeline actor throw at a chosen point of the schedule, so the
-// restart tests can crash any actor mid-step. Compiled in always, inert unless armed. No CAF here.
+// The fault hook: makes one pipeline actor throw at a chosen point of the schedule, so the restart tests
+// can crash any actor mid-step, and a monitor client allowed to (monitor.allow_fault_injection) can run a
+// fault drill. Inert unless armed. No CAF here.
 //
 // Every actor calls fault_point(plan, role, step, micro_batch, stage, phase) at the start of each unit
 // of work it is about to do (before it touches any durable state), so a planned crash always happens
@@ -10,26 +11,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "actors/roles.hpp"
+
 namespace mt::actors {
-
-// The pipeline actors (the node supervises them; it is not itself a fault target).
-enum class Role : int { loader = 0, prefetcher = 1, compute = 2, collector = 3, optimizer = 4 };
-inline constexpr int kRoleCount = 5;
-const char* role_name(Role r);
-Role parse_role(const std::string& name);  // throws std::invalid_argument listing the names
-
-// What a unit of work is part of. Every work message names (step, micro-batch, stage, phase).
-enum class Phase : int {
-  data = 0,               // the loader reading a micro-batch
-  prefetch = 1,           // the prefetcher streaming a stage into a slot
-  forward = 2,            // compute: a stage's forward (the head's fused forward+backward is `head`)
-  head = 3,               // compute: the head (final norm, LM head, loss, its backward)
-  backward = 4,           // compute: a stage's recompute + backward
-  collect = 5,            // collector: device-to-host copy and fp32 accumulation
-  optimize = 6,           // optimizer: AdamW over one stage
-  prefetch_boundary = 7,  // the prefetcher streaming a layer's input boundary back from the host
-};
-const char* phase_name(Phase p);
 
 // A planned crash. Fields at -1 match anything. Fires at most once per plan (across restarts).
 struct FaultPlan {

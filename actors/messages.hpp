@@ -33,7 +33,7 @@
 
 #include <caf/all.hpp>
 
-#include "actors/fault.hpp"
+#include "actors/roles.hpp"
 #include "actors/schedule.hpp"
 #include "data/loader.hpp"
 #include "monitor/status_board.hpp"

@@ -40,7 +40,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/fault.hpp"
+#include "actors/roles.hpp"
 #include "config/train_config.hpp"
 #include "kernels/model_config.hpp"
 

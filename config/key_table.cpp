@@ -30,10 +30,17 @@ std::string cell(const std::string& text) {
 std::string key_table_markdown() {
   const TrainConfig defaults;
   std::ostringstream out;
-  out << "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
+  out << "### The user's keys\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
   for (const KeyDesc& k : config_keys())
-    out << "| `" << k.qualified() << "` | " << k.type_name() << " | `" << k.value_text(defaults) << "` | "
-        << cell(k.allowed_text()) << " | " << cell(k.help) << " |\n";
+    if (!k.is_expert())
+      out << "| `" << k.qualified() << "` | " << k.type_name() << " | `" << k.value_text(defaults) << "` | "
+          << cell(k.allowed_text()) << " | " << cell(k.help) << " |\n";
+  out << "\n### Expert keys\n\nThe planner's or the default's choice is right for most runs; the last column says "
+         "when to set one.\n\n| key | type | default | allowed | meaning | set it for |\n|---|---|---|---|---|---|\n";
+  for (const KeyDesc& k : config_keys())
+    if (k.is_expert())
+      out << "| `" << k.qualified() << "` | " << k.type_name() << " | `" << k.value_text(defaults) << "` | "
+          << cell(k.allowed_text()) << " | " << cell(k.help) << " | " << cell(k.expert_why) << " |\n";
   return out.str();
 }
 

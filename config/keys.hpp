@@ -40,6 +40,10 @@ struct KeyDesc {
   }
   KeyDesc&& one_of(std::vector<std::string> names) && { return choices = std::move(names), std::move(*this); }
   KeyDesc&& not_empty(const char* message = "must not be empty") && { return empty_error = message, std::move(*this); }
+  // An expert key: the planner's or the default's choice is right for most runs; `why` says when to set
+  // it. --help and config/README.md list these apart, after the user's keys.
+  KeyDesc&& expert(const char* why) && { return expert_why = why, std::move(*this); }
+  bool is_expert() const { return expert_why != nullptr; }
 
   std::string qualified() const { return std::string(section) + "." + name; }
   const char* type_name() const;  // string, integer, real, boolean
@@ -63,6 +67,7 @@ struct KeyDesc {
   bool hi_open = false;
   std::vector<std::string> choices;   // strings: one of these (empty = any)
   const char* empty_error = nullptr;  // strings: non-null = must not be empty, this is the message
+  const char* expert_why = nullptr;   // non-null: an expert key, and when to set it
 };
 
 // The values of the enum-valued keys, in the order their choices are listed (the table's choices are

@@ -190,15 +190,25 @@ std::string NodeConfig::help_text(const std::string& program) const {
   out << "usage: " << program << " [--config-file=FILE.ini] [--section.key=value ...]\n"
       << "  --help: this text; --dump-config: every key as an INI file; --long-help: CAF's own options too\n"
       << "  in INI files strings need double quotes and comments start with ';'\n";
+  help_keys(out, false);
+  out << "\n\nExpert keys: the planner's or the default's choice is right for most runs; each says when to set "
+         "it.\n";
+  help_keys(out, true);
+  return out.str();
+}
+
+// The user's keys (expert = false) or the expert keys, by section, each with its type and current value.
+void NodeConfig::help_keys(std::ostream& out, bool expert) const {
   std::string section;
   for (const KeyDesc& key : config_keys()) {
+    if (key.is_expert() != expert) continue;
     if (key.section != section) out << "\n[" << key.section << "]\n";
     section = key.section;
     const caf::config_option* opt = custom_options_.qualified_name_lookup(key.section, key.name);
     out << "  --" << key.qualified() << "=<" << std::string(opt->type_name().begin(), opt->type_name().end()) << ">  "
         << key.help << " (now " << key.value_text(values) << ")\n";
+    if (expert) out << "      set it for: " << key.expert_why << "\n";
   }
-  return out.str();
 }
 
 std::vector<std::string> NodeConfig::registered_keys() const {

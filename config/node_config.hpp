@@ -9,6 +9,7 @@
 // where a real is expected is accepted and converted), then lets CAF apply the command line on top,
 // and finally runs TrainConfig::validate(). Everything fails before any actor starts.
 #pragma once
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -49,25 +50,29 @@ class NodeConfig : public caf::actor_system_config {
   // (config_file_text empty = no file unless --config-file is among args).
   NodeConfigLoad load(const std::vector<std::string>& args, const std::string& config_file_text = "");
 
-  // The six sections in INI syntax with every current value, reals at full precision: what
+  // The ten sections in INI syntax with every current value, reals at full precision: what
   // --dump-config prints (CAF's own dump rounds reals to 6 decimals, which turns 1e-8 into 0), and a
   // file that --config-file reads back to the same values.
   std::string dump_ini() const;
-  // What --help prints: usage and every key of the six sections with type, meaning and current value
-  // (CAF's own --help lists only its global options; --long-help adds CAF's internal sections).
+  // What --help prints: usage, the user's keys, then the expert keys apart (each with when to set it),
+  // with type, meaning and current value (CAF's own --help lists only its global options; --long-help
+  // adds CAF's internal sections).
   std::string help_text(const std::string& program) const;
 
-  // CAF's settings dump plus every key of the six sections with its current value (defaults
+  // CAF's settings dump plus every key of the ten sections with its current value (defaults
   // included): the effective configuration as one caf::settings, e.g. to log it.
   caf::settings dump_content() const override;
 
-  // Every key of the six sections as "section.key", in registration order (docs and tests).
+  // Every key of the ten sections as "section.key", in registration order (docs and tests).
   std::vector<std::string> registered_keys() const;
 
   bool check_files = true;                  // false: load() validates values only (no filesystem access)
   TrainConfig values;                       // filled by load()
   std::string config_file;                  // the INI file read ("" when none)
   std::string program = "megatrain train";  // argv[0] once load(argc, argv) ran (for --help)
+
+ private:
+  void help_keys(std::ostream& out, bool expert) const;
 };
 
 }  // namespace mt

@@ -13,20 +13,14 @@ ThreadBudget TrainConfig::thread_budget(int hardware_threads) const {
   // reserving one that would sit idle for the rest of the step.
   b.blas = threads.blas > 0 ? static_cast<int>(threads.blas) : b.total;
   // The optimizer's and the collector's teams. With a GPU doing the compute, the cores are theirs.
-  // On the CPU backend they run on cores compute is using, so width buys little: the same work, and
-  // each extra OpenMP worker takes libgomp past one thread per core, after which it stops spin-waiting
-  // in every team and compute's workers sleep on a futex between parallel regions (the demo at 2
-  // threads, median of 6 alternating pairs: 0.379 s a step with 2-thread optimizer and collector
-  // teams, 0.326 s with 1). One thread per 8 cores still outruns the compute it hides behind: AdamW
-  // takes 1.2-1.4 ns a parameter on one thread (0.7-0.85 Gparam/s measured by `megatrain plan`), a
-  // step's compute about 6 x tokens FLOPs a parameter (30 ns at 512 tokens on one core).
+  // On the CPU backend they share compute's cores, so width buys little: each extra OpenMP worker takes
+  // libgomp past one thread per core, and compute's workers then sleep on a futex between parallel
+  // regions. One thread per 8 cores still outruns the compute it hides behind (tools/bench/README.md).
   const int optimizer_default = device.backend == "cpu" ? std::max(1, (b.total + 7) / 8) : b.total;
   b.optimizer = threads.optimizer > 0 ? static_cast<int>(threads.optimizer) : optimizer_default;
   // One copy worker per direction (full duplex) once there are cores to spare, or over a paced link
-  // (device.copy_bandwidth_gbps: it models a full-duplex one, a PCIe link, and its workers mostly sleep
-  // for the pacing, so a second one costs no core); one otherwise. With one worker a paced link is half
-  // duplex: the demo's backward streamed each layer in 37 ms behind the gradients going out instead of
-  // 18.7 ms, and was bound by the link, not by its compute (tools/bench/run overlap).
+  // (device.copy_bandwidth_gbps models a full-duplex PCIe link; its workers mostly sleep for the pacing,
+  // so a second one costs no core); one otherwise. One worker would make a paced link half duplex.
   b.copy = threads.copy > 0 ? static_cast<int>(threads.copy) : (b.total >= 4 || device.copy_bandwidth_gbps > 0 ? 2 : 1);
   // Actors mostly wait on mailboxes and blocking work runs on detached actors: a small scheduler.
   b.scheduler = threads.scheduler > 0 ? static_cast<int>(threads.scheduler) : (b.total >= 8 ? 2 : 1);

@@ -62,6 +62,78 @@ std::string to_bytelevel(const std::string& raw) {
   return s;
 }
 
+// The words being merged (each a sequence of token ids, with its count) and every adjacent pair's count
+// over them, with the words each pair may occur in (stale entries allowed: a merge rechecks).
+struct PairCounts {
+  std::vector<std::vector<uint32_t>> words;
+  std::vector<uint64_t> freq;
+  std::unordered_map<uint64_t, int64_t> pc;                   // pair -> count
+  std::unordered_map<uint64_t, std::vector<uint32_t>> where;  // pair -> words
+
+  // Adds (sign +1) or removes (-1) word w's pairs; `changed` collects the pairs touched.
+  void count(uint32_t w, int sign, std::vector<uint64_t>* changed) {
+    const auto& s = words[w];
+    const int64_t fw = sign * int64_t(freq[w]);
+    for (std::size_t i = 0; i + 1 < s.size(); ++i) {
+      const uint64_t k = pair_key(s[i], s[i + 1]);
+      pc[k] += fw;
+      if (changed) changed->push_back(k);
+      if (sign < 0) continue;
+      auto& v = where[k];
+      if (v.empty() || v.back() != w) v.push_back(w);
+    }
+  }
+
+  // Replaces every (a, b) in the words that hold it by `merged`; returns the pairs whose count changed.
+  std::vector<uint64_t> merge(uint32_t a, uint32_t b, uint32_t merged) {
+    const uint64_t key = pair_key(a, b);
+    std::vector<uint64_t> changed;
+    std::vector<uint32_t> ws = std::move(where[key]);
+    where.erase(key);
+    for (uint32_t w : ws) {
+      auto& s = words[w];
+      bool has = false;
+      for (std::size_t i = 0; i + 1 < s.size() && !has; ++i) has = s[i] == a && s[i + 1] == b;
+      if (!has) continue;
+      count(w, -1, &changed);
+      std::size_t out = 0;
+      for (std::size_t i = 0; i < s.size();) {
+        const bool hit = i + 1 < s.size() && s[i] == a && s[i + 1] == b;
+        s[out++] = hit ? merged : s[i];
+        i += hit ? 2 : 1;
+      }
+      s.resize(out);
+      count(w, +1, &changed);
+    }
+    pc.erase(key);
+    std::sort(changed.begin(), changed.end());
+    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+    return changed;
+  }
+};
+
+// The trained tokenizer.json: the merged tokens, the merges in order, then the special tokens.
+ojson trained_json(const BpeTrainerOptions& o, const std::vector<std::string>& tok,
+                   const std::vector<std::pair<uint32_t, uint32_t>>& merges) {
+  ojson j = skeleton(o);
+  ojson& vocab = j["model"]["vocab"];
+  for (uint32_t id = 256; id < tok.size(); ++id) vocab[to_bytelevel(tok[id])] = id;
+  ojson& jm = j["model"]["merges"];
+  for (const auto& [a, b] : merges) jm.push_back(to_bytelevel(tok[a]) + " " + to_bytelevel(tok[b]));
+  uint32_t id = uint32_t(tok.size());
+  for (const auto& s : o.special_tokens) {
+    j["added_tokens"].push_back({{"id", id},
+                                 {"content", s},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
+    vocab[s] = id++;
+  }
+  return j;
+}
+
 }  // namespace
 
 struct BpeTrainer::Impl {
@@ -113,28 +185,19 @@ std::string BpeTrainer::train(BpeTrainStats* stats) {
   // Words, in a deterministic order.
   std::vector<std::pair<std::string, uint64_t>> wc(m.counts.begin(), m.counts.end());
   std::sort(wc.begin(), wc.end());
-  std::vector<std::vector<uint32_t>> words(wc.size());
-  std::vector<uint64_t> freq(wc.size());
+  PairCounts pairs;
+  pairs.words.resize(wc.size());
+  pairs.freq.resize(wc.size());
   for (std::size_t i = 0; i < wc.size(); ++i) {
-    for (unsigned char c : wc[i].first) words[i].push_back(c);
-    freq[i] = wc[i].second;
+    for (unsigned char c : wc[i].first) pairs.words[i].push_back(c);
+    pairs.freq[i] = wc[i].second;
   }
   std::vector<std::string> tok(256);  // id -> raw bytes
   for (int b = 0; b < 256; ++b) tok[std::size_t(b)] = std::string(1, char(b));
   std::unordered_map<std::string, uint32_t> tok_id;
   for (uint32_t b = 0; b < 256; ++b) tok_id[tok[b]] = b;
+  for (uint32_t w = 0; w < pairs.words.size(); ++w) pairs.count(w, +1, nullptr);
 
-  std::unordered_map<uint64_t, int64_t> pc;                   // pair -> count
-  std::unordered_map<uint64_t, std::vector<uint32_t>> where;  // pair -> words (may hold stale entries)
-  for (uint32_t w = 0; w < words.size(); ++w) {
-    const auto& s = words[w];
-    for (std::size_t i = 0; i + 1 < s.size(); ++i) {
-      const uint64_t k = pair_key(s[i], s[i + 1]);
-      pc[k] += int64_t(freq[w]);
-      auto& v = where[k];
-      if (v.empty() || v.back() != w) v.push_back(w);
-    }
-  }
   struct Cand {
     int64_t count;
     uint64_t key;
@@ -147,17 +210,16 @@ std::string BpeTrainer::train(BpeTrainStats* stats) {
     return tok[uint32_t(x.key)] > tok[uint32_t(y.key)];
   };
   std::priority_queue<Cand, std::vector<Cand>, decltype(less)> pq(less);
-  for (const auto& [k, c] : pc) pq.push({c, k});
+  for (const auto& [k, c] : pairs.pc) pq.push({c, k});
 
   const uint32_t target = o.vocab_size - uint32_t(o.special_tokens.size());
   std::vector<std::pair<uint32_t, uint32_t>> merges;
   uint32_t nvocab = 256;
-  std::vector<uint64_t> changed;
   while (nvocab < target && !pq.empty()) {
     const Cand c = pq.top();
     pq.pop();
-    auto it = pc.find(c.key);
-    const int64_t cur = it == pc.end() ? 0 : it->second;
+    auto it = pairs.pc.find(c.key);
+    const int64_t cur = it == pairs.pc.end() ? 0 : it->second;
     if (cur != c.count) {  // stale entry: requeue with the current count
       if (cur > 0) pq.push({cur, c.key});
       continue;
@@ -165,88 +227,29 @@ std::string BpeTrainer::train(BpeTrainStats* stats) {
     if (cur < int64_t(o.min_frequency) || cur <= 0) break;
     const uint32_t a = uint32_t(c.key >> 32), b = uint32_t(c.key);
     const std::string merged = tok[a] + tok[b];
-    uint32_t nid;
-    auto f = tok_id.find(merged);
-    if (f != tok_id.end()) {
-      nid = f->second;
-    } else {
-      nid = uint32_t(tok.size());
+    auto [found, added] = tok_id.emplace(merged, uint32_t(tok.size()));
+    if (added) {
       tok.push_back(merged);
-      tok_id.emplace(merged, nid);
       ++nvocab;
     }
     merges.emplace_back(a, b);
-    changed.clear();
-    std::vector<uint32_t> ws = std::move(where[c.key]);
-    where.erase(c.key);
-    for (uint32_t w : ws) {
-      auto& s = words[w];
-      bool has = false;
-      for (std::size_t i = 0; i + 1 < s.size(); ++i)
-        if (s[i] == a && s[i + 1] == b) {
-          has = true;
-          break;
-        }
-      if (!has) continue;
-      const int64_t fw = int64_t(freq[w]);
-      for (std::size_t i = 0; i + 1 < s.size(); ++i) {
-        const uint64_t k = pair_key(s[i], s[i + 1]);
-        pc[k] -= fw;
-        changed.push_back(k);
-      }
-      std::size_t out = 0;
-      for (std::size_t i = 0; i < s.size();) {
-        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
-          s[out++] = nid;
-          i += 2;
-        } else {
-          s[out++] = s[i++];
-        }
-      }
-      s.resize(out);
-      for (std::size_t i = 0; i + 1 < s.size(); ++i) {
-        const uint64_t k = pair_key(s[i], s[i + 1]);
-        pc[k] += fw;
-        changed.push_back(k);
-        auto& v = where[k];
-        if (v.empty() || v.back() != w) v.push_back(w);
-      }
-    }
-    pc.erase(c.key);
-    std::sort(changed.begin(), changed.end());
-    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
-    for (uint64_t k : changed) {
-      auto pit = pc.find(k);
-      if (pit == pc.end()) continue;
+    for (uint64_t k : pairs.merge(a, b, found->second)) {
+      auto pit = pairs.pc.find(k);
+      if (pit == pairs.pc.end()) continue;
       if (pit->second <= 0) {
-        pc.erase(pit);
+        pairs.pc.erase(pit);
         continue;
       }
       pq.push({pit->second, k});
     }
   }
 
-  ojson j = skeleton(o);
-  ojson& vocab = j["model"]["vocab"];
-  for (uint32_t id = 256; id < tok.size(); ++id) vocab[to_bytelevel(tok[id])] = id;
-  ojson& jm = j["model"]["merges"];
-  for (const auto& [a, b] : merges) jm.push_back(to_bytelevel(tok[a]) + " " + to_bytelevel(tok[b]));
-  uint32_t id = uint32_t(tok.size());
-  for (const auto& s : o.special_tokens) {
-    j["added_tokens"].push_back({{"id", id},
-                                 {"content", s},
-                                 {"single_word", false},
-                                 {"lstrip", false},
-                                 {"rstrip", false},
-                                 {"normalized", false},
-                                 {"special", true}});
-    vocab[s] = id++;
-  }
+  const ojson j = trained_json(o, tok, merges);
   if (stats) {
     stats->words = wc.size();
     stats->word_tokens = m.word_tokens;
     stats->merges = uint32_t(merges.size());
-    stats->vocab_size = id;
+    stats->vocab_size = uint32_t(tok.size() + o.special_tokens.size());
   }
   return j.dump(1);
 }

@@ -172,12 +172,16 @@ class Unserializer {
 
   RPtr item() {
     const int32_t flags = i32();
-    const int type = flags & 0xFF;
-    const bool has_attr = flags & (1 << 9), has_tag = flags & (1 << 10);
-    const int levels = flags >> 12;
     auto v = std::make_shared<RValue>();
-    v->type = type;
-    switch (type) {
+    v->type = flags & 0xFF;
+    if (RPtr done = structural_item(v, flags)) return done;
+    if (vector_body(*v, flags >> 12) && (flags & (1 << 9))) v->attr = item();
+    return v;
+  }
+
+  // The values that are not vectors, read whole (attributes included); null for a vector type.
+  RPtr structural_item(const RPtr& v, int32_t flags) {
+    switch (v->type) {
       case NILVALUE_SXP:
       case EMPTYENV_SXP:
       case BASEENV_SXP:
@@ -186,112 +190,124 @@ class Unserializer {
       case MISSINGARG_SXP:
       case BASENAMESPACE_SXP:
         return v;
-      case REFSXP: {
-        int idx = flags >> 8;
-        if (idx == 0) idx = i32();
-        if (idx < 1 || std::size_t(idx) > refs_.size()) fail("bad reference " + std::to_string(idx));
-        return refs_[std::size_t(idx) - 1];
-      }
+      case REFSXP:
+        return reference(flags);
       case PERSISTSXP:
       case PACKAGESXP:
-      case NAMESPACESXP: {
-        refs_.push_back(v);
-        i32();
-        const std::size_t n = length();
-        for (std::size_t i = 0; i < n; ++i) v->strs.push_back(item()->str);
-        return v;
-      }
-      case SYMSXP: {
+      case NAMESPACESXP:
+        return named_strings(v);
+      case SYMSXP:
         refs_.push_back(v);
         v->str = item()->str;
         return v;
-      }
-      case ENVSXP: {
-        refs_.push_back(v);
-        i32();                       // locked
-        item();                      // enclosure
-        v->items.push_back(item());  // frame
-        item();                      // hash table
-        v->attr = item();
-        return v;
-      }
+      case ENVSXP:
+        return environment(v);
       case LISTSXP:
       case LANGSXP:
       case CLOSXP:
       case PROMSXP:
       case DOTSXP:
       case ATTRLANGSXP:
-      case ATTRLISTSXP: {
-        // A pairlist is read iteratively along its CDR chain.
-        RPtr head = v;
-        RPtr cell_attr = has_attr ? item() : nullptr;
-        head->attr = cell_attr;
-        bool tag = has_tag;
-        for (;;) {
-          head->tags.push_back(tag ? item()->str : std::string());
-          head->items.push_back(item());
-          const int32_t f2 = i32();
-          const int t2 = f2 & 0xFF;
-          if (t2 == NILVALUE_SXP) break;
-          if (t2 != LISTSXP && t2 != LANGSXP && t2 != ATTRLISTSXP && t2 != ATTRLANGSXP) {
-            pos_ -= 4;
-            head->items.push_back(item());  // dotted pair tail
-            head->tags.emplace_back();
-            break;
-          }
-          if (f2 & (1 << 9)) item();  // attributes of an inner cell: dropped
-          tag = f2 & (1 << 10);
-        }
-        return v;
+      case ATTRLISTSXP:
+        return pairlist(v, flags);
+      default:
+        return nullptr;
+    }
+  }
+
+  RPtr reference(int32_t flags) {
+    int idx = flags >> 8;
+    if (idx == 0) idx = i32();
+    if (idx < 1 || std::size_t(idx) > refs_.size()) fail("bad reference " + std::to_string(idx));
+    return refs_[std::size_t(idx) - 1];
+  }
+
+  RPtr named_strings(const RPtr& v) {
+    refs_.push_back(v);
+    i32();
+    const std::size_t n = length();
+    for (std::size_t i = 0; i < n; ++i) v->strs.push_back(item()->str);
+    return v;
+  }
+
+  RPtr environment(const RPtr& v) {
+    refs_.push_back(v);
+    i32();                       // locked
+    item();                      // enclosure
+    v->items.push_back(item());  // frame
+    item();                      // hash table
+    v->attr = item();
+    return v;
+  }
+
+  // A pairlist is read iteratively along its CDR chain.
+  RPtr pairlist(const RPtr& v, int32_t flags) {
+    v->attr = (flags & (1 << 9)) ? item() : nullptr;
+    bool tag = flags & (1 << 10);
+    for (;;) {
+      v->tags.push_back(tag ? item()->str : std::string());
+      v->items.push_back(item());
+      const int32_t f2 = i32();
+      const int t2 = f2 & 0xFF;
+      if (t2 == NILVALUE_SXP) break;
+      if (t2 != LISTSXP && t2 != LANGSXP && t2 != ATTRLISTSXP && t2 != ATTRLANGSXP) {
+        pos_ -= 4;
+        v->items.push_back(item());  // dotted pair tail
+        v->tags.emplace_back();
+        break;
       }
+      if (f2 & (1 << 9)) item();  // attributes of an inner cell: dropped
+      tag = f2 & (1 << 10);
+    }
+    return v;
+  }
+
+  // A vector's elements; false when no attributes follow (an NA string).
+  bool vector_body(RValue& v, int levels) {
+    switch (v.type) {
       case CHARSXP: {
         const int32_t n = i32();
-        if (n == -1) {
-          v->na = true;
-          return v;
-        }
-        v->str = bytes(std::size_t(n));
-        if (levels & 4) v->str = latin1_to_utf8(v->str);  // LATIN1_MASK
-        break;
+        if (n == -1) return v.na = true, false;
+        v.str = bytes(std::size_t(n));
+        if (levels & 4) v.str = latin1_to_utf8(v.str);  // LATIN1_MASK
+        return true;
       }
       case LGLSXP:
-      case INTSXP: {
-        const std::size_t n = length();
-        v->ints.resize(n);
-        for (auto& x : v->ints) x = i32();
-        break;
-      }
+      case INTSXP:
+        v.ints.resize(length());
+        for (auto& x : v.ints) x = i32();
+        return true;
       case REALSXP:
         bytes(length() * 8);
-        break;
+        return true;
       case CPLXSXP:
         bytes(length() * 16);
-        break;
+        return true;
       case RAWSXP:
-        v->str = bytes(length());
-        break;
-      case STRSXP: {
-        const std::size_t n = length();
-        v->strs.reserve(n);
-        for (std::size_t i = 0; i < n; ++i) {
-          RPtr c = item();
-          v->strs.push_back(c->na ? std::string() : c->str);
-        }
-        break;
-      }
+        v.str = bytes(length());
+        return true;
+      case STRSXP:
+        return strings(v), true;
       case VECSXP:
       case EXPRSXP: {
         const std::size_t n = length();
-        for (std::size_t i = 0; i < n; ++i) v->items.push_back(item());
-        break;
+        for (std::size_t i = 0; i < n; ++i) v.items.push_back(item());
+        return true;
       }
       case S4SXP:
-        break;
+        return true;
       default:
-        fail("unsupported R value type " + std::to_string(type));
+        fail("unsupported R value type " + std::to_string(v.type));
     }
-    if (has_attr) v->attr = item();
-    return v;
+  }
+
+  void strings(RValue& v) {
+    const std::size_t n = length();
+    v.strs.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      RPtr c = item();
+      v.strs.push_back(c->na ? std::string() : c->str);
+    }
   }
 
   std::string d_;

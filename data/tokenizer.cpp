@@ -507,6 +507,13 @@ struct Tokenizer::Impl {
     pair.push_back({-1, sep});
   }
 
+  // The parts of a tokenizer.json, each loaded by one function (Tokenizer::from_hf_json_text calls them).
+  void load_model(const json& model, const std::string& name);
+  void load_normalizer(const json& n, const std::string& name);
+  void load_pre_tokenizer(const json& p, const std::string& name);
+  void load_split(const json& p, const std::string& name);
+  void load_added_tokens(const json& added, const std::string& name);
+
   // ByteLevel post-processors change offsets only; HF runs a Sequence's processors in order, and a second
   // template would see one merged text (HF's own encode then fails), so a Sequence holds one at most.
   void load_post_processor(const json& p, const std::string& where, bool nested = false) {
@@ -796,6 +803,134 @@ const std::string& Tokenizer::byte_to_unicode(uint8_t b) { return byte_map().enc
 
 Tokenizer Tokenizer::from_hf_json(const std::string& path) { return from_hf_json_text(read_file(path), path); }
 
+namespace {
+
+std::string str_or_empty(const json& o, const char* k) {
+  auto f = o.find(k);
+  return (f == o.end() || f->is_null()) ? std::string() : f->get<std::string>();
+}
+
+// A merge as "a b" or ["a", "b"].
+std::pair<std::string, std::string> merge_tokens(const json& mg, uint32_t rank, const std::string& name) {
+  if (mg.is_string()) {
+    const std::string s = mg.get<std::string>();
+    const auto sp = s.find(' ');
+    if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+      throw DataError(name + ": merge " + std::to_string(rank) + " ('" + s + "') is not two tokens");
+    return {s.substr(0, sp), s.substr(sp + 1)};
+  }
+  if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string())
+    return {mg[0].get<std::string>(), mg[1].get<std::string>()};
+  throw DataError(name + ": merge " + std::to_string(rank) + " is neither \"a b\" nor [\"a\", \"b\"]");
+}
+
+void check_decoder(const json& d, const std::string& name) {
+  if (d.is_null()) return;
+  const std::string t = str_or_empty(d, "type");
+  bool ok = t == "ByteLevel";
+  if (t == "Sequence") {
+    ok = true;
+    for (const auto& x : d.at("decoders")) ok = ok && str_or_empty(x, "type") == "ByteLevel";
+  }
+  if (!ok) throw DataError(name + ": unsupported decoder type '" + t + "' (only ByteLevel)");
+}
+
+}  // namespace
+
+void Tokenizer::Impl::load_model(const json& model, const std::string& name) {
+  const std::string type = str_or_empty(model, "type");
+  if (type != "BPE" && !(type.empty() && model.contains("merges")))
+    throw DataError(name + ": unsupported model type '" + type + "' (only BPE)");
+  if (model.value("byte_fallback", false)) throw DataError(name + ": unsupported model option byte_fallback=true");
+  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
+    throw DataError(name + ": unsupported model option dropout");
+  if (!str_or_empty(model, "continuing_subword_prefix").empty() || !str_or_empty(model, "end_of_word_suffix").empty())
+    throw DataError(name + ": unsupported model option continuing_subword_prefix/end_of_word_suffix");
+  ignore_merges = model.value("ignore_merges", false);
+  if (!model.contains("vocab")) throw DataError(name + ": model has no 'vocab'");
+  const json& vocab = model["vocab"];
+  load_vocab(vocab, name);
+  const json& mgs = model.contains("merges") ? model["merges"] : json::array();
+  if (!mgs.is_array()) throw DataError(name + ": model.merges must be an array");
+  merges.init(mgs.size());
+  uint32_t rank = 0;
+  for (const auto& mg : mgs) {
+    const auto [a, b] = merge_tokens(mg, rank, name);
+    add_merge(vocab, a, b, rank, name);
+    ++rank;
+  }
+}
+
+void Tokenizer::Impl::load_normalizer(const json& n, const std::string& name) {
+  if (n.is_null()) return;
+  const std::string t = str_or_empty(n, "type");
+  if (t == "NFC") {
+    nfc = true;
+  } else if (t == "Sequence") {
+    for (const auto& x : n.at("normalizers")) load_normalizer(x, name);
+  } else {
+    throw DataError(name + ": unsupported normalizer type '" + t + "' (supported: NFC, Sequence)");
+  }
+}
+
+void Tokenizer::Impl::load_pre_tokenizer(const json& p, const std::string& name) {
+  if (p.is_null()) return;
+  const std::string t = str_or_empty(p, "type");
+  if (t == "Sequence") {
+    for (const auto& x : p.at("pretokenizers")) load_pre_tokenizer(x, name);
+  } else if (t == "ByteLevel") {
+    if (p.value("add_prefix_space", false)) steps.push_back({StepKind::PrefixSpace, nullptr});
+    if (p.value("use_regex", true))
+      steps.push_back({StepKind::Split, std::make_shared<Regex>(kGpt2SplitPattern, name)});
+  } else if (t == "Split") {
+    load_split(p, name);
+  } else {
+    throw DataError(name + ": unsupported pre_tokenizer type '" + t + "' (supported: ByteLevel, Split, Sequence)");
+  }
+}
+
+void Tokenizer::Impl::load_split(const json& p, const std::string& name) {
+  const json& pat = p.at("pattern");
+  std::string rx;
+  if (pat.contains("Regex")) {
+    rx = pat["Regex"].get<std::string>();
+  } else if (pat.contains("String")) {
+    for (char c : pat["String"].get<std::string>()) {
+      if (std::strchr("\\^$.|?*+()[]{}", c)) rx += '\\';
+      rx += c;
+    }
+  } else {
+    throw DataError(name + ": pre_tokenizer Split without a Regex or String pattern");
+  }
+  if (p.value("invert", false)) throw DataError(name + ": unsupported pre_tokenizer Split option invert=true");
+  const std::string beh = str_or_empty(p, "behavior");
+  StepKind kind;
+  if (beh == "Isolated")
+    kind = StepKind::Split;
+  else if (beh == "Removed")
+    kind = StepKind::SplitRemoved;
+  else
+    throw DataError(name + ": unsupported pre_tokenizer Split behavior '" + beh + "' (Isolated, Removed)");
+  steps.push_back({kind, std::make_shared<Regex>(rx, name)});
+}
+
+void Tokenizer::Impl::load_added_tokens(const json& added, const std::string& name) {
+  if (!added.is_array()) return;
+  for (const auto& a : added) {
+    AddedToken t;
+    t.id = a.at("id").get<uint32_t>();
+    t.content = a.at("content").get<std::string>();
+    t.special = a.value("special", false);
+    t.lstrip = a.value("lstrip", false);
+    t.rstrip = a.value("rstrip", false);
+    t.single_word = a.value("single_word", false);
+    t.normalized = a.value("normalized", !t.special);
+    if (find_invalid_utf8(t.content) != std::string::npos)
+      throw DataError(name + ": added token " + std::to_string(t.id) + " is not valid UTF-8");
+    add_added(std::move(t));
+  }
+}
+
 Tokenizer Tokenizer::from_hf_json_text(const std::string& text, const std::string& name) {
   json j;
   try {
@@ -806,132 +941,18 @@ Tokenizer Tokenizer::from_hf_json_text(const std::string& text, const std::strin
   if (!j.is_object()) throw DataError(name + ": not a tokenizer.json (top level is not an object)");
   auto m = std::make_unique<Impl>();
   m->source = name;
-  auto str_or_empty = [](const json& o, const char* k) -> std::string {
-    auto f = o.find(k);
-    return (f == o.end() || f->is_null()) ? std::string() : f->get<std::string>();
-  };
   try {
-    // model
     if (!j.contains("model") || !j["model"].is_object()) throw DataError(name + ": no 'model' object");
-    const json& model = j["model"];
-    const std::string type = str_or_empty(model, "type");
-    if (type != "BPE" && !(type.empty() && model.contains("merges")))
-      throw DataError(name + ": unsupported model type '" + type + "' (only BPE)");
-    if (model.value("byte_fallback", false)) throw DataError(name + ": unsupported model option byte_fallback=true");
-    if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0)
-      throw DataError(name + ": unsupported model option dropout");
-    if (!str_or_empty(model, "continuing_subword_prefix").empty() || !str_or_empty(model, "end_of_word_suffix").empty())
-      throw DataError(name + ": unsupported model option continuing_subword_prefix/end_of_word_suffix");
-    m->ignore_merges = model.value("ignore_merges", false);
-    if (!model.contains("vocab")) throw DataError(name + ": model has no 'vocab'");
-    const json& vocab = model["vocab"];
-    m->load_vocab(vocab, name);
-    const json& merges = model.contains("merges") ? model["merges"] : json::array();
-    if (!merges.is_array()) throw DataError(name + ": model.merges must be an array");
-    m->merges.init(merges.size());
-    uint32_t rank = 0;
-    for (const auto& mg : merges) {
-      std::string a, b;
-      if (mg.is_string()) {
-        const std::string s = mg.get<std::string>();
-        const auto sp = s.find(' ');
-        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          throw DataError(name + ": merge " + std::to_string(rank) + " ('" + s + "') is not two tokens");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
-        a = mg[0].get<std::string>();
-        b = mg[1].get<std::string>();
-      } else {
-        throw DataError(name + ": merge " + std::to_string(rank) + " is neither \"a b\" nor [\"a\", \"b\"]");
-      }
-      m->add_merge(vocab, a, b, rank, name);
-      ++rank;
-    }
-    // normalizer
-    std::function<void(const json&)> norm = [&](const json& n) {
-      if (n.is_null()) return;
-      const std::string t = str_or_empty(n, "type");
-      if (t == "NFC") {
-        m->nfc = true;
-      } else if (t == "Sequence") {
-        for (const auto& x : n.at("normalizers")) norm(x);
-      } else {
-        throw DataError(name + ": unsupported normalizer type '" + t + "' (supported: NFC, Sequence)");
-      }
-    };
-    if (j.contains("normalizer")) norm(j["normalizer"]);
+    m->load_model(j["model"], name);
+    if (j.contains("normalizer")) m->load_normalizer(j["normalizer"], name);
     if (m->nfc) {
       UErrorCode st = U_ZERO_ERROR;
       m->nfc_impl = icu::Normalizer2::getNFCInstance(st);
       if (U_FAILURE(st)) throw DataError(name + ": ICU NFC normalizer unavailable: " + u_errorName(st));
     }
-    // pre-tokenizer
-    std::function<void(const json&)> pre = [&](const json& p) {
-      if (p.is_null()) return;
-      const std::string t = str_or_empty(p, "type");
-      if (t == "Sequence") {
-        for (const auto& x : p.at("pretokenizers")) pre(x);
-      } else if (t == "ByteLevel") {
-        if (p.value("add_prefix_space", false)) m->steps.push_back({Impl::StepKind::PrefixSpace, nullptr});
-        if (p.value("use_regex", true))
-          m->steps.push_back({Impl::StepKind::Split, std::make_shared<Regex>(kGpt2SplitPattern, name)});
-      } else if (t == "Split") {
-        const json& pat = p.at("pattern");
-        std::string rx;
-        if (pat.contains("Regex")) {
-          rx = pat["Regex"].get<std::string>();
-        } else if (pat.contains("String")) {
-          const std::string lit = pat["String"].get<std::string>();
-          for (char c : lit) {
-            if (std::strchr("\\^$.|?*+()[]{}", c)) rx += '\\';
-            rx += c;
-          }
-        } else {
-          throw DataError(name + ": pre_tokenizer Split without a Regex or String pattern");
-        }
-        if (p.value("invert", false)) throw DataError(name + ": unsupported pre_tokenizer Split option invert=true");
-        const std::string beh = str_or_empty(p, "behavior");
-        Impl::StepKind kind;
-        if (beh == "Isolated")
-          kind = Impl::StepKind::Split;
-        else if (beh == "Removed")
-          kind = Impl::StepKind::SplitRemoved;
-        else
-          throw DataError(name + ": unsupported pre_tokenizer Split behavior '" + beh + "' (Isolated, Removed)");
-        m->steps.push_back({kind, std::make_shared<Regex>(rx, name)});
-      } else {
-        throw DataError(name + ": unsupported pre_tokenizer type '" + t + "' (supported: ByteLevel, Split, Sequence)");
-      }
-    };
-    if (j.contains("pre_tokenizer")) pre(j["pre_tokenizer"]);
-    // decoder
-    if (j.contains("decoder") && !j["decoder"].is_null()) {
-      const json& d = j["decoder"];
-      const std::string t = str_or_empty(d, "type");
-      bool ok = t == "ByteLevel";
-      if (t == "Sequence") {
-        ok = true;
-        for (const auto& x : d.at("decoders")) ok = ok && str_or_empty(x, "type") == "ByteLevel";
-      }
-      if (!ok) throw DataError(name + ": unsupported decoder type '" + t + "' (only ByteLevel)");
-    }
-    // added tokens
-    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const auto& a : j["added_tokens"]) {
-        AddedToken t;
-        t.id = a.at("id").get<uint32_t>();
-        t.content = a.at("content").get<std::string>();
-        t.special = a.value("special", false);
-        t.lstrip = a.value("lstrip", false);
-        t.rstrip = a.value("rstrip", false);
-        t.single_word = a.value("single_word", false);
-        t.normalized = a.value("normalized", !t.special);
-        if (find_invalid_utf8(t.content) != std::string::npos)
-          throw DataError(name + ": added token " + std::to_string(t.id) + " is not valid UTF-8");
-        m->add_added(std::move(t));
-      }
-    }
+    if (j.contains("pre_tokenizer")) m->load_pre_tokenizer(j["pre_tokenizer"], name);
+    if (j.contains("decoder")) check_decoder(j["decoder"], name);
+    if (j.contains("added_tokens")) m->load_added_tokens(j["added_tokens"], name);
     if (j.contains("post_processor")) m->load_post_processor(j["post_processor"], name + ": post_processor");
     m->finish_template();
   } catch (const json::exception& e) {

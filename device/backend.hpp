@@ -4,7 +4,7 @@
 //
 // A backend owns:
 //   - device memory: one allocation of the planned arena size, made once before training (the
-//     backend-independent DeviceArena in storage/host carves and accounts for it);
+//     backend-independent DeviceArena in device/device_arena.hpp carves and accounts for it);
 //   - the link: copies host -> device and device -> host, FIFO per direction, each with a completion
 //     callback the actors turn into messages (CopyDone, BoundarySaved, a collector's future);
 //   - device-side work on one compute queue, in call order: fills, device-to-device copies and the
@@ -137,9 +137,8 @@ class Backend {
   // True when the stage operations read and write host memory at its own addresses and no link is
   // modelled between the two (the CPU backend without device.copy_bandwidth_gbps): a weight load then
   // maps the host tile (DeviceArena::map_slot) instead of copying it, and the collector sums a
-  // gradient straight from the device buffer into the host accumulator (accumulate_to_host). The
-  // copies shared the cores with compute: the demo's step took 0.327 s with them and 0.296 s without
-  // (4 alternating pairs, steps 5..20, 2-core Xeon; the copy path kept by a link bandwidth of 10 TB/s).
+  // gradient straight from the device buffer into the host accumulator (accumulate_to_host). Copies
+  // would share the cores with compute for nothing (tools/bench/README.md, "overlap").
   virtual bool shares_host_memory() const { return false; }
   // host_acc = (first ? +0 : host_acc) + device_src element-wise, in one pass with `threads` host
   // threads: the bits of a device-to-host copy, cpu::zero (first) and cpu::accumulate. Only when

@@ -320,3 +320,30 @@ TEST_CASE("the CAF options are the key table's, in its order, and every boolean 
   }
   CHECK(booleans == 11);
 }
+
+TEST_CASE("--help lists at most 45 user keys, then the expert keys apart, each saying when to set it",
+          "[node_config]") {
+  NodeConfig cfg;
+  const std::string help = cfg.help_text("megatrain train");
+  const auto expert_header = help.find("\nExpert keys:");
+  REQUIRE(expert_header != std::string::npos);
+  int user_keys = 0;
+  for (const KeyDesc& k : config_keys()) {
+    INFO(k.qualified());
+    const auto at = help.find("  --" + k.qualified() + "=<");
+    REQUIRE(at != std::string::npos);
+    if (k.is_expert()) {
+      CHECK(at > expert_header);
+      CHECK(std::string(k.expert_why).size() > 10);
+      CHECK_THAT(help.substr(at), Catch::Contains("set it for: " + std::string(k.expert_why)));
+    } else {
+      CHECK(at < expert_header);
+      ++user_keys;
+    }
+  }
+  CHECK(user_keys <= 45);
+  CHECK(user_keys >= 30);  // the sections a user needs are all there
+  for (const char* user : {"train.learning_rate", "model.model_name_or_path", "data.train_files",
+                           "train.resume_from_checkpoint", "device.max_vram_gb", "monitor.port", "cluster.mode"})
+    CHECK_FALSE(find_key(user)->is_expert());
+}

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "actors/engine.hpp"
-#include "actors/fault.hpp"
+#include "actors/roles.hpp"
 #include "kernels/param_layout.hpp"
 #include "tools/bench/bench_report.hpp"
 #include "tools/bench/demo_model.hpp"
