@@ -61,6 +61,12 @@ with tempfile.TemporaryDirectory() as root:
     write("a/b/README.md", split + "\n")
     expect("sentence ends before code, digits and brackets split", root, 0)
 
+    # A sentence may start in lower case (a tool's name); an ellipsis does not end one.
+    write("a/b/README.md", sentence(40) + " megatrain-top " + sentence(40, "shows") + "\n")
+    expect("a lower-case start splits", root, 0)
+    write("a/b/README.md", sentence(30).rstrip(".") + " d, d + N, ... (the loader " + sentence(26, "routes") + "\n")
+    expect("an ellipsis does not end a sentence", root, 1, "a sentence of 61 words")
+
     # List items are units of their own; a lowercase continuation line still belongs to its item.
     items = "\n".join("- " + sentence(40, "item") for _ in range(4)) + "\n  " + sentence(15, "more") + "\n"
     write("a/b/README.md", "Tests:\n" + items + "1. " + sentence(40, "one") + "\n2. " + sentence(40, "two") + "\n")
