@@ -1,6 +1,8 @@
 #include "node/host_pinning.hpp"
 
-namespace mt::actors {
+namespace mt::node {
+
+using namespace mt::actors;  // the engine this folder runs
 
 std::unique_ptr<BackendPinning> host_pinning_for(const TrainConfig& cfg, const EnginePlan& plan) {
   if (cfg.device.backend == "cpu") return nullptr;
@@ -9,4 +11,4 @@ std::unique_ptr<BackendPinning> host_pinning_for(const TrainConfig& cfg, const E
   return std::make_unique<BackendPinning>(make_backend(o));
 }
 
-}  // namespace mt::actors
+}  // namespace mt::node

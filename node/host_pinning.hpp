@@ -11,7 +11,7 @@
 #include "device/backend.hpp"
 #include "storage/host/host_model.hpp"
 
-namespace mt::actors {
+namespace mt::node {
 
 class BackendPinning final : public HostPinningHook {
  public:
@@ -33,6 +33,6 @@ class BackendPinning final : public HostPinningHook {
 
 // The run's pinning hook: null for the CPU backend (nothing to pin), else a BackendPinning over a
 // backend of device.backend on device 0 (CUDA registers the ranges as portable: every GPU sees them).
-std::unique_ptr<BackendPinning> host_pinning_for(const TrainConfig& cfg, const EnginePlan& plan);
+std::unique_ptr<BackendPinning> host_pinning_for(const TrainConfig& cfg, const actors::EnginePlan& plan);
 
-}  // namespace mt::actors
+}  // namespace mt::node

@@ -14,7 +14,9 @@
 #include "kernels/cpu/cpu_info.hpp"
 #include "kernels/stage_api.hpp"
 
-namespace mt::actors {
+namespace mt::node {
+
+using namespace mt::actors;  // the engine this folder runs
 
 namespace fs = std::filesystem;
 
@@ -707,4 +709,4 @@ KernelChoice choose_kernels(const TrainConfig& cfg, const ModelConfig& model, co
   return c;
 }
 
-}  // namespace mt::actors
+}  // namespace mt::node

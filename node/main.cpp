@@ -20,4 +20,4 @@
 // NOLINTNEXTLINE(bugprone-reserved-identifier): the name is LSan's interface
 extern "C" const char* __lsan_default_suppressions() { return "leak:libhdf5\n"; }
 
-int main(int argc, char** argv) { return mt::actors::node_main(argc, argv); }
+int main(int argc, char** argv) { return mt::node::node_main(argc, argv); }

@@ -22,7 +22,7 @@ void usage(std::FILE* f) {
                "       megatrain plan --help          the planner's keys (plan.*) and hardware profiles\n");
 }
 
-int train(int argc, char** argv, const std::function<void(mt::actors::TrainingHooks&)>& customize) {
+int train(int argc, char** argv, const std::function<void(mt::node::TrainingHooks&)>& customize) {
   std::vector<std::string> args(argv + 2, argv + argc);
   mt::NodeConfig node;
   const mt::NodeConfigLoad load = node.load(args);
@@ -39,7 +39,7 @@ int train(int argc, char** argv, const std::function<void(mt::actors::TrainingHo
     std::fprintf(stderr, "megatrain: %s\n", e.what());
     return 1;
   }
-  mt::actors::TrainingHooks hooks;
+  mt::node::TrainingHooks hooks;
   if (world) {
     node.values.cluster.rank = world->rank();
     node.values.cluster.ranks = world->size();
@@ -48,7 +48,7 @@ int train(int argc, char** argv, const std::function<void(mt::actors::TrainingHo
     hooks.world = world.get();
   }
   if (customize) customize(hooks);
-  const int status = mt::actors::run_training(node.values, hooks, &node).exit_status;
+  const int status = mt::node::run_training(node.values, hooks, &node).exit_status;
   // A failed rank ends the whole job at once: its peers would otherwise wait for it until their timeout.
   if (status != 0 && world && world->size() > 1) world->abort(status);
   return status;
@@ -56,7 +56,9 @@ int train(int argc, char** argv, const std::function<void(mt::actors::TrainingHo
 
 }  // namespace
 
-namespace mt::actors {
+namespace mt::node {
+
+using namespace mt::actors;  // the engine this folder runs
 
 int node_main(int argc, char** argv, const std::function<void(TrainingHooks&)>& customize) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
@@ -64,7 +66,7 @@ int node_main(int argc, char** argv, const std::function<void(TrainingHooks&)>& 
     return argc < 2 ? 2 : 0;
   }
   if (std::strcmp(argv[1], "plan") == 0)
-    return mt::plan::run_plan_command(std::vector<std::string>(argv + 2, argv + argc));
+    return mt::node::run_plan_command(std::vector<std::string>(argv + 2, argv + argc));
   if (std::strcmp(argv[1], "train") != 0) {
     std::fprintf(stderr, "megatrain: unknown command '%s'\n", argv[1]);
     usage(stderr);
@@ -73,4 +75,4 @@ int node_main(int argc, char** argv, const std::function<void(TrainingHooks&)>& 
   return train(argc, argv, customize);
 }
 
-}  // namespace mt::actors
+}  // namespace mt::node

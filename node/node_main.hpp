@@ -6,9 +6,9 @@
 
 #include "node/training_run.hpp"
 
-namespace mt::actors {
+namespace mt::node {
 
 // Returns the process's exit status: 0 done, 1 a failed run or bad input, 2 a bad command line.
 int node_main(int argc, char** argv, const std::function<void(TrainingHooks&)>& customize = {});
 
-}  // namespace mt::actors
+}  // namespace mt::node

@@ -16,7 +16,9 @@
 #include "plan/step_model.hpp"
 #include "storage/hf/hf_config.hpp"
 
-namespace mt::plan {
+namespace mt::node {
+
+using namespace mt::plan;  // the planner this command prints
 
 namespace {
 
@@ -109,7 +111,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     return 0;
   }
   TrainConfig cfg;
-  const std::string error = actors::parse_train_config(args, cfg, false);
+  const std::string error = parse_train_config(args, cfg, false);
   if (!error.empty()) {
     std::fprintf(stderr, "megatrain plan: %s\n", error.c_str());
     return 1;
@@ -132,8 +134,7 @@ int run_plan_command(const std::vector<std::string>& args) {
       // take here (the cache, else the probes), set before anything runs a product, so the machine's figures and the op
       // times come from the kernels the run uses.
       try {
-        const actors::KernelChoice kc =
-            actors::choose_kernels(cfg, model, actors::plan_engine(cfg, model), nlohmann::json::object());
+        const KernelChoice kc = choose_kernels(cfg, model, actors::plan_engine(cfg, model), nlohmann::json::object());
         if (kc.applies) kernel_note = kc.fp32_line();
         if (kc.bf16) kernel_note += "\nnote: " + kc.line() + "\nnote: " + kc.attention_line();
       } catch (const ConfigError&) {
@@ -220,4 +221,4 @@ int run_plan_command(const std::vector<std::string>& args) {
   }
 }
 
-}  // namespace mt::plan
+}  // namespace mt::node

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-namespace mt::plan {
+namespace mt::node {
 
 // Returns the exit status: 0 the plan fits, 1 it does not (or bad input, printed to stderr), 0 for --help.
 int run_plan_command(const std::vector<std::string>& args);
 
-}  // namespace mt::plan
+}  // namespace mt::node

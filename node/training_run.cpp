@@ -40,7 +40,9 @@
 #include "storage/hf/file_util.hpp"
 #include "storage/hf/hf_config.hpp"
 
-namespace mt::actors {
+namespace mt::node {
+
+using namespace mt::actors;  // the engine this folder runs
 
 namespace {
 
@@ -738,4 +740,4 @@ std::string parse_train_config(const std::vector<std::string>& args, TrainConfig
 
 std::vector<std::string> train_config_keys() { return NodeConfig().registered_keys(); }
 
-}  // namespace mt::actors
+}  // namespace mt::node

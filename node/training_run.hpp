@@ -23,7 +23,7 @@ namespace mt::cluster {
 class World;
 }
 
-namespace mt::actors {
+namespace mt::node {
 
 enum class MessageStream { out, err };  // the binary's stdout (progress) and stderr (notes, errors)
 
@@ -33,13 +33,13 @@ struct TrainingHooks {
   // checkpoints' manifests and the export ("" = none). A resume then loads its checkpoint over it.
   std::function<std::string(HostModel&)> initial_weights;
   // Replaces the shards of data.train_files (the vocabulary check then covers only the tokenizer).
-  BatchSource* data = nullptr;
+  actors::BatchSource* data = nullptr;
   // Each message line without its newline; default: stdout / stderr, flushed.
   std::function<void(MessageStream, const std::string&)> message;
   // Called once per finished step (after its progress line), on an engine thread.
-  std::function<void(const StepRecord&)> on_step;
+  std::function<void(const actors::StepRecord&)> on_step;
   // Called once per evaluation (data.validation_files, train.eval_steps), after its progress line.
-  std::function<void(const EvalRecord&)> on_eval;
+  std::function<void(const actors::EvalRecord&)> on_eval;
   // Set to stop after the step in progress (a final checkpoint is written). Null: SIGINT and SIGTERM
   // set an internal flag and SIGUSR1 requests a checkpoint, as in the binary.
   const std::atomic<bool>* stop = nullptr;
@@ -51,14 +51,14 @@ struct TrainingHooks {
   cluster::World* world =
       nullptr;  // Adjusts the checkpointer's job before the run starts: a test harness plants write stalls and
   // failures there (tests/actors/node_with_faults.cpp); the binary and the Python module set none.
-  std::function<void(CheckpointJob&)> checkpoint_job;
+  std::function<void(actors::CheckpointJob&)> checkpoint_job;
 };
 
 struct TrainingResult {
   int exit_status = 0;          // 0: finished or stopped by the stop flag / a signal; 1: failed
   std::string error;            // exit_status 1: why (the binary prints it after "megatrain: ")
   std::int64_t first_step = 0;  // steps already done when the run began (resume)
-  EngineResult engine;          // steps, timings, checkpoints (empty when the run failed before starting)
+  actors::EngineResult engine;  // steps, timings, checkpoints (empty when the run failed before starting)
   double tokens_per_step = 0.0;
   std::string train_jsonl;  // the per-step log written
 };
@@ -77,4 +77,4 @@ std::string parse_train_config(const std::vector<std::string>& args, TrainConfig
 // Every key the binary accepts, "section.key" (e.g. to ask whether this build knows a key).
 std::vector<std::string> train_config_keys();
 
-}  // namespace mt::actors
+}  // namespace mt::node

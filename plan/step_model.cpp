@@ -279,292 +279,378 @@ OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const
   return t;
 }
 
+namespace {
+
+// The costs of one stage's transfers and host work on `hw`, seconds.
+struct StageCosts {
+  StageCosts(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+             const HardwareProfile& hw, std::int64_t micro_batches)
+      : hw(hw), S(plan.stages), M(micro_batches), stage_grads(plan.stage_gradients), passes(plan.gradient_passes) {
+    for (std::int64_t s = 0; s < S; ++s) floats.push_back(static_cast<double>(stage_layout(model, s).total_floats));
+    bf16 = cfg.precision() == Precision::bf16;
+    split = cfg.split_masters();
+    h2d = hw.link_h2d, d2h = hw.link_d2h;
+    if (hw.shared_cores && cfg.copy_bandwidth_bytes_per_s() > 0) {
+      h2d = std::min(h2d, cfg.copy_bandwidth_bytes_per_s());
+      d2h = std::min(d2h, cfg.copy_bandwidth_bytes_per_s());
+    }
+    wbytes_per = static_cast<double>(bytes_per_param(cfg.precision()));
+    // CPU backend without a modelled link: weights are mapped, not copied, micro-batch 0's gradients
+    // are written into the tile by compute and later ones summed from the staging slot in one pass
+    // (Backend::shares_host_memory, Context::grads_in_place).
+    mapped = hw.shared_cores && cfg.device_shares_host_memory();
+    in_place = mapped && cfg.device.gpus <= 1 && !stage_grads;
+    // NVMe: each stage's moments (and with train.offload_params its masters) read before and written after
+    // its update.
+    tier = !cfg.train.offload_dir.empty();
+    const double moment_bytes_per = cfg.optimizer_compression() == OptimizerCompression::int8       ? 2.0 + 16.0 / 256
+                                    : cfg.optimizer_compression() == OptimizerCompression::lossless ? 8.0 * 0.8
+                                                                                                    : 8.0;
+    nvme_per = (tier ? moment_bytes_per : 0.0) + (cfg.train.offload_params ? 4.0 : 0.0);
+    disk_r = hw.disk_read > 0 ? hw.disk_read : 2e9, disk_w = hw.disk_write > 0 ? hw.disk_write : 1e9;
+    staging = static_cast<int>(cfg.train.offload_staging_stages);
+    reads = tier && S > staging;  // a store whose slots hold every stage reads nothing
+    coded = cfg.optimizer_compression() != OptimizerCompression::none;
+  }
+
+  double load(std::int64_t s) const { return floats[s] * wbytes_per / h2d; }
+  double out(std::int64_t s) const { return floats[s] * 4.0 / d2h; }
+  // The collector: read staged + acc, write acc (nothing for an in-place micro-batch 0), and after the
+  // last micro-batch the sum of squares reads the accumulator. Stage gradients: one micro-batch
+  // accumulates nothing, only the sum of squares read from the slot (once, in the first pass); several
+  // are summed into a stage accumulator, and the first pass's last reads it for the sum of squares.
+  // `mb`: the schedule micro-batch (pass * M + data micro-batch).
+  double accumulate(std::int64_t s, std::int64_t mb) const {
+    const bool first_pass = mb < M, data_last = mb % M + 1 == M;
+    if (stage_grads && M == 1) return first_pass ? floats[s] * 4.0 / hw.host_mem : 0.0;
+    if (stage_grads) return floats[s] * (12.0 + (first_pass && data_last ? 4.0 : 0.0)) / hw.host_mem;
+    return floats[s] * ((in_place && mb == 0 ? 0.0 : 12.0) + (mb + 1 == M * passes ? 4.0 : 0.0)) / hw.host_mem;
+  }
+  // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter), + the bf16 copy; split masters
+  // read and write the two halves in p's place (28 in all).
+  double optimize(std::int64_t s) const {
+    return hw.adamw_params_per_s > 0 ? floats[s] / hw.adamw_params_per_s
+                                     : floats[s] * (28.0 + (bf16 && !split ? 2.0 : 0.0)) / hw.host_mem;
+  }
+  double read(std::int64_t s) const { return floats[s] * nvme_per / disk_r; }
+  double write(std::int64_t s) const { return floats[s] * nvme_per / disk_w; }
+  // The tier's CPU work per transfer (the probe's CPU seconds per byte through the tier's own code: block
+  // checksums and system calls, on the store's worker and I/O threads), inside the transfer's time: a
+  // write checksums its blocks before it writes, a read verifies them after it has read.
+  double read_cpu(std::int64_t s) const { return floats[s] * nvme_per * hw.disk_read_cpu_s_per_byte; }
+  double write_cpu(std::int64_t s) const { return floats[s] * nvme_per * hw.disk_write_cpu_s_per_byte; }
+  // A moment codec (train.optimizer_compression): a stage's moments are encoded after each update and,
+  // when the stages outnumber the slots, decoded before it (this machine's measured rates; on shared
+  // cores the store's workers take the cores like the optimizer).
+  double encode(std::int64_t s) const {
+    return coded && hw.codec_encode_params_per_s > 0 ? floats[s] / hw.codec_encode_params_per_s : 0.0;
+  }
+  double decode(std::int64_t s) const {
+    return coded && S > staging && hw.codec_decode_params_per_s > 0 ? floats[s] / hw.codec_decode_params_per_s : 0.0;
+  }
+
+  const HardwareProfile& hw;
+  std::int64_t S, M;
+  bool stage_grads;
+  std::int64_t passes;
+  std::vector<double> floats;  // per stage
+  bool bf16 = false, split = false, mapped = false, in_place = false, tier = false, reads = false, coded = false;
+  double h2d = 0, d2h = 0, wbytes_per = 0, nvme_per = 0, disk_r = 0, disk_w = 0;
+  int staging = 0;
+};
+
+// The engine's step as a discrete-event simulation: the schedule's ops in order on the device, loads on
+// the link in, gradients out, the collector and the optimizer on the host, moments on NVMe.
+class StepSimulator {
+ public:
+  StepSimulator(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+                const HardwareProfile& hw, const OpTimes& ops)
+      : model_(model),
+        plan_(plan),
+        hw_(hw),
+        ops_(ops),
+        // Several ranks: each runs its own share of the step's micro-batches (the reduction between ranks
+        // is not modelled here); the step's tokens are every rank's.
+        sched_(model, plan.micro_batches / std::max(1, plan.ranks), plan.order, plan.boundaries_on_host,
+               plan.gradient_passes),
+        c_(cfg, model, plan, hw, plan.micro_batches / std::max(1, plan.ranks)),
+        boundary_bytes_(static_cast<double>(plan.hidden_floats) * 4.0),
+        ahead_(std::max(1, c_.staging - 2)),
+        // The optimizer's visiting order: forward with clipping (after every norm), else as gradients complete.
+        clip_(cfg.train.max_grad_norm > 0 && !plan.stage_gradients),
+        wslots_(static_cast<std::size_t>(plan.weight_slots)),
+        gslots_(static_cast<std::size_t>(plan.grad_slots), 0.0),
+        updated_(static_cast<std::size_t>(plan.stages), 0.0) {}
+
+  // Simulates step t (counting its busy and wait times into `p` when `count`); returns when it ends.
+  double step(int t, bool count, StepPrediction& p);
+
+ private:
+  struct Slot {
+    std::int64_t stage = -1, version = -1;
+    double free = 0.0, last = 0.0;
+  };
+  // One step's optimizer state.
+  struct StepState {
+    int t = 0;
+    bool count = false;
+    std::vector<double> stage_done;  // last accumulation of the stage
+    std::vector<int> remaining;      // gradient-producing ops of the stage still to run
+    double opt_end = 0.0;
+    std::vector<double> read_done;
+    std::vector<double> acquired;  // when the optimizer asked for each stage of `order` (no clipping)
+    std::vector<std::int64_t> order;
+  };
+
+  static bool makes_gradients(actors::OpKind k) {
+    return k == actors::OpKind::layer_backward || k == actors::OpKind::head || k == actors::OpKind::embed_backward;
+  }
+  double host_run(double ready, double duration, bool cnt) {
+    const double end = host_.run(ready, duration, cnt);
+    if (hw_.shared_cores) shared_.add(end - duration, end);
+    return end;
+  }
+  // More CPU than the transfer's time is several threads at once: the cores are taken throughout.
+  void tier_cpu(double start, double duration, double transfer) {
+    if (hw_.shared_cores) shared_.add(start, start + std::min(duration, transfer));
+  }
+  // A copy on `link` of `bytes`. On shared cores the copy engine is a memcpy on a thread of its own, and
+  // compute's cores run it: a copy that starts while compute is busy delays compute by its CPU time
+  // (the memcpy time, whatever train.copy_bandwidth_gbps paces the link to). Compute's team waits for
+  // the thread that gave up its core, so the delay is the whole copy, not a share of it.
+  double copy(Resource& link, double ready, double bytes, double rate, double cpu_rate, bool cnt) {
+    const double end = link.run(ready, bytes / rate, cnt);
+    if (hw_.shared_cores && dev_.free >= end - bytes / rate) dev_.free += bytes / cpu_rate;
+    return end;
+  }
+  void update(StepState& st, std::int64_t s, double ready, StepPrediction& p);
+  void read(StepState& st, std::int64_t s, double ready, StepPrediction& p);
+  double load_inputs(const actors::Op& op, int t, std::int64_t g, bool count, bool& ready_gated, StepPrediction& p);
+  double op_duration(const actors::Op& op) const;
+  void run_op(StepState& st, const actors::Pos& pos, std::int64_t g, StepPrediction& p);
+  void gradients_out(StepState& st, const actors::Pos& pos, const actors::Op& op, double end, std::size_t gslot,
+                     StepPrediction& p);
+
+  const ModelConfig& model_;
+  const actors::EnginePlan& plan_;
+  const HardwareProfile& hw_;
+  const OpTimes& ops_;
+  const actors::Schedule sched_;
+  const StageCosts c_;
+  const double boundary_bytes_;
+  const int ahead_;
+  const bool clip_;
+  Resource dev_, link_in_, link_out_, host_, nvme_;  // host: the collector's accumulation and the optimizer
+  CpuShare shared_;                                  // hw.shared_cores: the host's work pauses compute
+  std::vector<Slot> wslots_;
+  std::vector<double> gslots_;
+  std::vector<double> updated_;  // version ready (end of the stage's update)
+  std::vector<double> compute_start_, compute_end_;
+  double last_load_start_ = 0.0;
+};
+
+void StepSimulator::update(StepState& st, std::int64_t s, double ready, StepPrediction& p) {
+  const auto si = static_cast<std::size_t>(s);
+  const bool count = st.count;
+  st.acquired.push_back(std::max(host_.free, ready));
+  const double r = std::max(ready, st.read_done[si]);
+  double start = std::max(host_.free, r);
+  if (count) p.wait_nvme_s += std::max(0.0, st.read_done[si] - std::max(host_.free, ready));
+  if (st.t > 0 && c_.decode(s) > 0) {  // step 0: fresh moments, nothing to decode
+    start = host_run(start, c_.decode(s), count);
+    if (count) p.optimizer_s += c_.decode(s), p.codec_s += c_.decode(s);
+  }
+  const double end = host_run(start, c_.optimize(s), count);
+  if (count) p.optimizer_s += c_.optimize(s);
+  updated_[si] = end;
+  st.opt_end = std::max(st.opt_end, end);
+  const double encoded = c_.encode(s) > 0 ? host_run(end, c_.encode(s), count) : end;
+  if (count) p.optimizer_s += c_.encode(s), p.codec_s += c_.encode(s);
+  if (c_.tier) {
+    const double end_write = nvme_.run(encoded, c_.write(s), count);
+    tier_cpu(end_write - c_.write(s), c_.write_cpu(s), c_.write(s));
+    if (count) p.nvme_s += c_.write(s), p.tier_cpu_s += c_.write_cpu(s);
+  }
+}
+
+// A read starts when the optimizer's acquire of the stage `ahead` before it opens the window (the store
+// reads ahead of its last acquire only), and the disk is free.
+void StepSimulator::read(StepState& st, std::int64_t s, double ready, StepPrediction& p) {
+  if (!c_.reads || st.t == 0) return;  // step 0: fresh moments, nothing stored yet
+  const double end_read = nvme_.run(ready, c_.read(s), st.count);
+  st.read_done[static_cast<std::size_t>(s)] = end_read;
+  tier_cpu(end_read - std::min(c_.read_cpu(s), c_.read(s)), c_.read_cpu(s), c_.read(s));
+  if (st.count) p.nvme_s += c_.read(s), p.tier_cpu_s += c_.read_cpu(s);
+}
+
+// Loads, in op order, up to prefetch_depth + 1 ops ahead of compute; returns when the inputs are there.
+// ready_gated: the last input waited for a stage's update (the optimizer), not the link.
+double StepSimulator::load_inputs(const actors::Op& op, int t, std::int64_t g, bool count, bool& ready_gated,
+                                  StepPrediction& p) {
+  double ready = 0.0;
+  const double window =
+      g - plan_.prefetch_depth - 1 >= 0 ? compute_start_[static_cast<std::size_t>(g - plan_.prefetch_depth - 1)] : 0.0;
+  for (int k = 0; k < op.loads; ++k) {
+    if (op.load_kind[k] == actors::LoadKind::boundary) {
+      const double start = std::max({link_in_.free, window, last_load_start_});
+      last_load_start_ = start;
+      ready = std::max(ready, copy(link_in_, start, boundary_bytes_, c_.h2d, hw_.link_h2d, count));
+      if (count) p.h2d_s += boundary_bytes_ / c_.h2d;
+      continue;
+    }
+    const std::int64_t s = op.load_stage[k];
+    const std::int64_t version = t;
+    Slot* slot = nullptr;
+    for (auto& w : wslots_)
+      if (w.stage == s && w.version == version) slot = &w;
+    if (slot != nullptr) {  // still resident: no copy
+      ready = std::max(ready, slot->last);
+      slot->free = 1e300;  // held until this op ends
+      continue;
+    }
+    slot = &*std::min_element(wslots_.begin(), wslots_.end(),
+                              [](const Slot& a, const Slot& b) { return a.free < b.free; });
+    const double version_ready = t > 0 ? updated_[static_cast<std::size_t>(s)] : 0.0;
+    const double others = std::max({c_.mapped ? 0.0 : link_in_.free, slot->free, window, last_load_start_});
+    const double start = std::max(others, version_ready);
+    last_load_start_ = start;
+    const double end =
+        c_.mapped ? start : copy(link_in_, start, c_.floats[s] * c_.wbytes_per, c_.h2d, hw_.link_h2d, count);
+    if (end >= ready) ready_gated = version_ready > others;
+    if (count && !c_.mapped) p.h2d_s += c_.load(s);
+    slot->stage = s;
+    slot->version = version;
+    slot->last = end;
+    slot->free = 1e300;  // held until this op ends
+    ready = std::max(ready, end);
+  }
+  return ready;
+}
+
+double StepSimulator::op_duration(const actors::Op& op) const {
+  switch (op.kind) {
+    case actors::OpKind::embed_forward:
+      return ops_.embed_forward;
+    case actors::OpKind::layer_forward:
+      return ops_.layer_forward;
+    case actors::OpKind::head:
+    case actors::OpKind::head_loss:
+      return ops_.head;
+    case actors::OpKind::layer_backward:
+      return op.stage > model_.num_hidden_layers - plan_.kept_layers ? ops_.layer_backward_kept : ops_.layer_backward;
+    case actors::OpKind::embed_backward:
+      return ops_.embed_backward;
+  }
+  return 0.0;
+}
+
+// Compute: its inputs, and a gradient staging slot for an op that produces gradients.
+void StepSimulator::run_op(StepState& st, const actors::Pos& pos, std::int64_t g, StepPrediction& p) {
+  const actors::Op& op = sched_.op(pos);
+  const bool count = st.count;
+  bool ready_gated = false;
+  const double ready = load_inputs(op, st.t, g, count, ready_gated, p);
+  const bool grads = makes_gradients(op.kind);
+  double need = ready;
+  std::size_t gslot = 0;
+  if (grads) {
+    gslot = static_cast<std::size_t>(std::min_element(gslots_.begin(), gslots_.end()) - gslots_.begin());
+    need = std::max(need, gslots_[gslot]);
+  }
+  const double dur = op_duration(op);
+  const double start = std::max(dev_.free, need);
+  if (count && start > dev_.free) {
+    const double idle = start - dev_.free;
+    if (grads && gslots_[gslot] >= ready)
+      p.wait_grad_slot_s += idle;
+    else if (ready_gated)
+      p.wait_optimizer_s += idle;
+    else
+      p.wait_link_s += idle;
+  }
+  compute_start_.push_back(start);
+  const double end = hw_.shared_cores ? shared_.finish(start, dur) : start + dur;
+  dev_.free = end;
+  if (count) dev_.busy += dur;
+  compute_end_.push_back(end);
+  if (count) p.compute_s += dur;
+  // Slots used by this op are free again when it ends.
+  for (int k = 0; k < op.loads; ++k)
+    if (op.load_kind[k] == actors::LoadKind::weights)
+      for (auto& w : wslots_)
+        if (w.stage == op.load_stage[k] && w.version == st.t) w.free = end;
+  if (plan_.boundaries_on_host && op.kind == actors::OpKind::layer_forward && op.stage < model_.num_hidden_layers) {
+    copy(link_out_, end, boundary_bytes_, c_.d2h, hw_.link_d2h, count);
+    if (count) p.d2h_s += boundary_bytes_ / c_.d2h;
+  }
+  if (grads) gradients_out(st, pos, op, end, gslot, p);
+}
+
+// A gradient copied out, accumulated, and the stage's update once its last gradient is in (no clipping).
+void StepSimulator::gradients_out(StepState& st, const actors::Pos& pos, const actors::Op& op, double end,
+                                  std::size_t gslot, StepPrediction& p) {
+  const bool count = st.count;
+  const std::int64_t s = op.stage;
+  const auto si = static_cast<std::size_t>(s);
+  const double copied = c_.mapped ? end : copy(link_out_, end, c_.floats[s] * 4.0, c_.d2h, hw_.link_d2h, count);
+  const double acc = host_run(copied, c_.accumulate(s, pos.micro_batch), count);
+  if (count) p.d2h_s += c_.mapped ? 0.0 : c_.out(s), p.accumulate_s += c_.accumulate(s, pos.micro_batch);
+  gslots_[gslot] = acc;
+  st.stage_done[si] = std::max(st.stage_done[si], acc);
+  if (--st.remaining[si] != 0 || clip_) return;
+  // Read when the acquire `ahead` stages earlier in this step's order opened the window (the first ones:
+  // at the previous step's last acquires, long done).
+  const std::size_t k = st.order.size();
+  const auto ahead = static_cast<std::size_t>(ahead_);
+  st.order.push_back(s);
+  read(st, s, k >= ahead ? st.acquired[k - ahead] : 0.0, p);
+  update(st, s, acc, p);
+  if (c_.stage_grads && c_.M == 1) gslots_[gslot] = updated_[si];  // the slot held until then
+}
+
+double StepSimulator::step(int t, bool count, StepPrediction& p) {
+  const std::int64_t S = plan_.stages;
+  const std::int64_t len = sched_.length();
+  StepState st;
+  st.t = t;
+  st.count = count;
+  st.stage_done.assign(static_cast<std::size_t>(S), 0.0);
+  st.remaining.assign(static_cast<std::size_t>(S), 0);
+  st.read_done.assign(static_cast<std::size_t>(S), 0.0);
+  for (std::int64_t i = 0; i < len; ++i) {
+    const auto& op = sched_.op(sched_.at(t, i));
+    if (makes_gradients(op.kind)) ++st.remaining[static_cast<std::size_t>(op.stage)];
+  }
+  // Reads ahead for this step's updates (every stage was written in the previous step).
+  if (clip_)
+    for (std::int64_t s = 0; s < S; ++s) st.order.push_back(s);
+  if (clip_)
+    for (int k = 0; k < ahead_ && k < S; ++k) read(st, k, 0.0, p);
+  for (std::int64_t i = 0; i < len; ++i) run_op(st, sched_.at(t, i), static_cast<std::int64_t>(t) * len + i, p);
+  if (clip_) {
+    double norms = 0.0;  // every stage's sum of squares first
+    for (double d : st.stage_done) norms = std::max(norms, d);
+    const auto ahead = static_cast<std::size_t>(ahead_);
+    for (std::size_t k = 0; k < st.order.size(); ++k) {
+      if (k + ahead < st.order.size()) read(st, st.order[k + ahead], std::max(host_.free, norms), p);
+      update(st, st.order[k], norms, p);
+    }
+  }
+  return std::max(compute_end_.back(), st.opt_end);
+}
+
+}  // namespace
+
 StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
                             const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& /*extras*/, int steps) {
   steps = std::max(2, steps);
   // Stage gradients (train.gradient_buffer=stage): every pass is a schedule micro-batch (with clipping
   // the first only sums squares; the second replays the head and the backward), and each stage is
   // updated from its slot as its last pass completes.
-  const bool stage_grads = plan.stage_gradients;
-  const std::int64_t passes = plan.gradient_passes;
-  // Several ranks: each runs its own share of the step's micro-batches (the reduction between ranks is
-  // not modelled here); the step's tokens are every rank's.
-  const std::int64_t rank_micro_batches = plan.micro_batches / std::max(1, plan.ranks);
-  const actors::Schedule sched(model, rank_micro_batches, plan.order, plan.boundaries_on_host, passes);
-  const std::int64_t S = plan.stages;
-  std::vector<double> floats(static_cast<std::size_t>(S));
-  for (std::int64_t s = 0; s < S; ++s) floats[s] = static_cast<double>(stage_layout(model, s).total_floats);
-  const bool bf16 = cfg.precision() == Precision::bf16;
-  const bool split = cfg.split_masters();
-  double h2d = hw.link_h2d, d2h = hw.link_d2h;
-  if (hw.shared_cores && cfg.copy_bandwidth_bytes_per_s() > 0) {
-    h2d = std::min(h2d, cfg.copy_bandwidth_bytes_per_s());
-    d2h = std::min(d2h, cfg.copy_bandwidth_bytes_per_s());
-  }
-  const double wbytes_per = static_cast<double>(bytes_per_param(cfg.precision()));
-  auto t_load = [&](std::int64_t s) { return floats[s] * wbytes_per / h2d; };
-  auto t_d2h = [&](std::int64_t s) { return floats[s] * 4.0 / d2h; };
-  // CPU backend without a modelled link: weights are mapped, not copied, micro-batch 0's gradients
-  // are written into the tile by compute and later ones summed from the staging slot in one pass
-  // (Backend::shares_host_memory, Context::grads_in_place).
-  const bool mapped = hw.shared_cores && cfg.device_shares_host_memory();
-  const bool in_place = mapped && cfg.device.gpus <= 1 && !stage_grads;
-  // The collector: read staged + acc, write acc (nothing for an in-place micro-batch 0), and after
-  // the last micro-batch the sum of squares reads the accumulator.
-  // Stage gradients: one micro-batch accumulates nothing, only the sum of squares read from the slot
-  // (once, in the first pass); several are summed into a stage accumulator, and the first pass's last
-  // reads it for the sum of squares. `mb`: the schedule micro-batch (pass * M + data micro-batch).
-  const std::int64_t M = rank_micro_batches;
-  auto t_acc = [&](std::int64_t s, std::int64_t mb) {
-    const bool first_pass = mb < M, data_last = mb % M + 1 == M;
-    if (stage_grads && M == 1) return first_pass ? floats[s] * 4.0 / hw.host_mem : 0.0;
-    if (stage_grads) return floats[s] * (12.0 + (first_pass && data_last ? 4.0 : 0.0)) / hw.host_mem;
-    return floats[s] * ((in_place && mb == 0 ? 0.0 : 12.0) + (mb + 1 == M * passes ? 4.0 : 0.0)) / hw.host_mem;
-  };
-  auto t_opt = [&](std::int64_t s) {
-    // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter), + the bf16 copy; split masters
-    // read and write the two halves in p's place (28 in all).
-    return hw.adamw_params_per_s > 0 ? floats[s] / hw.adamw_params_per_s
-                                     : floats[s] * (28.0 + (bf16 && !split ? 2.0 : 0.0)) / hw.host_mem;
-  };
-  const double boundary_bytes = static_cast<double>(plan.hidden_floats) * 4.0;
-  // NVMe: each stage's moments (and with train.offload_params its masters) read before and written after its update.
-  const bool tier = !cfg.train.offload_dir.empty();
-  const double moment_bytes_per = cfg.optimizer_compression() == OptimizerCompression::int8       ? 2.0 + 16.0 / 256
-                                  : cfg.optimizer_compression() == OptimizerCompression::lossless ? 8.0 * 0.8
-                                                                                                  : 8.0;
-  const double nvme_per =
-      (cfg.train.offload_dir.empty() ? 0.0 : moment_bytes_per) + (cfg.train.offload_params ? 4.0 : 0.0);
-  const double disk_r = hw.disk_read > 0 ? hw.disk_read : 2e9, disk_w = hw.disk_write > 0 ? hw.disk_write : 1e9;
-  auto t_read = [&](std::int64_t s) { return floats[s] * nvme_per / disk_r; };
-  auto t_write = [&](std::int64_t s) { return floats[s] * nvme_per / disk_w; };
-  // The tier's CPU work per transfer (the probe's CPU seconds per byte through the tier's own code: block
-  // checksums and system calls, on the store's worker and I/O threads), inside the transfer's time: a
-  // write checksums its blocks before it writes, a read verifies them after it has read.
-  auto cpu_read = [&](std::int64_t s) { return floats[s] * nvme_per * hw.disk_read_cpu_s_per_byte; };
-  auto cpu_write = [&](std::int64_t s) { return floats[s] * nvme_per * hw.disk_write_cpu_s_per_byte; };
-  const int staging = static_cast<int>(cfg.train.offload_staging_stages);
-  const bool reads = tier && S > staging;  // a store whose slots hold every stage reads nothing
-  // A moment codec (train.optimizer_compression): a stage's moments are encoded after each update and,
-  // when the stages outnumber the slots, decoded before it (this machine's measured rates; on shared
-  // cores the store's workers take the cores like the optimizer).
-  const bool coded = cfg.optimizer_compression() != OptimizerCompression::none;
-  auto t_encode = [&](std::int64_t s) {
-    return coded && hw.codec_encode_params_per_s > 0 ? floats[s] / hw.codec_encode_params_per_s : 0.0;
-  };
-  auto t_decode = [&](std::int64_t s) {
-    return coded && S > staging && hw.codec_decode_params_per_s > 0 ? floats[s] / hw.codec_decode_params_per_s : 0.0;
-  };
-  const int ahead = std::max(1, staging - 2);
-
-  Resource dev, link_in, link_out, host, nvme;  // host: the collector's accumulation and the optimizer
-  CpuShare shared;                              // hw.shared_cores: the host's work pauses compute
-  auto host_run = [&](double ready, double duration, bool cnt) {
-    const double end = host.run(ready, duration, cnt);
-    if (hw.shared_cores) shared.add(end - duration, end);
-    return end;
-  };
-  auto tier_cpu = [&](double start, double duration, double transfer) {
-    // More CPU than the transfer's time is several threads at once: the cores are taken throughout.
-    if (hw.shared_cores) shared.add(start, start + std::min(duration, transfer));
-  };
-  // A copy on `link` of `bytes`. On shared cores the copy engine is a memcpy on a thread of its own, and
-  // compute's cores run it: a copy that starts while compute is busy delays compute by its CPU time
-  // (the memcpy time, whatever train.copy_bandwidth_gbps paces the link to). Compute's team waits for
-  // the thread that gave up its core, so the delay is the whole copy, not a share of it.
-  const double memcpy_in = hw.link_h2d, memcpy_out = hw.link_d2h;
-  auto copy = [&](Resource& link, double ready, double bytes, double rate, double cpu_rate, bool cnt) {
-    const double end = link.run(ready, bytes / rate, cnt);
-    if (hw.shared_cores && dev.free >= end - bytes / rate) dev.free += bytes / cpu_rate;
-    return end;
-  };
-  struct Slot {
-    std::int64_t stage = -1, version = -1;
-    double free = 0.0, last = 0.0;
-  };
-  std::vector<Slot> wslots(static_cast<std::size_t>(plan.weight_slots));
-  std::vector<double> gslots(static_cast<std::size_t>(plan.grad_slots), 0.0);
-  std::vector<double> updated(static_cast<std::size_t>(S), 0.0);  // version ready (end of the stage's update)
-  std::vector<double> compute_start, compute_end;
-  std::vector<double> step_end(static_cast<std::size_t>(steps), 0.0);
-  double last_load_start = 0.0;
+  StepSimulator sim(cfg, model, plan, hw, ops);
   StepPrediction p;
-  const std::int64_t len = sched.length();
-  // The optimizer's visiting order: forward with clipping (after every norm), else as gradients complete.
-  const bool clip = cfg.train.max_grad_norm > 0 && !stage_grads;
-  for (int t = 0; t < steps; ++t) {
-    const bool count = t == steps - 1;
-    std::vector<double> stage_done(static_cast<std::size_t>(S), 0.0);  // last accumulation of the stage
-    std::vector<int> remaining(static_cast<std::size_t>(S), 0);
-    for (std::int64_t i = 0; i < len; ++i) {
-      const auto& op = sched.op(sched.at(t, i));
-      if (op.kind == actors::OpKind::layer_backward || op.kind == actors::OpKind::head ||
-          op.kind == actors::OpKind::embed_backward)
-        ++remaining[static_cast<std::size_t>(op.stage)];
-    }
-    double opt_end = 0.0;
-    std::vector<double> read_done(static_cast<std::size_t>(S), 0.0);
-    std::vector<double> acquired;  // when the optimizer asked for each stage of `order` (no clipping)
-    auto update = [&](std::int64_t s, double ready) {
-      acquired.push_back(std::max(host.free, ready));
-      const double r = std::max(ready, read_done[static_cast<std::size_t>(s)]);
-      double start = std::max(host.free, r);
-      if (count) p.wait_nvme_s += std::max(0.0, read_done[static_cast<std::size_t>(s)] - std::max(host.free, ready));
-      if (t > 0 && t_decode(s) > 0) {  // step 0: fresh moments, nothing to decode
-        start = host_run(start, t_decode(s), count);
-        if (count) p.optimizer_s += t_decode(s), p.codec_s += t_decode(s);
-      }
-      const double end = host_run(start, t_opt(s), count);
-      if (count) p.optimizer_s += t_opt(s);
-      updated[static_cast<std::size_t>(s)] = end;
-      opt_end = std::max(opt_end, end);
-      const double encoded = t_encode(s) > 0 ? host_run(end, t_encode(s), count) : end;
-      if (count) p.optimizer_s += t_encode(s), p.codec_s += t_encode(s);
-      if (tier) {
-        const double end_write = nvme.run(encoded, t_write(s), count);
-        tier_cpu(end_write - t_write(s), cpu_write(s), t_write(s));
-        if (count) p.nvme_s += t_write(s), p.tier_cpu_s += cpu_write(s);
-      }
-    };
-    // Reads ahead for this step's updates (every stage was written in the previous step).
-    std::vector<std::int64_t> order;
-    if (clip)
-      for (std::int64_t s = 0; s < S; ++s) order.push_back(s);
-    // A read starts when the optimizer's acquire of the stage `ahead` before it opens the window (the
-    // store reads ahead of its last acquire only), and the disk is free.
-    auto read = [&](std::int64_t s, double ready = 0.0) {
-      if (!reads || t == 0) return;  // step 0: fresh moments, nothing stored yet
-      const double end_read = nvme.run(ready, t_read(s), count);
-      read_done[static_cast<std::size_t>(s)] = end_read;
-      tier_cpu(end_read - std::min(cpu_read(s), t_read(s)), cpu_read(s), t_read(s));
-      if (count) p.nvme_s += t_read(s), p.tier_cpu_s += cpu_read(s);
-    };
-    if (clip)
-      for (int k = 0; k < ahead && k < S; ++k) read(k);
-    for (std::int64_t i = 0; i < len; ++i) {
-      const actors::Pos pos = sched.at(t, i);
-      const actors::Op& op = sched.op(pos);
-      const std::int64_t g = static_cast<std::int64_t>(t) * len + i;
-      // Loads, in op order, up to prefetch_depth + 1 ops ahead of compute.
-      double ready = 0.0;
-      bool ready_gated = false;  // the last input waited for a stage's update (the optimizer), not the link
-      const double window =
-          g - plan.prefetch_depth - 1 >= 0 ? compute_start[static_cast<std::size_t>(g - plan.prefetch_depth - 1)] : 0.0;
-      for (int k = 0; k < op.loads; ++k) {
-        if (op.load_kind[k] == actors::LoadKind::boundary) {
-          const double start = std::max({link_in.free, window, last_load_start});
-          last_load_start = start;
-          ready = std::max(ready, copy(link_in, start, boundary_bytes, h2d, memcpy_in, count));
-          if (count) p.h2d_s += boundary_bytes / h2d;
-          continue;
-        }
-        const std::int64_t s = op.load_stage[k];
-        const std::int64_t version = t;
-        Slot* slot = nullptr;
-        for (auto& w : wslots)
-          if (w.stage == s && w.version == version) slot = &w;
-        if (slot != nullptr) {  // still resident: no copy
-          ready = std::max(ready, slot->last);
-          slot->free = 1e300;  // held until this op ends
-          continue;
-        }
-        slot = &*std::min_element(wslots.begin(), wslots.end(),
-                                  [](const Slot& a, const Slot& b) { return a.free < b.free; });
-        const double version_ready = t > 0 ? updated[static_cast<std::size_t>(s)] : 0.0;
-        const double others = std::max({mapped ? 0.0 : link_in.free, slot->free, window, last_load_start});
-        const double start = std::max(others, version_ready);
-        last_load_start = start;
-        const double end = mapped ? start : copy(link_in, start, floats[s] * wbytes_per, h2d, memcpy_in, count);
-        if (end >= ready) ready_gated = version_ready > others;
-        if (count && !mapped) p.h2d_s += t_load(s);
-        slot->stage = s;
-        slot->version = version;
-        slot->last = end;
-        slot->free = 1e300;  // held until this op ends
-        ready = std::max(ready, end);
-      }
-      // Compute: its inputs, and a gradient staging slot for an op that produces gradients.
-      const bool grads = op.kind == actors::OpKind::layer_backward || op.kind == actors::OpKind::head ||
-                         op.kind == actors::OpKind::embed_backward;
-      double need = ready;
-      std::size_t gslot = 0;
-      if (grads) {
-        gslot = static_cast<std::size_t>(std::min_element(gslots.begin(), gslots.end()) - gslots.begin());
-        need = std::max(need, gslots[gslot]);
-      }
-      double dur = 0.0;
-      switch (op.kind) {
-        case actors::OpKind::embed_forward:
-          dur = ops.embed_forward;
-          break;
-        case actors::OpKind::layer_forward:
-          dur = ops.layer_forward;
-          break;
-        case actors::OpKind::head:
-        case actors::OpKind::head_loss:
-          dur = ops.head;
-          break;
-        case actors::OpKind::layer_backward:
-          dur = op.stage > model.num_hidden_layers - plan.kept_layers ? ops.layer_backward_kept : ops.layer_backward;
-          break;
-        case actors::OpKind::embed_backward:
-          dur = ops.embed_backward;
-          break;
-      }
-      const double start = std::max(dev.free, need);
-      if (count && start > dev.free) {
-        const double idle = start - dev.free;
-        if (grads && gslots[gslot] >= ready)
-          p.wait_grad_slot_s += idle;
-        else if (ready_gated)
-          p.wait_optimizer_s += idle;
-        else
-          p.wait_link_s += idle;
-      }
-      compute_start.push_back(start);
-      const double end = hw.shared_cores ? shared.finish(start, dur) : start + dur;
-      dev.free = end;
-      if (count) dev.busy += dur;
-      compute_end.push_back(end);
-      if (count) p.compute_s += dur;
-      // Slots used by this op are free again when it ends.
-      for (int k = 0; k < op.loads; ++k)
-        if (op.load_kind[k] == actors::LoadKind::weights)
-          for (auto& w : wslots)
-            if (w.stage == op.load_stage[k] && w.version == t) w.free = end;
-      if (plan.boundaries_on_host && op.kind == actors::OpKind::layer_forward && op.stage < model.num_hidden_layers) {
-        copy(link_out, end, boundary_bytes, d2h, memcpy_out, count);
-        if (count) p.d2h_s += boundary_bytes / d2h;
-      }
-      if (grads) {
-        const std::int64_t s = op.stage;
-        const double copied = mapped ? end : copy(link_out, end, floats[s] * 4.0, d2h, memcpy_out, count);
-        const double acc = host_run(copied, t_acc(s, pos.micro_batch), count);
-        if (count) p.d2h_s += mapped ? 0.0 : t_d2h(s), p.accumulate_s += t_acc(s, pos.micro_batch);
-        gslots[gslot] = acc;
-        stage_done[static_cast<std::size_t>(s)] = std::max(stage_done[static_cast<std::size_t>(s)], acc);
-        if (--remaining[static_cast<std::size_t>(s)] == 0 && !clip) {
-          // Read when the acquire `ahead` stages earlier in this step's order opened the window (the
-          // first ones: at the previous step's last acquires, long done).
-          const std::size_t k = order.size();
-          order.push_back(s);
-          read(s, k >= static_cast<std::size_t>(ahead) ? acquired[k - static_cast<std::size_t>(ahead)] : 0.0);
-          update(s, acc);
-          if (stage_grads && M == 1) gslots[gslot] = updated[static_cast<std::size_t>(s)];  // the slot held until then
-        }
-      }
-    }
-    if (clip) {
-      double norms = 0.0;  // every stage's sum of squares first
-      for (double d : stage_done) norms = std::max(norms, d);
-      for (std::size_t k = 0; k < order.size(); ++k) {
-        if (k + static_cast<std::size_t>(ahead) < order.size())
-          read(order[k + static_cast<std::size_t>(ahead)], std::max(host.free, norms));
-        update(order[k], norms);
-      }
-    }
-    step_end[static_cast<std::size_t>(t)] = std::max(compute_end.back(), opt_end);
-  }
+  std::vector<double> step_end(static_cast<std::size_t>(steps), 0.0);
+  for (int t = 0; t < steps; ++t) step_end[static_cast<std::size_t>(t)] = sim.step(t, t == steps - 1, p);
   p.steady_s = step_end[static_cast<std::size_t>(steps - 1)] - step_end[static_cast<std::size_t>(steps - 2)];
   p.step_s = (step_end[static_cast<std::size_t>(steps - 1)] - step_end[0]) / static_cast<double>(steps - 1);
   p.tokens = static_cast<double>(plan.batch * plan.seq * plan.micro_batches) *

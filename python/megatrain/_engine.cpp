@@ -150,16 +150,16 @@ struct Mailbox {
 py::dict train(const std::vector<std::string>& args, const std::string& model_config_json, py::object weight_source,
                py::object weight_sink, py::function on_message, py::function on_step) {
   mt::TrainConfig cfg;
-  const std::string error = mt::actors::parse_train_config(args, cfg);
+  const std::string error = mt::node::parse_train_config(args, cfg);
   if (!error.empty()) throw std::invalid_argument(error);
 
   Mailbox mailbox;
   std::atomic<bool> stop{false};
-  mt::actors::TrainingHooks hooks;
+  mt::node::TrainingHooks hooks;
   hooks.stop = &stop;
-  hooks.message = [&](mt::actors::MessageStream s, const std::string& line) {
+  hooks.message = [&](mt::node::MessageStream s, const std::string& line) {
     Mailbox::Item item;
-    item.is_error = s == mt::actors::MessageStream::err;
+    item.is_error = s == mt::node::MessageStream::err;
     item.line = line;
     mailbox.post(std::move(item));
   };
@@ -188,14 +188,14 @@ py::dict train(const std::vector<std::string>& args, const std::string& model_co
     };
   }
 
-  mt::actors::TrainingResult result;
+  mt::node::TrainingResult result;
   bool interrupted = false;
   std::unique_ptr<py::error_already_set> callback_error;
   {
     py::gil_scoped_release released;
     std::thread worker([&] {
       try {
-        result = mt::actors::run_training(cfg, hooks);
+        result = mt::node::run_training(cfg, hooks);
       } catch (const std::exception& e) {  // run_training reports bad input itself; this is e.g. bad_alloc
         result.exit_status = 1;
         result.error = e.what();
@@ -302,12 +302,12 @@ PYBIND11_MODULE(_engine, m) {
   py::register_exception<mt::hf::HfError>(m, "ModelError", PyExc_ValueError);
   py::register_exception<mt::data::DataError>(m, "DataError", PyExc_ValueError);
 
-  m.def("config_keys", &mt::actors::train_config_keys, "every engine key, 'section.key'");
+  m.def("config_keys", &mt::node::train_config_keys, "every engine key, 'section.key'");
   m.def(
       "check_config",
       [](const std::vector<std::string>& args, bool check_files) {
         mt::TrainConfig cfg;
-        return mt::actors::parse_train_config(args, cfg, check_files);
+        return mt::node::parse_train_config(args, cfg, check_files);
       },
       py::arg("args"), py::arg("check_files") = true,
       "validates --section.key=value arguments as `megatrain train` does: '' or the error");

@@ -33,6 +33,5 @@ void plant_faults(mt::actors::CheckpointJob& cj) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return mt::actors::node_main(argc, argv,
-                               [](mt::actors::TrainingHooks& hooks) { hooks.checkpoint_job = plant_faults; });
+  return mt::node::node_main(argc, argv, [](mt::node::TrainingHooks& hooks) { hooks.checkpoint_job = plant_faults; });
 }

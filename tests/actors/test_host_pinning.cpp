@@ -15,6 +15,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::node;
 using namespace mt::actors::test;
 
 TEST_CASE("the CPU backend pins nothing: no hook", "[host_pinning]") {

@@ -21,6 +21,7 @@ using mt::cpu::Fp32Gemm;
 using mt::cpu::Fp32GemmChoice;
 using mt::cpu::LinearProduct;
 using namespace mt::actors;
+using namespace mt::node;
 
 namespace {
 

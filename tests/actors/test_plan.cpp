@@ -26,6 +26,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::node;
 using namespace mt::actors::test;
 namespace fs = std::filesystem;
 using mt::test::TempDir;
