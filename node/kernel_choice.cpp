@@ -7,8 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
+#include <utility>
 
 #include "kernels/cpu/bf16_pairs.hpp"
 #include "kernels/cpu/cpu_info.hpp"
@@ -281,164 +284,167 @@ std::optional<cpu::Fp32GemmChoice> checkpoint_fp32(const nlohmann::json& ck, std
   return c;
 }
 
-void decide_fp32(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
-  std::optional<cpu::Fp32GemmChoice> recorded = checkpoint_fp32(in.checkpoint, c.notes);
-  // A resumed run state without the choice was written before it existed: those runs ran oneDNN.
-  const bool predates = !recorded && in.resuming && !(in.checkpoint.is_object() && in.checkpoint.contains("fp32_gemm"));
-  if (predates) recorded = cpu::Fp32GemmChoice{};
-  auto differs_from_checkpoint = [&](const char* why) {
-    if (recorded && *recorded != c.fp32_gemm)
-      c.notes.push_back("the checkpoint's run computed its fp32 products on " + recorded->str() + "; " + why + " " +
-                        c.fp32_gemm.str() + ", so the continued run's bits differ from an uninterrupted one");
+// One kernel choice's candidates, in the order they win: forced by the environment, fixed earlier in
+// this process, the checkpoint's, nothing to choose on this CPU, the cache's, a probe. A value this CPU
+// cannot run (runs_here false) falls back to `fallback`, and says so.
+template <class V>
+struct ChoiceRule {
+  std::function<std::string(V)> name;         // the value in the notes
+  std::function<std::string(V)> computed_on;  // "<what> on <value>", the checkpoint's in the notes
+  std::function<bool(V)> runs_here = [](V) { return true; };
+  V fallback{};
+  std::optional<V> forced;
+  std::string forced_detail, forced_why, forced_cannot_detail;
+  std::optional<V> process;
+  std::string process_detail;
+  std::optional<V> recorded;
+  std::string recorded_detail = "from the checkpoint", recorded_cannot_detail, recorded_cannot_note;
+  std::string unavailable_detail;  // not empty: nothing to choose on this CPU, the fallback it is
+  std::function<std::optional<std::pair<V, std::string>>()> cached;  // (value, detail) of the cache's entry
+  std::function<std::pair<V, std::string>()> probe;                  // runs the probe: (value, detail)
+};
+
+template <class V>
+struct Chosen {
+  V value;
+  std::string source, detail;
+};
+
+template <class V>
+Chosen<V> decide(const ChoiceRule<V>& r, std::vector<std::string>& notes) {
+  // A kept value that is not the checkpoint's changes the continued run's bits: say so.
+  auto differs_from_checkpoint = [&](const Chosen<V>& c, const std::string& why) {
+    if (r.recorded && *r.recorded != c.value)
+      notes.push_back("the checkpoint's run computed its " + r.computed_on(*r.recorded) + "; " + why + " " +
+                      r.name(c.value) + ", so the continued run's bits differ from an uninterrupted one");
+    return c;
   };
-  if (in.fp32_forced) {
-    c.fp32_source = "forced";
-    c.fp32_gemm = cpu::Fp32GemmChoice::all(*in.fp32_forced);
-    c.fp32_detail = "forced by MEGATRAIN_FP32_GEMM";
-    differs_from_checkpoint("MEGATRAIN_FP32_GEMM forces");
-    return;
+  if (r.forced) {
+    const bool runs = r.runs_here(*r.forced);
+    return differs_from_checkpoint(
+        {runs ? *r.forced : r.fallback, "forced", runs ? r.forced_detail : r.forced_cannot_detail}, r.forced_why);
   }
-  if (in.fp32_process) {
-    c.fp32_source = "process";
-    c.fp32_gemm = *in.fp32_process;
-    c.fp32_detail = "fixed earlier in this process";
-    differs_from_checkpoint("this process already runs");
-    return;
+  if (r.process) return differs_from_checkpoint({*r.process, "process", r.process_detail}, "this process already runs");
+  if (r.recorded) {
+    if (r.runs_here(*r.recorded)) return {*r.recorded, "checkpoint", r.recorded_detail};
+    notes.push_back(r.recorded_cannot_note);
+    return {r.fallback, "checkpoint", r.recorded_cannot_detail};
   }
-  if (recorded) {
-    c.fp32_source = "checkpoint";
-    c.fp32_gemm = *recorded;
-    c.fp32_detail =
-        predates ? "from the checkpoint, written before the fp32 choice existed: oneDNN" : "from the checkpoint";
-    return;
+  if (!r.unavailable_detail.empty()) return {r.fallback, "unavailable", r.unavailable_detail};
+  if (r.cached)
+    if (auto hit = r.cached()) return {hit->first, "cache", hit->second};
+  if (!r.probe) throw std::logic_error("decide_kernel_choice: no probe to run");
+  auto [value, detail] = r.probe();
+  return {value, "probe", detail};
+}
+
+const char* const kBitsDiffer = ", so the continued run's bits differ from an uninterrupted one";
+
+void decide_fp32(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
+  ChoiceRule<cpu::Fp32GemmChoice> r;
+  r.name = [](const cpu::Fp32GemmChoice& v) { return v.str(); };
+  r.computed_on = [](const cpu::Fp32GemmChoice& v) { return "fp32 products on " + v.str(); };
+  if (in.fp32_forced) r.forced = cpu::Fp32GemmChoice::all(*in.fp32_forced);
+  r.forced_detail = "forced by MEGATRAIN_FP32_GEMM";
+  r.forced_why = "MEGATRAIN_FP32_GEMM forces";
+  r.process = in.fp32_process;
+  r.process_detail = "fixed earlier in this process";
+  r.recorded = checkpoint_fp32(in.checkpoint, c.notes);
+  // A resumed run state without the choice was written before it existed: those runs ran oneDNN.
+  if (!r.recorded && in.resuming && !(in.checkpoint.is_object() && in.checkpoint.contains("fp32_gemm"))) {
+    r.recorded = cpu::Fp32GemmChoice{};
+    r.recorded_detail = "from the checkpoint, written before the fp32 choice existed: oneDNN";
   }
-  if (const auto& hit = cache.entry(); hit && hit->fp32_gemm) {
-    c.fp32_source = "cache";
-    c.fp32_gemm = *hit->fp32_gemm;
+  r.cached = [&]() -> std::optional<std::pair<cpu::Fp32GemmChoice, std::string>> {
+    const auto& hit = cache.entry();
+    if (!hit || !hit->fp32_gemm) return std::nullopt;
     c.cache_file = in.cache_file.string();
-    c.fp32_detail = "measured earlier on this machine; cached in " + c.cache_file;
-    return;
-  }
-  if (!in.fp32_probe) throw std::logic_error("decide_kernel_choice: no fp32 probe to run");
-  c.fp32_source = "probe";
-  c.fp32_probe = in.fp32_probe();
-  c.fp32_gemm = c.fp32_probe->choice;
-  c.fp32_detail = fp32_probe_words(*c.fp32_probe);
+    return std::pair{*hit->fp32_gemm, "measured earlier on this machine; cached in " + c.cache_file};
+  };
+  if (in.fp32_probe)
+    r.probe = [&] {
+      c.fp32_probe = in.fp32_probe();
+      return std::pair{c.fp32_probe->choice, fp32_probe_words(*c.fp32_probe)};
+    };
+  const auto chosen = decide(r, c.notes);
+  c.fp32_gemm = chosen.value, c.fp32_source = chosen.source, c.fp32_detail = chosen.detail;
 }
 
 void decide_gemm(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
   using cpu::Bf16Gemm;
-  const std::optional<Bf16Gemm> recorded = checkpoint_path(in.checkpoint, c.notes);
-  // A kept path that is not the checkpoint's changes the continued run's bits: say so.
-  auto differs_from_checkpoint = [&](const char* why) {
-    if (recorded && *recorded != c.bf16_gemm)
-      c.notes.push_back(std::string("the checkpoint's run computed its bf16 products on the ") +
-                        cpu::bf16_gemm_name(*recorded) + " path; " + why + " " + cpu::bf16_gemm_name(c.bf16_gemm) +
-                        ", so the continued run's bits differ from an uninterrupted one");
-  };
-  if (in.forced) {
-    c.source = "forced";
-    c.bf16_gemm = *in.forced == Bf16Gemm::onednn && !in.onednn_available ? Bf16Gemm::widened : *in.forced;
-    c.detail = c.bf16_gemm == *in.forced ? "forced by MEGATRAIN_BF16_GEMM"
-                                         : "MEGATRAIN_BF16_GEMM=onednn, but oneDNN has no bf16 kernels on this CPU";
-    differs_from_checkpoint("MEGATRAIN_BF16_GEMM forces");
-    return;
-  }
-  if (in.process) {
-    c.source = "process";
-    c.bf16_gemm = *in.process;
-    c.detail = "fixed by an earlier run in this process";
-    differs_from_checkpoint("this process already runs");
-    return;
-  }
-  if (recorded) {
-    c.source = "checkpoint";
-    if (*recorded == Bf16Gemm::onednn && !in.onednn_available) {
-      c.bf16_gemm = Bf16Gemm::widened;
-      c.detail = "the checkpoint's run used onednn, which this CPU cannot run: oneDNN has no bf16 kernels here";
-      c.notes.push_back(
-          "the checkpoint's run computed its bf16 products with oneDNN's bf16 matmul, which this CPU cannot run "
-          "(no oneDNN bf16 kernels); continuing on the widened path, so the continued run's bits differ from an "
-          "uninterrupted one");
-    } else {
-      c.bf16_gemm = *recorded;
-      c.detail = "from the checkpoint";
-    }
-    return;
-  }
-  if (!in.onednn_available) {
-    c.source = "unavailable";
-    c.bf16_gemm = Bf16Gemm::widened;
-    c.detail = "oneDNN has no bf16 kernels on this CPU";
-    return;
-  }
-  if (const auto& hit = cache.entry(); hit && hit->bf16_gemm) {
-    c.source = "cache";
-    c.bf16_gemm = *hit->bf16_gemm;
+  ChoiceRule<Bf16Gemm> r;
+  r.name = [](Bf16Gemm v) { return std::string(cpu::bf16_gemm_name(v)); };
+  r.computed_on = [](Bf16Gemm v) { return std::string("bf16 products on the ") + cpu::bf16_gemm_name(v) + " path"; };
+  r.runs_here = [&](Bf16Gemm v) { return v != Bf16Gemm::onednn || in.onednn_available; };
+  r.fallback = Bf16Gemm::widened;
+  r.forced = in.forced;
+  r.forced_detail = "forced by MEGATRAIN_BF16_GEMM";
+  r.forced_why = "MEGATRAIN_BF16_GEMM forces";
+  r.forced_cannot_detail = "MEGATRAIN_BF16_GEMM=onednn, but oneDNN has no bf16 kernels on this CPU";
+  r.process = in.process;
+  r.process_detail = "fixed by an earlier run in this process";
+  r.recorded = checkpoint_path(in.checkpoint, c.notes);
+  r.recorded_cannot_detail =
+      "the checkpoint's run used onednn, which this CPU cannot run: oneDNN has no bf16 kernels here";
+  r.recorded_cannot_note = std::string(
+                               "the checkpoint's run computed its bf16 products with oneDNN's bf16 matmul, which this "
+                               "CPU cannot run (no oneDNN bf16 kernels); continuing on the widened path") +
+                           kBitsDiffer;
+  if (!in.onednn_available) r.unavailable_detail = "oneDNN has no bf16 kernels on this CPU";
+  r.cached = [&]() -> std::optional<std::pair<Bf16Gemm, std::string>> {
+    const auto& hit = cache.entry();
+    if (!hit || !hit->bf16_gemm) return std::nullopt;
     c.cache_file = in.cache_file.string();
-    c.detail = "measured earlier on this machine: oneDNN at " +
-               fmt("%.2fx", hit->onednn_s > 0 ? hit->widened_s / hit->onednn_s : 0.0) +
-               " the widened path's speed; cached in " + c.cache_file;
-    return;
-  }
-  if (!in.probe) throw std::logic_error("decide_kernel_choice: no probe to run");
-  c.source = "probe";
-  c.probe = in.probe();
-  c.bf16_gemm = c.probe->choice;
-  c.detail = probe_words(*c.probe);
+    return std::pair{*hit->bf16_gemm, "measured earlier on this machine: oneDNN at " +
+                                          fmt("%.2fx", hit->onednn_s > 0 ? hit->widened_s / hit->onednn_s : 0.0) +
+                                          " the widened path's speed; cached in " + c.cache_file};
+  };
+  if (in.probe)
+    r.probe = [&] {
+      c.probe = in.probe();
+      return std::pair{c.probe->choice, probe_words(*c.probe)};
+    };
+  const auto chosen = decide(r, c.notes);
+  c.bf16_gemm = chosen.value, c.source = chosen.source, c.detail = chosen.detail;
 }
 
 void decide_attention(const KernelChoiceInputs& in, KernelChoice& c, CacheLookup& cache) {
   using cpu::AttnProducts;
-  const std::optional<AttnProducts> recorded = checkpoint_attention(in.checkpoint, c.notes);
-  const auto name = [](AttnProducts p) { return std::string(cpu::attn_products_name(p)); };
-  if (in.attention_forced) {
-    c.attention_source = "forced";
-    const bool cannot = *in.attention_forced == AttnProducts::bf16_pairs && !in.pairs_available;
-    c.attention = cannot ? AttnProducts::fp32 : *in.attention_forced;
-    c.attention_detail = cannot ? "MEGATRAIN_BF16_ATTENTION=pairs, but this CPU has no AVX512-BF16"
-                                : "forced by MEGATRAIN_BF16_ATTENTION";
-    if (recorded && *recorded != c.attention)
-      c.notes.push_back("the checkpoint's run computed its attention on " + name(*recorded) +
-                        " products; MEGATRAIN_BF16_ATTENTION forces " + name(c.attention) +
-                        ", so the continued run's bits differ from an uninterrupted one");
-    return;
-  }
-  if (recorded) {
-    c.attention_source = "checkpoint";
-    if (*recorded == AttnProducts::bf16_pairs && !in.pairs_available) {
-      c.attention = AttnProducts::fp32;
-      c.attention_detail = "the checkpoint's run used pairs, which this CPU cannot run: no AVX512-BF16 here";
-      c.notes.push_back(
-          "the checkpoint's run computed its attention on bf16 pair products, which this CPU cannot run (no "
-          "AVX512-BF16); continuing on fp32 products, so the continued run's bits differ from an uninterrupted one");
-    } else {
-      c.attention = *recorded;
-      c.attention_detail = "from the checkpoint";
-    }
-    return;
-  }
-  if (!in.pairs_available) {
-    c.attention_source = "unavailable";
-    c.attention = AttnProducts::fp32;
-    c.attention_detail = "no AVX512-BF16 on this CPU";
-    return;
-  }
-  if (const auto& hit = cache.entry(); hit && hit->bf16_attention) {
-    c.attention_source = "cache";
-    c.attention = *hit->bf16_attention;
+  ChoiceRule<AttnProducts> r;
+  r.name = [](AttnProducts v) { return std::string(cpu::attn_products_name(v)); };
+  r.computed_on = [](AttnProducts v) {
+    return std::string("attention on ") + cpu::attn_products_name(v) + " products";
+  };
+  r.runs_here = [&](AttnProducts v) { return v != AttnProducts::bf16_pairs || in.pairs_available; };
+  r.fallback = AttnProducts::fp32;
+  r.forced = in.attention_forced;
+  r.forced_detail = "forced by MEGATRAIN_BF16_ATTENTION";
+  r.forced_why = "MEGATRAIN_BF16_ATTENTION forces";
+  r.forced_cannot_detail = "MEGATRAIN_BF16_ATTENTION=pairs, but this CPU has no AVX512-BF16";
+  r.recorded = checkpoint_attention(in.checkpoint, c.notes);
+  r.recorded_cannot_detail = "the checkpoint's run used pairs, which this CPU cannot run: no AVX512-BF16 here";
+  r.recorded_cannot_note = std::string(
+                               "the checkpoint's run computed its attention on bf16 pair products, which this CPU "
+                               "cannot run (no AVX512-BF16); continuing on fp32 products") +
+                           kBitsDiffer;
+  if (!in.pairs_available) r.unavailable_detail = "no AVX512-BF16 on this CPU";
+  r.cached = [&]() -> std::optional<std::pair<AttnProducts, std::string>> {
+    const auto& hit = cache.entry();
+    if (!hit || !hit->bf16_attention) return std::nullopt;
     c.cache_file = in.cache_file.string();
-    c.attention_detail =
+    return std::pair{
+        *hit->bf16_attention,
         "measured earlier on this machine: bf16 pairs at " +
-        fmt("%.2fx", hit->attention_pairs_s > 0 ? hit->attention_fp32_s / hit->attention_pairs_s : 0.0) +
-        " fp32's speed; cached in " + c.cache_file;
-    return;
-  }
-  if (!in.attention_probe) throw std::logic_error("decide_kernel_choice: no attention probe to run");
-  c.attention_source = "probe";
-  c.attention_probe = in.attention_probe();
-  c.attention = c.attention_probe->choice;
-  c.attention_detail = attention_probe_words(*c.attention_probe);
+            fmt("%.2fx", hit->attention_pairs_s > 0 ? hit->attention_fp32_s / hit->attention_pairs_s : 0.0) +
+            " fp32's speed; cached in " + c.cache_file};
+  };
+  if (in.attention_probe)
+    r.probe = [&] {
+      c.attention_probe = in.attention_probe();
+      return std::pair{c.attention_probe->choice, attention_probe_words(*c.attention_probe)};
+    };
+  const auto chosen = decide(r, c.notes);
+  c.attention = chosen.value, c.attention_source = chosen.source, c.attention_detail = chosen.detail;
 }
 
 // What was probed, added to the key's entry (its other choices kept), and said in the probed details.
