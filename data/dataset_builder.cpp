@@ -89,6 +89,8 @@ struct Item {
   std::size_t line = 0;    // JSONL line number
 };
 
+bool raw_records(InputFormat f) { return f == InputFormat::Chat || f == InputFormat::Tokens; }
+
 struct Result {
   std::vector<uint32_t> ids;
   std::vector<uint8_t> mask;
@@ -104,6 +106,92 @@ std::string get_string(const json& rec, const std::string& field, const std::str
   }
   if (!f->is_string()) throw DataError(where + ": field '" + field + "' is not a string");
   return f->get<std::string>();
+}
+
+// What every worker needs to encode an item.
+struct EncodeContext {
+  const Tokenizer& tok;
+  const BuildOptions& o;
+  const std::vector<uint32_t>& before;  // the post-processor template's ids before and after a document
+  const std::vector<uint32_t>& after;
+};
+
+// An instruction record: the rendered prompt masked out, the response trained on.
+void encode_instruct(const EncodeContext& c, const json& rec, const std::string& where, Result& r) {
+  std::string instruction, input, output;
+  if (rec.contains("instruction")) {
+    instruction = get_string(rec, "instruction", where, true);
+    input = get_string(rec, "input", where, false);
+    output = get_string(rec, "output", where, true);
+  } else if (rec.contains("prompt")) {
+    instruction = get_string(rec, "prompt", where, true);
+    output = get_string(rec, "response", where, true);
+  } else {
+    throw DataError(where + ": record has neither instruction/output nor prompt/response fields");
+  }
+  const std::vector<std::pair<std::string, std::string>> vars{{"instruction", instruction},
+                                                              {"prompt", instruction},
+                                                              {"input", input},
+                                                              {"output", output},
+                                                              {"response", output}};
+  const std::string prompt = render(input.empty() ? c.o.instruct.prompt_no_input : c.o.instruct.prompt, vars);
+  const std::string response = render(c.o.instruct.response, vars);
+  c.tok.encode(prompt, r.ids);
+  r.mask.assign(r.ids.size(), 0);
+  c.tok.encode(response, r.ids);
+  r.ids.insert(r.ids.end(), c.after.begin(), c.after.end());
+  r.mask.resize(r.ids.size(), 1);
+}
+
+// A JSONL record in the run's format (runs on the workers).
+void encode_record(const EncodeContext& c, const Item& it, const std::string& where, Result& r) {
+  const std::size_t bad = find_invalid_utf8(it.text);
+  if (bad != std::string_view::npos)
+    throw DataError(where + ": invalid UTF-8 at byte " + std::to_string(bad + 1) + " of the line");
+  json rec;
+  try {
+    rec = json::parse(it.text);
+  } catch (const json::parse_error& e) {
+    throw DataError(where + ": not valid JSON (column " + std::to_string(e.byte) + ")");
+  }
+  if (!rec.is_object()) throw DataError(where + ": not a JSON object");
+  switch (c.o.format) {
+    case InputFormat::Jsonl: {
+      const std::string text = get_string(rec, c.o.text_field, where, true);
+      if (text.empty()) r.empty_doc = true;
+      c.tok.encode(text, r.ids);
+      r.ids.insert(r.ids.end(), c.after.begin(), c.after.end());
+      return;
+    }
+    case InputFormat::Tokens:
+      if (!rec.contains("input_ids") && rec.contains(c.o.text_field))
+        throw DataError(where + ": record has '" + c.o.text_field + "' but the file's first record is " +
+                        "pre-tokenized (input_ids): one kind of record per run");
+      read_token_record(rec, c.tok.vocab_size(), where, r.ids, r.mask);
+      return;
+    case InputFormat::Chat:
+      encode_chat(c.tok, render_chat(c.o.chat, rec, where), where, r.ids, r.mask);
+      return;
+    default:
+      encode_instruct(c, rec, where, r);
+  }
+}
+
+// Encodes one item (runs on the workers). Chat and pre-tokenized records are taken as they are: no
+// post-processor template (the chat template writes its own BOS) and no end-of-text separator.
+void encode_item(const EncodeContext& c, const std::string& file, const Item& it, Result& r) {
+  try {
+    if (it.starts_doc && !raw_records(c.o.format)) r.ids = c.before;
+    if (c.o.format == InputFormat::Text) {
+      c.tok.encode(it.text, r.ids);
+      if (it.ends_doc) r.ids.insert(r.ids.end(), c.after.begin(), c.after.end());
+      return;
+    }
+    encode_record(c, it, file + ":" + std::to_string(it.line), r);
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    if (c.o.format == InputFormat::Text) r.error = file + ": " + r.error;
+  }
 }
 
 // Persistent worker threads: run() hands every worker the same job and returns when all have finished it.
@@ -168,6 +256,73 @@ class Pool {
   uint64_t gen_ = 0;
   bool stop_ = false;
 };
+
+// `<prefix>dataset.json`: what was built, with which tokenizer and options.
+ojson dataset_meta(const Tokenizer& tok, const BuildOptions& o, const BuildSummary& sum, uint32_t eot,
+                   const std::vector<uint32_t>& before, const std::vector<uint32_t>& after, bool eot_after, int width,
+                   bool masked, const std::vector<std::pair<std::string, uint64_t>> (&shards)[2]) {
+  static const char* const kFormats[] = {"text", "jsonl", "instruct", "chat", "jsonl-tokens"};
+  ojson meta;
+  meta["created_by"] = "megatrain-data";
+  meta["tokenizer"] = tok.source();
+  meta["vocab_size"] = tok.vocab_size();
+  meta["eot_id"] = eot;
+  meta["add_special_tokens"] = o.add_special_tokens;
+  meta["template"] = {{"before", before}, {"after", after}, {"eot_appended", eot_after}};
+  meta["token_bytes"] = width;
+  meta["format"] = kFormats[int(o.format)];
+  if (o.format == InputFormat::Chat) meta["chat_template"] = o.chat.name;
+  meta["loss_mask"] = masked;
+  meta["val_fraction"] = o.val_fraction;
+  meta["seed"] = o.seed;
+  meta["documents"] = {{"train", sum.train_documents}, {"val", sum.val_documents}};
+  meta["tokens"] = {{"train", sum.train_tokens}, {"val", sum.val_tokens}, {"masked", sum.masked_tokens}};
+  const char* const split_names[2] = {"train", "val"};
+  for (int k = 0; k < 2; ++k) {
+    meta["shards"][split_names[k]] = ojson::array();
+    for (const auto& [name, n] : shards[k]) meta["shards"][split_names[k]].push_back({{"file", name}, {"tokens", n}});
+  }
+  meta["inputs"] = o.inputs;
+  return meta;
+}
+
+// Shards of an earlier run under the same names (train_NNNNNN / val_NNNNNN) that this run did not write
+// would be picked up by a glob: removes them.
+void remove_stale_shards(const BuildOptions& o, const std::vector<std::string>& committed, bool masked) {
+  std::vector<std::filesystem::path> stale;
+  for (const auto& e : std::filesystem::directory_iterator(o.out_dir)) {
+    const std::string n = e.path().filename().string();
+    for (const char* split : {"train_", "val_"}) {
+      const std::string head = o.prefix + split;
+      if (n.size() < head.size() + 6 || n.compare(0, head.size(), head) != 0) continue;
+      const std::string rest = n.substr(head.size());
+      if (rest.size() < 7 || rest.find_first_not_of("0123456789") != 6) continue;
+      const std::string ext = rest.substr(6);
+      if (ext != ".bin" && ext != ".mask") continue;
+      const std::string bin = o.out_dir + "/" + head + rest.substr(0, 6) + ".bin";
+      const bool ours = std::find(committed.begin(), committed.end(), bin) != committed.end();
+      if (!ours || (ext == ".mask" && !masked)) stale.push_back(e.path());
+    }
+  }
+  for (const auto& p : stale) std::filesystem::remove(p);
+}
+
+// `--format jsonl` whose first record holds input_ids is pre-tokenized (InputFormat::Tokens); a chat run
+// checks that the tokenizer holds its template's special tokens.
+BuildOptions resolve_format(const Tokenizer& tok, const BuildOptions& options) {
+  BuildOptions o = options;
+  if (o.format == InputFormat::Chat) check_chat_tokens(o.chat, tok);
+  if (o.format != InputFormat::Jsonl || o.inputs.empty()) return o;
+  std::ifstream in(o.inputs[0], std::ios::binary);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const json rec = json::parse(line, nullptr, false);
+    if (rec.is_object() && rec.contains("input_ids")) o.format = InputFormat::Tokens;
+    break;
+  }
+  return o;
+}
 
 }  // namespace
 
@@ -240,8 +395,9 @@ std::vector<std::string_view> split_for_parallel(const Tokenizer& tok, std::stri
   return out;
 }
 
-BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
+BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
                           const std::function<void(const BuildProgress&)>& progress) {
+  const BuildOptions o = resolve_format(tok, options);
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   if (o.inputs.empty()) throw DataError("megatrain-data: no input files");
@@ -251,7 +407,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
   if (width == 2 && tok.vocab_size() > 65536)
     throw DataError("megatrain-data: vocabulary of " + std::to_string(tok.vocab_size()) +
                     " does not fit uint16 tokens");
-  const bool masked = o.format == InputFormat::Instruct;
+  const bool masked = o.format == InputFormat::Instruct || raw_records(o.format);
   const auto& affixes = tok.single_affixes();
   if (o.add_special_tokens && !affixes)
     throw DataError(tok.source() + ": post_processor's single template does not hold the text once: " +
@@ -261,7 +417,8 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
   const std::vector<uint32_t>& after = o.add_special_tokens ? affixes->after : kNoIds;
   // A template that ends documents with the end-of-text token (e.g. "$A <|endoftext|>"), or begins them
   // with it, already separates them: no second separator.
-  const bool eot_after = (after.empty() || after.back() != *eot) && (before.empty() || before.front() != *eot);
+  const bool eot_after =
+      (after.empty() || after.back() != *eot) && (before.empty() || before.front() != *eot) && !raw_records(o.format);
   const int threads = std::max(1, o.threads);
   if (o.shard_tokens == 0 || o.shard_tokens > uint64_t(INT32_MAX))
     throw DataError("megatrain-data: shard_tokens must be in [1, 2^31)");
@@ -319,61 +476,8 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
     return double(mix(o.seed ^ mix(doc)) >> 11) * (1.0 / 9007199254740992.0) < o.val_fraction;
   };
 
-  // Encodes one item (runs on the workers).
-  auto work = [&](const std::string& file, const Item& it, Result& r) {
-    try {
-      if (it.starts_doc) r.ids = before;
-      if (o.format == InputFormat::Text) {
-        tok.encode(it.text, r.ids);
-        if (it.ends_doc) r.ids.insert(r.ids.end(), after.begin(), after.end());
-        return;
-      }
-      const std::string where = file + ":" + std::to_string(it.line);
-      const std::size_t bad = find_invalid_utf8(it.text);
-      if (bad != std::string_view::npos)
-        throw DataError(where + ": invalid UTF-8 at byte " + std::to_string(bad + 1) + " of the line");
-      json rec;
-      try {
-        rec = json::parse(it.text);
-      } catch (const json::parse_error& e) {
-        throw DataError(where + ": not valid JSON (column " + std::to_string(e.byte) + ")");
-      }
-      if (!rec.is_object()) throw DataError(where + ": not a JSON object");
-      if (o.format == InputFormat::Jsonl) {
-        const std::string text = get_string(rec, o.text_field, where, true);
-        if (text.empty()) r.empty_doc = true;
-        tok.encode(text, r.ids);
-        r.ids.insert(r.ids.end(), after.begin(), after.end());
-        return;
-      }
-      std::string instruction, input, output;
-      if (rec.contains("instruction")) {
-        instruction = get_string(rec, "instruction", where, true);
-        input = get_string(rec, "input", where, false);
-        output = get_string(rec, "output", where, true);
-      } else if (rec.contains("prompt")) {
-        instruction = get_string(rec, "prompt", where, true);
-        output = get_string(rec, "response", where, true);
-      } else {
-        throw DataError(where + ": record has neither instruction/output nor prompt/response fields");
-      }
-      const std::vector<std::pair<std::string, std::string>> vars{{"instruction", instruction},
-                                                                  {"prompt", instruction},
-                                                                  {"input", input},
-                                                                  {"output", output},
-                                                                  {"response", output}};
-      const std::string prompt = render(input.empty() ? o.instruct.prompt_no_input : o.instruct.prompt, vars);
-      const std::string response = render(o.instruct.response, vars);
-      tok.encode(prompt, r.ids);
-      r.mask.assign(r.ids.size(), 0);
-      tok.encode(response, r.ids);
-      r.ids.insert(r.ids.end(), after.begin(), after.end());
-      r.mask.resize(r.ids.size(), 1);
-    } catch (const std::exception& e) {
-      r.error = e.what();
-      if (o.format == InputFormat::Text) r.error = file + ": " + r.error;
-    }
-  };
+  const EncodeContext ctx{tok, o, before, after};
+  auto work = [&](const std::string& file, const Item& it, Result& r) { encode_item(ctx, file, it, r); };
 
   // With a progress callback the calling thread reports while `threads` workers encode; without, it is
   // one of the workers. The pool lives for the whole run, so each worker's word cache stays warm.
@@ -510,43 +614,9 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
     commit(splits[1]);
     sum.tokens = sum.train_tokens + sum.val_tokens;
     sum.bytes_in = prog.bytes_total;
-    ojson meta;
-    meta["created_by"] = "megatrain-data";
-    meta["tokenizer"] = tok.source();
-    meta["vocab_size"] = tok.vocab_size();
-    meta["eot_id"] = *eot;
-    meta["add_special_tokens"] = o.add_special_tokens;
-    meta["template"] = {{"before", before}, {"after", after}, {"eot_appended", eot_after}};
-    meta["token_bytes"] = width;
-    meta["format"] = o.format == InputFormat::Text ? "text" : o.format == InputFormat::Jsonl ? "jsonl" : "instruct";
-    meta["loss_mask"] = masked;
-    meta["val_fraction"] = o.val_fraction;
-    meta["seed"] = o.seed;
-    meta["documents"] = {{"train", sum.train_documents}, {"val", sum.val_documents}};
-    meta["tokens"] = {{"train", sum.train_tokens}, {"val", sum.val_tokens}, {"masked", sum.masked_tokens}};
-    for (const auto& s : splits) {
-      meta["shards"][s.name] = ojson::array();
-      for (const auto& [name, n] : s.shards) meta["shards"][s.name].push_back({{"file", name}, {"tokens", n}});
-    }
-    meta["inputs"] = o.inputs;
-    // Shards of an earlier run under the same names (train_NNNNNN / val_NNNNNN) that this run did not
-    // write would be picked up by a glob: remove them.
-    std::vector<std::filesystem::path> stale;
-    for (const auto& e : std::filesystem::directory_iterator(o.out_dir)) {
-      const std::string n = e.path().filename().string();
-      for (const char* split : {"train_", "val_"}) {
-        const std::string head = o.prefix + split;
-        if (n.size() < head.size() + 6 || n.compare(0, head.size(), head) != 0) continue;
-        const std::string rest = n.substr(head.size());
-        if (rest.size() < 7 || rest.find_first_not_of("0123456789") != 6) continue;
-        const std::string ext = rest.substr(6);
-        if (ext != ".bin" && ext != ".mask") continue;
-        const std::string bin = o.out_dir + "/" + head + rest.substr(0, 6) + ".bin";
-        const bool ours = std::find(committed.begin(), committed.end(), bin) != committed.end();
-        if (!ours || (ext == ".mask" && !masked)) stale.push_back(e.path());
-      }
-    }
-    for (const auto& p : stale) std::filesystem::remove(p);
+    const std::vector<std::pair<std::string, uint64_t>> shards[2] = {splits[0].shards, splits[1].shards};
+    const ojson meta = dataset_meta(tok, o, sum, *eot, before, after, eot_after, width, masked, shards);
+    remove_stale_shards(o, committed, masked);
     const std::string mp = o.out_dir + "/" + o.prefix + "dataset.json";
     const std::string tmp = mp + ".tmp";
     {

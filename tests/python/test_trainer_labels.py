@@ -5,13 +5,18 @@
    loss (labels shifted inside it, -100 ignored) with num_items_in_batch = the step's target count, as
    transformers >= 4.46 computes it under gradient accumulation, then clipping and torch.optim.AdamW.
 2. labels = input_ids trains to the same bits as no labels.
-3. Labels of another length, a label that is neither -100 nor its input id, a bad attention_mask: a
+3. The same records as pre-tokenized JSONL through `megatrain-data shards --format jsonl` and `megatrain
+   train`: the same shard bytes and the same weights.
+4. Labels of another length, a label that is neither -100 nor its input id, a bad attention_mask: a
    ConfigError naming the example and the field, and no shard left behind.
 """
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
-from tiny import assert_same_bits, corpus_ids, tiny_llama_dir
+from tiny import BINARY, SHARED, assert_same_bits, corpus_ids, read_hf, tiny_llama_dir
 
 import numpy as np
 import torch
@@ -19,6 +24,10 @@ from transformers import AutoModelForCausalLM, TrainingArguments
 
 import megatrain as mt
 
+DATA_TOOL = os.environ.get("MEGATRAIN_DATA_TOOL", "")
+if not os.path.isfile(DATA_TOOL) or not os.path.isfile(BINARY):
+    print("skipped: MEGATRAIN_DATA_TOOL or MEGATRAIN_BINARY is not set")
+    sys.exit(77)
 T, STEPS, LR = 32, 3, 1e-3
 EX, PROMPT = 13, 6  # 5 examples of 13 tokens = 65 = 2 windows of 33 with stride 32
 base = tiny_llama_dir(seed=2)
@@ -106,6 +115,28 @@ assert typical < 1e-3 * LR, f"mt.Trainer with labels vs torch AdamW: 99.9th perc
 print(f"ok: labels + padding: losses {ours} vs torch {torch_losses}; {counted} targets a step; "
       f"weights max |diff| {worst:.3g} (99.9% under {typical:.3g})")
 
+# 3. The same records as pre-tokenized JSONL through `megatrain-data shards` and `megatrain train`: the same
+# shard (ids and mask) and the same weights, bit for bit.
+jsonl = os.path.join(work, "records.jsonl")
+with open(jsonl, "w") as f:
+    for ex in examples:
+        f.write(json.dumps(ex) + "\n")
+shards = os.path.join(work, "tool-shards")
+subprocess.run([DATA_TOOL, "shards", "--format", "jsonl", "--tokenizer", os.path.join(SHARED, "gpt2-bpe"), "--out",
+                shards, jsonl], check=True, stdout=subprocess.DEVNULL)
+for ext in (".bin", ".mask"):
+    with open(os.path.join(shards, "train_000000" + ext), "rb") as a, \
+            open(os.path.join(work, "labels", "data", "train_000000" + ext), "rb") as b:
+        assert a.read() == b.read(), f"megatrain-data's {ext} differs from mt.Trainer's"
+export = os.path.join(work, "binary-export")
+argv = [a for a in trainer.arguments
+        if not a.startswith(("--model.config_file=", "--train.output_dir=", "--data.train_files="))]
+argv += [f"--model.model_name_or_path={base}", f"--train.output_dir={os.path.join(work, 'binary')}",
+         f"--train.export_hf_dir={export}", f"--data.train_files={os.path.join(shards, 'train_*.bin')}"]
+subprocess.run([BINARY, "train", *argv], check=True, stdout=subprocess.DEVNULL)
+assert_same_bits(model.state_dict(), read_hf(export), "mt.Trainer vs megatrain-data shards + megatrain train")
+print("ok: the records as pre-tokenized JSONL through megatrain-data + megatrain train: same shard, same bits")
+
 # 2. labels = input_ids: the same bits as no labels.
 plain_model, plain = train([{"input_ids": ids}], "plain")
 same_model, same = train([{"input_ids": ids, "labels": ids}], "labels-equal-ids")
@@ -115,7 +146,7 @@ assert_same_bits(plain_model.state_dict(), {k: v for k, v in same_model.state_di
 print(f"ok: labels = input_ids equals no labels bit for bit (losses {[r['loss'] for r in plain.log_history]})")
 
 
-# 3. Bad input.
+# 4. Bad input: the front door, then the same records through megatrain-data.
 def expect_error(dataset, *needles):
     out = os.path.join(work, "bad")
     _, trainer = trainer_for(dataset, out)
@@ -149,3 +180,22 @@ masked_all.train()
 record = masked_all.log_history[0]
 assert record["tokens"] == 0 and record["loss"] == 0.0 and np.isfinite(record["grad_norm"]), record
 print(f"ok: a fully masked step logs {record['tokens']} targets, loss {record['loss']}")
+
+tool_cases = [
+    ({"input_ids": ids[:20], "labels": ids[:19]}, "field 'labels' has 19 entries, 'input_ids' has 20"),
+    ({"input_ids": ids[:20], "labels": wrong}, f"labels[3] = {wrong[3]} is neither -100 nor input_ids[3] = {ids[3]}"),
+    ({"input_ids": ids[:20], "attention_mask": [1] * 19}, "field 'attention_mask' has 19 entries"),
+    ({"input_ids": ids[:3] + ["x"]}, "input_ids[3] is not an integer"),
+    ({"input_ids": [50257]}, "input_ids[0] = 50257 is outside the tokenizer's vocabulary of 50257"),
+    ({"text": "a text among token records"}, "record has 'text' but the file's first record is pre-tokenized"),
+]
+bad_out = os.path.join(work, "tool-bad")
+for record, needle in tool_cases:
+    path = os.path.join(work, "bad.jsonl")
+    with open(path, "w") as f:
+        f.write(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    p = subprocess.run([DATA_TOOL, "shards", "--format", "jsonl", "--tokenizer", os.path.join(SHARED, "gpt2-bpe"),
+                        "--out", bad_out, path], capture_output=True, text=True)
+    assert p.returncode == 1 and f"{path}:2: " in p.stderr and needle in p.stderr, (needle, p.stderr)
+    assert not [f for f in os.listdir(bad_out) if f.startswith("train_")], os.listdir(bad_out)
+    print(f"ok: {p.stderr.strip()}")
