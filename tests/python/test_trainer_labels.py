@@ -11,6 +11,7 @@
    ConfigError naming the example and the field, and no shard left behind.
 """
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -176,10 +177,18 @@ print(expect_error([good, {"input_ids": ids[:20], "attention_mask": [2] * 20}],
 print(expect_error([{"input_ids": ids[:20]}, good], "example 1 has 'labels'", "example 0 has neither"))
 # A step whose window is all prompt: 0 targets, a finite loss of 0 and no update from it.
 _, masked_all = trainer_for([{"input_ids": ids, "labels": [-100] * len(ids)}], os.path.join(work, "all-masked"), 1)
+lines = []
+handler = logging.Handler()
+handler.emit = lambda rec: lines.append(rec.getMessage())
+logging.getLogger("megatrain").addHandler(handler)
+logging.getLogger("megatrain").setLevel(logging.INFO)
 masked_all.train()
+logging.getLogger("megatrain").removeHandler(handler)
+step_lines = [line for line in lines if line.startswith("step ")]
+assert step_lines and "loss none | 0 targets (every token of the step is masked)" in step_lines[0], step_lines
 record = masked_all.log_history[0]
 assert record["tokens"] == 0 and record["loss"] == 0.0 and np.isfinite(record["grad_norm"]), record
-print(f"ok: a fully masked step logs {record['tokens']} targets, loss {record['loss']}")
+print(f"ok: a fully masked step logs {record['tokens']} targets, loss {record['loss']}: {step_lines[0][:80]}")
 
 tool_cases = [
     ({"input_ids": ids[:20], "labels": ids[:19]}, "field 'labels' has 19 entries, 'input_ids' has 20"),
