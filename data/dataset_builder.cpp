@@ -257,6 +257,146 @@ class Pool {
   bool stop_ = false;
 };
 
+// How documents are framed in the shards: the tokenizer's template and separator, the token width.
+struct Framing {
+  uint32_t eot = 0;
+  int width = 2;
+  bool masked = false;                  // a `.mask` is written beside each shard
+  std::vector<uint32_t> before, after;  // the post-processor template's ids around a document
+  bool eot_after = true;                // the end-of-text token follows each document
+};
+
+Framing document_framing(const Tokenizer& tok, const BuildOptions& o) {
+  if (o.inputs.empty()) throw DataError("megatrain-data: no input files");
+  Framing f;
+  const auto eot = tok.eot_id();
+  if (!eot) throw DataError(tok.source() + ": the tokenizer has no end-of-text (special) token to separate documents");
+  f.eot = *eot;
+  f.width = o.token_bytes ? o.token_bytes : (tok.vocab_size() <= 65536 ? 2 : 4);
+  if (f.width == 2 && tok.vocab_size() > 65536)
+    throw DataError("megatrain-data: vocabulary of " + std::to_string(tok.vocab_size()) +
+                    " does not fit uint16 tokens");
+  f.masked = o.format == InputFormat::Instruct || raw_records(o.format);
+  const auto& affixes = tok.single_affixes();
+  if (o.add_special_tokens && !affixes)
+    throw DataError(tok.source() + ": post_processor's single template does not hold the text once: " +
+                    "documents cannot be wrapped in it (add_special_tokens off leaves it out)");
+  if (o.add_special_tokens) {
+    f.before = affixes->before;
+    f.after = affixes->after;
+  }
+  // A template that ends documents with the end-of-text token (e.g. "$A <|endoftext|>"), or begins them
+  // with it, already separates them: no second separator.
+  f.eot_after = (f.after.empty() || f.after.back() != f.eot) && (f.before.empty() || f.before.front() != f.eot) &&
+                !raw_records(o.format);
+  if (o.shard_tokens == 0 || o.shard_tokens > uint64_t(INT32_MAX))
+    throw DataError("megatrain-data: shard_tokens must be in [1, 2^31)");
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) throw DataError(o.out_dir + ": cannot create the output directory: " + ec.message());
+  return f;
+}
+
+uint64_t input_bytes(const BuildOptions& o) {
+  uint64_t total = 0;
+  for (const auto& in : o.inputs) {
+    struct stat st;
+    if (::stat(in.c_str(), &st) != 0) throw DataError(in + ": no such input file");
+    total += uint64_t(st.st_size);
+  }
+  return total;
+}
+
+// Where a block read from a file ends: after its last line (JSONL), or before a space between two ASCII
+// letters (plain text, where the split regexes split anyway); 0 when there is no such place yet.
+std::size_t block_cut(const std::string& block, bool lines, bool text_cuttable) {
+  if (lines) {
+    const std::size_t nl = block.rfind('\n');
+    return nl != std::string::npos ? nl + 1 : 0;
+  }
+  if (!text_cuttable) return 0;
+  for (std::size_t c = block.size() - 1; c > 0; --c)
+    if (block[c] == ' ' && c + 1 < block.size() && ascii_alpha(block[c - 1]) && ascii_alpha(block[c + 1])) return c;
+  return 0;
+}
+
+// Where a file's next block starts: lines before it, its start column and byte offset.
+struct FilePosition {
+  std::size_t line = 0, col = 1, off = 0;
+  bool any = false;  // a text document has started
+};
+
+// The work items of one block: pieces of the file's text document, or its JSONL lines (one document each).
+void block_items(const Tokenizer& tok, const BuildOptions& o, std::size_t fi, const std::string& buf, bool eof,
+                 FilePosition& at, std::size_t& doc, std::vector<Item>& items) {
+  const std::string& file = o.inputs[fi];
+  if (o.format == InputFormat::Text) {
+    const std::size_t bad = find_invalid_utf8(buf);
+    if (bad != std::string::npos)
+      throw DataError(where_in(file, buf, bad, at.line + 1, at.col, at.off) + ": invalid UTF-8");
+    if (!buf.empty()) {
+      const auto pieces = split_for_parallel(tok, buf, o.chunk_bytes);
+      for (std::size_t i = 0; i < pieces.size(); ++i)
+        items.push_back({fi, doc, !at.any && i == 0, eof && i + 1 == pieces.size(), pieces[i], 0});
+      at.any = true;
+    }
+    const std::size_t nls = std::size_t(std::count(buf.begin(), buf.end(), '\n'));
+    at.line += nls;
+    at.col = nls ? buf.size() - buf.rfind('\n') : at.col + buf.size();
+  } else {
+    std::size_t pos = 0;
+    while (pos < buf.size()) {
+      std::size_t e = buf.find('\n', pos);
+      if (e == std::string::npos) e = buf.size();
+      ++at.line;
+      std::string_view l(buf.data() + pos, e - pos);
+      if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+      if (l.find_first_not_of(" \t") != std::string_view::npos) items.push_back({fi, doc++, true, true, l, at.line});
+      pos = e + 1;
+    }
+  }
+  at.off += buf.size();
+}
+
+// Reads input fi in blocks of about o.block_bytes, cut where block_cut() says (a text whose regex is not
+// known to split there is read whole); each block goes to `bufs`, its items to `items`, then
+// on_block(block bytes) runs.
+void read_file(const Tokenizer& tok, const BuildOptions& o, std::size_t fi, std::size_t& doc,
+               std::vector<std::unique_ptr<std::string>>& bufs, std::vector<Item>& items,
+               const std::function<void(std::size_t)>& on_block) {
+  const std::size_t kBlockBytes = std::max<std::size_t>(o.block_bytes, 1);
+  const bool text_cuttable = o.format != InputFormat::Text || tok.splits_at_letter_spaces();
+  const std::string& file = o.inputs[fi];
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw DataError(file + ": cannot open input");
+  std::string carry;
+  FilePosition at;
+  for (bool eof = false; !eof;) {
+    std::string block = std::move(carry);
+    carry.clear();
+    const std::size_t had = block.size();
+    block.resize(had + kBlockBytes);
+    in.read(&block[had], std::streamsize(kBlockBytes));
+    block.resize(had + std::size_t(in.gcount()));
+    eof = in.eof() || in.gcount() == 0;
+    if (in.bad()) throw DataError(file + ": read error at byte offset " + std::to_string(at.off + had));
+    if (!eof) {
+      const std::size_t cut = block_cut(block, o.format != InputFormat::Text, text_cuttable);
+      if (cut == 0) {  // no place to cut yet: read more
+        carry = std::move(block);
+        continue;
+      }
+      carry = block.substr(cut);
+      block.resize(cut);
+    }
+    bufs.push_back(std::make_unique<std::string>(std::move(block)));
+    const std::string& buf = *bufs.back();
+    block_items(tok, o, fi, buf, eof, at, doc, items);
+    on_block(buf.size());
+  }
+  if (at.any) ++doc;
+}
+
 // `<prefix>dataset.json`: what was built, with which tokenizer and options.
 ojson dataset_meta(const Tokenizer& tok, const BuildOptions& o, const BuildSummary& sum, uint32_t eot,
                    const std::vector<uint32_t>& before, const std::vector<uint32_t>& after, bool eot_after, int width,
@@ -322,6 +462,65 @@ BuildOptions resolve_format(const Tokenizer& tok, const BuildOptions& options) {
     break;
   }
   return o;
+}
+
+// Encodes a batch of items on the pool (and the caller, without a progress callback, which otherwise
+// reports every 200 ms); results in item order.
+std::vector<Result> encode_batch(Pool& pool, const EncodeContext& c, const std::vector<Item>& items,
+                                 const std::function<void(const BuildProgress&)>& progress, const BuildProgress& prog,
+                                 const std::function<double()>& elapsed) {
+  std::vector<Result> res(items.size());
+  std::atomic<std::size_t> next{0}, bytes{0};
+  const std::function<void()> job = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < items.size();) {
+      encode_item(c, c.o.inputs[items[i].file], items[i], res[i]);
+      bytes += items[i].text.size() + (c.o.format == InputFormat::Text ? 0 : 1);
+    }
+  };
+  int tick = 0;
+  const std::function<void()> report = [&] {
+    if (tick++ % 20 != 0) return;
+    BuildProgress p = prog;
+    p.bytes_done += bytes.load();
+    p.seconds = elapsed();
+    progress(p);
+  };
+  pool.run(job, !progress, progress ? &report : nullptr);
+  return res;
+}
+
+// The split of a document: validation for a seeded hash of its number below val_fraction.
+bool in_validation(const BuildOptions& o, std::size_t doc) {
+  if (o.val_fraction <= 0) return false;
+  return double(mix(o.seed ^ mix(doc)) >> 11) * (1.0 / 9007199254740992.0) < o.val_fraction;
+}
+
+// The shards of one split being written: the open writer and those committed.
+struct Split {
+  explicit Split(std::string n) : name(std::move(n)) {}
+  std::string name;
+  std::unique_ptr<ShardWriter> w;
+  int index = 0;
+  std::vector<std::pair<std::string, uint64_t>> shards;  // file name, tokens
+};
+
+// On error: every shard of the run goes, open temporaries and committed shards (with their masks).
+void remove_shards(Split (&splits)[2], const std::vector<std::string>& committed) {
+  for (auto& s : splits) s.w.reset();  // removes the open temporaries
+  for (const auto& p : committed) {
+    std::remove(p.c_str());
+    std::remove(mask_path_for(p).c_str());
+  }
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << text;
+    if (!f) throw DataError(tmp + ": cannot write");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw DataError(path + ": cannot rename " + tmp + " onto it");
 }
 
 }  // namespace
@@ -399,26 +598,11 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
                           const std::function<void(const BuildProgress&)>& progress) {
   const BuildOptions o = resolve_format(tok, options);
   const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  if (o.inputs.empty()) throw DataError("megatrain-data: no input files");
-  const auto eot = tok.eot_id();
-  if (!eot) throw DataError(tok.source() + ": the tokenizer has no end-of-text (special) token to separate documents");
-  const int width = o.token_bytes ? o.token_bytes : (tok.vocab_size() <= 65536 ? 2 : 4);
-  if (width == 2 && tok.vocab_size() > 65536)
-    throw DataError("megatrain-data: vocabulary of " + std::to_string(tok.vocab_size()) +
-                    " does not fit uint16 tokens");
-  const bool masked = o.format == InputFormat::Instruct || raw_records(o.format);
-  const auto& affixes = tok.single_affixes();
-  if (o.add_special_tokens && !affixes)
-    throw DataError(tok.source() + ": post_processor's single template does not hold the text once: " +
-                    "documents cannot be wrapped in it (add_special_tokens off leaves it out)");
-  static const std::vector<uint32_t> kNoIds;
-  const std::vector<uint32_t>& before = o.add_special_tokens ? affixes->before : kNoIds;
-  const std::vector<uint32_t>& after = o.add_special_tokens ? affixes->after : kNoIds;
-  // A template that ends documents with the end-of-text token (e.g. "$A <|endoftext|>"), or begins them
-  // with it, already separates them: no second separator.
-  const bool eot_after =
-      (after.empty() || after.back() != *eot) && (before.empty() || before.front() != *eot) && !raw_records(o.format);
+  const std::function<double()> elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const Framing fr = document_framing(tok, o);
+  const bool masked = fr.masked;
   const int threads = std::max(1, o.threads);
   if (o.shard_tokens == 0 || o.shard_tokens > uint64_t(INT32_MAX))
     throw DataError("megatrain-data: shard_tokens must be in [1, 2^31)");
@@ -430,21 +614,9 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
 
   BuildSummary sum;
   BuildProgress prog;
-  for (const auto& in : o.inputs) {
-    struct stat st;
-    if (::stat(in.c_str(), &st) != 0) throw DataError(in + ": no such input file");
-    prog.bytes_total += uint64_t(st.st_size);
-  }
+  prog.bytes_total = input_bytes(o);
 
-  struct Split {
-    std::string name;
-    std::unique_ptr<ShardWriter> w;
-    int index = 0;
-    std::vector<std::pair<std::string, uint64_t>> shards;
-  };
-  Split splits[2];
-  splits[0].name = "train";
-  splits[1].name = "val";
+  Split splits[2] = {Split("train"), Split("val")};
   std::vector<std::string> committed;
   auto commit = [&](Split& s) {
     if (!s.w) return;
@@ -460,7 +632,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
       if (!s.w) {
         char name[64];
         std::snprintf(name, sizeof name, "%s_%06d.bin", s.name.c_str(), s.index++);
-        s.w = std::make_unique<ShardWriter>(o.out_dir + "/" + o.prefix + name, width, masked);
+        s.w = std::make_unique<ShardWriter>(o.out_dir + "/" + o.prefix + name, fr.width, masked);
       }
       const std::size_t room = std::size_t(o.shard_tokens) - s.w->tokens();
       const std::size_t k = std::min(room, n);
@@ -471,13 +643,8 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
       if (s.w->tokens() >= o.shard_tokens) commit(s);
     }
   };
-  auto is_val = [&](std::size_t doc) {
-    if (o.val_fraction <= 0) return false;
-    return double(mix(o.seed ^ mix(doc)) >> 11) * (1.0 / 9007199254740992.0) < o.val_fraction;
-  };
 
-  const EncodeContext ctx{tok, o, before, after};
-  auto work = [&](const std::string& file, const Item& it, Result& r) { encode_item(ctx, file, it, r); };
+  const EncodeContext ctx{tok, o, fr.before, fr.after};
 
   // With a progress callback the calling thread reports while `threads` workers encode; without, it is
   // one of the workers. The pool lives for the whole run, so each worker's word cache stays warm.
@@ -492,35 +659,19 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
     std::size_t batch_bytes = 0;
     std::size_t last_doc = ~std::size_t(0);  // a text document may span batches
     auto flush = [&] {
-      std::vector<Result> res(items.size());
-      std::atomic<std::size_t> next{0}, bytes{0};
-      const std::function<void()> job = [&] {
-        for (std::size_t i; (i = next.fetch_add(1)) < items.size();) {
-          work(o.inputs[items[i].file], items[i], res[i]);
-          bytes += items[i].text.size() + (o.format == InputFormat::Text ? 0 : 1);
-        }
-      };
-      int tick = 0;
-      const std::function<void()> report = [&] {
-        if (tick++ % 20 != 0) return;
-        BuildProgress p = prog;
-        p.bytes_done += bytes.load();
-        p.seconds = elapsed();
-        progress(p);
-      };
-      pool.run(job, !progress, progress ? &report : nullptr);
+      std::vector<Result> res = encode_batch(pool, ctx, items, progress, prog, elapsed);
       // In order: the output does not depend on the thread count.
       for (std::size_t i = 0; i < items.size(); ++i) {
         Result& r = res[i];
         if (!r.error.empty()) throw DataError(r.error);
-        Split& s = splits[is_val(items[i].doc) ? 1 : 0];
+        Split& s = splits[in_validation(o, items[i].doc) ? 1 : 0];
         if (items[i].doc != last_doc) {
           last_doc = items[i].doc;
           ++sum.documents;
           ++(&s == &splits[1] ? sum.val_documents : sum.train_documents);
         }
-        if (items[i].ends_doc && eot_after) {
-          r.ids.push_back(*eot);
+        if (items[i].ends_doc && fr.eot_after) {
+          r.ids.push_back(fr.eot);
           if (masked) r.mask.push_back(1);
         }
         write(s, r.ids.data(), masked ? r.mask.data() : nullptr, r.ids.size());
@@ -538,99 +689,22 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
       bufs.clear();
       batch_bytes = 0;
     };
-    // Each file is read in blocks of about kBlockBytes, cut at a line end (JSONL) or where the tokenizer
-    // splits anyway (plain text; a text whose regex is not known to split there is read whole).
-    const std::size_t kBlockBytes = std::max<std::size_t>(o.block_bytes, 1);
-    const bool text_cuttable = o.format != InputFormat::Text || tok.splits_at_letter_spaces();
-    for (std::size_t fi = 0; fi < o.inputs.size(); ++fi) {
-      const std::string& file = o.inputs[fi];
-      std::ifstream in(file, std::ios::binary);
-      if (!in) throw DataError(file + ": cannot open input");
-      std::string carry;
-      std::size_t line = 0, col = 1, off = 0;  // lines before the block, its start column, its start offset
-      bool any = false;
-      for (bool eof = false; !eof;) {
-        std::string block = std::move(carry);
-        carry.clear();
-        const std::size_t had = block.size();
-        block.resize(had + kBlockBytes);
-        in.read(&block[had], std::streamsize(kBlockBytes));
-        block.resize(had + std::size_t(in.gcount()));
-        eof = in.eof() || in.gcount() == 0;
-        if (in.bad()) throw DataError(file + ": read error at byte offset " + std::to_string(off + had));
-        std::size_t cut = block.size();
-        if (!eof) {
-          cut = 0;
-          if (o.format != InputFormat::Text) {
-            const std::size_t nl = block.rfind('\n');
-            if (nl != std::string::npos) cut = nl + 1;
-          } else if (text_cuttable) {
-            for (std::size_t c = block.size() - 1; c > 0 && cut == 0; --c)
-              if (block[c] == ' ' && c + 1 < block.size() && ascii_alpha(block[c - 1]) && ascii_alpha(block[c + 1]))
-                cut = c;
-          }
-          if (cut == 0) {  // no place to cut yet: read more
-            carry = std::move(block);
-            continue;
-          }
-          carry = block.substr(cut);
-          block.resize(cut);
-        }
-        bufs.push_back(std::make_unique<std::string>(std::move(block)));
-        const std::string& buf = *bufs.back();
-        batch_bytes += buf.size();
-        if (o.format == InputFormat::Text) {
-          const std::size_t bad = find_invalid_utf8(buf);
-          if (bad != std::string::npos)
-            throw DataError(where_in(file, buf, bad, line + 1, col, off) + ": invalid UTF-8");
-          if (!buf.empty()) {
-            const auto pieces = split_for_parallel(tok, buf, o.chunk_bytes);
-            for (std::size_t i = 0; i < pieces.size(); ++i)
-              items.push_back({fi, doc, !any && i == 0, eof && i + 1 == pieces.size(), pieces[i], 0});
-            any = true;
-          }
-          const std::size_t nls = std::size_t(std::count(buf.begin(), buf.end(), '\n'));
-          line += nls;
-          col = nls ? buf.size() - buf.rfind('\n') : col + buf.size();
-        } else {
-          std::size_t pos = 0;
-          while (pos < buf.size()) {
-            std::size_t e = buf.find('\n', pos);
-            if (e == std::string::npos) e = buf.size();
-            ++line;
-            std::string_view l(buf.data() + pos, e - pos);
-            if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-            if (l.find_first_not_of(" \t") != std::string_view::npos) items.push_back({fi, doc++, true, true, l, line});
-            pos = e + 1;
-          }
-        }
-        off += buf.size();
+    for (std::size_t fi = 0; fi < o.inputs.size(); ++fi)
+      read_file(tok, o, fi, doc, bufs, items, [&](std::size_t bytes) {
+        batch_bytes += bytes;
         if (batch_bytes >= kBatchBytes) flush();
-      }
-      if (any) ++doc;
-    }
+      });
     flush();
     commit(splits[0]);
     commit(splits[1]);
     sum.tokens = sum.train_tokens + sum.val_tokens;
     sum.bytes_in = prog.bytes_total;
     const std::vector<std::pair<std::string, uint64_t>> shards[2] = {splits[0].shards, splits[1].shards};
-    const ojson meta = dataset_meta(tok, o, sum, *eot, before, after, eot_after, width, masked, shards);
+    const ojson meta = dataset_meta(tok, o, sum, fr.eot, fr.before, fr.after, fr.eot_after, fr.width, masked, shards);
     remove_stale_shards(o, committed, masked);
-    const std::string mp = o.out_dir + "/" + o.prefix + "dataset.json";
-    const std::string tmp = mp + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << meta.dump(2) << "\n";
-      if (!f) throw DataError(tmp + ": cannot write");
-    }
-    if (std::rename(tmp.c_str(), mp.c_str()) != 0) throw DataError(mp + ": cannot rename " + tmp + " onto it");
+    write_atomically(o.out_dir + "/" + o.prefix + "dataset.json", meta.dump(2) + "\n");
   } catch (...) {
-    for (auto& s : splits) s.w.reset();  // removes the open temporaries
-    for (const auto& p : committed) {
-      std::remove(p.c_str());
-      std::remove(mask_path_for(p).c_str());
-    }
+    remove_shards(splits, committed);
     throw;
   }
   sum.shards = committed;
