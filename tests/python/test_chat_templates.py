@@ -18,7 +18,8 @@ import tempfile
 from tiny import SHARED
 
 import numpy as np
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import megatrain as mt
 from megatrain import data as mt_data
@@ -176,6 +177,23 @@ for family, tok_dir in families.items():
         pos += n
     print(f"ok: {family}: {len(recs)} records render as transformers does; {tokens.size} ids = "
           f"apply_chat_template, {int(mask.sum())} trained tokens = the assistant turns; front door equal")
+
+# mt.Trainer given chat records and the Hugging Face tokenizer trains on the shard megatrain-data wrote.
+hf = AutoTokenizer.from_pretrained(families["llama3"])
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=len(hf), max_position_embeddings=64))
+out = os.path.join(work, "trainer")
+trainer = mt.Trainer(model=model, train_dataset=records["llama3"], tokenizer=hf, max_seq_length=16,
+                     args={"train.max_steps": 2, "train.output_dir": out, "train.per_device_train_batch_size": 2})
+trainer.train()
+for ext in (".bin", ".mask"):
+    with open(os.path.join(out, "data", "train_000000" + ext), "rb") as a, \
+            open(os.path.join(work, "llama3-shards", "train_000000" + ext), "rb") as b:
+        assert a.read() == b.read(), f"mt.Trainer's {ext} differs from megatrain-data's"
+assert all(0 <= r["tokens"] <= 32 and np.isfinite(r["loss"]) for r in trainer.log_history), trainer.log_history
+print(f"ok: mt.Trainer on chat records: megatrain-data's shard; targets per step "
+      f"{[r['tokens'] for r in trainer.log_history]}")
 
 # 3. Bad records and templates.
 tok_dir = families["qwen3"]
