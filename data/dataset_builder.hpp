@@ -1,8 +1,10 @@
 // Text -> token shards: what `megatrain-data shards` runs.
 //
 // Inputs: plain text files (each file one document), JSONL with a text field (each line one document),
-// or instruction records in JSONL (alpaca-style instruction/input/output, or prompt/response) rendered
-// with a template; for those the prompt's tokens are masked out of the loss (a `.mask` beside each shard).
+// instruction records in JSONL (alpaca-style instruction/input/output, or prompt/response) rendered
+// with a template, chat records rendered with a role template (chat_template.hpp), or pre-tokenized
+// JSONL records (input_ids, labels, attention_mask); for instruction and chat records only the answer is
+// trained on, for pre-tokenized ones the labels say (a `.mask` beside each shard).
 // Each document is encoded as Hugging Face's tokenizer(text) encodes it (the tokenizer's post-processor
 // template adds its BOS/EOS; add_special_tokens = false leaves them out), followed by the end-of-text token
 // unless the template already ends with it, and goes to the train or the validation
@@ -16,11 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "data/chat_template.hpp"
 #include "data/tokenizer.hpp"
 
 namespace mt::data {
 
-enum class InputFormat { Text, Jsonl, Instruct };
+// Tokens: JSONL records with input_ids (optional labels, attention_mask), chosen by build_shards when a
+// Jsonl run's first record holds input_ids. Chat: {"messages": [...]} rendered with BuildOptions::chat.
+// Both are taken as they are: no post-processor template, no end-of-text separator.
+enum class InputFormat { Text, Jsonl, Instruct, Chat, Tokens };
 
 // Rendering of an instruction record. Placeholders: {instruction} {input} {prompt} (prompt side) and
 // {output} {response} (response side). The prompt part is masked out of the loss.
@@ -41,6 +47,7 @@ struct BuildOptions {
   InputFormat format = InputFormat::Text;
   std::string text_field = "text";  // JSONL
   InstructTemplate instruct = InstructTemplate::alpaca();
+  ChatTemplate chat;  // Chat: the role template (ChatTemplate::load)
   // The tokenizer's post-processor template around each document (Llama-3's <|begin_of_text|>, Mistral's
   // <s>), as HF's add_special_tokens=True; false: the document's ids alone. Its tokens before an
   // instruction record's prompt are masked with the prompt, those after the response are trained on.

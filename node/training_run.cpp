@@ -624,11 +624,15 @@ EngineJob TrainingRun::make_job() {
   };
   const std::int64_t log_every = std::max<std::int64_t>(1, cfg_.log.logging_steps);
   job.on_step = [this, log_every](const StepRecord& r) {
+    // The loss is the mean over the step's target tokens; a step whose labels mask every token has none
+    // (loss 0, no gradient enters the update): said so rather than printed as a loss.
+    const std::string loss = r.tokens > 0 ? format("%.4f | %lld targets", r.loss, static_cast<long long>(r.tokens))
+                                          : std::string("none | 0 targets (every token of the step is masked)");
     say_(MessageStream::out,
-         format("step %5lld | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tok/s | step %.3fs (weights wait %.3f, "
+         format("step %5lld | loss %s | lr %.3e | grad norm %.3f | %8.0f tok/s | step %.3fs (weights wait %.3f, "
                 "compute %.3f, grad offload %.3f, optimizer %.3f%s)%s",
-                static_cast<long long>(r.step), r.loss, r.lr, r.grad_norm, r.tokens_per_s, r.step_s, r.wait_weights_s,
-                r.compute_s, r.offload_s, r.optimizer_s,
+                static_cast<long long>(r.step), loss.c_str(), r.lr, r.grad_norm, r.tokens_per_s, r.step_s,
+                r.wait_weights_s, r.compute_s, r.offload_s, r.optimizer_s,
                 r.checkpoint_wait_s > 0 ? (", checkpoint wait " + std::to_string(r.checkpoint_wait_s)).c_str() : "",
                 r.restarts ? " [restarted]" : ""));
     if (!r.cores_note.empty()) say_(MessageStream::out, "megatrain: note: " + r.cores_note);

@@ -18,6 +18,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -327,6 +328,15 @@ PYBIND11_MODULE(_engine, m) {
             return py::array_t<uint32_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
           },
           py::arg("text"))
+      .def(
+          "token_lengths",  // bytes of each token (the chat front door locates assistant turns by offset)
+          [](const mt::data::Tokenizer& t, py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ids) {
+            py::array_t<int64_t> out(ids.size());
+            for (py::ssize_t i = 0; i < ids.size(); ++i)
+              out.mutable_data()[i] = static_cast<int64_t>(t.id_to_bytes(ids.data()[i]).size());
+            return out;
+          },
+          py::arg("ids"))
       .def("vocab_size", &mt::data::Tokenizer::vocab_size)
       .def("eot_id", &mt::data::Tokenizer::eot_id);
 
@@ -334,10 +344,15 @@ PYBIND11_MODULE(_engine, m) {
       .def(py::init<std::string, int, bool>(), py::arg("path"), py::arg("token_bytes"), py::arg("with_mask") = false)
       .def(
           "append",
-          [](mt::data::ShardWriter& w, py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ids) {
-            w.append(ids.data(), nullptr, static_cast<std::size_t>(ids.size()));
+          [](mt::data::ShardWriter& w, py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ids,
+             std::optional<py::array_t<uint8_t, py::array::c_style | py::array::forcecast>> mask) {
+            // mask: one byte per id, 1 = the token is a target (None: every token is)
+            if (mask && mask->size() != ids.size())
+              throw std::invalid_argument("ShardWriter.append: mask has " + std::to_string(mask->size()) +
+                                          " entries, ids " + std::to_string(ids.size()));
+            w.append(ids.data(), mask ? mask->data() : nullptr, static_cast<std::size_t>(ids.size()));
           },
-          py::arg("ids"))
+          py::arg("ids"), py::arg("mask") = py::none())
       .def("commit", &mt::data::ShardWriter::commit)
       .def_property_readonly("tokens", &mt::data::ShardWriter::tokens);
 }

@@ -50,15 +50,25 @@ def _shard_windows(pattern, seq_length):
     return windows
 
 
+def _packing_default(keys, train_dataset):
+    """The one place where the front door picks data.packing (issue 53): examples are documents, so once the
+    engine has the key, datasets of examples default to `documents` (shard paths keep the engine's default)."""
+    if "data.packing" in keys or data._is_paths(train_dataset) or "data.packing" not in set(_engine.config_keys()):
+        return
+    keys["data.packing"] = "documents"
+
+
 class Trainer:
     """Trains a transformers causal LM (Llama, Qwen2, Qwen3, Mistral, GPT-2) with the engine.
 
     model: a transformers model (its weights are handed to the engine stage by stage and the trained
         weights are loaded back into it) or the path of a Hugging Face model directory.
     args: transformers.TrainingArguments, or a dict of engine keys ("train.max_steps": 10, ...).
-    train_dataset / eval_dataset: see megatrain.data (dicts with input_ids, or text plus tokenizer; or
-        llm.c shard paths). eval_dataset is written as data.validation_files.
-    tokenizer: for text datasets; a fast HF tokenizer, a megatrain.Tokenizer or a tokenizer.json path.
+    train_dataset / eval_dataset: see megatrain.data (dicts with input_ids and optional labels and
+        attention_mask; text plus tokenizer; messages plus a Hugging Face tokenizer; or llm.c shard paths).
+        eval_dataset is written as data.validation_files.
+    tokenizer: for text and chat datasets; a fast HF tokenizer, a megatrain.Tokenizer or a tokenizer.json
+        path (chat records need the HF tokenizer: its chat template renders them).
     on_step: called with a dict (step, loss, lr, grad_norm, tokens, ...) after every step.
     max_seq_length: tokens per sequence (data.seq_length); default: the engine key when args is a dict,
         else min(1024, the model's max_position_embeddings).
@@ -115,15 +125,7 @@ class Trainer:
             first = dataset[0]
         except (TypeError, KeyError, IndexError):
             return  # an iterable without indexing: checked while writing
-        if not hasattr(first, "keys"):
-            raise ConfigError(f"{name}_dataset: example 0 is a {type(first).__name__}, not a dict with "
-                              "'input_ids' or 'text'")
-        if "input_ids" not in first and "text" not in first:
-            raise ConfigError(f"{name}_dataset: examples have neither 'input_ids' nor 'text' (example 0 has "
-                              f"{sorted(first.keys())})")
-        if "input_ids" not in first and self._tokenizer is None:
-            raise ConfigError(f"{name}_dataset has 'text' but no 'input_ids': pass tokenizer= (a fast Hugging "
-                              "Face tokenizer, a megatrain.Tokenizer or a tokenizer.json path)")
+        data.example_field(first, name, self._tokenizer, self.tokenizer)
 
     @property
     def output_dir(self):
@@ -135,10 +137,12 @@ class Trainer:
         out = keys.setdefault("train.output_dir", "run/out")
         data_dir = os.path.join(out, "data")
         vocab = int(self._model["vocab_size"])
-        keys["data.train_files"] = data.write_shards(self.train_dataset, "train", data_dir, self._tokenizer, vocab)
+        keys["data.train_files"] = data.write_shards(self.train_dataset, "train", data_dir, self._tokenizer, vocab,
+                                                     self.tokenizer)
         if self.eval_dataset is not None:
             keys["data.validation_files"] = data.write_shards(self.eval_dataset, "val", data_dir, self._tokenizer,
-                                                              vocab)
+                                                              vocab, self.tokenizer)
+        _packing_default(keys, self.train_dataset)
         if self._tokenizer_json is not None:
             path = os.path.join(data_dir, "tokenizer.json")
             with open(path, "w") as f:

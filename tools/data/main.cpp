@@ -5,6 +5,7 @@
 //   megatrain-data inspect [--tokenizer PATH] [--format F] [--show N] SHARDS...
 //   megatrain-data encode --tokenizer PATH [--no-special] [--no-add-special-tokens] [TEXT]   (stdin when no TEXT)
 //   megatrain-data decode --tokenizer PATH IDS...
+//   megatrain-data render-chat [--chat-template T] [--tokenizer PATH] FILE.jsonl
 // Errors print one line naming the file and line or offset, and exit 1; usage errors exit 2.
 #include <algorithm>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -50,8 +52,13 @@ commands:
   shards            encode text, JSONL or instruction records into llm.c token shards
       --tokenizer PATH    tokenizer.json, or a directory with tokenizer.json or encoder.json + vocab.bpe
       --out DIR           (required) output directory
-      --format F          text (each file one document), jsonl (one document per line), instruct
-                          (JSONL records instruction/input/output or prompt/response; prompt masked)
+      --format F          text (each file one document), jsonl (one document per line; records with
+                          input_ids, optional labels and attention_mask, are taken as tokens: labels
+                          -100 and padding masked), instruct (JSONL records instruction/input/output or
+                          prompt/response; prompt masked), chat (JSONL {"messages": [{"role", "content"}]}
+                          rendered with --chat-template; only assistant turns are trained on)
+      --chat-template T   qwen3, llama3, mistral, or a JSON role template (data/README.md); default:
+                          chosen by the tokenizer's special tokens
       --text-field NAME   JSONL field holding the text (default text)
       --template T        instruct template: alpaca (default), plain, or a JSON file with
                           "prompt", "prompt_no_input", "response" ({instruction} {input} {prompt}
@@ -65,6 +72,10 @@ commands:
       --threads N         encoding threads (default: all cores)
       --prefix P          shard name prefix (earlier <P>train_NNNNNN / <P>val_NNNNNN shards in DIR are replaced)
       --progress / --no-progress   progress bar on stderr (default: when stderr is a terminal)
+  render-chat       print each chat record as the chat format renders it: JSON lines with "text" and
+                    "trained" (byte ranges), and "ids", "mask" with --tokenizer
+      --chat-template T   as for shards (required without --tokenizer)
+      --tokenizer PATH    also encode, as shards does
   inspect           print a shard's format, token count and first tokens
       --tokenizer PATH    also decode the first tokens
       --format F          auto (default), llmc, nanogpt, megatron
@@ -262,8 +273,8 @@ int cmd_train_tokenizer(int argc, char** argv) {
 
 int cmd_shards(int argc, char** argv) {
   const Args a = parse(argc, argv, 2, {"progress", "no-progress", "no-add-special-tokens"},
-                       {"tokenizer", "out", "format", "text-field", "template", "val-fraction", "seed", "shard-tokens",
-                        "token-bytes", "threads", "prefix", "chunk-bytes"});
+                       {"tokenizer", "out", "format", "text-field", "template", "chat-template", "val-fraction", "seed",
+                        "shard-tokens", "token-bytes", "threads", "prefix", "chunk-bytes"});
   if (!a.has("tokenizer")) usage_error("shards needs --tokenizer PATH");
   if (!a.has("out")) usage_error("shards needs --out DIR");
   if (a.pos.empty()) usage_error("shards needs input files");
@@ -278,8 +289,10 @@ int cmd_shards(int argc, char** argv) {
     o.format = InputFormat::Jsonl;
   else if (fmt == "instruct")
     o.format = InputFormat::Instruct;
+  else if (fmt == "chat")
+    o.format = InputFormat::Chat;
   else
-    usage_error("--format must be text, jsonl or instruct, not '" + fmt + "'");
+    usage_error("--format must be text, jsonl, instruct or chat, not '" + fmt + "'");
   o.text_field = a.get("text-field", "text");
   o.add_special_tokens = !a.has("no-add-special-tokens");
   if (a.has("template")) o.instruct = InstructTemplate::load(a.get("template"));
@@ -297,6 +310,8 @@ int cmd_shards(int argc, char** argv) {
   if (a.has("chunk-bytes")) o.chunk_bytes = to_u64("chunk-bytes", a.get("chunk-bytes"));
   const bool show = a.has("progress") || (!a.has("no-progress") && ::isatty(2));
   const Tokenizer tok = Tokenizer::load(a.get("tokenizer"));
+  if (o.format == InputFormat::Chat)
+    o.chat = a.has("chat-template") ? ChatTemplate::load(a.get("chat-template")) : ChatTemplate::for_tokenizer(tok);
   std::function<void(const BuildProgress&)> bar;
   if (show) {
     bar = [](const BuildProgress& p) {
@@ -318,7 +333,9 @@ int cmd_shards(int argc, char** argv) {
       "shards: %lu documents (%lu train, %lu val), %lu tokens (%lu train, %lu val%s), %s in, %s out, %zu shard(s)\n",
       (unsigned long)s.documents, (unsigned long)s.train_documents, (unsigned long)s.val_documents,
       (unsigned long)s.tokens, (unsigned long)s.train_tokens, (unsigned long)s.val_tokens,
-      o.format == InputFormat::Instruct ? (", " + std::to_string(s.masked_tokens) + " masked").c_str() : "",
+      o.format != InputFormat::Text && o.format != InputFormat::Jsonl
+          ? (", " + std::to_string(s.masked_tokens) + " masked").c_str()
+          : "",
       human(double(s.bytes_in), "B").c_str(), human(double(s.bytes_out), "B").c_str(), s.shards.size());
   std::printf("shards: %.2f s, %s/s, %s/s, %d thread(s) -> %s\n", s.seconds,
               human(double(s.tokens) / s.seconds, "tok").c_str(), human(double(s.bytes_in) / s.seconds, "B").c_str(),
@@ -388,6 +405,40 @@ int cmd_encode(int argc, char** argv) {
   return 0;
 }
 
+int cmd_render_chat(int argc, char** argv) {
+  const Args a = parse(argc, argv, 2, {}, {"chat-template", "tokenizer"});
+  if (!a.has("chat-template") && !a.has("tokenizer")) usage_error("render-chat needs --chat-template or --tokenizer");
+  if (a.pos.size() != 1) usage_error("render-chat needs one JSONL file");
+  std::optional<Tokenizer> tok;
+  if (a.has("tokenizer")) tok.emplace(Tokenizer::load(a.get("tokenizer")));
+  const ChatTemplate t =
+      a.has("chat-template") ? ChatTemplate::load(a.get("chat-template")) : ChatTemplate::for_tokenizer(*tok);
+  std::ifstream in(a.pos[0], std::ios::binary);
+  if (!in) throw DataError(a.pos[0] + ": cannot open input");
+  std::string line;
+  for (std::size_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = a.pos[0] + ":" + std::to_string(n);
+    nlohmann::json rec;
+    try {
+      rec = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw DataError(where + ": not valid JSON (column " + std::to_string(e.byte) + ")");
+    }
+    const RenderedChat chat = render_chat(t, rec, where);
+    nlohmann::json out{{"text", chat.text}, {"trained", chat.trained}};
+    if (tok) {
+      std::vector<uint32_t> ids;
+      std::vector<uint8_t> mask;
+      encode_chat(*tok, chat, where, ids, mask);
+      out["ids"] = ids;
+      out["mask"] = mask;
+    }
+    std::printf("%s\n", out.dump().c_str());
+  }
+  return 0;
+}
+
 int cmd_decode(int argc, char** argv) {
   const Args a = parse(argc, argv, 2, {}, {"tokenizer"});
   if (!a.has("tokenizer")) usage_error("decode needs --tokenizer PATH");
@@ -415,6 +466,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(argc, argv);
     if (cmd == "encode") return cmd_encode(argc, argv);
     if (cmd == "decode") return cmd_decode(argc, argv);
+    if (cmd == "render-chat") return cmd_render_chat(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "megatrain-data: error: %s\n", e.what());
     return 1;
