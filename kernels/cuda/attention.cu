@@ -405,6 +405,7 @@ void backward_as(const float* q, const float* k, const float* v, const float* ls
 
 // The checks plan.hpp's check_attention_shape leaves to the window.
 void check_window(const AttnShape& a) {
+  if (a.positions) throw_no_documents("attention");
   if (a.window < 0)
     throw std::invalid_argument("CUDA attention: window " + std::to_string(a.window) + " is negative (0: causal)");
 }

@@ -525,6 +525,7 @@ RopeTables CudaOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int6
 void CudaOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
                          std::int64_t row_stride, const RopeTables& t, bool inverse) {
   note_op("rope_apply");
+  if (t.positions) throw_no_documents("rope_apply");
   const std::int64_t half = head_dim / 2;
   const std::size_t n = static_cast<std::size_t>(rows * heads * half);
   if (n == 0) return;
@@ -597,8 +598,9 @@ void CudaOps::fill_zero(float* dst, std::size_t n) {
 
 // ---------------- embedding ----------------
 void CudaOps::embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N,
-                                std::int64_t seq, std::int64_t d, float* x_out) {
+                                std::int64_t seq, std::int64_t d, float* x_out, const std::int32_t* positions) {
   note_op("embedding_forward");
+  if (positions && wpe) throw_no_documents("embedding_forward");
   const std::size_t n = static_cast<std::size_t>(N * d);
   if (n == 0) return;
   embedding_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(wte, wpe, bf16(), tokens, N, seq, d, x_out);
@@ -608,8 +610,9 @@ void CudaOps::embedding_forward(const void* wte, const void* wpe, const token_t*
 // dwte rows += dx rows, per distinct token in token order (TokenRows, built on the host from the
 // uploaded ids), so every row sums in the CPU's order; dwpe[t] += sum over b of dx[b * seq + t].
 void CudaOps::embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq,
-                                 std::int64_t d, float* dwte_acc, float* dwpe_acc) {
+                                 std::int64_t d, float* dwte_acc, float* dwpe_acc, const std::int32_t* positions) {
   note_op("embedding_backward");
+  if (positions && dwpe_acc) throw_no_documents("embedding_backward");
   if (!token_rows_) throw std::logic_error("cuda ops: embedding_backward needs the backend's token rows");
   const TokenRows r = token_rows_(tokens, N);
   if (r.n_unique > 0) {
