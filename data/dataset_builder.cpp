@@ -298,13 +298,17 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
     s.shards.emplace_back(p.substr(p.find_last_of('/') + 1), s.w->tokens());
     s.w.reset();
   };
-  auto write = [&](Split& s, const uint32_t* ids, const uint8_t* mask, std::size_t n) {
+  // starts_doc: ids begin a document (the `.docs` sidecar records it; a shard's first token always starts one).
+  auto write = [&](Split& s, const uint32_t* ids, const uint8_t* mask, std::size_t n, bool starts_doc) {
     while (n > 0) {
       if (!s.w) {
         char name[64];
         std::snprintf(name, sizeof name, "%s_%06d.bin", s.name.c_str(), s.index++);
         s.w = std::make_unique<ShardWriter>(o.out_dir + "/" + o.prefix + name, width, masked);
+        s.w->begin_document();
       }
+      if (starts_doc) s.w->begin_document();
+      starts_doc = false;
       const std::size_t room = std::size_t(o.shard_tokens) - s.w->tokens();
       const std::size_t k = std::min(room, n);
       s.w->append(ids, mask, k);
@@ -410,7 +414,8 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
         Result& r = res[i];
         if (!r.error.empty()) throw DataError(r.error);
         Split& s = splits[is_val(items[i].doc) ? 1 : 0];
-        if (items[i].doc != last_doc) {
+        const bool starts_doc = items[i].doc != last_doc;
+        if (starts_doc) {
           last_doc = items[i].doc;
           ++sum.documents;
           ++(&s == &splits[1] ? sum.val_documents : sum.train_documents);
@@ -419,7 +424,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
           r.ids.push_back(*eot);
           if (masked) r.mask.push_back(1);
         }
-        write(s, r.ids.data(), masked ? r.mask.data() : nullptr, r.ids.size());
+        write(s, r.ids.data(), masked ? r.mask.data() : nullptr, r.ids.size(), starts_doc);
         (&s == &splits[1] ? sum.val_tokens : sum.train_tokens) += r.ids.size();
         if (masked) sum.masked_tokens += uint64_t(std::count(r.mask.begin(), r.mask.end(), uint8_t(0)));
         std::vector<uint32_t>().swap(r.ids);

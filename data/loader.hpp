@@ -10,6 +10,12 @@
 // is skipped. inputs[b][t] = window[t], targets[b][t] = window[t+1], or -100 where the shard's loss mask
 // excludes token t+1.
 //
+// Documents (LoaderOptions::documents, data.packing = documents): the shards' `.docs` starts cut each
+// window into documents, the window's first token starting a piece of its own. positions[b][t] is input
+// t's position within its document (0 at a start), and where window[t+1] starts a document target t is
+// -100 (a document's last token predicts nothing, as transformers run on the document alone). The
+// windows are the same as in the stream, so cursors, resume and ranks are untouched.
+//
 // The Cursor is everything needed to continue exactly: restore(cursor()) on a loader over the same
 // shards and options yields the same batches as the loader it came from.
 #pragma once
@@ -36,6 +42,7 @@ struct LoaderOptions {
   int rank = 0;             // data-parallel rank in [0, world_size)
   int world_size = 1;
   bool use_mask = true;  // honour `x.mask` sidecars (targets -100 where masked)
+  bool documents = false;  // data.packing = documents: `x.docs` sidecars required, positions served
 };
 
 // Position in the data stream. Plain fields; JSON via to_json / from_json (nlohmann ADL).
@@ -63,6 +70,7 @@ struct Batch {
   int seq_len = 0;
   std::vector<int32_t> inputs;   // batch_size * seq_len, row-major
   std::vector<int32_t> targets;  // batch_size * seq_len, kIgnoreIndex where the loss mask excludes
+  std::vector<int32_t> positions;  // documents: batch_size * seq_len positions within documents; else empty
   uint64_t epoch = 0;            // epoch the batch came from
   uint64_t index = 0;            // micro-batch number (Cursor::batches before this batch)
   std::size_t loss_tokens = 0;   // targets that are not kIgnoreIndex

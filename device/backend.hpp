@@ -222,7 +222,8 @@ class Backend {
 
   // Token ids the stage operations read: on the CPU backend host memory is device memory; a GPU
   // backend copies them into a device buffer of its own and returns that pointer (valid until the
-  // next call with the same `slot`, 0..3: inputs and targets of the two micro-batches in flight).
+  // next call with the same `slot`, 0..5: inputs, targets and documents' positions (int32 like the ids)
+  // of the two micro-batches in flight).
   virtual const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) = 0;
   // A few floats the stage operations read (the load-balancing gradient): the host pointer on the CPU
   // backend, a copy in a device buffer of slot 0..1 elsewhere (valid until the next call with that slot).

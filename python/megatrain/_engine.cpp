@@ -335,6 +335,7 @@ PYBIND11_MODULE(_engine, m) {
       .def(
           "append",
           [](mt::data::ShardWriter& w, py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ids) {
+            w.begin_document();  // one append = one document (the shard's `.docs`, data.packing = documents)
             w.append(ids.data(), nullptr, static_cast<std::size_t>(ids.size()));
           },
           py::arg("ids"))
