@@ -228,6 +228,36 @@ void DataLoader::seek(uint64_t batch_index) {
   impl_->cur.batches = batch_index;
 }
 
+double document_pairs_per_window(const std::vector<std::string>& shards, int seq_len, std::size_t max_windows) {
+  std::vector<TokenShard> open;
+  std::vector<uint64_t> first{0};
+  const uint64_t T = uint64_t(std::max(seq_len, 1));
+  for (const auto& p : expand_shard_paths(shards)) {
+    open.push_back(TokenShard::open(p, ShardFormat::Auto, false, true));
+    const uint64_t n = open.back().size();
+    first.push_back(first.back() + (n > T ? (n - 1) / T : 0));
+  }
+  const uint64_t windows = first.back();
+  if (windows == 0) return 0.0;
+  const uint64_t samples = std::min<uint64_t>(windows, std::max<std::size_t>(max_windows, 1));
+  double sum = 0;
+  for (uint64_t i = 0; i < samples; ++i) {
+    const uint64_t w = i * windows / samples;
+    const std::size_t si = std::size_t(std::upper_bound(first.begin(), first.end(), w) - first.begin() - 1);
+    const uint64_t start = (w - first[si]) * T;
+    double piece = 0;
+    for (uint64_t t = 0; t < T; ++t) {
+      if (t > 0 && open[si].starts_document(start + t)) {
+        sum += piece * (piece + 1) / 2;
+        piece = 0;
+      }
+      ++piece;
+    }
+    sum += piece * (piece + 1) / 2;
+  }
+  return sum / double(samples);
+}
+
 const LoaderOptions& DataLoader::options() const { return impl_->opt; }
 const std::vector<std::string>& DataLoader::shard_paths() const { return impl_->paths; }
 uint64_t DataLoader::tokens() const { return impl_->cur.tokens; }

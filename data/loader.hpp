@@ -109,6 +109,12 @@ class DataLoader {
   std::unique_ptr<Impl> impl_;
 };
 
+// data.packing = documents: the attention pairs of a window of seq_len inputs, the sum over its pieces of
+// L (L + 1) / 2 (a piece: a document, or its part inside the window), averaged over up to `max_windows`
+// windows spread evenly over the shards (every window when there are fewer). Needs every shard's `.docs`
+// (DataError otherwise); 0 when the shards hold no window.
+double document_pairs_per_window(const std::vector<std::string>& shards, int seq_len, std::size_t max_windows = 4096);
+
 // Expands paths and glob patterns into a sorted list of existing files; DataError if a pattern matches none.
 std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns);
 

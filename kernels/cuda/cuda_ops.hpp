@@ -9,8 +9,6 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "kernels/cuda/gemm.hpp"
@@ -18,13 +16,6 @@
 #include "kernels/ops.hpp"
 
 namespace mt::cuda {
-
-// Documents (AttnShape::positions, RopeTables::positions, the embedding's positions) are not computed by
-// the CUDA kernels yet: a run asking for them stops here, naming the op, rather than ignoring them.
-[[noreturn]] inline void throw_no_documents(const char* op) {
-  throw std::invalid_argument(std::string("cuda ops: ") + op +
-                              ": data.packing = documents is not implemented on the CUDA backend yet (use stream)");
-}
 
 // For the embedding's deterministic scatter: rows[offsets[u] .. offsets[u+1]) are the positions of
 // token unique[u], ascending (device arrays the backend built from its host copy of the ids).

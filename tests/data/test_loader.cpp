@@ -342,3 +342,26 @@ TEST_CASE("documents: ShardWriter's .docs holds each begun document, the shard's
   CHECK(!std::filesystem::exists(d / "b.docs"));
   CHECK(!std::filesystem::exists(d / "b.bin"));
 }
+
+TEST_CASE("documents: the planner's pairs per window are the sum over pieces of L (L + 1) / 2",
+          "[loader][documents]") {
+  TempDir d;
+  const auto starts = write_documents(d / "docs_000000.bin", 997);
+  const std::set<uint64_t> start_set(starts.begin(), starts.end());
+  const int T = 16;
+  double expect = 0;
+  const uint64_t windows = (997 - 1) / T;
+  for (uint64_t w = 0; w < windows; ++w) {
+    double piece = 0;
+    for (uint64_t t = 0; t < uint64_t(T); ++t) {
+      if (t > 0 && start_set.count(w * T + t)) expect += piece * (piece + 1) / 2, piece = 0;
+      ++piece;
+    }
+    expect += piece * (piece + 1) / 2;
+  }
+  CHECK(document_pairs_per_window({d / "docs_*.bin"}, T) == Approx(expect / double(windows)));
+  CHECK(document_pairs_per_window({d / "docs_*.bin"}, T) < T * (T + 1) / 2.0);
+  std::vector<uint32_t> t(100, 5);
+  write_shard(d / "plain.bin", t.data(), t.size(), 2);
+  CHECK_THROWS_WITH(document_pairs_per_window({d / "plain.bin"}, T), Catch::Contains("plain.docs: missing"));
+}
