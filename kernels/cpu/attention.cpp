@@ -193,6 +193,7 @@ struct PairBlocks {
   Rooms& r;
   std::int64_t k_lo = 0, keys = 0;
   float *dkb = nullptr, *dvb = nullptr;
+  const float *packed_k = nullptr, *packed_v = nullptr;  // the forward's head packed last in this call
 
   // Rooms above this are freed when the call ends: at long context they are the keys' size, and the
   // fp32 path keeps nothing of that size between calls either.
@@ -223,8 +224,12 @@ struct PairBlocks {
   // Keys [k_lo, k_hi) of this task, k_lo on a key block's start. Forward: K^T by key blocks (each block's
   // hd2 x kKeyBlock words together) and V as pairs of rows; backward adds V^T by blocks and K as pairs of
   // rows, and zeroes the dk, dv accumulators.
+  // The forward's tasks of one kv head's query heads often follow each other on a thread: the keys and
+  // values this call packed last are packed already (the same words; within one call they do not change).
   void head(const float* k_head, const float* v_head, float* dk_head, float* dv_head, std::int64_t lo,
             std::int64_t hi) {
+    if (!dk_head && k_head == packed_k && v_head == packed_v && lo == k_lo && hi - lo == keys) return;
+    packed_k = dk_head ? nullptr : k_head, packed_v = v_head;
     k_lo = lo, keys = hi - lo, dkb = dk_head, dvb = dv_head;
     const std::int64_t blocks = (keys + kKeyBlock - 1) / kKeyBlock, pairs = (keys + 1) / 2;
     auto by_blocks = [&](const float* x, std::vector<pair_t>& out) {
