@@ -142,6 +142,23 @@ void offload_boundary(self_ptr self, const Pos& p, std::int64_t b) {
                            });
 }
 
+// A micro-batch's ids where the backend computes: the inputs, the targets (for the head's ops) and, with
+// data.packing = documents, the positions within documents (BatchRows).
+struct BatchIds {
+  const token_t* tokens = nullptr;
+  const token_t* targets = nullptr;
+  BatchRows rows;
+};
+BatchIds upload_batch(Backend& be, const data::Batch& batch, bool head, std::int64_t B, std::int64_t T, int slot) {
+  BatchIds ids;
+  ids.tokens = be.upload_tokens(batch.inputs.data(), batch.inputs.size(), slot);
+  if (head) ids.targets = be.upload_tokens(batch.targets.data(), batch.targets.size(), 2 + slot);
+  ids.rows = {B, T, nullptr};
+  if (!batch.positions.empty())
+    ids.rows.positions = be.upload_tokens(batch.positions.data(), batch.positions.size(), 4 + slot);
+  return ids;
+}
+
 void try_advance(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
@@ -226,15 +243,8 @@ void try_advance(self_ptr self) {
     const bool layer_op = op.kind == OpKind::layer_forward || op.kind == OpKind::layer_backward;
     be.set_position(p.step, p.micro_batch, layer_op ? op.stage - 1 : -1);  // named by a failure's message
     const int token_slot = sched.activation_set(p.micro_batch) % 2;
-    const token_t* tokens = be.upload_tokens(batch.inputs.data(), batch.inputs.size(), token_slot);
-    const token_t* targets = op.kind == OpKind::head || op.kind == OpKind::head_loss
-                                 ? be.upload_tokens(batch.targets.data(), batch.targets.size(), 2 + token_slot)
-                                 : nullptr;
-    // data.packing = documents: the tokens' positions within their documents, where the backend computes.
-    const BatchRows rows{B, T,
-                         batch.positions.empty()
-                             ? nullptr
-                             : be.upload_tokens(batch.positions.data(), batch.positions.size(), 4 + token_slot)};
+    const auto [tokens, targets, rows] =
+        upload_batch(be, batch, op.kind == OpKind::head || op.kind == OpKind::head_loss, B, T, token_slot);
     float* ws = ctx->workspace;
     int& dxc = ctx->ledger.dx_current;
     const std::size_t set = static_cast<std::size_t>(sched.activation_set(p.micro_batch));

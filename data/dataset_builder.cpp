@@ -12,6 +12,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <sys/stat.h>
 
@@ -169,6 +170,12 @@ class Pool {
   bool stop_ = false;
 };
 
+// Whether document `doc` goes to the validation split (a seeded hash against val_fraction).
+bool in_validation(const BuildOptions& o, std::size_t doc) {
+  if (o.val_fraction <= 0) return false;
+  return double(mix(o.seed ^ mix(doc)) >> 11) * (1.0 / 9007199254740992.0) < o.val_fraction;
+}
+
 }  // namespace
 
 InstructTemplate InstructTemplate::alpaca() {
@@ -284,6 +291,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
     std::unique_ptr<ShardWriter> w;
     int index = 0;
     std::vector<std::pair<std::string, uint64_t>> shards;
+    bool doc_starts = false;  // the next token written starts a document
   };
   Split splits[2];
   splits[0].name = "train";
@@ -298,17 +306,14 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
     s.shards.emplace_back(p.substr(p.find_last_of('/') + 1), s.w->tokens());
     s.w.reset();
   };
-  // starts_doc: ids begin a document (the `.docs` sidecar records it; a shard's first token always starts one).
-  auto write = [&](Split& s, const uint32_t* ids, const uint8_t* mask, std::size_t n, bool starts_doc) {
+  auto write = [&](Split& s, const uint32_t* ids, const uint8_t* mask, std::size_t n) {
     while (n > 0) {
       if (!s.w) {
         char name[64];
         std::snprintf(name, sizeof name, "%s_%06d.bin", s.name.c_str(), s.index++);
-        s.w = std::make_unique<ShardWriter>(o.out_dir + "/" + o.prefix + name, width, masked);
-        s.w->begin_document();
+        s.w = std::make_unique<ShardWriter>(o.out_dir + "/" + o.prefix + name, width, masked, true);
       }
-      if (starts_doc) s.w->begin_document();
-      starts_doc = false;
+      if (std::exchange(s.doc_starts, false)) s.w->begin_document();  // the `.docs` sidecar records it
       const std::size_t room = std::size_t(o.shard_tokens) - s.w->tokens();
       const std::size_t k = std::min(room, n);
       s.w->append(ids, mask, k);
@@ -318,10 +323,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
       if (s.w->tokens() >= o.shard_tokens) commit(s);
     }
   };
-  auto is_val = [&](std::size_t doc) {
-    if (o.val_fraction <= 0) return false;
-    return double(mix(o.seed ^ mix(doc)) >> 11) * (1.0 / 9007199254740992.0) < o.val_fraction;
-  };
+  auto is_val = [&](std::size_t doc) { return in_validation(o, doc); };
 
   // Encodes one item (runs on the workers).
   auto work = [&](const std::string& file, const Item& it, Result& r) {
@@ -414,8 +416,8 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
         Result& r = res[i];
         if (!r.error.empty()) throw DataError(r.error);
         Split& s = splits[is_val(items[i].doc) ? 1 : 0];
-        const bool starts_doc = items[i].doc != last_doc;
-        if (starts_doc) {
+        if (items[i].doc != last_doc) {
+          s.doc_starts = true;
           last_doc = items[i].doc;
           ++sum.documents;
           ++(&s == &splits[1] ? sum.val_documents : sum.train_documents);
@@ -424,7 +426,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
           r.ids.push_back(*eot);
           if (masked) r.mask.push_back(1);
         }
-        write(s, r.ids.data(), masked ? r.mask.data() : nullptr, r.ids.size(), starts_doc);
+        write(s, r.ids.data(), masked ? r.mask.data() : nullptr, r.ids.size());
         (&s == &splits[1] ? sum.val_tokens : sum.train_tokens) += r.ids.size();
         if (masked) sum.masked_tokens += uint64_t(std::count(r.mask.begin(), r.mask.end(), uint8_t(0)));
         std::vector<uint32_t>().swap(r.ids);
@@ -545,7 +547,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
         const std::string rest = n.substr(head.size());
         if (rest.size() < 7 || rest.find_first_not_of("0123456789") != 6) continue;
         const std::string ext = rest.substr(6);
-        if (ext != ".bin" && ext != ".mask") continue;
+        if (ext != ".bin" && ext != ".mask" && ext != ".docs") continue;
         const std::string bin = o.out_dir + "/" + head + rest.substr(0, 6) + ".bin";
         const bool ours = std::find(committed.begin(), committed.end(), bin) != committed.end();
         if (!ours || (ext == ".mask" && !masked)) stale.push_back(e.path());
@@ -565,6 +567,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& o,
     for (const auto& p : committed) {
       std::remove(p.c_str());
       std::remove(mask_path_for(p).c_str());
+      std::remove(docs_path_for(p).c_str());
     }
     throw;
   }

@@ -41,7 +41,7 @@ struct LoaderOptions {
   uint32_t vocab_size = 0;  // > 0: every token served must be < vocab_size (else DataError)
   int rank = 0;             // data-parallel rank in [0, world_size)
   int world_size = 1;
-  bool use_mask = true;  // honour `x.mask` sidecars (targets -100 where masked)
+  bool use_mask = true;    // honour `x.mask` sidecars (targets -100 where masked)
   bool documents = false;  // data.packing = documents: `x.docs` sidecars required, positions served
 };
 
@@ -68,12 +68,12 @@ struct Batch {
   static constexpr int32_t kIgnoreIndex = -100;
   int batch_size = 0;
   int seq_len = 0;
-  std::vector<int32_t> inputs;   // batch_size * seq_len, row-major
-  std::vector<int32_t> targets;  // batch_size * seq_len, kIgnoreIndex where the loss mask excludes
+  std::vector<int32_t> inputs;     // batch_size * seq_len, row-major
+  std::vector<int32_t> targets;    // batch_size * seq_len, kIgnoreIndex where the loss mask excludes
   std::vector<int32_t> positions;  // documents: batch_size * seq_len positions within documents; else empty
-  uint64_t epoch = 0;            // epoch the batch came from
-  uint64_t index = 0;            // micro-batch number (Cursor::batches before this batch)
-  std::size_t loss_tokens = 0;   // targets that are not kIgnoreIndex
+  uint64_t epoch = 0;              // epoch the batch came from
+  uint64_t index = 0;              // micro-batch number (Cursor::batches before this batch)
+  std::size_t loss_tokens = 0;     // targets that are not kIgnoreIndex
 };
 
 class DataLoader {

@@ -391,8 +391,12 @@ struct ShardWriter::Out {
   std::vector<unsigned char> buf;
 };
 
-ShardWriter::ShardWriter(std::string path, int token_bytes, bool with_mask)
-    : path_(std::move(path)), width_(token_bytes), with_mask_(with_mask), out_(std::make_unique<Out>()) {
+ShardWriter::ShardWriter(std::string path, int token_bytes, bool with_mask, bool with_docs)
+    : path_(std::move(path)),
+      width_(token_bytes),
+      with_mask_(with_mask),
+      with_docs_(with_docs),
+      out_(std::make_unique<Out>()) {
   if (token_bytes != 2 && token_bytes != 4) throw DataError(path_ + ": token size must be 2 or 4 bytes");
   int32_t h[kShardHeaderInts];
   make_header(width_ == 2 ? kShardMagicU16 : kShardMagicU32, 0, h);
@@ -440,8 +444,8 @@ void ShardWriter::begin_document() {
 void ShardWriter::commit() {
   if (!out_) return;
   check_count(path_, count_);
-  if (!doc_starts_.empty()) {  // told of documents: their starts, the shard's first token among them
-    if (doc_starts_.front() != 0) doc_starts_.insert(doc_starts_.begin(), 0);
+  if (with_docs_ || !doc_starts_.empty()) {  // told of documents: their starts, the shard's first token among them
+    if (doc_starts_.empty() || doc_starts_.front() != 0) doc_starts_.insert(doc_starts_.begin(), 0);
     if (count_ > 0 && doc_starts_.back() == count_) doc_starts_.pop_back();  // begun, but nothing appended
     if (count_ == 0) doc_starts_.clear();
     write_docs(docs_path_for(path_), doc_starts_, count_);

@@ -123,11 +123,11 @@ void write_megatron(const std::string& stem, const std::vector<std::vector<uint3
 // Streaming llm.c shard writer: appends tokens (and optionally mask bytes) to temporary files; commit()
 // patches the header and renames them onto their final names. Destroyed uncommitted, it removes them.
 // begin_document() marks that a document starts with the next token appended: a writer told of documents
-// commits `x.docs` beside the shard (its first token always starts one: a document cut by the shard's
-// start is a piece of its own).
+// (with_docs, or begin_document called) commits `x.docs` beside the shard, its first token always a start
+// (a document cut by the shard's start is a piece of its own).
 class ShardWriter {
  public:
-  ShardWriter(std::string path, int token_bytes, bool with_mask);
+  ShardWriter(std::string path, int token_bytes, bool with_mask, bool with_docs = false);
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
   ~ShardWriter();
@@ -142,7 +142,7 @@ class ShardWriter {
   struct Out;
   std::string path_;
   int width_;
-  bool with_mask_;
+  bool with_mask_, with_docs_;
   std::size_t count_ = 0;
   std::vector<uint64_t> doc_starts_;
   std::unique_ptr<Out> out_;

@@ -117,8 +117,7 @@ void Backend::layer_forward(const ModelConfig& c, const void* weights, const flo
                             const BatchRows& rows, float* saved, float* workspace, const MoeBalance* balance,
                             float* sequence, float* attention) {
   StageScope scope(*this, __func__);
-  mt::layer_forward(ops(), c, weights, x_in, x_out, rows, saved, workspace, seq_tile_, balance, sequence,
-                    attention);
+  mt::layer_forward(ops(), c, weights, x_in, x_out, rows, saved, workspace, seq_tile_, balance, sequence, attention);
   scope.end();
 }
 

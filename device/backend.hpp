@@ -200,7 +200,8 @@ class Backend {
   }
   void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
                       float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                      const MoeBalance* balance = nullptr, float* sequence = nullptr, const float* attention = nullptr) {
+                      const MoeBalance* balance = nullptr, float* sequence = nullptr,
+                      const float* attention = nullptr) {
     layer_backward(c, weights, x_in, saved, dy, dx, grads, BatchRows{batch, seq}, workspace, balance, sequence,
                    attention);
   }

@@ -26,8 +26,8 @@ const EmbeddingOffsets& offsets(const ModelConfig& c) {
 }  // namespace
 
 // Only GPT-2's learned positions read the documents' positions (the Llama family's RoPE is in the layers).
-void embedding_forward(Ops& ops, const ModelConfig& c, const void* params, const token_t* tokens,
-                       const BatchRows& rows, float* x_out) {
+void embedding_forward(Ops& ops, const ModelConfig& c, const void* params, const token_t* tokens, const BatchRows& rows,
+                       float* x_out) {
   const std::int64_t batch = rows.batch, seq = rows.seq;
   validate_batch_shape(c, batch, seq);
   const EmbeddingOffsets& o = offsets(c);

@@ -49,9 +49,9 @@ static_assert(sizeof(RopeParams) == 72, "a RopeParams field was added: compare i
 struct AttnShape {
   std::int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   std::int64_t q_stride = 0, kv_stride = 0, o_stride = 0;
-  std::int64_t q_start = 0;   // position of the first query row (0: every position is a query)
-  bool add_kv_grads = false;  // backward: dk += , dv += (else =)
-  std::int64_t window = 0;    // 0: every earlier position (plain causal)
+  std::int64_t q_start = 0;                 // position of the first query row (0: every position is a query)
+  bool add_kv_grads = false;                // backward: dk += , dv += (else =)
+  std::int64_t window = 0;                  // 0: every earlier position (plain causal)
   const std::int32_t* positions = nullptr;  // null: one document per row (the stream)
   std::int64_t q_rows() const { return seq - q_start; }
 };

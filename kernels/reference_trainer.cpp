@@ -46,7 +46,7 @@ void ReferenceTrainer::refresh_compute_copies() {
 }
 
 LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t* targets,
-                                          const std::int32_t* positions) {
+                                           const std::int32_t* positions) {
   const ModelConfig& c = opt_.config;
   const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq, S = L + 2;
   const BatchRows rows{B, T, positions};
@@ -123,8 +123,7 @@ double ReferenceTrainer::eval_loss(const token_t* tokens, const token_t* targets
   return loss.counted ? loss.loss_sum / static_cast<double>(loss.counted) : 0.0;
 }
 
-LossSum ReferenceTrainer::eval_loss_sum(const token_t* tokens, const token_t* targets,
-                                       const std::int32_t* positions) {
+LossSum ReferenceTrainer::eval_loss_sum(const token_t* tokens, const token_t* targets, const std::int32_t* positions) {
   const ModelConfig& c = opt_.config;
   const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq;
   const BatchRows rows{B, T, positions};

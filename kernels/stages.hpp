@@ -13,8 +13,8 @@ namespace mt {
 // rows (BatchRows, stage_api.hpp): the micro-batch's shape and, with documents, its positions where the
 // backend computes (validated by the caller on a host copy, as the tokens). The (batch, seq) forms are the
 // stream's: no positions.
-void embedding_forward(Ops& ops, const ModelConfig& c, const void* params, const token_t* tokens,
-                       const BatchRows& rows, float* x_out);
+void embedding_forward(Ops& ops, const ModelConfig& c, const void* params, const token_t* tokens, const BatchRows& rows,
+                       float* x_out);
 void embedding_backward(Ops& ops, const ModelConfig& c, const token_t* tokens, const BatchRows& rows, const float* dx,
                         float* grads);
 inline void embedding_forward(Ops& ops, const ModelConfig& c, const void* params, const token_t* tokens,

@@ -116,8 +116,7 @@ struct Visible {
   std::int64_t lo, hi;
   bool empty() const { return hi <= lo; }
 };
-inline Visible visible(std::int64_t q, std::int64_t k0, std::int64_t kn, std::int64_t window,
-                       const std::int32_t* row) {
+inline Visible visible(std::int64_t q, std::int64_t k0, std::int64_t kn, std::int64_t window, const std::int32_t* row) {
   const std::int64_t hi = std::max<std::int64_t>(0, std::min(kn, q - k0 + 1));
   const std::int64_t lo = std::clamp<std::int64_t>(key_floor(q, window, row) - k0, 0, hi);
   return {lo, hi};

@@ -168,8 +168,8 @@ void CpuOps::embedding_forward(const void* wte, const void* wpe, const token_t* 
     embedding_gather(static_cast<const bf16_t*>(wte), static_cast<const bf16_t*>(wpe), tokens, N, seq, d, x_out,
                      threads_, positions);
   else
-    embedding_gather(static_cast<const float*>(wte), static_cast<const float*>(wpe), tokens, N, seq, d, x_out,
-                     threads_, positions);
+    embedding_gather(static_cast<const float*>(wte), static_cast<const float*>(wpe), tokens, N, seq, d, x_out, threads_,
+                     positions);
 }
 
 void CpuOps::embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq,

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < RW; ++rr) {
       const int row = warp * RW + rr;
       const std::int64_t i = a.q_start + r0 + row;  // the row's position
-      if (r0 + row >= Q) continue;  // uniform across the warp (and i < T below)
+      if (r0 + row >= Q) continue;                  // uniform across the warp (and i < T below)
       const std::int64_t lo = first_key(i, a, b);
       // uniform across the warp; a tile kept holds a key in [lo, i], so m_new below is finite
       if (k0 > i || k0 + TILE <= lo) continue;
@@ -337,8 +337,7 @@ __global__ void __launch_bounds__(kThreads)
         const int row = warp * RW + rr;
         const std::int64_t j = k_start + row;
         // uniform across the warp: past T, or every query of the tile past this key's window or document
-        if (j >= T || (a.window > 0 && a.q_start + q0 >= j + a.window) || first_key(a.q_start + q0, a, b) > j)
-          continue;
+        if (j >= T || (a.window > 0 && a.q_start + q0 >= j + a.window) || first_key(a.q_start + q0, a, b) > j) continue;
         const std::int64_t i = q0 + lane, pos = a.q_start + i;  // query row i, at position pos
         const bool valid = pos >= j && (a.window <= 0 || pos < j + a.window) && i < Q &&
                            (!a.positions || pos - a.positions[b * T + pos] <= j);

@@ -284,7 +284,8 @@ __global__ void rope_kernel(float* __restrict__ x, std::int64_t rows, std::int64
 // ---------------- embedding ----------------
 __global__ void embedding_fwd_kernel(const void* wte, const void* wpe, bool bf16,
                                      const std::int32_t* __restrict__ tokens, std::int64_t N, std::int64_t seq,
-                                     std::int64_t d, float* __restrict__ y, const std::int32_t* __restrict__ positions) {
+                                     std::int64_t d, float* __restrict__ y,
+                                     const std::int32_t* __restrict__ positions) {
   const std::int64_t total = N * d;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {

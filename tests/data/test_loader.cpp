@@ -213,7 +213,8 @@ std::vector<uint64_t> write_documents(const std::string& path, std::size_t token
 }
 }  // namespace
 
-TEST_CASE("documents: positions restart at each document, a document's last token has no target", "[loader][documents]") {
+TEST_CASE("documents: positions restart at each document, a document's last token has no target",
+          "[loader][documents]") {
   TempDir d;
   const auto starts = write_documents(d / "docs_000000.bin", 997);
   const std::set<uint64_t> start_set(starts.begin(), starts.end());
@@ -282,7 +283,8 @@ TEST_CASE("documents: a restored cursor serves the same positions and targets", 
   }
 }
 
-TEST_CASE("documents: a shard without .docs, or a bad one, is a clear error naming the file", "[loader][documents][errors]") {
+TEST_CASE("documents: a shard without .docs, or a bad one, is a clear error naming the file",
+          "[loader][documents][errors]") {
   TempDir d;
   std::vector<uint32_t> t(100, 5);
   write_shard(d / "plain.bin", t.data(), t.size(), 2);  // told of no documents: no .docs
@@ -297,7 +299,8 @@ TEST_CASE("documents: a shard without .docs, or a bad one, is a clear error nami
   o.documents = false;
   CHECK_NOTHROW(DataLoader(o));  // the stream needs none
   o.documents = true;
-  CHECK_THROWS_WITH(write_docs(d / "plain.docs", {0, 40, 30}, 100), Catch::Contains("document 2 would start at token 30"));
+  CHECK_THROWS_WITH(write_docs(d / "plain.docs", {0, 40, 30}, 100),
+                    Catch::Contains("document 2 would start at token 30"));
   {  // a hand-made sidecar whose starts are out of order
     std::vector<int32_t> h(256, 0);
     h[0] = kDocsMagic, h[1] = 1, h[2] = 3;
@@ -334,6 +337,13 @@ TEST_CASE("documents: ShardWriter's .docs holds each begun document, the shard's
   const TokenShard s = TokenShard::open(d / "a.bin", ShardFormat::Auto, true, true);
   REQUIRE(s.has_docs());
   for (std::size_t i = 0; i < 10; ++i) CHECK(s.starts_document(i) == (i == 0 || i == 4));
+  {  // told of documents, none begun (a shard holding one document's continuation): its first token starts one
+    ShardWriter w(d / "c.bin", 2, false, true);
+    w.append(t.data(), nullptr, 10);
+    w.commit();
+  }
+  const TokenShard c = TokenShard::open(d / "c.bin", ShardFormat::Auto, true, true);
+  for (std::size_t i = 0; i < 10; ++i) CHECK(c.starts_document(i) == (i == 0));
   {  // uncommitted: nothing left behind
     ShardWriter w(d / "b.bin", 2, false);
     w.begin_document();
@@ -343,8 +353,7 @@ TEST_CASE("documents: ShardWriter's .docs holds each begun document, the shard's
   CHECK(!std::filesystem::exists(d / "b.bin"));
 }
 
-TEST_CASE("documents: the planner's pairs per window are the sum over pieces of L (L + 1) / 2",
-          "[loader][documents]") {
+TEST_CASE("documents: the planner's pairs per window are the sum over pieces of L (L + 1) / 2", "[loader][documents]") {
   TempDir d;
   const auto starts = write_documents(d / "docs_000000.bin", 997);
   const std::set<uint64_t> start_set(starts.begin(), starts.end());

@@ -644,8 +644,8 @@ void attention_document_cases(Ctx& c) {
     bool sinks;
   };
   for (const Case k : {Case{0, false}, Case{45, true}, Case{100, false}}) {
-    const std::string tag = "B 2, T 300, documents" + (k.window ? ", window " + std::to_string(k.window) : "") +
-                            (k.sinks ? ", sinks" : "");
+    const std::string tag =
+        "B 2, T 300, documents" + (k.window ? ", window " + std::to_string(k.window) : "") + (k.sinks ? ", sinks" : "");
     AttnShape s;
     s.batch = B, s.seq = T, s.q_heads = Hq, s.kv_heads = Hkv, s.head_dim = hd;
     s.q_stride = qd, s.kv_stride = kd, s.o_stride = qd, s.window = k.window;

@@ -263,8 +263,8 @@ TEST_CASE("attention on bf16 pairs with documents matches the fp64 reference; no
       const double* sr = windowed ? sinks_d.data() : nullptr;
       ref::attention(qd.data(), kd.data(), vd.data(), orf.data(), B, S, Hq, Hkv, hd, qs, kvs, os, q0, window, sr,
                      pos.data());
-      ref::attention_backward(qd.data(), kd.data(), vd.data(), dod.data(), dqr.data(), dkr.data(), dvr.data(), B, S,
-                              Hq, Hkv, hd, qs, kvs, os, q0, window, sr, windowed ? dsr.data() : nullptr, pos.data());
+      ref::attention_backward(qd.data(), kd.data(), vd.data(), dod.data(), dqr.data(), dkr.data(), dvr.data(), B, S, Hq,
+                              Hkv, hd, qs, kvs, os, q0, window, sr, windowed ? dsr.data() : nullptr, pos.data());
       CHECK(rel_err(o, orf) < 3e-3);
       CHECK(rel_err(dq, dqr) < 8e-3);
       CHECK(rel_err(dk, dkr) < 8e-3);

@@ -85,10 +85,11 @@ int main(int argc, char** argv) {
     cpu::attention_backward(q.get(), k.get(), v.get(), nullptr, false, out.get(), lse.get(), dout.get(), dq.get(),
                             dk.get(), dv.get(), nullptr, a, threads, products);
   };
-  std::printf("bench_documents: attention forward + backward, T=%lld, documents of %lld, %lld query heads, %lld kv "
-              "heads of %lld, %d threads\n",
-              static_cast<long long>(T), static_cast<long long>(D), static_cast<long long>(Hq),
-              static_cast<long long>(Hkv), static_cast<long long>(hd), threads);
+  std::printf(
+      "bench_documents: attention forward + backward, T=%lld, documents of %lld, %lld query heads, %lld kv "
+      "heads of %lld, %d threads\n",
+      static_cast<long long>(T), static_cast<long long>(D), static_cast<long long>(Hq), static_cast<long long>(Hkv),
+      static_cast<long long>(hd), threads);
   std::printf("  pairs: documents %.4g, causal %.4g, ratio %.4f\n", doc_pairs, causal_pairs, pairs_ratio);
   mt::bench::Report report("documents");
   std::vector<std::pair<cpu::AttnProducts, std::string>> paths = {{cpu::AttnProducts::fp32, ""}};
@@ -107,15 +108,16 @@ int main(int argc, char** argv) {
     const auto [doc_n, causal_s] = mt::bench::best_seconds_alternating(
         repeated([&] { step(documents, products); }), [&] { step(causal, products); }, reps);
     const double doc_s = doc_n / repeat, time_ratio = doc_s / causal_s;
-    std::printf("  %-5s documents %.4f s (best of %d x %d runs), causal %.4f s: time ratio %.4f = %.3f x the pairs' "
-                "ratio (target <= 1.2)\n",
-                cpu::attn_products_name(products), doc_s, reps, repeat, causal_s, time_ratio, time_ratio / pairs_ratio);
+    std::printf(
+        "  %-5s documents %.4f s (best of %d x %d runs), causal %.4f s: time ratio %.4f = %.3f x the pairs' "
+        "ratio (target <= 1.2)\n",
+        cpu::attn_products_name(products), doc_s, reps, repeat, causal_s, time_ratio, time_ratio / pairs_ratio);
     // The forward alone, the same way (the backward is the rest).
     auto forward = [&](const AttnShape& a) {
       cpu::attention_forward(q.get(), k.get(), v.get(), nullptr, false, out.get(), lse.get(), a, threads, products);
     };
-    const auto [doc_fn, causal_f] = mt::bench::best_seconds_alternating(repeated([&] { forward(documents); }),
-                                                                        [&] { forward(causal); }, reps);
+    const auto [doc_fn, causal_f] = mt::bench::best_seconds_alternating(
+        repeated([&] { forward(documents); }), [&] { forward(causal); }, reps);
     std::printf("        forward alone: documents %.4f s, causal %.4f s: %.3f x the pairs' ratio\n", doc_fn / repeat,
                 causal_f, doc_fn / repeat / causal_f / pairs_ratio);
     report.add({"documents_attention_time_ratio" + at + tag, time_ratio, "x", pairs_ratio, 1.2, "lower"});
