@@ -203,10 +203,11 @@ TEST_CASE("documents: attention FLOPs count the pairs inside documents, a window
   const plan::LayerFlops packed = plan::layer_flops(model, 2, T, plan::kCudaAttentionBackwardProducts, docs);
   CHECK(packed.attention_forward / causal.attention_forward == Approx(docs / (T * (T + 1.0) / 2.0)));
   CHECK(packed.gemm_forward == causal.gemm_forward);
-  ModelConfig mistral = model;  // every layer slides over 100 keys: fewer pairs than the documents'
-  mistral.arch = Arch::mistral;
-  mistral.sliding_window = 100;
+  cfg.model.arch = "mistral";  // every layer slides over 100 keys: fewer pairs than the documents'
+  cfg.model.sliding_window = 100;
+  const ModelConfig mistral = cfg.model_config_from_keys();
   const plan::LayerFlops windowed = plan::layer_flops(mistral, 2, T);
+  CHECK(windowed.attention_forward < packed.attention_forward);
   CHECK(plan::layer_flops(mistral, 2, T, plan::kCudaAttentionBackwardProducts, docs).attention_forward ==
         Approx(windowed.attention_forward));
 }
