@@ -193,7 +193,7 @@ TEST_CASE("checkpoint: 10 + resume + 10 steps equals 20 steps bit for bit", "[ac
   }
 }
 
-TEST_CASE("checkpoint: documents resume bit for bit; resuming with the stream is a note naming data.packing",
+TEST_CASE("checkpoint: documents resume bit for bit, and resuming with the stream is a note naming data.packing",
           "[actors][checkpoint][documents]") {
   Tiny t;
   t.steps = 8;

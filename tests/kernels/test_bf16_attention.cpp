@@ -231,7 +231,7 @@ TEST_CASE("attention on bf16 pairs: sequence tiles of whole query blocks give th
   }
 }
 
-TEST_CASE("attention on bf16 pairs with documents matches the fp64 reference; no key outside a document moves",
+TEST_CASE("attention on bf16 pairs with documents matches the fp64 reference, and no key outside a document moves",
           "[ops][bf16][pairs][documents]") {
   require_pairs();
   // Documents (AttnShape::positions): row 0 40/1/150/109 tokens, row 1 128/1/71/100 (a boundary on a key
