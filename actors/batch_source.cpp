@@ -79,8 +79,10 @@ void ShardBatchSource::get(std::uint64_t g, data::Batch& out) {
 namespace mt::actors {
 
 std::unique_ptr<VectorBatchSource> make_eval_source(const std::string& validation_files, int batch_size, int seq_len,
-                                                    std::uint32_t vocab_size, std::int64_t max_batches) {
+                                                    std::uint32_t vocab_size, std::int64_t max_batches,
+                                                    bool documents) {
   data::LoaderOptions lo;
+  lo.documents = documents;
   lo.shards = data::expand_shard_paths({validation_files});
   lo.batch_size = batch_size;
   lo.seq_len = seq_len;

@@ -60,8 +60,10 @@ class VectorBatchSource : public BatchSource {
 
 // The evaluation batches of a run: the first `max_batches` micro-batches of B x T tokens of the
 // validation shards, windows in file order (no shuffling), read once at start. Fewer when the data
-// holds fewer windows (never repeated). Throws data::DataError naming the file on bad data.
+// holds fewer windows (never repeated). Throws data::DataError naming the file on bad data. documents:
+// data.packing = documents (the loader's positions and document-ending targets).
 std::unique_ptr<VectorBatchSource> make_eval_source(const std::string& validation_files, int batch_size, int seq_len,
-                                                    std::uint32_t vocab_size, std::int64_t max_batches);
+                                                    std::uint32_t vocab_size, std::int64_t max_batches,
+                                                    bool documents = false);
 
 }  // namespace mt::actors

@@ -142,6 +142,23 @@ void offload_boundary(self_ptr self, const Pos& p, std::int64_t b) {
                            });
 }
 
+// A micro-batch's ids where the backend computes: the inputs, the targets (for the head's ops) and, with
+// data.packing = documents, the positions within documents (BatchRows).
+struct BatchIds {
+  const token_t* tokens = nullptr;
+  const token_t* targets = nullptr;
+  BatchRows rows;
+};
+BatchIds upload_batch(Backend& be, const data::Batch& batch, bool head, std::int64_t B, std::int64_t T, int slot) {
+  BatchIds ids;
+  ids.tokens = be.upload_tokens(batch.inputs.data(), batch.inputs.size(), slot);
+  if (head) ids.targets = be.upload_tokens(batch.targets.data(), batch.targets.size(), 2 + slot);
+  ids.rows = {B, T, nullptr};
+  if (!batch.positions.empty())
+    ids.rows.positions = be.upload_tokens(batch.positions.data(), batch.positions.size(), 4 + slot);
+  return ids;
+}
+
 void try_advance(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
@@ -226,10 +243,8 @@ void try_advance(self_ptr self) {
     const bool layer_op = op.kind == OpKind::layer_forward || op.kind == OpKind::layer_backward;
     be.set_position(p.step, p.micro_batch, layer_op ? op.stage - 1 : -1);  // named by a failure's message
     const int token_slot = sched.activation_set(p.micro_batch) % 2;
-    const token_t* tokens = be.upload_tokens(batch.inputs.data(), batch.inputs.size(), token_slot);
-    const token_t* targets = op.kind == OpKind::head || op.kind == OpKind::head_loss
-                                 ? be.upload_tokens(batch.targets.data(), batch.targets.size(), 2 + token_slot)
-                                 : nullptr;
+    const auto [tokens, targets, rows] =
+        upload_batch(be, batch, op.kind == OpKind::head || op.kind == OpKind::head_loss, B, T, token_slot);
     float* ws = ctx->workspace;
     int& dxc = ctx->ledger.dx_current;
     const std::size_t set = static_cast<std::size_t>(sched.activation_set(p.micro_batch));
@@ -259,7 +274,7 @@ void try_advance(self_ptr self) {
     };
     switch (op.kind) {
       case OpKind::embed_forward:
-        be.embedding_forward(c, weights(0), tokens, B, T, boundary(0));
+        be.embedding_forward(c, weights(0), tokens, rows, boundary(0));
         break;
       case OpKind::layer_forward: {
         MoeBalance stats;  // the load-balancing loss's statistics of an expert layer, into the ledger
@@ -273,7 +288,7 @@ void try_advance(self_ptr self) {
           stats.counts = mb.counts[l].data();
           stats.prob_sums = mb.prob_sums[l].data();
         }
-        be.layer_forward(c.layer_config(op.stage - 1), weights(0), boundary(op.stage - 1), boundary(op.stage), B, T,
+        be.layer_forward(c.layer_config(op.stage - 1), weights(0), boundary(op.stage - 1), boundary(op.stage), rows,
                          saved(op.stage), ws, stats.counts ? &stats : nullptr, ctx->sequence, kept_attention(op.stage));
         break;
       }
@@ -327,14 +342,14 @@ void try_advance(self_ptr self) {
           grad.grad = be.upload_floats(host.data(), host.size(), token_slot);
         }
         be.layer_backward(c.layer_config(op.stage - 1), weights(0), x_in, saved(op.stage), dx_buffer(dx_read),
-                          dx_buffer(dx_read + 1), g, B, T, ws, grad.grad ? &grad : nullptr, ctx->sequence,
+                          dx_buffer(dx_read + 1), g, rows, ws, grad.grad ? &grad : nullptr, ctx->sequence,
                           kept_attention(op.stage));
         hand_over(self, k_main, p, op.stage, Phase::backward);
         break;
       }
       case OpKind::embed_backward: {
         float* g = is_tied ? staging_buffer(ctx, k_main, p, 0) : open_staging(ctx, k_main, p, 0);
-        be.embedding_backward(c, tokens, B, T, dx_buffer(dx_read), g);
+        be.embedding_backward(c, tokens, rows, dx_buffer(dx_read), g);
         hand_over(self, k_main, p, 0, Phase::backward);
         break;
       }

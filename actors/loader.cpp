@@ -34,6 +34,12 @@ std::shared_ptr<const data::Batch> read_batch(Context* ctx, std::uint64_t g) {
                              std::to_string(b->inputs.size()) + " tokens, expected " + std::to_string(n));
   validate_tokens(*ctx->model, b->inputs.data(), n);
   validate_targets(*ctx->model, b->targets.data(), n);
+  if (!b->positions.empty()) {  // data.packing = documents
+    if (b->positions.size() != n)
+      throw std::runtime_error("data loader: micro-batch " + std::to_string(g) + " has " +
+                               std::to_string(b->positions.size()) + " positions, expected " + std::to_string(n));
+    validate_positions(b->positions.data(), ctx->plan.batch, ctx->plan.seq);
+  }
   return b;
 }
 

@@ -71,7 +71,8 @@ nlohmann::json train_config_json(const TrainConfig& c) {
        {{"train_files", d.train_files},
         {"validation_files", d.validation_files},
         {"tokenizer_file", d.tokenizer_file},
-        {"seq_length", d.seq_length}}},
+        {"seq_length", d.seq_length},
+        {"packing", d.packing}}},
       {"device",
        {{"backend", v.backend},
         {"max_vram_gb", v.max_vram_gb},
@@ -197,7 +198,8 @@ std::vector<std::string> changed_keys(const nlohmann::json& saved, const nlohman
                                         {"train", "bf16"},
                                         {"train", "seed"},
                                         {"data", "train_files"},
-                                        {"data", "seq_length"}};
+                                        {"data", "seq_length"},
+                                        {"data", "packing"}};
   for (const auto& k : keys) {
     if (!saved.contains(k[0]) || !saved[k[0]].contains(k[1])) continue;
     const auto& a = saved[k[0]][k[1]];

@@ -169,6 +169,10 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(data, validation_files, "glob of token shards for evaluation; empty = none"),
       MT_KEY(data, tokenizer_file, "tokenizer.json (vocabulary check); empty = none"),
       MT_KEY(data, seq_length, "tokens per sequence").at_least(1),
+      MT_KEY(data, packing,
+             "stream: one token stream, every token sees its window's earlier tokens | documents: each token sees "
+             "only its own document (the shards' .docs), positions restart at each")
+          .one_of({"stream", "documents"}),
       // [device]
       MT_KEY(device, backend, "cpu | cuda").one_of({"cpu", "cuda"}),
       MT_KEY(device, max_vram_gb, "device memory budget in GiB; 0 = use device_memory_mb").non_negative(),

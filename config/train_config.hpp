@@ -95,8 +95,9 @@ struct ModelSection {              // [model]
 struct DataSection {                                      // [data]
   std::string train_files = "run/demo-data/train_*.bin";  // glob of llm.c token shards
   std::string validation_files;                           // glob; "" = no evaluation
-  std::string tokenizer_file;     // tokenizer.json; "" = none (vocab checked against the shards)
-  std::int64_t seq_length = 256;  // tokens per sequence
+  std::string tokenizer_file;      // tokenizer.json; "" = none (vocab checked against the shards)
+  std::int64_t seq_length = 256;   // tokens per sequence
+  std::string packing = "stream";  // stream | documents (data/loader.hpp)
 };
 
 struct DeviceSection {                      // [device]

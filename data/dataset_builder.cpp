@@ -12,6 +12,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <sys/stat.h>
 
@@ -438,7 +439,7 @@ void remove_stale_shards(const BuildOptions& o, const std::vector<std::string>& 
       const std::string rest = n.substr(head.size());
       if (rest.size() < 7 || rest.find_first_not_of("0123456789") != 6) continue;
       const std::string ext = rest.substr(6);
-      if (ext != ".bin" && ext != ".mask") continue;
+      if (ext != ".bin" && ext != ".mask" && ext != ".docs") continue;
       const std::string bin = o.out_dir + "/" + head + rest.substr(0, 6) + ".bin";
       const bool ours = std::find(committed.begin(), committed.end(), bin) != committed.end();
       if (!ours || (ext == ".mask" && !masked)) stale.push_back(e.path());
@@ -502,6 +503,7 @@ struct Split {
   std::unique_ptr<ShardWriter> w;
   int index = 0;
   std::vector<std::pair<std::string, uint64_t>> shards;  // file name, tokens
+  bool doc_starts = false;  // the next token written starts a document
 };
 
 // On error: every shard of the run goes, open temporaries and committed shards (with their masks).
@@ -510,6 +512,7 @@ void remove_shards(Split (&splits)[2], const std::vector<std::string>& committed
   for (const auto& p : committed) {
     std::remove(p.c_str());
     std::remove(mask_path_for(p).c_str());
+    std::remove(docs_path_for(p).c_str());
   }
 }
 
@@ -632,8 +635,9 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
       if (!s.w) {
         char name[64];
         std::snprintf(name, sizeof name, "%s_%06d.bin", s.name.c_str(), s.index++);
-        s.w = std::make_unique<ShardWriter>(o.out_dir + "/" + o.prefix + name, fr.width, masked);
+        s.w = std::make_unique<ShardWriter>(o.out_dir + "/" + o.prefix + name, fr.width, masked, true);
       }
+      if (std::exchange(s.doc_starts, false)) s.w->begin_document();  // the `.docs` sidecar records it
       const std::size_t room = std::size_t(o.shard_tokens) - s.w->tokens();
       const std::size_t k = std::min(room, n);
       s.w->append(ids, mask, k);
@@ -666,6 +670,7 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
         if (!r.error.empty()) throw DataError(r.error);
         Split& s = splits[in_validation(o, items[i].doc) ? 1 : 0];
         if (items[i].doc != last_doc) {
+          s.doc_starts = true;
           last_doc = items[i].doc;
           ++sum.documents;
           ++(&s == &splits[1] ? sum.val_documents : sum.train_documents);

@@ -117,7 +117,7 @@ DataLoader::DataLoader(LoaderOptions options) : impl_(std::make_unique<Impl>()) 
   m.first_window.push_back(0);
   uint64_t tokens = 0;
   for (const auto& p : m.paths) {
-    m.shards.push_back(TokenShard::open(p, o.format, o.use_mask));
+    m.shards.push_back(TokenShard::open(p, o.format, o.use_mask, o.documents));
     const uint64_t n = m.shards.back().size();
     tokens += n;
     const uint64_t w = n > uint64_t(o.seq_len) ? (n - 1) / uint64_t(o.seq_len) : 0;
@@ -163,6 +163,7 @@ void DataLoader::next(Batch& out) {
   out.seq_len = o.seq_len;
   out.inputs.resize(std::size_t(o.batch_size) * T);
   out.targets.resize(std::size_t(o.batch_size) * T);
+  out.positions.resize(o.documents ? std::size_t(o.batch_size) * T : 0);
   out.epoch = m.cur.epoch;
   out.index = m.cur.batches;
   out.loss_tokens = 0;
@@ -183,9 +184,14 @@ void DataLoader::next(Batch& out) {
     }
     int32_t* in = out.inputs.data() + std::size_t(b) * T;
     int32_t* tg = out.targets.data() + std::size_t(b) * T;
+    int32_t* pos = o.documents ? out.positions.data() + std::size_t(b) * T : nullptr;
     for (std::size_t t = 0; t < T; ++t) {
       in[t] = int32_t(m.buf[t]);
-      const bool keep = !sh.has_mask() || sh.mask(start + t + 1) != 0;
+      bool keep = !sh.has_mask() || sh.mask(start + t + 1) != 0;
+      if (pos) {
+        pos[t] = t == 0 || sh.starts_document(start + t) ? 0 : pos[t - 1] + 1;
+        keep = keep && !sh.starts_document(start + t + 1);
+      }
       tg[t] = keep ? int32_t(m.buf[t + 1]) : Batch::kIgnoreIndex;
       out.loss_tokens += keep;
     }
@@ -220,6 +226,36 @@ void DataLoader::seek(uint64_t batch_index) {
   impl_->cur.epoch = batch_index / bpe;
   impl_->cur.position = (batch_index % bpe) * per_step;
   impl_->cur.batches = batch_index;
+}
+
+double document_pairs_per_window(const std::vector<std::string>& shards, int seq_len, std::size_t max_windows) {
+  std::vector<TokenShard> open;
+  std::vector<uint64_t> first{0};
+  const uint64_t T = uint64_t(std::max(seq_len, 1));
+  for (const auto& p : expand_shard_paths(shards)) {
+    open.push_back(TokenShard::open(p, ShardFormat::Auto, false, true));
+    const uint64_t n = open.back().size();
+    first.push_back(first.back() + (n > T ? (n - 1) / T : 0));
+  }
+  const uint64_t windows = first.back();
+  if (windows == 0) return 0.0;
+  const uint64_t samples = std::min<uint64_t>(windows, std::max<std::size_t>(max_windows, 1));
+  double sum = 0;
+  for (uint64_t i = 0; i < samples; ++i) {
+    const uint64_t w = i * windows / samples;
+    const std::size_t si = std::size_t(std::upper_bound(first.begin(), first.end(), w) - first.begin() - 1);
+    const uint64_t start = (w - first[si]) * T;
+    double piece = 0;
+    for (uint64_t t = 0; t < T; ++t) {
+      if (t > 0 && open[si].starts_document(start + t)) {
+        sum += piece * (piece + 1) / 2;
+        piece = 0;
+      }
+      ++piece;
+    }
+    sum += piece * (piece + 1) / 2;
+  }
+  return sum / double(samples);
 }
 
 const LoaderOptions& DataLoader::options() const { return impl_->opt; }

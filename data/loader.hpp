@@ -10,6 +10,12 @@
 // is skipped. inputs[b][t] = window[t], targets[b][t] = window[t+1], or -100 where the shard's loss mask
 // excludes token t+1.
 //
+// Documents (LoaderOptions::documents, data.packing = documents): the shards' `.docs` starts cut each
+// window into documents, the window's first token starting a piece of its own. positions[b][t] is input
+// t's position within its document (0 at a start), and where window[t+1] starts a document target t is
+// -100 (a document's last token predicts nothing, as transformers run on the document alone). The
+// windows are the same as in the stream, so cursors, resume and ranks are untouched.
+//
 // The Cursor is everything needed to continue exactly: restore(cursor()) on a loader over the same
 // shards and options yields the same batches as the loader it came from.
 #pragma once
@@ -35,7 +41,8 @@ struct LoaderOptions {
   uint32_t vocab_size = 0;  // > 0: every token served must be < vocab_size (else DataError)
   int rank = 0;             // data-parallel rank in [0, world_size)
   int world_size = 1;
-  bool use_mask = true;  // honour `x.mask` sidecars (targets -100 where masked)
+  bool use_mask = true;    // honour `x.mask` sidecars (targets -100 where masked)
+  bool documents = false;  // data.packing = documents: `x.docs` sidecars required, positions served
 };
 
 // Position in the data stream. Plain fields; JSON via to_json / from_json (nlohmann ADL).
@@ -61,11 +68,12 @@ struct Batch {
   static constexpr int32_t kIgnoreIndex = -100;
   int batch_size = 0;
   int seq_len = 0;
-  std::vector<int32_t> inputs;   // batch_size * seq_len, row-major
-  std::vector<int32_t> targets;  // batch_size * seq_len, kIgnoreIndex where the loss mask excludes
-  uint64_t epoch = 0;            // epoch the batch came from
-  uint64_t index = 0;            // micro-batch number (Cursor::batches before this batch)
-  std::size_t loss_tokens = 0;   // targets that are not kIgnoreIndex
+  std::vector<int32_t> inputs;     // batch_size * seq_len, row-major
+  std::vector<int32_t> targets;    // batch_size * seq_len, kIgnoreIndex where the loss mask excludes
+  std::vector<int32_t> positions;  // documents: batch_size * seq_len positions within documents; else empty
+  uint64_t epoch = 0;              // epoch the batch came from
+  uint64_t index = 0;              // micro-batch number (Cursor::batches before this batch)
+  std::size_t loss_tokens = 0;     // targets that are not kIgnoreIndex
 };
 
 class DataLoader {
@@ -100,6 +108,12 @@ class DataLoader {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// data.packing = documents: the attention pairs of a window of seq_len inputs, the sum over its pieces of
+// L (L + 1) / 2 (a piece: a document, or its part inside the window), averaged over up to `max_windows`
+// windows spread evenly over the shards (every window when there are fewer). Needs every shard's `.docs`
+// (DataError otherwise); 0 when the shards hold no window.
+double document_pairs_per_window(const std::vector<std::string>& shards, int seq_len, std::size_t max_windows = 4096);
 
 // Expands paths and glob patterns into a sorted list of existing files; DataError if a pattern matches none.
 std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns);

@@ -1,5 +1,6 @@
 #include "data/shard.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -159,8 +160,55 @@ MappedFile::~MappedFile() {
 
 // ---------------------------------------------------------------------------------------------------------
 std::string mask_path_for(const std::string& shard_path) { return stem_of(shard_path) + ".mask"; }
+std::string docs_path_for(const std::string& shard_path) { return stem_of(shard_path) + ".docs"; }
 
-TokenShard TokenShard::open(const std::string& path, ShardFormat format, bool load_mask) {
+// The documents' starts: a Megatron index's sequences, else `x.docs` (validated: its header, then starts
+// ascending from 0 and inside the shard).
+void TokenShard::load_docs(const std::string& path) {
+  if (format_ == ShardFormat::Megatron) {
+    docs_ = seq_offsets_.data();
+    doc_count_ = seq_offsets_.empty() ? 0 : seq_offsets_.size() - 1;
+    return;
+  }
+  const std::string dp = docs_path_for(path);
+  if (dp == path || !file_exists(dp))
+    throw DataError(dp + ": missing: data.packing = documents needs the documents' starts beside " + path +
+                    "; rebuild the shards with `megatrain-data shards` (or the Python front door), which write it, "
+                    "or train with data.packing = stream");
+  docs_file_ = MappedFile(dp);
+  const MappedFile& f = docs_file_;
+  if (f.size() < kShardHeaderBytes)
+    throw DataError(dp + ": truncated header: " + std::to_string(f.size()) + " bytes, need " +
+                    std::to_string(kShardHeaderBytes));
+  const int32_t magic = read_i32(f.data()), version = read_i32(f.data() + 4), count = read_i32(f.data() + 8);
+  if (magic != kDocsMagic)
+    throw DataError(dp + ": wrong magic " + std::to_string(magic) + " at offset 0 (expected " +
+                    std::to_string(kDocsMagic) + ")");
+  if (version != kShardVersion)
+    throw DataError(dp + ": unsupported version " + std::to_string(version) + " at offset 4 (expected 1)");
+  if (count < 0 || f.size() != kShardHeaderBytes + std::size_t(count) * 8)
+    throw DataError(dp + ": header says " + std::to_string(count) + " documents at offset 8 but the file holds " +
+                    std::to_string((f.size() - kShardHeaderBytes) / 8.0) + " uint64 starts");
+  docs_ = reinterpret_cast<const uint64_t*>(f.data() + kShardHeaderBytes);
+  doc_count_ = std::size_t(count);
+  for (std::size_t i = 0; i < doc_count_; ++i) {
+    const bool ok = i == 0 ? docs_[0] == 0 : docs_[i] > docs_[i - 1] && docs_[i] < count_;
+    if (!ok)
+      throw DataError(dp + ": document " + std::to_string(i) + " starts at token " + std::to_string(docs_[i]) +
+                      " (offset " + std::to_string(kShardHeaderBytes + i * 8) +
+                      "): starts must ascend from 0 and lie inside " + path + " (" + std::to_string(count_) +
+                      " tokens)");
+  }
+  if (doc_count_ == 0 && count_ > 0)
+    throw DataError(dp + ": no documents for the " + std::to_string(count_) + " tokens of " + path);
+}
+
+bool TokenShard::starts_document(std::size_t i) const {
+  if (i == 0) return true;
+  return std::binary_search(docs_, docs_ + doc_count_, uint64_t(i));
+}
+
+TokenShard TokenShard::open(const std::string& path, ShardFormat format, bool load_mask, bool load_docs) {
   TokenShard s;
   if (format == ShardFormat::Auto) {
     MappedFile f(path);
@@ -248,6 +296,7 @@ TokenShard TokenShard::open(const std::string& path, ShardFormat format, bool lo
       s.mask_ = s.mask_file_.data() + kShardHeaderBytes;
     }
   }
+  if (load_docs) s.load_docs(path);
   return s;
 }
 
@@ -280,6 +329,20 @@ void write_mask(const std::string& path, const uint8_t* mask, std::size_t n) {
   make_header(kMaskMagic, n, h);
   f.write(h, sizeof h);
   f.write(mask, n);
+  f.commit();
+}
+
+void write_docs(const std::string& path, const std::vector<uint64_t>& starts, std::size_t tokens) {
+  check_count(path, starts.size());
+  for (std::size_t i = 0; i < starts.size(); ++i)
+    if (i == 0 ? starts[0] != 0 : starts[i] <= starts[i - 1] || starts[i] >= tokens)
+      throw DataError(path + ": document " + std::to_string(i) + " would start at token " + std::to_string(starts[i]) +
+                      ": starts must ascend from 0 and lie inside the shard's " + std::to_string(tokens) + " tokens");
+  AtomicFile f(path);
+  int32_t h[kShardHeaderInts];
+  make_header(kDocsMagic, starts.size(), h);
+  f.write(h, sizeof h);
+  f.write(starts.data(), starts.size() * 8);
   f.commit();
 }
 
@@ -328,8 +391,12 @@ struct ShardWriter::Out {
   std::vector<unsigned char> buf;
 };
 
-ShardWriter::ShardWriter(std::string path, int token_bytes, bool with_mask)
-    : path_(std::move(path)), width_(token_bytes), with_mask_(with_mask), out_(std::make_unique<Out>()) {
+ShardWriter::ShardWriter(std::string path, int token_bytes, bool with_mask, bool with_docs)
+    : path_(std::move(path)),
+      width_(token_bytes),
+      with_mask_(with_mask),
+      with_docs_(with_docs),
+      out_(std::make_unique<Out>()) {
   if (token_bytes != 2 && token_bytes != 4) throw DataError(path_ + ": token size must be 2 or 4 bytes");
   int32_t h[kShardHeaderInts];
   make_header(width_ == 2 ? kShardMagicU16 : kShardMagicU32, 0, h);
@@ -369,9 +436,20 @@ void ShardWriter::append(const uint32_t* tokens, const uint8_t* mask, std::size_
   count_ += n;
 }
 
+void ShardWriter::begin_document() {
+  if (!out_) throw DataError(path_ + ": begin_document after commit");
+  if (doc_starts_.empty() || doc_starts_.back() != count_) doc_starts_.push_back(count_);
+}
+
 void ShardWriter::commit() {
   if (!out_) return;
   check_count(path_, count_);
+  if (with_docs_ || !doc_starts_.empty()) {  // told of documents: their starts, the shard's first token among them
+    if (doc_starts_.empty() || doc_starts_.front() != 0) doc_starts_.insert(doc_starts_.begin(), 0);
+    if (count_ > 0 && doc_starts_.back() == count_) doc_starts_.pop_back();  // begun, but nothing appended
+    if (count_ == 0) doc_starts_.clear();
+    write_docs(docs_path_for(path_), doc_starts_, count_);
+  }
   int32_t h[kShardHeaderInts];
   make_header(width_ == 2 ? kShardMagicU16 : kShardMagicU32, count_, h);
   out_->tokens->write_at(0, h, 12);

@@ -93,40 +93,39 @@ std::unique_ptr<GradTransport> Backend::make_rank_transport(const RankLinkId&, i
   no_rank_transport(name());
 }
 
-void Backend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
-                                std::int64_t seq, float* x_out) {
+void Backend::embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, const BatchRows& rows,
+                                float* x_out) {
   StageScope scope(*this, __func__);
   c.validate();
-  validate_batch_shape(c, batch, seq);
-  check_ids(c, tokens, batch * seq, false, "embedding_forward");
-  mt::embedding_forward(ops(), c, weights, tokens, batch, seq, x_out);
+  validate_batch_shape(c, rows.batch, rows.seq);
+  check_ids(c, tokens, rows.batch * rows.seq, false, "embedding_forward");
+  mt::embedding_forward(ops(), c, weights, tokens, rows, x_out);
   scope.end();
 }
 
-void Backend::embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
-                                 const float* dx, float* grads) {
+void Backend::embedding_backward(const ModelConfig& c, const token_t* tokens, const BatchRows& rows, const float* dx,
+                                 float* grads) {
   StageScope scope(*this, __func__);
   c.validate();
-  validate_batch_shape(c, batch, seq);
-  check_ids(c, tokens, batch * seq, false, "embedding_backward");
-  mt::embedding_backward(ops(), c, tokens, batch, seq, dx, grads);
+  validate_batch_shape(c, rows.batch, rows.seq);
+  check_ids(c, tokens, rows.batch * rows.seq, false, "embedding_backward");
+  mt::embedding_backward(ops(), c, tokens, rows, dx, grads);
   scope.end();
 }
 
 void Backend::layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
-                            std::int64_t batch, std::int64_t seq, float* saved, float* workspace,
-                            const MoeBalance* balance, float* sequence, float* attention) {
+                            const BatchRows& rows, float* saved, float* workspace, const MoeBalance* balance,
+                            float* sequence, float* attention) {
   StageScope scope(*this, __func__);
-  mt::layer_forward(ops(), c, weights, x_in, x_out, batch, seq, saved, workspace, seq_tile_, balance, sequence,
-                    attention);
+  mt::layer_forward(ops(), c, weights, x_in, x_out, rows, saved, workspace, seq_tile_, balance, sequence, attention);
   scope.end();
 }
 
 void Backend::layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
-                             const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
-                             float* workspace, const MoeBalance* balance, float* sequence, const float* attention) {
+                             const float* dy, float* dx, float* grads, const BatchRows& rows, float* workspace,
+                             const MoeBalance* balance, float* sequence, const float* attention) {
   StageScope scope(*this, __func__);
-  mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, batch, seq, workspace, seq_tile_, balance, sequence,
+  mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, rows, workspace, seq_tile_, balance, sequence,
                      attention);
   scope.end();
 }

@@ -167,21 +167,43 @@ class Backend {
   // The stage operations of kernels/stage_api.hpp on device pointers: weights in the run's precision
   // (slots filled from the tiles' stream source), hidden states, gradients and workspace fp32. Written
   // once for every backend: the stages of kernels/stages.hpp over ops(), between begin_stage() and
-  // end_stage(), with the token ids checked by check_ids() first.
+  // end_stage(), with the token ids checked by check_ids() first. rows (kernels/stage_api.hpp): the shape
+  // and, with documents, positions where the backend computes (upload_tokens' pointer), validated by the
+  // caller on the host (validate_positions); the (batch, seq) forms are the stream's.
+  void embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, const BatchRows& rows,
+                         float* x_out);
+  void embedding_backward(const ModelConfig& c, const token_t* tokens, const BatchRows& rows, const float* dx,
+                          float* grads);
   void embedding_forward(const ModelConfig& c, const void* weights, const token_t* tokens, std::int64_t batch,
-                         std::int64_t seq, float* x_out);
+                         std::int64_t seq, float* x_out) {
+    embedding_forward(c, weights, tokens, BatchRows{batch, seq}, x_out);
+  }
   void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
-                          const float* dx, float* grads);
+                          const float* dx, float* grads) {
+    embedding_backward(c, tokens, BatchRows{batch, seq}, dx, grads);
+  }
   // balance: the load-balancing loss's statistics (host arrays) and gradient (upload_floats' pointer).
   // sequence: in sequence tiles, the layer's sequence-sized buffers when kept out of the workspace (device
   // memory or mapped host memory: kernels/stages.hpp); attention: the layer's kept attention output and
   // log-sum-exp in sequence tiles (the same).
+  void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, const BatchRows& rows,
+                     float* saved, float* workspace, const MoeBalance* balance = nullptr, float* sequence = nullptr,
+                     float* attention = nullptr);
+  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
+                      float* dx, float* grads, const BatchRows& rows, float* workspace,
+                      const MoeBalance* balance = nullptr, float* sequence = nullptr, const float* attention = nullptr);
   void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
                      std::int64_t seq, float* saved, float* workspace, const MoeBalance* balance = nullptr,
-                     float* sequence = nullptr, float* attention = nullptr);
+                     float* sequence = nullptr, float* attention = nullptr) {
+    layer_forward(c, weights, x_in, x_out, BatchRows{batch, seq}, saved, workspace, balance, sequence, attention);
+  }
   void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
                       float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                      const MoeBalance* balance = nullptr, float* sequence = nullptr, const float* attention = nullptr);
+                      const MoeBalance* balance = nullptr, float* sequence = nullptr,
+                      const float* attention = nullptr) {
+    layer_backward(c, weights, x_in, saved, dy, dx, grads, BatchRows{batch, seq}, workspace, balance, sequence,
+                   attention);
+  }
   // The fused head; returns the loss read back to the host (once per call).
   LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
                                 const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
@@ -200,7 +222,8 @@ class Backend {
 
   // Token ids the stage operations read: on the CPU backend host memory is device memory; a GPU
   // backend copies them into a device buffer of its own and returns that pointer (valid until the
-  // next call with the same `slot`, 0..3: inputs and targets of the two micro-batches in flight).
+  // next call with the same `slot`, 0..5: inputs, targets and documents' positions (int32 like the ids)
+  // of the two micro-batches in flight).
   virtual const token_t* upload_tokens(const token_t* host_tokens, std::size_t n, int slot) = 0;
   // A few floats the stage operations read (the load-balancing gradient): the host pointer on the CPU
   // backend, a copy in a device buffer of slot 0..1 elsewhere (valid until the next call with that slot).

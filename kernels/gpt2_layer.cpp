@@ -80,8 +80,9 @@ Scratch carve_scratch(const ModelConfig& c, std::int64_t N, float* base, std::si
   return s;
 }
 
-AttnShape attn_shape(const ModelConfig& c, std::int64_t B, std::int64_t T) {
+AttnShape attn_shape(const ModelConfig& c, std::int64_t B, std::int64_t T, const std::int32_t* positions) {
   AttnShape a;
+  a.positions = positions;
   a.batch = B, a.seq = T, a.q_heads = a.kv_heads = c.num_attention_heads, a.head_dim = c.head_dim;
   a.q_stride = a.kv_stride = 3 * c.hidden_size;  // q, k, v are column blocks of c_attn's output
   a.o_stride = c.hidden_size;
@@ -107,12 +108,12 @@ OperandRoom operand_room(const ModelConfig& c, std::int64_t B, std::int64_t T) {
 
 // Up to c_fc's output; the activation, mlp.c_proj and the residual when x_out is non-null.
 void forward_into(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, const float* x, float* x_out,
-                  std::int64_t B, std::int64_t T, const Saved& s, const Scratch& sc) {
-  const std::int64_t N = B * T, d = c.hidden_size, ff = c.intermediate_size;
+                  const BatchRows& rows, const Saved& s, const Scratch& sc) {
+  const std::int64_t B = rows.batch, T = rows.seq, N = B * T, d = c.hidden_size, ff = c.intermediate_size;
   ops.layernorm_forward(x, w[ln1_w], w[ln1_b], sc.xn1, s.mean1, s.rstd1, N, d, c.norm_eps);
   ops.linear_forward(sc.xn1, w[attn_w], w[attn_b], s.qkv, N, d, 3 * d);
   // Attention stays fp32 in bf16 mode too (on the fp32 q/k/v the bf16 product produced).
-  ops.attention_forward(s.qkv, s.qkv + d, s.qkv + 2 * d, nullptr, s.att, s.lse, attn_shape(c, B, T));
+  ops.attention_forward(s.qkv, s.qkv + d, s.qkv + 2 * d, nullptr, s.att, s.lse, attn_shape(c, B, T, rows.positions));
   ops.linear_forward(s.att, w[proj_w], w[proj_b], s.x1, N, d, d);
   ops.add_into(s.x1, x, static_cast<std::size_t>(N * d));
   ops.layernorm_forward(s.x1, w[ln2_w], w[ln2_b], sc.xn2, s.mean2, s.rstd2, N, d, c.norm_eps);  // over xn1
@@ -124,21 +125,22 @@ void forward_into(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, c
   }
 }
 
-void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-             std::int64_t T, float* saved, float* scratch, const MoeBalance* /*balance: no experts*/) {
-  forward_into(ops, c, bind(c, params, ops.precision()), x_in, x_out, B, T, carve_saved(c, B * T, saved),
-               carve_scratch(c, B * T, scratch));
+void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
+             float* saved, float* scratch, const MoeBalance* /*balance: no experts*/) {
+  const std::int64_t N = rows.batch * rows.seq;
+  forward_into(ops, c, bind(c, params, ops.precision()), x_in, x_out, rows, carve_saved(c, N, saved),
+               carve_scratch(c, N, scratch));
 }
 
 void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-              const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+              const float* dy, float* dx, float* grads, const BatchRows& rows, float* scratch,
               const MoeBalance* /*balance: no experts*/) {
-  const std::int64_t N = B * T, d = c.hidden_size, ff = c.intermediate_size;
+  const std::int64_t B = rows.batch, T = rows.seq, N = B * T, d = c.hidden_size, ff = c.intermediate_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
   const Saved s = carve_saved(c, N, saved);
   const Scratch sc = carve_scratch(c, N, scratch);
-  if (recompute) forward_into(ops, c, w, x_in, nullptr, B, T, s, sc);  // no activation, no last product
+  if (recompute) forward_into(ops, c, w, x_in, nullptr, rows, s, sc);  // no activation, no last product
   // MLP
   ops.copy(sc.dx1, dy, static_cast<std::size_t>(N * d));
   if (!recompute)  // else just made
@@ -152,7 +154,7 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
   // Attention
   ops.linear_backward(sc.dx1, s.att, w[proj_w], sc.datt, false, g[proj_w], g[proj_b], N, d, d);
   ops.attention_backward(s.qkv, s.qkv + d, s.qkv + 2 * d, nullptr, s.att, s.lse, sc.datt, sc.dqkv, sc.dqkv + d,
-                         sc.dqkv + 2 * d, nullptr, attn_shape(c, B, T));
+                         sc.dqkv + 2 * d, nullptr, attn_shape(c, B, T, rows.positions));
   ops.layernorm_forward(x_in, w[ln1_w], w[ln1_b], sc.xn1, sc.mean, sc.rstd, N, d,
                         c.norm_eps);  // the MLP's wrote over it
   ops.linear_backward(sc.dqkv, sc.xn1, w[attn_w], sc.dxn1, false, g[attn_w], g[attn_b], N, d, 3 * d);

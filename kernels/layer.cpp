@@ -138,8 +138,9 @@ std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std
 }
 
 void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   std::int64_t batch, std::int64_t seq, float* saved, float* workspace, std::int64_t seq_tile,
+                   const BatchRows& rows, float* saved, float* workspace, std::int64_t seq_tile,
                    const MoeBalance* balance, float* sequence, float* attention) {
+  const std::int64_t batch = rows.batch, seq = rows.seq;
   refuse_mixed_layers(c);
   if (balance && !c.is_moe()) balance = nullptr;  // a dense layer has no router
   if (balance && balance->counts) std::fill(balance->counts, balance->counts + c.num_experts, 0);
@@ -150,18 +151,19 @@ void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
   const detail::LayerFamily& f = detail::layer_family(c);
   if (!saved && layer_runs_tiled(c, seq, seq_tile)) {  // kept intermediates are whole-sequence
     give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace, sequence != nullptr);
-    f.tiled_forward(ops, c, params, x_in, x_out, batch, seq, seq_tile, workspace, sequence, attention, balance);
+    f.tiled_forward(ops, c, params, x_in, x_out, rows, seq_tile, workspace, sequence, attention, balance);
     return;
   }
   float* keep = saved ? saved : workspace;
   float* scratch = saved ? workspace : workspace + saved_n;
   give_operand_room(ops, f, c, batch, seq, scratch);
-  f.forward(ops, c, params, x_in, x_out, batch, seq, keep, scratch, balance);
+  f.forward(ops, c, params, x_in, x_out, rows, keep, scratch, balance);
 }
 
 void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
-                    const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
+                    const float* dy, float* dx, float* grads, const BatchRows& rows, float* workspace,
                     std::int64_t seq_tile, const MoeBalance* balance, float* sequence, const float* attention) {
+  const std::int64_t batch = rows.batch, seq = rows.seq;
   refuse_mixed_layers(c);
   if (balance && (!c.is_moe() || !balance->grad)) balance = nullptr;
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
@@ -172,27 +174,39 @@ void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
   const detail::LayerFamily& f = detail::layer_family(c);
   if (recompute && layer_runs_tiled(c, seq, seq_tile)) {
     give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace, sequence != nullptr);
-    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, batch, seq, seq_tile, workspace, sequence, attention,
-                     balance);
+    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, rows, seq_tile, workspace, sequence, attention, balance);
     return;
   }
   float* keep = recompute ? workspace : const_cast<float*>(saved);  // read-only when not recomputing
   float* scratch = recompute ? workspace + saved_n : workspace;
   give_operand_room(ops, f, c, batch, seq, scratch);
-  f.backward(ops, c, params, x_in, keep, recompute, dy, dx, grads, batch, seq, scratch, balance);
+  f.backward(ops, c, params, x_in, keep, recompute, dy, dx, grads, rows, scratch, balance);
 }
 
 void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
                    std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx, const MoeBalance* balance) {
-  cpu::CpuOps ops(ctx.precision, ctx.threads);
-  layer_forward(ops, c, params, x_in, x_out, batch, seq, saved, workspace, ctx.seq_tile, balance);
+  layer_forward(c, params, x_in, x_out, BatchRows{batch, seq}, saved, workspace, ctx, balance);
 }
 
 void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
                     float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
                     const ComputeCtx& ctx, const MoeBalance* balance) {
+  layer_backward(c, params, x_in, saved, dy, dx, grads, BatchRows{batch, seq}, workspace, ctx, balance);
+}
+
+void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
+                   float* saved, float* workspace, const ComputeCtx& ctx, const MoeBalance* balance) {
+  if (rows.positions) validate_positions(rows.positions, rows.batch, rows.seq);
   cpu::CpuOps ops(ctx.precision, ctx.threads);
-  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, batch, seq, workspace, ctx.seq_tile, balance);
+  layer_forward(ops, c, params, x_in, x_out, rows, saved, workspace, ctx.seq_tile, balance);
+}
+
+void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
+                    float* dx, float* grads, const BatchRows& rows, float* workspace, const ComputeCtx& ctx,
+                    const MoeBalance* balance) {
+  if (rows.positions) validate_positions(rows.positions, rows.batch, rows.seq);
+  cpu::CpuOps ops(ctx.precision, ctx.threads);
+  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, rows, workspace, ctx.seq_tile, balance);
 }
 
 }  // namespace mt

@@ -22,11 +22,12 @@ struct LayerFamily {
   // x_out == nullptr stops after the last activation (what a recomputing backward needs).
   // balance (MoE layers; may be null): the forward adds its statistics into the zeroed host arrays, the
   // backward adds the load-balancing gradient.
-  void (*forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                  std::int64_t T, float* saved, float* scratch, const MoeBalance* balance);
+  // rows: the micro-batch's shape and documents' positions (BatchRows, stage_api.hpp).
+  void (*forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
+                  const BatchRows& rows, float* saved, float* scratch, const MoeBalance* balance);
   // recompute: run the forward into `saved` first (from x_in); otherwise `saved` holds it and x_in is unused.
   void (*backward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-                   const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+                   const float* dy, float* dx, float* grads, const BatchRows& rows, float* scratch,
                    const MoeBalance* balance);
   // Sequence tiles (long context; null: the family runs whole sequences only): the same layer over
   // `tile` tokens of one sequence at a time, recomputing in its backward; only what attention needs
@@ -39,10 +40,10 @@ struct LayerFamily {
   std::size_t (*tiled_sequence_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
   std::size_t (*tiled_attention_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
   void (*tiled_forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                        std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, float* sequence,
-                        float* attention, const MoeBalance* balance);
+                        const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence, float* attention,
+                        const MoeBalance* balance);
   void (*tiled_backward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy,
-                         float* dx, float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch,
+                         float* dx, float* grads, const BatchRows& rows, std::int64_t tile, float* scratch,
                          float* sequence, const float* attention, const MoeBalance* balance);
 };
 

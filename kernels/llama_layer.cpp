@@ -100,9 +100,9 @@ std::size_t scratch_floats(const ModelConfig& c, std::int64_t B, std::int64_t T)
 // Up to the MLP activation, plus the down projection and the residual when x_out is non-null. The
 // tables come back from the ops (computed into the scratch, or the backend's cached ones).
 RopeTables forward_into(Ops& ops, const ModelConfig& c, const void* params, const Bound<const void*>& w, const float* x,
-                        float* x_out, std::int64_t B, std::int64_t T, const Saved& s, const Scratch& sc,
+                        float* x_out, const BatchRows& rows, const Saved& s, const Scratch& sc,
                         const MoeBalance* balance) {
-  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
+  const std::int64_t B = rows.batch, T = rows.seq, N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   ops.rmsnorm_forward(x, w[in_norm], sc.xn1, s.rstd1, N, d, c.norm_eps);
   float* q_lin = c.qk_norm ? s.q_raw : s.q;
@@ -114,11 +114,12 @@ RopeTables forward_into(Ops& ops, const ModelConfig& c, const void* params, cons
     ops.rmsnorm_forward(s.q_raw, w[q_norm], s.q, s.rstd_q, N * Hq, hd, c.norm_eps);
     ops.rmsnorm_forward(s.k_raw, w[k_norm], s.k, s.rstd_k, N * Hkv, hd, c.norm_eps);
   }
-  const RopeTables rope = ops.rope_tables(rope_params_of(c), T, hd, sc.cos_t, sc.sin_t);
+  RopeTables rope = ops.rope_tables(rope_params_of(c), T, hd, sc.cos_t, sc.sin_t);
+  rope.positions = rows.positions;
   ops.rope_apply(s.q, N, T, Hq, hd, qd, rope, false);
   ops.rope_apply(s.k, N, T, Hkv, hd, kd, rope, false);
   // Attention stays fp32 in bf16 mode too (on the fp32 q/k/v the bf16 products produced).
-  ops.attention_forward(s.q, s.k, s.v, w[sinks], s.att, s.lse, attn_shape(c, B, T));
+  ops.attention_forward(s.q, s.k, s.v, w[sinks], s.att, s.lse, attn_shape(c, B, T, rows.positions));
   ops.linear_forward(s.att, w[wo], w[bo], s.x1, N, qd, d);
   ops.add_into(s.x1, x, static_cast<std::size_t>(N * d));
   ops.rmsnorm_forward(s.x1, w[post_norm], sc.xn2, s.rstd2, N, d, c.norm_eps);  // over xn1: done with it
@@ -127,25 +128,26 @@ RopeTables forward_into(Ops& ops, const ModelConfig& c, const void* params, cons
   return rope;
 }
 
-void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-             std::int64_t T, float* saved, float* scratch, const MoeBalance* balance) {
-  const Saved s = carve_saved(c, B * T, saved);
-  forward_into(ops, c, params, bind(c, params, ops.precision()), x_in, x_out, B, T, s,
-               carve_scratch(c, B * T, T, scratch), balance);
+void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
+             float* saved, float* scratch, const MoeBalance* balance) {
+  const std::int64_t N = rows.batch * rows.seq;
+  const Saved s = carve_saved(c, N, saved);
+  forward_into(ops, c, params, bind(c, params, ops.precision()), x_in, x_out, rows, s,
+               carve_scratch(c, N, rows.seq, scratch), balance);
 }
 
 void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-              const float* dy, float* dx, float* grads, std::int64_t B, std::int64_t T, float* scratch,
+              const float* dy, float* dx, float* grads, const BatchRows& rows, float* scratch,
               const MoeBalance* balance) {
-  const std::int64_t N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
+  const std::int64_t B = rows.batch, T = rows.seq, N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
   const Saved s = carve_saved(c, N, saved);
   const Scratch sc = carve_scratch(c, N, T, scratch);
-  const RopeTables rope = recompute
-                              ? forward_into(ops, c, params, w, x_in, nullptr, B, T, s, sc, nullptr)  // no last product
+  RopeTables rope = recompute ? forward_into(ops, c, params, w, x_in, nullptr, rows, s, sc, nullptr)  // no last product
                               : ops.rope_tables(rope_params_of(c), T, hd, sc.cos_t, sc.sin_t);
+  rope.positions = rows.positions;
   // MLP: y = x1 + down(h)
   ops.copy(sc.dx1, dy, static_cast<std::size_t>(N * d));
   if (!recompute) ops.rmsnorm_forward(s.x1, w[post_norm], sc.xn2, sc.rstd, N, d, c.norm_eps);  // else just made
@@ -154,7 +156,7 @@ void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x
   // Attention: x1 = x + o_proj(att)
   ops.linear_backward(sc.dx1, s.att, w[wo], sc.datt, false, g[wo], g[bo], N, qd, d);
   ops.attention_backward(s.q, s.k, s.v, w[sinks], s.att, s.lse, sc.datt, sc.dq, sc.dk, sc.dv, g[sinks],
-                         attn_shape(c, B, T));
+                         attn_shape(c, B, T, rows.positions));
   ops.rope_apply(sc.dq, N, T, Hq, hd, qd, rope, true);
   ops.rope_apply(sc.dk, N, T, Hkv, hd, kd, rope, true);
   const float* dq_lin = sc.dq;

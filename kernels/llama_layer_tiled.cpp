@@ -109,13 +109,17 @@ Carved carve(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t 
   return r;
 }
 
-// One tile: sequence b, positions [t0, t0 + n); r0 = its first row in the [B * T] buffers.
+// One tile: sequence b, positions [t0, t0 + n); r0 = its first row in the [B * T] buffers. positions:
+// documents' positions of the sequence's rows (BatchRows::positions + b * T; null in the stream).
 struct Tile {
   std::int64_t b, t0, n, r0;
+  const std::int32_t* positions = nullptr;
 };
 
-RopeTables at_positions(const RopeTables& all, std::int64_t t0, std::int64_t head_dim) {
-  return {all.cos + t0 * (head_dim / 2), all.sin + t0 * (head_dim / 2)};
+// The tables as the tile's rows read them: from row t0 on, or at the rows' documents' positions.
+RopeTables at_positions(const RopeTables& all, const Tile& t, std::int64_t head_dim) {
+  if (t.positions) return {all.cos, all.sin, t.positions + t.t0};
+  return {all.cos + t.t0 * (head_dim / 2), all.sin + t.t0 * (head_dim / 2)};
 }
 
 // n1 = rmsnorm(x) of the tile into tb.xn1.
@@ -133,11 +137,11 @@ void keys_values(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, co
   ops.linear_forward(tb.xn1, w[wk], w[bk], k_lin, t.n, d, kd);
   ops.linear_forward(tb.xn1, w[wv], w[bv], wh.V + t.r0 * kd, t.n, d, kd);
   if (c.qk_norm) ops.rmsnorm_forward(k_lin, w[k_norm], k, wh.rstd_k + t.r0 * Hkv, t.n * Hkv, hd, c.norm_eps);
-  ops.rope_apply(k, t.n, t.n, Hkv, hd, kd, at_positions(rope, t.t0, hd), false);
+  ops.rope_apply(k, t.n, t.n, Hkv, hd, kd, at_positions(rope, t, hd), false);
 }
 
 AttnShape tile_attention(const ModelConfig& c, const Tile& t) {
-  AttnShape a = attn_shape(c, 1, t.t0 + t.n);  // the tile's queries against the keys up to its end
+  AttnShape a = attn_shape(c, 1, t.t0 + t.n, t.positions);  // the tile's queries against the keys up to its end
   a.q_start = t.t0;
   return a;
 }
@@ -152,7 +156,7 @@ void attention_and_mlp(Ops& ops, const ModelConfig& c, const void* params, const
   float* q_lin = c.qk_norm ? tb.q_raw : tb.q;
   ops.linear_forward(tb.xn1, w[wq], w[bq], q_lin, t.n, d, qd);
   if (c.qk_norm) ops.rmsnorm_forward(tb.q_raw, w[q_norm], tb.q, tb.rstd_q, t.n * Hq, hd, c.norm_eps);
-  ops.rope_apply(tb.q, t.n, t.n, Hq, hd, qd, at_positions(rope, t.t0, hd), false);
+  ops.rope_apply(tb.q, t.n, t.n, Hq, hd, qd, at_positions(rope, t, hd), false);
   const std::int64_t seq0 = t.r0 - t.t0;  // the sequence's first row
   if (!attention_done)
     ops.attention_forward(tb.q, wh.K + seq0 * kd, wh.V + seq0 * kd, w[sinks], tb.att, tb.lse, tile_attention(c, t));
@@ -175,12 +179,13 @@ TileBufs with_attention(const ModelConfig& c, std::int64_t B, std::int64_t T, co
 }
 
 template <class F>
-void for_tiles(std::int64_t T, std::int64_t tile, std::int64_t b, bool reverse, F&& f) {
-  const std::int64_t count = (T + tile - 1) / tile;
+void for_tiles(const BatchRows& rows, std::int64_t tile, std::int64_t b, bool reverse, F&& f) {
+  const std::int64_t T = rows.seq, count = (T + tile - 1) / tile;
+  const std::int32_t* positions = rows.positions ? rows.positions + b * T : nullptr;
   for (std::int64_t i = 0; i < count; ++i) {
     const std::int64_t j = reverse ? count - 1 - i : i;
     const std::int64_t t0 = j * tile;
-    f(Tile{b, t0, std::min(tile, T - t0), b * T + t0}, i == 0);
+    f(Tile{b, t0, std::min(tile, T - t0), b * T + t0, positions}, i == 0);
   }
 }
 
@@ -200,15 +205,15 @@ std::size_t tiled_attention_floats(const ModelConfig& c, std::int64_t B, std::in
   return static_cast<std::size_t>(B * T * (c.q_dim() + c.num_attention_heads));
 }
 
-void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, std::int64_t tile, float* scratch, float* sequence, float* attention,
+void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
+                   const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence, float* attention,
                    const MoeBalance* balance) {
-  const std::int64_t d = c.hidden_size;
+  const std::int64_t B = rows.batch, T = rows.seq, d = c.hidden_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Carved cv = carve(c, B, T, std::min(tile, T), scratch, sequence);
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, c.head_dim, cv.w.cos_t, cv.w.sin_t);
   for (std::int64_t b = 0; b < B; ++b)
-    for_tiles(T, tile, b, false, [&](const Tile& t, bool) {
+    for_tiles(rows, tile, b, false, [&](const Tile& t, bool) {
       const TileBufs tb = with_attention(c, B, T, cv.t, t, attention);
       input_norm(ops, c, w, x_in, t, tb);
       keys_values(ops, c, w, cv.w, rope, t, tb);
@@ -219,9 +224,9 @@ void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const flo
 }
 
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
-                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, float* sequence,
+                    float* grads, const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence,
                     const float* attention, const MoeBalance* balance) {
-  const std::int64_t d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
+  const std::int64_t B = rows.batch, T = rows.seq, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
@@ -229,15 +234,15 @@ void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
   const Whole& wh = cv.w;
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, hd, wh.cos_t, wh.sin_t);
   for (std::int64_t b = 0; b < B; ++b) {
-    for_tiles(T, tile, b, false, [&](const Tile& t, bool) {  // 1. the sequence's keys and values
+    for_tiles(rows, tile, b, false, [&](const Tile& t, bool) {  // 1. the sequence's keys and values
       input_norm(ops, c, w, x_in, t, cv.t);
       keys_values(ops, c, w, wh, rope, t, cv.t);
     });
     const std::int64_t seq0 = b * T;
-    for_tiles(T, tile, b, true, [&](const Tile& t, bool first) {  // 2. tiles from the last
+    for_tiles(rows, tile, b, true, [&](const Tile& t, bool first) {  // 2. tiles from the last
       const TileBufs tb = with_attention(c, B, T, cv.t, t, attention);
       const std::size_t nd = static_cast<std::size_t>(t.n * d);
-      const RopeTables rope_t = at_positions(rope, t.t0, hd);
+      const RopeTables rope_t = at_positions(rope, t, hd);
       input_norm(ops, c, w, x_in, t, tb);
       attention_and_mlp(ops, c, params, w, wh, rope, x_in, t, tb, nullptr, nullptr, attention != nullptr);
       // MLP: y = x1 + ffn(n2)

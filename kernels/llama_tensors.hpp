@@ -28,11 +28,13 @@ Bound<P> bind(const ModelConfig& c, P base, Precision prec) {  // offsets looked
       per_shape<TensorOffsets<kTensors>>(c, [&] { return find_offsets(cached_layer_layout(c), kNames); }), base, prec);
 }
 
-inline AttnShape attn_shape(const ModelConfig& c, std::int64_t B, std::int64_t T) {
+inline AttnShape attn_shape(const ModelConfig& c, std::int64_t B, std::int64_t T,
+                            const std::int32_t* positions = nullptr) {
   AttnShape a;
   a.batch = B, a.seq = T, a.q_heads = c.num_attention_heads, a.kv_heads = c.num_key_value_heads;
   a.head_dim = c.head_dim, a.q_stride = c.q_dim(), a.kv_stride = c.kv_dim(), a.o_stride = c.q_dim();
   a.window = c.attention_window();
+  a.positions = positions;
   return a;
 }
 
@@ -48,11 +50,11 @@ std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int6
 std::size_t tiled_sequence_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
 // attention (non-null): every tile's attention output then log-sum-exp, B x T x (q_dim + heads) floats.
 std::size_t tiled_attention_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
-void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t B,
-                   std::int64_t T, std::int64_t tile, float* scratch, float* sequence, float* attention,
+void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
+                   const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence, float* attention,
                    const MoeBalance* balance);
 void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
-                    float* grads, std::int64_t B, std::int64_t T, std::int64_t tile, float* scratch, float* sequence,
+                    float* grads, const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence,
                     const float* attention, const MoeBalance* balance);
 
 }  // namespace mt::detail::llama

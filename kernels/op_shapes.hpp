@@ -43,12 +43,16 @@ static_assert(sizeof(RopeParams) == 72, "a RopeParams field was added: compare i
 // backward add into dk, dv instead of overwriting them, so a sequence's query tiles accumulate them.
 // Sliding window (gpt-oss, transformers' sliding_window mask): with window > 0 the query at position p sees
 // only the keys p - window + 1 .. p.
+// Documents (data.packing = documents): with positions non-null, positions[b * seq + p] is the query's
+// position within its document, so it sees only the keys p - positions[..] .. p (its document's), combined
+// with the window by the later start. Rows [batch * seq], whole sequences even when q_start > 0.
 struct AttnShape {
   std::int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   std::int64_t q_stride = 0, kv_stride = 0, o_stride = 0;
-  std::int64_t q_start = 0;   // position of the first query row (0: every position is a query)
-  bool add_kv_grads = false;  // backward: dk += , dv += (else =)
-  std::int64_t window = 0;    // 0: every earlier position (plain causal)
+  std::int64_t q_start = 0;                 // position of the first query row (0: every position is a query)
+  bool add_kv_grads = false;                // backward: dk += , dv += (else =)
+  std::int64_t window = 0;                  // 0: every earlier position (plain causal)
+  const std::int32_t* positions = nullptr;  // null: one document per row (the stream)
   std::int64_t q_rows() const { return seq - q_start; }
 };
 
@@ -64,10 +68,12 @@ struct RouteShape {
   std::int64_t choices() const { return tokens * top_k; }  // rows the experts compute, all of them together
 };
 
-// cos / sin [seq, head_dim / 2] for positions 0..seq-1, where the ops read them.
+// cos / sin [seq, head_dim / 2] for positions 0..seq-1, where the ops read them. positions (documents;
+// null: row % seq) is where rope_apply reads each row's position instead, one int32 per row of its call.
 struct RopeTables {
   const float* cos = nullptr;
   const float* sin = nullptr;
+  const std::int32_t* positions = nullptr;
 };
 
 }  // namespace mt

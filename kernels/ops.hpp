@@ -145,8 +145,8 @@ class Ops {
                                  float* sin_room) {
     unsupported("rope_tables");
   }
-  // In place on x[rows, heads, head_dim], `row_stride` floats between tokens, position = row % seq;
-  // inverse applies the transpose rotation (the backward).
+  // In place on x[rows, heads, head_dim], `row_stride` floats between tokens, position = row % seq, or
+  // t.positions[row] when non-null (documents); inverse applies the transpose rotation (the backward).
   virtual void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
                           std::int64_t row_stride, const RopeTables& t, bool inverse) {
     unsupported("rope_apply");
@@ -198,12 +198,15 @@ class Ops {
 
   // ---- embedding: x_out[r] = wte[tokens[r]] (+ wpe[r % seq]); the backward adds rows in token order ----
   // Tokens are ids the backend can read where it computes (Backend::upload_tokens), validated before.
+  // positions (documents; null: r % seq): wpe's row for each of the N rows, where the tokens are.
   virtual void embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N,
-                                 std::int64_t seq, std::int64_t d, float* x_out) {
+                                 std::int64_t seq, std::int64_t d, float* x_out,
+                                 const std::int32_t* positions = nullptr) {
     unsupported("embedding_forward");
   }
   virtual void embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq,
-                                  std::int64_t d, float* dwte_acc, float* dwpe_acc) {
+                                  std::int64_t d, float* dwte_acc, float* dwpe_acc,
+                                  const std::int32_t* positions = nullptr) {
     unsupported("embedding_backward");
   }
 

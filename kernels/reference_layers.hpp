@@ -150,7 +150,8 @@ void moe_ffn_backward(const ModelConfig& c, const ParamLayout& l, const T* p, co
 }
 
 template <class T>
-LlamaActs<T> llama_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i64 S) {
+LlamaActs<T> llama_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i64 S,
+                           const std::int32_t* positions = nullptr) {
   const ParamLayout l = layer_layout(c, 0);
   const i64 N = B * S, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
   const i64 hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
@@ -175,11 +176,11 @@ LlamaActs<T> llama_forward(const ModelConfig& c, const T* p, const T* x, i64 B, 
   }
   Vec<T> cs, sn;
   rope_tables(c, S, cs, sn);
-  rope(a.q.data(), N, S, Hq, hd, qd, cs.data(), sn.data(), false);
-  rope(a.k.data(), N, S, Hkv, hd, kd, cs.data(), sn.data(), false);
+  rope(a.q.data(), N, S, Hq, hd, qd, cs.data(), sn.data(), false, positions);
+  rope(a.k.data(), N, S, Hkv, hd, kd, cs.data(), sn.data(), false, positions);
   a.att = zeros<T>(N * qd);
   attention(a.q.data(), a.k.data(), a.v.data(), a.att.data(), B, S, Hq, Hkv, hd, qd, kd, qd, 0, c.attention_window(),
-            tensor(l, p, "self_attn.sinks"));
+            tensor(l, p, "self_attn.sinks"), positions);
   a.x1 = zeros<T>(N * d);
   linear(a.att.data(), tensor(l, p, "self_attn.o_proj.weight"), tensor(l, p, "self_attn.o_proj.bias"), a.x1.data(), N,
          qd, d);
@@ -203,12 +204,13 @@ LlamaActs<T> llama_forward(const ModelConfig& c, const T* p, const T* x, i64 B, 
 }
 
 template <class T>
-void llama_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T* dx, T* grads, i64 B, i64 S) {
+void llama_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T* dx, T* grads, i64 B, i64 S,
+                    const std::int32_t* positions = nullptr) {
   const ParamLayout l = layer_layout(c, 0);
   const i64 N = B * S, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim(), ff = c.intermediate_size;
   const i64 hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const T eps = T(c.norm_eps);
-  const LlamaActs<T> a = llama_forward(c, p, x, B, S);
+  const LlamaActs<T> a = llama_forward(c, p, x, B, S, positions);
   auto P = [&](const char* n) { return tensor(l, p, n); };
   auto G = [&](const char* n) { return tensor(l, grads, n); };
   Vec<T> dx1(dy, dy + N * d), dxn2 = zeros<T>(N * d);
@@ -230,11 +232,11 @@ void llama_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T
   linear_backward(a.att.data(), P("self_attn.o_proj.weight"), dx1.data(), datt.data(), G("self_attn.o_proj.weight"),
                   G("self_attn.o_proj.bias"), N, qd, d);
   attention_backward(a.q.data(), a.k.data(), a.v.data(), datt.data(), dq.data(), dk.data(), dv.data(), B, S, Hq, Hkv,
-                     hd, qd, kd, qd, 0, c.attention_window(), P("self_attn.sinks"), G("self_attn.sinks"));
+                     hd, qd, kd, qd, 0, c.attention_window(), P("self_attn.sinks"), G("self_attn.sinks"), positions);
   Vec<T> cs, sn;
   rope_tables(c, S, cs, sn);
-  rope(dq.data(), N, S, Hq, hd, qd, cs.data(), sn.data(), true);
-  rope(dk.data(), N, S, Hkv, hd, kd, cs.data(), sn.data(), true);
+  rope(dq.data(), N, S, Hq, hd, qd, cs.data(), sn.data(), true, positions);
+  rope(dk.data(), N, S, Hkv, hd, kd, cs.data(), sn.data(), true, positions);
   if (c.qk_norm) {
     Vec<T> dqr = zeros<T>(N * qd), dkr = zeros<T>(N * kd);
     rmsnorm_backward(a.q_raw.data(), P("self_attn.q_norm.weight"), dq.data(), dqr.data(), G("self_attn.q_norm.weight"),
@@ -261,7 +263,8 @@ struct Gpt2Acts {
 };
 
 template <class T>
-Gpt2Acts<T> gpt2_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i64 S) {
+Gpt2Acts<T> gpt2_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i64 S,
+                         const std::int32_t* positions = nullptr) {
   const ParamLayout l = layer_layout(c, 0);
   const i64 N = B * S, d = c.hidden_size, ff = c.intermediate_size, H = c.num_attention_heads, hd = c.head_dim;
   const T eps = T(c.norm_eps);
@@ -272,7 +275,8 @@ Gpt2Acts<T> gpt2_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i6
   a.qkv = zeros<T>(N * 3 * d);
   linear(a.xn1.data(), P("attn.c_attn.weight"), P("attn.c_attn.bias"), a.qkv.data(), N, d, 3 * d);
   a.att = zeros<T>(N * d);
-  attention(a.qkv.data(), a.qkv.data() + d, a.qkv.data() + 2 * d, a.att.data(), B, S, H, H, hd, 3 * d, 3 * d, d);
+  attention(a.qkv.data(), a.qkv.data() + d, a.qkv.data() + 2 * d, a.att.data(), B, S, H, H, hd, 3 * d, 3 * d, d, 0, 0,
+            static_cast<const T*>(nullptr), positions);
   a.x1 = zeros<T>(N * d);
   linear(a.att.data(), P("attn.c_proj.weight"), P("attn.c_proj.bias"), a.x1.data(), N, d, d);
   for (i64 i = 0; i < N * d; ++i) a.x1[i] += x[i];
@@ -289,11 +293,12 @@ Gpt2Acts<T> gpt2_forward(const ModelConfig& c, const T* p, const T* x, i64 B, i6
 }
 
 template <class T>
-void gpt2_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T* dx, T* grads, i64 B, i64 S) {
+void gpt2_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T* dx, T* grads, i64 B, i64 S,
+                   const std::int32_t* positions = nullptr) {
   const ParamLayout l = layer_layout(c, 0);
   const i64 N = B * S, d = c.hidden_size, ff = c.intermediate_size, H = c.num_attention_heads, hd = c.head_dim;
   const T eps = T(c.norm_eps);
-  const Gpt2Acts<T> a = gpt2_forward(c, p, x, B, S);
+  const Gpt2Acts<T> a = gpt2_forward(c, p, x, B, S, positions);
   auto P = [&](const char* n) { return tensor(l, p, n); };
   auto G = [&](const char* n) { return tensor(l, grads, n); };
   Vec<T> dx1(dy, dy + N * d), dact = zeros<T>(N * ff), dfc = zeros<T>(N * ff), dxn2 = zeros<T>(N * d);
@@ -308,7 +313,8 @@ void gpt2_backward(const ModelConfig& c, const T* p, const T* x, const T* dy, T*
   linear_backward(a.att.data(), P("attn.c_proj.weight"), dx1.data(), datt.data(), G("attn.c_proj.weight"),
                   G("attn.c_proj.bias"), N, d, d);
   attention_backward(a.qkv.data(), a.qkv.data() + d, a.qkv.data() + 2 * d, datt.data(), dqkv.data(), dqkv.data() + d,
-                     dqkv.data() + 2 * d, B, S, H, H, hd, 3 * d, 3 * d, d);
+                     dqkv.data() + 2 * d, B, S, H, H, hd, 3 * d, 3 * d, d, 0, 0, static_cast<const T*>(nullptr),
+                     static_cast<T*>(nullptr), positions);
   linear_backward(a.xn1.data(), P("attn.c_attn.weight"), dqkv.data(), dxn1.data(), G("attn.c_attn.weight"),
                   G("attn.c_attn.bias"), N, d, 3 * d);
   for (i64 i = 0; i < N * d; ++i) dx[i] += dx1[i];

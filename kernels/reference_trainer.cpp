@@ -45,9 +45,11 @@ void ReferenceTrainer::refresh_compute_copies() {
     cpu::to_bf16(params(static_cast<std::int64_t>(s)), copies_[s].data(), copies_[s].size(), opt_.threads);
 }
 
-LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t* targets) {
+LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t* targets,
+                                           const std::int32_t* positions) {
   const ModelConfig& c = opt_.config;
   const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq, S = L + 2;
+  const BatchRows rows{B, T, positions};
   const ComputeCtx ctx = this->ctx();
   const bool keep = opt_.mode == ActivationMode::keep;
   // The load-balancing loss: each MoE layer's statistics from its forward (step_math.hpp).
@@ -55,7 +57,7 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
   std::vector<std::vector<std::int64_t>> counts;
   std::vector<std::vector<float>> prob_sums;
   // Forward: stage 0, layers, and the head (which also runs its backward, fused).
-  embedding_forward(c, weights(0), tokens, B, T, acts_[0].get(), ctx);
+  embedding_forward(c, weights(0), tokens, rows, acts_[0].get(), ctx);
   for (std::int64_t l = 0; l < L; ++l) {
     MoeBalance stats;
     if (balanced && c.layer_is_moe(l)) {
@@ -64,7 +66,7 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
       stats.counts = counts.back().data();
       stats.prob_sums = prob_sums.back().data();
     }
-    layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T,
+    layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), rows,
                   keep ? saved_[l].get() : nullptr, workspace_.get(), ctx, stats.counts ? &stats : nullptr);
   }
   for (std::int64_t s = 0; s < S; ++s) cpu::zero(staging_[s].get(), layouts_[s].total_floats, opt_.threads);
@@ -82,16 +84,16 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
     MoeBalance grad;
     if (balanced && c.layer_is_moe(l)) grad.grad = term.grad.data();
     layer_backward(c.layer_config(l), weights(l + 1), acts_[l].get(), keep ? saved_[l].get() : nullptr, dy, dx,
-                   staging_[l + 1].get(), B, T, workspace_.get(), ctx, grad.grad ? &grad : nullptr);
+                   staging_[l + 1].get(), rows, workspace_.get(), ctx, grad.grad ? &grad : nullptr);
     cpu::accumulate(grads(l + 1), staging_[l + 1].get(), layouts_[l + 1].total_floats, opt_.threads);
     std::swap(dx, dy);
   }
-  embedding_backward(c, tokens, B, T, dy, staging_[0].get(), ctx);
+  embedding_backward(c, tokens, rows, dy, staging_[0].get(), ctx);
   cpu::accumulate(grads(0), staging_[0].get(), layouts_[0].total_floats, opt_.threads);
   return loss;
 }
 
-StepStats ReferenceTrainer::step(const token_t* tokens, const token_t* targets) {
+StepStats ReferenceTrainer::step(const token_t* tokens, const token_t* targets, const std::int32_t* positions) {
   const ModelConfig& c = opt_.config;
   const std::int64_t S = mt::num_stages(c);
   const std::size_t per_micro = static_cast<std::size_t>(opt_.micro_batch * opt_.seq);
@@ -101,7 +103,8 @@ StepStats ReferenceTrainer::step(const token_t* tokens, const token_t* targets) 
   double loss_sum = 0.0;
   std::int64_t counted = 0;
   for (std::int64_t m = 0; m < opt_.grad_accum; ++m) {
-    const LossSum l = forward_backward(tokens + m * per_micro, targets + m * per_micro);
+    const LossSum l = forward_backward(tokens + m * per_micro, targets + m * per_micro,
+                                       positions ? positions + m * per_micro : nullptr);
     loss_sum += l.loss_sum;
     counted += l.counted;
   }
@@ -115,18 +118,19 @@ StepStats ReferenceTrainer::step(const token_t* tokens, const token_t* targets) 
   return StepStats{step_, scale.loss, scale.grad_norm, scale.clip, counted};
 }
 
-double ReferenceTrainer::eval_loss(const token_t* tokens, const token_t* targets) {
-  const LossSum loss = eval_loss_sum(tokens, targets);
+double ReferenceTrainer::eval_loss(const token_t* tokens, const token_t* targets, const std::int32_t* positions) {
+  const LossSum loss = eval_loss_sum(tokens, targets, positions);
   return loss.counted ? loss.loss_sum / static_cast<double>(loss.counted) : 0.0;
 }
 
-LossSum ReferenceTrainer::eval_loss_sum(const token_t* tokens, const token_t* targets) {
+LossSum ReferenceTrainer::eval_loss_sum(const token_t* tokens, const token_t* targets, const std::int32_t* positions) {
   const ModelConfig& c = opt_.config;
   const std::int64_t L = c.num_hidden_layers, B = opt_.micro_batch, T = opt_.seq;
+  const BatchRows rows{B, T, positions};
   const ComputeCtx ctx = this->ctx();
-  embedding_forward(c, weights(0), tokens, B, T, acts_[0].get(), ctx);
+  embedding_forward(c, weights(0), tokens, rows, acts_[0].get(), ctx);
   for (std::int64_t l = 0; l < L; ++l)
-    layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), B, T, nullptr,
+    layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), rows, nullptr,
                   workspace_.get(), ctx);
   const LossSum loss = head_forward_backward(c, weights(L + 1), weights(0), acts_[L].get(), targets, B, T, nullptr,
                                              nullptr, nullptr, workspace_.get(), ctx);

@@ -44,11 +44,13 @@ class ReferenceTrainer {
 
   // One optimizer step over grad_accum micro-batches; tokens and targets each hold
   // grad_accum * micro_batch * seq ids, micro-batch after micro-batch. Validates before computing.
-  StepStats step(const token_t* tokens, const token_t* targets);
+  // positions (data.packing = documents; null: the stream): as many, each token's position within its
+  // document (BatchRows::positions), micro-batch after micro-batch.
+  StepStats step(const token_t* tokens, const token_t* targets, const std::int32_t* positions = nullptr);
   // Loss only (no gradients, no update): mean over counted tokens of one micro-batch.
-  double eval_loss(const token_t* tokens, const token_t* targets);
+  double eval_loss(const token_t* tokens, const token_t* targets, const std::int32_t* positions = nullptr);
   // The same as a sum over counted tokens, and the count (the engine's evaluation oracle).
-  LossSum eval_loss_sum(const token_t* tokens, const token_t* targets);
+  LossSum eval_loss_sum(const token_t* tokens, const token_t* targets, const std::int32_t* positions = nullptr);
 
   void set_lr(float lr) { opt_.hyper.lr = lr; }
   std::int64_t num_stages() const { return static_cast<std::int64_t>(layouts_.size()); }
@@ -69,7 +71,7 @@ class ReferenceTrainer {
 
   // Forward and backward of one micro-batch adding into the gradient accumulators through zeroed
   // staging buffers (exactly the engine's sequence); returns its loss sum and counted tokens.
-  LossSum forward_backward(const token_t* tokens, const token_t* targets);
+  LossSum forward_backward(const token_t* tokens, const token_t* targets, const std::int32_t* positions = nullptr);
 
  private:
   float* section(std::int64_t stage, std::size_t offset) {

@@ -44,6 +44,15 @@ namespace mt {
 using token_t = std::int32_t;
 inline constexpr token_t kIgnoreIndex = -100;  // targets equal to this are not counted
 
+// A micro-batch's rows: `batch` sequences of `seq` tokens and, with documents (data.packing = documents),
+// each token's position within its document, [batch * seq] where the backend computes (null: the stream,
+// position = t). A token sees only the earlier tokens of its own document; RoPE and GPT-2's learned
+// positions read its position. The stages that need positions take this instead of (batch, seq).
+struct BatchRows {
+  std::int64_t batch = 0, seq = 0;
+  const std::int32_t* positions = nullptr;
+};
+
 // The load-balancing loss (ModelConfig::output_router_logits) exchanged with one MoE layer for one
 // micro-batch: the forward writes the layer's statistics into host arrays of num_experts (overwritten),
 // the backward reads the per-expert gradient the step computed from every layer's statistics
@@ -78,6 +87,9 @@ enum class ActivationMode { recompute, keep };
 void validate_batch_shape(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
 void validate_tokens(const ModelConfig& c, const token_t* tokens, std::size_t n);    // every id in [0, vocab_size)
 void validate_targets(const ModelConfig& c, const token_t* targets, std::size_t n);  // in [0, vocab_size) or -100
+// Documents' positions (BatchRows::positions, on the host): each row starts at 0 and each position is 0
+// (a document starts) or the one before plus 1.
+void validate_positions(const std::int32_t* positions, std::int64_t batch, std::int64_t seq);
 
 // ---- Initialisation (Hugging Face conventions) ----
 // normal(0, initializer_range) for matrices and embeddings, norm weights 1, biases 0; GPT-2's
@@ -97,6 +109,11 @@ void embedding_forward(const ModelConfig& c, const void* params, const token_t* 
 // token order whatever the thread count.
 void embedding_backward(const ModelConfig& c, const token_t* tokens, std::int64_t batch, std::int64_t seq,
                         const float* dx, float* grads, const ComputeCtx& ctx);
+// The same with documents' positions (rows.positions on the host, validated here; null: as above).
+void embedding_forward(const ModelConfig& c, const void* params, const token_t* tokens, const BatchRows& rows,
+                       float* x_out, const ComputeCtx& ctx);
+void embedding_backward(const ModelConfig& c, const token_t* tokens, const BatchRows& rows, const float* dx,
+                        float* grads, const ComputeCtx& ctx);
 
 // ---- Stages 1..L: decoder layers (Llama/Qwen2/Qwen3/Mistral, or GPT-2 by c.arch) ----
 // Floats of the intermediates a forward keeps for a no-recompute backward.
@@ -142,6 +159,12 @@ void layer_forward(const ModelConfig& c, const void* params, const float* x_in, 
 void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
                     float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
                     const ComputeCtx& ctx, const MoeBalance* balance = nullptr);
+// The same with documents' positions (rows.positions on the host, validated here; null: as above).
+void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
+                   float* saved, float* workspace, const ComputeCtx& ctx, const MoeBalance* balance = nullptr);
+void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
+                    float* dx, float* grads, const BatchRows& rows, float* workspace, const ComputeCtx& ctx,
+                    const MoeBalance* balance = nullptr);
 
 // ---- Stage L+1: head = final norm, LM head, softmax cross-entropy, fused and chunked over tokens ----
 // B x T x V logits are never materialised: head_chunk_tokens(c, batch, seq) rows at a time (a pure

@@ -30,4 +30,16 @@ void validate_targets(const ModelConfig& c, const token_t* targets, std::size_t 
                                   std::to_string(c.vocab_size) + ")");
 }
 
+void validate_positions(const std::int32_t* positions, std::int64_t batch, std::int64_t seq) {
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t t = 0; t < seq; ++t) {
+      const std::int32_t p = positions[b * seq + t];
+      const bool ok = p == 0 || (t > 0 && p == positions[b * seq + t - 1] + 1);
+      if (!ok)
+        throw std::invalid_argument("document position " + std::to_string(p) + " at row " + std::to_string(b) +
+                                    ", token " + std::to_string(t) +
+                                    " is neither 0 (a document starts) nor the previous token's plus 1");
+    }
+}
+
 }  // namespace mt

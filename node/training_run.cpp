@@ -201,6 +201,7 @@ bool TrainingRun::check_model_and_data() {
       lo.seq_len = static_cast<int>(cfg_.data.seq_length);
       lo.seed = static_cast<std::uint64_t>(cfg_.train.seed);
       lo.vocab_size = static_cast<std::uint32_t>(model_.vocab_size);
+      lo.documents = cfg_.data.packing == "documents";
       TrainConfig::check_vocab(model_, tokenizer_vocab, -1);
       // Shard headers and sizes are checked here (the loader opens every shard); token ids where they
       // are read (every window the loader serves is checked against the vocabulary, naming the file
@@ -215,7 +216,7 @@ bool TrainingRun::check_model_and_data() {
         try {
           return make_eval_source(cfg_.data.validation_files, static_cast<int>(plan_.batch),
                                   static_cast<int>(plan_.seq), static_cast<std::uint32_t>(model_.vocab_size),
-                                  cfg_.train.eval_max_batches);
+                                  cfg_.train.eval_max_batches, cfg_.data.packing == "documents");
         } catch (const data::TooFewTokens& e) {
           too_short = e.what();
           return nullptr;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "actors/schedule.hpp"
+#include "data/loader.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/param_layout.hpp"
@@ -102,14 +103,15 @@ double model_flops_per_step(const ModelConfig& model, double tokens, double seq)
 }
 
 LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_t seq,
-                       double attention_backward_products) {
+                       double attention_backward_products, double document_pairs) {
   const double B = static_cast<double>(batch), T = static_cast<double>(seq);
   // The causal pairs of a sequence, averaged over the layers: T (T + 1) / 2, or within a sliding window W
   // (gpt-oss's, Mistral's) W (W + 1) / 2 + (T - W) W once T > W (the kernels skip the blocks outside it).
   double pairs = 0;
   for (std::int64_t l = 0; l < model.num_hidden_layers; ++l) {
     const double W = model.layer_slides(l) ? static_cast<double>(model.sliding_window) : 0.0;
-    pairs += W > 0 && T > W ? W * (W + 1.0) / 2.0 + (T - W) * W : T * (T + 1.0) / 2.0;
+    const double layer = W > 0 && T > W ? W * (W + 1.0) / 2.0 + (T - W) * W : T * (T + 1.0) / 2.0;
+    pairs += document_pairs > 0 ? std::min(layer, document_pairs) : layer;
   }
   pairs /= static_cast<double>(std::max<std::int64_t>(1, model.num_hidden_layers));
   // One product over those pairs of every query head: 2 x head_dim FLOPs a pair.
@@ -126,7 +128,12 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
   const double tokens = static_cast<double>(plan.batch * plan.seq);
   const double rate =
       (cfg.precision() == Precision::bf16 ? hw.device_flops_bf16 : hw.device_flops_fp32) * hw.achievable_fraction;
-  const LayerFlops f = layer_flops(model, plan.batch, plan.seq);
+  double document_pairs = 0;  // documents: the shards' own pairs (the stream's when they cannot be read)
+  if (cfg.data.packing == "documents") try {
+      document_pairs = data::document_pairs_per_window({cfg.data.train_files}, static_cast<int>(plan.seq));
+    } catch (const data::DataError&) {
+    }
+  const LayerFlops f = layer_flops(model, plan.batch, plan.seq, kCudaAttentionBackwardProducts, document_pairs);
   const bool recompute = plan.mode == ActivationMode::recompute;
   OpTimes t;
   t.layer_forward = f.forward() / rate;

@@ -56,15 +56,19 @@ struct LayerFlops {
   }
 };
 // causal pairs per sequence: T (T + 1) / 2 (within a sliding window fewer, averaged over the layers).
+// document_pairs > 0 (data.packing = documents: data::document_pairs_per_window of the training shards):
+// a sequence's pairs within its documents; a sliding-window layer counts the fewer of the two (an upper
+// bound of the pairs both masks keep).
 LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_t seq,
-                       double attention_backward_products = kCudaAttentionBackwardProducts);
+                       double attention_backward_products = kCudaAttentionBackwardProducts,
+                       double document_pairs = 0.0);
 
-// From FLOPs (layer_flops with the CUDA kernel's products: datasheet profiles are GPUs) at the profile's
-// rate x achievable_fraction: a layer's forward and backward (recomputing the forward in recompute mode,
-// less its attention with EnginePlan::attention_kept),
-// the head 6 x vocab x hidden per token. Attention runs at the same rate: an assumption (this engine's
-// CUDA attention kernel does fp32 dot products on CUDA cores, not tensor cores; its rate on a GPU is not
-// measured yet), which weighs most at long context, where attention is most of a layer's FLOPs.
+// From FLOPs (layer_flops with the CUDA kernel's products: datasheet profiles are GPUs; with data.packing =
+// documents the pairs of the training shards' documents, or the stream's when their `.docs` cannot be read) at the
+// profile's rate x achievable_fraction: a layer's forward and backward (recomputing the forward in recompute mode, less
+// its attention with EnginePlan::attention_kept), the head 6 x vocab x hidden per token. Attention runs at the same
+// rate: an assumption (this engine's CUDA attention kernel does fp32 dot products on CUDA cores, not tensor cores; its
+// rate on a GPU is not measured yet), which weighs most at long context, where attention is most of a layer's FLOPs.
 OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
                             const HardwareProfile& hw);
 // This machine (the CPU backend): the engine's own stage kernels timed once at the plan's shapes and

@@ -347,7 +347,7 @@ const float* CudaBackend::upload_floats(const float* host, std::size_t n, int sl
 }
 
 const token_t* CudaBackend::upload_tokens(const token_t* host_tokens, std::size_t n, int slot) {
-  if (slot < 0 || slot > 3) throw std::invalid_argument("CUDA upload_tokens: slot must be 0..3");
+  if (slot < 0 || slot > 5) throw std::invalid_argument("CUDA upload_tokens: slot must be 0..5");
   select_device();
   std::lock_guard<std::mutex> lock(token_mu_);
   TokenSlot& s = slots_[slot];

@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
   std::vector<void*> mapped_;  // cudaHostAlloc'ed (mapped) host memory: allocate_mapped_host
   PinnedRanges pinned_;        // cudaHostRegister'ed host ranges
   std::mutex token_mu_;
-  TokenSlot slots_[4];
+  TokenSlot slots_[6];  // inputs, targets and (documents) positions of the two micro-batches in flight
   struct FloatSlot {
     std::vector<float> host;  // the source of the last upload's copy
     float* device = nullptr;

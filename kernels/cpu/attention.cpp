@@ -8,8 +8,9 @@
 // dk/dv rows it writes -- and every task runs the same sequence whatever the thread count.
 // Sequence tiles (AttnShape::q_start): the query rows are positions q_start.. of each sequence; key
 // blocks stay aligned to position 0, so a query row meets its keys in the same blocks either way.
-// Sliding window (AttnShape::window): key blocks wholly before a query block's window are skipped, and
-// each row masks its keys outside [p - window + 1, p]. Sinks (gpt-oss): one logit per head joins each
+// Sliding window (AttnShape::window) and documents (AttnShape::positions): key blocks wholly before a
+// query block's first key (its first row's window or document start) are skipped, never computed, and
+// each row masks its keys outside [its first key, p]. Sinks (gpt-oss): one logit per head joins each
 // row's softmax at the end of the forward; the saved lse includes it, so the backward's probabilities
 // are exact as they are, and d(sink) is summed in a pass of its own (per head, batch and rows in order).
 // Block products (AttnProducts): fp32 sgemm on the operands as they are, or, in a bf16 run where they
@@ -102,22 +103,27 @@ float scale_max(float* s, std::int64_t n, float scale, float m) {
   return m;
 }
 
+// The first key position `q` may see: its window's start and, with documents (AttnShape::positions,
+// row: the sequence's), its document's start. Never decreasing in q: a block's first row has the lowest.
+inline std::int64_t key_floor(std::int64_t q, std::int64_t window, const std::int32_t* row) {
+  std::int64_t lo = window > 0 ? q - window + 1 : 0;
+  if (row) lo = std::max<std::int64_t>(lo, q - row[q]);
+  return std::max<std::int64_t>(0, lo);
+}
 // The keys query position `q` may see within the key block starting at k0 ([lo, hi) of its kn columns):
-// causal, and within the window when there is one.
+// causal, and from its key floor on.
 struct Visible {
   std::int64_t lo, hi;
   bool empty() const { return hi <= lo; }
 };
-inline Visible visible(std::int64_t q, std::int64_t k0, std::int64_t kn, std::int64_t window) {
+inline Visible visible(std::int64_t q, std::int64_t k0, std::int64_t kn, std::int64_t window, const std::int32_t* row) {
   const std::int64_t hi = std::max<std::int64_t>(0, std::min(kn, q - k0 + 1));
-  const std::int64_t lo = window > 0 ? std::clamp<std::int64_t>(q - window + 1 - k0, 0, hi) : 0;
+  const std::int64_t lo = std::clamp<std::int64_t>(key_floor(q, window, row) - k0, 0, hi);
   return {lo, hi};
 }
-// The first key block a query block starting at position pos0 meets (its first row's window start).
-inline std::int64_t first_key_block(std::int64_t pos0, std::int64_t window) {
-  if (window <= 0) return 0;
-  const std::int64_t first = std::max<std::int64_t>(0, pos0 - window + 1);
-  return first / kKeyBlock * kKeyBlock;
+// The first key block a query block starting at position pos0 meets (its first row's key floor).
+inline std::int64_t first_key_block(std::int64_t pos0, std::int64_t window, const std::int32_t* row) {
+  return key_floor(pos0, window, row) / kKeyBlock * kKeyBlock;
 }
 
 // Sink logits widened to fp32 (they arrive in the run's precision), into the calling thread's room.
@@ -186,6 +192,7 @@ struct PairBlocks {
   Rooms& r;
   std::int64_t k_lo = 0, keys = 0;
   float *dkb = nullptr, *dvb = nullptr;
+  const float *packed_k = nullptr, *packed_v = nullptr;  // the forward's head packed last in this call
 
   // Rooms above this are freed when the call ends: at long context they are the keys' size, and the
   // fp32 path keeps nothing of that size between calls either.
@@ -216,8 +223,12 @@ struct PairBlocks {
   // Keys [k_lo, k_hi) of this task, k_lo on a key block's start. Forward: K^T by key blocks (each block's
   // hd2 x kKeyBlock words together) and V as pairs of rows; backward adds V^T by blocks and K as pairs of
   // rows, and zeroes the dk, dv accumulators.
+  // The forward's tasks of one kv head's query heads often follow each other on a thread: the keys and
+  // values this call packed last are packed already (the same words; within one call they do not change).
   void head(const float* k_head, const float* v_head, float* dk_head, float* dv_head, std::int64_t lo,
             std::int64_t hi) {
+    if (!dk_head && k_head == packed_k && v_head == packed_v && lo == k_lo && hi - lo == keys) return;
+    packed_k = dk_head ? nullptr : k_head, packed_v = v_head;
     k_lo = lo, keys = hi - lo, dkb = dk_head, dvb = dv_head;
     const std::int64_t blocks = (keys + kKeyBlock - 1) / kKeyBlock, pairs = (keys + 1) / 2;
     auto by_blocks = [&](const float* x, std::vector<pair_t>& out) {
@@ -311,8 +322,9 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / a.q_heads, h = task % a.q_heads, kvh = h / group;
+      const std::int32_t* row = a.positions ? a.positions + b * T : nullptr;
       blocks_of.head(k + b * T * a.kv_stride + kvh * hd, v + b * T * a.kv_stride + kvh * hd, nullptr, nullptr,
-                     first_key_block(q_start, W), T);
+                     first_key_block(q_start, W, row), T);
       for (std::int64_t g0 = 0; g0 < Q; g0 += kGroup * kQueryBlock) {  // g0: the group's first query row
         const std::int64_t blocks = std::min<std::int64_t>(kGroup, (Q - g0 + kQueryBlock - 1) / kQueryBlock);
         const std::int64_t g_end = q_start + std::min(Q, g0 + kGroup * kQueryBlock);  // the group's last position + 1
@@ -323,10 +335,10 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
           const std::int64_t q0 = g0 + j * kQueryBlock;
           blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, nullptr, std::min(kQueryBlock, Q - q0));
         }
-        for (std::int64_t k0 = first_key_block(q_start + g0, W); k0 < g_end; k0 += kKeyBlock) {
+        for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
           for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
             const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0), pos0 = q_start + q0;
-            if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W)) continue;
+            if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W, row)) continue;
             const std::int64_t kn = std::min(kKeyBlock, pos0 + qn - k0);
             float* Oj = O.data() + j * kQueryBlock * hd;
             float* mj = m.data() + j * kQueryBlock;
@@ -334,7 +346,7 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
             blocks_of.scores(j, q + (b * Q + q0) * a.q_stride + h * hd, qn, k0, kn, S.data());
             for (std::int64_t i = 0; i < qn; ++i) {
               float* s = S.data() + i * kKeyBlock;
-              const Visible vis = visible(pos0 + i, k0, kn, W);
+              const Visible vis = visible(pos0 + i, k0, kn, W, row);
               if (vis.empty()) {  // no key of this block: the row's state stays as it is
                 std::fill(s, s + kn, 0.0f);
                 continue;
@@ -400,8 +412,9 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
           std::fill_n(dkb + t * a.kv_stride, hd, 0.0f);
           std::fill_n(dvb + t * a.kv_stride, hd, 0.0f);
         }
+      const std::int32_t* row = a.positions ? a.positions + b * T : nullptr;
       blocks_of.head(k + b * T * a.kv_stride + kvh * hd, v + b * T * a.kv_stride + kvh * hd, dkb, dvb,
-                     first_key_block(q_start, W), T);
+                     first_key_block(q_start, W, row), T);
       for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         for (std::int64_t g0 = 0; g0 < Q; g0 += kGroup * kQueryBlock) {  // g0: the group's first query row
           const std::int64_t blocks = std::min<std::int64_t>(kGroup, (Q - g0 + kQueryBlock - 1) / kQueryBlock);
@@ -415,10 +428,10 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
             blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, dob, qn);
           }
           std::fill(dQ.begin(), dQ.end(), 0.0f);
-          for (std::int64_t k0 = first_key_block(q_start + g0, W); k0 < g_end; k0 += kKeyBlock) {
+          for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
             for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
               const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0), pos0 = q_start + q0;
-              if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W)) continue;
+              if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W, row)) continue;
               const std::int64_t kn = std::min(kKeyBlock, pos0 + qn - k0);
               const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
               const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
@@ -429,7 +442,7 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
               for (std::int64_t i = 0; i < qn; ++i) {
                 float* p = P.data() + i * kKeyBlock;
                 float* dp = dP.data() + i * kKeyBlock;
-                const Visible vis = visible(pos0 + i, k0, kn, W);
+                const Visible vis = visible(pos0 + i, k0, kn, W, row);
                 for (std::int64_t c = vis.lo; c < vis.hi; ++c) p[c] *= scale;
                 if (!vis.empty()) exp_shift(p + vis.lo, vis.hi - vis.lo, lb[i]);  // p = exp(s - lse)
                 for (std::int64_t c = vis.lo; c < vis.hi; ++c) dp[c] = p[c] * (dp[c] - Dj[i]) * scale;  // dS, scaled

@@ -117,7 +117,7 @@ RopeTables CpuOps::rope_tables(const RopeParams& p, std::int64_t seq, std::int64
 
 void CpuOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
                         std::int64_t row_stride, const RopeTables& t, bool inverse) {
-  cpu::rope_apply(x, rows, seq, heads, head_dim, row_stride, t.cos, t.sin, inverse, threads_);
+  cpu::rope_apply(x, rows, seq, heads, head_dim, row_stride, t.cos, t.sin, inverse, threads_, t.positions);
 }
 
 bool CpuOps::pair_attention() const {
@@ -163,18 +163,18 @@ void CpuOps::copy(float* dst, const float* src, std::size_t n) { std::memcpy(dst
 void CpuOps::fill_zero(float* dst, std::size_t n) { zero(dst, n, threads_); }
 
 void CpuOps::embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N,
-                               std::int64_t seq, std::int64_t d, float* x_out) {
+                               std::int64_t seq, std::int64_t d, float* x_out, const std::int32_t* positions) {
   if (bf16())
     embedding_gather(static_cast<const bf16_t*>(wte), static_cast<const bf16_t*>(wpe), tokens, N, seq, d, x_out,
-                     threads_);
+                     threads_, positions);
   else
-    embedding_gather(static_cast<const float*>(wte), static_cast<const float*>(wpe), tokens, N, seq, d, x_out,
-                     threads_);
+    embedding_gather(static_cast<const float*>(wte), static_cast<const float*>(wpe), tokens, N, seq, d, x_out, threads_,
+                     positions);
 }
 
 void CpuOps::embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq,
-                                std::int64_t d, float* dwte_acc, float* dwpe_acc) {
-  embedding_scatter(tokens, dx, N, seq, d, dwte_acc, dwpe_acc, threads_);
+                                std::int64_t d, float* dwte_acc, float* dwpe_acc, const std::int32_t* positions) {
+  embedding_scatter(tokens, dx, N, seq, d, dwte_acc, dwpe_acc, threads_, positions);
 }
 
 void CpuOps::cross_entropy_rows(float* logits, const token_t* targets, float* row_loss, std::int64_t rows,

@@ -59,9 +59,9 @@ class CpuOps final : public Ops {
   void copy(float* dst, const float* src, std::size_t n) override;
   void fill_zero(float* dst, std::size_t n) override;
   void embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N, std::int64_t seq,
-                         std::int64_t d, float* x_out) override;
+                         std::int64_t d, float* x_out, const std::int32_t* positions) override;
   void embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq, std::int64_t d,
-                          float* dwte_acc, float* dwpe_acc) override;
+                          float* dwte_acc, float* dwpe_acc, const std::int32_t* positions) override;
   void cross_entropy_rows(float* logits, const token_t* targets, float* row_loss, std::int64_t rows, std::int64_t V,
                           bool want_grad) override;
   LossSum loss_sum(const float* row_loss, const token_t* targets, std::int64_t N) override;

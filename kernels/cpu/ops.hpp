@@ -165,10 +165,11 @@ void rope_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, fl
 // transformers' inv_freq [head_dim/2] for a forward over `seq` positions (only dynamic reads seq), in
 // fp32 as it computes it; returns the fp32 factor cos and sin are multiplied by (attention_scaling).
 float rope_inv_freq(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, float* inv_freq);
-// In place on x[B*T rows, heads, head_dim] with `row_stride` floats between tokens; position = row % seq.
-// inverse = true applies the transpose rotation (the backward).
+// In place on x[B*T rows, heads, head_dim] with `row_stride` floats between tokens; position = row % seq,
+// or positions[row] when given (documents). inverse = true applies the transpose rotation (the backward).
 void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
-                std::int64_t row_stride, const float* cos_t, const float* sin_t, bool inverse, int threads);
+                std::int64_t row_stride, const float* cos_t, const float* sin_t, bool inverse, int threads,
+                const std::int32_t* positions = nullptr);
 
 // ---- Causal grouped-query attention, tiled over keys with an online softmax (no T x T buffers) ----
 // out[token, h*hd + i]; lse[(b*q_heads + h)*seq + t] = log-sum-exp of the scaled scores (for backward),
@@ -226,15 +227,16 @@ void gelu_forward(const float* x, float* y, std::size_t n, int threads);
 void gelu_backward(const float* x, const float* dy, float* dx, std::size_t n, int threads);
 
 // ---- Embedding rows (cpu/embedding.cpp) ----
-// y[r] = wte[tokens[r]] (+ wpe[r % seq]), bf16 rows widened exactly; ids already validated.
+// y[r] = wte[tokens[r]] (+ wpe[r % seq], or wpe[positions[r]] with documents), bf16 rows widened exactly;
+// ids already validated.
 void embedding_gather(const float* wte, const float* wpe, const std::int32_t* tokens, std::int64_t N, std::int64_t seq,
-                      std::int64_t d, float* y, int threads);
+                      std::int64_t d, float* y, int threads, const std::int32_t* positions = nullptr);
 void embedding_gather(const std::uint16_t* wte, const std::uint16_t* wpe, const std::int32_t* tokens, std::int64_t N,
-                      std::int64_t seq, std::int64_t d, float* y, int threads);
-// dwte_acc[tokens[r]] += dx[r] (and dwpe_acc[r % seq] when non-null); every column adds rows in token
-// order, so repeated tokens sum the same way whatever the thread count.
+                      std::int64_t seq, std::int64_t d, float* y, int threads, const std::int32_t* positions = nullptr);
+// dwte_acc[tokens[r]] += dx[r] (and dwpe_acc at r's position as the gather reads it, when non-null);
+// every column adds rows in token order, so repeated tokens sum the same way whatever the thread count.
 void embedding_scatter(const std::int32_t* tokens, const float* dx, std::int64_t N, std::int64_t seq, std::int64_t d,
-                       float* dwte_acc, float* dwpe_acc, int threads);
+                       float* dwte_acc, float* dwpe_acc, int threads, const std::int32_t* positions = nullptr);
 
 // ---- Softmax cross-entropy over one chunk of rows ----
 // logits[rows, V] is overwritten with d(sum of losses)/d(logits) = softmax - onehot(target) for counted

@@ -152,14 +152,15 @@ void layernorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db
 }
 
 // Rotary embedding with explicit cos/sin tables [seq, hd/2]; in place on x[rows, heads*hd] (row stride
-// heads*hd unless given). inverse = the transpose (backward).
+// heads*hd unless given). inverse = the transpose (backward). positions (documents): row r's table row.
 template <class T>
-void rope(T* x, i64 rows, i64 seq, i64 heads, i64 hd, i64 stride, const T* cos_t, const T* sin_t, bool inverse) {
+void rope(T* x, i64 rows, i64 seq, i64 heads, i64 hd, i64 stride, const T* cos_t, const T* sin_t, bool inverse,
+          const std::int32_t* positions = nullptr) {
   const i64 half = hd / 2;
   for (i64 r = 0; r < rows; ++r)
     for (i64 h = 0; h < heads; ++h) {
       T* v = x + r * stride + h * hd;
-      const i64 t = r % seq;
+      const i64 t = positions ? positions[r] : r % seq;
       for (i64 i = 0; i < half; ++i) {
         const T c = cos_t[t * half + i], s = inverse ? -sin_t[t * half + i] : sin_t[t * half + i];
         const T a = v[i], b = v[i + half];
@@ -173,10 +174,12 @@ void rope(T* x, i64 rows, i64 seq, i64 heads, i64 hd, i64 stride, const T* cos_t
 // positions q_start..S-1 of each sequence (q, out, dq hold S - q_start rows per sequence; k, v S rows).
 // window > 0: position p sees keys p - window + 1 .. p. sinks (null: none): one logit per query head,
 // an extra softmax column without a value (gpt-oss), computed as transformers does: concatenated to the
-// row, the row's max subtracted, softmax, the column dropped.
+// row, the row's max subtracted, softmax, the column dropped. positions (documents, [B * S]): position p
+// of sequence b sees no key before p - positions[b * S + p] (its document's start).
 template <class T>
 void attention(const T* q, const T* k, const T* v, T* out, i64 B, i64 S, i64 Hq, i64 Hkv, i64 hd, i64 qs, i64 kvs,
-               i64 os, i64 q_start = 0, i64 window = 0, const T* sinks = nullptr) {
+               i64 os, i64 q_start = 0, i64 window = 0, const T* sinks = nullptr,
+               const std::int32_t* positions = nullptr) {
   const T scale = T(1) / std::sqrt(T(hd));
   const i64 Q = S - q_start;
   std::vector<T> p(static_cast<std::size_t>(S));
@@ -184,7 +187,9 @@ void attention(const T* q, const T* k, const T* v, T* out, i64 B, i64 S, i64 Hq,
     for (i64 h = 0; h < Hq; ++h) {
       const i64 kh = h / (Hq / Hkv);
       for (i64 t = 0; t < Q; ++t) {
-        const i64 pos = q_start + t, first = window > 0 ? std::max<i64>(0, pos - window + 1) : 0;
+        const i64 pos = q_start + t;
+        i64 first = window > 0 ? std::max<i64>(0, pos - window + 1) : 0;
+        if (positions) first = std::max<i64>(first, pos - positions[b * S + pos]);
         T mx = sinks ? sinks[h] : -std::numeric_limits<T>::infinity(), sum = 0;
         for (i64 j = first; j <= pos; ++j) {
           T dot = 0;
@@ -202,11 +207,11 @@ void attention(const T* q, const T* k, const T* v, T* out, i64 B, i64 S, i64 Hq,
       }
     }
 }
-// dq, dk, dv += ... (q_start, window and sinks as in attention); dsinks += with sinks
+// dq, dk, dv += ... (q_start, window, sinks and positions as in attention); dsinks += with sinks
 template <class T>
 void attention_backward(const T* q, const T* k, const T* v, const T* dout, T* dq, T* dk, T* dv, i64 B, i64 S, i64 Hq,
                         i64 Hkv, i64 hd, i64 qs, i64 kvs, i64 os, i64 q_start = 0, i64 window = 0,
-                        const T* sinks = nullptr, T* dsinks = nullptr) {
+                        const T* sinks = nullptr, T* dsinks = nullptr, const std::int32_t* positions = nullptr) {
   const T scale = T(1) / std::sqrt(T(hd));
   const i64 Q = S - q_start;
   std::vector<T> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
@@ -214,7 +219,9 @@ void attention_backward(const T* q, const T* k, const T* v, const T* dout, T* dq
     for (i64 h = 0; h < Hq; ++h) {
       const i64 kh = h / (Hq / Hkv);
       for (i64 t = 0; t < Q; ++t) {
-        const i64 pos = q_start + t, first = window > 0 ? std::max<i64>(0, pos - window + 1) : 0;
+        const i64 pos = q_start + t;
+        i64 first = window > 0 ? std::max<i64>(0, pos - window + 1) : 0;
+        if (positions) first = std::max<i64>(first, pos - positions[b * S + pos]);
         const T* qi = q + (b * Q + t) * qs + h * hd;
         const T* doi = dout + (b * Q + t) * os + h * hd;
         T mx = sinks ? sinks[h] : -std::numeric_limits<T>::infinity(), sum = 0;

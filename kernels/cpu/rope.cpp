@@ -137,13 +137,14 @@ void rope_table(const RopeParams& p, std::int64_t seq, std::int64_t head_dim, fl
 }
 
 void rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
-                std::int64_t row_stride, const float* cos_t, const float* sin_t, bool inverse, int threads) {
+                std::int64_t row_stride, const float* cos_t, const float* sin_t, bool inverse, int threads,
+                const std::int32_t* positions) {
   prof::Scope prof_scope(prof::elementwise);
   const std::int64_t half = head_dim / 2;
   const float sgn = inverse ? -1.0f : 1.0f;  // the inverse rotation is the rotation by -angle
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * heads * head_dim > 16384)
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t t = r % seq;
+    const std::int64_t t = positions ? positions[r] : r % seq;
     const float* c = cos_t + t * half;
     const float* s = sin_t + t * half;
     for (std::int64_t h = 0; h < heads; ++h) {

@@ -14,7 +14,9 @@
 // the first tile any of the block's rows can see (tiles stay aligned to 0) and ends past the last; a row
 // (a key row in dk/dv) skips the tiles wholly outside its own window, so it meets the same tiles whichever
 // block it is in, and every tile a query row walks holds at least one of its keys (its softmax state
-// stays finite). Elements outside the window are masked.
+// stays finite). Elements outside the window are masked. Documents (AttnShape::positions): each row's
+// first key is also its document's start, the later of the two (first_key); the same skipping and masks,
+// and the dk/dv side stops at the first query whose document starts past the block's keys.
 // Sinks (gpt-oss): one logit per query head joins each row's softmax at the end of the forward; the lse
 // saved includes it, so the backward's probabilities are exact as they are, and d(sink) is a pass of its
 // own over lse and the row dots.
@@ -68,9 +70,17 @@ __device__ __forceinline__ void load_rows(float* dst, int pitch, const float* sr
 __device__ __forceinline__ std::int64_t window_first_key(std::int64_t p, std::int64_t window) {
   return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
 }
+// The first key position p of sequence b sees: its window's start and, with documents, its document's
+// (p - positions[b * seq + p]). Never decreasing in p.
+__device__ __forceinline__ std::int64_t first_key(std::int64_t p, const AttnDims& a, std::int64_t b) {
+  const std::int64_t lo = window_first_key(p, a.window);
+  if (!a.positions) return lo;
+  const std::int64_t doc = p - a.positions[b * a.seq + p];
+  return doc > lo ? doc : lo;
+}
 // The first key tile (a multiple of TILE) a query block whose first row sits at position pos0 meets.
-__device__ __forceinline__ std::int64_t first_key_tile(std::int64_t pos0, std::int64_t window) {
-  return window_first_key(pos0, window) / TILE * TILE;
+__device__ __forceinline__ std::int64_t first_key_tile(std::int64_t pos0, const AttnDims& a, std::int64_t b) {
+  return first_key(pos0, a, b) / TILE * TILE;
 }
 // One past the last query row that sees a key block whose last key is k_last (the window's far edge).
 __device__ __forceinline__ std::int64_t query_row_end(std::int64_t q_start, std::int64_t k_last, std::int64_t Q,
@@ -106,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < EPL; ++c) acc[rr][c] = 0.0f;
   }
   const std::int64_t k_end = attn_key_end(a.q_start, r0, T);  // causal: no row of this block sees keys past it
-  for (std::int64_t k0 = first_key_tile(a.q_start + r0, a.window); k0 < k_end; k0 += TILE) {
+  for (std::int64_t k0 = first_key_tile(a.q_start + r0, a, b); k0 < k_end; k0 += TILE) {
     __syncthreads();  // the previous tile is no longer read
     load_rows(Ks, D + 1, kb, a.kv_stride, k0, TILE, T, D);
     load_rows(Vs, D, vb, a.kv_stride, k0, TILE, T, D);
@@ -115,9 +125,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < RW; ++rr) {
       const int row = warp * RW + rr;
       const std::int64_t i = a.q_start + r0 + row;  // the row's position
-      const std::int64_t lo = window_first_key(i, a.window);
+      if (r0 + row >= Q) continue;                  // uniform across the warp (and i < T below)
+      const std::int64_t lo = first_key(i, a, b);
       // uniform across the warp; a tile kept holds a key in [lo, i], so m_new below is finite
-      if (r0 + row >= Q || k0 > i || k0 + TILE <= lo) continue;
+      if (k0 > i || k0 + TILE <= lo) continue;
       const std::int64_t j = k0 + lane;
       const bool valid = j <= i && j >= lo;
       float s = dot_row<DT>(Qs + row * D, Ks + lane * (D + 1), D) * scale;
@@ -234,7 +245,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < EPL; ++c) acc[rr][c] = 0.0f;
   }
   const std::int64_t k_end = attn_key_end(a.q_start, r0, T);
-  for (std::int64_t k0 = first_key_tile(a.q_start + r0, a.window); k0 < k_end; k0 += TILE) {
+  for (std::int64_t k0 = first_key_tile(a.q_start + r0, a, b); k0 < k_end; k0 += TILE) {
     __syncthreads();
     load_rows(Ks, D + 1, kb, a.kv_stride, k0, TILE, T, D);
     load_rows(Vs, D + 1, vb, a.kv_stride, k0, TILE, T, D);
@@ -243,8 +254,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < RW; ++rr) {
       const int row = warp * RW + rr;
       const std::int64_t i = a.q_start + r0 + row;  // the row's position
-      const std::int64_t lo = window_first_key(i, a.window);
-      if (r0 + row >= Q || k0 > i || k0 + TILE <= lo) continue;  // the forward's tiles for this row
+      if (r0 + row >= Q) continue;
+      const std::int64_t lo = first_key(i, a, b);
+      if (k0 > i || k0 + TILE <= lo) continue;  // the forward's tiles for this row
       const std::int64_t j = k0 + lane;
       const bool valid = j <= i && j >= lo;
       const float s = dot_row<DT>(Qs + row * D, Ks + lane * (D + 1), D) * scale;
@@ -307,6 +319,9 @@ __global__ void __launch_bounds__(kThreads)
     const float* lb = lse + (b * a.q_heads + h) * Q;
     const float* db = rowdot + (b * a.q_heads + h) * Q;
     for (std::int64_t q0 = q_first; q0 < q_end; q0 += TILE) {  // q0: query row, at position q_start + q0
+      // documents: from a query whose document starts past the block's last key on, none sees its keys
+      // (block-uniform, and the same for every head)
+      if (a.positions && first_key(a.q_start + q0, a, b) > k_start + R - 1) break;
       __syncthreads();
       load_rows(Qs, D + 1, q + b * Q * a.q_stride + h * D, a.q_stride, q0, TILE, Q, D);
       load_rows(dOs, D + 1, dout + b * Q * a.o_stride + h * D, a.o_stride, q0, TILE, Q, D);
@@ -321,10 +336,11 @@ __global__ void __launch_bounds__(kThreads)
       for (int rr = 0; rr < RW; ++rr) {
         const int row = warp * RW + rr;
         const std::int64_t j = k_start + row;
-        // uniform across the warp: past T, or every query of the tile past this key's window
-        if (j >= T || (a.window > 0 && a.q_start + q0 >= j + a.window)) continue;
+        // uniform across the warp: past T, or every query of the tile past this key's window or document
+        if (j >= T || (a.window > 0 && a.q_start + q0 >= j + a.window) || first_key(a.q_start + q0, a, b) > j) continue;
         const std::int64_t i = q0 + lane, pos = a.q_start + i;  // query row i, at position pos
-        const bool valid = pos >= j && (a.window <= 0 || pos < j + a.window) && i < Q;
+        const bool valid = pos >= j && (a.window <= 0 || pos < j + a.window) && i < Q &&
+                           (!a.positions || pos - a.positions[b * T + pos] <= j);
         const float s = dot_row<DT>(Qs + lane * (D + 1), Ks + row * D, D) * scale;
         const float dp = dot_row<DT>(dOs + lane * (D + 1), Vs + row * D, D);
         const float p = valid ? expf(s - Ls[lane]) : 0.0f;

@@ -265,14 +265,14 @@ unsigned row_grid(std::int64_t N) { return static_cast<unsigned>((N + kRowsPerBl
 // ---------------- rotary ----------------
 __global__ void rope_kernel(float* __restrict__ x, std::int64_t rows, std::int64_t seq, std::int64_t heads,
                             std::int64_t half, std::int64_t row_stride, const float* __restrict__ cos_t,
-                            const float* __restrict__ sin_t, float sgn) {
+                            const float* __restrict__ sin_t, float sgn, const std::int32_t* __restrict__ positions) {
   const std::int64_t total = rows * heads * half;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t i = idx % half;
     const std::int64_t h = (idx / half) % heads;
     const std::int64_t r = idx / (half * heads);
-    const std::int64_t t = r % seq;
+    const std::int64_t t = positions ? positions[r] : r % seq;  // documents: the row's own position
     float* v = x + r * row_stride + h * 2 * half;
     const float c = cos_t[t * half + i], si = sgn * sin_t[t * half + i];
     const float a = v[i], b = v[i + half];
@@ -284,13 +284,14 @@ __global__ void rope_kernel(float* __restrict__ x, std::int64_t rows, std::int64
 // ---------------- embedding ----------------
 __global__ void embedding_fwd_kernel(const void* wte, const void* wpe, bool bf16,
                                      const std::int32_t* __restrict__ tokens, std::int64_t N, std::int64_t seq,
-                                     std::int64_t d, float* __restrict__ y) {
+                                     std::int64_t d, float* __restrict__ y,
+                                     const std::int32_t* __restrict__ positions) {
   const std::int64_t total = N * d;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = idx / d, j = idx % d;
     float v = load_w(wte, static_cast<std::int64_t>(tokens[r]) * d + j, bf16);
-    if (wpe) v += load_w(wpe, (r % seq) * d + j, bf16);
+    if (wpe) v += load_w(wpe, (positions ? positions[r] : r % seq) * d + j, bf16);
     y[idx] = v;
   }
 }
@@ -317,6 +318,20 @@ __global__ void embedding_bwd_positions_kernel(const float* __restrict__ dx, std
   float acc = dwpe[t * d + j];
   for (std::int64_t b = 0; b < batch; ++b) acc += dx[(b * seq + t) * d + j];
   dwpe[t * d + j] = acc;
+}
+
+// Documents: dwpe[p] += the dx rows at position p, in row order (as the CPU scatter adds them); one block
+// row per position, threads over columns.
+__global__ void embedding_bwd_doc_positions_kernel(const float* __restrict__ dx,
+                                                   const std::int32_t* __restrict__ positions, std::int64_t N,
+                                                   std::int64_t d, float* __restrict__ dwpe) {
+  const std::int64_t p = blockIdx.x;
+  const std::int64_t j = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (j >= d) return;
+  float acc = dwpe[p * d + j];
+  for (std::int64_t r = 0; r < N; ++r)
+    if (positions[r] == p) acc += dx[r * d + j];
+  dwpe[p * d + j] = acc;
 }
 
 // ---------------- cross-entropy: one block a row ----------------
@@ -529,7 +544,7 @@ void CudaOps::rope_apply(float* x, std::int64_t rows, std::int64_t seq, std::int
   const std::size_t n = static_cast<std::size_t>(rows * heads * half);
   if (n == 0) return;
   rope_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(x, rows, seq, heads, half, row_stride, t.cos, t.sin,
-                                                       inverse ? -1.0f : 1.0f);
+                                                       inverse ? -1.0f : 1.0f, t.positions);
   MT_CUDA_LAUNCH_CHECK("rope_kernel");
 }
 
@@ -597,18 +612,20 @@ void CudaOps::fill_zero(float* dst, std::size_t n) {
 
 // ---------------- embedding ----------------
 void CudaOps::embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N,
-                                std::int64_t seq, std::int64_t d, float* x_out) {
+                                std::int64_t seq, std::int64_t d, float* x_out, const std::int32_t* positions) {
   note_op("embedding_forward");
   const std::size_t n = static_cast<std::size_t>(N * d);
   if (n == 0) return;
-  embedding_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(wte, wpe, bf16(), tokens, N, seq, d, x_out);
+  embedding_fwd_kernel<<<grid_for(n, kBlock), kBlock, 0, st_>>>(wte, wpe, bf16(), tokens, N, seq, d, x_out,
+                                                                wpe ? positions : nullptr);
   MT_CUDA_LAUNCH_CHECK("embedding_fwd_kernel");
 }
 
 // dwte rows += dx rows, per distinct token in token order (TokenRows, built on the host from the
-// uploaded ids), so every row sums in the CPU's order; dwpe[t] += sum over b of dx[b * seq + t].
+// uploaded ids), so every row sums in the CPU's order; dwpe[t] += sum over b of dx[b * seq + t], or with
+// documents the rows at position t in row order.
 void CudaOps::embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq,
-                                 std::int64_t d, float* dwte_acc, float* dwpe_acc) {
+                                 std::int64_t d, float* dwte_acc, float* dwpe_acc, const std::int32_t* positions) {
   note_op("embedding_backward");
   if (!token_rows_) throw std::logic_error("cuda ops: embedding_backward needs the backend's token rows");
   const TokenRows r = token_rows_(tokens, N);
@@ -617,7 +634,11 @@ void CudaOps::embedding_backward(const token_t* tokens, const float* dx, std::in
     embedding_bwd_tokens_kernel<<<grid, 128, 0, st_>>>(dx, r.unique, r.offsets, r.rows, d, dwte_acc);
     MT_CUDA_LAUNCH_CHECK("embedding_bwd_tokens_kernel");
   }
-  if (dwpe_acc) {
+  if (dwpe_acc && positions) {  // documents: every position < seq
+    const dim3 grid(static_cast<unsigned>(seq), static_cast<unsigned>((d + 127) / 128));
+    embedding_bwd_doc_positions_kernel<<<grid, 128, 0, st_>>>(dx, positions, N, d, dwpe_acc);
+    MT_CUDA_LAUNCH_CHECK("embedding_bwd_doc_positions_kernel");
+  } else if (dwpe_acc) {
     const dim3 grid(static_cast<unsigned>(seq), static_cast<unsigned>((d + 127) / 128));
     embedding_bwd_positions_kernel<<<grid, 128, 0, st_>>>(dx, N / seq, seq, d, dwpe_acc);
     MT_CUDA_LAUNCH_CHECK("embedding_bwd_positions_kernel");

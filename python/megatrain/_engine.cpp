@@ -350,6 +350,7 @@ PYBIND11_MODULE(_engine, m) {
             if (mask && mask->size() != ids.size())
               throw std::invalid_argument("ShardWriter.append: mask has " + std::to_string(mask->size()) +
                                           " entries, ids " + std::to_string(ids.size()));
+            w.begin_document();  // one append = one document (the shard's `.docs`, data.packing = documents)
             w.append(ids.data(), mask ? mask->data() : nullptr, static_cast<std::size_t>(ids.size()));
           },
           py::arg("ids"), py::arg("mask") = py::none())

@@ -253,11 +253,15 @@ def overlap_mask(engine_tokenizer, ids, data, byte_spans, where):
 
 
 def _link_shards(paths, name, out_dir):
-    """llm.c shards given by path: one path or glob is read where it is; several are linked into out_dir."""
+    """llm.c shards given by path: one path or glob is read where it is; several are linked into out_dir,
+    each with its sidecars (the loss mask `.mask`, the document starts `.docs`, a Megatron `.idx`)."""
     if isinstance(paths, (str, os.PathLike)):
         return str(paths)
     if len(paths) == 1:
         return str(paths[0])
+    exts = {os.path.splitext(str(p))[1] for p in paths}
+    if len(exts) != 1:
+        raise ConfigError(f"{name}_dataset: the shards have different extensions ({sorted(exts)}); give one kind")
     links = os.path.join(out_dir, f"{name}-shards")
     os.makedirs(links, exist_ok=True)
     for old in os.listdir(links):
@@ -265,5 +269,10 @@ def _link_shards(paths, name, out_dir):
     for i, p in enumerate(paths):
         if not os.path.isfile(p):
             raise ConfigError(f"{name}_dataset: shard {p} not found")
-        os.symlink(os.path.abspath(p), os.path.join(links, f"{i:06d}_{os.path.basename(p)}"))
-    return os.path.join(links, "*")
+        stem = os.path.splitext(os.path.abspath(p))[0]
+        link_stem = os.path.join(links, f"{i:06d}_{os.path.basename(stem)}")
+        os.symlink(os.path.abspath(p), link_stem + exts.copy().pop())
+        for sidecar in (".mask", ".docs", ".idx"):
+            if os.path.isfile(stem + sidecar):
+                os.symlink(stem + sidecar, link_stem + sidecar)
+    return os.path.join(links, "*" + exts.pop())

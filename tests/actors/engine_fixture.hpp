@@ -136,6 +136,31 @@ inline std::vector<data::Batch> tiny_batches(const Tiny& t, std::size_t count, s
   return out;
 }
 
+// The same batches packed as documents (data.packing = documents): each row cut into documents of 1 to
+// seq/2 + 1 tokens (seeded), positions restarting at each, and a document's last token without a target,
+// as the loader makes them.
+inline std::vector<data::Batch> with_documents(std::vector<data::Batch> batches, std::uint64_t seed = 5) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 3;
+  for (data::Batch& b : batches) {
+    const std::size_t T = static_cast<std::size_t>(b.seq_len);
+    b.positions.assign(b.inputs.size(), 0);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(b.batch_size); ++r) {
+      std::size_t left = 0;  // tokens left in the current document
+      for (std::size_t t = 0; t < T; ++t) {
+        if (left == 0) {
+          x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+          left = 1 + x % (T / 2 + 1);
+        } else {
+          b.positions[r * T + t] = b.positions[r * T + t - 1] + 1;
+        }
+        --left;
+        if (left == 0 && t + 1 < T) b.targets[r * T + t] = data::Batch::kIgnoreIndex;  // the next starts one
+      }
+    }
+  }
+  return batches;
+}
+
 struct RefRun {
   std::unique_ptr<ReferenceTrainer> trainer;
   std::vector<double> losses;
@@ -163,13 +188,16 @@ inline RefRun run_reference(const TrainConfig& cfg, const ModelConfig& model, co
   const std::int64_t M = o.grad_accum;
   for (std::int64_t s = 0; s < steps; ++s) {
     std::vector<token_t> tokens, targets;
+    std::vector<std::int32_t> positions;  // data.packing = documents: the batches carry them
     for (std::int64_t mb = 0; mb < M; ++mb) {
       const auto& b = batches[static_cast<std::size_t>(s * M + mb) % batches.size()];
       tokens.insert(tokens.end(), b.inputs.begin(), b.inputs.end());
       targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+      positions.insert(positions.end(), b.positions.begin(), b.positions.end());
     }
     r.trainer->set_lr(cfg.adamw_at(s).lr);
-    r.losses.push_back(r.trainer->step(tokens.data(), targets.data()).loss);
+    r.losses.push_back(
+        r.trainer->step(tokens.data(), targets.data(), positions.empty() ? nullptr : positions.data()).loss);
   }
   return r;
 }

@@ -193,6 +193,36 @@ TEST_CASE("checkpoint: 10 + resume + 10 steps equals 20 steps bit for bit", "[ac
   }
 }
 
+TEST_CASE("checkpoint: documents resume bit for bit, and resuming with the stream is a note naming data.packing",
+          "[actors][checkpoint][documents]") {
+  Tiny t;
+  t.steps = 8;
+  t.micro_batches = 2;
+  TrainConfig cfg = tiny_config(t);
+  cfg.data.packing = "documents";  // recorded in the run config (the batches carry the positions)
+  const ModelConfig model = cfg.model_config_from_keys();
+  const auto batches = with_documents(tiny_batches(t, 32));
+  TempDir full("docs_full"), part("docs_part");
+  const Run a = train(cfg, model, batches, full.path.string(), 0);
+  REQUIRE(a.result.error.empty());
+  const RefRun ref = run_reference(cfg, model, batches, 8);
+  CHECK(equals_reference(*a.host, *ref.trainer));
+  const Run b1 = train(cfg, model, batches, part.path.string(), 0, 4);
+  REQUIRE(b1.result.error.empty());
+  const Run b2 = train(cfg, model, batches, part.path.string(), 0, -1, part.path);
+  REQUIRE(b2.result.error.empty());
+  CHECK(tiles_equal(*a.host, *b2.host));
+  CHECK(ckpt::CheckpointReader::open(part.path).run_state()["train_config"]["data"]["packing"] == "documents");
+  TrainConfig stream = cfg;
+  stream.data.packing = "stream";
+  HostModel host(model, host_tile_options(stream));
+  init_host_model(host, static_cast<std::uint64_t>(stream.train.seed));
+  const ResumePoint rp = load_checkpoint(part.path, false, stream, model, host, nullptr);
+  std::string notes;
+  for (const auto& n : rp.notes) notes += n + "\n";
+  CHECK_THAT(notes, Catch::Contains("data.packing is \"stream\", the checkpoint's run had \"documents\""));
+}
+
 TEST_CASE("checkpoint: the MoE families resume bit for bit (mixtral, qwen3_moe with dense layers, gpt_oss)",
           "[actors][checkpoint][moe]") {
   for (const Arch arch : {Arch::mixtral, Arch::qwen3_moe, Arch::gpt_oss}) {

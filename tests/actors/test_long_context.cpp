@@ -14,14 +14,15 @@ using namespace mt::actors::test;
 
 namespace {
 
-void check_equivalence(const Tiny& t, std::int64_t expect_tile) {
+// documents: the batches packed as documents (with_documents), whose boundaries fall inside and across tiles.
+void check_equivalence(const Tiny& t, std::int64_t expect_tile, bool documents = false) {
   const TrainConfig cfg = tiny_config(t);
   const ModelConfig model = cfg.model_config_from_keys();
   const EnginePlan plan = plan_engine(cfg, model);
   INFO("keep=" << t.keep << " seq=" << t.seq << " seq_tile=" << t.seq_tile << (t.bf16 ? " bf16" : " fp32")
                << " M=" << t.micro_batches << " planned tile " << plan.seq_tile);
   REQUIRE(plan.seq_tile == expect_tile);
-  const auto batches = tiny_batches(t, 8);
+  const auto batches = documents ? with_documents(tiny_batches(t, 8)) : tiny_batches(t, 8);
   RefRun ref = run_reference(cfg, model, batches, t.steps);
   EngineRun eng = run_pipeline(cfg, model, batches);
   REQUIRE(eng.result.error.empty());
@@ -49,6 +50,20 @@ TEST_CASE("sequence tiles: the engine equals the reference trainer with the same
         t.steps = 6;
         check_equivalence(t, 20);
       }
+}
+
+TEST_CASE("documents in sequence tiles: the engine equals the reference trainer", "[actors][long_context][documents]") {
+  for (const char* keep : {"boundary", "boundary_mapped"})
+    for (bool bf16 : {false, true}) {
+      Tiny t;
+      t.seq = 48;
+      t.seq_tile = 20;
+      t.keep = keep;
+      t.bf16 = bf16;
+      t.micro_batches = 2;
+      t.steps = 6;
+      check_equivalence(t, 20, true);
+    }
 }
 
 TEST_CASE("a sequence too long for the budget untiled trains in the tiles auto picks", "[actors][long_context]") {

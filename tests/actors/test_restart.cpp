@@ -13,10 +13,12 @@ using namespace mt::actors::test;
 
 namespace {
 
-void check_restart(const Tiny& t, Role role, std::int64_t step, std::int64_t mb, std::int64_t stage, Phase phase) {
+// documents: the batches packed as documents (with_documents).
+void check_restart(const Tiny& t, Role role, std::int64_t step, std::int64_t mb, std::int64_t stage, Phase phase,
+                   bool documents = false) {
   const TrainConfig cfg = tiny_config(t);
   const ModelConfig model = cfg.model_config_from_keys();
-  const auto batches = tiny_batches(t, 16);
+  const auto batches = documents ? with_documents(tiny_batches(t, 16)) : tiny_batches(t, 16);
   FaultPlan plan(role, step, mb, stage, static_cast<int>(phase));
   INFO("fault: " << plan.describe() << "; arch " << arch_name(t.arch) << " clip " << t.max_grad_norm << " K "
                  << t.weight_slots);
@@ -71,6 +73,15 @@ TEST_CASE("restart: compute crash with the last layers' intermediates kept", "[a
   check_restart(t, Role::compute, 3, 1, 3, Phase::backward);  // a kept layer's backward
   check_restart(t, Role::compute, 3, 0, 2, Phase::forward);   // a kept layer's forward
   check_restart(t, Role::collector, 2, 1, 2, Phase::collect);
+}
+
+TEST_CASE("restart: documents continue bit-identically after a crash of the loader or compute",
+          "[actors][restart][documents]") {
+  check_restart(base(), Role::loader, 3, 1, -1, Phase::data, true);
+  check_restart(base(), Role::compute, 3, 1, 2, Phase::backward, true);
+  Tiny g = base();
+  g.arch = Arch::gpt2;  // learned positions at the documents' positions
+  check_restart(g, Role::compute, 2, 1, 0, Phase::backward, true);
 }
 
 TEST_CASE("restart: boundaries on the host and the sequential order", "[actors][restart]") {

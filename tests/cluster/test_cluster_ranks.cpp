@@ -190,11 +190,27 @@ void check_same_shards(const fs::path& a, const fs::path& b) {
   CHECK(shards > 0);
 }
 
+// The documents of a shard of `tokens` (data.packing = documents): `x.docs` beside it (data/README.md's
+// format), a document starting wherever i % 37 == 0 or i % 53 == 0, so documents of many lengths.
+void write_docs_beside(const fs::path& shard, std::size_t tokens) {
+  std::vector<std::uint64_t> starts;
+  for (std::size_t i = 0; i < tokens; ++i)
+    if (i % 37 == 0 || i % 53 == 0) starts.push_back(i);
+  std::vector<std::int32_t> header(256, 0);
+  header[0] = 20241104;
+  header[1] = 1;
+  header[2] = static_cast<std::int32_t>(starts.size());
+  std::ofstream out(fs::path(shard).replace_extension(".docs"), std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  out.write(reinterpret_cast<const char*>(starts.data()), static_cast<std::streamsize>(starts.size() * 8));
+}
+
 // N ranks x M against one rank x N*M: the exported bytes, and what rank 0 alone wrote.
 void check_ranks_equal_accumulation(const std::string& model, const std::string& extra, int ranks, int m,
                                     int checkpoints = 1) {
   TempDir dir("eq");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  if (extra.find("--data.packing=documents") != std::string::npos) write_docs_beside(shard, 8192);
   const Outcome one =
       sh(kBinary + " train " + model + extra + train_args(shard, dir.path / "one", ranks * m), dir.path / "one.log");
   INFO(one.out);
@@ -285,6 +301,21 @@ TEST_CASE("2 ranks x 1 micro-batch export the bytes of 1 rank x 2 (Llama, fp32),
 // The issue's own command: the demo config (the 15.7M Llama of tools/demo) on 2 ranks x 1 exports the
 // bytes of one `megatrain train` with gradient_accumulation_steps=2 (a few steps on a token shard of the
 // test's own, the demo's data aside).
+TEST_CASE("documents: 2 ranks x 1 export the bytes of 1 rank x 2 (Llama and GPT-2), other bytes than the stream's",
+          "[cluster][documents]") {
+  require_mpi();
+  check_ranks_equal_accumulation(kLlama, "--data.packing=documents ", 2, 1);
+  check_ranks_equal_accumulation(kGpt2, "--data.packing=documents ", 2, 1);
+  TempDir dir("documents");
+  const fs::path shard = mt::test::make_shard(dir.path, 8192);
+  write_docs_beside(shard, 8192);
+  REQUIRE(sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "a", 1), dir.path / "a.log").code == 0);
+  REQUIRE(sh(kBinary + " train " + kLlama + "--data.packing=documents " + train_args(shard, dir.path / "b", 1),
+             dir.path / "b.log")
+              .code == 0);
+  CHECK(slurp(dir.path / "a" / "hf" / "model.safetensors") != slurp(dir.path / "b" / "hf" / "model.safetensors"));
+}
+
 TEST_CASE("mpirun -np 2 on config/demo.ini exports the bytes of one process with 2 accumulation steps", "[cluster]") {
   require_mpi();
   TempDir dir("demo");

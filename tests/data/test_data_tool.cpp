@@ -104,8 +104,10 @@ TEST_CASE("text files to shards: exact ids, end-of-text separators, same bytes f
     REQUIRE(rc == 0);
     CHECK(out.find("2 documents") != std::string::npos);
   }
+  // Each shard's documents beside it (data.packing = documents).
   CHECK(ls(d / "t1") ==
-        "dataset.json\ntrain_000000.bin\ntrain_000001.bin\ntrain_000002.bin\ntrain_000003.bin\ntrain_000004.bin\n");
+        "dataset.json\ntrain_000000.bin\ntrain_000000.docs\ntrain_000001.bin\ntrain_000001.docs\ntrain_000002.bin\n"
+        "train_000002.docs\ntrain_000003.bin\ntrain_000003.docs\ntrain_000004.bin\ntrain_000004.docs\n");
   {  // a rerun into the same directory with fewer shards leaves no stale ones behind
     spit(d / "t1/notes.txt", "kept");
     BuildOptions o;
@@ -113,7 +115,7 @@ TEST_CASE("text files to shards: exact ids, end-of-text separators, same bytes f
     o.out_dir = d / "t1r";
     REQUIRE(run("cp -r '" + (d / "t1") + "' '" + (d / "t1r") + "'") == 0);
     build_shards(gpt2(), o);
-    CHECK(ls(d / "t1r") == "dataset.json\nnotes.txt\ntrain_000000.bin\n");
+    CHECK(ls(d / "t1r") == "dataset.json\nnotes.txt\ntrain_000000.bin\ntrain_000000.docs\n");
     spit(d / "t1/notes.txt", "");
     REQUIRE(run("rm '" + (d / "t1/notes.txt") + "'") == 0);
   }
@@ -209,6 +211,20 @@ TEST_CASE("JSONL with a text field, validation split, loader reads the shards", 
   DataLoader dl(lo);
   const Batch b = dl.next();
   CHECK(b.loss_tokens == 64);
+  // Each line is a document: its `.docs` starts are the first token of each line (after the previous
+  // line's end-of-text token), and packing = documents reads them.
+  const TokenShard s = TokenShard::open(d / "o/train_000000.bin", ShardFormat::Auto, true, true);
+  std::size_t starts = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    starts += s.starts_document(i);
+    CHECK(s.starts_document(i) == (i == 0 || train[i - 1] == 50256u));
+  }
+  CHECK(starts == train_docs);
+  lo.documents = true;
+  DataLoader docs(lo);
+  const Batch bd = docs.next();
+  CHECK(bd.positions.size() == 64);
+  CHECK(bd.loss_tokens < 64);  // each document's end-of-text token predicts nothing
 }
 
 TEST_CASE("instruction records: template rendering and prompt tokens masked out of the loss", "[tool]") {
@@ -226,7 +242,7 @@ TEST_CASE("instruction records: template rendering and prompt tokens masked out 
                      &out);
   INFO(out);
   REQUIRE(rc == 0);
-  CHECK(ls(d / "o") == "dataset.json\ntrain_000000.bin\ntrain_000000.mask\n");
+  CHECK(ls(d / "o") == "dataset.json\ntrain_000000.bin\ntrain_000000.docs\ntrain_000000.mask\n");
   const TokenShard s = TokenShard::open(d / "o/train_000000.bin");
   REQUIRE(s.has_mask());
   // Rebuild what the three records must be.

@@ -615,6 +615,165 @@ void attention_window_sink_cases(Ctx& c) {
   }
 }
 
+// ---- documents (data.packing = documents): positions restart at each document ----
+// positions[b * T + t] from each row's document lengths (summing to T): 0 at a document's first token.
+std::vector<std::int32_t> doc_positions(const std::vector<std::vector<i64>>& rows) {
+  std::vector<std::int32_t> p;
+  for (const auto& lengths : rows)
+    for (const i64 n : lengths)
+      for (i64 i = 0; i < n; ++i) p.push_back(static_cast<std::int32_t>(i));
+  return p;
+}
+
+// Attention with documents (AttnShape::positions), against the fp64 reference given the same positions:
+// several documents a row (boundaries inside and on key blocks, a one-token document), alone and with a
+// sliding window and sinks, whole and as sequence tiles in reverse order with dk, dv, d(sinks) accumulating.
+void attention_document_cases(Ctx& c) {
+  const i64 Hq = 4, Hkv = 2, hd = 64, qd = Hq * hd, kd = Hkv * hd, B = 2, T = 300;
+  // row 0: the window starts inside a document cut before it (its piece starts at 0 like any other);
+  // row 1: a boundary on a key block (128), a one-token document, a long last one.
+  const auto pos = doc_positions({{40, 1, 150, 109}, {128, 1, 71, 100}});
+  const Vec pos_d(pos.begin(), pos.end());
+  const auto sink_h = randn(Hq, 80, 2.0);
+  const Vec sinks = c.seen_weight(sink_h);
+  auto q = randn(B * T * qd, 101), kk = randn(B * T * kd, 102), vv = randn(B * T * kd, 103),
+       dout = randn(B * T * qd, 104);
+  const Vec qs(q.begin(), q.end()), ks(kk.begin(), kk.end()), vs(vv.begin(), vv.end()), ds(dout.begin(), dout.end());
+  struct Case {
+    i64 window;
+    bool sinks;
+  };
+  for (const Case k : {Case{0, false}, Case{45, true}, Case{100, false}}) {
+    const std::string tag =
+        "B 2, T 300, documents" + (k.window ? ", window " + std::to_string(k.window) : "") + (k.sinks ? ", sinks" : "");
+    AttnShape s;
+    s.batch = B, s.seq = T, s.q_heads = Hq, s.kv_heads = Hkv, s.head_dim = hd;
+    s.q_stride = qd, s.kv_stride = kd, s.o_stride = qd, s.window = k.window;
+    s.positions = c.dev.upload(pos);
+    float *qp = c.dev.upload(q), *kp = c.dev.upload(kk), *vp = c.dev.upload(vv), *dop = c.dev.upload(dout);
+    const void* sp = k.sinks ? c.weight(sink_h) : nullptr;
+    const double* sr = k.sinks ? sinks.data() : nullptr;
+    float* out = c.dev.alloc<float>(B * T * qd);
+    float* lse = c.dev.alloc<float>(B * Hq * T);
+    c.v.op = "attention_forward";
+    c.ops.attention_forward(qp, kp, vp, sp, out, lse, s);
+    Vec outr(B * T * qd);
+    ref::attention(qs.data(), ks.data(), vs.data(), outr.data(), B, T, Hq, Hkv, hd, qd, kd, qd, 0, k.window, sr,
+                   pos.data());
+    c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
+    float* dq = c.dev.alloc<float>(B * T * qd);
+    float* dk = c.dev.alloc<float>(B * T * kd);
+    float* dv = c.dev.alloc<float>(B * T * kd);
+    float* dsink = k.sinks ? c.dev.upload(std::vector<float>(Hq, 0.25f)) : nullptr;
+    c.v.op = "attention_backward";
+    c.ops.attention_backward(qp, kp, vp, sp, out, lse, dop, dq, dk, dv, dsink, s);
+    Vec dqr(B * T * qd, 0.0), dkr(B * T * kd, 0.0), dvr(B * T * kd, 0.0), dsr(Hq, 0.25);
+    ref::attention_backward(qs.data(), ks.data(), vs.data(), ds.data(), dqr.data(), dkr.data(), dvr.data(), B, T, Hq,
+                            Hkv, hd, qd, kd, qd, 0, k.window, sr, k.sinks ? dsr.data() : nullptr, pos.data());
+    c.v.close("dq " + tag, c.get(dq, dqr.size()), dqr, 2e-5);
+    c.v.close("dk " + tag, c.get(dk, dkr.size()), dkr, 2e-5);
+    c.v.close("dv " + tag, c.get(dv, dvr.size()), dvr, 2e-5);
+    if (k.sinks) c.v.close("dsinks " + tag, c.get(dsink, Hq), dsr, 2e-5);
+    c.dev.reset();
+  }
+  {  // row 1 as tiles [200, 300), [37, 200), [0, 37), window 45, sinks: q_start inside documents
+    const i64 cuts[] = {0, 37, 200, 300};
+    const std::string tag = "T 300 documents as tiles 0/37/200, window 45, sinks, accumulated";
+    const std::vector<std::int32_t> pos1(pos.begin() + T, pos.end());
+    const i64 o = T;  // row 1's first token
+    const Vec q1(qs.begin() + o * qd, qs.end()), k1(ks.begin() + o * kd, ks.end()), v1(vs.begin() + o * kd, vs.end()),
+        d1(ds.begin() + o * qd, ds.end());
+    float* qp = c.dev.upload(std::vector<float>(q.begin() + o * qd, q.end()));
+    float* kp = c.dev.upload(std::vector<float>(kk.begin() + o * kd, kk.end()));
+    float* vp = c.dev.upload(std::vector<float>(vv.begin() + o * kd, vv.end()));
+    float* dop = c.dev.upload(std::vector<float>(dout.begin() + o * qd, dout.end()));
+    const std::int32_t* pp = c.dev.upload(pos1);
+    const void* sp = c.weight(sink_h);
+    float* out = c.dev.alloc<float>(T * qd);
+    float* lse = c.dev.alloc<float>(Hq * T);
+    float* dq = c.dev.alloc<float>(T * qd);
+    float* dk = c.dev.alloc<float>(T * kd);
+    float* dv = c.dev.alloc<float>(T * kd);
+    float* dsink = c.dev.upload(std::vector<float>(Hq, 0.0f));
+    for (int t = 2; t >= 0; --t) {
+      const i64 a = cuts[t], e = cuts[t + 1];
+      AttnShape s;
+      s.batch = 1, s.seq = e, s.q_heads = Hq, s.kv_heads = Hkv, s.head_dim = hd;
+      s.q_stride = qd, s.kv_stride = kd, s.o_stride = qd, s.q_start = a, s.window = 45, s.positions = pp;
+      s.add_kv_grads = t != 2;
+      c.v.op = "attention_forward";
+      c.ops.attention_forward(qp + a * qd, kp, vp, sp, out + a * qd, lse + Hq * a, s);
+      c.v.op = "attention_backward";
+      c.ops.attention_backward(qp + a * qd, kp, vp, sp, out + a * qd, lse + Hq * a, dop + a * qd, dq + a * qd, dk, dv,
+                               dsink, s);
+    }
+    Vec outr(T * qd), dqr(T * qd, 0.0), dkr(T * kd, 0.0), dvr(T * kd, 0.0), dsr(Hq, 0.0);
+    ref::attention(q1.data(), k1.data(), v1.data(), outr.data(), 1, T, Hq, Hkv, hd, qd, kd, qd, 0, 45, sinks.data(),
+                   pos1.data());
+    ref::attention_backward(q1.data(), k1.data(), v1.data(), d1.data(), dqr.data(), dkr.data(), dvr.data(), 1, T, Hq,
+                            Hkv, hd, qd, kd, qd, 0, 45, sinks.data(), dsr.data(), pos1.data());
+    c.v.op = "attention_forward";
+    c.v.close("out " + tag, c.get(out, outr.size()), outr, 2e-5);
+    c.v.op = "attention_backward";
+    c.v.close("dq " + tag, c.get(dq, dqr.size()), dqr, 2e-5);
+    c.v.close("dk " + tag, c.get(dk, dkr.size()), dkr, 2e-5);
+    c.v.close("dv " + tag, c.get(dv, dvr.size()), dvr, 2e-5);
+    c.v.close("dsinks " + tag, c.get(dsink, Hq), dsr, 2e-5);
+    c.dev.reset();
+  }
+}
+
+// RoPE and GPT-2's learned positions read the documents' positions (RopeTables::positions; the
+// embedding's positions argument): each row at its own table row, the scatter adding into it.
+void position_document_cases(Ctx& c, Backend& backend) {
+  const i64 B = 2, T = 29, heads = 3, hd = 64, half = hd / 2, stride = heads * hd + 5, rows = B * T;
+  const auto pos = doc_positions({{7, 1, 21}, {29}});
+  const std::int32_t* pp = c.dev.upload(pos);
+  float* cos_room = c.dev.alloc<float>(T * half);
+  float* sin_room = c.dev.alloc<float>(T * half);
+  c.v.op = "rope_tables";
+  RopeTables t = c.ops.rope_tables(RopeParams{}, T, hd, cos_room, sin_room);
+  const auto tc = c.get(t.cos, T * half), ts = c.get(t.sin, T * half);
+  const Vec tcd(tc.begin(), tc.end()), tsd(ts.begin(), ts.end());
+  t.positions = pp;
+  auto x = randn(rows * stride, 111);
+  for (bool inverse : {false, true}) {
+    float* dxv = c.dev.upload(x);
+    c.v.op = "rope_apply";
+    c.ops.rope_apply(dxv, rows, T, heads, hd, stride, t, inverse);
+    Vec xr(x.begin(), x.end());
+    ref::rope(xr.data(), rows, T, heads, hd, stride, tcd.data(), tsd.data(), inverse, pos.data());
+    c.v.close(std::string(inverse ? "inverse " : "") + "documents 7/1/21 and 29, rows at their positions",
+              c.get(dxv, xr.size()), xr, 2e-6);
+  }
+  const i64 d = 72, V = 50;
+  auto wte = randn(V * d, 112), wpe = randn(T * d, 113), dx = randn(rows * d, 114), g0 = randn(V * d, 115),
+       p0 = randn(T * d, 116);
+  std::vector<token_t> ids(rows);
+  for (i64 r = 0; r < rows; ++r) ids[r] = static_cast<token_t>((r * 7 + r / 5) % 11);
+  const token_t* tokens = backend.upload_tokens(ids.data(), ids.size(), 0);
+  const void* dwte = c.weight(wte);
+  const void* dwpe = c.weight(wpe);
+  float* y = c.dev.alloc<float>(rows * d);
+  c.v.op = "embedding_forward";
+  c.ops.embedding_forward(dwte, dwpe, tokens, rows, T, d, y, pp);
+  const Vec wts = c.seen_weight(wte), wps = c.seen_weight(wpe);
+  std::vector<float> yr(rows * d);
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 j = 0; j < d; ++j)
+      yr[r * d + j] = static_cast<float>(wts[ids[r] * d + j]) + static_cast<float>(wps[pos[r] * d + j]);
+  c.v.bit_equal("wte + wpe at the documents' positions", c.get(y, yr.size()), yr);
+  float* gte = c.dev.upload(g0);
+  float* gpe = c.dev.upload(p0);
+  c.v.op = "embedding_backward";
+  c.ops.embedding_backward(tokens, c.dev.upload(dx), rows, T, d, gte, gpe, pp);
+  Vec pr(p0.begin(), p0.end());
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 j = 0; j < d; ++j) pr[pos[r] * d + j] += dx[r * d + j];
+  c.v.close("wpe's scatter-add at the documents' positions", c.get(gpe, p0.size()), pr, 1e-6);
+  c.dev.reset();
+}
+
 // ---- activations, moves and sums ----
 void elementwise_cases(Ctx& c) {
   const std::size_t n = 100003;  // not a multiple of any vector width or block
@@ -1020,6 +1179,8 @@ int main(int argc, char** argv) {
       {"attention", [&] { attention_cases(c); }},
       {"attention tiles", [&] { attention_tile_cases(c); }},
       {"attention windows and sinks", [&] { attention_window_sink_cases(c); }},
+      {"attention with documents", [&] { attention_document_cases(c); }},
+      {"positions of documents", [&] { position_document_cases(c, *backend); }},
       {"elementwise", [&] { elementwise_cases(c); }},
       {"embedding", [&] { embedding_cases(c, *backend); }},
       {"mixture of experts", [&] { moe_cases(c); }},

@@ -230,3 +230,52 @@ TEST_CASE("attention on bf16 pairs: sequence tiles of whole query blocks give th
     CHECK(rel_err(dv_t, dv) < 1e-6);
   }
 }
+
+TEST_CASE("attention on bf16 pairs with documents matches the fp64 reference, and no key outside a document moves",
+          "[ops][bf16][pairs][documents]") {
+  require_pairs();
+  // Documents (AttnShape::positions): row 0 40/1/150/109 tokens, row 1 128/1/71/100 (a boundary on a key
+  // block); whole and from query 201 (a tile inside a document), with a window of 45 and sinks.
+  const std::int64_t B = 2, S = 300, Hq = 4, Hkv = 2, hd = 16, qs = Hq * hd, kvs = Hkv * hd, os = Hq * hd;
+  vector<std::int32_t> pos;
+  for (const auto& lengths : {vector<int>{40, 1, 150, 109}, vector<int>{128, 1, 71, 100}})
+    for (const int n : lengths)
+      for (int i = 0; i < n; ++i) pos.push_back(i);
+  const auto sink_logits = randn(Hq, 74, 2.0);
+  const auto sinks_d = mt::test::to_double(sink_logits);
+  for (const std::int64_t q0 : {std::int64_t{0}, std::int64_t{201}})
+    for (const bool windowed : {false, true}) {
+      INFO("queries from " << q0 << (windowed ? ", window 45 and sinks" : ""));
+      const std::int64_t Q = S - q0, window = windowed ? 45 : 0;
+      const auto q = randn(B * Q * qs, 75), k = randn(B * S * kvs, 76), v = randn(B * S * kvs, 77),
+                 dout = randn(B * Q * os, 78);
+      const auto qd = mt::test::to_double(rounded(q)), kd = mt::test::to_double(rounded(k)),
+                 vd = mt::test::to_double(rounded(v)), dod = mt::test::to_double(dout);
+      cpu::AttnShape a{B, S, Hq, Hkv, hd, qs, kvs, os};
+      a.q_start = q0, a.window = window, a.positions = pos.data();
+      const float* sinks = windowed ? sink_logits.data() : nullptr;
+      constexpr auto pairs = cpu::AttnProducts::bf16_pairs;
+      vector<float> o(B * Q * os), lse(B * Hq * Q), dq(q.size()), dk(k.size()), dv(v.size()), ds(Hq, 0.0f);
+      cpu::attention_forward(q.data(), k.data(), v.data(), sinks, false, o.data(), lse.data(), a, 2, pairs);
+      cpu::attention_backward(q.data(), k.data(), v.data(), sinks, false, o.data(), lse.data(), dout.data(), dq.data(),
+                              dk.data(), dv.data(), windowed ? ds.data() : nullptr, a, 2, pairs);
+      vector<double> orf(o.size()), dqr(q.size()), dkr(k.size()), dvr(v.size()), dsr(Hq, 0.0);
+      const double* sr = windowed ? sinks_d.data() : nullptr;
+      ref::attention(qd.data(), kd.data(), vd.data(), orf.data(), B, S, Hq, Hkv, hd, qs, kvs, os, q0, window, sr,
+                     pos.data());
+      ref::attention_backward(qd.data(), kd.data(), vd.data(), dod.data(), dqr.data(), dkr.data(), dvr.data(), B, S, Hq,
+                              Hkv, hd, qs, kvs, os, q0, window, sr, windowed ? dsr.data() : nullptr, pos.data());
+      CHECK(rel_err(o, orf) < 3e-3);
+      CHECK(rel_err(dq, dqr) < 8e-3);
+      CHECK(rel_err(dk, dkr) < 8e-3);
+      CHECK(rel_err(dv, dvr) < 6e-3);
+      if (windowed) CHECK(rel_err(ds, dsr) < 1e-2);
+      if (q0 > 0) {  // row 0's queries are all in its last document (from 191): earlier keys get nothing
+        bool untouched = true;
+        for (std::int64_t t = 0; t < 191; ++t)
+          for (std::int64_t c = 0; c < Hkv * hd; ++c)
+            untouched = untouched && dk[t * kvs + c] == 0.0f && dv[t * kvs + c] == 0.0f;
+        CHECK(untouched);
+      }
+    }
+}

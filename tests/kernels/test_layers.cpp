@@ -103,6 +103,47 @@ TEST_CASE("fast layers match the fp64 reference in both activation modes", "[lay
   }
 }
 
+TEST_CASE("documents: fast layers match the fp64 reference given the same positions, which match FD",
+          "[layers][documents]") {
+  // Row 0: documents of 3, 1 and 5 tokens; row 1: a document of 9. Every family (windows, sinks, q/k norms,
+  // experts, GPT-2's learned positions through the attention only: the layer has no position table).
+  const std::vector<std::int32_t> pos = {0, 1, 2, 0, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+  for (const auto& [name, c] : all_configs()) {
+    INFO(name);
+    const std::int64_t B = 2, S = 9, N = B * S, d = c.hidden_size;
+    const ParamLayout l = layer_layout(c, 0);
+    const auto pd = mt::test::random_stage_params(l, 4);
+    const auto xd = mt::test::randn<double>(N * d, 5), dyd = mt::test::randn<double>(N * d, 6);
+    auto fwd = [&](const vector<double>& x) {
+      return c.is_gpt2() ? ref::gpt2_forward(c, pd.data(), x.data(), B, S, pos.data()).y
+                         : ref::llama_forward(c, pd.data(), x.data(), B, S, pos.data()).y;
+    };
+    vector<double> dxr(N * d, 0.0), gr(l.total_floats, 0.0);
+    const auto yr = fwd(xd);
+    if (c.is_gpt2())
+      ref::gpt2_backward(c, pd.data(), xd.data(), dyd.data(), dxr.data(), gr.data(), B, S, pos.data());
+    else
+      ref::llama_backward(c, pd.data(), xd.data(), dyd.data(), dxr.data(), gr.data(), B, S, pos.data());
+    auto xv = xd;  // the reference's dx against finite differences of its own forward
+    CHECK(rel_err(dxr, mt::test::numeric_grad(xv, [&] { return mt::test::dot(fwd(xv), dyd); })) < 1e-6);
+    CHECK(rel_err(yr, ref_layer_forward(c, pd, xd, B, S)) > 1e-3);  // the documents change the layer
+
+    const vector<float> p(pd.begin(), pd.end()), x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end());
+    const ComputeCtx ctx{2};
+    const BatchRows rows{B, S, pos.data()};
+    vector<float> y(N * d), dx(N * d), g(l.total_floats, 0.0f);
+    vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute));
+    layer_forward(c, p.data(), x.data(), y.data(), rows, nullptr, ws.data(), ctx);
+    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), dx.data(), g.data(), rows, ws.data(), ctx);
+    CHECK(rel_err(y, yr) < 1e-5);
+    CHECK(rel_err(dx, dxr) < 1e-5);
+    for (const auto& t : l.tensors) {
+      INFO(t.name);
+      CHECK(rel_err(g.data() + t.offset, gr.data() + t.offset, t.numel) < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("a kept layer keeps no copy of its input, its norms' outputs or its MLP activation", "[layers][keep]") {
   {  // GPT-2: mean and rstd of both norms, c_attn's output, attention out, lse, x1, c_fc's output.
     const ModelConfig c = mt::test::tiny_gpt2();

@@ -131,6 +131,49 @@ TEST_CASE("reference attention with a sliding window and sinks matches finite di
   fd_check(sinks, ds, loss);
 }
 
+TEST_CASE("reference attention and rope with documents match finite differences", "[ops][fd][documents]") {
+  // Documents (positions restarting at 0): row 0 holds 2 + 1 + 4 tokens, row 1 one document of 7; with a
+  // window of 3 and sinks too. RoPE's backward with positions is its transpose.
+  const ref::i64 B = 2, S = 7, Hq = 4, Hkv = 2, hd = 4, qs = Hq * hd, kvs = Hkv * hd;
+  const std::vector<std::int32_t> pos = {0, 1, 0, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6};
+  for (const ref::i64 window : {ref::i64{0}, ref::i64{3}}) {
+    auto q = mt::test::to_double(randn(B * S * qs, 21)), k = mt::test::to_double(randn(B * S * kvs, 22)),
+         v = mt::test::to_double(randn(B * S * kvs, 23)), R = mt::test::to_double(randn(B * S * qs, 24)),
+         sinks = mt::test::to_double(randn(Hq, 25));
+    const double* sk = window ? sinks.data() : nullptr;
+    auto loss = [&] {
+      vector<double> o(B * S * qs);
+      ref::attention(q.data(), k.data(), v.data(), o.data(), B, S, Hq, Hkv, hd, qs, kvs, qs, 0, window, sk, pos.data());
+      return mt::test::dot(o, R);
+    };
+    vector<double> dq(q.size()), dk(k.size()), dv(v.size()), ds(Hq);
+    ref::attention_backward(q.data(), k.data(), v.data(), R.data(), dq.data(), dk.data(), dv.data(), B, S, Hq, Hkv, hd,
+                            qs, kvs, qs, 0, window, sk, window ? ds.data() : nullptr, pos.data());
+    fd_check(q, dq, loss);
+    fd_check(k, dk, loss);
+    fd_check(v, dv, loss);
+    if (window) fd_check(sinks, ds, loss);
+    // A key of another document gets no gradient: row 0's keys 0, 1 only from queries 0, 1.
+    vector<double> o1(B * S * qs), o2(B * S * qs);
+    ref::attention(q.data(), k.data(), v.data(), o1.data(), B, S, Hq, Hkv, hd, qs, kvs, qs, 0, window, sk, pos.data());
+    for (ref::i64 i = 0; i < kvs; ++i) k[i] += 1.0;  // row 0, key 0
+    ref::attention(q.data(), k.data(), v.data(), o2.data(), B, S, Hq, Hkv, hd, qs, kvs, qs, 0, window, sk, pos.data());
+    for (ref::i64 i = 2 * qs; i < B * S * qs; ++i) REQUIRE(o1[i] == o2[i]);
+  }
+  vector<float> cs(S * hd / 2), sn(S * hd / 2);
+  cpu::rope_table(cpu::RopeParams{}, S, hd, cs.data(), sn.data());
+  auto csd = mt::test::to_double(cs), snd = mt::test::to_double(sn);
+  auto x = mt::test::to_double(randn(B * S * Hq * hd, 26)), R = mt::test::to_double(randn(B * S * Hq * hd, 27));
+  auto loss = [&] {
+    auto y = x;
+    ref::rope(y.data(), B * S, S, Hq, hd, Hq * hd, csd.data(), snd.data(), false, pos.data());
+    return mt::test::dot(y, R);
+  };
+  auto dx = R;
+  ref::rope(dx.data(), B * S, S, Hq, hd, Hq * hd, csd.data(), snd.data(), true, pos.data());
+  fd_check(x, dx, loss);
+}
+
 TEST_CASE("reference load-balancing loss: its gradient matches finite differences, its value transformers'",
           "[ops][fd][moe]") {
   // Three layers' router outputs of 5 tokens over 6 experts, top-2: the gradient with the choices held

@@ -193,6 +193,25 @@ TEST_CASE("a length that cannot fit even in the smallest tiles is refused naming
   CHECK(q.fits());
 }
 
+TEST_CASE("documents: attention FLOPs count the pairs inside documents, a window the fewer of the two",
+          "[plan][documents]") {
+  TrainConfig cfg = llama7b(4096);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const std::int64_t T = 8192;
+  const double docs = 16.0 * 512.0 * 513.0 / 2.0;  // documents of 512
+  const plan::LayerFlops causal = plan::layer_flops(model, 2, T);
+  const plan::LayerFlops packed = plan::layer_flops(model, 2, T, plan::kCudaAttentionBackwardProducts, docs);
+  CHECK(packed.attention_forward / causal.attention_forward == Approx(docs / (T * (T + 1.0) / 2.0)));
+  CHECK(packed.gemm_forward == causal.gemm_forward);
+  cfg.model.arch = "mistral";  // every layer slides over 100 keys: fewer pairs than the documents'
+  cfg.model.sliding_window = 100;
+  const ModelConfig mistral = cfg.model_config_from_keys();
+  const plan::LayerFlops windowed = plan::layer_flops(mistral, 2, T);
+  CHECK(windowed.attention_forward < packed.attention_forward);
+  CHECK(plan::layer_flops(mistral, 2, T, plan::kCudaAttentionBackwardProducts, docs).attention_forward ==
+        Approx(windowed.attention_forward));
+}
+
 TEST_CASE("attention FLOPs count the causal pairs, and tiles change no FLOPs", "[plan]") {
   TrainConfig cfg = llama7b(4096);
   const ModelConfig model = cfg.model_config_from_keys();

@@ -87,6 +87,9 @@ expect_error(mt.ConfigError, ["train.learning_rate"],
                                 args={"train.output_dir": os.path.join(work, "d"), "train.learning_rate": -1.0}).train())
 expect_error(mt.ConfigError, ["train.nonsense"],
              lambda: mt.Trainer(model=model(), train_dataset=dataset, args={"train.nonsense": 1}).train())
+expect_error(mt.ConfigError, ["data.packing", "stream, documents"],
+             lambda: mt.Trainer(model=model(), train_dataset=dataset,
+                                args={"train.output_dir": os.path.join(work, "p"), "data.packing": "docs"}).train())
 expect_error(mt.ConfigError, ["train.optimizer_compression"], lambda: mt.init(optimizer_compression="zip"))
 expect_error(mt.ConfigError, ["device.max_vram_gb"], lambda: mt.init(max_vram_gb=-1))
 expect_error(mt.ConfigError, ["resume", "step-"],

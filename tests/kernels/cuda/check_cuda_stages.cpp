@@ -150,6 +150,39 @@ void check_model(Verdicts& v, const char* name, const ModelConfig& c, Precision 
     be.gpu->layer_backward(c, dw.ptr, dx_in.ptr, nullptr, dy_d.ptr, ddx.ptr, dg.ptr, B, T, dws.ptr);
     v.bit_equal(tag + "layer backward grads: two CUDA runs", dg.download(), g_gpu2);
   }
+  // ---- documents (data.packing = documents): positions restart at each document ----
+  {
+    std::vector<std::int32_t> pos;
+    for (const std::int64_t n : {std::int64_t{10}, std::int64_t{1}, T - 11, T})  // row 0: 10, 1, T-11; row 1: T
+      for (std::int64_t i = 0; i < n; ++i) pos.push_back(static_cast<std::int32_t>(i));
+    const BatchRows rows_cpu{B, T, pos.data()}, rows_gpu{B, T, be.gpu->upload_tokens(pos.data(), pos.size(), 4)};
+    const auto we = weights_of(masters[0], p);
+    DevBuf<char> dwe(we);
+    std::vector<float> x(N * d);
+    DevBuf<float> dx(N * d);
+    be.cpu->embedding_forward(c, we.data(), tok.data(), rows_cpu, x.data());
+    be.gpu->embedding_forward(c, dwe.ptr, dtok, rows_gpu, dx.ptr);
+    v.bit_equal(tag + "documents: embedding forward", dx.download(), x);
+    auto dy = randn(N * d, 13), g0 = randn(masters[0].size(), 14);
+    std::vector<float> g = g0;
+    DevBuf<float> ddy(dy), dg(g0);
+    be.cpu->embedding_backward(c, tok.data(), rows_cpu, dy.data(), g.data());
+    be.gpu->embedding_backward(c, dtok, rows_gpu, ddy.ptr, dg.ptr);
+    v.close(tag + "documents: embedding backward", dg.download(), g, 1e-6);
+    const auto w = weights_of(masters[1], p);
+    DevBuf<char> dw(w);
+    const std::size_t ws_n = layer_workspace_floats(c, B, T, ActivationMode::recompute, p);
+    auto xi = randn(N * d, 15), g1 = randn(masters[1].size(), 16, 0.1);
+    std::vector<float> y(N * d), ws(ws_n), dxr(N * d), gl = g1;
+    DevBuf<float> dxi(xi), dyo(N * d), dws(ws_n), ddx(N * d), dgl(g1);
+    be.cpu->layer_forward(c, w.data(), xi.data(), y.data(), rows_cpu, nullptr, ws.data());
+    be.gpu->layer_forward(c, dw.ptr, dxi.ptr, dyo.ptr, rows_gpu, nullptr, dws.ptr);
+    v.close(tag + "documents: layer forward", dyo.download(), y, tf);
+    be.cpu->layer_backward(c, w.data(), xi.data(), nullptr, dy.data(), dxr.data(), gl.data(), rows_cpu, ws.data());
+    be.gpu->layer_backward(c, dw.ptr, dxi.ptr, nullptr, ddy.ptr, ddx.ptr, dgl.ptr, rows_gpu, dws.ptr);
+    v.close(tag + "documents: layer backward dx", ddx.download(), dxr, tb);
+    v.close(tag + "documents: layer backward grads", dgl.download(), gl, tb);
+  }
   // ---- the head ----
   {
     const std::int64_t L = c.num_hidden_layers;

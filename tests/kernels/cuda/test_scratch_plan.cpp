@@ -104,12 +104,12 @@ class RecordingOps final : public Ops {
   void copy(float* dst, const float* src, std::size_t n) override { cpu_.copy(dst, src, n); }
   void fill_zero(float* dst, std::size_t n) override { cpu_.fill_zero(dst, n); }
   void embedding_forward(const void* wte, const void* wpe, const token_t* tokens, std::int64_t N, std::int64_t seq,
-                         std::int64_t d, float* x_out) override {
-    cpu_.embedding_forward(wte, wpe, tokens, N, seq, d, x_out);
+                         std::int64_t d, float* x_out, const std::int32_t* positions) override {
+    cpu_.embedding_forward(wte, wpe, tokens, N, seq, d, x_out, positions);
   }
   void embedding_backward(const token_t* tokens, const float* dx, std::int64_t N, std::int64_t seq, std::int64_t d,
-                          float* dwte_acc, float* dwpe_acc) override {
-    cpu_.embedding_backward(tokens, dx, N, seq, d, dwte_acc, dwpe_acc);
+                          float* dwte_acc, float* dwpe_acc, const std::int32_t* positions) override {
+    cpu_.embedding_backward(tokens, dx, N, seq, d, dwte_acc, dwpe_acc, positions);
   }
   void cross_entropy_rows(float* logits, const token_t* targets, float* row_loss, std::int64_t rows, std::int64_t V,
                           bool want_grad) override {
