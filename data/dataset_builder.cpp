@@ -503,7 +503,7 @@ struct Split {
   std::unique_ptr<ShardWriter> w;
   int index = 0;
   std::vector<std::pair<std::string, uint64_t>> shards;  // file name, tokens
-  bool doc_starts = false;  // the next token written starts a document
+  bool doc_starts = false;                               // the next token written starts a document
 };
 
 // On error: every shard of the run goes, open temporaries and committed shards (with their masks).

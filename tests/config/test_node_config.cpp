@@ -146,7 +146,7 @@ TEST_CASE("every key is registered under its section", "[node_config]") {
   // model: 15 + num_experts, num_experts_per_tok + 4 qwen3_moe keys + sliding_window + 2 load-balancing keys; train: 24
   // + eval_steps, eval_max_batches + 3 offload keys + tf32 + save_snapshot_mib + master_weights; device: 9 + gpus
   // + seq_tile, attention_kv; threads: 5 + adapt_to_load; plan: 6; cluster: 5
-  CHECK(keys.size() == 33 + 24 + 4 + 12 + 6 + 3 + 8 + 4 + 6 + 5);
+  CHECK(keys.size() == 33 + 24 + 5 + 12 + 6 + 3 + 8 + 4 + 6 + 5);
 }
 
 TEST_CASE("an unknown INI key is an error naming it, with a suggestion", "[node_config]") {
