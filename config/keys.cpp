@@ -171,8 +171,9 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(data, seq_length, "tokens per sequence").at_least(1),
       MT_KEY(data, packing,
              "stream: one token stream, every token sees its window's earlier tokens | documents: each token sees "
-             "only its own document (the shards' .docs), positions restart at each")
-          .one_of({"stream", "documents"}),
+             "only its own document (the shards' .docs), positions restart at each | auto: documents for shards "
+             "megatrain-data made from records (instruct, chat, token records), stream for text")
+          .one_of({"auto", "stream", "documents"}),
       // [device]
       MT_KEY(device, backend, "cpu | cuda").one_of({"cpu", "cuda"}),
       MT_KEY(device, max_vram_gb, "device memory budget in GiB; 0 = use device_memory_mb").non_negative(),

@@ -97,7 +97,7 @@ struct DataSection {                                      // [data]
   std::string validation_files;                           // glob; "" = no evaluation
   std::string tokenizer_file;      // tokenizer.json; "" = none (vocab checked against the shards)
   std::int64_t seq_length = 256;   // tokens per sequence
-  std::string packing = "stream";  // stream | documents (data/loader.hpp)
+  std::string packing = "auto";  // auto | stream | documents (data/loader.hpp; auto resolved by the run)
 };
 
 struct DeviceSection {                      // [device]

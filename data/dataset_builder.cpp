@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/loader.hpp"
 #include "data/shard.hpp"
 
 namespace mt::data {
@@ -715,6 +716,31 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
   sum.shards = committed;
   sum.seconds = elapsed();
   return sum;
+}
+
+std::string resolved_packing(const std::string& packing, const std::string& train_files) {
+  if (packing != "auto") return packing;
+  std::vector<std::string> shards;
+  try {
+    shards = expand_shard_paths({train_files});
+  } catch (const DataError&) {
+    return "stream";  // the loader names the missing shards
+  }
+  if (shards.empty()) return "stream";
+  // <dir>/<prefix>train_000000.bin -> <dir>/<prefix>dataset.json
+  const std::filesystem::path first(shards.front());
+  const std::string name = first.filename().string();
+  std::string prefix;
+  for (const char* split : {"train_", "val_"})
+    if (const auto at = name.rfind(split); at != std::string::npos) prefix = name.substr(0, at);
+  const std::filesystem::path meta_path = first.parent_path() / (prefix + "dataset.json");
+  std::ifstream in(meta_path);
+  if (!in) return "stream";
+  const ojson meta = ojson::parse(in, nullptr, false);
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") || !meta["format"].is_string())
+    return "stream";
+  const std::string format = meta["format"].get<std::string>();
+  return format == "instruct" || format == "chat" || format == "jsonl-tokens" ? "documents" : "stream";
 }
 
 }  // namespace mt::data

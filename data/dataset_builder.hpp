@@ -83,4 +83,10 @@ BuildSummary build_shards(const Tokenizer& tok, const BuildOptions& options,
 // tokenizer's pre-tokenizer is not one of those.
 std::vector<std::string_view> split_for_parallel(const Tokenizer& tok, std::string_view text, std::size_t target_bytes);
 
+// data.packing = auto resolved for the shards `train_files` names: "documents" when the dataset.json that
+// megatrain-data wrote beside the first of them says the documents are records (instruct, chat, token
+// records: fine-tuning data, each record its own document), "stream" for text corpora and for shards
+// without one. A value other than "auto" is returned as it is.
+std::string resolved_packing(const std::string& packing, const std::string& train_files);
+
 }  // namespace mt::data

@@ -7,6 +7,7 @@
 
 #include "actors/tier_bytes.hpp"
 #include "config/node_config.hpp"
+#include "data/dataset_builder.hpp"
 #include "kernels/param_layout.hpp"
 #include "node/kernel_choice.hpp"
 #include "node/training_run.hpp"
@@ -117,6 +118,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     return 1;
   }
   try {
+    cfg.data.packing = data::resolved_packing(cfg.data.packing, cfg.data.train_files);
     ModelConfig model;
     if (!cfg.model.model_name_or_path.empty())
       model = hf::load_config(cfg.model.model_name_or_path);

@@ -28,6 +28,7 @@
 #include "cluster/world.hpp"
 #include "config/keys.hpp"
 #include "config/node_config.hpp"
+#include "data/dataset_builder.hpp"
 #include "data/loader.hpp"
 #include "data/shard.hpp"
 #include "data/tokenizer.hpp"
@@ -167,6 +168,7 @@ class TrainingRun {
 // Everything that can fail on bad input, before training starts.
 bool TrainingRun::check_model_and_data() {
   try {
+    cfg_.data.packing = data::resolved_packing(cfg_.data.packing, cfg_.data.train_files);  // once, recorded
     // An error about a file a key names starts with the key ("data.tokenizer_file: /etc/passwd: ...").
     const auto& m = cfg_.model;
     if (!m.model_name_or_path.empty())

@@ -58,7 +58,7 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
       {"train.lr_scheduler_type: 'cosine_with_restarts' is not one of: constant, linear, cosine",
        [](TrainConfig& c) { c.train.lr_scheduler_type = "cosine_with_restarts"; }},
       {"train.warmup_steps: must be >= 0", [](TrainConfig& c) { c.train.warmup_steps = -1; }},
-      {"data.packing: 'document' is not one of: stream, documents",
+      {"data.packing: 'document' is not one of: auto, stream, documents",
        [](TrainConfig& c) { c.data.packing = "document"; }},
       {"cluster.collective_timeout_s: must be a finite number > 0, got 0",
        [](TrainConfig& c) { c.cluster.collective_timeout_s = 0; }},

@@ -4,11 +4,13 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "data/dataset_builder.hpp"
 #include "data/loader.hpp"
 #include "tests/data/test_util.hpp"
 
@@ -373,4 +375,34 @@ TEST_CASE("documents: the planner's pairs per window are the sum over pieces of 
   std::vector<uint32_t> t(100, 5);
   write_shard(d / "plain.bin", t.data(), t.size(), 2);
   CHECK_THROWS_WITH(document_pairs_per_window({d / "plain.bin"}, T), Catch::Contains("plain.docs: missing"));
+}
+
+TEST_CASE("data.packing = auto: documents for shards megatrain-data made from records, stream for text",
+          "[loader][documents]") {
+  TempDir d;
+  make_shards(d);
+  const std::string glob = d / "train_*.bin";
+  CHECK(resolved_packing("auto", glob) == "stream");  // no dataset.json beside them
+  auto meta = [&](const std::string& name, const std::string& format) {
+    std::ofstream(d / name) << nlohmann::json{{"created_by", "megatrain-data"}, {"format", format}}.dump();
+  };
+  for (const char* format : {"instruct", "chat", "jsonl-tokens"}) {
+    INFO(format);
+    meta("dataset.json", format);
+    CHECK(resolved_packing("auto", glob) == "documents");
+    CHECK(resolved_packing("stream", glob) == "stream");  // an explicit value stays
+  }
+  for (const char* format : {"text", "jsonl"}) {
+    meta("dataset.json", format);
+    CHECK(resolved_packing("auto", glob) == "stream");
+    CHECK(resolved_packing("documents", glob) == "documents");
+  }
+  // A prefix (megatrain-data shards --prefix): its own dataset.json.
+  std::vector<uint32_t> t(100, 7);
+  write_shard(d / "sft_train_000000.bin", t.data(), t.size(), 2);
+  meta("sft_dataset.json", "chat");
+  CHECK(resolved_packing("auto", d / "sft_train_*.bin") == "documents");
+  std::ofstream(d / "sft_dataset.json") << "not json";
+  CHECK(resolved_packing("auto", d / "sft_train_*.bin") == "stream");
+  CHECK(resolved_packing("auto", d / "missing_*.bin") == "stream");  // the loader names missing shards
 }
