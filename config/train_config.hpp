@@ -95,9 +95,9 @@ struct ModelSection {              // [model]
 struct DataSection {                                      // [data]
   std::string train_files = "run/demo-data/train_*.bin";  // glob of llm.c token shards
   std::string validation_files;                           // glob; "" = no evaluation
-  std::string tokenizer_file;      // tokenizer.json; "" = none (vocab checked against the shards)
-  std::int64_t seq_length = 256;   // tokens per sequence
-  std::string packing = "auto";  // auto | stream | documents (data/loader.hpp; auto resolved by the run)
+  std::string tokenizer_file;     // tokenizer.json; "" = none (vocab checked against the shards)
+  std::int64_t seq_length = 256;  // tokens per sequence
+  std::string packing = "auto";   // auto | stream | documents (data/loader.hpp; auto resolved by the run)
 };
 
 struct DeviceSection {                      // [device]
