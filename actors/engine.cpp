@@ -181,6 +181,30 @@ KeepIntermediates planned_keep(const EnginePlan& p) {
                                 : KeepIntermediates::boundary;
 }
 
+nlohmann::json plan_summary(const EnginePlan& p) {
+  return {{"keep_intermediates", keep_intermediates_name(planned_keep(p))},
+          {"seq_tile", p.seq_tile},
+          {"kept_layers", p.kept_layers},
+          {"attention_kept", p.attention_kept},
+          {"sequence_mapped", p.sequence_mapped},
+          {"micro_batch_order", micro_batch_order_name(p.order)},
+          {"stage_gradients", p.stage_gradients},
+          {"gradient_passes", p.gradient_passes},
+          {"batch", p.batch},
+          {"seq", p.seq},
+          {"micro_batches", p.micro_batches},
+          {"devices", p.devices},
+          {"ranks", p.ranks},
+          {"weight_slots", p.weight_slots},
+          {"grad_slots", p.grad_slots},
+          {"prefetch_depth", p.prefetch_depth},
+          {"activation_sets", p.activation_sets},
+          {"arena_bytes", p.arena.total_bytes},
+          {"arena_budget_bytes", p.arena.budget_bytes},
+          {"host_boundary_bytes", p.host_boundary_bytes},
+          {"workspace_bytes", p.workspace_floats * sizeof(float)}};
+}
+
 std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model) {
   if (!p.attention_kept) return 0;
   return static_cast<std::size_t>(p.activation_sets * model.num_hidden_layers) * align_floats(p.attention_floats) *
@@ -707,7 +731,7 @@ std::unique_ptr<Context> pipeline_context(EngineJob& job, monitor::Monitor& mon,
   ctx->cfg = &job.cfg;
   ctx->model = &job.model;
   check_cluster_runs(job.cfg);
-  ctx->plan = plan_engine(job.cfg, job.model);
+  ctx->plan = *job.plan;                                            // run_engine planned the job if the run did not
   if (job.forward_only) drop_kept_attention(ctx->plan, job.model);  // no backward reads it
   ctx->host = job.host;
   ctx->data = job.data;
@@ -941,7 +965,7 @@ void append(EngineResult& total, EngineResult&& part) {
 // The run's monitor (one for the whole run, whatever its segments): the board exists for every run
 // (the actors publish to it); the endpoint is served when monitor.enabled.
 std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
-  const EnginePlan plan = plan_engine(job.cfg, job.model);  // throws on bad input before anything listens
+  const EnginePlan& plan = *job.plan;
   auto mon = std::make_unique<monitor::Monitor>(job.cfg.monitor,
                                                 job.monitor_dir.empty() ? job.cfg.train.output_dir : job.monitor_dir);
   monitor::RunInfo info;
@@ -997,9 +1021,9 @@ EngineResult run_with_evaluation(caf::actor_system& sys, EngineJob& job, monitor
 EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   if (job.host == nullptr || job.data == nullptr)
     throw std::invalid_argument("run_engine: host model and data source are required");
-  // Every pipeline of the run plans against the same host RAM (the node pinned it before allocating;
-  // a caller that did not counts its allocated tiles twice, which only errs towards recomputing).
-  job.cfg.pin_host_ram();
+  // A job built by hand (tests, benchmarks) is planned here, once: bad input fails before anything
+  // listens.
+  if (!job.plan) job.plan = plan_engine(job.cfg, job.model);
   const std::unique_ptr<monitor::Monitor> mon = start_monitor(job);
   EngineResult result = job.eval_data == nullptr || job.eval_batches <= 0 ? run_pipeline(sys, job, *mon)
                                                                           : run_with_evaluation(sys, job, *mon);
