@@ -585,36 +585,11 @@ struct DeviceRig {
   std::unique_ptr<Context> own;
 };
 
-// Device d's context shares the run's read-only state (device 0's context `run`).
+// Device d's context takes the run's read-only state (device 0's context `run`) whole.
 void share_run(Context& c, Context& run, int d) {
+  static_cast<RunShared&>(c) = static_cast<const RunShared&>(run);
   c.device = d;
-  c.devices = run.devices;
-  c.rank = run.rank;
-  c.ranks = run.ranks;
-  c.world = run.world;
   c.run = &run;
-  c.job = run.job;
-  c.cfg = run.cfg;
-  c.model = run.model;
-  c.plan = run.plan;
-  c.host = run.host;
-  c.data = run.data;
-  c.run_data = run.run_data;
-  c.evaluations = run.evaluations;
-  c.fault = run.fault;
-  c.sched = run.sched;
-  c.layouts = run.layouts;
-  c.first_step = run.first_step;
-  c.end_step = run.end_step;
-  c.cfg_end_step = run.cfg_end_step;
-  c.optimizer_threads = run.optimizer_threads;
-  c.max_grad_norm = run.max_grad_norm;
-  c.stage_gradients = run.stage_gradients;
-  c.passes = run.passes;
-  c.serial = run.serial;
-  c.checkpointing = run.checkpointing;
-  c.shard_world = run.shard_world;
-  c.monitor = run.monitor;
 }
 
 // An evaluation pass runs no backward: nothing reads kept attention outputs, so none are kept.
