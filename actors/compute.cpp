@@ -159,234 +159,346 @@ BatchIds upload_batch(Backend& be, const data::Batch& batch, bool head, std::int
   return ids;
 }
 
-void try_advance(self_ptr self) {
+// One op of the schedule at compute's position: what it reads and writes, resolved once its inputs are
+// ready (the micro-batch's data, its weight slots, a free ring entry, gradient staging).
+struct OpFrame {
+  self_ptr self = nullptr;
+  Context* ctx = nullptr;
+  const ModelConfig* c = nullptr;
+  Pos p;
+  const Op* op = nullptr;
+  const data::Batch* batch = nullptr;
+  std::int64_t B = 0, T = 0, L = 0, S = 0;
+  bool keep = false, on_host = false, head_input_own = false, balanced = false, is_tied = false;
+  int slot[2] = {-1, -1};
+  int k_main = -1, k_embed = -1;  // gradient staging slots the op fills
+  std::int64_t written = -1;      // boundaries on the host: the boundary this op writes into the ring
+  // Set when the op runs.
+  BatchIds ids;
+  int token_slot = 0;
+  std::size_t set = 0;
+  std::int64_t dx_read = 0;  // the dx buffer the op reads (the head: writes)
+
+  const void* weights(int li) const { return ctx->arena->weights(slot[li]); }
+  // Boundary i of this micro-batch as the forward and head see it.
+  float* boundary(std::int64_t i) const {
+    if (i == L && head_input_own) return ctx->head_inputs[set];
+    return on_host ? ctx->ring[static_cast<std::size_t>(i) % ctx->ring.size()]
+                   : ctx->acts[set][static_cast<std::size_t>(i)];
+  }
+  // d(loss)/d(boundary): the head writes it, each layer backward reads one buffer and writes the
+  // other, the embed backward reads it. One pair in turn (the ledger's dx_current), or layer-major a
+  // pair per micro-batch, the buffer fixed by the stage: the head writes buffer 0, layer i reads
+  // buffer (L - i) % 2.
+  float* dx_buffer(std::int64_t parity) const {
+    return !ctx->dx_sets.empty() ? ctx->dx_sets[2 * set + static_cast<std::size_t>(parity & 1)]
+                                 : ctx->dx[(ctx->ledger.dx_current + parity) & 1];
+  }
+  float* saved(std::int64_t layer) const {
+    const std::int64_t first_saved = keep ? 1 : L - ctx->plan.kept_layers + 1;  // kept_layers: the last ones
+    return layer >= first_saved ? ctx->saved[set][static_cast<std::size_t>(layer - first_saved)] : nullptr;
+  }
+  float* kept_attention(std::int64_t layer) const {
+    return ctx->kept_attention.empty() ? nullptr : ctx->kept_attention[set][static_cast<std::size_t>(layer - 1)];
+  }
+};
+
+void mark_waiting(compute_state& st) {
+  if (!st.waiting_since) st.waiting_since = Clock::now();
+}
+
+// Before the op at st.pos: the agreed stop, a pause, the granted threads. False: stop advancing.
+bool may_start(self_ptr self) {
   auto& st = self->state;
   Context* ctx = st.ctx;
-  const ModelConfig& c = *ctx->model;
+  // Several ranks: a stop every rank agreed on (Context::agreed_end; never inside a begun step).
+  const std::int64_t agreed = ctx->run->agreed_end.load();
+  if (agreed < st.end_step) st.end_step = std::max(agreed, st.pos.step + (st.pos.index != 0 ? 1 : 0));
+  if (st.pos.step >= st.end_step) return false;
+  // Paused (a control request): hold before the step's first op until the node sends wake.
+  if (st.pos.index == 0 && st.pause != 0) {
+    if (!st.held_reported) self->send(st.peers.node, PauseHeld{st.pause, st.pos.step, ctx->device});
+    st.held_reported = true;
+    return false;
+  }
+  const int threads = ctx->granted(ctx->plan.threads.blas);
+  if (threads != st.threads_applied) {
+    ctx->backend->set_compute_threads(threads);
+    st.threads_applied = threads;
+  }
+  return true;
+}
+
+// The op's micro-batch data (requested from the loader when missing) and weight slots. False: wait.
+bool inputs_ready(self_ptr self, OpFrame& f) {
+  auto& st = self->state;
+  const BatchKey key{f.p.step, f.ctx->data_local(f.p.micro_batch)};  // every pass runs the same data
+  auto bit = st.batches.find(key);
+  if (bit == st.batches.end()) {
+    if (st.requested.insert(key).second)
+      self->send(st.peers.loader, BatchRequest{st.epoch, f.p.step, f.ctx->global_micro_batch(f.p.micro_batch)});
+    return false;
+  }
+  f.batch = bit->second.get();
+  for (int li = 0; li < f.op->loads; ++li) {
+    auto it = st.ready.find({f.p, li});
+    if (it == st.ready.end()) {
+      mark_waiting(st);
+      return false;
+    }
+    f.slot[li] = it->second.slot;
+  }
+  return true;
+}
+
+// Boundaries on the host: the ring entry this op writes must have been copied out (layer-major the
+// head's input has a buffer of its own per micro-batch). False: wait.
+bool ring_ready(compute_state& st, OpFrame& f) {
+  f.written = f.on_host ? boundary_written(*f.op) : -1;
+  if (f.written == f.L && f.head_input_own) f.written = -1;
+  if (f.written >= 0 && !ring_entry_free(f.ctx, static_cast<std::size_t>(f.written) % f.ctx->ring.size())) {
+    mark_waiting(st);
+    return false;
+  }
+  return true;
+}
+
+// The gradient staging slots this op fills. False: none free yet.
+bool staging_ready(OpFrame& f) {
+  Context* ctx = f.ctx;
+  switch (f.op->kind) {
+    case OpKind::head:
+      f.k_main = free_staging(ctx);
+      if (f.k_main < 0) return false;
+      if (f.is_tied) f.k_embed = free_staging(ctx, f.k_main);
+      return !f.is_tied || f.k_embed >= 0;
+    case OpKind::layer_backward:
+      f.k_main = free_staging(ctx);
+      return f.k_main >= 0;
+    case OpKind::embed_backward:
+      f.k_main = f.is_tied ? find_filling(ctx, f.p, 0) : free_staging(ctx);
+      if (f.k_main < 0 && f.is_tied) throw std::logic_error("compute: the tied embedding's staging slot is missing");
+      return f.k_main >= 0;
+    default:
+      return true;
+  }
+}
+
+void run_embed_forward(OpFrame& f) {
+  f.ctx->backend->embedding_forward(*f.c, f.weights(0), f.ids.tokens, f.ids.rows, f.boundary(0));
+}
+
+void run_layer_forward(OpFrame& f) {
+  const ModelConfig& c = *f.c;
+  const std::int64_t stage = f.op->stage;
+  MoeBalance stats;  // the load-balancing loss's statistics of an expert layer, into the ledger
+  if (f.balanced && c.layer_is_moe(stage - 1)) {
+    MbBalance& mb = balance_of(f.ctx, f.p);
+    const auto E = static_cast<std::size_t>(c.num_experts), l = static_cast<std::size_t>(stage - 1);
+    mb.counts.resize(static_cast<std::size_t>(f.L));
+    mb.prob_sums.resize(static_cast<std::size_t>(f.L));
+    mb.counts[l].resize(E);  // layer_forward overwrites them
+    mb.prob_sums[l].resize(E);
+    stats.counts = mb.counts[l].data();
+    stats.prob_sums = mb.prob_sums[l].data();
+  }
+  f.ctx->backend->layer_forward(c.layer_config(stage - 1), f.weights(0), f.boundary(stage - 1), f.boundary(stage),
+                                f.ids.rows, f.saved(stage), f.ctx->workspace, stats.counts ? &stats : nullptr,
+                                f.ctx->sequence, f.kept_attention(stage));
+}
+
+// The micro-batch's load-balancing term: its loss, and the layers' gradient per layer (a dense layer's
+// slots stay empty).
+void add_balance_term(OpFrame& f, LossSum& loss) {
+  Context* ctx = f.ctx;
+  MbBalance& mb = balance_of(ctx, f.p);
+  const MoeBalanceTerm term = moe_balance(mb.counts, mb.prob_sums, f.B * f.T, f.c->router_aux_loss_coef, loss.counted);
+  loss.loss_sum += term.loss_add;
+  mb.grad = term.grad;
+  // Steps before the previous one are done: their statistics go.
+  while (!ctx->ledger.balance.empty() && ctx->ledger.balance.begin()->first.first < f.p.step - 1)
+    ctx->ledger.balance.erase(ctx->ledger.balance.begin());
+}
+
+void run_head(OpFrame& f) {
+  auto& st = f.self->state;
+  Context* ctx = f.ctx;
+  const Pos& p = f.p;
+  float* gh = open_staging(ctx, f.k_main, p, f.S - 1);
+  float* g0 = f.is_tied ? open_staging(ctx, f.k_embed, p, 0) : nullptr;
+  LossSum loss =
+      ctx->backend->head_forward_backward(*f.c, f.weights(0), f.is_tied ? f.weights(1) : nullptr, f.boundary(f.L),
+                                          f.ids.targets, f.B, f.T, f.dx_buffer(f.dx_read), gh, g0, ctx->workspace);
+  if (f.balanced) add_balance_term(f, loss);
+  hand_over(f.self, f.k_main, p, f.S - 1, Phase::head);
+  auto& v = ctx->ledger.losses[p.step];
+  const MbLoss ml{loss.loss_sum, loss.counted};
+  const std::int64_t mb = ctx->data_local(p.micro_batch);
+  if (ctx->pass_of(p.micro_batch) > 0) {  // a later pass of two: the same bits, reported by the first
+    check_pass_loss(v, mb, ml, p.step);
+    return;
+  }
+  if (static_cast<std::int64_t>(v.size()) > mb)
+    v[static_cast<std::size_t>(mb)] = ml;
+  else
+    v.push_back(ml);
+  const LossReport rep{st.epoch, p.step, ctx->global_micro_batch(p.micro_batch), loss.loss_sum, loss.counted};
+  f.self->send(st.peers.optimizer, rep);
+  f.self->send(st.peers.node, rep);
+}
+
+// Evaluation: the loss only (dx == nullptr: no gradients touched).
+void run_head_loss(OpFrame& f) {
+  auto& st = f.self->state;
+  const LossSum loss =
+      f.ctx->backend->head_forward_backward(*f.c, f.weights(0), f.is_tied ? f.weights(1) : nullptr, f.boundary(f.L),
+                                            f.ids.targets, f.B, f.T, nullptr, nullptr, nullptr, f.ctx->workspace);
+  f.self->send(st.peers.node,
+               LossReport{st.epoch, f.p.step, f.ctx->global_micro_batch(f.p.micro_batch), loss.loss_sum, loss.counted});
+}
+
+void run_layer_backward(OpFrame& f) {
+  Context* ctx = f.ctx;
+  const ModelConfig& c = *f.c;
+  const std::int64_t stage = f.op->stage;
+  Backend& be = *ctx->backend;
+  // The layer's input: streamed back from the host into an activation slot, or kept on the device.
+  const float* x_in = f.on_host ? ctx->act_slots[static_cast<std::size_t>(f.slot[1])] : f.boundary(stage - 1);
+  float* g = open_staging(ctx, f.k_main, f.p, stage);
+  MoeBalance grad;  // the head's load-balancing gradient, where the backend computes
+  if (f.balanced && c.layer_is_moe(stage - 1)) {
+    const std::vector<float>& host = balance_of(ctx, f.p).grad;
+    if (host.size() != static_cast<std::size_t>(c.num_experts))
+      throw std::logic_error("compute: a layer backward before its micro-batch's head (load-balancing loss)");
+    grad.grad = be.upload_floats(host.data(), host.size(), f.token_slot);
+  }
+  be.layer_backward(c.layer_config(stage - 1), f.weights(0), x_in, f.saved(stage), f.dx_buffer(f.dx_read),
+                    f.dx_buffer(f.dx_read + 1), g, f.ids.rows, ctx->workspace, grad.grad ? &grad : nullptr,
+                    ctx->sequence, f.kept_attention(stage));
+  hand_over(f.self, f.k_main, f.p, stage, Phase::backward);
+}
+
+void run_embed_backward(OpFrame& f) {
+  Context* ctx = f.ctx;
+  float* g = f.is_tied ? staging_buffer(ctx, f.k_main, f.p, 0) : open_staging(ctx, f.k_main, f.p, 0);
+  ctx->backend->embedding_backward(*f.c, f.ids.tokens, f.ids.rows, f.dx_buffer(f.dx_read), g);
+  hand_over(f.self, f.k_main, f.p, 0, Phase::backward);
+}
+
+// Runs the op (its inputs ready): uploads the micro-batch's ids, then the op kind's backend call.
+void run_op(OpFrame& f) {
+  Context* ctx = f.ctx;
+  const Op& op = *f.op;
+  Backend& be = *ctx->backend;
+  const bool layer_op = op.kind == OpKind::layer_forward || op.kind == OpKind::layer_backward;
+  be.set_position(f.p.step, f.p.micro_batch, layer_op ? op.stage - 1 : -1);  // named by a failure's message
+  f.token_slot = ctx->sched.activation_set(f.p.micro_batch) % 2;
+  f.ids = upload_batch(be, *f.batch, op.kind == OpKind::head || op.kind == OpKind::head_loss, f.B, f.T, f.token_slot);
+  f.set = static_cast<std::size_t>(ctx->sched.activation_set(f.p.micro_batch));
+  const bool dx_per_set = !ctx->dx_sets.empty();
+  if (dx_per_set && op.kind == OpKind::layer_backward) f.dx_read = f.L - op.stage;
+  if (dx_per_set && op.kind == OpKind::embed_backward) f.dx_read = f.L;
+  switch (op.kind) {
+    case OpKind::embed_forward:
+      run_embed_forward(f);
+      break;
+    case OpKind::layer_forward:
+      run_layer_forward(f);
+      break;
+    case OpKind::head:
+      run_head(f);
+      break;
+    case OpKind::head_loss:
+      run_head_loss(f);
+      break;
+    case OpKind::layer_backward:
+      run_layer_backward(f);
+      break;
+    case OpKind::embed_backward:
+      run_embed_backward(f);
+      break;
+  }
+}
+
+// After the op ran: timing, the boundary copy, the weight slots back, and the committed position.
+void finish_op(OpFrame& f, Clock::time_point t0) {
+  auto& st = f.self->state;
+  Context* ctx = f.ctx;
   const Schedule& sched = ctx->sched;
-  const std::int64_t B = ctx->plan.batch, T = ctx->plan.seq, L = c.num_hidden_layers, S = ctx->stages();
-  const bool keep = ctx->plan.mode == ActivationMode::keep;
-  const bool on_host = ctx->host_acts != nullptr;
-  const bool balanced = c.output_router_logits && !sched.is_forward_only();  // evaluation: the LM loss only
+  const Pos& p = f.p;
+  const Op& op = *f.op;
+  const auto t1 = Clock::now();
+  st.step_compute += seconds_between(t0, t1);
+  ctx->intervals.add(Role::compute, p.step, t0, t1, static_cast<int>(op.phase()));
+  ctx->monitor->board()
+      .probe(monitor::ActorId::compute, ctx->device)
+      .unit(p.step, ctx->work_micro_batch(p.micro_batch), op.stage, phase_name(op.phase()));
+  if (f.written >= 0) {
+    if (f.written < f.L && !sched.is_forward_only())  // an evaluation pass has no backward to feed
+      offload_boundary(f.self, p, f.written);
+    else
+      ctx->ledger.ring[static_cast<std::size_t>(f.written) % ctx->ring.size()] = RingEntry{};
+  }
+  for (int li = 0; li < op.loads; ++li) {
+    auto it = st.ready.find({p, li});
+    f.self->send(st.peers.prefetcher, SlotFree{st.epoch, p, li, it->second.slot});
+    st.ready.erase(it);
+  }
+  // Commit: the op is done.
+  if (op.kind == OpKind::layer_backward) ctx->ledger.dx_current = 1 - ctx->ledger.dx_current;
+  const Pos n = sched.next(p);
+  ctx->ledger.compute_pos = n;
+  st.pos = n;
+  if (p.op + 1 == sched.ops_per_micro_batch() && ctx->last_pass(p.micro_batch)) {  // its data is done
+    const BatchKey key{p.step, ctx->data_local(p.micro_batch)};
+    st.batches.erase(key);
+    st.requested.erase(key);
+  }
+  if (n.step != p.step) {
+    f.self->send(st.peers.node, ComputeStepDone{p.step, st.step_wait, st.step_compute});
+    st.step_wait = st.step_compute = 0.0;
+    // Losses of steps the optimizer has finished are no longer needed for a restart.
+    auto& losses = ctx->ledger.losses;
+    while (!losses.empty() && losses.begin()->first < p.step - 1) losses.erase(losses.begin());
+  }
+}
+
+OpFrame frame_at(self_ptr self) {
+  Context* ctx = self->state.ctx;
+  const ModelConfig& c = *ctx->model;
+  OpFrame f;
+  f.self = self;
+  f.ctx = ctx;
+  f.c = &c;
+  f.p = self->state.pos;
+  f.op = &ctx->sched.op(f.p);
+  f.B = ctx->plan.batch;
+  f.T = ctx->plan.seq;
+  f.L = c.num_hidden_layers;
+  f.S = ctx->stages();
+  f.keep = ctx->plan.mode == ActivationMode::keep;
+  f.on_host = ctx->host_acts != nullptr;
+  f.head_input_own = f.on_host && !ctx->head_inputs.empty();
+  f.balanced = c.output_router_logits && !ctx->sched.is_forward_only();  // evaluation: the LM loss only
+  f.is_tied = tied(c);
+  return f;
+}
+
+void try_advance(self_ptr self) {
+  auto& st = self->state;
   while (st.running) {
-    // Several ranks: a stop every rank agreed on (Context::agreed_end; never inside a begun step).
-    const std::int64_t agreed = ctx->run->agreed_end.load();
-    if (agreed < st.end_step) st.end_step = std::max(agreed, st.pos.step + (st.pos.index != 0 ? 1 : 0));
-    if (st.pos.step >= st.end_step) break;
-    const Pos p = st.pos;
-    // Paused (a control request): hold before the step's first op until the node sends wake.
-    if (p.index == 0 && st.pause != 0) {
-      if (!st.held_reported) self->send(st.peers.node, PauseHeld{st.pause, p.step, ctx->device});
-      st.held_reported = true;
-      return;
-    }
-    const int threads = ctx->granted(ctx->plan.threads.blas);
-    if (threads != st.threads_applied) {
-      ctx->backend->set_compute_threads(threads);
-      st.threads_applied = threads;
-    }
-    const BatchKey key{p.step, ctx->data_local(p.micro_batch)};  // every pass runs the same data
-    auto bit = st.batches.find(key);
-    if (bit == st.batches.end()) {
-      if (st.requested.insert(key).second)
-        self->send(st.peers.loader, BatchRequest{st.epoch, p.step, ctx->global_micro_batch(p.micro_batch)});
-      return;
-    }
-    const data::Batch& batch = *bit->second;
-    const Op& op = sched.op(p);
-    int slot[2] = {-1, -1};
-    for (int li = 0; li < op.loads; ++li) {
-      auto it = st.ready.find({p, li});
-      if (it == st.ready.end()) {
-        if (!st.waiting_since) st.waiting_since = Clock::now();
-        return;
-      }
-      slot[li] = it->second.slot;
-    }
-    auto weights = [&](int li) -> const void* { return ctx->arena->weights(slot[li]); };
-    // Boundaries on the host: the ring entry this op writes must have been copied out (layer-major the
-    // head's input has a buffer of its own per micro-batch).
-    const bool head_input_own = on_host && !ctx->head_inputs.empty();
-    std::int64_t written = on_host ? boundary_written(op) : -1;
-    if (written == L && head_input_own) written = -1;
-    if (written >= 0 && !ring_entry_free(ctx, static_cast<std::size_t>(written) % ctx->ring.size())) {
-      if (!st.waiting_since) st.waiting_since = Clock::now();
-      return;
-    }
-    // Gradient staging this op needs.
-    const bool is_tied = tied(c);
-    int k_main = -1, k_embed = -1;
-    if (op.kind == OpKind::head) {
-      k_main = free_staging(ctx);
-      if (k_main < 0) return;
-      if (is_tied) {
-        k_embed = free_staging(ctx, k_main);
-        if (k_embed < 0) return;
-      }
-    } else if (op.kind == OpKind::layer_backward) {
-      k_main = free_staging(ctx);
-      if (k_main < 0) return;
-    } else if (op.kind == OpKind::embed_backward) {
-      k_main = is_tied ? find_filling(ctx, p, 0) : free_staging(ctx);
-      if (k_main < 0) {
-        if (is_tied) throw std::logic_error("compute: the tied embedding's staging slot is missing");
-        return;
-      }
-    }
+    if (!may_start(self)) return;
+    OpFrame f = frame_at(self);
+    if (!inputs_ready(self, f) || !ring_ready(st, f) || !staging_ready(f)) return;
     if (st.waiting_since) {
       st.step_wait += seconds_between(*st.waiting_since, Clock::now());
       st.waiting_since.reset();
     }
-    fault_point(ctx->fault, Role::compute, p.step, ctx->work_micro_batch(p.micro_batch), op.stage, op.phase());
+    fault_point(f.ctx->fault, Role::compute, f.p.step, f.ctx->work_micro_batch(f.p.micro_batch), f.op->stage,
+                f.op->phase());
     const auto t0 = Clock::now();
-    Backend& be = *ctx->backend;
-    const bool layer_op = op.kind == OpKind::layer_forward || op.kind == OpKind::layer_backward;
-    be.set_position(p.step, p.micro_batch, layer_op ? op.stage - 1 : -1);  // named by a failure's message
-    const int token_slot = sched.activation_set(p.micro_batch) % 2;
-    const auto [tokens, targets, rows] =
-        upload_batch(be, batch, op.kind == OpKind::head || op.kind == OpKind::head_loss, B, T, token_slot);
-    float* ws = ctx->workspace;
-    int& dxc = ctx->ledger.dx_current;
-    const std::size_t set = static_cast<std::size_t>(sched.activation_set(p.micro_batch));
-    // Boundary i of this micro-batch as the forward and head see it.
-    auto boundary = [&](std::int64_t i) {
-      if (i == L && head_input_own) return ctx->head_inputs[set];
-      return on_host ? ctx->ring[static_cast<std::size_t>(i) % ctx->ring.size()]
-                     : ctx->acts[set][static_cast<std::size_t>(i)];
-    };
-    // d(loss)/d(boundary): the head writes it, each layer backward reads one buffer and writes the
-    // other, the embed backward reads it. One pair in turn (the ledger's dx_current), or layer-major a
-    // pair per micro-batch, the buffer fixed by the stage: the head writes buffer 0, layer i reads
-    // buffer (L - i) % 2.
-    const bool dx_per_set = !ctx->dx_sets.empty();
-    auto dx_buffer = [&](std::int64_t parity) {
-      return dx_per_set ? ctx->dx_sets[2 * set + static_cast<std::size_t>(parity & 1)] : ctx->dx[(dxc + parity) & 1];
-    };
-    std::int64_t dx_read = 0;  // the buffer the op reads (the head: writes)
-    if (dx_per_set && op.kind == OpKind::layer_backward) dx_read = L - op.stage;
-    if (dx_per_set && op.kind == OpKind::embed_backward) dx_read = L;
-    auto saved = [&](std::int64_t layer) {
-      const std::int64_t first_saved = keep ? 1 : L - ctx->plan.kept_layers + 1;  // kept_layers: the last ones
-      return layer >= first_saved ? ctx->saved[set][static_cast<std::size_t>(layer - first_saved)] : nullptr;
-    };
-    auto kept_attention = [&](std::int64_t layer) -> float* {
-      return ctx->kept_attention.empty() ? nullptr : ctx->kept_attention[set][static_cast<std::size_t>(layer - 1)];
-    };
-    switch (op.kind) {
-      case OpKind::embed_forward:
-        be.embedding_forward(c, weights(0), tokens, rows, boundary(0));
-        break;
-      case OpKind::layer_forward: {
-        MoeBalance stats;  // the load-balancing loss's statistics of an expert layer, into the ledger
-        if (balanced && c.layer_is_moe(op.stage - 1)) {
-          MbBalance& mb = balance_of(ctx, p);
-          const auto E = static_cast<std::size_t>(c.num_experts), l = static_cast<std::size_t>(op.stage - 1);
-          mb.counts.resize(static_cast<std::size_t>(L));
-          mb.prob_sums.resize(static_cast<std::size_t>(L));
-          mb.counts[l].resize(E);  // layer_forward overwrites them
-          mb.prob_sums[l].resize(E);
-          stats.counts = mb.counts[l].data();
-          stats.prob_sums = mb.prob_sums[l].data();
-        }
-        be.layer_forward(c.layer_config(op.stage - 1), weights(0), boundary(op.stage - 1), boundary(op.stage), rows,
-                         saved(op.stage), ws, stats.counts ? &stats : nullptr, ctx->sequence, kept_attention(op.stage));
-        break;
-      }
-      case OpKind::head: {
-        float* gh = open_staging(ctx, k_main, p, S - 1);
-        float* g0 = is_tied ? open_staging(ctx, k_embed, p, 0) : nullptr;
-        LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L), targets, B,
-                                                T, dx_buffer(dx_read), gh, g0, ws);
-        if (balanced) {  // the micro-batch's load-balancing term: its loss, and the layers' gradient
-          MbBalance& mb = balance_of(ctx, p);  // per layer; a dense layer's slots stay empty
-          const MoeBalanceTerm term = moe_balance(mb.counts, mb.prob_sums, B * T, c.router_aux_loss_coef, loss.counted);
-          loss.loss_sum += term.loss_add;
-          mb.grad = term.grad;
-          // Steps before the previous one are done: their statistics go.
-          while (!ctx->ledger.balance.empty() && ctx->ledger.balance.begin()->first.first < p.step - 1)
-            ctx->ledger.balance.erase(ctx->ledger.balance.begin());
-        }
-        hand_over(self, k_main, p, S - 1, Phase::head);
-        auto& v = ctx->ledger.losses[p.step];
-        const MbLoss ml{loss.loss_sum, loss.counted};
-        const std::int64_t mb = ctx->data_local(p.micro_batch);
-        if (ctx->pass_of(p.micro_batch) > 0) {  // a later pass of two: the same bits, reported by the first
-          check_pass_loss(v, mb, ml, p.step);
-          break;
-        }
-        if (static_cast<std::int64_t>(v.size()) > mb)
-          v[static_cast<std::size_t>(mb)] = ml;
-        else
-          v.push_back(ml);
-        const LossReport rep{st.epoch, p.step, ctx->global_micro_batch(p.micro_batch), loss.loss_sum, loss.counted};
-        self->send(st.peers.optimizer, rep);
-        self->send(st.peers.node, rep);
-        break;
-      }
-      case OpKind::head_loss: {  // evaluation: the loss only (dx == nullptr: no gradients touched)
-        const LossSum loss = be.head_forward_backward(c, weights(0), is_tied ? weights(1) : nullptr, boundary(L),
-                                                      targets, B, T, nullptr, nullptr, nullptr, ws);
-        self->send(st.peers.node,
-                   LossReport{st.epoch, p.step, ctx->global_micro_batch(p.micro_batch), loss.loss_sum, loss.counted});
-        break;
-      }
-      case OpKind::layer_backward: {
-        // The layer's input: streamed back from the host into an activation slot, or kept on the device.
-        const float* x_in = on_host ? ctx->act_slots[static_cast<std::size_t>(slot[1])] : boundary(op.stage - 1);
-        float* g = open_staging(ctx, k_main, p, op.stage);
-        MoeBalance grad;  // the head's load-balancing gradient, where the backend computes
-        if (balanced && c.layer_is_moe(op.stage - 1)) {
-          const std::vector<float>& host = balance_of(ctx, p).grad;
-          if (host.size() != static_cast<std::size_t>(c.num_experts))
-            throw std::logic_error("compute: a layer backward before its micro-batch's head (load-balancing loss)");
-          grad.grad = be.upload_floats(host.data(), host.size(), token_slot);
-        }
-        be.layer_backward(c.layer_config(op.stage - 1), weights(0), x_in, saved(op.stage), dx_buffer(dx_read),
-                          dx_buffer(dx_read + 1), g, rows, ws, grad.grad ? &grad : nullptr, ctx->sequence,
-                          kept_attention(op.stage));
-        hand_over(self, k_main, p, op.stage, Phase::backward);
-        break;
-      }
-      case OpKind::embed_backward: {
-        float* g = is_tied ? staging_buffer(ctx, k_main, p, 0) : open_staging(ctx, k_main, p, 0);
-        be.embedding_backward(c, tokens, rows, dx_buffer(dx_read), g);
-        hand_over(self, k_main, p, 0, Phase::backward);
-        break;
-      }
-    }
-    const auto t1 = Clock::now();
-    st.step_compute += seconds_between(t0, t1);
-    ctx->intervals.add(Role::compute, p.step, t0, t1, static_cast<int>(op.phase()));
-    ctx->monitor->board()
-        .probe(monitor::ActorId::compute, ctx->device)
-        .unit(p.step, ctx->work_micro_batch(p.micro_batch), op.stage, phase_name(op.phase()));
-    if (written >= 0) {
-      if (written < L && !sched.is_forward_only())  // an evaluation pass has no backward to feed
-        offload_boundary(self, p, written);
-      else
-        ctx->ledger.ring[static_cast<std::size_t>(written) % ctx->ring.size()] = RingEntry{};
-    }
-    for (int li = 0; li < op.loads; ++li) {
-      auto it = st.ready.find({p, li});
-      self->send(st.peers.prefetcher, SlotFree{st.epoch, p, li, it->second.slot});
-      st.ready.erase(it);
-    }
-    // Commit: the op is done.
-    if (op.kind == OpKind::layer_backward) dxc = 1 - dxc;
-    const Pos n = sched.next(p);
-    ctx->ledger.compute_pos = n;
-    st.pos = n;
-    if (p.op + 1 == sched.ops_per_micro_batch() && ctx->last_pass(p.micro_batch)) {  // its data is done
-      st.batches.erase(key);
-      st.requested.erase(key);
-    }
-    if (n.step != p.step) {
-      self->send(st.peers.node, ComputeStepDone{p.step, st.step_wait, st.step_compute});
-      st.step_wait = st.step_compute = 0.0;
-      // Losses of steps the optimizer has finished are no longer needed for a restart.
-      auto& losses = ctx->ledger.losses;
-      while (!losses.empty() && losses.begin()->first < p.step - 1) losses.erase(losses.begin());
-    }
+    run_op(f);
+    finish_op(f, t0);
   }
 }
 

@@ -110,24 +110,15 @@ class IntervalLog {
   std::vector<BusyInterval> log_;
 };
 
-struct Context {
-  // Several devices (device.gpus = N): every device has a Context of its own for its compute actor
-  // and prefetcher (its backend, arena, carved buffers, the compute part of the ledger, its schedule
-  // of device_micro_batches local micro-batches); device 0's is the run's context, the one the loader,
-  // collector, optimizer, checkpointer and node use. Local micro-batch m of device d is the step's
-  // global micro-batch m * N + d (data, losses, fault points); gradients are reduced per round m.
-  int device = 0;
+// The run-wide state: set by run_pipeline on device 0's context before any actor starts, read-only
+// after. Devices 1..N-1 take it whole (share_run), so a field added here reaches every device.
+struct RunShared {
   int devices = 1;
-  Context* run = this;                    // device 0's context (the run's shared state: gate, ...)
-  std::vector<Context*> device_contexts;  // the run's context only: every device's, [0] = this
   // Several ranks (mpirun; cluster/grad_reduce.hpp): rank r's pipeline runs local micro-batches m of
-  // global index m * ranks + r (one device per rank); `world` carries the transfers (null: alone), and
-  // `grad_transport` the gradients to their owners (MPI from host copies, or NCCL from the devices;
-  // made by run_pipeline, outliving every actor).
+  // global index m * ranks + r (one device per rank); `world` carries the transfers (null: alone).
   int rank = 0;
   int ranks = 1;
   cluster::World* world = nullptr;
-  GradTransport* grad_transport = nullptr;
   // train.gradient_buffer=stage (one device): no gradient accumulator in the tiles. With one
   // micro-batch per step each stage's gradient waits in its staging slot (or, over a link, the slot's
   // landing buffer on the host) until the optimizer has used it; with several (layer-major), or with
@@ -138,6 +129,46 @@ struct Context {
   // pass's clip factor).
   bool stage_gradients = false;
   int passes = 1;
+  EngineJob* job = nullptr;
+  const TrainConfig* cfg = nullptr;
+  const ModelConfig* model = nullptr;
+  EnginePlan plan;
+  HostModel* host = nullptr;
+  BatchSource* data = nullptr;      // the micro-batches this pipeline runs (an evaluation pass: validation)
+  BatchSource* run_data = nullptr;  // the training data (its cursor goes into checkpoints' run state)
+  const std::vector<EvalRecord>* evaluations = nullptr;  // done so far (checkpoints' run state)
+  FaultPlan* fault = nullptr;
+  Schedule sched;                    // the order of every step's ops
+  std::vector<ParamLayout> layouts;  // per stage
+  std::int64_t first_step = 0;
+  std::int64_t end_step = 0;      // exclusive (the actors lower their own copies on a stop request)
+  std::int64_t cfg_end_step = 0;  // the run's planned end (before any stop request)
+  int optimizer_threads = 1;      // the optimizer's team, and the collector's (config/thread_budget.cpp)
+  float max_grad_norm = 0.0f;
+  bool serial = false;
+  bool checkpointing = false;  // job->checkpoint.root is set
+  // The host state sharded (cluster.shard_state): the ranks whose checkpointers write each checkpoint
+  // together (rank 0 writes every stage, receiving the moments of the stages it does not own from their
+  // owners on the checkpoint channel); set for evaluation passes too, which checkpoint as well. Null:
+  // this process holds every stage's state.
+  cluster::World* shard_world = nullptr;
+  // The monitor (always set by run_engine; its endpoint only when monitor.enabled): actors publish
+  // their handler and last unit of work to its board; the node its figures and events.
+  monitor::Monitor* monitor = nullptr;
+};
+
+struct Context : RunShared {
+  // Several devices (device.gpus = N): every device has a Context of its own for its compute actor
+  // and prefetcher (its backend, arena, carved buffers, the compute part of the ledger, its schedule
+  // of device_micro_batches local micro-batches); device 0's is the run's context, the one the loader,
+  // collector, optimizer, checkpointer and node use. Local micro-batch m of device d is the step's
+  // global micro-batch m * N + d (data, losses, fault points); gradients are reduced per round m.
+  int device = 0;
+  Context* run = this;                    // device 0's context (the run's shared state: gate, ...)
+  std::vector<Context*> device_contexts;  // the run's context only: every device's, [0] = this
+  // Several ranks (mpirun; cluster/grad_reduce.hpp): `grad_transport` carries the gradients to their
+  // owners (MPI from host copies, or NCCL from the devices; made by run_pipeline, outliving every actor).
+  GradTransport* grad_transport = nullptr;
   std::vector<AlignedFloats> grad_landing;  // one micro-batch over a link: per staging slot (collector writes)
   AlignedFloats link_buffer;  // else over a link: the collector's landing for one stage (the engine pins it)
   StageAccumulators* stage_accums = nullptr;  // several micro-batches or ranks (the run's; made by run_pipeline)
@@ -165,24 +196,10 @@ struct Context {
     return device_contexts.empty() ? this : device_contexts[static_cast<std::size_t>(d)];
   }
 
-  EngineJob* job = nullptr;
-  const TrainConfig* cfg = nullptr;
-  const ModelConfig* model = nullptr;
-  EnginePlan plan;
-  HostModel* host = nullptr;
-  Backend* backend = nullptr;       // every touch of device memory: copies, fills, stage operations
-  DeviceArena* arena = nullptr;     // the backend's memory, carved and accounted (slot states, peak)
-  BatchSource* data = nullptr;      // the micro-batches this pipeline runs (an evaluation pass: validation)
-  BatchSource* run_data = nullptr;  // the training data (its cursor goes into checkpoints' run state)
-  const std::vector<EvalRecord>* evaluations = nullptr;  // done so far (checkpoints' run state)
-  FaultPlan* fault = nullptr;
+  Backend* backend = nullptr;    // every touch of device memory: copies, fills, stage operations
+  DeviceArena* arena = nullptr;  // the backend's memory, carved and accounted (slot states, peak)
   RunLedger ledger;
   IntervalLog intervals;
-  Schedule sched;                    // the order of every step's ops
-  std::vector<ParamLayout> layouts;  // per stage
-  std::int64_t first_step = 0;
-  std::int64_t end_step = 0;  // exclusive; lowered by a stop request
-  int optimizer_threads = 1;  // the optimizer's team, and the collector's (config/thread_budget.cpp)
   // Host threads granted now (threads.adapt_to_load): fewer while other processes take this run's
   // cores (the run controller measures, device/cpu/core_share.hpp); 0 = as planned. Compute and the
   // optimizer apply it between units of work; results do not depend on it.
@@ -207,26 +224,13 @@ struct Context {
   // Several ranks: each actor's busy seconds at the last loss gather (its share of the step, in the
   // status every rank gathers; written only on the optimizer's thread).
   double busy_at_gather[8] = {};  // by monitor::ActorId (rank_losses.cpp checks the size)
-  float max_grad_norm = 0.0f;
-  bool serial = false;
   std::atomic<std::int64_t> slot_reuses{0};
   std::chrono::steady_clock::time_point h2d_last_end;  // written only by the copy engine's host-to-device worker  //
                                                        // loads served by a resident slot (no copy)
   std::chrono::steady_clock::time_point t0;
   // Checkpoints.
-  bool checkpointing = false;  // job->checkpoint.root is set
-  // The host state sharded (cluster.shard_state): the ranks whose checkpointers write each checkpoint
-  // together (rank 0 writes every stage, receiving the moments of the stages it does not own from their
-  // owners on the checkpoint channel); set for evaluation passes too, which checkpoint as well. Null:
-  // this process holds every stage's state.
-  cluster::World* shard_world = nullptr;
   bool state_part() const { return shard_world != nullptr && shard_world->rank() > 0; }
-  std::int64_t cfg_end_step = 0;  // the run's planned end (before any stop request)
   CheckpointGate gate;
-
-  // The monitor (always set by run_engine; its endpoint only when monitor.enabled): actors publish
-  // their handler and last unit of work to its board; the node its figures and events.
-  monitor::Monitor* monitor = nullptr;
 
   // Carved from the arena's activation region. Boundaries on the device: per activation set (one per
   // in-flight micro-batch, Schedule::activation_set), L + 1 boundaries: acts[set][i] = input of stage

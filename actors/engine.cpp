@@ -181,6 +181,30 @@ KeepIntermediates planned_keep(const EnginePlan& p) {
                                 : KeepIntermediates::boundary;
 }
 
+nlohmann::json plan_summary(const EnginePlan& p) {
+  return {{"keep_intermediates", keep_intermediates_name(planned_keep(p))},
+          {"seq_tile", p.seq_tile},
+          {"kept_layers", p.kept_layers},
+          {"attention_kept", p.attention_kept},
+          {"sequence_mapped", p.sequence_mapped},
+          {"micro_batch_order", micro_batch_order_name(p.order)},
+          {"stage_gradients", p.stage_gradients},
+          {"gradient_passes", p.gradient_passes},
+          {"batch", p.batch},
+          {"seq", p.seq},
+          {"micro_batches", p.micro_batches},
+          {"devices", p.devices},
+          {"ranks", p.ranks},
+          {"weight_slots", p.weight_slots},
+          {"grad_slots", p.grad_slots},
+          {"prefetch_depth", p.prefetch_depth},
+          {"activation_sets", p.activation_sets},
+          {"arena_bytes", p.arena.total_bytes},
+          {"arena_budget_bytes", p.arena.budget_bytes},
+          {"host_boundary_bytes", p.host_boundary_bytes},
+          {"workspace_bytes", p.workspace_floats * sizeof(float)}};
+}
+
 std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model) {
   if (!p.attention_kept) return 0;
   return static_cast<std::size_t>(p.activation_sets * model.num_hidden_layers) * align_floats(p.attention_floats) *
@@ -233,13 +257,11 @@ void check_cluster_runs(const TrainConfig& cfg) {
     throw ConfigError("device.gpus", "must be 1 in a job of several ranks (mpirun) in this version");
 }
 
-EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
-  model.validate();
-  try {
-    check_backend_available(backend_options(cfg, EnginePlan{}));
-  } catch (const BackendUnavailable& e) {
-    throw ConfigError(e.key(), e.reason());
-  }
+namespace {
+
+// The plan's shape before any placement: batch, sequence, micro-batches, slots as configured (auto:
+// the minimum), stage gradients, the tied embedding's staging slots; every check of those keys.
+EnginePlan plan_shape(const TrainConfig& cfg, const ModelConfig& model) {
   EnginePlan p;
   p.batch = cfg.train.per_device_train_batch_size;
   p.seq = cfg.data.seq_length;
@@ -289,154 +311,211 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
     p.grad_slots = tied_slots;
   }
   p.activation_sets = activation_sets(p.order, p.device_micro_batches);  // a second pass replays the first's
-  const KeepIntermediates keep = cfg.keep_intermediates();
-  const bool tiles_possible = layer_has_seq_tiles(model);
-  if (cfg.device.seq_tile > 0 && cfg.device.seq_tile < p.seq && !tiles_possible)
+  return p;
+}
+
+// The modes to try, fastest first: every intermediate kept (no recomputation) on the device, or where
+// the device's memory is the host's, in host RAM; the boundaries on the device, offloaded to the host
+// (device memory flat in depth); each with whole sequences, then (auto) sequence tiles from the largest.
+// boundary_mapped last under auto: the arena no longer bounds activations then, only host RAM does
+// (and on a GPU the kernels read them across the link).
+std::vector<KeepIntermediates> modes_to_try(const TrainConfig& cfg, KeepIntermediates keep) {
+  if (keep != KeepIntermediates::automatic) return {keep};
+  std::vector<KeepIntermediates> modes = {KeepIntermediates::all};
+  if (cfg.device_shares_host_memory()) modes.push_back(KeepIntermediates::all_mapped);
+  for (KeepIntermediates k :
+       {KeepIntermediates::boundary, KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped})
+    modes.push_back(k);
+  return modes;
+}
+
+// all_mapped under auto spends host RAM to save the recomputation: only while what the run holds in
+// host RAM (the tiles, staging, encodings, stage accumulators, and per device the arena, host memory
+// here, and the mapped block) stays within half the host RAM (TrainConfig::host_ram_bytes), the other
+// half left to what the fit check does not count (the data, checkpoint snapshots, the page cache). A
+// run it would crowd recomputes as before.
+bool crowds_host_ram(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& trial,
+                     const ArenaRequest& req) {
+  const double host_ram = cfg.host_ram_bytes();  // read here: most plans never weigh it
+  const TierBytes tb = tier_bytes(cfg, model);
+  double need = static_cast<double>(tb.tiles + tb.staging + tb.ram_encodings) +
+                static_cast<double>(trial.devices) *
+                    static_cast<double>(arena_bytes_needed(model, req) + trial.host_boundary_bytes);
+  if (sums_into_stage_accumulators(trial))
+    need += StageAccumulators::kCount * static_cast<double>(stage_accumulator_floats(cfg, model) * sizeof(float));
+  return host_ram <= 0 || need > 0.5 * host_ram;
+}
+
+// The search for the fastest placement that fits: its inputs and the first budget error met.
+struct FitSearch {
+  FitSearch(const TrainConfig& c, const ModelConfig& m) : cfg(c), model(m) {}
+  const TrainConfig& cfg;
+  const ModelConfig& model;
+  KeepIntermediates keep = KeepIntermediates::automatic;
+  std::vector<KeepIntermediates> modes;
+  std::vector<std::int64_t> tiles;
+  bool tiles_possible = false;
+  bool kv_host = false;           // device.attention_kv = host
+  bool may_map_sequence = false;  // a pass with attention's keys and values mapped is allowed
+  std::optional<ArenaBudgetError> last_error;
+};
+
+// Last, when nothing above fits (device.attention_kv=auto, on a device sharing host memory: across a
+// link every tile would read them there), or only (host): boundaries mapped with the tiled layers' keys
+// and values mapped too (the arena then holds the weight and gradient slots and one tile's work).
+FitSearch fit_search(const TrainConfig& cfg, const ModelConfig& model, std::int64_t seq) {
+  FitSearch f(cfg, model);
+  f.keep = cfg.keep_intermediates();
+  f.tiles_possible = layer_has_seq_tiles(model);
+  if (cfg.device.seq_tile > 0 && cfg.device.seq_tile < seq && !f.tiles_possible)
     throw ConfigError("device.seq_tile",
                       "GPT-2 layers run whole sequences (their learned positions bound the "
                       "context); use auto or a value >= data.seq_length");
-  // The modes to try, fastest first: every intermediate kept (no recomputation) on the device, or where
-  // the device's memory is the host's, in host RAM; the boundaries on the device, offloaded to the host
-  // (device memory flat in depth); each with whole sequences, then (auto) sequence tiles from the largest.
-  // boundary_mapped last under auto: the arena no longer bounds activations then, only host RAM does
-  // (and on a GPU the kernels read them across the link).
-  std::vector<KeepIntermediates> modes;
-  if (keep == KeepIntermediates::automatic) {
-    modes = {KeepIntermediates::all};
-    if (cfg.device_shares_host_memory()) modes.push_back(KeepIntermediates::all_mapped);
-    for (KeepIntermediates k :
-         {KeepIntermediates::boundary, KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped})
-      modes.push_back(k);
-  } else {
-    modes = {keep};
-  }
-  // all_mapped under auto spends host RAM to save the recomputation: only while what the run holds in
-  // host RAM (the tiles, staging, encodings, stage accumulators, and per device the arena, host memory
-  // here, and the mapped block) stays within half the host RAM (TrainConfig::host_ram_bytes), the other
-  // half left to what the fit check does not count (the data, checkpoint snapshots, the page cache). A
-  // run it would crowd recomputes as before.
-  auto crowds_host_ram = [&](const EnginePlan& trial, const ArenaRequest& req) {
-    const double host_ram = cfg.host_ram_bytes();  // read here: most plans never weigh it
-    const TierBytes tb = tier_bytes(cfg, model);
-    double need = static_cast<double>(tb.tiles + tb.staging + tb.ram_encodings) +
-                  static_cast<double>(trial.devices) *
-                      static_cast<double>(arena_bytes_needed(model, req) + trial.host_boundary_bytes);
-    if (sums_into_stage_accumulators(trial))
-      need += StageAccumulators::kCount * static_cast<double>(stage_accumulator_floats(cfg, model) * sizeof(float));
-    return host_ram <= 0 || need > 0.5 * host_ram;
-  };
-  const std::vector<std::int64_t> tiles = seq_tile_candidates(cfg, model, p.seq);
-  // Last, when nothing above fits (device.attention_kv=auto, on a device sharing host memory: across a
-  // link every tile would read them there), or only (host): boundaries mapped with the tiled layers' keys
-  // and values mapped too (the arena then holds the weight and gradient slots and one tile's work).
-  const bool kv_host = cfg.device.attention_kv == "host";
-  const bool keep_maps = keep == KeepIntermediates::automatic || keep == KeepIntermediates::boundary_mapped;
-  if (kv_host && !keep_maps)
+  f.modes = modes_to_try(cfg, f.keep);
+  f.tiles = seq_tile_candidates(cfg, model, seq);
+  f.kv_host = cfg.device.attention_kv == "host";
+  const bool keep_maps = f.keep == KeepIntermediates::automatic || f.keep == KeepIntermediates::boundary_mapped;
+  if (f.kv_host && !keep_maps)
     throw ConfigError("device.attention_kv", std::string("host maps them beside the boundaries: it needs "
                                                          "device.keep_intermediates=boundary_mapped or auto, not ") +
                                                  cfg.device.keep_intermediates);
-  if (kv_host && tiles.back() == 0)
+  if (f.kv_host && f.tiles.back() == 0)
     throw ConfigError("device.attention_kv",
-                      "host needs sequence tiles (device.seq_tile below data.seq_length=" + std::to_string(p.seq) +
-                          (tiles_possible ? ")" : "; GPT-2 layers run whole sequences)"));
-  const bool may_map_sequence = tiles.back() > 0 && keep_maps &&
-                                (kv_host || (cfg.device.attention_kv == "auto" && cfg.device_shares_host_memory()));
-  std::optional<EnginePlan> chosen;
-  std::optional<ArenaBudgetError> last_error;
-  // The passes: keys and values on the device, then (when allowed) mapped; host: mapped only.
-  std::vector<bool> passes;
-  if (!kv_host) passes.push_back(false);
-  if (may_map_sequence) passes.push_back(true);
-  for (bool map_sequence : passes) {
-    if (chosen) break;
-    for (std::int64_t tile : tiles) {
-      for (KeepIntermediates k : modes) {
-        const bool keeps_all = k == KeepIntermediates::all || k == KeepIntermediates::all_mapped;
-        if (tile > 0 && keeps_all) continue;  // keep mode is whole-sequence
-        if (map_sequence && (tile == 0 || k != KeepIntermediates::boundary_mapped)) continue;
-        EnginePlan trial = p;
-        trial.seq_tile = tile;
-        trial.sequence_mapped = map_sequence;
-        const ArenaRequest req = size_activations(trial, cfg, model, k);
-        if (k == KeepIntermediates::all_mapped && keep == KeepIntermediates::automatic && crowds_host_ram(trial, req))
-          continue;
-        try {
-          trial.arena = plan_arena(model, req);
-        } catch (const ArenaBudgetError& e) {
-          if (!last_error) last_error = e;  // the whole-sequence error says most; tiles are appended below
-          continue;
-        }
-        if (keep == KeepIntermediates::automatic)
-          trial.notes.push_back(std::string("device.keep_intermediates=auto chose ") + keep_intermediates_name(k) +
-                                (k == KeepIntermediates::all ? " (every intermediate fits the budget)"
-                                 : k == KeepIntermediates::all_mapped
-                                     ? " (the device shares host memory: every intermediate is kept there, " +
-                                           format_bytes(trial.host_boundary_bytes) +
-                                           " with the boundaries, and nothing is recomputed)"
-                                 : kv_host ? " (device.attention_kv=host maps keys and values beside the boundaries)"
-                                           : " (keeping more does not fit the budget)"));
-        if (map_sequence)
-          trial.notes.push_back("attention's keys, values and their gradients (" +
-                                format_bytes(trial.sequence_floats * sizeof(float)) + ") are mapped in host RAM too (" +
-                                (kv_host ? "device.attention_kv=host"
-                                         : "device.attention_kv=auto: the budget holds them at no sequence tile") +
-                                ")");
-        chosen = std::move(trial);
-        break;
-      }
-      if (chosen) break;
-    }
+                      "host needs sequence tiles (device.seq_tile below data.seq_length=" + std::to_string(seq) +
+                          (f.tiles_possible ? ")" : "; GPT-2 layers run whole sequences)"));
+  f.may_map_sequence = f.tiles.back() > 0 && keep_maps &&
+                       (f.kv_host || (cfg.device.attention_kv == "auto" && cfg.device_shares_host_memory()));
+  return f;
+}
+
+// Why auto chose mode k (a note of the plan).
+std::string keep_choice_note(const FitSearch& f, const EnginePlan& trial, KeepIntermediates k) {
+  return std::string("device.keep_intermediates=auto chose ") + keep_intermediates_name(k) +
+         (k == KeepIntermediates::all ? " (every intermediate fits the budget)"
+          : k == KeepIntermediates::all_mapped
+              ? " (the device shares host memory: every intermediate is kept there, " +
+                    format_bytes(trial.host_boundary_bytes) + " with the boundaries, and nothing is recomputed)"
+          : f.kv_host ? " (device.attention_kv=host maps keys and values beside the boundaries)"
+                      : " (keeping more does not fit the budget)");
+}
+
+// Plan p with sequence tile `tile`, mode k and (map_sequence) attention's keys and values mapped, when
+// that combination exists and fits; else nullopt (a budget error is kept in f.last_error).
+std::optional<EnginePlan> try_fit(FitSearch& f, const EnginePlan& p, std::int64_t tile, KeepIntermediates k,
+                                  bool map_sequence) {
+  const bool keeps_all = k == KeepIntermediates::all || k == KeepIntermediates::all_mapped;
+  if (tile > 0 && keeps_all) return std::nullopt;  // keep mode is whole-sequence
+  if (map_sequence && (tile == 0 || k != KeepIntermediates::boundary_mapped)) return std::nullopt;
+  EnginePlan trial = p;
+  trial.seq_tile = tile;
+  trial.sequence_mapped = map_sequence;
+  const ArenaRequest req = size_activations(trial, f.cfg, f.model, k);
+  if (k == KeepIntermediates::all_mapped && f.keep == KeepIntermediates::automatic &&
+      crowds_host_ram(f.cfg, f.model, trial, req))
+    return std::nullopt;
+  try {
+    trial.arena = plan_arena(f.model, req);
+  } catch (const ArenaBudgetError& e) {
+    if (!f.last_error) f.last_error = e;  // the whole-sequence error says most; tiles are appended below
+    return std::nullopt;
   }
-  if (!chosen && !last_error)  // no trial at all: keep mode runs whole sequences only
+  if (f.keep == KeepIntermediates::automatic) trial.notes.push_back(keep_choice_note(f, trial, k));
+  if (map_sequence)
+    trial.notes.push_back("attention's keys, values and their gradients (" +
+                          format_bytes(trial.sequence_floats * sizeof(float)) + ") are mapped in host RAM too (" +
+                          (f.kv_host ? "device.attention_kv=host"
+                                     : "device.attention_kv=auto: the budget holds them at no sequence tile") +
+                          ")");
+  return trial;
+}
+
+// Nothing fitted: the error that says why.
+[[noreturn]] void throw_no_fit(const FitSearch& f) {
+  const TrainConfig& cfg = f.cfg;
+  if (!f.last_error)  // no trial at all: keep mode runs whole sequences only
     throw ConfigError("device.keep_intermediates", cfg.device.keep_intermediates +
                                                        " keeps whole-sequence intermediates: it cannot run in "
                                                        "sequence tiles (device.seq_tile=" +
                                                        std::to_string(cfg.device.seq_tile) + " below data.seq_length)");
-  if (!chosen && kv_host)
-    throw ArenaBudgetError(std::string(last_error->what()) + "; nor does it fit in sequence tiles down to " +
-                           "device.seq_tile=" + std::to_string(tiles.back()) +
+  if (f.kv_host)
+    throw ArenaBudgetError(std::string(f.last_error->what()) + "; nor does it fit in sequence tiles down to " +
+                           "device.seq_tile=" + std::to_string(f.tiles.back()) +
                            " tokens with the boundaries and attention's keys and values in host RAM "
                            "(device.attention_kv=host): raise the budget or lower data.seq_length");
-  if (!chosen) {
-    std::string msg = last_error->what();
-    if (tiles.size() > 1)
-      msg += "; nor does it fit in sequence tiles down to device.seq_tile=" + std::to_string(tiles.back()) +
-             " tokens (what device.seq_tile=auto tries" +
-             (may_map_sequence ? ", with the boundaries and attention's keys and values in host RAM" : "") +
-             "): raise the budget or lower data.seq_length";
-    throw ArenaBudgetError(msg);
-  }
-  p = std::move(*chosen);
-  // Tiles with the boundaries mapped where the device shares host memory: keep each layer's attention
-  // output and log-sum-exp there too when half the host RAM holds them (the arena does not change). As
-  // for all_mapped, the guard is weighed before grow_into_budget adds slots to the arena (host memory
-  // here too): a few layers' weights, small beside what it weighs.
-  if (p.boundaries_mapped && p.seq_tile > 0 && cfg.device_shares_host_memory()) {
-    EnginePlan trial = p;
-    trial.attention_kept = true;
-    const ArenaRequest req = size_activations(trial, cfg, model, KeepIntermediates::boundary_mapped);
-    if (!crowds_host_ram(trial, req)) {
-      trial.arena = plan_arena(model, req);
-      trial.notes.push_back("each layer's attention output and log-sum-exp (" +
-                            format_bytes(trial.attention_floats * sizeof(float)) +
-                            " a layer) are kept in host RAM too: the tiled backward does not run the attention "
-                            "forward again");
-      p = std::move(trial);
-    }
-  }
+  std::string msg = f.last_error->what();
+  if (f.tiles.size() > 1)
+    msg += "; nor does it fit in sequence tiles down to device.seq_tile=" + std::to_string(f.tiles.back()) +
+           " tokens (what device.seq_tile=auto tries" +
+           (f.may_map_sequence ? ", with the boundaries and attention's keys and values in host RAM" : "") +
+           "): raise the budget or lower data.seq_length";
+  throw ArenaBudgetError(msg);
+}
+
+// The first fit in order: keys and values on the device, then (when allowed) mapped (host: mapped
+// only); in each, tiles from whole sequences down; in each tile, the modes fastest first.
+EnginePlan choose_fit(FitSearch& f, const EnginePlan& p) {
+  std::vector<bool> passes;
+  if (!f.kv_host) passes.push_back(false);
+  if (f.may_map_sequence) passes.push_back(true);
+  for (bool map_sequence : passes)
+    for (std::int64_t tile : f.tiles)
+      for (KeepIntermediates k : f.modes)
+        if (std::optional<EnginePlan> fit = try_fit(f, p, tile, k, map_sequence)) return std::move(*fit);
+  throw_no_fit(f);
+}
+
+// Tiles with the boundaries mapped where the device shares host memory: keep each layer's attention
+// output and log-sum-exp there too when half the host RAM holds them (the arena does not change). As
+// for all_mapped, the guard is weighed before grow_into_budget adds slots to the arena (host memory
+// here too): a few layers' weights, small beside what it weighs.
+void keep_attention_if_room(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model) {
+  if (!p.boundaries_mapped || p.seq_tile <= 0 || !cfg.device_shares_host_memory()) return;
+  EnginePlan trial = p;
+  trial.attention_kept = true;
+  const ArenaRequest req = size_activations(trial, cfg, model, KeepIntermediates::boundary_mapped);
+  if (crowds_host_ram(cfg, model, trial, req)) return;
+  trial.arena = plan_arena(model, req);
+  trial.notes.push_back("each layer's attention output and log-sum-exp (" +
+                        format_bytes(trial.attention_floats * sizeof(float)) +
+                        " a layer) are kept in host RAM too: the tiled backward does not run the attention "
+                        "forward again");
+  p = std::move(trial);
+}
+
+// After the placement: the tiles' note, the budget left over (auto slots and kept layers), prefetch
+// depth and threads.
+void finish_plan(EnginePlan& p, const FitSearch& f) {
+  const TrainConfig& cfg = f.cfg;
   if (p.seq_tile > 0)
     p.notes.push_back("sequence tiles of " + std::to_string(p.seq_tile) + " tokens (device.seq_tile=" +
                       (cfg.device.seq_tile > 0 ? std::to_string(cfg.device.seq_tile)
-                       : kv_host ? std::string("auto: the largest that fits with keys and values in host RAM")
-                                 : std::string("auto: the whole sequence does not fit the budget")) +
+                       : f.kv_host ? std::string("auto: the largest that fits with keys and values in host RAM")
+                                   : std::string("auto: the whole sequence does not fit the budget")) +
                       "): layers and the head run a tile at a time; attention's keys and values are sequence-sized");
-  const bool auto_layers = keep == KeepIntermediates::automatic;
-  if (auto_grad || auto_weight || auto_layers) grow_into_budget(p, cfg, model, auto_grad, auto_weight, auto_layers);
+  const bool auto_weight = cfg.device.weight_slots == 0, auto_grad = cfg.device.grad_slots == 0;
+  const bool auto_layers = f.keep == KeepIntermediates::automatic;
+  if (auto_grad || auto_weight || auto_layers) grow_into_budget(p, cfg, f.model, auto_grad, auto_weight, auto_layers);
   if (cfg.device.prefetch_depth > p.weight_slots - 1)
     throw ConfigError("device.prefetch_depth", std::to_string(cfg.device.prefetch_depth) + " exceeds the " +
                                                    std::to_string(p.weight_slots) + " weight slots minus one");
   p.prefetch_depth = static_cast<int>(cfg.device.prefetch_depth > 0 ? cfg.device.prefetch_depth : p.weight_slots - 1);
   p.threads = cfg.thread_budget();
+}
+
+}  // namespace
+
+EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
+  model.validate();
+  try {
+    check_backend_available(backend_options(cfg, EnginePlan{}));
+  } catch (const BackendUnavailable& e) {
+    throw ConfigError(e.key(), e.reason());
+  }
+  const EnginePlan shape = plan_shape(cfg, model);
+  FitSearch f = fit_search(cfg, model, shape.seq);
+  EnginePlan p = choose_fit(f, shape);
+  keep_attention_if_room(p, cfg, model);
+  finish_plan(p, f);
   return p;
 }
 
@@ -506,36 +585,11 @@ struct DeviceRig {
   std::unique_ptr<Context> own;
 };
 
-// Device d's context shares the run's read-only state (device 0's context `run`).
+// Device d's context takes the run's read-only state (device 0's context `run`) whole.
 void share_run(Context& c, Context& run, int d) {
+  static_cast<RunShared&>(c) = static_cast<const RunShared&>(run);
   c.device = d;
-  c.devices = run.devices;
-  c.rank = run.rank;
-  c.ranks = run.ranks;
-  c.world = run.world;
   c.run = &run;
-  c.job = run.job;
-  c.cfg = run.cfg;
-  c.model = run.model;
-  c.plan = run.plan;
-  c.host = run.host;
-  c.data = run.data;
-  c.run_data = run.run_data;
-  c.evaluations = run.evaluations;
-  c.fault = run.fault;
-  c.sched = run.sched;
-  c.layouts = run.layouts;
-  c.first_step = run.first_step;
-  c.end_step = run.end_step;
-  c.cfg_end_step = run.cfg_end_step;
-  c.optimizer_threads = run.optimizer_threads;
-  c.max_grad_norm = run.max_grad_norm;
-  c.stage_gradients = run.stage_gradients;
-  c.passes = run.passes;
-  c.serial = run.serial;
-  c.checkpointing = run.checkpointing;
-  c.shard_world = run.shard_world;
-  c.monitor = run.monitor;
 }
 
 // An evaluation pass runs no backward: nothing reads kept attention outputs, so none are kept.
@@ -609,21 +663,56 @@ void add_link(LinkStats& total, const LinkStats& part) {
   }
 }
 
-// One pipeline: the actors over [job.first_step, end) of training, or one evaluation pass.
-EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monitor& mon) {
+// The host model matches the plan and the job: its shape, gradient regions, versions and compute copies.
+void check_host_model(const EngineJob& job, const EnginePlan& plan) {
+  for (std::int64_t s = 0; s < plan.stages; ++s)
+    if (job.host->owns(s) && job.host->tile(s).has_grad() == plan.stage_gradients)
+      throw std::invalid_argument(
+          "run_engine: the host tiles' gradient regions do not match train.gradient_buffer (build the HostModel "
+          "with host_tile_options)");
+  if (job.host->num_stages() != plan.stages) throw std::invalid_argument("run_engine: host model has another shape");
+  for (std::int64_t s = 0; s < plan.stages; ++s)
+    if (job.host->tile(s).version() != static_cast<std::uint64_t>(job.first_step))
+      throw std::invalid_argument("run_engine: stage " + std::to_string(s) + " is at version " +
+                                  std::to_string(job.host->tile(s).version()) + ", expected " +
+                                  std::to_string(job.first_step));
+  const bool bf16 = job.cfg.precision() == Precision::bf16;
+  for (std::int64_t s = 0; s < plan.stages; ++s)
+    if (job.host->tile(s).has_compute_copy() != bf16 ||
+        (bf16 && job.host->tile(s).compute_copy_bytes() != job.host->tile(s).floats() * sizeof(bf16_t)))
+      throw std::invalid_argument(
+          "run_engine: the host tiles' compute copy does not match train.bf16=" + std::string(bf16 ? "true" : "false") +
+          " (build the HostModel with host_tile_options)");
+}
+
+// The compute copies always equal bf16(masters): rebuilt here from whatever the tiles hold (fresh
+// initialisation, a checkpoint, a Hugging Face import), then kept equal by the optimizer's fused update.
+// Split masters need nothing: the copy is their high half.
+void refresh_compute_copies(const EngineJob& job, const EnginePlan& plan) {
+  if (job.cfg.precision() != Precision::bf16 || job.host->split_masters()) return;
+  for (std::int64_t s = 0; s < plan.stages; ++s) {
+    if (!job.host->holds_masters(s)) continue;  // a replica's copy is all it holds (set with it)
+    HostTile& t = job.host->tile(s);
+    job.host->read_masters(s, [&](const float* masters) {
+      cpu::to_bf16(masters, static_cast<bf16_t*>(t.compute_copy()), t.floats(), std::max(1, plan.threads.blas));
+    });
+  }
+}
+
+// The run's context before its devices: the job's inputs, the schedule, the steps and the run-wide knobs.
+std::unique_ptr<Context> pipeline_context(EngineJob& job, monitor::Monitor& mon, FaultPlan* on_demand_faults) {
   auto ctx = std::make_unique<Context>();
   ctx->job = &job;
   ctx->cfg = &job.cfg;
   ctx->model = &job.model;
   check_cluster_runs(job.cfg);
-  ctx->plan = plan_engine(job.cfg, job.model);
+  ctx->plan = *job.plan;                                            // run_engine planned the job if the run did not
   if (job.forward_only) drop_kept_attention(ctx->plan, job.model);  // no backward reads it
   ctx->host = job.host;
   ctx->data = job.data;
   ctx->run_data = job.run_data != nullptr ? job.run_data : job.data;
   ctx->evaluations = &job.evaluations;
-  FaultPlan on_demand_faults;  // no test plan: still the target of the monitor's /control/fault
-  ctx->fault = job.fault != nullptr ? job.fault : &on_demand_faults;
+  ctx->fault = job.fault != nullptr ? job.fault : on_demand_faults;
   ctx->sched = job.forward_only ? Schedule::forward_only(job.model, job.eval_batches)
                                 : Schedule(job.model, ctx->plan.device_micro_batches, ctx->plan.order,
                                            ctx->plan.boundaries_on_host, ctx->plan.gradient_passes);
@@ -631,37 +720,9 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->stage_gradients = ctx->plan.stage_gradients;
     ctx->passes = ctx->plan.gradient_passes;
   }
-  for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
-    if (job.host->owns(s) && job.host->tile(s).has_grad() == ctx->plan.stage_gradients)
-      throw std::invalid_argument(
-          "run_engine: the host tiles' gradient regions do not match train.gradient_buffer (build the HostModel "
-          "with host_tile_options)");
   for (std::int64_t s = 0; s < ctx->plan.stages; ++s) ctx->layouts.push_back(stage_layout(job.model, s));
-  if (job.host->num_stages() != ctx->plan.stages)
-    throw std::invalid_argument("run_engine: host model has another shape");
-  for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
-    if (job.host->tile(s).version() != static_cast<std::uint64_t>(job.first_step))
-      throw std::invalid_argument("run_engine: stage " + std::to_string(s) + " is at version " +
-                                  std::to_string(job.host->tile(s).version()) + ", expected " +
-                                  std::to_string(job.first_step));
-  const bool bf16 = job.cfg.precision() == Precision::bf16;
-  for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
-    if (job.host->tile(s).has_compute_copy() != bf16 ||
-        (bf16 && job.host->tile(s).compute_copy_bytes() != job.host->tile(s).floats() * sizeof(bf16_t)))
-      throw std::invalid_argument(
-          "run_engine: the host tiles' compute copy does not match train.bf16=" + std::string(bf16 ? "true" : "false") +
-          " (build the HostModel with host_tile_options)");
-  // The compute copies always equal bf16(masters): rebuilt here from whatever the tiles hold (fresh
-  // initialisation, a checkpoint, a Hugging Face import), then kept equal by the optimizer's fused update.
-  // Split masters need nothing: the copy is their high half.
-  if (bf16 && !job.host->split_masters())
-    for (std::int64_t s = 0; s < ctx->plan.stages; ++s) {
-      if (!job.host->holds_masters(s)) continue;  // a replica's copy is all it holds (set with it)
-      HostTile& t = job.host->tile(s);
-      job.host->read_masters(s, [&](const float* masters) {
-        cpu::to_bf16(masters, static_cast<bf16_t*>(t.compute_copy()), t.floats(), std::max(1, ctx->plan.threads.blas));
-      });
-    }
+  check_host_model(job, ctx->plan);
+  refresh_compute_copies(job, ctx->plan);
   ctx->first_step = job.first_step;
   ctx->cfg_end_step = std::max(job.first_step, job.cfg.train.max_steps);
   ctx->end_step =
@@ -673,118 +734,133 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     ctx->shard_world = job.world;
   }
   ctx->gate.set_snapshot_budget(job.checkpoint.snapshot_budget_bytes);
-  const ThreadBudget& tb = ctx->plan.threads;
-  ctx->optimizer_threads = std::max(1, tb.optimizer);
+  ctx->optimizer_threads = std::max(1, ctx->plan.threads.optimizer);
   ctx->max_grad_norm = static_cast<float>(job.cfg.train.max_grad_norm);
   ctx->serial = job.serial_schedule;
-
   ctx->monitor = &mon;
   // device.gpus = N: N backends, each with its own arena of the planned size; an evaluation pass runs
   // on device 0 alone. Device 0 uses the run's context; devices 1..N-1 a context of their own.
   ctx->devices = job.forward_only ? 1 : ctx->plan.devices;
-  // Several ranks: this rank's share of each step; an evaluation pass runs on every rank alone (the same
-  // batches, the same losses).
-  if (!job.forward_only && ctx->plan.ranks > 1) {
-    if (job.world == nullptr || job.world->size() != ctx->plan.ranks)
-      throw std::invalid_argument("run_engine: cluster.ranks = " + std::to_string(ctx->plan.ranks) +
+  return ctx;
+}
+
+// Several ranks: this rank's share of each step; an evaluation pass runs on every rank alone (the same
+// batches, the same losses).
+void join_ranks(Context& ctx, const EngineJob& job) {
+  if (!job.forward_only && ctx.plan.ranks > 1) {
+    if (job.world == nullptr || job.world->size() != ctx.plan.ranks)
+      throw std::invalid_argument("run_engine: cluster.ranks = " + std::to_string(ctx.plan.ranks) +
                                   " without a world of that many ranks");
-    ctx->ranks = ctx->plan.ranks;
-    ctx->rank = job.world->rank();
-    ctx->world = job.world;
+    ctx.ranks = ctx.plan.ranks;
+    ctx.rank = job.world->rank();
+    ctx.world = job.world;
     // cluster.shard_state: the host model holds the state of this rank's stages only.
     const OwnedStages expected = host_owned_stages(job.cfg, job.model);
-    for (std::int64_t s = 0; s < ctx->plan.stages; ++s)
+    for (std::int64_t s = 0; s < ctx.plan.stages; ++s)
       if (job.host->owns(s) != (expected.empty() || expected[static_cast<std::size_t>(s)] != 0))
         throw std::invalid_argument("run_engine: the host model holds stage " + std::to_string(s) +
                                     "'s state where cluster.shard_state does not (build it with host_owned_stages)");
   } else if (!job.forward_only && job.host->sharded()) {
     throw std::invalid_argument("run_engine: a sharded host model needs a job of several ranks");
   }
-  std::vector<DeviceRig> rigs(static_cast<std::size_t>(ctx->devices));
-  for (int d = 0; d < ctx->devices; ++d) {
-    DeviceRig& rig = rigs[static_cast<std::size_t>(d)];
-    Context* c = ctx.get();
-    if (d > 0) {
-      rig.own = std::make_unique<Context>();
-      c = rig.own.get();
-      share_run(*c, *ctx, d);
-    }
-    BackendOptions o = backend_options(job.cfg, ctx->plan);
-    o.device_index = d;
-    if (o.kind == "cuda") o.cuda_scratch = cuda_ops_scratch(job.cfg, job.model, ctx->plan);
-    rig.backend = make_backend(o);
-    rig.arena =
-        std::make_unique<DeviceArena>(ctx->plan.arena, rig.backend->allocate_device(ctx->plan.arena.total_bytes));
-    c->backend = rig.backend.get();
-    c->arena = rig.arena.get();
-    if (ctx->plan.boundaries_on_host) {
-      rig.host_acts.emplace(ctx->plan.activation_sets, job.model.num_hidden_layers, ctx->plan.hidden_floats);
-      c->host_acts = &*rig.host_acts;
-      rig.pins.emplace_back(*rig.backend, rig.host_acts->base(), rig.host_acts->bytes(),
-                            "the layer boundaries in host RAM (device.keep_intermediates=boundary_host)");
-    }
-    float* mapped = ctx->plan.boundaries_mapped
-                        ? reinterpret_cast<float*>(rig.backend->allocate_mapped_host(ctx->plan.host_boundary_bytes))
-                        : nullptr;
-    carve_activations(*c, mapped);
-    RunLedger& dl = c->ledger;
-    dl.compute_pos = c->sched.first(job.first_step);
-    dl.ring.assign(c->ring.size(), RingEntry{});
-    dl.staging.assign(static_cast<std::size_t>(ctx->plan.grad_slots), StagingEntry{});
-    ctx->device_contexts.push_back(c);
-  }
+}
 
-  // Declared after the rigs: a device transport goes before its backend.
+// Device d's backend, arena, boundary store and carved activations; devices 1..N-1 get a context of
+// their own sharing the run's.
+void build_rig(DeviceRig& rig, Context& run, const EngineJob& job, int d) {
+  const EnginePlan& plan = run.plan;
+  Context* c = &run;
+  if (d > 0) {
+    rig.own = std::make_unique<Context>();
+    c = rig.own.get();
+    share_run(*c, run, d);
+  }
+  BackendOptions o = backend_options(job.cfg, plan);
+  o.device_index = d;
+  if (o.kind == "cuda") o.cuda_scratch = cuda_ops_scratch(job.cfg, job.model, plan);
+  rig.backend = make_backend(o);
+  rig.arena = std::make_unique<DeviceArena>(plan.arena, rig.backend->allocate_device(plan.arena.total_bytes));
+  c->backend = rig.backend.get();
+  c->arena = rig.arena.get();
+  if (plan.boundaries_on_host) {
+    rig.host_acts.emplace(plan.activation_sets, job.model.num_hidden_layers, plan.hidden_floats);
+    c->host_acts = &*rig.host_acts;
+    rig.pins.emplace_back(*rig.backend, rig.host_acts->base(), rig.host_acts->bytes(),
+                          "the layer boundaries in host RAM (device.keep_intermediates=boundary_host)");
+  }
+  float* mapped = plan.boundaries_mapped
+                      ? reinterpret_cast<float*>(rig.backend->allocate_mapped_host(plan.host_boundary_bytes))
+                      : nullptr;
+  carve_activations(*c, mapped);
+  RunLedger& dl = c->ledger;
+  dl.compute_pos = c->sched.first(job.first_step);
+  dl.ring.assign(c->ring.size(), RingEntry{});
+  dl.staging.assign(static_cast<std::size_t>(plan.grad_slots), StagingEntry{});
+  run.device_contexts.push_back(c);
+}
+
+// What a pipeline holds beside its devices, declared after the rigs: released before them (a device
+// transport goes before its backend; the pins before the buffers they pin).
+struct PipelineBuffers {
   std::unique_ptr<GradTransport> grad_transport;
-  if (ctx->ranks > 1) {
-    grad_transport = make_grad_transport(job.cfg, *ctx->backend, *ctx->world, job.host->largest_stage_floats());
-    ctx->grad_transport = grad_transport.get();
-  }
+  std::optional<StageAccumulators> stage_accums;
+  std::vector<HostRegistration> landing_pins;
+};
 
+// The gradients' way to the host: the ranks' transport, the stage accumulators or landing buffers,
+// the collector's buffer over a link, each pinned; and the ledger's per-stage accumulation state.
+void set_gradient_path(Context& ctx, const EngineJob& job, PipelineBuffers& bufs) {
+  if (ctx.ranks > 1) {
+    bufs.grad_transport = make_grad_transport(job.cfg, *ctx.backend, *ctx.world, job.host->largest_stage_floats());
+    ctx.grad_transport = bufs.grad_transport.get();
+  }
   // Stage gradients: where a slot's gradient lands on the host (one micro-batch per step), or the two
   // accumulators several micro-batches (or every rank's rounds, at the stage's owner) are summed into:
   // a rank holds none for the stages it does not own.
-  std::optional<StageAccumulators> stage_accums;
-  if (ctx->stage_gradients && sums_into_stage_accumulators(ctx->plan)) {
-    stage_accums.emplace(stage_accumulator_floats(job.cfg, job.model));
-    ctx->stage_accums = &*stage_accums;
-  } else if (ctx->stage_gradients && !ctx->backend->shares_host_memory()) {
-    for (int k = 0; k < ctx->plan.grad_slots; ++k)
-      ctx->grad_landing.push_back(make_aligned_floats(job.host->largest_stage_floats()));
+  if (ctx.stage_gradients && sums_into_stage_accumulators(ctx.plan)) {
+    bufs.stage_accums.emplace(stage_accumulator_floats(job.cfg, job.model));
+    ctx.stage_accums = &*bufs.stage_accums;
+  } else if (ctx.stage_gradients && !ctx.backend->shares_host_memory()) {
+    for (int k = 0; k < ctx.plan.grad_slots; ++k)
+      ctx.grad_landing.push_back(make_aligned_floats(job.host->largest_stage_floats()));
   }
   // Every other gradient over a link lands in the collector's buffer (one stage at a time).
-  if (!job.forward_only && !ctx->backend->shares_host_memory() && ctx->grad_landing.empty())
-    ctx->link_buffer = make_aligned_floats(job.host->largest_stage_floats());
+  if (!job.forward_only && !ctx.backend->shares_host_memory() && ctx.grad_landing.empty())
+    ctx.link_buffer = make_aligned_floats(job.host->largest_stage_floats());
   // Pinned for the device-to-host copies (device 0's backend registers them for every GPU); released
   // before the rigs' backends and the context's buffers.
-  std::vector<HostRegistration> landing_pins;
   const std::size_t stage_bytes = job.host->largest_stage_floats() * sizeof(float);
-  for (const AlignedFloats& l : ctx->grad_landing)
-    landing_pins.emplace_back(*ctx->backend, l.get(), stage_bytes, "a stage gradient landing buffer");
-  if (ctx->link_buffer)
-    landing_pins.emplace_back(*ctx->backend, ctx->link_buffer.get(), stage_bytes, "the collector's gradient buffer");
-  RunLedger& led = ctx->ledger;
-  led.accum_step.assign(static_cast<std::size_t>(ctx->plan.stages), -1);
-  led.accum_count.assign(static_cast<std::size_t>(ctx->plan.stages), 0);
-  led.sumsq.assign(static_cast<std::size_t>(ctx->plan.stages), 0.0);
+  for (const AlignedFloats& l : ctx.grad_landing)
+    bufs.landing_pins.emplace_back(*ctx.backend, l.get(), stage_bytes, "a stage gradient landing buffer");
+  if (ctx.link_buffer)
+    bufs.landing_pins.emplace_back(*ctx.backend, ctx.link_buffer.get(), stage_bytes, "the collector's gradient buffer");
+  RunLedger& led = ctx.ledger;
+  led.accum_step.assign(static_cast<std::size_t>(ctx.plan.stages), -1);
+  led.accum_count.assign(static_cast<std::size_t>(ctx.plan.stages), 0);
+  led.sumsq.assign(static_cast<std::size_t>(ctx.plan.stages), 0.0);
+}
 
+// Spawns the node over the run's context and waits until it is done.
+void run_node(caf::actor_system& sys, Context& ctx, const EngineJob& job, EngineResult& result) {
   // This thread's OpenMP workers (initialisation, the bf16 copies, a planner's measurements) would
   // count against the cores compute's team spins on (release_thread_pool in kernels/cpu/ops.hpp).
   cpu::release_thread_pool();
-  EngineResult result;
-  ctx->t0 = Clock::now();
-  for (Context* c : ctx->device_contexts) {
-    c->t0 = ctx->t0;
-    if (job.record_intervals) c->intervals.enable(ctx->t0);
+  ctx.t0 = Clock::now();
+  for (Context* c : ctx.device_contexts) {
+    c->t0 = ctx.t0;
+    if (job.record_intervals) c->intervals.enable(ctx.t0);
   }
-  publish_pipeline_start(*ctx);
-  {
-    caf::scoped_actor waiter{sys};
-    auto node = spawn_node(sys, ctx.get(), &result);
-    waiter->monitor(node);
-    waiter->receive([](const caf::down_msg&) {});
-  }
-  result.wall_s = seconds_between(ctx->t0, Clock::now());
+  publish_pipeline_start(ctx);
+  caf::scoped_actor waiter{sys};
+  auto node = spawn_node(sys, &ctx, &result);
+  waiter->monitor(node);
+  waiter->receive([](const caf::down_msg&) {});
+}
+
+// After the node: the moments' last write-behinds, the devices' figures, the steps done.
+void collect_result(EngineResult& result, Context& ctx, const EngineJob& job, std::vector<DeviceRig>& rigs,
+                    const PipelineBuffers& bufs) {
+  result.wall_s = seconds_between(ctx.t0, Clock::now());
   // The moments' last write-behinds: a failure here is the run's error (the last checkpoint holds
   // the consistent state).
   try {
@@ -793,13 +869,13 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
     if (result.error.empty()) result.error = e.what();
   }
   for (DeviceRig& rig : rigs) rig.backend->wait_link_idle();
-  if (grad_transport) {
-    result.grad_transport = grad_transport->name();
-    result.grad_transport_bytes = grad_transport->bytes_sent();
+  if (bufs.grad_transport) {
+    result.grad_transport = bufs.grad_transport->name();
+    result.grad_transport_bytes = bufs.grad_transport->bytes_sent();
   }
   result.arena = rigs[0].arena->usage();
   for (std::size_t d = 0; d < rigs.size(); ++d) {
-    Context* c = ctx->device_contexts[d];
+    Context* c = ctx.device_contexts[d];
     result.device_arenas.push_back(rigs[d].arena->usage());
     add_link(result.link, rigs[d].backend->link_stats());
     result.slot_reuses += c->slot_reuses.load();
@@ -809,12 +885,26 @@ EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monit
   if (rigs.size() > 1)
     std::sort(result.intervals.begin(), result.intervals.end(),
               [](const BusyInterval& x, const BusyInterval& y) { return x.t0 < y.t0; });
-  result.checkpoint_wait_s = ctx->gate.waited_s();
-  result.checkpoint_copied_bytes = ctx->gate.copied_bytes();
-  result.checkpoint_copy_s = ctx->gate.copy_seconds();
+  result.checkpoint_wait_s = ctx.gate.waited_s();
+  result.checkpoint_copied_bytes = ctx.gate.copied_bytes();
+  result.checkpoint_copy_s = ctx.gate.copy_seconds();
   std::uint64_t v = ~std::uint64_t{0};
-  for (std::int64_t s = 0; s < ctx->plan.stages; ++s) v = std::min(v, job.host->tile(s).version());
+  for (std::int64_t s = 0; s < ctx.plan.stages; ++s) v = std::min(v, job.host->tile(s).version());
   result.steps_done = static_cast<std::int64_t>(v);
+}
+
+// One pipeline: the actors over [job.first_step, end) of training, or one evaluation pass.
+EngineResult run_pipeline(caf::actor_system& sys, EngineJob& job, monitor::Monitor& mon) {
+  FaultPlan on_demand_faults;  // no test plan: still the target of the monitor's /control/fault
+  const std::unique_ptr<Context> ctx = pipeline_context(job, mon, &on_demand_faults);
+  join_ranks(*ctx, job);
+  std::vector<DeviceRig> rigs(static_cast<std::size_t>(ctx->devices));
+  for (int d = 0; d < ctx->devices; ++d) build_rig(rigs[static_cast<std::size_t>(d)], *ctx, job, d);
+  PipelineBuffers bufs;
+  set_gradient_path(*ctx, job, bufs);
+  EngineResult result;
+  run_node(sys, *ctx, job, result);
+  collect_result(result, *ctx, job, rigs, bufs);
   return result;
 }
 
@@ -850,7 +940,7 @@ void append(EngineResult& total, EngineResult&& part) {
 // The run's monitor (one for the whole run, whatever its segments): the board exists for every run
 // (the actors publish to it); the endpoint is served when monitor.enabled.
 std::unique_ptr<monitor::Monitor> start_monitor(const EngineJob& job) {
-  const EnginePlan plan = plan_engine(job.cfg, job.model);  // throws on bad input before anything listens
+  const EnginePlan& plan = *job.plan;
   auto mon = std::make_unique<monitor::Monitor>(job.cfg.monitor,
                                                 job.monitor_dir.empty() ? job.cfg.train.output_dir : job.monitor_dir);
   monitor::RunInfo info;
@@ -906,9 +996,9 @@ EngineResult run_with_evaluation(caf::actor_system& sys, EngineJob& job, monitor
 EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   if (job.host == nullptr || job.data == nullptr)
     throw std::invalid_argument("run_engine: host model and data source are required");
-  // Every pipeline of the run plans against the same host RAM (the node pinned it before allocating;
-  // a caller that did not counts its allocated tiles twice, which only errs towards recomputing).
-  job.cfg.pin_host_ram();
+  // A job built by hand (tests, benchmarks) is planned here, once: bad input fails before anything
+  // listens.
+  if (!job.plan) job.plan = plan_engine(job.cfg, job.model);
   const std::unique_ptr<monitor::Monitor> mon = start_monitor(job);
   EngineResult result = job.eval_data == nullptr || job.eval_batches <= 0 ? run_pipeline(sys, job, *mon)
                                                                           : run_with_evaluation(sys, job, *mon);

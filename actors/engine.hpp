@@ -3,14 +3,16 @@
 // steps. This header includes no CAF: tests and tools that only drive the engine compile quickly.
 //
 // plan_engine() checks everything that can be checked before training (the arena fits the device
-// budget, slot counts, modes) and throws ConfigError / ArenaBudgetError naming the key; run_engine()
-// calls it first, so bad input fails before any actor starts.
+// budget, slot counts, modes) and throws ConfigError / ArenaBudgetError naming the key. The run plans
+// once and hands the plan to run_engine in its job (EngineJob::plan); a job without one is planned at
+// run_engine's entry, so bad input fails before any actor starts.
 #pragma once
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,6 +106,8 @@ void check_cluster_runs(const TrainConfig& cfg);
 EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
 // The keep_intermediates mode a plan runs (never automatic): what auto chose, or what was asked.
 KeepIntermediates planned_keep(const EnginePlan& p);
+// The plan's placements and sizes as one object: what `megatrain train` and `megatrain plan` print.
+nlohmann::json plan_summary(const EnginePlan& p);
 // EnginePlan::attention_kept: the bytes of every layer's kept attention output in each activation set
 // (part of host_boundary_bytes); 0 when none is kept.
 std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model);
@@ -205,8 +209,11 @@ struct BusyInterval {
 };
 
 struct EngineJob {
-  TrainConfig cfg;                                 // validated
-  ModelConfig model;                               // the resolved model (cfg's [model] keys or a config.json)
+  TrainConfig cfg;    // validated
+  ModelConfig model;  // the resolved model (cfg's [model] keys or a config.json)
+  // The run's plan (plan_engine of cfg and model), computed once by the run; empty: run_engine plans
+  // the job at its entry. Every pipeline of the run uses it (an evaluation pass without kept attention).
+  std::optional<EnginePlan> plan;
   BatchSource* data = nullptr;                     // micro-batches by global index
   HostModel* host = nullptr;                       // initialised tiles; versions say how many updates they hold
   std::int64_t first_step = 0;                     // steps already done (tile versions must equal it)

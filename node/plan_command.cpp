@@ -202,6 +202,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     std::fputs(describe_resources(rp).c_str(), stdout);
     if (rp.engine) {
       for (const auto& n : rp.engine->notes) std::printf("note: %s\n", n.c_str());
+      std::printf("plan %s\n", actors::plan_summary(*rp.engine).dump().c_str());  // as `train` prints it
       if (!kernel_note.empty()) std::printf("note: %s\n", kernel_note.c_str());
       const OpTimes ops =
           hw.key == "this" ? measure_op_times(cfg, model, *rp.engine) : op_times_from_flops(cfg, model, *rp.engine, hw);

@@ -183,7 +183,7 @@ bool TrainingRun::check_model_and_data() {
     plan_ = plan_engine(cfg_, model_);
     // Host RAM and disk against the plan (plan): refused only when it genuinely cannot fit.
     if (!drop_accumulators_if_only_that_fits()) return false;
-    if (const std::string fit = plan::check_run_fits(cfg_, model_); !fit.empty()) {
+    if (const std::string fit = plan::check_run_fits(cfg_, model_, {}, &plan_); !fit.empty()) {
       if (cfg_.plan.enforce)
         throw std::runtime_error(fit + " (`megatrain plan` prints the whole plan; --plan.enforce=false starts anyway)");
       say_(MessageStream::err, "megatrain: warning: " + fit);
@@ -235,6 +235,7 @@ bool TrainingRun::check_model_and_data() {
   if (!threads_note_.empty()) say_(MessageStream::err, "megatrain: note: " + threads_note_);
 
   for (const auto& n : plan_.notes) say_(MessageStream::err, "megatrain: note: " + n);
+  say_(MessageStream::out, "megatrain: plan " + plan_summary(plan_).dump());  // the engine runs this plan
   return true;
 }
 
@@ -554,6 +555,7 @@ EngineJob TrainingRun::make_job() {
   EngineJob job;
   job.kernel_choices = kernel_choices_;
   job.cfg = cfg_;
+  job.plan = plan_;  // planned once (check_model_and_data): the engine does not plan again
   job.world = cfg_.cluster.ranks > 1 ? hooks_.world : nullptr;
   // Ranks other than 0 write nothing into the run directory: no checkpoints (rank 0's hold the same
   // state). Each serves its own monitor, its files in <output_dir>/rank-R and, with a fixed

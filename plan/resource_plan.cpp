@@ -347,11 +347,13 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
   add_homes(p, cfg, tiles);
 }
 
+// `given`: the run's own plan of cfg (not planned again); null = planned here.
 ResourcePlan plan_once(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x, std::string* device_error,
-                       std::string* device_key, bool* budget_error = nullptr) {
+                       std::string* device_key, bool* budget_error = nullptr,
+                       const actors::EnginePlan* given = nullptr) {
   ResourcePlan p;
   try {
-    p.engine = actors::plan_engine(cfg, model);
+    p.engine = given != nullptr ? *given : actors::plan_engine(cfg, model);
   } catch (const ConfigError& e) {
     *device_error = e.what();
     *device_key = e.key();
@@ -574,14 +576,14 @@ void add_disk_misfit(ResourcePlan& p, const TrainConfig& cfg, double disk_limit,
 
 ResourcePlan plan_resources(const TrainConfig& asked, const ModelConfig& model, const PlanExtras& x, double host_limit,
                             const std::string& host_source, double disk_limit, const std::string& disk_source,
-                            double device_limit) {
+                            double device_limit, const actors::EnginePlan* run_plan) {
   // The engine's own choices that weigh host RAM (auto's all_mapped) weigh the RAM planned for, not
   // this machine's.
   TrainConfig cfg = asked;
   if (cfg.plan.host_ram_gb <= 0 && host_limit > 0) cfg.plan.host_ram_read_bytes = host_limit;
   std::string device_error, device_key;
   bool budget_error = false;
-  ResourcePlan p = plan_once(cfg, model, x, &device_error, &device_key, &budget_error);
+  ResourcePlan p = plan_once(cfg, model, x, &device_error, &device_key, &budget_error, run_plan);
   p.host_limit = host_limit;
   p.disk_limit = disk_limit;
   p.host_limit_source = host_source;
@@ -633,7 +635,8 @@ std::string describe_resources(const ResourcePlan& p) {
   return out.str();
 }
 
-std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras) {
+std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
+                           const actors::EnginePlan* run_plan) {
   const double host = cfg.host_ram_bytes();
   const std::string host_source = cfg.host_ram_source();
   double disk = 0;
@@ -642,7 +645,7 @@ std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, con
     disk = cfg.plan.disk_gb > 0 ? cfg.plan.disk_gb * 1073741824.0 : free_disk_bytes(cfg.train.offload_dir);
     disk_source = cfg.plan.disk_gb > 0 ? "plan.disk_gb" : "the free space under " + cfg.train.offload_dir;
   }
-  const ResourcePlan p = plan_resources(cfg, model, extras, host, host_source, disk, disk_source);
+  const ResourcePlan p = plan_resources(cfg, model, extras, host, host_source, disk, disk_source, 0.0, run_plan);
   std::string out;
   for (const auto& m : p.misfits) {
     if (m.tier == "device") continue;  // plan_engine's own error, raised by the engine itself

@@ -75,9 +75,12 @@ void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw);
 // Plans `cfg` for `model`. host_limit / disk_limit: bytes the run may use (0 = unchecked), with the
 // source of each figure for messages; device_limit: the device's memory (0 = only the config budget).
 // Unless plan.host_ram_gb is set, the engine's own choices that weigh host RAM see host_limit.
+// run_plan: the run's own plan of cfg (a run plans once), used as it is; null = planned here. The
+// alternatives tried for a misfit plan their own configs.
 ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
                             double host_limit, const std::string& host_limit_source, double disk_limit,
-                            const std::string& disk_limit_source, double device_limit = 0.0);
+                            const std::string& disk_limit_source, double device_limit = 0.0,
+                            const actors::EnginePlan* run_plan = nullptr);
 
 // The smallest device plan of this run whatever the budget: the smallest sequence tiles auto tries
 // (kMinAutoSeqTile, when the layers have tiles), the boundaries off the device (boundary_host, or
@@ -91,7 +94,9 @@ std::string describe_resources(const ResourcePlan& p);
 // `train`'s check before it starts: plans against MemAvailable (or plan.host_ram_gb) and the free
 // space under train.offload_dir (or plan.disk_gb). Returns the problems ("" when it fits); the caller
 // refuses the run when plan.enforce, else prints them as a warning.
-std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras = {});
+// run_plan: the run's plan of cfg, as for plan_resources.
+std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras = {},
+                           const actors::EnginePlan* run_plan = nullptr);
 
 std::string gib(double bytes);  // "12.34 GiB" / "512.0 MiB"
 
