@@ -222,7 +222,37 @@ const std::vector<float>& widen_sinks(const void* sinks, std::int64_t heads, boo
 // per-task accumulators ([head_dim, keys]: the products then reduce along the query rows, which both
 // operands hold as pairs) and adds them into dk, dv at the task's end.
 
-struct Fp32Blocks {
+// With documents a block product runs in slabs cut at the causal edge (see pair()).
+struct Slabs {
+  // The next pair of blocks: its first query row's position less its first key's. Row i sees its block's
+  // keys below diag + i + 1; with documents the products run in slabs of 8 rows (of keys, for dk and dv;
+  // 32 on the pair path, its panels' width), each cut at its last row's causal edge, so the masked corner
+  // of a diagonal block is computed a slab deep, not 64 rows (a document's products were 1.12 times its
+  // pairs, the causal op's 1.008).
+  // Without documents (cut false) one slab of the whole block: the stream's products are the calls they
+  // always were, bit for bit.
+  bool cut = false;
+  std::int64_t diag = 0;
+  void pair(std::int64_t d) { diag = d; }
+  // Row slabs [i0, i0 + rows) of qn and the keys their last row sees (of kn).
+  template <class F>
+  void by_row_slabs(std::int64_t qn, std::int64_t kn, const F& f) const {
+    if (!cut) return f(0, qn, kn);
+    for (std::int64_t i0 = 0; i0 < qn; i0 += 8) {
+      const std::int64_t rows = std::min<std::int64_t>(8, qn - i0);
+      f(i0, rows, std::clamp<std::int64_t>(diag + i0 + rows, 0, kn));
+    }
+  }
+  // Key slabs [j0, j0 + rows) of kn and the first query row (of qn) that sees their first key.
+  template <class F>
+  void by_key_slabs(std::int64_t qn, std::int64_t kn, const F& f, std::int64_t width = 8) const {
+    if (!cut) return f(0, kn, 0);
+    for (std::int64_t j0 = 0; j0 < kn; j0 += width)
+      f(j0, std::min<std::int64_t>(width, kn - j0), std::clamp<std::int64_t>(j0 - diag, 0, qn));
+  }
+};
+
+struct Fp32Blocks : Slabs {
   const AttnShape& a;
   const float *kb = nullptr, *vb = nullptr;
   float *dkb = nullptr, *dvb = nullptr;
@@ -237,7 +267,9 @@ struct Fp32Blocks {
   }
 
   Fp32Blocks(const AttnShape& shape, bool /*backward*/)
-      : a(shape), docs(shape.positions != nullptr && kDocGemm && bf16_pairs_available()) {}
+      : a(shape), docs(shape.positions != nullptr && kDocGemm && bf16_pairs_available()) {
+    cut = docs;
+  }
   ~Fp32Blocks() {
     for (int i = 0; i < 2; ++i)
       if (room(i).capacity() * 4 > (std::size_t{16} << 20)) std::vector<float>().swap(room(i));
@@ -264,26 +296,6 @@ struct Fp32Blocks {
     }
   }
   void query_block(std::int64_t, const float*, const float*, std::int64_t) {}
-  // The next pair of blocks: its first query row's position less its first key's. Row i sees its block's
-  // keys below diag + i + 1; with documents the products run in slabs of 8 rows (8 keys for dk, dv), each
-  // cut at its last row's causal edge, so the masked corner of a diagonal block is computed 8 rows deep,
-  // not 64 (a document's products were 1.12 times its pairs, the causal op's 1.008).
-  std::int64_t diag = 0;
-  void pair(std::int64_t d) { diag = d; }
-  // Row slabs [i0, i0 + rows) of qn and the keys their last row sees (of kn).
-  template <class F>
-  void by_row_slabs(std::int64_t qn, std::int64_t kn, const F& f) const {
-    for (std::int64_t i0 = 0; i0 < qn; i0 += 8) {
-      const std::int64_t rows = std::min<std::int64_t>(8, qn - i0);
-      f(i0, rows, std::clamp<std::int64_t>(diag + i0 + rows, 0, kn));
-    }
-  }
-  // Key slabs [j0, j0 + rows) of kn and the first query row (of qn) that sees their first key.
-  template <class F>
-  void by_key_slabs(std::int64_t qn, std::int64_t kn, const F& f) const {
-    for (std::int64_t j0 = 0; j0 < kn; j0 += 8)
-      f(j0, std::min<std::int64_t>(8, kn - j0), std::clamp<std::int64_t>(j0 - diag, 0, qn));
-  }
   static void slab(std::int64_t rows, std::int64_t n, std::int64_t K, const float* A, std::int64_t am,
                    std::int64_t ak, const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
     if (n <= 0) return;
@@ -356,7 +368,7 @@ void transpose_words(const pair_t* x, std::int64_t rows, std::int64_t cols, pair
   }
 }
 
-struct PairBlocks {
+struct PairBlocks : Slabs {
   // The calling thread's rooms, kept across calls (the pool's threads run every call).
   struct Rooms {
     std::vector<pair_t> k_t, v_t, k_pairs, v_pairs;  // per task: keys and values packed as each product reads them
@@ -385,6 +397,7 @@ struct PairBlocks {
   PairBlocks& operator=(const PairBlocks&) = delete;
   PairBlocks(const AttnShape& shape, bool backward)
       : a(shape), hd(shape.head_dim), hd2((shape.head_dim + 1) / 2), r(rooms()) {
+    cut = shape.positions != nullptr;
     r.q_rows.resize(static_cast<std::size_t>(kGroup * kQueryBlock * hd2));
     r.p_rows.resize(static_cast<std::size_t>(kQueryBlock * kK2));
     if (!backward) return;
@@ -450,34 +463,50 @@ struct PairBlocks {
     pack_column_pairs(dob, a.o_stride, qn, hd, r.block_rows.data(), hd);
     transpose_words(r.block_rows.data(), qn2, hd, r.do_cols.data() + j * hd * kQ2, kQ2);
   }
-  void pair(std::int64_t) {}
   const pair_t* key_block(const std::vector<pair_t>& by_blocks, std::int64_t k0) const {
     return by_blocks.data() + (k0 - k_lo) / kKeyBlock * hd2 * kKeyBlock;
   }
   void scores(std::int64_t j, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* S) {
-    bf16_pair_gemm(qn, kn, hd2, r.q_rows.data() + j * kQueryBlock * hd2, hd2, key_block(r.k_t, k0), kKeyBlock, false, S,
-                   kKeyBlock);
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      bf16_pair_gemm(rows, edge, hd2, r.q_rows.data() + (j * kQueryBlock + i0) * hd2, hd2, key_block(r.k_t, k0),
+                     kKeyBlock, false, S + i0 * kKeyBlock, kKeyBlock);
+    });
   }
   void dscores(std::int64_t j, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* dP) {
-    bf16_pair_gemm(qn, kn, hd2, r.do_rows.data() + j * kQueryBlock * hd2, hd2, key_block(r.v_t, k0), kKeyBlock, false,
-                   dP, kKeyBlock);
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      bf16_pair_gemm(rows, edge, hd2, r.do_rows.data() + (j * kQueryBlock + i0) * hd2, hd2, key_block(r.v_t, k0),
+                     kKeyBlock, false, dP + i0 * kKeyBlock, kKeyBlock);
+    });
   }
+  // A slab's probabilities and dS are 0 past its edge: its products over the keys stop at the edge's pair.
   void add_values(std::int64_t, std::int64_t qn, std::int64_t k0, std::int64_t kn, const float* P, float* O) {
     pack_row_pairs(P, kKeyBlock, qn, kn, r.p_rows.data(), kK2);
-    bf16_pair_gemm(qn, hd, (kn + 1) / 2, r.p_rows.data(), kK2, r.v_pairs.data() + (k0 - k_lo) / 2 * hd, hd, true, O,
-                   hd);
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      bf16_pair_gemm(rows, hd, (edge + 1) / 2, r.p_rows.data() + i0 * kK2, kK2, r.v_pairs.data() + (k0 - k_lo) / 2 * hd,
+                     hd, true, O + i0 * hd, hd);
+    });
   }
+  // A key slab's products over the query rows start at the pair of the first row that sees it.
   void grads(std::int64_t j, const float*, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn,
              const float* P, const float* dS, float* dQ) {
-    const std::int64_t qn2 = (qn + 1) / 2, kn2 = (kn + 1) / 2, col = k0 - k_lo;
+    const std::int64_t qn2 = (qn + 1) / 2, col = k0 - k_lo;
     pack_column_pairs(P, kKeyBlock, qn, kn, r.p_cols.data(), kKeyBlock);  // dv^T += dout^T P
-    bf16_pair_gemm(hd, kn, qn2, r.do_cols.data() + j * hd * kQ2, kQ2, r.p_cols.data(), kKeyBlock, true,
-                   r.dv_t.data() + col, keys);
-    pack_row_pairs(dS, kKeyBlock, qn, kn, r.ds_rows.data(), kK2);  // dq += dS K
-    bf16_pair_gemm(qn, hd, kn2, r.ds_rows.data(), kK2, r.k_pairs.data() + col / 2 * hd, hd, true, dQ, hd);
     pack_column_pairs(dS, kKeyBlock, qn, kn, r.ds_cols.data(), kKeyBlock);  // dk^T += q^T dS
-    bf16_pair_gemm(hd, kn, qn2, r.q_cols.data() + j * hd * kQ2, kQ2, r.ds_cols.data(), kKeyBlock, true,
-                   r.dk_t.data() + col, keys);
+    by_key_slabs(
+        qn, kn,
+        [&](std::int64_t j0, std::int64_t n, std::int64_t i0) {
+          const std::int64_t p0 = i0 / 2;
+          bf16_pair_gemm(hd, n, qn2 - p0, r.do_cols.data() + j * hd * kQ2 + p0, kQ2,
+                         r.p_cols.data() + p0 * kKeyBlock + j0, kKeyBlock, true, r.dv_t.data() + col + j0, keys);
+          bf16_pair_gemm(hd, n, qn2 - p0, r.q_cols.data() + j * hd * kQ2 + p0, kQ2,
+                         r.ds_cols.data() + p0 * kKeyBlock + j0, kKeyBlock, true, r.dk_t.data() + col + j0, keys);
+        },
+        32);
+    pack_row_pairs(dS, kKeyBlock, qn, kn, r.ds_rows.data(), kK2);  // dq += dS K
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      bf16_pair_gemm(rows, hd, (edge + 1) / 2, r.ds_rows.data() + i0 * kK2, kK2, r.k_pairs.data() + col / 2 * hd, hd,
+                     true, dQ + i0 * hd, hd);
+    });
   }
   void end_head() {
     if (!dkb) return;  // the forward's task
