@@ -58,12 +58,11 @@ void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const 
 }
 
 // ---- Documents' fp32 block products ----
-// With documents a query block meets a few key blocks, and oneDNN's sgemm has a fixed cost a call about as
-// large as a 64 x 64 x 64 product (measured: a 64-key block cost 0.8 of a 128-key one), so the documents'
-// op paid it about 1.2 times per pair as often as the causal op. On AVX-512 CPUs (read as
-// bf16_pairs_available) these products are a register-blocked kernel instead: C[m, n] (+)= sum over k of
-// A(m, k) B[k, n], each element one fma chain in k's order, so its bits depend on neither the row blocking
-// nor a sequence tile. The stream (no positions) keeps oneDNN: its bits are unchanged.
+// With documents the products run in slabs of 8 rows cut at the causal edge (Slabs): many small products
+// of varying extents, a library call each. On AVX-512 CPUs (read as bf16_pairs_available) they are this
+// register-blocked kernel instead, with no per-call cost: C[m, n] (+)= sum over k of A(m, k) B[k, n],
+// each element one fma chain in k's order, so its bits depend on neither the slab nor a sequence tile.
+// The stream (no positions) keeps oneDNN: its bits are unchanged.
 #if defined(__x86_64__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -256,7 +255,7 @@ struct Fp32Blocks : Slabs {
   const AttnShape& a;
   const float *kb = nullptr, *vb = nullptr;
   float *dkb = nullptr, *dvb = nullptr;
-  // Documents on AVX-512: doc_gemm, reading the task's keys (and values, backward) transposed
+  // Documents on AVX-512: the doc_rows kernel in slabs, reading the task's keys (and values, backward) transposed
   // ([head_dim, keys], kept in the thread's room; the forward's tasks of one kv head reuse them).
   const bool docs;
   std::int64_t k_lo = 0, keys = 0;
@@ -296,8 +295,8 @@ struct Fp32Blocks : Slabs {
     }
   }
   void query_block(std::int64_t, const float*, const float*, std::int64_t) {}
-  static void slab(std::int64_t rows, std::int64_t n, std::int64_t K, const float* A, std::int64_t am,
-                   std::int64_t ak, const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  static void slab(std::int64_t rows, std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,
+                   const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
     if (n <= 0) return;
     if (rows == 8) return doc_rows8(n, K, A, am, ak, B, ldb, accumulate, C, ldc);
     for (std::int64_t r = 0; r < rows; ++r) doc_rows1(n, K, A + r * am, am, ak, B, ldb, accumulate, C + r * ldc, ldc);
@@ -490,7 +489,7 @@ struct PairBlocks : Slabs {
   void grads(std::int64_t j, const float*, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn,
              const float* P, const float* dS, float* dQ) {
     const std::int64_t qn2 = (qn + 1) / 2, col = k0 - k_lo;
-    pack_column_pairs(P, kKeyBlock, qn, kn, r.p_cols.data(), kKeyBlock);  // dv^T += dout^T P
+    pack_column_pairs(P, kKeyBlock, qn, kn, r.p_cols.data(), kKeyBlock);    // dv^T += dout^T P
     pack_column_pairs(dS, kKeyBlock, qn, kn, r.ds_cols.data(), kKeyBlock);  // dk^T += q^T dS
     by_key_slabs(
         qn, kn,

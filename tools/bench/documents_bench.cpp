@@ -8,8 +8,8 @@
 // --only runs one side's forward + backward, reps times, and prints its time (to profile one side).
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <thread>
