@@ -57,6 +57,81 @@ void mm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const 
   sgemm_serial(ta, tb, m, n, k, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C, ldc);
 }
 
+// ---- Documents' fp32 block products ----
+// With documents the products run in slabs of 8 rows cut at the causal edge (Slabs): many small products
+// of varying extents, a library call each. On AVX-512 CPUs (read as bf16_pairs_available) they are this
+// register-blocked kernel instead, with no per-call cost: C[m, n] (+)= sum over k of A(m, k) B[k, n],
+// each element one fma chain in k's order, so its bits depend on neither the slab nor a sequence tile.
+// The stream (no positions) keeps oneDNN: its bits are unchanged.
+#if defined(__x86_64__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define MT_DOCS_TARGET __attribute__((target("avx512f")))
+MT_DOCS_TARGET inline __mmask16 doc_lanes(std::int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max<std::int64_t>(n, 0)) - 1u);
+}
+// MR rows of C, 16 NV columns from C's and B's first; lanes outside m0, m1 are neither read nor written
+// (kFull: all of them, unmasked).
+constexpr __mmask16 kFull = 0xffff;
+template <int MR, int NV>
+MT_DOCS_TARGET void doc_panel(std::int64_t K, const float* A, std::int64_t am, std::int64_t ak, const float* B,
+                              std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc, __mmask16 m0,
+                              __mmask16 m1) {
+  __m512 c0[MR], c1[MR];  // single vectors, every loop over them unrolled: kept in registers
+  const bool full = m0 == kFull && m1 == kFull;
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = accumulate ? _mm512_maskz_loadu_ps(m0, C + r * ldc) : _mm512_setzero_ps();
+    c1[r] = NV == 2 && accumulate ? _mm512_maskz_loadu_ps(m1, C + r * ldc + 16) : _mm512_setzero_ps();
+  }
+  for (std::int64_t k = 0; k < K; ++k) {
+    // The masks' loads only where a lane is out (they cost a tenth of the kernel).
+    const __m512 b0 = full ? _mm512_loadu_ps(B + k * ldb) : _mm512_maskz_loadu_ps(m0, B + k * ldb);
+    __m512 b1 = b0;
+    if constexpr (NV == 2) b1 = full ? _mm512_loadu_ps(B + k * ldb + 16) : _mm512_maskz_loadu_ps(m1, B + k * ldb + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(A[r * am + k * ak]);
+      c0[r] = _mm512_fmadd_ps(x, b0, c0[r]);
+      if constexpr (NV == 2) c1[r] = _mm512_fmadd_ps(x, b1, c1[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    _mm512_mask_storeu_ps(C + r * ldc, m0, c0[r]);
+    if constexpr (NV == 2) _mm512_mask_storeu_ps(C + r * ldc + 16, m1, c1[r]);
+  }
+}
+// MR rows of C, all n columns: panels of 32, the last of 16 where that covers it.
+template <int MR>
+MT_DOCS_TARGET void doc_rows(std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,
+                             const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  for (std::int64_t n0 = 0; n0 < n; n0 += 32) {
+    const __mmask16 m0 = doc_lanes(n - n0), m1 = doc_lanes(n - n0 - 16);
+    if (n - n0 <= 16)
+      doc_panel<MR, 1>(K, A, am, ak, B + n0, ldb, accumulate, C + n0, ldc, m0, m1);
+    else
+      doc_panel<MR, 2>(K, A, am, ak, B + n0, ldb, accumulate, C + n0, ldc, m0, m1);
+  }
+}
+MT_DOCS_TARGET void doc_rows8(std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,
+                              const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  doc_rows<8>(n, K, A, am, ak, B, ldb, accumulate, C, ldc);
+}
+MT_DOCS_TARGET void doc_rows1(std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,
+                              const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  doc_rows<1>(n, K, A, am, ak, B, ldb, accumulate, C, ldc);
+}
+#pragma GCC diagnostic pop
+constexpr bool kDocGemm = true;
+#else
+constexpr bool kDocGemm = false;
+void doc_rows8(std::int64_t, std::int64_t, const float*, std::int64_t, std::int64_t, const float*, std::int64_t, bool,
+               float*, std::int64_t) {}
+void doc_rows1(std::int64_t, std::int64_t, const float*, std::int64_t, std::int64_t, const float*, std::int64_t, bool,
+               float*, std::int64_t) {}
+#endif
+
 // s[j] = exp(s[j] - m) for j < n; returns their sum in a fixed order.
 float exp_shift(float* s, std::int64_t n, float m) {
   std::int64_t j = 0;
@@ -146,31 +221,135 @@ const std::vector<float>& widen_sinks(const void* sinks, std::int64_t heads, boo
 // per-task accumulators ([head_dim, keys]: the products then reduce along the query rows, which both
 // operands hold as pairs) and adds them into dk, dv at the task's end.
 
-struct Fp32Blocks {
+// With documents a block product runs in slabs cut at the causal edge (see pair()).
+struct Slabs {
+  // The next pair of blocks: its first query row's position less its first key's. Row i sees its block's
+  // keys below diag + i + 1; with documents the products run in slabs of 8 rows (of keys, for dk and dv;
+  // 32 on the pair path, its panels' width), each cut at its last row's causal edge, so the masked corner
+  // of a diagonal block is computed a slab deep, not 64 rows (a document's products were 1.12 times its
+  // pairs, the causal op's 1.008).
+  // Without documents (cut false) one slab of the whole block: the stream's products are the calls they
+  // always were, bit for bit.
+  bool cut = false;
+  std::int64_t diag = 0;
+  void pair(std::int64_t d) { diag = d; }
+  // Row slabs [i0, i0 + rows) of qn and the keys their last row sees (of kn).
+  template <class F>
+  void by_row_slabs(std::int64_t qn, std::int64_t kn, const F& f) const {
+    if (!cut) return f(0, qn, kn);
+    for (std::int64_t i0 = 0; i0 < qn; i0 += 8) {
+      const std::int64_t rows = std::min<std::int64_t>(8, qn - i0);
+      f(i0, rows, std::clamp<std::int64_t>(diag + i0 + rows, 0, kn));
+    }
+  }
+  // Key slabs [j0, j0 + rows) of kn and the first query row (of qn) that sees their first key.
+  template <class F>
+  void by_key_slabs(std::int64_t qn, std::int64_t kn, const F& f, std::int64_t width = 8) const {
+    if (!cut) return f(0, kn, 0);
+    for (std::int64_t j0 = 0; j0 < kn; j0 += width)
+      f(j0, std::min<std::int64_t>(width, kn - j0), std::clamp<std::int64_t>(j0 - diag, 0, qn));
+  }
+};
+
+struct Fp32Blocks : Slabs {
   const AttnShape& a;
   const float *kb = nullptr, *vb = nullptr;
   float *dkb = nullptr, *dvb = nullptr;
+  // Documents on AVX-512: the doc_rows kernel in slabs, reading the task's keys (and values, backward) transposed
+  // ([head_dim, keys], kept in the thread's room; the forward's tasks of one kv head reuse them).
+  const bool docs;
+  std::int64_t k_lo = 0, keys = 0;
+  const float* packed_k = nullptr;
+  static std::vector<float>& room(int i) {
+    thread_local std::vector<float> rooms[2];
+    return rooms[i];
+  }
 
-  Fp32Blocks(const AttnShape& shape, bool /*backward*/) : a(shape) {}
-  void head(const float* k_head, const float* v_head, float* dk_head, float* dv_head, std::int64_t, std::int64_t) {
+  Fp32Blocks(const AttnShape& shape, bool /*backward*/)
+      : a(shape), docs(shape.positions != nullptr && kDocGemm && bf16_pairs_available()) {
+    cut = docs;
+  }
+  ~Fp32Blocks() {
+    for (int i = 0; i < 2; ++i)
+      if (room(i).capacity() * 4 > (std::size_t{16} << 20)) std::vector<float>().swap(room(i));
+  }
+  Fp32Blocks(const Fp32Blocks&) = delete;
+  Fp32Blocks& operator=(const Fp32Blocks&) = delete;
+  void head(const float* k_head, const float* v_head, float* dk_head, float* dv_head, std::int64_t lo,
+            std::int64_t hi) {
     kb = k_head, vb = v_head, dkb = dk_head, dvb = dv_head;
+    if (!docs || (!dk_head && k_head == packed_k && lo == k_lo && hi - lo == keys)) return;
+    packed_k = dk_head ? nullptr : k_head;
+    k_lo = lo, keys = hi - lo;
+    transpose(k_head, room(0));
+    if (dk_head) transpose(v_head, room(1));
+  }
+  // out[c, t - k_lo] = x[t, c], in tiles of 16 keys.
+  void transpose(const float* x, std::vector<float>& out) const {
+    out.resize(static_cast<std::size_t>(a.head_dim * keys));
+    for (std::int64_t t0 = 0; t0 < keys; t0 += 16) {
+      const std::int64_t tn = std::min<std::int64_t>(16, keys - t0);
+      for (std::int64_t c = 0; c < a.head_dim; ++c)
+        for (std::int64_t t = 0; t < tn; ++t)
+          out[static_cast<std::size_t>(c * keys + t0 + t)] = x[(k_lo + t0 + t) * a.kv_stride + c];
+    }
   }
   void query_block(std::int64_t, const float*, const float*, std::int64_t) {}
+  static void slab(std::int64_t rows, std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,
+                   const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+    if (n <= 0) return;
+    if (rows == 8) return doc_rows8(n, K, A, am, ak, B, ldb, accumulate, C, ldc);
+    for (std::int64_t r = 0; r < rows; ++r) doc_rows1(n, K, A + r * am, am, ak, B, ldb, accumulate, C + r * ldc, ldc);
+  }
   // S[qn, kn] (ld kKeyBlock) = Q K^T over the key block at k0; dP likewise from dout and V (backward).
   void scores(std::int64_t, const float* qb, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* S) {
+    if (docs)
+      return by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+        slab(rows, edge, a.head_dim, qb + i0 * a.q_stride, a.q_stride, 1, room(0).data() + (k0 - k_lo), keys, false,
+             S + i0 * kKeyBlock, kKeyBlock);
+      });
     mm(false, true, qn, kn, a.head_dim, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S, kKeyBlock);
   }
   void dscores(std::int64_t, const float* dob, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* dP) {
+    if (docs)
+      return by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+        slab(rows, edge, a.head_dim, dob + i0 * a.o_stride, a.o_stride, 1, room(1).data() + (k0 - k_lo), keys, false,
+             dP + i0 * kKeyBlock, kKeyBlock);
+      });
     mm(false, true, qn, kn, a.head_dim, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP, kKeyBlock);
   }
-  // O[qn, head_dim] += P V
+  // O[qn, head_dim] += P V (a slab's P is 0 past its edge)
   void add_values(std::int64_t, std::int64_t qn, std::int64_t k0, std::int64_t kn, const float* P, float* O) {
-    mm(false, false, qn, a.head_dim, kn, P, kKeyBlock, vb + k0 * a.kv_stride, a.kv_stride, true, O, a.head_dim);
+    const std::int64_t hd = a.head_dim;
+    if (docs)
+      return by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+        if (edge > 0)
+          slab(rows, hd, edge, P + i0 * kKeyBlock, kKeyBlock, 1, vb + k0 * a.kv_stride, a.kv_stride, true, O + i0 * hd,
+               hd);
+      });
+    mm(false, false, qn, hd, kn, P, kKeyBlock, vb + k0 * a.kv_stride, a.kv_stride, true, O, hd);
   }
-  // dv += P^T dout, dq += dS K, dk += dS^T q
+  // dv += P^T dout, dq += dS K, dk += dS^T q (P and dS are 0 past each row's edge)
   void grads(std::int64_t, const float* qb, const float* dob, std::int64_t qn, std::int64_t k0, std::int64_t kn,
              const float* P, const float* dS, float* dQ) {
     const std::int64_t hd = a.head_dim;
+    if (docs) {
+      by_key_slabs(qn, kn, [&](std::int64_t j0, std::int64_t rows, std::int64_t i0) {
+        if (i0 >= qn) return;
+        float* dvr = dvb + (k0 + j0) * a.kv_stride;
+        float* dkr = dkb + (k0 + j0) * a.kv_stride;
+        slab(rows, hd, qn - i0, P + i0 * kKeyBlock + j0, 1, kKeyBlock, dob + i0 * a.o_stride, a.o_stride, true, dvr,
+             a.kv_stride);
+        slab(rows, hd, qn - i0, dS + i0 * kKeyBlock + j0, 1, kKeyBlock, qb + i0 * a.q_stride, a.q_stride, true, dkr,
+             a.kv_stride);
+      });
+      by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+        if (edge > 0)
+          slab(rows, hd, edge, dS + i0 * kKeyBlock, kKeyBlock, 1, kb + k0 * a.kv_stride, a.kv_stride, true,
+               dQ + i0 * hd, hd);
+      });
+      return;
+    }
     mm(true, false, kn, hd, qn, P, kKeyBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride, a.kv_stride);
     mm(false, false, qn, hd, kn, dS, kKeyBlock, kb + k0 * a.kv_stride, a.kv_stride, true, dQ, hd);
     mm(true, false, kn, hd, qn, dS, kKeyBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride, a.kv_stride);
@@ -178,13 +357,24 @@ struct Fp32Blocks {
   void end_head() {}
 };
 
-struct PairBlocks {
+// out[c * ldo + r] = x[r * cols + c] for r < rows, c < cols: 32-bit words moved, never changed.
+void transpose_words(const pair_t* x, std::int64_t rows, std::int64_t cols, pair_t* out, std::int64_t ldo) {
+  constexpr std::int64_t kTile = 16;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const std::int64_t rn = std::min(kTile, rows - r0);
+    for (std::int64_t c = 0; c < cols; ++c)
+      for (std::int64_t r = 0; r < rn; ++r) out[c * ldo + r0 + r] = x[(r0 + r) * cols + c];
+  }
+}
+
+struct PairBlocks : Slabs {
   // The calling thread's rooms, kept across calls (the pool's threads run every call).
   struct Rooms {
     std::vector<pair_t> k_t, v_t, k_pairs, v_pairs;  // per task: keys and values packed as each product reads them
     std::vector<pair_t> q_rows, do_rows, q_cols, do_cols;  // per query block: kGroup blocks
     std::vector<pair_t> p_rows, p_cols, ds_rows, ds_cols;  // per pair of blocks
     std::vector<float> dk_t, dv_t;                         // [head_dim, keys] accumulators (backward)
+    std::vector<pair_t> block_rows;                        // a block packed as rows, before its transposition
   };
   const AttnShape& a;
   const std::int64_t hd, hd2;  // head_dim and its pairs
@@ -206,6 +396,7 @@ struct PairBlocks {
   PairBlocks& operator=(const PairBlocks&) = delete;
   PairBlocks(const AttnShape& shape, bool backward)
       : a(shape), hd(shape.head_dim), hd2((shape.head_dim + 1) / 2), r(rooms()) {
+    cut = shape.positions != nullptr;
     r.q_rows.resize(static_cast<std::size_t>(kGroup * kQueryBlock * hd2));
     r.p_rows.resize(static_cast<std::size_t>(kQueryBlock * kK2));
     if (!backward) return;
@@ -231,12 +422,16 @@ struct PairBlocks {
     packed_k = dk_head ? nullptr : k_head, packed_v = v_head;
     k_lo = lo, keys = hi - lo, dkb = dk_head, dvb = dv_head;
     const std::int64_t blocks = (keys + kKeyBlock - 1) / kKeyBlock, pairs = (keys + 1) / 2;
+    // pack_row_pairs_transposed's words, made by the vector packer into rows and then transposed (the same
+    // words: a word's rounding does not depend on where it goes); the per-element packer was a fixed cost a
+    // head that, with documents, weighs as much as a tenth of the pairs.
     auto by_blocks = [&](const float* x, std::vector<pair_t>& out) {
       out.resize(static_cast<std::size_t>(blocks * hd2 * kKeyBlock));
+      r.block_rows.resize(static_cast<std::size_t>(kKeyBlock * hd2));
       for (std::int64_t b = 0; b < blocks; ++b) {
         const std::int64_t t0 = lo + b * kKeyBlock, n = std::min(kKeyBlock, hi - t0);
-        pack_row_pairs_transposed(x + t0 * a.kv_stride, a.kv_stride, n, hd, out.data() + b * hd2 * kKeyBlock,
-                                  kKeyBlock);
+        pack_row_pairs(x + t0 * a.kv_stride, a.kv_stride, n, hd, r.block_rows.data(), hd2);
+        transpose_words(r.block_rows.data(), n, hd2, out.data() + b * hd2 * kKeyBlock, kKeyBlock);
       }
     };
     auto row_pairs = [&](const float* x, std::vector<pair_t>& out) {
@@ -259,45 +454,73 @@ struct PairBlocks {
     pack_row_pairs(qb, a.q_stride, qn, hd, r.q_rows.data() + j * kQueryBlock * hd2, hd2);
     if (!dob) return;
     pack_row_pairs(dob, a.o_stride, qn, hd, r.do_rows.data() + j * kQueryBlock * hd2, hd2);
-    pack_column_pairs_transposed(qb, a.q_stride, qn, hd, r.q_cols.data() + j * hd * kQ2, kQ2);
-    pack_column_pairs_transposed(dob, a.o_stride, qn, hd, r.do_cols.data() + j * hd * kQ2, kQ2);
+    // pack_column_pairs_transposed's words, the same way as the keys' blocks (head()).
+    const std::int64_t qn2 = (qn + 1) / 2;
+    r.block_rows.resize(static_cast<std::size_t>(std::max(kQ2 * hd, kKeyBlock * hd2)));
+    pack_column_pairs(qb, a.q_stride, qn, hd, r.block_rows.data(), hd);
+    transpose_words(r.block_rows.data(), qn2, hd, r.q_cols.data() + j * hd * kQ2, kQ2);
+    pack_column_pairs(dob, a.o_stride, qn, hd, r.block_rows.data(), hd);
+    transpose_words(r.block_rows.data(), qn2, hd, r.do_cols.data() + j * hd * kQ2, kQ2);
   }
   const pair_t* key_block(const std::vector<pair_t>& by_blocks, std::int64_t k0) const {
     return by_blocks.data() + (k0 - k_lo) / kKeyBlock * hd2 * kKeyBlock;
   }
   void scores(std::int64_t j, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* S) {
-    bf16_pair_gemm(qn, kn, hd2, r.q_rows.data() + j * kQueryBlock * hd2, hd2, key_block(r.k_t, k0), kKeyBlock, false, S,
-                   kKeyBlock);
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      bf16_pair_gemm(rows, edge, hd2, r.q_rows.data() + (j * kQueryBlock + i0) * hd2, hd2, key_block(r.k_t, k0),
+                     kKeyBlock, false, S + i0 * kKeyBlock, kKeyBlock);
+    });
   }
   void dscores(std::int64_t j, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* dP) {
-    bf16_pair_gemm(qn, kn, hd2, r.do_rows.data() + j * kQueryBlock * hd2, hd2, key_block(r.v_t, k0), kKeyBlock, false,
-                   dP, kKeyBlock);
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      bf16_pair_gemm(rows, edge, hd2, r.do_rows.data() + (j * kQueryBlock + i0) * hd2, hd2, key_block(r.v_t, k0),
+                     kKeyBlock, false, dP + i0 * kKeyBlock, kKeyBlock);
+    });
   }
+  // A slab's probabilities and dS are 0 past its edge: its products over the keys stop at the edge's pair.
   void add_values(std::int64_t, std::int64_t qn, std::int64_t k0, std::int64_t kn, const float* P, float* O) {
     pack_row_pairs(P, kKeyBlock, qn, kn, r.p_rows.data(), kK2);
-    bf16_pair_gemm(qn, hd, (kn + 1) / 2, r.p_rows.data(), kK2, r.v_pairs.data() + (k0 - k_lo) / 2 * hd, hd, true, O,
-                   hd);
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      bf16_pair_gemm(rows, hd, (edge + 1) / 2, r.p_rows.data() + i0 * kK2, kK2, r.v_pairs.data() + (k0 - k_lo) / 2 * hd,
+                     hd, true, O + i0 * hd, hd);
+    });
   }
+  // A key slab's products over the query rows start at the pair of the first row that sees it.
   void grads(std::int64_t j, const float*, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn,
              const float* P, const float* dS, float* dQ) {
-    const std::int64_t qn2 = (qn + 1) / 2, kn2 = (kn + 1) / 2, col = k0 - k_lo;
-    pack_column_pairs(P, kKeyBlock, qn, kn, r.p_cols.data(), kKeyBlock);  // dv^T += dout^T P
-    bf16_pair_gemm(hd, kn, qn2, r.do_cols.data() + j * hd * kQ2, kQ2, r.p_cols.data(), kKeyBlock, true,
-                   r.dv_t.data() + col, keys);
-    pack_row_pairs(dS, kKeyBlock, qn, kn, r.ds_rows.data(), kK2);  // dq += dS K
-    bf16_pair_gemm(qn, hd, kn2, r.ds_rows.data(), kK2, r.k_pairs.data() + col / 2 * hd, hd, true, dQ, hd);
+    const std::int64_t qn2 = (qn + 1) / 2, col = k0 - k_lo;
+    pack_column_pairs(P, kKeyBlock, qn, kn, r.p_cols.data(), kKeyBlock);    // dv^T += dout^T P
     pack_column_pairs(dS, kKeyBlock, qn, kn, r.ds_cols.data(), kKeyBlock);  // dk^T += q^T dS
-    bf16_pair_gemm(hd, kn, qn2, r.q_cols.data() + j * hd * kQ2, kQ2, r.ds_cols.data(), kKeyBlock, true,
-                   r.dk_t.data() + col, keys);
+    by_key_slabs(
+        qn, kn,
+        [&](std::int64_t j0, std::int64_t n, std::int64_t i0) {
+          const std::int64_t p0 = i0 / 2;
+          bf16_pair_gemm(hd, n, qn2 - p0, r.do_cols.data() + j * hd * kQ2 + p0, kQ2,
+                         r.p_cols.data() + p0 * kKeyBlock + j0, kKeyBlock, true, r.dv_t.data() + col + j0, keys);
+          bf16_pair_gemm(hd, n, qn2 - p0, r.q_cols.data() + j * hd * kQ2 + p0, kQ2,
+                         r.ds_cols.data() + p0 * kKeyBlock + j0, kKeyBlock, true, r.dk_t.data() + col + j0, keys);
+        },
+        32);
+    pack_row_pairs(dS, kKeyBlock, qn, kn, r.ds_rows.data(), kK2);  // dq += dS K
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      bf16_pair_gemm(rows, hd, (edge + 1) / 2, r.ds_rows.data() + i0 * kK2, kK2, r.k_pairs.data() + col / 2 * hd, hd,
+                     true, dQ + i0 * hd, hd);
+    });
   }
   void end_head() {
     if (!dkb) return;  // the forward's task
-    for (std::int64_t t = 0; t < keys; ++t) {
-      float* dk = dkb + (k_lo + t) * a.kv_stride;
-      float* dv = dvb + (k_lo + t) * a.kv_stride;
+    // In tiles of keys, so that the accumulators' rows are read along and not across (one add an element
+    // either way: the same sums).
+    constexpr std::int64_t kTile = 16;
+    for (std::int64_t t0 = 0; t0 < keys; t0 += kTile) {
+      const std::int64_t tn = std::min(kTile, keys - t0);
       for (std::int64_t c = 0; c < hd; ++c) {
-        dk[c] += r.dk_t[static_cast<std::size_t>(c * keys + t)];
-        dv[c] += r.dv_t[static_cast<std::size_t>(c * keys + t)];
+        const float* dks = r.dk_t.data() + c * keys + t0;
+        const float* dvs = r.dv_t.data() + c * keys + t0;
+        for (std::int64_t t = 0; t < tn; ++t) {
+          dkb[(k_lo + t0 + t) * a.kv_stride + c] += dks[t];
+          dvb[(k_lo + t0 + t) * a.kv_stride + c] += dvs[t];
+        }
       }
     }
   }
@@ -343,6 +566,7 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
             float* Oj = O.data() + j * kQueryBlock * hd;
             float* mj = m.data() + j * kQueryBlock;
             float* lj = l.data() + j * kQueryBlock;
+            blocks_of.pair(pos0 - k0);
             blocks_of.scores(j, q + (b * Q + q0) * a.q_stride + h * hd, qn, k0, kn, S.data());
             for (std::int64_t i = 0; i < qn; ++i) {
               float* s = S.data() + i * kKeyBlock;
@@ -437,6 +661,7 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
               const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
               const float* lb = lse + (b * a.q_heads + h) * Q + q0;
               const float* Dj = D.data() + j * kQueryBlock;
+              blocks_of.pair(pos0 - k0);
               blocks_of.scores(j, qb, qn, k0, kn, P.data());
               blocks_of.dscores(j, dob, qn, k0, kn, dP.data());
               for (std::int64_t i = 0; i < qn; ++i) {

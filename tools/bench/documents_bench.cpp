@@ -4,9 +4,12 @@
 // ratio must be within 1.2x of the ratio of pairs, T / D documents of D (D + 1) / 2 pairs each against
 // T (T + 1) / 2. On the fp32 products, and on the bf16 pair products where the CPU has AVX512-BF16.
 //
-//   bench_documents [--seq 8192] [--doc 512] [--threads N] [--reps 3]
+//   bench_documents [--seq 8192] [--doc 512] [--threads N] [--reps 3] [--only documents|causal]
+// --only runs one side's forward + backward, reps times, and prints its time (to profile one side).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <thread>
@@ -36,6 +39,7 @@ AlignedFloats filled(std::int64_t n, float scale) {
 int main(int argc, char** argv) {
   std::int64_t T = 8192, D = 512;
   int reps = 3;
+  std::string only;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -47,8 +51,12 @@ int main(int argc, char** argv) {
       threads = std::stoi(v);
     else if (a == "--reps")
       reps = std::max(1, std::stoi(v));
+    else if (a == "--only" && (v == "documents" || v == "causal"))
+      only = v;
     else {
-      std::fprintf(stderr, "usage: bench_documents [--seq 8192] [--doc 512] [--threads N] [--reps 3]\n");
+      std::fprintf(stderr,
+                   "usage: bench_documents [--seq 8192] [--doc 512] [--threads N] [--reps 3] [--only "
+                   "documents|causal]\n");
       return 2;
     }
   }
@@ -85,6 +93,21 @@ int main(int argc, char** argv) {
     cpu::attention_backward(q.get(), k.get(), v.get(), nullptr, false, out.get(), lse.get(), dout.get(), dq.get(),
                             dk.get(), dv.get(), nullptr, a, threads, products);
   };
+  if (!only.empty()) {
+    const AttnShape& a = only == "documents" ? documents : causal;
+    for (const auto products : {cpu::AttnProducts::fp32, cpu::AttnProducts::bf16_pairs}) {
+      if (products == cpu::AttnProducts::bf16_pairs && !cpu::bf16_pairs_available()) continue;
+      step(a, products);  // warm-up: the threads' rooms, the library's kernels
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::clock_t c0 = std::clock();
+      for (int r = 0; r < reps; ++r) step(a, products);
+      // The process's CPU time too: on a shared machine it varies less than the wall time.
+      std::printf("%s %s: %.4f s a step, %.4f s of CPU\n", only.c_str(), cpu::attn_products_name(products),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps,
+                  static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC / reps);
+    }
+    return 0;
+  }
   std::printf(
       "bench_documents: attention forward + backward, T=%lld, documents of %lld, %lld query heads, %lld kv "
       "heads of %lld, %d threads\n",
