@@ -38,7 +38,7 @@ std::shared_ptr<const data::Batch> read_batch(Context* ctx, std::uint64_t g) {
     if (b->positions.size() != n)
       throw std::runtime_error("data loader: micro-batch " + std::to_string(g) + " has " +
                                std::to_string(b->positions.size()) + " positions, expected " + std::to_string(n));
-    validate_positions(b->positions.data(), ctx->plan.batch, ctx->plan.seq);
+    validate_positions(BatchRows{ctx->plan.batch, ctx->plan.seq, b->positions.data()});
   }
   return b;
 }

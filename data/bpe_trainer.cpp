@@ -112,6 +112,12 @@ struct PairCounts {
   }
 };
 
+// A special token's added_tokens entry, matched verbatim.
+ojson special_token(uint32_t id, const std::string& content) {
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
+}
+
 // The trained tokenizer.json: the merged tokens, the merges in order, then the special tokens.
 ojson trained_json(const BpeTrainerOptions& o, const std::vector<std::string>& tok,
                    const std::vector<std::pair<uint32_t, uint32_t>>& merges) {
@@ -122,13 +128,7 @@ ojson trained_json(const BpeTrainerOptions& o, const std::vector<std::string>& t
   for (const auto& [a, b] : merges) jm.push_back(to_bytelevel(tok[a]) + " " + to_bytelevel(tok[b]));
   uint32_t id = uint32_t(tok.size());
   for (const auto& s : o.special_tokens) {
-    j["added_tokens"].push_back({{"id", id},
-                                 {"content", s},
-                                 {"single_word", false},
-                                 {"lstrip", false},
-                                 {"rstrip", false},
-                                 {"normalized", false},
-                                 {"special", true}});
+    j["added_tokens"].push_back(special_token(id, s));
     vocab[s] = id++;
   }
   return j;
@@ -148,14 +148,7 @@ struct BpeTrainer::Impl {
   static ojson skeleton_with_specials(const BpeTrainerOptions& o) {
     ojson j = skeleton(o);
     uint32_t id = 256;
-    for (const auto& s : o.special_tokens)
-      j["added_tokens"].push_back({{"id", id++},
-                                   {"content", s},
-                                   {"single_word", false},
-                                   {"lstrip", false},
-                                   {"rstrip", false},
-                                   {"normalized", false},
-                                   {"special", true}});
+    for (const auto& s : o.special_tokens) j["added_tokens"].push_back(special_token(id++, s));
     return j;
   }
 };

@@ -60,7 +60,7 @@ void embedding_forward(const ModelConfig& c, const void* params, const token_t* 
                        float* x_out, const ComputeCtx& ctx) {
   validate_batch_shape(c, rows.batch, rows.seq);
   validate_tokens(c, tokens, static_cast<std::size_t>(rows.batch * rows.seq));
-  if (rows.positions) validate_positions(rows.positions, rows.batch, rows.seq);
+  validate_positions(rows);
   cpu::CpuOps ops(ctx.precision, ctx.threads);
   embedding_forward(ops, c, params, tokens, rows, x_out);
 }
@@ -69,7 +69,7 @@ void embedding_backward(const ModelConfig& c, const token_t* tokens, const Batch
                         float* grads, const ComputeCtx& ctx) {
   validate_batch_shape(c, rows.batch, rows.seq);
   validate_tokens(c, tokens, static_cast<std::size_t>(rows.batch * rows.seq));
-  if (rows.positions) validate_positions(rows.positions, rows.batch, rows.seq);
+  validate_positions(rows);
   cpu::CpuOps ops(ctx.precision, ctx.threads);
   embedding_backward(ops, c, tokens, rows, dx, grads);
 }

@@ -196,7 +196,7 @@ void layer_backward(const ModelConfig& c, const void* params, const float* x_in,
 
 void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
                    float* saved, float* workspace, const ComputeCtx& ctx, const MoeBalance* balance) {
-  if (rows.positions) validate_positions(rows.positions, rows.batch, rows.seq);
+  validate_positions(rows);
   cpu::CpuOps ops(ctx.precision, ctx.threads);
   layer_forward(ops, c, params, x_in, x_out, rows, saved, workspace, ctx.seq_tile, balance);
 }
@@ -204,7 +204,7 @@ void layer_forward(const ModelConfig& c, const void* params, const float* x_in, 
 void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
                     float* dx, float* grads, const BatchRows& rows, float* workspace, const ComputeCtx& ctx,
                     const MoeBalance* balance) {
-  if (rows.positions) validate_positions(rows.positions, rows.batch, rows.seq);
+  validate_positions(rows);
   cpu::CpuOps ops(ctx.precision, ctx.threads);
   layer_backward(ops, c, params, x_in, saved, dy, dx, grads, rows, workspace, ctx.seq_tile, balance);
 }

@@ -88,8 +88,8 @@ void validate_batch_shape(const ModelConfig& c, std::int64_t batch, std::int64_t
 void validate_tokens(const ModelConfig& c, const token_t* tokens, std::size_t n);    // every id in [0, vocab_size)
 void validate_targets(const ModelConfig& c, const token_t* targets, std::size_t n);  // in [0, vocab_size) or -100
 // Documents' positions (BatchRows::positions, on the host): each row starts at 0 and each position is 0
-// (a document starts) or the one before plus 1.
-void validate_positions(const std::int32_t* positions, std::int64_t batch, std::int64_t seq);
+// (a document starts) or the one before plus 1. Nothing to check in the stream (null positions).
+void validate_positions(const BatchRows& rows);
 
 // ---- Initialisation (Hugging Face conventions) ----
 // normal(0, initializer_range) for matrices and embeddings, norm weights 1, biases 0; GPT-2's

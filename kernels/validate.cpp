@@ -30,7 +30,10 @@ void validate_targets(const ModelConfig& c, const token_t* targets, std::size_t 
                                   std::to_string(c.vocab_size) + ")");
 }
 
-void validate_positions(const std::int32_t* positions, std::int64_t batch, std::int64_t seq) {
+void validate_positions(const BatchRows& rows) {
+  const std::int32_t* positions = rows.positions;
+  const std::int64_t batch = rows.batch, seq = rows.seq;
+  if (positions == nullptr) return;
   for (std::int64_t b = 0; b < batch; ++b)
     for (std::int64_t t = 0; t < seq; ++t) {
       const std::int32_t p = positions[b * seq + t];
