@@ -185,7 +185,7 @@ void NcclRankTransport::ensure_buffers(std::size_t scratch_floats, std::size_t h
     if (e != cudaSuccess)
       throw std::runtime_error(
           "cudaMalloc of the rank transport's scratch (" + std::to_string(scratch_floats * sizeof(float)) +
-          " bytes) failed: " + cudaGetErrorName(e) + "; lower device.max_vram_gb (or device.device_memory_mb)");
+          " bytes) failed: " + cudaGetErrorName(e) + "; lower device.max_vram_gb");
     scratch_floats_ = scratch_floats;
   }
   if (host_floats > host_floats_) {
