@@ -323,8 +323,7 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan
   CHECK(fits.code == 0);
   CHECK(fits.out.find("fits: yes") != std::string::npos);
   // A device budget the device does not have.
-  const mt::test::Outcome device =
-      plan_cmd(big + " --plan.hardware=a100 --device.max_vram_gb=100");
+  const mt::test::Outcome device = plan_cmd(big + " --plan.hardware=a100 --device.max_vram_gb=100");
   INFO(device.out);
   CHECK(device.code == 1);
   CHECK(device.out.find("device.max_vram_gb") != std::string::npos);

@@ -843,8 +843,7 @@ TEST_CASE("stage gradients sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf1
 // two passes) and without (each stage updated, its weights sent, as it completes): each round's
 // transfer runs once on every rank, the owner's accumulators survive the restarts.
 TEST_CASE("stage gradients sharded: actors of rank 0 failing mid-job keep the bits", "[cluster]") {
-  const std::string faults =
-      "--cluster.shard_state=true --test.allow_fault_injection --restart.max_restarts=100 ";
+  const std::string faults = "--cluster.shard_state=true --test.allow_fault_injection --restart.max_restarts=100 ";
   check_driven_job("faults --count 4 --seed 3", faults, "--train.gradient_buffer=stage ", kGpt2, 80);
   check_driven_job("faults --count 4 --seed 13", faults, "--train.gradient_buffer=stage --train.max_grad_norm=0 ",
                    kLlama, 80);

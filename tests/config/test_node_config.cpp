@@ -2,8 +2,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <utility>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 

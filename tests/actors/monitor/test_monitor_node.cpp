@@ -207,9 +207,9 @@ TEST_CASE("monitor: random injected faults, weights bit-identical", "[monitor]")
   const fs::path ref = reference_run(dir.path, shard);
   const fs::path out = dir.path / "out";
   const unsigned seed = std::random_device{}();
-  const Child node = start_node(
-      tiny_args(out, shard, kSteps, 0.004) + " --test.allow_fault_injection --restart.max_restarts=100",
-      dir.path / "node.log");
+  const Child node =
+      start_node(tiny_args(out, shard, kSteps, 0.004) + " --test.allow_fault_injection --restart.max_restarts=100",
+                 dir.path / "node.log");
   std::string text;
   const int rc = run_client("faults", out, text, "--count 6 --seed " + std::to_string(seed));
   const int code = wait_exit(node, rc == 0 ? 120 : 0);
