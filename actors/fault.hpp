@@ -1,6 +1,6 @@
 // The fault hook: makes one pipeline actor throw at a chosen point of the schedule, so the restart tests
-// can crash any actor mid-step, and a monitor client allowed to (monitor.allow_fault_injection) can run a
-// fault drill. Inert unless armed. No CAF here.
+// can crash any actor mid-step, and a monitor client allowed to (MonitorSection::allow_fault_injection,
+// which only test harnesses set) can run a fault drill. Inert unless armed. No CAF here.
 //
 // Every actor calls fault_point(plan, role, step, micro_batch, stage, phase) at the start of each unit
 // of work it is about to do (before it touches any durable state), so a planned crash always happens

@@ -103,7 +103,8 @@ std::vector<KeyDesc> make_keys() {
              "host RAM (MiB) for stages the optimizer copies aside for a checkpoint not yet written, instead of "
              "waiting for the disk; 0 = always wait")
           .at_least(0)
-          .expert("checkpoints that stall the optimizer: more RAM to copy stages aside"),
+          .expert("stages larger than it (masters and moments, 12 bytes a parameter: a 7B model's) make the "
+                  "optimizer wait for each checkpoint's disk writes; more RAM lets it copy them aside"),
       MT_KEY(train, stop_after_steps, "end this run after N total steps (LR schedule keeps max_steps); 0 = max_steps")
           .at_least(0)
           .expert("splitting one run across job slots: the LR schedule still follows max_steps"),
@@ -176,10 +177,7 @@ std::vector<KeyDesc> make_keys() {
           .one_of({"auto", "stream", "documents"}),
       // [device]
       MT_KEY(device, backend, "cpu | cuda").one_of({"cpu", "cuda"}),
-      MT_KEY(device, max_vram_gb, "device memory budget in GiB; 0 = use device_memory_mb").non_negative(),
-      MT_KEY(device, device_memory_mb, "device memory budget in MiB; 0 = use max_vram_gb")
-          .at_least(0)
-          .expert("the device budget in MiB, for budgets below a GiB (tests, small runs); max_vram_gb otherwise"),
+      MT_KEY(device, max_vram_gb, "device memory budget in GiB; fractions allowed (0.0625 = 64 MiB)").positive(),
       MT_KEY(device, weight_slots,
              "K streamed weight slots on the device (>= 2); auto (0) = 2, up to 4 when the budget allows")
           .takes_auto()
@@ -213,9 +211,6 @@ std::vector<KeyDesc> make_keys() {
              "RAM), boundary, boundary_host, boundary_mapped")
           .one_of(names_of(kKeepIntermediates, keep_intermediates_name))
           .expert("auto picks the first that fits; force one to compare memory and speed"),
-      MT_KEY(device, copy_bandwidth_gbps, "copy engine limit per direction in GB/s; 0 = unlimited")
-          .non_negative()
-          .expert("modelling a PCIe link on the CPU backend (benchmarks); it switches the CPU backend to copies"),
       MT_KEY(device, prefetch_depth, "stages streamed ahead; 0 = weight_slots - 1")
           .at_least(0)
           .expert("auto streams weight_slots - 1 ahead, which is right unless slots are shared"),
@@ -243,8 +238,8 @@ std::vector<KeyDesc> make_keys() {
           .at_most(1024)
           .expert("a GPU run whose optimizer should leave cores to other work"),
       MT_KEY(threads, copy,
-             "copy engine workers (1 or 2: one per direction); 0 = derived: 2 with 4 or more threads or a paced link "
-             "(device.copy_bandwidth_gbps), else 1")
+             "copy engine workers (1 or 2: one per direction); 0 = derived: 2 with 4 or more threads or a modelled "
+             "link (the planner's GPU profiles), else 1")
           .at_least(0)
           .at_most(2)
           .expert("auto picks 1 or 2 by cores and link"),
@@ -281,8 +276,6 @@ std::vector<KeyDesc> make_keys() {
       MT_KEY(monitor, watchdog_restart_s, "... restart the actor stuck in a handler; 0 = off")
           .non_negative()
           .expert("restarting an actor stuck in a handler, for unattended runs"),
-      MT_KEY(monitor, allow_fault_injection, "test-only: accept POST /control/fault?actor=NAME")
-          .expert("fault drills and tests only: a client may crash an actor"),
       // [restart]
       MT_KEY(restart, max_restarts, "restarts per actor within window_s; past it: final checkpoint, stop")
           .at_least(0)

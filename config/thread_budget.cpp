@@ -19,7 +19,7 @@ ThreadBudget TrainConfig::thread_budget(int hardware_threads) const {
   const int optimizer_default = device.backend == "cpu" ? std::max(1, (b.total + 7) / 8) : b.total;
   b.optimizer = threads.optimizer > 0 ? static_cast<int>(threads.optimizer) : optimizer_default;
   // One copy worker per direction (full duplex) once there are cores to spare, or over a paced link
-  // (device.copy_bandwidth_gbps models a full-duplex PCIe link; its workers mostly sleep for the pacing,
+  // (DeviceSection::copy_bandwidth_gbps models a full-duplex PCIe link; its workers mostly sleep for the pacing,
   // so a second one costs no core); one otherwise. One worker would make a paced link half duplex.
   b.copy = threads.copy > 0 ? static_cast<int>(threads.copy) : (b.total >= 4 || device.copy_bandwidth_gbps > 0 ? 2 : 1);
   // Actors mostly wait on mailboxes and blocking work runs on detached actors: a small scheduler.

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "config/host_ram.hpp"
@@ -174,18 +176,18 @@ MicroBatchOrder TrainConfig::micro_batch_order() const {
 }
 
 std::size_t TrainConfig::device_budget_bytes() const {
-  if (device.max_vram_gb > 0.0)
-    return static_cast<std::size_t>(std::llround(device.max_vram_gb * 1024.0 * 1024.0 * 1024.0));
-  return static_cast<std::size_t>(device.device_memory_mb) * 1024 * 1024;
+  return static_cast<std::size_t>(std::llround(device.max_vram_gb * 1024.0 * 1024.0 * 1024.0));
 }
 
 std::string TrainConfig::device_budget_name() const {
-  std::ostringstream out;
-  if (device.max_vram_gb > 0.0)
-    out << key_of(*this, device.max_vram_gb) << "=" << device.max_vram_gb;
-  else
-    out << key_of(*this, device.device_memory_mb) << "=" << device.device_memory_mb;
-  return out.str();
+  // The shortest text that reads back to the same budget: MiB budgets are exact binary fractions of a
+  // GiB ("0.0009765625" is 1 MiB), which the stream's 6 digits would round.
+  char text[40];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, device.max_vram_gb);
+    if (std::strtod(text, nullptr) == device.max_vram_gb) break;
+  }
+  return key_of(*this, device.max_vram_gb) + "=" + text;
 }
 
 std::int64_t TrainConfig::prefetch_depth() const {

@@ -102,17 +102,20 @@ struct DataSection {                                      // [data]
 
 struct DeviceSection {                      // [device]
   std::string backend = "cpu";              // cpu | cuda
-  double max_vram_gb = 0.0;                 // device budget in GiB; 0 = use device_memory_mb
-  std::int64_t device_memory_mb = 1024;     // device budget in MiB (the CPU arena); 0 = use max_vram_gb
+  double max_vram_gb = 1.0;                 // device budget in GiB (the CPU arena); fractions for small ones
   std::int64_t weight_slots = 0;            // K >= 2 streamed weight slots; 0 = auto (see plan_engine)
   std::int64_t grad_slots = 0;              // gradient staging slots; 0 = auto
   std::string keep_intermediates = "auto";  // auto | boundary | boundary_host | boundary_mapped | all | all_mapped
-  double copy_bandwidth_gbps = 0.0;         // copy engine limit per direction, GB/s (1e9); 0 = unlimited
   std::int64_t prefetch_depth = 0;          // stages streamed ahead; 0 = weight_slots - 1
   std::string schedule = "interleaved";     // interleaved | sequential (see MicroBatchOrder)
   std::int64_t gpus = 1;                    // devices of this node on one schedule (each its own micro-batches)
   std::int64_t seq_tile = 0;                // tokens per sequence tile (long context); 0 = auto (see plan_engine)
   std::string attention_kv = "auto";        // auto | device | host: where tiles keep attention's keys and values
+  // Not a key: a modelled link on the CPU backend, GB/s (1e9) per direction; 0 = none (the arena is host
+  // memory, weights mapped). The planner sets it to a GPU profile's link (plan_as_gpu); benchmarks and
+  // tests set it through the C++ API (the test node binary: --test.copy_bandwidth_gbps). Switches the
+  // CPU backend to copies.
+  double copy_bandwidth_gbps = 0.0;
 };
 
 struct ThreadsSection {        // [threads]; 0 = derived from total (see ThreadBudget)
@@ -140,7 +143,9 @@ struct MonitorSection {            // [monitor]
   double watchdog_warn_s = 60.0;   // no progress for this long: a watchdog warning event; 0 = off
   double watchdog_dump_s = 120.0;  // ... a dump of every actor's state into the events; 0 = off
   double watchdog_restart_s = 0;   // ... restart the actor stuck longest in a handler; 0 = off
-  bool allow_fault_injection = false;  // test-only: accept POST /control/fault?actor=NAME
+  // Not a key: accept POST /control/fault?actor=NAME (a client may crash an actor). Tests set it through
+  // the C++ API (the test node binary: --test.allow_fault_injection); the shipped binary never does.
+  bool allow_fault_injection = false;
 };
 
 // Restarting a crashed (or stuck, or on-demand restarted) pipeline actor.
@@ -296,8 +301,8 @@ struct TrainConfig {
   // says mpi) or "mpi" (the cpu backend always: its device memory is host memory).
   std::string rank_grad_transport() const;
 
-  // The device budget in bytes from device.device_memory_mb or device.max_vram_gb, and the key=value
-  // text that set it ("device.device_memory_mb=64") for error messages.
+  // The device budget in bytes from device.max_vram_gb, and the key=value text that set it
+  // ("device.max_vram_gb=0.0625") for error messages.
   std::size_t device_budget_bytes() const;
   std::string device_budget_name() const;
   double copy_bandwidth_bytes_per_s() const { return device.copy_bandwidth_gbps * 1e9; }

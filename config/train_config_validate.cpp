@@ -3,6 +3,7 @@
 // Each failure is a ConfigError whose message starts with the key, so users see exactly what to fix.
 #include <glob.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <utility>
@@ -102,12 +103,9 @@ void model_values(const TrainConfig& c) {
 
 void device_values(const TrainConfig& c) {
   const auto& d = c.device;
-  if (d.max_vram_gb > 0.0 && d.device_memory_mb > 0)
-    throw ConfigError(key_of(c, d.max_vram_gb), "set either " + key_of(c, d.max_vram_gb) + " or " +
-                                                    key_of(c, d.device_memory_mb) + " (the other to 0), not both");
-  if (d.max_vram_gb == 0.0 && d.device_memory_mb == 0)
-    throw ConfigError(key_of(c, d.device_memory_mb),
-                      "no device budget: set " + key_of(c, d.device_memory_mb) + " or " + key_of(c, d.max_vram_gb));
+  // Not a key (set through the C++ API), so no range in the key table checks it.
+  if (!(d.copy_bandwidth_gbps >= 0.0) || !std::isfinite(d.copy_bandwidth_gbps))
+    throw ConfigError("device.copy_bandwidth_gbps", "must be a finite number >= 0");
   // With weight_slots = auto the engine checks it against the slots it plans.
   if (d.weight_slots > 0) at_most(key_of(c, d.prefetch_depth), d.prefetch_depth, d.weight_slots - 1);
     // Several GPUs sum their gradients on the devices with NCCL (device/cuda/nccl_reduce.hpp); a build

@@ -33,7 +33,7 @@ struct ArenaRegion {
 
 struct ArenaRequest {
   std::size_t budget_bytes = 0;
-  // How the budget was given, for error messages: "device.device_memory_mb=64".
+  // How the budget was given, for error messages: "device.max_vram_gb=0.0625".
   std::string budget_name = "device memory budget";
   int weight_slots = 2;                    // K; must be >= 2
   int grad_slots = 1;                      // gradient staging slots; must be >= 1
@@ -75,7 +75,7 @@ std::size_t boundary_activation_bytes(const ModelConfig& cfg, std::int64_t batch
 // The smallest budget that fits `request` (its budget_bytes ignored): for messages and auto-sizing.
 std::size_t arena_bytes_needed(const ModelConfig& cfg, const ArenaRequest& request);
 
-// Throws ArenaBudgetError, e.g. "device.device_memory_mb=16 is too small: 2 weight slots x 6.0 MiB +
+// Throws ArenaBudgetError, e.g. "device.max_vram_gb=0.015625 is too small: 2 weight slots x 6.0 MiB +
 // 1 gradient slot x 6.0 MiB + workspace 3.0 MiB + activations 1.0 MiB = 22.0 MiB needed".
 ArenaPlan plan_arena(const ModelConfig& cfg, const ArenaRequest& request);
 

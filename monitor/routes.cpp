@@ -50,7 +50,7 @@ Response control(RouteContext& ctx, const Request& r, const std::string& action)
     return refuse(401, "the Authorization header is not 'Bearer <token>'");
   if (!token_equal(ctx.token, r.authorization.substr(scheme.size()))) return refuse(403, "wrong token");
   if (action == "fault" && !ctx.allow_fault_injection)
-    return refuse(403, "fault injection is off (monitor.allow_fault_injection=false)");
+    return refuse(403, "fault injection is off (only a test build turns it on)");
   if (action == "restart" || action == "fault") {
     bool known = false;
     for (const char* a : kRestartable) known = known || actor == a;

@@ -22,7 +22,7 @@ void usage(std::FILE* f) {
                "       megatrain plan --help          the planner's keys (plan.*) and hardware profiles\n");
 }
 
-int train(int argc, char** argv, const std::function<void(mt::node::TrainingHooks&)>& customize) {
+int train(int argc, char** argv, const mt::node::Customize& customize) {
   std::vector<std::string> args(argv + 2, argv + argc);
   mt::NodeConfig node;
   const mt::NodeConfigLoad load = node.load(args);
@@ -47,7 +47,15 @@ int train(int argc, char** argv, const std::function<void(mt::node::TrainingHook
     node.values.cluster.local_ranks = world->local_size();
     hooks.world = world.get();
   }
-  if (customize) customize(hooks);
+  if (customize) {
+    customize(node.values, hooks);
+    try {
+      node.values.validate_values();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "megatrain: %s\n", e.what());
+      return 1;
+    }
+  }
   const int status = mt::node::run_training(node.values, hooks, &node).exit_status;
   // A failed rank ends the whole job at once: its peers would otherwise wait for it until their timeout.
   if (status != 0 && world && world->size() > 1) world->abort(status);
@@ -60,7 +68,7 @@ namespace mt::node {
 
 using namespace mt::actors;  // the engine this folder runs
 
-int node_main(int argc, char** argv, const std::function<void(TrainingHooks&)>& customize) {
+int node_main(int argc, char** argv, const Customize& customize) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

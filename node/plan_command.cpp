@@ -163,10 +163,9 @@ int run_plan_command(const std::vector<std::string>& args) {
       extras.device_is_gpu = true;
       plan_as_gpu(cfg, hw);
       device_limit = hw.device_memory_bytes;
-      if (cfg.device.max_vram_gb == 0 && cfg.device.device_memory_mb == TrainConfig{}.device.device_memory_mb) {
+      if (cfg.device.max_vram_gb == TrainConfig{}.device.max_vram_gb) {
         // No budget given: the device's memory less 10% for the runtime (CUDA context, allocator).
         cfg.device.max_vram_gb = 0.9 * hw.device_memory_bytes / 1073741824.0;
-        cfg.device.device_memory_mb = 0;
         std::printf("note: no device budget given: device.max_vram_gb=%.1f (90%% of the %s's memory)\n",
                     cfg.device.max_vram_gb, hw.key.c_str());
       }

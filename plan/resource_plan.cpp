@@ -375,7 +375,6 @@ double host_need(const TrainConfig& cfg, const ModelConfig& model, const PlanExt
 
 std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, const ModelConfig& model) {
   TrainConfig c = cfg;
-  c.device.device_memory_mb = 0;
   c.device.max_vram_gb = 1e9;  // no budget: the plan's own size is the answer
   c.device.weight_slots = 2;
   c.device.grad_slots = 1;
@@ -409,7 +408,7 @@ void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw) {
 
 namespace {
 
-// device.max_vram_gb (or device_memory_mb) above the device, or the arena with the backend's side above it.
+// device.max_vram_gb above the device, or the arena with the backend's side above it.
 void add_device_limit_misfit(ResourcePlan& p, const TrainConfig& cfg, double budget, double device_limit) {
   if (device_limit > 0 && budget > device_limit) {
     p.misfits.push_back({"device", budget, device_limit,

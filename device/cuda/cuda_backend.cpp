@@ -144,8 +144,8 @@ std::byte* CudaBackend::allocate_device(std::size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess)
-    throw std::runtime_error("CUDA: cudaMalloc of the device arena (" + std::to_string(bytes) + " bytes) failed: " +
-                             cudaGetErrorName(e) + "; lower device.max_vram_gb (or device.device_memory_mb)");
+    throw std::runtime_error("CUDA: cudaMalloc of the device arena (" + std::to_string(bytes) +
+                             " bytes) failed: " + cudaGetErrorName(e) + "; lower device.max_vram_gb");
   allocations_.push_back(p);
   MT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_));
   MT_CUDA_CHECK(cudaStreamSynchronize(compute_));

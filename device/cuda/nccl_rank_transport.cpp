@@ -183,9 +183,9 @@ void NcclRankTransport::ensure_buffers(std::size_t scratch_floats, std::size_t h
     scratch_ = nullptr, scratch_floats_ = 0;
     const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&scratch_), scratch_floats * sizeof(float));
     if (e != cudaSuccess)
-      throw std::runtime_error(
-          "cudaMalloc of the rank transport's scratch (" + std::to_string(scratch_floats * sizeof(float)) +
-          " bytes) failed: " + cudaGetErrorName(e) + "; lower device.max_vram_gb (or device.device_memory_mb)");
+      throw std::runtime_error("cudaMalloc of the rank transport's scratch (" +
+                               std::to_string(scratch_floats * sizeof(float)) +
+                               " bytes) failed: " + cudaGetErrorName(e) + "; lower device.max_vram_gb");
     scratch_floats_ = scratch_floats;
   }
   if (host_floats > host_floats_) {

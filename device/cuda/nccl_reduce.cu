@@ -107,8 +107,7 @@ void NcclReducer::ensure_scratch(std::size_t floats) {
   if (e != cudaSuccess)
     throw std::runtime_error("CUDA: cudaMalloc of the gradient reduction's scratch (" +
                              std::to_string(need * sizeof(float)) + " bytes) on GPU " + std::to_string(gpus_[0]) +
-                             " failed: " + cudaGetErrorName(e) +
-                             "; lower device.max_vram_gb (or device.device_memory_mb)");
+                             " failed: " + cudaGetErrorName(e) + "; lower device.max_vram_gb");
   scratch_floats_ = need;
 }
 

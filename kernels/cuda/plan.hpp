@@ -36,8 +36,7 @@ inline void check_arena_fits(std::size_t arena_bytes, std::size_t free_bytes, st
                            std::to_string(gpu) + ": " + gib(free_bytes) + " GiB free of " + gib(total_bytes) +
                            " GiB, and the backend keeps " + gib(reserve) + " GiB for the CUDA context and cuBLASLt" +
                            (scratch_bytes ? " (its ops' scratch, " + gib(scratch_bytes) + " GiB, already taken)" : "") +
-                           "; lower device.max_vram_gb (or device.device_memory_mb), the batch, or the sequence "
-                           "length");
+                           "; lower device.max_vram_gb, the batch, or the sequence length");
 }
 
 // Deterministic column sums (norm weight and bias gradients): rows are cut into `splits` fixed ranges

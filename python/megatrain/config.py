@@ -48,7 +48,6 @@ def init(offload_dir=None, max_vram_gb=None, optimizer_compression=None, **engin
         keys["train.offload_dir"] = str(offload_dir)
     if max_vram_gb is not None:
         keys["device.max_vram_gb"] = float(max_vram_gb)
-        keys["device.device_memory_mb"] = 0  # the engine takes one budget or the other
     if optimizer_compression is not None:
         if optimizer_compression is True:
             optimizer_compression = "lossless"

@@ -72,7 +72,7 @@ class Trainer:
     on_step: called with a dict (step, loss, lr, grad_norm, tokens, ...) after every step.
     max_seq_length: tokens per sequence (data.seq_length); default: the engine key when args is a dict,
         else min(1024, the model's max_position_embeddings).
-    engine_args: further engine keys, applied last (e.g. {"device.device_memory_mb": 512}).
+    engine_args: further engine keys, applied last (e.g. {"device.max_vram_gb": 0.5}).
     """
 
     def __init__(self, model=None, args=None, train_dataset=None, eval_dataset=None, tokenizer=None, *,

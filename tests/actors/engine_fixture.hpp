@@ -31,7 +31,7 @@ struct Tiny {
   bool bf16 = false;                     // train.bf16: bf16 compute copies streamed, fp32 masters
   std::string master_weights = "auto";   // train.master_weights (bf16: auto = split)
   std::string gradient_buffer = "auto";  // train.gradient_buffer (auto: stage without clipping at M = 1)
-  std::size_t budget_bytes = 0;          // device budget (device.max_vram_gb); 0 = device_memory_mb 64
+  std::size_t budget_bytes = 0;          // device budget (device.max_vram_gb); 0 = 64 MiB
   std::int64_t seq_tile = 0;             // device.seq_tile; 0 = auto
   std::string attention_kv = "auto";     // device.attention_kv
   double host_ram_gb = 0.0;              // plan.host_ram_gb: the host RAM auto's all_mapped may use half of
@@ -72,8 +72,8 @@ inline TrainConfig tiny_config(const Tiny& t) {
   c.train.gradient_buffer = t.gradient_buffer;
   c.train.seed = 1234;
   c.data.seq_length = t.seq;
-  c.device.device_memory_mb = t.budget_bytes > 0 ? 0 : 64;
-  if (t.budget_bytes > 0) c.device.max_vram_gb = static_cast<double>(t.budget_bytes) / (1024.0 * 1024.0 * 1024.0);
+  const std::size_t budget = t.budget_bytes > 0 ? t.budget_bytes : std::size_t{64} << 20;
+  c.device.max_vram_gb = static_cast<double>(budget) / (1024.0 * 1024.0 * 1024.0);
   c.device.weight_slots = t.weight_slots;
   c.device.grad_slots = 2;
   c.device.keep_intermediates = t.keep;

@@ -53,7 +53,7 @@ std::string train_args(const fs::path& out, const fs::path& shard) {
   return "--data.seq_length=16 --data.train_files=" + shard.string() +
          " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 --train.warmup_steps=2 "
          "--train.learning_rate=0.01 --train.output_dir=" +
-         out.string() + " --device.device_memory_mb=16 --threads.total=2";
+         out.string() + " --device.max_vram_gb=0.015625 --threads.total=2";
 }
 
 std::string tiny_args(const fs::path& out, const fs::path& shard) { return model_args() + train_args(out, shard); }

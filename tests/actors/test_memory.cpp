@@ -29,7 +29,6 @@ TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]
     // The exact need of a 2-slot plan, from the planner at a generous budget.
     const EnginePlan generous = plan_engine(cfg, model);
     const std::size_t need = generous.arena.total_bytes;
-    cfg.device.device_memory_mb = 0;
     cfg.device.max_vram_gb = static_cast<double>(need) / (1024.0 * 1024.0 * 1024.0);
     const EnginePlan tight = plan_engine(cfg, model);
     INFO(layers << " layers: " << tight.arena.describe());
@@ -182,7 +181,6 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     REQUIRE(boundary > host);
     REQUIRE(host > mapped);
     cfg.device.keep_intermediates = "auto";
-    cfg.device.device_memory_mb = 0;
     cfg.plan.host_ram_gb = 1.0 / (1024 * 1024);  // 1 KiB: no room for all_mapped (its own section below)
     auto plan_at = [&](std::size_t budget) {
       cfg.device.max_vram_gb = static_cast<double>(budget) / (1024.0 * 1024.0 * 1024.0);
@@ -232,7 +230,6 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     CHECK(all_mapped.workspace_floats == all.workspace_floats);
 
     cfg.device.keep_intermediates = "auto";
-    cfg.device.device_memory_mb = 0;
     cfg.device.max_vram_gb = static_cast<double>(all.arena.total_bytes - 1024) / (1024.0 * 1024.0 * 1024.0);
     cfg.plan.host_ram_gb = 64;  // room
     EnginePlan p = plan_engine(cfg, deep_model);
@@ -301,7 +298,6 @@ TEST_CASE("plan_engine: auto slots grow with the budget and never exceed it", "[
     c.device.weight_slots = weight;
     c.device.grad_slots = grad;
     c.device.prefetch_depth = 0;
-    c.device.device_memory_mb = 0;
     c.device.max_vram_gb = static_cast<double>(budget) / (1024.0 * 1024.0 * 1024.0);
     return plan_engine(c, model);
   };

@@ -36,7 +36,7 @@ std::string tiny_args(const fs::path& dir, const fs::path& shard) {
          shard.string() +
          " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 "
          "--train.warmup_steps=0 --train.output_dir=" +
-         (dir / "out").string() + " --device.device_memory_mb=16 --threads.total=2";
+         (dir / "out").string() + " --device.max_vram_gb=0.015625 --threads.total=2";
 }
 
 }  // namespace
@@ -69,7 +69,7 @@ TEST_CASE("megatrain train: bad input fails before training, naming the key", "[
     CHECK_THAT(o.out, Catch::Contains("data.train_files"));
   }
   SECTION("device budget too small") {
-    const Outcome o = mt::test::run_node(base + " --device.device_memory_mb=0 --device.max_vram_gb=0.00001");
+    const Outcome o = mt::test::run_node(base + " --device.max_vram_gb=0.00001");
     CHECK(o.code == 1);
     CHECK_THAT(o.out, Catch::Contains("device.max_vram_gb"));
     CHECK_THAT(o.out, !Catch::Contains("step "));

@@ -154,7 +154,6 @@ TEST_CASE("plan: auto keeps every intermediate mapped only in the host RAM plann
   cfg.device.keep_intermediates = "all";
   const std::size_t all = plan_engine(cfg, model).arena.total_bytes;
   cfg.device.keep_intermediates = "auto";
-  cfg.device.device_memory_mb = 0;
   cfg.device.max_vram_gb = static_cast<double>(all - 1024) / 1073741824.0;  // all does not fit the arena
   const plan::ResourcePlan roomy = plan::plan_resources(cfg, model, {}, 64.0 * 1073741824.0, "test", 0, "");
   REQUIRE(roomy.engine.has_value());
@@ -181,7 +180,7 @@ TEST_CASE("plan: predicted peak resident memory is within 10% of the measured pe
                                          "--data.seq_length=32",
                                          "--train.per_device_train_batch_size=2",
                                          "--train.max_steps=2",
-                                         "--device.device_memory_mb=256",
+                                         "--device.max_vram_gb=0.25",
                                          "--threads.total=2",
                                          "--monitor.enabled=false",
                                          "--data.train_files=" + (dir.path / "data" / "train_*.bin").string(),
@@ -209,7 +208,7 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan
   const std::string common =
       " --model.hidden_size=64 --model.layers=2 --model.heads=4 --model.intermediate_size=128"
       " --model.vocab_size=64 --model.max_position_embeddings=32 --data.seq_length=16"
-      " --train.per_device_train_batch_size=2 --train.max_steps=1 --device.device_memory_mb=16"
+      " --train.per_device_train_batch_size=2 --train.max_steps=1 --device.max_vram_gb=0.015625"
       " --threads.total=2 --monitor.enabled=false --data.train_files=" +
       (dir.path / "data" / "train_*.bin").string() + " --train.output_dir=" + (dir.path / "out").string();
   // 0.01 GiB of host RAM cannot hold the process, whatever the offload keys.
@@ -237,7 +236,7 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan
                                            "--data.seq_length=16",
                                            "--train.per_device_train_batch_size=2",
                                            "--train.max_steps=1",
-                                           "--device.device_memory_mb=256",
+                                           "--device.max_vram_gb=0.25",
                                            "--threads.total=2",
                                            "--monitor.enabled=false",
                                            "--data.train_files=" + (dir.path / "data" / "train_*.bin").string(),
@@ -324,8 +323,7 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan
   CHECK(fits.code == 0);
   CHECK(fits.out.find("fits: yes") != std::string::npos);
   // A device budget the device does not have.
-  const mt::test::Outcome device =
-      plan_cmd(big + " --plan.hardware=a100 --device.max_vram_gb=100 --device.device_memory_mb=0");
+  const mt::test::Outcome device = plan_cmd(big + " --plan.hardware=a100 --device.max_vram_gb=100");
   INFO(device.out);
   CHECK(device.code == 1);
   CHECK(device.out.find("device.max_vram_gb") != std::string::npos);

@@ -64,7 +64,7 @@ const std::string kGpt2 =
 std::string train_args(const fs::path& shard, const fs::path& out, std::int64_t accumulation) {
   return "--data.seq_length=16 --data.train_files=" + shard.string() +
          " --train.per_device_train_batch_size=2 --train.warmup_steps=2 --train.learning_rate=0.01"
-         " --train.max_steps=3 --device.device_memory_mb=16 --threads.total=1 --cluster.collective_timeout_s=60"
+         " --train.max_steps=3 --device.max_vram_gb=0.015625 --threads.total=1 --cluster.collective_timeout_s=60"
          " --train.gradient_accumulation_steps=" +
          std::to_string(accumulation) + " --train.output_dir=" + out.string() +
          " --train.export_hf_dir=" + (out / "hf").string() + " ";
@@ -348,7 +348,7 @@ TEST_CASE("2 ranks x 2 equal 1 rank x 4: rank r takes micro-batches m * 2 + r (L
   require_mpi();
   check_ranks_equal_accumulation(kLlama, "", 2, 2);
   // Across a modelled link (gradients copied to the host before they are sent), micro-batches in sequence.
-  check_ranks_equal_accumulation(kLlama, "--device.copy_bandwidth_gbps=5 --device.schedule=sequential ", 2, 2);
+  check_ranks_equal_accumulation(kLlama, "--test.copy_bandwidth_gbps=5 --device.schedule=sequential ", 2, 2);
 }
 
 TEST_CASE("GPT-2 (tied embeddings): 2 and 3 ranks, fp32", "[cluster]") {
@@ -448,7 +448,7 @@ TEST_CASE("the host state sharded: a rank killed mid-checkpoint, the job relaunc
   TempDir dir("killckpt");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
   const std::string run =
-      "--train.max_steps=20 --train.save_steps=4 --device.copy_bandwidth_gbps=0.004 "
+      "--train.max_steps=20 --train.save_steps=4 --test.copy_bandwidth_gbps=0.004 "
       "--monitor.enabled=false --cluster.collective_timeout_s=20 ";
   const Outcome one =
       sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + run, dir.path / "one.log");
@@ -558,7 +558,7 @@ void check_driven_job(const std::string& client_args, const std::string& node_ex
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
   // Long and slow enough for the client to act on (the link paced; the results do not depend on it).
   const std::string longer =
-      "--train.max_steps=" + std::to_string(steps) + " --device.copy_bandwidth_gbps=0.004 " + both_extra;
+      "--train.max_steps=" + std::to_string(steps) + " --test.copy_bandwidth_gbps=0.004 " + both_extra;
   const Outcome one =
       sh(kBinary + " train " + model + train_args(shard, dir.path / "one", 2) + longer + "--monitor.enabled=false",
          dir.path / "one.log");
@@ -598,7 +598,7 @@ TEST_CASE("every rank serves its monitor, and each /status lists every rank", "[
 }
 
 TEST_CASE("injected failures of rank 0's actors mid-job are restarted there: the bytes of 1 rank x 2", "[cluster]") {
-  check_driven_job("faults --count 4 --seed 7", "--monitor.allow_fault_injection=true --restart.max_restarts=100");
+  check_driven_job("faults --count 4 --seed 7", "--test.allow_fault_injection --restart.max_restarts=100");
 }
 
 namespace {
@@ -635,7 +635,7 @@ TEST_CASE("SIGTERM to one rank stops every rank after the same step, and the job
     INFO("SIGTERM to rank " << target);
     TempDir dir("sigterm" + std::to_string(target));
     const fs::path shard = mt::test::make_shard(dir.path, 8192);
-    const std::string longer = "--train.max_steps=100 --device.copy_bandwidth_gbps=0.004 ";
+    const std::string longer = "--train.max_steps=100 --test.copy_bandwidth_gbps=0.004 ";
     const Outcome one =
         sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer + "--monitor.enabled=false",
            dir.path / "one.log");
@@ -696,11 +696,11 @@ TEST_CASE("the host state sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf16
 
 TEST_CASE("the host state sharded: actors of rank 0 restarted mid-job keep the bits", "[cluster]") {
   check_driven_job("faults --count 4 --seed 7",
-                   "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100");
+                   "--cluster.shard_state=true --test.allow_fault_injection --restart.max_restarts=100");
   // Without clipping each stage is updated (its weights sent) as it completes: in backward order on
   // every rank, also when a respawned optimizer is handed the complete stages again.
   check_driven_job("faults --count 4 --seed 11",
-                   "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100",
+                   "--cluster.shard_state=true --test.allow_fault_injection --restart.max_restarts=100",
                    "--train.max_grad_norm=0 ");
 }
 
@@ -826,7 +826,7 @@ TEST_CASE("stage gradients sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf1
   check_ranks_equal_accumulation(kLlama, stage + "--train.bf16=true --train.max_grad_norm=0 ", 2, 2);
   check_ranks_equal_accumulation(kGpt2, stage, 2, 2);
   check_ranks_equal_accumulation(kGpt2, stage + "--train.bf16=true --train.max_grad_norm=0 ", 3, 1);
-  check_ranks_equal_accumulation(kLlama, stage + "--device.copy_bandwidth_gbps=5 ", 2, 2);
+  check_ranks_equal_accumulation(kLlama, stage + "--test.copy_bandwidth_gbps=5 ", 2, 2);
   // Unsharded ranks would each hold every stage's sum all step: refused, naming the key.
   TempDir dir("stage_unsharded");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
@@ -843,8 +843,7 @@ TEST_CASE("stage gradients sharded: 2 and 3 ranks, Llama and GPT-2, fp32 and bf1
 // two passes) and without (each stage updated, its weights sent, as it completes): each round's
 // transfer runs once on every rank, the owner's accumulators survive the restarts.
 TEST_CASE("stage gradients sharded: actors of rank 0 failing mid-job keep the bits", "[cluster]") {
-  const std::string faults =
-      "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100 ";
+  const std::string faults = "--cluster.shard_state=true --test.allow_fault_injection --restart.max_restarts=100 ";
   check_driven_job("faults --count 4 --seed 3", faults, "--train.gradient_buffer=stage ", kGpt2, 80);
   check_driven_job("faults --count 4 --seed 13", faults, "--train.gradient_buffer=stage --train.max_grad_norm=0 ",
                    kLlama, 80);
@@ -961,7 +960,7 @@ TEST_CASE("the host state sharded with the moment store on the tier: rank 0's op
           "[cluster]") {
   TempDir tier("faulttier");
   check_driven_job("faults --count 3 --seed 5 --actors optimizer",
-                   "--cluster.shard_state=true --monitor.allow_fault_injection=true --restart.max_restarts=100",
+                   "--cluster.shard_state=true --test.allow_fault_injection --restart.max_restarts=100",
                    on_tier(tier) + "--train.bf16=true --train.offload_params=true ", llama(5), 80);
 }
 
@@ -1011,7 +1010,7 @@ TEST_CASE("the host state sharded: SIGUSR1 to rank 1 checkpoints the job, SIGTER
   require_mpi();
   TempDir dir("shardsignal");
   const fs::path shard = mt::test::make_shard(dir.path, 8192);
-  const std::string longer = "--train.max_steps=100 --device.copy_bandwidth_gbps=0.004 --monitor.enabled=false ";
+  const std::string longer = "--train.max_steps=100 --test.copy_bandwidth_gbps=0.004 --monitor.enabled=false ";
   const Outcome one =
       sh(kBinary + " train " + kLlama + train_args(shard, dir.path / "one", 2) + longer, dir.path / "one.log");
   INFO(one.out);

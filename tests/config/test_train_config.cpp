@@ -114,9 +114,9 @@ TEST_CASE("each bad value is reported with its key", "[config]") {
        [](TrainConfig& c) { c.data.seq_length = 2048; }},
       {"data.seq_length: must be >= 1", [](TrainConfig& c) { c.data.seq_length = 0; }},
       {"device.backend: 'tpu' is not one of: cpu, cuda", [](TrainConfig& c) { c.device.backend = "tpu"; }},
-      {"device.max_vram_gb: set either", [](TrainConfig& c) { c.device.max_vram_gb = 8; }},
-      {"device.device_memory_mb: no device budget", [](TrainConfig& c) { c.device.device_memory_mb = 0; }},
-      {"device.device_memory_mb: must be >= 0", [](TrainConfig& c) { c.device.device_memory_mb = -64; }},
+      {"device.max_vram_gb: must be a finite number > 0, got 0", [](TrainConfig& c) { c.device.max_vram_gb = 0; }},
+      {"device.max_vram_gb: must be a finite number > 0, got -0.0625",
+       [](TrainConfig& c) { c.device.max_vram_gb = -0.0625; }},
       {"device.weight_slots: must be >= 2, got 1", [](TrainConfig& c) { c.device.weight_slots = 1; }},
       {"device.grad_slots: must be >= 0", [](TrainConfig& c) { c.device.grad_slots = -1; }},
       {"device.keep_intermediates: 'some' is not one of: auto, boundary, boundary_host, boundary_mapped, all, "
@@ -335,10 +335,13 @@ TEST_CASE("the vocabulary check names the key and both sizes", "[config]") {
 
 TEST_CASE("the device budget comes from exactly one key and names it", "[config]") {
   TrainConfig c;
-  c.device.device_memory_mb = 64;
+  CHECK(c.device_budget_bytes() == 1u << 30);  // the default: 1 GiB
+  c.device.max_vram_gb = 64 / 1024.0;          // budgets below a GiB are fractions, exact for whole MiB
   CHECK(c.device_budget_bytes() == 64u << 20);
-  CHECK(c.device_budget_name() == "device.device_memory_mb=64");
-  c.device.device_memory_mb = 0;
+  CHECK(c.device_budget_name() == "device.max_vram_gb=0.0625");
+  c.device.max_vram_gb = 1 / 1024.0;  // named with every digit, so it reads back as 1 MiB
+  CHECK(c.device_budget_bytes() == 1u << 20);
+  CHECK(c.device_budget_name() == "device.max_vram_gb=0.0009765625");
   c.device.max_vram_gb = 1.5;
   CHECK(c.device_budget_bytes() == 3u << 29);
   CHECK(c.device_budget_name() == "device.max_vram_gb=1.5");

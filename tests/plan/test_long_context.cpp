@@ -45,7 +45,6 @@ plan::HardwareProfile profile(const std::string& key) { return plan::load_hardwa
 plan::ResourcePlan plan_on(TrainConfig& cfg, const plan::HardwareProfile& hw, bool shares_host_memory) {
   plan::plan_as_gpu(cfg, hw);
   if (shares_host_memory) cfg.device.copy_bandwidth_gbps = 0;
-  cfg.device.device_memory_mb = 0;
   cfg.device.max_vram_gb = 0.9 * hw.device_memory_bytes / 1073741824.0;
   plan::PlanExtras x;
   x.device_is_gpu = true;
@@ -72,7 +71,6 @@ plan::StepPrediction step_at(std::int64_t seq, std::int64_t tile) {
   TrainConfig cfg = llama7b(seq);
   const plan::HardwareProfile hw = profile("h200");
   plan::plan_as_gpu(cfg, hw);
-  cfg.device.device_memory_mb = 0;
   cfg.device.max_vram_gb = 4096;
   cfg.device.keep_intermediates = "boundary_host";
   cfg.device.seq_tile = tile;
@@ -278,7 +276,7 @@ TEST_CASE("long sequences are timed at two shorter lengths and fitted, per token
   cfg.model.max_position_embeddings = 1024;
   cfg.data.seq_length = 1024;
   cfg.train.per_device_train_batch_size = 1;
-  cfg.device.device_memory_mb = 64;
+  cfg.device.max_vram_gb = 64 / 1024.0;
   cfg.threads.total = 2;
   const ModelConfig model = cfg.model_config_from_keys();
   const actors::EnginePlan ep = actors::plan_engine(cfg, model);

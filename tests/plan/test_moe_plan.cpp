@@ -32,7 +32,6 @@ TrainConfig mixtral(std::int64_t batch, std::int64_t seq) {
   c.device.weight_slots = 2;
   c.device.grad_slots = 2;
   c.device.max_vram_gb = 4096;
-  c.device.device_memory_mb = 0;
   return c;
 }
 
@@ -45,7 +44,6 @@ struct Planned {
 
 Planned planned(TrainConfig cfg, const plan::HardwareProfile& hw) {
   plan::plan_as_gpu(cfg, hw);
-  cfg.device.device_memory_mb = 0;
   cfg.device.max_vram_gb = 4096;
   Planned p{cfg.model_config_from_keys(), {}, {}, {}};
   p.engine = actors::plan_engine(cfg, p.model);

@@ -32,7 +32,7 @@ TrainConfig small_config() {
   c.train.max_steps = 5;
   c.train.max_grad_norm = 1.0;
   c.data.seq_length = 8;
-  c.device.device_memory_mb = 64;
+  c.device.max_vram_gb = 64 / 1024.0;
   c.device.weight_slots = 2;
   c.device.grad_slots = 2;
   c.device.keep_intermediates = "boundary";

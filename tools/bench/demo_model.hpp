@@ -27,7 +27,7 @@ inline TrainConfig demo_train_config(std::int64_t steps) {
   c.train.weight_decay = 0.1;
   c.train.max_grad_norm = 1.0;
   c.data.seq_length = 128;
-  c.device.device_memory_mb = 64;
+  c.device.max_vram_gb = 64 / 1024.0;
   c.threads.total = 2;
   c.monitor.enabled = false;  // no endpoint (the monitor bench measures it through the node binary)
   return c;

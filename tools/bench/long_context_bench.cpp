@@ -1,7 +1,7 @@
 // bench_long_context: training at long context inside a fixed device budget (issue 26's benchmark).
 //
 // For each model and sequence length: one engine run in a child process of its own (so its peak RSS is
-// its own), batch 1, device.device_memory_mb fixed (512 by default), every device key auto as
+// its own), batch 1, device.max_vram_gb fixed (512 MiB by default), every device key auto as
 // `megatrain train` leaves them (the plan picks the boundary placement and the sequence tile), fp32
 // (or bf16).
 // It prints the plan's choice, the step time and tokens/s, the arena's planned size and measured peak,
@@ -81,7 +81,7 @@ TrainConfig config_for(const ModelShape& m, std::int64_t T, std::int64_t budget_
   c.model.max_position_embeddings = T;
   c.train.per_device_train_batch_size = 1;
   c.data.seq_length = T;
-  c.device.device_memory_mb = budget_mb;
+  c.device.max_vram_gb = budget_mb / 1024.0;
   c.device.weight_slots = 0;
   c.device.grad_slots = 0;
   c.device.keep_intermediates = "auto";
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   const int threads = static_cast<int>(std::thread::hardware_concurrency());
-  std::printf("long context: batch 1, device.device_memory_mb=%lld, %s, %d threads, every device key auto\n",
+  std::printf("long context: batch 1, device budget %lld MiB, %s, %d threads, every device key auto\n",
               static_cast<long long>(budget_mb), bf16 ? "bf16" : "fp32", threads);
   std::printf("  CPU: %s, %d cores\n  ISA: %s\n", mt::bench::cpu_model().c_str(), threads,
               mt::bench::cpu_isa_flags().c_str());

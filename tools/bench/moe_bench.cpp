@@ -72,7 +72,7 @@ void mixtral_shape(TrainConfig& c) {
   c.model.num_experts = kExperts;
   c.model.num_experts_per_tok = kTopK;
   c.model.intermediate_size = kExpertWidth;
-  c.device.device_memory_mb = kDeviceMb;
+  c.device.max_vram_gb = kDeviceMb / 1024.0;
 }
 
 // The gpt-oss-shaped demo: the demo's attention (with gpt-oss's sinks and biases, a window of 64 on the
@@ -83,7 +83,7 @@ void gpt_oss_shape(TrainConfig& c) {
   c.model.num_experts_per_tok = kOssTopK;
   c.model.intermediate_size = c.model.hidden_size;
   c.model.sliding_window = 64;
-  c.device.device_memory_mb = kDeviceMb;
+  c.device.max_vram_gb = kDeviceMb / 1024.0;
 }
 
 // One family's engine step against a dense model with the same active MLP width, `rounds` interleaved.
@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
         const std::int64_t width = shape.active_width;
         dense = measure_engine_step(precision, threads, steps, [width](TrainConfig& c) {
           c.model.intermediate_size = width;
-          c.device.device_memory_mb = kDeviceMb;
+          c.device.max_vram_gb = kDeviceMb / 1024.0;
         });
         moe_s.push_back(moe.step_s);
         dense_s.push_back(dense.step_s);

@@ -74,7 +74,6 @@ int main(int argc, char** argv) {
   cfg.train.bf16 = true;
   cfg.train.offload_params = true;
   cfg.train.offload_dir = dir;
-  cfg.device.device_memory_mb = 0;
   cfg.device.max_vram_gb = 4;
   try {
     const ModelConfig model = cfg.model_config_from_keys();

@@ -57,7 +57,7 @@ TrainConfig bench_config(std::int64_t layers, std::int64_t steps) {
   c.train.max_grad_norm = 1.0;
   c.train.weight_decay = 0.1;
   c.data.seq_length = 64;
-  c.device.device_memory_mb = 256;
+  c.device.max_vram_gb = 256 / 1024.0;
   c.device.keep_intermediates = "boundary";  // recompute in backward: the imbalance the order has to hide
   c.monitor.enabled = false;                 // no endpoint in this measurement
   c.device.weight_slots = 4;

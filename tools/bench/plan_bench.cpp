@@ -114,7 +114,6 @@ void published(const char* what, const char* reported, const std::string& profil
   const ModelConfig model = cfg.model_config_from_keys();
   plan::plan_as_gpu(cfg, hw);
   if (shares_host_memory) cfg.device.copy_bandwidth_gbps = 0;
-  cfg.device.device_memory_mb = 0;
   cfg.device.max_vram_gb = 0.9 * hw.device_memory_bytes / 1073741824.0;
   plan::PlanExtras x = extras;
   x.device_is_gpu = true;
@@ -210,7 +209,7 @@ ConfigResult run_config(const Config& c, int steps, int threads, const std::stri
   cfg.device.weight_slots = c.weight_slots;
   cfg.device.grad_slots = 1;
   cfg.device.keep_intermediates = "boundary";
-  cfg.device.device_memory_mb = 256;
+  cfg.device.max_vram_gb = 256 / 1024.0;
   cfg.train.gradient_accumulation_steps = c.micro_batches;
   if (c.tier) {
     cfg.train.offload_dir = dir;

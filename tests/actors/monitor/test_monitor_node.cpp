@@ -62,7 +62,7 @@ std::string tiny_args(const fs::path& out, const fs::path& shard, std::int64_t s
          " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 --train.warmup_steps=2 "
          "--train.learning_rate=0.01 --train.max_steps=" +
          std::to_string(steps) + " --train.output_dir=" + out.string() +
-         " --device.device_memory_mb=16 --threads.total=2 --device.copy_bandwidth_gbps=" + std::to_string(link_gbps);
+         " --device.max_vram_gb=0.015625 --threads.total=2 --test.copy_bandwidth_gbps=" + std::to_string(link_gbps);
 }
 
 // How /status names the model tiny_args defines by [model] keys.
@@ -207,9 +207,9 @@ TEST_CASE("monitor: random injected faults, weights bit-identical", "[monitor]")
   const fs::path ref = reference_run(dir.path, shard);
   const fs::path out = dir.path / "out";
   const unsigned seed = std::random_device{}();
-  const Child node = start_node(
-      tiny_args(out, shard, kSteps, 0.004) + " --monitor.allow_fault_injection=true --restart.max_restarts=100",
-      dir.path / "node.log");
+  const Child node =
+      start_node(tiny_args(out, shard, kSteps, 0.004) + " --test.allow_fault_injection --restart.max_restarts=100",
+                 dir.path / "node.log");
   std::string text;
   const int rc = run_client("faults", out, text, "--count 6 --seed " + std::to_string(seed));
   const int code = wait_exit(node, rc == 0 ? 120 : 0);
@@ -227,7 +227,7 @@ TEST_CASE("monitor: a restart waits out its backoff, past its budget an actor st
   const fs::path out = dir.path / "out";
   const Child node =
       start_node(tiny_args(out, shard, 100000, 0.004) +
-                     " --monitor.allow_fault_injection=true --restart.per_actor=compute:1 --restart.backoff_s=0.5",
+                     " --test.allow_fault_injection --restart.per_actor=compute:1 --restart.backoff_s=0.5",
                  dir.path / "node.log");
   std::string text;
   const int rc = run_client("budget", out, text, "--actor compute --backoff 0.5");

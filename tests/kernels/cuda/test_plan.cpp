@@ -21,9 +21,8 @@ TEST_CASE("the arena fit check refuses what does not fit, naming the keys", "[cu
   const std::size_t GiB = std::size_t{1} << 30;
   CHECK_NOTHROW(check_arena_fits(100 * GiB, 140 * GiB, 141 * GiB, 0));
   CHECK_NOTHROW(check_arena_fits(10 * GiB, 10 * GiB + kDeviceReserveBytes, 80 * GiB, 0));  // exactly the reserve left
-  CHECK_THROWS_WITH(
-      check_arena_fits(10 * GiB, 10 * GiB + kDeviceReserveBytes - 1, 80 * GiB, 3),
-      Catch::Contains("device.max_vram_gb") && Catch::Contains("GPU 3") && Catch::Contains("device.device_memory_mb"));
+  CHECK_THROWS_WITH(check_arena_fits(10 * GiB, 10 * GiB + kDeviceReserveBytes - 1, 80 * GiB, 3),
+                    Catch::Contains("device.max_vram_gb") && Catch::Contains("GPU 3"));
   CHECK_THROWS_WITH(check_arena_fits(200 * GiB, 140 * GiB, 141 * GiB, 0), Catch::Contains("does not fit"));
   CHECK_THROWS(check_arena_fits(1, 0, 0, 0));  // no free memory at all
 }

@@ -14,7 +14,7 @@ namespace {
 ArenaRequest request(std::size_t budget, int slots = 2) {
   ArenaRequest r;
   r.budget_bytes = budget;
-  r.budget_name = "device.device_memory_mb=" + std::to_string(budget >> 20);
+  r.budget_name = "device.max_vram_gb=" + std::to_string(static_cast<double>(budget) / (1 << 30));
   r.weight_slots = slots;
   r.workspace_bytes = 100000;
   r.activation_bytes = 50000;
@@ -53,13 +53,13 @@ TEST_CASE("a budget that does not fit is rejected with the key and the need spel
   const std::size_t need = arena_bytes_needed(cfg, request(0));
   CHECK_NOTHROW(plan_arena(cfg, request(need)));
   ArenaRequest r = request(need - 1);
-  r.budget_name = "device.device_memory_mb=1";
+  r.budget_name = "device.max_vram_gb=0.0009765625";
   try {
     plan_arena(cfg, r);
     FAIL("plan_arena accepted a budget one byte short");
   } catch (const ArenaBudgetError& e) {
     const std::string m = e.what();
-    CHECK_THAT(m, Catch::StartsWith("device.device_memory_mb=1 is too small"));
+    CHECK_THAT(m, Catch::StartsWith("device.max_vram_gb=0.0009765625 is too small"));
     CHECK_THAT(m, Catch::Contains("2 weight slots x") && Catch::Contains("1 gradient slot x") &&
                       Catch::Contains("workspace") && Catch::Contains("activations") &&
                       Catch::Contains(std::to_string(need) + " bytes"));

@@ -83,7 +83,7 @@ struct Node {
                                            "--train.save_steps=" + std::to_string(save_steps),
                                            "--train.save_total_limit=0",  // keep all: checked after later ones
                                            "--train.output_dir=" + out.string(),
-                                           "--device.device_memory_mb=16",
+                                           "--device.max_vram_gb=0.015625",
                                            "--threads.total=2",
                                            "--monitor.port=0"};
     const std::string log = (dir / "node.log").string();

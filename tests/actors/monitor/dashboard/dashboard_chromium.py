@@ -61,7 +61,7 @@ def start_node(binary, work):
             "--train.max_steps=1000000", "--train.save_steps=%d" % STALL_STEP,
             "--train.save_total_limit=0",  # keep all: the checkpoint is checked after later periodic ones
             "--train.output_dir=" + out,
-            "--device.device_memory_mb=16", "--threads.total=2", "--monitor.port=0"]
+            "--device.max_vram_gb=0.015625", "--threads.total=2", "--monitor.port=0"]
     log = open(os.path.join(work, "node.log"), "w")
     env = dict(os.environ, MEGATRAIN_TEST_CKPT_STALL="%d:1:%d" % (STALL_STEP, STALL_S))
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
