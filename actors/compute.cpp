@@ -302,9 +302,15 @@ void run_layer_forward(OpFrame& f) {
     stats.counts = mb.counts[l].data();
     stats.prob_sums = mb.prob_sums[l].data();
   }
-  f.ctx->backend->layer_forward(c.layer_config(stage - 1), f.weights(0), f.boundary(stage - 1), f.boundary(stage),
-                                f.ids.rows, f.saved(stage), f.ctx->workspace, stats.counts ? &stats : nullptr,
-                                f.ctx->sequence, f.kept_attention(stage));
+  LayerBuffers b;
+  b.x_in = f.boundary(stage - 1);
+  b.x_out = f.boundary(stage);
+  b.saved = f.saved(stage);
+  b.workspace = f.ctx->workspace;
+  b.sequence = f.ctx->sequence;
+  b.attention = f.kept_attention(stage);
+  b.balance = stats.counts ? &stats : nullptr;
+  f.ctx->backend->layer_forward(c.layer_config(stage - 1), f.weights(0), f.ids.rows, b);
 }
 
 // The micro-batch's load-balancing term: its loss, and the layers' gradient per layer (a dense layer's
@@ -325,10 +331,15 @@ void run_head(OpFrame& f) {
   Context* ctx = f.ctx;
   const Pos& p = f.p;
   float* gh = open_staging(ctx, f.k_main, p, f.S - 1);
-  float* g0 = f.is_tied ? open_staging(ctx, f.k_embed, p, 0) : nullptr;
+  HeadBuffers b;
+  b.x_in = f.boundary(f.L);
+  b.targets = f.ids.targets;
+  b.dx = f.dx_buffer(f.dx_read);
+  b.head_grads = gh;
+  b.embed_grads = f.is_tied ? open_staging(ctx, f.k_embed, p, 0) : nullptr;
+  b.workspace = ctx->workspace;
   LossSum loss =
-      ctx->backend->head_forward_backward(*f.c, f.weights(0), f.is_tied ? f.weights(1) : nullptr, f.boundary(f.L),
-                                          f.ids.targets, f.B, f.T, f.dx_buffer(f.dx_read), gh, g0, ctx->workspace);
+      ctx->backend->head_forward_backward(*f.c, f.weights(0), f.is_tied ? f.weights(1) : nullptr, {f.B, f.T}, b);
   if (f.balanced) add_balance_term(f, loss);
   hand_over(f.self, f.k_main, p, f.S - 1, Phase::head);
   auto& v = ctx->ledger.losses[p.step];
@@ -350,9 +361,12 @@ void run_head(OpFrame& f) {
 // Evaluation: the loss only (dx == nullptr: no gradients touched).
 void run_head_loss(OpFrame& f) {
   auto& st = f.self->state;
+  HeadBuffers b;
+  b.x_in = f.boundary(f.L);
+  b.targets = f.ids.targets;
+  b.workspace = f.ctx->workspace;
   const LossSum loss =
-      f.ctx->backend->head_forward_backward(*f.c, f.weights(0), f.is_tied ? f.weights(1) : nullptr, f.boundary(f.L),
-                                            f.ids.targets, f.B, f.T, nullptr, nullptr, nullptr, f.ctx->workspace);
+      f.ctx->backend->head_forward_backward(*f.c, f.weights(0), f.is_tied ? f.weights(1) : nullptr, {f.B, f.T}, b);
   f.self->send(st.peers.node,
                LossReport{st.epoch, f.p.step, f.ctx->global_micro_batch(f.p.micro_batch), loss.loss_sum, loss.counted});
 }
@@ -372,9 +386,17 @@ void run_layer_backward(OpFrame& f) {
       throw std::logic_error("compute: a layer backward before its micro-batch's head (load-balancing loss)");
     grad.grad = be.upload_floats(host.data(), host.size(), f.token_slot);
   }
-  be.layer_backward(c.layer_config(stage - 1), f.weights(0), x_in, f.saved(stage), f.dx_buffer(f.dx_read),
-                    f.dx_buffer(f.dx_read + 1), g, f.ids.rows, ctx->workspace, grad.grad ? &grad : nullptr,
-                    ctx->sequence, f.kept_attention(stage));
+  LayerBuffers b;
+  b.x_in = x_in;
+  b.dy = f.dx_buffer(f.dx_read);
+  b.dx = f.dx_buffer(f.dx_read + 1);
+  b.grads = g;
+  b.saved = f.saved(stage);
+  b.workspace = ctx->workspace;
+  b.sequence = ctx->sequence;
+  b.attention = f.kept_attention(stage);
+  b.balance = grad.grad ? &grad : nullptr;
+  be.layer_backward(c.layer_config(stage - 1), f.weights(0), f.ids.rows, b);
   hand_over(f.self, f.k_main, f.p, stage, Phase::backward);
 }
 

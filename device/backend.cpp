@@ -113,33 +113,27 @@ void Backend::embedding_backward(const ModelConfig& c, const token_t* tokens, co
   scope.end();
 }
 
-void Backend::layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out,
-                            const BatchRows& rows, float* saved, float* workspace, const MoeBalance* balance,
-                            float* sequence, float* attention) {
+void Backend::layer_forward(const ModelConfig& c, const void* weights, const BatchRows& rows, const LayerBuffers& b) {
   StageScope scope(*this, __func__);
-  mt::layer_forward(ops(), c, weights, x_in, x_out, rows, saved, workspace, seq_tile_, balance, sequence, attention);
+  mt::layer_forward(ops(), c, weights, rows, b, seq_tile_);
   scope.end();
 }
 
-void Backend::layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved,
-                             const float* dy, float* dx, float* grads, const BatchRows& rows, float* workspace,
-                             const MoeBalance* balance, float* sequence, const float* attention) {
+void Backend::layer_backward(const ModelConfig& c, const void* weights, const BatchRows& rows, const LayerBuffers& b) {
   StageScope scope(*this, __func__);
-  mt::layer_backward(ops(), c, weights, x_in, saved, dy, dx, grads, rows, workspace, seq_tile_, balance, sequence,
-                     attention);
+  mt::layer_backward(ops(), c, weights, rows, b, seq_tile_);
   scope.end();
 }
 
 LossSum Backend::head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
-                                       const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                                       float* dx, float* head_grads, float* embed_grads, float* workspace) {
+                                       const BatchRows& rows, const HeadBuffers& b) {
   StageScope scope(*this, __func__);
   c.validate();
-  validate_batch_shape(c, batch, seq);
-  if (!targets) throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
-  check_ids(c, targets, batch * seq, true, "head_forward_backward");
-  const LossSum loss = mt::head_forward_backward(ops(), c, head_weights, embed_weights, x_in, targets, batch, seq, dx,
-                                                 head_grads, embed_grads, workspace, head_chunk_, seq_tile_);
+  validate_batch_shape(c, rows.batch, rows.seq);
+  if (!b.targets) throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
+  check_ids(c, b.targets, rows.batch * rows.seq, true, "head_forward_backward");
+  const LossSum loss =
+      mt::head_forward_backward(ops(), c, head_weights, embed_weights, rows, b, head_chunk_, seq_tile_);
   scope.end();
   return loss;
 }

@@ -182,32 +182,15 @@ class Backend {
                           const float* dx, float* grads) {
     embedding_backward(c, tokens, BatchRows{batch, seq}, dx, grads);
   }
-  // balance: the load-balancing loss's statistics (host arrays) and gradient (upload_floats' pointer).
-  // sequence: in sequence tiles, the layer's sequence-sized buffers when kept out of the workspace (device
-  // memory or mapped host memory: kernels/stages.hpp); attention: the layer's kept attention output and
-  // log-sum-exp in sequence tiles (the same).
-  void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, const BatchRows& rows,
-                     float* saved, float* workspace, const MoeBalance* balance = nullptr, float* sequence = nullptr,
-                     float* attention = nullptr);
-  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
-                      float* dx, float* grads, const BatchRows& rows, float* workspace,
-                      const MoeBalance* balance = nullptr, float* sequence = nullptr, const float* attention = nullptr);
-  void layer_forward(const ModelConfig& c, const void* weights, const float* x_in, float* x_out, std::int64_t batch,
-                     std::int64_t seq, float* saved, float* workspace, const MoeBalance* balance = nullptr,
-                     float* sequence = nullptr, float* attention = nullptr) {
-    layer_forward(c, weights, x_in, x_out, BatchRows{batch, seq}, saved, workspace, balance, sequence, attention);
-  }
-  void layer_backward(const ModelConfig& c, const void* weights, const float* x_in, const float* saved, const float* dy,
-                      float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                      const MoeBalance* balance = nullptr, float* sequence = nullptr,
-                      const float* attention = nullptr) {
-    layer_backward(c, weights, x_in, saved, dy, dx, grads, BatchRows{batch, seq}, workspace, balance, sequence,
-                   attention);
-  }
+  // The layer's buffers (kernels/stage_api.hpp: LayerBuffers) in device memory, or mapped host memory
+  // (sequence, attention); the load-balancing gradient behind `balance` is upload_floats' pointer, its
+  // statistics host arrays. The sequence tiles are BackendOptions::seq_tile.
+  void layer_forward(const ModelConfig& c, const void* weights, const BatchRows& rows, const LayerBuffers& b);
+  void layer_backward(const ModelConfig& c, const void* weights, const BatchRows& rows, const LayerBuffers& b);
   // The fused head; returns the loss read back to the host (once per call).
+  // targets: upload_tokens' pointer.
   LossSum head_forward_backward(const ModelConfig& c, const void* head_weights, const void* embed_weights,
-                                const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                                float* dx, float* head_grads, float* embed_grads, float* workspace);
+                                const BatchRows& rows, const HeadBuffers& b);
 
   // Where the next stage operations run in the schedule (the compute actor sets it before each):
   // failure messages name it. layer: the decoder layer, -1 for the embedding and head.

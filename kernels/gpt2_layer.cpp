@@ -125,21 +125,22 @@ void forward_into(Ops& ops, const ModelConfig& c, const Bound<const void*>& w, c
   }
 }
 
-void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
-             float* saved, float* scratch, const MoeBalance* /*balance: no experts*/) {
+// b.balance: no experts.
+void forward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b) {
   const std::int64_t N = rows.batch * rows.seq;
-  forward_into(ops, c, bind(c, params, ops.precision()), x_in, x_out, rows, carve_saved(c, N, saved),
-               carve_scratch(c, N, scratch));
+  forward_into(ops, c, bind(c, params, ops.precision()), b.x_in, b.x_out, rows, carve_saved(c, N, b.saved),
+               carve_scratch(c, N, b.workspace));
 }
 
-void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-              const float* dy, float* dx, float* grads, const BatchRows& rows, float* scratch,
-              const MoeBalance* /*balance: no experts*/) {
+void backward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+              bool recompute) {
+  const float *x_in = b.x_in, *dy = b.dy;
+  float *dx = b.dx, *grads = b.grads;
   const std::int64_t B = rows.batch, T = rows.seq, N = B * T, d = c.hidden_size, ff = c.intermediate_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
-  const Saved s = carve_saved(c, N, saved);
-  const Scratch sc = carve_scratch(c, N, scratch);
+  const Saved s = carve_saved(c, N, b.saved);
+  const Scratch sc = carve_scratch(c, N, b.workspace);
   if (recompute) forward_into(ops, c, w, x_in, nullptr, rows, s, sc);  // no activation, no last product
   // MLP
   ops.copy(sc.dx1, dy, static_cast<std::size_t>(N * d));

@@ -137,76 +137,65 @@ std::size_t stage_workspace_floats(const ModelConfig& c, std::int64_t stage, std
   return layer_workspace_floats(c, batch, seq, mode, precision, seq_tile);
 }
 
-void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   const BatchRows& rows, float* saved, float* workspace, std::int64_t seq_tile,
-                   const MoeBalance* balance, float* sequence, float* attention) {
+void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                   std::int64_t seq_tile) {
   const std::int64_t batch = rows.batch, seq = rows.seq;
   refuse_mixed_layers(c);
-  if (balance && !c.is_moe()) balance = nullptr;  // a dense layer has no router
-  if (balance && balance->counts) std::fill(balance->counts, balance->counts + c.num_experts, 0);
-  if (balance && balance->prob_sums) std::fill(balance->prob_sums, balance->prob_sums + c.num_experts, 0.0f);
+  LayerBuffers in = b;  // what the family gets: the saved and scratch carving, the balance if it applies
+  if (in.balance && !c.is_moe()) in.balance = nullptr;  // a dense layer has no router
+  if (in.balance && in.balance->counts) std::fill(in.balance->counts, in.balance->counts + c.num_experts, 0);
+  if (in.balance && in.balance->prob_sums)
+    std::fill(in.balance->prob_sums, in.balance->prob_sums + c.num_experts, 0.0f);
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
-  check_pointers(params && x_in && x_out && workspace, "params, x_in, x_out and workspace must be non-null");
-  check_pointers(x_in != x_out, "x_out must not alias x_in");
+  check_pointers(params && b.x_in && b.x_out && b.workspace, "params, x_in, x_out and workspace must be non-null");
+  check_pointers(b.x_in != b.x_out, "x_out must not alias x_in");
   const detail::LayerFamily& f = detail::layer_family(c);
-  if (!saved && layer_runs_tiled(c, seq, seq_tile)) {  // kept intermediates are whole-sequence
-    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace, sequence != nullptr);
-    f.tiled_forward(ops, c, params, x_in, x_out, rows, seq_tile, workspace, sequence, attention, balance);
+  if (!b.saved && layer_runs_tiled(c, seq, seq_tile)) {  // kept intermediates are whole-sequence
+    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, b.workspace, b.sequence != nullptr);
+    f.tiled_forward(ops, c, params, rows, seq_tile, in);
     return;
   }
-  float* keep = saved ? saved : workspace;
-  float* scratch = saved ? workspace : workspace + saved_n;
-  give_operand_room(ops, f, c, batch, seq, scratch);
-  f.forward(ops, c, params, x_in, x_out, rows, keep, scratch, balance);
+  in.saved = b.saved ? b.saved : b.workspace;
+  in.workspace = b.saved ? b.workspace : b.workspace + saved_n;
+  give_operand_room(ops, f, c, batch, seq, in.workspace);
+  f.forward(ops, c, params, rows, in);
 }
 
-void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
-                    const float* dy, float* dx, float* grads, const BatchRows& rows, float* workspace,
-                    std::int64_t seq_tile, const MoeBalance* balance, float* sequence, const float* attention) {
+void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                    std::int64_t seq_tile) {
   const std::int64_t batch = rows.batch, seq = rows.seq;
   refuse_mixed_layers(c);
-  if (balance && (!c.is_moe() || !balance->grad)) balance = nullptr;
+  LayerBuffers in = b;  // as in the forward
+  if (in.balance && (!c.is_moe() || !in.balance->grad)) in.balance = nullptr;
   const std::size_t saved_n = layer_saved_floats(c, batch, seq);
-  check_pointers(params && x_in && dy && dx && grads && workspace,
+  check_pointers(params && b.x_in && b.dy && b.dx && b.grads && b.workspace,
                  "params, x_in, dy, dx, grads and workspace must be non-null");
-  check_pointers(dx != dy, "dx must not alias dy");
-  const bool recompute = saved == nullptr;
+  check_pointers(b.dx != b.dy, "dx must not alias dy");
+  const bool recompute = b.saved == nullptr;
   const detail::LayerFamily& f = detail::layer_family(c);
   if (recompute && layer_runs_tiled(c, seq, seq_tile)) {
-    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, workspace, sequence != nullptr);
-    f.tiled_backward(ops, c, params, x_in, dy, dx, grads, rows, seq_tile, workspace, sequence, attention, balance);
+    give_tiled_operand_room(ops, f, c, batch, seq, seq_tile, b.workspace, b.sequence != nullptr);
+    f.tiled_backward(ops, c, params, rows, seq_tile, in);
     return;
   }
-  float* keep = recompute ? workspace : const_cast<float*>(saved);  // read-only when not recomputing
-  float* scratch = recompute ? workspace + saved_n : workspace;
-  give_operand_room(ops, f, c, batch, seq, scratch);
-  f.backward(ops, c, params, x_in, keep, recompute, dy, dx, grads, rows, scratch, balance);
+  in.saved = recompute ? b.workspace : b.saved;  // read-only when not recomputing
+  in.workspace = recompute ? b.workspace + saved_n : b.workspace;
+  give_operand_room(ops, f, c, batch, seq, in.workspace);
+  f.backward(ops, c, params, rows, in, recompute);
 }
 
-void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
-                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx, const MoeBalance* balance) {
-  layer_forward(c, params, x_in, x_out, BatchRows{batch, seq}, saved, workspace, ctx, balance);
-}
-
-void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
-                    float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    const ComputeCtx& ctx, const MoeBalance* balance) {
-  layer_backward(c, params, x_in, saved, dy, dx, grads, BatchRows{batch, seq}, workspace, ctx, balance);
-}
-
-void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
-                   float* saved, float* workspace, const ComputeCtx& ctx, const MoeBalance* balance) {
+void layer_forward(const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                   const ComputeCtx& ctx) {
   validate_positions(rows);
   cpu::CpuOps ops(ctx.precision, ctx.threads);
-  layer_forward(ops, c, params, x_in, x_out, rows, saved, workspace, ctx.seq_tile, balance);
+  layer_forward(ops, c, params, rows, b, ctx.seq_tile);
 }
 
-void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
-                    float* dx, float* grads, const BatchRows& rows, float* workspace, const ComputeCtx& ctx,
-                    const MoeBalance* balance) {
+void layer_backward(const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                    const ComputeCtx& ctx) {
   validate_positions(rows);
   cpu::CpuOps ops(ctx.precision, ctx.threads);
-  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, rows, workspace, ctx.seq_tile, balance);
+  layer_backward(ops, c, params, rows, b, ctx.seq_tile);
 }
 
 }  // namespace mt

@@ -11,6 +11,7 @@
 #include "kernels/ops.hpp"
 #include "kernels/param_layout.hpp"
 #include "kernels/precision.hpp"
+#include "kernels/stage_api.hpp"
 
 namespace mt::detail {
 
@@ -19,32 +20,30 @@ struct LayerFamily {
   std::size_t (*saved_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
   std::size_t (*scratch_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
   OperandRoom (*operand_room)(const ModelConfig& c, std::int64_t B, std::int64_t T);
-  // x_out == nullptr stops after the last activation (what a recomputing backward needs).
-  // balance (MoE layers; may be null): the forward adds its statistics into the zeroed host arrays, the
-  // backward adds the load-balancing gradient.
-  // rows: the micro-batch's shape and documents' positions (BatchRows, stage_api.hpp).
-  void (*forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                  const BatchRows& rows, float* saved, float* scratch, const MoeBalance* balance);
+  // The layer's buffers (LayerBuffers, stage_api.hpp) as layer.cpp carved them: `saved` is where the
+  // Saved carving lives (the caller's keep buffer, or the workspace's front when recomputing) and
+  // `workspace` the scratch after it; `balance` is null for a dense layer or when not wanted. rows: the
+  // micro-batch's shape and documents' positions (BatchRows).
+  // forward: x_out == nullptr stops after the last activation (what a recomputing backward needs).
+  void (*forward)(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b);
   // recompute: run the forward into `saved` first (from x_in); otherwise `saved` holds it and x_in is unused.
-  void (*backward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-                   const float* dy, float* dx, float* grads, const BatchRows& rows, float* scratch,
-                   const MoeBalance* balance);
+  void (*backward)(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                   bool recompute);
   // Sequence tiles (long context; null: the family runs whole sequences only): the same layer over
   // `tile` tokens of one sequence at a time, recomputing in its backward; only what attention needs
-  // over the whole sequence (keys, values and their gradients) is sequence-sized. Scratch includes
-  // everything (there is no Saved); the operand room is operand_room(c, 1, tile). The sequence-sized part
-  // (tiled_sequence_floats, at scratch's start) goes to `sequence` instead when that is non-null.
-  // `attention` (non-null): the forward writes each tile's attention output and log-sum-exp there
-  // (tiled_attention_floats) and the backward reads them instead of recomputing the attention forward.
+  // over the whole sequence (keys, values and their gradients) is sequence-sized. The workspace is all
+  // scratch (there is no Saved; `saved` is unused); the operand room is operand_room(c, 1, tile). The
+  // sequence-sized part (tiled_sequence_floats, at the workspace's start) goes to `sequence` instead when
+  // that is non-null. `attention` (non-null): the forward writes each tile's attention output and
+  // log-sum-exp there (tiled_attention_floats) and the backward reads them instead of recomputing the
+  // attention forward.
   std::size_t (*tiled_scratch_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T, std::int64_t tile);
   std::size_t (*tiled_sequence_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
   std::size_t (*tiled_attention_floats)(const ModelConfig& c, std::int64_t B, std::int64_t T);
-  void (*tiled_forward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                        const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence, float* attention,
-                        const MoeBalance* balance);
-  void (*tiled_backward)(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy,
-                         float* dx, float* grads, const BatchRows& rows, std::int64_t tile, float* scratch,
-                         float* sequence, const float* attention, const MoeBalance* balance);
+  void (*tiled_forward)(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, std::int64_t tile,
+                        const LayerBuffers& b);
+  void (*tiled_backward)(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, std::int64_t tile,
+                         const LayerBuffers& b);
 };
 
 extern const LayerFamily kLlamaLayer;  // llama_layer.cpp: Llama, Mistral, Qwen2, Qwen3

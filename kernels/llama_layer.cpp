@@ -128,30 +128,30 @@ RopeTables forward_into(Ops& ops, const ModelConfig& c, const void* params, cons
   return rope;
 }
 
-void forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
-             float* saved, float* scratch, const MoeBalance* balance) {
+void forward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b) {
   const std::int64_t N = rows.batch * rows.seq;
-  const Saved s = carve_saved(c, N, saved);
-  forward_into(ops, c, params, bind(c, params, ops.precision()), x_in, x_out, rows, s,
-               carve_scratch(c, N, rows.seq, scratch), balance);
+  const Saved s = carve_saved(c, N, b.saved);
+  forward_into(ops, c, params, bind(c, params, ops.precision()), b.x_in, b.x_out, rows, s,
+               carve_scratch(c, N, rows.seq, b.workspace), b.balance);
 }
 
-void backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* saved, bool recompute,
-              const float* dy, float* dx, float* grads, const BatchRows& rows, float* scratch,
-              const MoeBalance* balance) {
+void backward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+              bool recompute) {
+  const float *x_in = b.x_in, *dy = b.dy;
+  float *dx = b.dx, *grads = b.grads;
   const std::int64_t B = rows.batch, T = rows.seq, N = B * T, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
-  const Saved s = carve_saved(c, N, saved);
-  const Scratch sc = carve_scratch(c, N, T, scratch);
+  const Saved s = carve_saved(c, N, b.saved);
+  const Scratch sc = carve_scratch(c, N, T, b.workspace);
   RopeTables rope = recompute ? forward_into(ops, c, params, w, x_in, nullptr, rows, s, sc, nullptr)  // no last product
                               : ops.rope_tables(rope_params_of(c), T, hd, sc.cos_t, sc.sin_t);
   rope.positions = rows.positions;
   // MLP: y = x1 + down(h)
   ops.copy(sc.dx1, dy, static_cast<std::size_t>(N * d));
   if (!recompute) ops.rmsnorm_forward(s.x1, w[post_norm], sc.xn2, sc.rstd, N, d, c.norm_eps);  // else just made
-  ffn_backward(ops, c, params, grads, sc.xn2, N, s.ffn, dy, sc.dxn2, sc.ffn, balance);
+  ffn_backward(ops, c, params, grads, sc.xn2, N, s.ffn, dy, sc.dxn2, sc.ffn, b.balance);
   ops.rmsnorm_backward(s.x1, w[post_norm], s.rstd2, sc.dxn2, sc.dx1, g[post_norm], N, d, true);
   // Attention: x1 = x + o_proj(att)
   ops.linear_backward(sc.dx1, s.att, w[wo], sc.datt, false, g[wo], g[bo], N, qd, d);

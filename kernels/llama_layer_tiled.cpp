@@ -205,32 +205,34 @@ std::size_t tiled_attention_floats(const ModelConfig& c, std::int64_t B, std::in
   return static_cast<std::size_t>(B * T * (c.q_dim() + c.num_attention_heads));
 }
 
-void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence, float* attention,
-                   const MoeBalance* balance) {
+void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, std::int64_t tile,
+                   const LayerBuffers& bufs) {
+  const float* x_in = bufs.x_in;
   const std::int64_t B = rows.batch, T = rows.seq, d = c.hidden_size;
   const Bound<const void*> w = bind(c, params, ops.precision());
-  const Carved cv = carve(c, B, T, std::min(tile, T), scratch, sequence);
+  const Carved cv = carve(c, B, T, std::min(tile, T), bufs.workspace, bufs.sequence);
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, c.head_dim, cv.w.cos_t, cv.w.sin_t);
   for (std::int64_t b = 0; b < B; ++b)
     for_tiles(rows, tile, b, false, [&](const Tile& t, bool) {
-      const TileBufs tb = with_attention(c, B, T, cv.t, t, attention);
+      const TileBufs tb = with_attention(c, B, T, cv.t, t, bufs.attention);
       input_norm(ops, c, w, x_in, t, tb);
       keys_values(ops, c, w, cv.w, rope, t, tb);
-      float* y = x_out + t.r0 * d;
-      attention_and_mlp(ops, c, params, w, cv.w, rope, x_in, t, tb, y, balance, false);  // statistics add tile by tile
+      float* y = bufs.x_out + t.r0 * d;
+      // The MoE statistics add tile by tile.
+      attention_and_mlp(ops, c, params, w, cv.w, rope, x_in, t, tb, y, bufs.balance, false);
       ops.add_into(y, tb.x1, static_cast<std::size_t>(t.n * d));
     });
 }
 
-void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
-                    float* grads, const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence,
-                    const float* attention, const MoeBalance* balance) {
+void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, std::int64_t tile,
+                    const LayerBuffers& bufs) {
+  const float *x_in = bufs.x_in, *dy = bufs.dy, *attention = bufs.attention;
+  float *dx = bufs.dx, *grads = bufs.grads;
   const std::int64_t B = rows.batch, T = rows.seq, d = c.hidden_size, qd = c.q_dim(), kd = c.kv_dim();
   const std::int64_t hd = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const Bound<const void*> w = bind(c, params, ops.precision());
   const Bound<float*> g = bind(c, grads, Precision::fp32);
-  const Carved cv = carve(c, B, T, std::min(tile, T), scratch, sequence);
+  const Carved cv = carve(c, B, T, std::min(tile, T), bufs.workspace, bufs.sequence);
   const Whole& wh = cv.w;
   const RopeTables rope = ops.rope_tables(rope_params_of(c), T, hd, wh.cos_t, wh.sin_t);
   for (std::int64_t b = 0; b < B; ++b) {
@@ -248,7 +250,7 @@ void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const fl
       // MLP: y = x1 + ffn(n2)
       const float* dyt = dy + t.r0 * d;
       ops.copy(tb.dx1, dyt, nd);
-      ffn_backward(ops, c, params, grads, tb.xn2, t.n, tb.ffn, dyt, tb.dxn2, tb.dffn, balance);
+      ffn_backward(ops, c, params, grads, tb.xn2, t.n, tb.ffn, dyt, tb.dxn2, tb.dffn, bufs.balance);
       ops.rmsnorm_backward(tb.x1, w[post_norm], tb.rstd2, tb.dxn2, tb.dx1, g[post_norm], t.n, d, true);
       // Attention: x1 = x + o_proj(att)
       ops.linear_backward(tb.dx1, tb.att, w[wo], tb.datt, false, g[wo], g[bo], t.n, qd, d);

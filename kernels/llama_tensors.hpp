@@ -50,11 +50,9 @@ std::size_t tiled_scratch_floats(const ModelConfig& c, std::int64_t B, std::int6
 std::size_t tiled_sequence_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
 // attention (non-null): every tile's attention output then log-sum-exp, B x T x (q_dim + heads) floats.
 std::size_t tiled_attention_floats(const ModelConfig& c, std::int64_t B, std::int64_t T);
-void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence, float* attention,
-                   const MoeBalance* balance);
-void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* dy, float* dx,
-                    float* grads, const BatchRows& rows, std::int64_t tile, float* scratch, float* sequence,
-                    const float* attention, const MoeBalance* balance);
+void tiled_forward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, std::int64_t tile,
+                   const LayerBuffers& bufs);
+void tiled_backward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, std::int64_t tile,
+                    const LayerBuffers& bufs);
 
 }  // namespace mt::detail::llama

@@ -132,22 +132,25 @@ std::size_t head_workspace_floats(const ModelConfig& c, std::int64_t batch, std:
 }
 
 LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,
-                              const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                              float* dx, float* head_grads, float* embed_grads, float* workspace,
-                              std::int64_t head_chunk, std::int64_t seq_tile) {
+                              const BatchRows& rows, const HeadBuffers& b, std::int64_t head_chunk,
+                              std::int64_t seq_tile) {
+  const std::int64_t batch = rows.batch, seq = rows.seq;
+  const float* x_in = b.x_in;
+  const token_t* targets = b.targets;
+  float* dx = b.dx;
   c.validate();
   validate_batch_shape(c, batch, seq);
   const std::int64_t N = batch * seq, d = c.hidden_size, V = c.vocab_size;
   const bool grad = dx != nullptr;
   const bool tied = c.is_gpt2() || c.tie_word_embeddings;
-  if (grad && (!head_grads || (tied && !embed_grads)))
+  if (grad && (!b.head_grads || (tied && !b.embed_grads)))
     throw std::invalid_argument("head: backward needs head_grads (and embed_grads when embeddings are tied)");
-  if (!x_in || !targets || !workspace)
+  if (!x_in || !targets || !b.workspace)
     throw std::invalid_argument("head: x_in, targets and workspace must be non-null");
-  const HeadWeights w = bind(c, head_params, embed_params, head_grads, embed_grads, ops.precision());
+  const HeadWeights w = bind(c, head_params, embed_params, b.head_grads, b.embed_grads, ops.precision());
   const std::int64_t chunk = effective_chunk(c, batch, seq, head_chunk, seq_tile);
   const bool tiled = head_tiled(seq, seq_tile);
-  const HeadWs ws = carve(c, N, normed_rows(batch, seq, chunk, seq_tile), chunk, ops.precision(), workspace);
+  const HeadWs ws = carve(c, N, normed_rows(batch, seq, chunk, seq_tile), chunk, ops.precision(), b.workspace);
   ops.use_operand_room(ws.operand_room, head_operand_room(c, normed_rows(batch, seq, chunk, seq_tile), chunk));
 
   if (tiled) {  // sequence tiles: norm, logits, loss and the backward of each chunk before the next
@@ -188,15 +191,12 @@ void head_logits(Ops& ops, const ModelConfig& c, const void* head_params, const 
 }
 
 LossSum head_forward_backward(const ModelConfig& c, const void* head_params, const void* embed_params,
-                              const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                              float* dx, float* head_grads, float* embed_grads, float* workspace,
-                              const ComputeCtx& ctx) {
+                              const BatchRows& rows, const HeadBuffers& b, const ComputeCtx& ctx) {
   c.validate();
-  validate_batch_shape(c, batch, seq);
-  if (targets) validate_targets(c, targets, static_cast<std::size_t>(batch * seq));
+  validate_batch_shape(c, rows.batch, rows.seq);
+  if (b.targets) validate_targets(c, b.targets, static_cast<std::size_t>(rows.batch * rows.seq));
   cpu::CpuOps ops(ctx.precision, ctx.threads);
-  return head_forward_backward(ops, c, head_params, embed_params, x_in, targets, batch, seq, dx, head_grads,
-                               embed_grads, workspace, ctx.head_chunk, ctx.seq_tile);
+  return head_forward_backward(ops, c, head_params, embed_params, rows, b, ctx.head_chunk, ctx.seq_tile);
 }
 
 void head_logits(const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,

@@ -52,6 +52,15 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
   const BatchRows rows{B, T, positions};
   const ComputeCtx ctx = this->ctx();
   const bool keep = opt_.mode == ActivationMode::keep;
+  // Layer l's buffers: its input and output activations, its kept intermediates, the shared workspace.
+  auto layer_buffers = [&](std::int64_t l) {
+    LayerBuffers b;
+    b.x_in = acts_[l].get();
+    b.x_out = acts_[l + 1].get();
+    b.saved = keep ? saved_[l].get() : nullptr;
+    b.workspace = workspace_.get();
+    return b;
+  };
   // The load-balancing loss: each MoE layer's statistics from its forward (step_math.hpp).
   const bool balanced = c.output_router_logits;
   std::vector<std::vector<std::int64_t>> counts;
@@ -66,14 +75,21 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
       stats.counts = counts.back().data();
       stats.prob_sums = prob_sums.back().data();
     }
-    layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), rows,
-                  keep ? saved_[l].get() : nullptr, workspace_.get(), ctx, stats.counts ? &stats : nullptr);
+    LayerBuffers b = layer_buffers(l);
+    b.balance = stats.counts ? &stats : nullptr;
+    layer_forward(c.layer_config(l), weights(l + 1), rows, b, ctx);
   }
   for (std::int64_t s = 0; s < S; ++s) cpu::zero(staging_[s].get(), layouts_[s].total_floats, opt_.threads);
   float* dx = grad_a_.get();
   float* dy = grad_b_.get();
-  LossSum loss = head_forward_backward(c, weights(S - 1), weights(0), acts_[L].get(), targets, B, T, dy,
-                                       staging_[S - 1].get(), staging_[0].get(), workspace_.get(), ctx);
+  HeadBuffers hb;
+  hb.x_in = acts_[L].get();
+  hb.targets = targets;
+  hb.dx = dy;
+  hb.head_grads = staging_[S - 1].get();
+  hb.embed_grads = staging_[0].get();
+  hb.workspace = workspace_.get();
+  LossSum loss = head_forward_backward(c, weights(S - 1), weights(0), rows, hb, ctx);
   MoeBalanceTerm term;
   if (balanced) {
     term = moe_balance(counts, prob_sums, B * T, c.router_aux_loss_coef, loss.counted);
@@ -83,8 +99,12 @@ LossSum ReferenceTrainer::forward_backward(const token_t* tokens, const token_t*
   for (std::int64_t l = L - 1; l >= 0; --l) {
     MoeBalance grad;
     if (balanced && c.layer_is_moe(l)) grad.grad = term.grad.data();
-    layer_backward(c.layer_config(l), weights(l + 1), acts_[l].get(), keep ? saved_[l].get() : nullptr, dy, dx,
-                   staging_[l + 1].get(), rows, workspace_.get(), ctx, grad.grad ? &grad : nullptr);
+    LayerBuffers b = layer_buffers(l);
+    b.dy = dy;
+    b.dx = dx;
+    b.grads = staging_[l + 1].get();
+    b.balance = grad.grad ? &grad : nullptr;
+    layer_backward(c.layer_config(l), weights(l + 1), rows, b, ctx);
     cpu::accumulate(grads(l + 1), staging_[l + 1].get(), layouts_[l + 1].total_floats, opt_.threads);
     std::swap(dx, dy);
   }
@@ -129,12 +149,18 @@ LossSum ReferenceTrainer::eval_loss_sum(const token_t* tokens, const token_t* ta
   const BatchRows rows{B, T, positions};
   const ComputeCtx ctx = this->ctx();
   embedding_forward(c, weights(0), tokens, rows, acts_[0].get(), ctx);
-  for (std::int64_t l = 0; l < L; ++l)
-    layer_forward(c.layer_config(l), weights(l + 1), acts_[l].get(), acts_[l + 1].get(), rows, nullptr,
-                  workspace_.get(), ctx);
-  const LossSum loss = head_forward_backward(c, weights(L + 1), weights(0), acts_[L].get(), targets, B, T, nullptr,
-                                             nullptr, nullptr, workspace_.get(), ctx);
-  return loss;
+  for (std::int64_t l = 0; l < L; ++l) {
+    LayerBuffers b;
+    b.x_in = acts_[l].get();
+    b.x_out = acts_[l + 1].get();
+    b.workspace = workspace_.get();
+    layer_forward(c.layer_config(l), weights(l + 1), rows, b, ctx);
+  }
+  HeadBuffers hb;  // loss only
+  hb.x_in = acts_[L].get();
+  hb.targets = targets;
+  hb.workspace = workspace_.get();
+  return head_forward_backward(c, weights(L + 1), weights(0), rows, hb, ctx);
 }
 
 }  // namespace mt

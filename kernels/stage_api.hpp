@@ -47,7 +47,7 @@ inline constexpr token_t kIgnoreIndex = -100;  // targets equal to this are not 
 // A micro-batch's rows: `batch` sequences of `seq` tokens and, with documents (data.packing = documents),
 // each token's position within its document, [batch * seq] where the backend computes (null: the stream,
 // position = t). A token sees only the earlier tokens of its own document; RoPE and GPT-2's learned
-// positions read its position. The stages that need positions take this instead of (batch, seq).
+// positions read its position. The stages take this (a stream: `{batch, seq}`; embeddings: (batch, seq) too).
 struct BatchRows {
   std::int64_t batch = 0, seq = 0;
   const std::int32_t* positions = nullptr;
@@ -127,8 +127,7 @@ std::size_t layer_saved_floats(const ModelConfig& c, std::int64_t batch, std::in
 // adds its input and statistics), the RoPE tables (seq x head_dim) and one tile's activations; keep
 // mode always runs whole sequences (its saved buffer is whole-sequence anyway).
 // SequenceBuffers::apart leaves the sequence-sized part out (layer_sequence_floats): the caller keeps
-// it elsewhere (the engine, in host RAM when nothing else fits the device budget) and passes it to the
-// layer calls of stages.hpp.
+// it elsewhere and passes it to the layer calls (LayerBuffers::sequence).
 enum class SequenceBuffers { in_workspace, apart };
 std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, ActivationMode mode,
                                    Precision precision = Precision::fp32, std::int64_t seq_tile = 0,
@@ -137,34 +136,56 @@ std::size_t layer_workspace_floats(const ModelConfig& c, std::int64_t batch, std
 // input and statistics, the RoPE tables. 0 when the layer does not run tiled (seq_tile 0 or >= seq).
 std::size_t layer_sequence_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile);
 // A tiled layer's attention output and log-sum-exp over the whole micro-batch (batch x seq x (q_dim +
-// heads)): given to layer_forward to write and layer_backward to read (stages.hpp), the backward does not
-// run the attention forward again. 0 when the layer does not run tiled.
+// heads)): given to layer_forward to write and layer_backward to read (LayerBuffers::attention), the
+// backward does not run the attention forward again. 0 when the layer does not run tiled.
 std::size_t layer_attention_floats(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::int64_t seq_tile);
 // Whether a recomputing layer of this shape runs in sequence tiles (throws for a family without them).
 bool layer_runs_tiled(const ModelConfig& c, std::int64_t seq, std::int64_t seq_tile);
 // Whether the model's layer family has a sequence-tiled form (GPT-2 has none: its positions bound it).
 bool layer_has_seq_tiles(const ModelConfig& c);
 
-// x_out = layer(x_in). With `saved` non-null (keep mode: layer_saved_floats floats) the intermediates
-// are written there for layer_backward; with saved == nullptr they live only in the workspace, which
-// must then be sized for ActivationMode::recompute.
-void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, std::int64_t batch,
-                   std::int64_t seq, float* saved, float* workspace, const ComputeCtx& ctx,
-                   const MoeBalance* balance = nullptr);
+// One decoder layer's buffers for one micro-batch of `rows` (N = batch x seq tokens, d = hidden_size), the
+// one argument layer_forward and layer_backward take at every level (here, stages.hpp, the Backend), the
+// way llm.c's ActivationTensors lays out a model's activations: the caller fills it once and hands the
+// same struct to the forward and the backward. Every buffer lives where the stage computes (host memory
+// for the ComputeCtx calls, device or mapped host memory for a Backend's); fp32 unless said; no
+// alignment needed. A field a call does not read may hold anything (null included).
+struct LayerBuffers {
+  // [N, d] the layer's input. Read by the forward, and by the backward either way: recomputing, it runs
+  // the forward again from it; keeping, it makes again from it what the forward left out (its norm).
+  const float* x_in = nullptr;
+  float* x_out = nullptr;     // [N, d] forward: written, layer(x_in). Never aliases x_in
+  const float* dy = nullptr;  // [N, d] backward: read, d(loss)/d(x_out)
+  float* dx = nullptr;        // [N, d] backward: written, d(loss)/d(x_in). Never aliases dy
+  float* grads = nullptr;     // the layer's stage_layout floats, backward: d(loss)/d(params) *added*
+  // Keep mode: layer_saved_floats floats; the forward writes its intermediates there and the backward of
+  // the same x_in and params reads them (no recomputation). Null: recompute mode, the intermediates live
+  // only in the workspace, which must then be sized for ActivationMode::recompute.
+  float* saved = nullptr;
+  // layer_workspace_floats floats (the mode, precision and seq_tile of the calls, SequenceBuffers::apart
+  // when `sequence` is set): scratch of either call, nothing in it outlives a call.
+  float* workspace = nullptr;
+  // Sequence tiles only (the layer runs tiled: layer_runs_tiled), ignored otherwise; null: not wanted.
+  // sequence: layer_sequence_floats, the sequence-sized buffers kept out of the workspace (the engine's
+  // in host RAM when nothing else fits the device budget); where they are never changes the results.
+  float* sequence = nullptr;
+  // attention: layer_attention_floats; the forward writes the layer's attention output and log-sum-exp,
+  // the backward of the same micro-batch reads them instead of running the attention forward again. The
+  // same bits either way.
+  float* attention = nullptr;
+  // An expert layer's load-balancing loss (MoeBalance: the forward's statistics, the backward's
+  // gradient); null or a dense layer: none.
+  const MoeBalance* balance = nullptr;
+};
 
-// dx = d(loss)/d(x_in) from dy = d(loss)/d(x_out); grads += d(loss)/d(params).
-// saved == nullptr: recompute the forward once from x_in (recompute mode, workspace sized for it);
-// otherwise saved holds what layer_forward wrote for this same x_in and params. x_in is needed either
-// way: a kept layer's intermediates leave out what is cheap to make again from it (its norm's output).
-void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
-                    float* dx, float* grads, std::int64_t batch, std::int64_t seq, float* workspace,
-                    const ComputeCtx& ctx, const MoeBalance* balance = nullptr);
-// The same with documents' positions (rows.positions on the host, validated here; null: as above).
-void layer_forward(const ModelConfig& c, const void* params, const float* x_in, float* x_out, const BatchRows& rows,
-                   float* saved, float* workspace, const ComputeCtx& ctx, const MoeBalance* balance = nullptr);
-void layer_backward(const ModelConfig& c, const void* params, const float* x_in, const float* saved, const float* dy,
-                    float* dx, float* grads, const BatchRows& rows, float* workspace, const ComputeCtx& ctx,
-                    const MoeBalance* balance = nullptr);
+// forward: x_out = layer(x_in), keeping the intermediates in `saved` when it is set.
+// backward: dx = d(loss)/d(x_in) from dy, grads += d(loss)/d(params); recomputes the forward once from
+// x_in when `saved` is null, else reads what layer_forward wrote there for this same x_in and params.
+// rows.positions (documents) on the host, validated here. `ctx.seq_tile` picks the sequence tiles.
+void layer_forward(const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                   const ComputeCtx& ctx);
+void layer_backward(const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                    const ComputeCtx& ctx);
 
 // ---- Stage L+1: head = final norm, LM head, softmax cross-entropy, fused and chunked over tokens ----
 // B x T x V logits are never materialised: head_chunk_tokens(c, batch, seq) rows at a time (a pure
@@ -183,14 +204,23 @@ struct LossSum {
   std::int64_t counted = 0;  // tokens whose target != -100
 };
 
-// Tied embeddings (c.tie_word_embeddings, and always for GPT-2): the LM head is stage 0's embedding
-// matrix, so `embed_params` must point at stage 0's params and `embed_grads` at stage 0's gradient
-// buffer (the head adds d/d(wte) there). Untied: both are ignored (pass nullptr).
-// dx == nullptr: loss only (no gradients touched).
+// The head's buffers for one micro-batch (N = batch x seq tokens, d = hidden_size), the one argument
+// head_forward_backward takes at every level, as LayerBuffers for a layer. Where the stage computes.
+struct HeadBuffers {
+  const float* x_in = nullptr;       // [N, d] read: the last layer's output
+  const token_t* targets = nullptr;  // [N] read: the target ids (kIgnoreIndex: not counted)
+  float* dx = nullptr;               // [N, d] written: d(sum of losses)/d(x_in). Null: loss only, no gradients
+  float* head_grads = nullptr;       // the head's stage_layout floats: d(sum of losses)/d(params) *added*
+  // Tied embeddings (c.tie_word_embeddings, and always GPT-2): the LM head is stage 0's embedding matrix,
+  // and the head adds d/d(wte) into stage 0's gradient buffer here. Untied: unused.
+  float* embed_grads = nullptr;
+  float* workspace = nullptr;  // head_workspace_floats (the calls' head_chunk, precision and seq_tile)
+};
+
+// Tied embeddings: `embed_params` must point at stage 0's params (untied: ignored, pass nullptr).
+// rows.positions are not read: the loss is per token.
 LossSum head_forward_backward(const ModelConfig& c, const void* head_params, const void* embed_params,
-                              const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                              float* dx, float* head_grads, float* embed_grads, float* workspace,
-                              const ComputeCtx& ctx);
+                              const BatchRows& rows, const HeadBuffers& b, const ComputeCtx& ctx);
 
 // ---- Any stage by index (0 = embedding, 1..L = layers, L+1 = head) ----
 // Workspace floats the stage's forward and backward need (the embedding needs none); the engine can

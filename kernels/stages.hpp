@@ -26,41 +26,17 @@ inline void embedding_backward(Ops& ops, const ModelConfig& c, const token_t* to
   embedding_backward(ops, c, tokens, BatchRows{batch, seq}, dx, grads);
 }
 
-// seq_tile as ComputeCtx::seq_tile (0: whole sequences).
-// balance: the load-balancing loss's statistics out of the forward and gradient into the backward.
-// sequence: in sequence tiles, where the sequence-sized buffers are (layer_sequence_floats, e.g. in host
-// RAM); the workspace is then sized with SequenceBuffers::apart. Null: in the workspace. Ignored when the
-// layer does not run tiled. Where they are never changes the results.
-// attention: in sequence tiles, layer_attention_floats that the forward fills with the layer's attention
-// output and log-sum-exp and the backward of the same micro-batch reads, so it does not run the attention
-// forward again (null: it does). The same bits either way. Ignored when the layer does not run tiled.
-void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                   const BatchRows& rows, float* saved, float* workspace, std::int64_t seq_tile = 0,
-                   const MoeBalance* balance = nullptr, float* sequence = nullptr, float* attention = nullptr);
-void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
-                    const float* dy, float* dx, float* grads, const BatchRows& rows, float* workspace,
-                    std::int64_t seq_tile = 0, const MoeBalance* balance = nullptr, float* sequence = nullptr,
-                    const float* attention = nullptr);
-inline void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, float* x_out,
-                          std::int64_t batch, std::int64_t seq, float* saved, float* workspace,
-                          std::int64_t seq_tile = 0, const MoeBalance* balance = nullptr, float* sequence = nullptr,
-                          float* attention = nullptr) {
-  layer_forward(ops, c, params, x_in, x_out, BatchRows{batch, seq}, saved, workspace, seq_tile, balance, sequence,
-                attention);
-}
-inline void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const float* x_in, const float* saved,
-                           const float* dy, float* dx, float* grads, std::int64_t batch, std::int64_t seq,
-                           float* workspace, std::int64_t seq_tile = 0, const MoeBalance* balance = nullptr,
-                           float* sequence = nullptr, const float* attention = nullptr) {
-  layer_backward(ops, c, params, x_in, saved, dy, dx, grads, BatchRows{batch, seq}, workspace, seq_tile, balance,
-                 sequence, attention);
-}
+// The layer stages over the buffers of LayerBuffers (stage_api.hpp); seq_tile as ComputeCtx::seq_tile
+// (0: whole sequences).
+void layer_forward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                   std::int64_t seq_tile = 0);
+void layer_backward(Ops& ops, const ModelConfig& c, const void* params, const BatchRows& rows, const LayerBuffers& b,
+                    std::int64_t seq_tile = 0);
 
 // head_chunk as ComputeCtx::head_chunk (0: head_chunk_tokens()), seq_tile as ComputeCtx::seq_tile.
 LossSum head_forward_backward(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params,
-                              const float* x_in, const token_t* targets, std::int64_t batch, std::int64_t seq,
-                              float* dx, float* head_grads, float* embed_grads, float* workspace,
-                              std::int64_t head_chunk, std::int64_t seq_tile = 0);
+                              const BatchRows& rows, const HeadBuffers& b, std::int64_t head_chunk,
+                              std::int64_t seq_tile = 0);
 void head_logits(Ops& ops, const ModelConfig& c, const void* head_params, const void* embed_params, const float* x_in,
                  std::int64_t batch, std::int64_t seq, float* logits, float* workspace, std::int64_t head_chunk);
 

@@ -195,10 +195,17 @@ OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const actor
   std::vector<float> ws(std::max(stage_workspace_floats(model, 1, B, T, plan.mode, prec, plan.seq_tile),
                                  stage_workspace_floats(model, L + 1, B, T, plan.mode, prec, plan.seq_tile)));
   std::vector<float> saved(plan.mode == ActivationMode::keep ? layer_saved_floats(model, B, T) : 0);
-  float* sv = saved.empty() ? nullptr : saved.data();
+  LayerBuffers lb;  // the measured layer's
+  lb.x_in = x.data();
+  lb.x_out = y.data();
+  lb.dy = dy.data();
+  lb.dx = dx.data();
+  lb.grads = g1.data();
+  lb.saved = saved.empty() ? nullptr : saved.data();
+  lb.workspace = ws.data();
   OpTimes t;
   t.embed_forward = best_of([&] { embedding_forward(model, embed, tokens.data(), B, T, x.data(), ctx); }, 6);
-  t.layer_forward = best_of([&] { layer_forward(lm, layer, x.data(), y.data(), B, T, sv, ws.data(), ctx); }, 6);
+  t.layer_forward = best_of([&] { layer_forward(lm, layer, {B, T}, lb, ctx); }, 6);
   // EnginePlan::attention_kept: the tiled backward reads the forward's attention output and log-sum-exp.
   // Timed so in tiles even where this T fits the plan's one tile (the shorter length the long-context
   // extrapolation measures), so both lengths time the backward the engine runs.
@@ -209,35 +216,32 @@ OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const actor
     cpu::CpuOps ops(prec, ctx.threads);
     std::vector<float> att(layer_attention_floats(lm, B, T, kept_tile));
     std::vector<float> tiled_ws(layer_workspace_floats(lm, B, T, ActivationMode::recompute, prec, kept_tile));
-    mt::layer_forward(ops, lm, layer, x.data(), y.data(), B, T, nullptr, tiled_ws.data(), kept_tile, nullptr, nullptr,
-                      att.data());
-    t.layer_backward = best_of(
-        [&] {
-          mt::layer_backward(ops, lm, layer, x.data(), nullptr, dy.data(), dx.data(), g1.data(), B, T, tiled_ws.data(),
-                             kept_tile, nullptr, nullptr, att.data());
-        },
-        6);
+    LayerBuffers tb = lb;
+    tb.saved = nullptr;
+    tb.workspace = tiled_ws.data();
+    tb.attention = att.data();
+    mt::layer_forward(ops, lm, layer, {B, T}, tb, kept_tile);
+    t.layer_backward = best_of([&] { mt::layer_backward(ops, lm, layer, {B, T}, tb, kept_tile); }, 6);
   } else {
-    t.layer_backward = best_of(
-        [&] { layer_backward(lm, layer, x.data(), sv, dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx); }, 6);
+    t.layer_backward = best_of([&] { layer_backward(lm, layer, {B, T}, lb, ctx); }, 6);
   }
   if (plan.mode == ActivationMode::recompute && plan.kept_layers > 0) {  // a kept layer: forward saves, no recompute
     std::vector<float> kept(layer_saved_floats(model, B, T));
-    layer_forward(lm, layer, x.data(), y.data(), B, T, kept.data(), ws.data(), ctx);
-    t.layer_backward_kept = best_of(
-        [&] {
-          layer_backward(lm, layer, x.data(), kept.data(), dy.data(), dx.data(), g1.data(), B, T, ws.data(), ctx);
-        },
-        6);
+    LayerBuffers kb = lb;
+    kb.saved = kept.data();
+    layer_forward(lm, layer, {B, T}, kb, ctx);
+    t.layer_backward_kept = best_of([&] { layer_backward(lm, layer, {B, T}, kb, ctx); }, 6);
   } else {
     t.layer_backward_kept = t.layer_backward;
   }
-  t.head = best_of(
-      [&] {
-        head_forward_backward(model, head, tied ? embed : nullptr, y.data(), tokens.data(), B, T, dx.data(), gh.data(),
-                              tied ? g0.data() : nullptr, ws.data(), ctx);
-      },
-      6);
+  HeadBuffers hb;
+  hb.x_in = y.data();
+  hb.targets = tokens.data();
+  hb.dx = dx.data();
+  hb.head_grads = gh.data();
+  hb.embed_grads = tied ? g0.data() : nullptr;
+  hb.workspace = ws.data();
+  t.head = best_of([&] { head_forward_backward(model, head, tied ? embed : nullptr, {B, T}, hb, ctx); }, 6);
   t.embed_backward = best_of([&] { embedding_backward(model, tokens.data(), B, T, dx.data(), g0.data(), ctx); }, 6);
   t.source = std::to_string(ctx.threads) + " threads, " + (prec == Precision::bf16 ? "bf16" : "fp32") + ", " +
              (plan.mode == ActivationMode::keep ? "intermediates kept"

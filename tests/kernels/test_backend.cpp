@@ -173,11 +173,22 @@ TEST_CASE("the CPU backend's stage operations are the stage templates, bit for b
   std::vector<float> ws(layer_workspace_floats(c, B, T, ActivationMode::recompute));
   std::vector<float> y1(x.size()), y2(x.size()), dx1(x.size()), dx2(x.size());
   std::vector<float> g1(l.total_floats, 0.0f), g2(l.total_floats, 0.0f);
-  layer_forward(c, w.data(), x.data(), y1.data(), B, T, nullptr, ws.data(), ctx);
-  be.layer_forward(c, w.data(), x.data(), y2.data(), B, T, nullptr, ws.data());
+  LayerBuffers b1;  // through the stage API
+  b1.x_in = x.data();
+  b1.x_out = y1.data();
+  b1.dy = dy.data();
+  b1.dx = dx1.data();
+  b1.grads = g1.data();
+  b1.workspace = ws.data();
+  LayerBuffers b2 = b1;  // through the backend
+  b2.x_out = y2.data();
+  b2.dx = dx2.data();
+  b2.grads = g2.data();
+  layer_forward(c, w.data(), {B, T}, b1, ctx);
+  be.layer_forward(c, w.data(), {B, T}, b2);
   CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) == 0);
-  layer_backward(c, w.data(), x.data(), nullptr, dy.data(), dx1.data(), g1.data(), B, T, ws.data(), ctx);
-  be.layer_backward(c, w.data(), x.data(), nullptr, dy.data(), dx2.data(), g2.data(), B, T, ws.data());
+  layer_backward(c, w.data(), {B, T}, b1, ctx);
+  be.layer_backward(c, w.data(), {B, T}, b2);
   CHECK(std::memcmp(dx1.data(), dx2.data(), dx1.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)) == 0);
 }

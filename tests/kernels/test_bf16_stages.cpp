@@ -119,16 +119,29 @@ TEST_CASE("bf16 layers against the fp32 path, both activation modes", "[bf16][st
     // fp32 path on the fp32 masters
     vector<float> y32(N * d), dx32(N * d), g32(l.total_floats, 0.0f);
     vector<float> ws32(layer_workspace_floats(c, B, T, ActivationMode::recompute));
-    layer_forward(c, p.data(), x.data(), y32.data(), B, T, nullptr, ws32.data(), ctx_of(Precision::fp32, 2));
-    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), dx32.data(), g32.data(), B, T, ws32.data(),
-                   ctx_of(Precision::fp32, 2));
+    LayerBuffers b32;
+    b32.x_in = x.data();
+    b32.x_out = y32.data();
+    b32.dy = dy.data();
+    b32.dx = dx32.data();
+    b32.grads = g32.data();
+    b32.workspace = ws32.data();
+    layer_forward(c, p.data(), {B, T}, b32, ctx_of(Precision::fp32, 2));
+    layer_backward(c, p.data(), {B, T}, b32, ctx_of(Precision::fp32, 2));
     // bf16, recompute and keep
     const ComputeCtx bctx = ctx_of(Precision::bf16, 2);
     vector<float> y(N * d), dx(N * d), g(l.total_floats, 0.0f);
     vector<float> ws(layer_workspace_floats(c, B, T, ActivationMode::recompute, Precision::bf16));
     CHECK(ws.size() > ws32.size());
-    layer_forward(c, pb.data(), x.data(), y.data(), B, T, nullptr, ws.data(), bctx);
-    layer_backward(c, pb.data(), x.data(), nullptr, dy.data(), dx.data(), g.data(), B, T, ws.data(), bctx);
+    LayerBuffers b16;
+    b16.x_in = x.data();
+    b16.x_out = y.data();
+    b16.dy = dy.data();
+    b16.dx = dx.data();
+    b16.grads = g.data();
+    b16.workspace = ws.data();
+    layer_forward(c, pb.data(), {B, T}, b16, bctx);
+    layer_backward(c, pb.data(), {B, T}, b16, bctx);
     // Forward: ~4 chained products (~1.6e-3 each, in quadrature) plus the softmax and SwiGLU
     // amplifying them on these random weights (scale 0.3, hidden 16); measured at most 6.1e-3.
     CHECK(mt::test::rel_err(y, y32) < 2e-2);
@@ -143,8 +156,16 @@ TEST_CASE("bf16 layers against the fp32 path, both activation modes", "[bf16][st
     }
     vector<float> saved(layer_saved_floats(c, B, T)), y_k(N * d), dx_k(N * d), g_k(l.total_floats, 0.0f);
     vector<float> ws_k(layer_workspace_floats(c, B, T, ActivationMode::keep, Precision::bf16));
-    layer_forward(c, pb.data(), x.data(), y_k.data(), B, T, saved.data(), ws_k.data(), bctx);
-    layer_backward(c, pb.data(), x.data(), saved.data(), dy.data(), dx_k.data(), g_k.data(), B, T, ws_k.data(), bctx);
+    LayerBuffers kept;
+    kept.x_in = x.data();
+    kept.x_out = y_k.data();
+    kept.dy = dy.data();
+    kept.dx = dx_k.data();
+    kept.grads = g_k.data();
+    kept.saved = saved.data();
+    kept.workspace = ws_k.data();
+    layer_forward(c, pb.data(), {B, T}, kept, bctx);
+    layer_backward(c, pb.data(), {B, T}, kept, bctx);
     CHECK(std::memcmp(y_k.data(), y.data(), y.size() * 4) == 0);  // keep == recompute, bit for bit
     CHECK(std::memcmp(dx_k.data(), dx.data(), dx.size() * 4) == 0);
     CHECK(std::memcmp(g_k.data(), g.data(), g.size() * 4) == 0);
@@ -169,8 +190,14 @@ TEST_CASE("bf16 head against the fp32 path", "[bf16][stages]") {
         const ComputeCtx ctx = ctx_of(p, 2, 4);  // chunks of 4 tokens: several chunks and a tail
         vector<float> ws(head_workspace_floats(c, B, T, 4, p));
         dx.assign(N * d, 0.0f), gh.assign(hl.total_floats, 0.0f), ge.assign(el.total_floats, 0.0f);
-        const LossSum ls =
-            head_forward_backward(c, h, e, x.data(), tgt.data(), B, T, dx.data(), gh.data(), ge.data(), ws.data(), ctx);
+        HeadBuffers bufs;
+        bufs.x_in = x.data();
+        bufs.targets = tgt.data();
+        bufs.dx = dx.data();
+        bufs.head_grads = gh.data();
+        bufs.embed_grads = ge.data();
+        bufs.workspace = ws.data();
+        const LossSum ls = head_forward_backward(c, h, e, {B, T}, bufs, ctx);
         logits.assign(N * c.vocab_size, 0.0f);
         head_logits(c, h, e, x.data(), B, T, logits.data(), ws.data(), ctx);
         return ls;

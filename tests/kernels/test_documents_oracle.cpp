@@ -95,7 +95,11 @@ void check_documents_against_transformers(ModelConfig c, const std::string& name
                             head_workspace_floats(c, B, T, 0, Precision::fp32)));
   embedding_forward(c, tr.params(0), p.tokens.data(), rows, x.data(), ctx);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    layer_forward(c, tr.params(l + 1), x.data(), y.data(), rows, nullptr, ws.data(), ctx);
+    LayerBuffers bufs;
+    bufs.x_in = x.data();
+    bufs.x_out = y.data();
+    bufs.workspace = ws.data();
+    layer_forward(c, tr.params(l + 1), rows, bufs, ctx);
     std::swap(x, y);
   }
   head_logits(c, tr.params(S - 1), tr.params(0), x.data(), B, T, logits.data(), ws.data(), ctx);

@@ -75,10 +75,17 @@ TEST_CASE("fast layers match the fp64 reference in both activation modes", "[lay
     vector<float> y_keep(N * d), dx_keep(N * d), g_keep(l.total_floats, 0.0f);
     vector<float> saved(layer_saved_floats(c, B, S));
     vector<float> ws_keep(layer_workspace_floats(c, B, S, ActivationMode::keep));
-    layer_forward(c, p.data(), x.data(), y_keep.data(), B, S, saved.data(), ws_keep.data(), ctx);
+    LayerBuffers keep;
+    keep.x_in = x.data();
+    keep.x_out = y_keep.data();
+    keep.dy = dy.data();
+    keep.dx = dx_keep.data();
+    keep.grads = g_keep.data();
+    keep.saved = saved.data();
+    keep.workspace = ws_keep.data();
+    layer_forward(c, p.data(), {B, S}, keep, ctx);
     const vector<float> saved_after_forward = saved;
-    layer_backward(c, p.data(), x.data(), saved.data(), dy.data(), dx_keep.data(), g_keep.data(), B, S, ws_keep.data(),
-                   ctx);
+    layer_backward(c, p.data(), {B, S}, keep, ctx);
     // The backward makes what the forward did not keep in its own scratch: the kept buffer is read only.
     CHECK(std::memcmp(saved.data(), saved_after_forward.data(), saved.size() * 4) == 0);
     CHECK(rel_err(y_keep, yr) < 1e-5);
@@ -90,13 +97,20 @@ TEST_CASE("fast layers match the fp64 reference in both activation modes", "[lay
     // Recompute mode: the same bits (the backward reruns the very same forward code).
     vector<float> y_re(N * d), dx_re(N * d), g_re(l.total_floats, 0.0f);
     vector<float> ws_re(layer_workspace_floats(c, B, S, ActivationMode::recompute));
-    layer_forward(c, p.data(), x.data(), y_re.data(), B, S, nullptr, ws_re.data(), ctx);
-    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), dx_re.data(), g_re.data(), B, S, ws_re.data(), ctx);
+    LayerBuffers re;
+    re.x_in = x.data();
+    re.x_out = y_re.data();
+    re.dy = dy.data();
+    re.dx = dx_re.data();
+    re.grads = g_re.data();
+    re.workspace = ws_re.data();
+    layer_forward(c, p.data(), {B, S}, re, ctx);
+    layer_backward(c, p.data(), {B, S}, re, ctx);
     CHECK(std::memcmp(y_re.data(), y_keep.data(), y_re.size() * 4) == 0);
     CHECK(std::memcmp(dx_re.data(), dx_keep.data(), dx_re.size() * 4) == 0);
     CHECK(std::memcmp(g_re.data(), g_keep.data(), g_re.size() * 4) == 0);
     // Gradients add into the caller's buffer: a second backward doubles them.
-    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), dx_re.data(), g_re.data(), B, S, ws_re.data(), ctx);
+    layer_backward(c, p.data(), {B, S}, re, ctx);
     vector<float> twice(g_keep.size());
     for (std::size_t i = 0; i < g_keep.size(); ++i) twice[i] = 2.0f * g_keep[i];
     CHECK(rel_err(g_re, twice) < 1e-6);
@@ -133,8 +147,15 @@ TEST_CASE("documents: fast layers match the fp64 reference given the same positi
     const BatchRows rows{B, S, pos.data()};
     vector<float> y(N * d), dx(N * d), g(l.total_floats, 0.0f);
     vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute));
-    layer_forward(c, p.data(), x.data(), y.data(), rows, nullptr, ws.data(), ctx);
-    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), dx.data(), g.data(), rows, ws.data(), ctx);
+    LayerBuffers bufs;
+    bufs.x_in = x.data();
+    bufs.x_out = y.data();
+    bufs.dy = dy.data();
+    bufs.dx = dx.data();
+    bufs.grads = g.data();
+    bufs.workspace = ws.data();
+    layer_forward(c, p.data(), rows, bufs, ctx);
+    layer_backward(c, p.data(), rows, bufs, ctx);
     CHECK(rel_err(y, yr) < 1e-5);
     CHECK(rel_err(dx, dxr) < 1e-5);
     for (const auto& t : l.tensors) {
@@ -167,9 +188,13 @@ TEST_CASE("a kept layer keeps no copy of its input, its norms' outputs or its ML
   vector<float> p(layer_layout(c, 0).total_floats, 0.01f), g(p.size()), saved(want);
   vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::keep));
   const ComputeCtx ctx{1};
-  CHECK_THROWS_WITH(
-      layer_backward(c, p.data(), nullptr, saved.data(), dy.data(), dx.data(), g.data(), B, S, ws.data(), ctx),
-      Catch::Contains("x_in"));
+  LayerBuffers bufs;  // no x_in
+  bufs.dy = dy.data();
+  bufs.dx = dx.data();
+  bufs.grads = g.data();
+  bufs.saved = saved.data();
+  bufs.workspace = ws.data();
+  CHECK_THROWS_WITH(layer_backward(c, p.data(), {B, S}, bufs, ctx), Catch::Contains("x_in"));
 }
 
 TEST_CASE("head: chunked fused loss and gradients match the fp64 reference", "[layers][head]") {
@@ -207,8 +232,14 @@ TEST_CASE("head: chunked fused loss and gradients match the fp64 reference", "[l
       ComputeCtx ctx{2};
       ctx.head_chunk = 4;  // 15 tokens: chunks of 4, 4, 4, 3
       vector<float> ws(head_workspace_floats(c, B, S, ctx.head_chunk));
-      const LossSum ls = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, dx.data(),
-                                               dh.data(), de.data(), ws.data(), ctx);
+      HeadBuffers hb;
+      hb.x_in = x.data();
+      hb.targets = targets.data();
+      hb.dx = dx.data();
+      hb.head_grads = dh.data();
+      hb.embed_grads = de.data();
+      hb.workspace = ws.data();
+      const LossSum ls = head_forward_backward(c, h.data(), e.data(), {B, S}, hb, ctx);
       CHECK(ls.counted == N - 4);
       CHECK(std::abs(ls.loss_sum - lr) / lr < 1e-6);
       CHECK(rel_err(dx, dxr) < 1e-5);
@@ -228,8 +259,12 @@ TEST_CASE("head: chunked fused loss and gradients match the fp64 reference", "[l
         vector<float> wst(head_workspace_floats(c, B, S, 0, Precision::fp32, tile));
         CHECK(wst.size() < head_workspace_floats(c, B, S));
         vector<float> dxt(N * d), dht(hl.total_floats, 0.0f), det(el.total_floats, 0.0f);
-        const LossSum lt = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, dxt.data(),
-                                                 dht.data(), det.data(), wst.data(), tiled);
+        HeadBuffers hbt = hb;
+        hbt.dx = dxt.data();
+        hbt.head_grads = dht.data();
+        hbt.embed_grads = det.data();
+        hbt.workspace = wst.data();
+        const LossSum lt = head_forward_backward(c, h.data(), e.data(), {B, S}, hbt, tiled);
         CHECK(lt.counted == N - 4);
         CHECK(std::abs(lt.loss_sum - lr) / lr < 1e-6);
         CHECK(rel_err(dxt, dxr) < 1e-5);
@@ -239,15 +274,21 @@ TEST_CASE("head: chunked fused loss and gradients match the fp64 reference", "[l
           INFO(t.name);
           CHECK(rel_err(dht.data() + t.offset, dhr.data() + t.offset, t.numel) < 1e-5);
         }
-        const LossSum lo = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, nullptr,
-                                                 nullptr, nullptr, wst.data(), tiled);
+        HeadBuffers loss_only;
+        loss_only.x_in = x.data();
+        loss_only.targets = targets.data();
+        loss_only.workspace = wst.data();
+        const LossSum lo = head_forward_backward(c, h.data(), e.data(), {B, S}, loss_only, tiled);
         CHECK(std::abs(lo.loss_sum - lr) / lr < 1e-6);
       }
       // Loss only: same loss, no gradient written.
       ComputeCtx one{1};
       vector<float> ws1(head_workspace_floats(c, B, S));
-      const LossSum lo = head_forward_backward(c, h.data(), e.data(), x.data(), targets.data(), B, S, nullptr, nullptr,
-                                               nullptr, ws1.data(), one);
+      HeadBuffers loss_only;
+      loss_only.x_in = x.data();
+      loss_only.targets = targets.data();
+      loss_only.workspace = ws1.data();
+      const LossSum lo = head_forward_backward(c, h.data(), e.data(), {B, S}, loss_only, one);
       CHECK(std::abs(lo.loss_sum - lr) / lr < 1e-6);
       // Logits (materialised, for evaluation) agree with the reference ones.
       vector<float> logits(N * V);
@@ -305,9 +346,14 @@ TEST_CASE("bad input is a clear error before any compute", "[layers][errors]") {
     }
     return std::string("no exception");
   };
-  CHECK_THAT(message([&] { layer_forward(c, p.data(), x.data(), y.data(), 0, 4, nullptr, ws.data(), ComputeCtx{}); }),
-             Catch::Contains("batch size"));
-  CHECK_THAT(message([&] { layer_forward(c, p.data(), x.data(), y.data(), 1, -3, nullptr, ws.data(), ComputeCtx{}); }),
+  LayerBuffers bufs;
+  bufs.x_in = x.data();
+  bufs.x_out = y.data();
+  bufs.workspace = ws.data();
+  CHECK_THAT(message([&] { layer_forward(c, p.data(), {0, 4}, bufs, ComputeCtx{}); }), Catch::Contains("batch size"));
+  CHECK_THAT(message([&] {
+               layer_forward(c, p.data(), {1, -3}, bufs, ComputeCtx{});
+             }),
              Catch::Contains("sequence length"));
   CHECK_THAT(message([&] { layer_workspace_floats(c, 1, 65, ActivationMode::keep); }), Catch::Contains("rotary table"));
   const vector<token_t> bad = {1, 2, 37, 0};
@@ -335,6 +381,7 @@ TEST_CASE("bad input is a clear error before any compute", "[layers][errors]") {
   // dynamic rope_scaling exists to run past max_position_embeddings (its base grows there)
   const ModelConfig dyn = mt::test::tiny_dynamic_rope();
   CHECK_NOTHROW(validate_batch_shape(dyn, 1, dyn.max_position_embeddings * 4));
-  CHECK_THAT(message([&] { layer_forward(c, p.data(), x.data(), x.data(), 1, 4, nullptr, ws.data(), ComputeCtx{}); }),
-             Catch::Contains("alias"));
+  LayerBuffers aliased = bufs;
+  aliased.x_out = x.data();
+  CHECK_THAT(message([&] { layer_forward(c, p.data(), {1, 4}, aliased, ComputeCtx{}); }), Catch::Contains("alias"));
 }

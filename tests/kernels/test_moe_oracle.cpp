@@ -96,7 +96,11 @@ void check_step_against(ModelConfig c, const char* oracle, int expected_tensors,
                             head_workspace_floats(c, B, T, 0, Precision::fp32)));
   embedding_forward(c, tr.params(0), tok.data(), B, T, x.data(), ctx);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    layer_forward(c.layer_config(l), tr.params(l + 1), x.data(), y.data(), B, T, nullptr, ws.data(), ctx);
+    LayerBuffers bufs;
+    bufs.x_in = x.data();
+    bufs.x_out = y.data();
+    bufs.workspace = ws.data();
+    layer_forward(c.layer_config(l), tr.params(l + 1), {B, T}, bufs, ctx);
     std::swap(x, y);
   }
   head_logits(c, tr.params(S - 1), tr.params(0), x.data(), B, T, logits.data(), ws.data(), ctx);
@@ -323,8 +327,11 @@ TEST_CASE("qwen3_moe with dense layers: a layer computes with its own layer's co
   vector<float> ws(layer_workspace_floats(c, B, T, ActivationMode::recompute));
   init_stage_params(c, 2, 1, params.data());
   ComputeCtx ctx{1};
-  CHECK_THROWS_WITH(layer_forward(c, params.data(), x.data(), y.data(), B, T, nullptr, ws.data(), ctx),
-                    Catch::Contains("layer_config"));
-  layer_forward(moe, params.data(), x.data(), y.data(), B, T, nullptr, ws.data(), ctx);
+  LayerBuffers bufs;
+  bufs.x_in = x.data();
+  bufs.x_out = y.data();
+  bufs.workspace = ws.data();
+  CHECK_THROWS_WITH(layer_forward(c, params.data(), {B, T}, bufs, ctx), Catch::Contains("layer_config"));
+  layer_forward(moe, params.data(), {B, T}, bufs, ctx);
   CHECK(std::isfinite(y[0]));
 }

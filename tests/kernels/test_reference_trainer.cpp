@@ -197,16 +197,31 @@ TEST_CASE("a hand-written stage loop following step_math.hpp matches the referen
         const token_t* tk = tok.data() + mb * B * T;
         const token_t* tg = tgt.data() + mb * B * T;
         embedding_forward(c, params[0].data(), tk, B, T, acts[0].data(), ctx);
-        for (std::int64_t l = 0; l < L; ++l)
-          layer_forward(c, params[l + 1].data(), acts[l].data(), acts[l + 1].data(), B, T, nullptr, ws.data(), ctx);
+        // Layer l's buffers: its input and output activations, the gradients flowing back, the workspace.
+        auto layer_buffers = [&](std::int64_t l) {
+          LayerBuffers b;
+          b.x_in = acts[l].data();
+          b.x_out = acts[l + 1].data();
+          b.dy = dy.data();
+          b.dx = dx.data();
+          b.grads = staging[l + 1].data();
+          b.workspace = ws.data();
+          return b;
+        };
+        for (std::int64_t l = 0; l < L; ++l) layer_forward(c, params[l + 1].data(), {B, T}, layer_buffers(l), ctx);
         for (std::int64_t s = 0; s < S; ++s) cpu::zero(staging[s].data(), staging[s].size(), 1);
-        const LossSum ls = head_forward_backward(c, params[S - 1].data(), params[0].data(), acts[L].data(), tg, B, T,
-                                                 dy.data(), staging[S - 1].data(), staging[0].data(), ws.data(), ctx);
+        HeadBuffers hb;
+        hb.x_in = acts[L].data();
+        hb.targets = tg;
+        hb.dx = dy.data();
+        hb.head_grads = staging[S - 1].data();
+        hb.embed_grads = staging[0].data();
+        hb.workspace = ws.data();
+        const LossSum ls = head_forward_backward(c, params[S - 1].data(), params[0].data(), {B, T}, hb, ctx);
         loss_sum += ls.loss_sum;
         counted += ls.counted;
         for (std::int64_t l = L - 1; l >= 0; --l) {
-          layer_backward(c, params[l + 1].data(), acts[l].data(), nullptr, dy.data(), dx.data(), staging[l + 1].data(),
-                         B, T, ws.data(), ctx);
+          layer_backward(c, params[l + 1].data(), {B, T}, layer_buffers(l), ctx);
           std::swap(dx, dy);
         }
         embedding_backward(c, tk, B, T, dy.data(), staging[0].data(), ctx);

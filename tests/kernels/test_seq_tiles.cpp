@@ -68,8 +68,15 @@ LayerRun run_layer(const ModelConfig& c, const vector<float>& p32, const vector<
   const std::int64_t N = B * S, d = c.hidden_size;
   LayerRun r{vector<float>(N * d), vector<float>(N * d), vector<float>(p32.size(), 0.0f)};
   vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, seq_tile));
-  layer_forward(c, w, x.data(), r.y.data(), B, S, nullptr, ws.data(), ctx);
-  layer_backward(c, w, x.data(), nullptr, dy.data(), r.dx.data(), r.g.data(), B, S, ws.data(), ctx);
+  LayerBuffers bufs;
+  bufs.x_in = x.data();
+  bufs.x_out = r.y.data();
+  bufs.dy = dy.data();
+  bufs.dx = r.dx.data();
+  bufs.grads = r.g.data();
+  bufs.workspace = ws.data();
+  layer_forward(c, w, {B, S}, bufs, ctx);
+  layer_backward(c, w, {B, S}, bufs, ctx);
   return r;
 }
 
@@ -141,8 +148,13 @@ TEST_CASE("tiled layers do not depend on the thread count, and their gradients a
     ctx.seq_tile = 16;
     vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, Precision::fp32, 16));
     vector<float> dx(N * d), g(p.size(), 0.0f);
-    for (int i = 0; i < 2; ++i)
-      layer_backward(c, p.data(), xd.data(), nullptr, dyd.data(), dx.data(), g.data(), B, S, ws.data(), ctx);
+    LayerBuffers bufs;
+    bufs.x_in = xd.data();
+    bufs.dy = dyd.data();
+    bufs.dx = dx.data();
+    bufs.grads = g.data();
+    bufs.workspace = ws.data();
+    for (int i = 0; i < 2; ++i) layer_backward(c, p.data(), {B, S}, bufs, ctx);
     const LayerRun once = run_layer(c, p, xd, dyd, B, S, 16, Precision::fp32, 2);
     vector<float> twice(once.g.size());
     for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2.0f * once.g[i];
@@ -187,10 +199,18 @@ TEST_CASE("tiled MoE layers give the load-balancing statistics and gradient of t
       Out o{vector<std::int64_t>(E, -1), vector<float>(E, -1.0f), vector<float>(N * d), vector<float>(p.size(), 0.0f)};
       vector<float> y(N * d), ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, Precision::fp32, tile));
       MoeBalance stats{o.counts.data(), o.prob_sums.data(), nullptr};
-      layer_forward(c, p.data(), x.data(), y.data(), B, S, nullptr, ws.data(), ctx, &stats);
+      LayerBuffers bufs;
+      bufs.x_in = x.data();
+      bufs.x_out = y.data();
+      bufs.dy = dy.data();
+      bufs.dx = o.dx.data();
+      bufs.grads = o.grads.data();
+      bufs.workspace = ws.data();
+      bufs.balance = &stats;
+      layer_forward(c, p.data(), {B, S}, bufs, ctx);
       MoeBalance grad{nullptr, nullptr, g.data()};
-      layer_backward(c, p.data(), x.data(), nullptr, dy.data(), o.dx.data(), o.grads.data(), B, S, ws.data(), ctx,
-                     &grad);
+      bufs.balance = &grad;
+      layer_backward(c, p.data(), {B, S}, bufs, ctx);
       return o;
     };
     const Out whole = run(0), tiled = run(4);
@@ -208,8 +228,13 @@ TEST_CASE("tiled MoE layers give the load-balancing statistics and gradient of t
     ComputeCtx ctx{2};
     Out plain{{}, {}, vector<float>(N * d), vector<float>(p.size(), 0.0f)};
     vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute));
-    layer_backward(c, p.data(), x.data(), nullptr, dy.data(), plain.dx.data(), plain.grads.data(), B, S, ws.data(),
-                   ctx);
+    LayerBuffers bufs;
+    bufs.x_in = x.data();
+    bufs.dy = dy.data();
+    bufs.dx = plain.dx.data();
+    bufs.grads = plain.grads.data();
+    bufs.workspace = ws.data();
+    layer_backward(c, p.data(), {B, S}, bufs, ctx);
     const TensorSpec& router = l.at(moe_router_tensor(c));
     CHECK(rel_err(plain.grads.data() + router.offset, whole.grads.data() + router.offset, router.numel) > 1e-3);
   }
@@ -234,9 +259,16 @@ TEST_CASE("tiled layers with the sequence-sized buffers apart give the same bits
               layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, tile, SequenceBuffers::in_workspace));
       cpu::CpuOps ops(prec, 2);
       LayerRun apart = in.empty_run(c);
-      layer_forward(ops, c, w, x.data(), apart.y.data(), B, S, nullptr, ws.data(), tile, nullptr, sequence.data());
-      layer_backward(ops, c, w, x.data(), nullptr, dy.data(), apart.dx.data(), apart.g.data(), B, S, ws.data(), tile,
-                     nullptr, sequence.data());
+      LayerBuffers bufs;
+      bufs.x_in = x.data();
+      bufs.x_out = apart.y.data();
+      bufs.dy = dy.data();
+      bufs.dx = apart.dx.data();
+      bufs.grads = apart.g.data();
+      bufs.workspace = ws.data();
+      bufs.sequence = sequence.data();
+      layer_forward(ops, c, w, {B, S}, bufs, tile);
+      layer_backward(ops, c, w, {B, S}, bufs, tile);
       CHECK(same_bits(apart.y, in_workspace.y));
       CHECK(same_bits(apart.dx, in_workspace.dx));
       CHECK(same_bits(apart.g, in_workspace.g));
@@ -262,19 +294,26 @@ TEST_CASE("tiled layers with their attention output kept give the same bits, and
       vector<float> attention(layer_attention_floats(c, B, S, tile), nan);  // the forward must fill all of it
       cpu::CpuOps ops(prec, 2);
       LayerRun kept = in.empty_run(c);
-      layer_forward(ops, c, w, x.data(), kept.y.data(), B, S, nullptr, ws.data(), tile, nullptr, nullptr,
-                    attention.data());
+      LayerBuffers bufs;
+      bufs.x_in = x.data();
+      bufs.x_out = kept.y.data();
+      bufs.dy = dy.data();
+      bufs.dx = kept.dx.data();
+      bufs.grads = kept.g.data();
+      bufs.workspace = ws.data();
+      bufs.attention = attention.data();
+      layer_forward(ops, c, w, {B, S}, bufs, tile);
       for (float a : attention) REQUIRE(std::isfinite(a));
-      layer_backward(ops, c, w, x.data(), nullptr, dy.data(), kept.dx.data(), kept.g.data(), B, S, ws.data(), tile,
-                     nullptr, nullptr, attention.data());
+      layer_backward(ops, c, w, {B, S}, bufs, tile);
       CHECK(same_bits(kept.y, recomputed.y));
       CHECK(same_bits(kept.dx, recomputed.dx));
       CHECK(same_bits(kept.g, recomputed.g));
       // The backward reads what was kept (it does not recompute it): scaled, the gradients change.
       for (float& a : attention) a *= 2.0f;
       LayerRun altered = in.empty_run(c);
-      layer_backward(ops, c, w, x.data(), nullptr, dy.data(), altered.dx.data(), altered.g.data(), B, S, ws.data(),
-                     tile, nullptr, nullptr, attention.data());
+      bufs.dx = altered.dx.data();
+      bufs.grads = altered.g.data();
+      layer_backward(ops, c, w, {B, S}, bufs, tile);
       CHECK_FALSE(same_bits(altered.g, recomputed.g));
     }
   }

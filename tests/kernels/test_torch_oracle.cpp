@@ -342,7 +342,11 @@ Distance check_against_torch(const std::string& name, ModelConfig c, std::int64_
                             head_workspace_floats(c, B, T, 0, prec)));  // head_logits: whole sequences
   embedding_forward(c, weights(0), tok.data(), B, T, x.data(), ctx);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    layer_forward(c, weights(l + 1), x.data(), y.data(), B, T, nullptr, ws.data(), ctx);
+    LayerBuffers bufs;
+    bufs.x_in = x.data();
+    bufs.x_out = y.data();
+    bufs.workspace = ws.data();
+    layer_forward(c, weights(l + 1), {B, T}, bufs, ctx);
     std::swap(x, y);
   }
   head_logits(c, weights(S - 1), weights(0), x.data(), B, T, logits.data(), ws.data(), ctx);

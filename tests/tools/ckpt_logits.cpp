@@ -30,7 +30,11 @@ int main(int argc, char** argv) {
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       params.resize(mt::stage_layout(c, l + 1).total_floats);
       r.read_stage_state(l + 1, "params", params.data());
-      mt::layer_forward(c, params.data(), x.data(), y.data(), batch, seq, nullptr, ws.data(), ctx);
+      mt::LayerBuffers bufs;
+      bufs.x_in = x.data();
+      bufs.x_out = y.data();
+      bufs.workspace = ws.data();
+      mt::layer_forward(c, params.data(), {batch, seq}, bufs, ctx);
       x.swap(y);
     }
     params.resize(mt::stage_layout(c, c.num_hidden_layers + 1).total_floats);

@@ -223,16 +223,33 @@ StepResult model_step(const ModelConfig& c, std::int64_t B, std::int64_t T, int 
   const token_t* dtgt = be->upload_tokens(tgt.data(), N, 2);
   auto act = [&](std::int64_t i) { return acts + i * N * d; };
   auto sv = [&](std::int64_t l) { return saved + static_cast<std::size_t>(l) * saved_f; };
+  HeadBuffers head_bufs;  // untied
+  head_bufs.x_in = act(L);
+  head_bufs.targets = dtgt;
+  head_bufs.dx = dxs;
+  head_bufs.head_grads = g_head;
+  head_bufs.workspace = ws;
+  // Layer l's buffers; the backward's dy and dx are the two halves of dxs, `cur` the one holding dy.
+  auto layer_bufs = [&](std::int64_t l, int cur, float* grads) {
+    LayerBuffers b;
+    b.x_in = act(l);
+    b.x_out = act(l + 1);
+    b.dy = dxs + cur * N * d;
+    b.dx = dxs + (cur ^ 1) * N * d;
+    b.grads = grads;
+    b.saved = sv(l);
+    b.workspace = ws;
+    return b;
+  };
 
   auto resident_step = [&] {
     be->embedding_forward(c, w_emb, dtok, B, T, act(0));
     for (std::int64_t l = 0; l < L; ++l)
-      be->layer_forward(c, w_layers + l * l_f * bpp, act(l), act(l + 1), B, T, sv(l), ws);
-    be->head_forward_backward(c, w_head, nullptr, act(L), dtgt, B, T, dxs, g_head, nullptr, ws);
+      be->layer_forward(c, w_layers + l * l_f * bpp, {B, T}, layer_bufs(l, 0, nullptr));
+    be->head_forward_backward(c, w_head, nullptr, {B, T}, head_bufs);
     int cur = 0;
     for (std::int64_t l = L - 1; l >= 0; --l, cur ^= 1)
-      be->layer_backward(c, w_layers + l * l_f * bpp, act(l), sv(l), dxs + cur * N * d, dxs + (cur ^ 1) * N * d,
-                         g_layers + l * l_f, B, T, ws);
+      be->layer_backward(c, w_layers + l * l_f * bpp, {B, T}, layer_bufs(l, cur, g_layers + l * l_f));
     be->embedding_backward(c, dtok, B, T, dxs + cur * N * d, g_emb);
     be->synchronize();
   };
@@ -256,12 +273,12 @@ StepResult model_step(const ModelConfig& c, std::int64_t B, std::int64_t T, int 
     for (std::int64_t l = 0; l < L; ++l) {
       const int k = static_cast<int>(l % 2);
       w_ready[k].wait();
-      be->layer_forward(c, slot_w(k), act(l), act(l + 1), B, T, sv(l), ws);
+      be->layer_forward(c, slot_w(k), {B, T}, layer_bufs(l, 0, nullptr));
       if (l + 2 < L) load(w_ready[k], host_w[1].data(), slot_w(k), l_f * bpp);
     }
     head_ready.wait();
     be->fill_zero(g_head, h_f * 4);
-    be->head_forward_backward(c, w_head, nullptr, act(L), dtgt, B, T, dxs, g_head, nullptr, ws);
+    be->head_forward_backward(c, w_head, nullptr, {B, T}, head_bufs);
     drain(head_g_done, g_head, host_g[2].data(), h_f * 4);
     // Backward: the last two layers' weights are still in their slots; then reload in reverse.
     int cur = 0;
@@ -271,7 +288,7 @@ StepResult model_step(const ModelConfig& c, std::int64_t B, std::int64_t T, int 
       g_done[k].wait();  // the previous drain of this gradient slot finished
       float* gs = g_slots + k * l_f;
       be->fill_zero(gs, l_f * 4);
-      be->layer_backward(c, slot_w(k), act(l), sv(l), dxs + cur * N * d, dxs + (cur ^ 1) * N * d, gs, B, T, ws);
+      be->layer_backward(c, slot_w(k), {B, T}, layer_bufs(l, cur, gs));
       drain(g_done[k], gs, host_g[k].data(), l_f * 4);
       if (l - 2 >= 0) load(w_ready[k], host_w[1].data(), slot_w(k), l_f * bpp);  // slot k's next layer
     }

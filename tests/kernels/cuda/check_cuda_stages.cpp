@@ -127,27 +127,48 @@ void check_model(Verdicts& v, const char* name, const ModelConfig& c, Precision 
     DevBuf<float> dx_in(x), dy_d(dy);
     // keep
     std::vector<float> y(N * d), saved(saved_n), ws(ws_keep), dxr(N * d), g = g0;
-    be.cpu->layer_forward(c, w.data(), x.data(), y.data(), B, T, saved.data(), ws.data());
+    LayerBuffers hb;  // host
+    hb.x_in = x.data();
+    hb.x_out = y.data();
+    hb.dy = dy.data();
+    hb.dx = dxr.data();
+    hb.grads = g.data();
+    hb.saved = saved.data();
+    hb.workspace = ws.data();
+    be.cpu->layer_forward(c, w.data(), {B, T}, hb);
     DevBuf<float> dyo(N * d), dsaved(std::vector<float>(saved_n, 0.0f)), dws(ws_rec), ddx(N * d), dg(g0);
-    be.gpu->layer_forward(c, dw.ptr, dx_in.ptr, dyo.ptr, B, T, dsaved.ptr, dws.ptr);
+    LayerBuffers db;  // device
+    db.x_in = dx_in.ptr;
+    db.x_out = dyo.ptr;
+    db.dy = dy_d.ptr;
+    db.dx = ddx.ptr;
+    db.grads = dg.ptr;
+    db.saved = dsaved.ptr;
+    db.workspace = dws.ptr;
+    be.gpu->layer_forward(c, dw.ptr, {B, T}, db);
     v.close(tag + "layer forward", dyo.download(), y, tf);
     v.close(tag + "layer forward: saved activations (same layout)", dsaved.download(), saved, tf);
-    be.cpu->layer_backward(c, w.data(), x.data(), saved.data(), dy.data(), dxr.data(), g.data(), B, T, ws.data());
-    be.gpu->layer_backward(c, dw.ptr, dx_in.ptr, dsaved.ptr, dy_d.ptr, ddx.ptr, dg.ptr, B, T, dws.ptr);
+    be.cpu->layer_backward(c, w.data(), {B, T}, hb);
+    be.gpu->layer_backward(c, dw.ptr, {B, T}, db);
     v.close(tag + "layer backward dx (keep)", ddx.download(), dxr, tb);
     const auto g_gpu = dg.download();
     v.close(tag + "layer backward grads, added into (keep)", g_gpu, g, tb);
     // recompute: same results as keep on each backend
     std::vector<float> ws2(ws_rec), dxr2(N * d), g2 = g0;
-    be.cpu->layer_backward(c, w.data(), x.data(), nullptr, dy.data(), dxr2.data(), g2.data(), B, T, ws2.data());
+    hb.dx = dxr2.data();
+    hb.grads = g2.data();
+    hb.saved = nullptr;
+    hb.workspace = ws2.data();
+    be.cpu->layer_backward(c, w.data(), {B, T}, hb);
     dg.upload(g0);
-    be.gpu->layer_backward(c, dw.ptr, dx_in.ptr, nullptr, dy_d.ptr, ddx.ptr, dg.ptr, B, T, dws.ptr);
+    db.saved = nullptr;
+    be.gpu->layer_backward(c, dw.ptr, {B, T}, db);
     v.close(tag + "layer backward dx (recompute)", ddx.download(), dxr2, tb);
     const auto g_gpu2 = dg.download();
     v.close(tag + "layer backward grads (recompute)", g_gpu2, g2, tb);
     // determinism: the same backward again, bit for bit
     dg.upload(g0);
-    be.gpu->layer_backward(c, dw.ptr, dx_in.ptr, nullptr, dy_d.ptr, ddx.ptr, dg.ptr, B, T, dws.ptr);
+    be.gpu->layer_backward(c, dw.ptr, {B, T}, db);
     v.bit_equal(tag + "layer backward grads: two CUDA runs", dg.download(), g_gpu2);
   }
   // ---- documents (data.packing = documents): positions restart at each document ----
@@ -175,11 +196,25 @@ void check_model(Verdicts& v, const char* name, const ModelConfig& c, Precision 
     auto xi = randn(N * d, 15), g1 = randn(masters[1].size(), 16, 0.1);
     std::vector<float> y(N * d), ws(ws_n), dxr(N * d), gl = g1;
     DevBuf<float> dxi(xi), dyo(N * d), dws(ws_n), ddx(N * d), dgl(g1);
-    be.cpu->layer_forward(c, w.data(), xi.data(), y.data(), rows_cpu, nullptr, ws.data());
-    be.gpu->layer_forward(c, dw.ptr, dxi.ptr, dyo.ptr, rows_gpu, nullptr, dws.ptr);
+    LayerBuffers hb;  // host
+    hb.x_in = xi.data();
+    hb.x_out = y.data();
+    hb.dy = dy.data();
+    hb.dx = dxr.data();
+    hb.grads = gl.data();
+    hb.workspace = ws.data();
+    LayerBuffers db;  // device
+    db.x_in = dxi.ptr;
+    db.x_out = dyo.ptr;
+    db.dy = ddy.ptr;
+    db.dx = ddx.ptr;
+    db.grads = dgl.ptr;
+    db.workspace = dws.ptr;
+    be.cpu->layer_forward(c, w.data(), rows_cpu, hb);
+    be.gpu->layer_forward(c, dw.ptr, rows_gpu, db);
     v.close(tag + "documents: layer forward", dyo.download(), y, tf);
-    be.cpu->layer_backward(c, w.data(), xi.data(), nullptr, dy.data(), dxr.data(), gl.data(), rows_cpu, ws.data());
-    be.gpu->layer_backward(c, dw.ptr, dxi.ptr, nullptr, ddy.ptr, ddx.ptr, dgl.ptr, rows_gpu, dws.ptr);
+    be.cpu->layer_backward(c, w.data(), rows_cpu, hb);
+    be.gpu->layer_backward(c, dw.ptr, rows_gpu, db);
     v.close(tag + "documents: layer backward dx", ddx.download(), dxr, tb);
     v.close(tag + "documents: layer backward grads", dgl.download(), gl, tb);
   }
@@ -193,18 +228,33 @@ void check_model(Verdicts& v, const char* name, const ModelConfig& c, Precision 
     auto x = randn(N * d, 8), gh0 = randn(masters[L + 1].size(), 9, 0.1), ge0 = randn(masters[0].size(), 10, 0.1);
     std::vector<float> dx(N * d), gh = gh0, ge = ge0, ws(ws_n);
     DevBuf<float> dxin(x), ddx(N * d), dgh(gh0), dge(ge0), dws(ws_n);
-    const LossSum lc = be.cpu->head_forward_backward(c, hw.data(), tied ? ew.data() : nullptr, x.data(), tgt.data(), B,
-                                                     T, dx.data(), gh.data(), tied ? ge.data() : nullptr, ws.data());
-    const LossSum lg = be.gpu->head_forward_backward(c, dhw.ptr, tied ? dew.ptr : nullptr, dxin.ptr, dtgt, B, T,
-                                                     ddx.ptr, dgh.ptr, tied ? dge.ptr : nullptr, dws.ptr);
+    HeadBuffers hb;  // host
+    hb.x_in = x.data();
+    hb.targets = tgt.data();
+    hb.dx = dx.data();
+    hb.head_grads = gh.data();
+    hb.embed_grads = tied ? ge.data() : nullptr;
+    hb.workspace = ws.data();
+    HeadBuffers db;  // device
+    db.x_in = dxin.ptr;
+    db.targets = dtgt;
+    db.dx = ddx.ptr;
+    db.head_grads = dgh.ptr;
+    db.embed_grads = tied ? dge.ptr : nullptr;
+    db.workspace = dws.ptr;
+    const LossSum lc = be.cpu->head_forward_backward(c, hw.data(), tied ? ew.data() : nullptr, {B, T}, hb);
+    const LossSum lg = be.gpu->head_forward_backward(c, dhw.ptr, tied ? dew.ptr : nullptr, {B, T}, db);
     v.scalar(tag + "head loss sum", lg.loss_sum, lc.loss_sum, bf ? 1e-3 : 1e-5);
     v.fact(tag + "head counted tokens " + std::to_string(lg.counted) + " vs " + std::to_string(lc.counted),
            lg.counted == lc.counted);
     v.close(tag + "head dx", ddx.download(), dx, tb);
     v.close(tag + "head grads (norm" + std::string(tied ? ")" : ", lm_head)"), dgh.download(), gh, tb);
     if (tied) v.close(tag + "head grads into the tied embedding", dge.download(), ge, tb);
-    const LossSum lo = be.gpu->head_forward_backward(c, dhw.ptr, tied ? dew.ptr : nullptr, dxin.ptr, dtgt, B, T,
-                                                     nullptr, nullptr, nullptr, dws.ptr);
+    HeadBuffers loss_only;
+    loss_only.x_in = dxin.ptr;
+    loss_only.targets = dtgt;
+    loss_only.workspace = dws.ptr;
+    const LossSum lo = be.gpu->head_forward_backward(c, dhw.ptr, tied ? dew.ptr : nullptr, {B, T}, loss_only);
     v.fact(tag + "head loss only (dx == nullptr) equals the loss with gradients", lo.loss_sum == lg.loss_sum);
   }
 }

@@ -185,9 +185,16 @@ cuda::ScratchPlan run_stages(const ModelConfig& c, std::int64_t B, std::int64_t 
     vector<std::int64_t> counts(static_cast<std::size_t>(li.num_experts + 1));
     vector<float> prob(static_cast<std::size_t>(li.num_experts + 1)), grad(prob.size(), 0.01f);
     MoeBalance balance{counts.data(), prob.data(), grad.data()};
-    const MoeBalance* bal = li.is_moe() ? &balance : nullptr;
-    layer_forward(ops, li, weights, x.data(), y.data(), B, T, nullptr, ws.data(), tile, bal);
-    layer_backward(ops, li, weights, x.data(), nullptr, dy.data(), dx.data(), g.data(), B, T, ws.data(), tile, bal);
+    LayerBuffers bufs;
+    bufs.x_in = x.data();
+    bufs.x_out = y.data();
+    bufs.dy = dy.data();
+    bufs.dx = dx.data();
+    bufs.grads = g.data();
+    bufs.workspace = ws.data();
+    bufs.balance = li.is_moe() ? &balance : nullptr;
+    layer_forward(ops, li, weights, {B, T}, bufs, tile);
+    layer_backward(ops, li, weights, {B, T}, bufs, tile);
   }
   vector<bf16_t> h16, e16;
   const vector<float> hw = stage_params(head_layout(c), 3, p, h16);
@@ -198,9 +205,14 @@ cuda::ScratchPlan run_stages(const ModelConfig& c, std::int64_t B, std::int64_t 
   vector<token_t> targets(static_cast<std::size_t>(N));
   for (std::int64_t r = 0; r < N; ++r) targets[r] = static_cast<token_t>((r * 7) % c.vocab_size);
   vector<float> hg(hw.size()), eg(ew.size()), ws(head_workspace_floats(c, B, T, 0, p, tile));
-  head_forward_backward(ops, c, pick(hw, h16), c.tie_word_embeddings ? pick(ew, e16) : nullptr, x.data(),
-                        targets.data(), B, T, dx.data(), hg.data(), c.tie_word_embeddings ? eg.data() : nullptr,
-                        ws.data(), 0, tile);
+  HeadBuffers hb;
+  hb.x_in = x.data();
+  hb.targets = targets.data();
+  hb.dx = dx.data();
+  hb.head_grads = hg.data();
+  hb.embed_grads = c.tie_word_embeddings ? eg.data() : nullptr;
+  hb.workspace = ws.data();
+  head_forward_backward(ops, c, pick(hw, h16), c.tie_word_embeddings ? pick(ew, e16) : nullptr, {B, T}, hb, 0, tile);
   return ops.taken;
 }
 
