@@ -509,7 +509,7 @@ struct PairBlocks : Slabs {
         [&](std::int64_t j0, std::int64_t n, std::int64_t i0) {
           const std::int64_t p0 = i0 / 2;
           if (p0 >= qn2) return;
-          const std::int64_t at = p0 * kKeyBlock + j0, from = 2 * p0 * kKeyBlock + j0;  // words, floats
+          const std::int64_t at = p0 * kKeyBlock + j0, from = 2 * p0 * kKeyBlock + j0;              // words, floats
           pack_column_pairs(P + from, kKeyBlock, qn - 2 * p0, n, r.p_cols.data() + at, kKeyBlock);  // dv^T += dout^T P
           pack_column_pairs(dS + from, kKeyBlock, qn - 2 * p0, n, r.ds_cols.data() + at, kKeyBlock);  // dk^T += q^T dS
           bf16_pair_gemm(hd, n, qn2 - p0, r.do_cols.data() + j * hd * kQ2 + p0, kQ2, r.p_cols.data() + at, kKeyBlock,
@@ -577,7 +577,8 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
         {  // the next group's queries, and this group's output rows (written at its end)
           const std::int64_t next = g0 + kGroup * kQueryBlock, rows = std::min(kGroup * kQueryBlock, Q - g0);
           if (next < Q)
-            prefetch_rows(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride, std::min(kGroup * kQueryBlock, Q - next), hd);
+            prefetch_rows(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride,
+                          std::min(kGroup * kQueryBlock, Q - next), hd);
           prefetch_rows(out + (b * Q + g0) * a.o_stride + h * hd, a.o_stride, rows, hd, true);
         }
         for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {

@@ -89,8 +89,7 @@ TEST_CASE("bf16 pair packers hold the pairs their definitions name, zero past th
   CHECK((w >> 16) == 0xc000u);
 }
 
-TEST_CASE("transposes move every element to its place and nothing else, in whole and cut tiles",
-          "[ops][bf16][pairs]") {
+TEST_CASE("transposes move every element to its place and nothing else, in whole and cut tiles", "[ops][bf16][pairs]") {
   // 16 x 16 tiles and their edges: whole tiles, a row edge, a column edge, and one of each.
   for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{32, 48}, {37, 16}, {16, 21}, {5, 3}}) {
     const std::int64_t ldx = cols + 3, ldo = rows + 5;
@@ -109,7 +108,7 @@ TEST_CASE("transposes move every element to its place and nothing else, in whole
         if (r < rows) {
           CHECK(out[o] == words[r * ldx + c]);
           CHECK(sums[o] == base[o] + x[r * ldx + c]);  // one add: the exact fp32 sum of the two
-        } else {  // past the rows: the gap between output rows stays as it was
+        } else {                                       // past the rows: the gap between output rows stays as it was
           CHECK(out[o] == kUntouched);
           CHECK(sums[o] == base[o]);
         }
