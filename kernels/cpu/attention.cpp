@@ -201,11 +201,9 @@ inline std::int64_t first_key_block(std::int64_t pos0, std::int64_t window, cons
   return key_floor(pos0, window, row) / kKeyBlock * kKeyBlock;
 }
 
-// Sink logits widened to fp32 (they arrive in the run's precision), into the calling thread's room.
 // Asks the caches for rows [0, n) of one head's slice (head_dim floats, `stride` apart) ahead of their use:
 // a group's block products take longer than fetching the next group's rows from memory, so issued at a
-// group's start the fetch hides behind them. With documents the products are few and the rows' reads
-// would otherwise weigh as much as a fifth of the op.
+// group's start the fetch hides behind them (with documents the products are few, and the reads weigh).
 void prefetch_rows(const float* x, std::int64_t stride, std::int64_t n, std::int64_t hd, bool for_write = false) {
   for (std::int64_t i = 0; i < n; ++i)
     for (std::int64_t c = 0; c < hd; c += 16) {
@@ -216,6 +214,7 @@ void prefetch_rows(const float* x, std::int64_t stride, std::int64_t n, std::int
     }
 }
 
+// Sink logits widened to fp32 (they arrive in the run's precision), into the calling thread's room.
 const std::vector<float>& widen_sinks(const void* sinks, std::int64_t heads, bool bf16) {
   thread_local std::vector<float> s;
   s.resize(static_cast<std::size_t>(heads));
