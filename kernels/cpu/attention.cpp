@@ -201,6 +201,19 @@ inline std::int64_t first_key_block(std::int64_t pos0, std::int64_t window, cons
   return key_floor(pos0, window, row) / kKeyBlock * kKeyBlock;
 }
 
+// Asks the caches for rows [0, n) of one head's slice (head_dim floats, `stride` apart) ahead of their use:
+// a group's block products take longer than fetching the next group's rows from memory, so issued at a
+// group's start the fetch hides behind them (with documents the products are few, and the reads weigh).
+void prefetch_rows(const float* x, std::int64_t stride, std::int64_t n, std::int64_t hd, bool for_write = false) {
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t c = 0; c < hd; c += 16) {
+      if (for_write)
+        __builtin_prefetch(x + i * stride + c, 1, 3);
+      else
+        __builtin_prefetch(x + i * stride + c, 0, 3);
+    }
+}
+
 // Sink logits widened to fp32 (they arrive in the run's precision), into the calling thread's room.
 const std::vector<float>& widen_sinks(const void* sinks, std::int64_t heads, bool bf16) {
   thread_local std::vector<float> s;
@@ -229,14 +242,16 @@ struct Slabs {
   // of a diagonal block is computed a slab deep, not 64 rows (a document's products were 1.12 times its
   // pairs, the causal op's 1.008).
   // Without documents (cut false) one slab of the whole block: the stream's products are the calls they
-  // always were, bit for bit.
+  // always were, bit for bit. With documents, a block whose first row already sees all its keys (below
+  // the diagonal) is one slab too: a product's bits do not depend on how its rows and keys are cut.
   bool cut = false;
   std::int64_t diag = 0;
   void pair(std::int64_t d) { diag = d; }
+  bool whole(std::int64_t kn) const { return !cut || diag + 1 >= kn; }
   // Row slabs [i0, i0 + rows) of qn and the keys their last row sees (of kn).
   template <class F>
   void by_row_slabs(std::int64_t qn, std::int64_t kn, const F& f) const {
-    if (!cut) return f(0, qn, kn);
+    if (whole(kn)) return f(0, qn, kn);
     for (std::int64_t i0 = 0; i0 < qn; i0 += 8) {
       const std::int64_t rows = std::min<std::int64_t>(8, qn - i0);
       f(i0, rows, std::clamp<std::int64_t>(diag + i0 + rows, 0, kn));
@@ -245,13 +260,14 @@ struct Slabs {
   // Key slabs [j0, j0 + rows) of kn and the first query row (of qn) that sees their first key.
   template <class F>
   void by_key_slabs(std::int64_t qn, std::int64_t kn, const F& f, std::int64_t width = 8) const {
-    if (!cut) return f(0, kn, 0);
+    if (whole(kn)) return f(0, kn, 0);
     for (std::int64_t j0 = 0; j0 < kn; j0 += width)
       f(j0, std::min<std::int64_t>(width, kn - j0), std::clamp<std::int64_t>(j0 - diag, 0, qn));
   }
 };
 
 struct Fp32Blocks : Slabs {
+  static constexpr bool kStoresKvGrads = false;  // adds into dk, dv as it goes: the caller zeroes them first
   const AttnShape& a;
   const float *kb = nullptr, *vb = nullptr;
   float *dkb = nullptr, *dvb = nullptr;
@@ -298,8 +314,9 @@ struct Fp32Blocks : Slabs {
   static void slab(std::int64_t rows, std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,
                    const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
     if (n <= 0) return;
-    if (rows == 8) return doc_rows8(n, K, A, am, ak, B, ldb, accumulate, C, ldc);
-    for (std::int64_t r = 0; r < rows; ++r) doc_rows1(n, K, A + r * am, am, ak, B, ldb, accumulate, C + r * ldc, ldc);
+    std::int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) doc_rows8(n, K, A + r * am, am, ak, B, ldb, accumulate, C + r * ldc, ldc);
+    for (; r < rows; ++r) doc_rows1(n, K, A + r * am, am, ak, B, ldb, accumulate, C + r * ldc, ldc);
   }
   // S[qn, kn] (ld kKeyBlock) = Q K^T over the key block at k0; dP likewise from dout and V (backward).
   void scores(std::int64_t, const float* qb, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* S) {
@@ -357,16 +374,6 @@ struct Fp32Blocks : Slabs {
   void end_head() {}
 };
 
-// out[c * ldo + r] = x[r * cols + c] for r < rows, c < cols: 32-bit words moved, never changed.
-void transpose_words(const pair_t* x, std::int64_t rows, std::int64_t cols, pair_t* out, std::int64_t ldo) {
-  constexpr std::int64_t kTile = 16;
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
-    const std::int64_t rn = std::min(kTile, rows - r0);
-    for (std::int64_t c = 0; c < cols; ++c)
-      for (std::int64_t r = 0; r < rn; ++r) out[c * ldo + r0 + r] = x[(r0 + r) * cols + c];
-  }
-}
-
 struct PairBlocks : Slabs {
   // The calling thread's rooms, kept across calls (the pool's threads run every call).
   struct Rooms {
@@ -376,11 +383,15 @@ struct PairBlocks : Slabs {
     std::vector<float> dk_t, dv_t;                         // [head_dim, keys] accumulators (backward)
     std::vector<pair_t> block_rows;                        // a block packed as rows, before its transposition
   };
+  static constexpr bool kStoresKvGrads = true;  // end_head writes every row of dk, dv (a.add_kv_grads: adds)
   const AttnShape& a;
   const std::int64_t hd, hd2;  // head_dim and its pairs
   static constexpr std::int64_t kQ2 = kQueryBlock / 2, kK2 = kKeyBlock / 2;
   Rooms& r;
   std::int64_t k_lo = 0, keys = 0;
+  // The accumulators' row length: the keys and 16 more, so that their rows (read together by the
+  // products and by end_head's tiles) are not a power of two apart, all in the same few cache sets.
+  std::int64_t ldk = 0;
   float *dkb = nullptr, *dvb = nullptr;
   const float *packed_k = nullptr, *packed_v = nullptr;  // the forward's head packed last in this call
 
@@ -431,7 +442,7 @@ struct PairBlocks : Slabs {
       for (std::int64_t b = 0; b < blocks; ++b) {
         const std::int64_t t0 = lo + b * kKeyBlock, n = std::min(kKeyBlock, hi - t0);
         pack_row_pairs(x + t0 * a.kv_stride, a.kv_stride, n, hd, r.block_rows.data(), hd2);
-        transpose_words(r.block_rows.data(), n, hd2, out.data() + b * hd2 * kKeyBlock, kKeyBlock);
+        transpose_words(r.block_rows.data(), hd2, n, hd2, out.data() + b * hd2 * kKeyBlock, kKeyBlock);
       }
     };
     auto row_pairs = [&](const float* x, std::vector<pair_t>& out) {
@@ -445,8 +456,9 @@ struct PairBlocks : Slabs {
     }
     by_blocks(v_head, r.v_t);
     row_pairs(k_head, r.k_pairs);
-    r.dk_t.assign(static_cast<std::size_t>(hd * keys), 0.0f);
-    r.dv_t.assign(static_cast<std::size_t>(hd * keys), 0.0f);
+    ldk = (keys + 15) / 16 * 16 + 16;
+    r.dk_t.assign(static_cast<std::size_t>(hd * ldk), 0.0f);
+    r.dv_t.assign(static_cast<std::size_t>(hd * ldk), 0.0f);
   }
   // Query block j of the group: its rows as pairs (the scores' A operand) and, in the backward, q and dout
   // transposed into pairs of query rows (dk's and dv's A operands).
@@ -458,9 +470,9 @@ struct PairBlocks : Slabs {
     const std::int64_t qn2 = (qn + 1) / 2;
     r.block_rows.resize(static_cast<std::size_t>(std::max(kQ2 * hd, kKeyBlock * hd2)));
     pack_column_pairs(qb, a.q_stride, qn, hd, r.block_rows.data(), hd);
-    transpose_words(r.block_rows.data(), qn2, hd, r.q_cols.data() + j * hd * kQ2, kQ2);
+    transpose_words(r.block_rows.data(), hd, qn2, hd, r.q_cols.data() + j * hd * kQ2, kQ2);
     pack_column_pairs(dob, a.o_stride, qn, hd, r.block_rows.data(), hd);
-    transpose_words(r.block_rows.data(), qn2, hd, r.do_cols.data() + j * hd * kQ2, kQ2);
+    transpose_words(r.block_rows.data(), hd, qn2, hd, r.do_cols.data() + j * hd * kQ2, kQ2);
   }
   const pair_t* key_block(const std::vector<pair_t>& by_blocks, std::int64_t k0) const {
     return by_blocks.data() + (k0 - k_lo) / kKeyBlock * hd2 * kKeyBlock;
@@ -477,51 +489,51 @@ struct PairBlocks : Slabs {
                      kKeyBlock, false, dP + i0 * kKeyBlock, kKeyBlock);
     });
   }
-  // A slab's probabilities and dS are 0 past its edge: its products over the keys stop at the edge's pair.
+  // A slab's probabilities and dS are 0 past its edge: its products over the keys stop at the edge's pair,
+  // and only that much of each row is packed (the pair at an odd edge takes the zero after it either way).
   void add_values(std::int64_t, std::int64_t qn, std::int64_t k0, std::int64_t kn, const float* P, float* O) {
-    pack_row_pairs(P, kKeyBlock, qn, kn, r.p_rows.data(), kK2);
     by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+      pack_row_pairs(P + i0 * kKeyBlock, kKeyBlock, rows, edge, r.p_rows.data() + i0 * kK2, kK2);
       bf16_pair_gemm(rows, hd, (edge + 1) / 2, r.p_rows.data() + i0 * kK2, kK2, r.v_pairs.data() + (k0 - k_lo) / 2 * hd,
                      hd, true, O + i0 * hd, hd);
     });
   }
-  // A key slab's products over the query rows start at the pair of the first row that sees it.
+  // A key slab's products over the query rows start at the pair of the first row that sees it; its
+  // columns of P and dS are packed from that pair on.
   void grads(std::int64_t j, const float*, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn,
              const float* P, const float* dS, float* dQ) {
     const std::int64_t qn2 = (qn + 1) / 2, col = k0 - k_lo;
-    pack_column_pairs(P, kKeyBlock, qn, kn, r.p_cols.data(), kKeyBlock);    // dv^T += dout^T P
-    pack_column_pairs(dS, kKeyBlock, qn, kn, r.ds_cols.data(), kKeyBlock);  // dk^T += q^T dS
     by_key_slabs(
         qn, kn,
         [&](std::int64_t j0, std::int64_t n, std::int64_t i0) {
           const std::int64_t p0 = i0 / 2;
-          bf16_pair_gemm(hd, n, qn2 - p0, r.do_cols.data() + j * hd * kQ2 + p0, kQ2,
-                         r.p_cols.data() + p0 * kKeyBlock + j0, kKeyBlock, true, r.dv_t.data() + col + j0, keys);
-          bf16_pair_gemm(hd, n, qn2 - p0, r.q_cols.data() + j * hd * kQ2 + p0, kQ2,
-                         r.ds_cols.data() + p0 * kKeyBlock + j0, kKeyBlock, true, r.dk_t.data() + col + j0, keys);
+          if (p0 >= qn2) return;
+          const std::int64_t at = p0 * kKeyBlock + j0, from = 2 * p0 * kKeyBlock + j0;              // words, floats
+          pack_column_pairs(P + from, kKeyBlock, qn - 2 * p0, n, r.p_cols.data() + at, kKeyBlock);  // dv^T += dout^T P
+          pack_column_pairs(dS + from, kKeyBlock, qn - 2 * p0, n, r.ds_cols.data() + at, kKeyBlock);  // dk^T += q^T dS
+          bf16_pair_gemm(hd, n, qn2 - p0, r.do_cols.data() + j * hd * kQ2 + p0, kQ2, r.p_cols.data() + at, kKeyBlock,
+                         true, r.dv_t.data() + col + j0, ldk);
+          bf16_pair_gemm(hd, n, qn2 - p0, r.q_cols.data() + j * hd * kQ2 + p0, kQ2, r.ds_cols.data() + at, kKeyBlock,
+                         true, r.dk_t.data() + col + j0, ldk);
         },
         32);
-    pack_row_pairs(dS, kKeyBlock, qn, kn, r.ds_rows.data(), kK2);  // dq += dS K
-    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
+    by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {  // dq += dS K
+      pack_row_pairs(dS + i0 * kKeyBlock, kKeyBlock, rows, edge, r.ds_rows.data() + i0 * kK2, kK2);
       bf16_pair_gemm(rows, hd, (edge + 1) / 2, r.ds_rows.data() + i0 * kK2, kK2, r.k_pairs.data() + col / 2 * hd, hd,
                      true, dQ + i0 * hd, hd);
     });
   }
   void end_head() {
     if (!dkb) return;  // the forward's task
-    // In tiles of keys, so that the accumulators' rows are read along and not across (one add an element
-    // either way: the same sums).
-    constexpr std::int64_t kTile = 16;
-    for (std::int64_t t0 = 0; t0 < keys; t0 += kTile) {
-      const std::int64_t tn = std::min(kTile, keys - t0);
-      for (std::int64_t c = 0; c < hd; ++c) {
-        const float* dks = r.dk_t.data() + c * keys + t0;
-        const float* dvs = r.dv_t.data() + c * keys + t0;
-        for (std::int64_t t = 0; t < tn; ++t) {
-          dkb[(k_lo + t0 + t) * a.kv_stride + c] += dks[t];
-          dvb[(k_lo + t0 + t) * a.kv_stride + c] += dvs[t];
-        }
+    for (auto [acc, grad] : {std::pair{r.dk_t.data(), dkb}, std::pair{r.dv_t.data(), dvb}}) {
+      if (a.add_kv_grads) {
+        add_transposed(acc, ldk, hd, keys, grad + k_lo * a.kv_stride, a.kv_stride);
+        continue;
       }
+      // Stored, not added to zeros: the same bits, since an accumulator that starts at +0 is never -0.
+      for (std::int64_t t = 0; t < k_lo; ++t) std::fill_n(grad + t * a.kv_stride, hd, 0.0f);
+      transpose_words(reinterpret_cast<const pair_t*>(acc), ldk, hd, keys,
+                      reinterpret_cast<pair_t*>(grad + k_lo * a.kv_stride), a.kv_stride);
     }
   }
 };
@@ -533,6 +545,9 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
   const std::int64_t W = a.window;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const std::int64_t tasks = a.batch * a.q_heads;
+  // The query heads of one kv head in a row on one thread where that still gives every thread work: the
+  // keys and values packed for the first serve the others (PairBlocks::head).
+  const int chunk = tasks / group >= threads ? static_cast<int>(group) : 1;
 #pragma omp parallel num_threads(threads) if (tasks > 1 && Q * T * hd > 4096)
   {
     // Per-thread tiles, kept across calls by the pool's threads (allocated once, not per call).
@@ -542,7 +557,7 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
     m.resize(kGroup * kQueryBlock);
     l.resize(kGroup * kQueryBlock);
     Blocks blocks_of(a, false);
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, chunk)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t b = task / a.q_heads, h = task % a.q_heads, kvh = h / group;
       const std::int32_t* row = a.positions ? a.positions + b * T : nullptr;
@@ -557,6 +572,13 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
         for (std::int64_t j = 0; j < blocks; ++j) {
           const std::int64_t q0 = g0 + j * kQueryBlock;
           blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, nullptr, std::min(kQueryBlock, Q - q0));
+        }
+        {  // the next group's queries, and this group's output rows (written at its end)
+          const std::int64_t next = g0 + kGroup * kQueryBlock, rows = std::min(kGroup * kQueryBlock, Q - g0);
+          if (next < Q)
+            prefetch_rows(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride,
+                          std::min(kGroup * kQueryBlock, Q - next), hd);
+          prefetch_rows(out + (b * Q + g0) * a.o_stride + h * hd, a.o_stride, rows, hd, true);
         }
         for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
           for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
@@ -631,7 +653,7 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
       const std::int64_t b = task / a.kv_heads, kvh = task % a.kv_heads;
       float* dkb = dk + b * T * a.kv_stride + kvh * hd;
       float* dvb = dv + b * T * a.kv_stride + kvh * hd;
-      if (!a.add_kv_grads)
+      if (!a.add_kv_grads && !Blocks::kStoresKvGrads)
         for (std::int64_t t = 0; t < T; ++t) {
           std::fill_n(dkb + t * a.kv_stride, hd, 0.0f);
           std::fill_n(dvb + t * a.kv_stride, hd, 0.0f);
@@ -652,6 +674,16 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
             blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, dob, qn);
           }
           std::fill(dQ.begin(), dQ.end(), 0.0f);
+          {  // the next group's queries, output and its gradient, and this group's dq rows
+            const std::int64_t next = g0 + kGroup * kQueryBlock, rows = std::min(kGroup * kQueryBlock, Q - g0);
+            if (next < Q) {
+              const std::int64_t n = std::min(kGroup * kQueryBlock, Q - next);
+              prefetch_rows(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride, n, hd);
+              prefetch_rows(dout + (b * Q + next) * a.o_stride + h * hd, a.o_stride, n, hd);
+              prefetch_rows(out + (b * Q + next) * a.o_stride + h * hd, a.o_stride, n, hd);
+            }
+            prefetch_rows(dq + (b * Q + g0) * a.q_stride + h * hd, a.q_stride, rows, hd, true);
+          }
           for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
             for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
               const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0), pos0 = q_start + q0;

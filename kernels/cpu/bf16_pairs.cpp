@@ -127,6 +127,58 @@ MT_PAIRS_TARGET void column_pairs_avx512(const float* x, std::int64_t ldx, std::
     }
   }
 }
+// A 16 x 16 tile of 32-bit elements transposed in registers: rows in, columns out. Three rounds of
+// interleaving (32-bit, 64-bit, then 128-bit lanes twice) take row r's element c to vector c's lane r.
+MT_PAIRS_TARGET inline void transpose16(__m512i v[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  // u[4 g + k]: rows 4g..4g+3 of columns k, k + 4, k + 8, k + 12 (one 128-bit lane each)
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i lo_a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88), hi_a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xdd);
+    const __m512i lo_b = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88),
+                  hi_b = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xdd);
+    v[k] = _mm512_shuffle_i32x4(lo_a, lo_b, 0x88);
+    v[k + 8] = _mm512_shuffle_i32x4(lo_a, lo_b, 0xdd);
+    v[k + 4] = _mm512_shuffle_i32x4(hi_a, hi_b, 0x88);
+    v[k + 12] = _mm512_shuffle_i32x4(hi_a, hi_b, 0xdd);
+  }
+}
+
+// The tiles: rows past `rows` read as zero, columns past `cols` are neither read nor written.
+template <bool kAdd>
+MT_PAIRS_TARGET void transpose_avx512(const std::uint32_t* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols,
+                                      std::uint32_t* out, std::int64_t ldo) {
+  __m512i v[16];
+  for (std::int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const std::int64_t rn = std::min<std::int64_t>(16, rows - r0);
+    const __mmask16 out_lanes = lanes(rn);
+    for (std::int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const std::int64_t cn = std::min<std::int64_t>(16, cols - c0);
+      const __mmask16 in_lanes = lanes(cn);
+      for (int r = 0; r < 16; ++r)
+        v[r] = r < rn ? _mm512_maskz_loadu_epi32(in_lanes, x + (r0 + r) * ldx + c0) : _mm512_setzero_si512();
+      transpose16(v);
+      for (int c = 0; c < cn; ++c) {
+        std::uint32_t* o = out + (c0 + c) * ldo + r0;
+        if constexpr (kAdd) {
+          const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(out_lanes, o), _mm512_castsi512_ps(v[c]));
+          _mm512_mask_storeu_ps(o, out_lanes, sum);
+        } else {
+          _mm512_mask_storeu_epi32(o, out_lanes, v[c]);
+        }
+      }
+    }
+  }
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -196,6 +248,26 @@ void pack_column_pairs(const float* x, std::int64_t ldx, std::int64_t rows, std:
     else
       for (std::int64_t c = 0; c < cols; ++c) o[c] = make_pair_word(even[c], 0.0f);
   }
+}
+
+void transpose_words(const pair_t* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, pair_t* out,
+                     std::int64_t ldo) {
+#ifdef MT_PAIRS_X86
+  if (bf16_pairs_available()) return transpose_avx512<false>(x, ldx, rows, cols, out, ldo);
+#endif
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) out[c * ldo + r] = x[r * ldx + c];
+}
+
+void add_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, float* out,
+                    std::int64_t ldo) {
+#ifdef MT_PAIRS_X86
+  if (bf16_pairs_available())
+    return transpose_avx512<true>(reinterpret_cast<const std::uint32_t*>(x), ldx, rows, cols,
+                                  reinterpret_cast<std::uint32_t*>(out), ldo);
+#endif
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) out[c * ldo + r] += x[r * ldx + c];
 }
 
 void pack_row_pairs_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, pair_t* out,

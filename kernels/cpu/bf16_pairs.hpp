@@ -43,6 +43,15 @@ void pack_row_pairs_transposed(const float* x, std::int64_t ldx, std::int64_t ro
 void pack_column_pairs_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, pair_t* out,
                                   std::int64_t ldo);
 
+// out[c * ldo + r] = x[r * ldx + c] for r < rows, c < cols: words moved, never changed. On AVX-512 in
+// tiles of 16 x 16 held in registers (a tile's 16 rows are read whole, whatever their stride).
+void transpose_words(const pair_t* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, pair_t* out,
+                     std::int64_t ldo);
+// out[c * ldo + r] += x[r * ldx + c] for r < rows, c < cols: one add an element, so the same sums however
+// the tiles go.
+void add_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, float* out,
+                    std::int64_t ldo);
+
 inline pair_t make_pair_word(float even, float odd) {
   return static_cast<pair_t>(bf16_round_reference(even)) | static_cast<pair_t>(bf16_round_reference(odd)) << 16;
 }

@@ -89,6 +89,33 @@ TEST_CASE("bf16 pair packers hold the pairs their definitions name, zero past th
   CHECK((w >> 16) == 0xc000u);
 }
 
+TEST_CASE("transposes move every element to its place and nothing else, in whole and cut tiles", "[ops][bf16][pairs]") {
+  // 16 x 16 tiles and their edges: whole tiles, a row edge, a column edge, and one of each.
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{32, 48}, {37, 16}, {16, 21}, {5, 3}}) {
+    const std::int64_t ldx = cols + 3, ldo = rows + 5;
+    const auto x = randn(rows * ldx, 5);
+    vector<cpu::pair_t> words(static_cast<std::size_t>(rows * ldx));
+    for (std::size_t i = 0; i < words.size(); ++i) words[i] = 0x9e3779b9u * static_cast<std::uint32_t>(i + 1);
+    const cpu::pair_t kUntouched = 0xdeadbeefu;
+    vector<cpu::pair_t> out(static_cast<std::size_t>(cols * ldo), kUntouched);
+    cpu::transpose_words(words.data(), ldx, rows, cols, out.data(), ldo);
+    const auto base = randn(cols * ldo, 6);
+    auto sums = base;
+    cpu::add_transposed(x.data(), ldx, rows, cols, sums.data(), ldo);
+    for (std::int64_t c = 0; c < cols; ++c)
+      for (std::int64_t r = 0; r < ldo; ++r) {
+        const std::int64_t o = c * ldo + r;
+        if (r < rows) {
+          CHECK(out[o] == words[r * ldx + c]);
+          CHECK(sums[o] == base[o] + x[r * ldx + c]);  // one add: the exact fp32 sum of the two
+        } else {                                       // past the rows: the gap between output rows stays as it was
+          CHECK(out[o] == kUntouched);
+          CHECK(sums[o] == base[o]);
+        }
+      }
+  }
+}
+
 TEST_CASE("attention on bf16 pairs matches the fp64 reference on the same bf16 operands", "[ops][bf16][pairs]") {
   require_pairs();
   // As the fp32 kernel's test: 150 tokens (a ragged last key block, odd pairs nowhere but the tails), GQA,

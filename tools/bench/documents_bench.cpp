@@ -5,7 +5,9 @@
 // T (T + 1) / 2. On the fp32 products, and on the bf16 pair products where the CPU has AVX512-BF16.
 //
 //   bench_documents [--seq 8192] [--doc 512] [--threads N] [--reps 3] [--only documents|causal]
-// --only runs one side's forward + backward, reps times, and prints its time (to profile one side).
+//                   [--products fp32|pairs]
+// --only runs one side's forward + backward, reps times, and prints its time (to profile one side);
+// --products keeps it to one kind of block products.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,7 +41,7 @@ AlignedFloats filled(std::int64_t n, float scale) {
 int main(int argc, char** argv) {
   std::int64_t T = 8192, D = 512;
   int reps = 3;
-  std::string only;
+  std::string only, only_products;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -53,10 +55,12 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::stoi(v));
     else if (a == "--only" && (v == "documents" || v == "causal"))
       only = v;
+    else if (a == "--products" && (v == "fp32" || v == "pairs"))
+      only_products = v;
     else {
       std::fprintf(stderr,
                    "usage: bench_documents [--seq 8192] [--doc 512] [--threads N] [--reps 3] [--only "
-                   "documents|causal]\n");
+                   "documents|causal] [--products fp32|pairs]\n");
       return 2;
     }
   }
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
     const AttnShape& a = only == "documents" ? documents : causal;
     for (const auto products : {cpu::AttnProducts::fp32, cpu::AttnProducts::bf16_pairs}) {
       if (products == cpu::AttnProducts::bf16_pairs && !cpu::bf16_pairs_available()) continue;
+      if (!only_products.empty() && only_products != cpu::attn_products_name(products)) continue;
       step(a, products);  // warm-up: the threads' rooms, the library's kernels
       const auto t0 = std::chrono::steady_clock::now();
       const std::clock_t c0 = std::clock();
