@@ -6,12 +6,13 @@
 
 #include <catch2/catch.hpp>
 
-#include "actors/tier_bytes.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/host/host_boundaries.hpp"
 #include "tests/actors/engine_fixture.hpp"
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::actors::test;
 
 TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]") {

@@ -14,11 +14,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/tier_bytes.hpp"
 #include "node/training_run.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"
 #include "plan/step_model.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tests/actors/engine_fixture.hpp"
 #include "tests/actors/node_binary_fixture.hpp"
@@ -26,6 +26,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::node;
 using namespace mt::actors::test;
 namespace fs = std::filesystem;

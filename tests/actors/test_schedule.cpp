@@ -5,10 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include "actors/fault.hpp"
-#include "actors/schedule.hpp"
+#include "plan/schedule.hpp"
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 
 TEST_CASE("schedule: ops of a micro-batch and their weight loads", "[actors][schedule]") {
   ModelConfig c;

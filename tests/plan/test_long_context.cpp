@@ -77,7 +77,7 @@ plan::StepPrediction step_at(std::int64_t seq, std::int64_t tile) {
   cfg.device.weight_slots = 2;
   cfg.device.grad_slots = 2;
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::EnginePlan ep = plan::plan_engine(cfg, model);
   const plan::OpTimes ops = plan::op_times_from_flops(cfg, model, ep, hw);
   return plan::predict_step(cfg, model, ep, hw, ops);
 }
@@ -92,7 +92,7 @@ TEST_CASE("7B at 512k tokens on a GH200 (bf16) fits in sequence tiles with its b
   INFO(plan::describe_resources(p));
   REQUIRE(p.fits());
   REQUIRE(p.engine);
-  const actors::EnginePlan& e = *p.engine;
+  const plan::EnginePlan& e = *p.engine;
   CHECK(e.seq_tile > 0);
   CHECK(e.seq_tile < T);
   CHECK((e.seq_tile & (e.seq_tile - 1)) == 0);  // auto picks a power of two
@@ -131,7 +131,7 @@ TEST_CASE("across a link the plan fits exactly when its least plan fits, and nam
     REQUIRE(least);
     INFO(key << ": least " << plan::gib(static_cast<double>(least->arena.total_bytes)) << "\n"
              << plan::describe_resources(p));
-    CHECK(least->seq_tile == actors::kMinAutoSeqTile);
+    CHECK(least->seq_tile == plan::kMinAutoSeqTile);
     const bool least_fits = static_cast<double>(least->arena.total_bytes) <= cfg.device_budget_bytes();
     const plan::Misfit* m = misfit_of(p, "device");
     CHECK((m == nullptr) == least_fits);
@@ -162,7 +162,7 @@ TEST_CASE("a length that cannot fit even in the smallest tiles is refused naming
     CHECK(m->key == "device.max_vram_gb");
     CHECK(m->need > hw.device_memory_bytes);
     CHECK(m->message.find("data.seq_length") != std::string::npos);
-    CHECK(m->message.find("device.seq_tile=" + std::to_string(actors::kMinAutoSeqTile)) != std::string::npos);
+    CHECK(m->message.find("device.seq_tile=" + std::to_string(plan::kMinAutoSeqTile)) != std::string::npos);
   }
   // On a device sharing host memory they are mapped in host RAM with the boundaries (device.attention_kv=
   // auto): the device fits, and host RAM (1 TiB of boundaries against 480 GB) is refused naming the
@@ -279,7 +279,7 @@ TEST_CASE("long sequences are timed at two shorter lengths and fitted, per token
   cfg.device.max_vram_gb = 64 / 1024.0;
   cfg.threads.total = 2;
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::EnginePlan ep = plan::plan_engine(cfg, model);
   const plan::OpTimes fitted = plan::measure_op_times(cfg, model, ep, 512);
   CHECK(fitted.source.find("at 256 and 512 tokens a sequence") != std::string::npos);
   CHECK(fitted.source.find("extrapolated to 1024") != std::string::npos);
@@ -296,7 +296,7 @@ TEST_CASE("on a GPU the plan counts the pinned host memory: tiles, host boundari
   const plan::ResourcePlan p = plan_on(cfg, hw, false);
   INFO(plan::describe_resources(p));
   REQUIRE(p.engine);
-  const actors::EnginePlan& e = *p.engine;
+  const plan::EnginePlan& e = *p.engine;
   REQUIRE(e.host_boundary_bytes > 0);
   double tiles = 0, collector = 0;
   for (const auto& b : p.bytes) {

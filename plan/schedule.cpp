@@ -1,24 +1,9 @@
-#include "actors/schedule.hpp"
+#include "plan/schedule.hpp"
 
 #include <stdexcept>
 #include <string>
 
-namespace mt::actors {
-
-Phase Op::phase() const {
-  switch (kind) {
-    case OpKind::embed_forward:
-    case OpKind::layer_forward:
-      return Phase::forward;
-    case OpKind::head:
-    case OpKind::head_loss:
-      return Phase::head;
-    case OpKind::layer_backward:
-    case OpKind::embed_backward:
-      return Phase::backward;
-  }
-  return Phase::forward;
-}
+namespace mt::plan {
 
 std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host) {
   const std::int64_t L = c.num_hidden_layers;
@@ -138,4 +123,4 @@ std::int64_t Schedule::gradient_index(std::int64_t micro_batch, std::int64_t sta
   throw std::out_of_range("Schedule: no op hands over the gradient of stage " + std::to_string(stage));
 }
 
-}  // namespace mt::actors
+}  // namespace mt::plan
