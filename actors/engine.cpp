@@ -101,9 +101,9 @@ void share_run(Context& c, Context& run, int d) {
 
 // An evaluation pass runs no backward: nothing reads kept attention outputs, so none are kept.
 void drop_kept_attention(EnginePlan& p, const ModelConfig& model) {
-  if (!p.attention_kept) return;
+  if (p.attention != plan::AttentionOutputs::kept_mapped) return;
   p.host_boundary_bytes -= plan::kept_attention_bytes(p, model);
-  p.attention_kept = false;
+  p.attention = plan::AttentionOutputs::recomputed;
   p.attention_floats = 0;
 }
 
@@ -115,7 +115,9 @@ void drop_kept_attention(EnginePlan& p, const ModelConfig& model) {
 void carve_activations(Context& c, float* mapped) {
   DeviceArena& arena = *c.arena;
   const EnginePlan& plan = c.plan;
-  float* base = plan.boundaries_mapped ? mapped : reinterpret_cast<float*>(arena.activations());
+  const bool mapped_block = plan.boundaries == plan::BoundaryPlacement::mapped;
+  const bool host_ring = plan.boundaries == plan::BoundaryPlacement::host_ring;
+  float* base = mapped_block ? mapped : reinterpret_cast<float*>(arena.activations());
   std::size_t off = 0;
   auto take = [&](std::size_t n) {
     float* q = base + off;
@@ -124,7 +126,7 @@ void carve_activations(Context& c, float* mapped) {
   };
   const std::int64_t L = c.model->num_hidden_layers;
   const std::size_t sets = static_cast<std::size_t>(plan.activation_sets);
-  if (plan.boundaries_on_host) {
+  if (host_ring) {
     for (int k = 0; k < plan.ring_entries; ++k) c.ring.push_back(take(plan.hidden_floats));
     for (int k = 0; k < plan.activation_slots; ++k) c.act_slots.push_back(take(plan.hidden_floats));
   } else {
@@ -133,7 +135,7 @@ void carve_activations(Context& c, float* mapped) {
       for (std::int64_t i = 0; i <= L; ++i) set.push_back(take(plan.hidden_floats));
   }
   if (plan.order == MicroBatchOrder::layer_major) {
-    if (plan.boundaries_on_host)
+    if (host_ring)
       for (std::size_t k = 0; k < sets; ++k) c.head_inputs.push_back(take(plan.hidden_floats));
     for (std::size_t k = 0; k < 2 * sets; ++k) c.dx_sets.push_back(take(plan.hidden_floats));
   } else {
@@ -147,13 +149,13 @@ void carve_activations(Context& c, float* mapped) {
     for (auto& set : c.saved)
       for (std::int64_t i = 0; i < saved_layers; ++i) set.push_back(take(plan.saved_floats));
   }
-  if (plan.sequence_mapped) c.sequence = take(plan.sequence_floats);
-  if (plan.attention_kept) {
+  if (plan.keys_values == plan::KeysValues::mapped) c.sequence = take(plan.sequence_floats);
+  if (plan.attention == plan::AttentionOutputs::kept_mapped) {
     c.kept_attention.resize(sets);
     for (auto& set : c.kept_attention)
       for (std::int64_t i = 0; i < L; ++i) set.push_back(take(plan.attention_floats));
   }
-  if (!plan.boundaries_mapped)
+  if (!mapped_block)
     arena.claim(ArenaRegionKind::activations, 0, off * sizeof(float));
   else if (off * sizeof(float) != plan.host_boundary_bytes)  // no arena checks this block: its size must be exact
     throw std::logic_error("carve_activations: the mapped block holds " + std::to_string(plan.host_boundary_bytes) +
@@ -222,7 +224,7 @@ std::unique_ptr<Context> pipeline_context(EngineJob& job, monitor::Monitor& mon,
   ctx->fault = job.fault != nullptr ? job.fault : on_demand_faults;
   ctx->sched = job.forward_only ? Schedule::forward_only(job.model, job.eval_batches)
                                 : Schedule(job.model, ctx->plan.device_micro_batches, ctx->plan.order,
-                                           ctx->plan.boundaries_on_host, ctx->plan.gradient_passes);
+                                           ctx->plan.boundaries, ctx->plan.gradient_passes);
   if (!job.forward_only) {
     ctx->stage_gradients = ctx->plan.stage_gradients;
     ctx->passes = ctx->plan.gradient_passes;
@@ -289,13 +291,13 @@ void build_rig(DeviceRig& rig, Context& run, const EngineJob& job, int d) {
   rig.arena = std::make_unique<DeviceArena>(plan.arena, rig.backend->allocate_device(plan.arena.total_bytes));
   c->backend = rig.backend.get();
   c->arena = rig.arena.get();
-  if (plan.boundaries_on_host) {
+  if (plan.boundaries == plan::BoundaryPlacement::host_ring) {
     rig.host_acts.emplace(plan.activation_sets, job.model.num_hidden_layers, plan.hidden_floats);
     c->host_acts = &*rig.host_acts;
     rig.pins.emplace_back(*rig.backend, rig.host_acts->base(), rig.host_acts->bytes(),
                           "the layer boundaries in host RAM (device.keep_intermediates=boundary_host)");
   }
-  float* mapped = plan.boundaries_mapped
+  float* mapped = plan.boundaries == plan::BoundaryPlacement::mapped
                       ? reinterpret_cast<float*>(rig.backend->allocate_mapped_host(plan.host_boundary_bytes))
                       : nullptr;
   carve_activations(*c, mapped);
@@ -506,6 +508,7 @@ EngineResult run_engine(caf::actor_system& sys, EngineJob job) {
   // A job built by hand (tests, benchmarks) is planned here, once: bad input fails before anything
   // listens.
   if (!job.plan) job.plan = plan::plan_engine(job.cfg, job.model);
+  plan::check_placements(*job.plan);  // a plan built by hand, too
   const std::unique_ptr<monitor::Monitor> mon = start_monitor(job);
   EngineResult result = job.eval_data == nullptr || job.eval_batches <= 0 ? run_pipeline(sys, job, *mon)
                                                                           : run_with_evaluation(sys, job, *mon);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "cluster/grad_reduce.hpp"
@@ -22,8 +23,9 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   const bool mapped = keep == KeepIntermediates::boundary_mapped || keep == KeepIntermediates::all_mapped;
   p.mode = keep == KeepIntermediates::all || keep == KeepIntermediates::all_mapped ? ActivationMode::keep
                                                                                    : ActivationMode::recompute;
-  p.boundaries_on_host = keep == KeepIntermediates::boundary_host;
-  p.boundaries_mapped = mapped;
+  p.boundaries = mapped                                     ? BoundaryPlacement::mapped
+                 : keep == KeepIntermediates::boundary_host ? BoundaryPlacement::host_ring
+                                                            : BoundaryPlacement::device;
   const std::int64_t L = model.num_hidden_layers;
   const std::size_t boundary = align_floats(p.hidden_floats);
   const bool layer_major = p.order == MicroBatchOrder::layer_major;
@@ -33,10 +35,11 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   std::size_t act = dx_buffers * boundary;
   p.ring_entries = p.activation_slots = 0;
   p.host_boundary_bytes = 0;
-  if (p.boundaries_mapped) {  // all of it in host RAM: (L + 1) boundaries per set and the dx buffers
+  if (p.boundaries ==
+      BoundaryPlacement::mapped) {  // all of it in host RAM: (L + 1) boundaries per set and the dx buffers
     p.host_boundary_bytes = (sets * static_cast<std::size_t>(L + 1) + dx_buffers) * boundary * sizeof(float);
     act = 0;
-  } else if (p.boundaries_on_host) {
+  } else if (p.boundaries == BoundaryPlacement::host_ring) {
     // Independent of depth: a ring for the forward (3 entries: one read, one written, one still
     // being copied out) and one input slot per weight slot for the backward. Layer-major the heads'
     // inputs (boundary L) stay on the device per micro-batch: a second pass's heads read them again.
@@ -51,29 +54,33 @@ ArenaRequest size_activations(EnginePlan& p, const TrainConfig& cfg, const Model
   }
   p.saved_floats = 0;
   if (p.mode == ActivationMode::keep) p.seq_tile = 0;  // kept intermediates are whole-sequence
-  if (p.mode == ActivationMode::keep || p.boundaries_on_host || p.boundaries_mapped || p.seq_tile > 0)
-    p.kept_layers = 0;
+  if (p.mode == ActivationMode::keep || p.boundaries != BoundaryPlacement::device || p.seq_tile > 0) p.kept_layers = 0;
   p.kept_layers = std::clamp<std::int64_t>(p.kept_layers, 0, L);
   const std::int64_t saved_layers = p.mode == ActivationMode::keep ? L : p.kept_layers;
   if (saved_layers > 0) {
     p.saved_floats = layer_saved_floats(model, p.batch, p.seq);
     const std::size_t saved = static_cast<std::size_t>(p.activation_sets) * static_cast<std::size_t>(saved_layers) *
                               align_floats(p.saved_floats);
-    if (p.boundaries_mapped)  // all_mapped: after the boundaries and dx in host RAM (carve_activations)
+    if (p.boundaries ==
+        BoundaryPlacement::mapped)  // all_mapped: after the boundaries and dx in host RAM (carve_activations)
       p.host_boundary_bytes += saved * sizeof(float);
     else
       act += saved;
   }
   const Precision prec = cfg.precision();
-  p.sequence_mapped = p.sequence_mapped && p.boundaries_mapped && p.seq_tile > 0;
-  p.sequence_floats = p.sequence_mapped ? layer_sequence_floats(model, p.batch, p.seq, p.seq_tile) : 0;
+  if (!placements_consistent(p.boundaries, p.keys_values, p.attention, p.seq_tile)) {  // this mode maps neither
+    p.keys_values = KeysValues::device_workspace;
+    p.attention = AttentionOutputs::recomputed;
+  }
+  const bool kv_mapped = p.keys_values == KeysValues::mapped;
+  p.sequence_floats = kv_mapped ? layer_sequence_floats(model, p.batch, p.seq, p.seq_tile) : 0;
   p.host_boundary_bytes += align_floats(p.sequence_floats) * sizeof(float);
-  p.attention_kept = p.attention_kept && p.boundaries_mapped && p.seq_tile > 0;
-  p.attention_floats = p.attention_kept ? layer_attention_floats(model, p.batch, p.seq, p.seq_tile) : 0;
+  p.attention_floats =
+      p.attention == AttentionOutputs::kept_mapped ? layer_attention_floats(model, p.batch, p.seq, p.seq_tile) : 0;
   p.host_boundary_bytes += kept_attention_bytes(p, model);
   p.workspace_floats =
       std::max(layer_workspace_floats(model, p.batch, p.seq, p.mode, prec, p.seq_tile,
-                                      p.sequence_mapped ? SequenceBuffers::apart : SequenceBuffers::in_workspace),
+                                      kv_mapped ? SequenceBuffers::apart : SequenceBuffers::in_workspace),
                head_workspace_floats(model, p.batch, p.seq, 0, prec, p.seq_tile));
   ArenaRequest req;
   req.budget_bytes = cfg.device_budget_bytes();
@@ -157,19 +164,60 @@ std::vector<std::int64_t> seq_tile_candidates(const TrainConfig& cfg, const Mode
 }  // namespace
 
 KeepIntermediates planned_keep(const EnginePlan& p) {
-  if (p.mode == ActivationMode::keep)
-    return p.boundaries_mapped ? KeepIntermediates::all_mapped : KeepIntermediates::all;
-  return p.boundaries_mapped    ? KeepIntermediates::boundary_mapped
-         : p.boundaries_on_host ? KeepIntermediates::boundary_host
-                                : KeepIntermediates::boundary;
+  const bool keep = p.mode == ActivationMode::keep;
+  switch (p.boundaries) {
+    case BoundaryPlacement::mapped:
+      return keep ? KeepIntermediates::all_mapped : KeepIntermediates::boundary_mapped;
+    case BoundaryPlacement::host_ring:
+      return KeepIntermediates::boundary_host;
+    case BoundaryPlacement::device:
+      break;
+  }
+  return keep ? KeepIntermediates::all : KeepIntermediates::boundary;
+}
+
+const char* boundary_placement_name(BoundaryPlacement b) {
+  switch (b) {
+    case BoundaryPlacement::host_ring:
+      return "host_ring";
+    case BoundaryPlacement::mapped:
+      return "mapped";
+    case BoundaryPlacement::device:
+      break;
+  }
+  return "device";
+}
+
+const char* keys_values_name(KeysValues k) { return k == KeysValues::mapped ? "mapped" : "device_workspace"; }
+
+const char* attention_outputs_name(AttentionOutputs a) {
+  return a == AttentionOutputs::kept_mapped ? "kept_mapped" : "recomputed";
+}
+
+void check_placements(const EnginePlan& p) {
+  const std::string what = std::string("boundaries ") + boundary_placement_name(p.boundaries) + ", keys and values " +
+                           keys_values_name(p.keys_values) + ", attention outputs " +
+                           attention_outputs_name(p.attention) + ", seq_tile " + std::to_string(p.seq_tile);
+  if (!placements_consistent(p.boundaries, p.keys_values, p.attention, p.seq_tile))
+    throw std::invalid_argument("plan: " + what +
+                                ": only the mapped block of a tiled run holds keys, values or "
+                                "attention outputs");
+  if (p.kept_layers > 0 &&
+      (p.boundaries != BoundaryPlacement::device || p.seq_tile > 0 || p.mode == ActivationMode::keep))
+    throw std::invalid_argument("plan: " + what +
+                                ": kept layers need recompute mode with the boundaries on the "
+                                "device in whole sequences");
 }
 
 nlohmann::json plan_summary(const EnginePlan& p) {
   return {{"keep_intermediates", keep_intermediates_name(planned_keep(p))},
           {"seq_tile", p.seq_tile},
           {"kept_layers", p.kept_layers},
-          {"attention_kept", p.attention_kept},
-          {"sequence_mapped", p.sequence_mapped},
+          {"attention_kept", p.attention == AttentionOutputs::kept_mapped},
+          {"sequence_mapped", p.keys_values == KeysValues::mapped},
+          {"boundaries", boundary_placement_name(p.boundaries)},
+          {"keys_values", keys_values_name(p.keys_values)},
+          {"attention_outputs", attention_outputs_name(p.attention)},
           {"micro_batch_order", micro_batch_order_name(p.order)},
           {"stage_gradients", p.stage_gradients},
           {"gradient_passes", p.gradient_passes},
@@ -189,7 +237,7 @@ nlohmann::json plan_summary(const EnginePlan& p) {
 }
 
 std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model) {
-  if (!p.attention_kept) return 0;
+  if (p.attention != AttentionOutputs::kept_mapped) return 0;
   return static_cast<std::size_t>(p.activation_sets * model.num_hidden_layers) * align_floats(p.attention_floats) *
          sizeof(float);
 }
@@ -358,16 +406,17 @@ std::string keep_choice_note(const FitSearch& f, const EnginePlan& trial, KeepIn
                       : " (keeping more does not fit the budget)");
 }
 
-// Plan p with sequence tile `tile`, mode k and (map_sequence) attention's keys and values mapped, when
-// that combination exists and fits; else nullopt (a budget error is kept in f.last_error).
+// Plan p with sequence tile `tile`, mode k and attention's keys and values placed `kv`, when that
+// combination exists and fits; else nullopt (a budget error is kept in f.last_error).
 std::optional<EnginePlan> try_fit(FitSearch& f, const EnginePlan& p, std::int64_t tile, KeepIntermediates k,
-                                  bool map_sequence) {
+                                  KeysValues kv) {
+  const bool map_sequence = kv == KeysValues::mapped;
   const bool keeps_all = k == KeepIntermediates::all || k == KeepIntermediates::all_mapped;
   if (tile > 0 && keeps_all) return std::nullopt;  // keep mode is whole-sequence
   if (map_sequence && (tile == 0 || k != KeepIntermediates::boundary_mapped)) return std::nullopt;
   EnginePlan trial = p;
   trial.seq_tile = tile;
-  trial.sequence_mapped = map_sequence;
+  trial.keys_values = kv;
   const ArenaRequest req = size_activations(trial, f.cfg, f.model, k);
   if (k == KeepIntermediates::all_mapped && f.keep == KeepIntermediates::automatic &&
       crowds_host_ram(f.cfg, f.model, trial, req))
@@ -413,13 +462,13 @@ std::optional<EnginePlan> try_fit(FitSearch& f, const EnginePlan& p, std::int64_
 // The first fit in order: keys and values on the device, then (when allowed) mapped (host: mapped
 // only); in each, tiles from whole sequences down; in each tile, the modes fastest first.
 EnginePlan choose_fit(FitSearch& f, const EnginePlan& p) {
-  std::vector<bool> passes;
-  if (!f.kv_host) passes.push_back(false);
-  if (f.may_map_sequence) passes.push_back(true);
-  for (bool map_sequence : passes)
+  std::vector<KeysValues> passes;
+  if (!f.kv_host) passes.push_back(KeysValues::device_workspace);
+  if (f.may_map_sequence) passes.push_back(KeysValues::mapped);
+  for (KeysValues kv : passes)
     for (std::int64_t tile : f.tiles)
       for (KeepIntermediates k : f.modes)
-        if (std::optional<EnginePlan> fit = try_fit(f, p, tile, k, map_sequence)) return std::move(*fit);
+        if (std::optional<EnginePlan> fit = try_fit(f, p, tile, k, kv)) return std::move(*fit);
   throw_no_fit(f);
 }
 
@@ -428,9 +477,9 @@ EnginePlan choose_fit(FitSearch& f, const EnginePlan& p) {
 // for all_mapped, the guard is weighed before grow_into_budget adds slots to the arena (host memory
 // here too): a few layers' weights, small beside what it weighs.
 void keep_attention_if_room(EnginePlan& p, const TrainConfig& cfg, const ModelConfig& model) {
-  if (!p.boundaries_mapped || p.seq_tile <= 0 || !cfg.device_shares_host_memory()) return;
+  if (p.boundaries != BoundaryPlacement::mapped || p.seq_tile <= 0 || !cfg.device_shares_host_memory()) return;
   EnginePlan trial = p;
-  trial.attention_kept = true;
+  trial.attention = AttentionOutputs::kept_mapped;
   const ArenaRequest req = size_activations(trial, cfg, model, KeepIntermediates::boundary_mapped);
   if (crowds_host_ram(cfg, model, trial, req)) return;
   trial.arena = plan_arena(model, req);
@@ -475,6 +524,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model) {
   EnginePlan p = choose_fit(f, shape);
   keep_attention_if_room(p, cfg, model);
   finish_plan(p, f);
+  check_placements(p);
   return p;
 }
 

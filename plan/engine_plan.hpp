@@ -17,6 +17,7 @@
 #include "device/backend.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/stage_api.hpp"
+#include "plan/placements.hpp"
 #include "storage/host/host_model.hpp"
 
 namespace mt::plan {
@@ -42,31 +43,32 @@ struct EnginePlan {
   int gradient_passes = 1;
   std::size_t hidden_floats = 0;  // one boundary activation: batch * seq * hidden_size
   MicroBatchOrder order = MicroBatchOrder::interleaved;
-  int activation_sets = 1;          // micro-batches whose activations are alive at once
-  bool boundaries_on_host = false;  // device.keep_intermediates=boundary_host
-  int ring_entries = 0;             // boundaries on the host: forward ring entries on the device
-  int activation_slots = 0;         // boundaries on the host: backward input slots on the device
-  // Boundaries on the host (or mapped): the host store (grows with depth); mapped, everything in the
-  // mapped block (with all_mapped the kept intermediates, with sequence_mapped the keys and values, with
-  // attention_kept every layer's attention output and log-sum-exp).
+  int activation_sets = 1;  // micro-batches whose activations are alive at once
+  // Where the boundaries and dx buffers live (placements.hpp): the arena (boundary, all), host RAM
+  // through a ring (boundary_host), or mapped host RAM used in place by the stage operations, the compute
+  // seeing them as if on the device (boundary_mapped, all_mapped: with mode keep every layer's
+  // intermediates too).
+  BoundaryPlacement boundaries = BoundaryPlacement::device;
+  int ring_entries = 0;      // host_ring: forward ring entries on the device
+  int activation_slots = 0;  // host_ring: backward input slots on the device
+  // Boundaries in host RAM: the host store (grows with depth); mapped, everything in the mapped block
+  // (with all_mapped the kept intermediates, with keys and values mapped those, with attention outputs
+  // kept every layer's attention output and log-sum-exp).
   std::size_t host_boundary_bytes = 0;
-  // device.keep_intermediates=boundary_mapped (or all_mapped, with mode keep): every boundary and both
-  // dx buffers (all_mapped: and every layer's intermediates) in host RAM, used in place by the stage
-  // operations (the compute sees them as if on the device).
-  bool boundaries_mapped = false;
-  // Boundaries mapped and sequence tiles, when even the smallest tile's keys and values do not fit the
-  // budget: the tiled layers' sequence-sized buffers (layer_sequence_floats: keys, values, their
-  // gradients, the RoPE tables) are mapped in host RAM after the boundaries, and the workspace holds one
-  // tile. The arena then bounds nothing sequence-sized; host RAM does. Results do not change.
-  bool sequence_mapped = false;
-  std::size_t sequence_floats = 0;  // sequence_mapped: those buffers (also in host_boundary_bytes)
-  // Sequence tiles with the boundaries mapped (by auto or by name), on a device sharing host memory, while
-  // half the host RAM holds it (as all_mapped's guard), and not in a forward-only (evaluation) pipeline:
-  // every layer's attention output and log-sum-exp
-  // (layer_attention_floats per layer and activation set) in the mapped block after the rest, so the
-  // tiled backward does not run the attention forward again. Results do not change.
-  bool attention_kept = false;
-  std::size_t attention_floats = 0;  // attention_kept: one layer's (all of them also in host_boundary_bytes)
+  // KeysValues::mapped (boundaries mapped and sequence tiles), when even the smallest tile's keys and
+  // values do not fit the budget: the tiled layers' sequence-sized buffers (layer_sequence_floats: keys,
+  // values, their gradients, the RoPE tables) are mapped in host RAM after the boundaries, and the
+  // workspace holds one tile. The arena then bounds nothing sequence-sized; host RAM does. Results do
+  // not change.
+  KeysValues keys_values = KeysValues::device_workspace;
+  std::size_t sequence_floats = 0;  // keys and values mapped: those buffers (also in host_boundary_bytes)
+  // AttentionOutputs::kept_mapped: sequence tiles with the boundaries mapped (by auto or by name), on a
+  // device sharing host memory, while half the host RAM holds it (as all_mapped's guard), and not in a
+  // forward-only (evaluation) pipeline. Every layer's attention output and log-sum-exp
+  // (layer_attention_floats per layer and activation set) sits in the mapped block after the rest, so
+  // the tiled backward does not run the attention forward again. Results do not change.
+  AttentionOutputs attention = AttentionOutputs::recomputed;
+  std::size_t attention_floats = 0;  // kept: one layer's (all of them also in host_boundary_bytes)
   std::size_t saved_floats = 0;      // keep mode, or kept_layers > 0: one layer's intermediates
   // Recompute mode with the boundaries on the device: the last kept_layers layers keep their
   // intermediates anyway (device.keep_intermediates=auto spends budget left over on them), so their
@@ -87,7 +89,7 @@ EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
 KeepIntermediates planned_keep(const EnginePlan& p);
 // The plan's placements and sizes as one object: what `megatrain train` and `megatrain plan` print.
 nlohmann::json plan_summary(const EnginePlan& p);
-// EnginePlan::attention_kept: the bytes of every layer's kept attention output in each activation set
+// AttentionOutputs::kept_mapped: the bytes of every layer's kept attention output in each activation set
 // (part of host_boundary_bytes); 0 when none is kept.
 std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model);
 // What the run asks of its backend (kind, precision, threads, link), from the config and the plan.
@@ -113,5 +115,9 @@ std::size_t stage_accumulator_floats(const TrainConfig& cfg, const ModelConfig& 
 // The stage accumulators a run with sums_into_stage_accumulators holds (actors/stage_accumulators.hpp):
 // the stage being summed, and the one before it in the optimizer.
 inline constexpr int kStageAccumulators = 2;
+// The plan's placements exist together (placements_consistent), and kept layers only with the boundaries
+// on the device in whole sequences: std::invalid_argument naming the combination otherwise (a plan built
+// by hand; plan_engine forms no other).
+void check_placements(const EnginePlan& p);
 
 }  // namespace mt::plan

@@ -96,7 +96,7 @@ void add_device_regions(ResourcePlan& p, const EnginePlan& e, const ModelConfig&
                          gib(static_cast<double>(a.grad_slot_bytes)) + " (fp32, staged for the device-to-host copy)",
                      taken[ArenaRegionKind::grad_slot]});
   std::string ws;
-  if (e.seq_tile > 0 && e.sequence_mapped)
+  if (e.seq_tile > 0 && e.keys_values == KeysValues::mapped)
     ws = "workspace: one layer in sequence tiles of " + std::to_string(e.seq_tile) +
          " tokens: one tile's activations (keys, values and their gradients are mapped in host RAM)";
   else if (e.seq_tile > 0)
@@ -115,10 +115,11 @@ void add_device_regions(ResourcePlan& p, const EnginePlan& e, const ModelConfig&
   std::snprintf(b, sizeof b, "activations: %.1f x a layer boundary (%s: %lld x %lld x hidden %lld fp32)%s",
                 boundary > 0 ? act / boundary : 0.0, gib(boundary).c_str(), static_cast<long long>(e.batch),
                 static_cast<long long>(e.seq), static_cast<long long>(model.hidden_size),
-                e.boundaries_mapped && e.mode == ActivationMode::keep
+                e.boundaries == BoundaryPlacement::mapped && e.mode == ActivationMode::keep
                     ? ": none, the boundaries and every layer's intermediates are mapped in host RAM"
-                : e.boundaries_mapped  ? ": none, the boundaries are mapped in host RAM"
-                : e.boundaries_on_host ? ": the backward's dx, the forward ring and the backward's input slots"
+                : e.boundaries == BoundaryPlacement::mapped ? ": none, the boundaries are mapped in host RAM"
+                : e.boundaries == BoundaryPlacement::host_ring
+                    ? ": the backward's dx, the forward ring and the backward's input slots"
                 : e.mode == ActivationMode::keep ? ": boundaries, dx and every layer's intermediates"
                 : e.kept_layers > 0              ? ": boundaries, dx and the kept layers' intermediates"
                                                  : ": the layer boundaries and the backward's dx");
@@ -165,21 +166,22 @@ double add_host_boundaries(ResourcePlan& p, const EnginePlan& e, const ModelConf
   const double sequence = static_cast<double>(align_floats(e.sequence_floats) * sizeof(float));
   const double attention = static_cast<double>(kept_attention_bytes(e, model));
   p.bytes.push_back({"host RAM",
-                     (e.boundaries_mapped && e.mode == ActivationMode::keep
+                     (e.boundaries == BoundaryPlacement::mapped && e.mode == ActivationMode::keep
                           ? "layer boundaries, the backward's two dx buffers and every layer's intermediates, used "
                             "in place by the device (keep_intermediates=all_mapped"
-                      : e.boundaries_mapped ? "layer boundaries and the backward's two dx buffers, used in place by "
-                                              "the device (keep_intermediates=boundary_mapped"
-                                            : "layer boundaries (keep_intermediates=boundary_host") +
+                      : e.boundaries == BoundaryPlacement::mapped
+                          ? "layer boundaries and the backward's two dx buffers, used in place by "
+                            "the device (keep_intermediates=boundary_mapped"
+                          : "layer boundaries (keep_intermediates=boundary_host") +
                          each + ")",
                      devices * (static_cast<double>(e.host_boundary_bytes) - sequence - attention)});
-  if (e.sequence_mapped)
+  if (e.keys_values == KeysValues::mapped)
     p.bytes.push_back({"host RAM",
                        "attention's keys, values and their gradients over the whole micro-batch, and the RoPE "
                        "tables, used in place by the device (device.attention_kv" +
                            each + ")",
                        devices * sequence});
-  if (e.attention_kept)
+  if (e.attention == AttentionOutputs::kept_mapped)
     p.bytes.push_back({"host RAM",
                        "every layer's attention output and log-sum-exp, so the tiled backward does not run the "
                        "attention forward again" +
@@ -248,26 +250,28 @@ double count_engine_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelCo
 void add_engine_homes(ResourcePlan& p, const TrainConfig& cfg, const EnginePlan& e) {
   p.homes.push_back("weights in flight: device, " + std::to_string(e.weight_slots) + " slots (prefetch depth " +
                     std::to_string(e.prefetch_depth) + ")");
-  p.homes.push_back(std::string("activations: ") +
-                    (e.mode == ActivationMode::keep && e.boundaries_mapped
-                         ? "host RAM, used in place (mapped), every intermediate kept (no recomputation)"
-                     : e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
-                     : e.boundaries_mapped
-                         ? "layer boundaries and dx in host RAM, used in place (mapped), recomputed once in backward"
-                     : e.boundaries_on_host ? "layer boundaries in host RAM, recomputed once in backward"
-                     : e.kept_layers > 0
-                         ? "layer boundaries on the device, recomputed once in backward except the last " +
-                               std::to_string(e.kept_layers) + " layer(s), whose intermediates are kept"
-                         : "layer boundaries on the device, recomputed once in backward") +
-                    (e.attention_kept ? " (but the attention forward: each layer's output is kept in host RAM)" : "") +
-                    ", " + std::to_string(e.activation_sets) + " activation set(s)");
+  p.homes.push_back(
+      std::string("activations: ") +
+      (e.mode == ActivationMode::keep && e.boundaries == BoundaryPlacement::mapped
+           ? "host RAM, used in place (mapped), every intermediate kept (no recomputation)"
+       : e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
+       : e.boundaries == BoundaryPlacement::mapped
+           ? "layer boundaries and dx in host RAM, used in place (mapped), recomputed once in backward"
+       : e.boundaries == BoundaryPlacement::host_ring ? "layer boundaries in host RAM, recomputed once in backward"
+       : e.kept_layers > 0 ? "layer boundaries on the device, recomputed once in backward except the last " +
+                                 std::to_string(e.kept_layers) + " layer(s), whose intermediates are kept"
+                           : "layer boundaries on the device, recomputed once in backward") +
+      (e.attention == AttentionOutputs::kept_mapped
+           ? " (but the attention forward: each layer's output is kept in host RAM)"
+           : "") +
+      ", " + std::to_string(e.activation_sets) + " activation set(s)");
   p.homes.push_back(e.seq_tile > 0 ? "sequence: tiles of " + std::to_string(e.seq_tile) +
                                          " tokens of one sequence through each layer and the "
                                          "head (device.seq_tile" +
                                          (cfg.device.seq_tile > 0 ? "" : "=auto: the whole sequence does not fit") +
                                          "); only attention's keys and values and their gradients are "
                                          "sequence-sized" +
-                                         (e.sequence_mapped ? ", in host RAM" : ", on the device")
+                                         (e.keys_values == KeysValues::mapped ? ", in host RAM" : ", on the device")
                                    : "sequence: whole sequences of " + std::to_string(e.seq) +
                                          " tokens through each layer (device.seq_tile" +
                                          (cfg.device.seq_tile > 0 ? "" : "=auto: they fit the budget") + ")");
@@ -431,16 +435,17 @@ void explain_least_device(ResourcePlan& p, Misfit& m, const TrainConfig& cfg, co
   if (const auto least = least_device_plan(cfg, model)) {
     p.least_device_bytes = static_cast<double>(least->arena.total_bytes);
     m.need = p.least_device_bytes;
-    const std::string settings = "device.seq_tile=" + std::to_string(least->seq_tile) + " device.keep_intermediates=" +
-                                 (least->boundaries_mapped ? "boundary_mapped" : "boundary_host") +
-                                 (least->sequence_mapped ? " device.attention_kv=host" : "") +
-                                 " device.weight_slots=2 device.grad_slots=1: workspace " +
-                                 gib(static_cast<double>(least->workspace_floats) * 4.0);
+    const std::string settings =
+        "device.seq_tile=" + std::to_string(least->seq_tile) + " device.keep_intermediates=" +
+        (least->boundaries == BoundaryPlacement::mapped ? "boundary_mapped" : "boundary_host") +
+        (least->keys_values == KeysValues::mapped ? " device.attention_kv=host" : "") +
+        " device.weight_slots=2 device.grad_slots=1: workspace " +
+        gib(static_cast<double>(least->workspace_floats) * 4.0);
     if (p.least_device_bytes <= budget) {
       // The budget holds the least plan: what the config fixed beyond it is the key to change.
       if (cfg.device.seq_tile > 0 && cfg.device.seq_tile != least->seq_tile)
         m.key = "device.seq_tile";
-      else if (least->sequence_mapped && cfg.device.attention_kv == "device")
+      else if (least->keys_values == KeysValues::mapped && cfg.device.attention_kv == "device")
         m.key = "device.attention_kv";
       else if (cfg.device.weight_slots > 2)
         m.key = "device.weight_slots";

@@ -42,6 +42,7 @@
 
 #include "config/train_config.hpp"
 #include "kernels/model_config.hpp"
+#include "plan/placements.hpp"
 
 namespace mt::plan {
 
@@ -59,9 +60,9 @@ struct Op {
   LoadKind load_kind[2] = {LoadKind::weights, LoadKind::weights};
 };
 
-// The ops of one micro-batch, in order. boundaries_on_host: layer backward ops also load their input
-// boundary from the host.
-std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host = false);
+// The ops of one micro-batch, in order. Boundaries in the host ring: layer backward ops also load their
+// input boundary from the host.
+std::vector<Op> micro_batch_ops(const ModelConfig& c, BoundaryPlacement boundaries = BoundaryPlacement::device);
 // The ops of one micro-batch of an evaluation pass: forwards and the head's loss.
 std::vector<Op> forward_only_ops(const ModelConfig& c);
 
@@ -86,7 +87,7 @@ class Schedule {
   Schedule() = default;
   // passes > 1 (needs micro_batches = 1 or layer_major): passes - 1 replays of the heads and the
   // backward follow (see above); micro_batches() then counts every pass.
-  Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host,
+  Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, BoundaryPlacement boundaries,
            std::int64_t passes = 1);
   // An evaluation pass: forward_only_ops per micro-batch, in micro-batch order.
   static Schedule forward_only(const ModelConfig& c, std::int64_t micro_batches);

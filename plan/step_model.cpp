@@ -137,11 +137,12 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
   const bool recompute = plan.mode == ActivationMode::recompute;
   OpTimes t;
   t.layer_forward = f.forward() / rate;
-  t.layer_backward = f.backward(recompute, plan.attention_kept) / rate;
+  t.layer_backward = f.backward(recompute, plan.attention) / rate;
   t.layer_backward_kept = f.backward(false) / rate;
   t.attention_forward = f.attention_forward / rate;
-  t.attention_backward =
-      (f.attention_backward + (recompute && !plan.attention_kept ? f.attention_forward : 0.0)) / rate;
+  t.attention_backward = (f.attention_backward +
+                          (recompute && plan.attention == AttentionOutputs::recomputed ? f.attention_forward : 0.0)) /
+                         rate;
   t.head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size) * tokens / rate;
   // The embedding is a gather and a scatter: memory-bound, hidden_size floats per token each way.
   const double rows = tokens * static_cast<double>(model.hidden_size) * 8.0;
@@ -206,11 +207,11 @@ OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const Engin
   OpTimes t;
   t.embed_forward = best_of([&] { embedding_forward(model, embed, tokens.data(), B, T, x.data(), ctx); }, 6);
   t.layer_forward = best_of([&] { layer_forward(lm, layer, {B, T}, lb, ctx); }, 6);
-  // EnginePlan::attention_kept: the tiled backward reads the forward's attention output and log-sum-exp.
+  // AttentionOutputs::kept_mapped: the tiled backward reads the forward's attention output and log-sum-exp.
   // Timed so in tiles even where this T fits the plan's one tile (the shorter length the long-context
   // extrapolation measures), so both lengths time the backward the engine runs.
-  const std::int64_t kept_tile = !plan.attention_kept                     ? 0
-                                 : layer_runs_tiled(lm, T, plan.seq_tile) ? plan.seq_tile
+  const std::int64_t kept_tile = plan.attention == AttentionOutputs::recomputed ? 0
+                                 : layer_runs_tiled(lm, T, plan.seq_tile)       ? plan.seq_tile
                                                                           : std::max<std::int64_t>(64, T / 2 / 64 * 64);
   if (kept_tile > 0 && layer_runs_tiled(lm, T, kept_tile)) {
     cpu::CpuOps ops(prec, ctx.threads);
@@ -244,9 +245,9 @@ OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const Engin
   t.head = best_of([&] { head_forward_backward(model, head, tied ? embed : nullptr, {B, T}, hb, ctx); }, 6);
   t.embed_backward = best_of([&] { embedding_backward(model, tokens.data(), B, T, dx.data(), g0.data(), ctx); }, 6);
   t.source = std::to_string(ctx.threads) + " threads, " + (prec == Precision::bf16 ? "bf16" : "fp32") + ", " +
-             (plan.mode == ActivationMode::keep ? "intermediates kept"
-              : plan.attention_kept             ? "recompute, attention output kept"
-                                                : "recompute") +
+             (plan.mode == ActivationMode::keep                 ? "intermediates kept"
+              : plan.attention == AttentionOutputs::kept_mapped ? "recompute, attention output kept"
+                                                                : "recompute") +
              (plan.seq_tile > 0 ? ", sequence tiles of " + std::to_string(plan.seq_tile) + " tokens" : "");
   return t;
 }
@@ -382,8 +383,7 @@ class StepSimulator {
         ops_(ops),
         // Several ranks: each runs its own share of the step's micro-batches (the reduction between ranks
         // is not modelled here); the step's tokens are every rank's.
-        sched_(model, plan.micro_batches / std::max(1, plan.ranks), plan.order, plan.boundaries_on_host,
-               plan.gradient_passes),
+        sched_(model, plan.micro_batches / std::max(1, plan.ranks), plan.order, plan.boundaries, plan.gradient_passes),
         c_(cfg, model, plan, hw, plan.micro_batches / std::max(1, plan.ranks)),
         boundary_bytes_(static_cast<double>(plan.hidden_floats) * 4.0),
         ahead_(std::max(1, c_.staging - 2)),
@@ -589,7 +589,8 @@ void StepSimulator::run_op(StepState& st, const Pos& pos, std::int64_t g, StepPr
     if (op.load_kind[k] == LoadKind::weights)
       for (auto& w : wslots_)
         if (w.stage == op.load_stage[k] && w.version == st.t) w.free = end;
-  if (plan_.boundaries_on_host && op.kind == OpKind::layer_forward && op.stage < model_.num_hidden_layers) {
+  if (plan_.boundaries == BoundaryPlacement::host_ring && op.kind == OpKind::layer_forward &&
+      op.stage < model_.num_hidden_layers) {
     copy(link_out_, end, boundary_bytes_, c_.d2h, hw_.link_d2h, count);
     if (count) p.d2h_s += boundary_bytes_ / c_.d2h;
   }

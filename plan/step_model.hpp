@@ -50,9 +50,10 @@ struct LayerFlops {
   // recomputation one forward more. Sequence tiles change none of it: the tiled backward recomputes the
   // forward once too (pass 1 the keys and values of every tile, pass 2 each tile's queries, attention,
   // output projection and MLP; less the attention forward when its output is kept:
-  // EnginePlan::attention_kept), and causal attention over tiles meets the same pairs.
-  double backward(bool recompute, bool attention_kept = false) const {
-    return 2.0 * gemm_forward + attention_backward + (recompute ? (attention_kept ? gemm_forward : forward()) : 0.0);
+  // AttentionOutputs::kept_mapped), and causal attention over tiles meets the same pairs.
+  double backward(bool recompute, AttentionOutputs attention = AttentionOutputs::recomputed) const {
+    const bool kept = attention == AttentionOutputs::kept_mapped;
+    return 2.0 * gemm_forward + attention_backward + (recompute ? (kept ? gemm_forward : forward()) : 0.0);
   }
 };
 // causal pairs per sequence: T (T + 1) / 2 (within a sliding window fewer, averaged over the layers).
@@ -66,7 +67,7 @@ LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_
 // From FLOPs (layer_flops with the CUDA kernel's products: datasheet profiles are GPUs; with data.packing =
 // documents the pairs of the training shards' documents, or the stream's when their `.docs` cannot be read) at the
 // profile's rate x achievable_fraction: a layer's forward and backward (recomputing the forward in recompute mode, less
-// its attention with EnginePlan::attention_kept), the head 6 x vocab x hidden per token. Attention runs at the same
+// its attention with AttentionOutputs::kept_mapped), the head 6 x vocab x hidden per token. Attention runs at the same
 // rate: an assumption (this engine's CUDA attention kernel does fp32 dot products on CUDA cores, not tensor cores; its
 // rate on a GPU is not measured yet), which weighs most at long context, where attention is most of a layer's FLOPs.
 OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -173,7 +174,7 @@ TEST_CASE("a length that cannot fit even in the smallest tiles is refused naming
   INFO(text);
   CHECK_FALSE(p.fits());
   REQUIRE(p.engine);
-  CHECK(p.engine->sequence_mapped);
+  CHECK(p.engine->keys_values == plan::KeysValues::mapped);
   CHECK(misfit_of(p, "device") == nullptr);
   CHECK(text.find("attention's keys, values and their gradients") != std::string::npos);
   const plan::Misfit* m = misfit_of(p, "host RAM");
@@ -308,4 +309,47 @@ TEST_CASE("on a GPU the plan counts the pinned host memory: tiles, host boundari
   CHECK(p.pinned_bytes == tiles + static_cast<double>(e.host_boundary_bytes) + collector);
   CHECK(p.pinned_bytes <= p.host_bytes);
   CHECK(plan::describe_resources(p).find("pinned for the GPU's copies") != std::string::npos);
+}
+
+TEST_CASE("plan: placements are named values; keys, values and attention outputs leave the device only mapped",
+          "[plan]") {
+  // 2M tokens on a GH200 profile: keys and values mapped with the boundaries (as above).
+  TrainConfig cfg = llama7b(2097152);
+  const plan::ResourcePlan p = plan_on(cfg, profile("gh200"), true);
+  REQUIRE(p.engine);
+  const plan::EnginePlan& e = *p.engine;
+  CHECK(e.boundaries == plan::BoundaryPlacement::mapped);
+  CHECK(e.keys_values == plan::KeysValues::mapped);
+  REQUIRE(e.seq_tile > 0);
+  CHECK_NOTHROW(plan::check_placements(e));
+  // The printed plan names them, beside the flags it always printed.
+  const nlohmann::json s = plan::plan_summary(e);
+  CHECK(s.at("boundaries") == "mapped");
+  CHECK(s.at("keys_values") == "mapped");
+  CHECK(s.at("sequence_mapped") == true);
+  CHECK(s.at("attention_outputs") == plan::attention_outputs_name(e.attention));
+  CHECK(s.at("attention_kept") == (e.attention == plan::AttentionOutputs::kept_mapped));
+  CHECK(s.at("keep_intermediates") == "boundary_mapped");
+  // A plan built by hand with keys and values mapped but the boundaries elsewhere, or in whole sequences,
+  // or attention outputs kept without the mapped block, is refused.
+  plan::EnginePlan bad = e;
+  bad.boundaries = plan::BoundaryPlacement::host_ring;
+  CHECK_THROWS_AS(plan::check_placements(bad), std::invalid_argument);
+  bad = e;
+  bad.seq_tile = 0;
+  CHECK_THROWS_AS(plan::check_placements(bad), std::invalid_argument);
+  bad = e;
+  bad.keys_values = plan::KeysValues::device_workspace;
+  bad.attention = plan::AttentionOutputs::kept_mapped;
+  CHECK_NOTHROW(plan::check_placements(bad));
+  bad.boundaries = plan::BoundaryPlacement::device;
+  CHECK_THROWS_AS(plan::check_placements(bad), std::invalid_argument);
+  bad = e;
+  bad.keys_values = plan::KeysValues::device_workspace;
+  bad.boundaries = plan::BoundaryPlacement::device;
+  bad.seq_tile = 0;
+  bad.kept_layers = 2;
+  CHECK_NOTHROW(plan::check_placements(bad));
+  bad.seq_tile = 512;
+  CHECK_THROWS_AS(plan::check_placements(bad), std::invalid_argument);
 }

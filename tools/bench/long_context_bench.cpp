@@ -116,7 +116,8 @@ RunResult run_here(const ModelShape& m, std::int64_t T, std::int64_t budget_mb, 
   out.host_boundary_bytes = static_cast<double>(plan.host_boundary_bytes);
   out.seq_tile = plan.seq_tile;
   std::snprintf(out.keep, sizeof out.keep, "%s%s%s", keep_intermediates_name(plan::planned_keep(plan)),
-                plan.sequence_mapped ? " + attention_kv host" : "", plan.attention_kept ? " + attention kept" : "");
+                plan.keys_values == plan::KeysValues::mapped ? " + attention_kv host" : "",
+                plan.attention == plan::AttentionOutputs::kept_mapped ? " + attention kept" : "");
   out.params = static_cast<long long>(total_param_count(model));
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
