@@ -6,6 +6,8 @@
 // no tile are mapped in host RAM beside the boundaries, with the same bits.
 #include <catch2/catch.hpp>
 
+#include <stdexcept>
+
 #include "tests/actors/engine_fixture.hpp"
 
 using namespace mt;
@@ -281,4 +283,26 @@ TEST_CASE("device.seq_tile on GPT-2 is refused by name", "[actors][long_context]
   t.seq_tile = 8;
   const TrainConfig cfg = tiny_config(t);
   CHECK_THROWS_WITH(plan_engine(cfg, cfg.model_config_from_keys()), Catch::Contains("device.seq_tile"));
+}
+
+TEST_CASE("run_engine refuses a plan built by hand whose placements no plan forms", "[actors][long_context]") {
+  Tiny t;
+  t.seq = 48;
+  t.seq_tile = 20;
+  t.steps = 1;
+  t.keep = "auto";
+  t.attention_kv = "host";
+  const TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const EnginePlan planned = plan_engine(cfg, model);
+  REQUIRE(planned.keys_values == KeysValues::mapped);
+  HostModel host(model, host_tile_options(cfg));
+  init_host_model(host, static_cast<std::uint64_t>(cfg.train.seed));
+  VectorBatchSource source(tiny_batches(t, 4));
+  // Keys and values mapped with the boundaries on the device: nothing would carve the mapped block.
+  EngineJob job = engine_job(cfg, model, source, host);
+  job.plan = planned;
+  job.plan->boundaries = BoundaryPlacement::device;
+  CHECK_THROWS_AS(run_engine(std::move(job)), std::invalid_argument);
+  CHECK(host.tile(0).version() == 0);  // nothing ran
 }
