@@ -311,8 +311,7 @@ TEST_CASE("on a GPU the plan counts the pinned host memory: tiles, host boundari
   CHECK(plan::describe_resources(p).find("pinned for the GPU's copies") != std::string::npos);
 }
 
-TEST_CASE("plan: placements are named values; keys, values and attention outputs leave the device only mapped",
-          "[plan]") {
+TEST_CASE("plan: placements are named values, and what leaves the device goes only to the mapped block", "[plan]") {
   // 2M tokens on a GH200 profile: keys and values mapped with the boundaries (as above).
   TrainConfig cfg = llama7b(2097152);
   const plan::ResourcePlan p = plan_on(cfg, profile("gh200"), true);
