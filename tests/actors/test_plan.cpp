@@ -341,7 +341,7 @@ TEST_CASE("plan: a checkpoint records the plan the run printed, the one megatrai
       " --model.hidden_size=64 --model.layers=2 --model.heads=4 --model.intermediate_size=128"
       " --model.vocab_size=64 --model.max_position_embeddings=32 --data.seq_length=16"
       " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 --train.max_steps=2"
-      " --device.device_memory_mb=16 --threads.total=2 --monitor.enabled=false --data.train_files=" +
+      " --device.max_vram_gb=0.015625 --threads.total=2 --monitor.enabled=false --data.train_files=" +
       (dir.path / "data" / "train_*.bin").string() + " --train.output_dir=" + (dir.path / "out").string();
   const mt::test::Outcome run = mt::test::run_node(args);
   INFO(run.out);
