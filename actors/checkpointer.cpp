@@ -43,6 +43,7 @@
 #include "actors/actors.hpp"
 #include "actors/run_state.hpp"
 #include "cluster/grad_reduce.hpp"
+#include "plan/engine_plan.hpp"
 #include "storage/checkpoint/checkpoint_dir.hpp"
 #include "storage/checkpoint/checkpoint_writer.hpp"
 #include "storage/hf/file_util.hpp"
@@ -454,6 +455,8 @@ void begin(self_ptr self, std::int64_t v) {
     const CheckpointJob& cj = ctx->job->checkpoint;
     ckpt::CheckpointWriterOptions o;
     o.keep_last = cj.keep_last;
+    // The run's plan (an evaluation pass's pipeline runs a reduced copy; the checkpoint records the run's).
+    if (ctx->job->plan) o.plan = plan::plan_summary(*ctx->job->plan);
     if (!cj.hf_config_json.empty()) o.hf_config = nlohmann::json::parse(cj.hf_config_json);
     if (owners_write(ctx)) {  // one directory, every rank's files; rank 0 publishes
       o.temp_name = shared_temp_name(ctx, v);

@@ -451,10 +451,10 @@ void finish_op(OpFrame& f, Clock::time_point t0) {
   const Op& op = *f.op;
   const auto t1 = Clock::now();
   st.step_compute += seconds_between(t0, t1);
-  ctx->intervals.add(Role::compute, p.step, t0, t1, static_cast<int>(op.phase()));
+  ctx->intervals.add(Role::compute, p.step, t0, t1, static_cast<int>(phase_of(op)));
   ctx->monitor->board()
       .probe(monitor::ActorId::compute, ctx->device)
-      .unit(p.step, ctx->work_micro_batch(p.micro_batch), op.stage, phase_name(op.phase()));
+      .unit(p.step, ctx->work_micro_batch(p.micro_batch), op.stage, phase_name(phase_of(op)));
   if (f.written >= 0) {
     if (f.written < f.L && !sched.is_forward_only())  // an evaluation pass has no backward to feed
       offload_boundary(f.self, p, f.written);
@@ -517,7 +517,7 @@ void try_advance(self_ptr self) {
       st.waiting_since.reset();
     }
     fault_point(f.ctx->fault, Role::compute, f.p.step, f.ctx->work_micro_batch(f.p.micro_batch), f.op->stage,
-                f.op->phase());
+                phase_of(*f.op));
     const auto t0 = Clock::now();
     run_op(f);
     finish_op(f, t0);

@@ -250,10 +250,11 @@ struct Context : RunShared {
   std::vector<float*> dx_sets;
   std::vector<float*> head_inputs;
   float* workspace = nullptr;
-  // EnginePlan::sequence_mapped: the tiled layers' sequence-sized buffers (keys, values, their gradients)
-  // in mapped host memory after the boundaries; null: in the workspace.
+  // KeysValues::mapped (EnginePlan::keys_values): the tiled layers' sequence-sized buffers (keys, values, their
+  // gradients) in mapped host memory after the boundaries; null: in the workspace.
   float* sequence = nullptr;
-  // EnginePlan::attention_kept: each layer's attention output and log-sum-exp, kept_attention[set][layer
+  // AttentionOutputs::kept_mapped (EnginePlan::attention): each layer's attention output and log-sum-exp,
+  // kept_attention[set][layer
   // - 1], in mapped host memory after those; empty: the tiled backward runs the attention forward again.
   std::vector<std::vector<float*>> kept_attention;
 

@@ -2,9 +2,8 @@
 // (node supervising loader, prefetcher, compute, gradient collector, optimizer) for cfg.train.max_steps
 // steps. This header includes no CAF: tests and tools that only drive the engine compile quickly.
 //
-// plan_engine() checks everything that can be checked before training (the arena fits the device
-// budget, slot counts, modes) and throws ConfigError / ArenaBudgetError naming the key. The run plans
-// once and hands the plan to run_engine in its job (EngineJob::plan); a job without one is planned at
+// The engine executes a device plan (plan/engine_plan.hpp: plan::plan_engine). The run plans once and
+// hands the plan to run_engine in its job (EngineJob::plan); a job without one is planned at
 // run_engine's entry, so bad input fails before any actor starts.
 #pragma once
 #include <atomic>
@@ -27,6 +26,7 @@
 #include "device/device_arena.hpp"
 #include "kernels/model_config.hpp"
 #include "kernels/stage_api.hpp"
+#include "plan/engine_plan.hpp"
 #include "storage/host/host_model.hpp"
 
 namespace caf {
@@ -38,84 +38,12 @@ class World;
 
 namespace mt::actors {
 
-// The device side of a run, decided before anything is allocated.
-struct EnginePlan {
-  ArenaPlan arena;
-  ActivationMode mode = ActivationMode::recompute;
-  std::int64_t batch = 0, seq = 0, stages = 0;
-  // device.gpus = N devices, each with its own arena of this plan (device memory is per device) and
-  // device_micro_batches (train.gradient_accumulation_steps) micro-batches per step; a step has
-  // micro_batches = N x device_micro_batches in all (device d runs global micro-batches d, d + N, ...).
-  int devices = 1;
-  std::int64_t device_micro_batches = 0;
-  // Ranks of the job (cfg.cluster.ranks, one device each): a step has micro_batches = ranks x devices x
-  // device_micro_batches in all; rank r runs its device_micro_batches (cluster/grad_reduce.hpp).
-  int ranks = 1;
-  std::int64_t micro_batches = 0;
-  int weight_slots = 0, grad_slots = 0, prefetch_depth = 0;
-  // train.gradient_buffer=stage: no gradient accumulator in the tiles (Context::stage_gradients); a step
-  // runs gradient_passes (2 with clipping) passes of its one micro-batch, each a schedule micro-batch.
-  bool stage_gradients = false;
-  int gradient_passes = 1;
-  std::size_t hidden_floats = 0;  // one boundary activation: batch * seq * hidden_size
-  MicroBatchOrder order = MicroBatchOrder::interleaved;
-  int activation_sets = 1;          // micro-batches whose activations are alive at once
-  bool boundaries_on_host = false;  // device.keep_intermediates=boundary_host
-  int ring_entries = 0;             // boundaries on the host: forward ring entries on the device
-  int activation_slots = 0;         // boundaries on the host: backward input slots on the device
-  // Boundaries on the host (or mapped): the host store (grows with depth); mapped, everything in the
-  // mapped block (with all_mapped the kept intermediates, with sequence_mapped the keys and values, with
-  // attention_kept every layer's attention output and log-sum-exp).
-  std::size_t host_boundary_bytes = 0;
-  // device.keep_intermediates=boundary_mapped (or all_mapped, with mode keep): every boundary and both
-  // dx buffers (all_mapped: and every layer's intermediates) in host RAM, used in place by the stage
-  // operations (the compute sees them as if on the device).
-  bool boundaries_mapped = false;
-  // Boundaries mapped and sequence tiles, when even the smallest tile's keys and values do not fit the
-  // budget: the tiled layers' sequence-sized buffers (layer_sequence_floats: keys, values, their
-  // gradients, the RoPE tables) are mapped in host RAM after the boundaries, and the workspace holds one
-  // tile. The arena then bounds nothing sequence-sized; host RAM does. Results do not change.
-  bool sequence_mapped = false;
-  std::size_t sequence_floats = 0;  // sequence_mapped: those buffers (also in host_boundary_bytes)
-  // Sequence tiles with the boundaries mapped (by auto or by name), on a device sharing host memory, while
-  // half the host RAM holds it (as all_mapped's guard), and not in a forward-only (evaluation) pipeline:
-  // every layer's attention output and log-sum-exp
-  // (layer_attention_floats per layer and activation set) in the mapped block after the rest, so the
-  // tiled backward does not run the attention forward again. Results do not change.
-  bool attention_kept = false;
-  std::size_t attention_floats = 0;  // attention_kept: one layer's (all of them also in host_boundary_bytes)
-  std::size_t saved_floats = 0;      // keep mode, or kept_layers > 0: one layer's intermediates
-  // Recompute mode with the boundaries on the device: the last kept_layers layers keep their
-  // intermediates anyway (device.keep_intermediates=auto spends budget left over on them), so their
-  // backward recomputes nothing. The results do not change (the recomputation is the same forward).
-  std::int64_t kept_layers = 0;
-  std::size_t workspace_floats = 0;
-  // Sequence tiles (long context, device.seq_tile): tokens per tile of the recomputing layers and the
-  // head (ComputeCtx::seq_tile), 0 = whole sequences. Auto: 0 when the whole sequence fits the budget,
-  // else the largest power of two below seq (down to kMinAutoSeqTile) that fits. No layer is kept then.
-  std::int64_t seq_tile = 0;
-  ThreadBudget threads;
-  std::vector<std::string> notes;  // adjustments made (e.g. grad slots raised for tied embeddings)
-};
+using plan::EnginePlan;  // the plan the engine executes
 
-inline constexpr std::int64_t kMinAutoSeqTile = 128;  // smaller tiles cost GEMM efficiency and save little
 // What a job of several ranks cannot run yet (several devices per rank): ConfigError naming the key. `train` and
 // run_engine check it; plan_engine plans such a job anyway
 // (`megatrain plan --plan.ranks=N` for a GPU profile).
 void check_cluster_runs(const TrainConfig& cfg);
-EnginePlan plan_engine(const TrainConfig& cfg, const ModelConfig& model);
-// The keep_intermediates mode a plan runs (never automatic): what auto chose, or what was asked.
-KeepIntermediates planned_keep(const EnginePlan& p);
-// The plan's placements and sizes as one object: what `megatrain train` and `megatrain plan` print.
-nlohmann::json plan_summary(const EnginePlan& p);
-// EnginePlan::attention_kept: the bytes of every layer's kept attention output in each activation set
-// (part of host_boundary_bytes); 0 when none is kept.
-std::size_t kept_attention_bytes(const EnginePlan& p, const ModelConfig& model);
-// What the run asks of its backend (kind, precision, threads, link), from the config and the plan.
-BackendOptions backend_options(const TrainConfig& cfg, const EnginePlan& plan);
-// The CUDA ops' scratch a run of this plan takes beside the arena (BackendOptions::cuda_scratch): its
-// micro-batch shape, sequence tiles and precision. The planner counts it on a GPU.
-cuda::ScratchPlan cuda_ops_scratch(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan);
 
 // One line of progress: what `megatrain train` prints and writes as JSONL.
 struct StepRecord {
@@ -281,20 +209,6 @@ struct EngineResult {
 nlohmann::json evaluations_json(const std::vector<EvalRecord>& evals);
 std::vector<EvalRecord> evaluations_from_json(const nlohmann::json& j);
 
-// The host tiles a run needs: with train.bf16, each tile also holds the bf16 compute copy the
-// optimizer writes and the prefetcher streams; with train.offload_dir or train.optimizer_compression
-// the moments live outside the tiles (moment_store_for).
-HostTileOptions host_tile_options(const TrainConfig& cfg);
-// The stages whose optimizer state this rank holds (cluster.shard_state with several ranks: stage s on
-// rank s mod N, cluster::stage_owner; else empty: every stage). Pass it to HostModel.
-OwnedStages host_owned_stages(const TrainConfig& cfg, const ModelConfig& model);
-// train.gradient_buffer=stage summing into the two stage accumulators (actors/stage_accumulators.hpp):
-// with several micro-batches a step, or several ranks (each stage's owner sums every rank's rounds).
-inline bool sums_into_stage_accumulators(const EnginePlan& p) {
-  return p.stage_gradients && (p.device_micro_batches > 1 || p.ranks > 1);
-}
-// Each stage accumulator's floats: the largest stage this rank owns (host_owned_stages; 0 when it owns none).
-std::size_t stage_accumulator_floats(const TrainConfig& cfg, const ModelConfig& model);
 // Where the run keeps its Adam moments: nullptr = in the tiles (the default), else a staged store
 // (storage/offload): compressed in RAM, or files in train.offload_dir; with the host state sharded it
 // holds this rank's own stages only (moment_store_options). Pass it to HostModel with

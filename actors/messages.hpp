@@ -38,6 +38,16 @@
 #include "data/loader.hpp"
 #include "monitor/status_board.hpp"
 
+namespace mt::plan {
+
+// The schedule's positions travel in messages (found by argument-dependent lookup, beside Pos).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Pos& x) {
+  return f(caf::meta::type_name("Pos"), x.step, x.micro_batch, x.op, x.index);
+}
+
+}  // namespace mt::plan
+
 namespace mt::actors {
 
 // ---- atoms -------------------------------------------------------------------------------------
@@ -63,11 +73,6 @@ struct WorkId {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkId& x) {
   return f(caf::meta::type_name("WorkId"), x.step, x.micro_batch, x.stage, x.phase);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, Pos& x) {
-  return f(caf::meta::type_name("Pos"), x.step, x.micro_batch, x.op, x.index);
 }
 
 // ---- control ---------------------------------------------------------------------------------------

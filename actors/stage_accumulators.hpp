@@ -13,12 +13,13 @@
 #include <vector>
 
 #include "kernels/tile.hpp"
+#include "plan/engine_plan.hpp"
 
 namespace mt::actors {
 
 class StageAccumulators {
  public:
-  static constexpr int kCount = 2;
+  static constexpr int kCount = plan::kStageAccumulators;
   explicit StageAccumulators(std::size_t floats = 0);
   bool enabled() const { return !buffers_.empty(); }
   // An accumulator for (step, stage): the one it holds already, else a free one claimed; -1 if none is free.

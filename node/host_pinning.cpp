@@ -3,6 +3,7 @@
 namespace mt::node {
 
 using namespace mt::actors;  // the engine this folder runs
+using namespace mt::plan;
 
 std::unique_ptr<BackendPinning> host_pinning_for(const TrainConfig& cfg, const EnginePlan& plan) {
   if (cfg.device.backend == "cpu") return nullptr;

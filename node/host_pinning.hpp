@@ -33,6 +33,6 @@ class BackendPinning final : public HostPinningHook {
 
 // The run's pinning hook: null for the CPU backend (nothing to pin), else a BackendPinning over a
 // backend of device.backend on device 0 (CUDA registers the ranges as portable: every GPU sees them).
-std::unique_ptr<BackendPinning> host_pinning_for(const TrainConfig& cfg, const actors::EnginePlan& plan);
+std::unique_ptr<BackendPinning> host_pinning_for(const TrainConfig& cfg, const plan::EnginePlan& plan);
 
 }  // namespace mt::node

@@ -20,6 +20,7 @@
 namespace mt::node {
 
 using namespace mt::actors;  // the engine this folder runs
+using namespace mt::plan;
 
 namespace fs = std::filesystem;
 

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <iostream>
 
-#include "actors/tier_bytes.hpp"
 #include "config/node_config.hpp"
 #include "data/dataset_builder.hpp"
 #include "kernels/param_layout.hpp"
@@ -15,6 +14,7 @@
 #include "plan/resource_plan.hpp"
 #include "plan/state_modes.hpp"
 #include "plan/step_model.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/hf/hf_config.hpp"
 
 namespace mt::node {
@@ -60,7 +60,7 @@ void print_profile(const HardwareProfile& hw, double measure_s) {
 }
 
 // A rank's host RAM by the engine's sizing: its tiles and its moment store (slots, encodings in RAM).
-double host_ram_of(const actors::TierBytes& b) { return static_cast<double>(b.tiles + b.staging + b.ram_encodings); }
+double host_ram_of(const plan::TierBytes& b) { return static_cast<double>(b.tiles + b.staging + b.ram_encodings); }
 
 // plan.ranks = N: a job of N ranks, each with the config's micro-batches. Every rank holds the same
 // host tiles unless the state is sharded (cluster.shard_state: stage s's state on rank s mod N, of the
@@ -68,11 +68,11 @@ double host_ram_of(const actors::TierBytes& b) { return static_cast<double>(b.ti
 // rank holding the most host RAM is planned, and every rank's bytes are listed.
 void plan_one_rank_of(TrainConfig& cfg, const ModelConfig& model, bool gpu) {
   cfg.cluster.ranks = static_cast<int>(cfg.plan.ranks);
-  std::vector<actors::TierBytes> bytes;
+  std::vector<plan::TierBytes> bytes;
   int largest = 0;
   for (int r = 0; r < cfg.cluster.ranks; ++r) {
     cfg.cluster.rank = r;
-    bytes.push_back(actors::tier_bytes(cfg, model));
+    bytes.push_back(plan::tier_bytes(cfg, model));
     if (host_ram_of(bytes.back()) > host_ram_of(bytes[static_cast<std::size_t>(largest)])) largest = r;
   }
   cfg.cluster.rank = largest;
@@ -86,7 +86,7 @@ void plan_one_rank_of(TrainConfig& cfg, const ModelConfig& model, bool gpu) {
     if (bytes[r].disk > 0) std::printf(" (files %s)", gib(static_cast<double>(bytes[r].disk)).c_str());
   }
   if (shown < bytes.size()) std::printf(" ...");
-  const actors::TierBytes whole = actors::tier_bytes_of_every_stage(cfg, model);
+  const plan::TierBytes whole = plan::tier_bytes_of_every_stage(cfg, model);
   std::printf("; unsharded %s", gib(host_ram_of(whole)).c_str());
   if (whole.disk > 0) std::printf(" (files %s)", gib(static_cast<double>(whole.disk)).c_str());
   std::printf("; planned below: rank %d (the most), its share of the step\n", largest);
@@ -136,7 +136,7 @@ int run_plan_command(const std::vector<std::string>& args) {
       // take here (the cache, else the probes), set before anything runs a product, so the machine's figures and the op
       // times come from the kernels the run uses.
       try {
-        const KernelChoice kc = choose_kernels(cfg, model, actors::plan_engine(cfg, model), nlohmann::json::object());
+        const KernelChoice kc = choose_kernels(cfg, model, plan::plan_engine(cfg, model), nlohmann::json::object());
         if (kc.applies) kernel_note = kc.fp32_line();
         if (kc.bf16) kernel_note += "\nnote: " + kc.line() + "\nnote: " + kc.attention_line();
       } catch (const ConfigError&) {
@@ -201,7 +201,7 @@ int run_plan_command(const std::vector<std::string>& args) {
     std::fputs(describe_resources(rp).c_str(), stdout);
     if (rp.engine) {
       for (const auto& n : rp.engine->notes) std::printf("note: %s\n", n.c_str());
-      std::printf("plan %s\n", actors::plan_summary(*rp.engine).dump().c_str());  // as `train` prints it
+      std::printf("plan %s\n", plan::plan_summary(*rp.engine).dump().c_str());  // as `train` prints it
       if (!kernel_note.empty()) std::printf("note: %s\n", kernel_note.c_str());
       const OpTimes ops =
           hw.key == "this" ? measure_op_times(cfg, model, *rp.engine) : op_times_from_flops(cfg, model, *rp.engine, hw);

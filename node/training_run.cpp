@@ -23,7 +23,6 @@
 
 #include "actors/monitor_publish.hpp"
 #include "actors/run_state.hpp"
-#include "actors/tier_bytes.hpp"
 #include "cluster/grad_reduce.hpp"
 #include "cluster/world.hpp"
 #include "config/keys.hpp"
@@ -38,12 +37,14 @@
 #include "node/kernel_choice.hpp"
 #include "plan/resource_plan.hpp"
 #include "plan/state_modes.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/hf/file_util.hpp"
 #include "storage/hf/hf_config.hpp"
 
 namespace mt::node {
 
 using namespace mt::actors;  // the engine this folder runs
+using namespace mt::plan;
 
 namespace {
 

@@ -4,9 +4,8 @@
 #include <map>
 #include <sstream>
 
-#include "actors/stage_accumulators.hpp"
-#include "actors/tier_bytes.hpp"
 #include "plan/hardware.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/host/host_model.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 
@@ -42,8 +41,8 @@ double largest_stage_bytes(const ModelConfig& model) {
 // arena's total), and what sizes each: at long context the workspace is the sequence-sized part.
 // A GPU holds, beside each arena, its ops' scratch for the run's shapes (allocated when the backend is
 // made) and the backend's fixed reserve (the context, cuBLASLt, token buffers).
-void add_cuda_side(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& e) {
-  const cuda::ScratchPlan s = actors::cuda_ops_scratch(cfg, model, e);
+void add_cuda_side(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& e) {
+  const cuda::ScratchPlan s = cuda_ops_scratch(cfg, model, e);
   std::string parts;
   for (int i = 0; i < cuda::kSlots; ++i)
     if (s.bytes[i] > 0)
@@ -63,10 +62,10 @@ void add_cuda_side(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& m
 // ones are allocated pinned) and every gradient landing buffer, each at its exact size. Counts them in
 // p.pinned_bytes and adds the row of the collector's buffer where no other row counts it; returns
 // that row's bytes.
-double add_pinned(ResourcePlan& p, const ModelConfig& model, const actors::EnginePlan& e, double host_tiles) {
+double add_pinned(ResourcePlan& p, const ModelConfig& model, const EnginePlan& e, double host_tiles) {
   const double stage = largest_stage_bytes(model);
   double landing = 0.0, added = 0.0;
-  if (actors::sums_into_stage_accumulators(e)) {
+  if (sums_into_stage_accumulators(e)) {
     landing = stage;  // counted with the accumulators
   } else if (e.stage_gradients) {
     landing = static_cast<double>(e.grad_slots) * stage;  // counted above
@@ -78,7 +77,7 @@ double add_pinned(ResourcePlan& p, const ModelConfig& model, const actors::Engin
   return added;
 }
 
-void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const ModelConfig& model) {
+void add_device_regions(ResourcePlan& p, const EnginePlan& e, const ModelConfig& model) {
   const ArenaPlan& a = e.arena;
   std::map<ArenaRegionKind, double> taken;
   for (std::size_t i = 0; i < a.regions.size(); ++i) {
@@ -97,7 +96,7 @@ void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const Mode
                          gib(static_cast<double>(a.grad_slot_bytes)) + " (fp32, staged for the device-to-host copy)",
                      taken[ArenaRegionKind::grad_slot]});
   std::string ws;
-  if (e.seq_tile > 0 && e.sequence_mapped)
+  if (e.seq_tile > 0 && e.keys_values == KeysValues::mapped)
     ws = "workspace: one layer in sequence tiles of " + std::to_string(e.seq_tile) +
          " tokens: one tile's activations (keys, values and their gradients are mapped in host RAM)";
   else if (e.seq_tile > 0)
@@ -116,10 +115,11 @@ void add_device_regions(ResourcePlan& p, const actors::EnginePlan& e, const Mode
   std::snprintf(b, sizeof b, "activations: %.1f x a layer boundary (%s: %lld x %lld x hidden %lld fp32)%s",
                 boundary > 0 ? act / boundary : 0.0, gib(boundary).c_str(), static_cast<long long>(e.batch),
                 static_cast<long long>(e.seq), static_cast<long long>(model.hidden_size),
-                e.boundaries_mapped && e.mode == ActivationMode::keep
+                e.boundaries == BoundaryPlacement::mapped && e.mode == ActivationMode::keep
                     ? ": none, the boundaries and every layer's intermediates are mapped in host RAM"
-                : e.boundaries_mapped  ? ": none, the boundaries are mapped in host RAM"
-                : e.boundaries_on_host ? ": the backward's dx, the forward ring and the backward's input slots"
+                : e.boundaries == BoundaryPlacement::mapped ? ": none, the boundaries are mapped in host RAM"
+                : e.boundaries == BoundaryPlacement::host_ring
+                    ? ": the backward's dx, the forward ring and the backward's input slots"
                 : e.mode == ActivationMode::keep ? ": boundaries, dx and every layer's intermediates"
                 : e.kept_layers > 0              ? ": boundaries, dx and the kept layers' intermediates"
                                                  : ": the layer boundaries and the backward's dx");
@@ -147,7 +147,7 @@ std::string tiles_description(const TrainConfig& cfg, const ModelConfig& model, 
                   static_cast<double>(HostTile::allocation_bytes(kFloats, tiles)) / kFloats);
     tiles_what += b;
     // cluster.shard_state: this rank's stages whole, of the others only what compute streams.
-    if (!actors::host_owned_stages(cfg, model).empty()) {
+    if (!host_owned_stages(cfg, model).empty()) {
       std::snprintf(b, sizeof b, " for rank %d's stages, %.0f for the %d other ranks'", cfg.cluster.rank,
                     static_cast<double>(HostTile::allocation_bytes(kFloats, replica_tile_options(tiles))) / kFloats,
                     cfg.cluster.ranks - 1);
@@ -158,29 +158,30 @@ std::string tiles_description(const TrainConfig& cfg, const ModelConfig& model, 
 }
 
 // The host boundaries (and what is mapped beside them) of each device; returns their bytes.
-double add_host_boundaries(ResourcePlan& p, const actors::EnginePlan& e, const ModelConfig& model) {
+double add_host_boundaries(ResourcePlan& p, const EnginePlan& e, const ModelConfig& model) {
   if (e.host_boundary_bytes == 0) return 0.0;
   // Each device has its own (the engine allocates them per device).
   const double devices = static_cast<double>(e.devices);
   const std::string each = e.devices > 1 ? ", each of " + std::to_string(e.devices) + " devices" : "";
   const double sequence = static_cast<double>(align_floats(e.sequence_floats) * sizeof(float));
-  const double attention = static_cast<double>(actors::kept_attention_bytes(e, model));
+  const double attention = static_cast<double>(kept_attention_bytes(e, model));
   p.bytes.push_back({"host RAM",
-                     (e.boundaries_mapped && e.mode == ActivationMode::keep
+                     (e.boundaries == BoundaryPlacement::mapped && e.mode == ActivationMode::keep
                           ? "layer boundaries, the backward's two dx buffers and every layer's intermediates, used "
                             "in place by the device (keep_intermediates=all_mapped"
-                      : e.boundaries_mapped ? "layer boundaries and the backward's two dx buffers, used in place by "
-                                              "the device (keep_intermediates=boundary_mapped"
-                                            : "layer boundaries (keep_intermediates=boundary_host") +
+                      : e.boundaries == BoundaryPlacement::mapped
+                          ? "layer boundaries and the backward's two dx buffers, used in place by "
+                            "the device (keep_intermediates=boundary_mapped"
+                          : "layer boundaries (keep_intermediates=boundary_host") +
                          each + ")",
                      devices * (static_cast<double>(e.host_boundary_bytes) - sequence - attention)});
-  if (e.sequence_mapped)
+  if (e.keys_values == KeysValues::mapped)
     p.bytes.push_back({"host RAM",
                        "attention's keys, values and their gradients over the whole micro-batch, and the RoPE "
                        "tables, used in place by the device (device.attention_kv" +
                            each + ")",
                        devices * sequence});
-  if (e.attention_kept)
+  if (e.attention == AttentionOutputs::kept_mapped)
     p.bytes.push_back({"host RAM",
                        "every layer's attention output and log-sum-exp, so the tiled backward does not run the "
                        "attention forward again" +
@@ -191,16 +192,16 @@ double add_host_boundaries(ResourcePlan& p, const actors::EnginePlan& e, const M
 
 // Where the gradients of several micro-batches, ranks or stage updates wait on the host; returns their bytes.
 double add_gradient_buffers(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x,
-                            const actors::EnginePlan& e) {
+                            const EnginePlan& e) {
   double host = 0.0;
-  if (actors::sums_into_stage_accumulators(e)) {
+  if (sums_into_stage_accumulators(e)) {
     // Several micro-batches (or ranks) are summed into two stage accumulators
     // (actors/stage_accumulators.hpp), each the largest stage this rank owns, over a link through one
     // host buffer (the largest stage).
     const bool link = !(cfg.device.backend == "cpu" && !x.device_is_gpu && cfg.device_shares_host_memory());
-    const double accums = actors::StageAccumulators::kCount *
-                              static_cast<double>(actors::stage_accumulator_floats(cfg, model)) * sizeof(float) +
-                          (link ? largest_stage_bytes(model) : 0.0);
+    const double accums =
+        kStageAccumulators * static_cast<double>(stage_accumulator_floats(cfg, model)) * sizeof(float) +
+        (link ? largest_stage_bytes(model) : 0.0);
     const std::string what =
         e.ranks > 1
             ? "stage gradients of " + std::to_string(e.ranks) + " ranks: two stage accumulators of rank " +
@@ -224,7 +225,7 @@ double add_gradient_buffers(ResourcePlan& p, const TrainConfig& cfg, const Model
 // the CPU backend's arenas; returns the host bytes it adds.
 double count_engine_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x,
                           double host_tiles) {
-  const actors::EnginePlan& e = *p.engine;
+  const EnginePlan& e = *p.engine;
   double host = 0.0;
   p.device_bytes = static_cast<double>(e.arena.total_bytes);
   add_device_regions(p, e, model);
@@ -246,29 +247,31 @@ double count_engine_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelCo
 }
 
 // Where the engine keeps weights in flight, activations and the sequence.
-void add_engine_homes(ResourcePlan& p, const TrainConfig& cfg, const actors::EnginePlan& e) {
+void add_engine_homes(ResourcePlan& p, const TrainConfig& cfg, const EnginePlan& e) {
   p.homes.push_back("weights in flight: device, " + std::to_string(e.weight_slots) + " slots (prefetch depth " +
                     std::to_string(e.prefetch_depth) + ")");
-  p.homes.push_back(std::string("activations: ") +
-                    (e.mode == ActivationMode::keep && e.boundaries_mapped
-                         ? "host RAM, used in place (mapped), every intermediate kept (no recomputation)"
-                     : e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
-                     : e.boundaries_mapped
-                         ? "layer boundaries and dx in host RAM, used in place (mapped), recomputed once in backward"
-                     : e.boundaries_on_host ? "layer boundaries in host RAM, recomputed once in backward"
-                     : e.kept_layers > 0
-                         ? "layer boundaries on the device, recomputed once in backward except the last " +
-                               std::to_string(e.kept_layers) + " layer(s), whose intermediates are kept"
-                         : "layer boundaries on the device, recomputed once in backward") +
-                    (e.attention_kept ? " (but the attention forward: each layer's output is kept in host RAM)" : "") +
-                    ", " + std::to_string(e.activation_sets) + " activation set(s)");
+  p.homes.push_back(
+      std::string("activations: ") +
+      (e.mode == ActivationMode::keep && e.boundaries == BoundaryPlacement::mapped
+           ? "host RAM, used in place (mapped), every intermediate kept (no recomputation)"
+       : e.mode == ActivationMode::keep ? "device, every intermediate kept (no recomputation)"
+       : e.boundaries == BoundaryPlacement::mapped
+           ? "layer boundaries and dx in host RAM, used in place (mapped), recomputed once in backward"
+       : e.boundaries == BoundaryPlacement::host_ring ? "layer boundaries in host RAM, recomputed once in backward"
+       : e.kept_layers > 0 ? "layer boundaries on the device, recomputed once in backward except the last " +
+                                 std::to_string(e.kept_layers) + " layer(s), whose intermediates are kept"
+                           : "layer boundaries on the device, recomputed once in backward") +
+      (e.attention == AttentionOutputs::kept_mapped
+           ? " (but the attention forward: each layer's output is kept in host RAM)"
+           : "") +
+      ", " + std::to_string(e.activation_sets) + " activation set(s)");
   p.homes.push_back(e.seq_tile > 0 ? "sequence: tiles of " + std::to_string(e.seq_tile) +
                                          " tokens of one sequence through each layer and the "
                                          "head (device.seq_tile" +
                                          (cfg.device.seq_tile > 0 ? "" : "=auto: the whole sequence does not fit") +
                                          "); only attention's keys and values and their gradients are "
                                          "sequence-sized" +
-                                         (e.sequence_mapped ? ", in host RAM" : ", on the device")
+                                         (e.keys_values == KeysValues::mapped ? ", in host RAM" : ", on the device")
                                    : "sequence: whole sequences of " + std::to_string(e.seq) +
                                          " tokens through each layer (device.seq_tile" +
                                          (cfg.device.seq_tile > 0 ? "" : "=auto: they fit the budget") + ")");
@@ -313,16 +316,16 @@ void add_homes(ResourcePlan& p, const TrainConfig& cfg, const HostTileOptions& t
 
 // The byte side alone (no misfits): fills p.bytes, p.homes and the totals.
 void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x) {
-  const HostTileOptions tiles = actors::host_tile_options(cfg);
+  const HostTileOptions tiles = host_tile_options(cfg);
   const bool masters_on_tier = cfg.train.offload_params;
   // The engine's own sizing (tested equal to a run's accounting): tiles, staging slots, files.
-  const actors::TierBytes tb = actors::tier_bytes(cfg, model);
+  const TierBytes tb = tier_bytes(cfg, model);
   const double host_tiles = static_cast<double>(tb.tiles);
   const double staging = static_cast<double>(tb.staging + tb.ram_encodings);
   const double disk = static_cast<double>(tb.disk);
   // cluster.shard_state: a rank's moment store holds its own stages only (tier_bytes counts those).
   const std::string own_stages =
-      actors::host_owned_stages(cfg, model).empty() ? "" : " of rank " + std::to_string(cfg.cluster.rank) + "'s stages";
+      host_owned_stages(cfg, model).empty() ? "" : " of rank " + std::to_string(cfg.cluster.rank) + "'s stages";
   p.bytes.push_back({"host RAM", tiles_description(cfg, model, tiles), host_tiles});
   if (staging > 0)
     p.bytes.push_back({"host RAM",
@@ -349,11 +352,10 @@ void count_bytes(ResourcePlan& p, const TrainConfig& cfg, const ModelConfig& mod
 
 // `given`: the run's own plan of cfg (not planned again); null = planned here.
 ResourcePlan plan_once(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& x, std::string* device_error,
-                       std::string* device_key, bool* budget_error = nullptr,
-                       const actors::EnginePlan* given = nullptr) {
+                       std::string* device_key, bool* budget_error = nullptr, const EnginePlan* given = nullptr) {
   ResourcePlan p;
   try {
-    p.engine = given != nullptr ? *given : actors::plan_engine(cfg, model);
+    p.engine = given != nullptr ? *given : plan_engine(cfg, model);
   } catch (const ConfigError& e) {
     *device_error = e.what();
     *device_key = e.key();
@@ -373,15 +375,15 @@ double host_need(const TrainConfig& cfg, const ModelConfig& model, const PlanExt
 
 }  // namespace
 
-std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, const ModelConfig& model) {
+std::optional<EnginePlan> least_device_plan(const TrainConfig& cfg, const ModelConfig& model) {
   TrainConfig c = cfg;
   c.device.max_vram_gb = 1e9;  // no budget: the plan's own size is the answer
   c.device.weight_slots = 2;
   c.device.grad_slots = 1;
   c.device.prefetch_depth = 0;
   const std::int64_t seq = cfg.data.seq_length;
-  c.device.seq_tile = layer_has_seq_tiles(model) && seq > actors::kMinAutoSeqTile ? actors::kMinAutoSeqTile : 0;
-  std::optional<actors::EnginePlan> best;
+  c.device.seq_tile = layer_has_seq_tiles(model) && seq > kMinAutoSeqTile ? kMinAutoSeqTile : 0;
+  std::optional<EnginePlan> best;
   const std::vector<KeepIntermediates> modes{KeepIntermediates::boundary_host, KeepIntermediates::boundary_mapped};
   for (KeepIntermediates k : modes) {
     c.device.keep_intermediates = keep_intermediates_name(k);
@@ -392,7 +394,7 @@ std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, cons
     c.device.attention_kv =
         k == KeepIntermediates::boundary_mapped && c.device.seq_tile > 0 && may_map ? "host" : "device";
     try {
-      actors::EnginePlan e = actors::plan_engine(c, model);
+      EnginePlan e = plan_engine(c, model);
       if (!best || e.arena.total_bytes < best->arena.total_bytes) best = std::move(e);
     } catch (const std::exception&) {
       // a shape the engine refuses whatever the budget: plan_resources reports that error itself
@@ -433,16 +435,17 @@ void explain_least_device(ResourcePlan& p, Misfit& m, const TrainConfig& cfg, co
   if (const auto least = least_device_plan(cfg, model)) {
     p.least_device_bytes = static_cast<double>(least->arena.total_bytes);
     m.need = p.least_device_bytes;
-    const std::string settings = "device.seq_tile=" + std::to_string(least->seq_tile) + " device.keep_intermediates=" +
-                                 (least->boundaries_mapped ? "boundary_mapped" : "boundary_host") +
-                                 (least->sequence_mapped ? " device.attention_kv=host" : "") +
-                                 " device.weight_slots=2 device.grad_slots=1: workspace " +
-                                 gib(static_cast<double>(least->workspace_floats) * 4.0);
+    const std::string settings =
+        "device.seq_tile=" + std::to_string(least->seq_tile) + " device.keep_intermediates=" +
+        (least->boundaries == BoundaryPlacement::mapped ? "boundary_mapped" : "boundary_host") +
+        (least->keys_values == KeysValues::mapped ? " device.attention_kv=host" : "") +
+        " device.weight_slots=2 device.grad_slots=1: workspace " +
+        gib(static_cast<double>(least->workspace_floats) * 4.0);
     if (p.least_device_bytes <= budget) {
       // The budget holds the least plan: what the config fixed beyond it is the key to change.
       if (cfg.device.seq_tile > 0 && cfg.device.seq_tile != least->seq_tile)
         m.key = "device.seq_tile";
-      else if (least->sequence_mapped && cfg.device.attention_kv == "device")
+      else if (least->keys_values == KeysValues::mapped && cfg.device.attention_kv == "device")
         m.key = "device.attention_kv";
       else if (cfg.device.weight_slots > 2)
         m.key = "device.weight_slots";
@@ -470,7 +473,7 @@ void add_device_error_misfit(ResourcePlan& p, const TrainConfig& cfg, const Mode
     TrainConfig c2 = cfg;
     c2.device.keep_intermediates = "boundary_host";
     try {
-      actors::plan_engine(c2, model);
+      plan_engine(c2, model);
       m.key = "device.keep_intermediates";
       m.message += "; device.keep_intermediates=boundary_host fits (layer boundaries in host RAM)";
     } catch (const std::exception&) {
@@ -575,7 +578,7 @@ void add_disk_misfit(ResourcePlan& p, const TrainConfig& cfg, double disk_limit,
 
 ResourcePlan plan_resources(const TrainConfig& asked, const ModelConfig& model, const PlanExtras& x, double host_limit,
                             const std::string& host_source, double disk_limit, const std::string& disk_source,
-                            double device_limit, const actors::EnginePlan* run_plan) {
+                            double device_limit, const EnginePlan* run_plan) {
   // The engine's own choices that weigh host RAM (auto's all_mapped) weigh the RAM planned for, not
   // this machine's.
   TrainConfig cfg = asked;
@@ -635,7 +638,7 @@ std::string describe_resources(const ResourcePlan& p) {
 }
 
 std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
-                           const actors::EnginePlan* run_plan) {
+                           const EnginePlan* run_plan) {
   const double host = cfg.host_ram_bytes();
   const std::string host_source = cfg.host_ram_source();
   double disk = 0;

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "actors/engine.hpp"
 #include "config/train_config.hpp"
 #include "kernels/model_config.hpp"
+#include "plan/engine_plan.hpp"
 
 namespace mt::plan {
 
@@ -23,7 +23,7 @@ struct PlanExtras {
 };
 
 // One row of the byte table.
-struct TierBytes {
+struct ByteRow {
   std::string tier;  // "device", "host RAM", "disk"
   std::string what;  // "host tiles: fp32 masters, gradients, Adam m and v"
   double bytes = 0.0;
@@ -38,8 +38,8 @@ struct Misfit {
 };
 
 struct ResourcePlan {
-  std::optional<actors::EnginePlan> engine;  // empty when the device budget does not fit
-  std::vector<TierBytes> bytes;
+  std::optional<EnginePlan> engine;  // empty when the device budget does not fit
+  std::vector<ByteRow> bytes;
   std::vector<std::string> homes;  // "fp32 master weights: host RAM (the tiles)"
   std::vector<Misfit> misfits;
   double device_bytes = 0.0;         // the arena (per device)
@@ -80,13 +80,13 @@ void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw);
 ResourcePlan plan_resources(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras,
                             double host_limit, const std::string& host_limit_source, double disk_limit,
                             const std::string& disk_limit_source, double device_limit = 0.0,
-                            const actors::EnginePlan* run_plan = nullptr);
+                            const EnginePlan* run_plan = nullptr);
 
 // The smallest device plan of this run whatever the budget: the smallest sequence tiles auto tries
 // (kMinAutoSeqTile, when the layers have tiles), the boundaries off the device (boundary_host, or
 // boundary_mapped on a device sharing host memory), 2 weight slots and 1 gradient slot. Empty when the
 // engine refuses the shape itself (a ConfigError).
-std::optional<actors::EnginePlan> least_device_plan(const TrainConfig& cfg, const ModelConfig& model);
+std::optional<EnginePlan> least_device_plan(const TrainConfig& cfg, const ModelConfig& model);
 
 // The readable report of the byte table, the homes and the misfits.
 std::string describe_resources(const ResourcePlan& p);
@@ -96,7 +96,7 @@ std::string describe_resources(const ResourcePlan& p);
 // refuses the run when plan.enforce, else prints them as a warning.
 // run_plan: the run's plan of cfg, as for plan_resources.
 std::string check_run_fits(const TrainConfig& cfg, const ModelConfig& model, const PlanExtras& extras = {},
-                           const actors::EnginePlan* run_plan = nullptr);
+                           const EnginePlan* run_plan = nullptr);
 
 std::string gib(double bytes);  // "12.34 GiB" / "512.0 MiB"
 

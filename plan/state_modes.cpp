@@ -2,9 +2,9 @@
 
 #include <cstdio>
 
-#include "actors/engine.hpp"
-#include "actors/tier_bytes.hpp"
 #include "kernels/param_layout.hpp"
+#include "plan/engine_plan.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/host/host_tile.hpp"
 
 namespace mt::plan {
@@ -35,9 +35,9 @@ std::vector<ModeKeys> candidate_modes(const TrainConfig& cfg) {
 // (split masters and stage gradients: 2 + 10/N, about).
 double tile_bytes_per_param(const TrainConfig& c, const ModelConfig& model) {
   if (c.shards_host_state())
-    return static_cast<double>(actors::tier_bytes(c, model).tiles) / static_cast<double>(total_param_count(model));
+    return static_cast<double>(tier_bytes(c, model).tiles) / static_cast<double>(total_param_count(model));
   constexpr std::size_t kFloats = std::size_t{1} << 20;
-  return static_cast<double>(HostTile::allocation_bytes(kFloats, actors::host_tile_options(c))) / kFloats;
+  return static_cast<double>(HostTile::allocation_bytes(kFloats, host_tile_options(c))) / kFloats;
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "actors/schedule.hpp"
 #include "data/loader.hpp"
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
@@ -18,6 +17,7 @@
 #include "kernels/stage_api.hpp"
 #include "kernels/stages.hpp"
 #include "plan/resource_plan.hpp"
+#include "plan/schedule.hpp"
 
 namespace mt::plan {
 
@@ -123,7 +123,7 @@ LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_
   return f;
 }
 
-OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                             const HardwareProfile& hw) {
   const double tokens = static_cast<double>(plan.batch * plan.seq);
   const double rate =
@@ -137,11 +137,12 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
   const bool recompute = plan.mode == ActivationMode::recompute;
   OpTimes t;
   t.layer_forward = f.forward() / rate;
-  t.layer_backward = f.backward(recompute, plan.attention_kept) / rate;
+  t.layer_backward = f.backward(recompute, plan.attention) / rate;
   t.layer_backward_kept = f.backward(false) / rate;
   t.attention_forward = f.attention_forward / rate;
-  t.attention_backward =
-      (f.attention_backward + (recompute && !plan.attention_kept ? f.attention_forward : 0.0)) / rate;
+  t.attention_backward = (f.attention_backward +
+                          (recompute && plan.attention == AttentionOutputs::recomputed ? f.attention_forward : 0.0)) /
+                         rate;
   t.head = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size) * tokens / rate;
   // The embedding is a gather and a scatter: memory-bound, hidden_size floats per token each way.
   const double rows = tokens * static_cast<double>(model.hidden_size) * 8.0;
@@ -157,7 +158,7 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
 namespace {
 
 // The op times at sequence length T (the plan's batch, mode and tiles).
-OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan, std::int64_t T) {
+OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan, std::int64_t T) {
   const Precision prec = cfg.precision();
   const std::int64_t B = plan.batch, L = model.num_hidden_layers;
   ComputeCtx ctx;
@@ -206,11 +207,11 @@ OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const actor
   OpTimes t;
   t.embed_forward = best_of([&] { embedding_forward(model, embed, tokens.data(), B, T, x.data(), ctx); }, 6);
   t.layer_forward = best_of([&] { layer_forward(lm, layer, {B, T}, lb, ctx); }, 6);
-  // EnginePlan::attention_kept: the tiled backward reads the forward's attention output and log-sum-exp.
+  // AttentionOutputs::kept_mapped: the tiled backward reads the forward's attention output and log-sum-exp.
   // Timed so in tiles even where this T fits the plan's one tile (the shorter length the long-context
   // extrapolation measures), so both lengths time the backward the engine runs.
-  const std::int64_t kept_tile = !plan.attention_kept                     ? 0
-                                 : layer_runs_tiled(lm, T, plan.seq_tile) ? plan.seq_tile
+  const std::int64_t kept_tile = plan.attention == AttentionOutputs::recomputed ? 0
+                                 : layer_runs_tiled(lm, T, plan.seq_tile)       ? plan.seq_tile
                                                                           : std::max<std::int64_t>(64, T / 2 / 64 * 64);
   if (kept_tile > 0 && layer_runs_tiled(lm, T, kept_tile)) {
     cpu::CpuOps ops(prec, ctx.threads);
@@ -244,9 +245,9 @@ OpTimes measure_at(const TrainConfig& cfg, const ModelConfig& model, const actor
   t.head = best_of([&] { head_forward_backward(model, head, tied ? embed : nullptr, {B, T}, hb, ctx); }, 6);
   t.embed_backward = best_of([&] { embedding_backward(model, tokens.data(), B, T, dx.data(), g0.data(), ctx); }, 6);
   t.source = std::to_string(ctx.threads) + " threads, " + (prec == Precision::bf16 ? "bf16" : "fp32") + ", " +
-             (plan.mode == ActivationMode::keep ? "intermediates kept"
-              : plan.attention_kept             ? "recompute, attention output kept"
-                                                : "recompute") +
+             (plan.mode == ActivationMode::keep                 ? "intermediates kept"
+              : plan.attention == AttentionOutputs::kept_mapped ? "recompute, attention output kept"
+                                                                : "recompute") +
              (plan.seq_tile > 0 ? ", sequence tiles of " + std::to_string(plan.seq_tile) + " tokens" : "");
   return t;
 }
@@ -265,7 +266,7 @@ double extrapolate_layer_time(double t1, std::int64_t T1, double t2, std::int64_
   return a * static_cast<double>(T) + b * causal_pairs(T);
 }
 
-OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                          std::int64_t max_measured_tokens) {
   const std::int64_t T = plan.seq;
   if (T <= max_measured_tokens || max_measured_tokens < 2) {
@@ -294,8 +295,8 @@ namespace {
 
 // The costs of one stage's transfers and host work on `hw`, seconds.
 struct StageCosts {
-  StageCosts(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
-             const HardwareProfile& hw, std::int64_t micro_batches)
+  StageCosts(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan, const HardwareProfile& hw,
+             std::int64_t micro_batches)
       : hw(hw), S(plan.stages), M(micro_batches), stage_grads(plan.stage_gradients), passes(plan.gradient_passes) {
     for (std::int64_t s = 0; s < S; ++s) floats.push_back(static_cast<double>(stage_layout(model, s).total_floats));
     bf16 = cfg.precision() == Precision::bf16;
@@ -374,16 +375,15 @@ struct StageCosts {
 // the link in, gradients out, the collector and the optimizer on the host, moments on NVMe.
 class StepSimulator {
  public:
-  StepSimulator(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
-                const HardwareProfile& hw, const OpTimes& ops)
+  StepSimulator(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan, const HardwareProfile& hw,
+                const OpTimes& ops)
       : model_(model),
         plan_(plan),
         hw_(hw),
         ops_(ops),
         // Several ranks: each runs its own share of the step's micro-batches (the reduction between ranks
         // is not modelled here); the step's tokens are every rank's.
-        sched_(model, plan.micro_batches / std::max(1, plan.ranks), plan.order, plan.boundaries_on_host,
-               plan.gradient_passes),
+        sched_(model, plan.micro_batches / std::max(1, plan.ranks), plan.order, plan.boundaries, plan.gradient_passes),
         c_(cfg, model, plan, hw, plan.micro_batches / std::max(1, plan.ranks)),
         boundary_bytes_(static_cast<double>(plan.hidden_floats) * 4.0),
         ahead_(std::max(1, c_.staging - 2)),
@@ -413,8 +413,8 @@ class StepSimulator {
     std::vector<std::int64_t> order;
   };
 
-  static bool makes_gradients(actors::OpKind k) {
-    return k == actors::OpKind::layer_backward || k == actors::OpKind::head || k == actors::OpKind::embed_backward;
+  static bool makes_gradients(OpKind k) {
+    return k == OpKind::layer_backward || k == OpKind::head || k == OpKind::embed_backward;
   }
   double host_run(double ready, double duration, bool cnt) {
     const double end = host_.run(ready, duration, cnt);
@@ -436,17 +436,16 @@ class StepSimulator {
   }
   void update(StepState& st, std::int64_t s, double ready, StepPrediction& p);
   void read(StepState& st, std::int64_t s, double ready, StepPrediction& p);
-  double load_inputs(const actors::Op& op, int t, std::int64_t g, bool count, bool& ready_gated, StepPrediction& p);
-  double op_duration(const actors::Op& op) const;
-  void run_op(StepState& st, const actors::Pos& pos, std::int64_t g, StepPrediction& p);
-  void gradients_out(StepState& st, const actors::Pos& pos, const actors::Op& op, double end, std::size_t gslot,
-                     StepPrediction& p);
+  double load_inputs(const Op& op, int t, std::int64_t g, bool count, bool& ready_gated, StepPrediction& p);
+  double op_duration(const Op& op) const;
+  void run_op(StepState& st, const Pos& pos, std::int64_t g, StepPrediction& p);
+  void gradients_out(StepState& st, const Pos& pos, const Op& op, double end, std::size_t gslot, StepPrediction& p);
 
   const ModelConfig& model_;
-  const actors::EnginePlan& plan_;
+  const EnginePlan& plan_;
   const HardwareProfile& hw_;
   const OpTimes& ops_;
-  const actors::Schedule sched_;
+  const Schedule sched_;
   const StageCosts c_;
   const double boundary_bytes_;
   const int ahead_;
@@ -496,13 +495,13 @@ void StepSimulator::read(StepState& st, std::int64_t s, double ready, StepPredic
 
 // Loads, in op order, up to prefetch_depth + 1 ops ahead of compute; returns when the inputs are there.
 // ready_gated: the last input waited for a stage's update (the optimizer), not the link.
-double StepSimulator::load_inputs(const actors::Op& op, int t, std::int64_t g, bool count, bool& ready_gated,
+double StepSimulator::load_inputs(const Op& op, int t, std::int64_t g, bool count, bool& ready_gated,
                                   StepPrediction& p) {
   double ready = 0.0;
   const double window =
       g - plan_.prefetch_depth - 1 >= 0 ? compute_start_[static_cast<std::size_t>(g - plan_.prefetch_depth - 1)] : 0.0;
   for (int k = 0; k < op.loads; ++k) {
-    if (op.load_kind[k] == actors::LoadKind::boundary) {
+    if (op.load_kind[k] == LoadKind::boundary) {
       const double start = std::max({link_in_.free, window, last_load_start_});
       last_load_start_ = start;
       ready = std::max(ready, copy(link_in_, start, boundary_bytes_, c_.h2d, hw_.link_h2d, count));
@@ -538,26 +537,26 @@ double StepSimulator::load_inputs(const actors::Op& op, int t, std::int64_t g, b
   return ready;
 }
 
-double StepSimulator::op_duration(const actors::Op& op) const {
+double StepSimulator::op_duration(const Op& op) const {
   switch (op.kind) {
-    case actors::OpKind::embed_forward:
+    case OpKind::embed_forward:
       return ops_.embed_forward;
-    case actors::OpKind::layer_forward:
+    case OpKind::layer_forward:
       return ops_.layer_forward;
-    case actors::OpKind::head:
-    case actors::OpKind::head_loss:
+    case OpKind::head:
+    case OpKind::head_loss:
       return ops_.head;
-    case actors::OpKind::layer_backward:
+    case OpKind::layer_backward:
       return op.stage > model_.num_hidden_layers - plan_.kept_layers ? ops_.layer_backward_kept : ops_.layer_backward;
-    case actors::OpKind::embed_backward:
+    case OpKind::embed_backward:
       return ops_.embed_backward;
   }
   return 0.0;
 }
 
 // Compute: its inputs, and a gradient staging slot for an op that produces gradients.
-void StepSimulator::run_op(StepState& st, const actors::Pos& pos, std::int64_t g, StepPrediction& p) {
-  const actors::Op& op = sched_.op(pos);
+void StepSimulator::run_op(StepState& st, const Pos& pos, std::int64_t g, StepPrediction& p) {
+  const Op& op = sched_.op(pos);
   const bool count = st.count;
   bool ready_gated = false;
   const double ready = load_inputs(op, st.t, g, count, ready_gated, p);
@@ -587,10 +586,11 @@ void StepSimulator::run_op(StepState& st, const actors::Pos& pos, std::int64_t g
   if (count) p.compute_s += dur;
   // Slots used by this op are free again when it ends.
   for (int k = 0; k < op.loads; ++k)
-    if (op.load_kind[k] == actors::LoadKind::weights)
+    if (op.load_kind[k] == LoadKind::weights)
       for (auto& w : wslots_)
         if (w.stage == op.load_stage[k] && w.version == st.t) w.free = end;
-  if (plan_.boundaries_on_host && op.kind == actors::OpKind::layer_forward && op.stage < model_.num_hidden_layers) {
+  if (plan_.boundaries == BoundaryPlacement::host_ring && op.kind == OpKind::layer_forward &&
+      op.stage < model_.num_hidden_layers) {
     copy(link_out_, end, boundary_bytes_, c_.d2h, hw_.link_d2h, count);
     if (count) p.d2h_s += boundary_bytes_ / c_.d2h;
   }
@@ -598,8 +598,8 @@ void StepSimulator::run_op(StepState& st, const actors::Pos& pos, std::int64_t g
 }
 
 // A gradient copied out, accumulated, and the stage's update once its last gradient is in (no clipping).
-void StepSimulator::gradients_out(StepState& st, const actors::Pos& pos, const actors::Op& op, double end,
-                                  std::size_t gslot, StepPrediction& p) {
+void StepSimulator::gradients_out(StepState& st, const Pos& pos, const Op& op, double end, std::size_t gslot,
+                                  StepPrediction& p) {
   const bool count = st.count;
   const std::int64_t s = op.stage;
   const auto si = static_cast<std::size_t>(s);
@@ -652,7 +652,7 @@ double StepSimulator::step(int t, bool count, StepPrediction& p) {
 
 }  // namespace
 
-StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                             const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& /*extras*/, int steps) {
   steps = std::max(2, steps);
   // Stage gradients (train.gradient_buffer=stage): every pass is a schedule micro-batch (with clipping
@@ -703,7 +703,7 @@ std::string describe_step(const StepPrediction& p, const OpTimes& ops) {
   return out.str();
 }
 
-TransferCover transfer_cover(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+TransferCover transfer_cover(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                              const HardwareProfile& hw, const OpTimes& ops) {
   TransferCover t;
   const double element = cfg.precision() == Precision::bf16 ? 2.0 : 4.0;

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <string>
 
-#include "actors/engine.hpp"
+#include "plan/engine_plan.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"
 
@@ -50,9 +50,10 @@ struct LayerFlops {
   // recomputation one forward more. Sequence tiles change none of it: the tiled backward recomputes the
   // forward once too (pass 1 the keys and values of every tile, pass 2 each tile's queries, attention,
   // output projection and MLP; less the attention forward when its output is kept:
-  // EnginePlan::attention_kept), and causal attention over tiles meets the same pairs.
-  double backward(bool recompute, bool attention_kept = false) const {
-    return 2.0 * gemm_forward + attention_backward + (recompute ? (attention_kept ? gemm_forward : forward()) : 0.0);
+  // AttentionOutputs::kept_mapped), and causal attention over tiles meets the same pairs.
+  double backward(bool recompute, AttentionOutputs attention = AttentionOutputs::recomputed) const {
+    const bool kept = attention == AttentionOutputs::kept_mapped;
+    return 2.0 * gemm_forward + attention_backward + (recompute ? (kept ? gemm_forward : forward()) : 0.0);
   }
 };
 // causal pairs per sequence: T (T + 1) / 2 (within a sliding window fewer, averaged over the layers).
@@ -66,10 +67,10 @@ LayerFlops layer_flops(const ModelConfig& model, std::int64_t batch, std::int64_
 // From FLOPs (layer_flops with the CUDA kernel's products: datasheet profiles are GPUs; with data.packing =
 // documents the pairs of the training shards' documents, or the stream's when their `.docs` cannot be read) at the
 // profile's rate x achievable_fraction: a layer's forward and backward (recomputing the forward in recompute mode, less
-// its attention with EnginePlan::attention_kept), the head 6 x vocab x hidden per token. Attention runs at the same
+// its attention with AttentionOutputs::kept_mapped), the head 6 x vocab x hidden per token. Attention runs at the same
 // rate: an assumption (this engine's CUDA attention kernel does fp32 dot products on CUDA cores, not tensor cores; its
 // rate on a GPU is not measured yet), which weighs most at long context, where attention is most of a layer's FLOPs.
-OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                             const HardwareProfile& hw);
 // This machine (the CPU backend): the engine's own stage kernels timed once at the plan's shapes and
 // thread count (a layer's forward and backward in the plan's activation mode, the head, the embedding).
@@ -78,7 +79,7 @@ OpTimes op_times_from_flops(const TrainConfig& cfg, const ModelConfig& model, co
 // pairs of a full-attention layer, T (T + 1) / 2; everything but attention is per token) and evaluated
 // at the plan's length; the head and the embedding scale with T.
 inline constexpr std::int64_t kMaxMeasuredTokens = 8192;
-OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+OpTimes measure_op_times(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                          std::int64_t max_measured_tokens = kMaxMeasuredTokens);
 // The fit above: times t1 at T1 and t2 at T2 tokens to the time at T (a, b clamped at 0: noise).
 double extrapolate_layer_time(double t1, std::int64_t T1, double t2, std::int64_t T2, std::int64_t T);
@@ -104,7 +105,7 @@ struct StepPrediction {
 double model_flops_per_step(const ModelConfig& model, double tokens, double seq);
 
 // Simulates `steps` steps (>= 2) of the plan on `hw` with op times `ops`.
-StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+StepPrediction predict_step(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                             const HardwareProfile& hw, const OpTimes& ops, const PlanExtras& extras = {},
                             int steps = 5);
 
@@ -121,7 +122,7 @@ struct TransferCover {
   double tokens_needed = 0;        // tokens per micro-batch at which the forward's compute equals the transfer
   double tokens_now = 0;           // this plan's (batch x seq)
 };
-TransferCover transfer_cover(const TrainConfig& cfg, const ModelConfig& model, const actors::EnginePlan& plan,
+TransferCover transfer_cover(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                              const HardwareProfile& hw, const OpTimes& ops);
 std::string describe_transfer_cover(const TransferCover& t, const ModelConfig& model);
 

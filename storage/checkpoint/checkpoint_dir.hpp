@@ -2,6 +2,7 @@
 //
 //   ROOT/latest                        text file: the name of the newest published step directory
 //   ROOT/step-00000100/manifest.json   one directory per published checkpoint (see checkpoint_format.md)
+//   ROOT/step-00000100/plan.json       the device plan the run executed (when the writer was given one)
 //   ROOT/step-00000100/shard-00000.h5
 //   ROOT/.tmp-step-00000200-PID-N/     a checkpoint being written (never loaded; removed when stale)
 #pragma once
@@ -14,6 +15,7 @@
 namespace mt::ckpt {
 
 inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kPlanFile = "plan.json";  // the run's device plan, beside the manifest
 inline constexpr const char* kLatestFile = "latest";
 inline constexpr const char* kTempPrefix = ".tmp-";
 

@@ -67,6 +67,15 @@ void fsync_file(const fs::path& file) {
   if (rc != 0) throw CheckpointError(file.string() + ": fsync failed: " + std::strerror(err));
 }
 
+// plan.json (temp file, fsync, rename, like the manifest): durable once the directory is fsynced.
+void write_plan(const fs::path& file, const json& plan) {
+  try {
+    hf::write_text_atomically(file, plan.dump(1) + "\n");
+  } catch (const hf::HfError& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
 const char* kind_name(StageKind k) {
   return k == StageKind::embedding ? "embedding" : k == StageKind::head ? "head" : "layer";
 }
@@ -369,6 +378,7 @@ fs::path CheckpointWriter::finalize(const json& run_state) {
       hf::fsync_directory(temp_dir_ / "tokenizer");
     }
     manifest["run"] = run_state.is_null() ? json::object() : run_state;
+    if (!options_.plan.is_null()) write_plan(temp_dir_ / kPlanFile, options_.plan);
     write_manifest(temp_dir_ / kManifestFile, manifest);
     hf::fsync_directory(temp_dir_);
 

@@ -50,6 +50,10 @@ struct CheckpointWriterOptions {  // NOLINT(bugprone-exception-escape)
   // config.json the model came from: its extra fields (token ids, ...) are kept in the manifest's
   // model_config and in exports.
   nlohmann::json hf_config;
+  // The device plan the run executes (what `megatrain train` and `megatrain plan` print), written as
+  // plan.json beside the manifest and published with it; not in the manifest, which stays the same
+  // across plans of the same state. null = none.
+  nlohmann::json plan;
   // Tokenizer files copied into the checkpoint's tokenizer/ folder (exports take them along).
   std::filesystem::path tokenizer_dir;
   // Datasets' page-aligned bytes with O_DIRECT where the file system takes it (dataset_data_writer.hpp);

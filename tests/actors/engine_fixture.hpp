@@ -99,9 +99,9 @@ inline Tiny with_kept_layers(Tiny t, std::int64_t layers) {
   t.host_ram_gb = 1.0 / (1024 * 1024);
   const ModelConfig model = tiny_config(t).model_config_from_keys();
   t.keep = "boundary";
-  const std::size_t boundary = plan_engine(tiny_config(t), model).arena.total_bytes;
+  const std::size_t boundary = plan::plan_engine(tiny_config(t), model).arena.total_bytes;
   t.keep = "all";
-  const std::size_t all = plan_engine(tiny_config(t), model).arena.total_bytes;
+  const std::size_t all = plan::plan_engine(tiny_config(t), model).arena.total_bytes;
   const std::size_t per_layer = (all - boundary) / static_cast<std::size_t>(t.layers);
   t.keep = "auto";
   t.budget_bytes = boundary + per_layer * static_cast<std::size_t>(layers) + per_layer / 2;
@@ -182,7 +182,7 @@ inline RefRun run_reference(const TrainConfig& cfg, const ModelConfig& model, co
                : ActivationMode::recompute;
   o.threads = 1;
   o.precision = cfg.precision();
-  o.seq_tile = plan_engine(cfg, model).seq_tile;  // the engine's sequence tiles (long context), if any
+  o.seq_tile = plan::plan_engine(cfg, model).seq_tile;  // the engine's sequence tiles (long context), if any
   RefRun r;
   r.trainer = std::make_unique<ReferenceTrainer>(o);
   const std::int64_t M = o.grad_accum;
@@ -220,7 +220,7 @@ inline EngineJob engine_job(const TrainConfig& cfg, const ModelConfig& model, Ba
 inline EngineRun run_pipeline(const TrainConfig& cfg, const ModelConfig& model, const std::vector<data::Batch>& batches,
                               FaultPlan* fault = nullptr) {
   EngineRun r;
-  r.host = std::make_unique<HostModel>(model, host_tile_options(cfg), nullptr, moment_store_for(cfg, model));
+  r.host = std::make_unique<HostModel>(model, plan::host_tile_options(cfg), nullptr, moment_store_for(cfg, model));
   init_host_model(*r.host, static_cast<std::uint64_t>(cfg.train.seed));
   VectorBatchSource source(batches);
   EngineJob job = engine_job(cfg, model, source, *r.host);

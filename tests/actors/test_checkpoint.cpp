@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -20,6 +21,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::actors::test;
 namespace fs = std::filesystem;
 using mt::test::TempDir;
@@ -320,6 +322,37 @@ TEST_CASE("checkpoint: stage gradients and accumulators write the same files and
     CHECK(equals_reference(*b2.host, *ref.trainer));
     CHECK(checkpoint_file_difference(ds.path / "step-00000012", dk.path / "step-00000012", true) == "");
   }
+}
+
+TEST_CASE("checkpoint: the run's plan is written beside the manifest as plan.json, not in it", "[actors][checkpoint]") {
+  // Two plans of the same state (the gradient buffers differ): each checkpoint records its own run's
+  // plan, and the manifests and shards stay the same files.
+  TempDir model_root("model"), stage_root("stage");
+  std::map<std::string, fs::path> dirs;
+  for (const char* buffer : {"model", "stage"}) {
+    INFO("train.gradient_buffer=" << buffer);
+    Tiny t;
+    t.steps = 4;
+    t.micro_batches = 2;
+    t.gradient_buffer = buffer;
+    const TrainConfig cfg = tiny_config(t);
+    const ModelConfig model = cfg.model_config_from_keys();
+    const fs::path root = std::string(buffer) == "stage" ? stage_root.path : model_root.path;
+    const Run r = train(cfg, model, tiny_batches(t, 64), root.string(), 2);
+    REQUIRE(r.result.error.empty());
+    REQUIRE(r.events.size() == 2);
+    const nlohmann::json expected = plan::plan_summary(plan::plan_engine(cfg, model));
+    CHECK(expected.at("stage_gradients") == (std::string(buffer) == "stage"));
+    for (const char* step : {"step-00000002", "step-00000004"}) {
+      const fs::path dir = root / step;
+      REQUIRE(fs::exists(dir / "plan.json"));
+      CHECK(nlohmann::json::parse(file_bytes(dir / "plan.json")) == expected);
+      CHECK_FALSE(nlohmann::json::parse(file_bytes(dir / "manifest.json")).contains("plan"));
+    }
+    dirs[buffer] = root / "step-00000004";
+  }
+  CHECK(file_bytes(dirs["model"] / "plan.json") != file_bytes(dirs["stage"] / "plan.json"));
+  CHECK(checkpoint_file_difference(dirs["model"], dirs["stage"], true) == "");
 }
 
 TEST_CASE("checkpoint: a slow checkpoint stalls the optimizer at the gate or is copied aside, results unchanged",

@@ -11,6 +11,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::actors::test;
 
 namespace {
@@ -360,7 +361,7 @@ TEST_CASE("auto keeps the last layers' intermediates with the budget left over, 
     const EnginePlan plan = plan_engine(tiny_config(t), model);
     INFO("arch " << arch_name(arch) << ": " << plan.arena.describe());
     CHECK(plan.mode == ActivationMode::recompute);
-    CHECK_FALSE(plan.boundaries_on_host);
+    CHECK_FALSE(plan.boundaries == BoundaryPlacement::host_ring);
     CHECK(plan.kept_layers == 2);
     check_equivalence(t);
     // Chosen explicitly, the boundary mode keeps nothing more.

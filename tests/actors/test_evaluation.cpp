@@ -12,6 +12,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::actors::test;
 
 namespace {

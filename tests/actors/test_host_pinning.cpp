@@ -15,6 +15,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::node;
 using namespace mt::actors::test;
 

@@ -6,10 +6,13 @@
 // no tile are mapped in host RAM beside the boundaries, with the same bits.
 #include <catch2/catch.hpp>
 
+#include <stdexcept>
+
 #include "tests/actors/engine_fixture.hpp"
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::actors::test;
 
 namespace {
@@ -110,7 +113,7 @@ TEST_CASE("in tiles with the boundaries mapped each layer's attention output is 
     const ModelConfig model = tiny_config(t).model_config_from_keys();
     const EnginePlan kept = plan_engine(tiny_config(t), model);
     INFO("M=" << m << " sets " << kept.activation_sets);
-    REQUIRE(kept.attention_kept);
+    REQUIRE(kept.attention == AttentionOutputs::kept_mapped);
     CHECK(kept.attention_floats == layer_attention_floats(model, t.batch, t.seq, 20));
     CHECK(kept.attention_floats == static_cast<std::size_t>(t.batch * t.seq * (model.q_dim() + t.heads)));
     bool noted = false;
@@ -120,7 +123,7 @@ TEST_CASE("in tiles with the boundaries mapped each layer's attention output is 
     // Without half the host RAM for them, the backward runs the attention forward again: the same bits.
     t.host_ram_gb = 1.0 / (1024 * 1024);
     const EnginePlan recomputed = plan_engine(tiny_config(t), model);
-    CHECK_FALSE(recomputed.attention_kept);
+    CHECK_FALSE(recomputed.attention == AttentionOutputs::kept_mapped);
     CHECK(kept.host_boundary_bytes - recomputed.host_boundary_bytes ==
           static_cast<std::size_t>(kept.activation_sets * t.layers) * align_floats(kept.attention_floats) *
               sizeof(float));
@@ -129,7 +132,7 @@ TEST_CASE("in tiles with the boundaries mapped each layer's attention output is 
     // Across a link each tile would write and read them over it: not kept.
     t.host_ram_gb = 64;
     t.bandwidth_gbps = 16.0;
-    CHECK_FALSE(plan_engine(tiny_config(t), model).attention_kept);
+    CHECK_FALSE(plan_engine(tiny_config(t), model).attention == AttentionOutputs::kept_mapped);
   }
 }
 
@@ -150,13 +153,13 @@ TEST_CASE("keys and values the budget holds at no tile are mapped in host RAM, w
     t.seq_tile = 128;  // the smallest tile auto tries
     t.budget_bytes = 0;
     const EnginePlan in_arena = plan_engine(tiny_config(t), model);
-    REQUIRE_FALSE(in_arena.sequence_mapped);
+    REQUIRE_FALSE(in_arena.keys_values == KeysValues::mapped);
     t.keep = "auto";
     t.seq_tile = 0;
     t.budget_bytes = in_arena.arena.total_bytes - sequence_bytes / 2;  // no tile holds them
     const EnginePlan plan = plan_engine(tiny_config(t), model);
-    CHECK(plan.boundaries_mapped);
-    CHECK(plan.sequence_mapped);
+    CHECK(plan.boundaries == BoundaryPlacement::mapped);
+    CHECK(plan.keys_values == KeysValues::mapped);
     CHECK(plan.seq_tile > 0);
     CHECK(plan.arena.total_bytes <= t.budget_bytes);
     CHECK(plan.sequence_floats == layer_sequence_floats(model, t.batch, t.seq, plan.seq_tile));
@@ -167,7 +170,7 @@ TEST_CASE("keys and values the budget holds at no tile are mapped in host RAM, w
     check_equivalence(t, plan.seq_tile);
     // Not while anything else fits: with the budget of keys and values in the arena they stay there.
     t.budget_bytes = in_arena.arena.total_bytes + 4096;
-    CHECK_FALSE(plan_engine(tiny_config(t), model).sequence_mapped);
+    CHECK_FALSE(plan_engine(tiny_config(t), model).keys_values == KeysValues::mapped);
     // Nor with the boundaries kept elsewhere by name: that run is refused, naming the budget.
     t.budget_bytes = in_arena.arena.total_bytes - sequence_bytes / 2;
     t.keep = "boundary_host";
@@ -185,17 +188,17 @@ TEST_CASE("device.attention_kv: host maps keys and values by name, device never,
   t.attention_kv = "host";
   const ModelConfig model = tiny_config(t).model_config_from_keys();
   const EnginePlan host = plan_engine(tiny_config(t), model);
-  CHECK(host.sequence_mapped);
-  CHECK(host.boundaries_mapped);  // keep_intermediates=auto gives way to the mapping it needs
+  CHECK(host.keys_values == KeysValues::mapped);
+  CHECK(host.boundaries == BoundaryPlacement::mapped);  // keep_intermediates=auto gives way to the mapping it needs
   CHECK(host.sequence_floats == layer_sequence_floats(model, t.batch, t.seq, 20));
   t.attention_kv = "device";
   const EnginePlan device = plan_engine(tiny_config(t), model);
-  CHECK_FALSE(device.sequence_mapped);
+  CHECK_FALSE(device.keys_values == KeysValues::mapped);
   CHECK(device.arena.total_bytes > host.arena.total_bytes);
   // Across a link (a GPU reading mapped pinned memory): only by name, and the same bits.
   t.attention_kv = "host";
   t.bandwidth_gbps = 16.0;
-  REQUIRE(plan_engine(tiny_config(t), model).sequence_mapped);
+  REQUIRE(plan_engine(tiny_config(t), model).keys_values == KeysValues::mapped);
   check_equivalence(t, 20);
   // Auto across a link never maps them: with a budget no tile fits otherwise, the run is refused.
   t.keep = "boundary_mapped";
@@ -205,7 +208,7 @@ TEST_CASE("device.attention_kv: host maps keys and values by name, device never,
   t.budget_bytes = linked.arena.total_bytes - layer_sequence_floats(model, t.batch, t.seq, 20) * sizeof(float) / 2;
   CHECK_THROWS_WITH(plan_engine(tiny_config(t), model), Catch::Contains("device.max_vram_gb"));
   t.attention_kv = "host";
-  CHECK(plan_engine(tiny_config(t), model).sequence_mapped);
+  CHECK(plan_engine(tiny_config(t), model).keys_values == KeysValues::mapped);
   t.budget_bytes = 64 * 1024;  // not even the slots: refused, saying what was tried
   CHECK_THROWS_WITH(plan_engine(tiny_config(t), model),
                     Catch::Contains("device.max_vram_gb") && Catch::Contains("(device.attention_kv=host)"));
@@ -246,7 +249,7 @@ TEST_CASE("boundaries mapped: nothing of them in the arena, with or without a li
   t.keep = "boundary_mapped";
   const ModelConfig model = tiny_config(t).model_config_from_keys();
   const EnginePlan mapped = plan_engine(tiny_config(t), model);
-  CHECK(mapped.boundaries_mapped);
+  CHECK(mapped.boundaries == BoundaryPlacement::mapped);
   CHECK(mapped.arena.region(ArenaRegionKind::activations).bytes == 0);
   const std::size_t boundary = static_cast<std::size_t>(t.batch * t.seq * t.hidden) * sizeof(float);
   CHECK(mapped.host_boundary_bytes >= (static_cast<std::size_t>(t.layers) + 1 + 2) * boundary);
@@ -260,7 +263,7 @@ TEST_CASE("boundaries mapped: nothing of them in the arena, with or without a li
   // Auto takes it only when nothing else fits (the arena then bounds no activation at all).
   t.bandwidth_gbps = 0.0;
   t.keep = "auto";
-  CHECK_FALSE(plan_engine(tiny_config(t), model).boundaries_mapped);
+  CHECK_FALSE(plan_engine(tiny_config(t), model).boundaries == BoundaryPlacement::mapped);
 }
 
 TEST_CASE("keep_intermediates=all in sequence tiles is refused by name", "[actors][long_context][errors]") {
@@ -280,4 +283,26 @@ TEST_CASE("device.seq_tile on GPT-2 is refused by name", "[actors][long_context]
   t.seq_tile = 8;
   const TrainConfig cfg = tiny_config(t);
   CHECK_THROWS_WITH(plan_engine(cfg, cfg.model_config_from_keys()), Catch::Contains("device.seq_tile"));
+}
+
+TEST_CASE("run_engine refuses a plan built by hand whose placements no plan forms", "[actors][long_context]") {
+  Tiny t;
+  t.seq = 48;
+  t.seq_tile = 20;
+  t.steps = 1;
+  t.keep = "auto";
+  t.attention_kv = "host";
+  const TrainConfig cfg = tiny_config(t);
+  const ModelConfig model = cfg.model_config_from_keys();
+  const EnginePlan planned = plan_engine(cfg, model);
+  REQUIRE(planned.keys_values == KeysValues::mapped);
+  HostModel host(model, host_tile_options(cfg));
+  init_host_model(host, static_cast<std::uint64_t>(cfg.train.seed));
+  VectorBatchSource source(tiny_batches(t, 4));
+  // Keys and values mapped with the boundaries on the device: nothing would carve the mapped block.
+  EngineJob job = engine_job(cfg, model, source, host);
+  job.plan = planned;
+  job.plan->boundaries = BoundaryPlacement::device;
+  CHECK_THROWS_AS(run_engine(std::move(job)), std::invalid_argument);
+  CHECK(host.tile(0).version() == 0);  // nothing ran
 }

@@ -6,12 +6,13 @@
 
 #include <catch2/catch.hpp>
 
-#include "actors/tier_bytes.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/host/host_boundaries.hpp"
 #include "tests/actors/engine_fixture.hpp"
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::actors::test;
 
 TEST_CASE("deep models train within a two-slot device budget", "[actors][memory]") {
@@ -188,10 +189,10 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     };
     EnginePlan p = plan_at(all);
     CHECK(p.mode == ActivationMode::keep);
-    CHECK_FALSE(p.boundaries_on_host);
+    CHECK_FALSE(p.boundaries == BoundaryPlacement::host_ring);
     p = plan_at(all - 1024);
     CHECK(p.mode == ActivationMode::recompute);
-    CHECK_FALSE(p.boundaries_on_host);
+    CHECK_FALSE(p.boundaries == BoundaryPlacement::host_ring);
     // The budget left over keeps the last layers' intermediates: here all but one layer's.
     CHECK(p.kept_layers == deep.t.layers - 1);
     CHECK(p.arena.total_bytes <= all - 1024);
@@ -201,13 +202,13 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     CHECK(p.kept_layers == 0);
     CHECK(p.arena.total_bytes == boundary);
     p = plan_at(boundary - 1024);
-    CHECK(p.boundaries_on_host);
+    CHECK(p.boundaries == BoundaryPlacement::host_ring);
     CHECK(p.arena.total_bytes == host);
     REQUIRE_FALSE(p.notes.empty());
     CHECK_THAT(p.notes.back(), Catch::Contains("chose boundary_host"));
     // Less than that: the boundaries in host RAM, used in place (the CPU backend shares host memory).
     p = plan_at(host - 1024);
-    CHECK(p.boundaries_mapped);
+    CHECK(p.boundaries == BoundaryPlacement::mapped);
     CHECK(p.arena.total_bytes == mapped);
     CHECK_THROWS_WITH(plan_at(mapped - 1024), Catch::Contains("device.max_vram_gb"));
   }
@@ -219,7 +220,7 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     const EnginePlan all_mapped = deep.plan("all_mapped");
     // Named: keep mode, the boundaries mapped, and the intermediates with them in host RAM, not the arena.
     CHECK(all_mapped.mode == ActivationMode::keep);
-    CHECK(all_mapped.boundaries_mapped);
+    CHECK(all_mapped.boundaries == BoundaryPlacement::mapped);
     CHECK(all_mapped.kept_layers == 0);
     CHECK(planned_keep(all_mapped) == KeepIntermediates::all_mapped);
     CHECK(all_mapped.host_boundary_bytes ==
@@ -258,7 +259,7 @@ TEST_CASE("plan_engine rejects bad device settings, naming the key", "[actors][m
     cfg.device.copy_bandwidth_gbps = 1000;
     p = plan_engine(cfg, deep_model);
     CHECK(p.mode == ActivationMode::recompute);
-    CHECK_FALSE(p.boundaries_mapped);
+    CHECK_FALSE(p.boundaries == BoundaryPlacement::mapped);
     cfg.device.keep_intermediates = "all_mapped";
     CHECK(planned_keep(plan_engine(cfg, deep_model)) == KeepIntermediates::all_mapped);
     // It keeps whole-sequence intermediates: a sequence tile is refused by name.

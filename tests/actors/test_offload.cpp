@@ -19,13 +19,14 @@
 #include <fstream>
 
 #include "actors/run_state.hpp"
-#include "actors/tier_bytes.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tests/actors/engine_fixture.hpp"
 #include "tests/actors/run_dir_fixture.hpp"
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::actors::test;
 namespace fs = std::filesystem;
 using mt::test::TempDir;

@@ -7,12 +7,13 @@
 
 #include <mutex>
 
-#include "actors/tier_bytes.hpp"
+#include "plan/tier_bytes.hpp"
 #include "tests/actors/engine_fixture.hpp"
 #include "tests/actors/run_dir_fixture.hpp"
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::actors::test;
 
 namespace {

@@ -14,11 +14,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/tier_bytes.hpp"
 #include "node/training_run.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"
 #include "plan/step_model.hpp"
+#include "plan/tier_bytes.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 #include "tests/actors/engine_fixture.hpp"
 #include "tests/actors/node_binary_fixture.hpp"
@@ -26,6 +26,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 using namespace mt::node;
 using namespace mt::actors::test;
 namespace fs = std::filesystem;
@@ -331,6 +332,35 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan
   const mt::test::Outcome bad = plan_cmd(big + " --plan.hardware=tpu");
   CHECK(bad.code == 1);
   CHECK(bad.out.find("plan.hardware") != std::string::npos);
+}
+
+TEST_CASE("plan: a checkpoint records the plan the run printed, the one megatrain plan prints", "[plan]") {
+  TempDir dir("recorded");
+  mt::test::make_shard(dir.path / "data", 4096);
+  const std::string args =
+      " --model.hidden_size=64 --model.layers=2 --model.heads=4 --model.intermediate_size=128"
+      " --model.vocab_size=64 --model.max_position_embeddings=32 --data.seq_length=16"
+      " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 --train.max_steps=2"
+      " --device.max_vram_gb=0.015625 --threads.total=2 --monitor.enabled=false --data.train_files=" +
+      (dir.path / "data" / "train_*.bin").string() + " --train.output_dir=" + (dir.path / "out").string();
+  const mt::test::Outcome run = mt::test::run_node(args);
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  const fs::path ckpt = dir.path / "out" / "step-00000002";
+  REQUIRE(fs::exists(ckpt / "plan.json"));
+  const nlohmann::json recorded = nlohmann::json::parse(mt::test::slurp(ckpt / "plan.json"));
+  CHECK_FALSE(nlohmann::json::parse(mt::test::slurp(ckpt / "manifest.json")).contains("plan"));
+  // The object after `prefix` on a line of `out` (the first such line).
+  auto printed = [](const std::string& out, const std::string& prefix) {
+    const std::size_t at = out.find(prefix);
+    REQUIRE(at != std::string::npos);
+    const std::size_t from = at + prefix.size();
+    return nlohmann::json::parse(out.substr(from, out.find('\n', from) - from));
+  };
+  CHECK(printed(run.out, "megatrain: plan ") == recorded);
+  CHECK(printed(plan_output(args), "\nplan ") == recorded);
+  CHECK(recorded.at("boundaries") == "device");
+  CHECK(recorded.at("micro_batches") == 2);
 }
 
 TEST_CASE("plan: hardware profiles parse strictly, the step model follows the pipeline's limits", "[plan]") {

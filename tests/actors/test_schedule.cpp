@@ -5,10 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include "actors/fault.hpp"
-#include "actors/schedule.hpp"
+#include "plan/schedule.hpp"
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 
 TEST_CASE("schedule: ops of a micro-batch and their weight loads", "[actors][schedule]") {
   ModelConfig c;
@@ -29,7 +30,8 @@ TEST_CASE("schedule: ops of a micro-batch and their weight loads", "[actors][sch
   CHECK(ops[3].loads == 2);
   CHECK(ops[3].load_stage[1] == 0);
 
-  ops = micro_batch_ops(c, true);  // boundaries on the host: a layer's backward also loads its input
+  ops = micro_batch_ops(
+      c, BoundaryPlacement::host_ring);  // boundaries on the host: a layer's backward also loads its input
   CHECK(ops[4].loads == 2);
   CHECK(ops[4].load_kind[0] == LoadKind::weights);
   CHECK(ops[4].load_kind[1] == LoadKind::boundary);
@@ -41,7 +43,7 @@ TEST_CASE("schedule: ops of a micro-batch and their weight loads", "[actors][sch
 TEST_CASE("schedule: sequential order walks micro-batches one after another", "[actors][schedule]") {
   ModelConfig c;
   c.num_hidden_layers = 2;
-  const Schedule s(c, 2, MicroBatchOrder::sequential, false);
+  const Schedule s(c, 2, MicroBatchOrder::sequential, BoundaryPlacement::device);
   REQUIRE(s.length() == 14);
   CHECK(s.in_flight() == 1);
   Pos p = s.at(0, 6);
@@ -65,7 +67,7 @@ TEST_CASE("schedule: a second pass replays the head and the backward only", "[ac
   ModelConfig c;
   c.num_hidden_layers = 2;
   for (MicroBatchOrder order : {MicroBatchOrder::interleaved, MicroBatchOrder::sequential}) {
-    const Schedule s(c, 1, order, true, 2);
+    const Schedule s(c, 1, order, BoundaryPlacement::host_ring, 2);
     CHECK(s.micro_batches() == 2);
     CHECK(s.passes() == 2);
     CHECK(s.in_flight() == 1);
@@ -83,8 +85,8 @@ TEST_CASE("schedule: a second pass replays the head and the backward only", "[ac
     CHECK(s.index_of(1, 3) == 7);
     CHECK(s.op(s.at(0, 9)).load_stage[1] == 0);  // the replay's backward streams the first pass's boundary
   }
-  CHECK_THROWS_AS(Schedule(c, 2, MicroBatchOrder::sequential, false, 2), std::invalid_argument);
-  CHECK_THROWS_AS(Schedule(c, 2, MicroBatchOrder::interleaved, false, 2), std::invalid_argument);
+  CHECK_THROWS_AS(Schedule(c, 2, MicroBatchOrder::sequential, BoundaryPlacement::device, 2), std::invalid_argument);
+  CHECK_THROWS_AS(Schedule(c, 2, MicroBatchOrder::interleaved, BoundaryPlacement::device, 2), std::invalid_argument);
 }
 
 // Layer-major (stage gradients of several micro-batches): every forward and head, then each backward
@@ -98,7 +100,7 @@ TEST_CASE("schedule: layer-major order completes each stage's gradient before th
         INFO("layers " << layers << " M " << M << " passes " << passes);
         ModelConfig c;
         c.num_hidden_layers = layers;
-        const Schedule s(c, M, MicroBatchOrder::layer_major, true, passes);
+        const Schedule s(c, M, MicroBatchOrder::layer_major, BoundaryPlacement::host_ring, passes);
         const std::int64_t n = s.ops_per_micro_batch(), fwd = layers + 2, bwd = n - fwd;
         CHECK(s.in_flight() == M);
         CHECK(s.micro_batches() == M * passes);
@@ -154,7 +156,9 @@ TEST_CASE("schedule: interleaved order keeps every dependency and the accumulati
     for (std::int64_t M : {1, 2, 4}) {
       ModelConfig c;
       c.num_hidden_layers = layers;
-      const Schedule s(c, M, MicroBatchOrder::interleaved, layers != 2);  // boundary loads change no order
+      const Schedule s(
+          c, M, MicroBatchOrder::interleaved,
+          layers != 2 ? BoundaryPlacement::host_ring : BoundaryPlacement::device);  // boundary loads change no order
       const std::int64_t n = s.ops_per_micro_batch();
       REQUIRE(s.length() == M * n);
       CHECK(s.in_flight() == (M > 1 ? 2 : 1));

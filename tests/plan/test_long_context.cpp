@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -77,7 +78,7 @@ plan::StepPrediction step_at(std::int64_t seq, std::int64_t tile) {
   cfg.device.weight_slots = 2;
   cfg.device.grad_slots = 2;
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::EnginePlan ep = plan::plan_engine(cfg, model);
   const plan::OpTimes ops = plan::op_times_from_flops(cfg, model, ep, hw);
   return plan::predict_step(cfg, model, ep, hw, ops);
 }
@@ -92,7 +93,7 @@ TEST_CASE("7B at 512k tokens on a GH200 (bf16) fits in sequence tiles with its b
   INFO(plan::describe_resources(p));
   REQUIRE(p.fits());
   REQUIRE(p.engine);
-  const actors::EnginePlan& e = *p.engine;
+  const plan::EnginePlan& e = *p.engine;
   CHECK(e.seq_tile > 0);
   CHECK(e.seq_tile < T);
   CHECK((e.seq_tile & (e.seq_tile - 1)) == 0);  // auto picks a power of two
@@ -131,7 +132,7 @@ TEST_CASE("across a link the plan fits exactly when its least plan fits, and nam
     REQUIRE(least);
     INFO(key << ": least " << plan::gib(static_cast<double>(least->arena.total_bytes)) << "\n"
              << plan::describe_resources(p));
-    CHECK(least->seq_tile == actors::kMinAutoSeqTile);
+    CHECK(least->seq_tile == plan::kMinAutoSeqTile);
     const bool least_fits = static_cast<double>(least->arena.total_bytes) <= cfg.device_budget_bytes();
     const plan::Misfit* m = misfit_of(p, "device");
     CHECK((m == nullptr) == least_fits);
@@ -162,7 +163,7 @@ TEST_CASE("a length that cannot fit even in the smallest tiles is refused naming
     CHECK(m->key == "device.max_vram_gb");
     CHECK(m->need > hw.device_memory_bytes);
     CHECK(m->message.find("data.seq_length") != std::string::npos);
-    CHECK(m->message.find("device.seq_tile=" + std::to_string(actors::kMinAutoSeqTile)) != std::string::npos);
+    CHECK(m->message.find("device.seq_tile=" + std::to_string(plan::kMinAutoSeqTile)) != std::string::npos);
   }
   // On a device sharing host memory they are mapped in host RAM with the boundaries (device.attention_kv=
   // auto): the device fits, and host RAM (1 TiB of boundaries against 480 GB) is refused naming the
@@ -173,7 +174,7 @@ TEST_CASE("a length that cannot fit even in the smallest tiles is refused naming
   INFO(text);
   CHECK_FALSE(p.fits());
   REQUIRE(p.engine);
-  CHECK(p.engine->sequence_mapped);
+  CHECK(p.engine->keys_values == plan::KeysValues::mapped);
   CHECK(misfit_of(p, "device") == nullptr);
   CHECK(text.find("attention's keys, values and their gradients") != std::string::npos);
   const plan::Misfit* m = misfit_of(p, "host RAM");
@@ -279,7 +280,7 @@ TEST_CASE("long sequences are timed at two shorter lengths and fitted, per token
   cfg.device.max_vram_gb = 64 / 1024.0;
   cfg.threads.total = 2;
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::EnginePlan ep = plan::plan_engine(cfg, model);
   const plan::OpTimes fitted = plan::measure_op_times(cfg, model, ep, 512);
   CHECK(fitted.source.find("at 256 and 512 tokens a sequence") != std::string::npos);
   CHECK(fitted.source.find("extrapolated to 1024") != std::string::npos);
@@ -296,7 +297,7 @@ TEST_CASE("on a GPU the plan counts the pinned host memory: tiles, host boundari
   const plan::ResourcePlan p = plan_on(cfg, hw, false);
   INFO(plan::describe_resources(p));
   REQUIRE(p.engine);
-  const actors::EnginePlan& e = *p.engine;
+  const plan::EnginePlan& e = *p.engine;
   REQUIRE(e.host_boundary_bytes > 0);
   double tiles = 0, collector = 0;
   for (const auto& b : p.bytes) {
@@ -308,4 +309,46 @@ TEST_CASE("on a GPU the plan counts the pinned host memory: tiles, host boundari
   CHECK(p.pinned_bytes == tiles + static_cast<double>(e.host_boundary_bytes) + collector);
   CHECK(p.pinned_bytes <= p.host_bytes);
   CHECK(plan::describe_resources(p).find("pinned for the GPU's copies") != std::string::npos);
+}
+
+TEST_CASE("plan: placements are named values, and what leaves the device goes only to the mapped block", "[plan]") {
+  // 2M tokens on a GH200 profile: keys and values mapped with the boundaries (as above).
+  TrainConfig cfg = llama7b(2097152);
+  const plan::ResourcePlan p = plan_on(cfg, profile("gh200"), true);
+  REQUIRE(p.engine);
+  const plan::EnginePlan& e = *p.engine;
+  CHECK(e.boundaries == plan::BoundaryPlacement::mapped);
+  CHECK(e.keys_values == plan::KeysValues::mapped);
+  REQUIRE(e.seq_tile > 0);
+  CHECK_NOTHROW(plan::check_placements(e));
+  // The printed plan names them, beside the flags it always printed.
+  const nlohmann::json s = plan::plan_summary(e);
+  CHECK(s.at("boundaries") == "mapped");
+  CHECK(s.at("keys_values") == "mapped");
+  CHECK(s.at("sequence_mapped") == true);
+  CHECK(s.at("attention_outputs") == plan::attention_outputs_name(e.attention));
+  CHECK(s.at("attention_kept") == (e.attention == plan::AttentionOutputs::kept_mapped));
+  CHECK(s.at("keep_intermediates") == "boundary_mapped");
+  // A plan built by hand with keys and values mapped but the boundaries elsewhere, or in whole sequences,
+  // or attention outputs kept without the mapped block, is refused.
+  plan::EnginePlan bad = e;
+  bad.boundaries = plan::BoundaryPlacement::host_ring;
+  CHECK_THROWS_AS(plan::check_placements(bad), std::invalid_argument);
+  bad = e;
+  bad.seq_tile = 0;
+  CHECK_THROWS_AS(plan::check_placements(bad), std::invalid_argument);
+  bad = e;
+  bad.keys_values = plan::KeysValues::device_workspace;
+  bad.attention = plan::AttentionOutputs::kept_mapped;
+  CHECK_NOTHROW(plan::check_placements(bad));
+  bad.boundaries = plan::BoundaryPlacement::device;
+  CHECK_THROWS_AS(plan::check_placements(bad), std::invalid_argument);
+  bad = e;
+  bad.keys_values = plan::KeysValues::device_workspace;
+  bad.boundaries = plan::BoundaryPlacement::device;
+  bad.seq_tile = 0;
+  bad.kept_layers = 2;
+  CHECK_NOTHROW(plan::check_placements(bad));
+  bad.seq_tile = 512;
+  CHECK_THROWS_AS(plan::check_placements(bad), std::invalid_argument);
 }

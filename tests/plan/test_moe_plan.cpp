@@ -37,7 +37,7 @@ TrainConfig mixtral(std::int64_t batch, std::int64_t seq) {
 
 struct Planned {
   ModelConfig model;
-  actors::EnginePlan engine;
+  plan::EnginePlan engine;
   plan::OpTimes ops;
   plan::TransferCover cover;
 };
@@ -46,7 +46,7 @@ Planned planned(TrainConfig cfg, const plan::HardwareProfile& hw) {
   plan::plan_as_gpu(cfg, hw);
   cfg.device.max_vram_gb = 4096;
   Planned p{cfg.model_config_from_keys(), {}, {}, {}};
-  p.engine = actors::plan_engine(cfg, p.model);
+  p.engine = plan::plan_engine(cfg, p.model);
   p.ops = plan::op_times_from_flops(cfg, p.model, p.engine, hw);
   p.cover = plan::transfer_cover(cfg, p.model, p.engine, hw, p.ops);
   return p;

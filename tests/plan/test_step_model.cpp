@@ -50,7 +50,7 @@ double stage_floats(const ModelConfig& model, std::int64_t s) {
 TEST_CASE("step model: the tier's CPU work on shared cores adds its CPU seconds, none without the tier", "[plan]") {
   TrainConfig cfg = small_config();
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::EnginePlan ep = plan::plan_engine(cfg, model);
   REQUIRE(ep.stages == 10);
   plan::HardwareProfile hw = plan::parse_hardware_profiles(plan::builtin_hardware_ini(), "built-in").at("h100");
   hw.shared_cores = true;        // the CPU backend: weights mapped, one set of cores for everything
@@ -124,7 +124,7 @@ TEST_CASE("step model: the tier's CPU work and the optimizer's overlap on shared
   // compute, whose team needs every core, is paused for the union of their times, not their sum.
   TrainConfig cfg = small_config();
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::EnginePlan ep = plan::plan_engine(cfg, model);
   plan::HardwareProfile hw = plan::parse_hardware_profiles(plan::builtin_hardware_ini(), "built-in").at("h100");
   hw.shared_cores = true;
   hw.host_mem = 1e18;

@@ -40,8 +40,8 @@ EngineStep measure_engine_step_here(Precision precision, int threads, int steps,
   cfg.threads.adapt_to_load = adapt_to_load;
   if (tweak) tweak(cfg);
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan plan = actors::plan_engine(cfg, model);
-  HostModel host(model, actors::host_tile_options(cfg));
+  const plan::EnginePlan plan = plan::plan_engine(cfg, model);
+  HostModel host(model, plan::host_tile_options(cfg));
   actors::init_host_model(host, 1337);
   const std::vector<data::Batch> batches = random_batches(cfg, 8, 2024);
   actors::VectorBatchSource source(batches);
@@ -83,7 +83,7 @@ EngineStep measure_engine_step_here(Precision precision, int threads, int steps,
   e.weight_slots = static_cast<int>(plan.weight_slots);
   e.grad_slots = static_cast<int>(plan.grad_slots);
   e.kept_layers = static_cast<long long>(plan.kept_layers);
-  e.keep = keep_intermediates_name(actors::planned_keep(plan));
+  e.keep = keep_intermediates_name(plan::planned_keep(plan));
   e.loss_bits = 1469598103934665603ull;
   for (const auto& s : r.steps) {
     std::uint64_t bits = 0;

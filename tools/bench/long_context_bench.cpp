@@ -93,8 +93,8 @@ TrainConfig config_for(const ModelShape& m, std::int64_t T, std::int64_t budget_
 RunResult run_here(const ModelShape& m, std::int64_t T, std::int64_t budget_mb, std::int64_t steps, bool bf16) {
   const TrainConfig cfg = config_for(m, T, budget_mb, steps, bf16);
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan plan = actors::plan_engine(cfg, model);
-  HostModel host(model, actors::host_tile_options(cfg));
+  const plan::EnginePlan plan = plan::plan_engine(cfg, model);
+  HostModel host(model, plan::host_tile_options(cfg));
   actors::init_host_model(host, 1337);
   const std::vector<data::Batch> batches = mt::bench::random_batches(cfg, 2, 2024);
   actors::VectorBatchSource source(batches);
@@ -115,8 +115,9 @@ RunResult run_here(const ModelShape& m, std::int64_t T, std::int64_t budget_mb, 
   out.budget = static_cast<double>(plan.arena.budget_bytes);
   out.host_boundary_bytes = static_cast<double>(plan.host_boundary_bytes);
   out.seq_tile = plan.seq_tile;
-  std::snprintf(out.keep, sizeof out.keep, "%s%s%s", keep_intermediates_name(actors::planned_keep(plan)),
-                plan.sequence_mapped ? " + attention_kv host" : "", plan.attention_kept ? " + attention kept" : "");
+  std::snprintf(out.keep, sizeof out.keep, "%s%s%s", keep_intermediates_name(plan::planned_keep(plan)),
+                plan.keys_values == plan::KeysValues::mapped ? " + attention_kv host" : "",
+                plan.attention == plan::AttentionOutputs::kept_mapped ? " + attention kept" : "");
   out.params = static_cast<long long>(total_param_count(model));
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -114,7 +114,7 @@ StepRun demo_steps(const std::string& offload_dir, const std::string& compressio
   cfg.train.offload_dir = offload_dir;
   cfg.train.optimizer_compression = compression;
   const ModelConfig model = cfg.model_config_from_keys();
-  HostModel host(model, actors::host_tile_options(cfg), nullptr, actors::moment_store_for(cfg, model));
+  HostModel host(model, plan::host_tile_options(cfg), nullptr, actors::moment_store_for(cfg, model));
   actors::init_host_model(host, 1337);
   const auto batches = bench::random_batches(cfg, 8, 2024);
   actors::VectorBatchSource source(batches);

@@ -91,10 +91,10 @@ int main(int argc, char** argv) {
                   gib(static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize)),
                   gib(12.0 * static_cast<double>(params)));
     const auto t0 = std::chrono::steady_clock::now();
-    HostModel host(model, actors::host_tile_options(cfg), nullptr, actors::moment_store_for(cfg, model));
+    HostModel host(model, plan::host_tile_options(cfg), nullptr, actors::moment_store_for(cfg, model));
     std::printf("  %s\n  RAM: tiles %.2f GiB (bf16 copy + fp32 grad), staging %.2f GiB; NVMe: %.2f GiB\n",
                 host.moments().describe().c_str(),
-                gib(static_cast<double>(host_model_bytes(model, actors::host_tile_options(cfg)))),
+                gib(static_cast<double>(host_model_bytes(model, plan::host_tile_options(cfg)))),
                 gib(static_cast<double>(host.moments().ram_bytes())),
                 gib(static_cast<double>(host.moments().disk_bytes())));
     actors::init_host_model(host, 1337);

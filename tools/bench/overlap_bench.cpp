@@ -27,6 +27,7 @@
 
 using namespace mt;
 using namespace mt::actors;
+using namespace mt::plan;
 
 namespace {
 

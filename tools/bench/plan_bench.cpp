@@ -57,7 +57,7 @@ double process_cpu_s() {
 }
 
 Measured measured_step(const TrainConfig& cfg, const ModelConfig& model) {
-  HostModel host(model, actors::host_tile_options(cfg), nullptr, actors::moment_store_for(cfg, model));
+  HostModel host(model, plan::host_tile_options(cfg), nullptr, actors::moment_store_for(cfg, model));
   actors::init_host_model(host, 1337);
   const std::vector<data::Batch> batches = bench::random_batches(cfg, 8, 2024);
   actors::VectorBatchSource source(batches);
@@ -127,7 +127,7 @@ void published(const char* what, const char* reported, const std::string& profil
   for (const auto& m : rp.misfits)
     std::printf("    [%s] (key %s) %s\n", m.tier.c_str(), m.key.c_str(), m.message.c_str());
   if (rp.engine) {
-    const actors::EnginePlan& e = *rp.engine;
+    const plan::EnginePlan& e = *rp.engine;
     for (const auto& b : rp.bytes)
       if (b.tier == "device") std::printf("    device %s  %s\n", plan::gib(b.bytes).c_str(), b.what.c_str());
     const plan::OpTimes ops = plan::op_times_from_flops(cfg, model, e, hw);
@@ -135,7 +135,7 @@ void published(const char* what, const char* reported, const std::string& profil
     const std::string tile =
         e.seq_tile > 0 ? "sequence tiles of " + std::to_string(e.seq_tile) + " tokens" : std::string("whole sequences");
     std::printf("  planner: keep_intermediates %s, %s, %d weight slots; step %.2f s, %.0f tokens/s, %.0f TFLOP/s\n",
-                keep_intermediates_name(actors::planned_keep(e)), tile.c_str(), e.weight_slots, sp.step_s,
+                keep_intermediates_name(plan::planned_keep(e)), tile.c_str(), e.weight_slots, sp.step_s,
                 sp.tokens / sp.step_s, sp.tflops());
     std::printf("    busy: compute %.2f s, link in %.2f s, out %.2f s, optimizer %.2f s, NVMe %.2f s\n", sp.compute_s,
                 sp.h2d_s, sp.d2h_s, sp.optimizer_s, sp.nvme_s);
@@ -216,7 +216,7 @@ ConfigResult run_config(const Config& c, int steps, int threads, const std::stri
     cfg.train.offload_staging_stages = 4;  // 14 stages through 4 slots: every step reads and writes them all
   }
   const ModelConfig model = cfg.model_config_from_keys();
-  const actors::EnginePlan ep = actors::plan_engine(cfg, model);
+  const plan::EnginePlan ep = plan::plan_engine(cfg, model);
   const plan::OpTimes ops = plan::measure_op_times(cfg, model, ep);
   const plan::StepPrediction sp = plan::predict_step(cfg, model, ep, hw, ops, {}, steps);
   const Measured m = measured_step(cfg, model);

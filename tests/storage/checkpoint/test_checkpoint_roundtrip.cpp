@@ -3,11 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "storage/checkpoint/checkpoint_dir.hpp"
 #include "storage/checkpoint/checkpoint_reader.hpp"
 #include "storage/checkpoint/checkpoint_writer.hpp"
+#include "storage/checkpoint/manifest.hpp"
 #include "tests/storage/checkpoint/ckpt_test_util.hpp"
 
 using namespace mt;
@@ -131,6 +133,21 @@ TEST_CASE("publishing the same step again replaces it atomically") {
   const auto r = CheckpointReader::open(tmp.path());
   for (std::int64_t s = 0; s < num_stages(c); ++s) expect_stage_equal(r, c, s, 10);
   CHECK(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()) == 2);  // step dir + latest
+}
+
+TEST_CASE("a plan given to the writer is published as plan.json beside the manifest, not in it") {
+  test::TempDir tmp;
+  const ModelConfig c = test::tiny_config(Arch::llama, 1);
+  const fs::path bare = write_checkpoint(tmp.path(), c, 1);
+  CHECK_FALSE(fs::exists(bare / kPlanFile));
+  CheckpointWriterOptions o;
+  o.plan = {{"boundaries", "mapped"}, {"seq_tile", 128}};
+  const fs::path dir = write_checkpoint(tmp.path(), c, 2, o);
+  REQUIRE(fs::exists(dir / kPlanFile));
+  std::ifstream in(dir / kPlanFile);
+  CHECK(nlohmann::json::parse(in) == o.plan);
+  CHECK_FALSE(read_manifest(dir / kManifestFile).contains("plan"));
+  CHECK(read_manifest(dir / kManifestFile).size() == read_manifest(bare / kManifestFile).size());  // no key added
 }
 
 TEST_CASE("writer misuse is a clear error") {

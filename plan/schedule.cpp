@@ -1,26 +1,11 @@
-#include "actors/schedule.hpp"
+#include "plan/schedule.hpp"
 
 #include <stdexcept>
 #include <string>
 
-namespace mt::actors {
+namespace mt::plan {
 
-Phase Op::phase() const {
-  switch (kind) {
-    case OpKind::embed_forward:
-    case OpKind::layer_forward:
-      return Phase::forward;
-    case OpKind::head:
-    case OpKind::head_loss:
-      return Phase::head;
-    case OpKind::layer_backward:
-    case OpKind::embed_backward:
-      return Phase::backward;
-  }
-  return Phase::forward;
-}
-
-std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host) {
+std::vector<Op> micro_batch_ops(const ModelConfig& c, BoundaryPlacement boundaries) {
   const std::int64_t L = c.num_hidden_layers;
   std::vector<Op> ops;
   ops.push_back(Op{OpKind::embed_forward, 0, 1, {0, -1}});
@@ -29,7 +14,7 @@ std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host) {
   ops.push_back(Op{OpKind::head, L + 1, tied ? 2 : 1, {L + 1, tied ? 0 : -1}});
   for (std::int64_t i = L; i >= 1; --i) {
     Op b{OpKind::layer_backward, i, 1, {i, -1}};
-    if (boundaries_on_host) {
+    if (boundaries == BoundaryPlacement::host_ring) {
       b.loads = 2;
       b.load_stage[1] = i - 1;  // the layer's input
       b.load_kind[1] = LoadKind::boundary;
@@ -41,14 +26,14 @@ std::vector<Op> micro_batch_ops(const ModelConfig& c, bool boundaries_on_host) {
 }
 
 std::vector<Op> forward_only_ops(const ModelConfig& c) {
-  std::vector<Op> ops = micro_batch_ops(c, false);
+  std::vector<Op> ops = micro_batch_ops(c, BoundaryPlacement::device);
   ops.resize(static_cast<std::size_t>(c.num_hidden_layers + 2));  // embed forward, layer forwards, head
   ops.back().kind = OpKind::head_loss;
   return ops;
 }
 
 Schedule Schedule::forward_only(const ModelConfig& c, std::int64_t micro_batches) {
-  Schedule s(c, micro_batches, MicroBatchOrder::sequential, false);
+  Schedule s(c, micro_batches, MicroBatchOrder::sequential, BoundaryPlacement::device);
   s.ops_ = forward_only_ops(c);
   s.forward_only_ = true;
   const std::int64_t n = s.ops_per_micro_batch();
@@ -66,9 +51,9 @@ int activation_sets(MicroBatchOrder order, std::int64_t micro_batches) {
   return order == MicroBatchOrder::interleaved && micro_batches > 1 ? 2 : 1;
 }
 
-Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order, bool boundaries_on_host,
-                   std::int64_t passes)
-    : ops_(micro_batch_ops(c, boundaries_on_host)), micro_batches_(micro_batches), passes_(passes), kind_(order) {
+Schedule::Schedule(const ModelConfig& c, std::int64_t micro_batches, MicroBatchOrder order,
+                   BoundaryPlacement boundaries, std::int64_t passes)
+    : ops_(micro_batch_ops(c, boundaries)), micro_batches_(micro_batches), passes_(passes), kind_(order) {
   if (micro_batches < 1) throw std::invalid_argument("Schedule: micro_batches must be >= 1");
   if (passes < 1 || (passes > 1 && micro_batches != 1 && order != MicroBatchOrder::layer_major))
     throw std::invalid_argument("Schedule: replayed passes need one micro-batch per step, or the layer-major order");
@@ -138,4 +123,4 @@ std::int64_t Schedule::gradient_index(std::int64_t micro_batch, std::int64_t sta
   throw std::out_of_range("Schedule: no op hands over the gradient of stage " + std::to_string(stage));
 }
 
-}  // namespace mt::actors
+}  // namespace mt::plan

@@ -1,12 +1,12 @@
-#include "actors/tier_bytes.hpp"
+#include "plan/tier_bytes.hpp"
 
 #include <vector>
 
-#include "actors/engine.hpp"
 #include "kernels/param_layout.hpp"
+#include "plan/engine_plan.hpp"
 #include "storage/host/host_model.hpp"
 
-namespace mt::actors {
+namespace mt::plan {
 
 std::vector<std::int64_t> optimizer_stage_order(const TrainConfig& cfg, const ModelConfig& model) {
   const OwnedStages owned = host_owned_stages(cfg, model);
@@ -62,4 +62,4 @@ TierBytes tier_bytes_of_every_stage(const TrainConfig& cfg, const ModelConfig& m
   return tier_bytes_held(cfg, model, true);
 }
 
-}  // namespace mt::actors
+}  // namespace mt::plan

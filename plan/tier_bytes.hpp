@@ -11,7 +11,7 @@
 #include "kernels/model_config.hpp"
 #include "storage/offload/staged_moment_store.hpp"
 
-namespace mt::actors {
+namespace mt::plan {
 
 struct TierBytes {
   std::size_t tiles = 0;          // host RAM: every stage's tile (params or not, grad, moments or not, compute copy)
@@ -41,4 +41,4 @@ TierBytes tier_bytes(const TrainConfig& cfg, const ModelConfig& model);
 // masters: what sharding saves is measured against it).
 TierBytes tier_bytes_of_every_stage(const TrainConfig& cfg, const ModelConfig& model);
 
-}  // namespace mt::actors
+}  // namespace mt::plan
