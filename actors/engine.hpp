@@ -169,7 +169,7 @@ struct EngineJob {
   // cursor comes from `run_data` (the training data).
   bool forward_only = false;
   BatchSource* run_data = nullptr;
-  // The run's kernel choices and why (node/kernel_choice.hpp), shown in the monitor's /status; {} = none
+  // The run's kernel choices and why (plan/kernel_choice.hpp), shown in the monitor's /status; {} = none
   // made (the kernels' defaults).
   nlohmann::json kernel_choices = nlohmann::json::object();
   // The job's ranks (mpirun), when cfg.cluster.ranks > 1: every rank runs this job on its own

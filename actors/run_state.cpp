@@ -158,7 +158,7 @@ nlohmann::json make_run_state(const TrainConfig& cfg, const nlohmann::json& data
     const cpu::Fp32GemmChoice c = cpu::fp32_gemm_choice();
     for (int i = 0; i < cpu::kLinearProducts; ++i)
       fp32[cpu::linear_product_name(static_cast<cpu::LinearProduct>(i))] = cpu::fp32_gemm_name(c.lib[i]);
-    for (const auto& sh : c.shapes)  // the layer shapes whose library differs (node/kernel_choice.cpp reads them)
+    for (const auto& sh : c.shapes)  // the layer shapes whose library differs (plan/kernel_choice.cpp reads them)
       fp32["shapes"].push_back({{"product", cpu::linear_product_name(sh.product)},
                                 {"in", sh.in},
                                 {"out", sh.out},

@@ -20,7 +20,7 @@
 //                        bf16_gemm: "onednn" | "widened", bf16_attention: "pairs" | "fp32"}: runs on the
 //                        CPU backend only (the bf16 keys: bf16 runs), the library of each fp32 product,
 //                        the path the bf16 products ran on and the attention's block products; a resume
-//                        takes them (node/kernel_choice.hpp), older checkpoints lack them (fp32_gemm:
+//                        takes them (plan/kernel_choice.hpp), older checkpoints lack them (fp32_gemm:
 //                        before the fp32 choice existed, oneDNN; bf16_attention: before the pair
 //                        products existed, an fp32 attention)
 #pragma once

@@ -8,7 +8,7 @@
 #include "config/node_config.hpp"
 #include "data/dataset_builder.hpp"
 #include "kernels/param_layout.hpp"
-#include "node/kernel_choice.hpp"
+#include "plan/kernel_choice.hpp"
 #include "node/training_run.hpp"
 #include "plan/hardware.hpp"
 #include "plan/resource_plan.hpp"

@@ -34,7 +34,7 @@
 #include "kernels/cpu/cpu_info.hpp"
 #include "monitor/status_board.hpp"
 #include "node/host_pinning.hpp"
-#include "node/kernel_choice.hpp"
+#include "plan/kernel_choice.hpp"
 #include "plan/resource_plan.hpp"
 #include "plan/state_modes.hpp"
 #include "plan/tier_bytes.hpp"
@@ -318,7 +318,7 @@ bool TrainingRun::open_logs() {
   return true;
 }
 
-// The products' libraries and paths, before the first product (node/kernel_choice.hpp), said once and logged.
+// The products' libraries and paths, before the first product (plan/kernel_choice.hpp), said once and logged.
 bool TrainingRun::choose_kernel_paths() {
   KernelChoice c;
   try {

@@ -1,7 +1,7 @@
 // Linear layers as row-major GEMMs, weights [out, in] as torch.nn.Linear stores them.
 //
 // Library: per product (forward NT, backward-input NN, backward-weight TN), oneDNN's dnnl_sgemm or
-// OpenBLAS's cblas_sgemm, whichever the run's probe measured faster (probe_fp32_gemm; node/kernel_choice
+// OpenBLAS's cblas_sgemm, whichever the run's probe measured faster (probe_fp32_gemm; plan/kernel_choice
 // caches it and a checkpoint records it); oneDNN without a probe. Neither wins everywhere: oneDNN picks
 // JIT kernels from the CPU's features at run time, but its AVX2 sgemm is slow on the weight gradient's
 // long-K TN shapes, where OpenBLAS's Haswell kernels run about twice as fast; Debian's OpenBLAS 0.3.21

@@ -182,7 +182,7 @@ const char* attn_products_name(AttnProducts p);                            // "f
 std::optional<AttnProducts> parse_attn_products(const std::string& name);  // nullopt for anything else
 
 // The products a bf16 run's attention takes on the CPU backend: the run sets them before its first step
-// (node/kernel_choice.hpp measures which is faster); fp32 until then. MEGATRAIN_BF16_ATTENTION=pairs|fp32
+// (plan/kernel_choice.hpp measures which is faster); fp32 until then. MEGATRAIN_BF16_ATTENTION=pairs|fp32
 // forces them over any setting (read once; another value throws std::invalid_argument naming the
 // variable); pairs on a CPU without AVX512-BF16 run fp32. set_ returns what is in effect.
 AttnProducts bf16_attention_products();

@@ -14,7 +14,7 @@
 //   fp32, so this is the same math (bf16 operands, fp32 accumulation) in the fp32 kernel's summation order.
 // Which is faster depends on the CPU (twice as fast either way on the CPUs measured so far), so a run
 // measures both (probe_bf16_gemm) and fixes the faster with set_bf16_gemm_path before its first product
-// (node/kernel_choice.hpp: probe, cache, checkpoint). Without a call the first product fixes the default
+// (plan/kernel_choice.hpp: probe, cache, checkpoint). Without a call the first product fixes the default
 // (oneDNN on AMX CPUs, widened elsewhere). MEGATRAIN_BF16_GEMM=onednn|widened forces a path over both.
 // Either way an output element is always computed by the same kernel on the same data, whatever the
 // thread count; the two paths differ in summation order, so a run's bits depend on its path.

@@ -337,7 +337,7 @@ TEST_CASE("megatrain train: evaluation every eval_steps, in the run state, once 
 }
 
 // The bf16 products' path and the attention's products are part of the run state
-// (node/kernel_choice.hpp): a resume takes the checkpoint's choices, not the cache's, and continues bit for bit; a
+// (plan/kernel_choice.hpp): a resume takes the checkpoint's choices, not the cache's, and continues bit for bit; a
 // fresh run takes the cache's; the other path gives other bits (so the comparison can fail); a CPU that cannot run the
 // recorded path says so.
 TEST_CASE("megatrain train: a bf16 resume keeps the checkpoint's kernel choices, bit for bit",

@@ -1,4 +1,4 @@
-// The run's kernel choice (node/kernel_choice.hpp): the cache file round-trips and a damaged one is
+// The run's kernel choice (plan/kernel_choice.hpp): the cache file round-trips and a damaged one is
 // ignored with a warning, never fatal; the order of the sources (forced, this process, the checkpoint,
 // the cache, the probe); where the cache lives; the probe's shapes. The resume through the node binary
 // is in test_checkpoint_binary.cpp.
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "kernels/cpu/bf16_pairs.hpp"
-#include "node/kernel_choice.hpp"
+#include "plan/kernel_choice.hpp"
 #include "tests/actors/run_dir_fixture.hpp"
 
 namespace fs = std::filesystem;
@@ -20,8 +20,7 @@ using mt::cpu::Bf16Gemm;
 using mt::cpu::Fp32Gemm;
 using mt::cpu::Fp32GemmChoice;
 using mt::cpu::LinearProduct;
-using namespace mt::actors;
-using namespace mt::node;
+using namespace mt::plan;
 
 namespace {
 

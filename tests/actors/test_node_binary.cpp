@@ -149,7 +149,7 @@ TEST_CASE("megatrain train: the moments on the NVMe tier give the same losses as
   const fs::path dir = fs::temp_directory_path() / ("mt_node_offload_" + std::to_string(::getpid()));
   const fs::path shard = make_shard(dir, 8192);
   // One kernel choice cache for the runs compared: the bf16 runs measure their GEMM path once and then
-  // share it (node/kernel_choice.hpp), so they compare the same products.
+  // share it (plan/kernel_choice.hpp), so they compare the same products.
   auto losses = [&](const std::string& extra, const std::string& out) {
     const Outcome o = mt::test::run_node(tiny_args(dir / out, shard) + " --train.max_steps=4" + extra,
                                          "env -u MEGATRAIN_BF16_GEMM XDG_CACHE_HOME=" + (dir / "cache").string());

@@ -1,5 +1,5 @@
 // The benches' bf16 products run the path a training run would take on this machine: measured on the
-// bench's own shapes at its thread count (cpu::probe_bf16_gemm, as node/kernel_choice.hpp does, without
+// bench's own shapes at its thread count (cpu::probe_bf16_gemm, as plan/kernel_choice.hpp does, without
 // the cache), unless MEGATRAIN_BF16_GEMM forces one (the old rule, for a before/after: =widened on a CPU
 // without AMX). Call before the first bf16 product: the path is fixed once per process. The attention's
 // products are chosen the same way (choose_bf16_attention; MEGATRAIN_BF16_ATTENTION forces them), and so

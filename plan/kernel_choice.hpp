@@ -28,13 +28,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/engine.hpp"
+#include "plan/engine_plan.hpp"
 #include "config/train_config.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/ops_bf16.hpp"
 #include "kernels/model_config.hpp"
 
-namespace mt::node {
+namespace mt::plan {
 
 // What a cached choice is keyed by: the machine, the library and the work.
 struct KernelCacheKey {
@@ -148,7 +148,7 @@ KernelCacheKey kernel_cache_key(int threads, const std::vector<cpu::Bf16ProbeSha
 // cpu::set_bf16_attention_products). Nothing applies (applies = false) off the CPU backend; the bf16
 // choices only with bf16 compute. Throws std::invalid_argument for a malformed MEGATRAIN_FP32_GEMM,
 // MEGATRAIN_BF16_GEMM or MEGATRAIN_BF16_ATTENTION.
-KernelChoice choose_kernels(const TrainConfig& cfg, const ModelConfig& model, const plan::EnginePlan& plan,
+KernelChoice choose_kernels(const TrainConfig& cfg, const ModelConfig& model, const EnginePlan& plan,
                             const nlohmann::json& run_state);
 
-}  // namespace mt::node
+}  // namespace mt::plan

@@ -1,4 +1,4 @@
-#include "node/kernel_choice.hpp"
+#include "plan/kernel_choice.hpp"
 
 #include <unistd.h>
 
@@ -17,10 +17,8 @@
 #include "kernels/cpu/cpu_info.hpp"
 #include "kernels/stage_api.hpp"
 
-namespace mt::node {
+namespace mt::plan {
 
-using namespace mt::actors;  // the engine this folder runs
-using namespace mt::plan;
 
 namespace fs = std::filesystem;
 
@@ -716,4 +714,4 @@ KernelChoice choose_kernels(const TrainConfig& cfg, const ModelConfig& model, co
   return c;
 }
 
-}  // namespace mt::node
+}  // namespace mt::plan
