@@ -28,11 +28,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "plan/engine_plan.hpp"
 #include "config/train_config.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/ops_bf16.hpp"
 #include "kernels/model_config.hpp"
+#include "plan/engine_plan.hpp"
 
 namespace mt::plan {
 
