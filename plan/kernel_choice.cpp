@@ -19,7 +19,6 @@
 
 namespace mt::plan {
 
-
 namespace fs = std::filesystem;
 
 namespace {
