@@ -67,7 +67,7 @@ double process_baseline_bytes();
 struct HardwareProfile;
 // A GPU profile (a datasheet one) planned on this machine: the CPU backend stands in for the device (the
 // arena's sizes do not depend on the backend, and the CUDA one need not exist here), with
-// device.copy_bandwidth_gbps at the profile's host-to-device link, so the plan is the engine's plan for a
+// DeviceSection::copy_bandwidth_gbps at the profile's host-to-device link, so the plan is the engine's plan for a
 // device across a link, as the CUDA backend is: gradient slots grown for the link, and no
 // keep_intermediates=boundary_mapped (the engine maps boundaries only on a device sharing host memory).
 void plan_as_gpu(TrainConfig& cfg, const HardwareProfile& hw);

@@ -427,7 +427,7 @@ class StepSimulator {
   }
   // A copy on `link` of `bytes`. On shared cores the copy engine is a memcpy on a thread of its own, and
   // compute's cores run it: a copy that starts while compute is busy delays compute by its CPU time
-  // (the memcpy time, whatever train.copy_bandwidth_gbps paces the link to). Compute's team waits for
+  // (the memcpy time, whatever DeviceSection::copy_bandwidth_gbps paces the link to). Compute's team waits for
   // the thread that gave up its core, so the delay is the whole copy, not a share of it.
   double copy(Resource& link, double ready, double bytes, double rate, double cpu_rate, bool cnt) {
     const double end = link.run(ready, bytes / rate, cnt);
