@@ -135,8 +135,8 @@ class Backend {
 
   // --- host memory the stage operations address directly -----------------------------------------
   // True when the stage operations read and write host memory at its own addresses and no link is
-  // modelled between the two (the CPU backend without a modelled link, DeviceSection::copy_bandwidth_gbps): a weight load then
-  // maps the host tile (DeviceArena::map_slot) instead of copying it, and the collector sums a
+  // modelled between the two (the CPU backend with DeviceSection::copy_bandwidth_gbps 0): a weight load
+  // then maps the host tile (DeviceArena::map_slot) instead of copying it, and the collector sums a
   // gradient straight from the device buffer into the host accumulator (accumulate_to_host). Copies
   // would share the cores with compute for nothing (tools/bench/README.md, "overlap").
   virtual bool shares_host_memory() const { return false; }
