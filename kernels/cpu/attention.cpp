@@ -300,15 +300,12 @@ struct Fp32Blocks : Slabs {
     transpose(k_head, room(0));
     if (dk_head) transpose(v_head, room(1));
   }
-  // out[c, t - k_lo] = x[t, c], in tiles of 16 keys.
+  // out[c, t - k_lo] = x[t, c]: the floats moved as words (this path runs only where the pairs' AVX-512
+  // transpose does).
   void transpose(const float* x, std::vector<float>& out) const {
     out.resize(static_cast<std::size_t>(a.head_dim * keys));
-    for (std::int64_t t0 = 0; t0 < keys; t0 += 16) {
-      const std::int64_t tn = std::min<std::int64_t>(16, keys - t0);
-      for (std::int64_t c = 0; c < a.head_dim; ++c)
-        for (std::int64_t t = 0; t < tn; ++t)
-          out[static_cast<std::size_t>(c * keys + t0 + t)] = x[(k_lo + t0 + t) * a.kv_stride + c];
-    }
+    transpose_words(reinterpret_cast<const pair_t*>(x + k_lo * a.kv_stride), a.kv_stride, keys, a.head_dim,
+                    reinterpret_cast<pair_t*>(out.data()), keys);
   }
   void query_block(std::int64_t, const float*, const float*, std::int64_t) {}
   static void slab(std::int64_t rows, std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,

@@ -28,6 +28,18 @@ namespace {
 
 struct LayerRun {
   vector<float> y, dx, g;
+  // The layer's buffers for a forward and backward of x, dy into this run (recompute mode, no tiles' buffers
+  // apart: the caller adds those).
+  LayerBuffers buffers(const vector<float>& x, const vector<float>& dy, vector<float>& ws) {
+    LayerBuffers b;
+    b.x_in = x.data();
+    b.x_out = y.data();
+    b.dy = dy.data();
+    b.dx = dx.data();
+    b.grads = g.data();
+    b.workspace = ws.data();
+    return b;
+  }
 };
 
 // One layer's inputs for the tiled runs that place their buffers apart: 2 sequences of 45 tokens in
@@ -68,13 +80,7 @@ LayerRun run_layer(const ModelConfig& c, const vector<float>& p32, const vector<
   const std::int64_t N = B * S, d = c.hidden_size;
   LayerRun r{vector<float>(N * d), vector<float>(N * d), vector<float>(p32.size(), 0.0f)};
   vector<float> ws(layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, seq_tile));
-  LayerBuffers bufs;
-  bufs.x_in = x.data();
-  bufs.x_out = r.y.data();
-  bufs.dy = dy.data();
-  bufs.dx = r.dx.data();
-  bufs.grads = r.g.data();
-  bufs.workspace = ws.data();
+  LayerBuffers bufs = r.buffers(x, dy, ws);
   layer_forward(c, w, {B, S}, bufs, ctx);
   layer_backward(c, w, {B, S}, bufs, ctx);
   return r;
@@ -259,13 +265,7 @@ TEST_CASE("tiled layers with the sequence-sized buffers apart give the same bits
               layer_workspace_floats(c, B, S, ActivationMode::recompute, prec, tile, SequenceBuffers::in_workspace));
       cpu::CpuOps ops(prec, 2);
       LayerRun apart = in.empty_run(c);
-      LayerBuffers bufs;
-      bufs.x_in = x.data();
-      bufs.x_out = apart.y.data();
-      bufs.dy = dy.data();
-      bufs.dx = apart.dx.data();
-      bufs.grads = apart.g.data();
-      bufs.workspace = ws.data();
+      LayerBuffers bufs = apart.buffers(x, dy, ws);
       bufs.sequence = sequence.data();
       layer_forward(ops, c, w, {B, S}, bufs, tile);
       layer_backward(ops, c, w, {B, S}, bufs, tile);
@@ -294,13 +294,7 @@ TEST_CASE("tiled layers with their attention output kept give the same bits, and
       vector<float> attention(layer_attention_floats(c, B, S, tile), nan);  // the forward must fill all of it
       cpu::CpuOps ops(prec, 2);
       LayerRun kept = in.empty_run(c);
-      LayerBuffers bufs;
-      bufs.x_in = x.data();
-      bufs.x_out = kept.y.data();
-      bufs.dy = dy.data();
-      bufs.dx = kept.dx.data();
-      bufs.grads = kept.g.data();
-      bufs.workspace = ws.data();
+      LayerBuffers bufs = kept.buffers(x, dy, ws);
       bufs.attention = attention.data();
       layer_forward(ops, c, w, {B, S}, bufs, tile);
       for (float a : attention) REQUIRE(std::isfinite(a));
