@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "kernels/host_memory.hpp"
 #include "kernels/profile.hpp"
 #include "kernels/tile.hpp"
 
@@ -13,7 +14,7 @@ namespace mt {
 
 AlignedFloats make_aligned_floats(std::size_t n) {
   const std::size_t bytes = std::max<std::size_t>(64, (n * sizeof(float) + 63) / 64 * 64);
-  void* p = std::aligned_alloc(64, bytes);
+  void* p = allocate_host_bytes(bytes, host_alignment(bytes));
   if (!p) throw std::bad_alloc();
   std::fill_n(static_cast<float*>(p), bytes / sizeof(float), 0.0f);
   return AlignedFloats(static_cast<float*>(p));

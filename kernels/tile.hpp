@@ -27,7 +27,8 @@ inline TileLayout tile_layout(const ParamLayout& l) {
   return t;
 }
 
-// Zero-initialised, 64-byte aligned float storage (tiles, workspaces, activations).
+// Zero-initialised float storage (tiles, workspaces, activations), aligned as host_memory.hpp aligns a
+// host allocation: 64 bytes, or a huge page from 2 MiB up.
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
 };

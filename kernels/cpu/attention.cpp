@@ -19,6 +19,9 @@
 // The pair path also holds, per thread and for the call, the task's keys and values packed (4 x T x
 // head_dim bf16 in the backward) and dk, dv transposed (2 x T x head_dim fp32): 128 MiB a thread at 128k
 // positions and head_dim 64, freed at the call's end when above kKeptRoomBytes.
+// Memory: while a group of query blocks runs its products, the rows the next group reads (and the rows
+// this group writes) are prefetched a few lines at a time (RowFetch, row_fetch.hpp): with documents the
+// products are few, and waiting for these reads was about a tenth of the time.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,6 +34,7 @@
 #include "kernels/cpu/bf16.hpp"
 #include "kernels/cpu/bf16_pairs.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/row_fetch.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "kernels/profile.hpp"
 
@@ -201,19 +205,6 @@ inline std::int64_t first_key_block(std::int64_t pos0, std::int64_t window, cons
   return key_floor(pos0, window, row) / kKeyBlock * kKeyBlock;
 }
 
-// Asks the caches for rows [0, n) of one head's slice (head_dim floats, `stride` apart) ahead of their use:
-// a group's block products take longer than fetching the next group's rows from memory, so issued at a
-// group's start the fetch hides behind them (with documents the products are few, and the reads weigh).
-void prefetch_rows(const float* x, std::int64_t stride, std::int64_t n, std::int64_t hd, bool for_write = false) {
-  for (std::int64_t i = 0; i < n; ++i)
-    for (std::int64_t c = 0; c < hd; c += 16) {
-      if (for_write)
-        __builtin_prefetch(x + i * stride + c, 1, 3);
-      else
-        __builtin_prefetch(x + i * stride + c, 0, 3);
-    }
-}
-
 // Sink logits widened to fp32 (they arrive in the run's precision), into the calling thread's room.
 const std::vector<float>& widen_sinks(const void* sinks, std::int64_t heads, bool bf16) {
   thread_local std::vector<float> s;
@@ -246,6 +237,7 @@ struct Slabs {
   // the diagonal) is one slab too: a product's bits do not depend on how its rows and keys are cut.
   bool cut = false;
   std::int64_t diag = 0;
+  RowFetch fetch;  // the rows the task loops queue for the group's products to fetch
   void pair(std::int64_t d) { diag = d; }
   bool whole(std::int64_t kn) const { return !cut || diag + 1 >= kn; }
   // Row slabs [i0, i0 + rows) of qn and the keys their last row sees (of kn).
@@ -308,9 +300,22 @@ struct Fp32Blocks : Slabs {
                     reinterpret_cast<pair_t*>(out.data()), keys);
   }
   void query_block(std::int64_t, const float*, const float*, std::int64_t) {}
-  static void slab(std::int64_t rows, std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,
-                   const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  void keys_until(std::int64_t, std::int64_t) {}
+  // Before a product of `macs` multiply-adds, its share of the queued rows (the library's products take no
+  // RowFetch): a line a kMacsPerLine, at most kLinesPerCall at once.
+  static constexpr std::int64_t kMacsPerLine = 2048, kLinesPerCall = 32;
+  void fetch_before(std::int64_t macs) {
+    fetch.issue(std::min(kLinesPerCall, (macs + kMacsPerLine - 1) / kMacsPerLine));
+  }
+  void product(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const float* A, std::int64_t lda,
+               const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+    fetch_before(m * n * k);
+    mm(ta, tb, m, n, k, A, lda, B, ldb, accumulate, C, ldc);
+  }
+  void slab(std::int64_t rows, std::int64_t n, std::int64_t K, const float* A, std::int64_t am, std::int64_t ak,
+            const float* B, std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
     if (n <= 0) return;
+    fetch_before(rows * n * K);
     std::int64_t r = 0;
     for (; r + 8 <= rows; r += 8) doc_rows8(n, K, A + r * am, am, ak, B, ldb, accumulate, C + r * ldc, ldc);
     for (; r < rows; ++r) doc_rows1(n, K, A + r * am, am, ak, B, ldb, accumulate, C + r * ldc, ldc);
@@ -322,7 +327,7 @@ struct Fp32Blocks : Slabs {
         slab(rows, edge, a.head_dim, qb + i0 * a.q_stride, a.q_stride, 1, room(0).data() + (k0 - k_lo), keys, false,
              S + i0 * kKeyBlock, kKeyBlock);
       });
-    mm(false, true, qn, kn, a.head_dim, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S, kKeyBlock);
+    product(false, true, qn, kn, a.head_dim, qb, a.q_stride, kb + k0 * a.kv_stride, a.kv_stride, false, S, kKeyBlock);
   }
   void dscores(std::int64_t, const float* dob, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* dP) {
     if (docs)
@@ -330,7 +335,7 @@ struct Fp32Blocks : Slabs {
         slab(rows, edge, a.head_dim, dob + i0 * a.o_stride, a.o_stride, 1, room(1).data() + (k0 - k_lo), keys, false,
              dP + i0 * kKeyBlock, kKeyBlock);
       });
-    mm(false, true, qn, kn, a.head_dim, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP, kKeyBlock);
+    product(false, true, qn, kn, a.head_dim, dob, a.o_stride, vb + k0 * a.kv_stride, a.kv_stride, false, dP, kKeyBlock);
   }
   // O[qn, head_dim] += P V (a slab's P is 0 past its edge)
   void add_values(std::int64_t, std::int64_t qn, std::int64_t k0, std::int64_t kn, const float* P, float* O) {
@@ -341,7 +346,7 @@ struct Fp32Blocks : Slabs {
           slab(rows, hd, edge, P + i0 * kKeyBlock, kKeyBlock, 1, vb + k0 * a.kv_stride, a.kv_stride, true, O + i0 * hd,
                hd);
       });
-    mm(false, false, qn, hd, kn, P, kKeyBlock, vb + k0 * a.kv_stride, a.kv_stride, true, O, hd);
+    product(false, false, qn, hd, kn, P, kKeyBlock, vb + k0 * a.kv_stride, a.kv_stride, true, O, hd);
   }
   // dv += P^T dout, dq += dS K, dk += dS^T q (P and dS are 0 past each row's edge)
   void grads(std::int64_t, const float* qb, const float* dob, std::int64_t qn, std::int64_t k0, std::int64_t kn,
@@ -364,9 +369,9 @@ struct Fp32Blocks : Slabs {
       });
       return;
     }
-    mm(true, false, kn, hd, qn, P, kKeyBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride, a.kv_stride);
-    mm(false, false, qn, hd, kn, dS, kKeyBlock, kb + k0 * a.kv_stride, a.kv_stride, true, dQ, hd);
-    mm(true, false, kn, hd, qn, dS, kKeyBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride, a.kv_stride);
+    product(true, false, kn, hd, qn, P, kKeyBlock, dob, a.o_stride, true, dvb + k0 * a.kv_stride, a.kv_stride);
+    product(false, false, qn, hd, kn, dS, kKeyBlock, kb + k0 * a.kv_stride, a.kv_stride, true, dQ, hd);
+    product(true, false, kn, hd, qn, dS, kKeyBlock, qb, a.q_stride, true, dkb + k0 * a.kv_stride, a.kv_stride);
   }
   void end_head() {}
 };
@@ -390,7 +395,9 @@ struct PairBlocks : Slabs {
   // products and by end_head's tiles) are not a power of two apart, all in the same few cache sets.
   std::int64_t ldk = 0;
   float *dkb = nullptr, *dvb = nullptr;
+  const float *kb = nullptr, *vb = nullptr;
   const float *packed_k = nullptr, *packed_v = nullptr;  // the forward's head packed last in this call
+  std::int64_t packed_until = 0;                         // keys [k_lo, packed_until) are packed
 
   // Rooms above this are freed when the call ends: at long context they are the keys' size, and the
   // fp32 path keeps nothing of that size between calls either.
@@ -419,43 +426,56 @@ struct PairBlocks : Slabs {
     thread_local Rooms rooms;
     return rooms;
   }
-  // Keys [k_lo, k_hi) of this task, k_lo on a key block's start. Forward: K^T by key blocks (each block's
-  // hd2 x kKeyBlock words together) and V as pairs of rows; backward adds V^T by blocks and K as pairs of
-  // rows, and zeroes the dk, dv accumulators.
+  // Keys [k_lo, k_hi) of this task, k_lo on a key block's start, packed a block at a time as the groups
+  // reach them (keys_until), their rows fetched while the group before runs its products.
+  // Forward: K^T by key blocks (each block's hd2 x kKeyBlock words together) and V as pairs of rows; backward
+  // adds V^T by blocks and K as pairs of rows, and zeroes the dk, dv accumulators.
   // The forward's tasks of one kv head's query heads often follow each other on a thread: the keys and
-  // values this call packed last are packed already (the same words; within one call they do not change).
+  // values this call packed already stay packed (the same words; within one call they do not change).
   void head(const float* k_head, const float* v_head, float* dk_head, float* dv_head, std::int64_t lo,
             std::int64_t hi) {
     if (!dk_head && k_head == packed_k && v_head == packed_v && lo == k_lo && hi - lo == keys) return;
+    kb = k_head, vb = v_head;
     packed_k = dk_head ? nullptr : k_head, packed_v = v_head;
-    k_lo = lo, keys = hi - lo, dkb = dk_head, dvb = dv_head;
+    k_lo = lo, keys = hi - lo, dkb = dk_head, dvb = dv_head, packed_until = lo;
     const std::int64_t blocks = (keys + kKeyBlock - 1) / kKeyBlock, pairs = (keys + 1) / 2;
-    // pack_row_pairs_transposed's words, made by the vector packer into rows and then transposed (the same
-    // words: a word's rounding does not depend on where it goes); the per-element packer was a fixed cost a
-    // head that, with documents, weighs as much as a tenth of the pairs.
-    auto by_blocks = [&](const float* x, std::vector<pair_t>& out) {
-      out.resize(static_cast<std::size_t>(blocks * hd2 * kKeyBlock));
-      r.block_rows.resize(static_cast<std::size_t>(kKeyBlock * hd2));
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::int64_t t0 = lo + b * kKeyBlock, n = std::min(kKeyBlock, hi - t0);
-        pack_row_pairs(x + t0 * a.kv_stride, a.kv_stride, n, hd, r.block_rows.data(), hd2);
-        transpose_words(r.block_rows.data(), hd2, n, hd2, out.data() + b * hd2 * kKeyBlock, kKeyBlock);
-      }
-    };
-    auto row_pairs = [&](const float* x, std::vector<pair_t>& out) {
-      out.resize(static_cast<std::size_t>(pairs * hd));
-      pack_column_pairs(x + lo * a.kv_stride, a.kv_stride, keys, hd, out.data(), hd);
-    };
-    by_blocks(k_head, r.k_t);
-    if (!dk_head) {
-      row_pairs(v_head, r.v_pairs);
-      return;
-    }
-    by_blocks(v_head, r.v_t);
-    row_pairs(k_head, r.k_pairs);
+    r.k_t.resize(static_cast<std::size_t>(blocks * hd2 * kKeyBlock));
+    (dk_head ? r.k_pairs : r.v_pairs).resize(static_cast<std::size_t>(pairs * hd));
+    if (!dk_head) return;
+    r.v_t.resize(r.k_t.size());
     ldk = (keys + 15) / 16 * 16 + 16;
-    r.dk_t.assign(static_cast<std::size_t>(hd * ldk), 0.0f);
-    r.dv_t.assign(static_cast<std::size_t>(hd * ldk), 0.0f);
+    r.dk_t.resize(static_cast<std::size_t>(hd * ldk));
+    r.dv_t.resize(static_cast<std::size_t>(hd * ldk));
+  }
+  // Packs the key blocks up to the one holding key k_end - 1, and queues the rows of the keys up to
+  // k_next for the fetch.
+  void keys_until(std::int64_t k_end, std::int64_t k_next) {
+    const std::int64_t hi = k_lo + keys;
+    for (; packed_until < std::min(k_end, hi); packed_until += kKeyBlock) pack_block(packed_until);
+    const std::int64_t from = std::max(packed_until, k_end), n = std::min(k_next, hi) - from;
+    if (n <= 0) return;
+    fetch.add(kb + from * a.kv_stride, a.kv_stride, n, hd);
+    fetch.add(vb + from * a.kv_stride, a.kv_stride, n, hd);
+  }
+  // The key block at t0: pack_row_pairs_transposed's words, made by the vector packer into rows and then
+  // transposed (the same words: a word's rounding does not depend on where it goes); the per-element packer
+  // was a fixed cost a head that, with documents, weighs as much as a tenth of the pairs.
+  void pack_block(std::int64_t t0) {
+    const std::int64_t n = std::min(kKeyBlock, k_lo + keys - t0), b = (t0 - k_lo) / kKeyBlock;
+    auto by_blocks = [&](const float* x, std::vector<pair_t>& out) {
+      r.block_rows.resize(static_cast<std::size_t>(std::max(kQ2 * hd, kKeyBlock * hd2)));
+      pack_row_pairs(x + t0 * a.kv_stride, a.kv_stride, n, hd, r.block_rows.data(), hd2);
+      transpose_words(r.block_rows.data(), hd2, n, hd2, out.data() + b * hd2 * kKeyBlock, kKeyBlock);
+    };
+    auto row_pairs = [&](const float* x, std::vector<pair_t>& out) {  // t0 is even: the same pairs as from k_lo
+      pack_column_pairs(x + t0 * a.kv_stride, a.kv_stride, n, hd, out.data() + (t0 - k_lo) / 2 * hd, hd);
+    };
+    by_blocks(kb, r.k_t);
+    if (!dkb) return row_pairs(vb, r.v_pairs);
+    by_blocks(vb, r.v_t);
+    row_pairs(kb, r.k_pairs);
+    for (float* acc : {r.dk_t.data(), r.dv_t.data()})
+      for (std::int64_t c = 0; c < hd; ++c) std::fill_n(acc + c * ldk + (t0 - k_lo), n, 0.0f);
   }
   // Query block j of the group: its rows as pairs (the scores' A operand) and, in the backward, q and dout
   // transposed into pairs of query rows (dk's and dv's A operands).
@@ -471,19 +491,23 @@ struct PairBlocks : Slabs {
     pack_column_pairs(dob, a.o_stride, qn, hd, r.block_rows.data(), hd);
     transpose_words(r.block_rows.data(), hd, qn2, hd, r.do_cols.data() + j * hd * kQ2, kQ2);
   }
+  void product(std::int64_t M, std::int64_t N, std::int64_t K2, const pair_t* A, std::int64_t lda, const pair_t* B,
+               std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+    bf16_pair_gemm(M, N, K2, A, lda, B, ldb, accumulate, C, ldc, &fetch);
+  }
   const pair_t* key_block(const std::vector<pair_t>& by_blocks, std::int64_t k0) const {
     return by_blocks.data() + (k0 - k_lo) / kKeyBlock * hd2 * kKeyBlock;
   }
   void scores(std::int64_t j, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* S) {
     by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
-      bf16_pair_gemm(rows, edge, hd2, r.q_rows.data() + (j * kQueryBlock + i0) * hd2, hd2, key_block(r.k_t, k0),
-                     kKeyBlock, false, S + i0 * kKeyBlock, kKeyBlock);
+      product(rows, edge, hd2, r.q_rows.data() + (j * kQueryBlock + i0) * hd2, hd2, key_block(r.k_t, k0), kKeyBlock,
+              false, S + i0 * kKeyBlock, kKeyBlock);
     });
   }
   void dscores(std::int64_t j, const float*, std::int64_t qn, std::int64_t k0, std::int64_t kn, float* dP) {
     by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
-      bf16_pair_gemm(rows, edge, hd2, r.do_rows.data() + (j * kQueryBlock + i0) * hd2, hd2, key_block(r.v_t, k0),
-                     kKeyBlock, false, dP + i0 * kKeyBlock, kKeyBlock);
+      product(rows, edge, hd2, r.do_rows.data() + (j * kQueryBlock + i0) * hd2, hd2, key_block(r.v_t, k0), kKeyBlock,
+              false, dP + i0 * kKeyBlock, kKeyBlock);
     });
   }
   // A slab's probabilities and dS are 0 past its edge: its products over the keys stop at the edge's pair,
@@ -491,8 +515,8 @@ struct PairBlocks : Slabs {
   void add_values(std::int64_t, std::int64_t qn, std::int64_t k0, std::int64_t kn, const float* P, float* O) {
     by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {
       pack_row_pairs(P + i0 * kKeyBlock, kKeyBlock, rows, edge, r.p_rows.data() + i0 * kK2, kK2);
-      bf16_pair_gemm(rows, hd, (edge + 1) / 2, r.p_rows.data() + i0 * kK2, kK2, r.v_pairs.data() + (k0 - k_lo) / 2 * hd,
-                     hd, true, O + i0 * hd, hd);
+      product(rows, hd, (edge + 1) / 2, r.p_rows.data() + i0 * kK2, kK2, r.v_pairs.data() + (k0 - k_lo) / 2 * hd, hd,
+              true, O + i0 * hd, hd);
     });
   }
   // A key slab's products over the query rows start at the pair of the first row that sees it; its
@@ -508,20 +532,21 @@ struct PairBlocks : Slabs {
           const std::int64_t at = p0 * kKeyBlock + j0, from = 2 * p0 * kKeyBlock + j0;              // words, floats
           pack_column_pairs(P + from, kKeyBlock, qn - 2 * p0, n, r.p_cols.data() + at, kKeyBlock);  // dv^T += dout^T P
           pack_column_pairs(dS + from, kKeyBlock, qn - 2 * p0, n, r.ds_cols.data() + at, kKeyBlock);  // dk^T += q^T dS
-          bf16_pair_gemm(hd, n, qn2 - p0, r.do_cols.data() + j * hd * kQ2 + p0, kQ2, r.p_cols.data() + at, kKeyBlock,
-                         true, r.dv_t.data() + col + j0, ldk);
-          bf16_pair_gemm(hd, n, qn2 - p0, r.q_cols.data() + j * hd * kQ2 + p0, kQ2, r.ds_cols.data() + at, kKeyBlock,
-                         true, r.dk_t.data() + col + j0, ldk);
+          product(hd, n, qn2 - p0, r.do_cols.data() + j * hd * kQ2 + p0, kQ2, r.p_cols.data() + at, kKeyBlock, true,
+                  r.dv_t.data() + col + j0, ldk);
+          product(hd, n, qn2 - p0, r.q_cols.data() + j * hd * kQ2 + p0, kQ2, r.ds_cols.data() + at, kKeyBlock, true,
+                  r.dk_t.data() + col + j0, ldk);
         },
         32);
     by_row_slabs(qn, kn, [&](std::int64_t i0, std::int64_t rows, std::int64_t edge) {  // dq += dS K
       pack_row_pairs(dS + i0 * kKeyBlock, kKeyBlock, rows, edge, r.ds_rows.data() + i0 * kK2, kK2);
-      bf16_pair_gemm(rows, hd, (edge + 1) / 2, r.ds_rows.data() + i0 * kK2, kK2, r.k_pairs.data() + col / 2 * hd, hd,
-                     true, dQ + i0 * hd, hd);
+      product(rows, hd, (edge + 1) / 2, r.ds_rows.data() + i0 * kK2, kK2, r.k_pairs.data() + col / 2 * hd, hd, true,
+              dQ + i0 * hd, hd);
     });
   }
   void end_head() {
-    if (!dkb) return;  // the forward's task
+    if (!dkb) return;            // the forward's task
+    keys_until(k_lo + keys, 0);  // keys no query row met: their gradients are zeros
     for (auto [acc, grad] : {std::pair{r.dk_t.data(), dkb}, std::pair{r.dv_t.data(), dvb}}) {
       if (a.add_kv_grads) {
         add_transposed(acc, ldk, hd, keys, grad + k_lo * a.kv_stride, a.kv_stride);
@@ -570,12 +595,15 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
           const std::int64_t q0 = g0 + j * kQueryBlock;
           blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, nullptr, std::min(kQueryBlock, Q - q0));
         }
+        RowFetch& fetch = blocks_of.fetch;
+        fetch.restart();
+        blocks_of.keys_until(g_end, std::min(T, g_end + kGroup * kQueryBlock));
         {  // the next group's queries, and this group's output rows (written at its end)
           const std::int64_t next = g0 + kGroup * kQueryBlock, rows = std::min(kGroup * kQueryBlock, Q - g0);
           if (next < Q)
-            prefetch_rows(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride,
-                          std::min(kGroup * kQueryBlock, Q - next), hd);
-          prefetch_rows(out + (b * Q + g0) * a.o_stride + h * hd, a.o_stride, rows, hd, true);
+            fetch.add(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride, std::min(kGroup * kQueryBlock, Q - next),
+                      hd);
+          fetch.add(out + (b * Q + g0) * a.o_stride + h * hd, a.o_stride, rows, hd, true);
         }
         for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
           for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
@@ -626,6 +654,7 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
         }
       }
       blocks_of.end_head();
+      blocks_of.fetch.clear();
     }
   }
 }
@@ -671,15 +700,18 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
             blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, dob, qn);
           }
           std::fill(dQ.begin(), dQ.end(), 0.0f);
+          RowFetch& fetch = blocks_of.fetch;
+          fetch.restart();
+          blocks_of.keys_until(g_end, std::min(T, g_end + kGroup * kQueryBlock));
           {  // the next group's queries, output and its gradient, and this group's dq rows
             const std::int64_t next = g0 + kGroup * kQueryBlock, rows = std::min(kGroup * kQueryBlock, Q - g0);
             if (next < Q) {
               const std::int64_t n = std::min(kGroup * kQueryBlock, Q - next);
-              prefetch_rows(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride, n, hd);
-              prefetch_rows(dout + (b * Q + next) * a.o_stride + h * hd, a.o_stride, n, hd);
-              prefetch_rows(out + (b * Q + next) * a.o_stride + h * hd, a.o_stride, n, hd);
+              fetch.add(dout + (b * Q + next) * a.o_stride + h * hd, a.o_stride, n, hd);
+              fetch.add(out + (b * Q + next) * a.o_stride + h * hd, a.o_stride, n, hd);
+              fetch.add(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride, n, hd);
             }
-            prefetch_rows(dq + (b * Q + g0) * a.q_stride + h * hd, a.q_stride, rows, hd, true);
+            fetch.add(dq + (b * Q + g0) * a.q_stride + h * hd, a.q_stride, rows, hd, true);
           }
           for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
             for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
@@ -716,6 +748,7 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
         }
       }
       blocks_of.end_head();
+      blocks_of.fetch.clear();
     }
   }
 }

@@ -1,6 +1,8 @@
 // bf16 pair products and packers (see bf16_pairs.hpp).
 #include "kernels/cpu/bf16_pairs.hpp"
 
+#include "kernels/cpu/row_fetch.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -23,6 +25,9 @@ namespace {
 // zmm registers, leaving room for the two B vectors and the broadcast A word.
 constexpr int kRows = 8;
 constexpr std::int64_t kCols = 32;
+// Lines of a RowFetch a register block: fewer left most of the attention's next rows to be fetched at once
+// at the next group's start; eight took the most time off a documents window's forward and backward.
+constexpr std::int64_t kFetchLinesPerBlock = 8;
 // A words are read as scalars: through an alias, so a caller may have written them as bf16 halves.
 using pair_word = std::uint32_t __attribute__((may_alias));
 
@@ -72,7 +77,7 @@ __mmask16 lanes(std::int64_t n) {
 // Column panels of 32 outer, row blocks of 8 inner: a panel of B (K2 x 32 words) stays in L1 while
 // every row block of A passes over it.
 void gemm_avx512(std::int64_t M, std::int64_t N, std::int64_t K2, const pair_t* A, std::int64_t lda, const pair_t* B,
-                 std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+                 std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc, RowFetch* fetch) {
   for (std::int64_t n0 = 0; n0 < N; n0 += kCols) {
     const std::int64_t nn = std::min(kCols, N - n0);
     const __mmask16 m0 = lanes(nn), m1 = lanes(nn - 16);
@@ -80,6 +85,7 @@ void gemm_avx512(std::int64_t M, std::int64_t N, std::int64_t K2, const pair_t* 
       const auto mr = static_cast<int>(std::min<std::int64_t>(kRows, M - i0));
       const pair_t* a = A + i0 * lda;
       float* c = C + i0 * ldc + n0;
+      if (fetch) fetch->issue(kFetchLinesPerBlock);
       if (nn > 16)
         kBlocks<2>[mr](K2, a, lda, B + n0, ldb, accumulate, c, ldc, m0, m1);
       else
@@ -196,11 +202,11 @@ bool bf16_pairs_available() {
 }
 
 void bf16_pair_gemm(std::int64_t M, std::int64_t N, std::int64_t K2, const pair_t* A, std::int64_t lda, const pair_t* B,
-                    std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+                    std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc, RowFetch* fetch) {
   if (M <= 0 || N <= 0) return;
 #ifdef MT_PAIRS_X86
   if (bf16_pairs_available()) {
-    gemm_avx512(M, N, K2, A, lda, B, ldb, accumulate, C, ldc);
+    gemm_avx512(M, N, K2, A, lda, B, ldb, accumulate, C, ldc, fetch);
     return;
   }
 #endif

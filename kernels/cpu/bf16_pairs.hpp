@@ -22,9 +22,12 @@ using pair_t = std::uint32_t;  // two bf16: the even element in the low half, th
 // Whether bf16_pair_gemm runs on this CPU (AVX512-BF16, BW and VL).
 bool bf16_pairs_available();
 
-// The product above; requires bf16_pairs_available().
+class RowFetch;
+
+// The product above; requires bf16_pairs_available(). With a `fetch`, a few of its queued lines are
+// prefetched before each register block (row_fetch.hpp).
 void bf16_pair_gemm(std::int64_t M, std::int64_t N, std::int64_t K2, const pair_t* A, std::int64_t lda, const pair_t* B,
-                    std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc);
+                    std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc, RowFetch* fetch = nullptr);
 
 // The plain reference: exact products summed in double, rounded once to fp32.
 void bf16_pair_gemm_reference(std::int64_t M, std::int64_t N, std::int64_t K2, const pair_t* A, std::int64_t lda,

@@ -1,8 +1,5 @@
 #include "storage/host/aligned_buffer.hpp"
 
-#include <sys/mman.h>
-
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,12 +11,11 @@ namespace mt {
 AlignedBuffer::AlignedBuffer(std::size_t bytes, const char* what, bool zero_fill, std::size_t min_alignment) {
   if (bytes == 0) return;
   // Huge-page alignment only pays for buffers of at least one huge page; smaller ones would waste it.
-  alignment_ = std::max(bytes >= kHugePageBytes ? kHugePageBytes : kCacheLineBytes, min_alignment);
+  alignment_ = host_alignment(bytes, min_alignment);
   const std::size_t rounded = (bytes + alignment_ - 1) / alignment_ * alignment_;
-  void* p = nullptr;
-  if (posix_memalign(&p, alignment_, rounded) != 0 || p == nullptr)
+  void* p = allocate_host_bytes(bytes, alignment_);
+  if (p == nullptr)
     throw std::runtime_error(std::string("cannot allocate ") + format_bytes(bytes) + " of host memory for " + what);
-  if (alignment_ == kHugePageBytes) madvise(p, rounded, MADV_HUGEPAGE);  // advisory: failure is harmless
   data_ = static_cast<std::byte*>(p);
   bytes_ = bytes;
   if (zero_fill) std::memset(data_, 0, rounded);  // also commits the pages now, not mid-run

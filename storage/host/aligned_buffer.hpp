@@ -5,10 +5,9 @@
 #include <cstddef>
 #include <string>
 
-namespace mt {
+#include "kernels/host_memory.hpp"  // the alignment policy, kCacheLineBytes, kHugePageBytes
 
-inline constexpr std::size_t kCacheLineBytes = 64;
-inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+namespace mt {
 
 class AlignedBuffer {
  public:

@@ -11,6 +11,7 @@
 #include "kernels/cpu/bf16_pairs.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/reference_ops.hpp"
+#include "kernels/cpu/row_fetch.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 
 using namespace mt;
@@ -61,6 +62,49 @@ TEST_CASE("bf16 pair products match their plain reference", "[ops][bf16][pairs]"
           for (std::int64_t m = 0; m < M; ++m)
             for (std::int64_t n = N; n < ldc; ++n) CHECK(C[m * ldc + n] == untouched[m * ldc + n]);
         }
+}
+
+TEST_CASE("a row fetch issues each queued line once, in order, as many as asked", "[ops][pairs]") {
+  vector<float> x(400), y(100);
+  cpu::RowFetch fetch;
+  fetch.add(x.data(), 100, 3, 64);                     // 3 rows of 4 lines
+  fetch.add(y.data(), 40, 2, 20, /*for_write=*/true);  // 2 rows of 2 lines (a line and a part)
+  fetch.add(y.data(), 40, 0, 20);                      // nothing
+  CHECK(fetch.queued() == 16);
+  fetch.issue(5);
+  CHECK(fetch.queued() == 11);
+  fetch.issue(100);
+  CHECK(fetch.queued() == 0);
+  fetch.issue(1);
+  CHECK(fetch.queued() == 0);
+  fetch.add(x.data(), 100, 1, 16);
+  CHECK(fetch.queued() == 1);
+  fetch.restart();  // what was still queued goes out, and the queue starts empty
+  CHECK(fetch.queued() == 0);
+  fetch.add(x.data(), 100, 2, 64);
+  fetch.issue(3);
+  fetch.clear();  // dropped, not issued
+  CHECK(fetch.queued() == 0);
+}
+
+TEST_CASE("a pair product with a row fetch gives the same bits and issues its lines a register block",
+          "[ops][bf16][pairs]") {
+  require_pairs();
+  vector<float> rows(64 * 100);
+  for (const std::int64_t M : {1, 8, 13, 64})
+    for (const std::int64_t N : {16, 45, 128}) {
+      INFO("M " << M << " N " << N);
+      const std::int64_t K2 = 32;
+      const auto A = words(static_cast<std::size_t>(M * K2), 1), B = words(static_cast<std::size_t>(K2 * N), 2);
+      vector<float> plain(static_cast<std::size_t>(M * N)), fetched(plain.size());
+      cpu::RowFetch fetch;
+      fetch.add(rows.data(), 100, 64, 64);  // 256 lines
+      cpu::bf16_pair_gemm(M, N, K2, A.data(), K2, B.data(), N, false, plain.data(), N);
+      cpu::bf16_pair_gemm(M, N, K2, A.data(), K2, B.data(), N, false, fetched.data(), N, &fetch);
+      CHECK(std::memcmp(plain.data(), fetched.data(), plain.size() * sizeof(float)) == 0);
+      const std::int64_t blocks = (M + 7) / 8 * ((N + 31) / 32);
+      CHECK(fetch.queued() == std::max<std::int64_t>(0, 256 - 8 * blocks));
+    }
 }
 
 TEST_CASE("bf16 pair packers hold the pairs their definitions name, zero past the edge", "[ops][bf16][pairs]") {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -12,7 +13,9 @@
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/reference_ops.hpp"
+#include "kernels/host_memory.hpp"
 #include "kernels/step_math.hpp"
+#include "kernels/tile.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 
 using namespace mt;
@@ -656,4 +659,18 @@ TEST_CASE("release_thread_pool ends this thread's OpenMP workers and parallel wo
   }
   CHECK(inside == 2);
   cpu::release_thread_pool();
+}
+
+TEST_CASE("host allocations: a huge page's alignment from one huge page up, a cache line below, zeroed", "[ops]") {
+  CHECK(host_alignment(64) == kCacheLineBytes);
+  CHECK(host_alignment(kHugePageBytes - 1) == kCacheLineBytes);
+  CHECK(host_alignment(kHugePageBytes) == kHugePageBytes);
+  CHECK(host_alignment(100, 4096) == 4096);
+  for (const std::size_t floats : {std::size_t{1}, std::size_t{1000}, kHugePageBytes / 4, 3 * kHugePageBytes / 4 + 5}) {
+    INFO(floats << " floats");
+    const AlignedFloats a = make_aligned_floats(floats);
+    const std::size_t want = floats * 4 >= kHugePageBytes ? kHugePageBytes : kCacheLineBytes;
+    CHECK(reinterpret_cast<std::uintptr_t>(a.get()) % want == 0);
+    CHECK(std::all_of(a.get(), a.get() + floats, [](float x) { return x == 0.0f; }));
+  }
 }
