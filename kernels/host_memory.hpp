@@ -1,7 +1,7 @@
 // Host allocations for tensors and buffers: large ones aligned to 2 MiB and advised as transparent huge
 // page candidates, small ones to a cache line. Huge pages matter beyond streaming: the attention reads
-// each head's slice of every row, a few cache lines in each 4 KiB page, and on 4 KiB pages most of its
-// reads and prefetches also missed the TLB.
+// each head's slice of every row, a few cache lines in each 4 KiB page, and on 4 KiB pages its
+// prefetches stalled the core (perf; the stalls went with huge pages: TLB misses, by all signs).
 #pragma once
 #include <cstddef>
 

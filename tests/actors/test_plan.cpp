@@ -54,6 +54,16 @@ double tier_total(const plan::ResourcePlan& p, const std::string& tier) {
   return total;
 }
 
+// A node run of a tiny Llama on a shard of 4096 tokens made in `dir`, with `train` for its train.* keys.
+std::string tiny_run_args(const TempDir& dir, const std::string& train) {
+  mt::test::make_shard(dir.path / "data", 4096);
+  return " --model.hidden_size=64 --model.layers=2 --model.heads=4 --model.intermediate_size=128"
+         " --model.vocab_size=64 --model.max_position_embeddings=32 --data.seq_length=16"
+         " --train.per_device_train_batch_size=2 " +
+         train + " --device.max_vram_gb=0.015625 --threads.total=2 --monitor.enabled=false --data.train_files=" +
+         (dir.path / "data" / "train_*.bin").string() + " --train.output_dir=" + (dir.path / "out").string();
+}
+
 std::uintmax_t dir_bytes(const fs::path& dir) {
   std::uintmax_t total = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir))
@@ -205,13 +215,7 @@ TEST_CASE("plan: predicted peak resident memory is within 10% of the measured pe
 
 TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan says the same", "[plan]") {
   TempDir dir("refuse");
-  mt::test::make_shard(dir.path / "data", 4096);
-  const std::string common =
-      " --model.hidden_size=64 --model.layers=2 --model.heads=4 --model.intermediate_size=128"
-      " --model.vocab_size=64 --model.max_position_embeddings=32 --data.seq_length=16"
-      " --train.per_device_train_batch_size=2 --train.max_steps=1 --device.max_vram_gb=0.015625"
-      " --threads.total=2 --monitor.enabled=false --data.train_files=" +
-      (dir.path / "data" / "train_*.bin").string() + " --train.output_dir=" + (dir.path / "out").string();
+  const std::string common = tiny_run_args(dir, "--train.max_steps=1");
   // 0.01 GiB of host RAM cannot hold the process, whatever the offload keys.
   const mt::test::Outcome refused = mt::test::run_node(common + " --plan.host_ram_gb=0.01");
   INFO(refused.out);
@@ -336,13 +340,7 @@ TEST_CASE("plan: a run that cannot fit is refused naming the key, megatrain plan
 
 TEST_CASE("plan: a checkpoint records the plan the run printed, the one megatrain plan prints", "[plan]") {
   TempDir dir("recorded");
-  mt::test::make_shard(dir.path / "data", 4096);
-  const std::string args =
-      " --model.hidden_size=64 --model.layers=2 --model.heads=4 --model.intermediate_size=128"
-      " --model.vocab_size=64 --model.max_position_embeddings=32 --data.seq_length=16"
-      " --train.per_device_train_batch_size=2 --train.gradient_accumulation_steps=2 --train.max_steps=2"
-      " --device.max_vram_gb=0.015625 --threads.total=2 --monitor.enabled=false --data.train_files=" +
-      (dir.path / "data" / "train_*.bin").string() + " --train.output_dir=" + (dir.path / "out").string();
+  const std::string args = tiny_run_args(dir, "--train.gradient_accumulation_steps=2 --train.max_steps=2");
   const mt::test::Outcome run = mt::test::run_node(args);
   INFO(run.out);
   REQUIRE(run.code == 0);
