@@ -19,9 +19,12 @@
 // The pair path also holds, per thread and for the call, the task's keys and values packed (4 x T x
 // head_dim bf16 in the backward) and dk, dv transposed (2 x T x head_dim fp32): 128 MiB a thread at 128k
 // positions and head_dim 64, freed at the call's end when above kKeptRoomBytes.
-// Memory: while a group of query blocks runs its products, the rows the next group reads (and the rows
-// this group writes) are prefetched a few lines at a time (RowFetch, row_fetch.hpp): with documents the
-// products are few, and waiting for these reads was about a tenth of the time.
+// Memory: while a group of query blocks runs its products, the rows the next group reads are prefetched a
+// few lines at a time (RowFetch, row_fetch.hpp): with documents the products are few, and waiting for these
+// reads was about a tenth of the time. The rows written (out, dq, dk, dv) are read by the next op, not this
+// one: they are stored past the caches (simd::scale_past_caches, stream_transposed), so they are not read
+// from memory first and do not evict the prefetched rows, which sit in the same cache sets (head slices of
+// rows a whole number of 512 bytes long).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -554,8 +557,7 @@ struct PairBlocks : Slabs {
       }
       // Stored, not added to zeros: the same bits, since an accumulator that starts at +0 is never -0.
       for (std::int64_t t = 0; t < k_lo; ++t) std::fill_n(grad + t * a.kv_stride, hd, 0.0f);
-      transpose_words(reinterpret_cast<const pair_t*>(acc), ldk, hd, keys,
-                      reinterpret_cast<pair_t*>(grad + k_lo * a.kv_stride), a.kv_stride);
+      stream_transposed(acc, ldk, hd, keys, grad + k_lo * a.kv_stride, a.kv_stride);
     }
   }
 };
@@ -598,13 +600,8 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
         RowFetch& fetch = blocks_of.fetch;
         fetch.restart();
         blocks_of.keys_until(g_end, std::min(T, g_end + kGroup * kQueryBlock));
-        {  // the next group's queries, and this group's output rows (written at its end)
-          const std::int64_t next = g0 + kGroup * kQueryBlock, rows = std::min(kGroup * kQueryBlock, Q - g0);
-          if (next < Q)
-            fetch.add(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride, std::min(kGroup * kQueryBlock, Q - next),
-                      hd);
-          fetch.add(out + (b * Q + g0) * a.o_stride + h * hd, a.o_stride, rows, hd, true);
-        }
+        if (const std::int64_t next = g0 + kGroup * kQueryBlock; next < Q)  // the next group's queries
+          fetch.add(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride, std::min(kGroup * kQueryBlock, Q - next), hd);
         for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
           for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
             const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0), pos0 = q_start + q0;
@@ -647,17 +644,33 @@ void forward_tasks(const float* q, const float* k, const float* v, const float* 
               lr = lr * corr + std::exp(sh - mx);
               mr = mx;
             }
-            const float inv = corr / lr;
-            for (std::int64_t c = 0; c < hd; ++c) o[c] = O[static_cast<std::size_t>(r * hd + c)] * inv;
+            simd::scale_past_caches(O.data() + r * hd, corr / lr, o, hd);
             lse[(b * a.q_heads + h) * Q + q0 + i] = mr + std::log(lr);
           }
         }
       }
       blocks_of.end_head();
       blocks_of.fetch.clear();
+      simd::fence_streams();
     }
   }
 }
+
+// A backward task's steps: each of its query heads (heads from first_head) meets each group of kGroup query
+// blocks. Heads outer, as the stream has always summed dk and dv; with documents, groups outer: a group's
+// keys, their packed words and dk, dv accumulators, and its rows of every head are used while in cache
+// (heads outer brought them all in from memory again for each head). dk and dv then sum their terms in
+// another order, fixed whatever the thread count; every other output's bits are the same either way.
+struct TaskSteps {
+  std::int64_t first_head, heads, groups;
+  bool groups_outer;
+  std::int64_t size() const { return heads * groups; }
+  // Step st's query head and its group's first query row.
+  std::pair<std::int64_t, std::int64_t> operator[](std::int64_t st) const {
+    const std::int64_t h = groups_outer ? st % heads : st / groups, g = groups_outer ? st / heads : st % groups;
+    return {first_head + h, g * kGroup * kQueryBlock};
+  }
+};
 
 template <class Blocks>
 void backward_tasks(const float* q, const float* k, const float* v, const float* out, const float* lse,
@@ -687,68 +700,68 @@ void backward_tasks(const float* q, const float* k, const float* v, const float*
       const std::int32_t* row = a.positions ? a.positions + b * T : nullptr;
       blocks_of.head(k + b * T * a.kv_stride + kvh * hd, v + b * T * a.kv_stride + kvh * hd, dkb, dvb,
                      first_key_block(q_start, W, row), T);
-      for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (std::int64_t g0 = 0; g0 < Q; g0 += kGroup * kQueryBlock) {  // g0: the group's first query row
-          const std::int64_t blocks = std::min<std::int64_t>(kGroup, (Q - g0 + kQueryBlock - 1) / kQueryBlock);
-          const std::int64_t g_end = q_start + std::min(Q, g0 + kGroup * kQueryBlock);
-          for (std::int64_t j = 0; j < blocks; ++j) {
-            const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0);
+      const TaskSteps steps{kvh * group, group, (Q + kGroup * kQueryBlock - 1) / (kGroup * kQueryBlock),
+                            row != nullptr};
+      for (std::int64_t st = 0; st < steps.size(); ++st) {
+        const auto [h, g0] = steps[st];
+        const std::int64_t blocks = std::min<std::int64_t>(kGroup, (Q - g0 + kQueryBlock - 1) / kQueryBlock);
+        const std::int64_t g_end = q_start + std::min(Q, g0 + kGroup * kQueryBlock);
+        for (std::int64_t j = 0; j < blocks; ++j) {
+          const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0);
+          const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
+          for (std::int64_t i = 0; i < qn; ++i)
+            D[static_cast<std::size_t>(j * kQueryBlock + i)] =
+                simd::dot(dob + i * a.o_stride, out + (b * Q + q0 + i) * a.o_stride + h * hd, hd);
+          blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, dob, qn);
+        }
+        std::fill(dQ.begin(), dQ.end(), 0.0f);
+        RowFetch& fetch = blocks_of.fetch;
+        fetch.restart();
+        blocks_of.keys_until(g_end, std::min(T, g_end + kGroup * kQueryBlock));
+        if (st + 1 < steps.size()) {  // the next step's rows
+          const auto [hn, next] = steps[st + 1];
+          const std::int64_t n = std::min(kGroup * kQueryBlock, Q - next);
+          fetch.add(dout + (b * Q + next) * a.o_stride + hn * hd, a.o_stride, n, hd);
+          fetch.add(out + (b * Q + next) * a.o_stride + hn * hd, a.o_stride, n, hd);
+          fetch.add(q + (b * Q + next) * a.q_stride + hn * hd, a.q_stride, n, hd);
+        }
+        for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
+          for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
+            const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0), pos0 = q_start + q0;
+            if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W, row)) continue;
+            const std::int64_t kn = std::min(kKeyBlock, pos0 + qn - k0);
+            const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
             const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
-            for (std::int64_t i = 0; i < qn; ++i)
-              D[static_cast<std::size_t>(j * kQueryBlock + i)] =
-                  simd::dot(dob + i * a.o_stride, out + (b * Q + q0 + i) * a.o_stride + h * hd, hd);
-            blocks_of.query_block(j, q + (b * Q + q0) * a.q_stride + h * hd, dob, qn);
-          }
-          std::fill(dQ.begin(), dQ.end(), 0.0f);
-          RowFetch& fetch = blocks_of.fetch;
-          fetch.restart();
-          blocks_of.keys_until(g_end, std::min(T, g_end + kGroup * kQueryBlock));
-          {  // the next group's queries, output and its gradient, and this group's dq rows
-            const std::int64_t next = g0 + kGroup * kQueryBlock, rows = std::min(kGroup * kQueryBlock, Q - g0);
-            if (next < Q) {
-              const std::int64_t n = std::min(kGroup * kQueryBlock, Q - next);
-              fetch.add(dout + (b * Q + next) * a.o_stride + h * hd, a.o_stride, n, hd);
-              fetch.add(out + (b * Q + next) * a.o_stride + h * hd, a.o_stride, n, hd);
-              fetch.add(q + (b * Q + next) * a.q_stride + h * hd, a.q_stride, n, hd);
+            const float* lb = lse + (b * a.q_heads + h) * Q + q0;
+            const float* Dj = D.data() + j * kQueryBlock;
+            blocks_of.pair(pos0 - k0);
+            blocks_of.scores(j, qb, qn, k0, kn, P.data());
+            blocks_of.dscores(j, dob, qn, k0, kn, dP.data());
+            for (std::int64_t i = 0; i < qn; ++i) {
+              float* p = P.data() + i * kKeyBlock;
+              float* dp = dP.data() + i * kKeyBlock;
+              const Visible vis = visible(pos0 + i, k0, kn, W, row);
+              for (std::int64_t c = vis.lo; c < vis.hi; ++c) p[c] *= scale;
+              if (!vis.empty()) exp_shift(p + vis.lo, vis.hi - vis.lo, lb[i]);  // p = exp(s - lse)
+              for (std::int64_t c = vis.lo; c < vis.hi; ++c) dp[c] = p[c] * (dp[c] - Dj[i]) * scale;  // dS, scaled
+              std::fill(p, p + vis.lo, 0.0f);  // lo <= hi: visible() clamps it
+              std::fill(dp, dp + vis.lo, 0.0f);
+              std::fill(p + vis.hi, p + kn, 0.0f);
+              std::fill(dp + vis.hi, dp + kn, 0.0f);
             }
-            fetch.add(dq + (b * Q + g0) * a.q_stride + h * hd, a.q_stride, rows, hd, true);
+            blocks_of.grads(j, qb, dob, qn, k0, kn, P.data(), dP.data(), dQ.data() + j * kQueryBlock * hd);
           }
-          for (std::int64_t k0 = first_key_block(q_start + g0, W, row); k0 < g_end; k0 += kKeyBlock) {
-            for (std::int64_t j = 0; j < blocks; ++j) {  // each query block of the group that sees this key block
-              const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0), pos0 = q_start + q0;
-              if (k0 >= pos0 + qn || k0 < first_key_block(pos0, W, row)) continue;
-              const std::int64_t kn = std::min(kKeyBlock, pos0 + qn - k0);
-              const float* qb = q + (b * Q + q0) * a.q_stride + h * hd;
-              const float* dob = dout + (b * Q + q0) * a.o_stride + h * hd;
-              const float* lb = lse + (b * a.q_heads + h) * Q + q0;
-              const float* Dj = D.data() + j * kQueryBlock;
-              blocks_of.pair(pos0 - k0);
-              blocks_of.scores(j, qb, qn, k0, kn, P.data());
-              blocks_of.dscores(j, dob, qn, k0, kn, dP.data());
-              for (std::int64_t i = 0; i < qn; ++i) {
-                float* p = P.data() + i * kKeyBlock;
-                float* dp = dP.data() + i * kKeyBlock;
-                const Visible vis = visible(pos0 + i, k0, kn, W, row);
-                for (std::int64_t c = vis.lo; c < vis.hi; ++c) p[c] *= scale;
-                if (!vis.empty()) exp_shift(p + vis.lo, vis.hi - vis.lo, lb[i]);  // p = exp(s - lse)
-                for (std::int64_t c = vis.lo; c < vis.hi; ++c) dp[c] = p[c] * (dp[c] - Dj[i]) * scale;  // dS, scaled
-                std::fill(p, p + vis.lo, 0.0f);  // lo <= hi: visible() clamps it
-                std::fill(dp, dp + vis.lo, 0.0f);
-                std::fill(p + vis.hi, p + kn, 0.0f);
-                std::fill(dp + vis.hi, dp + kn, 0.0f);
-              }
-              blocks_of.grads(j, qb, dob, qn, k0, kn, P.data(), dP.data(), dQ.data() + j * kQueryBlock * hd);
-            }
-          }
-          for (std::int64_t j = 0; j < blocks; ++j) {
-            const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0);
-            for (std::int64_t i = 0; i < qn; ++i)
-              std::copy_n(dQ.data() + (j * kQueryBlock + i) * hd, hd, dq + (b * Q + q0 + i) * a.q_stride + h * hd);
-          }
+        }
+        for (std::int64_t j = 0; j < blocks; ++j) {
+          const std::int64_t q0 = g0 + j * kQueryBlock, qn = std::min(kQueryBlock, Q - q0);
+          for (std::int64_t i = 0; i < qn; ++i)
+            simd::scale_past_caches(dQ.data() + (j * kQueryBlock + i) * hd, 1.0f,
+                                    dq + (b * Q + q0 + i) * a.q_stride + h * hd, hd);
         }
       }
       blocks_of.end_head();
       blocks_of.fetch.clear();
+      simd::fence_streams();
     }
   }
 }

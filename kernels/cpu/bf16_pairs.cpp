@@ -4,6 +4,7 @@
 #include "kernels/cpu/row_fetch.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #if defined(__x86_64__)
@@ -14,6 +15,10 @@
 namespace mt::cpu {
 
 namespace {
+
+// What the transposes do with a tile's output rows: store them, add them to what is there (as floats), or
+// stream them: stored past the caches where a row is a whole aligned line.
+enum class TileOut { store, add, stream };
 
 #ifdef MT_PAIRS_X86
 // GCC 12 reports its own AVX-512 intrinsics' undefined pass-through operands as maybe-uninitialized.
@@ -160,7 +165,7 @@ MT_PAIRS_TARGET inline void transpose16(__m512i v[16]) {
 }
 
 // The tiles: rows past `rows` read as zero, columns past `cols` are neither read nor written.
-template <bool kAdd>
+template <TileOut kOut>
 MT_PAIRS_TARGET void transpose_avx512(const std::uint32_t* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols,
                                       std::uint32_t* out, std::int64_t ldo) {
   __m512i v[16];
@@ -175,18 +180,43 @@ MT_PAIRS_TARGET void transpose_avx512(const std::uint32_t* x, std::int64_t ldx, 
       transpose16(v);
       for (int c = 0; c < cn; ++c) {
         std::uint32_t* o = out + (c0 + c) * ldo + r0;
-        if constexpr (kAdd) {
+        if constexpr (kOut == TileOut::add) {
           const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(out_lanes, o), _mm512_castsi512_ps(v[c]));
           _mm512_mask_storeu_ps(o, out_lanes, sum);
+        } else if (kOut == TileOut::stream && rn == 16 && reinterpret_cast<std::uintptr_t>(o) % 64 == 0) {
+          _mm512_stream_si512(reinterpret_cast<__m512i*>(o), v[c]);
         } else {
           _mm512_mask_storeu_epi32(o, out_lanes, v[c]);
         }
       }
     }
   }
+  if constexpr (kOut == TileOut::stream) _mm_sfence();  // the streamed lines are visible before the caller goes on
 }
 #pragma GCC diagnostic pop
 #endif
+
+// out[c * ldo + r] (+)= x[r * ldx + c]: the AVX-512 tiles where the CPU has them, a plain loop elsewhere.
+template <TileOut kOut>
+void transpose_as(const std::uint32_t* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, std::uint32_t* out,
+                  std::int64_t ldo) {
+#ifdef MT_PAIRS_X86
+  if (bf16_pairs_available()) return transpose_avx512<kOut>(x, ldx, rows, cols, out, ldo);
+#endif
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      std::uint32_t& o = out[c * ldo + r];
+      if constexpr (kOut == TileOut::add) {
+        float sum, add;
+        std::memcpy(&sum, &o, sizeof sum);
+        std::memcpy(&add, &x[r * ldx + c], sizeof add);
+        sum += add;
+        std::memcpy(&o, &sum, sizeof sum);
+      } else {
+        o = x[r * ldx + c];
+      }
+    }
+}
 
 float lo(pair_t w) { return bf16_to_float(static_cast<bf16_t>(w & 0xffffu)); }
 float hi(pair_t w) { return bf16_to_float(static_cast<bf16_t>(w >> 16)); }
@@ -258,22 +288,19 @@ void pack_column_pairs(const float* x, std::int64_t ldx, std::int64_t rows, std:
 
 void transpose_words(const pair_t* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, pair_t* out,
                      std::int64_t ldo) {
-#ifdef MT_PAIRS_X86
-  if (bf16_pairs_available()) return transpose_avx512<false>(x, ldx, rows, cols, out, ldo);
-#endif
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[c * ldo + r] = x[r * ldx + c];
+  transpose_as<TileOut::store>(x, ldx, rows, cols, out, ldo);
+}
+
+void stream_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, float* out,
+                       std::int64_t ldo) {
+  transpose_as<TileOut::stream>(reinterpret_cast<const std::uint32_t*>(x), ldx, rows, cols,
+                                reinterpret_cast<std::uint32_t*>(out), ldo);
 }
 
 void add_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, float* out,
                     std::int64_t ldo) {
-#ifdef MT_PAIRS_X86
-  if (bf16_pairs_available())
-    return transpose_avx512<true>(reinterpret_cast<const std::uint32_t*>(x), ldx, rows, cols,
-                                  reinterpret_cast<std::uint32_t*>(out), ldo);
-#endif
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[c * ldo + r] += x[r * ldx + c];
+  transpose_as<TileOut::add>(reinterpret_cast<const std::uint32_t*>(x), ldx, rows, cols,
+                             reinterpret_cast<std::uint32_t*>(out), ldo);
 }
 
 void pack_row_pairs_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, pair_t* out,

@@ -50,6 +50,10 @@ void pack_column_pairs_transposed(const float* x, std::int64_t ldx, std::int64_t
 // tiles of 16 x 16 held in registers (a tile's 16 rows are read whole, whatever their stride).
 void transpose_words(const pair_t* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, pair_t* out,
                      std::int64_t ldo);
+// transpose_words' floats, into an output the caller does not read again (the next op does): whole
+// aligned lines are stored past the caches, neither read first nor evicting the lines being worked on.
+void stream_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, float* out,
+                       std::int64_t ldo);
 // out[c * ldo + r] += x[r * ldx + c] for r < rows, c < cols: one add an element, so the same sums however
 // the tiles go.
 void add_transposed(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, float* out,

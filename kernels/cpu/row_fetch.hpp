@@ -12,9 +12,9 @@ namespace mt::cpu {
 class RowFetch {
  public:
   // Rows [0, rows) of a slice of `cols` floats, `stride` floats apart, queued after those before.
-  void add(const float* x, std::int64_t stride, std::int64_t rows, std::int64_t cols, bool for_write = false) {
+  void add(const float* x, std::int64_t stride, std::int64_t rows, std::int64_t cols) {
     if (rows <= 0 || cols <= 0 || n_ == kMaxRanges) return;  // a hint: a range past the last is not fetched
-    ranges_[n_++] = {x, stride, rows, cols, for_write};
+    ranges_[n_++] = {x, stride, rows, cols};
     queued_ += rows * ((cols + 15) / 16);
   }
   // The next `lines` cache lines of the queue (fewer when it runs out).
@@ -22,10 +22,7 @@ class RowFetch {
     for (; lines > 0 && at_ < n_; --lines, --queued_) {
       const Range& r = ranges_[at_];
       const float* line = r.x + row_ * r.stride + col_;
-      if (r.for_write)
-        __builtin_prefetch(line, 1, 3);
-      else
-        __builtin_prefetch(line, 0, 3);
+      __builtin_prefetch(line, 0, 3);
       if ((col_ += 16) < r.cols) continue;
       col_ = 0;
       if (++row_ < r.rows) continue;
@@ -46,7 +43,6 @@ class RowFetch {
   struct Range {
     const float* x;
     std::int64_t stride, rows, cols;
-    bool for_write;
   };
   Range ranges_[kMaxRanges] = {};
   int n_ = 0, at_ = 0;

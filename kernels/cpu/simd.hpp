@@ -52,17 +52,13 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-// Loads/stores of a tail of m < 8 floats via a padded buffer.
-inline __m256 load_tail(const float* p, std::size_t m, float pad = 0.0f) {
-  alignas(32) float buf[8];
-  for (std::size_t i = 0; i < 8; ++i) buf[i] = i < m ? p[i] : pad;
-  return _mm256_load_ps(buf);
+// Loads/stores of a tail of m < 8 floats, masked: lanes from m on are neither read (they load as 0) nor
+// written. (Through a buffer, element by element, every short row paid a store-forwarding stall.)
+inline __m256i tail_mask(std::size_t m) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(m)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-inline void store_tail(float* p, __m256 v, std::size_t m) {
-  alignas(32) float buf[8];
-  _mm256_store_ps(buf, v);
-  for (std::size_t i = 0; i < m; ++i) p[i] = buf[i];
-}
+inline __m256 load_tail(const float* p, std::size_t m) { return _mm256_maskload_ps(p, tail_mask(m)); }
+inline void store_tail(float* p, __m256 v, std::size_t m) { _mm256_maskstore_ps(p, tail_mask(m), v); }
 #endif
 
 // Scalar exp for code paths that are not vectorised (and builds without AVX2).
@@ -101,6 +97,26 @@ inline void axpy(float a, const float* x, float* y, std::int64_t n) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 #endif
   for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+// y[i] = a * x[i] for i < n, into an output the caller does not read again (the next op does). Where y
+// holds whole aligned cache lines they are stored past the caches: no read for ownership first, and no
+// line of the rows being worked on evicted for them. a = 1 copies x, bit for bit. fence_streams() before
+// another thread may read y.
+inline void scale_past_caches(const float* x, float a, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+#ifdef MT_AVX2
+  if (n % 16 == 0 && reinterpret_cast<std::uintptr_t>(y) % 64 == 0) {
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i < n; i += 8) _mm256_stream_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+  }
+#endif
+  for (; i < n; ++i) y[i] = x[i] * a;
+}
+inline void fence_streams() {
+#ifdef MT_AVX2
+  _mm_sfence();
+#endif
 }
 
 // y *= a

@@ -12,6 +12,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/reference_ops.hpp"
 #include "kernels/cpu/row_fetch.hpp"
+#include "kernels/tile.hpp"
 #include "tests/kernels/kernel_test_util.hpp"
 
 using namespace mt;
@@ -67,9 +68,9 @@ TEST_CASE("bf16 pair products match their plain reference", "[ops][bf16][pairs]"
 TEST_CASE("a row fetch issues each queued line once, as many as asked", "[ops][pairs]") {
   vector<float> x(400), y(100);
   cpu::RowFetch fetch;
-  fetch.add(x.data(), 100, 3, 64);                     // 3 rows of 4 lines
-  fetch.add(y.data(), 40, 2, 20, /*for_write=*/true);  // 2 rows of 2 lines (a line and a part)
-  fetch.add(y.data(), 40, 0, 20);                      // nothing
+  fetch.add(x.data(), 100, 3, 64);  // 3 rows of 4 lines
+  fetch.add(y.data(), 40, 2, 20);   // 2 rows of 2 lines (a line and a part)
+  fetch.add(y.data(), 40, 0, 20);   // nothing
   CHECK(fetch.queued() == 16);
   fetch.issue(5);
   CHECK(fetch.queued() == 11);
@@ -134,9 +135,15 @@ TEST_CASE("bf16 pair packers hold the pairs their definitions name, zero past th
 }
 
 TEST_CASE("transposes move every element to its place and nothing else, in whole and cut tiles", "[ops][bf16][pairs]") {
-  // 16 x 16 tiles and their edges: whole tiles, a row edge, a column edge, and one of each.
-  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{32, 48}, {37, 16}, {16, 21}, {5, 3}}) {
-    const std::int64_t ldx = cols + 3, ldo = rows + 5;
+  // 16 x 16 tiles and their edges: whole tiles, a row edge, a column edge, and one of each. Where ldo is a
+  // multiple of 16 words, a whole tile's output rows are aligned lines: stream_transposed streams those.
+  for (const auto& [rows, cols, ldo] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{32, 48, 37},
+                                        {37, 16, 42},
+                                        {16, 21, 21},
+                                        {5, 3, 10},
+                                        {32, 19, 48},
+                                        {48, 33, 64}}) {
+    const std::int64_t ldx = cols + 3;
     const auto x = randn(rows * ldx, 5);
     vector<cpu::pair_t> words(static_cast<std::size_t>(rows * ldx));
     for (std::size_t i = 0; i < words.size(); ++i) words[i] = 0x9e3779b9u * static_cast<std::uint32_t>(i + 1);
@@ -146,15 +153,20 @@ TEST_CASE("transposes move every element to its place and nothing else, in whole
     const auto base = randn(cols * ldo, 6);
     auto sums = base;
     cpu::add_transposed(x.data(), ldx, rows, cols, sums.data(), ldo);
+    const AlignedFloats streamed = make_aligned_floats(static_cast<std::size_t>(cols * ldo));
+    std::copy(base.begin(), base.end(), streamed.get());
+    cpu::stream_transposed(x.data(), ldx, rows, cols, streamed.get(), ldo);
     for (std::int64_t c = 0; c < cols; ++c)
       for (std::int64_t r = 0; r < ldo; ++r) {
         const std::int64_t o = c * ldo + r;
         if (r < rows) {
           CHECK(out[o] == words[r * ldx + c]);
           CHECK(sums[o] == base[o] + x[r * ldx + c]);  // one add: the exact fp32 sum of the two
-        } else {                                       // past the rows: the gap between output rows stays as it was
+          CHECK(std::memcmp(&streamed[o], &x[r * ldx + c], sizeof(float)) == 0);
+        } else {  // past the rows: the gap between output rows stays as it was
           CHECK(out[o] == kUntouched);
           CHECK(sums[o] == base[o]);
+          CHECK(streamed[o] == base[o]);
         }
       }
   }
@@ -299,6 +311,37 @@ TEST_CASE("attention on bf16 pairs: sequence tiles of whole query blocks give th
     CHECK(differing == 0);
     CHECK(rel_err(dk_t, dk) < 1e-6);
     CHECK(rel_err(dv_t, dv) < 1e-6);
+  }
+}
+
+TEST_CASE("attention with documents gives the same bits on any thread count, on either block product",
+          "[ops][pairs][documents]") {
+  // The backward's tasks walk their groups outer and their query heads inner with documents (TaskSteps):
+  // one fixed order a task, whichever thread runs it. Documents of 40/1/150/109 and 128/1/71/100 tokens.
+  const std::int64_t B = 2, S = 300, Hq = 6, Hkv = 2, hd = 16, qs = Hq * hd, kvs = Hkv * hd, os = Hq * hd;
+  vector<std::int32_t> pos;
+  for (const auto& lengths : {vector<int>{40, 1, 150, 109}, vector<int>{128, 1, 71, 100}})
+    for (const int n : lengths)
+      for (int i = 0; i < n; ++i) pos.push_back(i);
+  const auto q = randn(B * S * qs, 81), k = randn(B * S * kvs, 82), v = randn(B * S * kvs, 83),
+             dout = randn(B * S * os, 84);
+  cpu::AttnShape a{B, S, Hq, Hkv, hd, qs, kvs, os};
+  a.positions = pos.data();
+  for (const auto products : {cpu::AttnProducts::fp32, cpu::AttnProducts::bf16_pairs}) {
+    if (products == cpu::AttnProducts::bf16_pairs && !cpu::bf16_pairs_available()) continue;
+    INFO(cpu::attn_products_name(products));
+    vector<vector<float>> first;
+    for (const int threads : {1, 2, 3}) {
+      INFO(threads << " threads");
+      vector<float> o(B * S * os), lse(B * Hq * S), dq(q.size()), dk(k.size()), dv(v.size());
+      cpu::attention_forward(q.data(), k.data(), v.data(), nullptr, false, o.data(), lse.data(), a, threads, products);
+      cpu::attention_backward(q.data(), k.data(), v.data(), nullptr, false, o.data(), lse.data(), dout.data(),
+                              dq.data(), dk.data(), dv.data(), nullptr, a, threads, products);
+      const vector<vector<float>> got = {o, lse, dq, dk, dv};
+      if (first.empty()) first = got;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        CHECK(std::memcmp(got[i].data(), first[i].data(), got[i].size() * sizeof(float)) == 0);
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/reference_ops.hpp"
+#include "kernels/cpu/simd.hpp"
 #include "kernels/host_memory.hpp"
 #include "kernels/step_math.hpp"
 #include "kernels/tile.hpp"
@@ -674,3 +675,40 @@ TEST_CASE("host allocations: a huge page's alignment from one huge page up, a ca
     CHECK(std::all_of(a.get(), a.get() + floats, [](float x) { return x == 0.0f; }));
   }
 }
+
+TEST_CASE("a store past the caches writes a times x, bit for bit, and nothing past n", "[ops]") {
+  // Aligned whole lines take the streamed path, the rest the plain loop: both give the same words.
+  const AlignedFloats buf = make_aligned_floats(256);
+  auto x = randn(80, 31);
+  x[0] = -0.0f, x[1] = 1e-40f, x[2] = -1e-40f;  // a negative zero and subnormals keep their bits when copied
+  constexpr float kGuard = 12345.0f;
+  for (const float a : {1.0f, -0.375f})
+    for (const std::int64_t offset : {0, 1, 16})  // 64-byte aligned, not aligned, aligned again
+      for (const std::int64_t n : {64, 48, 13, 0}) {
+        INFO("a " << a << " offset " << offset << " n " << n);
+        float* y = buf.get() + offset;
+        std::fill(buf.get(), buf.get() + 256, kGuard);
+        cpu::simd::scale_past_caches(x.data(), a, y, n);
+        cpu::simd::fence_streams();
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float want = x[static_cast<std::size_t>(i)] * a;
+          CHECK(std::memcmp(&y[i], &want, sizeof(float)) == 0);
+        }
+        CHECK(y[n] == kGuard);
+      }
+}
+
+#ifdef MT_AVX2
+TEST_CASE("a vector tail loads its first m floats and zeros, and stores only its first m", "[ops]") {
+  const vector<float> src = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (std::size_t m = 0; m < 8; ++m) {
+    INFO("m " << m);
+    alignas(32) float loaded[8];
+    _mm256_store_ps(loaded, cpu::simd::load_tail(src.data(), m));
+    for (std::size_t i = 0; i < 8; ++i) CHECK(loaded[i] == (i < m ? src[i] : 0.0f));
+    vector<float> out(8, -1.0f);
+    cpu::simd::store_tail(out.data(), _mm256_loadu_ps(src.data()), m);
+    for (std::size_t i = 0; i < 8; ++i) CHECK(out[i] == (i < m ? src[i] : -1.0f));
+  }
+}
+#endif
