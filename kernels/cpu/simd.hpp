@@ -101,8 +101,8 @@ inline void axpy(float a, const float* x, float* y, std::int64_t n) {
 
 // y[i] = a * x[i] for i < n, into an output the caller does not read again (the next op does). Where y
 // holds whole aligned cache lines they are stored past the caches: no read for ownership first, and no
-// line of the rows being worked on evicted for them. a = 1 copies x, bit for bit. fence_streams() before
-// another thread may read y.
+// line of the rows being worked on evicted for them. a = 1 copies x bit for bit (all but a signalling NaN,
+// which no arithmetic makes). fence_streams() before another thread may read y.
 inline void scale_past_caches(const float* x, float a, float* y, std::int64_t n) {
   std::int64_t i = 0;
 #ifdef MT_AVX2
