@@ -417,6 +417,7 @@ struct PairBlocks : Slabs {
     cut = shape.positions != nullptr;
     r.q_rows.resize(static_cast<std::size_t>(kGroup * kQueryBlock * hd2));
     r.p_rows.resize(static_cast<std::size_t>(kQueryBlock * kK2));
+    r.block_rows.resize(static_cast<std::size_t>(std::max(kQ2 * hd, kKeyBlock * hd2)));  // a key block or q's pairs
     if (!backward) return;
     r.do_rows.resize(r.q_rows.size());
     r.q_cols.resize(static_cast<std::size_t>(kGroup * hd * kQ2));
@@ -466,7 +467,6 @@ struct PairBlocks : Slabs {
   void pack_block(std::int64_t t0) {
     const std::int64_t n = std::min(kKeyBlock, k_lo + keys - t0), b = (t0 - k_lo) / kKeyBlock;
     auto by_blocks = [&](const float* x, std::vector<pair_t>& out) {
-      r.block_rows.resize(static_cast<std::size_t>(std::max(kQ2 * hd, kKeyBlock * hd2)));
       pack_row_pairs(x + t0 * a.kv_stride, a.kv_stride, n, hd, r.block_rows.data(), hd2);
       transpose_words(r.block_rows.data(), hd2, n, hd2, out.data() + b * hd2 * kKeyBlock, kKeyBlock);
     };
@@ -488,7 +488,6 @@ struct PairBlocks : Slabs {
     pack_row_pairs(dob, a.o_stride, qn, hd, r.do_rows.data() + j * kQueryBlock * hd2, hd2);
     // pack_column_pairs_transposed's words, the same way as the keys' blocks (head()).
     const std::int64_t qn2 = (qn + 1) / 2;
-    r.block_rows.resize(static_cast<std::size_t>(std::max(kQ2 * hd, kKeyBlock * hd2)));
     pack_column_pairs(qb, a.q_stride, qn, hd, r.block_rows.data(), hd);
     transpose_words(r.block_rows.data(), hd, qn2, hd, r.q_cols.data() + j * hd * kQ2, kQ2);
     pack_column_pairs(dob, a.o_stride, qn, hd, r.block_rows.data(), hd);
